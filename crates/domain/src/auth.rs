@@ -1,0 +1,359 @@
+//! Projects, API keys and scopes: who may call what.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use uuid::Uuid;
+
+use crate::error::{Error, Invalid};
+use crate::ports::{ApiKeyStore, Clock, ProjectStore};
+use crate::Timestamp;
+
+/// A project's id: a positive integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProjectId(i64);
+
+impl ProjectId {
+    /// # Errors
+    /// [`Invalid`] (attr `project_id`) when the id is not positive.
+    pub fn new(id: i64) -> Result<Self, Invalid> {
+        if id > 0 {
+            Ok(Self(id))
+        } else {
+            Err(Invalid::field("project_id", "project_id must be a positive integer."))
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ProjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Project {
+    pub id: ProjectId,
+    pub name: String,
+    pub created_at: Timestamp,
+}
+
+/// A permission carried by a key. `endpoint:write` implies `endpoint:read`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    EndpointRead,
+    EndpointWrite,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 2] = [Scope::EndpointRead, Scope::EndpointWrite];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::EndpointRead => "endpoint:read",
+            Scope::EndpointWrite => "endpoint:write",
+        }
+    }
+
+    /// # Errors
+    /// [`Invalid`] (attr `scope`) for an unknown scope name.
+    pub fn parse(raw: &str) -> Result<Self, Invalid> {
+        Self::ALL.into_iter().find(|s| s.as_str() == raw).ok_or_else(|| {
+            Invalid::field("scope", format!("Unknown scope '{raw}'; known scopes: endpoint:read, endpoint:write."))
+        })
+    }
+
+    /// Whether holding `self` allows an operation that needs `needed`.
+    pub fn grants(self, needed: Scope) -> bool {
+        self == needed || (self == Scope::EndpointWrite && needed == Scope::EndpointRead)
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stored API key. The secret itself is never stored, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    pub id: Uuid,
+    pub project_id: ProjectId,
+    pub label: String,
+    pub scopes: Vec<Scope>,
+    /// Lowercase hex SHA-256 of the full secret.
+    pub secret_hash: String,
+    /// The first characters of the secret, so an operator can tell keys apart.
+    pub prefix: String,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    pub revoked_at: Option<Timestamp>,
+}
+
+impl ApiKey {
+    pub fn is_usable_at(&self, now: Timestamp) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|exp| now < exp)
+    }
+}
+
+/// A key just created, with its secret: shown once, then gone.
+#[derive(Debug, Clone)]
+pub struct NewApiKey {
+    pub key: ApiKey,
+    pub secret: String,
+}
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub key_id: Uuid,
+    pub project_id: ProjectId,
+    pub scopes: Vec<Scope>,
+}
+
+/// Issues, checks and revokes API keys.
+pub struct ApiKeyService {
+    keys: Arc<dyn ApiKeyStore>,
+    projects: Arc<dyn ProjectStore>,
+    clock: Arc<dyn Clock>,
+}
+
+/// Every key starts with this, so secret scanners can spot leaked keys.
+pub const KEY_PREFIX: &str = "phx_";
+const SECRET_BYTES: usize = 32;
+/// The alias of the key's own project in paths.
+pub const CURRENT_PROJECT: &str = "@current";
+
+pub fn hash_secret(secret: &str) -> String {
+    let digest = Sha256::digest(secret.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn looks_like_key(token: &str) -> bool {
+    token.strip_prefix(KEY_PREFIX).is_some_and(|rest| {
+        rest.len() == SECRET_BYTES * 2 && rest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+impl ApiKeyService {
+    pub fn new(keys: Arc<dyn ApiKeyStore>, projects: Arc<dyn ProjectStore>, clock: Arc<dyn Clock>) -> Self {
+        Self { keys, projects, clock }
+    }
+
+    /// Creates a key for an existing project.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for no scopes or an unknown project; store failures.
+    pub async fn create(
+        &self,
+        project_id: ProjectId,
+        scopes: Vec<Scope>,
+        label: String,
+        expires_in: Option<Duration>,
+    ) -> Result<NewApiKey, Error> {
+        if scopes.is_empty() {
+            return Err(Invalid::field("scope", "A key needs at least one scope.").into());
+        }
+        if self.projects.get(project_id).await?.is_none() {
+            return Err(Invalid::field("project", format!("Project {project_id} does not exist.")).into());
+        }
+        let mut bytes = [0_u8; SECRET_BYTES];
+        rand::rng().fill_bytes(&mut bytes);
+        let secret = format!("{KEY_PREFIX}{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let now = self.clock.now();
+        let mut scopes = scopes;
+        scopes.sort();
+        scopes.dedup();
+        let key = ApiKey {
+            id: Uuid::new_v4(),
+            project_id,
+            label,
+            scopes,
+            secret_hash: hash_secret(&secret),
+            prefix: secret[..KEY_PREFIX.len() + 6].to_owned(),
+            created_at: now,
+            expires_at: expires_in.map(|d| now + d),
+            revoked_at: None,
+        };
+        let key = self.keys.insert(key).await?;
+        Ok(NewApiKey { key, secret })
+    }
+
+    /// Resolves a bearer token to its caller.
+    ///
+    /// # Errors
+    /// [`Error::NotAuthenticated`] for a malformed, unknown, revoked or expired key; store failures.
+    pub async fn authenticate(&self, token: &str) -> Result<Principal, Error> {
+        if !looks_like_key(token) {
+            return Err(Error::NotAuthenticated("The API key is malformed.".into()));
+        }
+        let hash = hash_secret(token);
+        let key = self
+            .keys
+            .find_by_hash(&hash)
+            .await?
+            .filter(|key| bool::from(key.secret_hash.as_bytes().ct_eq(hash.as_bytes())))
+            .ok_or_else(|| Error::NotAuthenticated("The API key is not valid.".into()))?;
+        if !key.is_usable_at(self.clock.now()) {
+            return Err(Error::NotAuthenticated("The API key has been revoked or has expired.".into()));
+        }
+        Ok(Principal { key_id: key.id, project_id: key.project_id, scopes: key.scopes })
+    }
+
+    /// Checks that `principal` may use scope `needed` on the project named in a path (`42` or `@current`).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a malformed project id; [`Error::PermissionDenied`] for a missing scope or another
+    /// project (existing or not: the two are indistinguishable).
+    pub fn authorize(&self, principal: &Principal, path_project: &str, needed: Scope) -> Result<ProjectId, Error> {
+        let project = if path_project == CURRENT_PROJECT {
+            principal.project_id
+        } else {
+            path_project
+                .parse::<i64>()
+                .ok()
+                .and_then(|id| ProjectId::new(id).ok())
+                .ok_or_else(|| Invalid::field("project_id", "project_id must be a positive integer or @current."))?
+        };
+        if project != principal.project_id {
+            return Err(Error::PermissionDenied("This API key does not give access to this project.".into()));
+        }
+        if !principal.scopes.iter().any(|s| s.grants(needed)) {
+            return Err(Error::PermissionDenied(format!("This action needs the scope '{needed}'.")));
+        }
+        Ok(project)
+    }
+
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown key id; store failures.
+    pub async fn revoke(&self, id: Uuid) -> Result<(), Error> {
+        Ok(self.keys.revoke(id, self.clock.now()).await?)
+    }
+
+    /// # Errors
+    /// Store failures.
+    pub async fn list(&self, project: Option<ProjectId>) -> Result<Vec<ApiKey>, Error> {
+        Ok(self.keys.list(project).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+    use crate::ports::{MockApiKeyStore, MockClock, MockProjectStore};
+
+    const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
+
+    fn clock() -> Arc<MockClock> {
+        let mut clock = MockClock::new();
+        clock.expect_now().return_const(NOW);
+        Arc::new(clock)
+    }
+
+    fn project(id: i64) -> ProjectId {
+        ProjectId::new(id).unwrap()
+    }
+
+    fn stored_key(secret: &str, scopes: Vec<Scope>) -> ApiKey {
+        ApiKey {
+            id: Uuid::nil(),
+            project_id: project(1),
+            label: "ci".into(),
+            scopes,
+            secret_hash: hash_secret(secret),
+            prefix: secret[..10].into(),
+            created_at: NOW,
+            expires_at: None,
+            revoked_at: None,
+        }
+    }
+
+    fn service_with(key: Option<ApiKey>) -> ApiKeyService {
+        let mut keys = MockApiKeyStore::new();
+        keys.expect_find_by_hash().returning(move |hash| Ok(key.clone().filter(|k| k.secret_hash == hash)));
+        ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock())
+    }
+
+    const SECRET: &str = "phx_00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+    #[tokio::test]
+    async fn created_keys_are_prefixed_and_stored_only_as_a_hash() {
+        let mut keys = MockApiKeyStore::new();
+        keys.expect_insert().times(1).returning(Ok);
+        let mut projects = MockProjectStore::new();
+        projects.expect_get().returning(|id| Ok(Some(Project { id, name: "p".into(), created_at: NOW })));
+        let svc = ApiKeyService::new(Arc::new(keys), Arc::new(projects), clock());
+        let new = svc
+            .create(project(1), vec![Scope::EndpointWrite, Scope::EndpointRead, Scope::EndpointRead], "ci".into(), Some(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert!(looks_like_key(&new.secret), "{}", new.secret);
+        assert_eq!(new.key.secret_hash, hash_secret(&new.secret));
+        assert_ne!(new.key.secret_hash, new.secret);
+        assert!(new.secret.starts_with(&new.key.prefix));
+        assert_eq!(new.key.scopes, vec![Scope::EndpointRead, Scope::EndpointWrite]);
+        assert_eq!(new.key.expires_at, Some(NOW + Duration::from_secs(60)));
+    }
+
+    #[tokio::test]
+    async fn keys_need_a_scope_and_an_existing_project() {
+        let mut projects = MockProjectStore::new();
+        projects.expect_get().returning(|_| Ok(None));
+        let svc = ApiKeyService::new(Arc::new(MockApiKeyStore::new()), Arc::new(projects), clock());
+        assert!(matches!(svc.create(project(1), vec![], String::new(), None).await, Err(Error::Invalid(_))));
+        assert!(matches!(svc.create(project(9), vec![Scope::EndpointRead], String::new(), None).await, Err(Error::Invalid(_))));
+    }
+
+    #[tokio::test]
+    async fn authenticate_accepts_only_live_known_keys() {
+        let live = stored_key(SECRET, vec![Scope::EndpointRead]);
+        let principal = service_with(Some(live.clone())).authenticate(SECRET).await.unwrap();
+        assert_eq!(principal.project_id, project(1));
+
+        // Malformed tokens never reach the store (the mock would panic on an unexpected call).
+        let strict = ApiKeyService::new(Arc::new(MockApiKeyStore::new()), Arc::new(MockProjectStore::new()), clock());
+        for bad in ["", "phx_", "Bearer x", &SECRET.to_uppercase(), &format!("{SECRET}0")] {
+            assert!(matches!(strict.authenticate(bad).await, Err(Error::NotAuthenticated(_))), "{bad}");
+        }
+
+        let unknown = SECRET.replace("00112233", "99999999");
+        assert!(matches!(service_with(Some(live.clone())).authenticate(&unknown).await, Err(Error::NotAuthenticated(_))));
+
+        let revoked = ApiKey { revoked_at: Some(NOW), ..live.clone() };
+        assert!(matches!(service_with(Some(revoked)).authenticate(SECRET).await, Err(Error::NotAuthenticated(_))));
+        let expired = ApiKey { expires_at: Some(NOW), ..live.clone() };
+        assert!(matches!(service_with(Some(expired)).authenticate(SECRET).await, Err(Error::NotAuthenticated(_))));
+        let not_yet_expired = ApiKey { expires_at: Some(NOW + Duration::from_secs(1)), ..live };
+        assert!(service_with(Some(not_yet_expired)).authenticate(SECRET).await.is_ok());
+    }
+
+    #[test]
+    fn authorize_checks_project_binding_and_scope() {
+        let svc = service_with(None);
+        let reader = Principal { key_id: Uuid::nil(), project_id: project(1), scopes: vec![Scope::EndpointRead] };
+        let writer = Principal { scopes: vec![Scope::EndpointWrite], ..reader.clone() };
+
+        assert_eq!(svc.authorize(&reader, "1", Scope::EndpointRead).unwrap(), project(1));
+        assert_eq!(svc.authorize(&reader, CURRENT_PROJECT, Scope::EndpointRead).unwrap(), project(1));
+        assert_eq!(svc.authorize(&writer, "1", Scope::EndpointRead).unwrap(), project(1), "write implies read");
+        match svc.authorize(&reader, "1", Scope::EndpointWrite) {
+            Err(Error::PermissionDenied(detail)) => assert!(detail.contains("endpoint:write")),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(svc.authorize(&writer, "2", Scope::EndpointRead), Err(Error::PermissionDenied(_))));
+        for bad in ["0", "-1", "abc", "1.0", "current"] {
+            assert!(matches!(svc.authorize(&writer, bad, Scope::EndpointRead), Err(Error::Invalid(_))), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The endpoint record, its versions and its name.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::auth::ProjectId;
+use crate::error::Invalid;
+use crate::query::Query;
+use crate::settings::{CacheAge, SyncFrequency};
+use crate::Timestamp;
+
+/// An endpoint name: `^[a-zA-Z][a-zA-Z0-9_-]{0,127}$`. It is part of public URLs, so it never changes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointName(String);
+
+impl EndpointName {
+    pub const MAX_LEN: usize = 128;
+
+    /// # Errors
+    /// [`Invalid`] (attr `name`) when the name breaks the pattern.
+    pub fn parse(raw: &str) -> Result<Self, Invalid> {
+        if Self::is_valid(raw) {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(Invalid::field(
+                "name",
+                "name must start with a letter and contain only letters, digits, '_' and '-' (at most 128 characters).",
+            ))
+        }
+    }
+
+    pub fn is_valid(raw: &str) -> bool {
+        let mut chars = raw.chars();
+        raw.len() <= Self::MAX_LEN
+            && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EndpointName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The type of an output column, as clients see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ColumnType {
+    Integer,
+    Float,
+    Decimal,
+    String,
+    Boolean,
+    Date,
+    Datetime,
+    Array,
+    Json,
+    Unknown,
+}
+
+/// One output column of a query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Column {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub column_type: ColumnType,
+}
+
+/// A saved endpoint as the store holds it, with its current version's query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub id: Uuid,
+    pub project_id: ProjectId,
+    pub name: EndpointName,
+    pub description: String,
+    pub query: Query,
+    pub derived_from_insight: Option<String>,
+    pub is_active: bool,
+    pub is_materialized: bool,
+    pub cache_age: CacheAge,
+    /// Stored only while the endpoint is materialized.
+    pub sync_frequency: Option<SyncFrequency>,
+    pub current_version: u32,
+    pub versions_count: u32,
+    /// Output columns of the current version.
+    pub columns: Vec<Column>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub last_executed_at: Option<Timestamp>,
+}
+
+/// One immutable query of an endpoint, with the settings it was saved with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointVersion {
+    pub endpoint_id: Uuid,
+    pub version: u32,
+    pub query: Query,
+    pub description: String,
+    pub columns: Vec<Column>,
+    pub cache_age: CacheAge,
+    pub sync_frequency: Option<SyncFrequency>,
+    pub created_at: Timestamp,
+    pub is_current: bool,
+}
+
+/// A validated endpoint to insert as version 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEndpoint {
+    pub id: Uuid,
+    pub project_id: ProjectId,
+    pub name: EndpointName,
+    pub description: String,
+    pub query: Query,
+    pub columns: Vec<Column>,
+    pub derived_from_insight: Option<String>,
+    pub is_active: bool,
+    pub is_materialized: bool,
+    pub cache_age: CacheAge,
+    pub sync_frequency: Option<SyncFrequency>,
+    pub created_at: Timestamp,
+}
+
+/// A validated change to an endpoint. `None` leaves a field as it is.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EndpointChange {
+    pub description: Option<String>,
+    pub derived_from_insight: Option<Option<String>>,
+    pub is_active: Option<bool>,
+    pub is_materialized: Option<bool>,
+    pub cache_age: Option<CacheAge>,
+    pub sync_frequency: Option<Option<SyncFrequency>>,
+    /// A query to save; the store makes a new version only when its canonical form differs from the current one.
+    pub query: Option<(Query, Vec<Column>)>,
+}
+
+impl EndpointChange {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Filters of the endpoint list.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EndpointFilter {
+    pub is_active: Option<bool>,
+    pub is_materialized: Option<bool>,
+    /// Case-insensitive substring of name or description.
+    pub search: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_pattern() {
+        for ok in ["a", "Daily_revenue-2", &format!("a{}", "b".repeat(127))] {
+            assert!(EndpointName::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "1abc", "_a", "-a", "a b", "a/b", "a.b", "é", &format!("a{}", "b".repeat(128))] {
+            let err = EndpointName::parse(bad).unwrap_err();
+            assert_eq!(err.attr.as_deref(), Some("name"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn column_types_serialize_lowercase() {
+        let col = Column { name: "n".into(), column_type: ColumnType::Datetime };
+        assert_eq!(serde_json::to_string(&col).unwrap(), r#"{"name":"n","type":"datetime"}"#);
+    }
+}

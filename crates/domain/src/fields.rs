@@ -1,0 +1,88 @@
+//! Typed reading of a JSON request body, with an error naming the field for every wrong type or unknown key.
+
+use serde_json::{Map, Value};
+
+use crate::error::Invalid;
+
+/// A JSON object whose keys were checked against an allow-list.
+pub struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+}
+
+impl<'a> Fields<'a> {
+    /// # Errors
+    /// [`Invalid`] when the body is not an object or has a key outside `allowed`.
+    pub fn new(body: &'a Value, allowed: &[&str]) -> Result<Self, Invalid> {
+        let obj = body
+            .as_object()
+            .ok_or_else(|| Invalid { attr: None, code: "invalid", detail: "The body must be a JSON object.".into() })?;
+        if let Some(key) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(Invalid::field(
+                key.as_str(),
+                format!("Unknown field '{key}'. Allowed fields: {}.", allowed.join(", ")),
+            ));
+        }
+        Ok(Self { obj })
+    }
+
+    /// The raw value, `None` when absent.
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj.get(key)
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.obj.contains_key(key)
+    }
+
+    /// Absent: `None`; null: `Some(None)`; a string: `Some(Some(s))`.
+    ///
+    /// # Errors
+    /// [`Invalid`] when the value is neither null nor a string.
+    pub fn nullable_string(&self, key: &str) -> Result<Option<Option<String>>, Invalid> {
+        match self.obj.get(key) {
+            None => Ok(None),
+            Some(Value::Null) => Ok(Some(None)),
+            Some(Value::String(s)) => Ok(Some(Some(s.clone()))),
+            Some(_) => Err(Invalid::field(key, format!("{key} must be a string."))),
+        }
+    }
+
+    /// Absent or null: `None`.
+    ///
+    /// # Errors
+    /// [`Invalid`] when the value is not a boolean.
+    pub fn bool(&self, key: &str) -> Result<Option<bool>, Invalid> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(Invalid::field(key, format!("{key} must be true or false."))),
+        }
+    }
+
+    /// Absent: `None`; null: `Some(None)`; an integer: `Some(Some(n))`.
+    ///
+    /// # Errors
+    /// [`Invalid`] when the value is not an integer that fits in 64 bits.
+    pub fn nullable_int(&self, key: &str) -> Result<Option<Option<i64>>, Invalid> {
+        match self.obj.get(key) {
+            None => Ok(None),
+            Some(Value::Null) => Ok(Some(None)),
+            Some(v) => v
+                .as_i64()
+                .map(|n| Some(Some(n)))
+                .ok_or_else(|| Invalid::field(key, format!("{key} must be an integer."))),
+        }
+    }
+}
+
+/// Parses a boolean query-string filter: `true`/`false` (also `1`/`0`).
+///
+/// # Errors
+/// [`Invalid`] naming `key` for any other text.
+pub fn parse_bool_param(key: &str, raw: &str) -> Result<bool, Invalid> {
+    match raw.to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(Invalid::field(key, format!("{key} must be true or false."))),
+    }
+}

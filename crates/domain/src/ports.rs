@@ -1,0 +1,180 @@
+//! The capabilities the domain needs from the outside world. Adapters implement them; the binary picks one of
+//! each at startup and hands them over as `Arc<dyn Port>`.
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::auth::{ApiKey, Project, ProjectId};
+use crate::endpoint::{Column, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
+use crate::error::BoxError;
+use crate::page::{Page, PageRequest};
+use crate::query::Query;
+use crate::Timestamp;
+
+/// What a store adapter can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error("version {0} not found")]
+    VersionNotFound(u32),
+    #[error("name '{0}' already taken")]
+    NameTaken(String),
+    #[error("store unavailable")]
+    Unavailable(#[source] BoxError),
+    #[error("store failure")]
+    Internal(#[source] BoxError),
+}
+
+/// Endpoints and their versions.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait EndpointStore: Send + Sync {
+    /// Inserts an endpoint with its version 1.
+    ///
+    /// # Errors
+    /// [`StoreError::NameTaken`] when a live endpoint of the project has the name; `Unavailable`, `Internal`.
+    async fn insert(&self, endpoint: NewEndpoint) -> Result<Endpoint, StoreError>;
+
+    /// # Errors
+    /// [`StoreError::NotFound`] when the project has no such endpoint; `Unavailable`, `Internal`.
+    async fn get(&self, project: ProjectId, name: &EndpointName) -> Result<Endpoint, StoreError>;
+
+    /// Endpoints ordered by name, and the count of all that match the filter.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn list(
+        &self,
+        project: ProjectId,
+        filter: &EndpointFilter,
+        page: PageRequest,
+    ) -> Result<Page<Endpoint>, StoreError>;
+
+    /// Applies a change atomically. A query whose canonical text differs from the current version's becomes
+    /// version `current + 1` (numbers stay contiguous under concurrent updates) and copies the endpoint's
+    /// resulting description, cache and sync settings; otherwise the current version's settings follow the
+    /// endpoint's.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`]; `Unavailable`, `Internal`.
+    async fn update(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        change: EndpointChange,
+        at: Timestamp,
+    ) -> Result<Endpoint, StoreError>;
+
+    /// Deletes the endpoint and all its versions; its name is free again.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`]; `Unavailable`, `Internal`.
+    async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<(), StoreError>;
+
+    /// Versions, newest first.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown endpoint; `Unavailable`, `Internal`.
+    async fn list_versions(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        page: PageRequest,
+    ) -> Result<Page<EndpointVersion>, StoreError>;
+
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown endpoint, [`StoreError::VersionNotFound`] for an unknown version;
+    /// `Unavailable`, `Internal`.
+    async fn get_version(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        version: u32,
+    ) -> Result<EndpointVersion, StoreError>;
+}
+
+/// Projects, managed by the operator.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait ProjectStore: Send + Sync {
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn create(&self, name: String, at: Timestamp) -> Result<Project, StoreError>;
+
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn get(&self, id: ProjectId) -> Result<Option<Project>, StoreError>;
+
+    /// All projects by id.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn list(&self) -> Result<Vec<Project>, StoreError>;
+}
+
+/// API keys, looked up by the hash of their secret.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait ApiKeyStore: Send + Sync {
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn insert(&self, key: ApiKey) -> Result<ApiKey, StoreError>;
+
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn find_by_hash(&self, secret_hash: &str) -> Result<Option<ApiKey>, StoreError>;
+
+    /// Keys of one project, or of all, oldest first.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn list(&self, project: Option<ProjectId>) -> Result<Vec<ApiKey>, StoreError>;
+
+    /// Marks a key revoked from `at` on. Revoking a revoked key keeps its first revocation time.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`]; `Unavailable`, `Internal`.
+    async fn revoke(&self, id: Uuid, at: Timestamp) -> Result<(), StoreError>;
+}
+
+/// What the query engine can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The SQL is not a single read-only statement over the project's tables, or does not plan.
+    #[error("{0}")]
+    InvalidQuery(String),
+    #[error("engine unavailable")]
+    Unavailable(#[source] BoxError),
+    #[error("engine failure")]
+    Internal(#[source] BoxError),
+}
+
+/// Plans and runs queries over a project's tables.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait QueryEngine: Send + Sync {
+    /// Plans the query without running it and returns its output columns. Placeholders are planned as typed
+    /// parameters of their declared variables.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidQuery`] for SQL that is not one read-only statement, names an unknown table or column,
+    /// or has duplicate output column names; `Unavailable`, `Internal`.
+    async fn describe(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError>;
+}
+
+/// The current time, injectable so tests control it.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Timestamp;
+}
+
+/// The wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        time::OffsetDateTime::now_utc()
+    }
+}

@@ -1,0 +1,304 @@
+use std::sync::Arc;
+
+use mockall::predicate::{always, eq};
+use serde_json::{json, Value};
+use time::macros::datetime;
+
+use super::*;
+use crate::endpoint::{Column, ColumnType};
+use crate::ports::{EngineError, MockClock, MockEndpointStore, MockQueryEngine, StoreError};
+use crate::Timestamp;
+
+const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
+
+fn project() -> ProjectId {
+    ProjectId::new(7).unwrap()
+}
+
+fn clock() -> Arc<MockClock> {
+    let mut clock = MockClock::new();
+    clock.expect_now().return_const(NOW);
+    Arc::new(clock)
+}
+
+fn columns() -> Vec<Column> {
+    vec![Column { name: "n".into(), column_type: ColumnType::Integer }]
+}
+
+fn describing_engine() -> MockQueryEngine {
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(|_, _| Ok(columns()));
+    engine
+}
+
+fn service(store: MockEndpointStore, engine: MockQueryEngine) -> EndpointService {
+    EndpointService::new(Arc::new(store), Arc::new(engine), clock())
+}
+
+/// A store whose insert echoes what it is given, as a real store would.
+fn echoing_store() -> MockEndpointStore {
+    let mut store = MockEndpointStore::new();
+    store.expect_insert().returning(|new| Ok(saved(new)));
+    store
+}
+
+fn saved(new: NewEndpoint) -> Endpoint {
+    Endpoint {
+        id: new.id,
+        project_id: new.project_id,
+        name: new.name,
+        description: new.description,
+        query: new.query,
+        derived_from_insight: new.derived_from_insight,
+        is_active: new.is_active,
+        is_materialized: new.is_materialized,
+        cache_age: new.cache_age,
+        sync_frequency: new.sync_frequency,
+        current_version: 1,
+        versions_count: 1,
+        columns: new.columns,
+        created_at: new.created_at,
+        updated_at: new.created_at,
+        last_executed_at: None,
+    }
+}
+
+fn body(extra: Value) -> Value {
+    let mut base = json!({"name": "daily", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
+    for (k, v) in extra.as_object().unwrap() {
+        base[k] = v.clone();
+    }
+    base
+}
+
+fn existing() -> Endpoint {
+    let query = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap();
+    saved(NewEndpoint {
+        id: Uuid::nil(),
+        project_id: project(),
+        name: EndpointName::parse("daily").unwrap(),
+        description: "old".into(),
+        query,
+        columns: columns(),
+        derived_from_insight: None,
+        is_active: true,
+        is_materialized: false,
+        cache_age: CacheAge::default(),
+        sync_frequency: None,
+        created_at: NOW,
+    })
+}
+
+fn invalid_attr(err: Error) -> String {
+    match err {
+        Error::Invalid(invalid) => invalid.attr.unwrap_or_default(),
+        other => panic!("expected a validation error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn create_applies_defaults_and_records_columns() {
+    let created = service(echoing_store(), describing_engine()).create(project(), &body(json!({}))).await.unwrap();
+    assert!(created.is_active);
+    assert!(!created.is_materialized);
+    assert_eq!(created.cache_age.configured(), None);
+    assert_eq!(created.sync_frequency, None);
+    assert_eq!(created.description, "");
+    assert_eq!(created.columns, columns());
+    assert_eq!(created.created_at, NOW);
+}
+
+#[tokio::test]
+async fn create_of_a_materialized_endpoint_defaults_sync_to_a_day() {
+    let created = service(echoing_store(), describing_engine())
+        .create(project(), &body(json!({"is_materialized": true})))
+        .await
+        .unwrap();
+    assert_eq!(created.sync_frequency, Some(SyncFrequency::OneDay));
+}
+
+#[tokio::test]
+async fn create_refuses_bad_fields_naming_them() {
+    let cases = [
+        (json!({"name": "1bad"}), "name"),
+        (json!({"name": null}), "name"),
+        (json!({"query": null}), "query"),
+        (json!({"query": {"kind": "SQLQuery"}}), "query.query"),
+        (json!({"is_active": "yes"}), "is_active"),
+        (json!({"cache_age_seconds": 90_000}), "cache_age_seconds"),
+        (json!({"cache_age_seconds": "60"}), "cache_age_seconds"),
+        (json!({"sync_frequency": "1hour"}), "sync_frequency"),
+        (json!({"is_materialized": true, "sync_frequency": "2hour"}), "sync_frequency"),
+        (json!({"surprise": 1}), "surprise"),
+        (json!({"description": 5}), "description"),
+    ];
+    for (extra, attr) in cases {
+        // Neither the engine nor the store may be reached by a request that fails validation.
+        let err = service(MockEndpointStore::new(), MockQueryEngine::new())
+            .create(project(), &body(extra.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(invalid_attr(err), attr, "{extra}");
+    }
+    let err = service(MockEndpointStore::new(), MockQueryEngine::new()).create(project(), &json!([1])).await.unwrap_err();
+    assert!(matches!(err, Error::Invalid(Invalid { attr: None, .. })));
+}
+
+#[tokio::test]
+async fn create_reports_the_engines_refusal_on_query() {
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(|_, _| Err(EngineError::InvalidQuery("table 'nope' not found".into())));
+    let err = service(MockEndpointStore::new(), engine).create(project(), &body(json!({}))).await.unwrap_err();
+    match err {
+        Error::Invalid(invalid) => {
+            assert_eq!(invalid.attr.as_deref(), Some("query"));
+            assert!(invalid.detail.contains("nope"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn create_maps_a_taken_name_to_a_conflict() {
+    let mut store = MockEndpointStore::new();
+    store.expect_insert().returning(|new| Err(StoreError::NameTaken(new.name.to_string())));
+    let err = service(store, describing_engine()).create(project(), &body(json!({}))).await.unwrap_err();
+    assert!(matches!(err, Error::NameTaken(name) if name == "daily"));
+}
+
+fn store_with_existing() -> MockEndpointStore {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(|_, _| Ok(existing()));
+    store
+}
+
+#[tokio::test]
+async fn update_refuses_a_rename_but_accepts_the_same_name() {
+    let err = service(store_with_existing(), MockQueryEngine::new())
+        .update(project(), "daily", &json!({"name": "weekly"}))
+        .await
+        .unwrap_err();
+    assert_eq!(invalid_attr(err), "name");
+    // Same name and nothing else: nothing to write, so the store's update is never called.
+    let same = service(store_with_existing(), MockQueryEngine::new())
+        .update(project(), "daily", &json!({"name": "daily", "description": "old"}))
+        .await
+        .unwrap();
+    assert_eq!(same, existing());
+}
+
+#[tokio::test]
+async fn update_of_settings_alone_makes_no_new_version() {
+    let mut store = store_with_existing();
+    store
+        .expect_update()
+        .withf(|_, _, change, at| {
+            change.query.is_none() && change.description.as_deref() == Some("new") && *at == NOW
+        })
+        .times(1)
+        .returning(|_, _, _, _| Ok(existing()));
+    service(store, MockQueryEngine::new())
+        .update(project(), "daily", &json!({"description": "new", "is_active": true}))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn update_with_an_equivalent_query_makes_no_new_version() {
+    // Same query, different whitespace around it and an explicit empty variables object.
+    let same = json!({"query": {"query": " SELECT 1 AS n ", "kind": "SQLQuery", "variables": {}}});
+    let result = service(store_with_existing(), MockQueryEngine::new()).update(project(), "daily", &same).await;
+    assert_eq!(result.unwrap(), existing());
+}
+
+#[tokio::test]
+async fn update_with_a_new_query_plans_it_and_saves_it() {
+    let mut store = store_with_existing();
+    store
+        .expect_update()
+        .withf(|_, _, change, _| change.query.as_ref().is_some_and(|(q, cols)| q.sql == "SELECT 2 AS n" && *cols == columns()))
+        .times(1)
+        .returning(|_, _, _, _| Ok(existing()));
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().with(eq(project()), always()).times(1).returning(|_, _| Ok(columns()));
+    service(store, engine)
+        .update(project(), "daily", &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}}))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn update_enforces_sync_frequency_rules() {
+    let err = service(store_with_existing(), MockQueryEngine::new())
+        .update(project(), "daily", &json!({"sync_frequency": "1hour"}))
+        .await
+        .unwrap_err();
+    assert_eq!(invalid_attr(err), "sync_frequency");
+
+    let mut store = store_with_existing();
+    store
+        .expect_update()
+        .withf(|_, _, change, _| {
+            change.is_materialized == Some(true) && change.sync_frequency == Some(Some(SyncFrequency::OneDay))
+        })
+        .times(1)
+        .returning(|_, _, _, _| Ok(existing()));
+    service(store, MockQueryEngine::new()).update(project(), "daily", &json!({"is_materialized": true})).await.unwrap();
+
+    let err = service(store_with_existing(), MockQueryEngine::new())
+        .update(project(), "daily", &json!({"query": null}))
+        .await
+        .unwrap_err();
+    assert_eq!(invalid_attr(err), "query");
+}
+
+#[tokio::test]
+async fn unknown_or_impossible_names_are_not_found() {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(|_, _| Err(StoreError::NotFound));
+    let svc = service(store, MockQueryEngine::new());
+    assert!(matches!(svc.get(project(), "missing").await, Err(Error::NotFound(_))));
+    // A name that cannot be valid never reaches the store.
+    assert!(matches!(svc.get(project(), "not a name").await, Err(Error::NotFound(_))));
+    assert!(matches!(svc.update(project(), "missing", &json!({})).await, Err(Error::NotFound(_))));
+}
+
+#[tokio::test]
+async fn version_numbers_must_be_positive_integers() {
+    let mut store = MockEndpointStore::new();
+    store.expect_get_version().returning(|_, _, v| Err(StoreError::VersionNotFound(v)));
+    let svc = service(store, MockQueryEngine::new());
+    for bad in ["0", "-1", "abc", "1.5", "99999999999"] {
+        let err = svc.version(project(), "daily", bad).await.unwrap_err();
+        assert_eq!(invalid_attr(err), "version_number", "{bad}");
+    }
+    assert!(matches!(svc.version(project(), "daily", "3").await, Err(Error::NotFound(_))));
+}
+
+#[tokio::test]
+async fn list_parses_paging_and_filters() {
+    let mut store = MockEndpointStore::new();
+    store
+        .expect_list()
+        .withf(|_, filter, page| {
+            filter.is_active == Some(false)
+                && filter.is_materialized.is_none()
+                && filter.search.as_deref() == Some("rev")
+                && page.limit == 5
+                && page.offset == 10
+        })
+        .times(1)
+        .returning(|_, _, page| Ok(Page { items: vec![], total: 0, request: page }));
+    let svc = service(store, MockQueryEngine::new());
+    let params = ListParams { limit: Some("5"), offset: Some("10"), is_active: Some("false"), search: Some(" rev "), ..Default::default() };
+    svc.list(project(), params).await.unwrap();
+
+    for (params, attr) in [
+        (ListParams { limit: Some("0"), ..Default::default() }, "limit"),
+        (ListParams { limit: Some("1001"), ..Default::default() }, "limit"),
+        (ListParams { offset: Some("-3"), ..Default::default() }, "offset"),
+        (ListParams { is_materialized: Some("maybe"), ..Default::default() }, "is_materialized"),
+    ] {
+        assert_eq!(invalid_attr(svc.list(project(), params).await.unwrap_err()), attr);
+    }
+}

@@ -1,0 +1,138 @@
+//! Per-endpoint settings: how long cached results live and how often a materialization refreshes.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::Invalid;
+
+/// `cache_age_seconds`: `None` means the server default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheAge(Option<u32>);
+
+impl CacheAge {
+    pub const DEFAULT_SECONDS: u32 = 300;
+    pub const MAX_SECONDS: u32 = 86_400;
+
+    /// # Errors
+    /// [`Invalid`] on `cache_age_seconds` outside `0..=86400`.
+    pub fn new(seconds: Option<i64>) -> Result<Self, Invalid> {
+        match seconds {
+            None => Ok(Self(None)),
+            Some(s) => u32::try_from(s)
+                .ok()
+                .filter(|s| *s <= Self::MAX_SECONDS)
+                .map(|s| Self(Some(s)))
+                .ok_or_else(|| {
+                    Invalid::field("cache_age_seconds", "cache_age_seconds must be an integer between 0 and 86400.")
+                }),
+        }
+    }
+
+    /// The configured value, `None` when the default applies.
+    pub fn configured(self) -> Option<u32> {
+        self.0
+    }
+
+    /// The age in force: the configured value or the default. Zero means never serve from cache.
+    pub fn effective(self) -> Duration {
+        Duration::from_secs(u64::from(self.0.unwrap_or(Self::DEFAULT_SECONDS)))
+    }
+}
+
+/// How often a materialized endpoint refreshes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncFrequency {
+    FiveMinutes,
+    ThirtyMinutes,
+    OneHour,
+    SixHours,
+    TwelveHours,
+    #[default]
+    OneDay,
+    SevenDays,
+    ThirtyDays,
+}
+
+impl SyncFrequency {
+    pub const ALL: [SyncFrequency; 8] = [
+        Self::FiveMinutes,
+        Self::ThirtyMinutes,
+        Self::OneHour,
+        Self::SixHours,
+        Self::TwelveHours,
+        Self::OneDay,
+        Self::SevenDays,
+        Self::ThirtyDays,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FiveMinutes => "5min",
+            Self::ThirtyMinutes => "30min",
+            Self::OneHour => "1hour",
+            Self::SixHours => "6hour",
+            Self::TwelveHours => "12hour",
+            Self::OneDay => "24hour",
+            Self::SevenDays => "7day",
+            Self::ThirtyDays => "30day",
+        }
+    }
+
+    pub fn period(self) -> Duration {
+        const MIN: u64 = 60;
+        Duration::from_secs(match self {
+            Self::FiveMinutes => 5 * MIN,
+            Self::ThirtyMinutes => 30 * MIN,
+            Self::OneHour => 60 * MIN,
+            Self::SixHours => 6 * 60 * MIN,
+            Self::TwelveHours => 12 * 60 * MIN,
+            Self::OneDay => 24 * 60 * MIN,
+            Self::SevenDays => 7 * 24 * 60 * MIN,
+            Self::ThirtyDays => 30 * 24 * 60 * MIN,
+        })
+    }
+
+    /// # Errors
+    /// [`Invalid`] on a value that is not one of the eight names.
+    pub fn parse(raw: &str) -> Result<Self, Invalid> {
+        Self::ALL.into_iter().find(|f| f.as_str() == raw).ok_or_else(|| {
+            Invalid::field(
+                "sync_frequency",
+                format!(
+                    "sync_frequency must be one of {}.",
+                    Self::ALL.map(Self::as_str).join(", ")
+                ),
+            )
+        })
+    }
+}
+
+impl fmt::Display for SyncFrequency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_age_bounds() {
+        assert_eq!(CacheAge::new(None).unwrap().effective(), Duration::from_secs(300));
+        assert_eq!(CacheAge::new(Some(0)).unwrap().effective(), Duration::ZERO);
+        assert_eq!(CacheAge::new(Some(86_400)).unwrap().configured(), Some(86_400));
+        assert_eq!(CacheAge::new(Some(86_401)).unwrap_err().attr.as_deref(), Some("cache_age_seconds"));
+        assert!(CacheAge::new(Some(-1)).is_err());
+    }
+
+    #[test]
+    fn sync_frequency_round_trips_every_name() {
+        for f in SyncFrequency::ALL {
+            assert_eq!(SyncFrequency::parse(f.as_str()).unwrap(), f);
+        }
+        assert_eq!(SyncFrequency::default().as_str(), "24hour");
+        assert_eq!(SyncFrequency::SixHours.period(), Duration::from_secs(21_600));
+        assert!(SyncFrequency::parse("2hour").is_err());
+    }
+}
