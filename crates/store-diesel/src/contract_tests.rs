@@ -1,0 +1,296 @@
+//! One contract suite, run against SQLite and against a real PostgreSQL.
+//!
+//! PostgreSQL comes from `TEST_POSTGRES_URL`, which `make test` sets after starting a local cluster and creating
+//! a throwaway database. Each test works in projects of its own, so tests share that database safely.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use domain::endpoint::{Column, ColumnType, EndpointChange, EndpointFilter, NewEndpoint};
+use domain::ports::{ApiKeyStore, EndpointStore, ProjectStore, StoreError};
+use domain::{ApiKey, CacheAge, EndpointName, PageRequest, ProjectId, Query, Scope, SyncFrequency, Timestamp};
+use serde_json::json;
+use time::macros::datetime;
+use uuid::Uuid;
+
+use crate::{Database, DatabaseConfig, DieselStore};
+
+const T0: Timestamp = datetime!(2026-11-22 10:00:00.123456 UTC);
+
+fn sqlite_store() -> DieselStore {
+    let path = std::env::temp_dir().join(format!("endpoints-store-test-{}.db", Uuid::new_v4()));
+    let db = Database::connect(&DatabaseConfig::new(format!("sqlite://{}", path.display()))).unwrap();
+    db.migrate().unwrap();
+    DieselStore::new(db)
+}
+
+fn postgres_store() -> DieselStore {
+    static MIGRATE: Once = Once::new();
+    let url = std::env::var("TEST_POSTGRES_URL")
+        .expect("TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it");
+    let mut config = DatabaseConfig::new(url);
+    config.pool_size = 4;
+    let db = Database::connect(&config).unwrap();
+    MIGRATE.call_once(|| {
+        db.migrate().unwrap();
+    });
+    DieselStore::new(db)
+}
+
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$test(super::sqlite_store()).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$test(super::postgres_store()).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    projects_are_created_and_listed,
+    endpoints_round_trip,
+    names_are_unique_per_project,
+    delete_frees_the_name_and_removes_versions,
+    settings_changes_keep_the_version,
+    query_changes_make_contiguous_versions,
+    concurrent_query_changes_stay_contiguous,
+    list_filters_searches_and_pages,
+    keys_are_found_by_hash_and_revoked,
+);
+
+async fn project(store: &DieselStore) -> ProjectId {
+    ProjectStore::create(store, format!("p-{}", Uuid::new_v4()), T0).await.unwrap().id
+}
+
+fn name(raw: &str) -> EndpointName {
+    EndpointName::parse(raw).unwrap()
+}
+
+fn query(sql: &str) -> Query {
+    Query::from_json(&json!({"kind": "SQLQuery", "query": sql})).unwrap()
+}
+
+fn cols(names: &[&str]) -> Vec<Column> {
+    names.iter().map(|n| Column { name: (*n).into(), column_type: ColumnType::Integer }).collect()
+}
+
+fn new_endpoint(project: ProjectId, raw_name: &str) -> NewEndpoint {
+    NewEndpoint {
+        id: Uuid::new_v4(),
+        project_id: project,
+        name: name(raw_name),
+        description: format!("about {raw_name}"),
+        query: query("SELECT 1 AS n"),
+        columns: cols(&["n"]),
+        derived_from_insight: Some("insight-1".into()),
+        is_active: true,
+        is_materialized: false,
+        cache_age: CacheAge::new(Some(60)).unwrap(),
+        sync_frequency: None,
+        created_at: T0,
+    }
+}
+
+async fn projects_are_created_and_listed(store: DieselStore) {
+    let a = ProjectStore::create(&store, "Acme".into(), T0).await.unwrap();
+    let b = ProjectStore::create(&store, "Acme".into(), T0).await.unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!(a.created_at, T0, "microsecond precision survives");
+    assert_eq!(ProjectStore::get(&store, a.id).await.unwrap(), Some(a.clone()));
+    assert_eq!(ProjectStore::get(&store, ProjectId::new(i64::MAX).unwrap()).await.unwrap(), None);
+    let all = ProjectStore::list(&store).await.unwrap();
+    assert!(all.contains(&a) && all.contains(&b));
+}
+
+async fn endpoints_round_trip(store: DieselStore) {
+    let p = project(&store).await;
+    let new = new_endpoint(p, "daily");
+    let saved = EndpointStore::insert(&store, new.clone()).await.unwrap();
+    assert_eq!(saved.id, new.id);
+    assert_eq!(saved.query, new.query);
+    assert_eq!(saved.columns, new.columns);
+    assert_eq!(saved.derived_from_insight.as_deref(), Some("insight-1"));
+    assert_eq!(saved.cache_age.configured(), Some(60));
+    assert_eq!((saved.current_version, saved.versions_count), (1, 1));
+    assert_eq!((saved.created_at, saved.updated_at, saved.last_executed_at), (T0, T0, None));
+    assert_eq!(EndpointStore::get(&store, p, &name("daily")).await.unwrap(), saved);
+
+    let other = project(&store).await;
+    assert!(matches!(EndpointStore::get(&store, other, &name("daily")).await, Err(StoreError::NotFound)));
+}
+
+async fn names_are_unique_per_project(store: DieselStore) {
+    let p = project(&store).await;
+    EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
+    let err = EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap_err();
+    assert!(matches!(err, StoreError::NameTaken(ref n) if n == "daily"), "{err:?}");
+    let other = project(&store).await;
+    EndpointStore::insert(&store, new_endpoint(other, "daily")).await.unwrap();
+}
+
+async fn delete_frees_the_name_and_removes_versions(store: DieselStore) {
+    let p = project(&store).await;
+    let first = EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
+    let change = EndpointChange { query: Some((query("SELECT 2 AS n"), cols(&["n"]))), ..Default::default() };
+    EndpointStore::update(&store, p, &name("daily"), change, T0).await.unwrap();
+    EndpointStore::delete(&store, p, &name("daily")).await.unwrap();
+    assert!(matches!(EndpointStore::get(&store, p, &name("daily")).await, Err(StoreError::NotFound)));
+    assert!(matches!(EndpointStore::get_version(&store, p, &name("daily"), 1).await, Err(StoreError::NotFound)));
+    assert!(matches!(EndpointStore::delete(&store, p, &name("daily")).await, Err(StoreError::NotFound)));
+
+    let second = EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
+    assert_ne!(first.id, second.id);
+    assert_eq!(second.current_version, 1, "a new endpoint starts again at version 1");
+    let versions = EndpointStore::list_versions(&store, p, &name("daily"), PageRequest::default()).await.unwrap();
+    assert_eq!(versions.total, 1);
+}
+
+async fn settings_changes_keep_the_version(store: DieselStore) {
+    let p = project(&store).await;
+    EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
+    let later = T0 + Duration::from_secs(60);
+    let change = EndpointChange {
+        description: Some("new words".into()),
+        is_active: Some(false),
+        is_materialized: Some(true),
+        sync_frequency: Some(Some(SyncFrequency::OneHour)),
+        cache_age: Some(CacheAge::default()),
+        derived_from_insight: Some(None),
+        // The same query, so no new version either.
+        query: Some((query("SELECT 1 AS n"), cols(&["n"]))),
+    };
+    let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
+    assert_eq!(updated.current_version, 1);
+    assert_eq!(updated.description, "new words");
+    assert!(!updated.is_active && updated.is_materialized);
+    assert_eq!(updated.sync_frequency, Some(SyncFrequency::OneHour));
+    assert_eq!(updated.cache_age.configured(), None);
+    assert_eq!(updated.derived_from_insight, None);
+    assert_eq!((updated.created_at, updated.updated_at), (T0, later));
+    let v1 = EndpointStore::get_version(&store, p, &name("daily"), 1).await.unwrap();
+    assert_eq!(v1.description, "new words", "the current version follows the endpoint's settings");
+    assert_eq!(v1.sync_frequency, Some(SyncFrequency::OneHour));
+}
+
+async fn query_changes_make_contiguous_versions(store: DieselStore) {
+    let p = project(&store).await;
+    EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
+    let later = T0 + Duration::from_secs(5);
+    let change = EndpointChange {
+        description: Some("v2 words".into()),
+        cache_age: Some(CacheAge::new(Some(0)).unwrap()),
+        query: Some((query("SELECT 2 AS m"), cols(&["m"]))),
+        ..Default::default()
+    };
+    let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
+    assert_eq!((updated.current_version, updated.versions_count), (2, 2));
+    assert_eq!(updated.query.sql, "SELECT 2 AS m");
+    assert_eq!(updated.columns, cols(&["m"]));
+
+    let page = EndpointStore::list_versions(&store, p, &name("daily"), PageRequest::default()).await.unwrap();
+    assert_eq!(page.total, 2);
+    let numbers: Vec<_> = page.items.iter().map(|v| (v.version, v.is_current)).collect();
+    assert_eq!(numbers, [(2, true), (1, false)], "newest first");
+    let v2 = &page.items[0];
+    assert_eq!((v2.description.as_str(), v2.cache_age.configured(), v2.created_at), ("v2 words", Some(0), later));
+    let v1 = EndpointStore::get_version(&store, p, &name("daily"), 1).await.unwrap();
+    assert_eq!((v1.query.sql.as_str(), v1.description.as_str()), ("SELECT 1 AS n", "about daily"));
+    assert!(matches!(EndpointStore::get_version(&store, p, &name("daily"), 3).await, Err(StoreError::VersionNotFound(3))));
+
+    let second_page = EndpointStore::list_versions(&store, p, &name("daily"), PageRequest { limit: 1, offset: 1 }).await.unwrap();
+    assert_eq!(second_page.items.iter().map(|v| v.version).collect::<Vec<_>>(), [1]);
+}
+
+async fn concurrent_query_changes_stay_contiguous(store: DieselStore) {
+    const WRITERS: u32 = 12;
+    let p = project(&store).await;
+    EndpointStore::insert(&store, new_endpoint(p, "busy")).await.unwrap();
+    let store = Arc::new(store);
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let change = EndpointChange {
+                    query: Some((query(&format!("SELECT {} AS n", i + 100)), cols(&["n"]))),
+                    ..Default::default()
+                };
+                EndpointStore::update(&*store, p, &name("busy"), change, T0).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let page = EndpointStore::list_versions(&*store, p, &name("busy"), PageRequest { limit: 1000, offset: 0 }).await.unwrap();
+    let numbers: BTreeSet<u32> = page.items.iter().map(|v| v.version).collect();
+    assert_eq!(numbers, (1..=WRITERS + 1).collect::<BTreeSet<_>>(), "versions 1..=13, no gap, no duplicate");
+    let sqls: BTreeSet<_> = page.items.iter().map(|v| v.query.sql.clone()).collect();
+    assert_eq!(sqls.len() as u32, WRITERS + 1, "every writer's query was kept");
+    let current = EndpointStore::get(&*store, p, &name("busy")).await.unwrap();
+    assert_eq!(current.current_version, WRITERS + 1);
+}
+
+async fn list_filters_searches_and_pages(store: DieselStore) {
+    let p = project(&store).await;
+    for (n, active, desc) in [("beta", true, "Revenue by day"), ("alpha", false, "signups"), ("gamma_1", true, "100% of users")] {
+        EndpointStore::insert(&store, NewEndpoint { is_active: active, description: desc.into(), ..new_endpoint(p, n) }).await.unwrap();
+    }
+    let names = |page: &domain::Page<domain::Endpoint>| page.items.iter().map(|e| e.name.to_string()).collect::<Vec<_>>();
+    let all = EndpointStore::list(&store, p, &EndpointFilter::default(), PageRequest::default()).await.unwrap();
+    assert_eq!((names(&all), all.total), (vec!["alpha".to_string(), "beta".into(), "gamma_1".into()], 3));
+
+    let active = EndpointFilter { is_active: Some(true), ..Default::default() };
+    assert_eq!(names(&EndpointStore::list(&store, p, &active, PageRequest::default()).await.unwrap()), ["beta", "gamma_1"]);
+    let search = EndpointFilter { search: Some("REVENUE".into()), ..Default::default() };
+    assert_eq!(names(&EndpointStore::list(&store, p, &search, PageRequest::default()).await.unwrap()), ["beta"]);
+    // LIKE wildcards in the search text are matched literally: an unescaped "p_a" would match "alpha".
+    let percent = EndpointFilter { search: Some("0%".into()), ..Default::default() };
+    assert_eq!(names(&EndpointStore::list(&store, p, &percent, PageRequest::default()).await.unwrap()), ["gamma_1"]);
+    let underscore = EndpointFilter { search: Some("p_a".into()), ..Default::default() };
+    assert!(EndpointStore::list(&store, p, &underscore, PageRequest::default()).await.unwrap().items.is_empty());
+    let materialized = EndpointFilter { is_materialized: Some(true), ..Default::default() };
+    assert_eq!(EndpointStore::list(&store, p, &materialized, PageRequest::default()).await.unwrap().total, 0);
+
+    let page = EndpointStore::list(&store, p, &EndpointFilter::default(), PageRequest { limit: 1, offset: 1 }).await.unwrap();
+    assert_eq!((names(&page), page.total), (vec!["beta".to_string()], 3));
+    assert!(page.has_next() && page.has_previous());
+}
+
+async fn keys_are_found_by_hash_and_revoked(store: DieselStore) {
+    let p = project(&store).await;
+    let key = ApiKey {
+        id: Uuid::new_v4(),
+        project_id: p,
+        label: "ci".into(),
+        scopes: vec![Scope::EndpointRead, Scope::EndpointWrite],
+        secret_hash: format!("{:064x}", Uuid::new_v4().as_u128()),
+        prefix: "phx_abcdef".into(),
+        created_at: T0,
+        expires_at: Some(T0 + Duration::from_secs(3600)),
+        revoked_at: None,
+    };
+    ApiKeyStore::insert(&store, key.clone()).await.unwrap();
+    assert_eq!(ApiKeyStore::find_by_hash(&store, &key.secret_hash).await.unwrap(), Some(key.clone()));
+    assert_eq!(ApiKeyStore::find_by_hash(&store, "0".repeat(64).as_str()).await.unwrap(), None);
+    assert_eq!(ApiKeyStore::list(&store, Some(p)).await.unwrap(), vec![key.clone()]);
+
+    let at = T0 + Duration::from_secs(10);
+    ApiKeyStore::revoke(&store, key.id, at).await.unwrap();
+    ApiKeyStore::revoke(&store, key.id, at + Duration::from_secs(10)).await.unwrap();
+    let revoked = ApiKeyStore::find_by_hash(&store, &key.secret_hash).await.unwrap().unwrap();
+    assert_eq!(revoked.revoked_at, Some(at), "the first revocation time is kept");
+    assert!(matches!(ApiKeyStore::revoke(&store, Uuid::new_v4(), at).await, Err(StoreError::NotFound)));
+}

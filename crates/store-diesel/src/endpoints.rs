@@ -1,0 +1,342 @@
+//! `EndpointStore` on diesel.
+
+use async_trait::async_trait;
+use diesel::prelude::*;
+use domain::endpoint::{Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
+use domain::ports::{EndpointStore, StoreError};
+use domain::{Page, PageRequest, ProjectId, Timestamp};
+use tracing::instrument;
+
+use crate::connection::AnyConnection;
+use crate::error::DbError;
+use crate::rows::{columns_text, micros, EndpointRow, VersionRow};
+use crate::schema::{endpoint_versions, endpoints};
+use crate::DieselStore;
+
+diesel::define_sql_function!(fn lower(x: diesel::sql_types::Text) -> diesel::sql_types::Text);
+
+/// `LIKE` pattern matching `needle` anywhere, with the pattern characters escaped.
+fn contains_pattern(needle: &str) -> String {
+    let escaped = needle.to_lowercase().replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_");
+    format!("%{escaped}%")
+}
+
+fn offset(page: PageRequest) -> i64 {
+    i64::try_from(page.offset).unwrap_or(i64::MAX)
+}
+
+/// The endpoints of a project matching a filter, as a boxed query over `$source`.
+macro_rules! filtered {
+    ($source:expr, $project:expr, $filter:expr) => {{
+        let mut query = $source.filter(endpoints::project_id.eq($project)).into_boxed();
+        if let Some(active) = $filter.is_active {
+            query = query.filter(endpoints::is_active.eq(active));
+        }
+        if let Some(materialized) = $filter.is_materialized {
+            query = query.filter(endpoints::is_materialized.eq(materialized));
+        }
+        if let Some(search) = &$filter.search {
+            let pattern = contains_pattern(search);
+            query = query.filter(
+                lower(endpoints::name)
+                    .like(pattern.clone())
+                    .escape('\\')
+                    .or(lower(endpoints::description).like(pattern).escape('\\')),
+            );
+        }
+        query
+    }};
+}
+
+/// Endpoints joined with their current version.
+macro_rules! current_version_join {
+    () => {
+        endpoints::table.inner_join(
+            endpoint_versions::table.on(endpoint_versions::endpoint_id
+                .eq(endpoints::id)
+                .and(endpoint_versions::version.eq(endpoints::current_version))),
+        )
+    };
+}
+
+fn load(conn: &mut AnyConnection, project: i64, name: &str) -> Result<Endpoint, DbError> {
+    let (row, version) = current_version_join!()
+        .filter(endpoints::project_id.eq(project))
+        .filter(endpoints::name.eq(name))
+        .select((EndpointRow::as_select(), VersionRow::as_select()))
+        .first::<(EndpointRow, VersionRow)>(conn)
+        .optional()?
+        .ok_or(DbError::NotFound)?;
+    row.into_domain(&version)
+}
+
+fn endpoint_id(conn: &mut AnyConnection, project: i64, name: &str) -> Result<(String, i64), DbError> {
+    endpoints::table
+        .filter(endpoints::project_id.eq(project))
+        .filter(endpoints::name.eq(name))
+        .select((endpoints::id, endpoints::current_version))
+        .first(conn)
+        .optional()?
+        .ok_or(DbError::NotFound)
+}
+
+#[derive(AsChangeset)]
+#[diesel(table_name = endpoints)]
+struct EndpointUpdate {
+    description: String,
+    derived_from_insight: Option<Option<String>>,
+    is_active: bool,
+    is_materialized: bool,
+    cache_age_seconds: Option<Option<i64>>,
+    sync_frequency: Option<Option<String>>,
+    current_version: i64,
+    updated_at: i64,
+}
+
+#[derive(AsChangeset)]
+#[diesel(table_name = endpoint_versions)]
+struct VersionSettings {
+    description: String,
+    cache_age_seconds: Option<Option<i64>>,
+    sync_frequency: Option<Option<String>>,
+}
+
+fn apply_change(
+    conn: &mut AnyConnection,
+    project: i64,
+    name: &str,
+    change: EndpointChange,
+    at: i64,
+) -> Result<Endpoint, DbError> {
+    // The first statement is a write: it takes the row lock (PostgreSQL) or the database's write lock (SQLite)
+    // before anything is read, so concurrent changes of one endpoint run one after the other and each sees the
+    // version number the previous one wrote.
+    let locked = diesel::update(endpoints::table)
+        .filter(endpoints::project_id.eq(project))
+        .filter(endpoints::name.eq(name))
+        .set(endpoints::updated_at.eq(at))
+        .execute(conn)?;
+    if locked == 0 {
+        return Err(DbError::NotFound);
+    }
+    let (row, current): (EndpointRow, VersionRow) = current_version_join!()
+        .filter(endpoints::project_id.eq(project))
+        .filter(endpoints::name.eq(name))
+        .select((EndpointRow::as_select(), VersionRow::as_select()))
+        .first(conn)?;
+
+    let cache_age = change.cache_age.map(|c| c.configured().map(i64::from));
+    let sync_frequency = change.sync_frequency.map(|f| f.map(|f| f.as_str().to_owned()));
+    let description = change.description.unwrap_or(row.description.clone());
+    let final_cache = cache_age.unwrap_or(row.cache_age_seconds);
+    let final_sync = sync_frequency.clone().unwrap_or(row.sync_frequency.clone());
+
+    let mut current_version = row.current_version;
+    match change.query {
+        Some((query, columns)) if query.canonical() != canonical_of(&current.query)? => {
+            current_version += 1;
+            diesel::insert_into(endpoint_versions::table)
+                .values(VersionRow {
+                    endpoint_id: row.id.clone(),
+                    version: current_version,
+                    query: query.canonical(),
+                    description: description.clone(),
+                    output_columns: columns_text(&columns),
+                    cache_age_seconds: final_cache,
+                    sync_frequency: final_sync.clone(),
+                    created_at: at,
+                })
+                .execute(conn)?;
+        }
+        _ => {
+            diesel::update(endpoint_versions::table)
+                .filter(endpoint_versions::endpoint_id.eq(&row.id))
+                .filter(endpoint_versions::version.eq(current_version))
+                .set(VersionSettings {
+                    description: description.clone(),
+                    cache_age_seconds: Some(final_cache),
+                    sync_frequency: Some(final_sync),
+                })
+                .execute(conn)?;
+        }
+    }
+    diesel::update(endpoints::table.find(&row.id))
+        .set(EndpointUpdate {
+            description,
+            derived_from_insight: change.derived_from_insight,
+            is_active: change.is_active.unwrap_or(row.is_active),
+            is_materialized: change.is_materialized.unwrap_or(row.is_materialized),
+            cache_age_seconds: cache_age,
+            sync_frequency,
+            current_version,
+            updated_at: at,
+        })
+        .execute(conn)?;
+    load(conn, project, name)
+}
+
+/// Stored queries are canonical already; reparsing guards against rows written by older releases.
+fn canonical_of(stored: &str) -> Result<String, DbError> {
+    let value: serde_json::Value =
+        serde_json::from_str(stored).map_err(|e| DbError::Corrupt(format!("query: {e}")))?;
+    domain::Query::from_json(&value).map(|q| q.canonical()).map_err(|e| DbError::Corrupt(e.detail))
+}
+
+#[async_trait]
+impl EndpointStore for DieselStore {
+    #[instrument(skip_all, fields(project = %endpoint.project_id, name = %endpoint.name))]
+    async fn insert(&self, endpoint: NewEndpoint) -> Result<Endpoint, StoreError> {
+        let name = endpoint.name.to_string();
+        let project = endpoint.project_id.get();
+        let at = micros(endpoint.created_at);
+        let row = EndpointRow {
+            id: endpoint.id.to_string(),
+            project_id: project,
+            name: name.clone(),
+            description: endpoint.description.clone(),
+            derived_from_insight: endpoint.derived_from_insight,
+            is_active: endpoint.is_active,
+            is_materialized: endpoint.is_materialized,
+            cache_age_seconds: endpoint.cache_age.configured().map(i64::from),
+            sync_frequency: endpoint.sync_frequency.map(|f| f.as_str().to_owned()),
+            current_version: 1,
+            created_at: at,
+            updated_at: at,
+            last_executed_at: None,
+        };
+        let version = VersionRow {
+            endpoint_id: row.id.clone(),
+            version: 1,
+            query: endpoint.query.canonical(),
+            description: endpoint.description,
+            output_columns: columns_text(&endpoint.columns),
+            cache_age_seconds: row.cache_age_seconds,
+            sync_frequency: row.sync_frequency.clone(),
+            created_at: at,
+        };
+        let lookup = name.clone();
+        self.db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    diesel::insert_into(endpoints::table).values(&row).execute(conn)?;
+                    diesel::insert_into(endpoint_versions::table).values(&version).execute(conn)?;
+                    load(conn, project, &lookup)
+                })
+            })
+            .await
+            .map_err(|e| e.into_store_error_naming(&name))
+    }
+
+    #[instrument(skip_all, fields(project = %project, name = %name))]
+    async fn get(&self, project: ProjectId, name: &EndpointName) -> Result<Endpoint, StoreError> {
+        let name = name.to_string();
+        Ok(self.db.run(move |conn| load(conn, project.get(), &name)).await?)
+    }
+
+    #[instrument(skip_all, fields(project = %project))]
+    async fn list(
+        &self,
+        project: ProjectId,
+        filter: &EndpointFilter,
+        page: PageRequest,
+    ) -> Result<Page<Endpoint>, StoreError> {
+        let filter = filter.clone();
+        let project = project.get();
+        Ok(self
+            .db
+            .run(move |conn| {
+                let total: i64 = filtered!(endpoints::table, project, filter).count().get_result(conn)?;
+                let rows: Vec<(EndpointRow, VersionRow)> = filtered!(current_version_join!(), project, filter)
+                    .order(endpoints::name.asc())
+                    .limit(i64::from(page.limit))
+                    .offset(offset(page))
+                    .select((EndpointRow::as_select(), VersionRow::as_select()))
+                    .load(conn)?;
+                let items = rows.into_iter().map(|(row, version)| row.into_domain(&version)).collect::<Result<_, _>>()?;
+                Ok(Page { items, total: u64::try_from(total).unwrap_or(0), request: page })
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(project = %project, name = %name))]
+    async fn update(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        change: EndpointChange,
+        at: Timestamp,
+    ) -> Result<Endpoint, StoreError> {
+        let name = name.to_string();
+        let at = micros(at);
+        Ok(self.db.run(move |conn| conn.transaction(|conn| apply_change(conn, project.get(), &name, change, at))).await?)
+    }
+
+    #[instrument(skip_all, fields(project = %project, name = %name))]
+    async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<(), StoreError> {
+        let name = name.to_string();
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    let (id, _) = endpoint_id(conn, project.get(), &name)?;
+                    // Versions go first so the delete does not depend on the backend's cascade support.
+                    diesel::delete(endpoint_versions::table.filter(endpoint_versions::endpoint_id.eq(&id))).execute(conn)?;
+                    diesel::delete(endpoints::table.find(&id)).execute(conn)?;
+                    Ok(())
+                })
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(project = %project, name = %name))]
+    async fn list_versions(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        page: PageRequest,
+    ) -> Result<Page<EndpointVersion>, StoreError> {
+        let name = name.to_string();
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    let (id, current) = endpoint_id(conn, project.get(), &name)?;
+                    let rows: Vec<VersionRow> = endpoint_versions::table
+                        .filter(endpoint_versions::endpoint_id.eq(&id))
+                        .order(endpoint_versions::version.desc())
+                        .limit(i64::from(page.limit))
+                        .offset(offset(page))
+                        .select(VersionRow::as_select())
+                        .load(conn)?;
+                    let items = rows.into_iter().map(|r| r.into_domain(current)).collect::<Result<_, _>>()?;
+                    Ok(Page { items, total: u64::try_from(current).unwrap_or(0), request: page })
+                })
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(project = %project, name = %name, version))]
+    async fn get_version(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        version: u32,
+    ) -> Result<EndpointVersion, StoreError> {
+        let name = name.to_string();
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    let (id, current) = endpoint_id(conn, project.get(), &name)?;
+                    endpoint_versions::table
+                        .find((&id, i64::from(version)))
+                        .select(VersionRow::as_select())
+                        .first(conn)
+                        .optional()?
+                        .ok_or(DbError::VersionNotFound(version))?
+                        .into_domain(current)
+                })
+            })
+            .await?)
+    }
+}

@@ -1,0 +1,56 @@
+//! Tables as diesel sees them; kept in step with `migrations/{sqlite,postgres}` by hand.
+
+diesel::table! {
+    projects (id) {
+        id -> BigInt,
+        name -> Text,
+        created_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    api_keys (id) {
+        id -> Text,
+        project_id -> BigInt,
+        label -> Text,
+        scopes -> Text,
+        secret_hash -> Text,
+        prefix -> Text,
+        created_at -> BigInt,
+        expires_at -> Nullable<BigInt>,
+        revoked_at -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    endpoints (id) {
+        id -> Text,
+        project_id -> BigInt,
+        name -> Text,
+        description -> Text,
+        derived_from_insight -> Nullable<Text>,
+        is_active -> Bool,
+        is_materialized -> Bool,
+        cache_age_seconds -> Nullable<BigInt>,
+        sync_frequency -> Nullable<Text>,
+        current_version -> BigInt,
+        created_at -> BigInt,
+        updated_at -> BigInt,
+        last_executed_at -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    endpoint_versions (endpoint_id, version) {
+        endpoint_id -> Text,
+        version -> BigInt,
+        query -> Text,
+        description -> Text,
+        output_columns -> Text,
+        cache_age_seconds -> Nullable<BigInt>,
+        sync_frequency -> Nullable<Text>,
+        created_at -> BigInt,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(projects, api_keys, endpoints, endpoint_versions);
