@@ -1,0 +1,138 @@
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use domain::endpoint::ColumnType;
+use serde_json::json;
+
+use super::*;
+
+fn project(id: i64) -> ProjectId {
+    ProjectId::new(id).unwrap()
+}
+
+fn query(sql: &str, variables: serde_json::Value) -> Query {
+    Query::from_json(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
+}
+
+/// Writes `events(country, revenue)` for project 1 into a fresh data directory.
+fn engine_with_events() -> (DataFusionEngine, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("qe-test-{}-{}", std::process::id(), rand_suffix()));
+    let table = catalog::tables_dir(&dir, project(1)).join("events");
+    std::fs::create_dir_all(&table).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("country", DataType::Utf8, false),
+        Field::new("revenue", DataType::Int64, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(StringArray::from(vec!["US", "FR"])), Arc::new(Int64Array::from(vec![10, 20]))],
+    )
+    .unwrap();
+    let file = std::fs::File::create(table.join("part-0.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    (DataFusionEngine::new(&dir), dir)
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+fn invalid(result: Result<Vec<Column>, EngineError>) -> String {
+    match result {
+        Err(EngineError::InvalidQuery(reason)) => reason,
+        other => panic!("expected an invalid query, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn describes_output_columns_with_types() {
+    let (engine, _dir) = engine_with_events();
+    let q = query(
+        "SELECT country, sum(revenue) AS total, avg(revenue) AS mean, count(*) > 0 AS any, \
+         CAST('2026-01-01' AS DATE) AS d, now() AS t, [1, 2] AS arr FROM events GROUP BY country",
+        json!({}),
+    );
+    let columns = engine.describe(project(1), &q).await.unwrap();
+    let described: Vec<_> = columns.iter().map(|c| (c.name.as_str(), c.column_type)).collect();
+    assert_eq!(
+        described,
+        [
+            ("country", ColumnType::String),
+            ("total", ColumnType::Integer),
+            ("mean", ColumnType::Float),
+            ("any", ColumnType::Boolean),
+            ("d", ColumnType::Date),
+            ("t", ColumnType::Datetime),
+            ("arr", ColumnType::Array),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn variables_plan_as_typed_parameters() {
+    let (engine, _dir) = engine_with_events();
+    let q = query(
+        "SELECT {variables.n} AS n, {variables.x} AS x, {variables.day} AS day, country FROM events \
+         WHERE revenue > {variables.n} AND country IN {variables.countries}",
+        json!({"n": {"type": "Integer", "default": 1}, "x": {"type": "Number"}, "day": {"type": "Date"},
+               "countries": {"type": "List", "default": ["US"]}}),
+    );
+    let columns = engine.describe(project(1), &q).await.unwrap();
+    let types: Vec<_> = columns.iter().map(|c| c.column_type).collect();
+    assert_eq!(types, [ColumnType::Integer, ColumnType::Float, ColumnType::Date, ColumnType::String]);
+}
+
+#[tokio::test]
+async fn refuses_anything_but_one_read_only_query() {
+    let (engine, dir) = engine_with_events();
+    let p = project(1);
+    for sql in [
+        "SELECT 1; SELECT 2",
+        "CREATE TABLE t AS SELECT 1",
+        "INSERT INTO events VALUES ('x', 1)",
+        "DROP TABLE events",
+        "SET datafusion.execution.batch_size = 1",
+        "COPY events TO '/tmp/out.csv'",
+        "CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '/etc/passwd'",
+        "EXPLAIN SELECT 1",
+    ] {
+        invalid(engine.describe(p, &query(sql, json!({}))).await);
+    }
+    let file = format!("SELECT * FROM '{}'", dir.join("projects/1/tables/events/part-0.parquet").display());
+    invalid(engine.describe(p, &query(&file, json!({}))).await);
+    assert!(invalid(engine.describe(p, &query("SELECT nope FROM events", json!({}))).await).contains("nope"));
+    assert!(invalid(engine.describe(p, &query("SELEC 1", json!({}))).await).contains("SELEC"));
+    invalid(engine.describe(p, &query("SELECT 1 AS a, 2 AS a", json!({}))).await);
+    // Qualified columns plan fine in DataFusion but would collide as keys of a result row.
+    let joined = "SELECT x.n, y.n FROM (SELECT 1 AS n) x CROSS JOIN (SELECT 2 AS n) y";
+    let dup = invalid(engine.describe(p, &query(joined, json!({}))).await);
+    assert!(dup.contains("'n'"), "{dup}");
+    // VALUES and WITH are read-only queries too.
+    engine.describe(p, &query("VALUES (1, 'a')", json!({}))).await.unwrap();
+    engine.describe(p, &query("WITH t AS (SELECT 1 AS n) SELECT n FROM t", json!({}))).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_project_sees_only_its_own_tables() {
+    let (engine, _dir) = engine_with_events();
+    engine.describe(project(1), &query("SELECT * FROM events", json!({}))).await.unwrap();
+    let reason = invalid(engine.describe(project(2), &query("SELECT * FROM events", json!({}))).await);
+    assert!(reason.contains("events"), "{reason}");
+    assert_eq!(engine.tables(project(1)).await.unwrap().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["events"]);
+    assert!(engine.tables(project(2)).await.unwrap().is_empty());
+}
+
+#[test]
+fn compiles_placeholders_to_numbered_parameters() {
+    let q = query(
+        "SELECT {variables.a}, {variables.b} WHERE x = {variables.a}",
+        json!({"a": {"type": "Integer"}, "b": {"type": "String"}}),
+    );
+    let compiled = compile::compile(&q);
+    assert_eq!(compiled.sql, "SELECT CAST($1 AS BIGINT), CAST($2 AS VARCHAR) WHERE x = CAST($1 AS BIGINT)");
+    assert_eq!(compiled.params.len(), 2);
+}
