@@ -1,1 +1,63 @@
-//! placeholder
+//! The HTTP adapter: actix-web routes for both path families, bearer-key authentication, JSON bodies with size
+//! and type checks, and one mapping from domain errors to statuses and the JSON error body.
+//!
+//! Handlers parse the request, call one domain service method and render the result. No business rule lives
+//! here, and nothing here knows which store or engine sits behind the ports.
+
+mod body;
+mod error;
+mod handlers;
+mod render;
+mod routes;
+
+use std::sync::Arc;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
+use actix_web::middleware::{NormalizePath, TrailingSlash};
+use actix_web::{web, App};
+use domain::{ApiKeyService, EndpointService};
+use tracing_actix_web::TracingLogger;
+
+pub use error::ApiError;
+
+/// Largest accepted request body.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub endpoints: Arc<EndpointService>,
+    pub keys: Arc<ApiKeyService>,
+    pub body_limit: usize,
+}
+
+impl AppState {
+    pub fn new(endpoints: Arc<EndpointService>, keys: Arc<ApiKeyService>) -> Self {
+        Self { endpoints, keys, body_limit: DEFAULT_BODY_LIMIT }
+    }
+}
+
+/// The whole HTTP application: routes of both families, with or without trailing slash.
+pub fn app(
+    state: AppState,
+) -> App<
+    impl ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    App::new()
+        .app_data(web::Data::new(state))
+        .app_data(web::QueryConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
+        .app_data(web::PathConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
+        .configure(routes::configure)
+        .wrap(NormalizePath::new(TrailingSlash::Trim))
+        .wrap(TracingLogger::default())
+}
+
+#[cfg(test)]
+mod tests;

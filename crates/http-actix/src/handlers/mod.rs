@@ -1,0 +1,43 @@
+//! Request handlers, one file per resource group, and the authentication step they share.
+
+pub(crate) mod endpoints;
+pub(crate) mod pending;
+pub(crate) mod versions;
+
+use actix_web::http::header;
+use actix_web::HttpRequest;
+use domain::{Error, ProjectId, Scope};
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// The bearer token of the request.
+fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
+    let value = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| {
+            Error::NotAuthenticated("Authentication credentials were not provided: send 'Authorization: Bearer <API key>'.".into())
+        })?
+        .to_str()
+        .map_err(|_| Error::NotAuthenticated("The Authorization header is malformed.".into()))?;
+    let (scheme, token) = value
+        .split_once(' ')
+        .ok_or_else(|| Error::NotAuthenticated("The Authorization header must be 'Bearer <API key>'.".into()))?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(Error::NotAuthenticated("The Authorization header must be 'Bearer <API key>'.".into()).into());
+    }
+    Ok(token.trim())
+}
+
+/// Authenticates the caller and checks it may use `scope` on the path's project: 401, then 403.
+pub(crate) async fn authorize(
+    req: &HttpRequest,
+    state: &AppState,
+    project: &str,
+    scope: Scope,
+) -> Result<ProjectId, ApiError> {
+    let principal = state.keys.authenticate(bearer(req)?).await?;
+    let project = state.keys.authorize(&principal, project, scope)?;
+    Ok(project)
+}

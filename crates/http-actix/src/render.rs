@@ -1,0 +1,88 @@
+//! JSON views of domain values, exactly as the API documents them.
+
+use actix_web::HttpRequest;
+use domain::endpoint::{Endpoint, EndpointVersion};
+use domain::{Page, Timestamp};
+use serde_json::{json, Value};
+use time::format_description::well_known::Rfc3339;
+
+pub(crate) fn timestamp(at: Timestamp) -> Value {
+    at.format(&Rfc3339).map_or(Value::Null, Value::String)
+}
+
+fn optional_timestamp(at: Option<Timestamp>) -> Value {
+    at.map_or(Value::Null, timestamp)
+}
+
+pub(crate) fn endpoint(e: &Endpoint) -> Value {
+    json!({
+        "id": e.id,
+        "name": e.name.as_str(),
+        "description": e.description,
+        "query": e.query.to_json(),
+        "derived_from_insight": e.derived_from_insight,
+        "is_active": e.is_active,
+        "is_materialized": e.is_materialized,
+        "cache_age_seconds": e.cache_age.configured(),
+        "sync_frequency": e.sync_frequency.map(|f| f.as_str()),
+        "current_version": e.current_version,
+        "versions_count": e.versions_count,
+        "columns": e.columns,
+        "endpoint_path": format!("/api/projects/{}/endpoints/{}/run", e.project_id, e.name),
+        "created_at": timestamp(e.created_at),
+        "updated_at": timestamp(e.updated_at),
+        "last_executed_at": optional_timestamp(e.last_executed_at),
+        "materialization": materialization(e),
+    })
+}
+
+/// The materialization summary. Refreshes are not built yet, so a materialized endpoint stays `Pending` and
+/// every run uses the live path.
+fn materialization(e: &Endpoint) -> Value {
+    json!({
+        "status": if e.is_materialized { "Pending" } else { "Disabled" },
+        "sync_frequency": e.sync_frequency.map(|f| f.as_str()),
+        "last_materialized_at": null,
+        "row_count": null,
+        "error": null,
+    })
+}
+
+pub(crate) fn version(v: &EndpointVersion) -> Value {
+    json!({
+        "version": v.version,
+        "query": v.query.to_json(),
+        "description": v.description,
+        "columns": v.columns,
+        "cache_age_seconds": v.cache_age.configured(),
+        "created_at": timestamp(v.created_at),
+        "is_current": v.is_current,
+    })
+}
+
+/// `{"count", "next", "previous", "results"}` with absolute page links that keep the other query parameters.
+pub(crate) fn page<T>(req: &HttpRequest, page: &Page<T>, render: impl Fn(&T) -> Value) -> Value {
+    let limit = u64::from(page.request.limit);
+    let offset = page.request.offset;
+    let next = page.has_next().then(|| page_url(req, limit, offset + limit));
+    let previous = page.has_previous().then(|| page_url(req, limit, offset.saturating_sub(limit)));
+    json!({
+        "count": page.total,
+        "next": next,
+        "previous": previous,
+        "results": page.items.iter().map(render).collect::<Vec<_>>(),
+    })
+}
+
+fn page_url(req: &HttpRequest, limit: u64, offset: u64) -> String {
+    let mut params: Vec<(String, String)> = serde_urlencoded::from_str::<Vec<(String, String)>>(req.query_string())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k != "limit" && k != "offset")
+        .collect();
+    params.push(("limit".into(), limit.to_string()));
+    params.push(("offset".into(), offset.to_string()));
+    let query = serde_urlencoded::to_string(&params).unwrap_or_default();
+    let info = req.connection_info();
+    format!("{}://{}{}?{}", info.scheme(), info.host(), req.path(), query)
+}

@@ -1,0 +1,68 @@
+//! The route table: every row of the interface under both path families.
+
+use actix_web::{guard, web, HttpResponse};
+
+use crate::error::ApiError;
+use crate::handlers::{endpoints, pending, versions};
+
+pub(crate) const FAMILIES: [&str; 2] =
+    ["/api/environments/{project_id}/endpoints", "/api/projects/{project_id}/endpoints"];
+
+/// A resource's fallback for methods it does not serve: 405 with `Allow`.
+fn not_allowed(allow: &'static str) -> impl Fn() -> std::future::Ready<Result<HttpResponse, ApiError>> + Clone {
+    move || std::future::ready(Err(ApiError::MethodNotAllowed { allow }))
+}
+
+pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
+    for family in FAMILIES {
+        cfg.service(
+            web::scope(family)
+                .service(
+                    web::resource("")
+                        .route(web::get().to(endpoints::list))
+                        .route(web::post().to(endpoints::create))
+                        .default_service(web::to(not_allowed("GET, POST"))),
+                )
+                // Only POST: a GET of this path reads an endpoint that happens to have this name.
+                .service(
+                    web::resource("/last_execution_times")
+                        .guard(guard::Post())
+                        .route(web::post().to(pending::last_execution_times)),
+                )
+                .service(
+                    web::resource("/{name}")
+                        .route(web::get().to(endpoints::retrieve))
+                        .route(web::patch().to(endpoints::update))
+                        .route(web::delete().to(endpoints::delete))
+                        .default_service(web::to(not_allowed("GET, PATCH, DELETE"))),
+                )
+                .service(
+                    web::resource("/{name}/materialization_status")
+                        .route(web::get().to(pending::materialization_status))
+                        .default_service(web::to(not_allowed("GET"))),
+                )
+                .service(
+                    web::resource("/{name}/openapi.json")
+                        .route(web::get().to(pending::openapi))
+                        .default_service(web::to(not_allowed("GET"))),
+                )
+                .service(
+                    web::resource("/{name}/run")
+                        .route(web::get().to(pending::run))
+                        .route(web::post().to(pending::run))
+                        .default_service(web::to(not_allowed("GET, POST"))),
+                )
+                .service(
+                    web::resource("/{name}/versions")
+                        .route(web::get().to(versions::list))
+                        .default_service(web::to(not_allowed("GET"))),
+                )
+                .service(
+                    web::resource("/{name}/versions/{version_number}")
+                        .route(web::get().to(versions::retrieve))
+                        .default_service(web::to(not_allowed("GET"))),
+                ),
+        );
+    }
+    cfg.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::RouteNotFound) }));
+}

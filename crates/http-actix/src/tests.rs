@@ -1,0 +1,247 @@
+//! In-process tests of routing, auth, body handling and error mapping, with mocked ports.
+
+use std::sync::Arc;
+
+use actix_web::http::{header, Method, StatusCode};
+use actix_web::test::{call_service, init_service, read_body_json, TestRequest};
+use domain::auth::hash_secret;
+use domain::endpoint::{Endpoint, NewEndpoint};
+use domain::ports::{MockApiKeyStore, MockClock, MockEndpointStore, MockProjectStore, MockQueryEngine, StoreError};
+use domain::{ApiKey, ApiKeyService, CacheAge, EndpointName, EndpointService, Page, ProjectId, Query, Scope};
+use serde_json::{json, Value};
+use time::macros::datetime;
+use uuid::Uuid;
+
+use super::*;
+
+const READER: &str = "phx_1111111111111111111111111111111111111111111111111111111111111111";
+const WRITER: &str = "phx_2222222222222222222222222222222222222222222222222222222222222222";
+
+fn key(secret: &str, scopes: Vec<Scope>) -> ApiKey {
+    ApiKey {
+        id: Uuid::new_v4(),
+        project_id: ProjectId::new(1).unwrap(),
+        label: String::new(),
+        scopes,
+        secret_hash: hash_secret(secret),
+        prefix: secret[..10].into(),
+        created_at: datetime!(2026-01-01 0:00 UTC),
+        expires_at: None,
+        revoked_at: None,
+    }
+}
+
+fn sample() -> Endpoint {
+    Endpoint {
+        id: Uuid::nil(),
+        project_id: ProjectId::new(1).unwrap(),
+        name: EndpointName::parse("daily").unwrap(),
+        description: String::new(),
+        query: Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap(),
+        derived_from_insight: None,
+        is_active: true,
+        is_materialized: false,
+        cache_age: CacheAge::default(),
+        sync_frequency: None,
+        current_version: 1,
+        versions_count: 1,
+        columns: vec![],
+        created_at: datetime!(2026-11-22 10:00 UTC),
+        updated_at: datetime!(2026-11-22 10:00 UTC),
+        last_executed_at: None,
+    }
+}
+
+fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
+    let mut keys = MockApiKeyStore::new();
+    let known = [key(READER, vec![Scope::EndpointRead]), key(WRITER, vec![Scope::EndpointWrite])];
+    keys.expect_find_by_hash().returning(move |hash| Ok(known.iter().find(|k| k.secret_hash == hash).cloned()));
+    let mut clock = MockClock::new();
+    clock.expect_now().return_const(datetime!(2026-11-22 10:00 UTC));
+    let clock = Arc::new(clock);
+    let keys = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock.clone());
+    let endpoints = EndpointService::new(Arc::new(store), Arc::new(engine), clock);
+    AppState { body_limit: 256, ..AppState::new(Arc::new(endpoints), Arc::new(keys)) }
+}
+
+fn store_with_daily() -> MockEndpointStore {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(|_, name| if name.as_str() == "daily" { Ok(sample()) } else { Err(StoreError::NotFound) });
+    store
+}
+
+async fn send(state: AppState, req: TestRequest) -> (StatusCode, actix_web::http::header::HeaderMap, Value) {
+    let app = init_service(app(state)).await;
+    let resp = call_service(&app, req.to_request()).await;
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = if status == StatusCode::NO_CONTENT { Value::Null } else { read_body_json(resp).await };
+    (status, headers, body)
+}
+
+fn authed(method: Method, uri: &str, key: &str) -> TestRequest {
+    TestRequest::default().method(method).uri(uri).insert_header((header::AUTHORIZATION, format!("Bearer {key}")))
+}
+
+#[actix_web::test]
+async fn both_families_and_trailing_slashes_reach_the_same_handler() {
+    for uri in [
+        "/api/projects/1/endpoints/daily",
+        "/api/projects/1/endpoints/daily/",
+        "/api/environments/1/endpoints/daily",
+        "/api/environments/@current/endpoints/daily/",
+    ] {
+        let (status, _, body) = send(state(store_with_daily(), MockQueryEngine::new()), authed(Method::GET, uri, READER)).await;
+        assert_eq!(status, StatusCode::OK, "{uri}");
+        assert_eq!(body["name"], "daily");
+        assert_eq!(body["endpoint_path"], "/api/projects/1/endpoints/daily/run");
+        assert_eq!(body["materialization"]["status"], "Disabled");
+    }
+}
+
+#[actix_web::test]
+async fn authentication_and_authorization_errors() {
+    let uri = "/api/projects/1/endpoints/daily";
+    let (status, headers, body) =
+        send(state(store_with_daily(), MockQueryEngine::new()), TestRequest::get().uri(uri)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers.get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
+    assert_eq!((body["type"].as_str(), body["code"].as_str()), (Some("authentication_error"), Some("not_authenticated")));
+
+    let basic = TestRequest::get().uri(uri).insert_header((header::AUTHORIZATION, "Basic abc"));
+    assert_eq!(send(state(store_with_daily(), MockQueryEngine::new()), basic).await.0, StatusCode::UNAUTHORIZED);
+    let unknown = authed(Method::GET, uri, &WRITER.replace('2', "3"));
+    assert_eq!(send(state(store_with_daily(), MockQueryEngine::new()), unknown).await.0, StatusCode::UNAUTHORIZED);
+
+    let (status, _, body) =
+        send(state(store_with_daily(), MockQueryEngine::new()), authed(Method::DELETE, uri, READER)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(body["type"], "permission_denied");
+    assert!(body["detail"].as_str().unwrap().contains("endpoint:write"));
+
+    let other = authed(Method::GET, "/api/projects/2/endpoints/daily", WRITER);
+    assert_eq!(send(state(store_with_daily(), MockQueryEngine::new()), other).await.0, StatusCode::FORBIDDEN);
+    let malformed = authed(Method::GET, "/api/projects/x/endpoints/daily", WRITER);
+    let (status, _, body) = send(state(store_with_daily(), MockQueryEngine::new()), malformed).await;
+    assert_eq!((status, body["attr"].as_str()), (StatusCode::BAD_REQUEST, Some("project_id")));
+}
+
+#[actix_web::test]
+async fn create_returns_201_and_conflicts_return_409() {
+    let mut store = MockEndpointStore::new();
+    store.expect_insert().times(1).returning(|new: NewEndpoint| {
+        if new.name.as_str() == "taken" {
+            Err(StoreError::NameTaken("taken".into()))
+        } else {
+            Ok(Endpoint { name: new.name, ..sample() })
+        }
+    });
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(|_, _| Ok(vec![]));
+    let body = json!({"name": "fresh", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
+    let req = authed(Method::POST, "/api/projects/1/endpoints/", WRITER).set_json(&body);
+    let (status, _, created) = send(state(store, engine), req).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(created["name"], "fresh");
+
+    let mut store = MockEndpointStore::new();
+    store.expect_insert().returning(|_| Err(StoreError::NameTaken("taken".into())));
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(|_, _| Ok(vec![]));
+    let body = json!({"name": "taken", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
+    let req = authed(Method::POST, "/api/projects/1/endpoints", WRITER).set_json(&body);
+    let (status, _, err) = send(state(store, engine), req).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!((err["type"].as_str(), err["code"].as_str(), err["attr"].as_str()), (Some("conflict"), Some("unique"), Some("name")));
+}
+
+#[actix_web::test]
+async fn bodies_are_checked_for_type_size_and_syntax() {
+    let uri = "/api/projects/1/endpoints";
+    let text = authed(Method::POST, uri, WRITER).insert_header((header::CONTENT_TYPE, "text/plain")).set_payload("{}");
+    assert_eq!(send(state(MockEndpointStore::new(), MockQueryEngine::new()), text).await.0, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    let big = authed(Method::POST, uri, WRITER)
+        .insert_header((header::CONTENT_TYPE, "application/json"))
+        .set_payload(format!("{{\"description\": \"{}\"}}", "x".repeat(300)));
+    let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), big).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("payload_too_large")));
+
+    let broken = authed(Method::POST, uri, WRITER).insert_header((header::CONTENT_TYPE, "application/json")).set_payload("{\"name\": ");
+    let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), broken).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("parse_error")));
+
+    // Authentication comes before the body: a bad body without a key is a 401.
+    let anonymous = TestRequest::post().uri(uri).insert_header((header::CONTENT_TYPE, "text/plain")).set_payload("x");
+    assert_eq!(send(state(MockEndpointStore::new(), MockQueryEngine::new()), anonymous).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[actix_web::test]
+async fn wrong_methods_get_405_with_allow_and_unknown_paths_404() {
+    let req = authed(Method::PUT, "/api/projects/1/endpoints/daily", WRITER);
+    let (status, headers, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(headers.get(header::ALLOW).unwrap(), "GET, PATCH, DELETE");
+    assert_eq!(body["code"], "method_not_allowed");
+
+    let req = authed(Method::GET, "/api/nothing/here", WRITER);
+    let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
+    assert_eq!((status, body["type"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+}
+
+#[actix_web::test]
+async fn last_execution_times_is_a_post_route_and_a_get_reads_an_endpoint_of_that_name() {
+    let req = authed(Method::POST, "/api/projects/1/endpoints/last_execution_times/", READER).set_json(json!({"names": []}));
+    let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("not_implemented")));
+
+    let req = authed(Method::GET, "/api/projects/1/endpoints/last_execution_times", READER);
+    let (status, _, _) = send(state(store_with_daily(), MockQueryEngine::new()), req).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no endpoint has that name");
+}
+
+#[actix_web::test]
+async fn pending_rows_check_the_endpoint_then_answer_501() {
+    for (method, suffix) in [(Method::GET, "run"), (Method::POST, "run"), (Method::GET, "openapi.json"), (Method::GET, "materialization_status")] {
+        let req = authed(method.clone(), &format!("/api/projects/1/endpoints/daily/{suffix}"), READER);
+        let (status, _, body) = send(state(store_with_daily(), MockQueryEngine::new()), req).await;
+        assert_eq!((status, body["type"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("server_error")), "{method} {suffix}");
+        let req = authed(method, &format!("/api/projects/1/endpoints/missing/{suffix}"), READER);
+        assert_eq!(send(state(store_with_daily(), MockQueryEngine::new()), req).await.0, StatusCode::NOT_FOUND);
+    }
+}
+
+#[actix_web::test]
+async fn lists_link_to_neighbouring_pages_keeping_filters() {
+    let mut store = MockEndpointStore::new();
+    store.expect_list().returning(|_, _, page| Ok(Page { items: vec![sample()], total: 5, request: page }));
+    let req = authed(Method::GET, "/api/projects/1/endpoints/?limit=1&offset=2&search=da", READER);
+    let (status, _, body) = send(state(store, MockQueryEngine::new()), req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["count"], 5);
+    assert_eq!(body["results"].as_array().unwrap().len(), 1);
+    assert_eq!(body["next"], "http://localhost:8080/api/projects/1/endpoints?search=da&limit=1&offset=3");
+    assert_eq!(body["previous"], "http://localhost:8080/api/projects/1/endpoints?search=da&limit=1&offset=1");
+
+    let req = authed(Method::GET, "/api/projects/1/endpoints?limit=5000", READER);
+    let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
+    assert_eq!((status, body["attr"].as_str()), (StatusCode::BAD_REQUEST, Some("limit")));
+}
+
+#[actix_web::test]
+async fn store_outages_are_503_and_failures_500_without_internals() {
+    for (err, status) in [
+        (StoreError::Unavailable("connection refused to 10.0.0.5".into()), StatusCode::SERVICE_UNAVAILABLE),
+        (StoreError::Internal("syntax error at SELECT secret".into()), StatusCode::INTERNAL_SERVER_ERROR),
+    ] {
+        let mut store = MockEndpointStore::new();
+        let err = std::sync::Mutex::new(Some(err));
+        store.expect_get().returning(move |_, _| Err(err.lock().unwrap().take().unwrap()));
+        let req = authed(Method::GET, "/api/projects/1/endpoints/daily", READER);
+        let (got, _, body) = send(state(store, MockQueryEngine::new()), req).await;
+        assert_eq!(got, status);
+        let text = body.to_string();
+        assert!(!text.contains("10.0.0.5") && !text.contains("SELECT"), "{text}");
+        assert_eq!(body["type"], "server_error");
+    }
+}
