@@ -1,1 +1,9 @@
-fn main(){}
+//! Black-box tests: the real application wiring on port 0, spoken to over HTTP, with projects and keys made by
+//! the real `endpoints` binary. One test binary, one module per area.
+
+mod auth;
+mod cli;
+mod crud;
+mod errors;
+mod helpers;
+mod versions;

@@ -174,7 +174,9 @@ pub trait Clock: Send + Sync {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    /// Now, to the microsecond: the precision every store keeps, so a value reads back as it was written.
     fn now(&self) -> Timestamp {
-        time::OffsetDateTime::now_utc()
+        let now = time::OffsetDateTime::now_utc();
+        now.replace_nanosecond(now.nanosecond() / 1_000 * 1_000).unwrap_or(now)
     }
 }

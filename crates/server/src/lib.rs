@@ -1,1 +1,14 @@
-//! placeholder
+//! The `endpoints` binary's library: configuration, the wiring of adapters into a running application, and the
+//! operator's commands (projects, keys, migrations, demo setup).
+//!
+//! This is the only crate that knows every adapter. It holds no business rule: it builds ports, hands them to
+//! the domain services and serves them over HTTP.
+
+pub mod cli;
+pub mod config;
+mod duration;
+pub mod startup;
+pub mod telemetry;
+
+pub use config::Config;
+pub use startup::{Application, StartupError};

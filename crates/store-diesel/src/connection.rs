@@ -163,6 +163,19 @@ impl Database {
         Ok(applied.into_iter().map(|v| v.to_string()).collect())
     }
 
+    /// Whether migrations of this backend are waiting to be applied.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] without a connection; `Internal` when the migration table cannot be read.
+    pub fn has_pending_migrations(&self) -> Result<bool, StoreError> {
+        let mut conn = self.pool.get().map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+        match &mut *conn {
+            AnyConnection::Sqlite(c) => c.has_pending_migration(SQLITE_MIGRATIONS),
+            AnyConnection::Postgresql(c) => c.has_pending_migration(POSTGRES_MIGRATIONS),
+        }
+        .map_err(StoreError::Internal)
+    }
+
     /// Runs blocking diesel work on the blocking thread pool with a pooled connection.
     pub(crate) async fn run<T, F>(&self, work: F) -> Result<T, DbError>
     where

@@ -1,0 +1,116 @@
+//! The command line: global options, subcommands and their dispatch. One file per command.
+
+mod demo;
+mod key;
+mod migrate;
+mod project;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+
+/// Saved SQL query endpoints, served over HTTP.
+#[derive(Debug, Parser)]
+#[command(name = "endpoints", version, about)]
+pub struct Cli {
+    /// Directory for the embedded database and the project tables.
+    #[arg(long, global = true, env = "ENDPOINTS_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// Database URL: sqlite://PATH (default: DATA_DIR/endpoints.db) or postgres://USER:PASS@HOST/DB.
+    #[arg(long, global = true, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Print command results as JSON, for scripts.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Log as JSON lines (for production log collectors).
+    #[arg(long, global = true, env = "ENDPOINTS_LOG_JSON")]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API until SIGINT or SIGTERM.
+    Serve(serve::ServeArgs),
+    /// Apply pending database migrations.
+    Migrate,
+    /// Manage projects.
+    #[command(subcommand)]
+    Project(project::ProjectCommand),
+    /// Manage API keys.
+    #[command(subcommand)]
+    Key(key::KeyCommand),
+    /// Set up a demo project and print a working API key and curl line.
+    Demo(demo::DemoArgs),
+}
+
+impl Cli {
+    fn config(&self) -> Config {
+        let mut config = Config::new(&self.data_dir);
+        config.database_url.clone_from(&self.database_url);
+        config
+    }
+}
+
+/// A command's failure: printed on stderr, exit status 1.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Startup(#[from] crate::startup::StartupError),
+    #[error(transparent)]
+    Domain(#[from] domain::Error),
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// A domain error as an operator should read it: validation details and not-found messages as they are, the
+/// cause chain of internal errors.
+fn describe(err: &CliError) -> String {
+    let mut text = match err {
+        CliError::Domain(domain::Error::Invalid(invalid)) => invalid.detail.clone(),
+        other => other.to_string(),
+    };
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> ExitCode {
+    crate::telemetry::init(cli.log_json);
+    let config = cli.config();
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(config, args).await,
+        Command::Migrate => migrate::run(&config, cli.json),
+        Command::Project(command) => project::run(&config, command, cli.json).await,
+        Command::Key(command) => key::run(&config, command, cli.json).await,
+        Command::Demo(args) => demo::run(&config, args, cli.json).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {}", describe(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints a value as one line of JSON.
+fn print_json(value: &serde_json::Value) {
+    println!("{value}");
+}
+
+fn rfc3339(at: domain::Timestamp) -> String {
+    at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}

@@ -1,0 +1,31 @@
+//! Runtime configuration, from flags and environment variables.
+
+use std::path::PathBuf;
+
+/// Everything the application needs to start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Holds the SQLite file (by default) and the project tables.
+    pub data_dir: PathBuf,
+    /// `sqlite://PATH` or `postgres://...`; `None` means `sqlite://DATA_DIR/endpoints.db`.
+    pub database_url: Option<String>,
+    /// Address to listen on; port 0 picks a free port.
+    pub bind: String,
+    /// Connections in the database pool.
+    pub pool_size: u32,
+    /// HTTP worker threads; 0 means one per core.
+    pub workers: usize,
+}
+
+impl Config {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self { data_dir: data_dir.into(), database_url: None, bind: "127.0.0.1:8000".into(), pool_size: 8, workers: 0 }
+    }
+
+    /// The database URL in force.
+    pub fn database_url(&self) -> String {
+        self.database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", self.data_dir.join("endpoints.db").display()))
+    }
+}

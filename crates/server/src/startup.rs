@@ -1,0 +1,139 @@
+//! Builds the application from its configuration: database, engine, services, HTTP server.
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use domain::ports::SystemClock;
+use domain::{ApiKeyService, EndpointService};
+use http_actix::AppState;
+use query_engine::DataFusionEngine;
+use store_diesel::{Backend, Database, DatabaseConfig, DieselStore};
+
+use crate::config::Config;
+
+/// Why the application could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("cannot open the database")]
+    Database(#[source] domain::ports::StoreError),
+    #[error("the database schema is not up to date: run `endpoints migrate` first")]
+    PendingMigrations,
+    #[error("cannot listen on {address}: {source}")]
+    Bind { address: String, source: std::io::Error },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// The services an operator command or the server needs, wired over one database.
+pub struct Services {
+    pub database: Database,
+    pub store: Arc<DieselStore>,
+    pub endpoints: Arc<EndpointService>,
+    pub keys: Arc<ApiKeyService>,
+}
+
+impl Services {
+    /// Opens the database and wires the domain services. The embedded SQLite database is migrated here, so a
+    /// new user needs no extra step; PostgreSQL is migrated only by `endpoints migrate`.
+    ///
+    /// # Errors
+    /// [`StartupError::Database`] when the database cannot be opened or migrated.
+    pub fn open(config: &Config) -> Result<Self, StartupError> {
+        let mut db_config = DatabaseConfig::new(config.database_url());
+        db_config.pool_size = config.pool_size;
+        let database = Database::connect(&db_config).map_err(StartupError::Database)?;
+        if database.backend() == Backend::Sqlite {
+            database.migrate().map_err(StartupError::Database)?;
+        }
+        let store = Arc::new(DieselStore::new(database.clone()));
+        let clock = Arc::new(SystemClock);
+        let engine = Arc::new(DataFusionEngine::new(&config.data_dir));
+        let endpoints = Arc::new(EndpointService::new(store.clone(), engine, clock.clone()));
+        let keys = Arc::new(ApiKeyService::new(store.clone(), store.clone(), clock));
+        Ok(Self { database, store, endpoints, keys })
+    }
+}
+
+/// A bound, not yet running HTTP server.
+pub struct Application {
+    port: u16,
+    server: actix_web::dev::Server,
+}
+
+impl Application {
+    /// Opens the database, binds the listener (port 0 picks a free one) and prepares the server.
+    ///
+    /// # Errors
+    /// [`StartupError`] when the database cannot be used or the address cannot be bound.
+    pub fn build(config: &Config) -> Result<Self, StartupError> {
+        let services = Services::open(config)?;
+        if services.database.has_pending_migrations().map_err(StartupError::Database)? {
+            return Err(StartupError::PendingMigrations);
+        }
+        let listener = TcpListener::bind(&config.bind)
+            .map_err(|source| StartupError::Bind { address: config.bind.clone(), source })?;
+        let port = listener.local_addr()?.port();
+        let state = AppState::new(services.endpoints, services.keys);
+        let mut server = actix_web::HttpServer::new(move || http_actix::app(state.clone()))
+            .disable_signals()
+            .shutdown_timeout(30);
+        if config.workers > 0 {
+            server = server.workers(config.workers);
+        }
+        let server = server.listen(listener)?.run();
+        tracing::info!(address = %listener_address(&config.bind, port), "listening");
+        Ok(Self { port, server })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting connections and lets in-flight requests finish.
+    ///
+    /// # Errors
+    /// An I/O error of the server.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+        let handle = self.server.handle();
+        let mut server = std::pin::pin!(self.server);
+        tokio::select! {
+            result = &mut server => result,
+            () = shutdown => {
+                tracing::info!("shutting down: draining in-flight requests");
+                // The server future answers the stop command, so both are driven together.
+                let ((), result) = tokio::join!(handle.stop(true), &mut server);
+                result
+            }
+        }
+    }
+}
+
+fn listener_address(bind: &str, port: u16) -> String {
+    match bind.rsplit_once(':') {
+        Some((host, _)) => format!("{host}:{port}"),
+        None => format!("{bind}:{port}"),
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {},
+        () = terminate => {},
+    }
+}

@@ -1,0 +1,79 @@
+//! The auth matrix: no key, bad key, revoked, expired, read-only key writing, key of another project.
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::helpers::{assert_error, endpoint_body, spawn_app};
+
+#[tokio::test]
+async fn the_auth_matrix() {
+    let app = spawn_app().await;
+    let (project, writer) = app.project_with_key();
+    let (_, reader) = app.create_key(project, &["endpoint:read"]);
+    let (revoked_id, revoked) = app.create_key(project, &["endpoint:write"]);
+    let (other_project, other_key) = app.project_with_key();
+    app.create_endpoint(project, &writer, &endpoint_body("secret-numbers", "SELECT 42 AS n")).await;
+    app.cli(&["key", "revoke", &revoked_id]);
+
+    let base = format!("/api/projects/{project}/endpoints");
+    let one = format!("{base}/secret-numbers");
+    // Every row, with the scope it needs.
+    let reads = [
+        (Method::GET, base.clone()),
+        (Method::GET, one.clone()),
+        (Method::GET, format!("{one}/versions")),
+        (Method::GET, format!("{one}/versions/1")),
+        (Method::GET, format!("{one}/run")),
+        (Method::POST, format!("{one}/run")),
+        (Method::GET, format!("{one}/openapi.json")),
+        (Method::GET, format!("{one}/materialization_status")),
+        (Method::POST, format!("{base}/last_execution_times")),
+    ];
+    let writes = [(Method::POST, base.clone()), (Method::PATCH, one.clone()), (Method::DELETE, one.clone())];
+
+    for (method, path) in reads.iter().chain(writes.iter()) {
+        for key in [None, Some("phx_nope"), Some("Bearer"), Some(revoked.as_str())] {
+            let response = app.request(method.clone(), path, key).json(&json!({})).send().await.unwrap();
+            assert_eq!(response.headers().get("www-authenticate").map(|v| v.to_str().unwrap()), Some("Bearer"));
+            assert_error(response, 401, "authentication_error").await;
+        }
+        let response = app.request(method.clone(), path, Some(&other_key)).json(&json!({})).send().await.unwrap();
+        assert_error(response, 403, "permission_denied").await;
+        // A project that does not exist looks the same as one the key may not see.
+        let missing = path.replace(&format!("/{project}/"), "/999999/");
+        let response = app.request(method.clone(), &missing, Some(&writer)).json(&json!({})).send().await.unwrap();
+        assert_error(response, 403, "permission_denied").await;
+    }
+    for (method, path) in &writes {
+        let response = app.request(method.clone(), path, Some(&reader)).json(&json!({})).send().await.unwrap();
+        let body = assert_error(response, 403, "permission_denied").await;
+        assert!(body["detail"].as_str().unwrap().contains("endpoint:write"), "{body}");
+    }
+    for (method, path) in &reads {
+        let response = app.request(method.clone(), path, Some(&reader)).json(&json!({"names": ["x"]})).send().await.unwrap();
+        assert!(![401, 403].contains(&response.status().as_u16()), "{method} {path} -> {}", response.status());
+    }
+    // The other project's key works on its own project, and @current names it.
+    let response = app.get(&format!("/api/projects/{other_project}/endpoints"), &other_key).await;
+    assert_eq!(response.status(), 200);
+    let response = app.get("/api/environments/@current/endpoints/", &other_key).await;
+    assert_eq!(response.json::<serde_json::Value>().await.unwrap()["count"], 0);
+}
+
+#[tokio::test]
+async fn revocation_and_expiry_take_effect_at_once() {
+    let app = spawn_app().await;
+    let project = app.create_project();
+    let path = format!("/api/projects/{project}/endpoints");
+    let (id, key) = app.create_key(project, &["endpoint:read"]);
+    assert_eq!(app.get(&path, &key).await.status(), 200);
+    app.cli(&["key", "revoke", &id]);
+    assert_error(app.get(&path, &key).await, 401, "authentication_error").await;
+
+    let short = app.cli(&["key", "create", "--project", &project.to_string(), "--scope", "endpoint:read", "--expires-in", "1s"]);
+    let short_key = short["key"].as_str().unwrap();
+    assert!(short["expires_at"].is_string());
+    assert_eq!(app.get(&path, short_key).await.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_error(app.get(&path, short_key).await, 401, "authentication_error").await;
+}

@@ -1,0 +1,194 @@
+//! Rows 1 to 5 under both families, on SQLite and on PostgreSQL.
+
+use serde_json::{json, Value};
+
+use crate::helpers::{assert_error, endpoint_body, spawn_app, spawn_app_on_postgres, TestApp, FAMILIES};
+
+async fn lifecycle_under_both_families(app: TestApp) {
+    let (project, key) = app.project_with_key();
+    for family in FAMILIES {
+        let base = format!("{family}/{project}/endpoints");
+        let name = format!("daily-{}", family.rsplit('/').next().unwrap());
+        let created: Value = {
+            let body = json!({
+                "name": name, "description": "Daily numbers", "derived_from_insight": "abc123",
+                "cache_age_seconds": 60,
+                "query": {"kind": "SQLQuery", "query": "SELECT {variables.n} * 2 AS doubled",
+                          "variables": {"n": {"type": "Integer", "default": 21}}},
+            });
+            let response = app.post(&format!("{base}/"), &key, &body).await;
+            assert_eq!(response.status(), 201);
+            response.json().await.unwrap()
+        };
+        assert_eq!(created["name"], name.as_str());
+        assert_eq!(created["current_version"], 1);
+        assert_eq!(created["versions_count"], 1);
+        assert_eq!(created["is_active"], true);
+        assert_eq!(created["is_materialized"], false);
+        assert_eq!(created["cache_age_seconds"], 60);
+        assert_eq!(created["sync_frequency"], Value::Null);
+        assert_eq!(created["derived_from_insight"], "abc123");
+        assert_eq!(created["columns"], json!([{"name": "doubled", "type": "integer"}]), "planned by the engine");
+        assert_eq!(created["endpoint_path"], format!("/api/projects/{project}/endpoints/{name}/run"));
+        assert_eq!(created["last_executed_at"], Value::Null);
+        assert_eq!(created["query"]["variables"]["n"]["default"], 21);
+        assert!(created["id"].as_str().unwrap().len() == 36);
+
+        // Read it back through both families, with and without the trailing slash.
+        for read_family in FAMILIES {
+            for slash in ["", "/"] {
+                let response = app.get(&format!("{read_family}/{project}/endpoints/{name}{slash}"), &key).await;
+                assert_eq!(response.status(), 200);
+                assert_eq!(response.json::<Value>().await.unwrap(), created);
+            }
+        }
+
+        let updated: Value =
+            app.patch(&format!("{base}/{name}/"), &key, &json!({"description": "Renamed words"})).await.json().await.unwrap();
+        assert_eq!(updated["description"], "Renamed words");
+        assert_eq!(updated["current_version"], 1, "a settings change makes no version");
+
+        let response = app.delete(&format!("{base}/{name}/"), &key).await;
+        assert_eq!(response.status(), 204);
+        assert!(response.bytes().await.unwrap().is_empty(), "204 has no body");
+        assert_error(app.get(&format!("{base}/{name}"), &key).await, 404, "not_found").await;
+        assert_error(app.delete(&format!("{base}/{name}"), &key).await, 404, "not_found").await;
+        // The name is free again.
+        app.create_endpoint(project, &key, &endpoint_body(&name, "SELECT 1 AS one")).await;
+    }
+}
+
+#[tokio::test]
+async fn lifecycle_on_sqlite() {
+    lifecycle_under_both_families(spawn_app().await).await;
+}
+
+#[tokio::test]
+async fn lifecycle_on_postgres() {
+    lifecycle_under_both_families(spawn_app_on_postgres().await).await;
+}
+
+#[tokio::test]
+async fn create_validates_every_field() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let path = format!("/api/projects/{project}/endpoints/");
+    let cases = [
+        (json!({"query": {"kind": "SQLQuery", "query": "SELECT 1"}}), "name"),
+        (json!({"name": "9lives", "query": {"kind": "SQLQuery", "query": "SELECT 1"}}), "name"),
+        (json!({"name": "a"}), "query"),
+        (json!({"name": "a", "query": {"kind": "TrendsQuery", "query": "SELECT 1"}}), "query.kind"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT * FROM nowhere"}}), "query"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "DROP TABLE x"}}), "query"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1; SELECT 2"}}), "query"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT {variables.x}"}}), "query"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1",
+                "variables": {"x": {"type": "Date", "default": "tomorrow"}}}}), "query.variables.x.default"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "cache_age_seconds": -1}), "cache_age_seconds"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "cache_age_seconds": 1.5}), "cache_age_seconds"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "sync_frequency": "1hour"}), "sync_frequency"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "is_active": 1}), "is_active"),
+        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "id": "x"}), "id"),
+    ];
+    for (body, attr) in cases {
+        let error = assert_error(app.post(&path, &key, &body).await, 400, "validation_error").await;
+        assert_eq!(error["attr"], attr, "{body} -> {error}");
+    }
+    let error = assert_error(app.post(&path, &key, &json!([1, 2])).await, 400, "validation_error").await;
+    assert_eq!(error["attr"], Value::Null);
+
+    app.create_endpoint(project, &key, &endpoint_body("taken", "SELECT 1 AS n")).await;
+    let error = assert_error(app.post(&path, &key, &endpoint_body("taken", "SELECT 2 AS n")).await, 409, "conflict").await;
+    assert_eq!((error["code"].as_str(), error["attr"].as_str()), (Some("unique"), Some("name")));
+}
+
+#[tokio::test]
+async fn materialized_endpoints_default_their_sync_frequency() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let mut body = endpoint_body("mat", "SELECT 1 AS n");
+    body["is_materialized"] = json!(true);
+    let created = app.create_endpoint(project, &key, &body).await;
+    assert_eq!(created["sync_frequency"], "24hour");
+    assert_eq!(created["materialization"]["status"], "Pending");
+    let path = format!("/api/projects/{project}/endpoints/mat");
+    let updated: Value = app.patch(&path, &key, &json!({"sync_frequency": "6hour"})).await.json().await.unwrap();
+    assert_eq!(updated["sync_frequency"], "6hour");
+    let off: Value = app.patch(&path, &key, &json!({"is_materialized": false})).await.json().await.unwrap();
+    assert_eq!((off["sync_frequency"].clone(), off["materialization"]["status"].clone()), (Value::Null, json!("Disabled")));
+}
+
+#[tokio::test]
+async fn patch_semantics() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let created = app.create_endpoint(project, &key, &endpoint_body("stats", "SELECT 1 AS n")).await;
+    let path = format!("/api/projects/{project}/endpoints/stats");
+
+    let error = assert_error(app.patch(&path, &key, &json!({"name": "other"})).await, 400, "validation_error").await;
+    assert_eq!(error["attr"], "name");
+    let error = assert_error(app.patch(&path, &key, &json!({"sync_frequency": "5min"})).await, 400, "validation_error").await;
+    assert_eq!(error["attr"], "sync_frequency");
+    let error = assert_error(app.patch(&path, &key, &json!({"query": {"kind": "SQLQuery", "query": "SELECT nope"}})).await, 400, "validation_error").await;
+    assert_eq!(error["attr"], "query");
+
+    // Nothing changed by the refused requests, and a body that changes nothing writes nothing.
+    let same: Value = app.patch(&path, &key, &json!({"name": "stats", "is_active": true})).await.json().await.unwrap();
+    assert_eq!(same, created);
+
+    let inactive: Value = app.patch(&path, &key, &json!({"is_active": false, "cache_age_seconds": null})).await.json().await.unwrap();
+    assert_eq!(inactive["is_active"], false);
+    assert_ne!(inactive["updated_at"], created["updated_at"]);
+    assert_eq!(inactive["created_at"], created["created_at"]);
+}
+
+#[tokio::test]
+async fn list_pages_filters_and_orders_by_name() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    for name in ["charlie", "alpha", "bravo", "delta"] {
+        let mut body = endpoint_body(name, "SELECT 1 AS n");
+        body["description"] = json!(format!("about {name}"));
+        body["is_active"] = json!(name != "bravo");
+        app.create_endpoint(project, &key, &body).await;
+    }
+    let names = |page: &Value| -> Vec<String> {
+        page["results"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap().to_owned()).collect()
+    };
+    let base = format!("/api/environments/{project}/endpoints/");
+    let all: Value = app.get(&base, &key).await.json().await.unwrap();
+    assert_eq!((all["count"].as_u64(), names(&all)), (Some(4), vec!["alpha".to_string(), "bravo".into(), "charlie".into(), "delta".into()]));
+    assert_eq!((all["next"].clone(), all["previous"].clone()), (Value::Null, Value::Null));
+
+    let first: Value = app.get(&format!("{base}?limit=2"), &key).await.json().await.unwrap();
+    assert_eq!(names(&first), ["alpha", "bravo"]);
+    let next = first["next"].as_str().unwrap();
+    assert!(next.starts_with(&app.address), "{next}");
+    let second: Value = app.request(reqwest::Method::GET, &next[app.address.len()..], Some(&key)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(names(&second), ["charlie", "delta"]);
+    assert_eq!(second["next"], Value::Null);
+    assert!(second["previous"].as_str().unwrap().ends_with("limit=2&offset=0"));
+
+    let active: Value = app.get(&format!("{base}?is_active=false"), &key).await.json().await.unwrap();
+    assert_eq!(names(&active), ["bravo"]);
+    let search: Value = app.get(&format!("{base}?search=CHAR"), &key).await.json().await.unwrap();
+    assert_eq!(names(&search), ["charlie"]);
+    for bad in ["limit=0", "limit=1001", "offset=-1", "is_active=perhaps"] {
+        assert_error(app.get(&format!("{base}?{bad}"), &key).await, 400, "validation_error").await;
+    }
+
+    // Another project's endpoints never show up.
+    let (other, other_key) = app.project_with_key();
+    let empty: Value = app.get(&format!("/api/projects/{other}/endpoints"), &other_key).await.json().await.unwrap();
+    assert_eq!(empty["count"], 0);
+}
+
+#[tokio::test]
+async fn stops_gracefully() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    assert_eq!(app.get(&format!("/api/projects/{project}/endpoints"), &key).await.status(), 200);
+    let address = app.address.clone();
+    app.stop().await.expect("a clean stop");
+    assert!(reqwest::get(format!("{address}/api/projects/1/endpoints")).await.is_err(), "no longer listening");
+}

@@ -1,0 +1,71 @@
+//! HTTP-level errors: every status of the contract with the JSON error body.
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::helpers::{assert_error, endpoint_body, spawn_app};
+
+#[tokio::test]
+async fn http_level_errors_are_json() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let base = format!("/api/projects/{project}/endpoints");
+    app.create_endpoint(project, &key, &endpoint_body("kpi", "SELECT 1 AS n")).await;
+
+    let response = app.request(Method::PUT, &format!("{base}/kpi"), Some(&key)).send().await.unwrap();
+    assert_eq!(response.headers()["allow"], "GET, PATCH, DELETE");
+    assert_error(response, 405, "validation_error").await;
+    let response = app.request(Method::DELETE, &base, Some(&key)).send().await.unwrap();
+    assert_eq!(response.headers()["allow"], "GET, POST");
+    assert_error(response, 405, "validation_error").await;
+
+    let response = app
+        .request(Method::POST, &base, Some(&key))
+        .header("content-type", "text/plain")
+        .body("name=kpi")
+        .send()
+        .await
+        .unwrap();
+    assert_error(response, 415, "validation_error").await;
+
+    let huge = json!({"name": "big", "description": "x".repeat(2 * 1024 * 1024),
+                      "query": {"kind": "SQLQuery", "query": "SELECT 1"}});
+    let body = assert_error(app.post(&base, &key, &huge).await, 413, "validation_error").await;
+    assert_eq!(body["code"], "payload_too_large");
+
+    let response = app
+        .request(Method::POST, &base, Some(&key))
+        .header("content-type", "application/json")
+        .body("{\"name\": \"x\",")
+        .send()
+        .await
+        .unwrap();
+    let body = assert_error(response, 400, "validation_error").await;
+    assert_eq!(body["code"], "parse_error");
+
+    assert_error(app.get("/api/unknown", &key).await, 404, "not_found").await;
+    assert_error(app.get(&format!("{base}/kpi/unknown"), &key).await, 404, "not_found").await;
+    assert_error(app.get(&format!("{base}/no-such-endpoint"), &key).await, 404, "not_found").await;
+    assert_error(app.get(&format!("{base}/not%20a%20name"), &key).await, 404, "not_found").await;
+}
+
+#[tokio::test]
+async fn rows_of_later_issues_answer_501_after_checking_the_endpoint() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let base = format!("/api/projects/{project}/endpoints");
+    app.create_endpoint(project, &key, &endpoint_body("kpi", "SELECT 1 AS n")).await;
+    for (method, suffix) in [
+        (Method::GET, "kpi/run"),
+        (Method::POST, "kpi/run"),
+        (Method::GET, "kpi/openapi.json"),
+        (Method::GET, "kpi/materialization_status"),
+        (Method::POST, "last_execution_times"),
+    ] {
+        let response =
+            app.request(method.clone(), &format!("{base}/{suffix}"), Some(&key)).json(&json!({})).send().await.unwrap();
+        let body: Value = assert_error(response, 501, "server_error").await;
+        assert_eq!(body["code"], "not_implemented", "{method} {suffix}");
+    }
+    assert_error(app.get(&format!("{base}/missing/run"), &key).await, 404, "not_found").await;
+}

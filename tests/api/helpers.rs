@@ -1,0 +1,174 @@
+//! Starting the application on a fresh data directory and talking to it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use reqwest::{Method, RequestBuilder, Response};
+use serde_json::{json, Value};
+use server::{Application, Config};
+use tokio::sync::oneshot;
+
+pub const FAMILIES: [&str; 2] = ["/api/environments", "/api/projects"];
+
+/// A running application and what a test needs to talk to it.
+pub struct TestApp {
+    pub address: String,
+    pub data_dir: PathBuf,
+    pub database_url: Option<String>,
+    pub client: reqwest::Client,
+    shutdown: Option<oneshot::Sender<()>>,
+    pub stopped: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn fresh_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("endpoints-api-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The application on its embedded SQLite database.
+pub async fn spawn_app() -> TestApp {
+    spawn_with(None).await
+}
+
+/// The application on the PostgreSQL database `make test` provides (migrated through the CLI first).
+pub async fn spawn_app_on_postgres() -> TestApp {
+    let url = std::env::var("TEST_POSTGRES_URL")
+        .expect("TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it");
+    spawn_with(Some(url)).await
+}
+
+async fn spawn_with(database_url: Option<String>) -> TestApp {
+    let data_dir = fresh_dir();
+    let mut config = Config::new(&data_dir);
+    config.bind = "127.0.0.1:0".into();
+    config.workers = 2;
+    config.database_url.clone_from(&database_url);
+    let partial = TestApp {
+        address: String::new(),
+        data_dir: data_dir.clone(),
+        database_url: database_url.clone(),
+        client: reqwest::Client::new(),
+        shutdown: None,
+        stopped: None,
+    };
+    if database_url.is_some() {
+        partial.cli(&["migrate"]);
+    }
+    let app = Application::build(&config).expect("the application starts");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let (tx, rx) = oneshot::channel::<()>();
+    let stopped = tokio::spawn(app.run_until(async {
+        let _ = rx.await;
+    }));
+    TestApp {
+        address,
+        data_dir,
+        database_url,
+        client: partial.client.clone(),
+        shutdown: Some(tx),
+        stopped: Some(stopped),
+    }
+}
+
+impl TestApp {
+    /// Runs the real binary against this app's data directory and database; returns its stdout as JSON.
+    pub fn cli(&self, args: &[&str]) -> Value {
+        let output = self.cli_raw(args);
+        assert!(output.status.success(), "endpoints {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!("endpoints {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&output.stdout))
+        })
+    }
+
+    pub fn cli_raw(&self, args: &[&str]) -> std::process::Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_endpoints"));
+        command.arg("--data-dir").arg(&self.data_dir).arg("--json").args(args).env_remove("DATABASE_URL");
+        if let Some(url) = &self.database_url {
+            command.arg("--database-url").arg(url);
+        }
+        command.output().expect("the endpoints binary runs")
+    }
+
+    pub fn create_project(&self) -> i64 {
+        self.cli(&["project", "create", "--name", "Test"])["id"].as_i64().unwrap()
+    }
+
+    /// A new key for `project` with the given scopes; returns (id, secret).
+    pub fn create_key(&self, project: i64, scopes: &[&str]) -> (String, String) {
+        let project = project.to_string();
+        let mut args = vec!["key", "create", "--project", project.as_str()];
+        for scope in scopes {
+            args.extend(["--scope", scope]);
+        }
+        let key = self.cli(&args);
+        (key["id"].as_str().unwrap().to_owned(), key["key"].as_str().unwrap().to_owned())
+    }
+
+    /// A project with a read-write key.
+    pub fn project_with_key(&self) -> (i64, String) {
+        let project = self.create_project();
+        let (_, secret) = self.create_key(project, &["endpoint:write"]);
+        (project, secret)
+    }
+
+    pub fn request(&self, method: Method, path: &str, key: Option<&str>) -> RequestBuilder {
+        let builder = self.client.request(method, format!("{}{path}", self.address));
+        match key {
+            Some(key) => builder.bearer_auth(key),
+            None => builder,
+        }
+    }
+
+    pub async fn get(&self, path: &str, key: &str) -> Response {
+        self.request(Method::GET, path, Some(key)).send().await.unwrap()
+    }
+
+    pub async fn post(&self, path: &str, key: &str, body: &Value) -> Response {
+        self.request(Method::POST, path, Some(key)).json(body).send().await.unwrap()
+    }
+
+    pub async fn patch(&self, path: &str, key: &str, body: &Value) -> Response {
+        self.request(Method::PATCH, path, Some(key)).json(body).send().await.unwrap()
+    }
+
+    pub async fn delete(&self, path: &str, key: &str) -> Response {
+        self.request(Method::DELETE, path, Some(key)).send().await.unwrap()
+    }
+
+    /// Creates an endpoint and returns its JSON, asserting 201.
+    pub async fn create_endpoint(&self, project: i64, key: &str, body: &Value) -> Value {
+        let response = self.post(&format!("/api/projects/{project}/endpoints/"), key, body).await;
+        assert_eq!(response.status(), 201, "create failed");
+        response.json().await.unwrap()
+    }
+
+    /// Stops the server gracefully and waits for it.
+    pub async fn stop(mut self) -> std::io::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.stopped.take().unwrap().await.unwrap()
+    }
+}
+
+pub fn endpoint_body(name: &str, sql: &str) -> Value {
+    json!({"name": name, "query": {"kind": "SQLQuery", "query": sql}})
+}
+
+/// Asserts an error response's status and body shape, and returns the body.
+pub async fn assert_error(response: Response, status: u16, kind: &str) -> Value {
+    assert_eq!(response.status(), status, "unexpected status");
+    let body: Value = response.json().await.expect("error bodies are JSON");
+    assert_eq!(body["type"], kind, "{body}");
+    assert!(body["code"].is_string() && body["detail"].is_string() && body.get("attr").is_some(), "{body}");
+    body
+}
