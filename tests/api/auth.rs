@@ -34,24 +34,39 @@ async fn the_auth_matrix() {
     for (method, path) in reads.iter().chain(writes.iter()) {
         for key in [None, Some("phx_nope"), Some("Bearer"), Some(revoked.as_str())] {
             let response = app.request(method.clone(), path, key).json(&json!({})).send().await.unwrap();
-            assert_eq!(response.headers().get("www-authenticate").map(|v| v.to_str().unwrap()), Some("Bearer"));
+            assert_eq!(
+                response.headers().get("www-authenticate").map(|v| v.to_str().unwrap()),
+                Some("Bearer")
+            );
             assert_error(response, 401, "authentication_error").await;
         }
-        let response = app.request(method.clone(), path, Some(&other_key)).json(&json!({})).send().await.unwrap();
+        let response =
+            app.request(method.clone(), path, Some(&other_key)).json(&json!({})).send().await.unwrap();
         assert_error(response, 403, "permission_denied").await;
         // A project that does not exist looks the same as one the key may not see.
         let missing = path.replace(&format!("/{project}/"), "/999999/");
-        let response = app.request(method.clone(), &missing, Some(&writer)).json(&json!({})).send().await.unwrap();
+        let response =
+            app.request(method.clone(), &missing, Some(&writer)).json(&json!({})).send().await.unwrap();
         assert_error(response, 403, "permission_denied").await;
     }
     for (method, path) in &writes {
-        let response = app.request(method.clone(), path, Some(&reader)).json(&json!({})).send().await.unwrap();
+        let response =
+            app.request(method.clone(), path, Some(&reader)).json(&json!({})).send().await.unwrap();
         let body = assert_error(response, 403, "permission_denied").await;
         assert!(body["detail"].as_str().unwrap().contains("endpoint:write"), "{body}");
     }
     for (method, path) in &reads {
-        let response = app.request(method.clone(), path, Some(&reader)).json(&json!({"names": ["x"]})).send().await.unwrap();
-        assert!(![401, 403].contains(&response.status().as_u16()), "{method} {path} -> {}", response.status());
+        let response = app
+            .request(method.clone(), path, Some(&reader))
+            .json(&json!({"names": ["x"]}))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            ![401, 403].contains(&response.status().as_u16()),
+            "{method} {path} -> {}",
+            response.status()
+        );
     }
     // The other project's key works on its own project, and @current names it.
     let response = app.get(&format!("/api/projects/{other_project}/endpoints"), &other_key).await;
@@ -70,7 +85,16 @@ async fn revocation_and_expiry_take_effect_at_once() {
     app.cli(&["key", "revoke", &id]);
     assert_error(app.get(&path, &key).await, 401, "authentication_error").await;
 
-    let short = app.cli(&["key", "create", "--project", &project.to_string(), "--scope", "endpoint:read", "--expires-in", "1s"]);
+    let short = app.cli(&[
+        "key",
+        "create",
+        "--project",
+        &project.to_string(),
+        "--scope",
+        "endpoint:read",
+        "--expires-in",
+        "1s",
+    ]);
     let short_key = short["key"].as_str().unwrap();
     assert!(short["expires_at"].is_string());
     assert_eq!(app.get(&path, short_key).await.status(), 200);

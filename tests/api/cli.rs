@@ -12,7 +12,18 @@ async fn admin_commands_print_json_for_scripts() {
     assert_eq!(project["name"], "Acme");
     let id = project["id"].as_i64().unwrap().to_string();
 
-    let key = app.cli(&["key", "create", "--project", &id, "--scope", "endpoint:read", "--label", "ci", "--expires-in", "90d"]);
+    let key = app.cli(&[
+        "key",
+        "create",
+        "--project",
+        &id,
+        "--scope",
+        "endpoint:read",
+        "--label",
+        "ci",
+        "--expires-in",
+        "90d",
+    ]);
     let secret = key["key"].as_str().unwrap();
     assert!(secret.starts_with("phx_") && secret.len() > 40, "{secret}");
     assert_eq!(key["scopes"], serde_json::json!(["endpoint:read"]));

@@ -28,7 +28,11 @@ async fn lifecycle_under_both_families(app: TestApp) {
         assert_eq!(created["cache_age_seconds"], 60);
         assert_eq!(created["sync_frequency"], Value::Null);
         assert_eq!(created["derived_from_insight"], "abc123");
-        assert_eq!(created["columns"], json!([{"name": "doubled", "type": "integer"}]), "planned by the engine");
+        assert_eq!(
+            created["columns"],
+            json!([{"name": "doubled", "type": "integer"}]),
+            "planned by the engine"
+        );
         assert_eq!(created["endpoint_path"], format!("/api/projects/{project}/endpoints/{name}/run"));
         assert_eq!(created["last_executed_at"], Value::Null);
         assert_eq!(created["query"]["variables"]["n"]["default"], 21);
@@ -37,14 +41,19 @@ async fn lifecycle_under_both_families(app: TestApp) {
         // Read it back through both families, with and without the trailing slash.
         for read_family in FAMILIES {
             for slash in ["", "/"] {
-                let response = app.get(&format!("{read_family}/{project}/endpoints/{name}{slash}"), &key).await;
+                let response =
+                    app.get(&format!("{read_family}/{project}/endpoints/{name}{slash}"), &key).await;
                 assert_eq!(response.status(), 200);
                 assert_eq!(response.json::<Value>().await.unwrap(), created);
             }
         }
 
-        let updated: Value =
-            app.patch(&format!("{base}/{name}/"), &key, &json!({"description": "Renamed words"})).await.json().await.unwrap();
+        let updated: Value = app
+            .patch(&format!("{base}/{name}/"), &key, &json!({"description": "Renamed words"}))
+            .await
+            .json()
+            .await
+            .unwrap();
         assert_eq!(updated["description"], "Renamed words");
         assert_eq!(updated["current_version"], 1, "a settings change makes no version");
 
@@ -82,12 +91,27 @@ async fn create_validates_every_field() {
         (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "DROP TABLE x"}}), "query"),
         (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1; SELECT 2"}}), "query"),
         (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT {variables.x}"}}), "query"),
-        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1",
-                "variables": {"x": {"type": "Date", "default": "tomorrow"}}}}), "query.variables.x.default"),
-        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "cache_age_seconds": -1}), "cache_age_seconds"),
-        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "cache_age_seconds": 1.5}), "cache_age_seconds"),
-        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "sync_frequency": "1hour"}), "sync_frequency"),
-        (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "is_active": 1}), "is_active"),
+        (
+            json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1",
+                "variables": {"x": {"type": "Date", "default": "tomorrow"}}}}),
+            "query.variables.x.default",
+        ),
+        (
+            json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "cache_age_seconds": -1}),
+            "cache_age_seconds",
+        ),
+        (
+            json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "cache_age_seconds": 1.5}),
+            "cache_age_seconds",
+        ),
+        (
+            json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "sync_frequency": "1hour"}),
+            "sync_frequency",
+        ),
+        (
+            json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "is_active": 1}),
+            "is_active",
+        ),
         (json!({"name": "a", "query": {"kind": "SQLQuery", "query": "SELECT 1"}, "id": "x"}), "id"),
     ];
     for (body, attr) in cases {
@@ -98,7 +122,9 @@ async fn create_validates_every_field() {
     assert_eq!(error["attr"], Value::Null);
 
     app.create_endpoint(project, &key, &endpoint_body("taken", "SELECT 1 AS n")).await;
-    let error = assert_error(app.post(&path, &key, &endpoint_body("taken", "SELECT 2 AS n")).await, 409, "conflict").await;
+    let error =
+        assert_error(app.post(&path, &key, &endpoint_body("taken", "SELECT 2 AS n")).await, 409, "conflict")
+            .await;
     assert_eq!((error["code"].as_str(), error["attr"].as_str()), (Some("unique"), Some("name")));
 }
 
@@ -112,10 +138,14 @@ async fn materialized_endpoints_default_their_sync_frequency() {
     assert_eq!(created["sync_frequency"], "24hour");
     assert_eq!(created["materialization"]["status"], "Pending");
     let path = format!("/api/projects/{project}/endpoints/mat");
-    let updated: Value = app.patch(&path, &key, &json!({"sync_frequency": "6hour"})).await.json().await.unwrap();
+    let updated: Value =
+        app.patch(&path, &key, &json!({"sync_frequency": "6hour"})).await.json().await.unwrap();
     assert_eq!(updated["sync_frequency"], "6hour");
     let off: Value = app.patch(&path, &key, &json!({"is_materialized": false})).await.json().await.unwrap();
-    assert_eq!((off["sync_frequency"].clone(), off["materialization"]["status"].clone()), (Value::Null, json!("Disabled")));
+    assert_eq!(
+        (off["sync_frequency"].clone(), off["materialization"]["status"].clone()),
+        (Value::Null, json!("Disabled"))
+    );
 }
 
 #[tokio::test]
@@ -125,18 +155,35 @@ async fn patch_semantics() {
     let created = app.create_endpoint(project, &key, &endpoint_body("stats", "SELECT 1 AS n")).await;
     let path = format!("/api/projects/{project}/endpoints/stats");
 
-    let error = assert_error(app.patch(&path, &key, &json!({"name": "other"})).await, 400, "validation_error").await;
+    let error =
+        assert_error(app.patch(&path, &key, &json!({"name": "other"})).await, 400, "validation_error").await;
     assert_eq!(error["attr"], "name");
-    let error = assert_error(app.patch(&path, &key, &json!({"sync_frequency": "5min"})).await, 400, "validation_error").await;
+    let error = assert_error(
+        app.patch(&path, &key, &json!({"sync_frequency": "5min"})).await,
+        400,
+        "validation_error",
+    )
+    .await;
     assert_eq!(error["attr"], "sync_frequency");
-    let error = assert_error(app.patch(&path, &key, &json!({"query": {"kind": "SQLQuery", "query": "SELECT nope"}})).await, 400, "validation_error").await;
+    let error = assert_error(
+        app.patch(&path, &key, &json!({"query": {"kind": "SQLQuery", "query": "SELECT nope"}})).await,
+        400,
+        "validation_error",
+    )
+    .await;
     assert_eq!(error["attr"], "query");
 
     // Nothing changed by the refused requests, and a body that changes nothing writes nothing.
-    let same: Value = app.patch(&path, &key, &json!({"name": "stats", "is_active": true})).await.json().await.unwrap();
+    let same: Value =
+        app.patch(&path, &key, &json!({"name": "stats", "is_active": true})).await.json().await.unwrap();
     assert_eq!(same, created);
 
-    let inactive: Value = app.patch(&path, &key, &json!({"is_active": false, "cache_age_seconds": null})).await.json().await.unwrap();
+    let inactive: Value = app
+        .patch(&path, &key, &json!({"is_active": false, "cache_age_seconds": null}))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(inactive["is_active"], false);
     assert_ne!(inactive["updated_at"], created["updated_at"]);
     assert_eq!(inactive["created_at"], created["created_at"]);
@@ -157,14 +204,24 @@ async fn list_pages_filters_and_orders_by_name() {
     };
     let base = format!("/api/environments/{project}/endpoints/");
     let all: Value = app.get(&base, &key).await.json().await.unwrap();
-    assert_eq!((all["count"].as_u64(), names(&all)), (Some(4), vec!["alpha".to_string(), "bravo".into(), "charlie".into(), "delta".into()]));
+    assert_eq!(
+        (all["count"].as_u64(), names(&all)),
+        (Some(4), vec!["alpha".to_string(), "bravo".into(), "charlie".into(), "delta".into()])
+    );
     assert_eq!((all["next"].clone(), all["previous"].clone()), (Value::Null, Value::Null));
 
     let first: Value = app.get(&format!("{base}?limit=2"), &key).await.json().await.unwrap();
     assert_eq!(names(&first), ["alpha", "bravo"]);
     let next = first["next"].as_str().unwrap();
     assert!(next.starts_with(&app.address), "{next}");
-    let second: Value = app.request(reqwest::Method::GET, &next[app.address.len()..], Some(&key)).send().await.unwrap().json().await.unwrap();
+    let second: Value = app
+        .request(reqwest::Method::GET, &next[app.address.len()..], Some(&key))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(names(&second), ["charlie", "delta"]);
     assert_eq!(second["next"], Value::Null);
     assert!(second["previous"].as_str().unwrap().ends_with("limit=2&offset=0"));
@@ -179,7 +236,8 @@ async fn list_pages_filters_and_orders_by_name() {
 
     // Another project's endpoints never show up.
     let (other, other_key) = app.project_with_key();
-    let empty: Value = app.get(&format!("/api/projects/{other}/endpoints"), &other_key).await.json().await.unwrap();
+    let empty: Value =
+        app.get(&format!("/api/projects/{other}/endpoints"), &other_key).await.json().await.unwrap();
     assert_eq!(empty["count"], 0);
 }
 
@@ -190,5 +248,8 @@ async fn stops_gracefully() {
     assert_eq!(app.get(&format!("/api/projects/{project}/endpoints"), &key).await.status(), 200);
     let address = app.address.clone();
     app.stop().await.expect("a clean stop");
-    assert!(reqwest::get(format!("{address}/api/projects/1/endpoints")).await.is_err(), "no longer listening");
+    assert!(
+        reqwest::get(format!("{address}/api/projects/1/endpoints")).await.is_err(),
+        "no longer listening"
+    );
 }

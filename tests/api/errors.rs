@@ -62,8 +62,12 @@ async fn rows_of_later_issues_answer_501_after_checking_the_endpoint() {
         (Method::GET, "kpi/materialization_status"),
         (Method::POST, "last_execution_times"),
     ] {
-        let response =
-            app.request(method.clone(), &format!("{base}/{suffix}"), Some(&key)).json(&json!({})).send().await.unwrap();
+        let response = app
+            .request(method.clone(), &format!("{base}/{suffix}"), Some(&key))
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
         let body: Value = assert_error(response, 501, "server_error").await;
         assert_eq!(body["code"], "not_implemented", "{method} {suffix}");
     }

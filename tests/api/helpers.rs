@@ -41,8 +41,9 @@ pub async fn spawn_app() -> TestApp {
 
 /// The application on the PostgreSQL database `make test` provides (migrated through the CLI first).
 pub async fn spawn_app_on_postgres() -> TestApp {
-    let url = std::env::var("TEST_POSTGRES_URL")
-        .expect("TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it");
+    let url = std::env::var("TEST_POSTGRES_URL").expect(
+        "TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it",
+    );
     spawn_with(Some(url)).await
 }
 
@@ -83,7 +84,11 @@ impl TestApp {
     /// Runs the real binary against this app's data directory and database; returns its stdout as JSON.
     pub fn cli(&self, args: &[&str]) -> Value {
         let output = self.cli_raw(args);
-        assert!(output.status.success(), "endpoints {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "endpoints {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
             panic!("endpoints {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&output.stdout))
         })

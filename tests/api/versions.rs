@@ -24,10 +24,14 @@ async fn query_changes_make_versions_and_settings_changes_do_not() {
         .await
         .unwrap();
     assert_eq!((changed["current_version"].as_u64(), changed["versions_count"].as_u64()), (Some(2), Some(2)));
-    assert_eq!(changed["columns"], json!([{"name": "m", "type": "integer"}, {"name": "label", "type": "string"}]));
+    assert_eq!(
+        changed["columns"],
+        json!([{"name": "m", "type": "integer"}, {"name": "label", "type": "string"}])
+    );
 
     for family in FAMILIES {
-        let list: Value = app.get(&format!("{family}/{project}/endpoints/kpi/versions/"), &key).await.json().await.unwrap();
+        let list: Value =
+            app.get(&format!("{family}/{project}/endpoints/kpi/versions/"), &key).await.json().await.unwrap();
         assert_eq!(list["count"], 2);
         let versions = list["results"].as_array().unwrap();
         assert_eq!(versions[0]["version"], 2, "newest first");
@@ -39,16 +43,27 @@ async fn query_changes_make_versions_and_settings_changes_do_not() {
         assert_eq!(versions[1]["query"]["query"], "SELECT 1 AS n");
         assert_eq!(versions[1]["columns"], json!([{"name": "n", "type": "integer"}]));
 
-        let one: Value = app.get(&format!("{family}/{project}/endpoints/kpi/versions/1/"), &key).await.json().await.unwrap();
+        let one: Value = app
+            .get(&format!("{family}/{project}/endpoints/kpi/versions/1/"), &key)
+            .await
+            .json()
+            .await
+            .unwrap();
         assert_eq!(one, versions[1]);
     }
     let base = format!("/api/projects/{project}/endpoints/kpi/versions");
     for bad in ["0", "-1", "abc", "1.0"] {
-        let error = assert_error(app.get(&format!("{base}/{bad}"), &key).await, 400, "validation_error").await;
+        let error =
+            assert_error(app.get(&format!("{base}/{bad}"), &key).await, 400, "validation_error").await;
         assert_eq!(error["attr"], "version_number");
     }
     assert_error(app.get(&format!("{base}/3"), &key).await, 404, "not_found").await;
-    assert_error(app.get(&format!("/api/projects/{project}/endpoints/nope/versions"), &key).await, 404, "not_found").await;
+    assert_error(
+        app.get(&format!("/api/projects/{project}/endpoints/nope/versions"), &key).await,
+        404,
+        "not_found",
+    )
+    .await;
     let paged: Value = app.get(&format!("{base}?limit=1&offset=1"), &key).await.json().await.unwrap();
     assert_eq!(paged["results"][0]["version"], 1);
 }

@@ -67,7 +67,10 @@ impl Scope {
     /// [`Invalid`] (attr `scope`) for an unknown scope name.
     pub fn parse(raw: &str) -> Result<Self, Invalid> {
         Self::ALL.into_iter().find(|s| s.as_str() == raw).ok_or_else(|| {
-            Invalid::field("scope", format!("Unknown scope '{raw}'; known scopes: endpoint:read, endpoint:write."))
+            Invalid::field(
+                "scope",
+                format!("Unknown scope '{raw}'; known scopes: endpoint:read, endpoint:write."),
+            )
         })
     }
 
@@ -140,7 +143,8 @@ pub fn hash_secret(secret: &str) -> String {
 
 fn looks_like_key(token: &str) -> bool {
     token.strip_prefix(KEY_PREFIX).is_some_and(|rest| {
-        rest.len() == SECRET_BYTES * 2 && rest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        rest.len() == SECRET_BYTES * 2
+            && rest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
@@ -214,15 +218,18 @@ impl ApiKeyService {
     /// # Errors
     /// [`Error::Invalid`] for a malformed project id; [`Error::PermissionDenied`] for a missing scope or another
     /// project (existing or not: the two are indistinguishable).
-    pub fn authorize(&self, principal: &Principal, path_project: &str, needed: Scope) -> Result<ProjectId, Error> {
+    pub fn authorize(
+        &self,
+        principal: &Principal,
+        path_project: &str,
+        needed: Scope,
+    ) -> Result<ProjectId, Error> {
         let project = if path_project == CURRENT_PROJECT {
             principal.project_id
         } else {
-            path_project
-                .parse::<i64>()
-                .ok()
-                .and_then(|id| ProjectId::new(id).ok())
-                .ok_or_else(|| Invalid::field("project_id", "project_id must be a positive integer or @current."))?
+            path_project.parse::<i64>().ok().and_then(|id| ProjectId::new(id).ok()).ok_or_else(|| {
+                Invalid::field("project_id", "project_id must be a positive integer or @current.")
+            })?
         };
         if project != principal.project_id {
             return Err(Error::PermissionDenied("This API key does not give access to this project.".into()));
@@ -295,7 +302,12 @@ mod tests {
         projects.expect_get().returning(|id| Ok(Some(Project { id, name: "p".into(), created_at: NOW })));
         let svc = ApiKeyService::new(Arc::new(keys), Arc::new(projects), clock());
         let new = svc
-            .create(project(1), vec![Scope::EndpointWrite, Scope::EndpointRead, Scope::EndpointRead], "ci".into(), Some(Duration::from_secs(60)))
+            .create(
+                project(1),
+                vec![Scope::EndpointWrite, Scope::EndpointRead, Scope::EndpointRead],
+                "ci".into(),
+                Some(Duration::from_secs(60)),
+            )
             .await
             .unwrap();
         assert!(looks_like_key(&new.secret), "{}", new.secret);
@@ -312,7 +324,10 @@ mod tests {
         projects.expect_get().returning(|_| Ok(None));
         let svc = ApiKeyService::new(Arc::new(MockApiKeyStore::new()), Arc::new(projects), clock());
         assert!(matches!(svc.create(project(1), vec![], String::new(), None).await, Err(Error::Invalid(_))));
-        assert!(matches!(svc.create(project(9), vec![Scope::EndpointRead], String::new(), None).await, Err(Error::Invalid(_))));
+        assert!(matches!(
+            svc.create(project(9), vec![Scope::EndpointRead], String::new(), None).await,
+            Err(Error::Invalid(_))
+        ));
     }
 
     #[tokio::test]
@@ -322,18 +337,28 @@ mod tests {
         assert_eq!(principal.project_id, project(1));
 
         // Malformed tokens never reach the store (the mock would panic on an unexpected call).
-        let strict = ApiKeyService::new(Arc::new(MockApiKeyStore::new()), Arc::new(MockProjectStore::new()), clock());
+        let strict =
+            ApiKeyService::new(Arc::new(MockApiKeyStore::new()), Arc::new(MockProjectStore::new()), clock());
         for bad in ["", "phx_", "Bearer x", &SECRET.to_uppercase(), &format!("{SECRET}0")] {
             assert!(matches!(strict.authenticate(bad).await, Err(Error::NotAuthenticated(_))), "{bad}");
         }
 
         let unknown = SECRET.replace("00112233", "99999999");
-        assert!(matches!(service_with(Some(live.clone())).authenticate(&unknown).await, Err(Error::NotAuthenticated(_))));
+        assert!(matches!(
+            service_with(Some(live.clone())).authenticate(&unknown).await,
+            Err(Error::NotAuthenticated(_))
+        ));
 
         let revoked = ApiKey { revoked_at: Some(NOW), ..live.clone() };
-        assert!(matches!(service_with(Some(revoked)).authenticate(SECRET).await, Err(Error::NotAuthenticated(_))));
+        assert!(matches!(
+            service_with(Some(revoked)).authenticate(SECRET).await,
+            Err(Error::NotAuthenticated(_))
+        ));
         let expired = ApiKey { expires_at: Some(NOW), ..live.clone() };
-        assert!(matches!(service_with(Some(expired)).authenticate(SECRET).await, Err(Error::NotAuthenticated(_))));
+        assert!(matches!(
+            service_with(Some(expired)).authenticate(SECRET).await,
+            Err(Error::NotAuthenticated(_))
+        ));
         let not_yet_expired = ApiKey { expires_at: Some(NOW + Duration::from_secs(1)), ..live };
         assert!(service_with(Some(not_yet_expired)).authenticate(SECRET).await.is_ok());
     }
@@ -341,19 +366,27 @@ mod tests {
     #[test]
     fn authorize_checks_project_binding_and_scope() {
         let svc = service_with(None);
-        let reader = Principal { key_id: Uuid::nil(), project_id: project(1), scopes: vec![Scope::EndpointRead] };
+        let reader =
+            Principal { key_id: Uuid::nil(), project_id: project(1), scopes: vec![Scope::EndpointRead] };
         let writer = Principal { scopes: vec![Scope::EndpointWrite], ..reader.clone() };
 
         assert_eq!(svc.authorize(&reader, "1", Scope::EndpointRead).unwrap(), project(1));
         assert_eq!(svc.authorize(&reader, CURRENT_PROJECT, Scope::EndpointRead).unwrap(), project(1));
-        assert_eq!(svc.authorize(&writer, "1", Scope::EndpointRead).unwrap(), project(1), "write implies read");
+        assert_eq!(
+            svc.authorize(&writer, "1", Scope::EndpointRead).unwrap(),
+            project(1),
+            "write implies read"
+        );
         match svc.authorize(&reader, "1", Scope::EndpointWrite) {
             Err(Error::PermissionDenied(detail)) => assert!(detail.contains("endpoint:write")),
             other => panic!("{other:?}"),
         }
         assert!(matches!(svc.authorize(&writer, "2", Scope::EndpointRead), Err(Error::PermissionDenied(_))));
         for bad in ["0", "-1", "abc", "1.0", "current"] {
-            assert!(matches!(svc.authorize(&writer, bad, Scope::EndpointRead), Err(Error::Invalid(_))), "{bad}");
+            assert!(
+                matches!(svc.authorize(&writer, bad, Scope::EndpointRead), Err(Error::Invalid(_))),
+                "{bad}"
+            );
         }
     }
 }

@@ -13,9 +13,11 @@ impl<'a> Fields<'a> {
     /// # Errors
     /// [`Invalid`] when the body is not an object or has a key outside `allowed`.
     pub fn new(body: &'a Value, allowed: &[&str]) -> Result<Self, Invalid> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| Invalid { attr: None, code: "invalid", detail: "The body must be a JSON object.".into() })?;
+        let obj = body.as_object().ok_or_else(|| Invalid {
+            attr: None,
+            code: "invalid",
+            detail: "The body must be a JSON object.".into(),
+        })?;
         if let Some(key) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(Invalid::field(
                 key.as_str(),

@@ -5,7 +5,9 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::auth::{ApiKey, Project, ProjectId};
-use crate::endpoint::{Column, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
+use crate::endpoint::{
+    Column, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
+};
 use crate::error::BoxError;
 use crate::page::{Page, PageRequest};
 use crate::query::Query;

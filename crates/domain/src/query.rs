@@ -77,9 +77,9 @@ impl VariableType {
             Self::Boolean => value.is_boolean(),
             Self::Date => value.as_str().is_some_and(|s| parse_date(s).is_some()),
             Self::DateTime => value.as_str().is_some_and(|s| parse_datetime(s).is_some()),
-            Self::List => value.as_array().is_some_and(|items| {
-                items.iter().all(|v| v.is_string() || v.is_number() || v.is_boolean())
-            }),
+            Self::List => value
+                .as_array()
+                .is_some_and(|items| items.iter().all(|v| v.is_string() || v.is_number() || v.is_boolean())),
         };
         if ok {
             Ok(())
@@ -178,7 +178,9 @@ pub fn scan_placeholders(sql: &str) -> Result<Vec<Placeholder>, String> {
         };
         let name = &sql[name_start..name_start + close];
         if !is_variable_name(name) {
-            return Err(format!("Malformed placeholder '{{variables.{name}}}': expected '{{variables.NAME}}'."));
+            return Err(format!(
+                "Malformed placeholder '{{variables.{name}}}': expected '{{variables.NAME}}'."
+            ));
         }
         let end = name_start + close + 1;
         found.push(Placeholder { name: name.to_owned(), start, end });
@@ -195,7 +197,10 @@ impl Query {
     /// undeclared placeholder, a bad variable declaration or a default that does not fit its type.
     pub fn from_json(value: &Value) -> Result<Self, Invalid> {
         let obj = value.as_object().ok_or_else(|| {
-            Invalid::field("query", r#"query must be an object such as {"kind": "SQLQuery", "query": "SELECT ..."}."#)
+            Invalid::field(
+                "query",
+                r#"query must be an object such as {"kind": "SQLQuery", "query": "SELECT ..."}."#,
+            )
         })?;
         if let Some(key) = obj.keys().find(|k| !matches!(k.as_str(), "kind" | "query" | "variables")) {
             return Err(Invalid::field(
@@ -208,11 +213,15 @@ impl Query {
             Some(Value::String(raw)) => QueryKind::parse(raw),
             Some(_) => None,
         }
-        .ok_or_else(|| Invalid::field("query.kind", "query.kind must be \"SQLQuery\" (or its alias \"HogQLQuery\")."))?;
+        .ok_or_else(|| {
+            Invalid::field("query.kind", "query.kind must be \"SQLQuery\" (or its alias \"HogQLQuery\").")
+        })?;
         let sql = match obj.get("query") {
             None | Some(Value::Null) => return Err(Invalid::required("query.query")),
             Some(Value::String(sql)) if !sql.trim().is_empty() => sql.trim().to_owned(),
-            Some(_) => return Err(Invalid::field("query.query", "query.query must be a non-empty SQL string.")),
+            Some(_) => {
+                return Err(Invalid::field("query.query", "query.query must be a non-empty SQL string."))
+            }
         };
         let variables = match obj.get("variables") {
             None | Some(Value::Null) => BTreeMap::new(),
@@ -231,10 +240,7 @@ impl Query {
             return Err(Invalid::new(
                 "query",
                 "unknown_variable",
-                format!(
-                    "The placeholder {{variables.{}}} has no declaration in query.variables.",
-                    p.name
-                ),
+                format!("The placeholder {{variables.{}}} has no declaration in query.variables.", p.name),
             ));
         }
         Ok(())
@@ -312,7 +318,9 @@ fn parse_variables(vars: &Map<String, Value>) -> Result<BTreeMap<String, Variabl
     let mut parsed = BTreeMap::new();
     for (key, decl) in vars {
         let attr = format!("query.variables.{key}");
-        let decl = decl.as_object().ok_or_else(|| Invalid::field(&attr, "A variable declaration must be an object."))?;
+        let decl = decl
+            .as_object()
+            .ok_or_else(|| Invalid::field(&attr, "A variable declaration must be an object."))?;
         let (name, variable) = if decl.contains_key("code_name") {
             parse_hogql_variable(decl, &attr)?
         } else {
@@ -333,7 +341,9 @@ fn parse_variables(vars: &Map<String, Value>) -> Result<BTreeMap<String, Variabl
 
 /// The declaration form: `{"type", "default", "required", "description"}` keyed by the variable name.
 fn parse_declaration(decl: &Map<String, Value>, attr: &str) -> Result<Variable, Invalid> {
-    if let Some(key) = decl.keys().find(|k| !matches!(k.as_str(), "type" | "default" | "required" | "description")) {
+    if let Some(key) =
+        decl.keys().find(|k| !matches!(k.as_str(), "type" | "default" | "required" | "description"))
+    {
         return Err(Invalid::field(
             format!("{attr}.{key}"),
             format!("Unknown field '{key}'; a declaration has type, default, required and description."),
@@ -359,7 +369,9 @@ fn parse_declaration(decl: &Map<String, Value>, attr: &str) -> Result<Variable, 
     let description = match decl.get("description") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(Invalid::field(format!("{attr}.description"), "description must be a string.")),
+        Some(_) => {
+            return Err(Invalid::field(format!("{attr}.description"), "description must be a string."))
+        }
     };
     build_variable(variable_type, default, required, description, attr)
 }
@@ -437,7 +449,10 @@ mod tests {
         assert_eq!(attr_of(json!({"kind": "SQLQuery", "query": "   "})), "query.query");
         assert_eq!(attr_of(json!({"kind": "SQLQuery", "query": 1})), "query.query");
         assert_eq!(attr_of(json!({"kind": "SQLQuery", "query": "SELECT 1", "filters": {}})), "query.filters");
-        assert_eq!(attr_of(json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": []})), "query.variables");
+        assert_eq!(
+            attr_of(json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": []})),
+            "query.variables"
+        );
     }
 
     #[test]
@@ -452,12 +467,13 @@ mod tests {
         let bad_default = json!({"kind": "SQLQuery", "query": "SELECT 1",
             "variables": {"d": {"type": "Date", "default": "31/01/2026"}}});
         assert_eq!(attr_of(bad_default), "query.variables.d.default");
-        let bad_type = json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": {"d": {"type": "Float"}}});
+        let bad_type =
+            json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": {"d": {"type": "Float"}}});
         assert_eq!(attr_of(bad_type), "query.variables.d.type");
-        let optional_without_default =
-            json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": {"d": {"type": "String", "required": false}}});
+        let optional_without_default = json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": {"d": {"type": "String", "required": false}}});
         assert_eq!(attr_of(optional_without_default), "query.variables.d.required");
-        let bad_name = json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": {"1x": {"type": "String"}}});
+        let bad_name =
+            json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": {"1x": {"type": "String"}}});
         assert_eq!(attr_of(bad_name), "query.variables.1x");
     }
 
@@ -481,7 +497,8 @@ mod tests {
 
     #[test]
     fn undeclared_placeholder_is_refused() {
-        let err = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.x}"})).unwrap_err();
+        let err =
+            Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.x}"})).unwrap_err();
         assert_eq!(err.attr.as_deref(), Some("query"));
         assert_eq!(err.code, "unknown_variable");
     }
@@ -513,8 +530,10 @@ mod tests {
 
     #[test]
     fn canonical_form_ignores_key_order_and_declaration_style() {
-        let a = Query::from_json(&json!({"variables": {"b": {"type": "Integer", "default": 1}, "a": {"type": "String"}},
-            "query": "SELECT {variables.a}, {variables.b}", "kind": "SQLQuery"}))
+        let a = Query::from_json(
+            &json!({"variables": {"b": {"type": "Integer", "default": 1}, "a": {"type": "String"}},
+            "query": "SELECT {variables.a}, {variables.b}", "kind": "SQLQuery"}),
+        )
         .unwrap();
         let b = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.a}, {variables.b}",
             "variables": {"a": {"required": true, "type": "String"}, "b": {"default": 1, "type": "Integer", "required": false}}}))

@@ -52,7 +52,10 @@ fn not_found(name: &str) -> Error {
 }
 
 fn sync_frequency_field(fields: &Fields<'_>) -> Result<Option<Option<SyncFrequency>>, Invalid> {
-    fields.nullable_string("sync_frequency")?.map(|raw| raw.as_deref().map(SyncFrequency::parse).transpose()).transpose()
+    fields
+        .nullable_string("sync_frequency")?
+        .map(|raw| raw.as_deref().map(SyncFrequency::parse).transpose())
+        .transpose()
 }
 
 fn cache_age_field(fields: &Fields<'_>) -> Result<Option<CacheAge>, Invalid> {
@@ -60,7 +63,10 @@ fn cache_age_field(fields: &Fields<'_>) -> Result<Option<CacheAge>, Invalid> {
 }
 
 fn sync_needs_materialization() -> Invalid {
-    Invalid::field("sync_frequency", "sync_frequency can only be set on a materialized endpoint (is_materialized: true).")
+    Invalid::field(
+        "sync_frequency",
+        "sync_frequency can only be set on a materialized endpoint (is_materialized: true).",
+    )
 }
 
 impl EndpointService {
@@ -113,7 +119,10 @@ impl EndpointService {
         let page = PageRequest::parse(params.limit, params.offset)?;
         let filter = EndpointFilter {
             is_active: params.is_active.map(|raw| parse_bool_param("is_active", raw)).transpose()?,
-            is_materialized: params.is_materialized.map(|raw| parse_bool_param("is_materialized", raw)).transpose()?,
+            is_materialized: params
+                .is_materialized
+                .map(|raw| parse_bool_param("is_materialized", raw))
+                .transpose()?,
             search: params.search.map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned),
         };
         Ok(self.store.list(project, &filter, page).await?)
@@ -138,7 +147,11 @@ impl EndpointService {
         let current = self.store.get(project, &name).await.map_err(|e| self.name_error(e, &name))?;
         if let Some(requested) = fields.nullable_string("name")? {
             if requested.as_deref() != Some(name.as_str()) {
-                return Err(Invalid::field("name", "An endpoint cannot be renamed: its name is part of its URL.").into());
+                return Err(Invalid::field(
+                    "name",
+                    "An endpoint cannot be renamed: its name is part of its URL.",
+                )
+                .into());
             }
         }
         let mut change = EndpointChange {
@@ -204,13 +217,17 @@ impl EndpointService {
     /// # Errors
     /// [`Error::Invalid`] when the number is not a positive integer; [`Error::NotFound`] for an unknown endpoint
     /// or version; store failures.
-    pub async fn version(&self, project: ProjectId, name: &str, number: &str) -> Result<EndpointVersion, Error> {
+    pub async fn version(
+        &self,
+        project: ProjectId,
+        name: &str,
+        number: &str,
+    ) -> Result<EndpointVersion, Error> {
         let name = path_name(name)?;
-        let number = number
-            .parse::<u32>()
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| Invalid::field("version_number", "version_number must be a positive integer."))?;
+        let number =
+            number.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                Invalid::field("version_number", "version_number must be a positive integer.")
+            })?;
         self.store.get_version(project, &name, number).await.map_err(|e| self.name_error(e, &name))
     }
 

@@ -98,7 +98,8 @@ fn invalid_attr(err: Error) -> String {
 
 #[tokio::test]
 async fn create_applies_defaults_and_records_columns() {
-    let created = service(echoing_store(), describing_engine()).create(project(), &body(json!({}))).await.unwrap();
+    let created =
+        service(echoing_store(), describing_engine()).create(project(), &body(json!({}))).await.unwrap();
     assert!(created.is_active);
     assert!(!created.is_materialized);
     assert_eq!(created.cache_age.configured(), None);
@@ -140,15 +141,21 @@ async fn create_refuses_bad_fields_naming_them() {
             .unwrap_err();
         assert_eq!(invalid_attr(err), attr, "{extra}");
     }
-    let err = service(MockEndpointStore::new(), MockQueryEngine::new()).create(project(), &json!([1])).await.unwrap_err();
+    let err = service(MockEndpointStore::new(), MockQueryEngine::new())
+        .create(project(), &json!([1]))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Invalid(Invalid { attr: None, .. })));
 }
 
 #[tokio::test]
 async fn create_reports_the_engines_refusal_on_query() {
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, _| Err(EngineError::InvalidQuery("table 'nope' not found".into())));
-    let err = service(MockEndpointStore::new(), engine).create(project(), &body(json!({}))).await.unwrap_err();
+    engine
+        .expect_describe()
+        .returning(|_, _| Err(EngineError::InvalidQuery("table 'nope' not found".into())));
+    let err =
+        service(MockEndpointStore::new(), engine).create(project(), &body(json!({}))).await.unwrap_err();
     match err {
         Error::Invalid(invalid) => {
             assert_eq!(invalid.attr.as_deref(), Some("query"));
@@ -207,7 +214,8 @@ async fn update_of_settings_alone_makes_no_new_version() {
 async fn update_with_an_equivalent_query_makes_no_new_version() {
     // Same query, different whitespace around it and an explicit empty variables object.
     let same = json!({"query": {"query": " SELECT 1 AS n ", "kind": "SQLQuery", "variables": {}}});
-    let result = service(store_with_existing(), MockQueryEngine::new()).update(project(), "daily", &same).await;
+    let result =
+        service(store_with_existing(), MockQueryEngine::new()).update(project(), "daily", &same).await;
     assert_eq!(result.unwrap(), existing());
 }
 
@@ -216,7 +224,9 @@ async fn update_with_a_new_query_plans_it_and_saves_it() {
     let mut store = store_with_existing();
     store
         .expect_update()
-        .withf(|_, _, change, _| change.query.as_ref().is_some_and(|(q, cols)| q.sql == "SELECT 2 AS n" && *cols == columns()))
+        .withf(|_, _, change, _| {
+            change.query.as_ref().is_some_and(|(q, cols)| q.sql == "SELECT 2 AS n" && *cols == columns())
+        })
         .times(1)
         .returning(|_, _, _, _| Ok(existing()));
     let mut engine = MockQueryEngine::new();
@@ -243,7 +253,10 @@ async fn update_enforces_sync_frequency_rules() {
         })
         .times(1)
         .returning(|_, _, _, _| Ok(existing()));
-    service(store, MockQueryEngine::new()).update(project(), "daily", &json!({"is_materialized": true})).await.unwrap();
+    service(store, MockQueryEngine::new())
+        .update(project(), "daily", &json!({"is_materialized": true}))
+        .await
+        .unwrap();
 
     let err = service(store_with_existing(), MockQueryEngine::new())
         .update(project(), "daily", &json!({"query": null}))
@@ -290,7 +303,13 @@ async fn list_parses_paging_and_filters() {
         .times(1)
         .returning(|_, _, page| Ok(Page { items: vec![], total: 0, request: page }));
     let svc = service(store, MockQueryEngine::new());
-    let params = ListParams { limit: Some("5"), offset: Some("10"), is_active: Some("false"), search: Some(" rev "), ..Default::default() };
+    let params = ListParams {
+        limit: Some("5"),
+        offset: Some("10"),
+        is_active: Some("false"),
+        search: Some(" rev "),
+        ..Default::default()
+    };
     svc.list(project(), params).await.unwrap();
 
     for (params, attr) in [

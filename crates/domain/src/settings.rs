@@ -18,13 +18,16 @@ impl CacheAge {
     pub fn new(seconds: Option<i64>) -> Result<Self, Invalid> {
         match seconds {
             None => Ok(Self(None)),
-            Some(s) => u32::try_from(s)
-                .ok()
-                .filter(|s| *s <= Self::MAX_SECONDS)
-                .map(|s| Self(Some(s)))
-                .ok_or_else(|| {
-                    Invalid::field("cache_age_seconds", "cache_age_seconds must be an integer between 0 and 86400.")
-                }),
+            Some(s) => {
+                u32::try_from(s).ok().filter(|s| *s <= Self::MAX_SECONDS).map(|s| Self(Some(s))).ok_or_else(
+                    || {
+                        Invalid::field(
+                            "cache_age_seconds",
+                            "cache_age_seconds must be an integer between 0 and 86400.",
+                        )
+                    },
+                )
+            }
         }
     }
 
@@ -98,10 +101,7 @@ impl SyncFrequency {
         Self::ALL.into_iter().find(|f| f.as_str() == raw).ok_or_else(|| {
             Invalid::field(
                 "sync_frequency",
-                format!(
-                    "sync_frequency must be one of {}.",
-                    Self::ALL.map(Self::as_str).join(", ")
-                ),
+                format!("sync_frequency must be one of {}.", Self::ALL.map(Self::as_str).join(", ")),
             )
         })
     }

@@ -40,17 +40,29 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str, &str, String, Option<&str>) {
         match self {
             ApiError::Domain(err) => match err {
-                Error::Invalid(inv) => {
-                    (StatusCode::BAD_REQUEST, "validation_error", inv.code, inv.detail.clone(), inv.attr.as_deref())
-                }
-                Error::NotAuthenticated(detail) => {
-                    (StatusCode::UNAUTHORIZED, "authentication_error", "not_authenticated", detail.clone(), None)
-                }
+                Error::Invalid(inv) => (
+                    StatusCode::BAD_REQUEST,
+                    "validation_error",
+                    inv.code,
+                    inv.detail.clone(),
+                    inv.attr.as_deref(),
+                ),
+                Error::NotAuthenticated(detail) => (
+                    StatusCode::UNAUTHORIZED,
+                    "authentication_error",
+                    "not_authenticated",
+                    detail.clone(),
+                    None,
+                ),
                 Error::PermissionDenied(detail) => {
                     (StatusCode::FORBIDDEN, "permission_denied", "permission_denied", detail.clone(), None)
                 }
-                Error::NotFound(detail) => (StatusCode::NOT_FOUND, "not_found", "not_found", detail.clone(), None),
-                Error::NameTaken(_) => (StatusCode::CONFLICT, "conflict", "unique", err.to_string(), Some("name")),
+                Error::NotFound(detail) => {
+                    (StatusCode::NOT_FOUND, "not_found", "not_found", detail.clone(), None)
+                }
+                Error::NameTaken(_) => {
+                    (StatusCode::CONFLICT, "conflict", "unique", err.to_string(), Some("name"))
+                }
                 Error::Unavailable(_) => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "server_error",
@@ -94,9 +106,13 @@ impl ApiError {
                 "This method is not allowed on this path.".into(),
                 None,
             ),
-            ApiError::RouteNotFound => {
-                (StatusCode::NOT_FOUND, "not_found", "not_found", "There is nothing at this path.".into(), None)
-            }
+            ApiError::RouteNotFound => (
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "not_found",
+                "There is nothing at this path.".into(),
+                None,
+            ),
             ApiError::NotImplemented(what) => (
                 StatusCode::NOT_IMPLEMENTED,
                 "server_error",

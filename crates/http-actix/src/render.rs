@@ -75,11 +75,12 @@ pub(crate) fn page<T>(req: &HttpRequest, page: &Page<T>, render: impl Fn(&T) -> 
 }
 
 fn page_url(req: &HttpRequest, limit: u64, offset: u64) -> String {
-    let mut params: Vec<(String, String)> = serde_urlencoded::from_str::<Vec<(String, String)>>(req.query_string())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(k, _)| k != "limit" && k != "offset")
-        .collect();
+    let mut params: Vec<(String, String)> =
+        serde_urlencoded::from_str::<Vec<(String, String)>>(req.query_string())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| k != "limit" && k != "offset")
+            .collect();
     params.push(("limit".into(), limit.to_string()));
     params.push(("offset".into(), offset.to_string()));
     let query = serde_urlencoded::to_string(&params).unwrap_or_default();

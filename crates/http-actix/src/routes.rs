@@ -9,7 +9,9 @@ pub(crate) const FAMILIES: [&str; 2] =
     ["/api/environments/{project_id}/endpoints", "/api/projects/{project_id}/endpoints"];
 
 /// A resource's fallback for methods it does not serve: 405 with `Allow`.
-fn not_allowed(allow: &'static str) -> impl Fn() -> std::future::Ready<Result<HttpResponse, ApiError>> + Clone {
+fn not_allowed(
+    allow: &'static str,
+) -> impl Fn() -> std::future::Ready<Result<HttpResponse, ApiError>> + Clone {
     move || std::future::ready(Err(ApiError::MethodNotAllowed { allow }))
 }
 

@@ -6,7 +6,9 @@ use actix_web::http::{header, Method, StatusCode};
 use actix_web::test::{call_service, init_service, read_body_json, TestRequest};
 use domain::auth::hash_secret;
 use domain::endpoint::{Endpoint, NewEndpoint};
-use domain::ports::{MockApiKeyStore, MockClock, MockEndpointStore, MockProjectStore, MockQueryEngine, StoreError};
+use domain::ports::{
+    MockApiKeyStore, MockClock, MockEndpointStore, MockProjectStore, MockQueryEngine, StoreError,
+};
 use domain::{ApiKey, ApiKeyService, CacheAge, EndpointName, EndpointService, Page, ProjectId, Query, Scope};
 use serde_json::{json, Value};
 use time::macros::datetime;
@@ -55,7 +57,8 @@ fn sample() -> Endpoint {
 fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
     let mut keys = MockApiKeyStore::new();
     let known = [key(READER, vec![Scope::EndpointRead]), key(WRITER, vec![Scope::EndpointWrite])];
-    keys.expect_find_by_hash().returning(move |hash| Ok(known.iter().find(|k| k.secret_hash == hash).cloned()));
+    keys.expect_find_by_hash()
+        .returning(move |hash| Ok(known.iter().find(|k| k.secret_hash == hash).cloned()));
     let mut clock = MockClock::new();
     clock.expect_now().return_const(datetime!(2026-11-22 10:00 UTC));
     let clock = Arc::new(clock);
@@ -66,7 +69,13 @@ fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
 
 fn store_with_daily() -> MockEndpointStore {
     let mut store = MockEndpointStore::new();
-    store.expect_get().returning(|_, name| if name.as_str() == "daily" { Ok(sample()) } else { Err(StoreError::NotFound) });
+    store.expect_get().returning(|_, name| {
+        if name.as_str() == "daily" {
+            Ok(sample())
+        } else {
+            Err(StoreError::NotFound)
+        }
+    });
     store
 }
 
@@ -80,7 +89,10 @@ async fn send(state: AppState, req: TestRequest) -> (StatusCode, actix_web::http
 }
 
 fn authed(method: Method, uri: &str, key: &str) -> TestRequest {
-    TestRequest::default().method(method).uri(uri).insert_header((header::AUTHORIZATION, format!("Bearer {key}")))
+    TestRequest::default()
+        .method(method)
+        .uri(uri)
+        .insert_header((header::AUTHORIZATION, format!("Bearer {key}")))
 }
 
 #[actix_web::test]
@@ -91,7 +103,8 @@ async fn both_families_and_trailing_slashes_reach_the_same_handler() {
         "/api/environments/1/endpoints/daily",
         "/api/environments/@current/endpoints/daily/",
     ] {
-        let (status, _, body) = send(state(store_with_daily(), MockQueryEngine::new()), authed(Method::GET, uri, READER)).await;
+        let (status, _, body) =
+            send(state(store_with_daily(), MockQueryEngine::new()), authed(Method::GET, uri, READER)).await;
         assert_eq!(status, StatusCode::OK, "{uri}");
         assert_eq!(body["name"], "daily");
         assert_eq!(body["endpoint_path"], "/api/projects/1/endpoints/daily/run");
@@ -106,12 +119,21 @@ async fn authentication_and_authorization_errors() {
         send(state(store_with_daily(), MockQueryEngine::new()), TestRequest::get().uri(uri)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(headers.get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
-    assert_eq!((body["type"].as_str(), body["code"].as_str()), (Some("authentication_error"), Some("not_authenticated")));
+    assert_eq!(
+        (body["type"].as_str(), body["code"].as_str()),
+        (Some("authentication_error"), Some("not_authenticated"))
+    );
 
     let basic = TestRequest::get().uri(uri).insert_header((header::AUTHORIZATION, "Basic abc"));
-    assert_eq!(send(state(store_with_daily(), MockQueryEngine::new()), basic).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        send(state(store_with_daily(), MockQueryEngine::new()), basic).await.0,
+        StatusCode::UNAUTHORIZED
+    );
     let unknown = authed(Method::GET, uri, &WRITER.replace('2', "3"));
-    assert_eq!(send(state(store_with_daily(), MockQueryEngine::new()), unknown).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        send(state(store_with_daily(), MockQueryEngine::new()), unknown).await.0,
+        StatusCode::UNAUTHORIZED
+    );
 
     let (status, _, body) =
         send(state(store_with_daily(), MockQueryEngine::new()), authed(Method::DELETE, uri, READER)).await;
@@ -152,14 +174,22 @@ async fn create_returns_201_and_conflicts_return_409() {
     let req = authed(Method::POST, "/api/projects/1/endpoints", WRITER).set_json(&body);
     let (status, _, err) = send(state(store, engine), req).await;
     assert_eq!(status, StatusCode::CONFLICT);
-    assert_eq!((err["type"].as_str(), err["code"].as_str(), err["attr"].as_str()), (Some("conflict"), Some("unique"), Some("name")));
+    assert_eq!(
+        (err["type"].as_str(), err["code"].as_str(), err["attr"].as_str()),
+        (Some("conflict"), Some("unique"), Some("name"))
+    );
 }
 
 #[actix_web::test]
 async fn bodies_are_checked_for_type_size_and_syntax() {
     let uri = "/api/projects/1/endpoints";
-    let text = authed(Method::POST, uri, WRITER).insert_header((header::CONTENT_TYPE, "text/plain")).set_payload("{}");
-    assert_eq!(send(state(MockEndpointStore::new(), MockQueryEngine::new()), text).await.0, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let text = authed(Method::POST, uri, WRITER)
+        .insert_header((header::CONTENT_TYPE, "text/plain"))
+        .set_payload("{}");
+    assert_eq!(
+        send(state(MockEndpointStore::new(), MockQueryEngine::new()), text).await.0,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
 
     let big = authed(Method::POST, uri, WRITER)
         .insert_header((header::CONTENT_TYPE, "application/json"))
@@ -167,13 +197,19 @@ async fn bodies_are_checked_for_type_size_and_syntax() {
     let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), big).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("payload_too_large")));
 
-    let broken = authed(Method::POST, uri, WRITER).insert_header((header::CONTENT_TYPE, "application/json")).set_payload("{\"name\": ");
+    let broken = authed(Method::POST, uri, WRITER)
+        .insert_header((header::CONTENT_TYPE, "application/json"))
+        .set_payload("{\"name\": ");
     let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), broken).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("parse_error")));
 
     // Authentication comes before the body: a bad body without a key is a 401.
-    let anonymous = TestRequest::post().uri(uri).insert_header((header::CONTENT_TYPE, "text/plain")).set_payload("x");
-    assert_eq!(send(state(MockEndpointStore::new(), MockQueryEngine::new()), anonymous).await.0, StatusCode::UNAUTHORIZED);
+    let anonymous =
+        TestRequest::post().uri(uri).insert_header((header::CONTENT_TYPE, "text/plain")).set_payload("x");
+    assert_eq!(
+        send(state(MockEndpointStore::new(), MockQueryEngine::new()), anonymous).await.0,
+        StatusCode::UNAUTHORIZED
+    );
 }
 
 #[actix_web::test]
@@ -191,7 +227,8 @@ async fn wrong_methods_get_405_with_allow_and_unknown_paths_404() {
 
 #[actix_web::test]
 async fn last_execution_times_is_a_post_route_and_a_get_reads_an_endpoint_of_that_name() {
-    let req = authed(Method::POST, "/api/projects/1/endpoints/last_execution_times/", READER).set_json(json!({"names": []}));
+    let req = authed(Method::POST, "/api/projects/1/endpoints/last_execution_times/", READER)
+        .set_json(json!({"names": []}));
     let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("not_implemented")));
 
@@ -202,12 +239,24 @@ async fn last_execution_times_is_a_post_route_and_a_get_reads_an_endpoint_of_tha
 
 #[actix_web::test]
 async fn pending_rows_check_the_endpoint_then_answer_501() {
-    for (method, suffix) in [(Method::GET, "run"), (Method::POST, "run"), (Method::GET, "openapi.json"), (Method::GET, "materialization_status")] {
+    for (method, suffix) in [
+        (Method::GET, "run"),
+        (Method::POST, "run"),
+        (Method::GET, "openapi.json"),
+        (Method::GET, "materialization_status"),
+    ] {
         let req = authed(method.clone(), &format!("/api/projects/1/endpoints/daily/{suffix}"), READER);
         let (status, _, body) = send(state(store_with_daily(), MockQueryEngine::new()), req).await;
-        assert_eq!((status, body["type"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("server_error")), "{method} {suffix}");
+        assert_eq!(
+            (status, body["type"].as_str()),
+            (StatusCode::NOT_IMPLEMENTED, Some("server_error")),
+            "{method} {suffix}"
+        );
         let req = authed(method, &format!("/api/projects/1/endpoints/missing/{suffix}"), READER);
-        assert_eq!(send(state(store_with_daily(), MockQueryEngine::new()), req).await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            send(state(store_with_daily(), MockQueryEngine::new()), req).await.0,
+            StatusCode::NOT_FOUND
+        );
     }
 }
 

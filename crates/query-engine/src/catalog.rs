@@ -37,7 +37,9 @@ pub(crate) async fn list_tables(data_dir: &Path, project: ProjectId) -> Result<V
     while let Some(entry) = entries.next_entry().await.map_err(|e| EngineError::Internal(Box::new(e)))? {
         let name = entry.file_name().to_string_lossy().into_owned();
         let has_files = std::fs::read_dir(entry.path())
-            .map(|mut files| files.any(|f| f.is_ok_and(|f| f.path().extension().is_some_and(|e| e == "parquet"))))
+            .map(|mut files| {
+                files.any(|f| f.is_ok_and(|f| f.path().extension().is_some_and(|e| e == "parquet")))
+            })
             .unwrap_or(false);
         if is_table_name(&name) && has_files {
             tables.push(TableInfo { name, path: entry.path() });

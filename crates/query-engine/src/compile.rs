@@ -64,9 +64,10 @@ impl Compiled {
                 VariableType::Boolean => ScalarValue::Boolean(Some(false)),
                 VariableType::Date => ScalarValue::Date32(Some(0)),
                 VariableType::DateTime => ScalarValue::TimestampMicrosecond(Some(0), None),
-                VariableType::List => {
-                    ScalarValue::List(ScalarValue::new_list_nullable(&[ScalarValue::Utf8(Some(String::new()))], &DataType::Utf8))
-                }
+                VariableType::List => ScalarValue::List(ScalarValue::new_list_nullable(
+                    &[ScalarValue::Utf8(Some(String::new()))],
+                    &DataType::Utf8,
+                )),
             })
             .collect()
     }

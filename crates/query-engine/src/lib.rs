@@ -50,7 +50,11 @@ impl DataFusionEngine {
     }
 
     /// Parses and plans `query` for `project`: one read-only statement, variables as typed placeholders.
-    async fn plan(&self, project: ProjectId, query: &Query) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
+    async fn plan(
+        &self,
+        project: ProjectId,
+        query: &Query,
+    ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
         let compiled = compile::compile(query);
         let ctx = catalog::session(&self.data_dir, project).await?;
         let state = ctx.state();
@@ -62,11 +66,13 @@ impl DataFusionEngine {
             DfStatement::Statement(inner) if matches!(**inner, SqlStatement::Query(_)) => {}
             _ => {
                 return Err(EngineError::InvalidQuery(
-                    "Only a single read-only SELECT (or WITH ... SELECT, or VALUES) statement is allowed.".into(),
+                    "Only a single read-only SELECT (or WITH ... SELECT, or VALUES) statement is allowed."
+                        .into(),
                 ))
             }
         }
-        let plan = state.statement_to_plan(statement).await.map_err(|e| EngineError::InvalidQuery(message(&e)))?;
+        let plan =
+            state.statement_to_plan(statement).await.map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)

@@ -122,7 +122,10 @@ async fn a_project_sees_only_its_own_tables() {
     engine.describe(project(1), &query("SELECT * FROM events", json!({}))).await.unwrap();
     let reason = invalid(engine.describe(project(2), &query("SELECT * FROM events", json!({}))).await);
     assert!(reason.contains("events"), "{reason}");
-    assert_eq!(engine.tables(project(1)).await.unwrap().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["events"]);
+    assert_eq!(
+        engine.tables(project(1)).await.unwrap().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["events"]
+    );
     assert!(engine.tables(project(2)).await.unwrap().is_empty());
 }
 

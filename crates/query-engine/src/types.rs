@@ -14,9 +14,10 @@ pub(crate) fn column_type(data_type: &DataType) -> ColumnType {
         | DataType::UInt32
         | DataType::UInt64 => ColumnType::Integer,
         DataType::Float16 | DataType::Float32 | DataType::Float64 => ColumnType::Float,
-        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..) => {
-            ColumnType::Decimal
-        }
+        DataType::Decimal32(..)
+        | DataType::Decimal64(..)
+        | DataType::Decimal128(..)
+        | DataType::Decimal256(..) => ColumnType::Decimal,
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => ColumnType::String,
         DataType::Boolean => ColumnType::Boolean,
         DataType::Date32 | DataType::Date64 => ColumnType::Date,

@@ -19,7 +19,13 @@ pub struct Config {
 
 impl Config {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Self { data_dir: data_dir.into(), database_url: None, bind: "127.0.0.1:8000".into(), pool_size: 8, workers: 0 }
+        Self {
+            data_dir: data_dir.into(),
+            database_url: None,
+            bind: "127.0.0.1:8000".into(),
+            pool_size: 8,
+            workers: 0,
+        }
     }
 
     /// The database URL in force.

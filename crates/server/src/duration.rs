@@ -6,7 +6,8 @@ pub(crate) fn parse(raw: &str) -> Result<Duration, String> {
     let raw = raw.trim();
     let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
     let (number, unit) = raw.split_at(split);
-    let number: u64 = number.parse().map_err(|_| format!("'{raw}' is not a duration such as 90d, 12h, 30m or 45s"))?;
+    let number: u64 =
+        number.parse().map_err(|_| format!("'{raw}' is not a duration such as 90d, 12h, 30m or 45s"))?;
     let seconds = match unit {
         "s" => 1,
         "m" => 60,

@@ -55,10 +55,10 @@ impl Target {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return Ok(Self { backend: Backend::Postgres, address: url.to_owned() });
         }
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-            .ok_or_else(|| format!("unsupported database URL (expected sqlite://PATH or postgres://...): {url}"))?;
+        let path =
+            url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).ok_or_else(|| {
+                format!("unsupported database URL (expected sqlite://PATH or postgres://...): {url}")
+            })?;
         if path.is_empty() {
             return Err("the sqlite:// URL has no file path".into());
         }
@@ -91,7 +91,9 @@ impl r2d2::ManageConnection for Manager {
 
     fn connect(&self) -> Result<AnyConnection, ManagerError> {
         match self.target.backend {
-            Backend::Postgres => Ok(AnyConnection::Postgresql(PgConnection::establish(&self.target.address)?)),
+            Backend::Postgres => {
+                Ok(AnyConnection::Postgresql(PgConnection::establish(&self.target.address)?))
+            }
             Backend::Sqlite => {
                 let mut conn = SqliteConnection::establish(&self.target.address)?;
                 conn.batch_execute(SQLITE_PRAGMAS)?;
@@ -136,12 +138,16 @@ impl Database {
             }
         }
         let backend = target.backend;
+        // No idle minimum: the pool then never opens connections in the background on its own, which matters
+        // because libpq must not be connecting on r2d2's thread while the process exits (OpenSSL's exit-time
+        // cleanup would pull the rug out from under it, a segfault seen with short-lived CLI commands).
         let pool = r2d2::Pool::builder()
             .max_size(config.pool_size)
-            .min_idle(Some(1))
+            .min_idle(Some(0))
             .connection_timeout(config.acquire_timeout)
-            .build(Manager { target })
-            .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+            .build_unchecked(Manager { target });
+        // Fail fast when the database is unreachable, with the driver's own reason.
+        pool.get().map_err(|e| StoreError::Unavailable(Box::new(e)))?;
         Ok(Self { pool, backend })
     }
 

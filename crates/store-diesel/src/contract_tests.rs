@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use domain::endpoint::{Column, ColumnType, EndpointChange, EndpointFilter, NewEndpoint};
 use domain::ports::{ApiKeyStore, EndpointStore, ProjectStore, StoreError};
-use domain::{ApiKey, CacheAge, EndpointName, PageRequest, ProjectId, Query, Scope, SyncFrequency, Timestamp};
+use domain::{
+    ApiKey, CacheAge, EndpointName, PageRequest, ProjectId, Query, Scope, SyncFrequency, Timestamp,
+};
 use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
@@ -27,8 +29,9 @@ fn sqlite_store() -> DieselStore {
 
 fn postgres_store() -> DieselStore {
     static MIGRATE: Once = Once::new();
-    let url = std::env::var("TEST_POSTGRES_URL")
-        .expect("TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it");
+    let url = std::env::var("TEST_POSTGRES_URL").expect(
+        "TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it",
+    );
     let mut config = DatabaseConfig::new(url);
     config.pool_size = 4;
     let db = Database::connect(&config).unwrap();
@@ -148,13 +151,17 @@ async fn delete_frees_the_name_and_removes_versions(store: DieselStore) {
     EndpointStore::update(&store, p, &name("daily"), change, T0).await.unwrap();
     EndpointStore::delete(&store, p, &name("daily")).await.unwrap();
     assert!(matches!(EndpointStore::get(&store, p, &name("daily")).await, Err(StoreError::NotFound)));
-    assert!(matches!(EndpointStore::get_version(&store, p, &name("daily"), 1).await, Err(StoreError::NotFound)));
+    assert!(matches!(
+        EndpointStore::get_version(&store, p, &name("daily"), 1).await,
+        Err(StoreError::NotFound)
+    ));
     assert!(matches!(EndpointStore::delete(&store, p, &name("daily")).await, Err(StoreError::NotFound)));
 
     let second = EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
     assert_ne!(first.id, second.id);
     assert_eq!(second.current_version, 1, "a new endpoint starts again at version 1");
-    let versions = EndpointStore::list_versions(&store, p, &name("daily"), PageRequest::default()).await.unwrap();
+    let versions =
+        EndpointStore::list_versions(&store, p, &name("daily"), PageRequest::default()).await.unwrap();
     assert_eq!(versions.total, 1);
 }
 
@@ -205,12 +212,21 @@ async fn query_changes_make_contiguous_versions(store: DieselStore) {
     let numbers: Vec<_> = page.items.iter().map(|v| (v.version, v.is_current)).collect();
     assert_eq!(numbers, [(2, true), (1, false)], "newest first");
     let v2 = &page.items[0];
-    assert_eq!((v2.description.as_str(), v2.cache_age.configured(), v2.created_at), ("v2 words", Some(0), later));
+    assert_eq!(
+        (v2.description.as_str(), v2.cache_age.configured(), v2.created_at),
+        ("v2 words", Some(0), later)
+    );
     let v1 = EndpointStore::get_version(&store, p, &name("daily"), 1).await.unwrap();
     assert_eq!((v1.query.sql.as_str(), v1.description.as_str()), ("SELECT 1 AS n", "about daily"));
-    assert!(matches!(EndpointStore::get_version(&store, p, &name("daily"), 3).await, Err(StoreError::VersionNotFound(3))));
+    assert!(matches!(
+        EndpointStore::get_version(&store, p, &name("daily"), 3).await,
+        Err(StoreError::VersionNotFound(3))
+    ));
 
-    let second_page = EndpointStore::list_versions(&store, p, &name("daily"), PageRequest { limit: 1, offset: 1 }).await.unwrap();
+    let second_page =
+        EndpointStore::list_versions(&store, p, &name("daily"), PageRequest { limit: 1, offset: 1 })
+            .await
+            .unwrap();
     assert_eq!(second_page.items.iter().map(|v| v.version).collect::<Vec<_>>(), [1]);
 }
 
@@ -234,7 +250,10 @@ async fn concurrent_query_changes_stay_contiguous(store: DieselStore) {
     for task in tasks {
         task.await.unwrap().unwrap();
     }
-    let page = EndpointStore::list_versions(&*store, p, &name("busy"), PageRequest { limit: 1000, offset: 0 }).await.unwrap();
+    let page =
+        EndpointStore::list_versions(&*store, p, &name("busy"), PageRequest { limit: 1000, offset: 0 })
+            .await
+            .unwrap();
     let numbers: BTreeSet<u32> = page.items.iter().map(|v| v.version).collect();
     assert_eq!(numbers, (1..=WRITERS + 1).collect::<BTreeSet<_>>(), "versions 1..=13, no gap, no duplicate");
     let sqls: BTreeSet<_> = page.items.iter().map(|v| v.query.sql.clone()).collect();
@@ -245,26 +264,52 @@ async fn concurrent_query_changes_stay_contiguous(store: DieselStore) {
 
 async fn list_filters_searches_and_pages(store: DieselStore) {
     let p = project(&store).await;
-    for (n, active, desc) in [("beta", true, "Revenue by day"), ("alpha", false, "signups"), ("gamma_1", true, "100% of users")] {
-        EndpointStore::insert(&store, NewEndpoint { is_active: active, description: desc.into(), ..new_endpoint(p, n) }).await.unwrap();
+    for (n, active, desc) in
+        [("beta", true, "Revenue by day"), ("alpha", false, "signups"), ("gamma_1", true, "100% of users")]
+    {
+        EndpointStore::insert(
+            &store,
+            NewEndpoint { is_active: active, description: desc.into(), ..new_endpoint(p, n) },
+        )
+        .await
+        .unwrap();
     }
-    let names = |page: &domain::Page<domain::Endpoint>| page.items.iter().map(|e| e.name.to_string()).collect::<Vec<_>>();
-    let all = EndpointStore::list(&store, p, &EndpointFilter::default(), PageRequest::default()).await.unwrap();
+    let names = |page: &domain::Page<domain::Endpoint>| {
+        page.items.iter().map(|e| e.name.to_string()).collect::<Vec<_>>()
+    };
+    let all =
+        EndpointStore::list(&store, p, &EndpointFilter::default(), PageRequest::default()).await.unwrap();
     assert_eq!((names(&all), all.total), (vec!["alpha".to_string(), "beta".into(), "gamma_1".into()], 3));
 
     let active = EndpointFilter { is_active: Some(true), ..Default::default() };
-    assert_eq!(names(&EndpointStore::list(&store, p, &active, PageRequest::default()).await.unwrap()), ["beta", "gamma_1"]);
+    assert_eq!(
+        names(&EndpointStore::list(&store, p, &active, PageRequest::default()).await.unwrap()),
+        ["beta", "gamma_1"]
+    );
     let search = EndpointFilter { search: Some("REVENUE".into()), ..Default::default() };
-    assert_eq!(names(&EndpointStore::list(&store, p, &search, PageRequest::default()).await.unwrap()), ["beta"]);
+    assert_eq!(
+        names(&EndpointStore::list(&store, p, &search, PageRequest::default()).await.unwrap()),
+        ["beta"]
+    );
     // LIKE wildcards in the search text are matched literally: an unescaped "p_a" would match "alpha".
     let percent = EndpointFilter { search: Some("0%".into()), ..Default::default() };
-    assert_eq!(names(&EndpointStore::list(&store, p, &percent, PageRequest::default()).await.unwrap()), ["gamma_1"]);
+    assert_eq!(
+        names(&EndpointStore::list(&store, p, &percent, PageRequest::default()).await.unwrap()),
+        ["gamma_1"]
+    );
     let underscore = EndpointFilter { search: Some("p_a".into()), ..Default::default() };
-    assert!(EndpointStore::list(&store, p, &underscore, PageRequest::default()).await.unwrap().items.is_empty());
+    assert!(EndpointStore::list(&store, p, &underscore, PageRequest::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
     let materialized = EndpointFilter { is_materialized: Some(true), ..Default::default() };
     assert_eq!(EndpointStore::list(&store, p, &materialized, PageRequest::default()).await.unwrap().total, 0);
 
-    let page = EndpointStore::list(&store, p, &EndpointFilter::default(), PageRequest { limit: 1, offset: 1 }).await.unwrap();
+    let page =
+        EndpointStore::list(&store, p, &EndpointFilter::default(), PageRequest { limit: 1, offset: 1 })
+            .await
+            .unwrap();
     assert_eq!((names(&page), page.total), (vec!["beta".to_string()], 3));
     assert!(page.has_next() && page.has_previous());
 }

@@ -2,7 +2,9 @@
 
 use async_trait::async_trait;
 use diesel::prelude::*;
-use domain::endpoint::{Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
+use domain::endpoint::{
+    Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
+};
 use domain::ports::{EndpointStore, StoreError};
 use domain::{Page, PageRequest, ProjectId, Timestamp};
 use tracing::instrument;
@@ -246,13 +248,17 @@ impl EndpointStore for DieselStore {
             .db
             .run(move |conn| {
                 let total: i64 = filtered!(endpoints::table, project, filter).count().get_result(conn)?;
-                let rows: Vec<(EndpointRow, VersionRow)> = filtered!(current_version_join!(), project, filter)
-                    .order(endpoints::name.asc())
-                    .limit(i64::from(page.limit))
-                    .offset(offset(page))
-                    .select((EndpointRow::as_select(), VersionRow::as_select()))
-                    .load(conn)?;
-                let items = rows.into_iter().map(|(row, version)| row.into_domain(&version)).collect::<Result<_, _>>()?;
+                let rows: Vec<(EndpointRow, VersionRow)> =
+                    filtered!(current_version_join!(), project, filter)
+                        .order(endpoints::name.asc())
+                        .limit(i64::from(page.limit))
+                        .offset(offset(page))
+                        .select((EndpointRow::as_select(), VersionRow::as_select()))
+                        .load(conn)?;
+                let items = rows
+                    .into_iter()
+                    .map(|(row, version)| row.into_domain(&version))
+                    .collect::<Result<_, _>>()?;
                 Ok(Page { items, total: u64::try_from(total).unwrap_or(0), request: page })
             })
             .await?)
@@ -268,7 +274,10 @@ impl EndpointStore for DieselStore {
     ) -> Result<Endpoint, StoreError> {
         let name = name.to_string();
         let at = micros(at);
-        Ok(self.db.run(move |conn| conn.transaction(|conn| apply_change(conn, project.get(), &name, change, at))).await?)
+        Ok(self
+            .db
+            .run(move |conn| conn.transaction(|conn| apply_change(conn, project.get(), &name, change, at)))
+            .await?)
     }
 
     #[instrument(skip_all, fields(project = %project, name = %name))]
@@ -280,7 +289,8 @@ impl EndpointStore for DieselStore {
                 conn.transaction(|conn| {
                     let (id, _) = endpoint_id(conn, project.get(), &name)?;
                     // Versions go first so the delete does not depend on the backend's cascade support.
-                    diesel::delete(endpoint_versions::table.filter(endpoint_versions::endpoint_id.eq(&id))).execute(conn)?;
+                    diesel::delete(endpoint_versions::table.filter(endpoint_versions::endpoint_id.eq(&id)))
+                        .execute(conn)?;
                     diesel::delete(endpoints::table.find(&id)).execute(conn)?;
                     Ok(())
                 })

@@ -97,7 +97,8 @@ impl ApiKeyStore for DieselStore {
                 if let Some(project) = project {
                     query = query.filter(api_keys::project_id.eq(project.get()));
                 }
-                let rows: Vec<KeyRow> = query.order((api_keys::created_at.asc(), api_keys::id.asc())).load(conn)?;
+                let rows: Vec<KeyRow> =
+                    query.order((api_keys::created_at.asc(), api_keys::id.asc())).load(conn)?;
                 rows.into_iter().map(KeyRow::into_domain).collect()
             })
             .await?)
@@ -110,7 +111,8 @@ impl ApiKeyStore for DieselStore {
             .run(move |conn| {
                 let id = id.to_string();
                 conn.transaction(|conn| {
-                    let exists = api_keys::table.find(&id).select(api_keys::id).first::<String>(conn).optional()?;
+                    let exists =
+                        api_keys::table.find(&id).select(api_keys::id).first::<String>(conn).optional()?;
                     if exists.is_none() {
                         return Err(DbError::NotFound);
                     }

@@ -35,7 +35,8 @@ fn sync_frequency(raw: Option<&str>) -> Result<Option<SyncFrequency>, DbError> {
 }
 
 fn query(raw: &str) -> Result<Query, DbError> {
-    let value: serde_json::Value = serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("query: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("query: {e}")))?;
     Query::from_json(&value).map_err(|e| DbError::Corrupt(format!("query: {}", e.detail)))
 }
 

@@ -17,15 +17,20 @@ fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
         .headers()
         .get(header::AUTHORIZATION)
         .ok_or_else(|| {
-            Error::NotAuthenticated("Authentication credentials were not provided: send 'Authorization: Bearer <API key>'.".into())
+            Error::NotAuthenticated(
+                "Authentication credentials were not provided: send 'Authorization: Bearer <API key>'."
+                    .into(),
+            )
         })?
         .to_str()
         .map_err(|_| Error::NotAuthenticated("The Authorization header is malformed.".into()))?;
-    let (scheme, token) = value
-        .split_once(' ')
-        .ok_or_else(|| Error::NotAuthenticated("The Authorization header must be 'Bearer <API key>'.".into()))?;
+    let (scheme, token) = value.split_once(' ').ok_or_else(|| {
+        Error::NotAuthenticated("The Authorization header must be 'Bearer <API key>'.".into())
+    })?;
     if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(Error::NotAuthenticated("The Authorization header must be 'Bearer <API key>'.".into()).into());
+        return Err(
+            Error::NotAuthenticated("The Authorization header must be 'Bearer <API key>'.".into()).into()
+        );
     }
     Ok(token.trim())
 }

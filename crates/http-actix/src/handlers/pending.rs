@@ -8,7 +8,12 @@ use super::authorize;
 use crate::error::ApiError;
 use crate::AppState;
 
-async fn existing_endpoint(req: &HttpRequest, state: &AppState, project: &str, name: &str) -> Result<(), ApiError> {
+async fn existing_endpoint(
+    req: &HttpRequest,
+    state: &AppState,
+    project: &str,
+    name: &str,
+) -> Result<(), ApiError> {
     let project = authorize(req, state, project, Scope::EndpointRead).await?;
     state.endpoints.get(project, name).await?;
     Ok(())

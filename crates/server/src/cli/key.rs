@@ -78,14 +78,26 @@ pub(super) async fn run(config: &Config, command: KeyCommand, json: bool) -> Res
     let services = Services::open(config)?;
     match command {
         KeyCommand::Create { project, scopes, label, expires_in } => {
-            let scopes = scopes.iter().map(|s| Scope::parse(s)).collect::<Result<Vec<_>, _>>().map_err(|e| CliError::Usage(e.detail))?;
-            let expires_in = expires_in.as_deref().map(duration::parse).transpose().map_err(CliError::Usage)?;
+            let scopes = scopes
+                .iter()
+                .map(|s| Scope::parse(s))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| CliError::Usage(e.detail))?;
+            let expires_in =
+                expires_in.as_deref().map(duration::parse).transpose().map_err(CliError::Usage)?;
             let created = create(&services, project_id(project)?, scopes, label, expires_in).await?;
             if json {
                 print_json(&created);
             } else {
-                println!("Created key {} for project {}", created["id"].as_str().unwrap_or_default(), project);
-                println!("Secret (shown once, store it now): {}", created["key"].as_str().unwrap_or_default());
+                println!(
+                    "Created key {} for project {}",
+                    created["id"].as_str().unwrap_or_default(),
+                    project
+                );
+                println!(
+                    "Secret (shown once, store it now): {}",
+                    created["key"].as_str().unwrap_or_default()
+                );
             }
         }
         KeyCommand::List { project } => {
@@ -96,7 +108,10 @@ pub(super) async fn run(config: &Config, command: KeyCommand, json: bool) -> Res
                 for k in &keys {
                     let state = if k.revoked_at.is_some() { "revoked" } else { "active" };
                     let scopes = k.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",");
-                    println!("{}  project {}  {}…  {state}  {scopes}  {}", k.id, k.project_id, k.prefix, k.label);
+                    println!(
+                        "{}  project {}  {}…  {state}  {scopes}  {}",
+                        k.id, k.project_id, k.prefix, k.label
+                    );
                 }
             }
         }

@@ -7,7 +7,8 @@ use crate::config::Config;
 use crate::startup::StartupError;
 
 pub(super) fn run(config: &Config, json: bool) -> Result<(), CliError> {
-    let database = Database::connect(&DatabaseConfig::new(config.database_url())).map_err(StartupError::Database)?;
+    let database =
+        Database::connect(&DatabaseConfig::new(config.database_url())).map_err(StartupError::Database)?;
     let applied = database.migrate().map_err(StartupError::Database)?;
     if json {
         print_json(&serde_json::json!({ "applied": applied }));

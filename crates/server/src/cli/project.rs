@@ -33,7 +33,11 @@ pub(super) async fn run(config: &Config, command: ProjectCommand, json: bool) ->
             if name.is_empty() {
                 return Err(CliError::Usage("--name must not be empty".into()));
             }
-            let project = services.store.create(name, domain::ports::Clock::now(&domain::ports::SystemClock)).await.map_err(domain::Error::from)?;
+            let project = services
+                .store
+                .create(name, domain::ports::Clock::now(&domain::ports::SystemClock))
+                .await
+                .map_err(domain::Error::from)?;
             if json {
                 print_json(&view(&project));
             } else {

@@ -1,0 +1,82 @@
+# The two commands a newcomer needs are `make run` and `make test`; `make help` lists the rest.
+# Every target installs what it needs (Debian packages through apt-get), so a fresh machine works.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# mold links the large DataFusion binaries several times faster than the default linker.
+export RUSTFLAGS ?= -C link-arg=-fuse-ld=mold
+export CARGO_TERM_COLOR ?= never
+
+DATA_DIR ?= ./data
+BIND ?= 127.0.0.1:8000
+PG_TEST_DB ?= endpoints_test
+PG_TEST_USER ?= endpoints_test
+
+.PHONY: help
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## Install the system packages the build needs (mold, libpq-dev, pkg-config).
+	@missing=""; \
+	command -v mold >/dev/null || missing="$$missing mold"; \
+	dpkg -s libpq-dev >/dev/null 2>&1 || missing="$$missing libpq-dev"; \
+	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+.PHONY: build
+build: deps ## Build the release binary.
+	cargo build --release --locked -p server
+
+.PHONY: run
+run: build ## Build, migrate, create the demo project and a key, print a curl line, and serve on $(BIND).
+	./target/release/endpoints --data-dir $(DATA_DIR) migrate
+	./target/release/endpoints --data-dir $(DATA_DIR) demo --base-url http://$(BIND)
+	exec ./target/release/endpoints --data-dir $(DATA_DIR) serve --bind $(BIND)
+
+.PHONY: postgres
+postgres: ## Start a local PostgreSQL (installing it if missing) and create the throwaway test database.
+	@command -v pg_lsclusters >/dev/null || { \
+	  echo "Installing PostgreSQL"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql >/dev/null; }
+	@read -r version name port status _ < <(pg_lsclusters -h | head -n 1); \
+	if [ -z "$$version" ]; then \
+	  version=$$(ls /usr/lib/postgresql | sort -V | tail -n 1); name=main; \
+	  $(SUDO) pg_createcluster "$$version" "$$name" >/dev/null; \
+	  read -r version name port status _ < <(pg_lsclusters -h | head -n 1); \
+	fi; \
+	if [ "$$status" != online ]; then \
+	  $(SUDO) pg_ctlcluster --skip-systemctl-redirect "$$version" "$$name" start; \
+	fi; \
+	psql_su() { $(SUDO) su postgres -c "psql -p $$port -v ON_ERROR_STOP=1 -qAt -c \"$$1\""; }; \
+	for i in $$(seq 1 30); do psql_su "SELECT 1" >/dev/null 2>&1 && break; sleep 1; done; \
+	psql_su "SELECT 1 FROM pg_roles WHERE rolname = '$(PG_TEST_USER)'" | grep -q 1 || \
+	  psql_su "CREATE ROLE $(PG_TEST_USER) LOGIN PASSWORD '$(PG_TEST_USER)'" >/dev/null; \
+	psql_su "DROP DATABASE IF EXISTS $(PG_TEST_DB) WITH (FORCE)" >/dev/null; \
+	psql_su "CREATE DATABASE $(PG_TEST_DB) OWNER $(PG_TEST_USER)" >/dev/null; \
+	echo "postgres://$(PG_TEST_USER):$(PG_TEST_USER)@127.0.0.1:$$port/$(PG_TEST_DB)" > target/.test-postgres-url; \
+	echo "PostgreSQL $$version/$$name on port $$port: database $(PG_TEST_DB) is ready."
+
+.PHONY: lint
+lint: deps ## Format check, clippy with -D warnings, and the dependency-direction check.
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+	@leak=$$(cargo tree -p domain -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | \
+	  grep -E '^(actix|diesel|r2d2|datafusion|arrow|parquet|tokio|hyper|sqlx|tracing-actix)' || true); \
+	if [ -n "$$leak" ]; then echo "crates/domain depends on framework crates: $$leak"; exit 1; fi; \
+	echo "dependency direction: crates/domain depends on no framework crate"
+
+.PHONY: test
+test: deps lint ## Everything CI checks: lint, then every test on SQLite and on a local PostgreSQL.
+	@mkdir -p target
+	@$(MAKE) --no-print-directory postgres
+	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) cargo test --workspace --locked
+
+.PHONY: fmt
+fmt: ## Format the code.
+	cargo fmt --all
