@@ -38,7 +38,11 @@ async fn lifecycle_under_both_families(app: TestApp) {
         assert_eq!(created["query"]["variables"]["n"]["default"], 21);
         assert!(created["id"].as_str().unwrap().len() == 36);
 
-        // Read it back through both families, with and without the trailing slash.
+        // List and read it back through both families, with and without the trailing slash.
+        for read_family in FAMILIES {
+            let page: Value = app.get(&format!("{read_family}/{project}/endpoints/?search={name}"), &key).await.json().await.unwrap();
+            assert_eq!((page["count"].as_u64(), &page["results"][0]), (Some(1), &created));
+        }
         for read_family in FAMILIES {
             for slash in ["", "/"] {
                 let response =

@@ -61,6 +61,15 @@ pub enum Error {
     /// 409: the name is already used by another endpoint of the project.
     #[error("An endpoint named '{0}' already exists in this project.")]
     NameTaken(String),
+    /// 400 `query_timeout`: the query ran past its time limit.
+    #[error("The query did not finish within {0:?} and was cancelled.")]
+    QueryTimeout(std::time::Duration),
+    /// 400 `query_memory_limit`: the query needed more memory than allowed.
+    #[error("{0}")]
+    QueryMemoryLimit(String),
+    /// 429: too many live queries for the project.
+    #[error("Too many queries of this project are running; retry after {retry_after:?}.")]
+    Throttled { retry_after: std::time::Duration },
     /// 503: a dependency (database, engine) is down.
     #[error("a dependency is unavailable")]
     Unavailable(#[source] BoxError),
@@ -91,6 +100,9 @@ impl From<EngineError> for Error {
     fn from(err: EngineError) -> Self {
         match err {
             EngineError::InvalidQuery(reason) => Error::Invalid(Invalid::field("query", reason)),
+            EngineError::Timeout(limit) => Error::QueryTimeout(limit),
+            EngineError::MemoryLimit(reason) => Error::QueryMemoryLimit(reason),
+            EngineError::Busy { retry_after } => Error::Throttled { retry_after },
             EngineError::Unavailable(source) => Error::Unavailable(source),
             EngineError::Internal(source) => Error::Internal(source),
         }

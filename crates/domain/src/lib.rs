@@ -7,10 +7,13 @@
 pub mod auth;
 pub mod endpoint;
 pub mod error;
+pub mod executions;
 pub mod fields;
 pub mod page;
 pub mod ports;
 pub mod query;
+pub mod run;
+pub mod run_service;
 pub mod service;
 pub mod settings;
 
@@ -19,6 +22,9 @@ pub use endpoint::{Column, ColumnType, Endpoint, EndpointName, EndpointVersion};
 pub use error::{Error, Invalid};
 pub use page::{Page, PageRequest};
 pub use query::{Query, QueryKind, Variable, VariableType};
+pub use executions::ExecutionTracker;
+pub use run::{BoundValue, QueryResult, Refresh, RunRequest};
+pub use run_service::{RunOutcome, RunService};
 pub use service::EndpointService;
 pub use settings::{CacheAge, SyncFrequency};
 

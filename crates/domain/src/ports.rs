@@ -1,6 +1,9 @@
 //! The capabilities the domain needs from the outside world. Adapters implement them; the binary picks one of
 //! each at startup and hands them over as `Arc<dyn Port>`.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use uuid::Uuid;
 
@@ -11,6 +14,7 @@ use crate::endpoint::{
 use crate::error::BoxError;
 use crate::page::{Page, PageRequest};
 use crate::query::Query;
+use crate::run::{BoundValue, QueryResult};
 use crate::Timestamp;
 
 /// What a store adapter can fail with.
@@ -94,6 +98,25 @@ pub trait EndpointStore: Send + Sync {
         name: &EndpointName,
         version: u32,
     ) -> Result<EndpointVersion, StoreError>;
+
+    /// Records last execution times in one batch; a time older than the stored one does not replace it, and
+    /// endpoints deleted since are skipped.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn record_executions(&self, batch: Vec<(ProjectId, EndpointName, Timestamp)>) -> Result<(), StoreError>;
+
+    /// Last execution times at or after `since` of those `names` that exist in the project, and the number of
+    /// rows the lookup read.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn last_executions(
+        &self,
+        project: ProjectId,
+        names: Vec<EndpointName>,
+        since: Timestamp,
+    ) -> Result<(Vec<(EndpointName, Timestamp)>, u64), StoreError>;
 }
 
 /// Projects, managed by the operator.
@@ -146,6 +169,15 @@ pub enum EngineError {
     /// The SQL is not a single read-only statement over the project's tables, or does not plan.
     #[error("{0}")]
     InvalidQuery(String),
+    /// The query ran past its time limit and was cancelled.
+    #[error("query timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// The query needed more memory than its limit allows.
+    #[error("{0}")]
+    MemoryLimit(String),
+    /// Too many queries of the project are running; try again after the given time.
+    #[error("too many concurrent queries")]
+    Busy { retry_after: std::time::Duration },
     #[error("engine unavailable")]
     Unavailable(#[source] BoxError),
     #[error("engine failure")]
@@ -163,6 +195,68 @@ pub trait QueryEngine: Send + Sync {
     /// [`EngineError::InvalidQuery`] for SQL that is not one read-only statement, names an unknown table or column,
     /// or has duplicate output column names; `Unavailable`, `Internal`.
     async fn describe(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError>;
+
+    /// Runs the query with its variables bound as typed parameters and returns the page `offset..offset+limit`
+    /// of its rows, with whether more rows follow.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidQuery`] when the query no longer plans (a table changed);
+    /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`], [`EngineError::Busy`]; `Unavailable`, `Internal`.
+    async fn execute(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, BoundValue>,
+        limit: u32,
+        offset: u64,
+    ) -> Result<QueryResult, EngineError>;
+}
+
+/// Identifies one cacheable answer: the endpoint, its cache generation and the canonical request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    pub project: ProjectId,
+    pub name: EndpointName,
+    /// Bumped by every update or delete of the endpoint, so older entries become unreachable at once.
+    pub generation: u64,
+    /// Version (or `latest`), variables as supplied, limit and offset, in one canonical text.
+    pub request: String,
+}
+
+/// A computed run, as cached and as answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedRun {
+    pub version: u32,
+    pub version_created_at: Timestamp,
+    pub result: QueryResult,
+    pub computed_at: Timestamp,
+    /// When the cache stops serving it; `None` when it was not cached.
+    pub expires_at: Option<Timestamp>,
+    pub query_time: std::time::Duration,
+    pub endpoint_materialized: bool,
+    /// The bound variables, defaults included.
+    pub variables: serde_json::Value,
+}
+
+impl CachedRun {
+    /// Approximate memory held, for byte-bounded caches.
+    pub fn weight(&self) -> usize {
+        self.result.rows_json.len() + self.result.columns.iter().map(|c| c.name.len() + 16).sum::<usize>() + 256
+    }
+}
+
+/// Computed runs, kept for their endpoint's cache age. Expiry is checked by the caller against the `Clock`.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait ResultCache: Send + Sync {
+    /// The endpoint's current generation; part of every key.
+    fn generation(&self, project: ProjectId, name: &EndpointName) -> u64;
+
+    fn get(&self, key: &CacheKey) -> Option<Arc<CachedRun>>;
+
+    fn put(&self, key: CacheKey, run: Arc<CachedRun>);
+
+    /// Makes every cached run of the endpoint unreachable at once (on update and delete).
+    fn invalidate(&self, project: ProjectId, name: &EndpointName);
 }
 
 /// The current time, injectable so tests control it.

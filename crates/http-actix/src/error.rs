@@ -63,6 +63,19 @@ impl ApiError {
                 Error::NameTaken(_) => {
                     (StatusCode::CONFLICT, "conflict", "unique", err.to_string(), Some("name"))
                 }
+                Error::QueryTimeout(_) => {
+                    (StatusCode::BAD_REQUEST, "query_error", "query_timeout", err.to_string(), None)
+                }
+                Error::QueryMemoryLimit(_) => (
+                    StatusCode::BAD_REQUEST,
+                    "query_error",
+                    "query_memory_limit",
+                    format!("The query needed more memory than allowed: {err}"),
+                    None,
+                ),
+                Error::Throttled { .. } => {
+                    (StatusCode::TOO_MANY_REQUESTS, "throttled", "throttled", err.to_string(), None)
+                }
                 Error::Unavailable(_) => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "server_error",
@@ -171,6 +184,10 @@ impl ResponseError for ApiError {
             }
             ApiError::MethodNotAllowed { allow } => {
                 response.insert_header((header::ALLOW, HeaderValue::from_static(allow)));
+            }
+            ApiError::Domain(Error::Throttled { retry_after }) => {
+                let seconds = retry_after.as_secs_f64().ceil().max(1.0);
+                response.insert_header((header::RETRY_AFTER, format!("{seconds:.0}")));
             }
             _ => {}
         }

@@ -1,6 +1,9 @@
 //! A project's tables: one DataFusion session per request, holding only that project's tables.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::execution::runtime_env::RuntimeEnv;
 
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::prelude::ParquetReadOptions;
@@ -50,9 +53,16 @@ pub(crate) async fn list_tables(data_dir: &Path, project: ProjectId) -> Result<V
 }
 
 /// A session that sees exactly the project's tables and has no way to reach other files.
-pub(crate) async fn session(data_dir: &Path, project: ProjectId) -> Result<SessionContext, EngineError> {
+pub(crate) async fn session(
+    data_dir: &Path,
+    project: ProjectId,
+    runtime: Option<Arc<RuntimeEnv>>,
+) -> Result<SessionContext, EngineError> {
     let config = SessionConfig::new().with_information_schema(false);
-    let ctx = SessionContext::new_with_config(config);
+    let ctx = match runtime {
+        Some(runtime) => SessionContext::new_with_config_rt(config, runtime),
+        None => SessionContext::new_with_config(config),
+    };
     for table in list_tables(data_dir, project).await? {
         let path = format!("{}/", table.path.display());
         ctx.register_parquet(table.name.as_str(), &path, ParquetReadOptions::default())

@@ -8,9 +8,12 @@
 
 mod catalog;
 mod compile;
+mod execute;
 mod types;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
@@ -23,11 +26,14 @@ use domain::{ProjectId, Query};
 use tracing::instrument;
 
 pub use catalog::TableInfo;
+pub use execute::EngineLimits;
 
 /// DataFusion behind the `QueryEngine` port.
 #[derive(Debug, Clone)]
 pub struct DataFusionEngine {
     data_dir: PathBuf,
+    limits: EngineLimits,
+    slots: Arc<execute::Slots>,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -38,7 +44,12 @@ pub(crate) fn message(err: &DataFusionError) -> String {
 impl DataFusionEngine {
     /// An engine over the tables under `data_dir/projects/`.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Self { data_dir: data_dir.into() }
+        Self::with_limits(data_dir, EngineLimits::default())
+    }
+
+    /// An engine whose live queries run under `limits`.
+    pub fn with_limits(data_dir: impl Into<PathBuf>, limits: EngineLimits) -> Self {
+        Self { data_dir: data_dir.into(), limits, slots: Arc::default() }
     }
 
     /// The tables a project can query, by name.
@@ -49,14 +60,13 @@ impl DataFusionEngine {
         catalog::list_tables(&self.data_dir, project).await
     }
 
-    /// Parses and plans `query` for `project`: one read-only statement, variables as typed placeholders.
+    /// Parses and plans compiled SQL in `ctx`: one read-only statement, `values` bound to its parameters.
     async fn plan(
         &self,
-        project: ProjectId,
-        query: &Query,
+        ctx: &datafusion::prelude::SessionContext,
+        compiled: &compile::Compiled,
+        values: Vec<datafusion::scalar::ScalarValue>,
     ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
-        let compiled = compile::compile(query);
-        let ctx = catalog::session(&self.data_dir, project).await?;
         let state = ctx.state();
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state
@@ -79,7 +89,7 @@ impl DataFusionEngine {
             .with_allow_statements(false)
             .verify_plan(&plan)
             .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
-        plan.with_param_values(compiled.sample_values()).map_err(|e| EngineError::InvalidQuery(message(&e)))
+        plan.with_param_values(values).map_err(|e| EngineError::InvalidQuery(message(&e)))
     }
 }
 
@@ -87,7 +97,9 @@ impl DataFusionEngine {
 impl QueryEngine for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project))]
     async fn describe(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError> {
-        let plan = self.plan(project, query).await?;
+        let compiled = compile::compile(query);
+        let ctx = catalog::session(&self.data_dir, project, None).await?;
+        let plan = self.plan(&ctx, &compiled, compiled.sample_values()).await?;
         let columns = types::columns(plan.schema().as_arrow());
         let mut seen = std::collections::HashSet::new();
         if let Some(dup) = columns.iter().find(|c| !seen.insert(c.name.as_str())) {
@@ -97,6 +109,28 @@ impl QueryEngine for DataFusionEngine {
             )));
         }
         Ok(columns)
+    }
+
+    #[instrument(skip_all, fields(project = %project, limit, offset))]
+    async fn execute(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, domain::BoundValue>,
+        limit: u32,
+        offset: u64,
+    ) -> Result<domain::QueryResult, EngineError> {
+        let _slot = self.slots.try_acquire(project, &self.limits)?;
+        let compiled = compile::compile(query);
+        let values = execute::parameter_values(&compiled, variables)?;
+        let ctx = catalog::session(&self.data_dir, project, Some(execute::runtime(&self.limits)?)).await?;
+        let plan = self.plan(&ctx, &compiled, values).await?;
+        let columns = types::columns(plan.schema().as_arrow());
+        let plan = execute::window(plan, limit, offset)?;
+        let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+        let stream = frame.execute_stream().await.map_err(execute::execution_error)?;
+        let batches = execute::collect(stream, &self.limits).await?;
+        execute::result(columns, &batches, limit)
     }
 }
 

@@ -7,6 +7,8 @@ use domain::endpoint::{
 };
 use domain::ports::{EndpointStore, StoreError};
 use domain::{Page, PageRequest, ProjectId, Timestamp};
+
+use crate::rows::instant;
 use tracing::instrument;
 
 use crate::connection::AnyConnection;
@@ -346,6 +348,58 @@ impl EndpointStore for DieselStore {
                         .ok_or(DbError::VersionNotFound(version))?
                         .into_domain(current)
                 })
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(count = batch.len()))]
+    async fn record_executions(&self, batch: Vec<(ProjectId, EndpointName, Timestamp)>) -> Result<(), StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    for (project, name, at) in &batch {
+                        let at = micros(*at);
+                        diesel::update(endpoints::table)
+                            .filter(endpoints::project_id.eq(project.get()))
+                            .filter(endpoints::name.eq(name.as_str()))
+                            .filter(endpoints::last_executed_at.is_null().or(endpoints::last_executed_at.lt(at)))
+                            .set(endpoints::last_executed_at.eq(at))
+                            .execute(conn)?;
+                    }
+                    Ok(())
+                })
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(project = %project, names = names.len()))]
+    async fn last_executions(
+        &self,
+        project: ProjectId,
+        names: Vec<EndpointName>,
+        since: Timestamp,
+    ) -> Result<(Vec<(EndpointName, Timestamp)>, u64), StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                let wanted: Vec<&str> = names.iter().map(EndpointName::as_str).collect();
+                let rows: Vec<(String, Option<i64>)> = endpoints::table
+                    .filter(endpoints::project_id.eq(project.get()))
+                    .filter(endpoints::name.eq_any(&wanted))
+                    .filter(endpoints::last_executed_at.ge(micros(since)))
+                    .select((endpoints::name, endpoints::last_executed_at))
+                    .load(conn)?;
+                let read = rows.len() as u64;
+                let found = rows
+                    .into_iter()
+                    .filter_map(|(name, at)| Some((name, at?)))
+                    .map(|(name, at)| {
+                        let name = EndpointName::parse(&name).map_err(|e| DbError::Corrupt(e.detail))?;
+                        Ok((name, instant(at)?))
+                    })
+                    .collect::<Result<Vec<_>, DbError>>()?;
+                Ok((found, read))
             })
             .await?)
     }

@@ -1,0 +1,256 @@
+//! The run rules: cache lookup before anything else, version selection, variable binding, refresh modes,
+//! coalescing of identical cache misses, and recording of execution times.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::auth::ProjectId;
+use crate::endpoint::{Endpoint, EndpointName};
+use crate::error::Error;
+use crate::executions::ExecutionTracker;
+use crate::ports::{CacheKey, CachedRun, Clock, EndpointStore, QueryEngine, ResultCache, StoreError};
+use crate::run::{bind, Refresh, RunRequest};
+
+/// What a run answers: the result (or none for `force_cache` without a cached one) and how it was obtained.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub name: EndpointName,
+    pub run: Option<Arc<CachedRun>>,
+    pub is_cached: bool,
+    pub endpoint_materialized: bool,
+    pub execution_id: Uuid,
+    pub client_query_id: Option<String>,
+    pub limit: u32,
+    pub offset: u64,
+    /// Wall time spent in the service for this request.
+    pub total: Duration,
+}
+
+type SharedRun = Shared<BoxFuture<'static, Result<Arc<CachedRun>, Arc<Error>>>>;
+
+/// Runs endpoints.
+pub struct RunService {
+    store: Arc<dyn EndpointStore>,
+    engine: Arc<dyn QueryEngine>,
+    cache: Arc<dyn ResultCache>,
+    clock: Arc<dyn Clock>,
+    executions: Arc<ExecutionTracker>,
+    in_flight: Arc<Mutex<HashMap<CacheKey, SharedRun>>>,
+}
+
+/// An error shared between coalesced callers, rebuilt for each of them.
+fn unshare(err: &Arc<Error>) -> Error {
+    match &**err {
+        Error::Invalid(invalid) => Error::Invalid(invalid.clone()),
+        Error::NotAuthenticated(d) => Error::NotAuthenticated(d.clone()),
+        Error::PermissionDenied(d) => Error::PermissionDenied(d.clone()),
+        Error::NotFound(d) => Error::NotFound(d.clone()),
+        Error::NameTaken(n) => Error::NameTaken(n.clone()),
+        Error::QueryTimeout(d) => Error::QueryTimeout(*d),
+        Error::QueryMemoryLimit(d) => Error::QueryMemoryLimit(d.clone()),
+        Error::Throttled { retry_after } => Error::Throttled { retry_after: *retry_after },
+        Error::Unavailable(_) => Error::Unavailable(Box::new(SharedCause(Arc::clone(err)))),
+        Error::Internal(_) => Error::Internal(Box::new(SharedCause(Arc::clone(err)))),
+    }
+}
+
+#[derive(Debug)]
+struct SharedCause(Arc<Error>);
+
+impl std::fmt::Display for SharedCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for SharedCause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&*self.0)
+    }
+}
+
+/// The request part of a cache key: everything that changes the answer, in a canonical text.
+fn request_key(request: &RunRequest) -> String {
+    let variables: std::collections::BTreeMap<&String, &Value> = request.variables.iter().collect();
+    let version = request.version.map_or_else(|| "latest".to_owned(), |v| v.to_string());
+    format!(
+        "v={version};vars={};limit={};offset={}",
+        serde_json::to_string(&variables).unwrap_or_default(),
+        request.limit,
+        request.offset
+    )
+}
+
+fn not_found(name: &str) -> Error {
+    Error::NotFound(format!("No active endpoint named '{name}' in this project."))
+}
+
+impl RunService {
+    pub fn new(
+        store: Arc<dyn EndpointStore>,
+        engine: Arc<dyn QueryEngine>,
+        cache: Arc<dyn ResultCache>,
+        clock: Arc<dyn Clock>,
+        executions: Arc<ExecutionTracker>,
+    ) -> Self {
+        Self { store, engine, cache, clock, executions, in_flight: Arc::new(Mutex::new(HashMap::new())) }
+    }
+
+    /// Runs an endpoint. A fresh cached result is served without touching the store or the engine.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown or inactive endpoint or version; [`Error::Invalid`] for variables;
+    /// the engine's [`Error::QueryTimeout`], [`Error::QueryMemoryLimit`], [`Error::Throttled`]; store failures.
+    pub async fn run(&self, project: ProjectId, name: &str, request: RunRequest) -> Result<RunOutcome, Error> {
+        let started = Instant::now();
+        let endpoint_name = EndpointName::parse(name).map_err(|_| not_found(name))?;
+        let key = CacheKey {
+            project,
+            name: endpoint_name.clone(),
+            generation: self.cache.generation(project, &endpoint_name),
+            request: request_key(&request),
+        };
+        let now = self.clock.now();
+        let reads_cache = matches!(request.refresh, Refresh::Blocking | Refresh::ForceCache);
+        if reads_cache {
+            if let Some(hit) = self.cache.get(&key).filter(|hit| hit.expires_at.is_some_and(|at| at > now)) {
+                self.executions.record(project, &endpoint_name, now);
+                return Ok(self.outcome(endpoint_name, Some(hit), true, &request, started));
+            }
+        }
+        let run = match request.refresh {
+            Refresh::ForceCache => {
+                // Nothing cached: say so, after checking that the endpoint exists.
+                let endpoint = self.active_endpoint(project, &endpoint_name).await?;
+                let mut outcome = self.outcome(endpoint_name, None, false, &request, started);
+                outcome.endpoint_materialized = endpoint.is_materialized;
+                return Ok(outcome);
+            }
+            Refresh::Blocking => self.coalesced(key, &request).await?,
+            Refresh::ForceBlocking | Refresh::Direct => {
+                compute(self.context(), key, request.clone(), request.refresh != Refresh::Direct).await?
+            }
+        };
+        self.executions.record(project, &endpoint_name, self.clock.now());
+        Ok(self.outcome(endpoint_name, Some(run), false, &request, started))
+    }
+
+    fn outcome(
+        &self,
+        name: EndpointName,
+        run: Option<Arc<CachedRun>>,
+        is_cached: bool,
+        request: &RunRequest,
+        started: Instant,
+    ) -> RunOutcome {
+        RunOutcome {
+            name,
+            endpoint_materialized: run.as_ref().is_some_and(|r| r.endpoint_materialized),
+            run,
+            is_cached,
+            execution_id: Uuid::new_v4(),
+            client_query_id: request.client_query_id.clone(),
+            limit: request.limit,
+            offset: request.offset,
+            total: started.elapsed(),
+        }
+    }
+
+    async fn active_endpoint(&self, project: ProjectId, name: &EndpointName) -> Result<Endpoint, Error> {
+        match self.store.get(project, name).await {
+            Ok(endpoint) if endpoint.is_active => Ok(endpoint),
+            Ok(_) | Err(StoreError::NotFound) => Err(not_found(name.as_str())),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    fn context(&self) -> Context {
+        Context {
+            store: Arc::clone(&self.store),
+            engine: Arc::clone(&self.engine),
+            cache: Arc::clone(&self.cache),
+            clock: Arc::clone(&self.clock),
+        }
+    }
+
+    /// Identical cache misses share one computation; it is cancelled only when every caller has gone.
+    async fn coalesced(&self, key: CacheKey, request: &RunRequest) -> Result<Arc<CachedRun>, Error> {
+        let shared = {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(existing) = in_flight.get(&key) {
+                existing.clone()
+            } else {
+                let registry = Arc::clone(&self.in_flight);
+                let context = self.context();
+                let request = request.clone();
+                let own_key = key.clone();
+                let future = async move {
+                    let result = compute(context, own_key.clone(), request, true).await.map_err(Arc::new);
+                    registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&own_key);
+                    result
+                }
+                .boxed()
+                .shared();
+                in_flight.insert(key.clone(), future.clone());
+                future
+            }
+        };
+        let result = shared.await.map_err(|e| unshare(&e));
+        // A computation dropped by all its callers never reached its own cleanup.
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        if in_flight.get(&key).is_some_and(|f| f.peek().is_some()) {
+            in_flight.remove(&key);
+        }
+        result
+    }
+}
+
+/// The ports a computation needs, owned, so a shared computation outlives the request that started it.
+struct Context {
+    store: Arc<dyn EndpointStore>,
+    engine: Arc<dyn QueryEngine>,
+    cache: Arc<dyn ResultCache>,
+    clock: Arc<dyn Clock>,
+}
+
+async fn compute(context: Context, key: CacheKey, request: RunRequest, write_cache: bool) -> Result<Arc<CachedRun>, Error> {
+    let name = key.name.clone();
+    let endpoint = match context.store.get(key.project, &name).await {
+        Ok(endpoint) if endpoint.is_active => endpoint,
+        Ok(_) | Err(StoreError::NotFound) => return Err(not_found(name.as_str())),
+        Err(other) => return Err(other.into()),
+    };
+    let number = request.version.unwrap_or(endpoint.current_version);
+    let version = context.store.get_version(key.project, &name, number).await.map_err(|e| match e {
+        StoreError::VersionNotFound(_) | StoreError::NotFound => {
+            Error::NotFound(format!("Endpoint '{name}' has no version {number}."))
+        }
+        other => other.into(),
+    })?;
+    let variables = bind(&version.query, &request.variables)?;
+    let started = Instant::now();
+    let result = context.engine.execute(key.project, &version.query, &variables, request.limit, request.offset).await?;
+    let query_time = started.elapsed();
+    let computed_at = context.clock.now();
+    let age = version.cache_age.effective();
+    let cacheable = write_cache && !age.is_zero();
+    let run = Arc::new(CachedRun {
+        version: version.version,
+        version_created_at: version.created_at,
+        result,
+        computed_at,
+        expires_at: cacheable.then(|| computed_at + age),
+        query_time,
+        endpoint_materialized: endpoint.is_materialized,
+        variables: Value::Object(variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>()),
+    });
+    if cacheable {
+        context.cache.put(key, Arc::clone(&run));
+    }
+    Ok(run)
+}

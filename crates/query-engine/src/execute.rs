@@ -1,0 +1,171 @@
+//! Running a planned query: typed parameter values, the page window, the guards (time, memory, concurrency)
+//! and the rows as one JSON array written straight from the Arrow batches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::DataFusionError;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::LogicalPlanBuilder;
+use datafusion::scalar::ScalarValue;
+use domain::ports::EngineError;
+use domain::{BoundValue, ProjectId, QueryResult};
+use futures_util::TryStreamExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::compile::Compiled;
+
+/// Limits every live query runs under.
+#[derive(Debug, Clone)]
+pub struct EngineLimits {
+    /// A query still running after this is cancelled (`query_timeout`).
+    pub query_timeout: Duration,
+    /// Memory one query may hold for sorts, joins and aggregations (`query_memory_limit`).
+    pub memory_limit: usize,
+    /// Live queries one project may run at once; more are refused with 429.
+    pub max_concurrent_per_project: usize,
+    /// What a refused caller is told to wait.
+    pub retry_after: Duration,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        Self {
+            query_timeout: Duration::from_secs(30),
+            memory_limit: 512 * 1024 * 1024,
+            max_concurrent_per_project: 4,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One semaphore per project, created on first use.
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    per_project: Mutex<HashMap<ProjectId, Arc<Semaphore>>>,
+}
+
+impl Slots {
+    pub(crate) fn try_acquire(&self, project: ProjectId, limits: &EngineLimits) -> Result<OwnedSemaphorePermit, EngineError> {
+        let semaphore = {
+            let mut map = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(map.entry(project).or_insert_with(|| Arc::new(Semaphore::new(limits.max_concurrent_per_project))))
+        };
+        semaphore.try_acquire_owned().map_err(|_| EngineError::Busy { retry_after: limits.retry_after })
+    }
+}
+
+/// The value bound to each numbered parameter, in order.
+pub(crate) fn parameter_values(
+    compiled: &Compiled,
+    variables: &BTreeMap<String, BoundValue>,
+) -> Result<Vec<ScalarValue>, EngineError> {
+    compiled
+        .params
+        .iter()
+        .map(|(name, _)| {
+            let value = variables
+                .get(name)
+                .ok_or_else(|| EngineError::Internal(format!("variable '{name}' was not bound").into()))?;
+            Ok(scalar(value))
+        })
+        .collect()
+}
+
+const UNIX_EPOCH_JULIAN_DAY: i32 = 2_440_588;
+
+fn scalar(value: &BoundValue) -> ScalarValue {
+    match value {
+        BoundValue::String(s) => ScalarValue::Utf8(Some(s.clone())),
+        BoundValue::Number(n) => ScalarValue::Float64(Some(*n)),
+        BoundValue::Integer(i) => ScalarValue::Int64(Some(*i)),
+        BoundValue::Boolean(b) => ScalarValue::Boolean(Some(*b)),
+        BoundValue::Date(d) => ScalarValue::Date32(Some(d.to_julian_day() - UNIX_EPOCH_JULIAN_DAY)),
+        BoundValue::DateTime(t) => {
+            let micros = i64::try_from(t.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX);
+            ScalarValue::TimestampMicrosecond(Some(micros), None)
+        }
+        BoundValue::List(items) => {
+            let items: Vec<ScalarValue> = items.iter().map(|s| ScalarValue::Utf8(Some(s.clone()))).collect();
+            ScalarValue::List(ScalarValue::new_list_nullable(&items, &DataType::Utf8))
+        }
+    }
+}
+
+/// A per-query runtime whose memory pool refuses allocations past the limit.
+pub(crate) fn runtime(limits: &EngineLimits) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>, EngineError> {
+    RuntimeEnvBuilder::new()
+        .with_memory_limit(limits.memory_limit, 1.0)
+        .build_arc()
+        .map_err(|e| EngineError::Internal(Box::new(e)))
+}
+
+/// Maps an execution error: memory exhaustion and plan errors are the caller's; the rest is ours.
+pub(crate) fn execution_error(err: DataFusionError) -> EngineError {
+    match err.find_root() {
+        DataFusionError::ResourcesExhausted(reason) => EngineError::MemoryLimit(reason.clone()),
+        DataFusionError::Plan(_) | DataFusionError::SQL(..) | DataFusionError::SchemaError(..) => {
+            EngineError::InvalidQuery(crate::message(&err))
+        }
+        // Casts of bad data, division by zero and the like: the query's own failure, reported to its caller.
+        DataFusionError::ArrowError(..) | DataFusionError::Execution(_) => EngineError::InvalidQuery(crate::message(&err)),
+        _ => EngineError::Internal(Box::new(err)),
+    }
+}
+
+/// Adds the page window: `limit + 1` rows are fetched so that `hasMore` needs no count query.
+pub(crate) fn window(
+    plan: datafusion::logical_expr::LogicalPlan,
+    limit: u32,
+    offset: u64,
+) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
+    let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+    LogicalPlanBuilder::from(plan)
+        .limit(skip, Some(limit as usize + 1))
+        .and_then(LogicalPlanBuilder::build)
+        .map_err(|e| EngineError::Internal(Box::new(e)))
+}
+
+/// Runs the stream to its end within the time limit; dropping it on timeout cancels the query.
+pub(crate) async fn collect(
+    stream: datafusion::physical_plan::SendableRecordBatchStream,
+    limits: &EngineLimits,
+) -> Result<Vec<RecordBatch>, EngineError> {
+    match tokio::time::timeout(limits.query_timeout, stream.try_collect::<Vec<_>>()).await {
+        Ok(result) => result.map_err(execution_error),
+        Err(_) => Err(EngineError::Timeout(limits.query_timeout)),
+    }
+}
+
+/// The first `limit` rows as a JSON array of objects, straight from Arrow, and whether a row was left over.
+pub(crate) fn to_json(batches: &[RecordBatch], limit: u32) -> Result<(String, usize, bool), EngineError> {
+    let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let keep = total.min(limit as usize);
+    let mut page = Vec::with_capacity(batches.len());
+    let mut remaining = keep;
+    for batch in batches {
+        if remaining == 0 {
+            break;
+        }
+        let take = remaining.min(batch.num_rows());
+        page.push(batch.slice(0, take));
+        remaining -= take;
+    }
+    let mut writer = arrow_json::WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, arrow_json::writer::JsonArray>(Vec::with_capacity(keep * 64));
+    let refs: Vec<&RecordBatch> = page.iter().collect();
+    writer.write_batches(&refs).map_err(|e| EngineError::Internal(Box::new(e)))?;
+    writer.finish().map_err(|e| EngineError::Internal(Box::new(e)))?;
+    let bytes = writer.into_inner();
+    let json = if bytes.is_empty() { "[]".to_owned() } else { String::from_utf8(bytes).map_err(|e| EngineError::Internal(Box::new(e)))? };
+    Ok((json, keep, total > keep))
+}
+
+pub(crate) fn result(columns: Vec<domain::endpoint::Column>, batches: &[RecordBatch], limit: u32) -> Result<QueryResult, EngineError> {
+    let (rows_json, row_count, has_more) = to_json(batches, limit)?;
+    Ok(QueryResult { columns, rows_json, row_count, has_more })
+}
