@@ -40,7 +40,12 @@ async fn lifecycle_under_both_families(app: TestApp) {
 
         // List and read it back through both families, with and without the trailing slash.
         for read_family in FAMILIES {
-            let page: Value = app.get(&format!("{read_family}/{project}/endpoints/?search={name}"), &key).await.json().await.unwrap();
+            let page: Value = app
+                .get(&format!("{read_family}/{project}/endpoints/?search={name}"), &key)
+                .await
+                .json()
+                .await
+                .unwrap();
             assert_eq!((page["count"].as_u64(), &page["results"][0]), (Some(1), &created));
         }
         for read_family in FAMILIES {

@@ -20,11 +20,11 @@ pub mod settings;
 pub use auth::{ApiKey, ApiKeyService, NewApiKey, Principal, Project, ProjectId, Scope};
 pub use endpoint::{Column, ColumnType, Endpoint, EndpointName, EndpointVersion};
 pub use error::{Error, Invalid};
+pub use executions::ExecutionTracker;
 pub use page::{Page, PageRequest};
 pub use query::{Query, QueryKind, Variable, VariableType};
-pub use executions::ExecutionTracker;
 pub use run::{BoundValue, QueryResult, Refresh, RunRequest};
-pub use run_service::{RunOutcome, RunService};
+pub use run_service::{LastExecutions, RunOutcome, RunService};
 pub use service::EndpointService;
 pub use settings::{CacheAge, SyncFrequency};
 

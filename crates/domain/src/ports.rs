@@ -104,7 +104,10 @@ pub trait EndpointStore: Send + Sync {
     ///
     /// # Errors
     /// `Unavailable`, `Internal`.
-    async fn record_executions(&self, batch: Vec<(ProjectId, EndpointName, Timestamp)>) -> Result<(), StoreError>;
+    async fn record_executions(
+        &self,
+        batch: Vec<(ProjectId, EndpointName, Timestamp)>,
+    ) -> Result<(), StoreError>;
 
     /// Last execution times at or after `since` of those `names` that exist in the project, and the number of
     /// rows the lookup read.
@@ -241,7 +244,9 @@ pub struct CachedRun {
 impl CachedRun {
     /// Approximate memory held, for byte-bounded caches.
     pub fn weight(&self) -> usize {
-        self.result.rows_json.len() + self.result.columns.iter().map(|c| c.name.len() + 16).sum::<usize>() + 256
+        self.result.rows_json.len()
+            + self.result.columns.iter().map(|c| c.name.len() + 16).sum::<usize>()
+            + 256
     }
 }
 

@@ -69,8 +69,16 @@ impl RunRequest {
     pub const MAX_LIMIT: u32 = 10_000;
 
     /// The fields a POST body may carry.
-    pub const BODY_FIELDS: [&'static str; 8] =
-        ["client_query_id", "filters_override", "query_override", "refresh", "variables", "version", "limit", "offset"];
+    pub const BODY_FIELDS: [&'static str; 8] = [
+        "client_query_id",
+        "filters_override",
+        "query_override",
+        "refresh",
+        "variables",
+        "version",
+        "limit",
+        "offset",
+    ];
 
     /// Reads a POST body; `query_version` is the `?version=` of the URL (the body's `version` wins).
     ///
@@ -82,12 +90,12 @@ impl RunRequest {
             match fields.get(key) {
                 None | Some(Value::Null) => {}
                 Some(Value::Object(map)) if map.is_empty() => {}
-                Some(_) => {
-                    return Err(Invalid::field(
-                        key,
-                        format!("{key} is not supported: the saved query is the contract; pass variables instead."),
-                    ))
-                }
+                Some(_) => return Err(Invalid::field(
+                    key,
+                    format!(
+                        "{key} is not supported: the saved query is the contract; pass variables instead."
+                    ),
+                )),
             }
         }
         let version = match fields.nullable_int("version")?.flatten() {
@@ -97,7 +105,9 @@ impl RunRequest {
         let variables = match fields.get("variables") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(map)) => map.clone(),
-            Some(_) => return Err(Invalid::field("variables", "variables must be an object of NAME: value.")),
+            Some(_) => {
+                return Err(Invalid::field("variables", "variables must be an object of NAME: value."))
+            }
         };
         let refresh = match fields.nullable_string("refresh")?.flatten() {
             Some(raw) => Refresh::parse(&raw)?,
@@ -130,7 +140,12 @@ impl RunRequest {
                 "client_query_id" => request.client_query_id = Some(value.clone()),
                 "variables" => match serde_json::from_str::<Value>(value) {
                     Ok(Value::Object(map)) => variables.extend(map),
-                    _ => return Err(Invalid::field("variables", "variables must be a JSON object of NAME: value.")),
+                    _ => {
+                        return Err(Invalid::field(
+                            "variables",
+                            "variables must be a JSON object of NAME: value.",
+                        ))
+                    }
                 },
                 other => {
                     if let Some(name) = other.strip_prefix("variables.") {
@@ -154,7 +169,10 @@ fn parse_version(raw: &str) -> Result<u32, Invalid> {
 }
 
 fn positive_version(v: i64) -> Result<u32, Invalid> {
-    u32::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| Invalid::field("version", "version must be a positive integer."))
+    u32::try_from(v)
+        .ok()
+        .filter(|v| *v > 0)
+        .ok_or_else(|| Invalid::field("version", "version must be a positive integer."))
 }
 
 fn limit(raw: Option<i64>) -> Result<u32, Invalid> {
@@ -170,7 +188,9 @@ fn limit(raw: Option<i64>) -> Result<u32, Invalid> {
 fn offset(raw: Option<i64>) -> Result<u64, Invalid> {
     match raw {
         None => Ok(0),
-        Some(o) => u64::try_from(o).map_err(|_| Invalid::field("offset", "offset must be a non-negative integer.")),
+        Some(o) => {
+            u64::try_from(o).map_err(|_| Invalid::field("offset", "offset must be a non-negative integer."))
+        }
     }
 }
 
@@ -239,13 +259,14 @@ pub fn coerce(ty: VariableType, value: &Value) -> Result<BoundValue, String> {
             _ => Err(bad()),
         },
         VariableType::Date => text
-            .and_then(|s| time::Date::parse(s, time::macros::format_description!("[year]-[month]-[day]")).ok())
+            .and_then(|s| {
+                time::Date::parse(s, time::macros::format_description!("[year]-[month]-[day]")).ok()
+            })
             .map(BoundValue::Date)
             .ok_or_else(bad),
-        VariableType::DateTime => text
-            .and_then(|s| Timestamp::parse(s, &Rfc3339).ok())
-            .map(BoundValue::DateTime)
-            .ok_or_else(bad),
+        VariableType::DateTime => {
+            text.and_then(|s| Timestamp::parse(s, &Rfc3339).ok()).map(BoundValue::DateTime).ok_or_else(bad)
+        }
         VariableType::List => {
             let items = match value {
                 Value::Array(items) => items.clone(),
@@ -283,7 +304,10 @@ pub fn bind(query: &Query, supplied: &Map<String, Value>) -> Result<BTreeMap<Str
         return Err(Invalid::new(
             format!("variables.{name}"),
             "unknown_variable",
-            format!("This endpoint has no variable '{name}'. Its variables: {}.", if known.is_empty() { "none" } else { &known }),
+            format!(
+                "This endpoint has no variable '{name}'. Its variables: {}.",
+                if known.is_empty() { "none" } else { &known }
+            ),
         ));
     }
     let mut bound = BTreeMap::new();
@@ -294,12 +318,17 @@ pub fn bind(query: &Query, supplied: &Map<String, Value>) -> Result<BTreeMap<Str
             None => match &declaration.default {
                 Some(default) if !declaration.required => default,
                 _ => {
-                    return Err(Invalid::new(&attr, "required", format!("The variable '{name}' is required.")));
+                    return Err(Invalid::new(
+                        &attr,
+                        "required",
+                        format!("The variable '{name}' is required."),
+                    ));
                 }
             },
         };
-        let value = coerce(declaration.variable_type, value)
-            .map_err(|expected| Invalid::field(&attr, format!("The variable '{name}' has a bad value: {expected}.")))?;
+        let value = coerce(declaration.variable_type, value).map_err(|expected| {
+            Invalid::field(&attr, format!("The variable '{name}' has a bad value: {expected}."))
+        })?;
         bound.insert(name.clone(), value);
     }
     Ok(bound)

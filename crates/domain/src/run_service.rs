@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::executions::ExecutionTracker;
 use crate::ports::{CacheKey, CachedRun, Clock, EndpointStore, QueryEngine, ResultCache, StoreError};
 use crate::run::{bind, Refresh, RunRequest};
+use crate::Timestamp;
 
 /// What a run answers: the result (or none for `force_cache` without a cached one) and how it was obtained.
 #[derive(Debug, Clone)]
@@ -106,7 +107,12 @@ impl RunService {
     /// # Errors
     /// [`Error::NotFound`] for an unknown or inactive endpoint or version; [`Error::Invalid`] for variables;
     /// the engine's [`Error::QueryTimeout`], [`Error::QueryMemoryLimit`], [`Error::Throttled`]; store failures.
-    pub async fn run(&self, project: ProjectId, name: &str, request: RunRequest) -> Result<RunOutcome, Error> {
+    pub async fn run(
+        &self,
+        project: ProjectId,
+        name: &str,
+        request: RunRequest,
+    ) -> Result<RunOutcome, Error> {
         let started = Instant::now();
         let endpoint_name = EndpointName::parse(name).map_err(|_| not_found(name))?;
         let key = CacheKey {
@@ -218,7 +224,12 @@ struct Context {
     clock: Arc<dyn Clock>,
 }
 
-async fn compute(context: Context, key: CacheKey, request: RunRequest, write_cache: bool) -> Result<Arc<CachedRun>, Error> {
+async fn compute(
+    context: Context,
+    key: CacheKey,
+    request: RunRequest,
+    write_cache: bool,
+) -> Result<Arc<CachedRun>, Error> {
     let name = key.name.clone();
     let endpoint = match context.store.get(key.project, &name).await {
         Ok(endpoint) if endpoint.is_active => endpoint,
@@ -234,7 +245,10 @@ async fn compute(context: Context, key: CacheKey, request: RunRequest, write_cac
     })?;
     let variables = bind(&version.query, &request.variables)?;
     let started = Instant::now();
-    let result = context.engine.execute(key.project, &version.query, &variables, request.limit, request.offset).await?;
+    let result = context
+        .engine
+        .execute(key.project, &version.query, &variables, request.limit, request.offset)
+        .await?;
     let query_time = started.elapsed();
     let computed_at = context.clock.now();
     let age = version.cache_age.effective();
@@ -247,10 +261,97 @@ async fn compute(context: Context, key: CacheKey, request: RunRequest, write_cac
         expires_at: cacheable.then(|| computed_at + age),
         query_time,
         endpoint_materialized: endpoint.is_materialized,
-        variables: Value::Object(variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>()),
+        variables: Value::Object(
+            variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>(),
+        ),
     });
     if cacheable {
         context.cache.put(key, Arc::clone(&run));
     }
     Ok(run)
+}
+
+/// The answer of a last-execution-times lookup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LastExecutions {
+    pub id: Uuid,
+    /// Names that ran in the window, with their last time, ordered by name.
+    pub results: Vec<(EndpointName, Timestamp)>,
+    pub names_requested: usize,
+    /// Rows the store returned for the lookup.
+    pub rows_read: u64,
+    /// Bytes of the names and times read.
+    pub bytes_read: u64,
+    pub start_time: Timestamp,
+    pub end_time: Timestamp,
+    pub elapsed: Duration,
+}
+
+/// The most names one lookup accepts.
+pub const MAX_NAMES: usize = 1000;
+
+/// The same instant six calendar months earlier (the day clamped to the month's length).
+pub fn six_months_before(now: Timestamp) -> Timestamp {
+    let mut year = now.year();
+    let mut month = i32::from(u8::from(now.month())) - 6;
+    if month <= 0 {
+        month += 12;
+        year -= 1;
+    }
+    let month = u8::try_from(month).ok().and_then(|m| time::Month::try_from(m).ok()).unwrap_or(now.month());
+    let day = now.day().min(month.length(year));
+    time::Date::from_calendar_date(year, month, day).map_or(now, |date| now.replace_date(date))
+}
+
+fn parse_names(body: &Value) -> Result<Vec<EndpointName>, Error> {
+    let fields = crate::fields::Fields::new(body, &["names"])?;
+    let invalid = |detail: String| Error::Invalid(crate::error::Invalid::field("names", detail));
+    let items = match fields.get("names") {
+        None | Some(Value::Null) => return Err(crate::error::Invalid::required("names").into()),
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(invalid("names must be an array of endpoint names.".into())),
+    };
+    if items.is_empty() || items.len() > MAX_NAMES {
+        return Err(invalid(format!("names must hold between 1 and {MAX_NAMES} endpoint names.")));
+    }
+    let mut names = Vec::with_capacity(items.len());
+    for item in items {
+        let raw = item.as_str().ok_or_else(|| invalid("names must be an array of strings.".into()))?;
+        let name = EndpointName::parse(raw)
+            .map_err(|_| invalid(format!("'{raw}' is not a valid endpoint name.")))?;
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+impl RunService {
+    /// Last execution times within the past six months of the listed endpoints; unknown names and older runs
+    /// are left out.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] (attr `names`) for a missing, empty, oversized or malformed list; store failures.
+    pub async fn last_execution_times(
+        &self,
+        project: ProjectId,
+        body: &Value,
+    ) -> Result<LastExecutions, Error> {
+        let names = parse_names(body)?;
+        let started = Instant::now();
+        let start_time = self.clock.now();
+        let since = six_months_before(start_time);
+        let (results, rows_read) = self.executions.last_executed(project, &names, since).await?;
+        let bytes_read = results.iter().map(|(name, _)| name.as_str().len() as u64 + 8).sum();
+        Ok(LastExecutions {
+            id: Uuid::new_v4(),
+            results,
+            names_requested: names.len(),
+            rows_read,
+            bytes_read,
+            start_time,
+            end_time: self.clock.now(),
+            elapsed: started.elapsed(),
+        })
+    }
 }

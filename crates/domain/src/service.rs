@@ -8,9 +8,10 @@ use uuid::Uuid;
 use crate::auth::ProjectId;
 use crate::endpoint::{Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
 use crate::error::{Error, Invalid};
+use crate::executions::ExecutionTracker;
 use crate::fields::{parse_bool_param, Fields};
 use crate::page::{Page, PageRequest};
-use crate::ports::{Clock, EndpointStore, QueryEngine};
+use crate::ports::{Clock, EndpointStore, QueryEngine, ResultCache};
 use crate::query::Query;
 use crate::settings::{CacheAge, SyncFrequency};
 
@@ -40,6 +41,8 @@ pub struct EndpointService {
     store: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
     clock: Arc<dyn Clock>,
+    cache: Option<Arc<dyn ResultCache>>,
+    executions: Option<Arc<ExecutionTracker>>,
 }
 
 /// A name from a path: one that cannot be valid cannot exist either, so it is a 404, not a 400.
@@ -71,7 +74,33 @@ fn sync_needs_materialization() -> Invalid {
 
 impl EndpointService {
     pub fn new(store: Arc<dyn EndpointStore>, engine: Arc<dyn QueryEngine>, clock: Arc<dyn Clock>) -> Self {
-        Self { store, engine, clock }
+        Self { store, engine, clock, cache: None, executions: None }
+    }
+
+    /// Connects the run side: updates and deletes invalidate cached runs, records show pending execution times.
+    #[must_use]
+    pub fn with_runs(mut self, cache: Arc<dyn ResultCache>, executions: Arc<ExecutionTracker>) -> Self {
+        self.cache = Some(cache);
+        self.executions = Some(executions);
+        self
+    }
+
+    /// The record with the newest execution time, including one not yet flushed to the store.
+    fn with_pending_execution(&self, mut endpoint: Endpoint) -> Endpoint {
+        if let Some(pending) =
+            self.executions.as_ref().and_then(|e| e.pending(endpoint.project_id, &endpoint.name))
+        {
+            if endpoint.last_executed_at.is_none_or(|stored| stored < pending) {
+                endpoint.last_executed_at = Some(pending);
+            }
+        }
+        endpoint
+    }
+
+    fn invalidate(&self, project: ProjectId, name: &EndpointName) {
+        if let Some(cache) = &self.cache {
+            cache.invalidate(project, name);
+        }
     }
 
     /// Creates an endpoint from a request body; its query becomes version 1.
@@ -125,14 +154,17 @@ impl EndpointService {
                 .transpose()?,
             search: params.search.map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned),
         };
-        Ok(self.store.list(project, &filter, page).await?)
+        let mut page = self.store.list(project, &filter, page).await?;
+        page.items = page.items.into_iter().map(|e| self.with_pending_execution(e)).collect();
+        Ok(page)
     }
 
     /// # Errors
     /// [`Error::NotFound`]; store failures.
     pub async fn get(&self, project: ProjectId, name: &str) -> Result<Endpoint, Error> {
         let name = path_name(name)?;
-        self.store.get(project, &name).await.map_err(|e| self.name_error(e, &name))
+        let endpoint = self.store.get(project, &name).await.map_err(|e| self.name_error(e, &name))?;
+        Ok(self.with_pending_execution(endpoint))
     }
 
     /// Applies a partial update. Only a change of the query's canonical form makes a new version; a body that
@@ -184,7 +216,10 @@ impl EndpointService {
             return Ok(current);
         }
         let at = self.clock.now();
-        self.store.update(project, &name, change, at).await.map_err(|e| self.name_error(e, &name))
+        let updated =
+            self.store.update(project, &name, change, at).await.map_err(|e| self.name_error(e, &name))?;
+        self.invalidate(project, &name);
+        Ok(self.with_pending_execution(updated))
     }
 
     /// Deletes the endpoint with all its versions.
@@ -193,7 +228,12 @@ impl EndpointService {
     /// [`Error::NotFound`]; store failures.
     pub async fn delete(&self, project: ProjectId, name: &str) -> Result<(), Error> {
         let name = path_name(name)?;
-        self.store.delete(project, &name).await.map_err(|e| self.name_error(e, &name))
+        self.store.delete(project, &name).await.map_err(|e| self.name_error(e, &name))?;
+        self.invalidate(project, &name);
+        if let Some(executions) = &self.executions {
+            executions.forget(project, &name);
+        }
+        Ok(())
     }
 
     /// Versions, newest first.

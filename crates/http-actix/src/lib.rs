@@ -16,7 +16,7 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{NormalizePath, TrailingSlash};
 use actix_web::{web, App};
-use domain::{ApiKeyService, EndpointService};
+use domain::{ApiKeyService, EndpointService, RunService};
 use tracing_actix_web::TracingLogger;
 
 pub use error::ApiError;
@@ -28,13 +28,14 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     pub endpoints: Arc<EndpointService>,
+    pub runs: Arc<RunService>,
     pub keys: Arc<ApiKeyService>,
     pub body_limit: usize,
 }
 
 impl AppState {
-    pub fn new(endpoints: Arc<EndpointService>, keys: Arc<ApiKeyService>) -> Self {
-        Self { endpoints, keys, body_limit: DEFAULT_BODY_LIMIT }
+    pub fn new(endpoints: Arc<EndpointService>, runs: Arc<RunService>, keys: Arc<ApiKeyService>) -> Self {
+        Self { endpoints, runs, keys, body_limit: DEFAULT_BODY_LIMIT }
     }
 }
 

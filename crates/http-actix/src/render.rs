@@ -2,7 +2,7 @@
 
 use actix_web::HttpRequest;
 use domain::endpoint::{Endpoint, EndpointVersion};
-use domain::{Page, Timestamp};
+use domain::{LastExecutions, Page, ProjectId, RunOutcome, Timestamp};
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 
@@ -86,4 +86,75 @@ fn page_url(req: &HttpRequest, limit: u64, offset: u64) -> String {
     let query = serde_urlencoded::to_string(&params).unwrap_or_default();
     let info = req.connection_info();
     format!("{}://{}{}?{}", info.scheme(), info.host(), req.path(), query)
+}
+
+fn millis(duration: std::time::Duration) -> f64 {
+    (duration.as_secs_f64() * 1_000_000.0).round() / 1_000.0
+}
+
+/// The run response. The rows were serialized once by the engine (and are shared by every cache hit), so they
+/// are spliced in as they are instead of being parsed and written again.
+pub(crate) fn run(outcome: &RunOutcome) -> String {
+    let run = outcome.run.as_deref();
+    let result = run.map(|r| &r.result);
+    let envelope = json!({
+        "name": outcome.name.as_str(),
+        "endpoint_version": run.map(|r| r.version),
+        "endpoint_version_created_at": run.map(|r| timestamp(r.version_created_at)),
+        "columns": result.map_or_else(Vec::new, |r| r.column_names()),
+        "types": result.map_or_else(Vec::new, |r| r.types()),
+        "hasMore": result.is_some_and(|r| r.has_more),
+        "limit": outcome.limit,
+        "offset": outcome.offset,
+        "is_cached": outcome.is_cached,
+        "last_refresh": run.map(|r| timestamp(r.computed_at)),
+        "cache_expires_at": run.and_then(|r| r.expires_at).map(timestamp),
+        "endpoint_materialized": outcome.endpoint_materialized,
+        "endpoint_materialized_at": null,
+        "execution_id": outcome.execution_id,
+        "client_query_id": outcome.client_query_id,
+        "timings": {
+            "total_ms": millis(outcome.total),
+            "query_ms": if outcome.is_cached { 0.0 } else { run.map_or(0.0, |r| millis(r.query_time)) },
+        },
+    });
+    let mut body = envelope.to_string();
+    // `envelope` is a non-empty object, so it ends with '}': reopen it and append the rows.
+    body.pop();
+    body.push_str(",\"results\":");
+    body.push_str(result.map_or("null", |r| r.rows_json.as_str()));
+    body.push('}');
+    body
+}
+
+/// Row 12's `{"query_status": {...}}`.
+pub(crate) fn last_executions(project: ProjectId, found: &LastExecutions) -> Value {
+    let results: Vec<Value> =
+        found.results.iter().map(|(name, at)| json!([name.as_str(), timestamp(*at)])).collect();
+    json!({
+        "query_status": {
+            "id": found.id,
+            "team_id": project.get(),
+            "complete": true,
+            "error": false,
+            "error_message": null,
+            "query_async": false,
+            "dashboard_id": null,
+            "insight_id": null,
+            "labels": null,
+            "start_time": timestamp(found.start_time),
+            "pickup_time": timestamp(found.start_time),
+            "end_time": timestamp(found.end_time),
+            "expiration_time": null,
+            "task_id": null,
+            "results": results,
+            "query_progress": {
+                "active_cpu_time": u64::try_from(found.elapsed.as_micros()).unwrap_or(u64::MAX),
+                "bytes_read": found.bytes_read,
+                "estimated_rows_total": found.names_requested,
+                "rows_read": found.rows_read,
+                "time_elapsed": millis(found.elapsed),
+            },
+        }
+    })
 }

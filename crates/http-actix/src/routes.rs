@@ -3,7 +3,7 @@
 use actix_web::{guard, web, HttpResponse};
 
 use crate::error::ApiError;
-use crate::handlers::{endpoints, pending, versions};
+use crate::handlers::{endpoints, pending, runs, versions};
 
 pub(crate) const FAMILIES: [&str; 2] =
     ["/api/environments/{project_id}/endpoints", "/api/projects/{project_id}/endpoints"];
@@ -29,7 +29,7 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 .service(
                     web::resource("/last_execution_times")
                         .guard(guard::Post())
-                        .route(web::post().to(pending::last_execution_times)),
+                        .route(web::post().to(runs::last_execution_times)),
                 )
                 .service(
                     web::resource("/{name}")
@@ -50,8 +50,8 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 )
                 .service(
                     web::resource("/{name}/run")
-                        .route(web::get().to(pending::run))
-                        .route(web::post().to(pending::run))
+                        .route(web::get().to(runs::run_get))
+                        .route(web::post().to(runs::run_post))
                         .default_service(web::to(not_allowed("GET, POST"))),
                 )
                 .service(

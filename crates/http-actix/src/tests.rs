@@ -5,11 +5,15 @@ use std::sync::Arc;
 use actix_web::http::{header, Method, StatusCode};
 use actix_web::test::{call_service, init_service, read_body_json, TestRequest};
 use domain::auth::hash_secret;
-use domain::endpoint::{Endpoint, NewEndpoint};
+use domain::endpoint::{Column, ColumnType, Endpoint, EndpointVersion, NewEndpoint};
 use domain::ports::{
-    MockApiKeyStore, MockClock, MockEndpointStore, MockProjectStore, MockQueryEngine, StoreError,
+    MockApiKeyStore, MockClock, MockEndpointStore, MockProjectStore, MockQueryEngine, MockResultCache,
+    StoreError,
 };
-use domain::{ApiKey, ApiKeyService, CacheAge, EndpointName, EndpointService, Page, ProjectId, Query, Scope};
+use domain::{
+    ApiKey, ApiKeyService, CacheAge, EndpointName, EndpointService, ExecutionTracker, Page, ProjectId, Query,
+    QueryResult, RunService, Scope,
+};
 use serde_json::{json, Value};
 use time::macros::datetime;
 use uuid::Uuid;
@@ -63,8 +67,16 @@ fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
     clock.expect_now().return_const(datetime!(2026-11-22 10:00 UTC));
     let clock = Arc::new(clock);
     let keys = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock.clone());
-    let endpoints = EndpointService::new(Arc::new(store), Arc::new(engine), clock);
-    AppState { body_limit: 256, ..AppState::new(Arc::new(endpoints), Arc::new(keys)) }
+    let store = Arc::new(store);
+    let engine = Arc::new(engine);
+    let mut cache = MockResultCache::new();
+    cache.expect_generation().return_const(0_u64);
+    cache.expect_get().returning(|_| None);
+    cache.expect_put().return_const(());
+    let executions = Arc::new(ExecutionTracker::new(store.clone()));
+    let runs = RunService::new(store.clone(), engine.clone(), Arc::new(cache), clock.clone(), executions);
+    let endpoints = EndpointService::new(store, engine, clock);
+    AppState { body_limit: 256, ..AppState::new(Arc::new(endpoints), Arc::new(runs), Arc::new(keys)) }
 }
 
 fn store_with_daily() -> MockEndpointStore {
@@ -230,29 +242,121 @@ async fn last_execution_times_is_a_post_route_and_a_get_reads_an_endpoint_of_tha
     let req = authed(Method::POST, "/api/projects/1/endpoints/last_execution_times/", READER)
         .set_json(json!({"names": []}));
     let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("not_implemented")));
+    assert_eq!((status, body["attr"].as_str()), (StatusCode::BAD_REQUEST, Some("names")));
+
+    let mut store = MockEndpointStore::new();
+    store.expect_last_executions().returning(|_, names, _| {
+        Ok((names.into_iter().map(|n| (n, datetime!(2026-11-20 8:00 UTC))).collect(), 1))
+    });
+    let req = authed(Method::POST, "/api/projects/1/endpoints/last_execution_times", READER)
+        .set_json(json!({"names": ["daily"]}));
+    let (status, _, body) = send(state(store, MockQueryEngine::new()), req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["query_status"]["results"], json!([["daily", "2026-11-20T08:00:00Z"]]));
+    assert_eq!(body["query_status"]["team_id"], 1);
 
     let req = authed(Method::GET, "/api/projects/1/endpoints/last_execution_times", READER);
     let (status, _, _) = send(state(store_with_daily(), MockQueryEngine::new()), req).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "no endpoint has that name");
 }
 
+fn store_for_runs() -> MockEndpointStore {
+    let mut store = store_with_daily();
+    store.expect_get_version().returning(|_, _, v| {
+        if v == 1 {
+            Ok(EndpointVersion {
+                endpoint_id: Uuid::nil(),
+                version: 1,
+                query: Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.n} AS n",
+                    "variables": {"n": {"type": "Integer", "default": 1}}}))
+                .unwrap(),
+                description: String::new(),
+                columns: vec![],
+                cache_age: CacheAge::default(),
+                sync_frequency: None,
+                created_at: datetime!(2026-11-22 10:00 UTC),
+                is_current: true,
+            })
+        } else {
+            Err(StoreError::VersionNotFound(v))
+        }
+    });
+    store
+}
+
+fn engine_for_runs() -> MockQueryEngine {
+    let mut engine = MockQueryEngine::new();
+    engine.expect_execute().returning(|_, _, vars, _, _| {
+        let n = match vars.get("n") {
+            Some(domain::BoundValue::Integer(n)) => *n,
+            other => panic!("{other:?}"),
+        };
+        Ok(QueryResult {
+            columns: vec![Column { name: "n".into(), column_type: ColumnType::Integer }],
+            rows_json: format!("[{{\"n\":{n}}}]"),
+            row_count: 1,
+            has_more: false,
+        })
+    });
+    engine
+}
+
+#[actix_web::test]
+async fn runs_bind_variables_from_query_strings_and_bodies() {
+    let req = authed(Method::GET, "/api/projects/1/endpoints/daily/run?variables.n=41&limit=5", READER);
+    let (status, _, body) = send(state(store_for_runs(), engine_for_runs()), req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["results"], json!([{"n": 41}]));
+    assert_eq!(body["columns"], json!(["n"]));
+    assert_eq!(body["types"], json!([["n", "integer"]]));
+    assert_eq!(
+        (body["limit"].as_u64(), body["hasMore"].as_bool(), body["is_cached"].as_bool()),
+        (Some(5), Some(false), Some(false))
+    );
+    assert_eq!(body["endpoint_version"], 1);
+
+    let req = authed(Method::POST, "/api/projects/1/endpoints/daily/run/", READER)
+        .set_json(json!({"variables": {"n": 7}, "client_query_id": "abc"}));
+    let (status, _, body) = send(state(store_for_runs(), engine_for_runs()), req).await;
+    assert_eq!((status, body["results"][0]["n"].as_i64()), (StatusCode::OK, Some(7)));
+    assert_eq!(body["client_query_id"], "abc");
+
+    for (req, attr) in [
+        (
+            authed(Method::GET, "/api/projects/1/endpoints/daily/run?variables.nope=1", READER),
+            "variables.nope",
+        ),
+        (authed(Method::GET, "/api/projects/1/endpoints/daily/run?variables.n=abc", READER), "variables.n"),
+        (authed(Method::GET, "/api/projects/1/endpoints/daily/run?refresh=async", READER), "refresh"),
+        (authed(Method::GET, "/api/projects/1/endpoints/daily/run?limit=0", READER), "limit"),
+        (
+            authed(Method::POST, "/api/projects/1/endpoints/daily/run", READER).set_json(json!({"extra": 1})),
+            "extra",
+        ),
+        (
+            authed(Method::POST, "/api/projects/1/endpoints/daily/run", READER)
+                .set_json(json!({"query_override": {"x": 1}})),
+            "query_override",
+        ),
+    ] {
+        let (status, _, body) = send(state(store_for_runs(), engine_for_runs()), req).await;
+        assert_eq!((status, body["attr"].as_str()), (StatusCode::BAD_REQUEST, Some(attr)), "{body}");
+    }
+    let req = authed(Method::GET, "/api/projects/1/endpoints/daily/run?version=2", READER);
+    assert_eq!(send(state(store_for_runs(), engine_for_runs()), req).await.0, StatusCode::NOT_FOUND);
+}
+
 #[actix_web::test]
 async fn pending_rows_check_the_endpoint_then_answer_501() {
-    for (method, suffix) in [
-        (Method::GET, "run"),
-        (Method::POST, "run"),
-        (Method::GET, "openapi.json"),
-        (Method::GET, "materialization_status"),
-    ] {
-        let req = authed(method.clone(), &format!("/api/projects/1/endpoints/daily/{suffix}"), READER);
+    for suffix in ["openapi.json", "materialization_status"] {
+        let req = authed(Method::GET, &format!("/api/projects/1/endpoints/daily/{suffix}"), READER);
         let (status, _, body) = send(state(store_with_daily(), MockQueryEngine::new()), req).await;
         assert_eq!(
-            (status, body["type"].as_str()),
-            (StatusCode::NOT_IMPLEMENTED, Some("server_error")),
-            "{method} {suffix}"
+            (status, body["code"].as_str()),
+            (StatusCode::NOT_IMPLEMENTED, Some("not_implemented")),
+            "{suffix}"
         );
-        let req = authed(method, &format!("/api/projects/1/endpoints/missing/{suffix}"), READER);
+        let req = authed(Method::GET, &format!("/api/projects/1/endpoints/missing/{suffix}"), READER);
         assert_eq!(
             send(state(store_with_daily(), MockQueryEngine::new()), req).await.0,
             StatusCode::NOT_FOUND

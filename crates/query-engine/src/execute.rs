@@ -49,10 +49,17 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
-    pub(crate) fn try_acquire(&self, project: ProjectId, limits: &EngineLimits) -> Result<OwnedSemaphorePermit, EngineError> {
+    pub(crate) fn try_acquire(
+        &self,
+        project: ProjectId,
+        limits: &EngineLimits,
+    ) -> Result<OwnedSemaphorePermit, EngineError> {
         let semaphore = {
             let mut map = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(map.entry(project).or_insert_with(|| Arc::new(Semaphore::new(limits.max_concurrent_per_project))))
+            Arc::clone(
+                map.entry(project)
+                    .or_insert_with(|| Arc::new(Semaphore::new(limits.max_concurrent_per_project))),
+            )
         };
         semaphore.try_acquire_owned().map_err(|_| EngineError::Busy { retry_after: limits.retry_after })
     }
@@ -96,7 +103,9 @@ fn scalar(value: &BoundValue) -> ScalarValue {
 }
 
 /// A per-query runtime whose memory pool refuses allocations past the limit.
-pub(crate) fn runtime(limits: &EngineLimits) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>, EngineError> {
+pub(crate) fn runtime(
+    limits: &EngineLimits,
+) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>, EngineError> {
     RuntimeEnvBuilder::new()
         .with_memory_limit(limits.memory_limit, 1.0)
         .build_arc()
@@ -111,7 +120,9 @@ pub(crate) fn execution_error(err: DataFusionError) -> EngineError {
             EngineError::InvalidQuery(crate::message(&err))
         }
         // Casts of bad data, division by zero and the like: the query's own failure, reported to its caller.
-        DataFusionError::ArrowError(..) | DataFusionError::Execution(_) => EngineError::InvalidQuery(crate::message(&err)),
+        DataFusionError::ArrowError(..) | DataFusionError::Execution(_) => {
+            EngineError::InvalidQuery(crate::message(&err))
+        }
         _ => EngineError::Internal(Box::new(err)),
     }
 }
@@ -161,11 +172,19 @@ pub(crate) fn to_json(batches: &[RecordBatch], limit: u32) -> Result<(String, us
     writer.write_batches(&refs).map_err(|e| EngineError::Internal(Box::new(e)))?;
     writer.finish().map_err(|e| EngineError::Internal(Box::new(e)))?;
     let bytes = writer.into_inner();
-    let json = if bytes.is_empty() { "[]".to_owned() } else { String::from_utf8(bytes).map_err(|e| EngineError::Internal(Box::new(e)))? };
+    let json = if bytes.is_empty() {
+        "[]".to_owned()
+    } else {
+        String::from_utf8(bytes).map_err(|e| EngineError::Internal(Box::new(e)))?
+    };
     Ok((json, keep, total > keep))
 }
 
-pub(crate) fn result(columns: Vec<domain::endpoint::Column>, batches: &[RecordBatch], limit: u32) -> Result<QueryResult, EngineError> {
+pub(crate) fn result(
+    columns: Vec<domain::endpoint::Column>,
+    batches: &[RecordBatch],
+    limit: u32,
+) -> Result<QueryResult, EngineError> {
     let (rows_json, row_count, has_more) = to_json(batches, limit)?;
     Ok(QueryResult { columns, rows_json, row_count, has_more })
 }

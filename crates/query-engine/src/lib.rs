@@ -6,9 +6,12 @@
 //! Variables are compiled to engine placeholders and bound as typed values, never pasted into SQL text.
 //! This crate knows nothing of HTTP or of the store.
 
+mod cache;
 mod catalog;
 mod compile;
+pub mod demo;
 mod execute;
+pub mod tables;
 mod types;
 
 use std::collections::BTreeMap;
@@ -25,6 +28,7 @@ use domain::ports::{EngineError, QueryEngine};
 use domain::{ProjectId, Query};
 use tracing::instrument;
 
+pub use cache::MemoryResultCache;
 pub use catalog::TableInfo;
 pub use execute::EngineLimits;
 

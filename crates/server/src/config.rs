@@ -15,6 +15,12 @@ pub struct Config {
     pub pool_size: u32,
     /// HTTP worker threads; 0 means one per core.
     pub workers: usize,
+    /// Bytes of results the in-memory cache may hold.
+    pub cache_bytes: u64,
+    /// Limits of live queries.
+    pub limits: query_engine::EngineLimits,
+    /// How often pending execution times are written to the store.
+    pub flush_interval: std::time::Duration,
 }
 
 impl Config {
@@ -25,6 +31,9 @@ impl Config {
             bind: "127.0.0.1:8000".into(),
             pool_size: 8,
             workers: 0,
+            cache_bytes: 256 * 1024 * 1024,
+            limits: query_engine::EngineLimits::default(),
+            flush_interval: std::time::Duration::from_secs(5),
         }
     }
 

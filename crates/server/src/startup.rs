@@ -4,10 +4,10 @@ use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Arc;
 
-use domain::ports::SystemClock;
-use domain::{ApiKeyService, EndpointService};
+use domain::ports::{ResultCache, SystemClock};
+use domain::{ApiKeyService, EndpointService, ExecutionTracker, RunService};
 use http_actix::AppState;
-use query_engine::DataFusionEngine;
+use query_engine::{DataFusionEngine, MemoryResultCache};
 use store_diesel::{Backend, Database, DatabaseConfig, DieselStore};
 
 use crate::config::Config;
@@ -30,7 +30,10 @@ pub struct Services {
     pub database: Database,
     pub store: Arc<DieselStore>,
     pub endpoints: Arc<EndpointService>,
+    pub runs: Arc<RunService>,
     pub keys: Arc<ApiKeyService>,
+    pub executions: Arc<ExecutionTracker>,
+    pub engine: Arc<DataFusionEngine>,
 }
 
 impl Services {
@@ -48,10 +51,22 @@ impl Services {
         }
         let store = Arc::new(DieselStore::new(database.clone()));
         let clock = Arc::new(SystemClock);
-        let engine = Arc::new(DataFusionEngine::new(&config.data_dir));
-        let endpoints = Arc::new(EndpointService::new(store.clone(), engine, clock.clone()));
+        let engine = Arc::new(DataFusionEngine::with_limits(&config.data_dir, config.limits.clone()));
+        let cache: Arc<dyn ResultCache> = Arc::new(MemoryResultCache::new(config.cache_bytes));
+        let executions = Arc::new(ExecutionTracker::new(store.clone()));
+        let endpoints = Arc::new(
+            EndpointService::new(store.clone(), engine.clone(), clock.clone())
+                .with_runs(cache.clone(), executions.clone()),
+        );
+        let runs = Arc::new(RunService::new(
+            store.clone(),
+            engine.clone(),
+            cache,
+            clock.clone(),
+            executions.clone(),
+        ));
         let keys = Arc::new(ApiKeyService::new(store.clone(), store.clone(), clock));
-        Ok(Self { database, store, endpoints, keys })
+        Ok(Self { database, store, endpoints, runs, keys, executions, engine })
     }
 }
 
@@ -59,6 +74,8 @@ impl Services {
 pub struct Application {
     port: u16,
     server: actix_web::dev::Server,
+    executions: Arc<ExecutionTracker>,
+    flush_interval: std::time::Duration,
 }
 
 impl Application {
@@ -74,7 +91,8 @@ impl Application {
         let listener = TcpListener::bind(&config.bind)
             .map_err(|source| StartupError::Bind { address: config.bind.clone(), source })?;
         let port = listener.local_addr()?.port();
-        let state = AppState::new(services.endpoints, services.keys);
+        let executions = services.executions.clone();
+        let state = AppState::new(services.endpoints, services.runs, services.keys);
         let mut server = actix_web::HttpServer::new(move || http_actix::app(state.clone()))
             .disable_signals()
             .shutdown_timeout(30);
@@ -83,7 +101,7 @@ impl Application {
         }
         let server = server.listen(listener)?.run();
         tracing::info!(address = %listener_address(&config.bind, port), "listening");
-        Ok(Self { port, server })
+        Ok(Self { port, server, executions, flush_interval: config.flush_interval })
     }
 
     pub fn port(&self) -> u16 {
@@ -95,9 +113,10 @@ impl Application {
     /// # Errors
     /// An I/O error of the server.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+        let flusher = tokio::spawn(flush_periodically(self.executions.clone(), self.flush_interval));
         let handle = self.server.handle();
         let mut server = std::pin::pin!(self.server);
-        tokio::select! {
+        let result = tokio::select! {
             result = &mut server => result,
             () = shutdown => {
                 tracing::info!("shutting down: draining in-flight requests");
@@ -105,6 +124,26 @@ impl Application {
                 let ((), result) = tokio::join!(handle.stop(true), &mut server);
                 result
             }
+        };
+        flusher.abort();
+        // Requests have drained: the last execution times they recorded are written now.
+        if let Err(err) = self.executions.flush().await {
+            tracing::error!(error = %err, "could not write the last execution times at shutdown");
+        }
+        result
+    }
+}
+
+/// Writes pending execution times in batches, never one write per request.
+async fn flush_periodically(executions: Arc<ExecutionTracker>, every: std::time::Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match executions.flush().await {
+            Ok(0) => {}
+            Ok(count) => tracing::debug!(count, "wrote last execution times"),
+            Err(err) => tracing::warn!(error = %err, "could not write last execution times; will retry"),
         }
     }
 }

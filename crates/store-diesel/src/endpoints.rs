@@ -353,7 +353,10 @@ impl EndpointStore for DieselStore {
     }
 
     #[instrument(skip_all, fields(count = batch.len()))]
-    async fn record_executions(&self, batch: Vec<(ProjectId, EndpointName, Timestamp)>) -> Result<(), StoreError> {
+    async fn record_executions(
+        &self,
+        batch: Vec<(ProjectId, EndpointName, Timestamp)>,
+    ) -> Result<(), StoreError> {
         Ok(self
             .db
             .run(move |conn| {
@@ -363,7 +366,9 @@ impl EndpointStore for DieselStore {
                         diesel::update(endpoints::table)
                             .filter(endpoints::project_id.eq(project.get()))
                             .filter(endpoints::name.eq(name.as_str()))
-                            .filter(endpoints::last_executed_at.is_null().or(endpoints::last_executed_at.lt(at)))
+                            .filter(
+                                endpoints::last_executed_at.is_null().or(endpoints::last_executed_at.lt(at)),
+                            )
                             .set(endpoints::last_executed_at.eq(at))
                             .execute(conn)?;
                     }

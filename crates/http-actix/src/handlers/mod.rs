@@ -2,6 +2,7 @@
 
 pub(crate) mod endpoints;
 pub(crate) mod pending;
+pub(crate) mod runs;
 pub(crate) mod versions;
 
 use actix_web::http::header;

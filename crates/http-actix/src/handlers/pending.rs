@@ -1,4 +1,4 @@
-//! Rows whose issues have not landed yet: they authenticate, check the endpoint exists, and answer 501 with the
+//! Rows whose issues have not landed yet (6 and 7): they authenticate, check the endpoint exists, and answer 501 with the
 //! JSON error body. Nothing here pretends to work.
 
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -19,16 +19,6 @@ async fn existing_endpoint(
     Ok(())
 }
 
-pub(crate) async fn run(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
-) -> Result<HttpResponse, ApiError> {
-    let (project, name) = path.into_inner();
-    existing_endpoint(&req, &state, &project, &name).await?;
-    Err(ApiError::NotImplemented("Running an endpoint"))
-}
-
 pub(crate) async fn materialization_status(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -47,13 +37,4 @@ pub(crate) async fn openapi(
     let (project, name) = path.into_inner();
     existing_endpoint(&req, &state, &project, &name).await?;
     Err(ApiError::NotImplemented("The per-endpoint OpenAPI document"))
-}
-
-pub(crate) async fn last_execution_times(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-    project: web::Path<String>,
-) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    Err(ApiError::NotImplemented("Last execution times"))
 }

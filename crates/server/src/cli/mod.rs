@@ -1,5 +1,6 @@
 //! The command line: global options, subcommands and their dispatch. One file per command.
 
+mod data;
 mod demo;
 mod key;
 mod migrate;
@@ -45,7 +46,10 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Key(key::KeyCommand),
-    /// Set up a demo project and print a working API key and curl line.
+    /// Load data into a project's tables, or list them.
+    #[command(subcommand)]
+    Data(data::DataCommand),
+    /// Set up a demo project (with generated data and endpoints) and print a working API key and curl line.
     Demo(demo::DemoArgs),
 }
 
@@ -95,6 +99,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Migrate => migrate::run(&config, cli.json),
         Command::Project(command) => project::run(&config, command, cli.json).await,
         Command::Key(command) => key::run(&config, command, cli.json).await,
+        Command::Data(command) => data::run(&config, command, cli.json).await,
         Command::Demo(args) => demo::run(&config, args, cli.json).await,
     };
     match result {

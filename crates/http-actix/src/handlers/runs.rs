@@ -1,0 +1,54 @@
+//! Rows 8, 9 and 12: running an endpoint and the last execution times.
+
+use actix_web::http::header::ContentType;
+use actix_web::{web, HttpRequest, HttpResponse};
+use domain::{RunRequest, Scope};
+use serde_json::{Map, Value};
+
+use super::authorize;
+use crate::body::read_json;
+use crate::error::ApiError;
+use crate::{render, AppState};
+
+type Params = web::Query<Vec<(String, String)>>;
+
+pub(crate) async fn run_get(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    params: Params,
+) -> Result<HttpResponse, ApiError> {
+    let (project, name) = path.into_inner();
+    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
+    let request = RunRequest::from_query(&params)?;
+    let outcome = state.runs.run(project, &name, request).await?;
+    Ok(HttpResponse::Ok().content_type(ContentType::json()).body(render::run(&outcome)))
+}
+
+pub(crate) async fn run_post(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    params: Params,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (project, name) = path.into_inner();
+    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
+    let body = read_json(&req, payload, state.body_limit).await?.unwrap_or_else(|| Value::Object(Map::new()));
+    let version = params.iter().find(|(k, _)| k == "version").map(|(_, v)| v.as_str());
+    let request = RunRequest::from_body(&body, version)?;
+    let outcome = state.runs.run(project, &name, request).await?;
+    Ok(HttpResponse::Ok().content_type(ContentType::json()).body(render::run(&outcome)))
+}
+
+pub(crate) async fn last_execution_times(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    project: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
+    let body = read_json(&req, payload, state.body_limit).await?.unwrap_or_else(|| Value::Object(Map::new()));
+    let found = state.runs.last_execution_times(project, &body).await?;
+    Ok(HttpResponse::Ok().json(render::last_executions(project, &found)))
+}

@@ -1,0 +1,123 @@
+//! `endpoints data import|list`: load files into a project's tables and see what is loaded.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use domain::ports::ProjectStore;
+use domain::ProjectId;
+use indicatif::{ProgressBar, ProgressStyle};
+use query_engine::tables::{import_files, FileFormat, ImportMode};
+use serde_json::{json, Value};
+
+use super::{print_json, CliError};
+use crate::config::Config;
+use crate::startup::Services;
+
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Load Parquet, CSV (with a header row) or NDJSON files into a table, as Parquet.
+    Import {
+        #[arg(long)]
+        project: i64,
+        /// Table name: lowercase letters, digits and '_'.
+        #[arg(long)]
+        table: String,
+        /// Add the rows to the table instead of replacing it (the columns must match).
+        #[arg(long)]
+        append: bool,
+        /// parquet, csv or ndjson; by default taken from each file's extension.
+        #[arg(long)]
+        format: Option<String>,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// List the tables of one project or of all.
+    List {
+        #[arg(long)]
+        project: Option<i64>,
+    },
+}
+
+fn project_id(raw: i64) -> Result<ProjectId, CliError> {
+    ProjectId::new(raw).map_err(|e| CliError::Usage(e.detail))
+}
+
+/// A spinner on stderr counting rows; invisible when stderr is not a terminal.
+pub(super) fn progress(message: &'static str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}: {human_pos} rows ({per_sec})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.set_message(message);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Result<(), CliError> {
+    let services = Services::open(config)?;
+    match command {
+        DataCommand::Import { project, table, append, format, files } => {
+            let project = project_id(project)?;
+            if services.store.get(project).await.map_err(domain::Error::from)?.is_none() {
+                return Err(CliError::Usage(format!("project {project} does not exist")));
+            }
+            let format = format.as_deref().map(FileFormat::parse).transpose().map_err(CliError::Usage)?;
+            let mode = if append { ImportMode::Append } else { ImportMode::Replace };
+            let bar = progress("importing");
+            let report = import_files(&config.data_dir, project, &table, &files, format, mode, &|rows| {
+                bar.set_position(rows)
+            })
+            .await
+            .map_err(|e| CliError::Usage(e.to_string()));
+            bar.finish_and_clear();
+            let report = report?;
+            if json {
+                print_json(
+                    &json!({"project_id": project.get(), "table": report.table, "rows": report.rows, "files": report.files}),
+                );
+            } else {
+                let verb = if append { "Appended" } else { "Loaded" };
+                println!(
+                    "{verb} {} rows from {} file(s) into table '{}' of project {project}",
+                    report.rows, report.files, report.table
+                );
+            }
+        }
+        DataCommand::List { project } => {
+            let projects = match project {
+                Some(id) => vec![project_id(id)?],
+                None => ProjectStore::list(&*services.store)
+                    .await
+                    .map_err(domain::Error::from)?
+                    .into_iter()
+                    .map(|p| p.id)
+                    .collect(),
+            };
+            let mut listed = Vec::new();
+            for project in projects {
+                for table in services.engine.tables(project).await.map_err(domain::Error::from)? {
+                    let (files, bytes) = std::fs::read_dir(&table.path)?
+                        .filter_map(Result::ok)
+                        .filter_map(|f| f.metadata().ok())
+                        .fold((0_u64, 0_u64), |(n, size), m| (n + 1, size + m.len()));
+                    listed.push(json!({"project_id": project.get(), "table": table.name, "files": files, "bytes": bytes}));
+                }
+            }
+            if json {
+                print_json(&Value::Array(listed));
+            } else {
+                for t in &listed {
+                    println!(
+                        "project {:>4}  {:<24} {:>4} file(s) {:>12} bytes",
+                        t["project_id"],
+                        t["table"].as_str().unwrap_or_default(),
+                        t["files"],
+                        t["bytes"]
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
