@@ -90,12 +90,14 @@ impl RunRequest {
             match fields.get(key) {
                 None | Some(Value::Null) => {}
                 Some(Value::Object(map)) if map.is_empty() => {}
-                Some(_) => return Err(Invalid::field(
-                    key,
-                    format!(
+                Some(_) => {
+                    return Err(Invalid::field(
+                        key,
+                        format!(
                         "{key} is not supported: the saved query is the contract; pass variables instead."
                     ),
-                )),
+                    ))
+                }
             }
         }
         let version = match fields.nullable_int("version")?.flatten() {
@@ -352,5 +354,128 @@ impl QueryResult {
 
     pub fn types(&self) -> Vec<(&str, ColumnType)> {
         self.columns.iter().map(|c| (c.name.as_str(), c.column_type)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn q(vars: Value) -> Query {
+        Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": vars})).unwrap()
+    }
+
+    #[test]
+    fn refresh_modes() {
+        for mode in ["blocking", "force_blocking", "force_cache", "direct"] {
+            assert_eq!(Refresh::parse(mode).unwrap().as_str(), mode);
+        }
+        for bad in ["async", "lazy_async", "force_async", "sometimes"] {
+            assert_eq!(Refresh::parse(bad).unwrap_err().attr.as_deref(), Some("refresh"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn post_bodies_are_strict() {
+        let ok = RunRequest::from_body(
+            &json!({"variables": {"a": 1}, "version": 2, "limit": 10, "offset": 5, "refresh": "direct",
+                    "client_query_id": "x", "query_override": {}, "filters_override": null}),
+            Some("9"),
+        )
+        .unwrap();
+        assert_eq!(
+            (ok.version, ok.limit, ok.offset, ok.refresh),
+            (Some(2), 10, 5, Refresh::Direct),
+            "the body's version wins"
+        );
+        assert_eq!(RunRequest::from_body(&json!({}), Some("3")).unwrap().version, Some(3));
+        let defaults = RunRequest::from_body(&json!({}), None).unwrap();
+        assert_eq!((defaults.limit, defaults.offset, defaults.refresh), (100, 0, Refresh::Blocking));
+        for (body, attr) in [
+            (json!({"extra": 1}), "extra"),
+            (json!({"limit": 0}), "limit"),
+            (json!({"limit": 10_001}), "limit"),
+            (json!({"offset": -1}), "offset"),
+            (json!({"version": 0}), "version"),
+            (json!({"version": "1"}), "version"),
+            (json!({"variables": [1]}), "variables"),
+            (json!({"query_override": {"kind": "SQLQuery"}}), "query_override"),
+            (json!({"filters_override": {"date_from": "-7d"}}), "filters_override"),
+            (json!({"refresh": "async"}), "refresh"),
+        ] {
+            assert_eq!(RunRequest::from_body(&body, None).unwrap_err().attr.as_deref(), Some(attr), "{body}");
+        }
+    }
+
+    #[test]
+    fn query_parameters_carry_variables() {
+        let params: Vec<(String, String)> = [
+            ("variables.country", "US"),
+            ("variables", r#"{"n": 3}"#),
+            ("limit", "7"),
+            ("version", "2"),
+            ("utm_source", "ignored"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        let request = RunRequest::from_query(&params).unwrap();
+        assert_eq!(request.variables["country"], json!("US"));
+        assert_eq!(request.variables["n"], json!(3));
+        assert_eq!((request.limit, request.version), (7, Some(2)));
+        let bad = vec![("variables".to_owned(), "[1]".to_owned())];
+        assert_eq!(RunRequest::from_query(&bad).unwrap_err().attr.as_deref(), Some("variables"));
+    }
+
+    #[test]
+    fn binding_checks_names_requirements_and_types() {
+        let query = q(json!({"a": {"type": "Integer"}, "b": {"type": "String", "default": "x"}}));
+        let bound = bind(&query, json!({"a": "42"}).as_object().unwrap()).unwrap();
+        assert_eq!(bound["a"], BoundValue::Integer(42));
+        assert_eq!(bound["b"], BoundValue::String("x".into()), "defaults fill the rest");
+
+        let err = bind(&query, json!({"a": 1, "zz": 1}).as_object().unwrap()).unwrap_err();
+        assert_eq!((err.attr.as_deref(), err.code), (Some("variables.zz"), "unknown_variable"));
+        let err = bind(&query, &Map::new()).unwrap_err();
+        assert_eq!((err.attr.as_deref(), err.code), (Some("variables.a"), "required"));
+        let err = bind(&query, json!({"a": "4x"}).as_object().unwrap()).unwrap_err();
+        assert_eq!((err.attr.as_deref(), err.code), (Some("variables.a"), "invalid"));
+    }
+
+    #[test]
+    fn every_type_coerces_json_and_text() {
+        use VariableType as T;
+        let date = time::macros::date!(2026 - 02 - 28);
+        let cases = [
+            (T::String, json!("it's"), BoundValue::String("it's".into())),
+            (T::Number, json!(1.5), BoundValue::Number(1.5)),
+            (T::Number, json!("2.5"), BoundValue::Number(2.5)),
+            (T::Integer, json!(-3), BoundValue::Integer(-3)),
+            (T::Integer, json!("7"), BoundValue::Integer(7)),
+            (T::Boolean, json!(true), BoundValue::Boolean(true)),
+            (T::Boolean, json!("false"), BoundValue::Boolean(false)),
+            (T::Date, json!("2026-02-28"), BoundValue::Date(date)),
+            (T::DateTime, json!("2026-02-28T00:00:00Z"), BoundValue::DateTime(date.midnight().assume_utc())),
+            (T::List, json!(["a", 1]), BoundValue::List(vec!["a".into(), "1".into()])),
+            (T::List, json!("a, b"), BoundValue::List(vec!["a".into(), "b".into()])),
+            (T::List, json!(r#"["x,y"]"#), BoundValue::List(vec!["x,y".into()])),
+        ];
+        for (ty, value, expected) in cases {
+            assert_eq!(coerce(ty, &value).unwrap(), expected, "{ty} {value}");
+        }
+        for (ty, value) in [
+            (T::String, json!(1)),
+            (T::Number, json!("NaN")),
+            (T::Integer, json!(1.5)),
+            (T::Integer, json!("9223372036854775808")),
+            (T::Boolean, json!("yes")),
+            (T::Date, json!("2026-02-30")),
+            (T::DateTime, json!("yesterday")),
+            (T::List, json!([[1]])),
+        ] {
+            assert!(coerce(ty, &value).is_err(), "{ty} {value}");
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -32,7 +32,7 @@ pub struct RunOutcome {
     pub total: Duration,
 }
 
-type SharedRun = Shared<BoxFuture<'static, Result<Arc<CachedRun>, Arc<Error>>>>;
+type RunFuture = BoxFuture<'static, Result<Arc<CachedRun>, Arc<Error>>>;
 
 /// Runs endpoints.
 pub struct RunService {
@@ -41,7 +41,9 @@ pub struct RunService {
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
     executions: Arc<ExecutionTracker>,
-    in_flight: Arc<Mutex<HashMap<CacheKey, SharedRun>>>,
+    /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
+    /// the engine's work and its concurrency slot), and the next identical request starts afresh.
+    in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
 }
 
 /// An error shared between coalesced callers, rebuilt for each of them.
@@ -186,32 +188,35 @@ impl RunService {
 
     /// Identical cache misses share one computation; it is cancelled only when every caller has gone.
     async fn coalesced(&self, key: CacheKey, request: &RunRequest) -> Result<Arc<CachedRun>, Error> {
-        let shared = {
+        let shared: Shared<RunFuture> = {
             let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(existing) = in_flight.get(&key) {
-                existing.clone()
-            } else {
-                let registry = Arc::clone(&self.in_flight);
-                let context = self.context();
-                let request = request.clone();
-                let own_key = key.clone();
-                let future = async move {
-                    let result = compute(context, own_key.clone(), request, true).await.map_err(Arc::new);
-                    registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&own_key);
-                    result
+            match in_flight.get(&key).and_then(WeakShared::upgrade) {
+                Some(existing) => existing,
+                None => {
+                    let registry = Arc::clone(&self.in_flight);
+                    let context = self.context();
+                    let request = request.clone();
+                    let own_key = key.clone();
+                    let future: Shared<RunFuture> = async move {
+                        let result = compute(context, own_key.clone(), request, true).await.map_err(Arc::new);
+                        registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&own_key);
+                        result
+                    }
+                    .boxed()
+                    .shared();
+                    if let Some(weak) = future.downgrade() {
+                        in_flight.insert(key.clone(), weak);
+                    }
+                    future
                 }
-                .boxed()
-                .shared();
-                in_flight.insert(key.clone(), future.clone());
-                future
             }
         };
         let result = shared.await.map_err(|e| unshare(&e));
-        // A computation dropped by all its callers never reached its own cleanup.
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
-        if in_flight.get(&key).is_some_and(|f| f.peek().is_some()) {
-            in_flight.remove(&key);
-        }
+        // Entries of computations dropped by all their callers never reached their own cleanup.
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, weak| weak.upgrade().is_some());
         result
     }
 }
@@ -355,3 +360,7 @@ impl RunService {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "run_service_tests.rs"]
+mod tests;

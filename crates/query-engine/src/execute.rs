@@ -8,6 +8,7 @@ use std::time::Duration;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::DataFusionError;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::scalar::ScalarValue;
@@ -106,7 +107,9 @@ fn scalar(value: &BoundValue) -> ScalarValue {
 pub(crate) fn runtime(
     limits: &EngineLimits,
 ) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>, EngineError> {
+    // No spilling: a query over its memory limit fails with `query_memory_limit` instead of filling the disk.
     RuntimeEnvBuilder::new()
+        .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled))
         .with_memory_limit(limits.memory_limit, 1.0)
         .build_arc()
         .map_err(|e| EngineError::Internal(Box::new(e)))

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::file_format::options::JsonReadOptions;
 use datafusion::parquet::arrow::ArrowWriter;
@@ -163,9 +163,18 @@ async fn existing_schema(ctx: &SessionContext, table_dir: &Path) -> Result<Optio
     Ok(Some(Arc::new(frame.schema().as_arrow().clone())))
 }
 
+/// String and binary types compare by meaning: Parquet reads strings back as views.
+fn logical(data_type: &DataType) -> &DataType {
+    match data_type {
+        DataType::Utf8View | DataType::LargeUtf8 => &DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => &DataType::Binary,
+        other => other,
+    }
+}
+
 fn same_columns(a: &SchemaRef, b: &SchemaRef) -> Result<(), String> {
     let describe = |s: &SchemaRef| {
-        s.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>()
+        s.fields().iter().map(|f| format!("{} {}", f.name(), logical(f.data_type()))).collect::<Vec<_>>()
     };
     let (a, b) = (describe(a), describe(b));
     if a == b {

@@ -139,3 +139,153 @@ fn compiles_placeholders_to_numbered_parameters() {
     assert_eq!(compiled.sql, "SELECT CAST($1 AS BIGINT), CAST($2 AS VARCHAR) WHERE x = CAST($1 AS BIGINT)");
     assert_eq!(compiled.params.len(), 2);
 }
+
+fn bound(pairs: &[(&str, domain::BoundValue)]) -> std::collections::BTreeMap<String, domain::BoundValue> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect()
+}
+
+#[tokio::test]
+async fn executes_with_bound_variables_and_pages() {
+    let (engine, _dir) = engine_with_events();
+    let q = query(
+        "SELECT country, revenue FROM events WHERE revenue >= {variables.min} ORDER BY revenue",
+        json!({"min": {"type": "Integer"}}),
+    );
+    let result = engine
+        .execute(project(1), &q, &bound(&[("min", domain::BoundValue::Integer(0))]), 1, 0)
+        .await
+        .unwrap();
+    assert_eq!(result.rows_json, r#"[{"country":"US","revenue":10}]"#);
+    assert!(result.has_more);
+    let rest = engine
+        .execute(project(1), &q, &bound(&[("min", domain::BoundValue::Integer(0))]), 5, 1)
+        .await
+        .unwrap();
+    assert_eq!((rest.rows_json.as_str(), rest.has_more), (r#"[{"country":"FR","revenue":20}]"#, false));
+    let none = engine
+        .execute(project(1), &q, &bound(&[("min", domain::BoundValue::Integer(99))]), 5, 0)
+        .await
+        .unwrap();
+    assert_eq!((none.rows_json.as_str(), none.row_count), ("[]", 0));
+}
+
+#[tokio::test]
+async fn a_slow_query_times_out() {
+    let (_, dir) = engine_with_events();
+    let limits =
+        EngineLimits { query_timeout: std::time::Duration::from_millis(50), ..EngineLimits::default() };
+    let engine = DataFusionEngine::with_limits(&dir, limits);
+    let q =
+        query("SELECT count(*) AS n FROM generate_series(1, 20000000000) AS t(v) WHERE v % 7 = 3", json!({}));
+    let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
+    assert!(matches!(err, EngineError::Timeout(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_query_over_its_memory_limit_fails() {
+    let (_, dir) = engine_with_events();
+    let limits = EngineLimits { memory_limit: 64 * 1024, ..EngineLimits::default() };
+    let engine = DataFusionEngine::with_limits(&dir, limits);
+    let q = query(
+        "SELECT v, count(*) AS n FROM generate_series(1, 2000000) AS t(v) GROUP BY v ORDER BY n DESC, v",
+        json!({}),
+    );
+    let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
+    assert!(matches!(err, EngineError::MemoryLimit(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_project_runs_at_most_its_share_of_live_queries() {
+    let (_, dir) = engine_with_events();
+    let limits = EngineLimits { max_concurrent_per_project: 1, ..EngineLimits::default() };
+    let engine = DataFusionEngine::with_limits(&dir, limits);
+    let held = engine.slots.try_acquire(project(1), &engine.limits).unwrap();
+    let q = query("SELECT 1 AS n", json!({}));
+    let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
+    assert!(matches!(err, EngineError::Busy { .. }), "{err:?}");
+    // Other projects are not affected, and the slot is free again once released.
+    engine.execute(project(2), &q, &bound(&[]), 10, 0).await.unwrap();
+    drop(held);
+    engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
+}
+
+#[tokio::test]
+async fn imports_csv_and_ndjson_atomically() {
+    let dir = std::env::temp_dir().join(format!("qe-import-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("in.csv");
+    std::fs::write(&csv, "id,name\n1,a\n2,b\n").unwrap();
+    let ndjson = dir.join("more.ndjson");
+    std::fs::write(&ndjson, "{\"id\": 3, \"name\": \"c\"}\n").unwrap();
+    let noop = |_: u64| {};
+    let report = tables::import_files(
+        &dir,
+        project(1),
+        "things",
+        &[csv.clone()],
+        None,
+        tables::ImportMode::Replace,
+        &noop,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.rows, 2);
+    tables::import_files(&dir, project(1), "things", &[ndjson], None, tables::ImportMode::Append, &noop)
+        .await
+        .unwrap();
+    let engine = DataFusionEngine::new(&dir);
+    let q = query("SELECT sum(id) AS s, count(*) AS n FROM things", json!({}));
+    let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
+    assert_eq!(result.rows_json, r#"[{"s":6,"n":3}]"#);
+
+    // A malformed file fails and leaves the table as it was, with no staging files visible.
+    let broken = dir.join("broken.csv");
+    std::fs::write(&broken, "id,name\n1,a,extra,fields\n\"unterminated\n").unwrap();
+    assert!(tables::import_files(
+        &dir,
+        project(1),
+        "things",
+        &[broken],
+        None,
+        tables::ImportMode::Replace,
+        &noop
+    )
+    .await
+    .is_err());
+    let mismatch = dir.join("other.csv");
+    std::fs::write(&mismatch, "x\n1\n").unwrap();
+    let err = tables::import_files(
+        &dir,
+        project(1),
+        "things",
+        &[mismatch],
+        None,
+        tables::ImportMode::Append,
+        &noop,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, tables::ImportError::SchemaMismatch { .. }), "{err:?}");
+    let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
+    assert_eq!(result.rows_json, r#"[{"s":6,"n":3}]"#);
+    let leftovers: Vec<_> = std::fs::read_dir(catalog::tables_dir(&dir, project(1)))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(leftovers, ["things"]);
+    assert!(matches!(
+        tables::import_files(&dir, project(1), "Bad-Name", &[csv], None, tables::ImportMode::Replace, &noop)
+            .await,
+        Err(tables::ImportError::InvalidTableName(_))
+    ));
+}
+
+#[tokio::test]
+async fn demo_events_are_reproducible() {
+    let a: Vec<_> = demo::events(1000, 7).collect();
+    let b: Vec<_> = demo::events(1000, 7).collect();
+    assert_eq!(a, b);
+    assert_eq!(a.iter().map(RecordBatch::num_rows).sum::<usize>(), 1000);
+    assert_ne!(a, demo::events(1000, 8).collect::<Vec<_>>());
+}

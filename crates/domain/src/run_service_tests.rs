@@ -1,0 +1,437 @@
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use time::macros::datetime;
+
+use super::*;
+use crate::endpoint::{Column, ColumnType, EndpointVersion};
+use crate::ports::{MockEndpointStore, MockQueryEngine, ResultCache};
+use crate::run::QueryResult;
+use crate::{CacheAge, Query};
+
+const T0: Timestamp = datetime!(2026-11-22 10:00 UTC);
+
+/// A clock the test moves by hand.
+struct ManualClock(Mutex<Timestamp>);
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.0.lock().unwrap()
+    }
+}
+
+impl ManualClock {
+    fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap() += by;
+    }
+}
+
+/// A real in-memory cache, so hits, expiry and invalidation are exercised for real.
+#[derive(Default)]
+struct MapCache {
+    entries: Mutex<HashMap<CacheKey, Arc<CachedRun>>>,
+    generations: Mutex<HashMap<(ProjectId, EndpointName), u64>>,
+}
+
+impl ResultCache for MapCache {
+    fn generation(&self, project: ProjectId, name: &EndpointName) -> u64 {
+        *self.generations.lock().unwrap().get(&(project, name.clone())).unwrap_or(&0)
+    }
+    fn get(&self, key: &CacheKey) -> Option<Arc<CachedRun>> {
+        self.entries.lock().unwrap().get(key).cloned()
+    }
+    fn put(&self, key: CacheKey, run: Arc<CachedRun>) {
+        self.entries.lock().unwrap().insert(key, run);
+    }
+    fn invalidate(&self, project: ProjectId, name: &EndpointName) {
+        *self.generations.lock().unwrap().entry((project, name.clone())).or_insert(0) += 1;
+    }
+}
+
+fn project() -> ProjectId {
+    ProjectId::new(3).unwrap()
+}
+
+fn query(sql: &str) -> Query {
+    Query::from_json(
+        &json!({"kind": "SQLQuery", "query": sql, "variables": {"n": {"type": "Integer", "default": 1}}}),
+    )
+    .unwrap()
+}
+
+fn endpoint(active: bool) -> Endpoint {
+    Endpoint {
+        id: Uuid::nil(),
+        project_id: project(),
+        name: EndpointName::parse("kpi").unwrap(),
+        description: String::new(),
+        query: query("SELECT {variables.n} AS n"),
+        derived_from_insight: None,
+        is_active: active,
+        is_materialized: false,
+        cache_age: CacheAge::new(Some(60)).unwrap(),
+        sync_frequency: None,
+        current_version: 2,
+        versions_count: 2,
+        columns: vec![],
+        created_at: T0,
+        updated_at: T0,
+        last_executed_at: None,
+    }
+}
+
+fn version(number: u32) -> EndpointVersion {
+    EndpointVersion {
+        endpoint_id: Uuid::nil(),
+        version: number,
+        query: query(&format!("SELECT {{variables.n}} * {number} AS n")),
+        description: String::new(),
+        columns: vec![],
+        cache_age: CacheAge::new(Some(60)).unwrap(),
+        sync_frequency: None,
+        created_at: T0,
+        is_current: number == 2,
+    }
+}
+
+fn store(active: bool) -> MockEndpointStore {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(move |_, name| {
+        if name.as_str() == "kpi" {
+            Ok(endpoint(active))
+        } else {
+            Err(StoreError::NotFound)
+        }
+    });
+    store.expect_get_version().returning(|_, _, v| {
+        if v <= 2 {
+            Ok(version(v))
+        } else {
+            Err(StoreError::VersionNotFound(v))
+        }
+    });
+    store
+}
+
+/// An engine that answers `{"n": value}` (with the version's multiplier in the SQL) and counts its runs.
+fn engine(runs: Arc<AtomicUsize>) -> MockQueryEngine {
+    let mut engine = MockQueryEngine::new();
+    engine.expect_execute().returning(move |_, query, vars, _, _| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        let n = match vars.get("n") {
+            Some(crate::BoundValue::Integer(n)) => *n,
+            other => panic!("{other:?}"),
+        };
+        let factor: i64 = query
+            .sql
+            .rsplit("* ")
+            .next()
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        Ok(QueryResult {
+            columns: vec![Column { name: "n".into(), column_type: ColumnType::Integer }],
+            rows_json: format!("[{{\"n\":{}}}]", n * factor),
+            row_count: 1,
+            has_more: false,
+        })
+    });
+    engine
+}
+
+struct Fixture {
+    service: RunService,
+    cache: Arc<MapCache>,
+    clock: Arc<ManualClock>,
+    runs: Arc<AtomicUsize>,
+    executions: Arc<ExecutionTracker>,
+}
+
+fn fixture(store: MockEndpointStore) -> Fixture {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let cache = Arc::new(MapCache::default());
+    let clock = Arc::new(ManualClock(Mutex::new(T0)));
+    let store: Arc<dyn EndpointStore> = Arc::new(store);
+    let executions = Arc::new(ExecutionTracker::new(store.clone()));
+    let service = RunService::new(
+        store,
+        Arc::new(engine(runs.clone())),
+        cache.clone(),
+        clock.clone(),
+        executions.clone(),
+    );
+    Fixture { service, cache, clock, runs, executions }
+}
+
+fn request(refresh: Refresh, vars: serde_json::Value) -> RunRequest {
+    RunRequest {
+        version: None,
+        variables: vars.as_object().cloned().unwrap_or_default(),
+        limit: 100,
+        offset: 0,
+        refresh,
+        client_query_id: None,
+    }
+}
+
+fn rows(outcome: &RunOutcome) -> &str {
+    &outcome.run.as_ref().unwrap().result.rows_json
+}
+
+#[tokio::test]
+async fn a_second_run_is_a_cache_hit_until_it_expires() {
+    let f = fixture(store(true));
+    let first = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    assert!(!first.is_cached);
+    assert_eq!(rows(&first), r#"[{"n":10}]"#, "latest version (2) runs by default");
+    assert_eq!(first.run.as_ref().unwrap().expires_at, Some(T0 + Duration::from_secs(60)));
+    let second = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    assert!(second.is_cached);
+    assert_eq!(f.runs.load(Ordering::SeqCst), 1);
+    assert_ne!(first.execution_id, second.execution_id);
+
+    f.clock.advance(Duration::from_secs(61));
+    let third = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    assert!(!third.is_cached, "expired");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_cache_hit_touches_neither_store_nor_engine() {
+    let f = fixture(store(true));
+    f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    // A service over a store and an engine that fail on any call still answers from the cache.
+    let strict = RunService::new(
+        Arc::new(MockEndpointStore::new()),
+        Arc::new(MockQueryEngine::new()),
+        f.cache.clone(),
+        f.clock.clone(),
+        f.executions.clone(),
+    );
+    let hit = strict.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    assert!(hit.is_cached);
+    assert_eq!(rows(&hit), r#"[{"n":2}]"#);
+}
+
+#[tokio::test]
+async fn invalidation_makes_old_results_unreachable() {
+    let f = fixture(store(true));
+    f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.cache.invalidate(project(), &EndpointName::parse("kpi").unwrap());
+    let after = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    assert!(!after.is_cached);
+    assert_eq!(f.runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn refresh_modes_use_the_cache_as_documented() {
+    let f = fixture(store(true));
+    let empty = f.service.run(project(), "kpi", request(Refresh::ForceCache, json!({}))).await.unwrap();
+    assert!(empty.run.is_none() && !empty.is_cached, "force_cache without a cached result");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 0);
+
+    let direct = f.service.run(project(), "kpi", request(Refresh::Direct, json!({}))).await.unwrap();
+    assert!(!direct.is_cached && direct.run.as_ref().unwrap().expires_at.is_none());
+    let still_empty = f.service.run(project(), "kpi", request(Refresh::ForceCache, json!({}))).await.unwrap();
+    assert!(still_empty.run.is_none(), "direct does not fill the cache");
+
+    f.service.run(project(), "kpi", request(Refresh::ForceBlocking, json!({}))).await.unwrap();
+    let cached = f.service.run(project(), "kpi", request(Refresh::ForceCache, json!({}))).await.unwrap();
+    assert!(cached.is_cached, "force_blocking refreshes the cache");
+    let forced = f.service.run(project(), "kpi", request(Refresh::ForceBlocking, json!({}))).await.unwrap();
+    assert!(!forced.is_cached, "force_blocking never reads the cache");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn versions_can_be_pinned() {
+    let f = fixture(store(true));
+    let mut pinned = request(Refresh::Blocking, json!({"n": 4}));
+    pinned.version = Some(1);
+    let outcome = f.service.run(project(), "kpi", pinned.clone()).await.unwrap();
+    assert_eq!((outcome.run.as_ref().unwrap().version, rows(&outcome)), (1, r#"[{"n":4}]"#));
+    pinned.version = Some(9);
+    assert!(matches!(f.service.run(project(), "kpi", pinned).await, Err(Error::NotFound(_))));
+}
+
+#[tokio::test]
+async fn unknown_and_inactive_endpoints_are_not_found() {
+    let f = fixture(store(true));
+    assert!(matches!(
+        f.service.run(project(), "other", request(Refresh::Blocking, json!({}))).await,
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        f.service.run(project(), "bad name", request(Refresh::Blocking, json!({}))).await,
+        Err(Error::NotFound(_))
+    ));
+    let inactive = fixture(store(false));
+    for refresh in [Refresh::Blocking, Refresh::ForceCache, Refresh::Direct] {
+        assert!(matches!(
+            inactive.service.run(project(), "kpi", request(refresh, json!({}))).await,
+            Err(Error::NotFound(_))
+        ));
+    }
+}
+
+#[tokio::test]
+async fn bad_variables_are_refused_before_the_engine() {
+    let f = fixture(store(true));
+    let err = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"m": 1}))).await.unwrap_err();
+    assert!(matches!(err, Error::Invalid(ref i) if i.code == "unknown_variable"), "{err:?}");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 0);
+}
+
+/// An engine that takes its time without blocking the runtime, and counts its runs.
+struct SlowEngine(Arc<AtomicUsize>);
+
+#[async_trait::async_trait]
+impl QueryEngine for SlowEngine {
+    async fn describe(&self, _: ProjectId, _: &Query) -> Result<Vec<Column>, crate::ports::EngineError> {
+        Ok(vec![])
+    }
+
+    async fn execute(
+        &self,
+        _: ProjectId,
+        _: &Query,
+        _: &std::collections::BTreeMap<String, crate::BoundValue>,
+        _: u32,
+        _: u64,
+    ) -> Result<QueryResult, crate::ports::EngineError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(QueryResult { columns: vec![], rows_json: "[]".into(), row_count: 0, has_more: false })
+    }
+}
+
+/// A cache that keeps nothing, so only coalescing can save work.
+struct NoCache;
+
+impl ResultCache for NoCache {
+    fn generation(&self, _: ProjectId, _: &EndpointName) -> u64 {
+        0
+    }
+    fn get(&self, _: &CacheKey) -> Option<Arc<CachedRun>> {
+        None
+    }
+    fn put(&self, _: CacheKey, _: Arc<CachedRun>) {}
+    fn invalidate(&self, _: ProjectId, _: &EndpointName) {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn identical_concurrent_misses_compute_once() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn EndpointStore> = Arc::new(store(true));
+    let service = Arc::new(RunService::new(
+        store.clone(),
+        Arc::new(SlowEngine(runs.clone())),
+        Arc::new(NoCache),
+        Arc::new(ManualClock(Mutex::new(T0))),
+        Arc::new(ExecutionTracker::new(store)),
+    ));
+    let call = |vars: serde_json::Value| {
+        let service = service.clone();
+        tokio::spawn(async move { service.run(project(), "kpi", request(Refresh::Blocking, vars)).await })
+    };
+    let calls: Vec<_> = (0..4).map(|_| call(json!({"n": 1}))).chain([call(json!({"n": 2}))]).collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "four identical requests computed once, the different one apart"
+    );
+    assert!(service.in_flight.lock().unwrap().is_empty(), "finished computations leave the registry");
+
+    // Direct runs are never shared.
+    let direct: Vec<_> = (0..2)
+        .map(|_| {
+            let service = service.clone();
+            tokio::spawn(
+                async move { service.run(project(), "kpi", request(Refresh::Direct, json!({}))).await },
+            )
+        })
+        .collect();
+    for call in direct {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_computation_abandoned_by_every_caller_is_cancelled() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn EndpointStore> = Arc::new(store(true));
+    let service = Arc::new(RunService::new(
+        store.clone(),
+        Arc::new(SlowEngine(runs.clone())),
+        Arc::new(NoCache),
+        Arc::new(ManualClock(Mutex::new(T0))),
+        Arc::new(ExecutionTracker::new(store)),
+    ));
+    // The caller gives up (as a disconnected client's handler is dropped) before the engine finishes.
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(50),
+        service.run(project(), "kpi", request(Refresh::Blocking, json!({}))),
+    )
+    .await;
+    assert!(abandoned.is_err());
+    // A later identical request starts afresh instead of waiting on a dead computation.
+    let outcome = service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    assert!(!outcome.is_cached);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn runs_record_execution_times_in_memory() {
+    let mut store = store(true);
+    let flushed = Arc::new(AtomicU64::new(0));
+    let seen = flushed.clone();
+    store.expect_record_executions().times(1).returning(move |batch| {
+        seen.fetch_add(batch.len() as u64, Ordering::SeqCst);
+        Ok(())
+    });
+    store.expect_last_executions().returning(|_, _, _| Ok((vec![], 0)));
+    let f = fixture(store);
+    f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    let name = EndpointName::parse("kpi").unwrap();
+    assert_eq!(f.executions.pending(project(), &name), Some(T0));
+
+    let found =
+        f.service.last_execution_times(project(), &json!({"names": ["kpi", "never-ran"]})).await.unwrap();
+    assert_eq!(found.results, vec![(name.clone(), T0)], "pending times show before any flush");
+    assert_eq!(f.executions.flush().await.unwrap(), 1, "one write for both runs");
+    assert_eq!(flushed.load(Ordering::SeqCst), 1);
+    assert_eq!(f.executions.flush().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn last_execution_times_validate_names() {
+    let f = fixture(store(true));
+    let many: Vec<String> = (0..1001).map(|i| format!("e{i}")).collect();
+    for body in [
+        json!({}),
+        json!({"names": []}),
+        json!({"names": "kpi"}),
+        json!({"names": [1]}),
+        json!({"names": ["no way"]}),
+        json!({"names": many}),
+        json!({"names": ["a"], "x": 1}),
+    ] {
+        let err = f.service.last_execution_times(project(), &body).await.unwrap_err();
+        assert!(matches!(err, Error::Invalid(_)), "{body}");
+    }
+}
+
+#[test]
+fn six_months_is_calendar_months() {
+    assert_eq!(six_months_before(datetime!(2026-11-22 10:00 UTC)), datetime!(2026-05-22 10:00 UTC));
+    assert_eq!(six_months_before(datetime!(2026-03-15 0:00 UTC)), datetime!(2025-09-15 0:00 UTC));
+    assert_eq!(six_months_before(datetime!(2026-08-31 12:00 UTC)), datetime!(2026-02-28 12:00 UTC));
+}
