@@ -36,7 +36,17 @@ fn fresh_dir() -> PathBuf {
 
 /// The application on its embedded SQLite database.
 pub async fn spawn_app() -> TestApp {
-    spawn_with(None).await
+    spawn_with(None, fresh_dir(), |_| {}).await
+}
+
+/// The application with a configuration adjusted by `tune`.
+pub async fn spawn_app_tuned(tune: impl FnOnce(&mut Config)) -> TestApp {
+    spawn_with(None, fresh_dir(), tune).await
+}
+
+/// A new application over the data directory (and database) of a stopped one.
+pub async fn respawn(data_dir: PathBuf) -> TestApp {
+    spawn_with(None, data_dir, |_| {}).await
 }
 
 /// The application on the PostgreSQL database `make test` provides (migrated through the CLI first).
@@ -44,15 +54,19 @@ pub async fn spawn_app_on_postgres() -> TestApp {
     let url = std::env::var("TEST_POSTGRES_URL").expect(
         "TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it",
     );
-    spawn_with(Some(url)).await
+    spawn_with(Some(url), fresh_dir(), |_| {}).await
 }
 
-async fn spawn_with(database_url: Option<String>) -> TestApp {
-    let data_dir = fresh_dir();
+async fn spawn_with(
+    database_url: Option<String>,
+    data_dir: PathBuf,
+    tune: impl FnOnce(&mut Config),
+) -> TestApp {
     let mut config = Config::new(&data_dir);
     config.bind = "127.0.0.1:0".into();
     config.workers = 2;
     config.database_url.clone_from(&database_url);
+    tune(&mut config);
     let partial = TestApp {
         address: String::new(),
         data_dir: data_dir.clone(),

@@ -6,4 +6,5 @@ mod cli;
 mod crud;
 mod errors;
 mod helpers;
+mod runs;
 mod versions;

@@ -398,3 +398,31 @@ async fn store_outages_are_503_and_failures_500_without_internals() {
         assert_eq!(body["type"], "server_error");
     }
 }
+
+#[actix_web::test]
+async fn engine_guards_map_to_429_and_query_errors() {
+    use domain::ports::EngineError;
+    let cases: Vec<(EngineError, StatusCode, &str)> = vec![
+        (
+            EngineError::Busy { retry_after: std::time::Duration::from_millis(1500) },
+            StatusCode::TOO_MANY_REQUESTS,
+            "throttled",
+        ),
+        (EngineError::Timeout(std::time::Duration::from_secs(30)), StatusCode::BAD_REQUEST, "query_timeout"),
+        (EngineError::MemoryLimit("pool exhausted".into()), StatusCode::BAD_REQUEST, "query_memory_limit"),
+    ];
+    for (err, status, code) in cases {
+        let err = std::sync::Mutex::new(Some(err));
+        let mut engine = MockQueryEngine::new();
+        engine.expect_execute().returning(move |_, _, _, _, _| Err(err.lock().unwrap().take().unwrap()));
+        let req = authed(Method::GET, "/api/projects/1/endpoints/daily/run", READER);
+        let (got, headers, body) = send(state(store_for_runs(), engine), req).await;
+        assert_eq!((got, body["code"].as_str()), (status, Some(code)));
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "2", "rounded up to whole seconds");
+            assert_eq!(body["type"], "throttled");
+        } else {
+            assert_eq!(body["type"], "query_error");
+        }
+    }
+}

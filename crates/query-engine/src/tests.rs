@@ -222,7 +222,7 @@ async fn imports_csv_and_ndjson_atomically() {
         &dir,
         project(1),
         "things",
-        &[csv.clone()],
+        std::slice::from_ref(&csv),
         None,
         tables::ImportMode::Replace,
         &noop,

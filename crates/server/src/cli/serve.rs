@@ -17,12 +17,41 @@ pub struct ServeArgs {
     /// Database connections in the pool.
     #[arg(long, env = "ENDPOINTS_DB_POOL_SIZE", default_value_t = 8)]
     pub pool_size: u32,
+    /// Seconds a live query may run before it is cancelled (400 query_timeout).
+    #[arg(long, env = "ENDPOINTS_QUERY_TIMEOUT_SECS", default_value_t = 30)]
+    pub query_timeout_secs: u64,
+    /// Memory one live query may use, in MiB (400 query_memory_limit beyond it).
+    #[arg(long, env = "ENDPOINTS_QUERY_MEMORY_MB", default_value_t = 512)]
+    pub query_memory_mb: usize,
+    /// Live queries one project may run at once (429 with Retry-After beyond it).
+    #[arg(long, env = "ENDPOINTS_MAX_QUERIES_PER_PROJECT", default_value_t = 4)]
+    pub max_queries_per_project: usize,
+    /// Memory of the result cache, in MiB.
+    #[arg(long, env = "ENDPOINTS_CACHE_MB", default_value_t = 256)]
+    pub cache_mb: u64,
+    /// Seconds between writes of the last execution times to the database.
+    #[arg(long, env = "ENDPOINTS_FLUSH_SECS", default_value_t = 5)]
+    pub flush_secs: u64,
 }
 
 pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliError> {
     config.bind = args.bind;
     config.workers = args.workers;
     config.pool_size = args.pool_size;
+    if args.query_timeout_secs == 0
+        || args.query_memory_mb == 0
+        || args.max_queries_per_project == 0
+        || args.flush_secs == 0
+    {
+        return Err(CliError::Usage(
+            "--query-timeout-secs, --query-memory-mb, --max-queries-per-project and --flush-secs must be positive".into(),
+        ));
+    }
+    config.limits.query_timeout = std::time::Duration::from_secs(args.query_timeout_secs);
+    config.limits.memory_limit = args.query_memory_mb.saturating_mul(1024 * 1024);
+    config.limits.max_concurrent_per_project = args.max_queries_per_project;
+    config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
+    config.flush_interval = std::time::Duration::from_secs(args.flush_secs);
     let app = Application::build(&config)?;
     app.run_until(shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -1,0 +1,340 @@
+//! Rows 8, 9 and 12 over a dataset the test writes, with aggregates known in advance.
+
+use serde_json::{json, Value};
+
+use crate::helpers::{assert_error, endpoint_body, respawn, spawn_app, spawn_app_tuned, TestApp, FAMILIES};
+
+const SALES: &str = "\
+id,country,amount,quantity,day,at,vip
+1,US,10.5,1,2026-01-01,2026-01-01T08:00:00,true
+2,US,20.25,2,2026-01-02,2026-01-02T09:30:00,false
+3,FR,5,3,2026-01-03,2026-01-03T10:00:00,true
+4,O'Brien,7.75,4,2026-01-04,2026-01-04T11:00:00,false
+5,DE,100,5,2026-01-05,2026-01-05T12:00:00,true
+6,Ünïcødé,1,6,2026-01-06,2026-01-06T13:00:00,false
+";
+
+/// A project with a read-write key and the `sales` table loaded through the real CLI.
+fn project_with_sales(app: &TestApp) -> (i64, String) {
+    let (project, key) = app.project_with_key();
+    let file = app.data_dir.join("sales.csv");
+    std::fs::write(&file, SALES).unwrap();
+    let report = app.cli(&[
+        "data",
+        "import",
+        "--project",
+        &project.to_string(),
+        "--table",
+        "sales",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(report["rows"], 6);
+    (project, key)
+}
+
+async fn run_get(app: &TestApp, project: i64, key: &str, name: &str, query: &str) -> reqwest::Response {
+    app.get(&format!("/api/projects/{project}/endpoints/{name}/run?{query}"), key).await
+}
+
+async fn ok_json(response: reqwest::Response) -> Value {
+    assert_eq!(response.status(), 200, "run failed");
+    response.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn runs_answer_real_numbers_under_both_families() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_sales(&app);
+    let body = endpoint_body(
+        "by-country",
+        "SELECT country, sum(amount) AS total, count(*) AS n FROM sales GROUP BY country ORDER BY total DESC",
+    );
+    let created = app.create_endpoint(project, &key, &body).await;
+    assert_eq!(
+        created["columns"],
+        json!([{"name": "country", "type": "string"}, {"name": "total", "type": "float"}, {"name": "n", "type": "integer"}])
+    );
+    for family in FAMILIES {
+        for (method, slash) in [(reqwest::Method::GET, ""), (reqwest::Method::POST, "/")] {
+            let path = format!("{family}/{project}/endpoints/by-country/run{slash}");
+            let response =
+                app.request(method.clone(), &path, Some(&key)).json(&json!({})).send().await.unwrap();
+            let run = ok_json(response).await;
+            assert_eq!(
+                run["results"][0],
+                json!({"country": "DE", "total": 100.0, "n": 1}),
+                "{method} {path}"
+            );
+            assert_eq!(run["results"][1], json!({"country": "US", "total": 30.75, "n": 2}));
+            assert_eq!(run["results"].as_array().unwrap().len(), 5);
+            assert_eq!(run["columns"], json!(["country", "total", "n"]));
+            assert_eq!(run["types"], json!([["country", "string"], ["total", "float"], ["n", "integer"]]));
+            assert_eq!(
+                (run["name"].as_str(), run["endpoint_version"].as_u64()),
+                (Some("by-country"), Some(1))
+            );
+            assert_eq!(run["hasMore"], false);
+            assert!(run["timings"]["total_ms"].is_number() && run["execution_id"].is_string());
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_variable_type_binds_from_json_and_from_query_strings() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_sales(&app);
+    let body = json!({"name": "filtered", "query": {"kind": "SQLQuery",
+        "query": "SELECT count(*) AS n, sum(amount) AS total FROM sales WHERE country IN {variables.countries} \
+                  AND amount >= {variables.min_amount} AND quantity <= {variables.max_qty} AND vip = {variables.vip} \
+                  AND day >= {variables.from_day} AND at < {variables.before} AND country <> {variables.not_country}",
+        "variables": {
+            "countries": {"type": "List", "default": ["US", "FR", "DE"]},
+            "min_amount": {"type": "Number", "default": 5},
+            "max_qty": {"type": "Integer", "default": 5},
+            "vip": {"type": "Boolean", "default": true},
+            "from_day": {"type": "Date", "default": "2026-01-01"},
+            "before": {"type": "DateTime", "default": "2026-01-05T12:00:00Z"},
+            "not_country": {"type": "String", "default": "XX"}}}});
+    app.create_endpoint(project, &key, &body).await;
+
+    let defaults = ok_json(run_get(&app, project, &key, "filtered", "").await).await;
+    assert_eq!(defaults["results"], json!([{"n": 2, "total": 15.5}]), "rows 1 and 3");
+
+    let query = "variables.countries=US,DE&variables.min_amount=10.5&variables.max_qty=5&variables.vip=true\
+                 &variables.from_day=2026-01-01&variables.before=2026-01-06T00:00:00Z&variables.not_country=US";
+    let from_query = ok_json(run_get(&app, project, &key, "filtered", query).await).await;
+    assert_eq!(from_query["results"], json!([{"n": 1, "total": 100.0}]), "only DE");
+
+    let post = app
+        .post(
+            &format!("/api/projects/{project}/endpoints/filtered/run"),
+            &key,
+            &json!({"variables": {"countries": ["US"], "vip": false, "min_amount": 0, "before": "2027-01-01T00:00:00+02:00"}}),
+        )
+        .await;
+    assert_eq!(ok_json(post).await["results"], json!([{"n": 1, "total": 20.25}]), "row 2");
+
+    for (query, attr) in [
+        ("variables.nope=1", "variables.nope"),
+        ("variables.max_qty=lots", "variables.max_qty"),
+        ("variables.from_day=2026-13-01", "variables.from_day"),
+        ("variables.vip=maybe", "variables.vip"),
+        ("refresh=async", "refresh"),
+        ("limit=10001", "limit"),
+    ] {
+        let error =
+            assert_error(run_get(&app, project, &key, "filtered", query).await, 400, "validation_error")
+                .await;
+        assert_eq!(error["attr"], attr, "{query}");
+    }
+    let required = json!({"name": "needs-x", "query": {"kind": "SQLQuery", "query": "SELECT {variables.x} AS x",
+        "variables": {"x": {"type": "Integer"}}}});
+    app.create_endpoint(project, &key, &required).await;
+    let error =
+        assert_error(run_get(&app, project, &key, "needs-x", "").await, 400, "validation_error").await;
+    assert_eq!((error["code"].as_str(), error["attr"].as_str()), (Some("required"), Some("variables.x")));
+}
+
+#[tokio::test]
+async fn injection_attempts_compare_as_literals() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_sales(&app);
+    let body = json!({"name": "by-name", "query": {"kind": "SQLQuery",
+        "query": "SELECT id FROM sales WHERE country = {variables.c} ORDER BY id",
+        "variables": {"c": {"type": "String"}}}});
+    app.create_endpoint(project, &key, &body).await;
+    let path = format!("/api/projects/{project}/endpoints/by-name/run");
+    for (value, ids) in [
+        ("O'Brien", json!([{"id": 4}])),
+        ("Ünïcødé", json!([{"id": 6}])),
+        ("' OR '1'='1", json!([])),
+        ("US' OR 1=1 --", json!([])),
+        ("US'; DROP TABLE sales; --", json!([])),
+        ("US /* comment */", json!([])),
+        ("{variables.c}", json!([])),
+        ("US\u{0000}", json!([])),
+    ] {
+        let run =
+            ok_json(app.post(&path, &key, &json!({"variables": {"c": value}, "refresh": "direct"})).await)
+                .await;
+        assert_eq!(run["results"], ids, "{value:?}");
+    }
+    // The table is intact.
+    let us = ok_json(app.post(&path, &key, &json!({"variables": {"c": "US"}})).await).await;
+    assert_eq!(us["results"], json!([{"id": 1}, {"id": 2}]));
+}
+
+#[tokio::test]
+async fn a_project_cannot_read_another_projects_tables() {
+    let app = spawn_app().await;
+    project_with_sales(&app);
+    let (other, other_key) = app.project_with_key();
+    let response = app
+        .post(
+            &format!("/api/projects/{other}/endpoints"),
+            &other_key,
+            &endpoint_body("steal", "SELECT * FROM sales"),
+        )
+        .await;
+    let error = assert_error(response, 400, "validation_error").await;
+    assert_eq!(error["attr"], "query");
+    assert!(error["detail"].as_str().unwrap().contains("sales"), "{error}");
+}
+
+#[tokio::test]
+async fn pages_cache_and_invalidation() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_sales(&app);
+    app.create_endpoint(project, &key, &endpoint_body("ids", "SELECT id FROM sales ORDER BY id")).await;
+
+    let page = ok_json(run_get(&app, project, &key, "ids", "limit=2&offset=2").await).await;
+    assert_eq!(
+        (page["results"].clone(), page["hasMore"].clone()),
+        (json!([{"id": 3}, {"id": 4}]), json!(true))
+    );
+    assert_eq!((page["limit"].as_u64(), page["offset"].as_u64()), (Some(2), Some(2)));
+    let last = ok_json(run_get(&app, project, &key, "ids", "limit=5&offset=4").await).await;
+    assert_eq!(
+        (last["results"].clone(), last["hasMore"].clone()),
+        (json!([{"id": 5}, {"id": 6}]), json!(false))
+    );
+
+    let first = ok_json(run_get(&app, project, &key, "ids", "limit=3").await).await;
+    let second = ok_json(run_get(&app, project, &key, "ids", "limit=3").await).await;
+    assert_eq!((first["is_cached"].as_bool(), second["is_cached"].as_bool()), (Some(false), Some(true)));
+    assert_eq!(first["results"], second["results"]);
+    assert_eq!(first["last_refresh"], second["last_refresh"]);
+    assert!(second["cache_expires_at"].is_string());
+
+    let forced = ok_json(run_get(&app, project, &key, "ids", "limit=3&refresh=force_blocking").await).await;
+    assert_eq!(forced["is_cached"], false);
+    let direct = ok_json(run_get(&app, project, &key, "ids", "limit=3&refresh=direct").await).await;
+    assert_eq!((direct["is_cached"].as_bool(), direct["cache_expires_at"].is_null()), (Some(false), true));
+    let cached_only = ok_json(run_get(&app, project, &key, "ids", "limit=4&refresh=force_cache").await).await;
+    assert_eq!((cached_only["results"].is_null(), cached_only["is_cached"].as_bool()), (true, Some(false)));
+
+    // An update of the endpoint makes its cached runs unreachable at once.
+    app.patch(&format!("/api/projects/{project}/endpoints/ids"), &key, &json!({"description": "changed"}))
+        .await;
+    let after_update = ok_json(run_get(&app, project, &key, "ids", "limit=3").await).await;
+    assert_eq!(after_update["is_cached"], false);
+
+    // So does a delete: a new endpoint of the same name never sees the old results.
+    app.delete(&format!("/api/projects/{project}/endpoints/ids"), &key).await;
+    assert_error(run_get(&app, project, &key, "ids", "limit=3").await, 404, "not_found").await;
+    app.create_endpoint(project, &key, &endpoint_body("ids", "SELECT id * 10 AS id FROM sales ORDER BY id"))
+        .await;
+    let recreated = ok_json(run_get(&app, project, &key, "ids", "limit=3").await).await;
+    assert_eq!(
+        (recreated["is_cached"].as_bool(), &recreated["results"][0]),
+        (Some(false), &json!({"id": 10}))
+    );
+
+    // cache_age_seconds 0 never serves from cache.
+    app.patch(&format!("/api/projects/{project}/endpoints/ids"), &key, &json!({"cache_age_seconds": 0}))
+        .await;
+    ok_json(run_get(&app, project, &key, "ids", "").await).await;
+    assert_eq!(ok_json(run_get(&app, project, &key, "ids", "").await).await["is_cached"], false);
+}
+
+#[tokio::test]
+async fn versions_can_be_pinned_and_inactive_endpoints_do_not_run() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    app.create_endpoint(project, &key, &endpoint_body("v", "SELECT 1 AS v")).await;
+    let path = format!("/api/projects/{project}/endpoints/v");
+    app.patch(&path, &key, &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS v"}})).await;
+
+    assert_eq!(ok_json(run_get(&app, project, &key, "v", "").await).await["results"], json!([{"v": 2}]));
+    let pinned = ok_json(run_get(&app, project, &key, "v", "version=1").await).await;
+    assert_eq!(
+        (pinned["results"].clone(), pinned["endpoint_version"].clone()),
+        (json!([{"v": 1}]), json!(1))
+    );
+    let post_pinned = ok_json(app.post(&format!("{path}/run?version=1"), &key, &json!({})).await).await;
+    assert_eq!(post_pinned["results"], json!([{"v": 1}]));
+    let body_wins =
+        ok_json(app.post(&format!("{path}/run?version=1"), &key, &json!({"version": 2})).await).await;
+    assert_eq!(body_wins["results"], json!([{"v": 2}]));
+    assert_error(run_get(&app, project, &key, "v", "version=7").await, 404, "not_found").await;
+    assert_error(run_get(&app, project, &key, "v", "version=zero").await, 400, "validation_error").await;
+
+    app.patch(&path, &key, &json!({"is_active": false})).await;
+    assert_error(run_get(&app, project, &key, "v", "").await, 404, "not_found").await;
+}
+
+#[tokio::test]
+async fn last_execution_times_show_runs_at_once_and_survive_a_restart() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    for name in ["ran", "never-ran"] {
+        app.create_endpoint(project, &key, &endpoint_body(name, "SELECT 1 AS one")).await;
+    }
+    let before = ok_json(run_get(&app, project, &key, "ran", "").await).await;
+    assert_eq!(before["results"], json!([{"one": 1}]));
+    let lookup = json!({"names": ["ran", "never-ran", "no-such-endpoint"]});
+    let path = format!("/api/environments/{project}/endpoints/last_execution_times/");
+    let status: Value = ok_json(app.post(&path, &key, &lookup).await).await;
+    let query_status = &status["query_status"];
+    for field in [
+        "complete",
+        "error",
+        "error_message",
+        "id",
+        "query_async",
+        "team_id",
+        "dashboard_id",
+        "insight_id",
+        "labels",
+        "start_time",
+        "end_time",
+        "pickup_time",
+        "expiration_time",
+        "task_id",
+        "results",
+        "query_progress",
+    ] {
+        assert!(query_status.get(field).is_some(), "missing {field}");
+    }
+    assert_eq!(
+        (query_status["complete"].as_bool(), query_status["error"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(query_status["team_id"], project);
+    let results = query_status["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0][0], "ran");
+    let ran_at = results[0][1].as_str().unwrap().to_owned();
+    assert_eq!(query_status["query_progress"]["estimated_rows_total"], 3);
+
+    let record: Value =
+        app.get(&format!("/api/projects/{project}/endpoints/ran"), &key).await.json().await.unwrap();
+    assert_eq!(record["last_executed_at"], ran_at.as_str());
+
+    for bad in [json!({}), json!({"names": []}), json!({"names": ["bad name"]})] {
+        let error = assert_error(app.post(&path, &key, &bad).await, 400, "validation_error").await;
+        assert_eq!(error["attr"], "names");
+    }
+
+    // A graceful stop flushes the pending times to the store; a new process reads them from there.
+    let data_dir = app.data_dir.clone();
+    app.stop().await.unwrap();
+    let again = respawn(data_dir).await;
+    let status: Value = ok_json(again.post(&path, &key, &lookup).await).await;
+    assert_eq!(status["query_status"]["results"], json!([["ran", ran_at]]));
+    assert_eq!(status["query_status"]["query_progress"]["rows_read"], 1);
+}
+
+#[tokio::test]
+async fn guards_answer_query_timeout() {
+    let app =
+        spawn_app_tuned(|config| config.limits.query_timeout = std::time::Duration::from_millis(100)).await;
+    let (project, key) = app.project_with_key();
+    let body = endpoint_body(
+        "slow",
+        "SELECT count(*) AS n FROM generate_series(1, 50000000000) AS t(v) WHERE v % 7 = 3",
+    );
+    app.create_endpoint(project, &key, &body).await;
+    let error = assert_error(run_get(&app, project, &key, "slow", "").await, 400, "query_error").await;
+    assert_eq!(error["code"], "query_timeout");
+}
