@@ -338,3 +338,38 @@ async fn guards_answer_query_timeout() {
     let error = assert_error(run_get(&app, project, &key, "slow", "").await, 400, "query_error").await;
     assert_eq!(error["code"], "query_timeout");
 }
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_its_live_query() {
+    let app = spawn_app_tuned(|config| {
+        config.limits.query_timeout = std::time::Duration::from_secs(60);
+        config.limits.max_concurrent_per_project = 1;
+    })
+    .await;
+    let (project, key) = app.project_with_key();
+    let slow = "SELECT count(*) AS n FROM generate_series(1, 50000000000) AS t(v) WHERE v % 7 = 3";
+    app.create_endpoint(project, &key, &endpoint_body("slow", slow)).await;
+    app.create_endpoint(project, &key, &endpoint_body("quick", "SELECT 1 AS one")).await;
+
+    // The client gives up on the slow query; its connection closes.
+    let impatient =
+        reqwest::Client::builder().timeout(std::time::Duration::from_millis(300)).build().unwrap();
+    let gave_up = impatient
+        .get(format!("{}/api/projects/{project}/endpoints/slow/run", app.address))
+        .bearer_auth(&key)
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the slow query should still be running when the client leaves");
+
+    // The project's only slot is free again soon after: the query was cancelled, not left to run for a minute.
+    let mut status = 0;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        status = run_get(&app, project, &key, "quick", "refresh=direct").await.status().as_u16();
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429, "only the slot can be in the way");
+    }
+    assert_eq!(status, 200, "the slot was never released");
+}

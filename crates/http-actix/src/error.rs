@@ -11,12 +11,18 @@ use serde::Serialize;
 #[derive(Debug)]
 pub enum ApiError {
     Domain(Error),
-    PayloadTooLarge { limit: usize },
+    PayloadTooLarge {
+        limit: usize,
+    },
     UnsupportedMediaType,
     MalformedJson(String),
-    MethodNotAllowed { allow: &'static str },
+    MethodNotAllowed {
+        allow: &'static str,
+    },
     RouteNotFound,
     NotImplemented(&'static str),
+    /// The client went away while its query ran; nobody reads this answer.
+    ClientClosed,
 }
 
 #[derive(Serialize)]
@@ -124,6 +130,13 @@ impl ApiError {
                 "not_found",
                 "not_found",
                 "There is nothing at this path.".into(),
+                None,
+            ),
+            ApiError::ClientClosed => (
+                StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+                "query_error",
+                "client_closed_request",
+                "The client closed the connection; its query was cancelled.".into(),
                 None,
             ),
             ApiError::NotImplemented(what) => (

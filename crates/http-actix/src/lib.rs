@@ -5,6 +5,7 @@
 //! here, and nothing here knows which store or engine sits behind the ports.
 
 mod body;
+mod disconnect;
 mod error;
 mod handlers;
 mod render;
@@ -19,6 +20,7 @@ use actix_web::{web, App};
 use domain::{ApiKeyService, EndpointService, RunService};
 use tracing_actix_web::TracingLogger;
 
+pub use disconnect::on_connect;
 pub use error::ApiError;
 
 /// Largest accepted request body.

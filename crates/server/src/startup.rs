@@ -94,6 +94,7 @@ impl Application {
         let executions = services.executions.clone();
         let state = AppState::new(services.endpoints, services.runs, services.keys);
         let mut server = actix_web::HttpServer::new(move || http_actix::app(state.clone()))
+            .on_connect(http_actix::on_connect)
             .disable_signals()
             .shutdown_timeout(30);
         if config.workers > 0 {

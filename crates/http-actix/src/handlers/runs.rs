@@ -2,11 +2,12 @@
 
 use actix_web::http::header::ContentType;
 use actix_web::{web, HttpRequest, HttpResponse};
-use domain::{RunRequest, Scope};
+use domain::{ProjectId, RunOutcome, RunRequest, Scope};
 use serde_json::{Map, Value};
 
 use super::authorize;
 use crate::body::read_json;
+use crate::disconnect::unless_disconnected;
 use crate::error::ApiError;
 use crate::{render, AppState};
 
@@ -21,7 +22,7 @@ pub(crate) async fn run_get(
     let (project, name) = path.into_inner();
     let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
     let request = RunRequest::from_query(&params)?;
-    let outcome = state.runs.run(project, &name, request).await?;
+    let outcome = run(&req, &state, project, &name, request).await?;
     Ok(HttpResponse::Ok().content_type(ContentType::json()).body(render::run(&outcome)))
 }
 
@@ -37,8 +38,25 @@ pub(crate) async fn run_post(
     let body = read_json(&req, payload, state.body_limit).await?.unwrap_or_else(|| Value::Object(Map::new()));
     let version = params.iter().find(|(k, _)| k == "version").map(|(_, v)| v.as_str());
     let request = RunRequest::from_body(&body, version)?;
-    let outcome = state.runs.run(project, &name, request).await?;
+    let outcome = run(&req, &state, project, &name, request).await?;
     Ok(HttpResponse::Ok().content_type(ContentType::json()).body(render::run(&outcome)))
+}
+
+/// Runs the endpoint, cancelling the run if the client disconnects meanwhile.
+async fn run(
+    req: &HttpRequest,
+    state: &AppState,
+    project: ProjectId,
+    name: &str,
+    request: RunRequest,
+) -> Result<RunOutcome, ApiError> {
+    match unless_disconnected(req, state.runs.run(project, name, request)).await {
+        Some(outcome) => Ok(outcome?),
+        None => {
+            tracing::info!(endpoint = name, "client disconnected; run cancelled");
+            Err(ApiError::ClientClosed)
+        }
+    }
 }
 
 pub(crate) async fn last_execution_times(
