@@ -256,7 +256,9 @@ async fn stops_gracefully() {
     let (project, key) = app.project_with_key();
     assert_eq!(app.get(&format!("/api/projects/{project}/endpoints"), &key).await.status(), 200);
     let address = app.address.clone();
+    let data_dir = app.data_dir.clone();
     app.stop().await.expect("a clean stop");
+    std::fs::remove_dir_all(data_dir).unwrap();
     assert!(
         reqwest::get(format!("{address}/api/projects/1/endpoints")).await.is_err(),
         "no longer listening"

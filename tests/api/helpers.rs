@@ -18,12 +18,17 @@ pub struct TestApp {
     pub client: reqwest::Client,
     shutdown: Option<oneshot::Sender<()>>,
     pub stopped: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// A stopped app leaves its directory for `respawn`; a running one removes it when dropped.
+    remove_dir: bool,
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
+        }
+        if self.remove_dir {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
 }
@@ -74,6 +79,7 @@ async fn spawn_with(
         client: reqwest::Client::new(),
         shutdown: None,
         stopped: None,
+        remove_dir: false,
     };
     if database_url.is_some() {
         partial.cli(&["migrate"]);
@@ -91,6 +97,7 @@ async fn spawn_with(
         client: partial.client.clone(),
         shutdown: Some(tx),
         stopped: Some(stopped),
+        remove_dir: true,
     }
 }
 
@@ -170,8 +177,9 @@ impl TestApp {
         response.json().await.unwrap()
     }
 
-    /// Stops the server gracefully and waits for it.
+    /// Stops the server gracefully and waits for it. The data directory stays, for `respawn`.
     pub async fn stop(mut self) -> std::io::Result<()> {
+        self.remove_dir = false;
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }

@@ -16,9 +16,31 @@ fn query(sql: &str, variables: serde_json::Value) -> Query {
     Query::from_json(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
 }
 
+/// A temporary directory removed when the test ends.
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(prefix: &str) -> TempDir {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    TempDir(dir)
+}
+
 /// Writes `events(country, revenue)` for project 1 into a fresh data directory.
-fn engine_with_events() -> (DataFusionEngine, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("qe-test-{}-{}", std::process::id(), rand_suffix()));
+fn engine_with_events() -> (DataFusionEngine, TempDir) {
+    let dir = temp_dir("qe-test");
     let table = catalog::tables_dir(&dir, project(1)).join("events");
     std::fs::create_dir_all(&table).unwrap();
     let schema = Arc::new(Schema::new(vec![
@@ -34,7 +56,7 @@ fn engine_with_events() -> (DataFusionEngine, PathBuf) {
     let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
     writer.write(&batch).unwrap();
     writer.close().unwrap();
-    (DataFusionEngine::new(&dir), dir)
+    (DataFusionEngine::new(&*dir), dir)
 }
 
 fn rand_suffix() -> u128 {
@@ -174,7 +196,7 @@ async fn a_slow_query_times_out() {
     let (_, dir) = engine_with_events();
     let limits =
         EngineLimits { query_timeout: std::time::Duration::from_millis(50), ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(&dir, limits);
+    let engine = DataFusionEngine::with_limits(&*dir, limits);
     let q =
         query("SELECT count(*) AS n FROM generate_series(1, 20000000000) AS t(v) WHERE v % 7 = 3", json!({}));
     let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
@@ -185,7 +207,7 @@ async fn a_slow_query_times_out() {
 async fn a_query_over_its_memory_limit_fails() {
     let (_, dir) = engine_with_events();
     let limits = EngineLimits { memory_limit: 64 * 1024, ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(&dir, limits);
+    let engine = DataFusionEngine::with_limits(&*dir, limits);
     let q = query(
         "SELECT v, count(*) AS n FROM generate_series(1, 2000000) AS t(v) GROUP BY v ORDER BY n DESC, v",
         json!({}),
@@ -198,7 +220,7 @@ async fn a_query_over_its_memory_limit_fails() {
 async fn a_project_runs_at_most_its_share_of_live_queries() {
     let (_, dir) = engine_with_events();
     let limits = EngineLimits { max_concurrent_per_project: 1, ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(&dir, limits);
+    let engine = DataFusionEngine::with_limits(&*dir, limits);
     let held = engine.slots.try_acquire(project(1), &engine.limits).unwrap();
     let q = query("SELECT 1 AS n", json!({}));
     let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
@@ -211,8 +233,7 @@ async fn a_project_runs_at_most_its_share_of_live_queries() {
 
 #[tokio::test]
 async fn imports_csv_and_ndjson_atomically() {
-    let dir = std::env::temp_dir().join(format!("qe-import-{}", rand_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("qe-import");
     let csv = dir.join("in.csv");
     std::fs::write(&csv, "id,name\n1,a\n2,b\n").unwrap();
     let ndjson = dir.join("more.ndjson");
@@ -233,7 +254,7 @@ async fn imports_csv_and_ndjson_atomically() {
     tables::import_files(&dir, project(1), "things", &[ndjson], None, tables::ImportMode::Append, &noop)
         .await
         .unwrap();
-    let engine = DataFusionEngine::new(&dir);
+    let engine = DataFusionEngine::new(&*dir);
     let q = query("SELECT sum(id) AS s, count(*) AS n FROM things", json!({}));
     let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
     assert_eq!(result.rows_json, r#"[{"s":6,"n":3}]"#);

@@ -20,11 +20,20 @@ use crate::{Database, DatabaseConfig, DieselStore};
 
 const T0: Timestamp = datetime!(2026-11-22 10:00:00.123456 UTC);
 
-fn sqlite_store() -> DieselStore {
-    let path = std::env::temp_dir().join(format!("endpoints-store-test-{}.db", Uuid::new_v4()));
-    let db = Database::connect(&DatabaseConfig::new(format!("sqlite://{}", path.display()))).unwrap();
+/// A fresh SQLite database in a directory removed when the test ends.
+struct SqliteFile(std::path::PathBuf);
+
+impl Drop for SqliteFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn sqlite_store() -> (DieselStore, SqliteFile) {
+    let dir = std::env::temp_dir().join(format!("endpoints-store-test-{}", Uuid::new_v4()));
+    let db = Database::connect(&DatabaseConfig::new(format!("sqlite://{}/store.db", dir.display()))).unwrap();
     db.migrate().unwrap();
-    DieselStore::new(db)
+    (DieselStore::new(db), SqliteFile(dir))
 }
 
 fn postgres_store() -> DieselStore {
@@ -47,7 +56,8 @@ macro_rules! contract {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $test() {
-                    super::$test(super::sqlite_store()).await;
+                    let (store, _file) = super::sqlite_store();
+                    super::$test(store).await;
                 }
             )*
         }
