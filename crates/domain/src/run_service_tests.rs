@@ -322,17 +322,23 @@ impl ResultCache for NoCache {
     fn invalidate(&self, _: ProjectId, _: &EndpointName) {}
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn identical_concurrent_misses_compute_once() {
+/// A service over the slow engine and no cache, and the engine's run counter.
+fn slow_service() -> (Arc<RunService>, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let store: Arc<dyn EndpointStore> = Arc::new(store(true));
-    let service = Arc::new(RunService::new(
+    let service = RunService::new(
         store.clone(),
         Arc::new(SlowEngine(runs.clone())),
         Arc::new(NoCache),
         Arc::new(ManualClock(Mutex::new(T0))),
         Arc::new(ExecutionTracker::new(store)),
-    ));
+    );
+    (Arc::new(service), runs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn identical_concurrent_misses_compute_once() {
+    let (service, runs) = slow_service();
     let call = |vars: serde_json::Value| {
         let service = service.clone();
         tokio::spawn(async move { service.run(project(), "kpi", request(Refresh::Blocking, vars)).await })
@@ -365,15 +371,7 @@ async fn identical_concurrent_misses_compute_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_computation_abandoned_by_every_caller_is_cancelled() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let store: Arc<dyn EndpointStore> = Arc::new(store(true));
-    let service = Arc::new(RunService::new(
-        store.clone(),
-        Arc::new(SlowEngine(runs.clone())),
-        Arc::new(NoCache),
-        Arc::new(ManualClock(Mutex::new(T0))),
-        Arc::new(ExecutionTracker::new(store)),
-    ));
+    let (service, runs) = slow_service();
     // The caller gives up (as a disconnected client's handler is dropped) before the engine finishes.
     let abandoned = tokio::time::timeout(
         Duration::from_millis(50),
