@@ -61,7 +61,8 @@ impl ExecutionTracker {
         Ok(count)
     }
 
-    /// Last execution times of `names` at or after `since`: the store's, overridden by newer pending ones.
+    /// Last execution times of `names` at or after `since`: the store's, overridden by newer pending ones; and
+    /// the rows read (store rows plus pending entries).
     ///
     /// # Errors
     /// The store's error.
@@ -71,10 +72,12 @@ impl ExecutionTracker {
         names: &[EndpointName],
         since: Timestamp,
     ) -> Result<(Vec<(EndpointName, Timestamp)>, u64), StoreError> {
-        let (stored, rows_read) = self.store.last_executions(project, names.to_vec(), since).await?;
+        let (stored, mut rows_read) = self.store.last_executions(project, names.to_vec(), since).await?;
         let mut merged: HashMap<EndpointName, Timestamp> = stored.into_iter().collect();
         for name in names {
             if let Some(at) = self.pending(project, name).filter(|at| *at >= since) {
+                // A pending time is a row read too, from memory instead of the store.
+                rows_read += 1;
                 let entry = merged.entry(name.clone()).or_insert(at);
                 if *entry < at {
                     *entry = at;

@@ -404,6 +404,7 @@ async fn runs_record_execution_times_in_memory() {
     let found =
         f.service.last_execution_times(project(), &json!({"names": ["kpi", "never-ran"]})).await.unwrap();
     assert_eq!(found.results, vec![(name.clone(), T0)], "pending times show before any flush");
+    assert_eq!(found.rows_read, 1, "the pending time was read from memory");
     assert_eq!(f.executions.flush().await.unwrap(), 1, "one write for both runs");
     assert_eq!(flushed.load(Ordering::SeqCst), 1);
     assert_eq!(f.executions.flush().await.unwrap(), 0);
