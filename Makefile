@@ -75,7 +75,22 @@ lint: deps ## Format check, clippy with -D warnings, and the dependency-directio
 test: deps lint ## Everything CI checks: lint, then every test on SQLite and on a local PostgreSQL.
 	@mkdir -p target
 	@$(MAKE) --no-print-directory postgres
+	@rm -rf target/openapi-samples
 	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) cargo test --workspace --locked
+	@$(MAKE) --no-print-directory openapi-check
+
+VENV := target/venv
+OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
+
+.PHONY: openapi-check
+openapi-check: ## Validate the OpenAPI documents the API tests saved, with a standard OpenAPI 3.0 validator.
+	@[ -x $(VENV)/bin/openapi-spec-validator ] || { \
+	  python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get install -y -qq python3-venv >/dev/null && python3 -m venv $(VENV); }; \
+	  $(VENV)/bin/pip install -q '$(OPENAPI_VALIDATOR)'; }
+	@ls target/openapi-samples/*.json >/dev/null 2>&1 || { echo "no OpenAPI samples: run the API tests first"; exit 1; }
+	@out=$$($(VENV)/bin/openapi-spec-validator target/openapi-samples/*.json 2>&1); status=$$?; \
+	echo "$$out"; ok=$$(echo "$$out" | grep -c ': OK$$'); total=$$(ls target/openapi-samples/*.json | wc -l); \
+	echo "openapi: $$ok passed, $$((total - ok)) failed"; exit $$status
 
 .PHONY: fmt
 fmt: ## Format the code.

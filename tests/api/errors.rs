@@ -55,7 +55,7 @@ async fn rows_of_later_issues_answer_501_after_checking_the_endpoint() {
     let (project, key) = app.project_with_key();
     let base = format!("/api/projects/{project}/endpoints");
     app.create_endpoint(project, &key, &endpoint_body("kpi", "SELECT 1 AS n")).await;
-    for (method, suffix) in [(Method::GET, "kpi/openapi.json"), (Method::GET, "kpi/materialization_status")] {
+    for (method, suffix) in [(Method::GET, "kpi/materialization_status")] {
         let response = app
             .request(method.clone(), &format!("{base}/{suffix}"), Some(&key))
             .json(&json!({}))
@@ -65,5 +65,6 @@ async fn rows_of_later_issues_answer_501_after_checking_the_endpoint() {
         let body: Value = assert_error(response, 501, "server_error").await;
         assert_eq!(body["code"], "not_implemented", "{method} {suffix}");
     }
-    assert_error(app.get(&format!("{base}/missing/openapi.json"), &key).await, 404, "not_found").await;
+    assert_error(app.get(&format!("{base}/missing/materialization_status"), &key).await, 404, "not_found")
+        .await;
 }

@@ -6,5 +6,6 @@ mod cli;
 mod crud;
 mod errors;
 mod helpers;
+mod openapi;
 mod runs;
 mod versions;

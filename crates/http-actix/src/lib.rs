@@ -8,6 +8,7 @@ mod body;
 mod disconnect;
 mod error;
 mod handlers;
+mod openapi;
 mod render;
 mod routes;
 

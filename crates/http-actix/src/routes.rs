@@ -45,7 +45,7 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 )
                 .service(
                     web::resource("/{name}/openapi.json")
-                        .route(web::get().to(pending::openapi))
+                        .route(web::get().to(versions::openapi))
                         .default_service(web::to(not_allowed("GET"))),
                 )
                 .service(

@@ -1,4 +1,4 @@
-//! Rows whose issues have not landed yet (6 and 7): they authenticate, check the endpoint exists, and answer 501 with the
+//! The row whose issue has not landed yet (6): they authenticate, check the endpoint exists, and answer 501 with the
 //! JSON error body. Nothing here pretends to work.
 
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -27,14 +27,4 @@ pub(crate) async fn materialization_status(
     let (project, name) = path.into_inner();
     existing_endpoint(&req, &state, &project, &name).await?;
     Err(ApiError::NotImplemented("Materialization status"))
-}
-
-pub(crate) async fn openapi(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
-) -> Result<HttpResponse, ApiError> {
-    let (project, name) = path.into_inner();
-    existing_endpoint(&req, &state, &project, &name).await?;
-    Err(ApiError::NotImplemented("The per-endpoint OpenAPI document"))
 }

@@ -1,4 +1,4 @@
-//! Rows 10 and 11: the versions of an endpoint.
+//! Rows 7, 10 and 11: the versions of an endpoint, and the OpenAPI document of one.
 
 use std::collections::HashMap;
 
@@ -7,7 +7,7 @@ use domain::Scope;
 
 use super::authorize;
 use crate::error::ApiError;
-use crate::{render, AppState};
+use crate::{openapi, render, AppState};
 
 pub(crate) async fn list(
     req: HttpRequest,
@@ -31,4 +31,28 @@ pub(crate) async fn retrieve(
     let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
     let version = state.endpoints.version(project, &name, &number).await?;
     Ok(HttpResponse::Ok().json(render::version(&version)))
+}
+
+/// Row 7: the OpenAPI document of the current version, or of `?version=N`.
+pub(crate) async fn openapi(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    query: web::Query<HashMap<String, String>>,
+) -> Result<HttpResponse, ApiError> {
+    let (project, name) = path.into_inner();
+    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
+    let endpoint = state.endpoints.get(project, &name).await?;
+    let number = query.get("version").cloned().unwrap_or_else(|| endpoint.current_version.to_string());
+    let version = state.endpoints.version(project, &name, &number).await.map_err(|err| match err {
+        domain::Error::Invalid(mut invalid) => {
+            invalid.attr = Some("version".into());
+            invalid.detail = "version must be a positive integer.".into();
+            ApiError::from(invalid)
+        }
+        other => other.into(),
+    })?;
+    let info = req.connection_info();
+    let base_url = format!("{}://{}", info.scheme(), info.host());
+    Ok(HttpResponse::Ok().json(openapi::document(&endpoint, &version, &base_url)))
 }
