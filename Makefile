@@ -77,20 +77,29 @@ test: deps lint ## Everything CI checks: lint, then every test on SQLite and on 
 	@$(MAKE) --no-print-directory postgres
 	@rm -rf target/openapi-samples
 	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) cargo test --workspace --locked
-	@$(MAKE) --no-print-directory openapi-check
+	@$(MAKE) --no-print-directory openapi-check client-check
 
 VENV := target/venv
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
+OPENAPI_CLIENT := openapi-python-client==0.29.1
+
+$(VENV)/bin/python:
+	@python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get install -y -qq python3-venv >/dev/null && python3 -m venv $(VENV); }
 
 .PHONY: openapi-check
-openapi-check: ## Validate the OpenAPI documents the API tests saved, with a standard OpenAPI 3.0 validator.
-	@[ -x $(VENV)/bin/openapi-spec-validator ] || { \
-	  python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get install -y -qq python3-venv >/dev/null && python3 -m venv $(VENV); }; \
-	  $(VENV)/bin/pip install -q '$(OPENAPI_VALIDATOR)'; }
+openapi-check: $(VENV)/bin/python ## Validate the OpenAPI documents the API tests saved, with a standard OpenAPI 3.0 validator.
+	@[ -x $(VENV)/bin/openapi-spec-validator ] || $(VENV)/bin/pip install -q '$(OPENAPI_VALIDATOR)'
+
 	@ls target/openapi-samples/*.json >/dev/null 2>&1 || { echo "no OpenAPI samples: run the API tests first"; exit 1; }
 	@out=$$($(VENV)/bin/openapi-spec-validator target/openapi-samples/*.json 2>&1); status=$$?; \
 	echo "$$out"; ok=$$(echo "$$out" | grep -c ': OK$$'); total=$$(ls target/openapi-samples/*.json | wc -l); \
 	echo "openapi: $$ok passed, $$((total - ok)) failed"; exit $$status
+
+.PHONY: client-check
+client-check: $(VENV)/bin/python ## Generate a typed Python client from a live endpoint's OpenAPI document and use it.
+	@[ -x $(VENV)/bin/openapi-python-client ] || $(VENV)/bin/pip install -q '$(OPENAPI_CLIENT)'
+	@[ -x target/debug/endpoints ] || cargo build --locked -p server
+	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/client_e2e.py
 
 .PHONY: fmt
 fmt: ## Format the code.
