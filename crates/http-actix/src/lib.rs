@@ -11,6 +11,7 @@ mod handlers;
 mod openapi;
 mod render;
 mod routes;
+mod service_doc;
 
 use std::sync::Arc;
 

@@ -66,5 +66,16 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 ),
         );
     }
+    // The service's own document and its interactive page (Swagger UI, served from the binary).
+    cfg.service(
+        utoipa_swagger_ui::SwaggerUi::new("/api/docs/{_:.*}")
+            .url("/api/schema", crate::service_doc::document()),
+    );
+    cfg.route(
+        "/api/docs",
+        web::get().to(|| async {
+            HttpResponse::Found().insert_header(("Location", "/api/docs/index.html")).finish()
+        }),
+    );
     cfg.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::RouteNotFound) }));
 }

@@ -1,0 +1,352 @@
+//! The service's own OpenAPI document (`GET /api/schema`) and its interactive page (`/api/docs`).
+//!
+//! The schemas below describe the JSON bodies that `render` writes and the domain reads; a test compares real
+//! responses with them field by field, so the document cannot drift from the service.
+
+#![allow(dead_code)] // The structs exist for their schemas; they are never built.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::OpenApi as Document;
+use utoipa::{Modify, OpenApi, ToSchema};
+
+/// Every error answer.
+#[derive(ToSchema)]
+pub(crate) struct Error {
+    /// `validation_error`, `authentication_error`, `permission_denied`, `not_found`, `conflict`, `throttled`,
+    /// `query_error` or `server_error`.
+    #[schema(rename = "type")]
+    kind: String,
+    /// A stable machine code such as `invalid`, `required`, `unique`, `query_timeout`.
+    code: String,
+    detail: String,
+    /// The offending field as a dotted path, or null.
+    attr: Option<String>,
+}
+
+/// A declared variable.
+#[derive(ToSchema)]
+pub(crate) struct Variable {
+    /// `String`, `Number`, `Integer`, `Boolean`, `Date`, `DateTime` or `List`.
+    #[schema(rename = "type")]
+    kind: String,
+    default: Option<Value>,
+    required: Option<bool>,
+    description: Option<String>,
+}
+
+/// The saved query.
+#[derive(ToSchema)]
+pub(crate) struct Query {
+    /// `SQLQuery` (or its alias `HogQLQuery`).
+    kind: String,
+    /// One read-only SQL statement with `{variables.NAME}` placeholders.
+    query: String,
+    variables: Option<BTreeMap<String, Variable>>,
+}
+
+/// An output column.
+#[derive(ToSchema)]
+pub(crate) struct Column {
+    name: String,
+    /// `integer`, `float`, `decimal`, `string`, `boolean`, `date`, `datetime`, `array`, `json` or `unknown`.
+    #[schema(rename = "type")]
+    kind: String,
+}
+
+/// Create (every field but `name` and `query` optional) and update (any subset) body.
+#[derive(ToSchema)]
+pub(crate) struct EndpointInput {
+    name: Option<String>,
+    description: Option<String>,
+    query: Option<Query>,
+    derived_from_insight: Option<String>,
+    is_active: Option<bool>,
+    is_materialized: Option<bool>,
+    /// 0..=86400; null for the server default (300).
+    cache_age_seconds: Option<i64>,
+    /// `5min`, `30min`, `1hour`, `6hour`, `12hour`, `24hour`, `7day` or `30day`; only when materialized.
+    sync_frequency: Option<String>,
+}
+
+/// The materialization summary of an endpoint.
+#[derive(ToSchema)]
+pub(crate) struct Materialization {
+    status: String,
+    sync_frequency: Option<String>,
+    last_materialized_at: Option<String>,
+    row_count: Option<i64>,
+    error: Option<String>,
+}
+
+/// An endpoint.
+#[derive(ToSchema)]
+pub(crate) struct Endpoint {
+    #[schema(format = Uuid)]
+    id: String,
+    name: String,
+    description: String,
+    query: Query,
+    derived_from_insight: Option<String>,
+    is_active: bool,
+    is_materialized: bool,
+    cache_age_seconds: Option<i64>,
+    sync_frequency: Option<String>,
+    current_version: i64,
+    versions_count: i64,
+    columns: Vec<Column>,
+    endpoint_path: String,
+    #[schema(format = DateTime)]
+    created_at: String,
+    #[schema(format = DateTime)]
+    updated_at: String,
+    last_executed_at: Option<String>,
+    materialization: Materialization,
+}
+
+/// A page of endpoints.
+#[derive(ToSchema)]
+pub(crate) struct EndpointPage {
+    count: i64,
+    next: Option<String>,
+    previous: Option<String>,
+    results: Vec<Endpoint>,
+}
+
+/// One version of an endpoint.
+#[derive(ToSchema)]
+pub(crate) struct Version {
+    version: i64,
+    query: Query,
+    description: String,
+    columns: Vec<Column>,
+    cache_age_seconds: Option<i64>,
+    #[schema(format = DateTime)]
+    created_at: String,
+    is_current: bool,
+}
+
+/// A page of versions, newest first.
+#[derive(ToSchema)]
+pub(crate) struct VersionPage {
+    count: i64,
+    next: Option<String>,
+    previous: Option<String>,
+    results: Vec<Version>,
+}
+
+/// The body of a POST run.
+#[derive(ToSchema)]
+pub(crate) struct RunRequest {
+    variables: Option<BTreeMap<String, Value>>,
+    version: Option<i64>,
+    /// 1..=10000, default 100.
+    limit: Option<i64>,
+    offset: Option<i64>,
+    /// `blocking` (default), `force_blocking`, `force_cache` or `direct`.
+    refresh: Option<String>,
+    client_query_id: Option<String>,
+    /// null or `{}` only.
+    query_override: Option<Value>,
+    /// null or `{}` only.
+    filters_override: Option<Value>,
+}
+
+/// Time spent answering.
+#[derive(ToSchema)]
+pub(crate) struct Timings {
+    total_ms: f64,
+    query_ms: f64,
+}
+
+/// A run's answer. Each endpoint's own document (`{name}/openapi.json`) types `results` per column.
+#[derive(ToSchema)]
+pub(crate) struct RunResult {
+    name: String,
+    endpoint_version: Option<i64>,
+    endpoint_version_created_at: Option<String>,
+    columns: Vec<String>,
+    types: Vec<Vec<String>>,
+    results: Option<Vec<BTreeMap<String, Value>>>,
+    #[schema(rename = "hasMore")]
+    has_more: bool,
+    limit: i64,
+    offset: i64,
+    is_cached: bool,
+    last_refresh: Option<String>,
+    cache_expires_at: Option<String>,
+    endpoint_materialized: bool,
+    endpoint_materialized_at: Option<String>,
+    #[schema(format = Uuid)]
+    execution_id: String,
+    client_query_id: Option<String>,
+    timings: Timings,
+}
+
+/// The names to look up.
+#[derive(ToSchema)]
+pub(crate) struct Names {
+    /// 1..=1000 endpoint names.
+    names: Vec<String>,
+}
+
+/// Counts of a lookup.
+#[derive(ToSchema)]
+pub(crate) struct QueryProgress {
+    active_cpu_time: i64,
+    bytes_read: i64,
+    estimated_rows_total: i64,
+    rows_read: i64,
+    time_elapsed: f64,
+}
+
+/// The status of a last-execution-times lookup.
+#[derive(ToSchema)]
+pub(crate) struct QueryStatus {
+    complete: bool,
+    error: bool,
+    error_message: Option<String>,
+    id: String,
+    query_async: bool,
+    team_id: i64,
+    dashboard_id: Option<i64>,
+    insight_id: Option<i64>,
+    labels: Option<Vec<String>>,
+    start_time: Option<String>,
+    end_time: Option<String>,
+    pickup_time: Option<String>,
+    expiration_time: Option<String>,
+    task_id: Option<String>,
+    /// `[name, last_executed_at]` pairs.
+    results: Option<Vec<Vec<String>>>,
+    query_progress: QueryProgress,
+}
+
+/// Row 12's answer.
+#[derive(ToSchema)]
+pub(crate) struct LastExecutionTimes {
+    query_status: QueryStatus,
+}
+
+const P: &str = "/api/projects/{project_id}/endpoints";
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints", operation_id = "list_endpoints",
+    params(("project_id" = String, Path, description = "Project id or @current"),
+           ("limit" = Option<i64>, Query), ("offset" = Option<i64>, Query), ("is_active" = Option<bool>, Query),
+           ("is_materialized" = Option<bool>, Query), ("search" = Option<String>, Query)),
+    responses((status = 200, body = EndpointPage), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error)))]
+fn list() {}
+
+#[utoipa::path(post, path = "/api/projects/{project_id}/endpoints", operation_id = "create_endpoint",
+    params(("project_id" = String, Path)), request_body = EndpointInput,
+    responses((status = 201, body = Endpoint), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 409, body = Error), (status = 413, body = Error), (status = 415, body = Error)))]
+fn create() {}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}", operation_id = "get_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path)),
+    responses((status = 200, body = Endpoint), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+fn retrieve() {}
+
+#[utoipa::path(patch, path = "/api/projects/{project_id}/endpoints/{name}", operation_id = "update_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path)), request_body = EndpointInput,
+    responses((status = 200, body = Endpoint), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+fn update() {}
+
+#[utoipa::path(delete, path = "/api/projects/{project_id}/endpoints/{name}", operation_id = "delete_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+fn delete() {}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint_get",
+    params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query), ("limit" = Option<i64>, Query),
+           ("offset" = Option<i64>, Query), ("refresh" = Option<String>, Query), ("client_query_id" = Option<String>, Query),
+           ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
+    responses((status = 200, body = RunResult), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 429, body = Error)))]
+fn run_get() {}
+
+#[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query)), request_body = RunRequest,
+    responses((status = 200, body = RunResult), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 429, body = Error)))]
+fn run_post() {}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/openapi.json", operation_id = "endpoint_openapi",
+    params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query)),
+    responses((status = 200, description = "An OpenAPI 3.0.3 document of the endpoint's run operation", body = Object),
+              (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+fn openapi() {}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/materialization_status", operation_id = "materialization_status",
+    params(("project_id" = String, Path), ("name" = String, Path)),
+    responses((status = 501, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+fn materialization_status() {}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/versions", operation_id = "list_versions",
+    params(("project_id" = String, Path), ("name" = String, Path), ("limit" = Option<i64>, Query), ("offset" = Option<i64>, Query)),
+    responses((status = 200, body = VersionPage), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+fn versions() {}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/versions/{version_number}", operation_id = "get_version",
+    params(("project_id" = String, Path), ("name" = String, Path), ("version_number" = String, Path)),
+    responses((status = 200, body = Version), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+fn version() {}
+
+#[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/last_execution_times", operation_id = "last_execution_times",
+    params(("project_id" = String, Path)), request_body = Names,
+    responses((status = 200, body = LastExecutionTimes), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error)))]
+fn last_execution_times() {}
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut Document) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        openapi.security =
+            Some(vec![utoipa::openapi::security::SecurityRequirement::new("bearer", Vec::<String>::new())]);
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Saved query endpoints", description = "Named, saved SQL query endpoints inside projects, run over HTTP."),
+    paths(list, create, retrieve, update, delete, run_get, run_post, openapi, materialization_status, versions, version, last_execution_times),
+    components(schemas(Error, Endpoint, EndpointInput, EndpointPage, Version, VersionPage, RunRequest, RunResult, Names, LastExecutionTimes)),
+    modifiers(&BearerAuth)
+)]
+struct ApiDoc;
+
+/// The service's document, with every path under both families (`projects` and `environments`).
+pub(crate) fn document() -> Document {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    let projects: Vec<(String, utoipa::openapi::PathItem)> =
+        doc.paths.paths.iter().map(|(path, item)| (path.clone(), item.clone())).collect();
+    for (path, item) in projects {
+        let mut item = item;
+        for operation in operations(&mut item) {
+            operation.operation_id = operation.operation_id.take().map(|id| format!("environments_{id}"));
+            operation.tags = Some(vec!["environments".into()]);
+        }
+        doc.paths.paths.insert(path.replacen("/api/projects/", "/api/environments/", 1), item);
+    }
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if path.starts_with(P.split("{project_id}").next().unwrap_or("/api/projects/")) {
+            for operation in operations(item) {
+                operation.tags = Some(vec!["projects".into()]);
+            }
+        }
+    }
+    doc
+}
+
+fn operations(item: &mut utoipa::openapi::PathItem) -> Vec<&mut utoipa::openapi::path::Operation> {
+    [&mut item.get, &mut item.post, &mut item.patch, &mut item.delete, &mut item.put]
+        .into_iter()
+        .filter_map(Option::as_mut)
+        .collect()
+}
