@@ -230,8 +230,6 @@ pub(crate) struct LastExecutionTimes {
     query_status: QueryStatus,
 }
 
-const P: &str = "/api/projects/{project_id}/endpoints";
-
 #[utoipa::path(get, path = "/api/projects/{project_id}/endpoints", operation_id = "list_endpoints",
     params(("project_id" = String, Path, description = "Project id or @current"),
            ("limit" = Option<i64>, Query), ("offset" = Option<i64>, Query), ("is_active" = Option<bool>, Query),
@@ -335,7 +333,7 @@ pub(crate) fn document() -> Document {
         doc.paths.paths.insert(path.replacen("/api/projects/", "/api/environments/", 1), item);
     }
     for (path, item) in doc.paths.paths.iter_mut() {
-        if path.starts_with(P.split("{project_id}").next().unwrap_or("/api/projects/")) {
+        if path.starts_with("/api/projects/") {
             for operation in operations(item) {
                 operation.tags = Some(vec!["projects".into()]);
             }
