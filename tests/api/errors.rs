@@ -68,3 +68,23 @@ async fn rows_of_later_issues_answer_501_after_checking_the_endpoint() {
     assert_error(app.get(&format!("{base}/missing/materialization_status"), &key).await, 404, "not_found")
         .await;
 }
+
+#[tokio::test]
+async fn pathological_sql_cannot_bring_the_server_down() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let base = format!("/api/projects/{project}/endpoints");
+    for (name, sql) in [
+        ("sum", format!("SELECT {} AS x", vec!["1"; 50_000].join("+"))),
+        ("sum1200", format!("SELECT {} AS x", vec!["1"; 1_200].join("+"))),
+        ("parens", format!("SELECT {}1{} AS x", "(".repeat(50_000), ")".repeat(50_000))),
+        ("ands", format!("SELECT 1 AS x WHERE {}", vec!["1 = 1"; 20_000].join(" AND "))),
+    ] {
+        let response = app.post(&base, &key, &endpoint_body(name, &sql)).await;
+        assert!([201, 400].contains(&response.status().as_u16()), "{name}: {}", response.status());
+    }
+    assert_eq!(app.get(&base, &key).await.status(), 200, "the server is still up");
+    // Large but bounded expressions plan and run on the engine's deep stacks.
+    let run: Value = app.get(&format!("{base}/sum1200/run"), &key).await.json().await.unwrap();
+    assert_eq!(run["results"], json!([{"x": 1200}]));
+}

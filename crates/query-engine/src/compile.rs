@@ -72,3 +72,43 @@ impl Compiled {
             .collect()
     }
 }
+
+/// Tokens one statement may have. Deeply nested expressions are bounded by it, so planning stays within the
+/// engine threads' stacks; ordinary queries, even long generated ones, are far below it.
+pub(crate) const MAX_TOKENS: usize = 10_000;
+
+/// Refuses SQL with more than [`MAX_TOKENS`] tokens (words and symbols outside quotes), before it is parsed.
+pub(crate) fn check_size(sql: &str) -> Result<(), domain::ports::EngineError> {
+    let mut tokens = 0_usize;
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    for c in sql.chars() {
+        if let Some(q) = quote {
+            if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        if c == '\'' || c == '"' {
+            quote = Some(c);
+            tokens += 1;
+            in_word = false;
+        } else if c.is_alphanumeric() || c == '_' || c == '.' || c == '$' {
+            if !in_word {
+                tokens += 1;
+                in_word = true;
+            }
+        } else {
+            in_word = false;
+            if !c.is_whitespace() {
+                tokens += 1;
+            }
+        }
+    }
+    if tokens > MAX_TOKENS {
+        return Err(domain::ports::EngineError::InvalidQuery(format!(
+            "The query is too large: {tokens} tokens, at most {MAX_TOKENS}."
+        )));
+    }
+    Ok(())
+}

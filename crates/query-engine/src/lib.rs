@@ -11,6 +11,7 @@ mod catalog;
 mod compile;
 pub mod demo;
 mod execute;
+mod runtime;
 pub mod tables;
 mod types;
 
@@ -38,6 +39,7 @@ pub struct DataFusionEngine {
     data_dir: PathBuf,
     limits: EngineLimits,
     slots: Arc<execute::Slots>,
+    runtime: Arc<runtime::EngineRuntime>,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -53,7 +55,12 @@ impl DataFusionEngine {
 
     /// An engine whose live queries run under `limits`.
     pub fn with_limits(data_dir: impl Into<PathBuf>, limits: EngineLimits) -> Self {
-        Self { data_dir: data_dir.into(), limits, slots: Arc::default() }
+        Self {
+            data_dir: data_dir.into(),
+            limits,
+            slots: Arc::default(),
+            runtime: Arc::new(runtime::EngineRuntime::new()),
+        }
     }
 
     /// The tables a project can query, by name.
@@ -97,10 +104,18 @@ impl DataFusionEngine {
     }
 }
 
-#[async_trait]
-impl QueryEngine for DataFusionEngine {
-    #[instrument(skip_all, fields(project = %project))]
-    async fn describe(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError> {
+impl DataFusionEngine {
+    /// Bounds planning as well as execution by the query timeout; the work is aborted when it passes.
+    async fn within_time<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, EngineError>>,
+    ) -> Result<T, EngineError> {
+        tokio::time::timeout(self.limits.query_timeout, work)
+            .await
+            .unwrap_or(Err(EngineError::Timeout(self.limits.query_timeout)))
+    }
+
+    async fn describe_here(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError> {
         let compiled = compile::compile(query);
         let ctx = catalog::session(&self.data_dir, project, None).await?;
         let plan = self.plan(&ctx, &compiled, compiled.sample_values()).await?;
@@ -115,8 +130,7 @@ impl QueryEngine for DataFusionEngine {
         Ok(columns)
     }
 
-    #[instrument(skip_all, fields(project = %project, limit, offset))]
-    async fn execute(
+    async fn execute_here(
         &self,
         project: ProjectId,
         query: &Query,
@@ -124,7 +138,6 @@ impl QueryEngine for DataFusionEngine {
         limit: u32,
         offset: u64,
     ) -> Result<domain::QueryResult, EngineError> {
-        let _slot = self.slots.try_acquire(project, &self.limits)?;
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
         let ctx = catalog::session(&self.data_dir, project, Some(execute::runtime(&self.limits)?)).await?;
@@ -135,6 +148,37 @@ impl QueryEngine for DataFusionEngine {
         let stream = frame.execute_stream().await.map_err(execute::execution_error)?;
         let batches = execute::collect(stream, &self.limits).await?;
         execute::result(columns, &batches, limit)
+    }
+}
+
+/// Planning and execution run on the engine's own threads, whose deep stacks let DataFusion recurse through
+/// large expressions; a caller that goes away aborts its work there.
+#[async_trait]
+impl QueryEngine for DataFusionEngine {
+    #[instrument(skip_all, fields(project = %project))]
+    async fn describe(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError> {
+        compile::check_size(&query.sql)?;
+        let (engine, query) = (self.clone(), query.clone());
+        self.within_time(self.runtime.run(async move { engine.describe_here(project, &query).await })).await
+    }
+
+    #[instrument(skip_all, fields(project = %project, limit, offset))]
+    async fn execute(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, domain::BoundValue>,
+        limit: u32,
+        offset: u64,
+    ) -> Result<domain::QueryResult, EngineError> {
+        compile::check_size(&query.sql)?;
+        let slot = self.slots.try_acquire(project, &self.limits)?;
+        let (engine, query, variables) = (self.clone(), query.clone(), variables.clone());
+        self.within_time(self.runtime.run(async move {
+            let _slot = slot;
+            engine.execute_here(project, &query, &variables, limit, offset).await
+        }))
+        .await
     }
 }
 

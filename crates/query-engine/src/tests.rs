@@ -310,3 +310,21 @@ async fn demo_events_are_reproducible() {
     assert_eq!(a.iter().map(RecordBatch::num_rows).sum::<usize>(), 1000);
     assert_ne!(a, demo::events(1000, 8).collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn deeply_nested_sql_is_refused_or_planned_without_crashing() {
+    let (engine, _dir) = engine_with_events();
+    // Within the token bound: planned (and run) on the engine's deep stacks.
+    let sql = format!("SELECT {} AS x", vec!["1"; 1_200].join(" + "));
+    let result = engine.execute(project(1), &query(&sql, json!({})), &bound(&[]), 1, 0).await.unwrap();
+    assert_eq!(result.rows_json, r#"[{"x":1200}]"#);
+    // Past it: refused before parsing.
+    let sql = format!("SELECT {} AS x", vec!["1"; 20_000].join(" + "));
+    let reason = invalid(engine.describe(project(1), &query(&sql, json!({}))).await);
+    assert!(reason.contains("too large"), "{reason}");
+    let nested = format!("SELECT {}1{} AS x", "(".repeat(5_000), ")".repeat(5_000));
+    assert!(matches!(
+        engine.describe(project(1), &query(&nested, json!({}))).await,
+        Err(EngineError::InvalidQuery(_))
+    ));
+}
