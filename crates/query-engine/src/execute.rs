@@ -143,15 +143,12 @@ pub(crate) fn window(
         .map_err(|e| EngineError::Internal(Box::new(e)))
 }
 
-/// Runs the stream to its end within the time limit; dropping it on timeout cancels the query.
+/// Runs the stream to its end. The caller bounds the whole query (planning included) by the time limit, and
+/// dropping the stream on timeout cancels the query.
 pub(crate) async fn collect(
     stream: datafusion::physical_plan::SendableRecordBatchStream,
-    limits: &EngineLimits,
 ) -> Result<Vec<RecordBatch>, EngineError> {
-    match tokio::time::timeout(limits.query_timeout, stream.try_collect::<Vec<_>>()).await {
-        Ok(result) => result.map_err(execution_error),
-        Err(_) => Err(EngineError::Timeout(limits.query_timeout)),
-    }
+    stream.try_collect::<Vec<_>>().await.map_err(execution_error)
 }
 
 /// The first `limit` rows as a JSON array of objects, straight from Arrow, and whether a row was left over.

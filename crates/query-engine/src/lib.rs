@@ -146,7 +146,7 @@ impl DataFusionEngine {
         let plan = execute::window(plan, limit, offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         let stream = frame.execute_stream().await.map_err(execute::execution_error)?;
-        let batches = execute::collect(stream, &self.limits).await?;
+        let batches = execute::collect(stream).await?;
         execute::result(columns, &batches, limit)
     }
 }
