@@ -271,6 +271,34 @@ impl EndpointService {
         self.store.get_version(project, &name, number).await.map_err(|e| self.name_error(e, &name))
     }
 
+    /// The endpoint with its current version, or the version named by a `?version=` parameter.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] (attr `version`) when the parameter is not a positive integer; [`Error::NotFound`] for an
+    /// unknown endpoint or version; store failures.
+    pub async fn with_version(
+        &self,
+        project: ProjectId,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<(Endpoint, EndpointVersion), Error> {
+        let endpoint = self.get(project, name).await?;
+        let number = match version {
+            None => endpoint.current_version,
+            Some(raw) => raw
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| Invalid::field("version", "version must be a positive integer."))?,
+        };
+        let version = self
+            .store
+            .get_version(project, &endpoint.name, number)
+            .await
+            .map_err(|e| self.name_error(e, &endpoint.name))?;
+        Ok((endpoint, version))
+    }
+
     fn name_error(&self, err: crate::ports::StoreError, name: &EndpointName) -> Error {
         match err {
             crate::ports::StoreError::NotFound => not_found(name.as_str()),

@@ -42,16 +42,8 @@ pub(crate) async fn openapi(
 ) -> Result<HttpResponse, ApiError> {
     let (project, name) = path.into_inner();
     let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    let endpoint = state.endpoints.get(project, &name).await?;
-    let number = query.get("version").cloned().unwrap_or_else(|| endpoint.current_version.to_string());
-    let version = state.endpoints.version(project, &name, &number).await.map_err(|err| match err {
-        domain::Error::Invalid(mut invalid) => {
-            invalid.attr = Some("version".into());
-            invalid.detail = "version must be a positive integer.".into();
-            ApiError::from(invalid)
-        }
-        other => other.into(),
-    })?;
+    let (endpoint, version) =
+        state.endpoints.with_version(project, &name, query.get("version").map(String::as_str)).await?;
     let info = req.connection_info();
     let base_url = format!("{}://{}", info.scheme(), info.host());
     Ok(HttpResponse::Ok().json(openapi::document(&endpoint, &version, &base_url)))
