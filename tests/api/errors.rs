@@ -50,26 +50,6 @@ async fn http_level_errors_are_json() {
 }
 
 #[tokio::test]
-async fn rows_of_later_issues_answer_501_after_checking_the_endpoint() {
-    let app = spawn_app().await;
-    let (project, key) = app.project_with_key();
-    let base = format!("/api/projects/{project}/endpoints");
-    app.create_endpoint(project, &key, &endpoint_body("kpi", "SELECT 1 AS n")).await;
-    for (method, suffix) in [(Method::GET, "kpi/materialization_status")] {
-        let response = app
-            .request(method.clone(), &format!("{base}/{suffix}"), Some(&key))
-            .json(&json!({}))
-            .send()
-            .await
-            .unwrap();
-        let body: Value = assert_error(response, 501, "server_error").await;
-        assert_eq!(body["code"], "not_implemented", "{method} {suffix}");
-    }
-    assert_error(app.get(&format!("{base}/missing/materialization_status"), &key).await, 404, "not_found")
-        .await;
-}
-
-#[tokio::test]
 async fn pathological_sql_cannot_bring_the_server_down() {
     let app = spawn_app().await;
     let (project, key) = app.project_with_key();

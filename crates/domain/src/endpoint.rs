@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::auth::ProjectId;
 use crate::error::Invalid;
+use crate::materialization::{Eligibility, MaterializationState};
 use crate::query::Query;
 use crate::settings::{CacheAge, SyncFrequency};
 use crate::Timestamp;
@@ -94,6 +95,10 @@ pub struct Endpoint {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub last_executed_at: Option<Timestamp>,
+    /// Whether the current version can be materialized; `None` for a version saved before it was recorded.
+    pub eligibility: Option<Eligibility>,
+    /// The materialization record, when the service has read it (the endpoint store leaves it `None`).
+    pub materialization: Option<MaterializationState>,
 }
 
 /// One immutable query of an endpoint, with the settings it was saved with.
@@ -108,6 +113,8 @@ pub struct EndpointVersion {
     pub sync_frequency: Option<SyncFrequency>,
     pub created_at: Timestamp,
     pub is_current: bool,
+    /// Whether this version can be materialized; `None` for a version saved before it was recorded.
+    pub eligibility: Option<Eligibility>,
 }
 
 /// A validated endpoint to insert as version 1.
@@ -119,6 +126,7 @@ pub struct NewEndpoint {
     pub description: String,
     pub query: Query,
     pub columns: Vec<Column>,
+    pub eligibility: Eligibility,
     pub derived_from_insight: Option<String>,
     pub is_active: bool,
     pub is_materialized: bool,
@@ -137,7 +145,7 @@ pub struct EndpointChange {
     pub cache_age: Option<CacheAge>,
     pub sync_frequency: Option<Option<SyncFrequency>>,
     /// A query to save; the store makes a new version only when its canonical form differs from the current one.
-    pub query: Option<(Query, Vec<Column>)>,
+    pub query: Option<(Query, Vec<Column>, Eligibility)>,
 }
 
 impl EndpointChange {

@@ -9,6 +9,8 @@ pub mod endpoint;
 pub mod error;
 pub mod executions;
 pub mod fields;
+pub mod materialization;
+pub mod materializer;
 pub mod page;
 pub mod ports;
 pub mod query;
@@ -21,6 +23,8 @@ pub use auth::{ApiKey, ApiKeyService, NewApiKey, Principal, Project, ProjectId, 
 pub use endpoint::{Column, ColumnType, Endpoint, EndpointName, EndpointVersion};
 pub use error::{Error, Invalid};
 pub use executions::ExecutionTracker;
+pub use materialization::{Eligibility, MaterializationStatus, MaterializationView};
+pub use materializer::Materializer;
 pub use page::{Page, PageRequest};
 pub use query::{Query, QueryKind, Variable, VariableType};
 pub use run::{BoundValue, QueryResult, Refresh, RunRequest};

@@ -12,6 +12,9 @@ use crate::endpoint::{
     Column, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
 };
 use crate::error::BoxError;
+use crate::materialization::{
+    Claim, MaterializationState, MaterializedFilter, QueryOutline, StoredResult, Switch,
+};
 use crate::page::{Page, PageRequest};
 use crate::query::Query;
 use crate::run::{BoundValue, QueryResult};
@@ -57,7 +60,8 @@ pub trait EndpointStore: Send + Sync {
         page: PageRequest,
     ) -> Result<Page<Endpoint>, StoreError>;
 
-    /// Applies a change atomically. A query whose canonical text differs from the current version's becomes
+    /// Applies a change atomically; a change that turns materialization off removes the materialization record
+    /// with it. A query whose canonical text differs from the current version's becomes
     /// version `current + 1` (numbers stay contiguous under concurrent updates) and copies the endpoint's
     /// resulting description, cache and sync settings; otherwise the current version's settings follow the
     /// endpoint's.
@@ -72,11 +76,12 @@ pub trait EndpointStore: Send + Sync {
         at: Timestamp,
     ) -> Result<Endpoint, StoreError>;
 
-    /// Deletes the endpoint and all its versions; its name is free again.
+    /// Deletes the endpoint with all its versions and its materialization record, and returns its id; its name
+    /// is free again.
     ///
     /// # Errors
     /// [`StoreError::NotFound`]; `Unavailable`, `Internal`.
-    async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<(), StoreError>;
+    async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<Uuid, StoreError>;
 
     /// Versions, newest first.
     ///
@@ -187,6 +192,13 @@ pub enum EngineError {
     Internal(#[source] BoxError),
 }
 
+/// What planning a query tells: its output columns and the facts materialization rules need.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QueryDescription {
+    pub columns: Vec<Column>,
+    pub outline: QueryOutline,
+}
+
 /// Plans and runs queries over a project's tables.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 #[async_trait]
@@ -197,7 +209,7 @@ pub trait QueryEngine: Send + Sync {
     /// # Errors
     /// [`EngineError::InvalidQuery`] for SQL that is not one read-only statement, names an unknown table or column,
     /// or has duplicate output column names; `Unavailable`, `Internal`.
-    async fn describe(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError>;
+    async fn describe(&self, project: ProjectId, query: &Query) -> Result<QueryDescription, EngineError>;
 
     /// Runs the query with its variables bound as typed parameters and returns the page `offset..offset+limit`
     /// of its rows, with whether more rows follow.
@@ -213,6 +225,126 @@ pub trait QueryEngine: Send + Sync {
         limit: u32,
         offset: u64,
     ) -> Result<QueryResult, EngineError>;
+}
+
+/// Materialization records: which version each materialized endpoint has stored, where, and who refreshes it.
+///
+/// The endpoint row is the source of truth for whether an endpoint is materialized and at which version; this
+/// record follows it. Claims are leases: a claim is granted to one worker at a time, across processes sharing the
+/// database, and a lease that expires (its worker crashed) can be claimed again.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait MaterializationStore: Send + Sync {
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn get(&self, endpoint_id: Uuid) -> Result<Option<MaterializationState>, StoreError>;
+
+    /// The records of those endpoints that have one.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn get_many(&self, endpoint_ids: Vec<Uuid>) -> Result<Vec<MaterializationState>, StoreError>;
+
+    /// Claims up to `max` refreshes that are due at `now`: active materialized endpoints whose current version
+    /// has no record yet, whose record is for an older version, whose next run has come, or whose running
+    /// attempt's lease has expired. Each is marked Running with a new token, leased until `lease_until`.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn claim_due(
+        &self,
+        now: crate::Timestamp,
+        lease_until: crate::Timestamp,
+        max: usize,
+    ) -> Result<Vec<Claim>, StoreError>;
+
+    /// Extends a held lease; `false` when the claim is no longer held.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn renew(
+        &self,
+        endpoint_id: Uuid,
+        token: Uuid,
+        until: crate::Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Switches runs to a completed result, if the claim is still held.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn complete(
+        &self,
+        endpoint_id: Uuid,
+        token: Uuid,
+        result: StoredResult,
+        next_run_at: crate::Timestamp,
+    ) -> Result<Switch, StoreError>;
+
+    /// Records a failed attempt, if the claim is still held; the previous result stays readable.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn fail(
+        &self,
+        endpoint_id: Uuid,
+        token: Uuid,
+        error: String,
+        next_run_at: crate::Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Makes a record due at `at` (a changed frequency); a running attempt keeps its lease.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn reschedule(&self, endpoint_id: Uuid, at: crate::Timestamp) -> Result<(), StoreError>;
+
+    /// Every record, for sweeping files no record refers to. Records are removed by the endpoint store with the
+    /// change that turns materialization off and with the endpoint.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn all(&self) -> Result<Vec<MaterializationState>, StoreError>;
+}
+
+/// Stored results: written from a query, read with filters and a page window, removed. Locations are relative
+/// to the project and made by [`crate::materialization::location`].
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait MaterializedResults: Send + Sync {
+    /// Runs the query with its variable predicates removed and stores every row, in order, at `location`.
+    /// Returns the number of rows. A failed write leaves nothing at `location`.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidQuery`] when the query no longer plans or cannot be materialized;
+    /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`]; `Unavailable`, `Internal` (including I/O).
+    async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<u64, EngineError>;
+
+    /// The page `offset..offset+limit` of the stored rows that pass every filter, in stored order.
+    ///
+    /// # Errors
+    /// [`EngineError::Busy`], [`EngineError::Timeout`]; `Internal` when the result cannot be read.
+    async fn read(
+        &self,
+        project: ProjectId,
+        location: &str,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+        limit: u32,
+        offset: u64,
+    ) -> Result<QueryResult, EngineError>;
+
+    /// Removes a location, or with an endpoint's location every result of the endpoint. Removing what is not
+    /// there succeeds.
+    ///
+    /// # Errors
+    /// `Internal` on I/O failure.
+    async fn remove(&self, project: ProjectId, location: &str) -> Result<(), EngineError>;
+
+    /// Every result location present, with its project.
+    ///
+    /// # Errors
+    /// `Internal` on I/O failure.
+    async fn locations(&self) -> Result<Vec<(ProjectId, String)>, EngineError>;
 }
 
 /// Identifies one cacheable answer: the endpoint, its cache generation and the canonical request.
@@ -237,6 +369,8 @@ pub struct CachedRun {
     pub expires_at: Option<Timestamp>,
     pub query_time: std::time::Duration,
     pub endpoint_materialized: bool,
+    /// When the stored result the answer was read from was computed.
+    pub materialized_at: Option<Timestamp>,
     /// The bound variables, defaults included.
     pub variables: serde_json::Value,
 }

@@ -1,20 +1,26 @@
 //! The run rules: cache lookup before anything else, version selection, variable binding, refresh modes,
 //! coalescing of identical cache misses, and recording of execution times.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use serde_json::{Map, Value};
+use tracing::warn;
 use uuid::Uuid;
 
 use crate::auth::ProjectId;
+use crate::endpoint::EndpointVersion;
 use crate::endpoint::{Endpoint, EndpointName};
 use crate::error::Error;
 use crate::executions::ExecutionTracker;
-use crate::ports::{CacheKey, CachedRun, Clock, EndpointStore, QueryEngine, ResultCache, StoreError};
-use crate::run::{bind, Refresh, RunRequest};
+use crate::materialization::StoredResult;
+use crate::ports::{
+    CacheKey, CachedRun, Clock, EndpointStore, MaterializationStore, MaterializedResults, QueryEngine,
+    ResultCache, StoreError,
+};
+use crate::run::{bind, BoundValue, QueryResult, Refresh, RunRequest};
 use crate::Timestamp;
 
 /// What a run answers: the result (or none for `force_cache` without a cached one) and how it was obtained.
@@ -41,6 +47,7 @@ pub struct RunService {
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
     executions: Arc<ExecutionTracker>,
+    materializations: Option<(Arc<dyn MaterializationStore>, Arc<dyn MaterializedResults>)>,
     /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
     /// the engine's work and its concurrency slot), and the next identical request starts afresh.
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
@@ -101,7 +108,26 @@ impl RunService {
         clock: Arc<dyn Clock>,
         executions: Arc<ExecutionTracker>,
     ) -> Self {
-        Self { store, engine, cache, clock, executions, in_flight: Arc::new(Mutex::new(HashMap::new())) }
+        Self {
+            store,
+            engine,
+            cache,
+            clock,
+            executions,
+            materializations: None,
+            in_flight: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Serves `blocking` and `force_cache` runs of materialized endpoints from their stored results.
+    #[must_use]
+    pub fn with_materializations(
+        mut self,
+        states: Arc<dyn MaterializationStore>,
+        results: Arc<dyn MaterializedResults>,
+    ) -> Self {
+        self.materializations = Some((states, results));
+        self
     }
 
     /// Runs an endpoint. A fresh cached result is served without touching the store or the engine.
@@ -133,11 +159,27 @@ impl RunService {
         }
         let run = match request.refresh {
             Refresh::ForceCache => {
-                // Nothing cached: say so, after checking that the endpoint exists.
+                // Nothing cached: a stored result answers, else say there is nothing (after checking that the
+                // endpoint exists).
                 let endpoint = self.active_endpoint(project, &endpoint_name).await?;
-                let mut outcome = self.outcome(endpoint_name, None, false, &request, started);
-                outcome.endpoint_materialized = endpoint.is_materialized;
-                return Ok(outcome);
+                let context = self.context();
+                let stored = match endpoint.is_materialized {
+                    true => {
+                        let version = context.version(&endpoint, request.version).await?;
+                        let variables = bind(&version.query, &request.variables)?;
+                        context.stored(&endpoint, &version, &variables, &request).await.map(
+                            |(result, stored, took)| {
+                                context.answer(&version, &variables, result, Some(stored), took, false)
+                            },
+                        )
+                    }
+                    false => None,
+                };
+                let Some(run) = stored else {
+                    return Ok(self.outcome(endpoint_name, None, false, &request, started));
+                };
+                self.executions.record(project, &endpoint_name, self.clock.now());
+                return Ok(self.outcome(endpoint_name, Some(run), false, &request, started));
             }
             Refresh::Blocking => self.coalesced(key, &request).await?,
             Refresh::ForceBlocking | Refresh::Direct => {
@@ -183,6 +225,7 @@ impl RunService {
             engine: Arc::clone(&self.engine),
             cache: Arc::clone(&self.cache),
             clock: Arc::clone(&self.clock),
+            materializations: self.materializations.clone(),
         }
     }
 
@@ -227,6 +270,84 @@ struct Context {
     engine: Arc<dyn QueryEngine>,
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
+    materializations: Option<(Arc<dyn MaterializationStore>, Arc<dyn MaterializedResults>)>,
+}
+
+impl Context {
+    async fn version(&self, endpoint: &Endpoint, requested: Option<u32>) -> Result<EndpointVersion, Error> {
+        let name = &endpoint.name;
+        let number = requested.unwrap_or(endpoint.current_version);
+        self.store.get_version(endpoint.project_id, name, number).await.map_err(|e| match e {
+            StoreError::VersionNotFound(_) | StoreError::NotFound => {
+                Error::NotFound(format!("Endpoint '{name}' has no version {number}."))
+            }
+            other => other.into(),
+        })
+    }
+
+    /// The page read from the endpoint's stored result, when one of this version is complete and not older than
+    /// one sync period. A read that fails is logged and answered by the live path instead.
+    async fn stored(
+        &self,
+        endpoint: &Endpoint,
+        version: &EndpointVersion,
+        variables: &BTreeMap<String, BoundValue>,
+        request: &RunRequest,
+    ) -> Option<(QueryResult, StoredResult, Duration)> {
+        let (states, results) = self.materializations.as_ref()?;
+        let period = endpoint.sync_frequency?.period();
+        let filters = version.eligibility.as_ref()?.filters()?;
+        let state = match states.get(endpoint.id).await {
+            Ok(state) => state?,
+            Err(err) => {
+                warn!(endpoint = %endpoint.name, error = %err, "cannot read the materialization record; running live");
+                return None;
+            }
+        };
+        let stored = state
+            .result
+            .filter(|r| r.version == version.version && r.materialized_at + period >= self.clock.now())?;
+        let bound = filters
+            .iter()
+            .map(|f| variables.get(&f.variable).map(|value| (f.clone(), value.clone())))
+            .collect::<Option<Vec<_>>>()?;
+        let started = Instant::now();
+        match results.read(endpoint.project_id, &stored.location, bound, request.limit, request.offset).await
+        {
+            Ok(result) => Some((result, stored, started.elapsed())),
+            Err(err) => {
+                warn!(endpoint = %endpoint.name, location = %stored.location, error = %err,
+                      "cannot read the stored result; running live");
+                None
+            }
+        }
+    }
+
+    fn answer(
+        &self,
+        version: &EndpointVersion,
+        variables: &BTreeMap<String, BoundValue>,
+        result: QueryResult,
+        stored: Option<StoredResult>,
+        query_time: Duration,
+        cacheable: bool,
+    ) -> Arc<CachedRun> {
+        let computed_at = self.clock.now();
+        let age = version.cache_age.effective();
+        Arc::new(CachedRun {
+            version: version.version,
+            version_created_at: version.created_at,
+            result,
+            computed_at,
+            expires_at: cacheable.then(|| computed_at + age),
+            query_time,
+            endpoint_materialized: stored.is_some(),
+            materialized_at: stored.map(|s| s.materialized_at),
+            variables: Value::Object(
+                variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>(),
+            ),
+        })
+    }
 }
 
 async fn compute(
@@ -241,35 +362,25 @@ async fn compute(
         Ok(_) | Err(StoreError::NotFound) => return Err(not_found(name.as_str())),
         Err(other) => return Err(other.into()),
     };
-    let number = request.version.unwrap_or(endpoint.current_version);
-    let version = context.store.get_version(key.project, &name, number).await.map_err(|e| match e {
-        StoreError::VersionNotFound(_) | StoreError::NotFound => {
-            Error::NotFound(format!("Endpoint '{name}' has no version {number}."))
-        }
-        other => other.into(),
-    })?;
+    let version = context.version(&endpoint, request.version).await?;
     let variables = bind(&version.query, &request.variables)?;
-    let started = Instant::now();
-    let result = context
-        .engine
-        .execute(key.project, &version.query, &variables, request.limit, request.offset)
-        .await?;
-    let query_time = started.elapsed();
-    let computed_at = context.clock.now();
-    let age = version.cache_age.effective();
-    let cacheable = write_cache && !age.is_zero();
-    let run = Arc::new(CachedRun {
-        version: version.version,
-        version_created_at: version.created_at,
-        result,
-        computed_at,
-        expires_at: cacheable.then(|| computed_at + age),
-        query_time,
-        endpoint_materialized: endpoint.is_materialized,
-        variables: Value::Object(
-            variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>(),
-        ),
-    });
+    let stored = match (request.refresh, endpoint.is_materialized) {
+        (Refresh::Blocking, true) => context.stored(&endpoint, &version, &variables, &request).await,
+        _ => None,
+    };
+    let (result, stored, query_time) = match stored {
+        Some((result, stored, took)) => (result, Some(stored), took),
+        None => {
+            let started = Instant::now();
+            let result = context
+                .engine
+                .execute(key.project, &version.query, &variables, request.limit, request.offset)
+                .await?;
+            (result, None, started.elapsed())
+        }
+    };
+    let cacheable = write_cache && !version.cache_age.effective().is_zero();
+    let run = context.answer(&version, &variables, result, stored, query_time, cacheable);
     if cacheable {
         context.cache.put(key, Arc::clone(&run));
     }

@@ -80,6 +80,8 @@ fn endpoint(active: bool) -> Endpoint {
         created_at: T0,
         updated_at: T0,
         last_executed_at: None,
+        eligibility: None,
+        materialization: None,
     }
 }
 
@@ -94,6 +96,7 @@ fn version(number: u32) -> EndpointVersion {
         sync_frequency: None,
         created_at: T0,
         is_current: number == 2,
+        eligibility: None,
     }
 }
 
@@ -290,8 +293,12 @@ struct SlowEngine(Arc<AtomicUsize>);
 
 #[async_trait::async_trait]
 impl QueryEngine for SlowEngine {
-    async fn describe(&self, _: ProjectId, _: &Query) -> Result<Vec<Column>, crate::ports::EngineError> {
-        Ok(vec![])
+    async fn describe(
+        &self,
+        _: ProjectId,
+        _: &Query,
+    ) -> Result<crate::ports::QueryDescription, crate::ports::EngineError> {
+        Ok(crate::ports::QueryDescription::default())
     }
 
     async fn execute(

@@ -10,8 +10,11 @@ use crate::endpoint::{Endpoint, EndpointChange, EndpointFilter, EndpointName, En
 use crate::error::{Error, Invalid};
 use crate::executions::ExecutionTracker;
 use crate::fields::{parse_bool_param, Fields};
+use crate::materialization::{endpoint_location, Eligibility, MaterializationView};
 use crate::page::{Page, PageRequest};
-use crate::ports::{Clock, EndpointStore, QueryEngine, ResultCache};
+use crate::ports::{
+    Clock, EndpointStore, MaterializationStore, MaterializedResults, QueryEngine, ResultCache,
+};
 use crate::query::Query;
 use crate::settings::{CacheAge, SyncFrequency};
 
@@ -43,6 +46,7 @@ pub struct EndpointService {
     clock: Arc<dyn Clock>,
     cache: Option<Arc<dyn ResultCache>>,
     executions: Option<Arc<ExecutionTracker>>,
+    materializations: Option<(Arc<dyn MaterializationStore>, Arc<dyn MaterializedResults>)>,
 }
 
 /// A name from a path: one that cannot be valid cannot exist either, so it is a 404, not a 400.
@@ -65,6 +69,22 @@ fn cache_age_field(fields: &Fields<'_>) -> Result<Option<CacheAge>, Invalid> {
     fields.nullable_int("cache_age_seconds")?.map(CacheAge::new).transpose()
 }
 
+/// Materialization needs an active endpoint and a query the rule accepts (contract section 7).
+fn check_materializable(is_active: bool, eligibility: &Eligibility) -> Result<(), Invalid> {
+    if !is_active {
+        return Err(Invalid::field(
+            "is_materialized",
+            "An inactive endpoint cannot be materialized; set is_materialized to false as well.",
+        ));
+    }
+    match eligibility.reason() {
+        Some(reason) => {
+            Err(Invalid::field("is_materialized", format!("This query cannot be materialized. {reason}")))
+        }
+        None => Ok(()),
+    }
+}
+
 fn sync_needs_materialization() -> Invalid {
     Invalid::field(
         "sync_frequency",
@@ -74,7 +94,62 @@ fn sync_needs_materialization() -> Invalid {
 
 impl EndpointService {
     pub fn new(store: Arc<dyn EndpointStore>, engine: Arc<dyn QueryEngine>, clock: Arc<dyn Clock>) -> Self {
-        Self { store, engine, clock, cache: None, executions: None }
+        Self { store, engine, clock, cache: None, executions: None, materializations: None }
+    }
+
+    /// Connects materialization: records and stored results are read for status and removed with the endpoint.
+    #[must_use]
+    pub fn with_materializations(
+        mut self,
+        states: Arc<dyn MaterializationStore>,
+        results: Arc<dyn MaterializedResults>,
+    ) -> Self {
+        self.materializations = Some((states, results));
+        self
+    }
+
+    /// The endpoint with its materialization record, when it is materialized.
+    async fn with_materialization(&self, mut endpoint: Endpoint) -> Result<Endpoint, Error> {
+        if let (true, Some((states, _))) = (endpoint.is_materialized, &self.materializations) {
+            endpoint.materialization = states.get(endpoint.id).await?;
+        }
+        Ok(endpoint)
+    }
+
+    /// The current version's eligibility, analysed now for a version saved before it was recorded.
+    async fn eligibility(&self, endpoint: &Endpoint) -> Result<Eligibility, Error> {
+        match &endpoint.eligibility {
+            Some(eligibility) => Ok(eligibility.clone()),
+            None => Ok(Eligibility::decide(
+                &self.engine.describe(endpoint.project_id, &endpoint.query).await?.outline,
+            )),
+        }
+    }
+
+    /// Removes an endpoint's stored results (the store removed its record with the change that turned
+    /// materialization off, or with the endpoint). A failure is logged and left to the worker's sweep.
+    async fn drop_stored_results(&self, project: ProjectId, id: uuid::Uuid, name: &EndpointName) {
+        if let Some((_, results)) = &self.materializations {
+            if let Err(err) = results.remove(project, &endpoint_location(id)).await {
+                tracing::warn!(endpoint = %name, error = %err, "cannot remove stored results; the sweep will");
+            }
+        }
+    }
+
+    /// Row 6: the materialization status of the endpoint's current version.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; store and engine failures.
+    pub async fn materialization_status(
+        &self,
+        project: ProjectId,
+        name: &str,
+    ) -> Result<MaterializationView, Error> {
+        let mut endpoint = self.get(project, name).await?;
+        if endpoint.eligibility.is_none() {
+            endpoint.eligibility = Some(self.eligibility(&endpoint).await?);
+        }
+        Ok(MaterializationView::of(&endpoint, endpoint.materialization.as_ref()))
     }
 
     /// Connects the run side: updates and deletes invalidate cached runs, records show pending execution times.
@@ -130,6 +205,7 @@ impl EndpointService {
             name,
             description: fields.nullable_string("description")?.flatten().unwrap_or_default(),
             columns: Vec::new(),
+            eligibility: Eligibility::Eligible { filters: Vec::new() },
             query,
             derived_from_insight: fields.nullable_string("derived_from_insight")?.flatten(),
             is_active: fields.bool("is_active")?.unwrap_or(true),
@@ -138,8 +214,14 @@ impl EndpointService {
             sync_frequency,
             created_at: self.clock.now(),
         };
-        let columns = self.engine.describe(project, &endpoint.query).await?;
-        Ok(self.store.insert(NewEndpoint { columns, ..endpoint }).await?)
+        let description = self.engine.describe(project, &endpoint.query).await?;
+        let eligibility = Eligibility::decide(&description.outline);
+        if endpoint.is_materialized {
+            check_materializable(endpoint.is_active, &eligibility)?;
+        }
+        let created =
+            self.store.insert(NewEndpoint { columns: description.columns, eligibility, ..endpoint }).await?;
+        self.with_materialization(created).await
     }
 
     /// # Errors
@@ -156,6 +238,18 @@ impl EndpointService {
         };
         let mut page = self.store.list(project, &filter, page).await?;
         page.items = page.items.into_iter().map(|e| self.with_pending_execution(e)).collect();
+        if let Some((states, _)) = &self.materializations {
+            let ids: Vec<_> = page.items.iter().filter(|e| e.is_materialized).map(|e| e.id).collect();
+            if !ids.is_empty() {
+                let mut records = states.get_many(ids).await?;
+                for endpoint in page.items.iter_mut().filter(|e| e.is_materialized) {
+                    endpoint.materialization = records
+                        .iter()
+                        .position(|r| r.endpoint_id == endpoint.id)
+                        .map(|i| records.swap_remove(i));
+                }
+            }
+        }
         Ok(page)
     }
 
@@ -164,7 +258,7 @@ impl EndpointService {
     pub async fn get(&self, project: ProjectId, name: &str) -> Result<Endpoint, Error> {
         let name = path_name(name)?;
         let endpoint = self.store.get(project, &name).await.map_err(|e| self.name_error(e, &name))?;
-        Ok(self.with_pending_execution(endpoint))
+        self.with_materialization(self.with_pending_execution(endpoint)).await
     }
 
     /// Applies a partial update. Only a change of the query's canonical form makes a new version; a body that
@@ -205,21 +299,40 @@ impl EndpointService {
         if let Some(raw) = fields.get("query").filter(|v| !v.is_null()) {
             let query = Query::from_json(raw)?;
             if query.canonical() != current.query.canonical() {
-                let columns = self.engine.describe(project, &query).await?;
-                change.query = Some((query, columns));
+                let description = self.engine.describe(project, &query).await?;
+                let eligibility = Eligibility::decide(&description.outline);
+                change.query = Some((query, description.columns, eligibility));
             }
         } else if fields.contains("query") {
             return Err(Invalid::field("query", "query cannot be null.").into());
         }
         drop_unchanged(&mut change, &current);
         if change.is_empty() {
-            return Ok(current);
+            return self.with_materialization(current).await;
         }
+        let active = change.is_active.unwrap_or(current.is_active);
+        if materialized
+            && (change.is_materialized.is_some() || change.is_active.is_some() || change.query.is_some())
+        {
+            let eligibility = match &change.query {
+                Some((_, _, eligibility)) => eligibility.clone(),
+                None => self.eligibility(&current).await?,
+            };
+            check_materializable(active, &eligibility)?;
+        }
+        let rescheduled = materialized && current.is_materialized && change.sync_frequency.is_some();
         let at = self.clock.now();
         let updated =
             self.store.update(project, &name, change, at).await.map_err(|e| self.name_error(e, &name))?;
         self.invalidate(project, &name);
-        Ok(self.with_pending_execution(updated))
+        if current.is_materialized && !updated.is_materialized {
+            self.drop_stored_results(project, updated.id, &name).await;
+        } else if rescheduled {
+            if let Some((states, _)) = &self.materializations {
+                states.reschedule(updated.id, at).await?;
+            }
+        }
+        self.with_materialization(self.with_pending_execution(updated)).await
     }
 
     /// Deletes the endpoint with all its versions.
@@ -228,11 +341,13 @@ impl EndpointService {
     /// [`Error::NotFound`]; store failures.
     pub async fn delete(&self, project: ProjectId, name: &str) -> Result<(), Error> {
         let name = path_name(name)?;
-        self.store.delete(project, &name).await.map_err(|e| self.name_error(e, &name))?;
+        let id = self.store.delete(project, &name).await.map_err(|e| self.name_error(e, &name))?;
         self.invalidate(project, &name);
         if let Some(executions) = &self.executions {
             executions.forget(project, &name);
         }
+        // A refresh running now finds its claim lost when it finishes and removes what it wrote.
+        self.drop_stored_results(project, id, &name).await;
         Ok(())
     }
 

@@ -27,8 +27,12 @@ fn columns() -> Vec<Column> {
 
 fn describing_engine() -> MockQueryEngine {
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, _| Ok(columns()));
+    engine.expect_describe().returning(|_, _| Ok(description()));
     engine
+}
+
+fn description() -> crate::ports::QueryDescription {
+    crate::ports::QueryDescription { columns: columns(), outline: Default::default() }
 }
 
 fn service(store: MockEndpointStore, engine: MockQueryEngine) -> EndpointService {
@@ -60,6 +64,8 @@ fn saved(new: NewEndpoint) -> Endpoint {
         created_at: new.created_at,
         updated_at: new.created_at,
         last_executed_at: None,
+        eligibility: Some(new.eligibility),
+        materialization: None,
     }
 }
 
@@ -80,6 +86,7 @@ fn existing() -> Endpoint {
         description: "old".into(),
         query,
         columns: columns(),
+        eligibility: crate::Eligibility::Eligible { filters: vec![] },
         derived_from_insight: None,
         is_active: true,
         is_materialized: false,
@@ -225,12 +232,12 @@ async fn update_with_a_new_query_plans_it_and_saves_it() {
     store
         .expect_update()
         .withf(|_, _, change, _| {
-            change.query.as_ref().is_some_and(|(q, cols)| q.sql == "SELECT 2 AS n" && *cols == columns())
+            change.query.as_ref().is_some_and(|(q, cols, _)| q.sql == "SELECT 2 AS n" && *cols == columns())
         })
         .times(1)
         .returning(|_, _, _, _| Ok(existing()));
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().with(eq(project()), always()).times(1).returning(|_, _| Ok(columns()));
+    engine.expect_describe().with(eq(project()), always()).times(1).returning(|_, _| Ok(description()));
     service(store, engine)
         .update(project(), "daily", &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}}))
         .await

@@ -20,7 +20,6 @@ pub enum ApiError {
         allow: &'static str,
     },
     RouteNotFound,
-    NotImplemented(&'static str),
     /// The client went away while its query ran; nobody reads this answer.
     ClientClosed,
 }
@@ -137,13 +136,6 @@ impl ApiError {
                 "query_error",
                 "client_closed_request",
                 "The client closed the connection; its query was cancelled.".into(),
-                None,
-            ),
-            ApiError::NotImplemented(what) => (
-                StatusCode::NOT_IMPLEMENTED,
-                "server_error",
-                "not_implemented",
-                format!("{what} is not available in this version of the service yet."),
                 None,
             ),
         }

@@ -2,7 +2,7 @@
 
 use actix_web::HttpRequest;
 use domain::endpoint::{Endpoint, EndpointVersion};
-use domain::{LastExecutions, Page, ProjectId, RunOutcome, Timestamp};
+use domain::{LastExecutions, MaterializationView, Page, ProjectId, RunOutcome, Timestamp};
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 
@@ -32,19 +32,24 @@ pub(crate) fn endpoint(e: &Endpoint) -> Value {
         "created_at": timestamp(e.created_at),
         "updated_at": timestamp(e.updated_at),
         "last_executed_at": optional_timestamp(e.last_executed_at),
-        "materialization": materialization(e),
+        "materialization": materialization(&MaterializationView::of(e, e.materialization.as_ref())),
     })
 }
 
-/// The materialization summary. Refreshes are not built yet, so a materialized endpoint stays `Pending` and
-/// every run uses the live path.
-fn materialization(e: &Endpoint) -> Value {
+/// The status object of contract section 7 (row 6, and `materialization` in the endpoint record).
+pub(crate) fn materialization(view: &MaterializationView) -> Value {
     json!({
-        "status": if e.is_materialized { "Pending" } else { "Disabled" },
-        "sync_frequency": e.sync_frequency.map(|f| f.as_str()),
-        "last_materialized_at": null,
-        "row_count": null,
-        "error": null,
+        "name": view.name.as_str(),
+        "version": view.version,
+        "is_materialized": view.is_materialized,
+        "status": view.status.as_str(),
+        "sync_frequency": view.sync_frequency.map(|f| f.as_str()),
+        "last_materialized_at": optional_timestamp(view.last_materialized_at),
+        "next_run_at": optional_timestamp(view.next_run_at),
+        "row_count": view.row_count,
+        "error": view.error,
+        "can_materialize": view.can_materialize,
+        "reason": view.reason,
     })
 }
 
@@ -110,7 +115,7 @@ pub(crate) fn run(outcome: &RunOutcome) -> String {
         "last_refresh": run.map(|r| timestamp(r.computed_at)),
         "cache_expires_at": run.and_then(|r| r.expires_at).map(timestamp),
         "endpoint_materialized": outcome.endpoint_materialized,
-        "endpoint_materialized_at": null,
+        "endpoint_materialized_at": run.and_then(|r| r.materialized_at).map(timestamp),
         "execution_id": outcome.execution_id,
         "client_query_id": outcome.client_query_id,
         "timings": {

@@ -3,7 +3,7 @@
 use actix_web::{guard, web, HttpResponse};
 
 use crate::error::ApiError;
-use crate::handlers::{endpoints, pending, runs, versions};
+use crate::handlers::{endpoints, materialization, runs, versions};
 
 pub(crate) const FAMILIES: [&str; 2] =
     ["/api/environments/{project_id}/endpoints", "/api/projects/{project_id}/endpoints"];
@@ -40,7 +40,7 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 )
                 .service(
                     web::resource("/{name}/materialization_status")
-                        .route(web::get().to(pending::materialization_status))
+                        .route(web::get().to(materialization::status))
                         .default_service(web::to(not_allowed("GET"))),
                 )
                 .service(

@@ -71,14 +71,26 @@ pub(crate) struct EndpointInput {
     sync_frequency: Option<String>,
 }
 
-/// The materialization summary of an endpoint.
+/// The materialization status of an endpoint's current version (contract section 7).
 #[derive(ToSchema)]
 pub(crate) struct Materialization {
+    name: String,
+    version: i64,
+    is_materialized: bool,
+    /// `Disabled`, `Pending`, `Running`, `Completed` or `Failed`.
     status: String,
     sync_frequency: Option<String>,
+    /// When the stored result of this version was computed.
     last_materialized_at: Option<String>,
+    /// When the next refresh is due.
+    next_run_at: Option<String>,
     row_count: Option<i64>,
+    /// Why the last refresh failed.
     error: Option<String>,
+    /// Whether the query and the endpoint allow materialization.
+    can_materialize: bool,
+    /// Why not, when `can_materialize` is false.
+    reason: Option<String>,
 }
 
 /// An endpoint.
@@ -280,7 +292,7 @@ fn openapi() {}
 
 #[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/materialization_status", operation_id = "materialization_status",
     params(("project_id" = String, Path), ("name" = String, Path)),
-    responses((status = 501, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+    responses((status = 200, body = Materialization), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
 fn materialization_status() {}
 
 #[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/versions", operation_id = "list_versions",

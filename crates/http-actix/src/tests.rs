@@ -55,6 +55,8 @@ fn sample() -> Endpoint {
         created_at: datetime!(2026-11-22 10:00 UTC),
         updated_at: datetime!(2026-11-22 10:00 UTC),
         last_executed_at: None,
+        eligibility: Some(domain::Eligibility::Eligible { filters: vec![] }),
+        materialization: None,
     }
 }
 
@@ -171,7 +173,7 @@ async fn create_returns_201_and_conflicts_return_409() {
         }
     });
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, _| Ok(vec![]));
+    engine.expect_describe().returning(|_, _| Ok(domain::ports::QueryDescription::default()));
     let body = json!({"name": "fresh", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     let req = authed(Method::POST, "/api/projects/1/endpoints/", WRITER).set_json(&body);
     let (status, _, created) = send(state(store, engine), req).await;
@@ -181,7 +183,7 @@ async fn create_returns_201_and_conflicts_return_409() {
     let mut store = MockEndpointStore::new();
     store.expect_insert().returning(|_| Err(StoreError::NameTaken("taken".into())));
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, _| Ok(vec![]));
+    engine.expect_describe().returning(|_, _| Ok(domain::ports::QueryDescription::default()));
     let body = json!({"name": "taken", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     let req = authed(Method::POST, "/api/projects/1/endpoints", WRITER).set_json(&body);
     let (status, _, err) = send(state(store, engine), req).await;
@@ -276,6 +278,7 @@ fn store_for_runs() -> MockEndpointStore {
                 sync_frequency: None,
                 created_at: datetime!(2026-11-22 10:00 UTC),
                 is_current: true,
+                eligibility: None,
             })
         } else {
             Err(StoreError::VersionNotFound(v))
@@ -347,21 +350,31 @@ async fn runs_bind_variables_from_query_strings_and_bodies() {
 }
 
 #[actix_web::test]
-async fn pending_rows_check_the_endpoint_then_answer_501() {
-    for suffix in ["materialization_status"] {
-        let req = authed(Method::GET, &format!("/api/projects/1/endpoints/daily/{suffix}"), READER);
+async fn materialization_status_answers_for_existing_endpoints_only() {
+    for family in ["projects", "environments"] {
+        let req =
+            authed(Method::GET, &format!("/api/{family}/1/endpoints/daily/materialization_status"), READER);
         let (status, _, body) = send(state(store_with_daily(), MockQueryEngine::new()), req).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(
-            (status, body["code"].as_str()),
-            (StatusCode::NOT_IMPLEMENTED, Some("not_implemented")),
-            "{suffix}"
+            (body["name"].as_str(), body["status"].as_str(), body["can_materialize"].as_bool()),
+            (Some("daily"), Some("Disabled"), Some(true))
         );
-        let req = authed(Method::GET, &format!("/api/projects/1/endpoints/missing/{suffix}"), READER);
+        assert_eq!((body["version"].as_u64(), body["reason"].is_null()), (Some(1), true));
+        let req =
+            authed(Method::GET, &format!("/api/{family}/1/endpoints/missing/materialization_status"), READER);
         assert_eq!(
             send(state(store_with_daily(), MockQueryEngine::new()), req).await.0,
             StatusCode::NOT_FOUND
         );
     }
+    let req = TestRequest::default()
+        .method(Method::GET)
+        .uri("/api/projects/1/endpoints/daily/materialization_status");
+    assert_eq!(
+        send(state(store_with_daily(), MockQueryEngine::new()), req).await.0,
+        StatusCode::UNAUTHORIZED
+    );
 }
 
 #[actix_web::test]

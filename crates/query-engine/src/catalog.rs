@@ -52,17 +52,22 @@ pub(crate) async fn list_tables(data_dir: &Path, project: ProjectId) -> Result<V
     Ok(tables)
 }
 
+/// A session with no tables at all.
+pub(crate) fn empty_session(runtime: Option<Arc<RuntimeEnv>>) -> SessionContext {
+    let config = SessionConfig::new().with_information_schema(false);
+    match runtime {
+        Some(runtime) => SessionContext::new_with_config_rt(config, runtime),
+        None => SessionContext::new_with_config(config),
+    }
+}
+
 /// A session that sees exactly the project's tables and has no way to reach other files.
 pub(crate) async fn session(
     data_dir: &Path,
     project: ProjectId,
     runtime: Option<Arc<RuntimeEnv>>,
 ) -> Result<SessionContext, EngineError> {
-    let config = SessionConfig::new().with_information_schema(false);
-    let ctx = match runtime {
-        Some(runtime) => SessionContext::new_with_config_rt(config, runtime),
-        None => SessionContext::new_with_config(config),
-    };
+    let ctx = empty_session(runtime);
     for table in list_tables(data_dir, project).await? {
         let path = format!("{}/", table.path.display());
         ctx.register_parquet(table.name.as_str(), &path, ParquetReadOptions::default())

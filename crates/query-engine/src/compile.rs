@@ -15,7 +15,7 @@ pub(crate) struct Compiled {
     pub params: Vec<(String, VariableType)>,
 }
 
-fn sql_type(ty: VariableType) -> &'static str {
+pub(crate) fn sql_type(ty: VariableType) -> &'static str {
     match ty {
         VariableType::String => "VARCHAR",
         VariableType::Number => "DOUBLE",

@@ -30,6 +30,8 @@ pub struct EngineLimits {
     pub max_concurrent_per_project: usize,
     /// What a refused caller is told to wait.
     pub retry_after: Duration,
+    /// A materialization refresh still running after this is cancelled and recorded as failed.
+    pub refresh_timeout: Duration,
 }
 
 impl Default for EngineLimits {
@@ -39,6 +41,7 @@ impl Default for EngineLimits {
             memory_limit: 512 * 1024 * 1024,
             max_concurrent_per_project: 4,
             retry_after: Duration::from_secs(1),
+            refresh_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -85,7 +88,7 @@ pub(crate) fn parameter_values(
 
 const UNIX_EPOCH_JULIAN_DAY: i32 = 2_440_588;
 
-fn scalar(value: &BoundValue) -> ScalarValue {
+pub(crate) fn scalar(value: &BoundValue) -> ScalarValue {
     match value {
         BoundValue::String(s) => ScalarValue::Utf8(Some(s.clone())),
         BoundValue::Number(n) => ScalarValue::Float64(Some(*n)),

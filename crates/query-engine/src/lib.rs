@@ -11,6 +11,8 @@ mod catalog;
 mod compile;
 pub mod demo;
 mod execute;
+mod materialized;
+mod outline;
 mod runtime;
 pub mod tables;
 mod types;
@@ -24,8 +26,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
-use domain::endpoint::Column;
-use domain::ports::{EngineError, QueryEngine};
+use domain::ports::{EngineError, QueryDescription, QueryEngine};
 use domain::{ProjectId, Query};
 use tracing::instrument;
 
@@ -78,6 +79,16 @@ impl DataFusionEngine {
         compiled: &compile::Compiled,
         values: Vec<datafusion::scalar::ScalarValue>,
     ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
+        let plan = self.plan_unbound(ctx, compiled).await?;
+        plan.with_param_values(values).map_err(|e| EngineError::InvalidQuery(message(&e)))
+    }
+
+    /// Parses and plans compiled SQL in `ctx` (one read-only statement), leaving its parameters unbound.
+    async fn plan_unbound(
+        &self,
+        ctx: &datafusion::prelude::SessionContext,
+        compiled: &compile::Compiled,
+    ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
         let state = ctx.state();
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state
@@ -100,7 +111,7 @@ impl DataFusionEngine {
             .with_allow_statements(false)
             .verify_plan(&plan)
             .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
-        plan.with_param_values(values).map_err(|e| EngineError::InvalidQuery(message(&e)))
+        Ok(plan)
     }
 }
 
@@ -115,10 +126,19 @@ impl DataFusionEngine {
             .unwrap_or(Err(EngineError::Timeout(self.limits.query_timeout)))
     }
 
-    async fn describe_here(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError> {
+    async fn describe_here(
+        &self,
+        project: ProjectId,
+        query: &Query,
+    ) -> Result<QueryDescription, EngineError> {
         let compiled = compile::compile(query);
         let ctx = catalog::session(&self.data_dir, project, None).await?;
-        let plan = self.plan(&ctx, &compiled, compiled.sample_values()).await?;
+        let unbound = self.plan_unbound(&ctx, &compiled).await?;
+        let outline =
+            outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
+        let plan = unbound
+            .with_param_values(compiled.sample_values())
+            .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         let columns = types::columns(plan.schema().as_arrow());
         let mut seen = std::collections::HashSet::new();
         if let Some(dup) = columns.iter().find(|c| !seen.insert(c.name.as_str())) {
@@ -127,7 +147,7 @@ impl DataFusionEngine {
                 dup.name
             )));
         }
-        Ok(columns)
+        Ok(QueryDescription { columns, outline })
     }
 
     async fn execute_here(
@@ -156,7 +176,7 @@ impl DataFusionEngine {
 #[async_trait]
 impl QueryEngine for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project))]
-    async fn describe(&self, project: ProjectId, query: &Query) -> Result<Vec<Column>, EngineError> {
+    async fn describe(&self, project: ProjectId, query: &Query) -> Result<QueryDescription, EngineError> {
         compile::check_size(&query.sql)?;
         let (engine, query) = (self.clone(), query.clone());
         self.within_time(self.runtime.run(async move { engine.describe_here(project, &query).await })).await
@@ -182,5 +202,7 @@ impl QueryEngine for DataFusionEngine {
     }
 }
 
+#[cfg(test)]
+mod materialization_tests;
 #[cfg(test)]
 mod tests;

@@ -63,7 +63,7 @@ fn rand_suffix() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
 }
 
-fn invalid(result: Result<Vec<Column>, EngineError>) -> String {
+fn invalid<T: std::fmt::Debug>(result: Result<T, EngineError>) -> String {
     match result {
         Err(EngineError::InvalidQuery(reason)) => reason,
         other => panic!("expected an invalid query, got {other:?}"),
@@ -78,7 +78,7 @@ async fn describes_output_columns_with_types() {
          CAST('2026-01-01' AS DATE) AS d, now() AS t, [1, 2] AS arr FROM events GROUP BY country",
         json!({}),
     );
-    let columns = engine.describe(project(1), &q).await.unwrap();
+    let columns = engine.describe(project(1), &q).await.unwrap().columns;
     let described: Vec<_> = columns.iter().map(|c| (c.name.as_str(), c.column_type)).collect();
     assert_eq!(
         described,
@@ -103,7 +103,7 @@ async fn variables_plan_as_typed_parameters() {
         json!({"n": {"type": "Integer", "default": 1}, "x": {"type": "Number"}, "day": {"type": "Date"},
                "countries": {"type": "List", "default": ["US"]}}),
     );
-    let columns = engine.describe(project(1), &q).await.unwrap();
+    let columns = engine.describe(project(1), &q).await.unwrap().columns;
     let types: Vec<_> = columns.iter().map(|c| c.column_type).collect();
     assert_eq!(types, [ColumnType::Integer, ColumnType::Float, ColumnType::Date, ColumnType::String]);
 }

@@ -21,6 +21,10 @@ pub struct Config {
     pub limits: query_engine::EngineLimits,
     /// How often pending execution times are written to the store.
     pub flush_interval: std::time::Duration,
+    /// The materialization worker of `serve`.
+    pub worker: crate::worker::WorkerConfig,
+    /// How long a refresh claim holds without renewal; a crashed worker's refreshes are retried after it.
+    pub lease: std::time::Duration,
 }
 
 impl Config {
@@ -34,6 +38,8 @@ impl Config {
             cache_bytes: 256 * 1024 * 1024,
             limits: query_engine::EngineLimits::default(),
             flush_interval: std::time::Duration::from_secs(5),
+            worker: crate::worker::WorkerConfig::default(),
+            lease: std::time::Duration::from_secs(60),
         }
     }
 

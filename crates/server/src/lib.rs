@@ -9,6 +9,7 @@ pub mod config;
 mod duration;
 pub mod startup;
 pub mod telemetry;
+pub mod worker;
 
 pub use config::Config;
 pub use startup::{Application, StartupError};

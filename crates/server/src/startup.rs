@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use domain::ports::{ResultCache, SystemClock};
-use domain::{ApiKeyService, EndpointService, ExecutionTracker, RunService};
+use domain::{ApiKeyService, EndpointService, ExecutionTracker, Materializer, RunService};
 use http_actix::AppState;
 use query_engine::{DataFusionEngine, MemoryResultCache};
 use store_diesel::{Backend, Database, DatabaseConfig, DieselStore};
@@ -34,6 +34,7 @@ pub struct Services {
     pub keys: Arc<ApiKeyService>,
     pub executions: Arc<ExecutionTracker>,
     pub engine: Arc<DataFusionEngine>,
+    pub materializer: Arc<Materializer>,
 }
 
 impl Services {
@@ -56,17 +57,23 @@ impl Services {
         let executions = Arc::new(ExecutionTracker::new(store.clone()));
         let endpoints = Arc::new(
             EndpointService::new(store.clone(), engine.clone(), clock.clone())
-                .with_runs(cache.clone(), executions.clone()),
+                .with_runs(cache.clone(), executions.clone())
+                .with_materializations(store.clone(), engine.clone()),
         );
-        let runs = Arc::new(RunService::new(
+        let runs = Arc::new(
+            RunService::new(store.clone(), engine.clone(), cache, clock.clone(), executions.clone())
+                .with_materializations(store.clone(), engine.clone()),
+        );
+        let materializer = Arc::new(Materializer::new(
+            store.clone(),
             store.clone(),
             engine.clone(),
-            cache,
+            engine.clone(),
             clock.clone(),
-            executions.clone(),
+            config.lease,
         ));
         let keys = Arc::new(ApiKeyService::new(store.clone(), store.clone(), clock));
-        Ok(Self { database, store, endpoints, runs, keys, executions, engine })
+        Ok(Self { database, store, endpoints, runs, keys, executions, engine, materializer })
     }
 }
 
@@ -76,6 +83,8 @@ pub struct Application {
     server: actix_web::dev::Server,
     executions: Arc<ExecutionTracker>,
     flush_interval: std::time::Duration,
+    materializer: Arc<Materializer>,
+    worker: crate::worker::WorkerConfig,
 }
 
 impl Application {
@@ -92,6 +101,7 @@ impl Application {
             .map_err(|source| StartupError::Bind { address: config.bind.clone(), source })?;
         let port = listener.local_addr()?.port();
         let executions = services.executions.clone();
+        let materializer = services.materializer.clone();
         let state = AppState::new(services.endpoints, services.runs, services.keys);
         let mut server = actix_web::HttpServer::new(move || http_actix::app(state.clone()))
             .on_connect(http_actix::on_connect)
@@ -102,7 +112,14 @@ impl Application {
         }
         let server = server.listen(listener)?.run();
         tracing::info!(address = %listener_address(&config.bind, port), "listening");
-        Ok(Self { port, server, executions, flush_interval: config.flush_interval })
+        Ok(Self {
+            port,
+            server,
+            executions,
+            flush_interval: config.flush_interval,
+            materializer,
+            worker: config.worker.clone(),
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -115,6 +132,9 @@ impl Application {
     /// An I/O error of the server.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
         let flusher = tokio::spawn(flush_periodically(self.executions.clone(), self.flush_interval));
+        let (stop_worker, stop) = tokio::sync::watch::channel(false);
+        let worker = (self.worker.parallelism > 0)
+            .then(|| tokio::spawn(crate::worker::run(self.materializer.clone(), self.worker.clone(), stop)));
         let handle = self.server.handle();
         let mut server = std::pin::pin!(self.server);
         let result = tokio::select! {
@@ -127,6 +147,10 @@ impl Application {
             }
         };
         flusher.abort();
+        let _ = stop_worker.send(true);
+        if let Some(worker) = worker {
+            let _ = worker.await;
+        }
         // Requests have drained: the last execution times they recorded are written now.
         if let Err(err) = self.executions.flush().await {
             tracing::error!(error = %err, "could not write the last execution times at shutdown");

@@ -8,9 +8,11 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use domain::endpoint::{Column, ColumnType, EndpointChange, EndpointFilter, NewEndpoint};
-use domain::ports::{ApiKeyStore, EndpointStore, ProjectStore, StoreError};
+use domain::materialization::{CompareOp, MaterializationStatus, MaterializedFilter, StoredResult, Switch};
+use domain::ports::{ApiKeyStore, EndpointStore, MaterializationStore, ProjectStore, StoreError};
 use domain::{
-    ApiKey, CacheAge, EndpointName, PageRequest, ProjectId, Query, Scope, SyncFrequency, Timestamp,
+    ApiKey, CacheAge, Eligibility, EndpointName, PageRequest, ProjectId, Query, Scope, SyncFrequency,
+    Timestamp,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -82,6 +84,9 @@ contract!(
     concurrent_query_changes_stay_contiguous,
     list_filters_searches_and_pages,
     keys_are_found_by_hash_and_revoked,
+    materialization_claims_are_exclusive,
+    materialization_records_follow_the_lease,
+    materialization_follows_the_endpoint,
 );
 
 async fn project(store: &DieselStore) -> ProjectId {
@@ -100,6 +105,12 @@ fn cols(names: &[&str]) -> Vec<Column> {
     names.iter().map(|n| Column { name: (*n).into(), column_type: ColumnType::Integer }).collect()
 }
 
+fn eligible() -> Eligibility {
+    Eligibility::Eligible {
+        filters: vec![MaterializedFilter { column: "n".into(), op: CompareOp::GtEq, variable: "v".into() }],
+    }
+}
+
 fn new_endpoint(project: ProjectId, raw_name: &str) -> NewEndpoint {
     NewEndpoint {
         id: Uuid::new_v4(),
@@ -108,6 +119,7 @@ fn new_endpoint(project: ProjectId, raw_name: &str) -> NewEndpoint {
         description: format!("about {raw_name}"),
         query: query("SELECT 1 AS n"),
         columns: cols(&["n"]),
+        eligibility: eligible(),
         derived_from_insight: Some("insight-1".into()),
         is_active: true,
         is_materialized: false,
@@ -157,7 +169,10 @@ async fn names_are_unique_per_project(store: DieselStore) {
 async fn delete_frees_the_name_and_removes_versions(store: DieselStore) {
     let p = project(&store).await;
     let first = EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
-    let change = EndpointChange { query: Some((query("SELECT 2 AS n"), cols(&["n"]))), ..Default::default() };
+    let change = EndpointChange {
+        query: Some((query("SELECT 2 AS n"), cols(&["n"]), eligible())),
+        ..Default::default()
+    };
     EndpointStore::update(&store, p, &name("daily"), change, T0).await.unwrap();
     EndpointStore::delete(&store, p, &name("daily")).await.unwrap();
     assert!(matches!(EndpointStore::get(&store, p, &name("daily")).await, Err(StoreError::NotFound)));
@@ -187,7 +202,7 @@ async fn settings_changes_keep_the_version(store: DieselStore) {
         cache_age: Some(CacheAge::default()),
         derived_from_insight: Some(None),
         // The same query, so no new version either.
-        query: Some((query("SELECT 1 AS n"), cols(&["n"]))),
+        query: Some((query("SELECT 1 AS n"), cols(&["n"]), eligible())),
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
     assert_eq!(updated.current_version, 1);
@@ -209,7 +224,7 @@ async fn query_changes_make_contiguous_versions(store: DieselStore) {
     let change = EndpointChange {
         description: Some("v2 words".into()),
         cache_age: Some(CacheAge::new(Some(0)).unwrap()),
-        query: Some((query("SELECT 2 AS m"), cols(&["m"]))),
+        query: Some((query("SELECT 2 AS m"), cols(&["m"]), eligible())),
         ..Default::default()
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
@@ -250,7 +265,7 @@ async fn concurrent_query_changes_stay_contiguous(store: DieselStore) {
             let store = Arc::clone(&store);
             tokio::spawn(async move {
                 let change = EndpointChange {
-                    query: Some((query(&format!("SELECT {} AS n", i + 100)), cols(&["n"]))),
+                    query: Some((query(&format!("SELECT {} AS n", i + 100)), cols(&["n"]), eligible())),
                     ..Default::default()
                 };
                 EndpointStore::update(&*store, p, &name("busy"), change, T0).await
@@ -348,4 +363,196 @@ async fn keys_are_found_by_hash_and_revoked(store: DieselStore) {
     let revoked = ApiKeyStore::find_by_hash(&store, &key.secret_hash).await.unwrap().unwrap();
     assert_eq!(revoked.revoked_at, Some(at), "the first revocation time is kept");
     assert!(matches!(ApiKeyStore::revoke(&store, Uuid::new_v4(), at).await, Err(StoreError::NotFound)));
+}
+
+/// Claims scan every project of the shared database, so the tests that claim run one at a time and only look at
+/// their own endpoints; each leaves its endpoints not due.
+static CLAIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn materialized(store: &DieselStore, p: ProjectId, raw_name: &str) -> Uuid {
+    let new = NewEndpoint {
+        is_materialized: true,
+        sync_frequency: Some(SyncFrequency::OneHour),
+        ..new_endpoint(p, raw_name)
+    };
+    EndpointStore::insert(store, new).await.unwrap().id
+}
+
+async fn claims_of(store: &DieselStore, p: ProjectId, now: Timestamp) -> Vec<domain::materialization::Claim> {
+    let lease = now + Duration::from_secs(60);
+    let claims = MaterializationStore::claim_due(store, now, lease, 1000).await.unwrap();
+    claims.into_iter().filter(|c| c.project == p).collect()
+}
+
+fn stored(location: &str, version: u32, at: Timestamp) -> StoredResult {
+    StoredResult { version, location: location.into(), row_count: 7, materialized_at: at }
+}
+
+async fn materialization_claims_are_exclusive(store: DieselStore) {
+    let _serial = CLAIMING.lock().await;
+    let p = project(&store).await;
+    let ids: BTreeSet<Uuid> =
+        [materialized(&store, p, "a").await, materialized(&store, p, "b").await].into_iter().collect();
+    // Eight workers race for the same due records; each record goes to exactly one of them.
+    let claimers: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { claims_of(&store, p, T0).await })
+        })
+        .collect();
+    let mut won = Vec::new();
+    for claimer in claimers {
+        won.extend(claimer.await.unwrap());
+    }
+    let claimed: Vec<Uuid> = won.iter().map(|c| c.endpoint_id).collect();
+    assert_eq!(claimed.len(), 2, "{claimed:?}");
+    assert_eq!(claimed.iter().copied().collect::<BTreeSet<_>>(), ids);
+    assert!(won.iter().all(|c| c.version == 1 && c.sync_frequency == SyncFrequency::OneHour));
+    assert!(claims_of(&store, p, T0).await.is_empty(), "leased records are not due");
+    for claim in &won {
+        let at = T0 + Duration::from_secs(1);
+        let switch = MaterializationStore::complete(
+            &store,
+            claim.endpoint_id,
+            claim.token,
+            stored("x", 1, at),
+            at + Duration::from_secs(3600),
+        )
+        .await
+        .unwrap();
+        assert_eq!(switch, Switch::Switched { replaced: None });
+    }
+}
+
+async fn materialization_records_follow_the_lease(store: DieselStore) {
+    let _serial = CLAIMING.lock().await;
+    let p = project(&store).await;
+    let id = materialized(&store, p, "kpi").await;
+    let first = claims_of(&store, p, T0).await.pop().expect("a new materialized endpoint is due");
+    let record = MaterializationStore::get(&store, id).await.unwrap().unwrap();
+    assert_eq!(
+        (record.status, record.version, record.result.clone()),
+        (MaterializationStatus::Running, 1, None)
+    );
+    assert_eq!(record.lease.map(|(token, _)| token), Some(first.token));
+
+    // Renewal keeps the lease past its first expiry; a stranger's token renews nothing.
+    let t1 = T0 + Duration::from_secs(50);
+    assert!(MaterializationStore::renew(&store, id, first.token, t1 + Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(!MaterializationStore::renew(&store, id, Uuid::new_v4(), t1).await.unwrap());
+    assert!(claims_of(&store, p, T0 + Duration::from_secs(90)).await.is_empty());
+
+    let done = T0 + Duration::from_secs(100);
+    let next = done + Duration::from_secs(3600);
+    let switch =
+        MaterializationStore::complete(&store, id, first.token, stored("one", 1, done), next).await.unwrap();
+    assert_eq!(switch, Switch::Switched { replaced: None });
+    let record = MaterializationStore::get(&store, id).await.unwrap().unwrap();
+    assert_eq!(record.status, MaterializationStatus::Completed);
+    assert_eq!(record.result, Some(stored("one", 1, done)));
+    assert_eq!((record.next_run_at, record.lease), (next, None));
+    assert!(claims_of(&store, p, done).await.is_empty(), "not due before its next run");
+
+    // Due again: the new result replaces the old one, which is handed back for removal.
+    let second = claims_of(&store, p, next).await.pop().expect("due at its next run");
+    assert_ne!(second.token, first.token);
+    assert!(!MaterializationStore::fail(&store, id, first.token, "late".into(), next).await.unwrap());
+    let switch = MaterializationStore::complete(
+        &store,
+        id,
+        second.token,
+        stored("two", 1, next),
+        next + Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    assert_eq!(switch, Switch::Switched { replaced: Some("one".into()) });
+
+    // A crashed worker's lease expires and another claims the refresh; the first one's result is refused.
+    let t2 = next + Duration::from_secs(3600);
+    let crashed = claims_of(&store, p, t2).await.pop().unwrap();
+    assert!(claims_of(&store, p, t2 + Duration::from_secs(59)).await.is_empty());
+    let retry =
+        claims_of(&store, p, t2 + Duration::from_secs(61)).await.pop().expect("an expired lease is due");
+    let crashed_files = domain::materialization::location(id, 1, crashed.token);
+    assert_eq!(
+        (crashed.abandoned.as_deref(), retry.abandoned.as_deref()),
+        (None, Some(crashed_files.as_str()))
+    );
+    assert_eq!(
+        MaterializationStore::complete(&store, id, crashed.token, stored("stale", 1, t2), t2).await.unwrap(),
+        Switch::Lost
+    );
+    assert!(MaterializationStore::fail(
+        &store,
+        id,
+        retry.token,
+        "boom".into(),
+        t2 + Duration::from_secs(300)
+    )
+    .await
+    .unwrap());
+    let record = MaterializationStore::get(&store, id).await.unwrap().unwrap();
+    assert_eq!((record.status, record.error.as_deref()), (MaterializationStatus::Failed, Some("boom")));
+    assert_eq!(record.result, Some(stored("two", 1, next)), "a failure keeps the previous result");
+
+    // Rescheduling makes it due at once.
+    MaterializationStore::reschedule(&store, id, t2).await.unwrap();
+    let again = claims_of(&store, p, t2 + Duration::from_secs(1)).await.pop().expect("rescheduled");
+    let far = t2 + Duration::from_secs(86_400 * 365);
+    MaterializationStore::complete(&store, id, again.token, stored("three", 1, t2), far).await.unwrap();
+    assert_eq!(
+        MaterializationStore::all(&store).await.unwrap().iter().filter(|r| r.endpoint_id == id).count(),
+        1
+    );
+}
+
+async fn materialization_follows_the_endpoint(store: DieselStore) {
+    let _serial = CLAIMING.lock().await;
+    let p = project(&store).await;
+    let id = materialized(&store, p, "kpi").await;
+    let claim = claims_of(&store, p, T0).await.pop().unwrap();
+    let far = T0 + Duration::from_secs(86_400);
+    MaterializationStore::complete(&store, id, claim.token, stored("v1", 1, T0), far).await.unwrap();
+
+    // A new version is due at once, though the record's next run is far away.
+    let change = EndpointChange {
+        query: Some((query("SELECT 2 AS n"), cols(&["n"]), eligible())),
+        ..Default::default()
+    };
+    let updated = EndpointStore::update(&store, p, &name("kpi"), change, T0).await.unwrap();
+    assert_eq!(updated.eligibility, Some(eligible()));
+    let claim = claims_of(&store, p, T0).await.pop().expect("the new version is due");
+    assert_eq!(claim.version, 2);
+    let switch =
+        MaterializationStore::complete(&store, id, claim.token, stored("v2", 2, T0), far).await.unwrap();
+    assert_eq!(switch, Switch::Switched { replaced: Some("v1".into()) });
+    assert_eq!(MaterializationStore::get_many(&store, vec![id, Uuid::new_v4()]).await.unwrap().len(), 1);
+
+    // An inactive endpoint is never due.
+    let inactive = materialized(&store, p, "off").await;
+    let change = EndpointChange { is_active: Some(false), ..Default::default() };
+    EndpointStore::update(&store, p, &name("off"), change, T0).await.unwrap();
+    assert!(claims_of(&store, p, T0).await.iter().all(|c| c.endpoint_id != inactive));
+
+    // Turning materialization off removes the record with the change; so does deleting the endpoint.
+    let change =
+        EndpointChange { is_materialized: Some(false), sync_frequency: Some(None), ..Default::default() };
+    EndpointStore::update(&store, p, &name("kpi"), change, T0).await.unwrap();
+    assert_eq!(MaterializationStore::get(&store, id).await.unwrap(), None);
+    let again = EndpointChange {
+        is_materialized: Some(true),
+        sync_frequency: Some(Some(SyncFrequency::OneHour)),
+        ..Default::default()
+    };
+    EndpointStore::update(&store, p, &name("kpi"), again, T0).await.unwrap();
+    let claim = claims_of(&store, p, T0).await.pop().expect("turned on again");
+    assert_eq!(EndpointStore::delete(&store, p, &name("kpi")).await.unwrap(), id);
+    assert_eq!(MaterializationStore::get(&store, id).await.unwrap(), None);
+    let lost =
+        MaterializationStore::complete(&store, id, claim.token, stored("v3", 2, T0), far).await.unwrap();
+    assert_eq!(lost, Switch::Lost, "a refresh of a deleted endpoint switches nothing");
+    EndpointStore::delete(&store, p, &name("off")).await.unwrap();
 }

@@ -13,8 +13,8 @@ use tracing::instrument;
 
 use crate::connection::AnyConnection;
 use crate::error::DbError;
-use crate::rows::{columns_text, micros, EndpointRow, VersionRow};
-use crate::schema::{endpoint_versions, endpoints};
+use crate::rows::{columns_text, eligibility_text, micros, EndpointRow, VersionRow};
+use crate::schema::{endpoint_versions, endpoints, materializations};
 use crate::DieselStore;
 
 diesel::define_sql_function!(fn lower(x: diesel::sql_types::Text) -> diesel::sql_types::Text);
@@ -137,7 +137,7 @@ fn apply_change(
 
     let mut current_version = row.current_version;
     match change.query {
-        Some((query, columns)) if query.canonical() != canonical_of(&current.query)? => {
+        Some((query, columns, eligibility)) if query.canonical() != canonical_of(&current.query)? => {
             current_version += 1;
             diesel::insert_into(endpoint_versions::table)
                 .values(VersionRow {
@@ -149,6 +149,7 @@ fn apply_change(
                     cache_age_seconds: final_cache,
                     sync_frequency: final_sync.clone(),
                     created_at: at,
+                    eligibility: eligibility_text(&eligibility),
                 })
                 .execute(conn)?;
         }
@@ -164,12 +165,16 @@ fn apply_change(
                 .execute(conn)?;
         }
     }
+    let is_materialized = change.is_materialized.unwrap_or(row.is_materialized);
+    if !is_materialized {
+        diesel::delete(materializations::table.find(&row.id)).execute(conn)?;
+    }
     diesel::update(endpoints::table.find(&row.id))
         .set(EndpointUpdate {
             description,
             derived_from_insight: change.derived_from_insight,
             is_active: change.is_active.unwrap_or(row.is_active),
-            is_materialized: change.is_materialized.unwrap_or(row.is_materialized),
+            is_materialized,
             cache_age_seconds: cache_age,
             sync_frequency,
             current_version,
@@ -217,6 +222,7 @@ impl EndpointStore for DieselStore {
             cache_age_seconds: row.cache_age_seconds,
             sync_frequency: row.sync_frequency.clone(),
             created_at: at,
+            eligibility: eligibility_text(&endpoint.eligibility),
         };
         let lookup = name.clone();
         self.db
@@ -283,18 +289,19 @@ impl EndpointStore for DieselStore {
     }
 
     #[instrument(skip_all, fields(project = %project, name = %name))]
-    async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<(), StoreError> {
+    async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<uuid::Uuid, StoreError> {
         let name = name.to_string();
         Ok(self
             .db
             .run(move |conn| {
                 conn.transaction(|conn| {
                     let (id, _) = endpoint_id(conn, project.get(), &name)?;
-                    // Versions go first so the delete does not depend on the backend's cascade support.
+                    // Dependent rows go first so the delete does not depend on the backend's cascade support.
+                    diesel::delete(materializations::table.find(&id)).execute(conn)?;
                     diesel::delete(endpoint_versions::table.filter(endpoint_versions::endpoint_id.eq(&id)))
                         .execute(conn)?;
                     diesel::delete(endpoints::table.find(&id)).execute(conn)?;
-                    Ok(())
+                    crate::rows::uuid(&id)
                 })
             })
             .await?)

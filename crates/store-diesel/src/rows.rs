@@ -2,6 +2,7 @@
 
 use diesel::prelude::*;
 use domain::endpoint::{Column, Endpoint, EndpointVersion};
+use domain::Eligibility;
 use domain::{CacheAge, EndpointName, ProjectId, Query, SyncFrequency, Timestamp};
 use uuid::Uuid;
 
@@ -44,6 +45,15 @@ pub(crate) fn columns_text(columns: &[Column]) -> String {
     serde_json::to_string(columns).unwrap_or_else(|_| "[]".into())
 }
 
+pub(crate) fn eligibility_text(eligibility: &Eligibility) -> Option<String> {
+    serde_json::to_string(eligibility).ok()
+}
+
+fn eligibility(raw: Option<&str>) -> Result<Option<Eligibility>, DbError> {
+    raw.map(|raw| serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("eligibility: {e}"))))
+        .transpose()
+}
+
 fn columns(raw: &str) -> Result<Vec<Column>, DbError> {
     serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("columns: {e}")))
 }
@@ -77,6 +87,7 @@ pub(crate) struct VersionRow {
     pub cache_age_seconds: Option<i64>,
     pub sync_frequency: Option<String>,
     pub created_at: i64,
+    pub eligibility: Option<String>,
 }
 
 impl EndpointRow {
@@ -100,6 +111,8 @@ impl EndpointRow {
             created_at: instant(self.created_at)?,
             updated_at: instant(self.updated_at)?,
             last_executed_at: self.last_executed_at.map(instant).transpose()?,
+            eligibility: eligibility(current.eligibility.as_deref())?,
+            materialization: None,
         })
     }
 }
@@ -116,6 +129,7 @@ impl VersionRow {
             sync_frequency: sync_frequency(self.sync_frequency.as_deref())?,
             created_at: instant(self.created_at)?,
             is_current: self.version == current_version,
+            eligibility: eligibility(self.eligibility.as_deref())?,
         })
     }
 }

@@ -50,7 +50,31 @@ diesel::table! {
         cache_age_seconds -> Nullable<BigInt>,
         sync_frequency -> Nullable<Text>,
         created_at -> BigInt,
+        eligibility -> Nullable<Text>,
     }
 }
 
-diesel::allow_tables_to_appear_in_same_query!(projects, api_keys, endpoints, endpoint_versions);
+diesel::table! {
+    materializations (endpoint_id) {
+        endpoint_id -> Text,
+        version -> BigInt,
+        status -> Text,
+        next_run_at -> BigInt,
+        error -> Nullable<Text>,
+        result_version -> Nullable<BigInt>,
+        result_location -> Nullable<Text>,
+        result_row_count -> Nullable<BigInt>,
+        result_at -> Nullable<BigInt>,
+        lease_token -> Nullable<Text>,
+        lease_expires_at -> Nullable<BigInt>,
+        revision -> BigInt,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(
+    projects,
+    api_keys,
+    endpoints,
+    endpoint_versions,
+    materializations
+);

@@ -1,7 +1,7 @@
 //! Request handlers, one file per resource group, and the authentication step they share.
 
 pub(crate) mod endpoints;
-pub(crate) mod pending;
+pub(crate) mod materialization;
 pub(crate) mod runs;
 pub(crate) mod versions;
 

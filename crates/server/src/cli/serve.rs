@@ -32,6 +32,18 @@ pub struct ServeArgs {
     /// Seconds between writes of the last execution times to the database.
     #[arg(long, env = "ENDPOINTS_FLUSH_SECS", default_value_t = 5)]
     pub flush_secs: u64,
+    /// Materialization refreshes this process runs at once; 0 leaves refreshing to other processes.
+    #[arg(long, env = "ENDPOINTS_MATERIALIZE_WORKERS", default_value_t = 2)]
+    pub materialize_workers: usize,
+    /// Milliseconds between looks for due materialization refreshes.
+    #[arg(long, env = "ENDPOINTS_MATERIALIZE_POLL_MS", default_value_t = 5000)]
+    pub materialize_poll_ms: u64,
+    /// Seconds a refresh claim holds without renewal; a crashed process's refreshes are retried after it.
+    #[arg(long, env = "ENDPOINTS_MATERIALIZE_LEASE_SECS", default_value_t = 60)]
+    pub materialize_lease_secs: u64,
+    /// Seconds a materialization refresh may run before it is cancelled and recorded as failed.
+    #[arg(long, env = "ENDPOINTS_REFRESH_TIMEOUT_SECS", default_value_t = 600)]
+    pub refresh_timeout_secs: u64,
 }
 
 pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliError> {
@@ -42,9 +54,15 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
         || args.query_memory_mb == 0
         || args.max_queries_per_project == 0
         || args.flush_secs == 0
+        || args.materialize_poll_ms == 0
+        || args.materialize_lease_secs < 3
+        || args.refresh_timeout_secs == 0
     {
         return Err(CliError::Usage(
-            "--query-timeout-secs, --query-memory-mb, --max-queries-per-project and --flush-secs must be positive".into(),
+            "--query-timeout-secs, --query-memory-mb, --max-queries-per-project, --flush-secs, \
+             --materialize-poll-ms and --refresh-timeout-secs must be positive, and --materialize-lease-secs at \
+             least 3"
+                .into(),
         ));
     }
     config.limits.query_timeout = std::time::Duration::from_secs(args.query_timeout_secs);
@@ -52,6 +70,10 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
     config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
     config.flush_interval = std::time::Duration::from_secs(args.flush_secs);
+    config.worker.parallelism = args.materialize_workers;
+    config.worker.poll = std::time::Duration::from_millis(args.materialize_poll_ms);
+    config.lease = std::time::Duration::from_secs(args.materialize_lease_secs);
+    config.limits.refresh_timeout = std::time::Duration::from_secs(args.refresh_timeout_secs);
     let app = Application::build(&config)?;
     app.run_until(shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -1,0 +1,221 @@
+//! The refresh side of materialization: claiming due refreshes, computing and switching to a new stored result,
+//! and sweeping files that no record refers to. A worker (in the binary) drives it on a timer.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::error::Error;
+use crate::materialization::{location, Claim, Eligibility, StoredResult, Switch};
+use crate::ports::{
+    Clock, EndpointStore, MaterializationStore, MaterializedResults, QueryEngine, StoreError,
+};
+
+/// How long a failed refresh waits before it is tried again, at most (a shorter sync frequency wins).
+pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
+
+/// What one refresh came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefreshOutcome {
+    Completed {
+        rows: u64,
+    },
+    Failed {
+        error: String,
+    },
+    /// The claim was lost on the way (endpoint deleted or changed, materialization turned off, lease taken
+    /// over); what was written was removed.
+    Lost,
+}
+
+pub struct Materializer {
+    endpoints: Arc<dyn EndpointStore>,
+    states: Arc<dyn MaterializationStore>,
+    engine: Arc<dyn QueryEngine>,
+    results: Arc<dyn MaterializedResults>,
+    clock: Arc<dyn Clock>,
+    lease: Duration,
+}
+
+impl Materializer {
+    pub fn new(
+        endpoints: Arc<dyn EndpointStore>,
+        states: Arc<dyn MaterializationStore>,
+        engine: Arc<dyn QueryEngine>,
+        results: Arc<dyn MaterializedResults>,
+        clock: Arc<dyn Clock>,
+        lease: Duration,
+    ) -> Self {
+        Self { endpoints, states, engine, results, clock, lease }
+    }
+
+    /// How long a claim holds without renewal.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Claims up to `max` due refreshes.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn claim(&self, max: usize) -> Result<Vec<Claim>, Error> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now();
+        Ok(self.states.claim_due(now, now + self.lease, max).await?)
+    }
+
+    /// Extends the claim's lease; `false` when it is no longer held.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn renew(&self, claim: &Claim) -> Result<bool, Error> {
+        let until = self.clock.now() + self.lease;
+        Ok(self.states.renew(claim.endpoint_id, claim.token, until).await?)
+    }
+
+    /// Gives a claim back unfinished (shutdown): its lease ends now, so any worker claims it again at once, and
+    /// its files are removed.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.states.renew(claim.endpoint_id, claim.token, self.clock.now()).await?;
+        self.discard(claim).await;
+        Ok(())
+    }
+
+    /// Computes the claimed version's result into a new location and switches runs to it. A failure is recorded
+    /// on the record (the previous result stays readable) and retried later.
+    ///
+    /// # Errors
+    /// Store failures while recording the outcome.
+    pub async fn refresh(&self, claim: &Claim) -> Result<RefreshOutcome, Error> {
+        if let Some(abandoned) = &claim.abandoned {
+            self.remove_quietly(claim, abandoned).await;
+        }
+        let target = location(claim.endpoint_id, claim.version, claim.token);
+        let rows = match self.compute(claim, &target).await {
+            Ok(rows) => rows,
+            Err(Error::NotFound(_)) => {
+                self.discard(claim).await;
+                return Ok(RefreshOutcome::Lost);
+            }
+            Err(err) => {
+                self.discard(claim).await;
+                let error = failure_text(&err);
+                let frequency = claim.sync_frequency.period().min(RETRY_AFTER_FAILURE);
+                let held = self
+                    .states
+                    .fail(claim.endpoint_id, claim.token, error.clone(), self.clock.now() + frequency)
+                    .await?;
+                warn!(endpoint = %claim.name, project = %claim.project, cause = ?err, "materialization failed");
+                return Ok(if held { RefreshOutcome::Failed { error } } else { RefreshOutcome::Lost });
+            }
+        };
+        let at = self.clock.now();
+        let result =
+            StoredResult { version: claim.version, location: target, row_count: rows, materialized_at: at };
+        let next = at + claim.sync_frequency.period();
+        match self.states.complete(claim.endpoint_id, claim.token, result, next).await {
+            Ok(Switch::Switched { replaced }) => {
+                if let Some(old) = replaced {
+                    self.remove_quietly(claim, &old).await;
+                }
+                info!(endpoint = %claim.name, project = %claim.project, rows, "materialization completed");
+                Ok(RefreshOutcome::Completed { rows })
+            }
+            Ok(Switch::Lost) => {
+                self.discard(claim).await;
+                Ok(RefreshOutcome::Lost)
+            }
+            Err(err) => {
+                self.discard(claim).await;
+                Err(err.into())
+            }
+        }
+    }
+
+    async fn compute(&self, claim: &Claim, target: &str) -> Result<u64, Error> {
+        let version = self.endpoints.get_version(claim.project, &claim.name, claim.version).await.map_err(
+            |e| match e {
+                StoreError::NotFound | StoreError::VersionNotFound(_) => {
+                    Error::NotFound(claim.name.to_string())
+                }
+                other => other.into(),
+            },
+        )?;
+        let eligibility = match version.eligibility {
+            Some(eligibility) => eligibility,
+            None => Eligibility::decide(&self.engine.describe(claim.project, &version.query).await?.outline),
+        };
+        if let Some(reason) = eligibility.reason() {
+            return Err(Error::Invalid(crate::error::Invalid::field("is_materialized", reason)));
+        }
+        Ok(self.results.write(claim.project, &version.query, target).await?)
+    }
+
+    /// Removes what an attempt wrote (there may be nothing).
+    async fn discard(&self, claim: &Claim) {
+        let target = location(claim.endpoint_id, claim.version, claim.token);
+        self.remove_quietly(claim, &target).await;
+    }
+
+    async fn remove_quietly(&self, claim: &Claim, target: &str) {
+        if let Err(err) = self.results.remove(claim.project, target).await {
+            warn!(endpoint = %claim.name, location = target, error = %err, "cannot remove a stored result");
+        }
+    }
+
+    /// Removes stored results no record refers to: left by a crash, or by a delete whose file removal failed.
+    /// Locations are listed before records are read, so an attempt that starts in between is already recorded
+    /// as running when its files are seen.
+    ///
+    /// # Errors
+    /// Store or file failures.
+    pub async fn sweep(&self) -> Result<usize, Error> {
+        let present = self.results.locations().await?;
+        let records = self.states.all().await?;
+        let mut in_use: HashSet<String> = HashSet::new();
+        for record in &records {
+            if let Some(result) = &record.result {
+                in_use.insert(result.location.clone());
+            }
+            if let Some((token, _)) = record.lease {
+                in_use.insert(location(record.endpoint_id, record.version, token));
+            }
+        }
+        let mut removed = 0;
+        for (project, found) in present {
+            if in_use.contains(&found) {
+                continue;
+            }
+            match self.results.remove(project, &found).await {
+                Ok(()) => removed += 1,
+                Err(err) => warn!(location = %found, error = %err, "cannot sweep a stored result"),
+            }
+        }
+        if removed > 0 {
+            info!(removed, "swept stored results no record refers to");
+        }
+        Ok(removed)
+    }
+}
+
+/// What the status shows of a failure: the reason, without internals.
+fn failure_text(err: &Error) -> String {
+    match err {
+        Error::Invalid(invalid) => invalid.detail.clone(),
+        Error::QueryTimeout(after) => format!("The query ran past its time limit ({}s).", after.as_secs()),
+        Error::QueryMemoryLimit(reason) => format!("The query needed more memory than allowed: {reason}"),
+        Error::Unavailable(_) => "The store or engine was unavailable; the refresh will be retried.".into(),
+        _ => "The refresh failed with an internal error; see the server log.".into(),
+    }
+}
+
+#[cfg(test)]
+#[path = "materializer_tests.rs"]
+mod tests;

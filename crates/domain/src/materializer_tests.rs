@@ -1,0 +1,224 @@
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mockall::predicate::{always, eq};
+use serde_json::json;
+use time::macros::datetime;
+use uuid::Uuid;
+
+use super::*;
+use crate::endpoint::{EndpointName, EndpointVersion};
+use crate::materialization::{Claim, Eligibility, MaterializationState, MaterializationStatus, StoredResult};
+use crate::ports::{
+    EngineError, MockClock, MockEndpointStore, MockMaterializationStore, MockMaterializedResults,
+    MockQueryEngine,
+};
+use crate::{CacheAge, ProjectId, Query, SyncFrequency, Timestamp};
+
+const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
+const LEASE: Duration = Duration::from_secs(60);
+
+fn claim() -> Claim {
+    Claim {
+        endpoint_id: Uuid::from_u128(1),
+        project: ProjectId::new(4).unwrap(),
+        name: EndpointName::parse("kpi").unwrap(),
+        version: 3,
+        sync_frequency: SyncFrequency::OneHour,
+        token: Uuid::from_u128(9),
+        abandoned: None,
+    }
+}
+
+fn target() -> String {
+    location(Uuid::from_u128(1), 3, Uuid::from_u128(9))
+}
+
+fn endpoints(eligibility: Option<Eligibility>) -> MockEndpointStore {
+    let mut store = MockEndpointStore::new();
+    store.expect_get_version().returning(move |_, _, v| {
+        Ok(EndpointVersion {
+            endpoint_id: Uuid::from_u128(1),
+            version: v,
+            query: Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap(),
+            description: String::new(),
+            columns: vec![],
+            cache_age: CacheAge::default(),
+            sync_frequency: Some(SyncFrequency::OneHour),
+            created_at: NOW,
+            is_current: true,
+            eligibility: eligibility.clone(),
+        })
+    });
+    store
+}
+
+fn eligible() -> Option<Eligibility> {
+    Some(Eligibility::Eligible { filters: vec![] })
+}
+
+/// Records what was removed, so each test can say exactly which files went.
+fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockMaterializedResults {
+    let mut results = MockMaterializedResults::new();
+    results.expect_write().with(always(), always(), eq(target())).returning(move |_, _, _| {
+        write.map_err(|()| EngineError::InvalidQuery("Column 'x' not found".into()))
+    });
+    results.expect_remove().returning(move |_, location| {
+        removed.lock().unwrap().push(location.to_owned());
+        Ok(())
+    });
+    results
+}
+
+fn materializer(
+    endpoints: MockEndpointStore,
+    states: MockMaterializationStore,
+    results: MockMaterializedResults,
+) -> Materializer {
+    let mut clock = MockClock::new();
+    clock.expect_now().return_const(NOW);
+    Materializer::new(
+        Arc::new(endpoints),
+        Arc::new(states),
+        Arc::new(MockQueryEngine::new()),
+        Arc::new(results),
+        Arc::new(clock),
+        LEASE,
+    )
+}
+
+#[tokio::test]
+async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let mut states = MockMaterializationStore::new();
+    states
+        .expect_complete()
+        .withf(|id, token, result, next| {
+            *id == Uuid::from_u128(1)
+                && *token == Uuid::from_u128(9)
+                && *result
+                    == StoredResult { version: 3, location: target(), row_count: 42, materialized_at: NOW }
+                && *next == NOW + Duration::from_secs(3600)
+        })
+        .times(1)
+        .returning(|_, _, _, _| Ok(Switch::Switched { replaced: Some("old".into()) }));
+    let m = materializer(endpoints(eligible()), states, results(Ok(42), Arc::clone(&removed)));
+    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
+    assert_eq!(*removed.lock().unwrap(), vec!["old".to_owned()]);
+}
+
+#[tokio::test]
+async fn a_claim_that_took_over_a_crashed_attempt_removes_its_files_first() {
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let mut states = MockMaterializationStore::new();
+    states.expect_complete().returning(|_, _, _, _| Ok(Switch::Switched { replaced: None }));
+    let m = materializer(endpoints(eligible()), states, results(Ok(1), Arc::clone(&removed)));
+    let crashed = location(Uuid::from_u128(1), 3, Uuid::from_u128(8));
+    let claim = Claim { abandoned: Some(crashed.clone()), ..claim() };
+    assert_eq!(m.refresh(&claim).await.unwrap(), RefreshOutcome::Completed { rows: 1 });
+    assert_eq!(*removed.lock().unwrap(), vec![crashed]);
+}
+
+#[tokio::test]
+async fn a_refresh_whose_claim_was_lost_removes_what_it_wrote() {
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let mut states = MockMaterializationStore::new();
+    states.expect_complete().times(1).returning(|_, _, _, _| Ok(Switch::Lost));
+    let m = materializer(endpoints(eligible()), states, results(Ok(5), Arc::clone(&removed)));
+    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Lost);
+    assert_eq!(*removed.lock().unwrap(), vec![target()]);
+}
+
+#[tokio::test]
+async fn a_failed_refresh_is_recorded_and_retried_within_five_minutes() {
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let mut states = MockMaterializationStore::new();
+    states
+        .expect_fail()
+        .withf(|_, _, error, next| error.contains("'x' not found") && *next == NOW + RETRY_AFTER_FAILURE)
+        .times(1)
+        .returning(|_, _, _, _| Ok(true));
+    let m = materializer(endpoints(eligible()), states, results(Err(()), Arc::clone(&removed)));
+    let outcome = m.refresh(&claim()).await.unwrap();
+    assert!(matches!(outcome, RefreshOutcome::Failed { ref error } if error.contains("'x' not found")));
+    assert_eq!(*removed.lock().unwrap(), vec![target()]);
+}
+
+#[tokio::test]
+async fn a_query_that_became_ineligible_fails_without_writing() {
+    let mut states = MockMaterializationStore::new();
+    states
+        .expect_fail()
+        .withf(|_, _, error, _| error.contains("LIMIT"))
+        .times(1)
+        .returning(|_, _, _, _| Ok(true));
+    let mut results = MockMaterializedResults::new();
+    results.expect_write().never();
+    results.expect_remove().returning(|_, _| Ok(()));
+    let ineligible = Some(Eligibility::Ineligible { reason: "The query has an outermost LIMIT".into() });
+    let m = materializer(endpoints(ineligible), states, results);
+    assert!(matches!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Failed { .. }));
+}
+
+#[tokio::test]
+async fn a_refresh_of_a_deleted_endpoint_is_lost_without_a_record() {
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let mut endpoints = MockEndpointStore::new();
+    endpoints.expect_get_version().returning(|_, _, _| Err(crate::ports::StoreError::NotFound));
+    let mut states = MockMaterializationStore::new();
+    states.expect_fail().never();
+    states.expect_complete().never();
+    let m = materializer(endpoints, states, results(Ok(1), Arc::clone(&removed)));
+    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Lost);
+    assert_eq!(*removed.lock().unwrap(), vec![target()]);
+}
+
+#[tokio::test]
+async fn claims_are_leased_from_now() {
+    let mut states = MockMaterializationStore::new();
+    states
+        .expect_claim_due()
+        .with(eq(NOW), eq(NOW + LEASE), eq(2))
+        .times(1)
+        .returning(|_, _, _| Ok(vec![claim()]));
+    let m = materializer(MockEndpointStore::new(), states, MockMaterializedResults::new());
+    assert_eq!(m.claim(2).await.unwrap(), vec![claim()]);
+    assert!(m.claim(0).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_sweep_removes_only_locations_no_record_refers_to() {
+    let project = ProjectId::new(4).unwrap();
+    let id = Uuid::from_u128(1);
+    let completed = location(id, 2, Uuid::from_u128(5));
+    let running = location(id, 3, Uuid::from_u128(6)); // the lease's attempt: kept
+    let orphan = location(id, 3, Uuid::from_u128(7));
+    let deleted_endpoint = location(Uuid::from_u128(2), 1, Uuid::from_u128(8));
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let mut results = MockMaterializedResults::new();
+    let present = [completed.clone(), running.clone(), orphan.clone(), deleted_endpoint.clone()];
+    results.expect_locations().returning(move || Ok(present.iter().map(|l| (project, l.clone())).collect()));
+    let sink = Arc::clone(&removed);
+    results.expect_remove().returning(move |_, location| {
+        sink.lock().unwrap().push(location.to_owned());
+        Ok(())
+    });
+    let mut states = MockMaterializationStore::new();
+    let record = MaterializationState {
+        endpoint_id: id,
+        version: 3,
+        status: MaterializationStatus::Running,
+        next_run_at: NOW,
+        error: None,
+        result: Some(StoredResult { version: 2, location: completed, row_count: 1, materialized_at: NOW }),
+        lease: Some((Uuid::from_u128(6), NOW + LEASE)),
+    };
+    states.expect_all().returning(move || Ok(vec![record.clone()]));
+    let m = materializer(MockEndpointStore::new(), states, results);
+    assert_eq!(m.sweep().await.unwrap(), 2);
+    let mut removed = removed.lock().unwrap().clone();
+    removed.sort();
+    let mut expected = vec![orphan, deleted_endpoint];
+    expected.sort();
+    assert_eq!(removed, expected);
+}

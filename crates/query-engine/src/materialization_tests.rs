@@ -1,0 +1,254 @@
+//! Materialization on real DataFusion: the facts read from plans, and the invariant that a stored result read
+//! with the run's variables answers exactly what the live query answers.
+
+use std::collections::BTreeMap;
+
+use domain::materialization::{location, CompareOp, Eligibility, MaterializedFilter};
+use domain::ports::{MaterializedResults, QueryEngine};
+use domain::BoundValue;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::*;
+
+fn project() -> ProjectId {
+    ProjectId::new(1).unwrap()
+}
+
+fn query(sql: &str, variables: serde_json::Value) -> Query {
+    Query::from_json(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
+}
+
+/// A data directory with 20,000 demo events in project 1, removed at the end.
+struct Demo(PathBuf, DataFusionEngine);
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn demo() -> Demo {
+    let dir = std::env::temp_dir().join(format!("qe-materialize-{}", Uuid::new_v4()));
+    tables::write_table(&dir, project(), "events", demo::events_schema(), demo::events(20_000, 11), &|_| ())
+        .unwrap();
+    let engine = DataFusionEngine::new(&dir);
+    Demo(dir, engine)
+}
+
+async fn eligibility(engine: &DataFusionEngine, sql: &str, variables: serde_json::Value) -> Eligibility {
+    let description = engine.describe(project(), &query(sql, variables)).await.unwrap();
+    Eligibility::decide(&description.outline)
+}
+
+fn string_var() -> serde_json::Value {
+    json!({"type": "String", "default": "US"})
+}
+
+#[tokio::test]
+async fn plans_tell_which_queries_can_be_materialized() {
+    let demo = demo();
+    let e = &demo.1;
+    let vars = json!({"c": string_var(), "m": {"type": "Number", "default": 1}});
+    let eligible = [
+        (
+            "SELECT country, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY country",
+            vec![("country", CompareOp::Eq, "c")],
+        ),
+        (
+            "SELECT country AS land, revenue FROM events WHERE {variables.m} < revenue AND event = 'purchase'",
+            vec![("revenue", CompareOp::Gt, "m")],
+        ),
+        (
+            "SELECT e.country AS land FROM events e WHERE e.country != {variables.c} ORDER BY land",
+            vec![("land", CompareOp::NotEq, "c")],
+        ),
+        (
+            "WITH d AS (SELECT CAST(timestamp AS DATE) AS day, revenue FROM events) \
+             SELECT day, sum(revenue) AS r FROM d WHERE day >= CAST('2026-01-05' AS DATE) GROUP BY day \
+             HAVING sum(revenue) > 0 ORDER BY day",
+            vec![],
+        ),
+        ("SELECT DISTINCT country FROM events WHERE country <= {variables.c}", vec![("country", CompareOp::LtEq, "c")]),
+    ];
+    for (sql, expected) in eligible {
+        let decided = eligibility(e, sql, vars.clone()).await;
+        let expected: Vec<MaterializedFilter> = expected
+            .into_iter()
+            .map(|(column, op, variable)| MaterializedFilter {
+                column: column.into(),
+                op,
+                variable: variable.into(),
+            })
+            .collect();
+        assert_eq!(decided, Eligibility::Eligible { filters: expected }, "{sql}");
+    }
+    let ineligible = [
+        ("SELECT country FROM events WHERE country = {variables.c} LIMIT 5", "LIMIT"),
+        ("SELECT country FROM events WHERE country = {variables.c} OR revenue > 1", "used outside"),
+        ("SELECT count(*) AS n FROM events WHERE country = {variables.c}", "not a group key"),
+        ("SELECT browser, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY browser", "not a group key"),
+        ("SELECT upper(country) AS u FROM events WHERE country = {variables.c}", "does not output"),
+        ("SELECT revenue FROM events WHERE country = {variables.c}", "does not output"),
+        (
+            "SELECT country, row_number() OVER (ORDER BY revenue) AS r FROM events WHERE country = {variables.c}",
+            "window",
+        ),
+        ("SELECT country FROM (SELECT * FROM events WHERE country = {variables.c}) t", "used outside"),
+        (
+            "SELECT country, count(*) AS n FROM events GROUP BY country HAVING count(*) > {variables.m}",
+            "used outside",
+        ),
+        ("SELECT {variables.c} AS c, country FROM events WHERE country = {variables.c}", "used outside"),
+        (
+            "SELECT country FROM events WHERE country IN (SELECT country FROM events WHERE browser = {variables.c})",
+            "used outside",
+        ),
+    ];
+    for (sql, reason) in ineligible {
+        let decided = eligibility(e, sql, vars.clone()).await;
+        assert!(decided.reason().is_some_and(|r| r.contains(reason)), "{sql}: {decided:?}");
+    }
+}
+
+/// An endpoint of the invariant test and how to draw its variables.
+struct Case {
+    sql: &'static str,
+    variables: serde_json::Value,
+    draw: fn(&mut StdRng) -> BTreeMap<String, BoundValue>,
+}
+
+const COUNTRIES: [&str; 5] = ["US", "DE", "NL", "JP", "ZZ"];
+const BROWSERS: [&str; 4] = ["Chrome", "Safari", "Opera", "Lynx"];
+
+fn pick(rng: &mut StdRng, from: &[&str]) -> String {
+    from[rng.random_range(0..from.len())].to_owned()
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            sql: "SELECT country, browser, count(*) AS n, sum(revenue) AS revenue FROM events \
+                  WHERE country = {variables.country} AND browser != {variables.browser} \
+                  GROUP BY country, browser ORDER BY country, browser",
+            variables: json!({"country": string_var(), "browser": {"type": "String", "default": "Chrome"}}),
+            draw: |rng| {
+                BTreeMap::from([
+                    ("country".into(), BoundValue::String(pick(rng, &COUNTRIES))),
+                    ("browser".into(), BoundValue::String(pick(rng, &BROWSERS))),
+                ])
+            },
+        },
+        Case {
+            sql: "SELECT timestamp, distinct_id, revenue FROM events \
+                  WHERE revenue >= {variables.min} AND {variables.before} > timestamp AND event = 'purchase' \
+                  ORDER BY timestamp, distinct_id, revenue",
+            variables: json!({"min": {"type": "Number", "default": 0}, "before": {"type": "DateTime", "default": "2026-02-01T00:00:00Z"}}),
+            draw: |rng| {
+                let day = rng.random_range(0..95);
+                let before =
+                    time::macros::datetime!(2026-01-01 00:00 UTC) + time::Duration::hours(day * 24 + 7);
+                BTreeMap::from([
+                    ("min".into(), BoundValue::Number(f64::from(rng.random_range(0_u32..25_000)) / 100.0)),
+                    ("before".into(), BoundValue::DateTime(before)),
+                ])
+            },
+        },
+        Case {
+            sql: "WITH daily AS (SELECT CAST(timestamp AS DATE) AS day, country, revenue FROM events) \
+                  SELECT day, country AS land, count(*) AS events, sum(revenue) AS revenue FROM daily \
+                  WHERE day >= {variables.since} AND day < {variables.until} AND {variables.land} <= country \
+                  GROUP BY day, country ORDER BY day, land",
+            variables: json!({
+                "since": {"type": "Date", "default": "2026-01-01"},
+                "until": {"type": "Date", "default": "2026-02-01"},
+                "land": string_var(),
+            }),
+            draw: |rng| {
+                let start = time::macros::date!(2025 - 12 - 25);
+                let since = start + time::Duration::days(rng.random_range(0..100));
+                let until = since + time::Duration::days(rng.random_range(0..40));
+                BTreeMap::from([
+                    ("since".into(), BoundValue::Date(since)),
+                    ("until".into(), BoundValue::Date(until)),
+                    ("land".into(), BoundValue::String(pick(rng, &COUNTRIES))),
+                ])
+            },
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_materialized_answer_equals_the_live_answer() {
+    let demo = demo();
+    let engine = &demo.1;
+    let mut rng = StdRng::seed_from_u64(2026);
+    for case in cases() {
+        let q = query(case.sql, case.variables.clone());
+        let filters = match eligibility(engine, case.sql, case.variables.clone()).await {
+            Eligibility::Eligible { filters } => filters,
+            other => panic!("{}: {other:?}", case.sql),
+        };
+        assert!(!filters.is_empty());
+        let at = location(Uuid::new_v4(), 1, Uuid::new_v4());
+        let stored = MaterializedResults::write(engine, project(), &q, &at).await.unwrap();
+        assert!(stored > 0);
+        for round in 0..40 {
+            let variables = (case.draw)(&mut rng);
+            let (limit, offset) =
+                if round % 4 == 0 { (10_000, 0) } else { (rng.random_range(1..50), rng.random_range(0..80)) };
+            let live = engine.execute(project(), &q, &variables, limit, offset).await.unwrap();
+            let bound = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
+            let read = engine.read(project(), &at, bound, limit, offset).await.unwrap();
+            assert_eq!(read, live, "{} with {variables:?}, limit {limit}, offset {offset}", case.sql);
+        }
+        MaterializedResults::remove(engine, project(), &at).await.unwrap();
+    }
+    assert!(MaterializedResults::locations(engine).await.unwrap().is_empty(), "every location was removed");
+}
+
+#[tokio::test]
+async fn locations_are_listed_and_removed_per_attempt_or_per_endpoint() {
+    let demo = demo();
+    let engine = &demo.1;
+    let q = query("SELECT country, count(*) AS n FROM events GROUP BY country ORDER BY country", json!({}));
+    let endpoint = Uuid::new_v4();
+    let first = location(endpoint, 1, Uuid::new_v4());
+    let second = location(endpoint, 2, Uuid::new_v4());
+    assert_eq!(MaterializedResults::write(engine, project(), &q, &first).await.unwrap(), 10);
+    MaterializedResults::write(engine, project(), &q, &second).await.unwrap();
+    let mut found: Vec<String> =
+        MaterializedResults::locations(engine).await.unwrap().into_iter().map(|(_, l)| l).collect();
+    found.sort();
+    let mut expected = vec![first.clone(), second.clone()];
+    expected.sort();
+    assert_eq!(found, expected);
+
+    MaterializedResults::remove(engine, project(), &first).await.unwrap();
+    assert_eq!(MaterializedResults::locations(engine).await.unwrap(), vec![(project(), second.clone())]);
+    MaterializedResults::remove(engine, project(), &endpoint.to_string()).await.unwrap();
+    assert!(MaterializedResults::locations(engine).await.unwrap().is_empty());
+    assert!(!materialized::materializations_dir(&demo.0, project()).join(endpoint.to_string()).exists());
+    // Removing what is gone succeeds; a location that could leave the project's directory is refused.
+    MaterializedResults::remove(engine, project(), &first).await.unwrap();
+    assert!(MaterializedResults::remove(engine, project(), "../../tables").await.is_err());
+    assert!(MaterializedResults::write(engine, project(), &q, "x/../../y").await.is_err());
+}
+
+#[tokio::test]
+async fn a_failed_write_leaves_nothing_behind() {
+    let demo = demo();
+    let engine = &demo.1;
+    let at = location(Uuid::new_v4(), 1, Uuid::new_v4());
+    let limited =
+        query("SELECT country FROM events WHERE country = {variables.c} LIMIT 3", json!({"c": string_var()}));
+    assert!(matches!(
+        MaterializedResults::write(engine, project(), &limited, &at).await,
+        Err(EngineError::InvalidQuery(reason)) if reason.contains("LIMIT")
+    ));
+    let failing = query("SELECT CAST(event AS INT) AS n FROM events", json!({}));
+    assert!(MaterializedResults::write(engine, project(), &failing, &at).await.is_err());
+    assert!(MaterializedResults::locations(engine).await.unwrap().is_empty());
+}

@@ -1,0 +1,106 @@
+//! The materialization worker of `serve`: claims due refreshes (a lease in the store, so processes sharing a
+//! database never refresh the same materialization twice), runs a bounded number at once, renews their leases
+//! while they run, sweeps orphaned files now and then, and gives unfinished claims back when the server stops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use domain::materialization::Claim;
+use domain::materializer::RefreshOutcome;
+use domain::Materializer;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{debug, error, info, warn};
+
+/// How the worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Refreshes this process runs at once; 0 runs none (another process refreshes).
+    pub parallelism: usize,
+    /// How often due refreshes are looked for.
+    pub poll: Duration,
+    /// How often stored results no record refers to are removed.
+    pub sweep_every: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self { parallelism: 2, poll: Duration::from_secs(5), sweep_every: Duration::from_secs(600) }
+    }
+}
+
+/// Runs until `stop` turns true, then gives back the claims still running and returns.
+pub async fn run(materializer: Arc<Materializer>, config: WorkerConfig, mut stop: watch::Receiver<bool>) {
+    let mut running: JoinSet<()> = JoinSet::new();
+    let mut next_sweep = tokio::time::Instant::now();
+    loop {
+        while let Some(done) = running.try_join_next() {
+            if let Err(err) = done {
+                error!(error = %err, "a materialization refresh task failed");
+            }
+        }
+        if tokio::time::Instant::now() >= next_sweep {
+            if let Err(err) = materializer.sweep().await {
+                warn!(error = %err, "could not sweep stored results; will retry");
+            }
+            next_sweep = tokio::time::Instant::now() + config.sweep_every;
+        }
+        let free = config.parallelism.saturating_sub(running.len());
+        match materializer.claim(free).await {
+            Ok(claims) => {
+                for claim in claims {
+                    debug!(endpoint = %claim.name, version = claim.version, "claimed a refresh");
+                    running.spawn(refresh(Arc::clone(&materializer), claim, stop.clone()));
+                }
+            }
+            Err(err) => warn!(error = %err, "could not look for due materializations; will retry"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(config.poll) => {}
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            _ = stop.changed() => break,
+        }
+    }
+    // Each running refresh sees the stop too and gives its claim back; wait for that, within reason.
+    let drained =
+        tokio::time::timeout(Duration::from_secs(10), async { while running.join_next().await.is_some() {} })
+            .await;
+    if drained.is_err() {
+        warn!("materialization refreshes did not stop in time; their leases will expire");
+    }
+}
+
+/// One refresh, with its lease renewed every third of its length. A lost lease or a stop drops the work (which
+/// cancels the engine's part) and removes what it wrote.
+async fn refresh(materializer: Arc<Materializer>, claim: Claim, mut stop: watch::Receiver<bool>) {
+    let mut work = Box::pin(materializer.refresh(&claim));
+    let mut beat = tokio::time::interval(materializer.lease() / 3);
+    beat.tick().await;
+    loop {
+        tokio::select! {
+            outcome = &mut work => {
+                match outcome {
+                    Ok(RefreshOutcome::Completed { rows }) => debug!(endpoint = %claim.name, rows, "refreshed"),
+                    Ok(RefreshOutcome::Failed { .. }) => {}
+                    Ok(RefreshOutcome::Lost) => info!(endpoint = %claim.name, "refresh abandoned: the endpoint changed"),
+                    Err(err) => warn!(endpoint = %claim.name, error = %err, "could not record a refresh"),
+                }
+                return;
+            }
+            _ = beat.tick() => match materializer.renew(&claim).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    info!(endpoint = %claim.name, "refresh abandoned: its lease passed to another worker");
+                    break;
+                }
+                Err(err) => warn!(endpoint = %claim.name, error = %err, "could not renew a lease; retrying"),
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    // Dropping the work cancels it before what it wrote is removed.
+    drop(work);
+    if let Err(err) = materializer.release(&claim).await {
+        warn!(endpoint = %claim.name, error = %err, "could not give a refresh back; its lease will expire");
+    }
+}

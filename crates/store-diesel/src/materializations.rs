@@ -1,0 +1,357 @@
+//! `MaterializationStore` on diesel: one record per materialized endpoint, claimed by compare-and-set on its
+//! `revision`, so that of several workers (in one process or many sharing the database) exactly one wins each
+//! claim.
+
+use async_trait::async_trait;
+use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use domain::materialization::{
+    location, Claim, MaterializationState, MaterializationStatus, StoredResult, Switch,
+};
+use domain::ports::{MaterializationStore, StoreError};
+use domain::{EndpointName, ProjectId, SyncFrequency, Timestamp};
+use tracing::instrument;
+use uuid::Uuid;
+
+use crate::connection::AnyConnection;
+use crate::error::DbError;
+use crate::rows::{instant, micros, uuid, version_number};
+use crate::schema::{endpoints, materializations};
+use crate::DieselStore;
+
+#[derive(Debug, Clone, Queryable, Selectable, Insertable)]
+#[diesel(table_name = materializations)]
+struct MaterializationRow {
+    endpoint_id: String,
+    version: i64,
+    status: String,
+    next_run_at: i64,
+    error: Option<String>,
+    result_version: Option<i64>,
+    result_location: Option<String>,
+    result_row_count: Option<i64>,
+    result_at: Option<i64>,
+    lease_token: Option<String>,
+    lease_expires_at: Option<i64>,
+    revision: i64,
+}
+
+impl MaterializationRow {
+    fn into_domain(self) -> Result<MaterializationState, DbError> {
+        let result = match (self.result_version, self.result_location, self.result_row_count, self.result_at)
+        {
+            (Some(version), Some(location), Some(rows), Some(at)) => Some(StoredResult {
+                version: version_number(version)?,
+                location,
+                row_count: u64::try_from(rows).unwrap_or(0),
+                materialized_at: instant(at)?,
+            }),
+            _ => None,
+        };
+        let lease = match (self.lease_token, self.lease_expires_at) {
+            (Some(token), Some(until)) => Some((uuid(&token)?, instant(until)?)),
+            _ => None,
+        };
+        Ok(MaterializationState {
+            endpoint_id: uuid(&self.endpoint_id)?,
+            version: version_number(self.version)?,
+            status: MaterializationStatus::parse(&self.status)
+                .map_err(|s| DbError::Corrupt(format!("materialization status {s}")))?,
+            next_run_at: instant(self.next_run_at)?,
+            error: self.error,
+            result,
+            lease,
+        })
+    }
+}
+
+/// A due refresh as read before claiming it: the endpoint's id, project, name, current version and frequency,
+/// and its record's revision, version and lease token (all `None` when it has no record yet).
+type Candidate = (String, i64, String, i64, Option<String>, Option<i64>, Option<i64>, Option<String>);
+
+fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>, DbError> {
+    let running = MaterializationStatus::Running.as_str();
+    Ok(endpoints::table
+        .left_join(materializations::table.on(materializations::endpoint_id.eq(endpoints::id)))
+        .filter(endpoints::is_materialized.eq(true))
+        .filter(endpoints::is_active.eq(true))
+        .filter(
+            materializations::endpoint_id
+                .nullable()
+                .is_null()
+                .or(materializations::version.nullable().ne(endpoints::current_version.nullable()))
+                .or(materializations::status
+                    .nullable()
+                    .ne(running)
+                    .and(materializations::next_run_at.nullable().le(now)))
+                .or(materializations::status
+                    .nullable()
+                    .eq(running)
+                    .and(materializations::lease_expires_at.le(now))),
+        )
+        .order(materializations::next_run_at.nullable().asc())
+        .limit(i64::try_from(max).unwrap_or(i64::MAX))
+        .select((
+            endpoints::id,
+            endpoints::project_id,
+            endpoints::name,
+            endpoints::current_version,
+            endpoints::sync_frequency,
+            materializations::revision.nullable(),
+            materializations::version.nullable(),
+            materializations::lease_token.nullable(),
+        ))
+        .load(conn)?)
+}
+
+/// Claims one candidate: inserts its first record, or moves its record on from the revision read. `false` when
+/// another worker got there first.
+fn claim_one(
+    conn: &mut AnyConnection,
+    candidate: &Candidate,
+    token: Uuid,
+    now: i64,
+    lease_until: i64,
+) -> Result<bool, DbError> {
+    let (id, _, _, version, _, revision, _, _) = candidate;
+    let running = MaterializationStatus::Running.as_str();
+    match revision {
+        None => {
+            let row = MaterializationRow {
+                endpoint_id: id.clone(),
+                version: *version,
+                status: running.to_owned(),
+                next_run_at: now,
+                error: None,
+                result_version: None,
+                result_location: None,
+                result_row_count: None,
+                result_at: None,
+                lease_token: Some(token.to_string()),
+                lease_expires_at: Some(lease_until),
+                revision: 1,
+            };
+            match diesel::insert_into(materializations::table).values(&row).execute(conn) {
+                Ok(n) => Ok(n == 1),
+                Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+                Err(other) => Err(other.into()),
+            }
+        }
+        Some(revision) => {
+            let claimed = diesel::update(materializations::table.find(id))
+                .filter(materializations::revision.eq(revision))
+                .set((
+                    materializations::version.eq(version),
+                    materializations::status.eq(running),
+                    materializations::lease_token.eq(Some(token.to_string())),
+                    materializations::lease_expires_at.eq(Some(lease_until)),
+                    materializations::revision.eq(revision + 1),
+                ))
+                .execute(conn)?;
+            Ok(claimed == 1)
+        }
+    }
+}
+
+fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
+    let (id, project, name, version, frequency, _, previous_version, previous_token) = candidate;
+    let abandoned = match (previous_version, previous_token) {
+        (Some(v), Some(t)) => Some(location(uuid(&id)?, version_number(v)?, uuid(&t)?)),
+        _ => None,
+    };
+    Ok(Claim {
+        endpoint_id: uuid(&id)?,
+        project: ProjectId::new(project).map_err(|e| DbError::Corrupt(e.detail))?,
+        name: EndpointName::parse(&name).map_err(|e| DbError::Corrupt(e.detail))?,
+        version: version_number(version)?,
+        sync_frequency: frequency
+            .as_deref()
+            .map(SyncFrequency::parse)
+            .transpose()
+            .map_err(|e| DbError::Corrupt(e.detail))?
+            .unwrap_or_default(),
+        token,
+        abandoned,
+    })
+}
+
+#[async_trait]
+impl MaterializationStore for DieselStore {
+    #[instrument(skip_all, fields(endpoint = %endpoint_id))]
+    async fn get(&self, endpoint_id: Uuid) -> Result<Option<MaterializationState>, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                materializations::table
+                    .find(endpoint_id.to_string())
+                    .select(MaterializationRow::as_select())
+                    .first(conn)
+                    .optional()?
+                    .map(MaterializationRow::into_domain)
+                    .transpose()
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(count = endpoint_ids.len()))]
+    async fn get_many(&self, endpoint_ids: Vec<Uuid>) -> Result<Vec<MaterializationState>, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                let ids: Vec<String> = endpoint_ids.iter().map(Uuid::to_string).collect();
+                materializations::table
+                    .filter(materializations::endpoint_id.eq_any(&ids))
+                    .select(MaterializationRow::as_select())
+                    .load(conn)?
+                    .into_iter()
+                    .map(MaterializationRow::into_domain)
+                    .collect()
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(max))]
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        max: usize,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let (now, lease_until) = (micros(now), micros(lease_until));
+        Ok(self
+            .db
+            .run(move |conn| {
+                let mut claims = Vec::new();
+                // Each claim is its own statement: a lost race costs one row, not the batch.
+                for candidate in due(conn, now, max)? {
+                    let token = Uuid::new_v4();
+                    if claim_one(conn, &candidate, token, now, lease_until)? {
+                        claims.push(into_claim(candidate, token)?);
+                    }
+                }
+                Ok(claims)
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(endpoint = %endpoint_id))]
+    async fn renew(&self, endpoint_id: Uuid, token: Uuid, until: Timestamp) -> Result<bool, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                let renewed = diesel::update(materializations::table.find(endpoint_id.to_string()))
+                    .filter(materializations::lease_token.eq(token.to_string()))
+                    .filter(materializations::status.eq(MaterializationStatus::Running.as_str()))
+                    .set((
+                        materializations::lease_expires_at.eq(Some(micros(until))),
+                        materializations::revision.eq(materializations::revision + 1),
+                    ))
+                    .execute(conn)?;
+                Ok(renewed == 1)
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(endpoint = %endpoint_id))]
+    async fn complete(
+        &self,
+        endpoint_id: Uuid,
+        token: Uuid,
+        result: StoredResult,
+        next_run_at: Timestamp,
+    ) -> Result<Switch, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    let id = endpoint_id.to_string();
+                    // The write comes first: it takes the row lock before the replaced location is read.
+                    let switched = diesel::update(materializations::table.find(&id))
+                        .filter(materializations::lease_token.eq(token.to_string()))
+                        .set(materializations::revision.eq(materializations::revision + 1))
+                        .execute(conn)?;
+                    if switched == 0 {
+                        return Ok(Switch::Lost);
+                    }
+                    let replaced: Option<String> = materializations::table
+                        .find(&id)
+                        .select(materializations::result_location)
+                        .first(conn)?;
+                    diesel::update(materializations::table.find(&id))
+                        .set((
+                            materializations::status.eq(MaterializationStatus::Completed.as_str()),
+                            materializations::error.eq(None::<String>),
+                            materializations::result_version.eq(Some(i64::from(result.version))),
+                            materializations::result_location.eq(Some(result.location.clone())),
+                            materializations::result_row_count
+                                .eq(Some(i64::try_from(result.row_count).unwrap_or(i64::MAX))),
+                            materializations::result_at.eq(Some(micros(result.materialized_at))),
+                            materializations::next_run_at.eq(micros(next_run_at)),
+                            materializations::lease_token.eq(None::<String>),
+                            materializations::lease_expires_at.eq(None::<i64>),
+                        ))
+                        .execute(conn)?;
+                    Ok(Switch::Switched { replaced: replaced.filter(|old| *old != result.location) })
+                })
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(endpoint = %endpoint_id))]
+    async fn fail(
+        &self,
+        endpoint_id: Uuid,
+        token: Uuid,
+        error: String,
+        next_run_at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                let failed = diesel::update(materializations::table.find(endpoint_id.to_string()))
+                    .filter(materializations::lease_token.eq(token.to_string()))
+                    .set((
+                        materializations::status.eq(MaterializationStatus::Failed.as_str()),
+                        materializations::error.eq(Some(error)),
+                        materializations::next_run_at.eq(micros(next_run_at)),
+                        materializations::lease_token.eq(None::<String>),
+                        materializations::lease_expires_at.eq(None::<i64>),
+                        materializations::revision.eq(materializations::revision + 1),
+                    ))
+                    .execute(conn)?;
+                Ok(failed == 1)
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(endpoint = %endpoint_id))]
+    async fn reschedule(&self, endpoint_id: Uuid, at: Timestamp) -> Result<(), StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                diesel::update(materializations::table.find(endpoint_id.to_string()))
+                    .set((
+                        materializations::next_run_at.eq(micros(at)),
+                        materializations::revision.eq(materializations::revision + 1),
+                    ))
+                    .execute(conn)?;
+                Ok(())
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all)]
+    async fn all(&self) -> Result<Vec<MaterializationState>, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                materializations::table
+                    .select(MaterializationRow::as_select())
+                    .load(conn)?
+                    .into_iter()
+                    .map(MaterializationRow::into_domain)
+                    .collect()
+            })
+            .await?)
+    }
+}

@@ -1,0 +1,2 @@
+DROP TABLE materializations;
+ALTER TABLE endpoint_versions DROP COLUMN eligibility;
