@@ -54,12 +54,27 @@ pub async fn respawn(data_dir: PathBuf) -> TestApp {
     spawn_with(None, data_dir, |_| {}).await
 }
 
+pub fn postgres_url() -> String {
+    std::env::var("TEST_POSTGRES_URL").expect(
+        "TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it",
+    )
+}
+
 /// The application on the PostgreSQL database `make test` provides (migrated through the CLI first).
 pub async fn spawn_app_on_postgres() -> TestApp {
-    let url = std::env::var("TEST_POSTGRES_URL").expect(
-        "TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it",
-    );
-    spawn_with(Some(url), fresh_dir(), |_| {}).await
+    spawn_with(Some(postgres_url()), fresh_dir(), |_| {}).await
+}
+
+/// Another application on the same PostgreSQL database and data directory as `app`: a second node.
+pub async fn spawn_node(app: &TestApp, tune: impl FnOnce(&mut Config)) -> TestApp {
+    let mut node = spawn_with(app.database_url.clone(), app.data_dir.clone(), tune).await;
+    node.remove_dir = false;
+    node
+}
+
+/// The application on PostgreSQL with a configuration adjusted by `tune`.
+pub async fn spawn_app_on_postgres_tuned(tune: impl FnOnce(&mut Config)) -> TestApp {
+    spawn_with(Some(postgres_url()), fresh_dir(), tune).await
 }
 
 async fn spawn_with(
@@ -71,6 +86,11 @@ async fn spawn_with(
     config.bind = "127.0.0.1:0".into();
     config.workers = 2;
     config.database_url.clone_from(&database_url);
+    if database_url.is_some() {
+        // Tests share one PostgreSQL database but not their data directories: only a test about refreshes
+        // turns a node's materialization worker on, so no node refreshes another test's endpoints.
+        config.worker.parallelism = 0;
+    }
     tune(&mut config);
     let partial = TestApp {
         address: String::new(),
@@ -185,6 +205,34 @@ impl TestApp {
         }
         self.stopped.take().unwrap().await.unwrap()
     }
+}
+
+pub const SALES: &str = "\
+id,country,amount,quantity,day,at,vip
+1,US,10.5,1,2026-01-01,2026-01-01T08:00:00,true
+2,US,20.25,2,2026-01-02,2026-01-02T09:30:00,false
+3,FR,5,3,2026-01-03,2026-01-03T10:00:00,true
+4,O'Brien,7.75,4,2026-01-04,2026-01-04T11:00:00,false
+5,DE,100,5,2026-01-05,2026-01-05T12:00:00,true
+6,Ünïcødé,1,6,2026-01-06,2026-01-06T13:00:00,false
+";
+
+/// A project with a read-write key and the `sales` table loaded through the real CLI.
+pub fn project_with_sales(app: &TestApp) -> (i64, String) {
+    let (project, key) = app.project_with_key();
+    let file = app.data_dir.join(format!("sales-{project}.csv"));
+    std::fs::write(&file, SALES).unwrap();
+    let report = app.cli(&[
+        "data",
+        "import",
+        "--project",
+        &project.to_string(),
+        "--table",
+        "sales",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(report["rows"], 6);
+    (project, key)
 }
 
 pub fn endpoint_body(name: &str, sql: &str) -> Value {

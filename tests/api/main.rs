@@ -6,6 +6,7 @@ mod cli;
 mod crud;
 mod errors;
 mod helpers;
+mod materialization;
 mod openapi;
 mod runs;
 mod versions;

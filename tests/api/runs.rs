@@ -2,35 +2,9 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, endpoint_body, respawn, spawn_app, spawn_app_tuned, TestApp, FAMILIES};
-
-const SALES: &str = "\
-id,country,amount,quantity,day,at,vip
-1,US,10.5,1,2026-01-01,2026-01-01T08:00:00,true
-2,US,20.25,2,2026-01-02,2026-01-02T09:30:00,false
-3,FR,5,3,2026-01-03,2026-01-03T10:00:00,true
-4,O'Brien,7.75,4,2026-01-04,2026-01-04T11:00:00,false
-5,DE,100,5,2026-01-05,2026-01-05T12:00:00,true
-6,Ünïcødé,1,6,2026-01-06,2026-01-06T13:00:00,false
-";
-
-/// A project with a read-write key and the `sales` table loaded through the real CLI.
-fn project_with_sales(app: &TestApp) -> (i64, String) {
-    let (project, key) = app.project_with_key();
-    let file = app.data_dir.join("sales.csv");
-    std::fs::write(&file, SALES).unwrap();
-    let report = app.cli(&[
-        "data",
-        "import",
-        "--project",
-        &project.to_string(),
-        "--table",
-        "sales",
-        file.to_str().unwrap(),
-    ]);
-    assert_eq!(report["rows"], 6);
-    (project, key)
-}
+use crate::helpers::{
+    assert_error, endpoint_body, project_with_sales, respawn, spawn_app, spawn_app_tuned, TestApp, FAMILIES,
+};
 
 async fn run_get(app: &TestApp, project: i64, key: &str, name: &str, query: &str) -> reqwest::Response {
     app.get(&format!("/api/projects/{project}/endpoints/{name}/run?{query}"), key).await

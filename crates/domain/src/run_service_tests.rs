@@ -441,3 +441,141 @@ fn six_months_is_calendar_months() {
     assert_eq!(six_months_before(datetime!(2026-03-15 0:00 UTC)), datetime!(2025-09-15 0:00 UTC));
     assert_eq!(six_months_before(datetime!(2026-08-31 12:00 UTC)), datetime!(2026-02-28 12:00 UTC));
 }
+
+mod materialized {
+    use super::*;
+    use crate::materialization::{
+        CompareOp, Eligibility, MaterializationState, MaterializationStatus, MaterializedFilter, StoredResult,
+    };
+    use crate::ports::{EngineError, MockMaterializationStore, MockMaterializedResults};
+    use crate::SyncFrequency;
+
+    fn filters() -> Vec<MaterializedFilter> {
+        vec![MaterializedFilter { column: "n".into(), op: CompareOp::Eq, variable: "n".into() }]
+    }
+
+    /// `kpi` materialized hourly; version 2 (current) can be materialized.
+    fn materialized_store() -> MockEndpointStore {
+        let mut store = MockEndpointStore::new();
+        store.expect_get().returning(|_, _| {
+            Ok(Endpoint {
+                is_materialized: true,
+                sync_frequency: Some(SyncFrequency::OneHour),
+                ..endpoint(true)
+            })
+        });
+        store.expect_get_version().returning(|_, _, v| {
+            Ok(EndpointVersion {
+                eligibility: Some(Eligibility::Eligible { filters: filters() }),
+                ..version(v)
+            })
+        });
+        store
+    }
+
+    /// A record whose stored result of version 2 was computed at `at`.
+    fn states(at: Timestamp) -> MockMaterializationStore {
+        let mut states = MockMaterializationStore::new();
+        states.expect_get().returning(move |id| {
+            Ok(Some(MaterializationState {
+                endpoint_id: id,
+                version: 2,
+                status: MaterializationStatus::Completed,
+                next_run_at: at + Duration::from_secs(3600),
+                error: None,
+                result: Some(StoredResult {
+                    version: 2,
+                    location: "loc".into(),
+                    row_count: 3,
+                    materialized_at: at,
+                }),
+                lease: None,
+            }))
+        });
+        states
+    }
+
+    /// Stored results that answer `[{"n":"stored"}]`, or fail, and count their reads.
+    fn results(fail: bool, reads: Arc<AtomicUsize>) -> MockMaterializedResults {
+        let mut results = MockMaterializedResults::new();
+        results.expect_read().returning(move |_, location, bound, limit, offset| {
+            reads.fetch_add(1, Ordering::SeqCst);
+            assert_eq!((location, limit, offset), ("loc", 100, 0));
+            assert_eq!(bound, vec![(filters()[0].clone(), crate::BoundValue::Integer(5))]);
+            if fail {
+                return Err(EngineError::Internal("the file is gone".into()));
+            }
+            Ok(QueryResult {
+                columns: vec![],
+                rows_json: r#"[{"n":"stored"}]"#.into(),
+                row_count: 1,
+                has_more: false,
+            })
+        });
+        results
+    }
+
+    fn service(at: Timestamp, fail: bool) -> (Fixture, Arc<AtomicUsize>) {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let mut f = fixture(materialized_store());
+        let store: Arc<dyn EndpointStore> = Arc::new(materialized_store());
+        f.service = RunService::new(
+            store,
+            Arc::new(engine(f.runs.clone())),
+            f.cache.clone(),
+            f.clock.clone(),
+            f.executions.clone(),
+        )
+        .with_materializations(Arc::new(states(at)), Arc::new(results(fail, reads.clone())));
+        (f, reads)
+    }
+
+    #[tokio::test]
+    async fn blocking_and_force_cache_runs_read_a_fresh_stored_result() {
+        let (f, reads) = service(T0, false);
+        for refresh in [Refresh::Blocking, Refresh::ForceCache] {
+            f.cache.invalidate(project(), &EndpointName::parse("kpi").unwrap());
+            let outcome = f.service.run(project(), "kpi", request(refresh, json!({"n": 5}))).await.unwrap();
+            assert_eq!(rows(&outcome), r#"[{"n":"stored"}]"#, "{refresh:?}");
+            assert!(outcome.endpoint_materialized);
+            assert_eq!(outcome.run.as_ref().unwrap().materialized_at, Some(T0));
+        }
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn direct_and_force_blocking_runs_bypass_it() {
+        let (f, reads) = service(T0, false);
+        for refresh in [Refresh::Direct, Refresh::ForceBlocking] {
+            let outcome = f.service.run(project(), "kpi", request(refresh, json!({"n": 5}))).await.unwrap();
+            assert_eq!(rows(&outcome), r#"[{"n":10}]"#);
+            assert!(!outcome.endpoint_materialized);
+        }
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (0, 2));
+    }
+
+    #[tokio::test]
+    async fn a_result_older_than_one_sync_period_is_not_served() {
+        let (f, reads) = service(T0, false);
+        f.clock.advance(Duration::from_secs(3601));
+        let outcome =
+            f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+        assert_eq!((rows(&outcome), outcome.endpoint_materialized), (r#"[{"n":10}]"#, false));
+        let forced =
+            f.service.run(project(), "kpi", request(Refresh::ForceCache, json!({"n": 6}))).await.unwrap();
+        assert!(
+            forced.run.is_none(),
+            "force_cache with nothing cached and nothing fresh stored answers no rows"
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_falls_back_to_the_live_path() {
+        let (f, reads) = service(T0, true);
+        let outcome =
+            f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+        assert_eq!((rows(&outcome), outcome.endpoint_materialized), (r#"[{"n":10}]"#, false));
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (1, 1));
+    }
+}

@@ -328,3 +328,101 @@ async fn list_parses_paging_and_filters() {
         assert_eq!(invalid_attr(svc.list(project(), params).await.unwrap_err()), attr);
     }
 }
+
+mod materialization {
+    use super::*;
+    use crate::materialization::{QueryOutline, VariablePredicate};
+    use crate::ports::{MockMaterializationStore, MockMaterializedResults, QueryDescription};
+
+    /// An engine whose every query has an outermost LIMIT.
+    fn limited_engine() -> MockQueryEngine {
+        let mut engine = MockQueryEngine::new();
+        engine.expect_describe().returning(|_, _| {
+            Ok(QueryDescription {
+                columns: columns(),
+                outline: QueryOutline { limit_or_offset: true, ..QueryOutline::default() },
+            })
+        });
+        engine
+    }
+
+    fn with_results(
+        store: MockEndpointStore,
+        engine: MockQueryEngine,
+        removed: Arc<std::sync::Mutex<Vec<String>>>,
+    ) -> EndpointService {
+        let mut results = MockMaterializedResults::new();
+        results.expect_remove().returning(move |_, location| {
+            removed.lock().unwrap().push(location.to_owned());
+            Ok(())
+        });
+        service(store, engine)
+            .with_materializations(Arc::new(MockMaterializationStore::new()), Arc::new(results))
+    }
+
+    #[tokio::test]
+    async fn ineligible_queries_and_inactive_endpoints_are_refused() {
+        for (engine, extra) in [
+            (limited_engine(), json!({"is_materialized": true})),
+            (describing_engine(), json!({"is_materialized": true, "is_active": false})),
+        ] {
+            let err =
+                service(MockEndpointStore::new(), engine).create(project(), &body(extra)).await.unwrap_err();
+            assert_eq!(invalid_attr(err), "is_materialized");
+        }
+        // Without materialization the same query saves, and records why it cannot be materialized.
+        let created =
+            service(echoing_store(), limited_engine()).create(project(), &body(json!({}))).await.unwrap();
+        assert!(created.eligibility.unwrap().reason().unwrap().contains("LIMIT"));
+
+        let mut engine = MockQueryEngine::new();
+        engine.expect_describe().returning(|_, _| {
+            let predicate = VariablePredicate {
+                variable: "v".into(),
+                op: crate::materialization::CompareOp::Eq,
+                output_column: None,
+                group_key: false,
+            };
+            Ok(QueryDescription {
+                columns: columns(),
+                outline: QueryOutline { predicates: vec![predicate], ..QueryOutline::default() },
+            })
+        });
+        let materialized =
+            Endpoint { is_materialized: true, sync_frequency: Some(SyncFrequency::OneDay), ..existing() };
+        let mut store = MockEndpointStore::new();
+        store.expect_get().returning(move |_, _| Ok(materialized.clone()));
+        store.expect_update().never();
+        let err = service(store, engine)
+            .update(project(), "daily", &json!({"query": {"kind": "SQLQuery", "query": "SELECT 3 AS n"}}))
+            .await
+            .unwrap_err();
+        assert_eq!(invalid_attr(err), "is_materialized");
+        let mut store = MockEndpointStore::new();
+        let materialized =
+            Endpoint { is_materialized: true, sync_frequency: Some(SyncFrequency::OneDay), ..existing() };
+        store.expect_get().returning(move |_, _| Ok(materialized.clone()));
+        store.expect_update().never();
+        let err = service(store, MockQueryEngine::new())
+            .update(project(), "daily", &json!({"is_active": false}))
+            .await
+            .unwrap_err();
+        assert_eq!(invalid_attr(err), "is_materialized");
+    }
+
+    #[tokio::test]
+    async fn turning_materialization_off_and_deleting_remove_stored_results() {
+        let removed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut store = MockEndpointStore::new();
+        let materialized =
+            Endpoint { is_materialized: true, sync_frequency: Some(SyncFrequency::OneDay), ..existing() };
+        store.expect_get().returning(move |_, _| Ok(materialized.clone()));
+        store.expect_update().times(1).returning(|_, _, _, _| Ok(existing()));
+        store.expect_delete().times(1).returning(|_, _| Ok(Uuid::from_u128(7)));
+        let service = with_results(store, MockQueryEngine::new(), Arc::clone(&removed));
+        let off = service.update(project(), "daily", &json!({"is_materialized": false})).await.unwrap();
+        assert!(!off.is_materialized);
+        service.delete(project(), "daily").await.unwrap();
+        assert_eq!(*removed.lock().unwrap(), vec![Uuid::nil().to_string(), Uuid::from_u128(7).to_string()]);
+    }
+}

@@ -1,0 +1,383 @@
+//! Materialization end to end (rows 5 and 6, materialized runs): eligibility, refreshes by the real worker,
+//! answers equal to the live ones, the lifecycle of stored files, two nodes on one PostgreSQL, and a server
+//! killed mid-refresh.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server::Config;
+
+use crate::helpers::{
+    assert_error, project_with_sales, spawn_app_on_postgres_tuned, spawn_app_tuned, spawn_node, TestApp,
+    FAMILIES,
+};
+
+/// A worker that looks for due refreshes every 50 ms and holds leases for 3 s.
+fn quick_worker(config: &mut Config) {
+    config.worker.parallelism = 2;
+    config.worker.poll = Duration::from_millis(50);
+    config.lease = Duration::from_secs(3);
+}
+
+async fn status(app: &TestApp, project: i64, key: &str, name: &str) -> Value {
+    let response =
+        app.get(&format!("/api/projects/{project}/endpoints/{name}/materialization_status"), key).await;
+    assert_eq!(response.status(), 200, "materialization_status failed");
+    response.json().await.unwrap()
+}
+
+/// Polls row 6 until the endpoint's `version` reaches `want`.
+async fn wait_for(app: &TestApp, project: i64, key: &str, name: &str, want: &str, version: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let current = status(app, project, key, name).await;
+        if current["status"] == want && current["version"] == version {
+            return current;
+        }
+        assert!(current["status"] != "Failed", "the refresh failed: {current}");
+        assert!(Instant::now() < deadline, "{name} never reached {want} (v{version}): {current}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The names of the stored result directories of an endpoint.
+fn stored(data_dir: &Path, project: i64, endpoint_id: &str) -> Vec<String> {
+    let dir = data_dir.join("projects").join(project.to_string()).join("materializations").join(endpoint_id);
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+async fn run(app: &TestApp, project: i64, key: &str, name: &str, body: &Value) -> Value {
+    let response = app.post(&format!("/api/projects/{project}/endpoints/{name}/run"), key, body).await;
+    assert_eq!(response.status(), 200, "run failed");
+    response.json().await.unwrap()
+}
+
+const BY_COUNTRY: &str = "SELECT country, vip, sum(amount) AS total, count(*) AS orders FROM sales \
+                          WHERE country >= {variables.from} AND vip = {variables.vip} \
+                          GROUP BY country, vip ORDER BY country";
+
+fn by_country(sql: &str) -> Value {
+    json!({"kind": "SQLQuery", "query": sql, "variables": {
+        "from": {"type": "String", "default": "A"},
+        "vip": {"type": "Boolean", "default": true},
+    }})
+}
+
+#[tokio::test]
+async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
+    let app = spawn_app_tuned(quick_worker).await;
+    let (project, key) = project_with_sales(&app);
+    let base = format!("/api/projects/{project}/endpoints");
+
+    // Queries the rule refuses, and an inactive endpoint, cannot be materialized.
+    let variable = json!({"c": {"type": "String", "default": "US"}});
+    for (sql, reason) in [
+        ("SELECT country FROM sales WHERE country = {variables.c} LIMIT 2", "LIMIT"),
+        ("SELECT count(*) AS n FROM sales WHERE country = {variables.c}", "group key"),
+        ("SELECT id FROM sales WHERE country = {variables.c}", "does not output"),
+    ] {
+        let body = json!({"name": "bad", "is_materialized": true,
+                          "query": {"kind": "SQLQuery", "query": sql, "variables": variable}});
+        let error = assert_error(app.post(&base, &key, &body).await, 400, "validation_error").await;
+        assert_eq!(error["attr"], "is_materialized", "{sql}");
+        assert!(error["detail"].as_str().unwrap().contains(reason), "{sql}: {error}");
+    }
+    let inactive =
+        json!({"name": "off", "is_materialized": true, "is_active": false, "query": by_country(BY_COUNTRY)});
+    assert_eq!(
+        assert_error(app.post(&base, &key, &inactive).await, 400, "validation_error").await["attr"],
+        "is_materialized"
+    );
+    // Row 6 says the same without trying.
+    let plain = json!({"name": "limited", "query": {"kind": "SQLQuery",
+                       "query": "SELECT country FROM sales LIMIT 2"}});
+    app.create_endpoint(project, &key, &plain).await;
+    let limited = status(&app, project, &key, "limited").await;
+    assert_eq!(
+        (limited["status"].as_str(), limited["can_materialize"].as_bool()),
+        (Some("Disabled"), Some(false))
+    );
+    assert!(limited["reason"].as_str().unwrap().contains("LIMIT"), "{limited}");
+
+    let body = json!({"name": "kpi", "is_materialized": true, "sync_frequency": "5min", "cache_age_seconds": 0,
+                      "query": by_country(BY_COUNTRY)});
+    let created = app.create_endpoint(project, &key, &body).await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert!(
+        ["Pending", "Running", "Completed"].contains(&created["materialization"]["status"].as_str().unwrap())
+    );
+    let done = wait_for(&app, project, &key, "kpi", "Completed", 1).await;
+    assert_eq!((done["row_count"].as_u64(), done["can_materialize"].as_bool()), (Some(6), Some(true)));
+    assert_eq!(
+        (done["error"].clone(), done["reason"].clone(), done["sync_frequency"].clone()),
+        (Value::Null, Value::Null, json!("5min"))
+    );
+    let at = time::OffsetDateTime::parse(
+        done["last_materialized_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    let next = time::OffsetDateTime::parse(
+        done["next_run_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    assert_eq!(next - at, time::Duration::minutes(5));
+    for family in FAMILIES {
+        let response =
+            app.get(&format!("{family}/{project}/endpoints/kpi/materialization_status"), &key).await;
+        assert_eq!(response.json::<Value>().await.unwrap(), done);
+    }
+    let record: Value = app.get(&format!("{base}/kpi"), &key).await.json().await.unwrap();
+    assert_eq!(record["materialization"], done);
+
+    // The stored answer, read with the run's variables and window, is the live answer.
+    let first = run(&app, project, &key, "kpi", &json!({"variables": {"from": "A", "vip": true}})).await;
+    assert_eq!(first["endpoint_materialized"], true, "{first}");
+    assert_eq!(first["endpoint_materialized_at"], done["last_materialized_at"]);
+    assert_eq!(
+        first["results"],
+        json!([{"country": "DE", "vip": true, "total": 100.0, "orders": 1},
+               {"country": "FR", "vip": true, "total": 5.0, "orders": 1},
+               {"country": "US", "vip": true, "total": 10.5, "orders": 1}])
+    );
+    for from in ["", "E", "O'Brien", "US", "Z", "Ü"] {
+        for vip in [true, false] {
+            for (limit, offset) in [(100, 0), (1, 0), (1, 1), (2, 1), (5, 3)] {
+                let variables = json!({"from": from, "vip": vip});
+                let body = |refresh: &str| json!({"variables": variables, "limit": limit, "offset": offset, "refresh": refresh});
+                let stored = run(&app, project, &key, "kpi", &body("blocking")).await;
+                let live = run(&app, project, &key, "kpi", &body("direct")).await;
+                assert_eq!(
+                    (stored["endpoint_materialized"].as_bool(), live["endpoint_materialized"].as_bool()),
+                    (Some(true), Some(false))
+                );
+                assert_eq!(stored["results"], live["results"], "{variables} limit {limit} offset {offset}");
+                assert_eq!(stored["hasMore"], live["hasMore"], "{variables} limit {limit} offset {offset}");
+                assert_eq!(stored["types"], live["types"]);
+            }
+        }
+    }
+    let forced = run(&app, project, &key, "kpi", &json!({"refresh": "force_cache"})).await;
+    assert_eq!(
+        (forced["endpoint_materialized"].as_bool(), forced["results"].clone()),
+        (Some(true), first["results"].clone())
+    );
+    let fresh = run(&app, project, &key, "kpi", &json!({"refresh": "force_blocking"})).await;
+    assert_eq!(fresh["endpoint_materialized"], false);
+
+    // A new query makes version 2 Pending; its result replaces version 1's files once complete.
+    let v2 = BY_COUNTRY.replace("count(*) AS orders", "count(*) AS orders, max(quantity) AS most");
+    let patched: Value = app
+        .patch(&format!("{base}/kpi"), &key, &json!({"query": by_country(&v2)}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(patched["materialization"]["version"], 2);
+    assert!(
+        ["Pending", "Running"].contains(&patched["materialization"]["status"].as_str().unwrap()),
+        "{patched}"
+    );
+    assert_eq!(
+        patched["materialization"]["last_materialized_at"],
+        Value::Null,
+        "version 1's result is not version 2's"
+    );
+    wait_for(&app, project, &key, "kpi", "Completed", 2).await;
+    let files = stored(&app.data_dir, project, &id);
+    assert!(files.len() == 1 && files[0].starts_with("v2-"), "{files:?}");
+    let v2_run = run(&app, project, &key, "kpi", &json!({"variables": {"from": "A", "vip": true}})).await;
+    assert_eq!(
+        (v2_run["endpoint_materialized"].as_bool(), v2_run["results"][0]["most"].as_i64()),
+        (Some(true), Some(5))
+    );
+
+    // Deactivating a materialized endpoint is refused; turning materialization off removes files and status.
+    let refused = app.patch(&format!("{base}/kpi"), &key, &json!({"is_active": false})).await;
+    assert_eq!(assert_error(refused, 400, "validation_error").await["attr"], "is_materialized");
+    let off: Value = app
+        .patch(&format!("{base}/kpi"), &key, &json!({"is_materialized": false}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (off["materialization"]["status"].as_str(), off["sync_frequency"].clone()),
+        (Some("Disabled"), Value::Null)
+    );
+    assert!(stored(&app.data_dir, project, &id).is_empty());
+    let live = run(&app, project, &key, "kpi", &json!({"variables": {"from": "A", "vip": true}})).await;
+    assert_eq!(live["endpoint_materialized"], false);
+
+    // On again, then deleted: nothing of it remains readable.
+    app.patch(&format!("{base}/kpi"), &key, &json!({"is_materialized": true})).await;
+    wait_for(&app, project, &key, "kpi", "Completed", 2).await;
+    assert_eq!(stored(&app.data_dir, project, &id).len(), 1);
+    assert_eq!(app.delete(&format!("{base}/kpi"), &key).await.status(), 204);
+    assert!(stored(&app.data_dir, project, &id).is_empty());
+    for family in FAMILIES {
+        let gone = app.get(&format!("{family}/{project}/endpoints/kpi/materialization_status"), &key).await;
+        assert_error(gone, 404, "not_found").await;
+    }
+}
+
+/// A refresh that would run for hours.
+const ENDLESS: &str =
+    "SELECT t.v % 7 AS k, count(*) AS n FROM generate_series(1, 50000000000) AS t(v) GROUP BY k";
+
+#[tokio::test]
+async fn a_refresh_running_when_its_endpoint_is_deleted_leaves_no_files() {
+    let app = spawn_app_tuned(quick_worker).await;
+    let (project, key) = app.project_with_key();
+    let body =
+        json!({"name": "endless", "is_materialized": true, "query": {"kind": "SQLQuery", "query": ENDLESS}});
+    let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
+    wait_for(&app, project, &key, "endless", "Running", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stored(&app.data_dir, project, &id).is_empty() {
+        assert!(Instant::now() < deadline, "the refresh never started writing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(app.delete(&format!("/api/projects/{project}/endpoints/endless"), &key).await.status(), 204);
+    // The worker learns at its next lease renewal that the claim is gone, stops, and removes what it wrote.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !stored(&app.data_dir, project, &id).is_empty() {
+        assert!(Instant::now() < deadline, "files left behind: {:?}", stored(&app.data_dir, project, &id));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(stored(&app.data_dir, project, &id).is_empty(), "the refresh wrote again after the delete");
+}
+
+#[tokio::test]
+async fn two_nodes_on_one_postgres_refresh_each_materialization_once() {
+    let first = spawn_app_on_postgres_tuned(quick_worker).await;
+    let second = spawn_node(&first, quick_worker).await;
+    let (project, key) = project_with_sales(&first);
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let body = json!({"name": format!("kpi{i}"), "is_materialized": true, "sync_frequency": "5min",
+                          "query": by_country(BY_COUNTRY)});
+        ids.push(first.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned());
+    }
+    let mut completed = Vec::new();
+    for i in 0..6 {
+        completed.push(wait_for(&second, project, &key, &format!("kpi{i}"), "Completed", 1).await);
+    }
+    // Both workers keep looking for due refreshes; none is due again for five minutes, so nothing changes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (i, done) in completed.iter().enumerate() {
+        assert_eq!(&status(&first, project, &key, &format!("kpi{i}")).await, done);
+        assert_eq!(stored(&first.data_dir, project, &ids[i]).len(), 1, "one stored result per endpoint");
+    }
+    let answer = run(&second, project, &key, "kpi3", &json!({"variables": {"from": "F"}})).await;
+    assert_eq!(
+        (answer["endpoint_materialized"].as_bool(), answer["results"][0]["country"].as_str()),
+        (Some(true), Some("FR"))
+    );
+    drop(second);
+}
+
+/// A real `endpoints serve` process on a port of its own.
+struct Server {
+    child: Child,
+    address: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn serve(data_dir: &Path) -> Server {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_endpoints"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--workers", "1"])
+        .args(["--materialize-poll-ms", "50", "--materialize-lease-secs", "3"])
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the endpoints binary starts");
+    let server = Server { child, address: format!("http://127.0.0.1:{port}") };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reqwest::get(format!("{}/api/schema", server.address)).await.is_err() {
+        assert!(Instant::now() < deadline, "the server never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server
+}
+
+async fn server_status(server: &Server, project: i64, key: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{}/api/projects/{project}/endpoints/slow/materialization_status", server.address))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_refresh_killed_mid_way_is_retried_after_its_lease() {
+    let app = spawn_app_tuned(|config| config.worker.parallelism = 0).await;
+    let (project, key) = app.project_with_key();
+    // A few seconds of work: long enough to be killed during, short enough to finish on the retry.
+    let slow =
+        "SELECT t.v % 7 AS k, count(*) AS n FROM generate_series(1, 30000000) AS t(v) GROUP BY k ORDER BY k";
+    let body = json!({"name": "slow", "is_materialized": true, "query": {"kind": "SQLQuery", "query": slow}});
+    let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
+    let data_dir: PathBuf = app.data_dir.clone();
+    app.stop().await.unwrap();
+
+    let doomed = serve(&data_dir).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server_status(&doomed, project, &key).await["status"] != "Running"
+        || stored(&data_dir, project, &id).is_empty()
+    {
+        assert!(Instant::now() < deadline, "the refresh never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let killed_attempt = stored(&data_dir, project, &id);
+    drop(doomed); // SIGKILL: no chance to give the claim back.
+
+    let restarted = serve(&data_dir).await;
+    assert_eq!(
+        server_status(&restarted, project, &key).await["status"],
+        "Running",
+        "the dead lease still holds"
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let done = loop {
+        let current = server_status(&restarted, project, &key).await;
+        if current["status"] == "Completed" {
+            break current;
+        }
+        assert!(current["status"] != "Failed", "{current}");
+        assert!(Instant::now() < deadline, "the refresh was never retried: {current}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done["row_count"], 7);
+    let files = stored(&data_dir, project, &id);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_ne!(files, killed_attempt, "the killed attempt's files were removed, the retry's kept");
+    drop(restarted);
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
