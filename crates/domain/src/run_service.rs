@@ -15,7 +15,7 @@ use crate::endpoint::EndpointVersion;
 use crate::endpoint::{Endpoint, EndpointName};
 use crate::error::Error;
 use crate::executions::ExecutionTracker;
-use crate::materialization::StoredResult;
+use crate::materialization::{Eligibility, StoredResult};
 use crate::ports::{
     CacheKey, CachedRun, Clock, EndpointStore, MaterializationStore, MaterializedResults, QueryEngine,
     ResultCache, StoreError,
@@ -296,7 +296,14 @@ impl Context {
     ) -> Option<(QueryResult, StoredResult, Duration)> {
         let (states, results) = self.materializations.as_ref()?;
         let period = endpoint.sync_frequency?.period();
-        let filters = version.eligibility.as_ref()?.filters()?;
+        let eligibility = match &version.eligibility {
+            Some(eligibility) => eligibility.clone(),
+            // A version saved before eligibility was recorded: plan it now.
+            None => Eligibility::decide(
+                &self.engine.describe(endpoint.project_id, &version.query).await.ok()?.outline,
+            ),
+        };
+        let filters = eligibility.filters()?;
         let state = match states.get(endpoint.id).await {
             Ok(state) => state?,
             Err(err) => {

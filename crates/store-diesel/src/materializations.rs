@@ -65,6 +65,8 @@ impl MaterializationRow {
     }
 }
 
+diesel::define_sql_function!(fn coalesce(x: diesel::sql_types::Nullable<diesel::sql_types::BigInt>, y: diesel::sql_types::BigInt) -> diesel::sql_types::BigInt);
+
 /// A due refresh as read before claiming it: the endpoint's id, project, name, current version and frequency,
 /// and its record's revision, version and lease token (all `None` when it has no record yet).
 type Candidate = (String, i64, String, i64, Option<String>, Option<i64>, Option<i64>, Option<String>);
@@ -89,7 +91,8 @@ fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>,
                     .eq(running)
                     .and(materializations::lease_expires_at.le(now))),
         )
-        .order(materializations::next_run_at.nullable().asc())
+        // Oldest due first; an endpoint without a record (NULL) is due since it was turned on, so it goes first.
+        .order(coalesce(materializations::next_run_at.nullable(), 0_i64).asc())
         .limit(i64::try_from(max).unwrap_or(i64::MAX))
         .select((
             endpoints::id,

@@ -52,6 +52,16 @@ fn demo_endpoints() -> Vec<Value> {
                       "variables": {"browsers": {"type": "List", "default": ["Chrome", "Safari", "Firefox"]},
                                     "min_revenue": {"type": "Number", "default": 0}}},
         }),
+        json!({
+            "name": "country-daily",
+            "description": "Events and revenue per day in one country, materialized hourly",
+            "is_materialized": true,
+            "sync_frequency": "1hour",
+            "query": {"kind": "SQLQuery",
+                      "query": "WITH daily AS (SELECT country, CAST(date_trunc('day', timestamp) AS DATE) AS day, revenue FROM events) SELECT country, day, count(*) AS events, round(sum(revenue), 2) AS revenue FROM daily WHERE country = {variables.country} AND day >= {variables.since} GROUP BY country, day ORDER BY day",
+                      "variables": {"country": {"type": "String", "default": "US"},
+                                    "since": {"type": "Date", "default": "2026-01-01", "description": "First day shown"}}},
+        }),
     ]
 }
 
@@ -126,7 +136,9 @@ pub(super) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
         if generated {
             println!("Generated table 'events' ({} rows, seed {})", args.rows, args.seed);
         }
-        println!("Demo endpoints: events-by-country, daily-revenue, browser-share");
+        println!(
+            "Demo endpoints: events-by-country, daily-revenue, browser-share, country-daily (materialized)"
+        );
         println!("API key (read and write, shown once): {secret}");
         println!("Try:\n  {curl}\n  curl -s -H 'Authorization: Bearer {secret}' '{base}/'");
     }
