@@ -228,6 +228,42 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
     }
 }
 
+#[tokio::test]
+async fn a_failing_refresh_reports_why_and_is_retried_later() {
+    let app = spawn_app_tuned(quick_worker).await;
+    let (project, key) = project_with_sales(&app);
+    let body = json!({"name": "broken", "is_materialized": true, "sync_frequency": "30min",
+                      "query": {"kind": "SQLQuery", "query": "SELECT CAST(country AS INT) AS n FROM sales"}});
+    let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failed = loop {
+        let current = status(&app, project, &key, "broken").await;
+        if current["status"] == "Failed" {
+            break current;
+        }
+        assert!(Instant::now() < deadline, "the refresh never failed: {current}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("Cast") || error.contains("cast"), "{error}");
+    assert!(!error.contains(&app.data_dir.display().to_string()), "no file paths: {error}");
+    assert_eq!(
+        (failed["row_count"].clone(), failed["last_materialized_at"].clone()),
+        (Value::Null, Value::Null)
+    );
+    let retry = time::OffsetDateTime::parse(
+        failed["next_run_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    let in_five_minutes = time::OffsetDateTime::now_utc() + time::Duration::minutes(5);
+    assert!(
+        (retry - in_five_minutes).abs() < time::Duration::seconds(30),
+        "retried in five minutes: {retry}"
+    );
+    assert!(stored(&app.data_dir, project, &id).is_empty(), "a failed attempt leaves no files");
+}
+
 /// A refresh that would run for hours.
 const ENDLESS: &str =
     "SELECT t.v % 7 AS k, count(*) AS n FROM generate_series(1, 50000000000) AS t(v) GROUP BY k";

@@ -162,18 +162,10 @@ impl RunService {
                 // Nothing cached: a stored result answers, else say there is nothing (after checking that the
                 // endpoint exists).
                 let endpoint = self.active_endpoint(project, &endpoint_name).await?;
-                let context = self.context();
-                let stored = match endpoint.is_materialized {
-                    true => {
-                        let version = context.version(&endpoint, request.version).await?;
-                        let variables = bind(&version.query, &request.variables)?;
-                        context.stored(&endpoint, &version, &variables, &request).await.map(
-                            |(result, stored, took)| {
-                                context.answer(&version, &variables, result, Some(stored), took, false)
-                            },
-                        )
-                    }
-                    false => None,
+                let stored = if endpoint.is_materialized {
+                    self.stored_only(&endpoint, &request).await?
+                } else {
+                    None
                 };
                 let Some(run) = stored else {
                     return Ok(self.outcome(endpoint_name, None, false, &request, started));
@@ -217,6 +209,20 @@ impl RunService {
             Ok(_) | Err(StoreError::NotFound) => Err(not_found(name.as_str())),
             Err(other) => Err(other.into()),
         }
+    }
+
+    /// A `force_cache` answer from the endpoint's fresh stored result, if it has one.
+    async fn stored_only(
+        &self,
+        endpoint: &Endpoint,
+        request: &RunRequest,
+    ) -> Result<Option<Arc<CachedRun>>, Error> {
+        let context = self.context();
+        let version = context.version(endpoint, request.version).await?;
+        let variables = bind(&version.query, &request.variables)?;
+        Ok(context.stored(endpoint, &version, &variables, request).await.map(|(result, stored, took)| {
+            context.answer(&version, &variables, result, Some(stored), took, false)
+        }))
     }
 
     fn context(&self) -> Context {
@@ -296,14 +302,6 @@ impl Context {
     ) -> Option<(QueryResult, StoredResult, Duration)> {
         let (states, results) = self.materializations.as_ref()?;
         let period = endpoint.sync_frequency?.period();
-        let eligibility = match &version.eligibility {
-            Some(eligibility) => eligibility.clone(),
-            // A version saved before eligibility was recorded: plan it now.
-            None => Eligibility::decide(
-                &self.engine.describe(endpoint.project_id, &version.query).await.ok()?.outline,
-            ),
-        };
-        let filters = eligibility.filters()?;
         let state = match states.get(endpoint.id).await {
             Ok(state) => state?,
             Err(err) => {
@@ -314,6 +312,14 @@ impl Context {
         let stored = state
             .result
             .filter(|r| r.version == version.version && r.materialized_at + period >= self.clock.now())?;
+        let eligibility = match &version.eligibility {
+            Some(eligibility) => eligibility.clone(),
+            // A version saved before eligibility was recorded: plan it now.
+            None => Eligibility::decide(
+                &self.engine.describe(endpoint.project_id, &version.query).await.ok()?.outline,
+            ),
+        };
+        let filters = eligibility.filters()?;
         let bound = filters
             .iter()
             .map(|f| variables.get(&f.variable).map(|value| (f.clone(), value.clone())))

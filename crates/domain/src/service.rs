@@ -329,7 +329,10 @@ impl EndpointService {
             self.drop_stored_results(project, updated.id, &name).await;
         } else if rescheduled {
             if let Some((states, _)) = &self.materializations {
-                states.reschedule(updated.id, at).await?;
+                // The change is saved; a failure here only delays the refresh to the old schedule.
+                if let Err(err) = states.reschedule(updated.id, at).await {
+                    tracing::warn!(endpoint = %name, error = %err, "cannot reschedule the materialization");
+                }
             }
         }
         self.with_materialization(self.with_pending_execution(updated)).await
@@ -346,7 +349,8 @@ impl EndpointService {
         if let Some(executions) = &self.executions {
             executions.forget(project, &name);
         }
-        // A refresh running now finds its claim lost when it finishes and removes what it wrote.
+        // A refresh running now finds its claim gone at its next lease renewal (or when it finishes), stops and
+        // removes what it wrote.
         self.drop_stored_results(project, id, &name).await;
         Ok(())
     }

@@ -72,6 +72,11 @@ async fn plans_tell_which_queries_can_be_materialized() {
             vec![],
         ),
         ("SELECT DISTINCT country FROM events WHERE country <= {variables.c}", vec![("country", CompareOp::LtEq, "c")]),
+        ("SELECT * FROM events WHERE country = {variables.c}", vec![("country", CompareOp::Eq, "c")]),
+        (
+            "SELECT country, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY 1 ORDER BY n DESC, 1",
+            vec![("country", CompareOp::Eq, "c")],
+        ),
     ];
     for (sql, expected) in eligible {
         let decided = eligibility(e, sql, vars.clone()).await;
