@@ -54,6 +54,11 @@ pub async fn respawn(data_dir: PathBuf) -> TestApp {
     spawn_with(None, data_dir, |_| {}).await
 }
 
+/// `respawn` with a configuration adjusted by `tune`.
+pub async fn respawn_tuned(data_dir: PathBuf, tune: impl FnOnce(&mut Config)) -> TestApp {
+    spawn_with(None, data_dir, tune).await
+}
+
 pub fn postgres_url() -> String {
     std::env::var("TEST_POSTGRES_URL").expect(
         "TEST_POSTGRES_URL must name a throwaway PostgreSQL database; `make test` starts one and sets it",

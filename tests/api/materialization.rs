@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use server::Config;
 
 use crate::helpers::{
-    assert_error, project_with_sales, spawn_app_on_postgres_tuned, spawn_app_tuned, spawn_node, TestApp,
-    FAMILIES,
+    assert_error, project_with_sales, respawn_tuned, spawn_app_on_postgres_tuned, spawn_app_tuned,
+    spawn_node, TestApp, FAMILIES,
 };
 
 /// A worker that looks for due refreshes every 50 ms and holds leases for 3 s.
@@ -290,6 +290,43 @@ async fn a_refresh_running_when_its_endpoint_is_deleted_leaves_no_files() {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(stored(&app.data_dir, project, &id).is_empty(), "the refresh wrote again after the delete");
+}
+
+#[tokio::test]
+async fn a_graceful_stop_gives_running_refreshes_back_at_once() {
+    // A lease far longer than the test: only a claim given back can be taken again in time.
+    let long_lease = |config: &mut Config| {
+        quick_worker(config);
+        config.lease = Duration::from_secs(600);
+    };
+    let app = spawn_app_tuned(long_lease).await;
+    let (project, key) = app.project_with_key();
+    let body =
+        json!({"name": "endless", "is_materialized": true, "query": {"kind": "SQLQuery", "query": ENDLESS}});
+    let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
+    wait_for(&app, project, &key, "endless", "Running", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stored(&app.data_dir, project, &id).is_empty() {
+        assert!(Instant::now() < deadline, "the refresh never started writing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_attempt = stored(&app.data_dir, project, &id);
+    let data_dir = app.data_dir.clone();
+    app.stop().await.unwrap();
+    assert!(stored(&data_dir, project, &id).is_empty(), "the stopped refresh removed what it wrote");
+
+    let again = respawn_tuned(data_dir.clone(), long_lease).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let files = stored(&data_dir, project, &id);
+        if !files.is_empty() {
+            assert_ne!(files, first_attempt, "a new attempt, not the old one");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the refresh was not claimed again before its old lease expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status(&again, project, &key, "endless").await["status"], "Running");
 }
 
 #[tokio::test]

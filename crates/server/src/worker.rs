@@ -57,7 +57,11 @@ pub async fn run(materializer: Arc<Materializer>, config: WorkerConfig, mut stop
         }
         tokio::select! {
             () = tokio::time::sleep(config.poll) => {}
-            Some(_) = running.join_next(), if !running.is_empty() => {}
+            Some(done) = running.join_next(), if !running.is_empty() => {
+                if let Err(err) = done {
+                    error!(error = %err, "a materialization refresh task failed");
+                }
+            }
             _ = stop.changed() => break,
         }
     }
