@@ -13,6 +13,8 @@ DATA_DIR ?= ./data
 BIND ?= 127.0.0.1:8000
 PG_TEST_DB ?= endpoints_test
 PG_TEST_USER ?= endpoints_test
+PG_URL_FILE ?= target/.test-postgres-url
+BENCH_ROWS ?= 10000000
 
 .PHONY: help
 help: ## List the targets.
@@ -59,7 +61,7 @@ postgres: ## Start a local PostgreSQL (installing it if missing) and create the 
 	  psql_su "CREATE ROLE $(PG_TEST_USER) LOGIN PASSWORD '$(PG_TEST_USER)'" >/dev/null; \
 	psql_su "DROP DATABASE IF EXISTS $(PG_TEST_DB) WITH (FORCE)" >/dev/null; \
 	psql_su "CREATE DATABASE $(PG_TEST_DB) OWNER $(PG_TEST_USER)" >/dev/null; \
-	echo "postgres://$(PG_TEST_USER):$(PG_TEST_USER)@127.0.0.1:$$port/$(PG_TEST_DB)" > target/.test-postgres-url; \
+	echo "postgres://$(PG_TEST_USER):$(PG_TEST_USER)@127.0.0.1:$$port/$(PG_TEST_DB)" > $(PG_URL_FILE); \
 	echo "PostgreSQL $$version/$$name on port $$port: database $(PG_TEST_DB) is ready."
 
 .PHONY: lint
@@ -82,6 +84,7 @@ test: deps lint ## Everything CI checks: lint, then every test on SQLite and on 
 VENV := target/venv
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
 OPENAPI_CLIENT := openapi-python-client==0.29.1
+DUCKDB := duckdb==1.4.4
 
 $(VENV)/bin/python:
 	@python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get install -y -qq python3-venv >/dev/null && python3 -m venv $(VENV); }
@@ -100,6 +103,17 @@ client-check: $(VENV)/bin/python ## Generate a typed Python client from a live e
 	@[ -x $(VENV)/bin/openapi-python-client ] || $(VENV)/bin/pip install -q '$(OPENAPI_CLIENT)'
 	@[ -x target/debug/endpoints ] || cargo build --locked -p server
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/client_e2e.py
+
+.PHONY: bench
+bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_ROWS=10000000 events) into docs/benchmarks.md.
+	@command -v wrk >/dev/null || { echo "Installing wrk"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+	@$(VENV)/bin/python -c 'import duckdb' 2>/dev/null || $(VENV)/bin/pip install -q '$(DUCKDB)'
+	@mkdir -p target
+	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench PG_URL_FILE=target/.bench-postgres-url
+	cargo build --release --locked -p server --features bench --bins
+	$(VENV)/bin/python tests/bench/bench.py --rows $(BENCH_ROWS) --postgres-url "$$(cat target/.bench-postgres-url)" \
+	  --duckdb-python $(VENV)/bin/python
 
 .PHONY: fmt
 fmt: ## Format the code.

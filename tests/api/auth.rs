@@ -76,13 +76,19 @@ async fn the_auth_matrix() {
 }
 
 #[tokio::test]
-async fn revocation_and_expiry_take_effect_at_once() {
+async fn revocation_takes_effect_within_the_key_cache_ttl_and_expiry_at_once() {
     let app = spawn_app().await;
     let project = app.create_project();
     let path = format!("/api/projects/{project}/endpoints");
     let (id, key) = app.create_key(project, &["endpoint:read"]);
     assert_eq!(app.get(&path, &key).await.status(), 200);
+    // The CLI is another process: the server trusts the key it read for at most the cache TTL (1 s).
     app.cli(&["key", "revoke", &id]);
+    let revoked_at = std::time::Instant::now();
+    while app.get(&path, &key).await.status() == 200 {
+        assert!(revoked_at.elapsed() < std::time::Duration::from_secs(3), "the revoked key still works");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert_error(app.get(&path, &key).await, 401, "authentication_error").await;
 
     let short = app.cli(&[

@@ -1,7 +1,8 @@
 //! Projects, API keys and scopes: who may call what.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rand::RngCore;
@@ -128,6 +129,41 @@ pub struct ApiKeyService {
     keys: Arc<dyn ApiKeyStore>,
     projects: Arc<dyn ProjectStore>,
     clock: Arc<dyn Clock>,
+    cache: KeyCache,
+}
+
+/// Keys found recently, by the hash of their secret, so most requests authenticate without a store read. An
+/// entry is trusted for `ttl`: a key revoked by this process stops working at once, one revoked by another
+/// process (the CLI, another node) within `ttl`. Expiry is checked on every request. Only keys that exist are
+/// kept, so the cache holds at most one entry per real key.
+struct KeyCache {
+    ttl: Duration,
+    entries: Mutex<HashMap<String, (ApiKey, Timestamp)>>,
+}
+
+impl KeyCache {
+    /// More entries than any deployment has keys; past it the cache starts again rather than grow.
+    const MAX_ENTRIES: usize = 100_000;
+
+    fn get(&self, hash: &str, now: Timestamp) -> Option<ApiKey> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.get(hash).filter(|(_, fetched)| now < *fetched + self.ttl).map(|(key, _)| key.clone())
+    }
+
+    fn put(&self, key: &ApiKey, now: Timestamp) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= Self::MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(key.secret_hash.clone(), (key.clone(), now));
+    }
+
+    fn forget(&self, id: Uuid) {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner).retain(|_, (key, _)| key.id != id);
+    }
 }
 
 /// Every key starts with this, so secret scanners can spot leaked keys.
@@ -150,7 +186,23 @@ fn looks_like_key(token: &str) -> bool {
 
 impl ApiKeyService {
     pub fn new(keys: Arc<dyn ApiKeyStore>, projects: Arc<dyn ProjectStore>, clock: Arc<dyn Clock>) -> Self {
-        Self { keys, projects, clock }
+        Self {
+            keys,
+            projects,
+            clock,
+            cache: KeyCache { ttl: Self::KEY_CACHE_TTL, entries: Mutex::default() },
+        }
+    }
+
+    /// How long a key found in the store is trusted without reading it again, by default: the most a revocation
+    /// made by another process waits to take effect here.
+    pub const KEY_CACHE_TTL: Duration = Duration::from_secs(1);
+
+    /// Trusts a key found in the store for `ttl` (zero reads the store on every request).
+    #[must_use]
+    pub fn with_key_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.cache.ttl = ttl;
+        self
     }
 
     /// Creates a key for an existing project.
@@ -201,13 +253,23 @@ impl ApiKeyService {
             return Err(Error::NotAuthenticated("The API key is malformed.".into()));
         }
         let hash = hash_secret(token);
-        let key = self
-            .keys
-            .find_by_hash(&hash)
-            .await?
-            .filter(|key| bool::from(key.secret_hash.as_bytes().ct_eq(hash.as_bytes())))
-            .ok_or_else(|| Error::NotAuthenticated("The API key is not valid.".into()))?;
-        if !key.is_usable_at(self.clock.now()) {
+        let now = self.clock.now();
+        let key = match self.cache.get(&hash, now) {
+            Some(key) => key,
+            None => {
+                let found = self.keys.find_by_hash(&hash).await?;
+                if let Some(key) = &found {
+                    self.cache.put(key, now);
+                }
+                found.ok_or_else(|| Error::NotAuthenticated("The API key is not valid.".into()))?
+            }
+        };
+        // The store found the key by its hash; comparing again in constant time costs nothing and does not
+        // depend on how the store compares.
+        if !bool::from(key.secret_hash.as_bytes().ct_eq(hash.as_bytes())) {
+            return Err(Error::NotAuthenticated("The API key is not valid.".into()));
+        }
+        if !key.is_usable_at(now) {
             return Err(Error::NotAuthenticated("The API key has been revoked or has expired.".into()));
         }
         Ok(Principal { key_id: key.id, project_id: key.project_id, scopes: key.scopes })
@@ -243,7 +305,9 @@ impl ApiKeyService {
     /// # Errors
     /// [`Error::NotFound`] for an unknown key id; store failures.
     pub async fn revoke(&self, id: Uuid) -> Result<(), Error> {
-        Ok(self.keys.revoke(id, self.clock.now()).await?)
+        self.keys.revoke(id, self.clock.now()).await?;
+        self.cache.forget(id);
+        Ok(())
     }
 
     /// # Errors
@@ -328,6 +392,49 @@ mod tests {
             svc.create(project(9), vec![Scope::EndpointRead], String::new(), None).await,
             Err(Error::Invalid(_))
         ));
+    }
+
+    /// A clock the test moves by hand.
+    struct ManualClock(std::sync::Mutex<Timestamp>);
+
+    impl Clock for ManualClock {
+        fn now(&self) -> Timestamp {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    #[tokio::test]
+    async fn found_keys_are_trusted_for_the_cache_ttl_and_forgotten_when_revoked() {
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&reads);
+        let mut keys = MockApiKeyStore::new();
+        let live = stored_key(SECRET, vec![Scope::EndpointRead]);
+        keys.expect_find_by_hash().returning(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Some(live.clone()))
+        });
+        keys.expect_revoke().returning(|_, _| Ok(()));
+        let clock = Arc::new(ManualClock(std::sync::Mutex::new(NOW)));
+        let svc = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock.clone());
+        let read_count = || reads.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..5 {
+            svc.authenticate(SECRET).await.unwrap();
+        }
+        assert_eq!(read_count(), 1, "one store read for five requests");
+        *clock.0.lock().unwrap() += ApiKeyService::KEY_CACHE_TTL;
+        svc.authenticate(SECRET).await.unwrap();
+        assert_eq!(read_count(), 2, "an entry older than the TTL is read again");
+        svc.revoke(Uuid::nil()).await.unwrap();
+        svc.authenticate(SECRET).await.unwrap();
+        assert_eq!(read_count(), 3, "a key revoked here is read again at once");
+
+        // Unknown keys are never cached.
+        let mut keys = MockApiKeyStore::new();
+        keys.expect_find_by_hash().times(2).returning(|_| Ok(None));
+        let svc = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock);
+        for _ in 0..2 {
+            assert!(matches!(svc.authenticate(SECRET).await, Err(Error::NotAuthenticated(_))));
+        }
     }
 
     #[tokio::test]

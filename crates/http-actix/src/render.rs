@@ -1,8 +1,9 @@
 //! JSON views of domain values, exactly as the API documents them.
 
 use actix_web::HttpRequest;
-use domain::endpoint::{Endpoint, EndpointVersion};
+use domain::endpoint::{ColumnType, Endpoint, EndpointVersion};
 use domain::{LastExecutions, MaterializationView, Page, ProjectId, RunOutcome, Timestamp};
+use serde::Serialize;
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 
@@ -97,38 +98,85 @@ fn millis(duration: std::time::Duration) -> f64 {
     (duration.as_secs_f64() * 1_000_000.0).round() / 1_000.0
 }
 
+/// An instant written as RFC 3339, without building a JSON value around it.
+struct Rfc3339Time(Timestamp);
+
+impl Serialize for Rfc3339Time {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let text = self.0.format(&Rfc3339).map_err(serde::ser::Error::custom)?;
+        serializer.serialize_str(&text)
+    }
+}
+
+#[derive(Serialize)]
+struct Timings {
+    query_ms: f64,
+    total_ms: f64,
+}
+
+/// The run response without its rows, fields in alphabetical order.
+#[derive(Serialize)]
+struct RunEnvelope<'a> {
+    cache_expires_at: Option<Rfc3339Time>,
+    client_query_id: Option<&'a str>,
+    columns: Vec<&'a str>,
+    endpoint_materialized: bool,
+    endpoint_materialized_at: Option<Rfc3339Time>,
+    endpoint_version: Option<u32>,
+    endpoint_version_created_at: Option<Rfc3339Time>,
+    execution_id: uuid::Uuid,
+    #[serde(rename = "hasMore")]
+    has_more: bool,
+    is_cached: bool,
+    last_refresh: Option<Rfc3339Time>,
+    limit: u32,
+    name: &'a str,
+    offset: u64,
+    timings: Timings,
+    types: Vec<(&'a str, ColumnType)>,
+}
+
 /// The run response. The rows were serialized once by the engine (and are shared by every cache hit), so they
-/// are spliced in as they are instead of being parsed and written again.
-pub(crate) fn run(outcome: &RunOutcome) -> String {
+/// are spliced in as they are instead of being parsed and written again; the envelope is written straight from a
+/// borrowed struct into a buffer sized for the whole body.
+pub(crate) fn run(outcome: &RunOutcome) -> Vec<u8> {
     let run = outcome.run.as_deref();
     let result = run.map(|r| &r.result);
-    let envelope = json!({
-        "name": outcome.name.as_str(),
-        "endpoint_version": run.map(|r| r.version),
-        "endpoint_version_created_at": run.map(|r| timestamp(r.version_created_at)),
-        "columns": result.map_or_else(Vec::new, |r| r.column_names()),
-        "types": result.map_or_else(Vec::new, |r| r.types()),
-        "hasMore": result.is_some_and(|r| r.has_more),
-        "limit": outcome.limit,
-        "offset": outcome.offset,
-        "is_cached": outcome.is_cached,
-        "last_refresh": run.map(|r| timestamp(r.computed_at)),
-        "cache_expires_at": run.and_then(|r| r.expires_at).map(timestamp),
-        "endpoint_materialized": outcome.endpoint_materialized,
-        "endpoint_materialized_at": run.and_then(|r| r.materialized_at).map(timestamp),
-        "execution_id": outcome.execution_id,
-        "client_query_id": outcome.client_query_id,
-        "timings": {
-            "total_ms": millis(outcome.total),
-            "query_ms": if outcome.is_cached { 0.0 } else { run.map_or(0.0, |r| millis(r.query_time)) },
+    let envelope = RunEnvelope {
+        cache_expires_at: run.and_then(|r| r.expires_at).map(Rfc3339Time),
+        client_query_id: outcome.client_query_id.as_deref(),
+        columns: result.map_or_else(Vec::new, |r| r.column_names()),
+        endpoint_materialized: outcome.endpoint_materialized,
+        endpoint_materialized_at: run.and_then(|r| r.materialized_at).map(Rfc3339Time),
+        endpoint_version: run.map(|r| r.version),
+        endpoint_version_created_at: run.map(|r| Rfc3339Time(r.version_created_at)),
+        execution_id: outcome.execution_id,
+        has_more: result.is_some_and(|r| r.has_more),
+        is_cached: outcome.is_cached,
+        last_refresh: run.map(|r| Rfc3339Time(r.computed_at)),
+        limit: outcome.limit,
+        name: outcome.name.as_str(),
+        offset: outcome.offset,
+        timings: Timings {
+            query_ms: if outcome.is_cached { 0.0 } else { run.map_or(0.0, |r| millis(r.query_time)) },
+            total_ms: millis(outcome.total),
         },
-    });
-    let mut body = envelope.to_string();
-    // `envelope` is a non-empty object, so it ends with '}': reopen it and append the rows.
-    body.pop();
-    body.push_str(",\"results\":");
-    body.push_str(result.map_or("null", |r| r.rows_json.as_str()));
-    body.push('}');
+        types: result.map_or_else(Vec::new, |r| r.types()),
+    };
+    let rows = result.map_or("null", |r| r.rows_json.as_str());
+    let mut body = Vec::with_capacity(rows.len() + 1024);
+    // Serializing plain fields into memory cannot fail; an empty envelope would still be valid JSON below.
+    if serde_json::to_writer(&mut body, &envelope).is_err() || body.last() != Some(&b'}') {
+        body.clear();
+        body.push(b'{');
+    } else {
+        // Reopen the object and append the rows.
+        body.pop();
+        body.push(b',');
+    }
+    body.extend_from_slice(b"\"results\":");
+    body.extend_from_slice(rows.as_bytes());
+    body.push(b'}');
     body
 }
 

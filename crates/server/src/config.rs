@@ -25,6 +25,8 @@ pub struct Config {
     pub worker: crate::worker::WorkerConfig,
     /// How long a refresh claim holds without renewal; a crashed worker's refreshes are retried after it.
     pub lease: std::time::Duration,
+    /// How long a key read from the database is trusted before it is read again.
+    pub key_cache_ttl: std::time::Duration,
 }
 
 impl Config {
@@ -40,6 +42,7 @@ impl Config {
             flush_interval: std::time::Duration::from_secs(5),
             worker: crate::worker::WorkerConfig::default(),
             lease: std::time::Duration::from_secs(60),
+            key_cache_ttl: domain::ApiKeyService::KEY_CACHE_TTL,
         }
     }
 

@@ -72,7 +72,9 @@ impl Services {
             clock.clone(),
             config.lease,
         ));
-        let keys = Arc::new(ApiKeyService::new(store.clone(), store.clone(), clock));
+        let keys = Arc::new(
+            ApiKeyService::new(store.clone(), store.clone(), clock).with_key_cache_ttl(config.key_cache_ttl),
+        );
         Ok(Self { database, store, endpoints, runs, keys, executions, engine, materializer })
     }
 }

@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Seconds a refresh claim holds without renewal; a crashed process's refreshes are retried after it.
     #[arg(long, env = "ENDPOINTS_MATERIALIZE_LEASE_SECS", default_value_t = 60)]
     pub materialize_lease_secs: u64,
+    /// Milliseconds a key read from the database is trusted before it is read again: the longest a revocation
+    /// made elsewhere (the CLI, another node) waits to take effect; 0 reads the key on every request.
+    #[arg(long, env = "ENDPOINTS_KEY_CACHE_MS", default_value_t = 1000)]
+    pub key_cache_ms: u64,
     /// Seconds a materialization refresh may run before it is cancelled and recorded as failed.
     #[arg(long, env = "ENDPOINTS_REFRESH_TIMEOUT_SECS", default_value_t = 600)]
     pub refresh_timeout_secs: u64,
@@ -74,6 +78,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.worker.poll = std::time::Duration::from_millis(args.materialize_poll_ms);
     config.lease = std::time::Duration::from_secs(args.materialize_lease_secs);
     config.limits.refresh_timeout = std::time::Duration::from_secs(args.refresh_timeout_secs);
+    config.key_cache_ttl = std::time::Duration::from_millis(args.key_cache_ms);
     let app = Application::build(&config)?;
     app.run_until(shutdown_signal()).await?;
     tracing::info!("stopped");

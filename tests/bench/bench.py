@@ -1,0 +1,483 @@
+"""`make bench`: the service's figures against baselines measured in the same run on the same machine.
+
+Scenarios (each a ratio against its baseline; the machine is shared and noisy, so only ratios are compared):
+  1. cached run (wrk, 64 connections) against a minimal actix-web server returning the same bytes;
+  2. live run (`refresh: direct`, a GROUP BY over the events table) against the same SQL on bare DataFusion with
+     the engine's session settings, and DuckDB over the same Parquet files as the field's reference point;
+  3. the materialized endpoint against its live run;
+  4. scaling: live run time by table size, cached-run throughput by number of endpoints in the store,
+     create/get/list throughput on SQLite and PostgreSQL;
+  5. memory: the server's peak RSS in each scenario and idle, against bare DataFusion's for the live run.
+
+Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
+The results are written as a dated section at the top of docs/benchmarks.md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+LIVE_SQL = ("SELECT country, count(*) AS events, round(sum(revenue), 2) AS revenue FROM events "
+            "WHERE timestamp >= CAST('2026-03-01' AS DATE) GROUP BY country ORDER BY events DESC")
+DUCKDB_SQL = ("SELECT country, count(*) AS events, round(sum(revenue), 2) AS revenue FROM read_parquet('{path}') "
+              "WHERE timestamp >= DATE '2026-03-01' GROUP BY country ORDER BY events DESC")
+LIVE_PATH = "/api/projects/1/endpoints/events-by-country/run?variables.since=2026-03-01"
+MATERIALIZED_PATH = "/api/projects/1/endpoints/country-daily/run?variables.country=DE&variables.since=2026-01-01"
+
+
+def log(message):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kb(pid, field="VmRSS"):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class PeakRss:
+    """Samples a process's resident memory every 50 ms while in use; `peak` is the largest sample, in MB."""
+
+    def __init__(self, pid):
+        self.pid, self.samples, self.running = pid, [], True
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while self.running:
+            self.samples.append(rss_kb(self.pid))
+            time.sleep(0.05)
+
+    def __exit__(self, *_):
+        self.running = False
+        self.thread.join()
+
+    @property
+    def peak(self):
+        return max(self.samples, default=0) / 1024
+
+
+class Endpoints:
+    """The `endpoints` binary on one data directory (and optionally a PostgreSQL database)."""
+
+    def __init__(self, bin_dir, data_dir, database_url=None):
+        self.bin = os.path.join(bin_dir, "endpoints")
+        self.data_dir, self.database_url = data_dir, database_url
+        self.process, self.base, self.key = None, None, None
+
+    def cli(self, *args):
+        command = [self.bin, "--data-dir", self.data_dir, "--json"]
+        if self.database_url:
+            command += ["--database-url", self.database_url]
+        out = subprocess.run(command + list(args), check=True, capture_output=True, text=True)
+        return json.loads(out.stdout) if out.stdout.strip() else None
+
+    def start(self, *extra):
+        port = free_port()
+        command = [self.bin, "--data-dir", self.data_dir]
+        if self.database_url:
+            command += ["--database-url", self.database_url]
+        command += ["serve", "--bind", f"127.0.0.1:{port}", "--query-timeout-secs", "600",
+                    "--materialize-poll-ms", "200", *extra]
+        self.log = open(os.path.join(self.data_dir, f"serve-{port}.log"), "w")
+        # Logging stays at its default (info), as `make run` serves.
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=self.log)
+        self.base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(self.base + "/api/schema", timeout=1).read()
+                return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.1)
+        raise RuntimeError("the server did not start; see " + self.log.name)
+
+    def stop(self):
+        if self.process:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+            self.process = None
+
+    def request(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.key}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=600) as response:
+            return response.read()
+
+    def timed(self, path, rounds):
+        """Median wall time in ms of `rounds` sequential GETs, with the answers."""
+        times, answers = [], []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            answers.append(json.loads(self.request("GET", path)))
+            times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times), answers
+
+
+def parse_latency(text):
+    value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def wrk(url, key, seconds, connections=64, script=None, script_args=()):
+    command = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-H", f"Authorization: Bearer {key}",
+               "-H", "Content-Type: application/json"]
+    if script:
+        command += ["-s", script]
+    command.append(url)
+    if script_args:
+        command += ["--", *script_args]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    result = {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "p50": parse_latency(re.search(r"50%\s+(\S+)", out).group(1)),
+        "p99": parse_latency(re.search(r"99%\s+(\S+)", out).group(1)),
+        "requests": int(re.search(r"(\d+) requests in", out).group(1)),
+    }
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    result["failed"] = int(bad.group(1)) if bad else 0
+    if errors:
+        log(f"wrk socket errors: {errors.group(1)}")
+    return result
+
+
+def median_of(rounds):
+    pick = sorted(rounds, key=lambda r: r["rps"])[len(rounds) // 2]
+    return dict(pick, failed=sum(r["failed"] for r in rounds))
+
+
+def wrk_rounds(url, key, seconds, rounds, **kwargs):
+    return median_of([wrk(url, key, seconds, **kwargs) for _ in range(rounds)])
+
+
+def make_dataset(bin_dir, root, rows):
+    data_dir = os.path.join(root, f"rows-{rows}")
+    os.makedirs(data_dir, exist_ok=True)
+    app = Endpoints(bin_dir, data_dir)
+    started = time.perf_counter()
+    app.cli("demo", "--rows", str(rows))
+    log(f"generated {rows:,} events in {time.perf_counter() - started:.1f} s")
+    app.key = app.cli("key", "create", "--project", "1", "--scope", "endpoint:write")["key"]
+    return app
+
+
+def fill_endpoints(data_dir, total):
+    """Adds plain endpoints straight into the SQLite store until project 1 has `total` (a fixture, not a test
+    of the write path: create throughput is measured through the API)."""
+    db = sqlite3.connect(os.path.join(data_dir, "endpoints.db"))
+    have = db.execute("SELECT count(*) FROM endpoints WHERE project_id = 1").fetchone()[0]
+    query = json.dumps({"kind": "SQLQuery", "query": "SELECT 1 AS n", "variables": {}}, separators=(",", ":"))
+    columns = json.dumps([{"name": "n", "type": "integer"}])
+    eligibility = json.dumps({"eligible": {"filters": []}})
+    now = int(time.time() * 1_000_000)
+    rows, versions = [], []
+    for i in range(have, total):
+        id_ = str(uuid.uuid4())
+        rows.append((id_, 1, f"filler-{i:06d}", "", None, True, False, None, None, 1, now, now, None))
+        versions.append((id_, 1, query, "", columns, None, None, now, eligibility))
+    db.executemany("INSERT INTO endpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+    db.executemany("INSERT INTO endpoint_versions VALUES (?,?,?,?,?,?,?,?,?)", versions)
+    db.commit()
+    db.close()
+
+
+# Names must be unique across wrk's threads and runs: `tid` is set in each thread's interpreter by `setup`.
+CREATE_LUA = """
+local counter, run = 0, "r"
+local threads = {}
+function setup(thread) thread:set("tid", #threads) table.insert(threads, thread) end
+function init(args) run = args[1] end
+function request()
+  counter = counter + 1
+  local body = '{"name":"c' .. run .. '-' .. tid .. '-' .. counter .. '","query":{"kind":"SQLQuery","query":"SELECT 1 AS n"}}'
+  return wrk.format("POST", nil, nil, body)
+end
+"""
+
+
+def crud(app, seconds, rounds, script):
+    base = app.base + "/api/projects/1/endpoints"
+    app.request("POST", "/api/projects/1/endpoints/", {"name": "crud-probe", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}})
+    return {
+        "create": median_of([wrk(base + "/", app.key, seconds, script=script, script_args=(f"{uuid.uuid4().hex[:8]}",))
+                             for _ in range(rounds)]),
+        "get": wrk_rounds(base + "/crud-probe", app.key, seconds, rounds),
+        "list": wrk_rounds(base + "/?limit=100", app.key, seconds, rounds),
+    }
+
+
+def duckdb_median(venv_python, parquet_glob, rounds):
+    code = (
+        "import duckdb, json, statistics, time, sys\n"
+        "sql = sys.argv[1]; runs = []\n"
+        "for _ in range(int(sys.argv[2])):\n"
+        "    t = time.perf_counter(); con = duckdb.connect(); rows = con.sql(sql).fetchall(); con.close()\n"
+        "    runs.append((time.perf_counter() - t) * 1000)\n"
+        "print(json.dumps({'median_ms': statistics.median(runs), 'rows': len(rows)}))\n"
+    )
+    out = subprocess.run([venv_python, "-c", code, DUCKDB_SQL.format(path=parquet_glob), str(rounds)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def machine():
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    with open("/proc/meminfo") as f:
+        total_kb = int(f.readline().split()[1])
+    return f"{os.cpu_count()} cores ({model}), {total_kb / 1024 / 1024:.0f} GiB, {platform.system()} {platform.release()}"
+
+
+def check(ok):
+    return "met" if ok else "**missed**"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin-dir", default="target/release")
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--seconds", type=int, default=5, help="length of each wrk round")
+    parser.add_argument("--rounds", type=int, default=3, help="wrk rounds per figure (the median is reported)")
+    parser.add_argument("--live-rounds", type=int, default=5)
+    parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
+    parser.add_argument("--duckdb-python", default=None)
+    parser.add_argument("--out", default="docs/benchmarks.md")
+    args = parser.parse_args()
+    began = time.perf_counter()
+    root = tempfile.mkdtemp(prefix="endpoints-bench-", dir=os.path.abspath("target"))
+    rows = sorted({max(args.rows // 10, 1000), max(args.rows // 2, 1000), args.rows})
+    figures = {}
+    try:
+        # Datasets, largest last (the main one).
+        apps = {n: make_dataset(args.bin_dir, root, n) for n in rows}
+        main_app = apps[args.rows]
+
+        # Scaling of the live run with table size.
+        # Refreshes are measured on their own (scenario 3), so the worker is off everywhere else.
+        quiet = ("--materialize-workers", "0")
+        scaling = {}
+        for n in rows:
+            app = apps[n].start(*quiet)
+            app.timed(LIVE_PATH + "&refresh=direct", 1)
+            scaling[n], _ = app.timed(LIVE_PATH + "&refresh=direct", args.live_rounds)
+            app.stop()
+            log(f"live run over {n:,} rows: {scaling[n]:.1f} ms")
+        figures["scaling"] = scaling
+
+        app = main_app.start(*quiet)
+        time.sleep(2)
+        figures["idle_mb"] = rss_kb(app.process.pid) / 1024
+
+        # 1. Cached run against the minimal actix-web server.
+        url = app.base + LIVE_PATH
+        body = app.request("GET", LIVE_PATH)
+        with PeakRss(app.process.pid) as peak:
+            cached = wrk_rounds(url, app.key, args.seconds, args.rounds)
+        figures["cached"], figures["cached_mb"] = cached, peak.peak
+        body_file = os.path.join(root, "body.json")
+        with open(body_file, "wb") as f:
+            f.write(body)
+        port = free_port()
+        baseline = subprocess.Popen([os.path.join(args.bin_dir, "bench-baseline"), f"127.0.0.1:{port}", body_file,
+                                     str(os.cpu_count())])
+        time.sleep(1)
+        try:
+            figures["baseline"] = wrk_rounds(f"http://127.0.0.1:{port}{LIVE_PATH}", app.key, args.seconds, args.rounds)
+        finally:
+            baseline.terminate()
+            baseline.wait()
+        log(f"cached: {cached['rps']:.0f} req/s against {figures['baseline']['rps']:.0f}")
+
+        # 2. Live run against bare DataFusion and DuckDB.
+        app.timed(LIVE_PATH + "&refresh=direct", 1)
+        with PeakRss(app.process.pid) as peak:
+            live_ms, answers = app.timed(LIVE_PATH + "&refresh=direct", args.live_rounds)
+        figures["live_ms"], figures["live_mb"] = live_ms, peak.peak
+        table_dir = os.path.join(main_app.data_dir, "projects", "1", "tables", "events")
+        bare = json.loads(subprocess.run(
+            [os.path.join(args.bin_dir, "bench-datafusion"), table_dir, LIVE_SQL, str(args.live_rounds + 1), "512"],
+            check=True, capture_output=True, text=True).stdout)
+        figures["bare"] = bare
+        assert bare["rows"] == len(answers[0]["results"]), "the baseline answers a different query"
+        if args.duckdb_python:
+            figures["duckdb"] = duckdb_median(args.duckdb_python, os.path.join(table_dir, "*.parquet"),
+                                              args.live_rounds)
+        log(f"live: {live_ms:.1f} ms against bare DataFusion {bare['median_ms']:.1f} ms")
+
+        # 3. Materialized against live: a server with its worker on stores `country-daily` first.
+        app.stop()
+        app.start()
+        for _ in range(1200):
+            status = json.loads(app.request("GET", "/api/projects/1/endpoints/country-daily/materialization_status"))
+            if status["status"] == "Completed":
+                break
+            time.sleep(0.5)
+        app.request("PATCH", "/api/projects/1/endpoints/country-daily", {"cache_age_seconds": 0})
+        with PeakRss(app.process.pid) as peak:
+            mat_ms, mat = app.timed(MATERIALIZED_PATH, args.live_rounds * 4)
+        assert all(a["endpoint_materialized"] for a in mat), "the materialized endpoint ran live"
+        direct_ms, direct = app.timed(MATERIALIZED_PATH + "&refresh=direct", args.live_rounds)
+        assert mat[0]["results"] == direct[0]["results"], "materialized and live answers differ"
+        figures["materialized_ms"], figures["materialized_live_ms"], figures["materialized_mb"] = mat_ms, direct_ms, peak.peak
+
+        # 4. Cached-run throughput by number of endpoints in the store.
+        by_count = {}
+        for total in (1000, 100_000):
+            app.stop()
+            fill_endpoints(main_app.data_dir, total)
+            app.start(*quiet)
+            app.request("GET", LIVE_PATH)
+            by_count[total] = wrk_rounds(app.base + LIVE_PATH, app.key, args.seconds, args.rounds)
+            log(f"cached with {total:,} endpoints: {by_count[total]['rps']:.0f} req/s")
+        figures["by_count"] = by_count
+        app.stop()
+
+        # CRUD throughput on SQLite and PostgreSQL.
+        script = os.path.join(root, "create.lua")
+        with open(script, "w") as f:
+            f.write(CREATE_LUA)
+        sqlite_dir = os.path.join(root, "crud-sqlite")
+        os.makedirs(sqlite_dir)
+        backends = {"SQLite": Endpoints(args.bin_dir, sqlite_dir)}
+        if args.postgres_url:
+            pg_dir = os.path.join(root, "crud-postgres")
+            os.makedirs(pg_dir)
+            backends["PostgreSQL"] = Endpoints(args.bin_dir, pg_dir, args.postgres_url)
+        figures["crud"] = {}
+        for name, crud_app in backends.items():
+            crud_app.cli("migrate")
+            crud_app.cli("project", "create", "--name", "bench")
+            project = crud_app.cli("project", "list")[-1]["id"]
+            assert project == 1, "the CRUD database must be fresh"
+            crud_app.key = crud_app.cli("key", "create", "--project", "1", "--scope", "endpoint:write")["key"]
+            crud_app.start(*quiet)
+            figures["crud"][name] = crud(crud_app, args.seconds, args.rounds, script)
+            crud_app.stop()
+            log(f"CRUD on {name}: " + ", ".join(f"{k} {v['rps']:.0f}/s" for k, v in figures["crud"][name].items()))
+    finally:
+        for app in list(locals().get("apps", {}).values()) + list(locals().get("backends", {}).values()):
+            app.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    figures["seconds"] = time.perf_counter() - began
+    write_report(args, figures)
+
+
+def write_report(args, f):
+    cached, base = f["cached"], f["baseline"]
+    ratio = cached["rps"] / base["rps"]
+    live_ratio = f["live_ms"] / f["bare"]["median_ms"]
+    mat_speedup = f["materialized_live_ms"] / f["materialized_ms"]
+    mem_ratio = f["live_mb"] / (f["bare"]["peak_rss_kb"] / 1024)
+    rows = sorted(f["scaling"])
+    smallest = rows[0]
+    lines = [
+        f"## {datetime.date.today().isoformat()}: {args.rows:,} events",
+        "",
+        f"Machine: {machine()}. Command: `make bench` (`tests/bench/bench.py --rows {args.rows} --seconds {args.seconds} "
+        f"--rounds {args.rounds}`), release build, server and load generator on loopback. Every figure is the median "
+        f"of its rounds; the whole run took {f['seconds'] / 60:.1f} minutes.",
+        "",
+        "| Scenario | Service | Baseline | Ratio | Target |",
+        "|---|---|---|---|---|",
+        f"| 1. cached run, 64 connections (wrk) | {cached['rps']:,.0f} req/s, p50 {cached['p50']:.2f} ms, p99 {cached['p99']:.2f} ms "
+        f"| minimal actix-web, same bytes: {base['rps']:,.0f} req/s, p50 {base['p50']:.2f} ms, p99 {base['p99']:.2f} ms "
+        f"| {ratio:.2f}x throughput | >= 0.5x and p99 < 10 ms: {check(ratio >= 0.5 and cached['p99'] < 10)} |",
+        f"| 2. live run, `refresh=direct`, GROUP BY over {args.rows:,} rows | {f['live_ms']:.1f} ms "
+        f"| bare DataFusion, same SQL and settings: {f['bare']['median_ms']:.1f} ms | {live_ratio:.2f}x time "
+        f"| <= 1.10x: {check(live_ratio <= 1.10)} |",
+    ]
+    if "duckdb" in f:
+        lines.append(f"| 2b. the same SQL on DuckDB (reference) | {f['live_ms']:.1f} ms | DuckDB: {f['duckdb']['median_ms']:.1f} ms "
+                     f"| {f['live_ms'] / f['duckdb']['median_ms']:.2f}x time | none (reference point) |")
+    lines += [
+        f"| 3. materialized run (`country-daily`, cache off) | {f['materialized_ms']:.2f} ms | the same run live: "
+        f"{f['materialized_live_ms']:.1f} ms | {mat_speedup:.1f}x faster | >= 20x: {check(mat_speedup >= 20)} |",
+        "",
+        "**Scaling.**",
+        "",
+        "| Events | Live run | Time per row against the smallest |",
+        "|---|---|---|",
+    ]
+    for n in rows:
+        per_row = (f["scaling"][n] / n) / (f["scaling"][smallest] / smallest)
+        lines.append(f"| {n:,} | {f['scaling'][n]:.1f} ms | {per_row:.2f}x |")
+    lines += ["", "| Endpoints in the store | Cached run | Against the demo's 4 |", "|---|---|---|",
+              f"| 4 (demo) | {cached['rps']:,.0f} req/s, p99 {cached['p99']:.2f} ms | 1.00x |"]
+    for total, r in f["by_count"].items():
+        lines.append(f"| {total:,} | {r['rps']:,.0f} req/s, p99 {r['p99']:.2f} ms | {r['rps'] / cached['rps']:.2f}x |")
+    lines += ["", "| Backend | Create | Get | List (100) |", "|---|---|---|---|"]
+    for name, r in f["crud"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[k]['rps']:,.0f} req/s (p99 {r[k]['p99']:.1f} ms)"
+                                                    for k in ("create", "get", "list")) + " |")
+    lines += [
+        "",
+        "**Memory** (server peak RSS, sampled every 50 ms).",
+        "",
+        "| State | Peak RSS | Target |",
+        "|---|---|---|",
+        f"| idle, after start | {f['idle_mb']:.0f} MB | < 60 MB: {check(f['idle_mb'] < 60)} |",
+        f"| cached-run load | {f['cached_mb']:.0f} MB | < 200 MB: {check(f['cached_mb'] < 200)} |",
+        f"| live run | {f['live_mb']:.0f} MB (bare DataFusion {f['bare']['peak_rss_kb'] / 1024:.0f} MB: {mem_ratio:.2f}x) "
+        f"| <= 1.5x bare: {check(mem_ratio <= 1.5)} |",
+        f"| materialized runs | {f['materialized_mb']:.0f} MB | none |",
+        "",
+    ]
+    runs = {"cached": cached, "baseline": base, **{f"cached with {n} endpoints": r for n, r in f["by_count"].items()},
+            **{f"{k} on {b}": r[k] for b, r in f["crud"].items() for k in r}}
+    failed = {name: r["failed"] for name, r in runs.items() if r["failed"]}
+    if failed:
+        lines.insert(2, f"**Non-2xx responses during load runs ({failed}): the figures are not valid.**\n")
+    section = "\n".join(lines) + "\n"
+    header = ("# Benchmarks\n\nWritten by `make bench` (newest first). Figures are ratios against a baseline measured "
+              "in the same run on the same machine; absolute numbers vary with the machine and its neighbours.\n\n")
+    previous = ""
+    if os.path.exists(args.out):
+        with open(args.out) as f_in:
+            text = f_in.read()
+        previous = text.split("\n## ", 1)[1] if "\n## " in text else ""
+        previous = ("## " + previous) if previous else ""
+    with open(args.out, "w") as f_out:
+        f_out.write(header + section + ("\n" + previous if previous else ""))
+    print(section)
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
