@@ -146,8 +146,8 @@ class Endpoints:
 
 
 def parse_latency(text):
-    value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()
-    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+    value, unit = re.match(r"([\d.]+)(us|ms|s|m)$", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
 
 
 def wrk(url, key, seconds, connections=64, script=None, script_args=()):
@@ -159,10 +159,13 @@ def wrk(url, key, seconds, connections=64, script=None, script_args=()):
     if script_args:
         command += ["--", *script_args]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    if "Requests/sec" not in out or "50%" not in out:
+        raise RuntimeError(f"wrk printed no figures for {url}:\n{out}")
     result = {
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "p50": parse_latency(re.search(r"50%\s+(\S+)", out).group(1)),
-        "p99": parse_latency(re.search(r"99%\s+(\S+)", out).group(1)),
+        # Anchored: a "+/- Stdev" column such as "83.50%" must not pass for the 50th percentile.
+        "p50": parse_latency(re.search(r"^\s+50%\s+(\S+)", out, re.MULTILINE).group(1)),
+        "p99": parse_latency(re.search(r"^\s+99%\s+(\S+)", out, re.MULTILINE).group(1)),
         "requests": int(re.search(r"(\d+) requests in", out).group(1)),
     }
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -464,16 +467,20 @@ def write_report(args, f):
     if failed:
         lines.insert(2, f"**Non-2xx responses during load runs ({failed}): the figures are not valid.**\n")
     section = "\n".join(lines) + "\n"
-    header = ("# Benchmarks\n\nWritten by `make bench` (newest first). Figures are ratios against a baseline measured "
-              "in the same run on the same machine; absolute numbers vary with the machine and its neighbours.\n\n")
-    previous = ""
+    # The page's own text above the marker is kept; runs go below it, newest first.
+    marker = "<!-- runs: newest first, written by make bench -->"
+    intro, previous = f"# Benchmarks\n\n{marker}\n", ""
     if os.path.exists(args.out):
         with open(args.out) as f_in:
             text = f_in.read()
-        previous = text.split("\n## ", 1)[1] if "\n## " in text else ""
-        previous = ("## " + previous) if previous else ""
+        if marker in text:
+            head, previous = text.split(marker, 1)
+            intro = head + marker + "\n"
+    body = intro + "\n" + section
+    if previous.strip():
+        body += "\n" + previous.lstrip("\n")
     with open(args.out, "w") as f_out:
-        f_out.write(header + section + ("\n" + previous if previous else ""))
+        f_out.write(body)
     print(section)
     if failed:
         sys.exit(1)

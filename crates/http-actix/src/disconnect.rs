@@ -50,8 +50,14 @@ async fn gone(socket: ClientSocket) {
     }
 }
 
-/// Runs `work` unless the client disconnects first; then `work` is dropped and `None` returned.
+/// Runs `work` unless the client disconnects first; then `work` is dropped and `None` returned. Work that is
+/// done at its first poll (a cached run) never starts the watch.
 pub(crate) async fn unless_disconnected<T>(req: &HttpRequest, work: impl Future<Output = T>) -> Option<T> {
+    let mut work = std::pin::pin!(work);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(work.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(result) = first {
+        return Some(result);
+    }
     let Some(socket) = req.conn_data::<ClientSocket>().cloned() else {
         return Some(work.await);
     };

@@ -8,8 +8,10 @@ mod body;
 mod disconnect;
 mod error;
 mod handlers;
+mod normalize;
 mod openapi;
 mod render;
+mod request_span;
 mod routes;
 mod service_doc;
 
@@ -17,10 +19,9 @@ use std::sync::Arc;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
-use actix_web::middleware::{NormalizePath, TrailingSlash};
+use actix_web::middleware::from_fn;
 use actix_web::{web, App};
 use domain::{ApiKeyService, EndpointService, RunService};
-use tracing_actix_web::TracingLogger;
 
 pub use disconnect::on_connect;
 pub use error::ApiError;
@@ -60,8 +61,8 @@ pub fn app(
         .app_data(web::QueryConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
         .app_data(web::PathConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
         .configure(routes::configure)
-        .wrap(NormalizePath::new(TrailingSlash::Trim))
-        .wrap(TracingLogger::default())
+        .wrap(from_fn(normalize::trim_slashes))
+        .wrap(from_fn(request_span::request_span))
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@ use actix_web::{guard, web, HttpResponse};
 use crate::error::ApiError;
 use crate::handlers::{endpoints, materialization, runs, versions};
 
-pub(crate) const FAMILIES: [&str; 2] =
-    ["/api/environments/{project_id}/endpoints", "/api/projects/{project_id}/endpoints"];
+/// Each family's static prefix is matched by a string comparison before its dynamic part is tried.
+const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projects"];
+const FAMILY_REST: &str = "/{project_id}/endpoints";
 
 /// A resource's fallback for methods it does not serve: 405 with `Allow`.
 fn not_allowed(
@@ -16,54 +17,57 @@ fn not_allowed(
 }
 
 pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
-    for family in FAMILIES {
+    // Every dynamic pattern is a regular expression tried in order, so runs, the hot path, come first.
+    for prefix in FAMILY_PREFIXES {
         cfg.service(
-            web::scope(family)
-                .service(
-                    web::resource("")
-                        .route(web::get().to(endpoints::list))
-                        .route(web::post().to(endpoints::create))
-                        .default_service(web::to(not_allowed("GET, POST"))),
-                )
-                // Only POST: a GET of this path reads an endpoint that happens to have this name.
-                .service(
-                    web::resource("/last_execution_times")
-                        .guard(guard::Post())
-                        .route(web::post().to(runs::last_execution_times)),
-                )
-                .service(
-                    web::resource("/{name}")
-                        .route(web::get().to(endpoints::retrieve))
-                        .route(web::patch().to(endpoints::update))
-                        .route(web::delete().to(endpoints::delete))
-                        .default_service(web::to(not_allowed("GET, PATCH, DELETE"))),
-                )
-                .service(
-                    web::resource("/{name}/materialization_status")
-                        .route(web::get().to(materialization::status))
-                        .default_service(web::to(not_allowed("GET"))),
-                )
-                .service(
-                    web::resource("/{name}/openapi.json")
-                        .route(web::get().to(versions::openapi))
-                        .default_service(web::to(not_allowed("GET"))),
-                )
-                .service(
-                    web::resource("/{name}/run")
-                        .route(web::get().to(runs::run_get))
-                        .route(web::post().to(runs::run_post))
-                        .default_service(web::to(not_allowed("GET, POST"))),
-                )
-                .service(
-                    web::resource("/{name}/versions")
-                        .route(web::get().to(versions::list))
-                        .default_service(web::to(not_allowed("GET"))),
-                )
-                .service(
-                    web::resource("/{name}/versions/{version_number}")
-                        .route(web::get().to(versions::retrieve))
-                        .default_service(web::to(not_allowed("GET"))),
-                ),
+            web::scope(prefix).service(
+                web::scope(FAMILY_REST)
+                    .service(
+                        web::resource("/{name}/run")
+                            .route(web::get().to(runs::run_get))
+                            .route(web::post().to(runs::run_post))
+                            .default_service(web::to(not_allowed("GET, POST"))),
+                    )
+                    .service(
+                        web::resource("")
+                            .route(web::get().to(endpoints::list))
+                            .route(web::post().to(endpoints::create))
+                            .default_service(web::to(not_allowed("GET, POST"))),
+                    )
+                    // Only POST: a GET of this path reads an endpoint that happens to have this name.
+                    .service(
+                        web::resource("/last_execution_times")
+                            .guard(guard::Post())
+                            .route(web::post().to(runs::last_execution_times)),
+                    )
+                    .service(
+                        web::resource("/{name}")
+                            .route(web::get().to(endpoints::retrieve))
+                            .route(web::patch().to(endpoints::update))
+                            .route(web::delete().to(endpoints::delete))
+                            .default_service(web::to(not_allowed("GET, PATCH, DELETE"))),
+                    )
+                    .service(
+                        web::resource("/{name}/materialization_status")
+                            .route(web::get().to(materialization::status))
+                            .default_service(web::to(not_allowed("GET"))),
+                    )
+                    .service(
+                        web::resource("/{name}/openapi.json")
+                            .route(web::get().to(versions::openapi))
+                            .default_service(web::to(not_allowed("GET"))),
+                    )
+                    .service(
+                        web::resource("/{name}/versions")
+                            .route(web::get().to(versions::list))
+                            .default_service(web::to(not_allowed("GET"))),
+                    )
+                    .service(
+                        web::resource("/{name}/versions/{version_number}")
+                            .route(web::get().to(versions::retrieve))
+                            .default_service(web::to(not_allowed("GET"))),
+                    ),
+            ),
         );
     }
     // The service's own document and its interactive page (Swagger UI, served from the binary).

@@ -116,13 +116,29 @@ async fn both_families_and_trailing_slashes_reach_the_same_handler() {
         "/api/projects/1/endpoints/daily/",
         "/api/environments/1/endpoints/daily",
         "/api/environments/@current/endpoints/daily/",
+        "/api//projects/1//endpoints/daily//",
     ] {
-        let (status, _, body) =
+        let (status, headers, body) =
             send(state(store_with_daily(), MockQueryEngine::new()), authed(Method::GET, uri, READER)).await;
         assert_eq!(status, StatusCode::OK, "{uri}");
+        let id = headers.get("x-request-id").expect("every response carries its request id");
+        assert_eq!(id.len(), 32, "a new id when the client sends none");
         assert_eq!(body["name"], "daily");
         assert_eq!(body["endpoint_path"], "/api/projects/1/endpoints/daily/run");
         assert_eq!(body["materialization"]["status"], "Disabled");
+    }
+}
+
+#[actix_web::test]
+async fn a_plain_client_request_id_is_echoed_and_a_hostile_one_replaced() {
+    for (sent, kept) in
+        [("trace-42.a_b", true), ("a b\tc", false), ("quote\"d", false), (&"x".repeat(200)[..], false)]
+    {
+        let req = authed(Method::GET, "/api/projects/1/endpoints/daily", READER)
+            .insert_header(("x-request-id", sent));
+        let (_, headers, _) = send(state(store_with_daily(), MockQueryEngine::new()), req).await;
+        let echoed = headers.get("x-request-id").unwrap().to_str().unwrap();
+        assert_eq!(echoed == sent, kept, "{sent:?} -> {echoed}");
     }
 }
 
