@@ -236,7 +236,10 @@ impl MaterializedResults for DataFusionEngine {
         let work = self.runtime.run(async move { engine.write_here(project, &query, &target).await });
         let written = tokio::time::timeout(limit, work).await.unwrap_or(Err(EngineError::Timeout(limit)));
         if written.is_err() {
-            remove_location(&dir, None)?;
+            // The write's own error is the one to report; a leftover is the sweep's to remove.
+            if let Err(err) = remove_location(&dir, None) {
+                tracing::warn!(location, error = %err, "cannot remove a failed materialization's files");
+            }
         }
         written
     }
