@@ -268,19 +268,26 @@ async fn a_failing_refresh_reports_why_and_is_retried_later() {
 const ENDLESS: &str =
     "SELECT t.v % 7 AS k, count(*) AS n FROM generate_series(1, 50000000000) AS t(v) GROUP BY k";
 
-#[tokio::test]
-async fn a_refresh_running_when_its_endpoint_is_deleted_leaves_no_files() {
-    let app = spawn_app_tuned(quick_worker).await;
-    let (project, key) = app.project_with_key();
+/// Creates the materialized endpoint `endless` and waits until its refresh is running and writing; returns
+/// its id.
+async fn start_endless(app: &TestApp, project: i64, key: &str) -> String {
     let body =
         json!({"name": "endless", "is_materialized": true, "query": {"kind": "SQLQuery", "query": ENDLESS}});
-    let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
-    wait_for(&app, project, &key, "endless", "Running", 1).await;
+    let id = app.create_endpoint(project, key, &body).await["id"].as_str().unwrap().to_owned();
+    wait_for(app, project, key, "endless", "Running", 1).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while stored(&app.data_dir, project, &id).is_empty() {
         assert!(Instant::now() < deadline, "the refresh never started writing");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    id
+}
+
+#[tokio::test]
+async fn a_refresh_running_when_its_endpoint_is_deleted_leaves_no_files() {
+    let app = spawn_app_tuned(quick_worker).await;
+    let (project, key) = app.project_with_key();
+    let id = start_endless(&app, project, &key).await;
     assert_eq!(app.delete(&format!("/api/projects/{project}/endpoints/endless"), &key).await.status(), 204);
     // The worker learns at its next lease renewal that the claim is gone, stops, and removes what it wrote.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -301,15 +308,7 @@ async fn a_graceful_stop_gives_running_refreshes_back_at_once() {
     };
     let app = spawn_app_tuned(long_lease).await;
     let (project, key) = app.project_with_key();
-    let body =
-        json!({"name": "endless", "is_materialized": true, "query": {"kind": "SQLQuery", "query": ENDLESS}});
-    let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
-    wait_for(&app, project, &key, "endless", "Running", 1).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while stored(&app.data_dir, project, &id).is_empty() {
-        assert!(Instant::now() < deadline, "the refresh never started writing");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let id = start_endless(&app, project, &key).await;
     let first_attempt = stored(&app.data_dir, project, &id);
     let data_dir = app.data_dir.clone();
     app.stop().await.unwrap();
