@@ -347,6 +347,13 @@ pub trait MaterializedResults: Send + Sync {
     async fn locations(&self) -> Result<Vec<(ProjectId, String)>, EngineError>;
 }
 
+/// The two ports materialization works through, held together by the services that use them.
+#[derive(Clone)]
+pub struct Materializations {
+    pub states: Arc<dyn MaterializationStore>,
+    pub results: Arc<dyn MaterializedResults>,
+}
+
 /// Identifies one cacheable answer: the endpoint, its cache generation and the canonical request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {

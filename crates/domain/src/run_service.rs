@@ -17,8 +17,8 @@ use crate::error::Error;
 use crate::executions::ExecutionTracker;
 use crate::materialization::{Eligibility, StoredResult};
 use crate::ports::{
-    CacheKey, CachedRun, Clock, EndpointStore, MaterializationStore, MaterializedResults, QueryEngine,
-    ResultCache, StoreError,
+    CacheKey, CachedRun, Clock, EndpointStore, MaterializationStore, Materializations, MaterializedResults,
+    QueryEngine, ResultCache, StoreError,
 };
 use crate::run::{bind, BoundValue, QueryResult, Refresh, RunRequest};
 use crate::Timestamp;
@@ -47,7 +47,7 @@ pub struct RunService {
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
     executions: Arc<ExecutionTracker>,
-    materializations: Option<(Arc<dyn MaterializationStore>, Arc<dyn MaterializedResults>)>,
+    materializations: Option<Materializations>,
     /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
     /// the engine's work and its concurrency slot), and the next identical request starts afresh.
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
@@ -126,7 +126,7 @@ impl RunService {
         states: Arc<dyn MaterializationStore>,
         results: Arc<dyn MaterializedResults>,
     ) -> Self {
-        self.materializations = Some((states, results));
+        self.materializations = Some(Materializations { states, results });
         self
     }
 
@@ -277,7 +277,7 @@ struct Context {
     engine: Arc<dyn QueryEngine>,
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
-    materializations: Option<(Arc<dyn MaterializationStore>, Arc<dyn MaterializedResults>)>,
+    materializations: Option<Materializations>,
 }
 
 impl Context {
@@ -301,7 +301,7 @@ impl Context {
         variables: &BTreeMap<String, BoundValue>,
         request: &RunRequest,
     ) -> Option<(QueryResult, StoredResult, Duration)> {
-        let (states, results) = self.materializations.as_ref()?;
+        let Materializations { states, results } = self.materializations.as_ref()?;
         let period = endpoint.sync_frequency?.period();
         let state = match states.get(endpoint.id).await {
             Ok(state) => state?,

@@ -13,7 +13,8 @@ use crate::fields::{parse_bool_param, Fields};
 use crate::materialization::{endpoint_location, Eligibility, MaterializationView};
 use crate::page::{Page, PageRequest};
 use crate::ports::{
-    Clock, EndpointStore, MaterializationStore, MaterializedResults, QueryEngine, ResultCache,
+    Clock, EndpointStore, MaterializationStore, Materializations, MaterializedResults, QueryEngine,
+    ResultCache,
 };
 use crate::query::Query;
 use crate::settings::{CacheAge, SyncFrequency};
@@ -46,7 +47,7 @@ pub struct EndpointService {
     clock: Arc<dyn Clock>,
     cache: Option<Arc<dyn ResultCache>>,
     executions: Option<Arc<ExecutionTracker>>,
-    materializations: Option<(Arc<dyn MaterializationStore>, Arc<dyn MaterializedResults>)>,
+    materializations: Option<Materializations>,
 }
 
 /// A name from a path: one that cannot be valid cannot exist either, so it is a 404, not a 400.
@@ -104,14 +105,14 @@ impl EndpointService {
         states: Arc<dyn MaterializationStore>,
         results: Arc<dyn MaterializedResults>,
     ) -> Self {
-        self.materializations = Some((states, results));
+        self.materializations = Some(Materializations { states, results });
         self
     }
 
     /// The endpoint with its materialization record, when it is materialized.
     async fn with_materialization(&self, mut endpoint: Endpoint) -> Result<Endpoint, Error> {
-        if let (true, Some((states, _))) = (endpoint.is_materialized, &self.materializations) {
-            endpoint.materialization = states.get(endpoint.id).await?;
+        if let (true, Some(m)) = (endpoint.is_materialized, &self.materializations) {
+            endpoint.materialization = m.states.get(endpoint.id).await?;
         }
         Ok(endpoint)
     }
@@ -129,8 +130,8 @@ impl EndpointService {
     /// Removes an endpoint's stored results (the store removed its record with the change that turned
     /// materialization off, or with the endpoint). A failure is logged and left to the worker's sweep.
     async fn drop_stored_results(&self, project: ProjectId, id: uuid::Uuid, name: &EndpointName) {
-        if let Some((_, results)) = &self.materializations {
-            if let Err(err) = results.remove(project, &endpoint_location(id)).await {
+        if let Some(m) = &self.materializations {
+            if let Err(err) = m.results.remove(project, &endpoint_location(id)).await {
                 tracing::warn!(endpoint = %name, error = %err, "cannot remove stored results; the sweep will");
             }
         }
@@ -147,7 +148,12 @@ impl EndpointService {
     ) -> Result<MaterializationView, Error> {
         let mut endpoint = self.get(project, name).await?;
         if endpoint.eligibility.is_none() {
-            endpoint.eligibility = Some(self.eligibility(&endpoint).await?);
+            // A query that no longer plans cannot be materialized: a GET says why rather than failing.
+            endpoint.eligibility = Some(match self.eligibility(&endpoint).await {
+                Ok(eligibility) => eligibility,
+                Err(Error::Invalid(invalid)) => Eligibility::Ineligible { reason: invalid.detail },
+                Err(other) => return Err(other),
+            });
         }
         Ok(MaterializationView::of(&endpoint, endpoint.materialization.as_ref()))
     }
@@ -238,10 +244,10 @@ impl EndpointService {
         };
         let mut page = self.store.list(project, &filter, page).await?;
         page.items = page.items.into_iter().map(|e| self.with_pending_execution(e)).collect();
-        if let Some((states, _)) = &self.materializations {
+        if let Some(m) = &self.materializations {
             let ids: Vec<_> = page.items.iter().filter(|e| e.is_materialized).map(|e| e.id).collect();
             if !ids.is_empty() {
-                let mut records = states.get_many(ids).await?;
+                let mut records = m.states.get_many(ids).await?;
                 for endpoint in page.items.iter_mut().filter(|e| e.is_materialized) {
                     endpoint.materialization = records
                         .iter()
@@ -328,9 +334,9 @@ impl EndpointService {
         if current.is_materialized && !updated.is_materialized {
             self.drop_stored_results(project, updated.id, &name).await;
         } else if rescheduled {
-            if let Some((states, _)) = &self.materializations {
+            if let Some(m) = &self.materializations {
                 // The change is saved; a failure here only delays the refresh to the old schedule.
-                if let Err(err) = states.reschedule(updated.id, at).await {
+                if let Err(err) = m.states.reschedule(updated.id, at).await {
                     tracing::warn!(endpoint = %name, error = %err, "cannot reschedule the materialization");
                 }
             }
