@@ -138,19 +138,19 @@ pub struct ApiKeyService {
 /// kept, so the cache holds at most one entry per real key.
 struct KeyCache {
     ttl: Duration,
-    entries: Mutex<HashMap<String, (ApiKey, Timestamp)>>,
+    entries: Mutex<HashMap<String, (Arc<ApiKey>, Timestamp)>>,
 }
 
 impl KeyCache {
     /// More entries than any deployment has keys; past it the cache starts again rather than grow.
     const MAX_ENTRIES: usize = 100_000;
 
-    fn get(&self, hash: &str, now: Timestamp) -> Option<ApiKey> {
+    fn get(&self, hash: &str, now: Timestamp) -> Option<Arc<ApiKey>> {
         let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.get(hash).filter(|(_, fetched)| now < *fetched + self.ttl).map(|(key, _)| key.clone())
+        entries.get(hash).filter(|(_, fetched)| now < *fetched + self.ttl).map(|(key, _)| Arc::clone(key))
     }
 
-    fn put(&self, key: &ApiKey, now: Timestamp) {
+    fn put(&self, key: &Arc<ApiKey>, now: Timestamp) {
         if self.ttl.is_zero() {
             return;
         }
@@ -158,7 +158,7 @@ impl KeyCache {
         if entries.len() >= Self::MAX_ENTRIES {
             entries.clear();
         }
-        entries.insert(key.secret_hash.clone(), (key.clone(), now));
+        entries.insert(key.secret_hash.clone(), (Arc::clone(key), now));
     }
 
     fn forget(&self, id: Uuid) {
@@ -173,8 +173,7 @@ const SECRET_BYTES: usize = 32;
 pub const CURRENT_PROJECT: &str = "@current";
 
 pub fn hash_secret(secret: &str) -> String {
-    let digest = Sha256::digest(secret.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
 fn looks_like_key(token: &str) -> bool {
@@ -224,7 +223,7 @@ impl ApiKeyService {
         }
         let mut bytes = [0_u8; SECRET_BYTES];
         rand::rng().fill_bytes(&mut bytes);
-        let secret = format!("{KEY_PREFIX}{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let secret = format!("{KEY_PREFIX}{}", hex::encode(bytes));
         let now = self.clock.now();
         let mut scopes = scopes;
         scopes.sort();
@@ -257,7 +256,7 @@ impl ApiKeyService {
         let key = match self.cache.get(&hash, now) {
             Some(key) => key,
             None => {
-                let found = self.keys.find_by_hash(&hash).await?;
+                let found = self.keys.find_by_hash(&hash).await?.map(Arc::new);
                 if let Some(key) = &found {
                     self.cache.put(key, now);
                 }
@@ -272,7 +271,7 @@ impl ApiKeyService {
         if !key.is_usable_at(now) {
             return Err(Error::NotAuthenticated("The API key has been revoked or has expired.".into()));
         }
-        Ok(Principal { key_id: key.id, project_id: key.project_id, scopes: key.scopes })
+        Ok(Principal { key_id: key.id, project_id: key.project_id, scopes: key.scopes.clone() })
     }
 
     /// Checks that `principal` may use scope `needed` on the project named in a path (`42` or `@current`).

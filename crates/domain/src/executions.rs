@@ -12,7 +12,8 @@ use crate::Timestamp;
 /// Pending execution times, newest per endpoint, waiting for the next flush.
 pub struct ExecutionTracker {
     store: Arc<dyn EndpointStore>,
-    pending: Mutex<HashMap<(ProjectId, EndpointName), Timestamp>>,
+    /// By project, then by name, so a run of an endpoint already pending is noted without allocating its key.
+    pending: Mutex<HashMap<ProjectId, HashMap<EndpointName, Timestamp>>>,
 }
 
 impl ExecutionTracker {
@@ -23,20 +24,26 @@ impl ExecutionTracker {
     /// Notes a run. Memory only: never a database write on the request path.
     pub fn record(&self, project: ProjectId, name: &EndpointName, at: Timestamp) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = pending.entry((project, name.clone())).or_insert(at);
-        if *entry < at {
-            *entry = at;
+        let names = pending.entry(project).or_default();
+        match names.get_mut(name) {
+            Some(entry) if *entry < at => *entry = at,
+            Some(_) => {}
+            None => {
+                names.insert(name.clone(), at);
+            }
         }
     }
 
     /// Drops the pending time of a deleted endpoint, so a new endpoint of the same name does not inherit it.
     pub fn forget(&self, project: ProjectId, name: &EndpointName) {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner).remove(&(project, name.clone()));
+        if let Some(names) = self.pending.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&project) {
+            names.remove(name);
+        }
     }
 
     /// The pending time of one endpoint, if it ran since the last flush.
     pub fn pending(&self, project: ProjectId, name: &EndpointName) -> Option<Timestamp> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner).get(&(project, name.clone())).copied()
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner).get(&project)?.get(name).copied()
     }
 
     /// Writes every pending time in one batch. Times that fail to write are kept for the next flush.
@@ -46,7 +53,10 @@ impl ExecutionTracker {
     pub async fn flush(&self) -> Result<usize, StoreError> {
         let batch: Vec<_> = {
             let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-            pending.drain().map(|((project, name), at)| (project, name, at)).collect()
+            pending
+                .drain()
+                .flat_map(|(project, names)| names.into_iter().map(move |(name, at)| (project, name, at)))
+                .collect()
         };
         if batch.is_empty() {
             return Ok(0);

@@ -380,14 +380,17 @@ pub struct CachedRun {
     pub materialized_at: Option<Timestamp>,
     /// The bound variables, defaults included.
     pub variables: serde_json::Value,
+    /// The serialized form of the fields above, written by the adapter that first answers with this run and
+    /// reused by every later answer, so a cache hit writes only what differs per request.
+    pub rendered: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl CachedRun {
-    /// Approximate memory held, for byte-bounded caches.
+    /// Approximate memory held, for byte-bounded caches (the rendered fields included).
     pub fn weight(&self) -> usize {
         self.result.rows_json.len()
-            + self.result.columns.iter().map(|c| c.name.len() + 16).sum::<usize>()
-            + 256
+            + self.result.columns.iter().map(|c| 2 * c.name.len() + 32).sum::<usize>()
+            + 512
     }
 }
 

@@ -130,16 +130,19 @@ impl RunRequest {
     ///
     /// # Errors
     /// [`Invalid`] naming the parameter.
-    pub fn from_query(params: &[(String, String)]) -> Result<Self, Invalid> {
+    pub fn from_query<K: AsRef<str>, V: AsRef<str>>(
+        params: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, Invalid> {
         let mut request = Self::from_body(&Value::Object(Map::new()), None)?;
         let mut variables = Map::new();
         for (key, value) in params {
-            match key.as_str() {
+            let value = value.as_ref();
+            match key.as_ref() {
                 "version" => request.version = Some(parse_version(value)?),
                 "limit" => request.limit = limit(Some(parse_int("limit", value)?))?,
                 "offset" => request.offset = offset(Some(parse_int("offset", value)?))?,
                 "refresh" => request.refresh = Refresh::parse(value)?,
-                "client_query_id" => request.client_query_id = Some(value.clone()),
+                "client_query_id" => request.client_query_id = Some(value.to_owned()),
                 "variables" => match serde_json::from_str::<Value>(value) {
                     Ok(Value::Object(map)) => variables.extend(map),
                     _ => {
@@ -151,7 +154,7 @@ impl RunRequest {
                 },
                 other => {
                     if let Some(name) = other.strip_prefix("variables.") {
-                        variables.insert(name.to_owned(), Value::String(value.clone()));
+                        variables.insert(name.to_owned(), Value::String(value.to_owned()));
                     }
                     // Other parameters (cache busters, tracking tags added by proxies) are ignored.
                 }
@@ -411,22 +414,19 @@ mod tests {
 
     #[test]
     fn query_parameters_carry_variables() {
-        let params: Vec<(String, String)> = [
+        let params = [
             ("variables.country", "US"),
             ("variables", r#"{"n": 3}"#),
             ("limit", "7"),
             ("version", "2"),
             ("utm_source", "ignored"),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-        let request = RunRequest::from_query(&params).unwrap();
+        ];
+        let request = RunRequest::from_query(params).unwrap();
         assert_eq!(request.variables["country"], json!("US"));
         assert_eq!(request.variables["n"], json!(3));
         assert_eq!((request.limit, request.version), (7, Some(2)));
-        let bad = vec![("variables".to_owned(), "[1]".to_owned())];
-        assert_eq!(RunRequest::from_query(&bad).unwrap_err().attr.as_deref(), Some("variables"));
+        let bad = [("variables", "[1]")];
+        assert_eq!(RunRequest::from_query(bad).unwrap_err().attr.as_deref(), Some("variables"));
     }
 
     #[test]

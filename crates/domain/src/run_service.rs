@@ -84,16 +84,20 @@ impl std::error::Error for SharedCause {
     }
 }
 
-/// The request part of a cache key: everything that changes the answer, in a canonical text.
+/// The request part of a cache key: everything that changes the answer, in one text. `serde_json`'s map keeps
+/// its keys sorted, so the same variables in any order give the same text (were its `preserve_order` feature
+/// ever enabled, differently ordered variables would only miss the cache, never share an answer).
 fn request_key(request: &RunRequest) -> String {
-    let variables: std::collections::BTreeMap<&String, &Value> = request.variables.iter().collect();
-    let version = request.version.map_or_else(|| "latest".to_owned(), |v| v.to_string());
-    format!(
-        "v={version};vars={};limit={};offset={}",
-        serde_json::to_string(&variables).unwrap_or_default(),
-        request.limit,
-        request.offset
-    )
+    use std::fmt::Write;
+    let mut key = String::with_capacity(64);
+    match request.version {
+        Some(version) => write!(key, "v={version}"),
+        None => write!(key, "v=latest"),
+    }
+    .and_then(|()| write!(key, ";limit={};offset={};vars=", request.limit, request.offset))
+    .unwrap_or_default();
+    key.push_str(&serde_json::to_string(&request.variables).unwrap_or_default());
+    key
 }
 
 fn not_found(name: &str) -> Error {
@@ -360,6 +364,7 @@ impl Context {
             variables: Value::Object(
                 variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>(),
             ),
+            rendered: std::sync::OnceLock::new(),
         })
     }
 }

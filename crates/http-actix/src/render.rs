@@ -2,6 +2,7 @@
 
 use actix_web::HttpRequest;
 use domain::endpoint::{ColumnType, Endpoint, EndpointVersion};
+use domain::ports::CachedRun;
 use domain::{LastExecutions, MaterializationView, Page, ProjectId, RunOutcome, Timestamp};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -81,15 +82,14 @@ pub(crate) fn page<T>(req: &HttpRequest, page: &Page<T>, render: impl Fn(&T) -> 
 }
 
 fn page_url(req: &HttpRequest, limit: u64, offset: u64) -> String {
-    let mut params: Vec<(String, String)> =
-        serde_urlencoded::from_str::<Vec<(String, String)>>(req.query_string())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(k, _)| k != "limit" && k != "offset")
-            .collect();
-    params.push(("limit".into(), limit.to_string()));
-    params.push(("offset".into(), offset.to_string()));
-    let query = serde_urlencoded::to_string(&params).unwrap_or_default();
+    let query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(
+            form_urlencoded::parse(req.query_string().as_bytes())
+                .filter(|(k, _)| k != "limit" && k != "offset"),
+        )
+        .append_pair("limit", &limit.to_string())
+        .append_pair("offset", &offset.to_string())
+        .finish();
     let info = req.connection_info();
     format!("{}://{}{}?{}", info.scheme(), info.host(), req.path(), query)
 }
@@ -114,46 +114,72 @@ struct Timings {
     total_ms: f64,
 }
 
-/// The run response without its rows, fields in alphabetical order.
+/// The fields of a run response that differ from one request to the next.
 #[derive(Serialize)]
-struct RunEnvelope<'a> {
-    cache_expires_at: Option<Rfc3339Time>,
+struct PerRequest<'a> {
     client_query_id: Option<&'a str>,
+    execution_id: uuid::Uuid,
+    is_cached: bool,
+    limit: u32,
+    name: &'a str,
+    offset: u64,
+    timings: Timings,
+}
+
+/// The fields of a run response that are the same for every answer with one computed run.
+#[derive(Serialize)]
+struct Computed<'a> {
+    cache_expires_at: Option<Rfc3339Time>,
     columns: Vec<&'a str>,
     endpoint_materialized: bool,
     endpoint_materialized_at: Option<Rfc3339Time>,
     endpoint_version: Option<u32>,
     endpoint_version_created_at: Option<Rfc3339Time>,
-    execution_id: uuid::Uuid,
     #[serde(rename = "hasMore")]
     has_more: bool,
-    is_cached: bool,
     last_refresh: Option<Rfc3339Time>,
-    limit: u32,
-    name: &'a str,
-    offset: u64,
-    timings: Timings,
     types: Vec<(&'a str, ColumnType)>,
 }
 
-/// The run response. The rows were serialized once by the engine (and are shared by every cache hit), so they
-/// are spliced in as they are instead of being parsed and written again; the envelope is written straight from a
-/// borrowed struct into a buffer sized for the whole body.
+impl Computed<'_> {
+    fn of(run: Option<&CachedRun>) -> Computed<'_> {
+        let result = run.map(|r| &r.result);
+        Computed {
+            cache_expires_at: run.and_then(|r| r.expires_at).map(Rfc3339Time),
+            columns: result.map_or_else(Vec::new, |r| r.column_names()),
+            endpoint_materialized: run.is_some_and(|r| r.endpoint_materialized),
+            endpoint_materialized_at: run.and_then(|r| r.materialized_at).map(Rfc3339Time),
+            endpoint_version: run.map(|r| r.version),
+            endpoint_version_created_at: run.map(|r| Rfc3339Time(r.version_created_at)),
+            has_more: result.is_some_and(|r| r.has_more),
+            last_refresh: run.map(|r| Rfc3339Time(r.computed_at)),
+            types: result.map_or_else(Vec::new, |r| r.types()),
+        }
+    }
+}
+
+/// Appends the members of `value`'s JSON object to `body`, without its braces.
+fn members(body: &mut Vec<u8>, value: &impl Serialize) {
+    let start = body.len();
+    // Serializing plain fields into memory cannot fail; if it did, the members are left out and the body stays
+    // valid JSON.
+    if serde_json::to_writer(&mut *body, value).is_err() || body.len() < start + 2 {
+        body.truncate(start);
+        return;
+    }
+    body.remove(start);
+    body.pop();
+}
+
+/// The run response. The rows were serialized once by the engine and the run's own fields once at its first
+/// answer; both are shared by every cache hit and spliced in as they are, so a hit writes only its per-request
+/// fields, into a buffer sized for the whole body.
 pub(crate) fn run(outcome: &RunOutcome) -> Vec<u8> {
     let run = outcome.run.as_deref();
-    let result = run.map(|r| &r.result);
-    let envelope = RunEnvelope {
-        cache_expires_at: run.and_then(|r| r.expires_at).map(Rfc3339Time),
+    let per_request = PerRequest {
         client_query_id: outcome.client_query_id.as_deref(),
-        columns: result.map_or_else(Vec::new, |r| r.column_names()),
-        endpoint_materialized: outcome.endpoint_materialized,
-        endpoint_materialized_at: run.and_then(|r| r.materialized_at).map(Rfc3339Time),
-        endpoint_version: run.map(|r| r.version),
-        endpoint_version_created_at: run.map(|r| Rfc3339Time(r.version_created_at)),
         execution_id: outcome.execution_id,
-        has_more: result.is_some_and(|r| r.has_more),
         is_cached: outcome.is_cached,
-        last_refresh: run.map(|r| Rfc3339Time(r.computed_at)),
         limit: outcome.limit,
         name: outcome.name.as_str(),
         offset: outcome.offset,
@@ -161,20 +187,31 @@ pub(crate) fn run(outcome: &RunOutcome) -> Vec<u8> {
             query_ms: if outcome.is_cached { 0.0 } else { run.map_or(0.0, |r| millis(r.query_time)) },
             total_ms: millis(outcome.total),
         },
-        types: result.map_or_else(Vec::new, |r| r.types()),
     };
-    let rows = result.map_or("null", |r| r.rows_json.as_str());
-    let mut body = Vec::with_capacity(rows.len() + 1024);
-    // Serializing plain fields into memory cannot fail; an empty envelope would still be valid JSON below.
-    if serde_json::to_writer(&mut body, &envelope).is_err() || body.last() != Some(&b'}') {
-        body.clear();
-        body.push(b'{');
-    } else {
-        // Reopen the object and append the rows.
-        body.pop();
-        body.push(b',');
+    let fresh;
+    let computed: &[u8] = match run {
+        Some(run) => run.rendered.get_or_init(|| {
+            let mut fields = Vec::with_capacity(512);
+            members(&mut fields, &Computed::of(Some(run)));
+            fields
+        }),
+        None => {
+            let mut fields = Vec::with_capacity(512);
+            members(&mut fields, &Computed::of(None));
+            fresh = fields;
+            &fresh
+        }
+    };
+    let rows = run.map_or("null", |r| r.result.rows_json.as_str());
+    let mut body = Vec::with_capacity(rows.len() + computed.len() + 256);
+    body.push(b'{');
+    members(&mut body, &per_request);
+    for part in [computed, b"\"results\":"] {
+        if !part.is_empty() && body.last() != Some(&b'{') {
+            body.push(b',');
+        }
+        body.extend_from_slice(part);
     }
-    body.extend_from_slice(b"\"results\":");
     body.extend_from_slice(rows.as_bytes());
     body.push(b'}');
     body
@@ -210,4 +247,97 @@ pub(crate) fn last_executions(project: ProjectId, found: &LastExecutions) -> Val
             },
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use domain::endpoint::{Column, ColumnType};
+    use domain::ports::CachedRun;
+    use domain::{EndpointName, QueryResult, RunOutcome};
+    use serde_json::{json, Value};
+    use time::macros::datetime;
+
+    fn outcome(run: Option<Arc<CachedRun>>, is_cached: bool, client_query_id: Option<&str>) -> RunOutcome {
+        RunOutcome {
+            name: EndpointName::parse("sales").unwrap(),
+            endpoint_materialized: false,
+            run,
+            is_cached,
+            execution_id: uuid::Uuid::new_v4(),
+            client_query_id: client_query_id.map(str::to_owned),
+            limit: 10,
+            offset: 20,
+            total: Duration::from_micros(1500),
+        }
+    }
+
+    fn parse(body: &[u8]) -> Value {
+        serde_json::from_slice(body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
+    }
+
+    #[test]
+    fn a_cache_hit_reuses_the_run_fields_and_writes_its_own() {
+        let at = datetime!(2026-11-22 10:00 UTC);
+        let run = Arc::new(CachedRun {
+            version: 3,
+            version_created_at: at,
+            result: QueryResult {
+                columns: vec![Column { name: "n\"x".into(), column_type: ColumnType::Integer }],
+                rows_json: r#"[{"n\"x":1}]"#.into(),
+                row_count: 1,
+                has_more: true,
+            },
+            computed_at: at,
+            expires_at: Some(at + Duration::from_secs(60)),
+            query_time: Duration::from_millis(7),
+            endpoint_materialized: false,
+            materialized_at: None,
+            variables: json!({}),
+            rendered: std::sync::OnceLock::new(),
+        });
+        let first = parse(&super::run(&outcome(Some(Arc::clone(&run)), false, None)));
+        assert!(run.rendered.get().is_some(), "the first answer keeps the run's fields");
+        let hit = parse(&super::run(&outcome(Some(Arc::clone(&run)), true, Some("q-1"))));
+        assert_eq!(
+            hit,
+            json!({
+                "client_query_id": "q-1",
+                "execution_id": hit["execution_id"],
+                "is_cached": true,
+                "limit": 10,
+                "name": "sales",
+                "offset": 20,
+                "timings": {"query_ms": 0.0, "total_ms": 1.5},
+                "cache_expires_at": "2026-11-22T10:01:00Z",
+                "columns": ["n\"x"],
+                "endpoint_materialized": false,
+                "endpoint_materialized_at": null,
+                "endpoint_version": 3,
+                "endpoint_version_created_at": "2026-11-22T10:00:00Z",
+                "hasMore": true,
+                "last_refresh": "2026-11-22T10:00:00Z",
+                "types": [["n\"x", "integer"]],
+                "results": [{"n\"x": 1}],
+            })
+        );
+        assert_eq!(
+            (first["is_cached"].clone(), first["timings"]["query_ms"].clone()),
+            (json!(false), json!(7.0))
+        );
+        assert_ne!(first["execution_id"], hit["execution_id"]);
+        for field in ["columns", "types", "results", "cache_expires_at", "last_refresh"] {
+            assert_eq!(first[field], hit[field], "{field}");
+        }
+    }
+
+    #[test]
+    fn nothing_cached_is_answered_with_empty_run_fields() {
+        let body = parse(&super::run(&outcome(None, false, None)));
+        assert_eq!(body["results"], Value::Null);
+        assert_eq!((body["columns"].clone(), body["endpoint_version"].clone()), (json!([]), Value::Null));
+        assert_eq!(body["name"], "sales");
+    }
 }

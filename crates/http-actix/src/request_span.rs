@@ -18,26 +18,32 @@ fn usable(id: &str) -> bool {
     (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
 }
 
-/// A new id from the thread's random generator (no system call).
-fn new_id() -> String {
-    uuid::Builder::from_random_bytes(rand::random()).into_uuid().simple().to_string()
+/// A new id from the thread's random generator (no system call), as 32 lowercase hex digits.
+fn new_id() -> HeaderValue {
+    let mut text = [0_u8; uuid::fmt::Simple::LENGTH];
+    let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+    HeaderValue::from_str(id.simple().encode_lower(&mut text)).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
 pub(crate) async fn request_span(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    // The client's value is shared, not copied.
     let id = req
         .headers()
         .get(&REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| usable(v))
-        .map_or_else(new_id, str::to_owned);
-    let span = tracing::info_span!("request", method = %req.method(), path = %req.path(), request_id = %id);
+        .filter(|v| v.to_str().is_ok_and(usable))
+        .cloned()
+        .unwrap_or_else(new_id);
+    let span = tracing::info_span!(
+        "request",
+        method = %req.method(),
+        path = %req.path(),
+        request_id = %id.to_str().unwrap_or_default()
+    );
     let mut response = next.call(req).instrument(span).await?;
-    if let Ok(value) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert(REQUEST_ID, value);
-    }
+    response.headers_mut().insert(REQUEST_ID, id);
     Ok(response)
 }
 
@@ -54,6 +60,7 @@ mod tests {
             assert!(!usable(bad), "{bad}");
         }
         let (a, b) = (new_id(), new_id());
-        assert!(usable(&a) && a.len() == 32 && a != b);
+        let a = a.to_str().unwrap();
+        assert!(usable(a) && a.len() == 32 && a != b.to_str().unwrap());
     }
 }

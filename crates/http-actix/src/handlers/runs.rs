@@ -11,17 +11,19 @@ use crate::disconnect::unless_disconnected;
 use crate::error::ApiError;
 use crate::{render, AppState};
 
-type Params = web::Query<Vec<(String, String)>>;
+/// The query string's pairs, borrowed from the request where nothing needs decoding.
+fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
+    form_urlencoded::parse(req.query_string().as_bytes())
+}
 
 pub(crate) async fn run_get(
     req: HttpRequest,
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
-    params: Params,
 ) -> Result<HttpResponse, ApiError> {
     let (project, name) = path.into_inner();
     let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    let request = RunRequest::from_query(&params)?;
+    let request = RunRequest::from_query(params(&req))?;
     let outcome = run(&req, &state, project, &name, request).await?;
     Ok(HttpResponse::Ok().content_type(ContentType::json()).body(render::run(&outcome)))
 }
@@ -30,14 +32,13 @@ pub(crate) async fn run_post(
     req: HttpRequest,
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
-    params: Params,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (project, name) = path.into_inner();
     let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
     let body = read_json(&req, payload, state.body_limit).await?.unwrap_or_else(|| Value::Object(Map::new()));
-    let version = params.iter().find(|(k, _)| k == "version").map(|(_, v)| v.as_str());
-    let request = RunRequest::from_body(&body, version)?;
+    let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
+    let request = RunRequest::from_body(&body, version.as_deref())?;
     let outcome = run(&req, &state, project, &name, request).await?;
     Ok(HttpResponse::Ok().content_type(ContentType::json()).body(render::run(&outcome)))
 }
