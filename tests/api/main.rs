@@ -8,5 +8,6 @@ mod errors;
 mod helpers;
 mod materialization;
 mod openapi;
+mod operations;
 mod runs;
 mod versions;

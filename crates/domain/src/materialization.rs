@@ -246,6 +246,8 @@ pub struct Claim {
     pub token: Uuid,
     /// The location of an attempt this claim took over (its worker crashed or was preempted), for removal.
     pub abandoned: Option<String>,
+    /// When the refresh fell due (its record's next run); `None` for a first refresh.
+    pub due_at: Option<Timestamp>,
 }
 
 /// How finishing a claimed refresh ended in the store.

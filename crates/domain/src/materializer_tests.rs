@@ -27,6 +27,7 @@ fn claim() -> Claim {
         sync_frequency: SyncFrequency::OneHour,
         token: Uuid::from_u128(9),
         abandoned: None,
+        due_at: None,
     }
 }
 

@@ -10,6 +10,7 @@ mod error;
 mod handlers;
 mod normalize;
 mod openapi;
+mod operations;
 mod render;
 mod request_span;
 mod routes;
@@ -25,6 +26,7 @@ use domain::{ApiKeyService, EndpointService, RunService};
 
 pub use disconnect::on_connect;
 pub use error::ApiError;
+pub use operations::{Metrics, Operations, ReadinessCheck};
 
 /// Largest accepted request body.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
@@ -36,11 +38,20 @@ pub struct AppState {
     pub runs: Arc<RunService>,
     pub keys: Arc<ApiKeyService>,
     pub body_limit: usize,
+    /// Readiness checks and metrics.
+    pub operations: Arc<Operations>,
 }
 
 impl AppState {
+    /// The state with no readiness checks and metrics of its own.
     pub fn new(endpoints: Arc<EndpointService>, runs: Arc<RunService>, keys: Arc<ApiKeyService>) -> Self {
-        Self { endpoints, runs, keys, body_limit: DEFAULT_BODY_LIMIT }
+        Self { endpoints, runs, keys, body_limit: DEFAULT_BODY_LIMIT, operations: Arc::default() }
+    }
+
+    #[must_use]
+    pub fn with_operations(mut self, operations: Operations) -> Self {
+        self.operations = Arc::new(operations);
+        self
     }
 }
 

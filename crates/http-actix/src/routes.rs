@@ -4,10 +4,27 @@ use actix_web::{guard, web, HttpResponse};
 
 use crate::error::ApiError;
 use crate::handlers::{endpoints, materialization, runs, versions};
+use crate::operations;
 
 /// Each family's static prefix is matched by a string comparison before its dynamic part is tried.
 const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projects"];
 const FAMILY_REST: &str = "/{project_id}/endpoints";
+
+/// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
+/// not a different operation.
+pub(crate) const ROUTE_NAMES: [&str; 11] = [
+    "run",
+    "endpoints",
+    "last_execution_times",
+    "endpoint",
+    "materialization_status",
+    "endpoint_openapi",
+    "versions",
+    "version",
+    "healthz",
+    "readyz",
+    "metrics",
+];
 
 /// A resource's fallback for methods it does not serve: 405 with `Allow`.
 fn not_allowed(
@@ -24,12 +41,14 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 web::scope(FAMILY_REST)
                     .service(
                         web::resource("/{name}/run")
+                            .name("run")
                             .route(web::get().to(runs::run_get))
                             .route(web::post().to(runs::run_post))
                             .default_service(web::to(not_allowed("GET, POST"))),
                     )
                     .service(
                         web::resource("")
+                            .name("endpoints")
                             .route(web::get().to(endpoints::list))
                             .route(web::post().to(endpoints::create))
                             .default_service(web::to(not_allowed("GET, POST"))),
@@ -37,11 +56,13 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                     // Only POST: a GET of this path reads an endpoint that happens to have this name.
                     .service(
                         web::resource("/last_execution_times")
+                            .name("last_execution_times")
                             .guard(guard::Post())
                             .route(web::post().to(runs::last_execution_times)),
                     )
                     .service(
                         web::resource("/{name}")
+                            .name("endpoint")
                             .route(web::get().to(endpoints::retrieve))
                             .route(web::patch().to(endpoints::update))
                             .route(web::delete().to(endpoints::delete))
@@ -49,27 +70,50 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                     )
                     .service(
                         web::resource("/{name}/materialization_status")
+                            .name("materialization_status")
                             .route(web::get().to(materialization::status))
                             .default_service(web::to(not_allowed("GET"))),
                     )
                     .service(
                         web::resource("/{name}/openapi.json")
+                            .name("endpoint_openapi")
                             .route(web::get().to(versions::openapi))
                             .default_service(web::to(not_allowed("GET"))),
                     )
                     .service(
                         web::resource("/{name}/versions")
+                            .name("versions")
                             .route(web::get().to(versions::list))
                             .default_service(web::to(not_allowed("GET"))),
                     )
                     .service(
                         web::resource("/{name}/versions/{version_number}")
+                            .name("version")
                             .route(web::get().to(versions::retrieve))
                             .default_service(web::to(not_allowed("GET"))),
                     ),
             ),
         );
     }
+    // Operations: no key, so orchestrators and scrapers can reach them.
+    cfg.service(
+        web::resource("/healthz")
+            .name("healthz")
+            .route(web::get().to(operations::healthz))
+            .default_service(web::to(not_allowed("GET"))),
+    );
+    cfg.service(
+        web::resource("/readyz")
+            .name("readyz")
+            .route(web::get().to(operations::readyz))
+            .default_service(web::to(not_allowed("GET"))),
+    );
+    cfg.service(
+        web::resource("/metrics")
+            .name("metrics")
+            .route(web::get().to(operations::metrics))
+            .default_service(web::to(not_allowed("GET"))),
+    );
     // The service's own document and its interactive page (Swagger UI, served from the binary).
     cfg.service(
         utoipa_swagger_ui::SwaggerUi::new("/api/docs/{_:.*}")

@@ -455,3 +455,106 @@ async fn engine_guards_map_to_429_and_query_errors() {
         }
     }
 }
+
+struct FixedCheck(&'static str, Result<(), String>);
+
+#[async_trait::async_trait]
+impl ReadinessCheck for FixedCheck {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+
+    async fn check(&self) -> Result<(), String> {
+        self.1.clone()
+    }
+}
+
+struct SlowCheck;
+
+#[async_trait::async_trait]
+impl ReadinessCheck for SlowCheck {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+
+    async fn check(&self) -> Result<(), String> {
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        Ok(())
+    }
+}
+
+fn with_checks(checks: Vec<Arc<dyn ReadinessCheck>>) -> AppState {
+    state(MockEndpointStore::new(), MockQueryEngine::new())
+        .with_operations(Operations { checks, metrics: Metrics::default() })
+}
+
+#[actix_web::test]
+async fn health_needs_no_key_and_readiness_names_what_is_not_ready() {
+    let (status, _, body) = send(with_checks(vec![]), TestRequest::get().uri("/healthz")).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"status": "ok"})));
+
+    let ok: Vec<Arc<dyn ReadinessCheck>> =
+        vec![Arc::new(FixedCheck("store", Ok(()))), Arc::new(FixedCheck("engine", Ok(())))];
+    let (status, _, body) = send(with_checks(ok), TestRequest::get().uri("/readyz")).await;
+    assert_eq!((status, &body["status"]), (StatusCode::OK, &json!("ready")), "{body}");
+    assert_eq!(
+        (&body["checks"]["store"]["status"], &body["checks"]["engine"]["status"]),
+        (&json!("ok"), &json!("ok"))
+    );
+
+    let failing: Vec<Arc<dyn ReadinessCheck>> = vec![
+        Arc::new(FixedCheck("store", Err("The database does not answer.".into()))),
+        Arc::new(FixedCheck("engine", Ok(()))),
+    ];
+    let (status, headers, body) = send(with_checks(failing), TestRequest::get().uri("/readyz")).await;
+    assert_eq!((status, &body["status"]), (StatusCode::SERVICE_UNAVAILABLE, &json!("unavailable")), "{body}");
+    assert_eq!(
+        body["checks"]["store"],
+        json!({"status": "failed", "reason": "The database does not answer.", "took_ms": body["checks"]["store"]["took_ms"]})
+    );
+    assert_eq!(body["checks"]["engine"]["status"], "ok");
+    assert!(headers.contains_key(header::RETRY_AFTER));
+
+    // A check that hangs fails after its time limit (2 s) instead of holding the probe.
+    let (status, _, body) =
+        send(with_checks(vec![Arc::new(SlowCheck)]), TestRequest::get().uri("/readyz")).await;
+    assert_eq!(
+        (status, &body["checks"]["slow"]["status"]),
+        (StatusCode::SERVICE_UNAVAILABLE, &json!("failed"))
+    );
+}
+
+#[actix_web::test]
+async fn metrics_count_requests_by_route_and_status_and_runs_by_source() {
+    let app = init_service(app(state(store_for_runs(), engine_for_runs()))).await;
+    for uri in
+        ["/api/projects/1/endpoints/daily/run?variables.n=1", "/api/environments/1/endpoints/daily/run"]
+    {
+        let resp = call_service(&app, authed(Method::GET, uri, READER).to_request()).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    let resp =
+        call_service(&app, authed(Method::GET, "/api/projects/2/endpoints/daily/run", READER).to_request())
+            .await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    call_service(&app, TestRequest::get().uri("/no/such/path").to_request()).await;
+    let resp = call_service(&app, TestRequest::get().uri("/metrics").to_request()).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    let text = String::from_utf8(actix_web::test::read_body(resp).await.to_vec()).unwrap();
+    for line in [
+        r#"endpoints_http_request_duration_seconds_count{route="run",method="GET",status="200"} 2"#,
+        r#"endpoints_http_request_duration_seconds_count{route="run",method="GET",status="403"} 1"#,
+        r#"endpoints_http_request_duration_seconds_count{route="unmatched",method="GET",status="404"} 1"#,
+        r#"endpoints_run_answers_total{source="live"} 2"#,
+        r#"endpoints_run_answers_total{source="cache"} 0"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
+    }
+}

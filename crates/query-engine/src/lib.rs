@@ -12,6 +12,7 @@ mod compile;
 pub mod demo;
 mod execute;
 mod materialized;
+mod metrics;
 mod outline;
 mod runtime;
 pub mod tables;
@@ -33,6 +34,7 @@ use tracing::instrument;
 pub use cache::MemoryResultCache;
 pub use catalog::TableInfo;
 pub use execute::EngineLimits;
+pub use metrics::EngineMetrics;
 
 /// DataFusion behind the `QueryEngine` port.
 #[derive(Debug, Clone)]
@@ -41,6 +43,7 @@ pub struct DataFusionEngine {
     limits: EngineLimits,
     slots: Arc<execute::Slots>,
     runtime: Arc<runtime::EngineRuntime>,
+    metrics: EngineMetrics,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -61,7 +64,36 @@ impl DataFusionEngine {
             limits,
             slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
+            metrics: EngineMetrics::default(),
         }
+    }
+
+    /// The engine's metrics, to register for `/metrics`.
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
+    }
+
+    /// Whether the engine can run a query on its own threads and its data directory is there (for readiness).
+    ///
+    /// # Errors
+    /// [`EngineError::Unavailable`] when the directory is missing or the engine's threads do not answer.
+    pub async fn ping(&self) -> Result<(), EngineError> {
+        let dir = self.data_dir.join("projects");
+        let usable = tokio::fs::metadata(&self.data_dir).await.is_ok_and(|m| m.is_dir())
+            && tokio::fs::metadata(&dir).await.map_or(true, |m| m.is_dir());
+        if !usable {
+            return Err(EngineError::Unavailable(
+                format!("{} is not a directory", self.data_dir.display()).into(),
+            ));
+        }
+        self.runtime
+            .run(async {
+                let ctx = datafusion::prelude::SessionContext::new();
+                let frame = ctx.sql("SELECT 1").await.map_err(|e| EngineError::Unavailable(Box::new(e)))?;
+                frame.collect().await.map_err(|e| EngineError::Unavailable(Box::new(e)))?;
+                Ok(())
+            })
+            .await
     }
 
     /// The tables a project can query, by name.
@@ -191,14 +223,21 @@ impl QueryEngine for DataFusionEngine {
         limit: u32,
         offset: u64,
     ) -> Result<domain::QueryResult, EngineError> {
-        compile::check_size(&query.sql)?;
-        let slot = self.slots.try_acquire(project, &self.limits)?;
-        let (engine, query, variables) = (self.clone(), query.clone(), variables.clone());
-        self.within_time(self.runtime.run(async move {
-            let _slot = slot;
-            engine.execute_here(project, &query, &variables, limit, offset).await
-        }))
-        .await
+        let started = std::time::Instant::now();
+        let _running = self.metrics.running();
+        let result = async {
+            compile::check_size(&query.sql)?;
+            let slot = self.slots.try_acquire(project, &self.limits)?;
+            let (engine, query, variables) = (self.clone(), query.clone(), variables.clone());
+            self.within_time(self.runtime.run(async move {
+                let _slot = slot;
+                engine.execute_here(project, &query, &variables, limit, offset).await
+            }))
+            .await
+        }
+        .await;
+        self.metrics.finished(&result, started.elapsed());
+        result
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod config;
 mod duration;
+pub mod operations;
 pub mod startup;
 pub mod telemetry;
 pub mod worker;

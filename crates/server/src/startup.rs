@@ -87,6 +87,7 @@ pub struct Application {
     flush_interval: std::time::Duration,
     materializer: Arc<Materializer>,
     worker: crate::worker::WorkerConfig,
+    worker_metrics: crate::operations::WorkerMetrics,
 }
 
 impl Application {
@@ -104,7 +105,10 @@ impl Application {
         let port = listener.local_addr()?.port();
         let executions = services.executions.clone();
         let materializer = services.materializer.clone();
-        let state = AppState::new(services.endpoints, services.runs, services.keys);
+        let worker_metrics = crate::operations::WorkerMetrics::default();
+        let operations = crate::operations::operations(&services.database, &services.engine, &worker_metrics);
+        let state =
+            AppState::new(services.endpoints, services.runs, services.keys).with_operations(operations);
         let mut server = actix_web::HttpServer::new(move || http_actix::app(state.clone()))
             .on_connect(http_actix::on_connect)
             .disable_signals()
@@ -121,6 +125,7 @@ impl Application {
             flush_interval: config.flush_interval,
             materializer,
             worker: config.worker.clone(),
+            worker_metrics,
         })
     }
 
@@ -135,8 +140,14 @@ impl Application {
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
         let flusher = tokio::spawn(flush_periodically(self.executions.clone(), self.flush_interval));
         let (stop_worker, stop) = tokio::sync::watch::channel(false);
-        let worker = (self.worker.parallelism > 0)
-            .then(|| tokio::spawn(crate::worker::run(self.materializer.clone(), self.worker.clone(), stop)));
+        let worker = (self.worker.parallelism > 0).then(|| {
+            tokio::spawn(crate::worker::run(
+                self.materializer.clone(),
+                self.worker.clone(),
+                self.worker_metrics.clone(),
+                stop,
+            ))
+        });
         let handle = self.server.handle();
         let mut server = std::pin::pin!(self.server);
         let result = tokio::select! {

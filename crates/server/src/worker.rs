@@ -12,6 +12,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
+use crate::operations::WorkerMetrics;
+
 /// How the worker runs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -30,7 +32,12 @@ impl Default for WorkerConfig {
 }
 
 /// Runs until `stop` turns true, then gives back the claims still running and returns.
-pub async fn run(materializer: Arc<Materializer>, config: WorkerConfig, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    materializer: Arc<Materializer>,
+    config: WorkerConfig,
+    metrics: WorkerMetrics,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut running: JoinSet<()> = JoinSet::new();
     let mut next_sweep = tokio::time::Instant::now();
     loop {
@@ -48,9 +55,13 @@ pub async fn run(materializer: Arc<Materializer>, config: WorkerConfig, mut stop
         let free = config.parallelism.saturating_sub(running.len());
         match materializer.claim(free).await {
             Ok(claims) => {
+                let now = time::OffsetDateTime::now_utc();
                 for claim in claims {
                     debug!(endpoint = %claim.name, version = claim.version, "claimed a refresh");
-                    running.spawn(refresh(Arc::clone(&materializer), claim, stop.clone()));
+                    let waited =
+                        claim.due_at.map_or(Duration::ZERO, |due| (now - due).try_into().unwrap_or_default());
+                    metrics.claimed(waited);
+                    running.spawn(refresh(Arc::clone(&materializer), claim, metrics.clone(), stop.clone()));
                 }
             }
             Err(err) => warn!(error = %err, "could not look for due materializations; will retry"),
@@ -76,13 +87,19 @@ pub async fn run(materializer: Arc<Materializer>, config: WorkerConfig, mut stop
 
 /// One refresh, with its lease renewed every third of its length. A lost lease or a stop drops the work (which
 /// cancels the engine's part) and removes what it wrote.
-async fn refresh(materializer: Arc<Materializer>, claim: Claim, mut stop: watch::Receiver<bool>) {
+async fn refresh(
+    materializer: Arc<Materializer>,
+    claim: Claim,
+    metrics: WorkerMetrics,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut work = Box::pin(materializer.refresh(&claim));
     let mut beat = tokio::time::interval(materializer.lease() / 3);
     beat.tick().await;
     loop {
         tokio::select! {
             outcome = &mut work => {
+                metrics.ended(&outcome);
                 match outcome {
                     Ok(RefreshOutcome::Completed { rows }) => debug!(endpoint = %claim.name, rows, "refreshed"),
                     Ok(RefreshOutcome::Failed { .. }) => {}
@@ -104,6 +121,7 @@ async fn refresh(materializer: Arc<Materializer>, claim: Claim, mut stop: watch:
     }
     // Dropping the work cancels it before what it wrote is removed.
     drop(work);
+    metrics.released();
     if let Err(err) = materializer.release(&claim).await {
         warn!(endpoint = %claim.name, error = %err, "could not give a refresh back; its lease will expire");
     }

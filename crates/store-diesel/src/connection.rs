@@ -112,6 +112,14 @@ impl r2d2::ManageConnection for Manager {
     }
 }
 
+/// A snapshot of the connection pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolState {
+    pub open: u32,
+    pub idle: u32,
+    pub max: u32,
+}
+
 /// A pooled database. Cheap to clone.
 #[derive(Clone)]
 pub struct Database {
@@ -180,6 +188,20 @@ impl Database {
             AnyConnection::Postgresql(c) => c.has_pending_migration(POSTGRES_MIGRATIONS),
         }
         .map_err(StoreError::Internal)
+    }
+
+    /// Whether a connection can be had and answers (for readiness).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when no connection answers within the pool's acquire timeout.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.run(|conn| Ok(conn.batch_execute("SELECT 1")?)).await.map_err(StoreError::from)
+    }
+
+    /// Connections open, idle, and the most the pool opens: its saturation.
+    pub fn pool_state(&self) -> PoolState {
+        let state = self.pool.state();
+        PoolState { open: state.connections, idle: state.idle_connections, max: self.pool.max_size() }
     }
 
     /// Runs blocking diesel work on the blocking thread pool with a pooled connection.

@@ -13,7 +13,7 @@ mod projects;
 mod rows;
 mod schema;
 
-pub use connection::{Backend, Database, DatabaseConfig};
+pub use connection::{Backend, Database, DatabaseConfig, PoolState};
 
 /// The three store ports over one database.
 #[derive(Clone)]

@@ -68,8 +68,9 @@ impl MaterializationRow {
 diesel::define_sql_function!(fn coalesce(x: diesel::sql_types::Nullable<diesel::sql_types::BigInt>, y: diesel::sql_types::BigInt) -> diesel::sql_types::BigInt);
 
 /// A due refresh as read before claiming it: the endpoint's id, project, name, current version and frequency,
-/// and its record's revision, version and lease token (all `None` when it has no record yet).
-type Candidate = (String, i64, String, i64, Option<String>, Option<i64>, Option<i64>, Option<String>);
+/// and its record's revision, version, lease token and next run (all `None` when it has no record yet).
+type Candidate =
+    (String, i64, String, i64, Option<String>, Option<i64>, Option<i64>, Option<String>, Option<i64>);
 
 fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>, DbError> {
     let running = MaterializationStatus::Running.as_str();
@@ -103,6 +104,7 @@ fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>,
             materializations::revision.nullable(),
             materializations::version.nullable(),
             materializations::lease_token.nullable(),
+            materializations::next_run_at.nullable(),
         ))
         .load(conn)?)
 }
@@ -116,7 +118,7 @@ fn claim_one(
     now: i64,
     lease_until: i64,
 ) -> Result<bool, DbError> {
-    let (id, _, _, version, _, revision, _, _) = candidate;
+    let (id, _, _, version, _, revision, _, _, _) = candidate;
     let running = MaterializationStatus::Running.as_str();
     match revision {
         None => {
@@ -157,7 +159,7 @@ fn claim_one(
 }
 
 fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
-    let (id, project, name, version, frequency, _, previous_version, previous_token) = candidate;
+    let (id, project, name, version, frequency, _, previous_version, previous_token, next_run) = candidate;
     let abandoned = match (previous_version, previous_token) {
         (Some(v), Some(t)) => Some(location(uuid(&id)?, version_number(v)?, uuid(&t)?)),
         _ => None,
@@ -175,6 +177,7 @@ fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
             .unwrap_or_default(),
         token,
         abandoned,
+        due_at: next_run.map(instant).transpose()?,
     })
 }
 

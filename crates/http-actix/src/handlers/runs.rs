@@ -9,6 +9,7 @@ use super::authorize;
 use crate::body::read_json;
 use crate::disconnect::unless_disconnected;
 use crate::error::ApiError;
+use crate::operations::AnswerSource;
 use crate::{render, AppState};
 
 /// The query string's pairs, borrowed from the request where nothing needs decoding.
@@ -52,7 +53,16 @@ async fn run(
     request: RunRequest,
 ) -> Result<RunOutcome, ApiError> {
     match unless_disconnected(req, state.runs.run(project, name, request)).await {
-        Some(outcome) => Ok(outcome?),
+        Some(outcome) => {
+            let outcome = outcome?;
+            state.operations.metrics.count_answer(match &outcome.run {
+                None => AnswerSource::Nothing,
+                Some(_) if outcome.is_cached => AnswerSource::Cache,
+                Some(_) if outcome.endpoint_materialized => AnswerSource::Materialized,
+                Some(_) => AnswerSource::Live,
+            });
+            Ok(outcome)
+        }
         None => {
             tracing::info!(endpoint = name, "client disconnected; run cancelled");
             Err(ApiError::ClientClosed)

@@ -1,0 +1,77 @@
+//! What the engine reports to `/metrics`: how long live queries take, how they end, and how many run now.
+//! The metrics always exist and cost an atomic update or two per query; [`EngineMetrics::register`] exposes
+//! them in a registry.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use domain::ports::EngineError;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: &'static str,
+}
+
+/// 1 ms to about 65 s: the span between a small table and the longest query timeout.
+fn query_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// How an engine call ended, as a label.
+fn outcome<T>(result: &Result<T, EngineError>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(EngineError::InvalidQuery(_)) => "invalid",
+        Err(EngineError::Timeout(_)) => "timeout",
+        Err(EngineError::MemoryLimit(_)) => "memory_limit",
+        Err(EngineError::Busy { .. }) => "busy",
+        Err(EngineError::Unavailable(_) | EngineError::Internal(_)) => "error",
+    }
+}
+
+/// The engine's metrics. Clones share the same values.
+#[derive(Debug, Clone)]
+pub struct EngineMetrics {
+    durations: Family<Outcome, Histogram, fn() -> Histogram>,
+    running: Gauge,
+}
+
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        Self { durations: Family::new_with_constructor(query_histogram), running: Gauge::default() }
+    }
+}
+
+impl EngineMetrics {
+    /// Exposes the metrics in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "live_query_duration_seconds",
+            "Live queries of runs (not refreshes), by how they ended",
+            self.durations.clone(),
+        );
+        registry.register("live_queries_running", "Live queries running now", self.running.clone());
+    }
+
+    /// Counts a query as running until the guard is dropped.
+    pub(crate) fn running(&self) -> RunningGuard {
+        self.running.inc();
+        RunningGuard(self.running.clone())
+    }
+
+    pub(crate) fn finished<T>(&self, result: &Result<T, EngineError>, took: std::time::Duration) {
+        self.durations.get_or_create(&Outcome { outcome: outcome(result) }).observe(took.as_secs_f64());
+    }
+}
+
+/// Decrements the running gauge when the query ends, however it ends (a cancelled run included).
+pub(crate) struct RunningGuard(Gauge);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
