@@ -2,8 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 /// mimalloc rather than the system allocator: a cached run allocates a few dozen small blocks, and glibc's
 /// malloc and free were the largest item of its profile after the network (see docs/benchmarks.md).
 #[global_allocator]
@@ -11,5 +9,5 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[actix_web::main]
 async fn main() -> ExitCode {
-    server::cli::run(server::cli::Cli::parse()).await
+    server::cli::run(server::cli::Cli::load()).await
 }

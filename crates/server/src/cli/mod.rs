@@ -2,6 +2,7 @@
 
 mod data;
 mod demo;
+mod file;
 mod key;
 mod migrate;
 mod project;
@@ -10,7 +11,7 @@ mod serve;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::Config;
 
@@ -18,6 +19,9 @@ use crate::config::Config;
 #[derive(Debug, Parser)]
 #[command(name = "endpoints", version, about)]
 pub struct Cli {
+    /// A TOML file of settings (see docs/operations.md); flags and environment variables override it.
+    #[arg(long, global = true, env = "ENDPOINTS_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Directory for the embedded database and the project tables.
     #[arg(long, global = true, env = "ENDPOINTS_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
@@ -54,6 +58,19 @@ pub enum Command {
 }
 
 impl Cli {
+    /// Parses the command line. When a configuration file is named, its values become the defaults and the
+    /// command line is read again, so flags and the environment still win.
+    pub fn load() -> Self {
+        let first = Self::parse();
+        let Some(path) = first.config.clone() else { return first };
+        let command = file::apply(Self::command(), &path).unwrap_or_else(|err| {
+            eprintln!("error: {err}");
+            std::process::exit(2);
+        });
+        let mut matches = command.get_matches();
+        Self::from_arg_matches_mut(&mut matches).unwrap_or_else(|err| err.format(&mut Self::command()).exit())
+    }
+
     fn config(&self) -> Config {
         let mut config = Config::new(&self.data_dir);
         config.database_url.clone_from(&self.database_url);
