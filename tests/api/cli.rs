@@ -64,3 +64,52 @@ async fn global_options_go_before_or_after_the_subcommand_and_errors_exit_nonzer
         assert!(String::from_utf8_lossy(&output.stderr).contains("error:"), "{args:?}");
     }
 }
+
+#[tokio::test]
+async fn a_configuration_file_sets_defaults_that_the_environment_and_flags_override() {
+    let app = spawn_app().await;
+    let file = app.data_dir.join("endpoints.toml");
+    std::fs::write(
+        &file,
+        format!("data_dir = {:?}\n\n[serve]\nworkers = 1\n", app.data_dir.to_str().unwrap()),
+    )
+    .unwrap();
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"))
+            .arg("--config")
+            .arg(&file)
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("ENDPOINTS_DATA_DIR")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    // The file's data directory is the app's: the project lands in its database.
+    let output = run(&["--json", "project", "create", "--name", "FromFile"], &[]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(app.cli(&["project", "list"]).as_array().unwrap().iter().any(|p| p["name"] == "FromFile"));
+
+    // The environment beats the file, and a flag beats both.
+    let elsewhere = app.data_dir.join("elsewhere");
+    let output = run(
+        &["--json", "project", "create", "--name", "FromEnv"],
+        &[("ENDPOINTS_DATA_DIR", elsewhere.to_str().unwrap())],
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(elsewhere.join("endpoints.db").exists());
+    let flagged = app.data_dir.join("flagged");
+    let output = run(
+        &["--json", "--data-dir", flagged.to_str().unwrap(), "project", "create", "--name", "FromFlag"],
+        &[("ENDPOINTS_DATA_DIR", elsewhere.to_str().unwrap())],
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(flagged.join("endpoints.db").exists());
+
+    // A typo stops the command with the file and the key.
+    std::fs::write(&file, "[serve]\nquery_timeout = 3\n").unwrap();
+    let output = run(&["project", "list"], &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("endpoints.toml") && stderr.contains("query_timeout"), "{stderr}");
+}
