@@ -70,6 +70,11 @@ pub async fn spawn_app_on_postgres() -> TestApp {
     spawn_with(Some(postgres_url()), fresh_dir(), |_| {}).await
 }
 
+/// The application on the PostgreSQL database at `url` (for example through a proxy a test controls).
+pub async fn spawn_app_on_database(url: String) -> TestApp {
+    spawn_with(Some(url), fresh_dir(), |_| {}).await
+}
+
 /// Another application on the same PostgreSQL database and data directory as `app`: a second node.
 pub async fn spawn_node(app: &TestApp, tune: impl FnOnce(&mut Config)) -> TestApp {
     let mut node = spawn_with(app.database_url.clone(), app.data_dir.clone(), tune).await;

@@ -5,6 +5,7 @@ mod auth;
 mod cli;
 mod crud;
 mod errors;
+mod faults;
 mod helpers;
 mod materialization;
 mod openapi;

@@ -1,0 +1,165 @@
+//! Faults an operator meets: the database going away under load and coming back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Mutex};
+
+use crate::helpers::{endpoint_body, postgres_url, spawn_app_on_database, TestApp};
+
+/// A TCP proxy in front of PostgreSQL that a test can cut (every connection dropped, new ones refused) and
+/// restore, so the database goes away for this test's application only.
+struct Proxy {
+    port: u16,
+    open: watch::Sender<bool>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (open, watcher) = watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut cut = watcher.clone();
+                if !*cut.borrow_and_update() {
+                    continue; // dropped: the connection is refused
+                }
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(&upstream).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.wait_for(|open| !open) => {}
+                    }
+                });
+            }
+        });
+        Self { port, open }
+    }
+
+    fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    fn restore(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+/// The test database's URL with its host and port replaced by the proxy's; and the upstream address.
+fn through_proxy(url: &str, port: u16) -> (String, String) {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (credentials, rest) = rest.rsplit_once('@').unwrap();
+    let (address, database) = rest.split_once('/').unwrap();
+    (format!("{scheme}://{credentials}@127.0.0.1:{port}/{database}"), address.to_owned())
+}
+
+async fn status_of(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    key: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut request = app.request(method, path, Some(key)).timeout(Duration::from_secs(30));
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().await.expect("the service answers, whatever the database does");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+// Several threads: the proxy must keep forwarding while the test blocks on the `endpoints migrate` command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_going_away_under_load_is_503_and_nothing_acknowledged_is_lost() {
+    let url = postgres_url();
+    let (_, upstream) = through_proxy(&url, 0);
+    let proxy = Proxy::start(upstream).await;
+    let (proxied, _) = through_proxy(&url, proxy.port);
+    let app = Arc::new(spawn_app_on_database(proxied).await);
+    let (project, key) = app.project_with_key();
+    let base = format!("/api/projects/{project}/endpoints");
+
+    // Writers create endpoints until told to stop; every 201 is remembered.
+    let acknowledged = Arc::new(Mutex::new(Vec::<String>::new()));
+    let statuses = Arc::new(Mutex::new(Vec::<(u16, Value)>::new()));
+    let (stop, stopped) = watch::channel(false);
+    let mut writers = Vec::new();
+    for writer in 0..4 {
+        let (app, key, base) = (Arc::clone(&app), key.clone(), base.clone());
+        let (acknowledged, statuses, stopped) =
+            (Arc::clone(&acknowledged), Arc::clone(&statuses), stopped.clone());
+        writers.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !*stopped.borrow() {
+                n += 1;
+                let name = format!("w{writer}-{n}");
+                let body = endpoint_body(&name, "SELECT 1 AS one");
+                let (status, answer) =
+                    status_of(&app, Method::POST, &format!("{base}/"), &key, Some(&body)).await;
+                if status == 201 {
+                    acknowledged.lock().await.push(name);
+                }
+                statuses.lock().await.push((status, answer));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    proxy.cut();
+    let cut_at = Instant::now();
+    // During the outage: 503 with the JSON error, the process alive, not ready.
+    let (status, body) = status_of(&app, Method::GET, &format!("{base}/"), &key, None).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        (body["type"].as_str(), body["code"].as_str()),
+        (Some("server_error"), Some("unavailable")),
+        "{body}"
+    );
+    assert_eq!(app.request(Method::GET, "/healthz", None).send().await.unwrap().status(), 200);
+    let ready = app.request(Method::GET, "/readyz", None).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let ready: Value = ready.json().await.unwrap();
+    assert_eq!(ready["checks"]["store"]["status"], "failed", "{ready}");
+    tokio::time::sleep(Duration::from_secs(6).saturating_sub(cut_at.elapsed())).await;
+
+    proxy.restore();
+    // Recovery needs no restart: the pool opens new connections on the next requests.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, _) = status_of(&app, Method::GET, &format!("{base}/"), &key, None).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the service did not recover: {status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(app.request(Method::GET, "/readyz", None).send().await.unwrap().status(), 200);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.send_replace(true);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    let statuses = statuses.lock().await;
+    let unavailable = statuses.iter().filter(|(s, _)| *s == 503).count();
+    let created = statuses.iter().filter(|(s, _)| *s == 201).count();
+    assert!(
+        unavailable > 0 && created > 0,
+        "the writers saw the outage and the recovery: {unavailable} / {created}"
+    );
+    for (status, body) in statuses.iter() {
+        assert!(matches!(status, 201 | 503), "only created or unavailable, never {status}: {body}");
+    }
+    // Every acknowledged write is there, with its one version.
+    for name in acknowledged.lock().await.iter() {
+        let (status, endpoint) = status_of(&app, Method::GET, &format!("{base}/{name}"), &key, None).await;
+        assert_eq!((status, &endpoint["current_version"]), (200, &Value::from(1)), "{name}: {endpoint}");
+    }
+}
