@@ -163,3 +163,78 @@ async fn the_database_going_away_under_load_is_503_and_nothing_acknowledged_is_l
         assert_eq!((status, &endpoint["current_version"]), (200, &Value::from(1)), "{name}: {endpoint}");
     }
 }
+
+/// The value of `endpoints_live_queries_running` on a server.
+async fn running_queries(address: &str) -> f64 {
+    let text = reqwest::get(format!("{address}/metrics")).await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("endpoints_live_queries_running ")?.parse().ok())
+        .expect("the gauge is exported")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_the_request_in_flight_finish_flushes_execution_times_and_exits() {
+    let app = crate::helpers::spawn_app().await;
+    let (project, key) = app.project_with_key();
+    // A few seconds of work, to be in flight when the signal comes.
+    let slow =
+        "SELECT t.v % 7 AS k, count(*) AS n FROM generate_series(1, 30000000) AS t(v) GROUP BY k ORDER BY k";
+    app.create_endpoint(project, &key, &endpoint_body("slow", slow)).await;
+    app.create_endpoint(project, &key, &endpoint_body("quick", "SELECT 1 AS one")).await;
+    let data_dir = app.data_dir.clone();
+    app.stop().await.unwrap();
+
+    // Execution times are only written at the stop.
+    let mut server =
+        crate::helpers::serve_process(&data_dir, &["--flush-secs", "3600", "--materialize-workers", "0"])
+            .await;
+    let client = reqwest::Client::new();
+    let base = format!("{}/api/projects/{project}/endpoints", server.address);
+    let quick = client.get(format!("{base}/quick/run")).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(quick.status(), 200);
+    let in_flight = tokio::spawn({
+        let request = client.get(format!("{base}/slow/run?refresh=direct")).bearer_auth(&key);
+        async move { (request.send().await, Instant::now()) }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running_queries(&server.address).await < 1.0 {
+        assert!(Instant::now() < deadline, "the slow query never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let signalled = Instant::now();
+    let pid = server.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let (answer, answered_at) = in_flight.await.unwrap();
+    let answer = answer.expect("the request in flight is answered");
+    assert!(answered_at > signalled, "the query was still running when the signal came");
+    assert_eq!(answer.status(), 200);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["results"].as_array().map(Vec::len), Some(7), "{body}");
+    // No new connections once stopping.
+    assert!(client.get(format!("{base}/quick/run")).bearer_auth(&key).send().await.is_err());
+    let exited = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(signalled.elapsed() < Duration::from_secs(45), "the process did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exited.success(), "{exited:?}");
+
+    // The times recorded in memory reached the database.
+    let app = crate::helpers::respawn(data_dir).await;
+    let found: Value = app
+        .post(
+            &format!("/api/projects/{project}/endpoints/last_execution_times"),
+            &key,
+            &serde_json::json!({"names": ["quick", "slow"]}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> =
+        found["query_status"]["results"].as_array().unwrap().iter().filter_map(|r| r[0].as_str()).collect();
+    assert_eq!(names, ["quick", "slow"], "{found}");
+}

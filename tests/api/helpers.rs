@@ -1,7 +1,8 @@
 //! Starting the application on a fresh data directory and talking to it.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{json, Value};
@@ -256,4 +257,40 @@ pub async fn assert_error(response: Response, status: u16, kind: &str) -> Value 
     assert_eq!(body["type"], kind, "{body}");
     assert!(body["code"].is_string() && body["detail"].is_string() && body.get("attr").is_some(), "{body}");
     body
+}
+
+/// A real `endpoints serve` process on a port of its own, on the embedded database of `data_dir`. Killed
+/// (SIGKILL) when dropped.
+pub struct ServeProcess {
+    pub child: Child,
+    pub address: String,
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `endpoints serve` with `args` and waits until it answers.
+pub async fn serve_process(data_dir: &std::path::Path, args: &[&str]) -> ServeProcess {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(env!("CARGO_BIN_EXE_endpoints"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the endpoints binary starts");
+    let server = ServeProcess { child, address: format!("http://127.0.0.1:{port}") };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reqwest::get(format!("{}/healthz", server.address)).await.is_err() {
+        assert!(Instant::now() < deadline, "the server never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server
 }

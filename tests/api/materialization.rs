@@ -3,15 +3,14 @@
 //! killed mid-refresh.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use server::Config;
 
 use crate::helpers::{
-    assert_error, project_with_sales, respawn_tuned, spawn_app_on_postgres_tuned, spawn_app_tuned,
-    spawn_node, TestApp, FAMILIES,
+    assert_error, project_with_sales, respawn_tuned, serve_process, spawn_app_on_postgres_tuned,
+    spawn_app_tuned, spawn_node, ServeProcess, TestApp, FAMILIES,
 };
 
 /// A worker that looks for due refreshes every 50 ms and holds leases for 3 s.
@@ -357,45 +356,16 @@ async fn two_nodes_on_one_postgres_refresh_each_materialization_once() {
     drop(second);
 }
 
-/// A real `endpoints serve` process on a port of its own.
-struct Server {
-    child: Child,
-    address: String,
+/// A real `endpoints serve` process with a worker that polls every 50 ms and holds leases for 3 s.
+async fn serve(data_dir: &Path) -> ServeProcess {
+    serve_process(
+        data_dir,
+        &["--workers", "1", "--materialize-poll-ms", "50", "--materialize-lease-secs", "3"],
+    )
+    .await
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-async fn serve(data_dir: &Path) -> Server {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_endpoints"))
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--workers", "1"])
-        .args(["--materialize-poll-ms", "50", "--materialize-lease-secs", "3"])
-        .env_remove("DATABASE_URL")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the endpoints binary starts");
-    let server = Server { child, address: format!("http://127.0.0.1:{port}") };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while reqwest::get(format!("{}/api/schema", server.address)).await.is_err() {
-        assert!(Instant::now() < deadline, "the server never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    server
-}
-
-async fn server_status(server: &Server, project: i64, key: &str) -> Value {
+async fn server_status(server: &ServeProcess, project: i64, key: &str) -> Value {
     reqwest::Client::new()
         .get(format!("{}/api/projects/{project}/endpoints/slow/materialization_status", server.address))
         .bearer_auth(key)
