@@ -14,6 +14,7 @@ BIND ?= 127.0.0.1:8000
 PG_TEST_DB ?= endpoints_test
 PG_TEST_USER ?= endpoints_test
 PG_URL_FILE ?= target/.test-postgres-url
+SOAK_SECONDS ?= 180
 BENCH_ROWS ?= 10000000
 
 .PHONY: help
@@ -114,6 +115,14 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 	cargo build --release --locked -p server --features bench --bins
 	$(VENV)/bin/python tests/bench/bench.py --rows $(BENCH_ROWS) --postgres-url "$$(cat target/.bench-postgres-url)" \
 	  --duckdb-python $(VENV)/bin/python
+
+.PHONY: soak
+soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180), checked at the end, into docs/benchmarks.md.
+	@mkdir -p target
+	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_soak PG_URL_FILE=target/.soak-postgres-url
+	cargo build --release --locked -p server --bin endpoints
+	python3 tests/soak/soak.py --bin-dir target/release --postgres-url "$$(cat target/.soak-postgres-url)" \
+	  --seconds $(SOAK_SECONDS)
 
 .PHONY: fmt
 fmt: ## Format the code.

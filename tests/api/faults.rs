@@ -238,3 +238,88 @@ async fn sigterm_lets_the_request_in_flight_finish_flushes_execution_times_and_e
         found["query_status"]["results"].as_array().unwrap().iter().filter_map(|r| r[0].as_str()).collect();
     assert_eq!(names, ["quick", "slow"], "{found}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_writes_leaves_no_partial_endpoint_or_version_gap() {
+    let app = crate::helpers::spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let data_dir = app.data_dir.clone();
+    app.stop().await.unwrap();
+
+    let mut server = crate::helpers::serve_process(&data_dir, &["--materialize-workers", "0"]).await;
+    let base = format!("{}/api/projects/{project}/endpoints", server.address);
+    // Each writer creates endpoints and gives each two new queries; what the server acknowledged is remembered.
+    let acknowledged = Arc::new(Mutex::new(std::collections::BTreeMap::<String, u64>::new()));
+    let mut writers = Vec::new();
+    for writer in 0..4 {
+        let (base, key, acknowledged) = (base.clone(), key.clone(), Arc::clone(&acknowledged));
+        writers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            for n in 0.. {
+                let name = format!("k{writer}-{n}");
+                let created = client.post(format!("{base}/")).bearer_auth(&key).json(&endpoint_body(&name, "SELECT 1 AS one")).send().await;
+                match created {
+                    Ok(response) if response.status() == 201 => acknowledged.lock().await.insert(name.clone(), 1),
+                    _ => return,
+                };
+                for version in 2..=3 {
+                    let query = serde_json::json!({"query": {"kind": "SQLQuery", "query": format!("SELECT {version} AS v")}});
+                    match client.patch(format!("{base}/{name}")).bearer_auth(&key).json(&query).send().await {
+                        Ok(response) if response.status() == 200 => acknowledged.lock().await.insert(name.clone(), version),
+                        _ => return,
+                    };
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.child.kill().unwrap(); // SIGKILL, mid-write
+    server.child.wait().unwrap();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().await.clone();
+    assert!(acknowledged.len() >= 4, "the writers got going: {acknowledged:?}");
+
+    let server = crate::helpers::serve_process(&data_dir, &["--materialize-workers", "0"]).await;
+    let client = reqwest::Client::new();
+    let base = format!("{}/api/projects/{project}/endpoints", server.address);
+    let page: Value = client
+        .get(format!("{base}/?limit=1000"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let stored: std::collections::BTreeMap<String, u64> = page["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_owned(), e["current_version"].as_u64().unwrap()))
+        .collect();
+    for (name, version) in &acknowledged {
+        // A write that committed as the process died was never acknowledged: at most one version more.
+        let found = stored.get(name).copied();
+        assert!(
+            found.is_some_and(|v| v == *version || v == version + 1),
+            "{name}: acknowledged v{version}, found {found:?}"
+        );
+    }
+    for (name, current) in &stored {
+        let versions: Value = client
+            .get(format!("{base}/{name}/versions?limit=100"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let mut numbers: Vec<u64> =
+            versions["results"].as_array().unwrap().iter().map(|v| v["version"].as_u64().unwrap()).collect();
+        numbers.sort_unstable();
+        assert_eq!(numbers, (1..=*current).collect::<Vec<_>>(), "{name}: whole versions, no gap");
+    }
+}
