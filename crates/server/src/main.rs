@@ -2,11 +2,6 @@
 
 use std::process::ExitCode;
 
-/// mimalloc rather than the system allocator: a cached run allocates a few dozen small blocks, and glibc's
-/// malloc and free were the largest item of its profile after the network (see docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[actix_web::main]
 async fn main() -> ExitCode {
     server::cli::run(server::cli::Cli::load()).await

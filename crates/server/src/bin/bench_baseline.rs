@@ -6,10 +6,6 @@
 
 use actix_web::{web, App, HttpResponse, HttpServer};
 
-/// The service's allocator, so the comparison measures the service's work and not a different malloc.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[actix_web::main]
 async fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
