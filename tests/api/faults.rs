@@ -323,3 +323,130 @@ async fn sigkill_during_writes_leaves_no_partial_endpoint_or_version_gap() {
         assert_eq!(numbers, (1..=*current).collect::<Vec<_>>(), "{name}: whole versions, no gap");
     }
 }
+
+/// `rows` sales rows as CSV, in the columns of the `sales` fixture.
+fn many_sales(rows: usize) -> String {
+    let mut csv = String::from("id,country,amount,quantity,day,at,vip\n");
+    for i in 0..rows {
+        csv.push_str(&format!(
+            "{i},C{},{}.5,{},2026-01-01,2026-01-01T08:00:00,true\n",
+            i % 97,
+            i % 1000,
+            i % 13
+        ));
+    }
+    csv
+}
+
+#[tokio::test]
+async fn a_full_disk_during_an_import_fails_clearly_and_keeps_the_previous_table() {
+    let app = crate::helpers::spawn_app().await;
+    let (project, key) = crate::helpers::project_with_sales(&app);
+    app.create_endpoint(project, &key, &endpoint_body("count", "SELECT count(*) AS n FROM sales")).await;
+    let run = format!("/api/projects/{project}/endpoints/count/run?refresh=direct");
+    let count = |body: Value| body["results"][0]["n"].as_i64();
+    assert_eq!(count(app.get(&run, &key).await.json().await.unwrap()), Some(6));
+
+    let big = app.data_dir.join("big.csv");
+    std::fs::write(&big, many_sales(300_000)).unwrap();
+    let output = crate::helpers::endpoints_with_file_limit(256)
+        .arg("--data-dir")
+        .arg(&app.data_dir)
+        .args(["data", "import", "--project", &project.to_string(), "--table", "sales"])
+        .arg(&big)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the import cannot have fitted");
+    assert!(stderr.contains("error:") && stderr.contains("File too large"), "{stderr}");
+
+    assert_eq!(
+        count(app.get(&run, &key).await.json().await.unwrap()),
+        Some(6),
+        "the previous table is served"
+    );
+    let tables = app.data_dir.join(format!("projects/{project}/tables"));
+    let left: Vec<String> = std::fs::read_dir(&tables)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["sales"], "no staging left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_served() {
+    let app = crate::helpers::spawn_app().await;
+    let (project, key) = crate::helpers::project_with_sales(&app);
+    let body = serde_json::json!({
+        "name": "by-country", "is_materialized": true, "sync_frequency": "1hour",
+        "query": {"kind": "SQLQuery", "query": "SELECT id, country, amount FROM sales WHERE country = {variables.country}",
+                  "variables": {"country": {"type": "String", "default": "US"}}},
+    });
+    app.create_endpoint(project, &key, &body).await;
+    let data_dir = app.data_dir.clone();
+    // Enough rows that their stored result cannot fit under the limit below.
+    let big = data_dir.join("big.csv");
+    std::fs::write(&big, many_sales(300_000)).unwrap();
+    app.stop().await.unwrap();
+
+    let worker = ["--materialize-poll-ms", "50", "--materialize-lease-secs", "3", "--workers", "1"];
+    let server =
+        crate::helpers::serve_command(crate::helpers::endpoints_with_file_limit(1024), &data_dir, &worker)
+            .await;
+    let client = reqwest::Client::new();
+    let base = format!("{}/api/projects/{project}/endpoints/by-country", server.address);
+    let status = || async {
+        let answer =
+            client.get(format!("{base}/materialization_status")).bearer_auth(&key).send().await.unwrap();
+        answer.json::<Value>().await.unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while status().await["status"] != "Completed" {
+        assert!(Instant::now() < deadline, "the small first refresh completes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = status().await["last_materialized_at"].clone();
+
+    // The table grows past what fits; a changed frequency makes the endpoint due at once.
+    let import = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"))
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args(["data", "import", "--project", &project.to_string(), "--table", "sales", "--append"])
+        .arg(&big)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(import.status.success(), "{}", String::from_utf8_lossy(&import.stderr));
+    let patched = client
+        .patch(&base)
+        .bearer_auth(&key)
+        .json(&serde_json::json!({"sync_frequency": "24hour"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failed = loop {
+        let now = status().await;
+        if now["status"] == "Failed" {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the refresh fails: {now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The kind of storage failure, never a path.
+    assert_eq!(failed["error"], "The result could not be stored: file too large.", "{failed}");
+    assert_eq!(failed["last_materialized_at"], first, "the previous result is still the one on record");
+    let answer: Value = client
+        .get(format!("{base}/run?variables.country=US"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["endpoint_materialized"], true, "{answer}");
+    assert_eq!(answer["results"].as_array().map(Vec::len), Some(2), "the previous result's rows: {answer}");
+}

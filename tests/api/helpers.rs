@@ -273,10 +273,27 @@ impl Drop for ServeProcess {
     }
 }
 
+/// The `endpoints` binary as a command whose files may not grow past `max_kib` KiB: a write past it fails as
+/// it would on a full disk (EFBIG, with the signal that would kill the process ignored).
+pub fn endpoints_with_file_limit(max_kib: u64) -> Command {
+    let mut command = Command::new("bash");
+    command.args([
+        "-c",
+        &format!("ulimit -f {max_kib}; trap '' XFSZ; exec \"$0\" \"$@\""),
+        env!("CARGO_BIN_EXE_endpoints"),
+    ]);
+    command
+}
+
 /// Starts `endpoints serve` with `args` and waits until it answers.
 pub async fn serve_process(data_dir: &std::path::Path, args: &[&str]) -> ServeProcess {
+    serve_command(Command::new(env!("CARGO_BIN_EXE_endpoints")), data_dir, args).await
+}
+
+/// `serve_process` from a prepared command (for example one with a file size limit).
+pub async fn serve_command(mut command: Command, data_dir: &std::path::Path, args: &[&str]) -> ServeProcess {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(env!("CARGO_BIN_EXE_endpoints"))
+    let child = command
         .arg("--data-dir")
         .arg(data_dir)
         .args(["serve", "--bind", &format!("127.0.0.1:{port}")])

@@ -205,6 +205,18 @@ impl Materializer {
     }
 }
 
+/// The kind of the file system error behind a failure, if one is in its chain of causes.
+fn storage_failure(err: &Error) -> Option<std::io::ErrorKind> {
+    let mut cause = std::error::Error::source(err);
+    while let Some(current) = cause {
+        if let Some(io) = current.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        cause = current.source();
+    }
+    None
+}
+
 /// What the status shows of a failure: the reason, without internals.
 fn failure_text(err: &Error) -> String {
     match err {
@@ -212,7 +224,11 @@ fn failure_text(err: &Error) -> String {
         Error::QueryTimeout(after) => format!("The query ran past its time limit ({}s).", after.as_secs()),
         Error::QueryMemoryLimit(reason) => format!("The query needed more memory than allowed: {reason}"),
         Error::Unavailable(_) => "The store or engine was unavailable; the refresh will be retried.".into(),
-        _ => "The refresh failed with an internal error; see the server log.".into(),
+        _ => match storage_failure(err) {
+            // The kind only ("no space left on device", "file too large", "permission denied"): never a path.
+            Some(kind) => format!("The result could not be stored: {kind}."),
+            None => "The refresh failed with an internal error; see the server log.".into(),
+        },
     }
 }
 
