@@ -277,6 +277,7 @@ impl Drop for ServeProcess {
 /// it would on a full disk (EFBIG, with the signal that would kill the process ignored).
 pub fn endpoints_with_file_limit(max_kib: u64) -> Command {
     let mut command = Command::new("bash");
+    command.stderr(Stdio::null());
     command.args([
         "-c",
         &format!("ulimit -f {max_kib}; trap '' XFSZ; exec \"$0\" \"$@\""),
@@ -287,10 +288,13 @@ pub fn endpoints_with_file_limit(max_kib: u64) -> Command {
 
 /// Starts `endpoints serve` with `args` and waits until it answers.
 pub async fn serve_process(data_dir: &std::path::Path, args: &[&str]) -> ServeProcess {
-    serve_command(Command::new(env!("CARGO_BIN_EXE_endpoints")), data_dir, args).await
+    let mut command = Command::new(env!("CARGO_BIN_EXE_endpoints"));
+    command.stderr(Stdio::null());
+    serve_command(command, data_dir, args).await
 }
 
-/// `serve_process` from a prepared command (for example one with a file size limit).
+/// `serve_process` from a prepared command (for example one with a file size limit, or one whose logs a test
+/// reads: output not redirected by the command is discarded).
 pub async fn serve_command(mut command: Command, data_dir: &std::path::Path, args: &[&str]) -> ServeProcess {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = command
@@ -300,7 +304,6 @@ pub async fn serve_command(mut command: Command, data_dir: &std::path::Path, arg
         .args(args)
         .env_remove("DATABASE_URL")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
         .spawn()
         .expect("the endpoints binary starts");
     let server = ServeProcess { child, address: format!("http://127.0.0.1:{port}") };

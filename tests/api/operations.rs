@@ -76,3 +76,49 @@ async fn health_readiness_and_metrics_report_the_real_service() {
     let ready = app.request(Method::GET, "/readyz", None).send().await.unwrap();
     assert_eq!(ready.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_request_id_and_never_the_key() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let data_dir = app.data_dir.clone();
+    app.stop().await.unwrap();
+    let log_path = data_dir.with_extension("log");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"));
+    command.arg("--log-json").stderr(std::fs::File::create(&log_path).unwrap());
+    let server = crate::helpers::serve_command(command, &data_dir, &["--materialize-workers", "0"]).await;
+    let client = reqwest::Client::new();
+    let listed = client
+        .get(format!("{}/api/projects/{project}/endpoints", server.address))
+        .bearer_auth(&key)
+        .header("X-Request-Id", "trace-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    // Something logged inside a request: readiness failing while the data directory is away.
+    let moved = data_dir.with_extension("moved");
+    std::fs::rename(&data_dir, &moved).unwrap();
+    let ready = client
+        .get(format!("{}/readyz", server.address))
+        .header("X-Request-Id", "probe-7")
+        .send()
+        .await
+        .unwrap();
+    std::fs::rename(&moved, &data_dir).unwrap();
+    assert_eq!(ready.status(), 503);
+    assert_eq!(ready.headers()["x-request-id"], "probe-7");
+    drop(server);
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    let warning = lines
+        .iter()
+        .find(|l| l["level"] == "WARN" && l["fields"]["message"] == "not ready")
+        .unwrap_or_else(|| panic!("no readiness warning in:\n{log}"));
+    assert_eq!(warning["span"]["request_id"], "probe-7", "{warning}");
+    assert_eq!(warning["span"]["path"], "/readyz", "{warning}");
+    assert!(!log.contains(&key) && !log.contains(&key[4..]), "an API key reached the log");
+    std::fs::remove_file(log_path).ok();
+}

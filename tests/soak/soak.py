@@ -290,7 +290,9 @@ def write_report(args, f):
     section = f"""## Soak {date}: {f['seconds']:.0f} s, {f['clients']} clients, PostgreSQL
 
 Command: `make soak` (`tests/soak/soak.py --seconds {args.seconds} --clients {args.clients} --rows {args.rows}`),
-release build, one `serve` process on PostgreSQL with its materialization worker on, loopback.
+release build, one `serve` process on PostgreSQL with its materialization worker on, loopback. The 400s are
+expected refusals (materializing a query that is not eligible, running an endpoint with a variable its query
+does not declare); the 429s are live runs past the per-project limit of concurrent queries.
 
 | Figure | Result | Expected |
 |---|---|---|
