@@ -391,9 +391,9 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     app.stop().await.unwrap();
 
     let worker = ["--materialize-poll-ms", "50", "--materialize-lease-secs", "3", "--workers", "1"];
-    let server =
-        crate::helpers::serve_command(crate::helpers::endpoints_with_file_limit(1024), &data_dir, &worker)
-            .await;
+    let mut limited = crate::helpers::endpoints_with_file_limit(1024);
+    limited.stderr(std::process::Stdio::null());
+    let server = crate::helpers::serve_command(limited, &data_dir, &worker).await;
     let client = reqwest::Client::new();
     let base = format!("{}/api/projects/{project}/endpoints/by-country", server.address);
     let status = || async {

@@ -277,7 +277,6 @@ impl Drop for ServeProcess {
 /// it would on a full disk (EFBIG, with the signal that would kill the process ignored).
 pub fn endpoints_with_file_limit(max_kib: u64) -> Command {
     let mut command = Command::new("bash");
-    command.stderr(Stdio::null());
     command.args([
         "-c",
         &format!("ulimit -f {max_kib}; trap '' XFSZ; exec \"$0\" \"$@\""),
