@@ -107,3 +107,39 @@ async fn revocation_takes_effect_within_the_key_cache_ttl_and_expiry_at_once() {
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     assert_error(app.get(&path, short_key).await, 401, "authentication_error").await;
 }
+
+#[tokio::test]
+async fn request_rates_are_limited_per_key_with_429_and_budget_headers() {
+    let per_second = std::num::NonZeroU32::new(5).unwrap();
+    let app = crate::helpers::spawn_app_tuned(|config| {
+        config.rate_limits.per_key = Some(http_actix::Rate { per_second });
+    })
+    .await;
+    let (project, key) = app.project_with_key();
+    let list = format!("/api/projects/{project}/endpoints");
+    let mut remaining = Vec::new();
+    for _ in 0..10 {
+        let response = app.get(&list, &key).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-ratelimit-limit"], "10", "a burst of twice the rate");
+        remaining.push(response.headers()["x-ratelimit-remaining"].to_str().unwrap().parse::<u32>().unwrap());
+    }
+    assert!(remaining.windows(2).all(|w| w[1] < w[0]), "the budget goes down: {remaining:?}");
+    let over = app.get(&list, &key).await;
+    assert_eq!(over.status(), 429);
+    let retry_after: u64 = over.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry_after), "{retry_after}");
+    assert_eq!(over.headers()["x-ratelimit-remaining"], "0");
+    let body: serde_json::Value = over.json().await.unwrap();
+    assert_eq!(
+        (body["type"].as_str(), body["code"].as_str()),
+        (Some("throttled"), Some("rate_limited")),
+        "{body}"
+    );
+
+    // Another key has its own budget; the limited one recovers after the wait it was given.
+    let (_, other) = app.create_key(project, &["endpoint:read"]);
+    assert_eq!(app.get(&list, &other).await.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_secs(retry_after)).await;
+    assert_eq!(app.get(&list, &key).await.status(), 200);
+}

@@ -68,3 +68,43 @@ async fn pathological_sql_cannot_bring_the_server_down() {
     let run: Value = app.get(&format!("{base}/sum1200/run"), &key).await.json().await.unwrap();
     assert_eq!(run["results"], json!([{"x": 1200}]));
 }
+
+/// Opens a raw connection to the app and sends `head` (and nothing more).
+async fn raw(app: &crate::helpers::TestApp, head: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(app.address.trim_start_matches("http://")).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Everything the server sends until it closes the connection, or `None` if it is still open after `within`.
+async fn answer_within(stream: &mut tokio::net::TcpStream, within: std::time::Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut text = Vec::new();
+    tokio::time::timeout(within, stream.read_to_end(&mut text)).await.ok()?.ok()?;
+    Some(String::from_utf8_lossy(&text).into_owned())
+}
+
+#[tokio::test]
+async fn slow_clients_get_408_and_are_disconnected() {
+    let app =
+        crate::helpers::spawn_app_tuned(|config| config.client_timeout = std::time::Duration::from_secs(1))
+            .await;
+    let (project, key) = app.project_with_key();
+    let limit = std::time::Duration::from_secs(5);
+
+    // A head that never ends.
+    let mut stream = raw(&app, "GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
+    let answer = answer_within(&mut stream, limit).await.expect("the connection is closed");
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // A body that trickles: the head is complete, the body never is.
+    let head = format!(
+        "POST /api/projects/{project}/endpoints/ HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"name\""
+    );
+    let mut stream = raw(&app, &head).await;
+    let answer = answer_within(&mut stream, limit).await.expect("the connection is answered and closed");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains(r#""code":"request_timeout""#), "a JSON error: {answer}");
+}

@@ -68,6 +68,9 @@ impl RunRequest {
     pub const DEFAULT_LIMIT: u32 = 100;
     pub const MAX_LIMIT: u32 = 10_000;
 
+    /// The most variables one run may pass (a query declares far fewer; this bounds the work of refusing).
+    pub const MAX_VARIABLES: usize = 100;
+
     /// The fields a POST body may carry.
     pub const BODY_FIELDS: [&'static str; 8] = [
         "client_query_id",
@@ -111,6 +114,7 @@ impl RunRequest {
                 return Err(Invalid::field("variables", "variables must be an object of NAME: value."))
             }
         };
+        check_count(&variables)?;
         let refresh = match fields.nullable_string("refresh")?.flatten() {
             Some(raw) => Refresh::parse(&raw)?,
             None => Refresh::default(),
@@ -160,9 +164,20 @@ impl RunRequest {
                 }
             }
         }
+        check_count(&variables)?;
         request.variables = variables;
         Ok(request)
     }
+}
+
+fn check_count(variables: &Map<String, Value>) -> Result<(), Invalid> {
+    if variables.len() > RunRequest::MAX_VARIABLES {
+        return Err(Invalid::field(
+            "variables",
+            format!("A run takes at most {} variables.", RunRequest::MAX_VARIABLES),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_int(attr: &str, raw: &str) -> Result<i64, Invalid> {
@@ -425,6 +440,13 @@ mod tests {
         assert_eq!(request.variables["country"], json!("US"));
         assert_eq!(request.variables["n"], json!(3));
         assert_eq!((request.limit, request.version), (7, Some(2)));
+        let many: Vec<(String, String)> =
+            (0..=RunRequest::MAX_VARIABLES).map(|i| (format!("variables.v{i}"), "1".into())).collect();
+        assert_eq!(RunRequest::from_query(many).unwrap_err().attr.as_deref(), Some("variables"));
+        let many: Map<String, Value> =
+            (0..=RunRequest::MAX_VARIABLES).map(|i| (format!("v{i}"), json!(1))).collect();
+        let body = json!({"variables": many});
+        assert_eq!(RunRequest::from_body(&body, None).unwrap_err().attr.as_deref(), Some("variables"));
         let bad = [("variables", "[1]")];
         assert_eq!(RunRequest::from_query(bad).unwrap_err().attr.as_deref(), Some("variables"));
     }

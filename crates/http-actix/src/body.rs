@@ -18,12 +18,20 @@ fn is_json(req: &HttpRequest) -> bool {
         })
 }
 
-/// Reads the body as JSON. An empty body is `None`; anything else must be JSON within `limit` bytes.
+/// Reads the body as JSON. An empty body is `None`; anything else must be JSON within `limit` bytes, sent
+/// within `timeout` (a client trickling its body would otherwise hold its connection for as long as it likes).
 pub(crate) async fn read_json(
     req: &HttpRequest,
-    mut payload: web::Payload,
+    payload: web::Payload,
     limit: usize,
+    timeout: std::time::Duration,
 ) -> Result<Option<Value>, ApiError> {
+    tokio::time::timeout(timeout, read(req, payload, limit))
+        .await
+        .map_err(|_| ApiError::BodyTimeout { timeout })?
+}
+
+async fn read(req: &HttpRequest, mut payload: web::Payload, limit: usize) -> Result<Option<Value>, ApiError> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

@@ -20,6 +20,15 @@ pub enum ApiError {
         allow: &'static str,
     },
     RouteNotFound,
+    /// The body did not arrive in time.
+    BodyTimeout {
+        timeout: std::time::Duration,
+    },
+    /// The caller's key or project is over its request rate.
+    RateLimited {
+        scope: &'static str,
+        retry_after: std::time::Duration,
+    },
     /// The client went away while its query ran; nobody reads this answer.
     ClientClosed,
 }
@@ -131,6 +140,24 @@ impl ApiError {
                 "There is nothing at this path.".into(),
                 None,
             ),
+            ApiError::BodyTimeout { timeout } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "validation_error",
+                "request_timeout",
+                format!("The request body did not arrive within {} s.", timeout.as_secs_f64()),
+                None,
+            ),
+            ApiError::RateLimited { scope, retry_after } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "throttled",
+                "rate_limited",
+                format!(
+                    "Too many requests for this {}; retry after {} s.",
+                    if *scope == "key" { "API key" } else { "project" },
+                    retry_seconds(*retry_after)
+                ),
+                None,
+            ),
             ApiError::ClientClosed => (
                 StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
                 "query_error",
@@ -158,6 +185,11 @@ impl From<Invalid> for ApiError {
     fn from(err: Invalid) -> Self {
         ApiError::Domain(Error::Invalid(err))
     }
+}
+
+/// Whole seconds to wait, at least one.
+fn retry_seconds(wait: std::time::Duration) -> u64 {
+    wait.as_secs_f64().ceil().max(1.0) as u64
 }
 
 /// The full cause chain, for the log only.
@@ -190,9 +222,9 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed { allow } => {
                 response.insert_header((header::ALLOW, HeaderValue::from_static(allow)));
             }
-            ApiError::Domain(Error::Throttled { retry_after }) => {
-                let seconds = retry_after.as_secs_f64().ceil().max(1.0);
-                response.insert_header((header::RETRY_AFTER, format!("{seconds:.0}")));
+            ApiError::Domain(Error::Throttled { retry_after })
+            | ApiError::RateLimited { retry_after, .. } => {
+                response.insert_header((header::RETRY_AFTER, retry_seconds(*retry_after).to_string()));
             }
             _ => {}
         }

@@ -11,6 +11,7 @@ mod handlers;
 mod normalize;
 mod openapi;
 mod operations;
+mod rate_limit;
 mod render;
 mod request_span;
 mod routes;
@@ -27,9 +28,13 @@ use domain::{ApiKeyService, EndpointService, RunService};
 pub use disconnect::on_connect;
 pub use error::ApiError;
 pub use operations::{Metrics, Operations, ReadinessCheck};
+pub use rate_limit::{Rate, RateLimitConfig, RateLimits};
 
 /// Largest accepted request body.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// How long a client has to send a request body, by default.
+pub const DEFAULT_CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -38,14 +43,32 @@ pub struct AppState {
     pub runs: Arc<RunService>,
     pub keys: Arc<ApiKeyService>,
     pub body_limit: usize,
+    /// How long a client has to send a request body (408 after it).
+    pub client_timeout: std::time::Duration,
     /// Readiness checks and metrics.
     pub operations: Arc<Operations>,
+    /// Request rate limits per key and per project (none by default).
+    pub rate_limits: Arc<RateLimits>,
 }
 
 impl AppState {
     /// The state with no readiness checks and metrics of its own.
     pub fn new(endpoints: Arc<EndpointService>, runs: Arc<RunService>, keys: Arc<ApiKeyService>) -> Self {
-        Self { endpoints, runs, keys, body_limit: DEFAULT_BODY_LIMIT, operations: Arc::default() }
+        Self {
+            endpoints,
+            runs,
+            keys,
+            body_limit: DEFAULT_BODY_LIMIT,
+            client_timeout: DEFAULT_CLIENT_TIMEOUT,
+            operations: Arc::default(),
+            rate_limits: Arc::default(),
+        }
+    }
+
+    #[must_use]
+    pub fn with_rate_limits(mut self, limits: Arc<RateLimits>) -> Self {
+        self.rate_limits = limits;
+        self
     }
 
     #[must_use]

@@ -13,9 +13,11 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::web;
+use actix_web::HttpMessage;
 use std::sync::Arc;
 use tracing::Instrument;
 
+use crate::rate_limit::Budget;
 use crate::routes::ROUTE_NAMES;
 use crate::AppState;
 
@@ -60,6 +62,10 @@ pub(crate) async fn request_span(
             .and_then(|name| ROUTE_NAMES.iter().find(|known| **known == name).copied())
             .unwrap_or(if response.status() == StatusCode::NOT_FOUND { "unmatched" } else { "other" });
         operations.metrics.observe_request(route, request.method(), response.status(), started.elapsed());
+    }
+    let budget = response.request().extensions().get::<Budget>().copied();
+    if let Some(budget) = budget {
+        budget.write(response.headers_mut());
     }
     response.headers_mut().insert(REQUEST_ID, id);
     Ok(response)

@@ -27,6 +27,10 @@ pub struct Config {
     pub lease: std::time::Duration,
     /// How long a key read from the database is trusted before it is read again.
     pub key_cache_ttl: std::time::Duration,
+    /// How long a client has to send a request's head, and then its body (slow-client protection).
+    pub client_timeout: std::time::Duration,
+    /// Request rate limits per key and per project; off unless set (`serve` sets its defaults).
+    pub rate_limits: http_actix::RateLimitConfig,
 }
 
 impl Config {
@@ -43,6 +47,8 @@ impl Config {
             worker: crate::worker::WorkerConfig::default(),
             lease: std::time::Duration::from_secs(60),
             key_cache_ttl: domain::ApiKeyService::KEY_CACHE_TTL,
+            client_timeout: http_actix::DEFAULT_CLIENT_TIMEOUT,
+            rate_limits: http_actix::RateLimitConfig::default(),
         }
     }
 

@@ -88,6 +88,7 @@ pub struct Application {
     materializer: Arc<Materializer>,
     worker: crate::worker::WorkerConfig,
     worker_metrics: crate::operations::WorkerMetrics,
+    rate_limits: Arc<http_actix::RateLimits>,
 }
 
 impl Application {
@@ -107,11 +108,17 @@ impl Application {
         let materializer = services.materializer.clone();
         let worker_metrics = crate::operations::WorkerMetrics::default();
         let operations = crate::operations::operations(&services.database, &services.engine, &worker_metrics);
-        let state =
-            AppState::new(services.endpoints, services.runs, services.keys).with_operations(operations);
+        let rate_limits = Arc::new(http_actix::RateLimits::new(config.rate_limits));
+        let state = AppState {
+            client_timeout: config.client_timeout,
+            ..AppState::new(services.endpoints, services.runs, services.keys)
+                .with_operations(operations)
+                .with_rate_limits(Arc::clone(&rate_limits))
+        };
         let mut server = actix_web::HttpServer::new(move || http_actix::app(state.clone()))
             .on_connect(http_actix::on_connect)
             .disable_signals()
+            .client_request_timeout(config.client_timeout)
             .shutdown_timeout(30);
         if config.workers > 0 {
             server = server.workers(config.workers);
@@ -126,6 +133,7 @@ impl Application {
             materializer,
             worker: config.worker.clone(),
             worker_metrics,
+            rate_limits,
         })
     }
 
@@ -139,6 +147,7 @@ impl Application {
     /// An I/O error of the server.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
         let flusher = tokio::spawn(flush_periodically(self.executions.clone(), self.flush_interval));
+        let shrinker = tokio::spawn(shrink_rate_limits(Arc::clone(&self.rate_limits)));
         let (stop_worker, stop) = tokio::sync::watch::channel(false);
         let worker = (self.worker.parallelism > 0).then(|| {
             tokio::spawn(crate::worker::run(
@@ -160,6 +169,7 @@ impl Application {
             }
         };
         flusher.abort();
+        shrinker.abort();
         let _ = stop_worker.send(true);
         if let Some(worker) = worker {
             let _ = worker.await;
@@ -194,6 +204,15 @@ fn listener_address(bind: &str, port: u16) -> String {
 }
 
 /// Completes on SIGINT or SIGTERM.
+/// Forgets the rate-limit buckets of callers that went quiet, every minute.
+async fn shrink_rate_limits(limits: Arc<http_actix::RateLimits>) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+    loop {
+        every.tick().await;
+        limits.shrink();
+    }
+}
+
 pub async fn shutdown_signal() {
     let interrupt = async {
         let _ = tokio::signal::ctrl_c().await;

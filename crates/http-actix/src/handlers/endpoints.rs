@@ -40,7 +40,7 @@ pub(crate) async fn create(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let project = authorize(&req, &state, &project, Scope::EndpointWrite).await?;
-    let body = read_json(&req, payload, state.body_limit)
+    let body = read_json(&req, payload, state.body_limit, state.client_timeout)
         .await?
         .unwrap_or_else(|| Value::Object(Default::default()));
     let endpoint = state.endpoints.create(project, &body).await?;
@@ -66,7 +66,7 @@ pub(crate) async fn update(
 ) -> Result<HttpResponse, ApiError> {
     let (project, name) = path.into_inner();
     let project = authorize(&req, &state, &project, Scope::EndpointWrite).await?;
-    let body = read_json(&req, payload, state.body_limit)
+    let body = read_json(&req, payload, state.body_limit, state.client_timeout)
         .await?
         .unwrap_or_else(|| Value::Object(Default::default()));
     let endpoint = state.endpoints.update(project, &name, &body).await?;

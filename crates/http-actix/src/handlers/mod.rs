@@ -6,7 +6,7 @@ pub(crate) mod runs;
 pub(crate) mod versions;
 
 use actix_web::http::header;
-use actix_web::HttpRequest;
+use actix_web::{HttpMessage, HttpRequest};
 use domain::{Error, ProjectId, Scope};
 
 use crate::error::ApiError;
@@ -44,6 +44,17 @@ pub(crate) async fn authorize(
     scope: Scope,
 ) -> Result<ProjectId, ApiError> {
     let principal = state.keys.authenticate(bearer(req)?).await?;
+    // Before authorization, so probing other projects spends the caller's budget too.
+    match state.rate_limits.take(&principal) {
+        Ok(Some(budget)) => {
+            req.extensions_mut().insert(budget);
+        }
+        Ok(None) => {}
+        Err(exceeded) => {
+            req.extensions_mut().insert(exceeded.budget);
+            return Err(ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after });
+        }
+    }
     let project = state.keys.authorize(&principal, project, scope)?;
     Ok(project)
 }

@@ -37,7 +37,9 @@ pub(crate) async fn run_post(
 ) -> Result<HttpResponse, ApiError> {
     let (project, name) = path.into_inner();
     let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    let body = read_json(&req, payload, state.body_limit).await?.unwrap_or_else(|| Value::Object(Map::new()));
+    let body = read_json(&req, payload, state.body_limit, state.client_timeout)
+        .await?
+        .unwrap_or_else(|| Value::Object(Map::new()));
     let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
     let request = RunRequest::from_body(&body, version.as_deref())?;
     let outcome = run(&req, &state, project, &name, request).await?;
@@ -77,7 +79,9 @@ pub(crate) async fn last_execution_times(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    let body = read_json(&req, payload, state.body_limit).await?.unwrap_or_else(|| Value::Object(Map::new()));
+    let body = read_json(&req, payload, state.body_limit, state.client_timeout)
+        .await?
+        .unwrap_or_else(|| Value::Object(Map::new()));
     let found = state.runs.last_execution_times(project, &body).await?;
     Ok(HttpResponse::Ok().json(render::last_executions(project, &found)))
 }

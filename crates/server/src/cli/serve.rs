@@ -48,6 +48,16 @@ pub struct ServeArgs {
     /// Seconds a materialization refresh may run before it is cancelled and recorded as failed.
     #[arg(long, env = "ENDPOINTS_REFRESH_TIMEOUT_SECS", default_value_t = 600)]
     pub refresh_timeout_secs: u64,
+    /// Seconds a client has to send a request's head, and then its body, before it gets 408 and is disconnected.
+    #[arg(long, env = "ENDPOINTS_CLIENT_TIMEOUT_SECS", default_value_t = 10)]
+    pub client_timeout_secs: u64,
+    /// Requests per second one API key may make, with bursts of twice as many (429 beyond); 0 for no limit.
+    #[arg(long, env = "ENDPOINTS_RATE_LIMIT_KEY_PER_SEC", default_value_t = 100)]
+    pub rate_limit_key_per_sec: u32,
+    /// Requests per second all keys of one project may make together, with bursts of twice as many; 0 for no
+    /// limit.
+    #[arg(long, env = "ENDPOINTS_RATE_LIMIT_PROJECT_PER_SEC", default_value_t = 500)]
+    pub rate_limit_project_per_sec: u32,
 }
 
 pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliError> {
@@ -61,10 +71,11 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
         || args.materialize_poll_ms == 0
         || args.materialize_lease_secs < 3
         || args.refresh_timeout_secs == 0
+        || args.client_timeout_secs == 0
     {
         return Err(CliError::Usage(
             "--query-timeout-secs, --query-memory-mb, --max-queries-per-project, --flush-secs, \
-             --materialize-poll-ms and --refresh-timeout-secs must be positive, and --materialize-lease-secs at \
+             --materialize-poll-ms, --refresh-timeout-secs and --client-timeout-secs must be positive, and --materialize-lease-secs at \
              least 3"
                 .into(),
         ));
@@ -79,6 +90,13 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.lease = std::time::Duration::from_secs(args.materialize_lease_secs);
     config.limits.refresh_timeout = std::time::Duration::from_secs(args.refresh_timeout_secs);
     config.key_cache_ttl = std::time::Duration::from_millis(args.key_cache_ms);
+    config.client_timeout = std::time::Duration::from_secs(args.client_timeout_secs);
+    let rate =
+        |per_second| std::num::NonZeroU32::new(per_second).map(|per_second| http_actix::Rate { per_second });
+    config.rate_limits = http_actix::RateLimitConfig {
+        per_key: rate(args.rate_limit_key_per_sec),
+        per_project: rate(args.rate_limit_project_per_sec),
+    };
     let app = Application::build(&config)?;
     app.run_until(shutdown_signal()).await?;
     tracing::info!("stopped");

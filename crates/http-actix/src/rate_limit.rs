@@ -1,0 +1,207 @@
+//! Request rate limits per API key and per project: token buckets (GCRA, from `governor`) checked right after
+//! authentication. A request over either limit gets 429 with `Retry-After`; every authenticated answer carries
+//! `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` of the tighter of the two buckets.
+//!
+//! The buckets live in this process: with several processes behind a load balancer, each allows its share.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use domain::{Principal, ProjectId};
+use governor::clock::{Clock, DefaultClock};
+use governor::middleware::StateInformationMiddleware;
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
+use uuid::Uuid;
+
+type Limiter<K> = RateLimiter<K, DefaultKeyedStateStore<K>, DefaultClock, StateInformationMiddleware>;
+
+/// A sustained rate with a burst of twice that many requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub per_second: NonZeroU32,
+}
+
+impl Rate {
+    fn quota(self) -> Quota {
+        let burst = self.per_second.saturating_mul(NonZeroU32::MIN.saturating_add(1));
+        Quota::per_second(self.per_second).allow_burst(burst)
+    }
+}
+
+/// The limits in force; `None` turns one off.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateLimitConfig {
+    pub per_key: Option<Rate>,
+    pub per_project: Option<Rate>,
+}
+
+/// What a client is told about its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Budget {
+    limit: u32,
+    remaining: u32,
+    /// Until the bucket is full again.
+    reset: Duration,
+}
+
+const LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+impl Budget {
+    pub(crate) fn write(&self, headers: &mut HeaderMap) {
+        headers.insert(LIMIT, HeaderValue::from(self.limit));
+        headers.insert(REMAINING, HeaderValue::from(self.remaining));
+        headers.insert(RESET, HeaderValue::from(self.reset.as_secs_f64().ceil() as u64));
+    }
+}
+
+/// A request over a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Exceeded {
+    pub(crate) scope: &'static str,
+    pub(crate) retry_after: Duration,
+    pub(crate) budget: Budget,
+}
+
+/// The per-key and per-project buckets.
+pub struct RateLimits {
+    per_key: Option<(Limiter<Uuid>, Rate)>,
+    per_project: Option<(Limiter<ProjectId>, Rate)>,
+    clock: DefaultClock,
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        Self::new(RateLimitConfig::default())
+    }
+}
+
+impl std::fmt::Debug for RateLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimits")
+            .field("per_key", &self.per_key.as_ref().map(|(_, rate)| rate))
+            .field("per_project", &self.per_project.as_ref().map(|(_, rate)| rate))
+            .finish()
+    }
+}
+
+fn limiter<K: Clone + std::hash::Hash + Eq>(rate: Rate) -> Limiter<K> {
+    RateLimiter::keyed(rate.quota()).with_middleware::<StateInformationMiddleware>()
+}
+
+impl RateLimits {
+    pub fn new(config: RateLimitConfig) -> Self {
+        Self {
+            per_key: config.per_key.map(|rate| (limiter(rate), rate)),
+            per_project: config.per_project.map(|rate| (limiter(rate), rate)),
+            clock: DefaultClock::default(),
+        }
+    }
+
+    /// Takes one request from the caller's key and project buckets. The key's bucket is checked first, so a
+    /// key over its own limit does not use up its project's.
+    pub(crate) fn take(&self, principal: &Principal) -> Result<Option<Budget>, Exceeded> {
+        let by_key = match &self.per_key {
+            Some((limiter, rate)) => Some(self.check(limiter, &principal.key_id, *rate, "key")?),
+            None => None,
+        };
+        let by_project = match &self.per_project {
+            Some((limiter, rate)) => Some(self.check(limiter, &principal.project_id, *rate, "project")?),
+            None => None,
+        };
+        Ok(match (by_key, by_project) {
+            (Some(a), Some(b)) => Some(if b.remaining < a.remaining { b } else { a }),
+            (a, b) => a.or(b),
+        })
+    }
+
+    fn check<K: Clone + std::hash::Hash + Eq>(
+        &self,
+        limiter: &Limiter<K>,
+        key: &K,
+        rate: Rate,
+        scope: &'static str,
+    ) -> Result<Budget, Exceeded> {
+        let limit = rate.quota().burst_size().get();
+        let refill = rate.quota().replenish_interval();
+        match limiter.check_key(key) {
+            Ok(snapshot) => {
+                let remaining = snapshot.remaining_burst_capacity();
+                Ok(Budget { limit, remaining, reset: refill * (limit - remaining) })
+            }
+            Err(not_until) => {
+                let retry_after = not_until.wait_time_from(self.clock.now());
+                Err(Exceeded {
+                    scope,
+                    retry_after,
+                    budget: Budget { limit, remaining: 0, reset: refill * limit },
+                })
+            }
+        }
+    }
+
+    /// Forgets buckets that are full again, so keys and projects that stopped calling cost no memory.
+    pub fn shrink(&self) {
+        if let Some((limiter, _)) = &self.per_key {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+        if let Some((limiter, _)) = &self.per_project {
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use domain::Scope;
+
+    fn principal(project: i64) -> Principal {
+        Principal {
+            key_id: Uuid::new_v4(),
+            project_id: ProjectId::new(project).unwrap(),
+            scopes: vec![Scope::EndpointRead],
+        }
+    }
+
+    fn rate(n: u32) -> Option<Rate> {
+        Some(Rate { per_second: NonZeroU32::new(n).unwrap() })
+    }
+
+    #[test]
+    fn a_key_gets_its_burst_then_429_with_the_wait() {
+        let limits = RateLimits::new(RateLimitConfig { per_key: rate(5), per_project: None });
+        let caller = principal(1);
+        let budgets: Vec<Budget> = (0..10).map(|_| limits.take(&caller).unwrap().unwrap()).collect();
+        assert_eq!(budgets[0].limit, 10, "a burst of twice the rate");
+        assert_eq!(budgets.iter().map(|b| b.remaining).collect::<Vec<_>>(), [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]);
+        let over = limits.take(&caller).unwrap_err();
+        assert_eq!(over.scope, "key");
+        assert!(
+            over.retry_after > Duration::ZERO && over.retry_after <= Duration::from_millis(200),
+            "{over:?}"
+        );
+        // Another key is not affected.
+        assert!(limits.take(&principal(1)).is_ok());
+    }
+
+    #[test]
+    fn keys_of_one_project_share_its_bucket() {
+        let limits = RateLimits::new(RateLimitConfig { per_key: rate(100), per_project: rate(2) });
+        for _ in 0..4 {
+            limits.take(&principal(7)).unwrap();
+        }
+        assert_eq!(limits.take(&principal(7)).unwrap_err().scope, "project");
+        assert!(limits.take(&principal(8)).is_ok(), "another project has its own");
+    }
+
+    #[test]
+    fn no_limits_no_budget() {
+        assert_eq!(RateLimits::default().take(&principal(1)), Ok(None));
+    }
+}
