@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Mutex};
 
-use crate::helpers::{endpoint_body, postgres_url, spawn_app_on_database, TestApp};
+use crate::helpers::{endpoint_body, get_json, postgres_url, spawn_app_on_database, TestApp};
 
 /// A TCP proxy in front of PostgreSQL that a test can cut (every connection dropped, new ones refused) and
 /// restore, so the database goes away for this test's application only.
@@ -284,15 +284,7 @@ async fn sigkill_during_writes_leaves_no_partial_endpoint_or_version_gap() {
     let server = crate::helpers::serve_process(&data_dir, &["--materialize-workers", "0"]).await;
     let client = reqwest::Client::new();
     let base = format!("{}/api/projects/{project}/endpoints", server.address);
-    let page: Value = client
-        .get(format!("{base}/?limit=1000"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page = get_json(&client, &format!("{base}/?limit=1000"), &key).await;
     let stored: std::collections::BTreeMap<String, u64> = page["results"]
         .as_array()
         .unwrap()
@@ -308,15 +300,7 @@ async fn sigkill_during_writes_leaves_no_partial_endpoint_or_version_gap() {
         );
     }
     for (name, current) in &stored {
-        let versions: Value = client
-            .get(format!("{base}/{name}/versions?limit=100"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let versions = get_json(&client, &format!("{base}/{name}/versions?limit=100"), &key).await;
         let mut numbers: Vec<u64> =
             versions["results"].as_array().unwrap().iter().map(|v| v["version"].as_u64().unwrap()).collect();
         numbers.sort_unstable();
@@ -396,11 +380,8 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     let server = crate::helpers::serve_command(limited, &data_dir, &worker).await;
     let client = reqwest::Client::new();
     let base = format!("{}/api/projects/{project}/endpoints/by-country", server.address);
-    let status = || async {
-        let answer =
-            client.get(format!("{base}/materialization_status")).bearer_auth(&key).send().await.unwrap();
-        answer.json::<Value>().await.unwrap()
-    };
+    let status_url = format!("{base}/materialization_status");
+    let status = || get_json(&client, &status_url, &key);
     let deadline = Instant::now() + Duration::from_secs(60);
     while status().await["status"] != "Completed" {
         assert!(Instant::now() < deadline, "the small first refresh completes");
@@ -438,15 +419,7 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     // The kind of storage failure, never a path.
     assert_eq!(failed["error"], "The result could not be stored: file too large.", "{failed}");
     assert_eq!(failed["last_materialized_at"], first, "the previous result is still the one on record");
-    let answer: Value = client
-        .get(format!("{base}/run?variables.country=US"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = get_json(&client, &format!("{base}/run?variables.country=US"), &key).await;
     assert_eq!(answer["endpoint_materialized"], true, "{answer}");
     assert_eq!(answer["results"].as_array().map(Vec::len), Some(2), "the previous result's rows: {answer}");
 }

@@ -313,3 +313,9 @@ pub async fn serve_command(mut command: Command, data_dir: &std::path::Path, arg
     }
     server
 }
+
+/// GET `url` with `key` from outside a `TestApp` (a `serve` process), as JSON.
+pub async fn get_json(client: &reqwest::Client, url: &str, key: &str) -> Value {
+    let response = client.get(url).bearer_auth(key).send().await.expect("the server answers");
+    response.json().await.expect("a JSON answer")
+}
