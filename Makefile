@@ -15,6 +15,8 @@ PG_TEST_DB ?= endpoints_test
 PG_TEST_USER ?= endpoints_test
 PG_URL_FILE ?= target/.test-postgres-url
 SOAK_SECONDS ?= 180
+FUZZ_CASES ?= 100000
+FUZZ_SECONDS ?= 1800
 BENCH_ROWS ?= 10000000
 
 .PHONY: help
@@ -123,6 +125,10 @@ soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180)
 	cargo build --release --locked -p server --bin endpoints
 	python3 tests/soak/soak.py --bin-dir target/release --postgres-url "$$(cat target/.soak-postgres-url)" \
 	  --seconds $(SOAK_SECONDS)
+
+.PHONY: fuzz
+fuzz: deps ## Property tests of the parsers of client input with FUZZ_CASES cases each (make test runs 256).
+	PROPTEST_CASES=$(FUZZ_CASES) timeout $(FUZZ_SECONDS) cargo test --locked -p domain -p query-engine properties
 
 .PHONY: fmt
 fmt: ## Format the code.

@@ -34,3 +34,6 @@ pub use settings::{CacheAge, SyncFrequency};
 
 /// Timestamps are UTC instants throughout the domain.
 pub type Timestamp = time::OffsetDateTime;
+
+#[cfg(test)]
+mod properties;

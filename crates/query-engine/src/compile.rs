@@ -112,3 +112,51 @@ pub(crate) fn check_size(sql: &str) -> Result<(), domain::ports::EngineError> {
     }
     Ok(())
 }
+
+/// Property tests of the placeholder compiler (see `domain::properties` for the parsers): whatever the SQL
+/// around them, placeholders become numbered, typed parameters, each variable once, and no placeholder text
+/// survives. Values never pass through here at all: they are bound as parameters.
+#[cfg(test)]
+mod properties {
+    use domain::Query;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn sqlish() -> impl Strategy<Value = String> {
+        prop::collection::vec(
+            prop_oneof![
+                "[a-z ,*()=<>'\"0-9\\n-]{0,8}",
+                "\\{variables\\.[abc]\\}",
+                Just("{".to_owned()),
+                Just("}".to_owned()),
+                ".{0,3}",
+            ],
+            0..16,
+        )
+        .prop_map(|parts| format!("SELECT {}", parts.concat()))
+    }
+
+    proptest! {
+        #[test]
+        fn placeholders_become_numbered_parameters(sql in sqlish(), list in any::<bool>()) {
+            let document = json!({"kind": "SQLQuery", "query": sql, "variables": {
+                "a": {"type": "String"}, "b": {"type": "Integer"}, "c": {"type": if list { "List" } else { "Date" }},
+            }});
+            let Ok(query) = Query::from_json(&document) else { return Ok(()) };
+            let compiled = super::compile(&query);
+            let mut names: Vec<String> = query.placeholders().into_iter().map(|p| p.name).collect();
+            names.dedup();
+            let mut distinct = names.clone();
+            distinct.sort();
+            distinct.dedup();
+            prop_assert_eq!(compiled.params.len(), distinct.len());
+            for (i, (name, _)) in compiled.params.iter().enumerate() {
+                let parameter = format!("${}", i + 1);
+                let placeholder = format!("{{variables.{name}}}");
+                prop_assert!(compiled.sql.contains(&parameter));
+                prop_assert!(!compiled.sql.contains(&placeholder));
+            }
+            prop_assert_eq!(compiled.sample_values().len(), compiled.params.len());
+        }
+    }
+}
