@@ -347,3 +347,108 @@ async fn a_client_that_disconnects_cancels_its_live_query() {
     }
     assert_eq!(status, 200, "the slot was never released");
 }
+
+#[tokio::test]
+async fn hostile_queries_are_refused_when_created() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_sales(&app);
+    let base = format!("/api/projects/{project}/endpoints");
+    let csv = app.data_dir.join(format!("sales-{project}.csv"));
+    let csv = csv.to_str().unwrap();
+    for (i, sql) in [
+        "DROP TABLE sales".to_owned(),
+        "CREATE TABLE t AS SELECT 1".to_owned(),
+        "INSERT INTO sales VALUES (7, 'X', 1, 1, '2026-01-01', '2026-01-01T00:00:00', true)".to_owned(),
+        "DELETE FROM sales".to_owned(),
+        "UPDATE sales SET amount = 0".to_owned(),
+        "COPY sales TO '/tmp/stolen.csv'".to_owned(),
+        format!("CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{csv}'"),
+        format!("SELECT * FROM '{csv}'"),
+        "SELECT * FROM 'https://example.com/data.parquet'".to_owned(),
+        format!("SELECT * FROM read_csv('{csv}')"),
+        format!("SELECT * FROM read_parquet('{csv}')"),
+        "SELECT * FROM information_schema.tables".to_owned(),
+        "SELECT table_name FROM information_schema.columns".to_owned(),
+        "SET datafusion.execution.batch_size = 1".to_owned(),
+        "SELECT 1; SELECT 2".to_owned(),
+        "SELECT 1; DROP TABLE sales".to_owned(),
+        "EXPLAIN SELECT 1".to_owned(),
+        "SHOW TABLES".to_owned(),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let response = app.post(&format!("{base}/"), &key, &endpoint_body(&format!("h{i}"), sql)).await;
+        let error = assert_error(response, 400, "validation_error").await;
+        assert_eq!(error["attr"], "query", "{sql}: {error}");
+        let detail = error["detail"].as_str().unwrap();
+        assert!(!detail.contains(app.data_dir.to_str().unwrap()) || detail.contains(csv), "{sql}: {detail}");
+    }
+    // Nothing was changed or written.
+    let total =
+        app.post(&format!("{base}/"), &key, &endpoint_body("total", "SELECT count(*) AS n FROM sales")).await;
+    assert_eq!(total.status(), 201);
+    let run = ok_json(app.get(&format!("{base}/total/run"), &key).await).await;
+    assert_eq!(run["results"], json!([{"n": 6}]));
+    assert!(!std::path::Path::new("/tmp/stolen.csv").exists());
+}
+
+#[tokio::test]
+async fn a_recursive_query_that_never_ends_is_cut_off() {
+    let app = crate::helpers::spawn_app_tuned(|config| {
+        config.limits.query_timeout = std::time::Duration::from_secs(2);
+    })
+    .await;
+    let (project, key) = app.project_with_key();
+    let bomb = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) AS n FROM r";
+    let created =
+        app.post(&format!("/api/projects/{project}/endpoints/"), &key, &endpoint_body("bomb", bomb)).await;
+    if created.status() == 400 {
+        return; // refused at planning: as good
+    }
+    assert_eq!(created.status(), 201);
+    let started = std::time::Instant::now();
+    let response = app.get(&format!("/api/projects/{project}/endpoints/bomb/run"), &key).await;
+    let error = assert_error(response, 400, "query_error").await;
+    assert!(["query_timeout", "query_memory_limit"].contains(&error["code"].as_str().unwrap()), "{error}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "cut off promptly");
+}
+
+#[tokio::test]
+async fn hostile_values_stay_values() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_sales(&app);
+    let body = json!({"name": "typed", "query": {"kind": "SQLQuery",
+        "query": "SELECT count(*) AS n FROM sales WHERE country = {variables.c} OR quantity = {variables.q}",
+        "variables": {"c": {"type": "String", "default": "nowhere"}, "q": {"type": "Integer", "default": -1}}}});
+    app.create_endpoint(project, &key, &body).await;
+    let path = format!("/api/projects/{project}/endpoints/typed/run");
+    let huge = "x".repeat(200_000);
+    for value in [huge.as_str(), "ՍՏ", "ＵＳ", "U\u{200B}S", "US\\", "US\"; --", "${1}", "$1", "%s"] {
+        let run =
+            ok_json(app.post(&path, &key, &json!({"variables": {"c": value}, "refresh": "direct"})).await)
+                .await;
+        assert_eq!(run["results"], json!([{"n": 0}]), "{value:.20}");
+    }
+    // Numbers at and past the limits of their type (a numeric string is a number: query strings are text).
+    // Some(rows matched) for an accepted value, None for a refused one.
+    for (q, matched) in [
+        (json!(i64::MAX), Some(0)),
+        (json!(i64::MIN), Some(0)),
+        (json!(9_223_372_036_854_775_808_u64), None),
+        (json!(1e300), None),
+        (json!("1"), Some(1)),
+        (json!("1; DROP TABLE sales"), None),
+        (json!("0x10"), None),
+        (json!(1.5), None),
+    ] {
+        let response = app.post(&path, &key, &json!({"variables": {"q": q}, "refresh": "direct"})).await;
+        match matched {
+            Some(n) => assert_eq!(ok_json(response).await["results"], json!([{"n": n}]), "{q}"),
+            None => {
+                let error = assert_error(response, 400, "validation_error").await;
+                assert_eq!(error["attr"], "variables.q", "{q}: {error}");
+            }
+        }
+    }
+}
