@@ -2,10 +2,13 @@
 //! else a new one. The id is echoed in the response's `X-Request-Id`, so a client can quote it and an operator
 //! can find every log line of that request.
 //!
-//! The same middleware times every request for the request metrics, labelled by the route's name.
+//! The same middleware times every request for the request metrics, labelled by the route's name, and writes
+//! the caller's rate-limit budget (left by authentication) into the response headers.
 //!
 //! Written here rather than taken from `tracing-actix-web`: that middleware records a dozen fields and draws
 //! each id from the operating system, which together cost more than serving a cached run.
+
+use std::sync::Arc;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -14,7 +17,6 @@ use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::web;
 use actix_web::HttpMessage;
-use std::sync::Arc;
 use tracing::Instrument;
 
 use crate::rate_limit::Budget;
