@@ -172,6 +172,20 @@ async fn the_service_document_matches_real_responses_and_is_stable() {
         }
     }
     assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+    // Every operation declares the answers any request may get; those that read a body, the body's too.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let responses = &operation["responses"];
+            for status in ["400", "429", "503"] {
+                assert!(responses[status].is_object(), "{method} {path} lacks {status}");
+            }
+            if operation.get("requestBody").is_some() {
+                for status in ["408", "413", "415"] {
+                    assert!(responses[status].is_object(), "{method} {path} lacks {status}");
+                }
+            }
+        }
+    }
 
     // Real answers carry exactly the fields the document declares.
     let (project, key) = app.project_with_key();

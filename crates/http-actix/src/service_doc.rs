@@ -350,8 +350,42 @@ pub(crate) fn document() -> Document {
                 operation.tags = Some(vec!["projects".into()]);
             }
         }
+        for operation in operations(item) {
+            add_shared_responses(operation);
+        }
     }
     doc
+}
+
+/// The answers any operation may give besides its own: a malformed `project_id` (400), a caller over its
+/// request rate (429), the database away (503); and for those that read a body, a body too slow (408), too
+/// large (413) or not JSON (415).
+fn add_shared_responses(operation: &mut utoipa::openapi::path::Operation) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let mut shared = vec![
+        ("400", "Invalid input, for example a project_id that is not a positive integer or @current"),
+        ("429", "Over the key's or project's request rate (rate_limited), or the project runs its maximum of live queries (throttled); see Retry-After"),
+        ("503", "The database cannot be reached"),
+    ];
+    if operation.request_body.is_some() {
+        shared.extend([
+            ("408", "The request body did not arrive in time"),
+            ("413", "The body is over 1 MiB"),
+            ("415", "The body is not JSON"),
+        ]);
+    }
+    for (status, description) in shared {
+        operation.responses.responses.entry(status.to_owned()).or_insert_with(|| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new().schema(Some(Ref::from_schema_name("Error"))).build(),
+                )
+                .build()
+                .into()
+        });
+    }
 }
 
 fn operations(item: &mut utoipa::openapi::PathItem) -> Vec<&mut utoipa::openapi::path::Operation> {
