@@ -152,12 +152,17 @@ pub(crate) struct VersionPage {
 /// The body of a POST run.
 #[derive(ToSchema)]
 pub(crate) struct RunRequest {
+    /// At most 100.
     variables: Option<BTreeMap<String, Value>>,
+    #[schema(minimum = 1)]
     version: Option<i64>,
     /// 1..=10000, default 100.
+    #[schema(minimum = 1, maximum = 10000)]
     limit: Option<i64>,
+    #[schema(minimum = 0)]
     offset: Option<i64>,
     /// `blocking` (default), `force_blocking`, `force_cache` or `direct`.
+    #[schema(pattern = "^(blocking|force_blocking|force_cache|direct)$")]
     refresh: Option<String>,
     client_query_id: Option<String>,
     /// null or `{}` only.
@@ -201,6 +206,7 @@ pub(crate) struct RunResult {
 #[derive(ToSchema)]
 pub(crate) struct Names {
     /// 1..=1000 endpoint names.
+    #[schema(min_items = 1, max_items = 1000)]
     names: Vec<String>,
 }
 
@@ -352,9 +358,24 @@ pub(crate) fn document() -> Document {
         }
         for operation in operations(item) {
             add_shared_responses(operation);
+            describe_project_id(operation);
         }
     }
     doc
+}
+
+/// `project_id` is a positive integer or `@current`.
+fn describe_project_id(operation: &mut utoipa::openapi::path::Operation) {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    for parameter in operation.parameters.iter_mut().flatten().filter(|p| p.name == "project_id") {
+        parameter.schema = Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^([1-9][0-9]{0,17}|@current)$"))
+                .description(Some("The project's id, or @current for the key's own project"))
+                .into(),
+        );
+    }
 }
 
 /// The answers any operation may give besides its own: a malformed `project_id` (400), a caller over its
