@@ -90,12 +90,12 @@ impl std::error::Error for SharedCause {
 fn request_key(request: &RunRequest) -> String {
     use std::fmt::Write;
     let mut key = String::with_capacity(64);
-    match request.version {
+    // Writing into a String cannot fail.
+    let _ = match request.version {
         Some(version) => write!(key, "v={version}"),
         None => write!(key, "v=latest"),
-    }
-    .and_then(|()| write!(key, ";limit={};offset={};vars=", request.limit, request.offset))
-    .unwrap_or_default();
+    };
+    let _ = write!(key, ";limit={};offset={};vars=", request.limit, request.offset);
     key.push_str(&serde_json::to_string(&request.variables).unwrap_or_default());
     key
 }

@@ -23,10 +23,12 @@ pub struct Rate {
     pub per_second: NonZeroU32,
 }
 
+/// How many seconds' worth of requests one burst may take.
+const BURST_SECONDS: NonZeroU32 = NonZeroU32::new(2).unwrap();
+
 impl Rate {
     fn quota(self) -> Quota {
-        let burst = self.per_second.saturating_mul(NonZeroU32::MIN.saturating_add(1));
-        Quota::per_second(self.per_second).allow_burst(burst)
+        Quota::per_second(self.per_second).allow_burst(self.per_second.saturating_mul(BURST_SECONDS))
     }
 }
 
@@ -66,10 +68,49 @@ pub(crate) struct Exceeded {
     pub(crate) budget: Budget,
 }
 
+/// One kind of bucket (per key or per project): a bucket per caller, all with the same quota.
+struct Buckets<K: Clone + std::hash::Hash + Eq> {
+    limiter: Limiter<K>,
+    quota: Quota,
+    scope: &'static str,
+}
+
+impl<K: Clone + std::hash::Hash + Eq> Buckets<K> {
+    fn new(rate: Rate, scope: &'static str) -> Self {
+        let quota = rate.quota();
+        Self {
+            limiter: RateLimiter::keyed(quota).with_middleware::<StateInformationMiddleware>(),
+            quota,
+            scope,
+        }
+    }
+
+    fn take(&self, key: &K, clock: &DefaultClock) -> Result<Budget, Exceeded> {
+        let limit = self.quota.burst_size().get();
+        let refill = self.quota.replenish_interval();
+        match self.limiter.check_key(key) {
+            Ok(snapshot) => {
+                let remaining = snapshot.remaining_burst_capacity();
+                Ok(Budget { limit, remaining, reset: refill * (limit - remaining) })
+            }
+            Err(not_until) => Err(Exceeded {
+                scope: self.scope,
+                retry_after: not_until.wait_time_from(clock.now()),
+                budget: Budget { limit, remaining: 0, reset: refill * limit },
+            }),
+        }
+    }
+
+    fn shrink(&self) {
+        self.limiter.retain_recent();
+        self.limiter.shrink_to_fit();
+    }
+}
+
 /// The per-key and per-project buckets.
 pub struct RateLimits {
-    per_key: Option<(Limiter<Uuid>, Rate)>,
-    per_project: Option<(Limiter<ProjectId>, Rate)>,
+    per_key: Option<Buckets<Uuid>>,
+    per_project: Option<Buckets<ProjectId>>,
     clock: DefaultClock,
 }
 
@@ -82,21 +123,17 @@ impl Default for RateLimits {
 impl std::fmt::Debug for RateLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimits")
-            .field("per_key", &self.per_key.as_ref().map(|(_, rate)| rate))
-            .field("per_project", &self.per_project.as_ref().map(|(_, rate)| rate))
+            .field("per_key", &self.per_key.as_ref().map(|b| b.quota))
+            .field("per_project", &self.per_project.as_ref().map(|b| b.quota))
             .finish()
     }
-}
-
-fn limiter<K: Clone + std::hash::Hash + Eq>(rate: Rate) -> Limiter<K> {
-    RateLimiter::keyed(rate.quota()).with_middleware::<StateInformationMiddleware>()
 }
 
 impl RateLimits {
     pub fn new(config: RateLimitConfig) -> Self {
         Self {
-            per_key: config.per_key.map(|rate| (limiter(rate), rate)),
-            per_project: config.per_project.map(|rate| (limiter(rate), rate)),
+            per_key: config.per_key.map(|rate| Buckets::new(rate, "key")),
+            per_project: config.per_project.map(|rate| Buckets::new(rate, "project")),
             clock: DefaultClock::default(),
         }
     }
@@ -104,54 +141,22 @@ impl RateLimits {
     /// Takes one request from the caller's key and project buckets. The key's bucket is checked first, so a
     /// key over its own limit does not use up its project's.
     pub(crate) fn take(&self, principal: &Principal) -> Result<Option<Budget>, Exceeded> {
-        let by_key = match &self.per_key {
-            Some((limiter, rate)) => Some(self.check(limiter, &principal.key_id, *rate, "key")?),
-            None => None,
-        };
-        let by_project = match &self.per_project {
-            Some((limiter, rate)) => Some(self.check(limiter, &principal.project_id, *rate, "project")?),
-            None => None,
-        };
+        let by_key = self.per_key.as_ref().map(|b| b.take(&principal.key_id, &self.clock)).transpose()?;
+        let by_project =
+            self.per_project.as_ref().map(|b| b.take(&principal.project_id, &self.clock)).transpose()?;
         Ok(match (by_key, by_project) {
             (Some(a), Some(b)) => Some(if b.remaining < a.remaining { b } else { a }),
             (a, b) => a.or(b),
         })
     }
 
-    fn check<K: Clone + std::hash::Hash + Eq>(
-        &self,
-        limiter: &Limiter<K>,
-        key: &K,
-        rate: Rate,
-        scope: &'static str,
-    ) -> Result<Budget, Exceeded> {
-        let limit = rate.quota().burst_size().get();
-        let refill = rate.quota().replenish_interval();
-        match limiter.check_key(key) {
-            Ok(snapshot) => {
-                let remaining = snapshot.remaining_burst_capacity();
-                Ok(Budget { limit, remaining, reset: refill * (limit - remaining) })
-            }
-            Err(not_until) => {
-                let retry_after = not_until.wait_time_from(self.clock.now());
-                Err(Exceeded {
-                    scope,
-                    retry_after,
-                    budget: Budget { limit, remaining: 0, reset: refill * limit },
-                })
-            }
-        }
-    }
-
     /// Forgets buckets that are full again, so keys and projects that stopped calling cost no memory.
     pub fn shrink(&self) {
-        if let Some((limiter, _)) = &self.per_key {
-            limiter.retain_recent();
-            limiter.shrink_to_fit();
+        if let Some(buckets) = &self.per_key {
+            buckets.shrink();
         }
-        if let Some((limiter, _)) = &self.per_project {
-            limiter.retain_recent();
-            limiter.shrink_to_fit();
+        if let Some(buckets) = &self.per_project {
+            buckets.shrink();
         }
     }
 }
