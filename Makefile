@@ -18,6 +18,8 @@ SOAK_SECONDS ?= 180
 FUZZ_CASES ?= 100000
 FUZZ_SECONDS ?= 1800
 BENCH_ROWS ?= 10000000
+CARGO_DENY_VERSION ?= 0.20.2
+DENY_CHECKS ?=
 
 .PHONY: help
 help: ## List the targets.
@@ -82,12 +84,14 @@ test: deps lint ## Everything CI checks: lint, then every test on SQLite and on 
 	@$(MAKE) --no-print-directory postgres
 	@rm -rf target/openapi-samples
 	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) cargo test --workspace --locked
-	@$(MAKE) --no-print-directory openapi-check client-check
+	@$(MAKE) --no-print-directory openapi-check client-check schemathesis-check
 
 VENV := target/venv
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
 OPENAPI_CLIENT := openapi-python-client==0.29.1
 DUCKDB := duckdb==1.4.4
+SCHEMATHESIS := schemathesis==4.32.5
+ST_MAX_EXAMPLES ?= 10
 
 $(VENV)/bin/python:
 	@python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get install -y -qq python3-venv >/dev/null && python3 -m venv $(VENV); }
@@ -106,6 +110,12 @@ client-check: $(VENV)/bin/python ## Generate a typed Python client from a live e
 	@[ -x $(VENV)/bin/openapi-python-client ] || $(VENV)/bin/pip install -q '$(OPENAPI_CLIENT)'
 	@[ -x target/debug/endpoints ] || cargo build --locked -p server
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/client_e2e.py
+
+.PHONY: schemathesis-check
+schemathesis-check: $(VENV)/bin/python ## schemathesis over /api/schema on a live server: every operation, both families (ST_MAX_EXAMPLES=10).
+	@[ -x $(VENV)/bin/st ] || $(VENV)/bin/pip install -q '$(SCHEMATHESIS)'
+	@[ -x target/debug/endpoints ] || cargo build --locked -p server
+	ENDPOINTS_BIN=target/debug/endpoints ST_MAX_EXAMPLES=$(ST_MAX_EXAMPLES) $(VENV)/bin/python tests/openapi/schemathesis_check.py
 
 .PHONY: bench
 bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_ROWS=10000000 events) into docs/benchmarks.md.
@@ -129,6 +139,11 @@ soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180)
 .PHONY: fuzz
 fuzz: deps ## Property tests of the parsers of client input with FUZZ_CASES cases each (make test runs 256).
 	PROPTEST_CASES=$(FUZZ_CASES) timeout $(FUZZ_SECONDS) cargo test --locked -p domain -p query-engine properties
+
+.PHONY: audit
+audit: deps ## cargo deny check against deny.toml (DENY_CHECKS="licenses bans sources" skips the advisories fetched from github.com).
+	@[ -x target/tools/bin/cargo-deny ] || cargo install --locked --root target/tools cargo-deny --version $(CARGO_DENY_VERSION)
+	target/tools/bin/cargo-deny check $(DENY_CHECKS)
 
 .PHONY: fmt
 fmt: ## Format the code.

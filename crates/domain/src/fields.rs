@@ -69,12 +69,23 @@ impl<'a> Fields<'a> {
         match self.obj.get(key) {
             None => Ok(None),
             Some(Value::Null) => Ok(Some(None)),
-            Some(v) => v
-                .as_i64()
+            Some(v) => integer(v)
                 .map(|n| Some(Some(n)))
                 .ok_or_else(|| Invalid::field(key, format!("{key} must be an integer."))),
         }
     }
+}
+
+/// A JSON number as a 64-bit integer, with JSON Schema's meaning of `integer`: a number without a fractional
+/// part, so `3600.0` is `3600` (clients and generators that hold every number as a float send that form).
+/// `None` for a fraction, a non-number, or a number outside 64 bits.
+pub fn integer(value: &Value) -> Option<i64> {
+    // 2^63 is exact as an f64; every integral f64 in [-2^63, 2^63) converts without loss.
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    value.as_i64().or_else(|| {
+        // Integral and in range, checked first: the cast is exact.
+        value.as_f64().filter(|f| f.fract() == 0.0 && (-LIMIT..LIMIT).contains(f)).map(|f| f as i64)
+    })
 }
 
 /// Parses a boolean query-string filter: `true`/`false` (also `1`/`0`).
@@ -86,5 +97,32 @@ pub fn parse_bool_param(key: &str, raw: &str) -> Result<bool, Invalid> {
         "true" | "1" => Ok(true),
         "false" | "0" => Ok(false),
         _ => Err(Invalid::field(key, format!("{key} must be true or false."))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::integer;
+
+    #[test]
+    fn integers_are_numbers_without_a_fraction() {
+        assert_eq!(integer(&json!(3600)), Some(3600));
+        assert_eq!(integer(&json!(3600.0)), Some(3600));
+        assert_eq!(integer(&json!(-37419.0)), Some(-37419));
+        assert_eq!(integer(&json!(i64::MIN)), Some(i64::MIN));
+        assert_eq!(integer(&json!(-(2f64.powi(63)))), Some(i64::MIN));
+        for not_one in [
+            json!(1.5),
+            json!(2f64.powi(63)),
+            json!(1e300),
+            json!(u64::MAX),
+            json!("1"),
+            json!(null),
+            json!(true),
+        ] {
+            assert_eq!(integer(&not_one), None, "{not_one}");
+        }
     }
 }

@@ -73,7 +73,7 @@ impl VariableType {
         let ok = match self {
             Self::String => value.is_string(),
             Self::Number => value.as_f64().is_some_and(f64::is_finite),
-            Self::Integer => value.is_i64() || value.is_u64() && value.as_i64().is_some(),
+            Self::Integer => crate::fields::integer(value).is_some(),
             Self::Boolean => value.is_boolean(),
             Self::Date => value.as_str().is_some_and(|s| parse_date(s).is_some()),
             Self::DateTime => value.as_str().is_some_and(|s| parse_datetime(s).is_some()),

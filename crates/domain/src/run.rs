@@ -103,9 +103,11 @@ impl RunRequest {
                 }
             }
         }
+        // A malformed `?version=` is refused even when the body names a version: it is never silently ignored.
+        let query_version = query_version.map(parse_version).transpose()?;
         let version = match fields.nullable_int("version")?.flatten() {
             Some(v) => Some(positive_version(v)?),
-            None => query_version.map(parse_version).transpose()?,
+            None => query_version,
         };
         let variables = match fields.get("variables") {
             None | Some(Value::Null) => Map::new(),
@@ -267,8 +269,7 @@ pub fn coerce(ty: VariableType, value: &Value) -> Result<BoundValue, String> {
             .filter(|n| n.is_finite())
             .map(BoundValue::Number)
             .ok_or_else(bad),
-        VariableType::Integer => value
-            .as_i64()
+        VariableType::Integer => crate::fields::integer(value)
             .or_else(|| text.and_then(|s| s.trim().parse::<i64>().ok()))
             .map(BoundValue::Integer)
             .ok_or_else(bad),
@@ -409,10 +410,20 @@ mod tests {
             "the body's version wins"
         );
         assert_eq!(RunRequest::from_body(&json!({}), Some("3")).unwrap().version, Some(3));
+        let both = RunRequest::from_body(&json!({"version": 1}), Some("0")).unwrap_err();
+        assert_eq!(
+            both.attr.as_deref(),
+            Some("version"),
+            "a bad ?version= is refused even beside the body's"
+        );
         let defaults = RunRequest::from_body(&json!({}), None).unwrap();
         assert_eq!((defaults.limit, defaults.offset, defaults.refresh), (100, 0, Refresh::Blocking));
+        let floats =
+            RunRequest::from_body(&json!({"version": 2.0, "limit": 10.0, "offset": 0.0}), None).unwrap();
+        assert_eq!((floats.version, floats.limit, floats.offset), (Some(2), 10, 0), "JSON Schema integers");
         for (body, attr) in [
             (json!({"extra": 1}), "extra"),
+            (json!({"limit": 10.5}), "limit"),
             (json!({"limit": 0}), "limit"),
             (json!({"limit": 10_001}), "limit"),
             (json!({"offset": -1}), "offset"),

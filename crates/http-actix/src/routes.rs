@@ -53,12 +53,17 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                             .route(web::post().to(endpoints::create))
                             .default_service(web::to(not_allowed("GET, POST"))),
                     )
-                    // Only POST: a GET of this path reads an endpoint that happens to have this name.
+                    // GET, PATCH and DELETE of this path reach the endpoint that happens to have this name (the
+                    // contract allows it); POST is row 12; any other method is refused with every method the
+                    // path answers.
                     .service(
                         web::resource("/last_execution_times")
                             .name("last_execution_times")
-                            .guard(guard::Post())
-                            .route(web::post().to(runs::last_execution_times)),
+                            .guard(guard::Not(
+                                guard::Any(guard::Get()).or(guard::Patch()).or(guard::Delete()),
+                            ))
+                            .route(web::post().to(runs::last_execution_times))
+                            .default_service(web::to(not_allowed("GET, POST, PATCH, DELETE"))),
                     )
                     .service(
                         web::resource("/{name}")

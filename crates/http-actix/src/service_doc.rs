@@ -26,11 +26,14 @@ pub(crate) struct Error {
     attr: Option<String>,
 }
 
+/// An endpoint's name, as the contract defines it (the body schemas repeat it: utoipa takes only literals).
+const NAME_PATTERN: &str = "^[A-Za-z][A-Za-z0-9_-]{0,127}$";
+
 /// A declared variable.
 #[derive(ToSchema)]
 pub(crate) struct Variable {
     /// `String`, `Number`, `Integer`, `Boolean`, `Date`, `DateTime` or `List`.
-    #[schema(rename = "type")]
+    #[schema(rename = "type", pattern = "^(String|Number|Integer|Boolean|Date|DateTime|List)$")]
     kind: String,
     default: Option<Value>,
     required: Option<bool>,
@@ -39,8 +42,10 @@ pub(crate) struct Variable {
 
 /// The saved query.
 #[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Query {
     /// `SQLQuery` (or its alias `HogQLQuery`).
+    #[schema(pattern = "^(SQLQuery|HogQLQuery)$")]
     kind: String,
     /// One read-only SQL statement with `{variables.NAME}` placeholders.
     query: String,
@@ -56,18 +61,43 @@ pub(crate) struct Column {
     kind: String,
 }
 
-/// Create (every field but `name` and `query` optional) and update (any subset) body.
+/// The body of a create: `name` and `query` are required, every other field is optional.
 #[derive(ToSchema)]
-pub(crate) struct EndpointInput {
-    name: Option<String>,
+#[serde(deny_unknown_fields)]
+pub(crate) struct EndpointCreate {
+    #[schema(pattern = "^[A-Za-z][A-Za-z0-9_-]{0,127}$")]
+    name: String,
+    query: Query,
     description: Option<String>,
-    query: Option<Query>,
     derived_from_insight: Option<String>,
     is_active: Option<bool>,
     is_materialized: Option<bool>,
     /// 0..=86400; null for the server default (300).
+    #[schema(minimum = 0, maximum = 86400)]
+    cache_age_seconds: Option<i64>,
+    /// `5min`, `30min`, `1hour`, `6hour`, `12hour`, `24hour`, `7day` or `30day`; only with `is_materialized`.
+    #[schema(pattern = "^(5min|30min|1hour|6hour|12hour|24hour|7day|30day)$")]
+    sync_frequency: Option<String>,
+}
+
+/// The body of an update: any subset of the fields, an empty body changing nothing. `name`, when given, must be
+/// the endpoint's own (names are URLs; they are not renamed). A new `query` makes a new version when it differs
+/// from the current one; `sync_frequency` needs the endpoint materialized.
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EndpointUpdate {
+    #[schema(pattern = "^[A-Za-z][A-Za-z0-9_-]{0,127}$")]
+    name: Option<String>,
+    query: Option<Query>,
+    description: Option<String>,
+    derived_from_insight: Option<String>,
+    is_active: Option<bool>,
+    is_materialized: Option<bool>,
+    /// 0..=86400; null for the server default (300).
+    #[schema(minimum = 0, maximum = 86400)]
     cache_age_seconds: Option<i64>,
     /// `5min`, `30min`, `1hour`, `6hour`, `12hour`, `24hour`, `7day` or `30day`; only when materialized.
+    #[schema(pattern = "^(5min|30min|1hour|6hour|12hour|24hour|7day|30day)$")]
     sync_frequency: Option<String>,
 }
 
@@ -151,10 +181,11 @@ pub(crate) struct VersionPage {
 
 /// The body of a POST run.
 #[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct RunRequest {
     /// At most 100.
     variables: Option<BTreeMap<String, Value>>,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 4294967295_i64)]
     version: Option<i64>,
     /// 1..=10000, default 100.
     #[schema(minimum = 1, maximum = 10000)]
@@ -165,10 +196,21 @@ pub(crate) struct RunRequest {
     #[schema(pattern = "^(blocking|force_blocking|force_cache|direct)$")]
     refresh: Option<String>,
     client_query_id: Option<String>,
-    /// null or `{}` only.
+    /// Accepted for compatibility: null or `{}` only (the saved query is the contract).
+    #[schema(schema_with = empty_object)]
     query_override: Option<Value>,
-    /// null or `{}` only.
+    /// Accepted for compatibility: null or `{}` only.
+    #[schema(schema_with = empty_object)]
     filters_override: Option<Value>,
+}
+
+/// An object with no properties, or null.
+fn empty_object() -> utoipa::openapi::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .max_properties(Some(0))
+        .build()
 }
 
 /// Time spent answering.
@@ -204,9 +246,10 @@ pub(crate) struct RunResult {
 
 /// The names to look up.
 #[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Names {
     /// 1..=1000 endpoint names.
-    #[schema(min_items = 1, max_items = 1000)]
+    #[schema(min_items = 1, max_items = 1000, pattern = "^[A-Za-z][A-Za-z0-9_-]{0,127}$")]
     names: Vec<String>,
 }
 
@@ -256,8 +299,8 @@ pub(crate) struct LastExecutionTimes {
 fn list() {}
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints", operation_id = "create_endpoint",
-    params(("project_id" = String, Path)), request_body = EndpointInput,
-    responses((status = 201, body = Endpoint), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+    params(("project_id" = String, Path)), request_body = EndpointCreate,
+    responses((status = 201, body = Endpoint, headers(("Location" = String, description = "The new endpoint's URL"))), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
               (status = 409, body = Error), (status = 413, body = Error), (status = 415, body = Error)))]
 fn create() {}
 
@@ -267,7 +310,7 @@ fn create() {}
 fn retrieve() {}
 
 #[utoipa::path(patch, path = "/api/projects/{project_id}/endpoints/{name}", operation_id = "update_endpoint",
-    params(("project_id" = String, Path), ("name" = String, Path)), request_body = EndpointInput,
+    params(("project_id" = String, Path), ("name" = String, Path)), request_body = EndpointUpdate,
     responses((status = 200, body = Endpoint), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
 fn update() {}
 
@@ -331,7 +374,7 @@ impl Modify for BearerAuth {
 #[openapi(
     info(title = "Saved query endpoints", description = "Named, saved SQL query endpoints inside projects, run over HTTP."),
     paths(list, create, retrieve, update, delete, run_get, run_post, openapi, materialization_status, versions, version, last_execution_times),
-    components(schemas(Error, Endpoint, EndpointInput, EndpointPage, Version, VersionPage, RunRequest, RunResult, Names, LastExecutionTimes)),
+    components(schemas(Error, Endpoint, EndpointCreate, EndpointUpdate, EndpointPage, Version, VersionPage, RunRequest, RunResult, Names, LastExecutionTimes)),
     modifiers(&BearerAuth)
 )]
 struct ApiDoc;
@@ -357,24 +400,49 @@ pub(crate) fn document() -> Document {
             }
         }
         for operation in operations(item) {
+            optional_body(operation);
             add_shared_responses(operation);
-            describe_project_id(operation);
+            describe_parameters(path, operation);
         }
     }
     doc
 }
 
-/// `project_id` is a positive integer or `@current`.
-fn describe_project_id(operation: &mut utoipa::openapi::path::Operation) {
+/// The bounds the service enforces on path and query parameters, so that every value the document allows is
+/// one the service accepts: `project_id` a positive integer or `@current`, `name` the contract's pattern,
+/// versions positive 32-bit numbers, `limit` 1..=1000 on lists and 1..=10000 on runs, `offset` non-negative.
+fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operation) {
     use utoipa::openapi::schema::{ObjectBuilder, Type};
-    for parameter in operation.parameters.iter_mut().flatten().filter(|p| p.name == "project_id") {
-        parameter.schema = Some(
-            ObjectBuilder::new()
+    let integer = |min: i64, max: i64| {
+        ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(min)).maximum(Some(max))
+    };
+    let max_limit = if path.ends_with("/run") { 10_000 } else { 1_000 };
+    for parameter in operation.parameters.iter_mut().flatten() {
+        let schema = match parameter.name.as_str() {
+            "project_id" => ObjectBuilder::new()
                 .schema_type(Type::String)
                 .pattern(Some("^([1-9][0-9]{0,17}|@current)$"))
-                .description(Some("The project's id, or @current for the key's own project"))
-                .into(),
-        );
+                .description(Some("The project's id, or @current for the key's own project")),
+            "name" => ObjectBuilder::new().schema_type(Type::String).pattern(Some(NAME_PATTERN)),
+            "version" | "version_number" => integer(1, u32::MAX.into()),
+            "limit" => integer(1, max_limit).default(Some(100.into())),
+            "offset" => integer(0, i64::MAX).default(Some(0.into())),
+            "refresh" => ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^(blocking|force_blocking|force_cache|direct)$")),
+            _ => continue,
+        };
+        parameter.schema = Some(schema.into());
+    }
+}
+
+/// An update and a POST run take an empty body as `{}`: the body is optional.
+fn optional_body(operation: &mut utoipa::openapi::path::Operation) {
+    let id = operation.operation_id.as_deref().unwrap_or_default();
+    if id.ends_with("update_endpoint") || id.ends_with("run_endpoint") {
+        if let Some(body) = operation.request_body.as_mut() {
+            body.required = Some(utoipa::openapi::Required::False);
+        }
     }
 }
 

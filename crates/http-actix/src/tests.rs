@@ -192,9 +192,13 @@ async fn create_returns_201_and_conflicts_return_409() {
     engine.expect_describe().returning(|_, _| Ok(domain::ports::QueryDescription::default()));
     let body = json!({"name": "fresh", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     let req = authed(Method::POST, "/api/projects/1/endpoints/", WRITER).set_json(&body);
-    let (status, _, created) = send(state(store, engine), req).await;
+    let (status, headers, created) = send(state(store, engine), req).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(created["name"], "fresh");
+    assert_eq!(
+        headers.get("location").unwrap(),
+        &format!("/api/projects/{}/endpoints/fresh", sample().project_id)
+    );
 
     let mut store = MockEndpointStore::new();
     store.expect_insert().returning(|_| Err(StoreError::NameTaken("taken".into())));
@@ -276,6 +280,21 @@ async fn last_execution_times_is_a_post_route_and_a_get_reads_an_endpoint_of_tha
     let req = authed(Method::GET, "/api/projects/1/endpoints/last_execution_times", READER);
     let (status, _, _) = send(state(store_with_daily(), MockQueryEngine::new()), req).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "no endpoint has that name");
+
+    for method in [Method::OPTIONS, Method::PUT] {
+        let req = authed(method.clone(), "/api/projects/1/endpoints/last_execution_times", READER);
+        let (status, headers, body) =
+            send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed"))
+        );
+        assert_eq!(
+            headers.get("allow").unwrap(),
+            "GET, POST, PATCH, DELETE",
+            "{method}: every method the path answers"
+        );
+    }
 }
 
 fn store_for_runs() -> MockEndpointStore {

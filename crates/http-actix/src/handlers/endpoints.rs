@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use domain::service::ListParams;
 use domain::Scope;
@@ -44,7 +45,8 @@ pub(crate) async fn create(
         .await?
         .unwrap_or_else(|| Value::Object(Default::default()));
     let endpoint = state.endpoints.create(project, &body).await?;
-    Ok(HttpResponse::Created().json(render::endpoint(&endpoint)))
+    let location = format!("/api/projects/{}/endpoints/{}", endpoint.project_id, endpoint.name);
+    Ok(HttpResponse::Created().insert_header((header::LOCATION, location)).json(render::endpoint(&endpoint)))
 }
 
 pub(crate) async fn retrieve(
