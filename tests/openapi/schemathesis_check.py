@@ -113,7 +113,8 @@ def main():
                 "--suppress-health-check", "all",
                 "--generation-database", "none",
             ]
-            status = subprocess.run(command, check=False).returncode
+            # In the scratch directory: schemathesis keeps its caches in the working directory.
+            status = subprocess.run(command, check=False, cwd=work).returncode
             if server.poll() is not None:
                 print("the server died during the run; its log:")
                 with open(log_path) as f:
