@@ -314,6 +314,22 @@ async fn guards_answer_query_timeout() {
 }
 
 #[tokio::test]
+async fn a_page_over_the_result_byte_limit_is_refused_with_a_way_out() {
+    let app = spawn_app_tuned(|config| config.limits.result_bytes = 1024 * 1024).await;
+    let (project, key) = app.project_with_key();
+    // About 1 KB a row.
+    let wide = "SELECT v, repeat('x', 1000) AS pad FROM generate_series(1, 5000) AS t(v) ORDER BY v";
+    app.create_endpoint(project, &key, &endpoint_body("wide", wide)).await;
+    let error =
+        assert_error(run_get(&app, project, &key, "wide", "limit=2000").await, 400, "query_error").await;
+    assert_eq!((error["code"].as_str(), error["attr"].as_str()), (Some("result_too_large"), Some("limit")));
+    assert!(error["detail"].as_str().unwrap().contains("1 MiB"), "{error}");
+    let page = ok_json(run_get(&app, project, &key, "wide", "limit=500&offset=500").await).await;
+    assert_eq!((page["results"].as_array().unwrap().len(), &page["hasMore"]), (500, &json!(true)));
+    assert_eq!(page["results"][0]["v"], 501);
+}
+
+#[tokio::test]
 async fn a_client_that_disconnects_cancels_its_live_query() {
     let app = spawn_app_tuned(|config| {
         config.limits.query_timeout = std::time::Duration::from_secs(60);

@@ -67,6 +67,13 @@ pub enum Error {
     /// 400 `query_memory_limit`: the query needed more memory than allowed.
     #[error("{0}")]
     QueryMemoryLimit(String),
+    /// 400 `result_too_large`: the page of rows is larger than a response may carry.
+    #[error(
+        "The page of results is larger than the {} MiB a response may carry; ask for fewer rows with limit and \
+         page through them with offset.",
+        .limit_bytes / (1024 * 1024)
+    )]
+    ResultTooLarge { limit_bytes: usize },
     /// 429: too many live queries for the project.
     #[error("Too many queries of this project are running; retry after {retry_after:?}.")]
     Throttled { retry_after: std::time::Duration },
@@ -102,6 +109,7 @@ impl From<EngineError> for Error {
             EngineError::InvalidQuery(reason) => Error::Invalid(Invalid::field("query", reason)),
             EngineError::Timeout(limit) => Error::QueryTimeout(limit),
             EngineError::MemoryLimit(reason) => Error::QueryMemoryLimit(reason),
+            EngineError::ResultTooLarge { limit_bytes } => Error::ResultTooLarge { limit_bytes },
             EngineError::Busy { retry_after } => Error::Throttled { retry_after },
             EngineError::Unavailable(source) => Error::Unavailable(source),
             EngineError::Internal(source) => Error::Internal(source),

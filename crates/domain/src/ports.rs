@@ -183,6 +183,9 @@ pub enum EngineError {
     /// The query needed more memory than its limit allows.
     #[error("{0}")]
     MemoryLimit(String),
+    /// The page of rows would be larger than a response may carry (`limit_bytes`).
+    #[error("the result is over {limit_bytes} bytes")]
+    ResultTooLarge { limit_bytes: usize },
     /// Too many queries of the project are running; try again after the given time.
     #[error("too many concurrent queries")]
     Busy { retry_after: std::time::Duration },

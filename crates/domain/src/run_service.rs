@@ -63,6 +63,7 @@ fn unshare(err: &Arc<Error>) -> Error {
         Error::NameTaken(n) => Error::NameTaken(n.clone()),
         Error::QueryTimeout(d) => Error::QueryTimeout(*d),
         Error::QueryMemoryLimit(d) => Error::QueryMemoryLimit(d.clone()),
+        Error::ResultTooLarge { limit_bytes } => Error::ResultTooLarge { limit_bytes: *limit_bytes },
         Error::Throttled { retry_after } => Error::Throttled { retry_after: *retry_after },
         Error::Unavailable(_) => Error::Unavailable(Box::new(SharedCause(Arc::clone(err)))),
         Error::Internal(_) => Error::Internal(Box::new(SharedCause(Arc::clone(err)))),

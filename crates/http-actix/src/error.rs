@@ -87,6 +87,13 @@ impl ApiError {
                     format!("The query needed more memory than allowed: {err}"),
                     None,
                 ),
+                Error::ResultTooLarge { .. } => (
+                    StatusCode::BAD_REQUEST,
+                    "query_error",
+                    "result_too_large",
+                    err.to_string(),
+                    Some("limit"),
+                ),
                 Error::Throttled { .. } => {
                     (StatusCode::TOO_MANY_REQUESTS, "throttled", "throttled", err.to_string(), None)
                 }

@@ -32,6 +32,8 @@ pub struct EngineLimits {
     pub retry_after: Duration,
     /// A materialization refresh still running after this is cancelled and recorded as failed.
     pub refresh_timeout: Duration,
+    /// The largest page of rows, as JSON, one run may answer (`result_too_large` past it).
+    pub result_bytes: usize,
 }
 
 impl Default for EngineLimits {
@@ -42,6 +44,7 @@ impl Default for EngineLimits {
             max_concurrent_per_project: 4,
             retry_after: Duration::from_secs(1),
             refresh_timeout: Duration::from_secs(600),
+            result_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -154,25 +157,36 @@ pub(crate) async fn collect(
     stream.try_collect::<Vec<_>>().await.map_err(execution_error)
 }
 
+/// Rows are written in slices of this many, so that a page over the byte limit is caught within one slice.
+const JSON_SLICE_ROWS: usize = 512;
+
 /// The first `limit` rows as a JSON array of objects, straight from Arrow, and whether a row was left over.
-pub(crate) fn to_json(batches: &[RecordBatch], limit: u32) -> Result<(String, usize, bool), EngineError> {
+///
+/// # Errors
+/// [`EngineError::ResultTooLarge`] as soon as the JSON passes `max_bytes`; the rest is never written.
+pub(crate) fn to_json(
+    batches: &[RecordBatch],
+    limit: u32,
+    max_bytes: usize,
+) -> Result<(String, usize, bool), EngineError> {
     let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
     let keep = total.min(limit as usize);
-    let mut page = Vec::with_capacity(batches.len());
-    let mut remaining = keep;
-    for batch in batches {
-        if remaining == 0 {
-            break;
-        }
-        let take = remaining.min(batch.num_rows());
-        page.push(batch.slice(0, take));
-        remaining -= take;
-    }
     let mut writer = arrow_json::WriterBuilder::new()
         .with_explicit_nulls(true)
-        .build::<_, arrow_json::writer::JsonArray>(Vec::with_capacity(keep * 64));
-    let refs: Vec<&RecordBatch> = page.iter().collect();
-    writer.write_batches(&refs).map_err(|e| EngineError::Internal(Box::new(e)))?;
+        .build::<_, arrow_json::writer::JsonArray>(Vec::with_capacity((keep * 64).min(max_bytes)));
+    let mut remaining = keep;
+    for batch in batches {
+        let mut start = 0;
+        while remaining > 0 && start < batch.num_rows() {
+            let take = remaining.min(batch.num_rows() - start).min(JSON_SLICE_ROWS);
+            writer.write(&batch.slice(start, take)).map_err(|e| EngineError::Internal(Box::new(e)))?;
+            if writer.get_ref().len() > max_bytes {
+                return Err(EngineError::ResultTooLarge { limit_bytes: max_bytes });
+            }
+            start += take;
+            remaining -= take;
+        }
+    }
     writer.finish().map_err(|e| EngineError::Internal(Box::new(e)))?;
     let bytes = writer.into_inner();
     let json = if bytes.is_empty() {
@@ -187,7 +201,8 @@ pub(crate) fn result(
     columns: Vec<domain::endpoint::Column>,
     batches: &[RecordBatch],
     limit: u32,
+    max_bytes: usize,
 ) -> Result<QueryResult, EngineError> {
-    let (rows_json, row_count, has_more) = to_json(batches, limit)?;
+    let (rows_json, row_count, has_more) = to_json(batches, limit, max_bytes)?;
     Ok(QueryResult { columns, rows_json, row_count, has_more })
 }

@@ -199,7 +199,7 @@ impl DataFusionEngine {
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         let stream = frame.execute_stream().await.map_err(execute::execution_error)?;
         let batches = execute::collect(stream).await?;
-        execute::result(columns, &batches, limit)
+        execute::result(columns, &batches, limit, self.limits.result_bytes)
     }
 }
 

@@ -27,6 +27,7 @@ fn outcome<T>(result: &Result<T, EngineError>) -> &'static str {
         Err(EngineError::InvalidQuery(_)) => "invalid",
         Err(EngineError::Timeout(_)) => "timeout",
         Err(EngineError::MemoryLimit(_)) => "memory_limit",
+        Err(EngineError::ResultTooLarge { .. }) => "result_too_large",
         Err(EngineError::Busy { .. }) => "busy",
         Err(EngineError::Unavailable(_) | EngineError::Internal(_)) => "error",
     }

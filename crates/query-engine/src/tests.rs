@@ -217,6 +217,23 @@ async fn a_query_over_its_memory_limit_fails() {
 }
 
 #[tokio::test]
+async fn a_page_over_the_result_byte_limit_is_refused_and_a_smaller_page_is_not() {
+    let (_, dir) = engine_with_events();
+    let limits = EngineLimits { result_bytes: 64 * 1024, ..EngineLimits::default() };
+    let engine = DataFusionEngine::with_limits(&*dir, limits);
+    // About 1 KB a row: 100 rows are over 64 KiB, 50 are not.
+    let q = query(
+        "SELECT v, repeat('x', 1000) AS pad FROM generate_series(1, 5000) AS t(v) ORDER BY v",
+        json!({}),
+    );
+    let err = engine.execute(project(1), &q, &bound(&[]), 100, 0).await.unwrap_err();
+    assert!(matches!(err, EngineError::ResultTooLarge { limit_bytes: 65_536 }), "{err:?}");
+    let page = engine.execute(project(1), &q, &bound(&[]), 50, 0).await.unwrap();
+    assert_eq!((page.row_count, page.has_more), (50, true));
+    assert!(page.rows_json.len() > 50_000 && page.rows_json.len() <= 65_536, "{}", page.rows_json.len());
+}
+
+#[tokio::test]
 async fn a_project_runs_at_most_its_share_of_live_queries() {
     let (_, dir) = engine_with_events();
     let limits = EngineLimits { max_concurrent_per_project: 1, ..EngineLimits::default() };

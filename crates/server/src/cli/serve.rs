@@ -23,6 +23,9 @@ pub struct ServeArgs {
     /// Memory one live query may use, in MiB (400 query_memory_limit beyond it).
     #[arg(long, env = "ENDPOINTS_QUERY_MEMORY_MB", default_value_t = 512)]
     pub query_memory_mb: usize,
+    /// The largest page of rows one run may answer, as JSON, in MiB (400 result_too_large beyond it).
+    #[arg(long, env = "ENDPOINTS_MAX_RESULT_MB", default_value_t = 32)]
+    pub max_result_mb: usize,
     /// Live queries one project may run at once (429 with Retry-After beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_QUERIES_PER_PROJECT", default_value_t = 4)]
     pub max_queries_per_project: usize,
@@ -66,6 +69,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.pool_size = args.pool_size;
     if args.query_timeout_secs == 0
         || args.query_memory_mb == 0
+        || args.max_result_mb == 0
         || args.max_queries_per_project == 0
         || args.flush_secs == 0
         || args.materialize_poll_ms == 0
@@ -74,7 +78,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
         || args.client_timeout_secs == 0
     {
         return Err(CliError::Usage(
-            "--query-timeout-secs, --query-memory-mb, --max-queries-per-project, --flush-secs, \
+            "--query-timeout-secs, --query-memory-mb, --max-result-mb, --max-queries-per-project, --flush-secs, \
              --materialize-poll-ms, --refresh-timeout-secs and --client-timeout-secs must be positive, and --materialize-lease-secs at \
              least 3"
                 .into(),
@@ -82,6 +86,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     }
     config.limits.query_timeout = std::time::Duration::from_secs(args.query_timeout_secs);
     config.limits.memory_limit = args.query_memory_mb.saturating_mul(1024 * 1024);
+    config.limits.result_bytes = args.max_result_mb.saturating_mul(1024 * 1024);
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
     config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
     config.flush_interval = std::time::Duration::from_secs(args.flush_secs);
