@@ -75,6 +75,84 @@ async fn the_auth_matrix() {
     assert_eq!(response.json::<serde_json::Value>().await.unwrap()["count"], 0);
 }
 
+/// Every route of both families against every combination of scopes a key can hold, and against a key of
+/// another project holding all of them: a read route admits any scope, a write route needs `endpoint:write`,
+/// and another project's key is refused everywhere.
+#[tokio::test]
+async fn every_route_of_both_families_against_every_scope_combination() {
+    let app = spawn_app().await;
+    let (project, writer) = app.project_with_key();
+    app.create_endpoint(project, &writer, &endpoint_body("numbers", "SELECT 42 AS n")).await;
+    let combinations: [&[&str]; 3] =
+        [&["endpoint:read"], &["endpoint:write"], &["endpoint:read", "endpoint:write"]];
+    let keys: Vec<(&[&str], String)> =
+        combinations.iter().map(|scopes| (*scopes, app.create_key(project, scopes).1)).collect();
+    let (other_project, _) = app.project_with_key();
+    let (_, stranger) = app.create_key(other_project, &["endpoint:read", "endpoint:write"]);
+
+    let mut checked = 0;
+    for family in ["projects", "environments"] {
+        let base = format!("/api/{family}/{project}/endpoints");
+        let one = format!("{base}/numbers");
+        // (method, path, body, needs write). Writes aim at what they cannot harm: a create without a name, an
+        // update that changes nothing, a delete of an endpoint that does not exist.
+        let routes = [
+            (Method::GET, base.clone(), json!(null), false),
+            (Method::POST, base.clone(), json!({}), true),
+            (Method::GET, one.clone(), json!(null), false),
+            (Method::PATCH, one.clone(), json!({}), true),
+            (Method::DELETE, format!("{base}/no-such-endpoint"), json!(null), true),
+            (Method::GET, format!("{one}/materialization_status"), json!(null), false),
+            (Method::GET, format!("{one}/openapi.json"), json!(null), false),
+            (Method::GET, format!("{one}/run"), json!(null), false),
+            (Method::POST, format!("{one}/run"), json!({}), false),
+            (Method::GET, format!("{one}/versions"), json!(null), false),
+            (Method::GET, format!("{one}/versions/1"), json!(null), false),
+            (Method::POST, format!("{base}/last_execution_times"), json!({"names": ["numbers"]}), false),
+        ];
+        for (method, path, body, needs_write) in &routes {
+            let send = |key: &str| {
+                let request = app.request(method.clone(), path, Some(key));
+                if body.is_null() { request } else { request.json(body) }.send()
+            };
+            for (scopes, key) in &keys {
+                let status = send(key).await.unwrap().status().as_u16();
+                let allowed = !needs_write || scopes.contains(&"endpoint:write");
+                if allowed {
+                    let expected = match (method.as_str(), path.ends_with("no-such-endpoint")) {
+                        ("POST", _) if path == &base => 400, // the create without a name
+                        ("DELETE", true) => 404,
+                        _ => 200,
+                    };
+                    assert_eq!(status, expected, "{method} {path} with {scopes:?}");
+                } else {
+                    let body = assert_error(send(key).await.unwrap(), 403, "permission_denied").await;
+                    assert!(
+                        body["detail"].as_str().unwrap().contains("endpoint:write"),
+                        "{method} {path}: {body}"
+                    );
+                }
+                checked += 1;
+            }
+            assert_error(send(&stranger).await.unwrap(), 403, "permission_denied").await;
+        }
+    }
+    assert_eq!(checked, 2 * 12 * 3);
+    // A refused delete of a real endpoint leaves it there, in both families.
+    for family in ["projects", "environments"] {
+        let one = format!("/api/{family}/{project}/endpoints/numbers");
+        for key in [&keys[0].1, &stranger] {
+            assert_error(
+                app.request(Method::DELETE, &one, Some(key)).send().await.unwrap(),
+                403,
+                "permission_denied",
+            )
+            .await;
+        }
+    }
+    assert_eq!(app.get(&format!("/api/projects/{project}/endpoints/numbers"), &writer).await.status(), 200);
+}
+
 #[tokio::test]
 async fn revocation_takes_effect_within_the_key_cache_ttl_and_expiry_at_once() {
     let app = spawn_app().await;
