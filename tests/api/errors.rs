@@ -108,3 +108,32 @@ async fn slow_clients_get_408_and_are_disconnected() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains(r#""code":"request_timeout""#), "a JSON error: {answer}");
 }
+
+#[tokio::test]
+async fn oversized_request_heads_get_431() {
+    let app = crate::helpers::spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let limit = std::time::Duration::from_secs(5);
+    // Host, Authorization and Connection, then `extra` fields.
+    let head = |extra: &str| {
+        format!(
+            "GET /api/projects/{project}/endpoints HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Connection: close\r\n{extra}\r\n"
+        )
+    };
+    let many = |n: usize| (0..n).map(|i| format!("X-Field-{i}: v\r\n")).collect::<String>();
+    // Within the limits: 93 more fields (96 in all), and a 64 KiB value.
+    for fits in [many(93), format!("X-Big: {}\r\n", "x".repeat(64 * 1024))] {
+        let mut stream = raw(&app, &head(&fits)).await;
+        let answer = answer_within(&mut stream, limit).await.expect("answered");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..40.min(answer.len())]);
+    }
+    // Past them: 97 fields, or a 200 KiB value. The answer comes before the server stops reading.
+    for too_much in [many(94), format!("X-Big: {}\r\n", "x".repeat(200 * 1024))] {
+        use tokio::io::AsyncReadExt;
+        let mut stream = raw(&app, &head(&too_much)).await;
+        let mut start = [0u8; 12];
+        tokio::time::timeout(limit, stream.read_exact(&mut start)).await.expect("answered").unwrap();
+        assert_eq!(&start, b"HTTP/1.1 431");
+    }
+}
