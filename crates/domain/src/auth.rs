@@ -164,6 +164,10 @@ impl KeyCache {
     fn forget(&self, id: Uuid) {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner).retain(|_, (key, _)| key.id != id);
     }
+
+    fn clear(&self) {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    }
 }
 
 /// Every key starts with this, so secret scanners can spot leaked keys.
@@ -202,6 +206,12 @@ impl ApiKeyService {
     pub fn with_key_cache_ttl(mut self, ttl: Duration) -> Self {
         self.cache.ttl = ttl;
         self
+    }
+
+    /// Forgets every key read from the store, so the next request with each reads it again: how a revocation
+    /// announced by another process takes effect here at once.
+    pub fn forget_cached_keys(&self) {
+        self.cache.clear();
     }
 
     /// Creates a key for an existing project.
@@ -426,6 +436,9 @@ mod tests {
         svc.revoke(Uuid::nil()).await.unwrap();
         svc.authenticate(SECRET).await.unwrap();
         assert_eq!(read_count(), 3, "a key revoked here is read again at once");
+        svc.forget_cached_keys();
+        svc.authenticate(SECRET).await.unwrap();
+        assert_eq!(read_count(), 4, "a revocation announced by another process: every key is read again");
 
         // Unknown keys are never cached.
         let mut keys = MockApiKeyStore::new();

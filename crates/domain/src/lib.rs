@@ -5,6 +5,7 @@
 //! framework, database driver, query engine or async runtime. Adapters implement [`ports`]; the binary wires them.
 
 pub mod auth;
+pub mod changes;
 pub mod endpoint;
 pub mod error;
 pub mod executions;
@@ -20,6 +21,7 @@ pub mod service;
 pub mod settings;
 
 pub use auth::{ApiKey, ApiKeyService, NewApiKey, Principal, Project, ProjectId, Scope};
+pub use changes::KeptState;
 pub use endpoint::{Column, ColumnType, Endpoint, EndpointName, EndpointVersion};
 pub use error::{Error, Invalid};
 pub use executions::ExecutionTracker;

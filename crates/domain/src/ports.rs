@@ -409,6 +409,22 @@ pub trait ResultCache: Send + Sync {
 
     /// Makes every cached run of the endpoint unreachable at once (on update and delete).
     fn invalidate(&self, project: ProjectId, name: &EndpointName);
+
+    /// Makes every cached run unreachable at once, including those being computed now (when this process may
+    /// have missed changes made elsewhere).
+    fn invalidate_all(&self);
+}
+
+/// A change made by some process that every process keeping the changed thing in memory must honour at once.
+/// Stores that can tell other processes (PostgreSQL's `NOTIFY`) announce these when the change commits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The endpoint was updated (its query, settings or activation) or deleted.
+    Endpoint { project: ProjectId, name: EndpointName },
+    /// A key was revoked.
+    Keys,
+    /// Changes may have been missed (the channel was down): forget everything kept from the store.
+    Everything,
 }
 
 /// The current time, injectable so tests control it.

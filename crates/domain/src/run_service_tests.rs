@@ -49,6 +49,9 @@ impl ResultCache for MapCache {
     fn invalidate(&self, project: ProjectId, name: &EndpointName) {
         *self.generations.lock().unwrap().entry((project, name.clone())).or_insert(0) += 1;
     }
+    fn invalidate_all(&self) {
+        self.entries.lock().unwrap().clear();
+    }
 }
 
 fn project() -> ProjectId {
@@ -327,6 +330,7 @@ impl ResultCache for NoCache {
     }
     fn put(&self, _: CacheKey, _: Arc<CachedRun>) {}
     fn invalidate(&self, _: ProjectId, _: &EndpointName) {}
+    fn invalidate_all(&self) {}
 }
 
 /// A service over the slow engine and no cache, and the engine's run counter.

@@ -1,7 +1,9 @@
 //! The in-memory `ResultCache`: moka, bounded by the bytes of the cached rows, with a generation per endpoint
-//! so an update or delete makes every older entry unreachable at once.
+//! so an update or delete makes every older entry unreachable at once, and an epoch over all of them for when
+//! this process may have missed changes made elsewhere.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,8 @@ use moka::Expiry;
 pub struct MemoryResultCache {
     entries: Cache<CacheKey, Arc<CachedRun>>,
     generations: Mutex<HashMap<(ProjectId, EndpointName), u64>>,
+    /// Added to every endpoint's generation: both only grow, so a bump of either changes every key it covers.
+    epoch: AtomicU64,
 }
 
 /// Evicts an entry when its own cache age has passed (the caller checks expiry too, against its clock).
@@ -34,7 +38,7 @@ impl MemoryResultCache {
             .weigher(|_key: &CacheKey, run: &Arc<CachedRun>| u32::try_from(run.weight()).unwrap_or(u32::MAX))
             .expire_after(UntilExpiry)
             .build();
-        Self { entries, generations: Mutex::new(HashMap::new()) }
+        Self { entries, generations: Mutex::new(HashMap::new()), epoch: AtomicU64::new(0) }
     }
 }
 
@@ -47,7 +51,7 @@ impl std::fmt::Debug for MemoryResultCache {
 impl ResultCache for MemoryResultCache {
     fn generation(&self, project: ProjectId, name: &EndpointName) -> u64 {
         let generations = self.generations.lock().unwrap_or_else(PoisonError::into_inner);
-        generations.get(&(project, name.clone())).copied().unwrap_or(0)
+        generations.get(&(project, name.clone())).copied().unwrap_or(0) + self.epoch.load(Ordering::Acquire)
     }
 
     fn get(&self, key: &CacheKey) -> Option<Arc<CachedRun>> {
@@ -65,5 +69,71 @@ impl ResultCache for MemoryResultCache {
     fn invalidate(&self, project: ProjectId, name: &EndpointName) {
         let mut generations = self.generations.lock().unwrap_or_else(PoisonError::into_inner);
         *generations.entry((project, name.clone())).or_insert(0) += 1;
+    }
+
+    fn invalidate_all(&self) {
+        // Runs computed under the old epoch are stored under keys nothing asks for again; the memory goes too.
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.entries.invalidate_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use domain::ports::{CacheKey, CachedRun, ResultCache};
+    use domain::{EndpointName, ProjectId, QueryResult};
+    use time::macros::datetime;
+
+    use super::MemoryResultCache;
+
+    fn run() -> Arc<CachedRun> {
+        let at = datetime!(2026-11-22 12:00 UTC);
+        Arc::new(CachedRun {
+            version: 1,
+            version_created_at: at,
+            result: QueryResult { columns: vec![], rows_json: "[]".into(), row_count: 0, has_more: false },
+            computed_at: at,
+            expires_at: Some(at + time::Duration::minutes(5)),
+            query_time: std::time::Duration::ZERO,
+            endpoint_materialized: false,
+            materialized_at: None,
+            variables: serde_json::Value::Null,
+            rendered: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn key(cache: &MemoryResultCache, name: &EndpointName) -> CacheKey {
+        let project = ProjectId::new(1).unwrap();
+        CacheKey {
+            project,
+            name: name.clone(),
+            generation: cache.generation(project, name),
+            request: "r".into(),
+        }
+    }
+
+    #[test]
+    fn an_endpoint_or_everything_can_be_made_unreachable_at_once() {
+        let cache = MemoryResultCache::new(1 << 20);
+        let (a, b) = (EndpointName::parse("a").unwrap(), EndpointName::parse("b").unwrap());
+        let project = ProjectId::new(1).unwrap();
+        for name in [&a, &b] {
+            cache.put(key(&cache, name), run());
+        }
+        assert!(cache.get(&key(&cache, &a)).is_some() && cache.get(&key(&cache, &b)).is_some());
+
+        cache.invalidate(project, &a);
+        assert!(cache.get(&key(&cache, &a)).is_none(), "a is gone");
+        assert!(cache.get(&key(&cache, &b)).is_some(), "b is not");
+
+        let computing = key(&cache, &b);
+        cache.invalidate_all();
+        assert!(cache.get(&key(&cache, &b)).is_none(), "everything is gone");
+        cache.put(computing, run());
+        assert!(cache.get(&key(&cache, &b)).is_none(), "a run computed before is not stored");
+        cache.put(key(&cache, &b), run());
+        assert!(cache.get(&key(&cache, &b)).is_some(), "a run computed after is");
     }
 }
