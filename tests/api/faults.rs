@@ -12,13 +12,13 @@ use crate::helpers::{endpoint_body, get_json, postgres_url, spawn_app_on_databas
 
 /// A TCP proxy in front of PostgreSQL that a test can cut (every connection dropped, new ones refused) and
 /// restore, so the database goes away for this test's application only.
-struct Proxy {
-    port: u16,
+pub(crate) struct Proxy {
+    pub(crate) port: u16,
     open: watch::Sender<bool>,
 }
 
 impl Proxy {
-    async fn start(upstream: String) -> Self {
+    pub(crate) async fn start(upstream: String) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (open, watcher) = watch::channel(true);
@@ -41,17 +41,17 @@ impl Proxy {
         Self { port, open }
     }
 
-    fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.open.send_replace(false);
     }
 
-    fn restore(&self) {
+    pub(crate) fn restore(&self) {
         self.open.send_replace(true);
     }
 }
 
 /// The test database's URL with its host and port replaced by the proxy's; and the upstream address.
-fn through_proxy(url: &str, port: u16) -> (String, String) {
+pub(crate) fn through_proxy(url: &str, port: u16) -> (String, String) {
     let (scheme, rest) = url.split_once("://").unwrap();
     let (credentials, rest) = rest.rsplit_once('@').unwrap();
     let (address, database) = rest.split_once('/').unwrap();

@@ -11,4 +11,5 @@ mod materialization;
 mod openapi;
 mod operations;
 mod runs;
+mod scaling;
 mod versions;

@@ -125,6 +125,8 @@ pub struct PoolState {
 pub struct Database {
     pool: r2d2::Pool<Manager>,
     backend: Backend,
+    /// The native connection string (for the change listener's own connection).
+    address: String,
 }
 
 impl std::fmt::Debug for Database {
@@ -145,7 +147,7 @@ impl Database {
                 std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
             }
         }
-        let backend = target.backend;
+        let (backend, address) = (target.backend, target.address.clone());
         // No idle minimum: the pool then never opens connections in the background on its own, which matters
         // because libpq must not be connecting on r2d2's thread while the process exits (OpenSSL's exit-time
         // cleanup would pull the rug out from under it, a segfault seen with short-lived CLI commands).
@@ -156,11 +158,21 @@ impl Database {
             .build_unchecked(Manager { target });
         // Fail fast when the database is unreachable, with the driver's own reason.
         pool.get().map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-        Ok(Self { pool, backend })
+        Ok(Self { pool, backend, address })
     }
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// On PostgreSQL, a thread calling `on_change` for every change any process announces, and with
+    /// `Change::Everything` whenever changes may have been missed; `None` on SQLite, which serves one process.
+    pub fn listen_for_changes(
+        &self,
+        on_change: impl Fn(domain::ports::Change) + Send + 'static,
+    ) -> Option<crate::ChangeListener> {
+        (self.backend == Backend::Postgres)
+            .then(|| crate::ChangeListener::spawn(self.address.clone(), on_change))
     }
 
     /// Applies every pending migration of this backend and returns the versions applied.

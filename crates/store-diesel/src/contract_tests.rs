@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use domain::endpoint::{Column, ColumnType, EndpointChange, EndpointFilter, NewEndpoint};
 use domain::materialization::{CompareOp, MaterializationStatus, MaterializedFilter, StoredResult, Switch};
-use domain::ports::{ApiKeyStore, EndpointStore, MaterializationStore, ProjectStore, StoreError};
+use domain::ports::{ApiKeyStore, Change, EndpointStore, MaterializationStore, ProjectStore, StoreError};
 use domain::{
     ApiKey, CacheAge, Eligibility, EndpointName, PageRequest, ProjectId, Query, Scope, SyncFrequency,
     Timestamp,
@@ -555,4 +555,69 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
         MaterializationStore::complete(&store, id, claim.token, stored("v3", 2, T0), far).await.unwrap();
     assert_eq!(lost, Switch::Lost, "a refresh of a deleted endpoint switches nothing");
     EndpointStore::delete(&store, p, &name("off")).await.unwrap();
+}
+
+/// Waits for a change `wanted` accepts, skipping those of tests running at the same time on the same database.
+fn wait_for(changes: &std::sync::mpsc::Receiver<Change>, wanted: impl Fn(&Change) -> bool) -> Change {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let change = changes.recv_timeout(left).expect("the change is announced within 10 s");
+        if wanted(&change) {
+            return change;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_announces_committed_changes_to_every_listener() {
+    let store = postgres_store();
+    let (sender, changes) = std::sync::mpsc::channel();
+    let _listener = store
+        .database()
+        .listen_for_changes(move |change| {
+            let _ = sender.send(change);
+        })
+        .expect("PostgreSQL announces changes");
+    // Connected: whatever happened before is unknown to a new listener.
+    assert_eq!(wait_for(&changes, |_| true), Change::Everything);
+
+    let p = project(&store).await;
+    EndpointStore::insert(&store, new_endpoint(p, "watched")).await.unwrap();
+    let ours = |wanted: &'static str| {
+        move |change: &Change| {
+            matches!(change, Change::Endpoint { project, .. } if *project == p)
+                || (wanted == "keys" && *change == Change::Keys)
+        }
+    };
+    let change = EndpointChange { description: Some("changed".into()), ..Default::default() };
+    EndpointStore::update(&store, p, &name("watched"), change, T0).await.unwrap();
+    assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("watched") });
+
+    // A change that fails is rolled back and announces nothing: the next change of the project is the delete.
+    let ghost = EndpointChange { description: Some("x".into()), ..Default::default() };
+    assert!(EndpointStore::update(&store, p, &name("ghost"), ghost, T0).await.is_err());
+    EndpointStore::delete(&store, p, &name("watched")).await.unwrap();
+    assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("watched") });
+
+    let key = ApiKey {
+        id: Uuid::new_v4(),
+        project_id: p,
+        label: "watched".into(),
+        scopes: vec![Scope::EndpointRead],
+        secret_hash: format!("{:064x}", Uuid::new_v4().as_u128()),
+        prefix: "phx_abcdef".into(),
+        created_at: T0,
+        expires_at: None,
+        revoked_at: None,
+    };
+    ApiKeyStore::insert(&store, key.clone()).await.unwrap();
+    ApiKeyStore::revoke(&store, key.id, T0).await.unwrap();
+    assert_eq!(wait_for(&changes, |c| *c == Change::Keys), Change::Keys);
+}
+
+#[test]
+fn sqlite_serves_one_process_and_announces_nothing() {
+    let (store, _file) = sqlite_store();
+    assert!(store.database().listen_for_changes(|_| {}).is_none());
 }

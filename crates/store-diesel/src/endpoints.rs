@@ -5,12 +5,13 @@ use diesel::prelude::*;
 use domain::endpoint::{
     Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
 };
-use domain::ports::{EndpointStore, StoreError};
+use domain::ports::{Change, EndpointStore, StoreError};
 use domain::{Page, PageRequest, ProjectId, Timestamp};
 
 use crate::rows::instant;
 use tracing::instrument;
 
+use crate::changes::announce;
 use crate::connection::AnyConnection;
 use crate::error::DbError;
 use crate::rows::{columns_text, eligibility_text, micros, EndpointRow, VersionRow};
@@ -280,22 +281,31 @@ impl EndpointStore for DieselStore {
         change: EndpointChange,
         at: Timestamp,
     ) -> Result<Endpoint, StoreError> {
+        let changed = Change::Endpoint { project, name: name.clone() };
         let name = name.to_string();
         let at = micros(at);
         Ok(self
             .db
-            .run(move |conn| conn.transaction(|conn| apply_change(conn, project.get(), &name, change, at)))
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    let endpoint = apply_change(conn, project.get(), &name, change, at)?;
+                    announce(conn, &changed)?;
+                    Ok(endpoint)
+                })
+            })
             .await?)
     }
 
     #[instrument(skip_all, fields(project = %project, name = %name))]
     async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<uuid::Uuid, StoreError> {
+        let changed = Change::Endpoint { project, name: name.clone() };
         let name = name.to_string();
         Ok(self
             .db
             .run(move |conn| {
                 conn.transaction(|conn| {
                     let (id, _) = endpoint_id(conn, project.get(), &name)?;
+                    announce(conn, &changed)?;
                     // Dependent rows go first so the delete does not depend on the backend's cascade support.
                     diesel::delete(materializations::table.find(&id)).execute(conn)?;
                     diesel::delete(endpoint_versions::table.filter(endpoint_versions::endpoint_id.eq(&id)))

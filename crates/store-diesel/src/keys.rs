@@ -2,11 +2,12 @@
 
 use async_trait::async_trait;
 use diesel::prelude::*;
-use domain::ports::{ApiKeyStore, StoreError};
+use domain::ports::{ApiKeyStore, Change, StoreError};
 use domain::{ApiKey, ProjectId, Scope, Timestamp};
 use tracing::instrument;
 use uuid::Uuid;
 
+use crate::changes::announce;
 use crate::error::DbError;
 use crate::rows::{instant, micros, uuid};
 use crate::schema::api_keys;
@@ -119,7 +120,7 @@ impl ApiKeyStore for DieselStore {
                     diesel::update(api_keys::table.find(&id).filter(api_keys::revoked_at.is_null()))
                         .set(api_keys::revoked_at.eq(micros(at)))
                         .execute(conn)?;
-                    Ok(())
+                    announce(conn, &Change::Keys)
                 })
             })
             .await?)

@@ -4,6 +4,7 @@
 //! It owns the schema, the embedded migrations of both backends and the translation of database errors into
 //! the domain's `StoreError`. It knows nothing of HTTP or of the query engine.
 
+mod changes;
 mod connection;
 mod endpoints;
 mod error;
@@ -13,6 +14,7 @@ mod projects;
 mod rows;
 mod schema;
 
+pub use changes::ChangeListener;
 pub use connection::{Backend, Database, DatabaseConfig, PoolState};
 
 /// The three store ports over one database.

@@ -1,0 +1,161 @@
+//! Several `serve` processes on one PostgreSQL database: a change made through one is honoured by every other
+//! at once, while their cached runs still touch no database between changes.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::faults::{through_proxy, Proxy};
+use crate::helpers::{endpoint_body, postgres_url, serve_command, spawn_app_on_postgres_tuned, ServeProcess};
+
+/// A real `endpoints serve` on `database_url`. Keys are trusted for ten minutes and cached runs for the
+/// endpoint's cache age (five minutes by default), so only an announced change can end either sooner.
+async fn node(data_dir: &std::path::Path, database_url: &str) -> ServeProcess {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_endpoints"));
+    command.arg("--database-url").arg(database_url).stderr(Stdio::null());
+    serve_command(command, data_dir, &["--materialize-workers", "0", "--key-cache-ms", "600000"]).await
+}
+
+struct Client {
+    http: reqwest::Client,
+    key: String,
+    project: i64,
+}
+
+impl Client {
+    fn url(&self, node: &ServeProcess, path: &str) -> String {
+        format!("{}/api/projects/{}/endpoints{path}", node.address, self.project)
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+        let response = request.bearer_auth(&self.key).send().await.expect("the node answers");
+        (response.status(), response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn run(&self, node: &ServeProcess, name: &str) -> (StatusCode, Value) {
+        self.send(self.http.get(self.url(node, &format!("/{name}/run")))).await
+    }
+
+    async fn patch(&self, node: &ServeProcess, name: &str, body: Value) {
+        let (status, answer) =
+            self.send(self.http.patch(self.url(node, &format!("/{name}"))).json(&body)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+
+    /// Runs `name` on `node` until `done` accepts the answer, and returns how long that took.
+    async fn until(
+        &self,
+        node: &ServeProcess,
+        name: &str,
+        done: impl Fn(StatusCode, &Value) -> bool,
+    ) -> Duration {
+        let started = Instant::now();
+        loop {
+            let (status, answer) = self.run(node, name).await;
+            if done(status, &answer) {
+                return started.elapsed();
+            }
+            assert!(started.elapsed() < Duration::from_secs(3), "not honoured within 3 s: {status} {answer}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn value(answer: &Value) -> Option<i64> {
+    answer["results"][0]["n"].as_i64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_one_node_is_honoured_by_the_others_at_once() {
+    let setup = spawn_app_on_postgres_tuned(|_| {}).await;
+    let (project, key) = setup.project_with_key();
+    let url = postgres_url();
+    let (a, b, c) = (
+        node(&setup.data_dir, &url).await,
+        node(&setup.data_dir, &url).await,
+        node(&setup.data_dir, &url).await,
+    );
+    let client = Client { http: reqwest::Client::new(), key, project };
+    let (status, _) =
+        client.send(client.http.post(client.url(&a, "/")).json(&endpoint_body("kpi", "SELECT 1 AS n"))).await;
+    assert_eq!(status, 201);
+
+    // Every node computes once, then answers from its own cache.
+    for node in [&a, &b, &c] {
+        client.run(node, "kpi").await;
+        let (_, cached) = client.run(node, "kpi").await;
+        assert_eq!((cached["is_cached"].as_bool(), value(&cached)), (Some(true), Some(1)));
+    }
+
+    // A new query through A: B and C answer with version 2 at once, not with their cached version 1.
+    client.patch(&a, "kpi", json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}})).await;
+    for node in [&b, &c] {
+        let took = client.until(node, "kpi", |_, answer| value(answer) == Some(2)).await;
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        let (_, again) = client.run(node, "kpi").await;
+        assert_eq!((again["is_cached"].as_bool(), again["endpoint_version"].as_i64()), (Some(true), Some(2)));
+    }
+
+    // Deactivated through B: A and C stop answering it.
+    client.patch(&b, "kpi", json!({"is_active": false})).await;
+    for node in [&a, &c] {
+        client.until(node, "kpi", |status, _| status == 404).await;
+    }
+    client.patch(&b, "kpi", json!({"is_active": true})).await;
+    for node in [&a, &c] {
+        client.until(node, "kpi", |status, _| status == 200).await;
+        client.run(node, "kpi").await;
+    }
+
+    // Deleted through C: gone on A and B, cached runs included.
+    let (status, _) = client.send(client.http.delete(client.url(&c, "/kpi"))).await;
+    assert_eq!(status, 204);
+    for node in [&a, &b] {
+        client.until(node, "kpi", |status, _| status == 404).await;
+    }
+
+    // A key revoked by another process (the CLI) stops working on every node, though nodes trust keys they read
+    // for ten minutes.
+    let id =
+        setup.cli(&["key", "list", "--project", &project.to_string()])[0]["id"].as_str().unwrap().to_owned();
+    setup.cli(&["key", "revoke", &id]);
+    for node in [&a, &b, &c] {
+        let started = Instant::now();
+        while client.send(client.http.get(client.url(node, "/"))).await.0 != 401 {
+            assert!(started.elapsed() < Duration::from_secs(3), "the revoked key still works");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_loses_the_change_channel_stops_trusting_its_cache() {
+    let setup = spawn_app_on_postgres_tuned(|_| {}).await;
+    let (project, key) = setup.project_with_key();
+    let url = postgres_url();
+    let (_, upstream) = through_proxy(&url, 0);
+    let proxy = Proxy::start(upstream).await;
+    let (proxied, _) = through_proxy(&url, proxy.port);
+    let a = node(&setup.data_dir, &url).await;
+    let b = node(&setup.data_dir, &proxied).await;
+    let client = Client { http: reqwest::Client::new(), key, project };
+    let (status, _) =
+        client.send(client.http.post(client.url(&a, "/")).json(&endpoint_body("kpi", "SELECT 1 AS n"))).await;
+    assert_eq!(status, 201);
+    client.run(&b, "kpi").await;
+    assert_eq!(client.run(&b, "kpi").await.1["is_cached"], true);
+
+    // B loses its database, and with it the channel; A changes the query meanwhile. B cannot know what changed,
+    // so it stops answering from its cache (it would serve version 1) and says the store is away instead.
+    proxy.cut();
+    client.patch(&a, "kpi", json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}})).await;
+    client.until(&b, "kpi", |status, _| status == 503).await;
+    let (status, answer) = client.run(&b, "kpi").await;
+    assert_eq!(status, 503, "{answer}");
+
+    // Back: B answers with version 2.
+    proxy.restore();
+    client.until(&b, "kpi", |status, answer| status == 200 && value(answer) == Some(2)).await;
+}
