@@ -5,10 +5,10 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use domain::ports::{ResultCache, SystemClock};
-use domain::{ApiKeyService, EndpointService, ExecutionTracker, Materializer, RunService};
+use domain::{ApiKeyService, EndpointService, ExecutionTracker, KeptState, Materializer, RunService};
 use http_actix::AppState;
 use query_engine::{DataFusionEngine, MemoryResultCache};
-use store_diesel::{Backend, Database, DatabaseConfig, DieselStore};
+use store_diesel::{Backend, ChangeListener, Database, DatabaseConfig, DieselStore};
 
 use crate::config::Config;
 
@@ -35,6 +35,8 @@ pub struct Services {
     pub executions: Arc<ExecutionTracker>,
     pub engine: Arc<DataFusionEngine>,
     pub materializer: Arc<Materializer>,
+    /// What this process keeps from the store in memory, for changes other processes announce.
+    pub kept: KeptState,
 }
 
 impl Services {
@@ -61,7 +63,7 @@ impl Services {
                 .with_materializations(store.clone(), engine.clone()),
         );
         let runs = Arc::new(
-            RunService::new(store.clone(), engine.clone(), cache, clock.clone(), executions.clone())
+            RunService::new(store.clone(), engine.clone(), cache.clone(), clock.clone(), executions.clone())
                 .with_materializations(store.clone(), engine.clone()),
         );
         let materializer = Arc::new(Materializer::new(
@@ -75,7 +77,8 @@ impl Services {
         let keys = Arc::new(
             ApiKeyService::new(store.clone(), store.clone(), clock).with_key_cache_ttl(config.key_cache_ttl),
         );
-        Ok(Self { database, store, endpoints, runs, keys, executions, engine, materializer })
+        let kept = KeptState::new(cache, keys.clone());
+        Ok(Self { database, store, endpoints, runs, keys, executions, engine, materializer, kept })
     }
 }
 
@@ -89,6 +92,8 @@ pub struct Application {
     worker: crate::worker::WorkerConfig,
     worker_metrics: crate::operations::WorkerMetrics,
     rate_limits: Arc<http_actix::RateLimits>,
+    /// On PostgreSQL: applies the changes other processes announce; stops with the application.
+    _changes: Option<ChangeListener>,
 }
 
 impl Application {
@@ -109,6 +114,8 @@ impl Application {
         let worker_metrics = crate::operations::WorkerMetrics::default();
         let operations = crate::operations::operations(&services.database, &services.engine, &worker_metrics);
         let rate_limits = Arc::new(http_actix::RateLimits::new(config.rate_limits));
+        let kept = services.kept.clone();
+        let changes = services.database.listen_for_changes(move |change| kept.apply(&change));
         let state = AppState {
             client_timeout: config.client_timeout,
             ..AppState::new(services.endpoints, services.runs, services.keys)
@@ -134,6 +141,7 @@ impl Application {
             worker: config.worker.clone(),
             worker_metrics,
             rate_limits,
+            _changes: changes,
         })
     }
 
