@@ -7,7 +7,8 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
   3. the materialized endpoint against its live run;
   4. scaling: live run time by table size, cached-run throughput by number of endpoints in the store,
      create/get/list throughput on SQLite and PostgreSQL;
-  5. memory: the server's peak RSS in each scenario and idle, against bare DataFusion's for the live run.
+  5. memory: the server's peak RSS in each scenario and idle, against bare DataFusion's for the live run;
+  6. several nodes: cached-run throughput of 1, 2 and 3 `serve` processes on one PostgreSQL database.
 
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results are written as a dated section at the top of docs/benchmarks.md.
@@ -176,6 +177,48 @@ def wrk(url, key, seconds, connections=64, script=None, script_args=()):
     if errors:
         log(f"wrk socket errors: {errors.group(1)}")
     return result
+
+
+def wrk_together(urls, key, seconds, connections=64):
+    """One wrk per URL at the same time, the connections split between them: the summed throughput and the
+    worst p99."""
+    share = max(connections // len(urls), 1)
+    command = lambda url: ["wrk", "-t1", f"-c{share}", f"-d{seconds}s", "--latency", "-H",
+                           f"Authorization: Bearer {key}", url]
+    running = [subprocess.Popen(command(url), stdout=subprocess.PIPE, text=True) for url in urls]
+    results = []
+    for process in running:
+        out, _ = process.communicate()
+        bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        results.append({
+            "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p99": parse_latency(re.search(r"^\s+99%\s+(\S+)", out, re.MULTILINE).group(1)),
+            "failed": int(bad.group(1)) if bad else 0,
+        })
+    return {"rps": sum(r["rps"] for r in results), "p99": max(r["p99"] for r in results),
+            "failed": sum(r["failed"] for r in results)}
+
+
+def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
+    """Cached-run throughput of 1, 2 and 3 `serve` nodes on one PostgreSQL database, each loaded by its own wrk."""
+    path = "/api/projects/1/endpoints/crud-probe/run"
+    figures = {}
+    for count in (1, 2, 3):
+        nodes = []
+        for _ in range(count):
+            node = Endpoints(bin_dir, data_dir, database_url)
+            node.key = key
+            nodes.append(node.start("--materialize-workers", "0", "--workers", str(max(os.cpu_count() // count, 1))))
+        try:
+            for node in nodes:
+                node.request("GET", path)
+            figures[count] = median_of([wrk_together([n.base + path for n in nodes], key, seconds)
+                                        for _ in range(rounds)])
+        finally:
+            for node in nodes:
+                node.stop()
+        log(f"cached on {count} node(s): {figures[count]['rps']:.0f} req/s")
+    return figures
 
 
 def median_of(rounds):
@@ -394,6 +437,9 @@ def main():
             crud_app.start(*quiet)
             figures["crud"][name] = crud(crud_app, args.seconds, args.rounds, script)
             crud_app.stop()
+            if name == "PostgreSQL":
+                figures["nodes"] = cached_by_nodes(args.bin_dir, crud_app.data_dir, args.postgres_url, crud_app.key,
+                                                   args.seconds, args.rounds)
             log(f"CRUD on {name}: " + ", ".join(f"{k} {v['rps']:.0f}/s" for k, v in figures["crud"][name].items()))
     finally:
         for app in list(locals().get("apps", {}).values()) + list(locals().get("backends", {}).values()):
@@ -450,6 +496,13 @@ def write_report(args, f):
     for name, r in f["crud"].items():
         lines.append(f"| {name} | " + " | ".join(f"{r[k]['rps']:,.0f} req/s (p99 {r[k]['p99']:.1f} ms)"
                                                     for k in ("create", "get", "list")) + " |")
+    if "nodes" in f:
+        one = f["nodes"][1]["rps"]
+        lines += ["", f"**Several nodes on one PostgreSQL** (cached run; one wrk per node, 64 connections split between "
+                  f"them; each node's workers are the {os.cpu_count()} cores split between the nodes, all on this one "
+                  "machine).", "", "| Nodes | Cached run | Against one node |", "|---|---|---|"]
+        for count, r in f["nodes"].items():
+            lines.append(f"| {count} | {r['rps']:,.0f} req/s, p99 {r['p99']:.2f} ms | {r['rps'] / one:.2f}x |")
     lines += [
         "",
         "**Memory** (server peak RSS, sampled every 50 ms).",
@@ -464,7 +517,8 @@ def write_report(args, f):
         "",
     ]
     runs = {"cached": cached, "baseline": base, **{f"cached with {n} endpoints": r for n, r in f["by_count"].items()},
-            **{f"{k} on {b}": r[k] for b, r in f["crud"].items() for k in r}}
+            **{f"{k} on {b}": r[k] for b, r in f["crud"].items() for k in r},
+            **{f"cached on {n} nodes": r for n, r in f.get("nodes", {}).items()}}
     failed = {name: r["failed"] for name, r in runs.items() if r["failed"]}
     if failed:
         lines.insert(2, f"**Non-2xx responses during load runs ({failed}): the figures are not valid.**\n")
