@@ -15,7 +15,8 @@ use moka::Expiry;
 /// Cached runs in process memory.
 pub struct MemoryResultCache {
     entries: Cache<CacheKey, Arc<CachedRun>>,
-    generations: Mutex<HashMap<(ProjectId, EndpointName), u64>>,
+    /// By project, then name: a lookup borrows the name instead of building a key (no allocation per run).
+    generations: Mutex<HashMap<ProjectId, HashMap<EndpointName, u64>>>,
     /// Added to every endpoint's generation: both only grow, so a bump of either changes every key it covers.
     epoch: AtomicU64,
 }
@@ -51,7 +52,8 @@ impl std::fmt::Debug for MemoryResultCache {
 impl ResultCache for MemoryResultCache {
     fn generation(&self, project: ProjectId, name: &EndpointName) -> u64 {
         let generations = self.generations.lock().unwrap_or_else(PoisonError::into_inner);
-        generations.get(&(project, name.clone())).copied().unwrap_or(0) + self.epoch.load(Ordering::Acquire)
+        let own = generations.get(&project).and_then(|names| names.get(name)).copied().unwrap_or(0);
+        own + self.epoch.load(Ordering::Acquire)
     }
 
     fn get(&self, key: &CacheKey) -> Option<Arc<CachedRun>> {
@@ -68,7 +70,7 @@ impl ResultCache for MemoryResultCache {
 
     fn invalidate(&self, project: ProjectId, name: &EndpointName) {
         let mut generations = self.generations.lock().unwrap_or_else(PoisonError::into_inner);
-        *generations.entry((project, name.clone())).or_insert(0) += 1;
+        *generations.entry(project).or_default().entry(name.clone()).or_insert(0) += 1;
     }
 
     fn invalidate_all(&self) {
