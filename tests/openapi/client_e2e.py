@@ -9,14 +9,12 @@ import datetime
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
-BINARY = os.environ.get("ENDPOINTS_BIN", "target/debug/endpoints")
+from live_server import live_server, request
+
 VENV_BIN = os.path.dirname(sys.executable)
 
 SALES = """id,country,amount,day
@@ -43,95 +41,45 @@ ENDPOINT = {
 }
 
 
-def cli(data_dir, *args):
-    out = subprocess.run([BINARY, "--data-dir", data_dir, "--json", *args], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
-
-
-def request(url, key, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET")
-    req.add_header("Authorization", f"Bearer {key}")
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=30) as response:
-        return json.loads(response.read())
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_up(base, key, server):
-    for _ in range(100):
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited: {server.stderr.read()}")
-        try:
-            request(f"{base}/api/projects/@current/endpoints/", key)
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit("the server did not come up")
-
-
 def main():
-    with tempfile.TemporaryDirectory() as work:
-        data_dir = os.path.join(work, "data")
-        project = cli(data_dir, "project", "create", "--name", "Client")["id"]
-        key = cli(data_dir, "key", "create", "--project", str(project), "--scope", "endpoint:write")["key"]
-        csv = os.path.join(work, "sales.csv")
-        with open(csv, "w") as f:
-            f.write(SALES)
-        cli(data_dir, "data", "import", "--project", str(project), "--table", "sales", csv)
+    with tempfile.TemporaryDirectory() as work, live_server(work, SALES) as (base, project, key):
+        request(f"{base}/api/projects/{project}/endpoints/", key, ENDPOINT)
+        doc = request(f"{base}/api/projects/{project}/endpoints/sales-by-country/openapi.json", key)
+        doc_path = os.path.join(work, "openapi.json")
+        with open(doc_path, "w") as f:
+            json.dump(doc, f)
 
-        base = f"http://127.0.0.1:{free_port()}"
-        server = subprocess.Popen(
-            [BINARY, "--data-dir", data_dir, "serve", "--bind", base.removeprefix("http://")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+        subprocess.run(
+            [os.path.join(VENV_BIN, "openapi-python-client"), "generate", "--path", doc_path, "--meta", "none",
+             "--output-path", os.path.join(work, "sales_by_country_client")],
+            check=True, capture_output=True, text=True, env=env, cwd=work,
         )
+        sys.path.insert(0, work)
+        client_pkg = importlib.import_module("sales_by_country_client")
+        run = importlib.import_module("sales_by_country_client.api.default.run_sales_by_country")
+        models = importlib.import_module("sales_by_country_client.models")
+
+        client = client_pkg.AuthenticatedClient(base_url=base, token=key)
+        body = models.RunRequest(variables=models.RunRequestVariables(max_id=3, countries=["US", "FR"]))
+        result = run.sync(client=client, body=body)
+        assert isinstance(result, models.RunResult), f"expected a RunResult, got {result!r}"
+        rows = result.results
+        assert [(r.country, r.total, r.n) for r in rows] == [("US", 30.75, 2), ("FR", 5.0, 1)], rows
+        assert isinstance(rows[0].total, float) and isinstance(rows[0].n, int)
+        assert rows[0].last_day == datetime.date(2026, 1, 2), rows[0].last_day
+        assert result.has_more is False and result.endpoint_version == 1
+
+        # The generated model knows the variable without a default is required.
         try:
-            wait_until_up(base, key, server)
-            request(f"{base}/api/projects/{project}/endpoints/", key, ENDPOINT)
-            doc = request(f"{base}/api/projects/{project}/endpoints/sales-by-country/openapi.json", key)
-            doc_path = os.path.join(work, "openapi.json")
-            with open(doc_path, "w") as f:
-                json.dump(doc, f)
-
-            env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-            subprocess.run(
-                [os.path.join(VENV_BIN, "openapi-python-client"), "generate", "--path", doc_path, "--meta", "none",
-                 "--output-path", os.path.join(work, "sales_by_country_client")],
-                check=True, capture_output=True, text=True, env=env, cwd=work,
-            )
-            sys.path.insert(0, work)
-            client_pkg = importlib.import_module("sales_by_country_client")
-            run = importlib.import_module("sales_by_country_client.api.default.run_sales_by_country")
-            models = importlib.import_module("sales_by_country_client.models")
-
-            client = client_pkg.AuthenticatedClient(base_url=base, token=key)
-            body = models.RunRequest(variables=models.RunRequestVariables(max_id=3, countries=["US", "FR"]))
-            result = run.sync(client=client, body=body)
-            assert isinstance(result, models.RunResult), f"expected a RunResult, got {result!r}"
-            rows = result.results
-            assert [(r.country, r.total, r.n) for r in rows] == [("US", 30.75, 2), ("FR", 5.0, 1)], rows
-            assert isinstance(rows[0].total, float) and isinstance(rows[0].n, int)
-            assert rows[0].last_day == datetime.date(2026, 1, 2), rows[0].last_day
-            assert result.has_more is False and result.endpoint_version == 1
-
-            # The generated model knows the variable without a default is required.
-            try:
-                models.RunRequestVariables.from_dict({})
-                raise AssertionError("max_id should be required")
-            except KeyError:
-                pass
-            # An error answer comes back as the typed error model.
-            missing = models.RunRequest(variables=models.RunRequestVariables(max_id=1), version=9)
-            error = run.sync(client=client, body=missing)
-            assert isinstance(error, models.Error) and error.type_ == models.ErrorType.NOT_FOUND, error
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+            models.RunRequestVariables.from_dict({})
+            raise AssertionError("max_id should be required")
+        except KeyError:
+            pass
+        # An error answer comes back as the typed error model.
+        missing = models.RunRequest(variables=models.RunRequestVariables(max_id=1), version=9)
+        error = run.sync(client=client, body=missing)
+        assert isinstance(error, models.Error) and error.type_ == models.ErrorType.NOT_FOUND, error
     print("client: 1 passed, 0 failed")
 
 
