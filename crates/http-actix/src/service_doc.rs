@@ -483,3 +483,26 @@ fn operations(item: &mut utoipa::openapi::PathItem) -> Vec<&mut utoipa::openapi:
         .filter_map(Option::as_mut)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{document, NAME_PATTERN};
+
+    /// utoipa takes only literals in its attributes, so the body schemas spell the name pattern out; they must
+    /// not drift from the one the parameters use.
+    #[test]
+    fn every_name_in_the_document_has_the_same_pattern() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let patterns = [
+            &schemas["EndpointCreate"]["properties"]["name"]["pattern"],
+            &schemas["EndpointUpdate"]["properties"]["name"]["pattern"],
+            &schemas["Names"]["properties"]["names"]["items"]["pattern"],
+            &doc["paths"]["/api/projects/{project_id}/endpoints/{name}"]["get"]["parameters"][1]["schema"]
+                ["pattern"],
+        ];
+        for pattern in patterns {
+            assert_eq!(pattern, NAME_PATTERN);
+        }
+    }
+}
