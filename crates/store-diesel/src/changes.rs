@@ -28,6 +28,32 @@ const POLL: Duration = Duration::from_millis(20);
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// How long the listener waits between reconnection attempts.
 const RECONNECT: Duration = Duration::from_secs(1);
+/// libpq settings of the listening connection, so that a peer that vanishes without closing the connection (a
+/// network partition) fails the heartbeat within seconds instead of blocking it for TCP's default hours: a
+/// connection attempt gives up after 5 s, and sent data unacknowledged for 5 s, or 3 unanswered keepalives 2 s
+/// apart after 2 s of silence, close the connection. A setting the URL already has is kept.
+const LIBPQ_SETTINGS: [(&str, &str); 6] = [
+    ("connect_timeout", "5"),
+    ("keepalives", "1"),
+    ("keepalives_idle", "2"),
+    ("keepalives_interval", "2"),
+    ("keepalives_count", "3"),
+    ("tcp_user_timeout", "5000"),
+];
+
+/// The database URL with [`LIBPQ_SETTINGS`] added where it does not set them itself.
+fn listening_url(url: &str) -> String {
+    let mut url = url.to_owned();
+    for (name, value) in LIBPQ_SETTINGS {
+        let query = url.split_once('?').map_or("", |(_, query)| query);
+        if query.split('&').any(|pair| pair.split('=').next() == Some(name)) {
+            continue;
+        }
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(&format!("{name}={value}"));
+    }
+    url
+}
 
 fn payload(change: &Change) -> String {
     match change {
@@ -74,7 +100,8 @@ pub struct ChangeListener {
 impl ChangeListener {
     /// Listens on the PostgreSQL database at `url`, calling `on_change` for every change announced (its own
     /// included) and with [`Change::Everything`] whenever changes may have been missed.
-    pub(crate) fn spawn(url: String, on_change: impl Fn(Change) + Send + 'static) -> Self {
+    pub(crate) fn spawn(url: &str, on_change: impl Fn(Change) + Send + 'static) -> Self {
+        let url = listening_url(url);
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -163,7 +190,17 @@ mod tests {
     use domain::ports::Change;
     use domain::{EndpointName, ProjectId};
 
-    use super::{parse, payload};
+    use super::{listening_url, parse, payload};
+
+    #[test]
+    fn the_listening_connection_fails_fast_unless_the_url_says_otherwise() {
+        let url = listening_url("postgres://u:p@db:5432/endpoints");
+        assert!(url.starts_with("postgres://u:p@db:5432/endpoints?connect_timeout=5&keepalives=1&"), "{url}");
+        assert!(url.ends_with("&tcp_user_timeout=5000"), "{url}");
+        let own = listening_url("postgres://db/e?sslmode=require&connect_timeout=30");
+        assert!(own.starts_with("postgres://db/e?sslmode=require&connect_timeout=30&keepalives=1&"), "{own}");
+        assert_eq!(own.matches("connect_timeout").count(), 1, "{own}");
+    }
 
     #[test]
     fn payloads_round_trip_and_anything_else_means_everything() {

@@ -171,8 +171,7 @@ impl Database {
         &self,
         on_change: impl Fn(domain::ports::Change) + Send + 'static,
     ) -> Option<crate::ChangeListener> {
-        (self.backend == Backend::Postgres)
-            .then(|| crate::ChangeListener::spawn(self.address.clone(), on_change))
+        (self.backend == Backend::Postgres).then(|| crate::ChangeListener::spawn(&self.address, on_change))
     }
 
     /// Applies every pending migration of this backend and returns the versions applied.
