@@ -416,7 +416,11 @@ fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operat
     let integer = |min: i64, max: i64| {
         ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(min)).maximum(Some(max))
     };
-    let max_limit = if path.ends_with("/run") { 10_000 } else { 1_000 };
+    let (max_limit, default_limit) = if path.ends_with("/run") {
+        (domain::RunRequest::MAX_LIMIT, domain::RunRequest::DEFAULT_LIMIT)
+    } else {
+        (domain::PageRequest::MAX_LIMIT, domain::PageRequest::DEFAULT_LIMIT)
+    };
     for parameter in operation.parameters.iter_mut().flatten() {
         let schema = match parameter.name.as_str() {
             "project_id" => ObjectBuilder::new()
@@ -425,7 +429,7 @@ fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operat
                 .description(Some("The project's id, or @current for the key's own project")),
             "name" => ObjectBuilder::new().schema_type(Type::String).pattern(Some(NAME_PATTERN)),
             "version" | "version_number" => integer(1, u32::MAX.into()),
-            "limit" => integer(1, max_limit).default(Some(100.into())),
+            "limit" => integer(1, max_limit.into()).default(Some(default_limit.into())),
             "offset" => integer(0, i64::MAX).default(Some(0.into())),
             "refresh" => ObjectBuilder::new()
                 .schema_type(Type::String)

@@ -8,7 +8,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
@@ -94,7 +93,6 @@ pub(crate) fn announce(conn: &mut AnyConnection, change: &Change) -> Result<(), 
 /// look (within a few milliseconds, or when a connection attempt in progress gives up), and is not waited for.
 pub struct ChangeListener {
     stop: Arc<AtomicBool>,
-    _thread: Option<JoinHandle<()>>,
 }
 
 impl ChangeListener {
@@ -104,16 +102,14 @@ impl ChangeListener {
         let url = listening_url(url);
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
+        // Detached: the thread ends on its own once told to stop.
+        if let Err(err) = std::thread::Builder::new()
             .name("change-listener".into())
             .spawn(move || listen(&url, &stopping, &on_change))
-            .ok();
-        if thread.is_none() {
-            tracing::error!(
-                "cannot start the change listener thread; cached state will not follow other processes"
-            );
+        {
+            tracing::error!(error = %err, "cannot start the change listener; cached state will not follow other processes");
         }
-        Self { stop, _thread: thread }
+        Self { stop }
     }
 }
 
