@@ -81,9 +81,10 @@ lint: deps ## Format check, clippy with -D warnings, and the dependency-directio
 .PHONY: test
 test: deps lint ## Everything CI checks: lint, then every test on SQLite and on a local PostgreSQL.
 	@mkdir -p target
-	@$(MAKE) --no-print-directory postgres
+	@$(MAKE) --no-print-directory postgres moto
 	@rm -rf target/openapi-samples
-	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) cargo test --workspace --locked
+	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server \
+	  cargo test --workspace --locked
 	@$(MAKE) --no-print-directory openapi-check client-check schemathesis-check
 
 VENV := target/venv
@@ -91,10 +92,15 @@ OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
 OPENAPI_CLIENT := openapi-python-client==0.29.1
 DUCKDB := duckdb==1.4.4
 SCHEMATHESIS := schemathesis==4.32.5
+MOTO := moto[server]==5.2.5
 ST_MAX_EXAMPLES ?= 10
 
 $(VENV)/bin/python:
 	@python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get install -y -qq python3-venv >/dev/null && python3 -m venv $(VENV); }
+
+.PHONY: moto
+moto: $(VENV)/bin/python ## Install moto's S3-compatible server, which the object storage tests start.
+	@[ -x $(VENV)/bin/moto_server ] || $(VENV)/bin/pip install -q '$(MOTO)'
 
 .PHONY: openapi-check
 openapi-check: $(VENV)/bin/python ## Validate the OpenAPI documents the API tests saved, with a standard OpenAPI 3.0 validator.

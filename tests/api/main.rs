@@ -12,4 +12,5 @@ mod openapi;
 mod operations;
 mod runs;
 mod scaling;
+mod storage;
 mod versions;

@@ -6,14 +6,14 @@ use serde_json::{json, Value};
 
 use crate::helpers::{endpoint_body, project_with_sales, spawn_app};
 
-async fn metrics(app: &crate::helpers::TestApp) -> String {
+pub(crate) async fn metrics(app: &crate::helpers::TestApp) -> String {
     let response = app.request(Method::GET, "/metrics", None).send().await.unwrap();
     assert_eq!(response.status(), 200);
     response.text().await.unwrap()
 }
 
 /// The value of the sample named exactly `series` (name and labels), if present.
-fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 

@@ -378,6 +378,8 @@ def main():
             live_ms, answers = app.timed(LIVE_PATH + "&refresh=direct", args.live_rounds)
         figures["live_ms"], figures["live_mb"] = live_ms, peak.peak
         table_dir = os.path.join(main_app.data_dir, "projects", "1", "tables", "events")
+        with open(os.path.join(table_dir, "_current"), encoding="utf-8") as pointer:
+            table_dir = os.path.join(table_dir, pointer.read().strip())  # the table's current version
         bare = json.loads(subprocess.run(
             [os.path.join(args.bin_dir, "bench-datafusion"), table_dir, LIVE_SQL, str(args.live_rounds + 1), "512"],
             check=True, capture_output=True, text=True).stdout)

@@ -205,16 +205,23 @@ impl Materializer {
     }
 }
 
-/// The kind of the file system error behind a failure, if one is in its chain of causes.
+/// The kind of the file system error behind a failure, if one is in its chain of causes: the innermost, since
+/// writers wrap the operating system's error in I/O errors of their own (of kind "other").
 fn storage_failure(err: &Error) -> Option<std::io::ErrorKind> {
+    let mut kind = None;
     let mut cause = std::error::Error::source(err);
     while let Some(current) = cause {
         if let Some(io) = current.downcast_ref::<std::io::Error>() {
-            return Some(io.kind());
+            kind = Some(io.kind());
+            // An I/O error's `source` skips the error it wraps; that error may carry the real kind.
+            if let Some(inner) = io.get_ref() {
+                cause = Some(inner as &(dyn std::error::Error + 'static));
+                continue;
+            }
         }
         cause = current.source();
     }
-    None
+    kind
 }
 
 /// What the status shows of a failure: the reason, without internals.

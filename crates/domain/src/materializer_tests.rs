@@ -228,6 +228,10 @@ async fn the_sweep_removes_only_locations_no_record_refers_to() {
 fn a_storage_failure_is_reported_by_its_kind_and_other_failures_without_internals() {
     let full = Error::Internal(Box::new(std::io::Error::from(std::io::ErrorKind::StorageFull)));
     assert_eq!(super::failure_text(&full), "The result could not be stored: no storage space.");
+    // A writer that wraps the operating system's error in one of its own: the innermost kind is the one told.
+    let wrapped = std::io::Error::other(std::io::Error::from(std::io::ErrorKind::FileTooLarge));
+    let wrapped = Error::Internal(Box::new(wrapped));
+    assert_eq!(super::failure_text(&wrapped), "The result could not be stored: file too large.");
     let other = Error::Internal("/secret/path: parquet footer is corrupt".into());
     assert_eq!(super::failure_text(&other), "The refresh failed with an internal error; see the server log.");
 }

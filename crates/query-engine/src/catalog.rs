@@ -1,27 +1,45 @@
 //! A project's tables: one DataFusion session per request, holding only that project's tables.
+//!
+//! A table is `projects/{id}/tables/{table}/` in the storage. Its rows are the Parquet files of the version
+//! its `_current` object names (`v-{uuid}/`), so a replace becomes visible at once, by one write of that
+//! object, on a local disk and on S3 alike. A table without `_current` (written before versions existed) is
+//! the Parquet files directly under its prefix.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::execution::runtime_env::RuntimeEnv;
-
 use datafusion::execution::context::{SessionConfig, SessionContext};
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::ParquetReadOptions;
 use domain::ports::EngineError;
 use domain::ProjectId;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStoreExt;
+
+use crate::storage::{unavailable, Storage};
+
+/// The object naming a table's current version.
+pub(crate) const CURRENT: &str = "_current";
 
 /// A table a project can query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableInfo {
     pub name: String,
-    pub path: PathBuf,
+    /// Where its current files are, for people (`file:///...` or `s3://...`).
+    pub location: String,
+    /// Its Parquet files and their total size.
+    pub files: u64,
+    pub bytes: u64,
 }
 
-pub(crate) fn tables_dir(data_dir: &Path, project: ProjectId) -> PathBuf {
-    data_dir.join("projects").join(project.to_string()).join("tables")
+pub(crate) fn tables_prefix(project: ProjectId) -> ObjectPath {
+    ObjectPath::from_iter(["projects", &project.to_string(), "tables"])
 }
 
-/// Table names are SQL identifiers, so a directory with any other name is not a table.
+pub(crate) fn table_prefix(project: ProjectId, table: &str) -> ObjectPath {
+    tables_prefix(project).join(table)
+}
+
+/// Table names are SQL identifiers, so a prefix with any other name is not a table.
 pub(crate) fn is_table_name(name: &str) -> bool {
     let mut chars = name.chars();
     name.len() <= 63
@@ -29,50 +47,110 @@ pub(crate) fn is_table_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
-pub(crate) async fn list_tables(data_dir: &Path, project: ProjectId) -> Result<Vec<TableInfo>, EngineError> {
-    let dir = tables_dir(data_dir, project);
-    let mut entries = match tokio::fs::read_dir(&dir).await {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(EngineError::Internal(Box::new(e))),
+/// A version's name: `v-` and a UUID, so a `_current` object can never point outside its table.
+pub(crate) fn is_version_name(name: &str) -> bool {
+    name.strip_prefix("v-").is_some_and(|id| uuid::Uuid::parse_str(id).is_ok())
+}
+
+pub(crate) fn is_parquet(path: &ObjectPath) -> bool {
+    path.extension() == Some("parquet")
+}
+
+/// The version `_current` names, if the table has one.
+pub(crate) async fn current_version(
+    storage: &Storage,
+    table: &ObjectPath,
+) -> Result<Option<String>, EngineError> {
+    let pointer = table.clone().join(CURRENT);
+    let bytes = match storage.store().get(&pointer).await {
+        Ok(found) => found.bytes().await.map_err(unavailable)?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(unavailable(e)),
     };
+    let name = std::str::from_utf8(&bytes).unwrap_or_default().trim();
+    if is_version_name(name) {
+        Ok(Some(name.to_owned()))
+    } else {
+        Err(EngineError::Internal(format!("{pointer} does not name a table version: {name:?}").into()))
+    }
+}
+
+/// The prefix holding a table's current files, or `None` when there is no such table.
+pub(crate) async fn current_files(
+    storage: &Storage,
+    table: &ObjectPath,
+) -> Result<Option<ObjectPath>, EngineError> {
+    if let Some(version) = current_version(storage, table).await? {
+        return Ok(Some(table.clone().join(version.as_str())));
+    }
+    let legacy = storage.objects(table).await.map_err(unavailable)?;
+    Ok(legacy.iter().any(|o| is_parquet(&o.location)).then(|| table.clone()))
+}
+
+/// Each table of the project, by name, with the prefix of its current files.
+pub(crate) async fn list_tables(
+    storage: &Storage,
+    project: ProjectId,
+) -> Result<Vec<(String, ObjectPath)>, EngineError> {
     let mut tables = Vec::new();
-    while let Some(entry) = entries.next_entry().await.map_err(|e| EngineError::Internal(Box::new(e)))? {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let has_files = std::fs::read_dir(entry.path())
-            .map(|mut files| {
-                files.any(|f| f.is_ok_and(|f| f.path().extension().is_some_and(|e| e == "parquet")))
-            })
-            .unwrap_or(false);
-        if is_table_name(&name) && has_files {
-            tables.push(TableInfo { name, path: entry.path() });
+    for name in storage.children(&tables_prefix(project)).await.map_err(unavailable)? {
+        if !is_table_name(&name) {
+            continue;
+        }
+        if let Some(files) = current_files(storage, &table_prefix(project, &name)).await? {
+            tables.push((name, files));
         }
     }
-    tables.sort_by(|a, b| a.name.cmp(&b.name));
+    tables.sort();
     Ok(tables)
 }
 
-/// A session with no tables at all.
-pub(crate) fn empty_session(runtime: Option<Arc<RuntimeEnv>>) -> SessionContext {
+/// The tables with their sizes, for people.
+pub(crate) async fn describe_tables(
+    storage: &Storage,
+    project: ProjectId,
+) -> Result<Vec<TableInfo>, EngineError> {
+    let mut described = Vec::new();
+    for (name, files) in list_tables(storage, project).await? {
+        let parquet: Vec<_> = storage
+            .objects(&files)
+            .await
+            .map_err(unavailable)?
+            .into_iter()
+            .filter(|o| is_parquet(&o.location))
+            .collect();
+        described.push(TableInfo {
+            name,
+            location: format!("{}/{files}/", storage.location()),
+            files: parquet.len() as u64,
+            bytes: parquet.iter().map(|o| o.size).sum(),
+        });
+    }
+    Ok(described)
+}
+
+/// A session with no tables at all that can read the storage (for tables the engine registers).
+pub(crate) fn empty_session(storage: &Storage, runtime: Option<Arc<RuntimeEnv>>) -> SessionContext {
     let config = SessionConfig::new().with_information_schema(false);
-    match runtime {
+    let ctx = match runtime {
         Some(runtime) => SessionContext::new_with_config_rt(config, runtime),
         None => SessionContext::new_with_config(config),
-    }
+    };
+    storage.register(&ctx);
+    ctx
 }
 
 /// A session that sees exactly the project's tables and has no way to reach other files.
 pub(crate) async fn session(
-    data_dir: &Path,
+    storage: &Storage,
     project: ProjectId,
     runtime: Option<Arc<RuntimeEnv>>,
 ) -> Result<SessionContext, EngineError> {
-    let ctx = empty_session(runtime);
-    for table in list_tables(data_dir, project).await? {
-        let path = format!("{}/", table.path.display());
-        ctx.register_parquet(table.name.as_str(), &path, ParquetReadOptions::default())
+    let ctx = empty_session(storage, runtime);
+    for (name, files) in list_tables(storage, project).await? {
+        ctx.register_parquet(name.as_str(), Storage::url_of(&files), ParquetReadOptions::default())
             .await
-            .map_err(|e| EngineError::Internal(Box::new(e)))?;
+            .map_err(crate::execute::storage_error)?;
     }
     Ok(ctx)
 }

@@ -132,6 +132,16 @@ pub(crate) fn execution_error(err: DataFusionError) -> EngineError {
         DataFusionError::ArrowError(..) | DataFusionError::Execution(_) => {
             EngineError::InvalidQuery(crate::message(&err))
         }
+        DataFusionError::ObjectStore(_) => EngineError::Unavailable(Box::new(err)),
+        _ => EngineError::Internal(Box::new(err)),
+    }
+}
+
+/// Maps an error reading stored files outside a query (registering a table, reading a schema): an unreachable
+/// storage is unavailable, anything else (a corrupt file) is ours.
+pub(crate) fn storage_error(err: DataFusionError) -> EngineError {
+    match err.find_root() {
+        DataFusionError::ObjectStore(_) => EngineError::Unavailable(Box::new(err)),
         _ => EngineError::Internal(Box::new(err)),
     }
 }

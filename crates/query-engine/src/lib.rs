@@ -1,7 +1,7 @@
 //! The query engine adapter: the domain's `QueryEngine` port on Apache DataFusion, embedded in the process.
 //!
-//! Each project gets a catalog of its own holding only its tables, which are directories of Parquet files under
-//! `DATA_DIR/projects/{id}/tables/{table}/`. Only a single read-only statement is ever planned: no DDL, DML,
+//! Each project gets a catalog of its own holding only its tables, which are Parquet files under
+//! `projects/{id}/tables/{table}/` in the storage: the data directory by default, or an S3-compatible bucket. Only a single read-only statement is ever planned: no DDL, DML,
 //! `COPY`, `SET`, external tables or URL tables, so a query can read its project's tables and nothing else.
 //! Variables are compiled to engine placeholders and bound as typed values, never pasted into SQL text.
 //! This crate knows nothing of HTTP or of the store.
@@ -15,11 +15,11 @@ mod materialized;
 mod metrics;
 mod outline;
 mod runtime;
+mod storage;
 pub mod tables;
 mod types;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -35,11 +35,12 @@ pub use cache::MemoryResultCache;
 pub use catalog::TableInfo;
 pub use execute::EngineLimits;
 pub use metrics::EngineMetrics;
+pub use storage::{Storage, StorageError};
 
 /// DataFusion behind the `QueryEngine` port.
 #[derive(Debug, Clone)]
 pub struct DataFusionEngine {
-    data_dir: PathBuf,
+    storage: Storage,
     limits: EngineLimits,
     slots: Arc<execute::Slots>,
     runtime: Arc<runtime::EngineRuntime>,
@@ -52,15 +53,15 @@ pub(crate) fn message(err: &DataFusionError) -> String {
 }
 
 impl DataFusionEngine {
-    /// An engine over the tables under `data_dir/projects/`.
-    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Self::with_limits(data_dir, EngineLimits::default())
+    /// An engine over the tables under `projects/` in `storage`.
+    pub fn new(storage: Storage) -> Self {
+        Self::with_limits(storage, EngineLimits::default())
     }
 
     /// An engine whose live queries run under `limits`.
-    pub fn with_limits(data_dir: impl Into<PathBuf>, limits: EngineLimits) -> Self {
+    pub fn with_limits(storage: Storage, limits: EngineLimits) -> Self {
         Self {
-            data_dir: data_dir.into(),
+            storage,
             limits,
             slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
@@ -73,19 +74,18 @@ impl DataFusionEngine {
         &self.metrics
     }
 
-    /// Whether the engine can run a query on its own threads and its data directory is there (for readiness).
+    /// The storage of its tables and stored results.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Whether the engine can run a query on its own threads and its storage answers (for readiness).
     ///
     /// # Errors
-    /// [`EngineError::Unavailable`] when the directory is missing or the engine's threads do not answer.
+    /// [`EngineError::Unavailable`] when the storage is missing or unreachable, or the engine's threads do not
+    /// answer.
     pub async fn ping(&self) -> Result<(), EngineError> {
-        let dir = self.data_dir.join("projects");
-        let usable = tokio::fs::metadata(&self.data_dir).await.is_ok_and(|m| m.is_dir())
-            && tokio::fs::metadata(&dir).await.map_or(true, |m| m.is_dir());
-        if !usable {
-            return Err(EngineError::Unavailable(
-                format!("{} is not a directory", self.data_dir.display()).into(),
-            ));
-        }
+        self.storage.ping().await?;
         self.runtime
             .run(async {
                 let ctx = datafusion::prelude::SessionContext::new();
@@ -96,12 +96,12 @@ impl DataFusionEngine {
             .await
     }
 
-    /// The tables a project can query, by name.
+    /// The tables a project can query, by name, with their sizes.
     ///
     /// # Errors
-    /// [`EngineError::Internal`] when the table directory cannot be read.
+    /// [`EngineError::Internal`] when the storage cannot be read.
     pub async fn tables(&self, project: ProjectId) -> Result<Vec<TableInfo>, EngineError> {
-        catalog::list_tables(&self.data_dir, project).await
+        catalog::describe_tables(&self.storage, project).await
     }
 
     /// Parses and plans compiled SQL in `ctx`: one read-only statement, `values` bound to its parameters.
@@ -164,7 +164,7 @@ impl DataFusionEngine {
         query: &Query,
     ) -> Result<QueryDescription, EngineError> {
         let compiled = compile::compile(query);
-        let ctx = catalog::session(&self.data_dir, project, None).await?;
+        let ctx = catalog::session(&self.storage, project, None).await?;
         let unbound = self.plan_unbound(&ctx, &compiled).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
@@ -192,7 +192,7 @@ impl DataFusionEngine {
     ) -> Result<domain::QueryResult, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let ctx = catalog::session(&self.data_dir, project, Some(execute::runtime(&self.limits)?)).await?;
+        let ctx = catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?)).await?;
         let plan = self.plan(&ctx, &compiled, values).await?;
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
@@ -243,5 +243,7 @@ impl QueryEngine for DataFusionEngine {
 
 #[cfg(test)]
 mod materialization_tests;
+#[cfg(test)]
+mod storage_tests;
 #[cfg(test)]
 mod tests;

@@ -21,21 +21,38 @@ fn query(sql: &str, variables: serde_json::Value) -> Query {
     Query::from_json(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
 }
 
-/// A data directory with 20,000 demo events in project 1, removed at the end.
-struct Demo(PathBuf, DataFusionEngine);
+/// A storage with 20,000 demo events in project 1: a data directory removed at the end, or an in-memory object
+/// store, which has no directories (as S3 has none).
+struct Demo(Option<std::path::PathBuf>, DataFusionEngine);
 
 impl Drop for Demo {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
-fn demo() -> Demo {
-    let dir = std::env::temp_dir().join(format!("qe-materialize-{}", Uuid::new_v4()));
-    tables::write_table(&dir, project(), "events", demo::events_schema(), demo::events(20_000, 11), &|_| ())
-        .unwrap();
-    let engine = DataFusionEngine::new(&dir);
-    Demo(dir, engine)
+async fn demo_on(dir: Option<std::path::PathBuf>) -> Demo {
+    let storage = match &dir {
+        Some(dir) => Storage::local(dir).unwrap(),
+        None => Storage::from_store(Arc::new(object_store::memory::InMemory::new()), "memory://"),
+    };
+    tables::write_table(
+        &storage,
+        project(),
+        "events",
+        demo::events_schema(),
+        demo::events(20_000, 11),
+        &|_| (),
+    )
+    .await
+    .unwrap();
+    Demo(dir, DataFusionEngine::new(storage))
+}
+
+async fn demo() -> Demo {
+    demo_on(Some(std::env::temp_dir().join(format!("qe-materialize-{}", Uuid::new_v4())))).await
 }
 
 async fn eligibility(engine: &DataFusionEngine, sql: &str, variables: serde_json::Value) -> Eligibility {
@@ -49,7 +66,7 @@ fn string_var() -> serde_json::Value {
 
 #[tokio::test]
 async fn plans_tell_which_queries_can_be_materialized() {
-    let demo = demo();
+    let demo = demo().await;
     let e = &demo.1;
     let vars = json!({"c": string_var(), "m": {"type": "Number", "default": 1}});
     let eligible = [
@@ -187,7 +204,7 @@ fn cases() -> Vec<Case> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_materialized_answer_equals_the_live_answer() {
-    let demo = demo();
+    let demo = demo().await;
     let engine = &demo.1;
     let mut rng = StdRng::seed_from_u64(2026);
     for case in cases() {
@@ -216,7 +233,14 @@ async fn a_materialized_answer_equals_the_live_answer() {
 
 #[tokio::test]
 async fn locations_are_listed_and_removed_per_attempt_or_per_endpoint() {
-    let demo = demo();
+    let local = demo().await;
+    locations_are_listed_and_removed(&local).await;
+    let endpoints = local.0.as_ref().unwrap().join("projects/1/materializations");
+    assert!(!endpoints.exists(), "removing the last result leaves no empty directories");
+    locations_are_listed_and_removed(&demo_on(None).await).await;
+}
+
+async fn locations_are_listed_and_removed(demo: &Demo) {
     let engine = &demo.1;
     let q = query("SELECT country, count(*) AS n FROM events GROUP BY country ORDER BY country", json!({}));
     let endpoint = Uuid::new_v4();
@@ -235,7 +259,6 @@ async fn locations_are_listed_and_removed_per_attempt_or_per_endpoint() {
     assert_eq!(MaterializedResults::locations(engine).await.unwrap(), vec![(project(), second.clone())]);
     MaterializedResults::remove(engine, project(), &endpoint.to_string()).await.unwrap();
     assert!(MaterializedResults::locations(engine).await.unwrap().is_empty());
-    assert!(!materialized::materializations_dir(&demo.0, project()).join(endpoint.to_string()).exists());
     // Removing what is gone succeeds; a location that could leave the project's directory is refused.
     MaterializedResults::remove(engine, project(), &first).await.unwrap();
     assert!(MaterializedResults::remove(engine, project(), "../../tables").await.is_err());
@@ -244,7 +267,7 @@ async fn locations_are_listed_and_removed_per_attempt_or_per_endpoint() {
 
 #[tokio::test]
 async fn a_failed_write_leaves_nothing_behind() {
-    let demo = demo();
+    let demo = demo().await;
     let engine = &demo.1;
     let at = location(Uuid::new_v4(), 1, Uuid::new_v4());
     let limited =

@@ -1,6 +1,8 @@
 //! Loading data into a project's tables: files in Parquet, CSV (with a header) or NDJSON become Parquet files
-//! under `DATA_DIR/projects/{id}/tables/{table}/`. Everything is written to a staging directory first and moved
-//! into place at the end, so a failed import leaves nothing half-written visible to queries.
+//! under `projects/{id}/tables/{table}/` in the storage (see `catalog` for the layout). A replace writes a new
+//! version that nothing reads until the table's `_current` object names it; an append adds files to the current
+//! version, each visible only once complete. A failed import removes what it wrote and leaves the table as it
+//! was.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,14 +11,18 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::file_format::options::JsonReadOptions;
-use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::Compression;
 use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 use domain::ProjectId;
 use futures_util::StreamExt;
+use object_store::buffered::BufWriter;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::catalog::{is_table_name, tables_dir};
+use crate::catalog::{current_files, is_parquet, is_table_name, table_prefix, CURRENT};
+use crate::storage::Storage;
 
 /// Whether an import replaces the table or adds rows to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +77,6 @@ pub enum ImportError {
     SchemaMismatch { path: PathBuf, table: String, reason: String },
     #[error("cannot write the table: {0}")]
     Write(String),
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
 }
 
 /// What an import wrote.
@@ -105,62 +109,40 @@ async fn read(ctx: &SessionContext, path: &Path, format: FileFormat) -> Result<D
     frame.map_err(|e| ImportError::Read { path: path.into(), reason: crate::message(&e) })
 }
 
-/// A staging directory next to the tables, removed on drop unless its content was moved into place.
-struct Staging {
-    dir: PathBuf,
-}
-
-impl Staging {
-    fn new(tables: &Path) -> Result<Self, ImportError> {
-        let dir = tables.join(format!(".staging-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir)?;
-        Ok(Self { dir })
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Writes batches to one Parquet file, reporting the rows written so far.
+/// Writes batches to one Parquet object, reporting the rows written so far. The object appears whole when the
+/// writer closes (one upload, or a multipart upload completed at the end), never part-written.
 pub struct TableWriter {
-    writer: ArrowWriter<std::fs::File>,
+    writer: AsyncArrowWriter<BufWriter>,
     rows: u64,
 }
 
 impl TableWriter {
-    fn create(path: &Path, schema: SchemaRef) -> Result<Self, ImportError> {
-        let file = std::fs::File::create(path)?;
+    fn create(storage: &Storage, path: ObjectPath, schema: SchemaRef) -> Result<Self, ImportError> {
         let props = WriterProperties::builder().set_compression(Compression::UNCOMPRESSED).build();
-        let writer =
-            ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| ImportError::Write(e.to_string()))?;
+        let sink = BufWriter::new(Arc::clone(storage.store()), path);
+        let writer = AsyncArrowWriter::try_new(sink, schema, Some(props))
+            .map_err(|e| ImportError::Write(e.to_string()))?;
         Ok(Self { writer, rows: 0 })
     }
 
-    fn write(&mut self, batch: &RecordBatch) -> Result<u64, ImportError> {
-        self.writer.write(batch).map_err(|e| ImportError::Write(e.to_string()))?;
+    async fn write(&mut self, batch: &RecordBatch) -> Result<u64, ImportError> {
+        self.writer.write(batch).await.map_err(|e| ImportError::Write(e.to_string()))?;
         self.rows += batch.num_rows() as u64;
         Ok(self.rows)
     }
 
-    fn close(self) -> Result<u64, ImportError> {
-        self.writer.close().map_err(|e| ImportError::Write(e.to_string()))?;
+    async fn close(self) -> Result<u64, ImportError> {
+        self.writer.close().await.map_err(|e| ImportError::Write(e.to_string()))?;
         Ok(self.rows)
     }
 }
 
-async fn existing_schema(ctx: &SessionContext, table_dir: &Path) -> Result<Option<SchemaRef>, ImportError> {
-    if !table_dir.is_dir() {
-        return Ok(None);
-    }
-    let location = format!("{}/", table_dir.display());
+async fn existing_schema(ctx: &SessionContext, files: &ObjectPath) -> Result<SchemaRef, ImportError> {
     let frame = ctx
-        .read_parquet(location.as_str(), ParquetReadOptions::default())
+        .read_parquet(Storage::url_of(files), ParquetReadOptions::default())
         .await
-        .map_err(|e| ImportError::Read { path: table_dir.into(), reason: crate::message(&e) })?;
-    Ok(Some(Arc::new(frame.schema().as_arrow().clone())))
+        .map_err(|e| ImportError::Read { path: PathBuf::from(files.as_ref()), reason: crate::message(&e) })?;
+    Ok(Arc::new(frame.schema().as_arrow().clone()))
 }
 
 /// String and binary types compare by meaning: Parquet reads strings back as views.
@@ -184,12 +166,99 @@ fn same_columns(a: &SchemaRef, b: &SchemaRef) -> Result<(), String> {
     }
 }
 
+/// Where an import writes, and how it becomes visible.
+struct Target {
+    table: ObjectPath,
+    /// The prefix the new files go under.
+    files: ObjectPath,
+    /// A new version that `_current` switches to at the end (a replace), or `None` when the files join the
+    /// table's current ones one by one (an append).
+    version: Option<String>,
+    /// Files written so far, for removal if the import fails.
+    written: Vec<ObjectPath>,
+}
+
+impl Target {
+    /// Chooses the target; an append also returns the columns the new files must have.
+    async fn choose(
+        storage: &Storage,
+        ctx: &SessionContext,
+        project: ProjectId,
+        table: &str,
+        mode: ImportMode,
+    ) -> Result<(Self, Option<SchemaRef>), ImportError> {
+        let prefix = table_prefix(project, table);
+        if mode == ImportMode::Append {
+            if let Some(files) =
+                current_files(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?
+            {
+                let schema = existing_schema(ctx, &files).await?;
+                return Ok((Self { table: prefix, files, version: None, written: Vec::new() }, Some(schema)));
+            }
+        }
+        let version = format!("v-{}", uuid::Uuid::new_v4());
+        let files = prefix.clone().join(version.as_str());
+        Ok((Self { table: prefix, files, version: Some(version), written: Vec::new() }, None))
+    }
+
+    fn next_file(&mut self, index: usize) -> ObjectPath {
+        let path = self.files.clone().join(format!("part-{}-{index}.parquet", uuid::Uuid::new_v4()));
+        self.written.push(path.clone());
+        path
+    }
+
+    /// Makes a replace visible by switching `_current`, then removes every other version (and files written
+    /// before versions existed). An append's files are visible already.
+    async fn publish(self, storage: &Storage) -> Result<(), ImportError> {
+        let Some(version) = self.version else { return Ok(()) };
+        let pointer = self.table.clone().join(CURRENT);
+        storage.store().put(&pointer, PutPayload::from(version.clone())).await.map_err(store_error)?;
+        if let Err(err) = Self::remove_others(storage, &self.table, &version).await {
+            // The table is already switched; the old files are removed by the next replace.
+            tracing::warn!(table = %self.table, error = %err, "cannot remove a replaced table's old files");
+        }
+        Ok(())
+    }
+
+    /// Removes every version but `current` (including what failed or killed imports left) and the files of a
+    /// table written before versions existed.
+    async fn remove_others(
+        storage: &Storage,
+        table: &ObjectPath,
+        current: &str,
+    ) -> Result<(), object_store::Error> {
+        for child in storage.children(table).await? {
+            if child != current {
+                storage.remove_prefix(&table.clone().join(child.as_str())).await?;
+            }
+        }
+        let loose =
+            storage.objects(table).await?.into_iter().map(|o| o.location).filter(is_parquet).collect();
+        storage.delete(loose).await
+    }
+
+    /// Removes what a failed import wrote; the table's content is untouched.
+    async fn discard(self, storage: &Storage) {
+        let removed = match &self.version {
+            Some(_) => storage.remove_prefix(&self.files).await,
+            None => storage.delete(self.written).await,
+        };
+        if let Err(err) = removed {
+            tracing::warn!(table = %self.table, error = %err, "cannot remove a failed import's files");
+        }
+    }
+}
+
+fn store_error(err: object_store::Error) -> ImportError {
+    ImportError::Write(err.to_string())
+}
+
 /// Imports files into a table. `progress` is called with the rows written so far.
 ///
 /// # Errors
 /// [`ImportError`]; on any error nothing of this import is visible.
 pub async fn import_files(
-    data_dir: &Path,
+    storage: &Storage,
     project: ProjectId,
     table: &str,
     files: &[PathBuf],
@@ -200,21 +269,37 @@ pub async fn import_files(
     if !is_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
-    let tables = tables_dir(data_dir, project);
-    std::fs::create_dir_all(&tables)?;
-    let table_dir = tables.join(table);
-    let ctx = SessionContext::new();
-    let mut expected = match mode {
-        ImportMode::Append => existing_schema(&ctx, &table_dir).await?,
-        ImportMode::Replace => None,
-    };
-    let staging = Staging::new(&tables)?;
+    let ctx = crate::catalog::empty_session(storage, None);
+    let (mut target, expected) = Target::choose(storage, &ctx, project, table, mode).await?;
+    match write_files(storage, &ctx, &mut target, table, files, format, expected, progress).await {
+        Ok(rows) => {
+            target.publish(storage).await?;
+            Ok(ImportReport { table: table.into(), rows, files: files.len() })
+        }
+        Err(err) => {
+            target.discard(storage).await;
+            Err(err)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn write_files(
+    storage: &Storage,
+    ctx: &SessionContext,
+    target: &mut Target,
+    table: &str,
+    files: &[PathBuf],
+    format: Option<FileFormat>,
+    mut expected: Option<SchemaRef>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<u64, ImportError> {
     let mut rows = 0;
     for (index, path) in files.iter().enumerate() {
         let format = format
             .or_else(|| FileFormat::from_path(path))
             .ok_or_else(|| ImportError::UnknownFormat(path.clone()))?;
-        let frame = read(&ctx, path, format).await?;
+        let frame = read(ctx, path, format).await?;
         let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
         match &expected {
             Some(expected) => same_columns(expected, &schema).map_err(|reason| {
@@ -226,25 +311,23 @@ pub async fn import_files(
             .execute_stream()
             .await
             .map_err(|e| ImportError::Read { path: path.clone(), reason: crate::message(&e) })?;
-        let target = staging.dir.join(format!("part-{}-{index}.parquet", uuid::Uuid::new_v4()));
-        let mut writer = TableWriter::create(&target, schema)?;
+        let mut writer = TableWriter::create(storage, target.next_file(index), schema)?;
         while let Some(batch) = stream.next().await {
             let batch =
                 batch.map_err(|e| ImportError::Read { path: path.clone(), reason: crate::message(&e) })?;
-            progress(rows + writer.write(&batch)?);
+            progress(rows + writer.write(&batch).await?);
         }
-        rows += writer.close()?;
+        rows += writer.close().await?;
     }
-    publish(&staging, &table_dir, mode)?;
-    Ok(ImportReport { table: table.into(), rows, files: files.len() })
+    Ok(rows)
 }
 
 /// Writes generated batches as the whole new content of a table.
 ///
 /// # Errors
 /// [`ImportError`]; on any error the table keeps its previous content.
-pub fn write_table(
-    data_dir: &Path,
+pub async fn write_table(
+    storage: &Storage,
     project: ProjectId,
     table: &str,
     schema: SchemaRef,
@@ -254,40 +337,24 @@ pub fn write_table(
     if !is_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
-    let tables = tables_dir(data_dir, project);
-    std::fs::create_dir_all(&tables)?;
-    let staging = Staging::new(&tables)?;
-    let mut writer = TableWriter::create(&staging.dir.join("part-0.parquet"), schema)?;
-    for batch in batches {
-        progress(writer.write(&batch)?);
-    }
-    let rows = writer.close()?;
-    publish(&staging, &tables.join(table), ImportMode::Replace)?;
-    Ok(rows)
-}
-
-/// Moves staged files into place: a whole directory swap for a replace, file by file for an append (each
-/// rename is atomic, and a query sees a file only once it is complete).
-fn publish(staging: &Staging, table_dir: &Path, mode: ImportMode) -> Result<(), ImportError> {
-    match mode {
-        ImportMode::Append if table_dir.is_dir() => {
-            for entry in std::fs::read_dir(&staging.dir)? {
-                let entry = entry?;
-                std::fs::rename(entry.path(), table_dir.join(entry.file_name()))?;
-            }
+    let ctx = crate::catalog::empty_session(storage, None);
+    let (mut target, _) = Target::choose(storage, &ctx, project, table, ImportMode::Replace).await?;
+    let written = async {
+        let mut writer = TableWriter::create(storage, target.next_file(0), schema)?;
+        for batch in batches {
+            progress(writer.write(&batch).await?);
         }
-        _ => {
-            let parent = table_dir.parent().unwrap_or(table_dir);
-            let retired = parent.join(format!(".retired-{}", uuid::Uuid::new_v4()));
-            let had_table = table_dir.is_dir();
-            if had_table {
-                std::fs::rename(table_dir, &retired)?;
-            }
-            std::fs::rename(&staging.dir, table_dir)?;
-            if had_table {
-                std::fs::remove_dir_all(&retired)?;
-            }
+        writer.close().await
+    }
+    .await;
+    match written {
+        Ok(rows) => {
+            target.publish(storage).await?;
+            Ok(rows)
+        }
+        Err(err) => {
+            target.discard(storage).await;
+            Err(err)
         }
     }
-    Ok(())
 }

@@ -1,3 +1,4 @@
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
@@ -41,7 +42,8 @@ fn temp_dir(prefix: &str) -> TempDir {
 /// Writes `events(country, revenue)` for project 1 into a fresh data directory.
 fn engine_with_events() -> (DataFusionEngine, TempDir) {
     let dir = temp_dir("qe-test");
-    let table = catalog::tables_dir(&dir, project(1)).join("events");
+    // Written as tables were before versions: Parquet files directly in the table's directory.
+    let table = dir.join("projects/1/tables/events");
     std::fs::create_dir_all(&table).unwrap();
     let schema = Arc::new(Schema::new(vec![
         Field::new("country", DataType::Utf8, false),
@@ -56,7 +58,7 @@ fn engine_with_events() -> (DataFusionEngine, TempDir) {
     let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
     writer.write(&batch).unwrap();
     writer.close().unwrap();
-    (DataFusionEngine::new(&*dir), dir)
+    (DataFusionEngine::new(Storage::local(&dir).unwrap()), dir)
 }
 
 fn rand_suffix() -> u128 {
@@ -149,6 +151,11 @@ async fn a_project_sees_only_its_own_tables() {
         ["events"]
     );
     assert!(engine.tables(project(2)).await.unwrap().is_empty());
+    // Nor can SQL name the storage, or a file, by URL.
+    for table in ["'endpoints://storage/projects/1/tables/events/'", "'/etc/passwd'"] {
+        let sql = format!("SELECT * FROM {table}");
+        invalid(engine.describe(project(2), &query(&sql, json!({}))).await);
+    }
 }
 
 #[test]
@@ -196,7 +203,7 @@ async fn a_slow_query_times_out() {
     let (_, dir) = engine_with_events();
     let limits =
         EngineLimits { query_timeout: std::time::Duration::from_millis(50), ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(&*dir, limits);
+    let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
     let q =
         query("SELECT count(*) AS n FROM generate_series(1, 20000000000) AS t(v) WHERE v % 7 = 3", json!({}));
     let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
@@ -207,7 +214,7 @@ async fn a_slow_query_times_out() {
 async fn a_query_over_its_memory_limit_fails() {
     let (_, dir) = engine_with_events();
     let limits = EngineLimits { memory_limit: 64 * 1024, ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(&*dir, limits);
+    let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
     let q = query(
         "SELECT v, count(*) AS n FROM generate_series(1, 2000000) AS t(v) GROUP BY v ORDER BY n DESC, v",
         json!({}),
@@ -220,7 +227,7 @@ async fn a_query_over_its_memory_limit_fails() {
 async fn a_page_over_the_result_byte_limit_is_refused_and_a_smaller_page_is_not() {
     let (_, dir) = engine_with_events();
     let limits = EngineLimits { result_bytes: 64 * 1024, ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(&*dir, limits);
+    let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
     // About 1 KB a row: 100 rows are over 64 KiB, 50 are not.
     let q = query(
         "SELECT v, repeat('x', 1000) AS pad FROM generate_series(1, 5000) AS t(v) ORDER BY v",
@@ -237,7 +244,7 @@ async fn a_page_over_the_result_byte_limit_is_refused_and_a_smaller_page_is_not(
 async fn a_project_runs_at_most_its_share_of_live_queries() {
     let (_, dir) = engine_with_events();
     let limits = EngineLimits { max_concurrent_per_project: 1, ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(&*dir, limits);
+    let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
     let held = engine.slots.try_acquire(project(1), &engine.limits).unwrap();
     let q = query("SELECT 1 AS n", json!({}));
     let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
@@ -256,8 +263,9 @@ async fn imports_csv_and_ndjson_atomically() {
     let ndjson = dir.join("more.ndjson");
     std::fs::write(&ndjson, "{\"id\": 3, \"name\": \"c\"}\n").unwrap();
     let noop = |_: u64| {};
+    let storage = Storage::local(&dir).unwrap();
     let report = tables::import_files(
-        &dir,
+        &storage,
         project(1),
         "things",
         std::slice::from_ref(&csv),
@@ -268,10 +276,10 @@ async fn imports_csv_and_ndjson_atomically() {
     .await
     .unwrap();
     assert_eq!(report.rows, 2);
-    tables::import_files(&dir, project(1), "things", &[ndjson], None, tables::ImportMode::Append, &noop)
+    tables::import_files(&storage, project(1), "things", &[ndjson], None, tables::ImportMode::Append, &noop)
         .await
         .unwrap();
-    let engine = DataFusionEngine::new(&*dir);
+    let engine = DataFusionEngine::new(storage.clone());
     let q = query("SELECT sum(id) AS s, count(*) AS n FROM things", json!({}));
     let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
     assert_eq!(result.rows_json, r#"[{"s":6,"n":3}]"#);
@@ -280,7 +288,7 @@ async fn imports_csv_and_ndjson_atomically() {
     let broken = dir.join("broken.csv");
     std::fs::write(&broken, "id,name\n1,a,extra,fields\n\"unterminated\n").unwrap();
     assert!(tables::import_files(
-        &dir,
+        &storage,
         project(1),
         "things",
         &[broken],
@@ -293,7 +301,7 @@ async fn imports_csv_and_ndjson_atomically() {
     let mismatch = dir.join("other.csv");
     std::fs::write(&mismatch, "x\n1\n").unwrap();
     let err = tables::import_files(
-        &dir,
+        &storage,
         project(1),
         "things",
         &[mismatch],
@@ -306,15 +314,27 @@ async fn imports_csv_and_ndjson_atomically() {
     assert!(matches!(err, tables::ImportError::SchemaMismatch { .. }), "{err:?}");
     let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
     assert_eq!(result.rows_json, r#"[{"s":6,"n":3}]"#);
-    let leftovers: Vec<_> = std::fs::read_dir(catalog::tables_dir(&dir, project(1)))
+    // What is left is the table's pointer and its one version: the failed imports removed their files.
+    let mut leftovers: Vec<_> = std::fs::read_dir(dir.join("projects/1/tables/things"))
         .unwrap()
         .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(leftovers, ["things"]);
+    leftovers.sort();
+    assert_eq!(leftovers.len(), 2, "{leftovers:?}");
+    assert_eq!(leftovers[0], "_current");
+    assert!(catalog::is_version_name(&leftovers[1]), "{leftovers:?}");
     assert!(matches!(
-        tables::import_files(&dir, project(1), "Bad-Name", &[csv], None, tables::ImportMode::Replace, &noop)
-            .await,
+        tables::import_files(
+            &storage,
+            project(1),
+            "Bad-Name",
+            &[csv],
+            None,
+            tables::ImportMode::Replace,
+            &noop
+        )
+        .await,
         Err(tables::ImportError::InvalidTableName(_))
     ));
 }

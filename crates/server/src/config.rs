@@ -5,8 +5,11 @@ use std::path::PathBuf;
 /// Everything the application needs to start.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Holds the SQLite file (by default) and the project tables.
+    /// Holds the SQLite file (by default) and, unless `storage` names another place, the project tables.
     pub data_dir: PathBuf,
+    /// Where project tables and stored results live: a directory, `file:///path` or `s3://bucket[/prefix]`;
+    /// `None` means the data directory.
+    pub storage: Option<String>,
     /// `sqlite://PATH` or `postgres://...`; `None` means `sqlite://DATA_DIR/endpoints.db`.
     pub database_url: Option<String>,
     /// Address to listen on; port 0 picks a free port.
@@ -37,6 +40,7 @@ impl Config {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
+            storage: None,
             database_url: None,
             bind: "127.0.0.1:8000".into(),
             pool_size: 8,
@@ -49,6 +53,17 @@ impl Config {
             key_cache_ttl: domain::ApiKeyService::KEY_CACHE_TTL,
             client_timeout: http_actix::DEFAULT_CLIENT_TIMEOUT,
             rate_limits: http_actix::RateLimitConfig::default(),
+        }
+    }
+
+    /// The storage of project tables and stored results.
+    ///
+    /// # Errors
+    /// [`query_engine::StorageError`] when the location is not usable.
+    pub fn storage(&self) -> Result<query_engine::Storage, query_engine::StorageError> {
+        match &self.storage {
+            Some(location) => query_engine::Storage::open(location),
+            None => query_engine::Storage::local(&self.data_dir),
         }
     }
 

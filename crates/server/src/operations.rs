@@ -106,7 +106,8 @@ impl WorkerMetrics {
         registry.register(
             "materialization_refreshes",
             "Materialization refreshes by how they ended: completed, failed (the query), lost (the endpoint \
-             changed or the lease passed on), released (the server stopped) or error (the store)",
+             changed or the lease passed on while computing), released (the server stopped, or a lease renewal \
+             found the claim gone) or error (the store)",
             self.refreshes.clone(),
         );
         registry.register(

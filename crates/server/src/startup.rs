@@ -19,6 +19,8 @@ pub enum StartupError {
     Database(#[source] domain::ports::StoreError),
     #[error("the database schema is not up to date: run `endpoints migrate` first")]
     PendingMigrations,
+    #[error("cannot use the storage")]
+    Storage(#[source] query_engine::StorageError),
     #[error("cannot listen on {address}: {source}")]
     Bind { address: String, source: std::io::Error },
     #[error(transparent)]
@@ -44,7 +46,8 @@ impl Services {
     /// new user needs no extra step; PostgreSQL is migrated only by `endpoints migrate`.
     ///
     /// # Errors
-    /// [`StartupError::Database`] when the database cannot be opened or migrated.
+    /// [`StartupError::Database`] when the database cannot be opened or migrated, [`StartupError::Storage`] when
+    /// the storage location is not usable.
     pub fn open(config: &Config) -> Result<Self, StartupError> {
         let mut db_config = DatabaseConfig::new(config.database_url());
         db_config.pool_size = config.pool_size;
@@ -54,7 +57,8 @@ impl Services {
         }
         let store = Arc::new(DieselStore::new(database.clone()));
         let clock = Arc::new(SystemClock);
-        let engine = Arc::new(DataFusionEngine::with_limits(&config.data_dir, config.limits.clone()));
+        let storage = config.storage().map_err(StartupError::Storage)?;
+        let engine = Arc::new(DataFusionEngine::with_limits(storage, config.limits.clone()));
         let cache: Arc<dyn ResultCache> = Arc::new(MemoryResultCache::new(config.cache_bytes));
         let executions = Arc::new(ExecutionTracker::new(store.clone()));
         let endpoints = Arc::new(

@@ -65,11 +65,12 @@ pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Re
             let format = format.as_deref().map(FileFormat::parse).transpose().map_err(CliError::Usage)?;
             let mode = if append { ImportMode::Append } else { ImportMode::Replace };
             let bar = progress("importing");
-            let report = import_files(&config.data_dir, project, &table, &files, format, mode, &|rows| {
-                bar.set_position(rows)
-            })
-            .await
-            .map_err(|e| CliError::Usage(e.to_string()));
+            let report =
+                import_files(services.engine.storage(), project, &table, &files, format, mode, &|rows| {
+                    bar.set_position(rows)
+                })
+                .await
+                .map_err(|e| CliError::Usage(e.to_string()));
             bar.finish_and_clear();
             let report = report?;
             if json {
@@ -97,11 +98,9 @@ pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Re
             let mut listed = Vec::new();
             for project in projects {
                 for table in services.engine.tables(project).await.map_err(domain::Error::from)? {
-                    let (files, bytes) = std::fs::read_dir(&table.path)?
-                        .filter_map(Result::ok)
-                        .filter_map(|f| f.metadata().ok())
-                        .fold((0_u64, 0_u64), |(n, size), m| (n + 1, size + m.len()));
-                    listed.push(json!({"project_id": project.get(), "table": table.name, "files": files, "bytes": bytes}));
+                    listed
+                        .push(json!({"project_id": project.get(), "table": table.name, "files": table.files,
+                                       "bytes": table.bytes, "location": table.location}));
                 }
             }
             if json {

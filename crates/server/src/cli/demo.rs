@@ -77,12 +77,7 @@ async fn demo_project(services: &Services) -> Result<Project, CliError> {
     }
 }
 
-async fn ensure_events(
-    config: &Config,
-    services: &Services,
-    project: ProjectId,
-    args: &DemoArgs,
-) -> Result<bool, CliError> {
+async fn ensure_events(services: &Services, project: ProjectId, args: &DemoArgs) -> Result<bool, CliError> {
     let has_events = services
         .engine
         .tables(project)
@@ -95,13 +90,14 @@ async fn ensure_events(
     }
     let bar = data::progress("generating events");
     let written = query_engine::tables::write_table(
-        &config.data_dir,
+        services.engine.storage(),
         project,
         "events",
         query_engine::demo::events_schema(),
         query_engine::demo::events(args.rows, args.seed),
         &|rows| bar.set_position(rows),
-    );
+    )
+    .await;
     bar.finish_and_clear();
     written.map_err(|e| CliError::Usage(e.to_string()))?;
     Ok(true)
@@ -110,7 +106,7 @@ async fn ensure_events(
 pub(super) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(), CliError> {
     let services = Services::open(config)?;
     let project = demo_project(&services).await?;
-    let generated = ensure_events(config, &services, project.id, &args).await?;
+    let generated = ensure_events(&services, project.id, &args).await?;
     let mut created = Vec::new();
     for body in demo_endpoints() {
         let name = body["name"].as_str().unwrap_or_default().to_owned();

@@ -25,6 +25,10 @@ pub struct Cli {
     /// Directory for the embedded database and the project tables.
     #[arg(long, global = true, env = "ENDPOINTS_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
+    /// Where project tables and stored results live: a directory, file:///PATH or s3://BUCKET[/PREFIX] (with
+    /// the usual AWS_* variables). Default: DATA_DIR.
+    #[arg(long, global = true, env = "ENDPOINTS_STORAGE")]
+    pub storage: Option<String>,
     /// Database URL: sqlite://PATH (default: DATA_DIR/endpoints.db) or postgres://USER:PASS@HOST/DB.
     #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
@@ -74,6 +78,7 @@ impl Cli {
     fn config(&self) -> Config {
         let mut config = Config::new(&self.data_dir);
         config.database_url.clone_from(&self.database_url);
+        config.storage.clone_from(&self.storage);
         config
     }
 }

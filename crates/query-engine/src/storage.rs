@@ -1,0 +1,221 @@
+//! Where project tables and stored results live: an object store, the local data directory by default or an
+//! S3-compatible bucket named by URL (`s3://bucket/prefix`, credentials and endpoint from the usual `AWS_*`
+//! environment variables).
+//!
+//! Everything is addressed by paths relative to the storage's root (`projects/{id}/tables/...`), so the same
+//! layout works on both. DataFusion reaches the store under one URL of its own, [`ROOT_URL`], registered in each
+//! session: a query's tables are registered by the engine, and SQL itself has no way to name a URL.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::prelude::SessionContext;
+use domain::ports::EngineError;
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::prefix::PrefixStore;
+use object_store::{ObjectStore, RetryConfig};
+use url::Url;
+
+/// The URL under which DataFusion sessions reach the storage.
+pub(crate) const ROOT_URL: &str = "endpoints://storage/";
+
+/// Why a storage location cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("'{0}' is not a storage location: use a directory, file:///path or s3://bucket[/prefix]")]
+    Unsupported(String),
+    #[error("cannot use the directory {path}: {source}")]
+    Directory { path: PathBuf, source: std::io::Error },
+    #[error("cannot use {url}: {source}")]
+    Store { url: String, source: object_store::Error },
+}
+
+/// The object store holding project tables and stored results.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    store: Arc<dyn ObjectStore>,
+    /// Where it is, for people: `file:///var/lib/endpoints` or `s3://bucket/prefix`.
+    location: String,
+    /// The directory, when the storage is local: readiness checks that it is still there.
+    local_root: Option<PathBuf>,
+}
+
+impl Storage {
+    /// The directory `dir` (created when missing).
+    ///
+    /// # Errors
+    /// [`StorageError::Directory`] when it cannot be created or read.
+    pub fn local(dir: &Path) -> Result<Self, StorageError> {
+        let failed = |source| StorageError::Directory { path: dir.to_path_buf(), source };
+        std::fs::create_dir_all(dir).map_err(failed)?;
+        let root = std::fs::canonicalize(dir).map_err(failed)?;
+        let store = LocalFileSystem::new_with_prefix(&root)
+            .map_err(|e| StorageError::Store { url: root.display().to_string(), source: e })?
+            // Removing a stored result's last file removes its directories too, as removing a prefix does on S3.
+            .with_automatic_cleanup(true);
+        Ok(Self {
+            store: Arc::new(store),
+            location: format!("file://{}", root.display()),
+            local_root: Some(root),
+        })
+    }
+
+    /// The storage a `--storage` value names: a directory path, `file:///path`, or `s3://bucket[/prefix]` (with
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP` and the
+    /// rest of the `AWS_*` variables the AWS tools read).
+    ///
+    /// # Errors
+    /// [`StorageError`] for another scheme, an unusable directory or an S3 configuration that does not build.
+    pub fn open(raw: &str) -> Result<Self, StorageError> {
+        let Ok(url) = Url::parse(raw) else { return Self::local(Path::new(raw)) };
+        match url.scheme() {
+            "file" => {
+                let dir = url.to_file_path().map_err(|()| StorageError::Unsupported(raw.into()))?;
+                Self::local(&dir)
+            }
+            "s3" | "s3a" => {
+                let bucket = url.host_str().filter(|b| !b.is_empty());
+                let Some(bucket) = bucket else { return Err(StorageError::Unsupported(raw.into())) };
+                let s3 = AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_retry(retries())
+                    .build()
+                    .map_err(|e| StorageError::Store { url: raw.into(), source: e })?;
+                let prefix = url.path().trim_matches('/');
+                let location = format!("s3://{bucket}/{prefix}");
+                let store: Arc<dyn ObjectStore> =
+                    if prefix.is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix)) };
+                Ok(Self { store, location: location.trim_end_matches('/').to_owned(), local_root: None })
+            }
+            _ => Err(StorageError::Unsupported(raw.into())),
+        }
+    }
+
+    /// Any object store, for tests and for other adapters.
+    pub fn from_store(store: Arc<dyn ObjectStore>, location: impl Into<String>) -> Self {
+        Self { store, location: location.into(), local_root: None }
+    }
+
+    /// Where it is, for people and logs.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The URL DataFusion reads the objects under `prefix` from (a directory-like URL, ending in `/`).
+    pub(crate) fn url_of(prefix: &ObjectPath) -> String {
+        format!("{ROOT_URL}{prefix}/")
+    }
+
+    /// Makes the storage reachable from `ctx` under [`ROOT_URL`].
+    pub(crate) fn register(&self, ctx: &SessionContext) {
+        let url = Url::parse(ROOT_URL).expect("ROOT_URL is a valid URL");
+        ctx.register_object_store(&url, Arc::clone(&self.store));
+    }
+
+    /// Whether the storage answers: the directory is there, or the bucket can be listed.
+    pub(crate) async fn ping(&self) -> Result<(), EngineError> {
+        if let Some(root) = &self.local_root {
+            let usable = tokio::fs::metadata(root).await.is_ok_and(|m| m.is_dir())
+                && tokio::fs::metadata(root.join("projects")).await.map_or(true, |m| m.is_dir());
+            return if usable {
+                Ok(())
+            } else {
+                Err(EngineError::Unavailable(format!("{} is not a directory", root.display()).into()))
+            };
+        }
+        self.store
+            .list_with_delimiter(Some(&ObjectPath::from("projects")))
+            .await
+            .map(|_| ())
+            .map_err(|e| EngineError::Unavailable(Box::new(e)))
+    }
+
+    /// The names of the "directories" directly under `prefix`.
+    pub(crate) async fn children(&self, prefix: &ObjectPath) -> Result<Vec<String>, object_store::Error> {
+        let listed = match self.store.list_with_delimiter(Some(prefix)).await {
+            Ok(listed) => listed,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        Ok(listed.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_owned)).collect())
+    }
+
+    /// The objects directly under `prefix` (not in its "subdirectories").
+    pub(crate) async fn objects(
+        &self,
+        prefix: &ObjectPath,
+    ) -> Result<Vec<object_store::ObjectMeta>, object_store::Error> {
+        match self.store.list_with_delimiter(Some(prefix)).await {
+            Ok(listed) => Ok(listed.objects),
+            Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes everything under `prefix`; removing nothing is not an error. On a local disk this includes
+    /// the staging files of writes that never finished (a killed process leaves those) and the directories left
+    /// empty; on S3 an unfinished upload is never an object, and a bucket lifecycle rule aborts it.
+    pub(crate) async fn remove_prefix(&self, prefix: &ObjectPath) -> Result<(), object_store::Error> {
+        let Some(root) = self.local_root.clone() else {
+            let listed: Vec<ObjectPath> =
+                self.store.list(Some(prefix)).map_ok(|meta| meta.location).try_collect().await?;
+            return self.delete(listed).await;
+        };
+        let dir = root.join(prefix.as_ref());
+        let removed = tokio::task::spawn_blocking(move || {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            // Parents left empty go too, as they would on S3; one still in use is not empty and stays.
+            let mut parent = dir.parent();
+            while let Some(current) = parent.filter(|p| *p != root && p.starts_with(&root)) {
+                if std::fs::remove_dir(current).is_err() {
+                    break;
+                }
+                parent = current.parent();
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) })?;
+        removed.map_err(|e| object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) })
+    }
+
+    /// Deletes the objects at `paths`; one already gone is not an error.
+    pub(crate) async fn delete(&self, paths: Vec<ObjectPath>) -> Result<(), object_store::Error> {
+        let paths = futures_util::stream::iter(paths.into_iter().map(Ok)).boxed();
+        let mut deleted = self.store.delete_stream(paths);
+        while let Some(result) = deleted.next().await {
+            match result {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A storage that cannot be read or written is unavailable (503, worth retrying), as a database that cannot be
+/// reached is.
+pub(crate) fn unavailable(err: object_store::Error) -> EngineError {
+    EngineError::Unavailable(Box::new(err))
+}
+
+/// How long the S3 client keeps retrying a failed request: an unreachable storage is reported within about a
+/// second instead of after the client's default of three minutes.
+fn retries() -> RetryConfig {
+    RetryConfig {
+        max_retries: 3,
+        retry_timeout: std::time::Duration::from_secs(10),
+        ..RetryConfig::default()
+    }
+}

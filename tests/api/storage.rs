@@ -1,0 +1,246 @@
+//! Tables and stored results in an S3 bucket: a real S3-compatible server (`moto`'s server mode, which
+//! `make test` installs) started here, and the real `endpoints` binary pointed at it with
+//! `--storage s3://bucket/prefix` and the usual `AWS_*` variables. The data directory holds only the SQLite
+//! database.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::helpers::{serve_command, ServeProcess, SALES};
+
+const BUCKET: &str = "endpoints-test";
+const PREFIX: &str = "deployment";
+
+/// A moto S3 server on a free loopback port, killed when dropped.
+struct Moto {
+    child: Child,
+    endpoint: String,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Moto {
+    async fn start() -> Self {
+        let program = std::env::var("TEST_MOTO_SERVER").expect(
+            "TEST_MOTO_SERVER must name moto's `moto_server` program; `make test` installs it and sets it",
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(program)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server starts");
+        let moto = Self { child, endpoint: format!("http://127.0.0.1:{port}") };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reqwest::get(&moto.endpoint).await.is_err() {
+            assert!(Instant::now() < deadline, "moto_server never answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let created = reqwest::Client::new().put(format!("{}/{BUCKET}", moto.endpoint)).send().await.unwrap();
+        assert!(created.status().is_success(), "cannot create the bucket: {}", created.status());
+        moto
+    }
+
+    /// The keys in the bucket under `prefix`, sorted.
+    async fn keys(&self, prefix: &str) -> Vec<String> {
+        let url = format!("{}/{BUCKET}?list-type=2&prefix={PREFIX}/{prefix}", self.endpoint);
+        let listing = reqwest::get(url).await.unwrap().text().await.unwrap();
+        assert!(!listing.contains("<IsTruncated>true"), "more keys than one listing holds");
+        let mut keys: Vec<String> = listing
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("</Key>"))
+            .map(|(key, _)| key.strip_prefix(&format!("{PREFIX}/")).unwrap_or(key).to_owned())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// `endpoints` with the storage in the bucket and this server's address and credentials.
+    fn endpoints(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_endpoints"));
+        command
+            .args(["--storage", &format!("s3://{BUCKET}/{PREFIX}")])
+            .env_remove("DATABASE_URL")
+            .env("AWS_ENDPOINT_URL", &self.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1");
+        command
+    }
+
+    fn cli(&self, data_dir: &Path, args: &[&str]) -> Value {
+        let output =
+            self.endpoints().arg("--data-dir").arg(data_dir).arg("--json").args(args).output().unwrap();
+        assert!(output.status.success(), "endpoints {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+}
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn call(
+    server: &ServeProcess,
+    method: reqwest::Method,
+    path: &str,
+    key: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request =
+        reqwest::Client::new().request(method, format!("{}{path}", server.address)).bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn wait_completed(server: &ServeProcess, base: &str, key: &str, version: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, status) =
+            call(server, reqwest::Method::GET, &format!("{base}/materialization_status"), key, None).await;
+        if status["status"] == "Completed" && status["version"] == version {
+            return;
+        }
+        assert!(status["status"] != "Failed", "the refresh failed: {status}");
+        assert!(Instant::now() < deadline, "v{version} never completed: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn tables_and_stored_results_live_in_an_s3_bucket() {
+    let moto = Moto::start().await;
+    let dir = Dir(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let data_dir = dir.0.as_path();
+
+    let project = moto.cli(data_dir, &["project", "create", "--name", "S3"])["id"].as_i64().unwrap();
+    let key = moto
+        .cli(data_dir, &["key", "create", "--project", &project.to_string(), "--scope", "endpoint:write"])
+        ["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let sales = data_dir.join("sales.csv");
+    std::fs::write(&sales, SALES).unwrap();
+    let import = |file: &Path| {
+        moto.cli(
+            data_dir,
+            &[
+                "data",
+                "import",
+                "--project",
+                &project.to_string(),
+                "--table",
+                "sales",
+                file.to_str().unwrap(),
+            ],
+        )
+    };
+    assert_eq!(import(&sales)["rows"], 6);
+
+    // The table is in the bucket, as a version its `_current` object names; nothing is on the local disk.
+    let table = format!("projects/{project}/tables/sales/");
+    let first = moto.keys(&table).await;
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert_eq!(first[0], format!("{table}_current"));
+    assert!(first[1].starts_with(&format!("{table}v-")) && first[1].ends_with(".parquet"), "{first:?}");
+    assert!(!data_dir.join("projects").exists());
+    let listed = moto.cli(data_dir, &["data", "list", "--project", &project.to_string()]);
+    let location = listed[0]["location"].as_str().unwrap();
+    assert!(location.starts_with(&format!("s3://{BUCKET}/{PREFIX}/{table}v-")), "{listed}");
+    assert_eq!(listed[0]["files"], 1);
+
+    let worker = ["--materialize-poll-ms", "50", "--materialize-lease-secs", "3", "--workers", "1"];
+    let mut command = moto.endpoints();
+    command.stderr(Stdio::null());
+    let server = serve_command(command, data_dir, &worker).await;
+    let ready = reqwest::get(format!("{}/readyz", server.address)).await.unwrap();
+    assert_eq!(ready.status(), 200);
+
+    // A live run reads the table from the bucket.
+    let base = format!("/api/projects/{project}/endpoints");
+    let total = json!({"name": "total", "query": {"kind": "SQLQuery",
+                        "query": "SELECT count(*) AS n, sum(quantity) AS q FROM sales"}});
+    assert_eq!(call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(total)).await.0, 201);
+    let total_url = format!("{base}/total/run?refresh=direct");
+    let run_total = || call(&server, reqwest::Method::GET, &total_url, &key, None);
+    assert_eq!(run_total().await.1["results"], json!([{"n": 6, "q": 21}]));
+
+    // A materialized endpoint's result is written to the bucket, read from it, and replaced on a new version.
+    let by_country = |sql: &str| {
+        json!({"kind": "SQLQuery", "query": sql,
+               "variables": {"country": {"type": "String", "default": "US"}}})
+    };
+    let body = json!({"name": "by-country", "is_materialized": true, "sync_frequency": "1hour",
+                      "query": by_country("SELECT country, sum(quantity) AS q FROM sales WHERE country = {variables.country} GROUP BY country")});
+    let (status, created) = call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(body)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let stored = format!("projects/{project}/materializations/{id}/");
+    wait_completed(&server, &format!("{base}/by-country"), &key, 1).await;
+    let v1 = moto.keys(&stored).await;
+    assert!(v1.len() == 1 && v1[0].starts_with(&format!("{stored}v1-")), "{v1:?}");
+    let run = format!("{base}/by-country/run?variables.country=US");
+    let answer = call(&server, reqwest::Method::GET, &run, &key, None).await.1;
+    assert_eq!(
+        (answer["endpoint_materialized"].as_bool(), answer["results"].clone()),
+        (Some(true), json!([{"country": "US", "q": 3}]))
+    );
+
+    let changed = json!({"query": by_country("SELECT country, count(*) AS orders FROM sales WHERE country = {variables.country} GROUP BY country")});
+    assert_eq!(
+        call(&server, reqwest::Method::PATCH, &format!("{base}/by-country"), &key, Some(changed)).await.0,
+        200
+    );
+    wait_completed(&server, &format!("{base}/by-country"), &key, 2).await;
+    let v2 = moto.keys(&stored).await;
+    assert!(
+        v2.len() == 1 && v2[0].starts_with(&format!("{stored}v2-")),
+        "version 1's result is removed: {v2:?}"
+    );
+    let answer = call(&server, reqwest::Method::GET, &run, &key, None).await.1;
+    assert_eq!(answer["results"], json!([{"country": "US", "orders": 2}]));
+
+    // A replace while serving: the next live run sees the new rows, and the old version is gone.
+    let fewer = data_dir.join("fewer.csv");
+    std::fs::write(&fewer, SALES.lines().take(3).collect::<Vec<_>>().join("\n")).unwrap();
+    assert_eq!(import(&fewer)["rows"], 2);
+    assert_eq!(run_total().await.1["results"], json!([{"n": 2, "q": 3}]));
+    let second = moto.keys(&table).await;
+    assert_eq!(second.len(), 2, "{second:?}");
+    assert_ne!(second[1], first[1]);
+
+    // Deleting the endpoint removes its stored result from the bucket.
+    assert_eq!(
+        call(&server, reqwest::Method::DELETE, &format!("{base}/by-country"), &key, None).await.0,
+        204
+    );
+    assert!(moto.keys(&stored).await.is_empty(), "{:?}", moto.keys(&stored).await);
+
+    // Without its storage the server is not ready, and a live run is a clear 503, not a hang or a 500.
+    drop(moto);
+    let ready = reqwest::get(format!("{}/readyz", server.address)).await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let (status, body) = run_total().await;
+    assert_eq!(status, 503, "{body}");
+}
