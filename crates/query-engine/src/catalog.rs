@@ -148,7 +148,7 @@ pub(crate) async fn session(
 ) -> Result<SessionContext, EngineError> {
     let ctx = empty_session(storage, runtime);
     for (name, files) in list_tables(storage, project).await? {
-        ctx.register_parquet(name.as_str(), Storage::url_of(&files), ParquetReadOptions::default())
+        ctx.register_parquet(name.as_str(), storage.url_of(&files), ParquetReadOptions::default())
             .await
             .map_err(crate::execute::storage_error)?;
     }

@@ -36,7 +36,7 @@ impl Drop for Demo {
 async fn demo_on(dir: Option<std::path::PathBuf>) -> Demo {
     let storage = match &dir {
         Some(dir) => Storage::local(dir).unwrap(),
-        None => Storage::from_store(Arc::new(object_store::memory::InMemory::new()), "memory://"),
+        None => Storage::from_store(Arc::new(object_store::memory::InMemory::new()), "memory:///"),
     };
     tables::write_table(
         &storage,

@@ -155,7 +155,7 @@ impl DataFusionEngine {
         offset: u64,
     ) -> Result<QueryResult, EngineError> {
         let ctx = catalog::empty_session(&self.storage, Some(execute::runtime(&self.limits)?));
-        let location = Storage::url_of(prefix);
+        let location = self.storage.url_of(prefix);
         let schema = ctx
             .read_parquet(location.as_str(), ParquetReadOptions::default())
             .await

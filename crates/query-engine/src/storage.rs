@@ -3,8 +3,9 @@
 //! environment variables).
 //!
 //! Everything is addressed by paths relative to the storage's root (`projects/{id}/tables/...`), so the same
-//! layout works on both. DataFusion reaches the store under one URL of its own, [`ROOT_URL`], registered in each
-//! session: a query's tables are registered by the engine, and SQL itself has no way to name a URL.
+//! layout works on both. DataFusion reads the same objects by their real URLs (`file:///...`, `s3://...`), so
+//! any DataFusion process given the same storage (an executor of a distributed engine, say) finds them. A
+//! query's tables are registered by the engine; SQL itself has no way to name a URL.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,9 +19,6 @@ use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, RetryConfig};
 use url::Url;
-
-/// The URL under which DataFusion sessions reach the storage.
-pub(crate) const ROOT_URL: &str = "endpoints://storage/";
 
 /// Why a storage location cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +34,13 @@ pub enum StorageError {
 /// The object store holding project tables and stored results.
 #[derive(Debug, Clone)]
 pub struct Storage {
+    /// The objects, addressed from the storage's root: the engine's own reads and writes.
     store: Arc<dyn ObjectStore>,
-    /// Where it is, for people: `file:///var/lib/endpoints` or `s3://bucket/prefix`.
-    location: String,
+    /// The root's URL, ending in `/`: `file:///var/lib/endpoints/` or `s3://bucket/prefix/`.
+    root_url: Url,
+    /// What DataFusion reads the root URL's scheme and host through; `None` for local files, which every
+    /// DataFusion session reads already.
+    engine_store: Option<Arc<dyn ObjectStore>>,
     /// The directory, when the storage is local: readiness checks that it is still there.
     local_root: Option<PathBuf>,
 }
@@ -56,11 +58,9 @@ impl Storage {
             .map_err(|e| StorageError::Store { url: root.display().to_string(), source: e })?
             // Removing a stored result's last file removes its directories too, as removing a prefix does on S3.
             .with_automatic_cleanup(true);
-        Ok(Self {
-            store: Arc::new(store),
-            location: format!("file://{}", root.display()),
-            local_root: Some(root),
-        })
+        let root_url = Url::from_directory_path(&root)
+            .map_err(|()| StorageError::Unsupported(root.display().to_string()))?;
+        Ok(Self { store: Arc::new(store), root_url, engine_store: None, local_root: Some(root) })
     }
 
     /// The storage a `--storage` value names: a directory path, `file:///path`, or `s3://bucket[/prefix]` (with
@@ -79,29 +79,40 @@ impl Storage {
             "s3" | "s3a" => {
                 let bucket = url.host_str().filter(|b| !b.is_empty());
                 let Some(bucket) = bucket else { return Err(StorageError::Unsupported(raw.into())) };
-                let s3 = AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_retry(retries())
-                    .build()
-                    .map_err(|e| StorageError::Store { url: raw.into(), source: e })?;
+                let s3: Arc<dyn ObjectStore> = Arc::new(
+                    AmazonS3Builder::from_env()
+                        .with_bucket_name(bucket)
+                        .with_retry(retries())
+                        .build()
+                        .map_err(|e| StorageError::Store { url: raw.into(), source: e })?,
+                );
                 let prefix = url.path().trim_matches('/');
-                let location = format!("s3://{bucket}/{prefix}");
-                let store: Arc<dyn ObjectStore> =
-                    if prefix.is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix)) };
-                Ok(Self { store, location: location.trim_end_matches('/').to_owned(), local_root: None })
+                let (store, root): (Arc<dyn ObjectStore>, String) = if prefix.is_empty() {
+                    (Arc::clone(&s3), format!("s3://{bucket}/"))
+                } else {
+                    (Arc::new(PrefixStore::new(Arc::clone(&s3), prefix)), format!("s3://{bucket}/{prefix}/"))
+                };
+                let root_url = Url::parse(&root).map_err(|_| StorageError::Unsupported(raw.into()))?;
+                Ok(Self { store, root_url, engine_store: Some(s3), local_root: None })
             }
             _ => Err(StorageError::Unsupported(raw.into())),
         }
     }
 
-    /// Any object store, for tests and for other adapters.
-    pub fn from_store(store: Arc<dyn ObjectStore>, location: impl Into<String>) -> Self {
-        Self { store, location: location.into(), local_root: None }
+    /// An object store whose paths are those under `root_url`'s scheme and host (a store with no prefix), for
+    /// tests and for other adapters.
+    ///
+    /// # Panics
+    /// When `root_url` is not a URL.
+    pub fn from_store(store: Arc<dyn ObjectStore>, root_url: &str) -> Self {
+        let root_url = Url::parse(root_url).expect("a storage root is a URL");
+        Self { store: Arc::clone(&store), root_url, engine_store: Some(store), local_root: None }
     }
 
-    /// Where it is, for people and logs.
+    /// Where it is, for people and logs: `file:///var/lib/endpoints`, `s3://bucket/prefix`.
     pub fn location(&self) -> &str {
-        &self.location
+        let root = self.root_url.as_str();
+        root.strip_suffix('/').unwrap_or(root)
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
@@ -109,14 +120,15 @@ impl Storage {
     }
 
     /// The URL DataFusion reads the objects under `prefix` from (a directory-like URL, ending in `/`).
-    pub(crate) fn url_of(prefix: &ObjectPath) -> String {
-        format!("{ROOT_URL}{prefix}/")
+    pub(crate) fn url_of(&self, prefix: &ObjectPath) -> String {
+        format!("{}{prefix}/", self.root_url)
     }
 
-    /// Makes the storage reachable from `ctx` under [`ROOT_URL`].
+    /// Makes the storage readable from `ctx` (local files are already).
     pub(crate) fn register(&self, ctx: &SessionContext) {
-        let url = Url::parse(ROOT_URL).expect("ROOT_URL is a valid URL");
-        ctx.register_object_store(&url, Arc::clone(&self.store));
+        if let Some(store) = &self.engine_store {
+            ctx.register_object_store(&self.root_url, Arc::clone(store));
+        }
     }
 
     /// Whether the storage answers: the directory is there, or the bucket can be listed.

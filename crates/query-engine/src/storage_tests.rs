@@ -18,7 +18,7 @@ fn project() -> ProjectId {
 
 fn memory() -> (Storage, Arc<InMemory>) {
     let store = Arc::new(InMemory::new());
-    (Storage::from_store(Arc::clone(&store) as Arc<dyn ObjectStore>, "memory://"), store)
+    (Storage::from_store(Arc::clone(&store) as Arc<dyn ObjectStore>, "memory:///"), store)
 }
 
 /// Every object's path in the store, sorted.

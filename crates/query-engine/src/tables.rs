@@ -137,9 +137,13 @@ impl TableWriter {
     }
 }
 
-async fn existing_schema(ctx: &SessionContext, files: &ObjectPath) -> Result<SchemaRef, ImportError> {
+async fn existing_schema(
+    storage: &Storage,
+    ctx: &SessionContext,
+    files: &ObjectPath,
+) -> Result<SchemaRef, ImportError> {
     let frame = ctx
-        .read_parquet(Storage::url_of(files), ParquetReadOptions::default())
+        .read_parquet(storage.url_of(files), ParquetReadOptions::default())
         .await
         .map_err(|e| ImportError::Read { path: PathBuf::from(files.as_ref()), reason: crate::message(&e) })?;
     Ok(Arc::new(frame.schema().as_arrow().clone()))
@@ -192,7 +196,7 @@ impl Target {
             if let Some(files) =
                 current_files(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?
             {
-                let schema = existing_schema(ctx, &files).await?;
+                let schema = existing_schema(storage, ctx, &files).await?;
                 return Ok((Self { table: prefix, files, version: None, written: Vec::new() }, Some(schema)));
             }
         }
