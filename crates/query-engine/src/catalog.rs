@@ -129,15 +129,26 @@ pub(crate) async fn describe_tables(
     Ok(described)
 }
 
-/// A session with no tables at all that can read the storage (for tables the engine registers).
-pub(crate) fn empty_session(storage: &Storage, runtime: Option<Arc<RuntimeEnv>>) -> SessionContext {
+/// A session with no tables at all that can read the storage (for tables the engine registers). Its queries run
+/// in this process, or on the Ballista cluster whose scheduler is at `scheduler`.
+pub(crate) fn empty_session(
+    storage: &Storage,
+    runtime: Option<Arc<RuntimeEnv>>,
+    scheduler: Option<&str>,
+) -> Result<SessionContext, EngineError> {
+    #[cfg(feature = "ballista")]
+    if let Some(scheduler) = scheduler {
+        return crate::distributed::session(storage, runtime, scheduler);
+    }
+    #[cfg(not(feature = "ballista"))]
+    debug_assert!(scheduler.is_none(), "a scheduler is only ever set with the `ballista` feature");
     let config = SessionConfig::new().with_information_schema(false);
     let ctx = match runtime {
         Some(runtime) => SessionContext::new_with_config_rt(config, runtime),
         None => SessionContext::new_with_config(config),
     };
-    storage.register(&ctx);
-    ctx
+    storage.register(&ctx.runtime_env());
+    Ok(ctx)
 }
 
 /// A session that sees exactly the project's tables and has no way to reach other files.
@@ -145,8 +156,9 @@ pub(crate) async fn session(
     storage: &Storage,
     project: ProjectId,
     runtime: Option<Arc<RuntimeEnv>>,
+    scheduler: Option<&str>,
 ) -> Result<SessionContext, EngineError> {
-    let ctx = empty_session(storage, runtime);
+    let ctx = empty_session(storage, runtime, scheduler)?;
     for (name, files) in list_tables(storage, project).await? {
         ctx.register_parquet(name.as_str(), storage.url_of(&files), ParquetReadOptions::default())
             .await

@@ -123,6 +123,10 @@ pub(crate) fn runtime(
 
 /// Maps an execution error: memory exhaustion and plan errors are the caller's; the rest is ours.
 pub(crate) fn execution_error(err: DataFusionError) -> EngineError {
+    #[cfg(feature = "ballista")]
+    if crate::distributed::is_unreachable(&err) {
+        return EngineError::Unavailable(Box::new(err));
+    }
     match err.find_root() {
         DataFusionError::ResourcesExhausted(reason) => EngineError::MemoryLimit(reason.clone()),
         DataFusionError::Plan(_) | DataFusionError::SQL(..) | DataFusionError::SchemaError(..) => {

@@ -10,6 +10,8 @@ mod cache;
 mod catalog;
 mod compile;
 pub mod demo;
+#[cfg(feature = "ballista")]
+pub mod distributed;
 mod execute;
 mod materialized;
 mod metrics;
@@ -41,6 +43,8 @@ pub use storage::{Storage, StorageError};
 #[derive(Debug, Clone)]
 pub struct DataFusionEngine {
     storage: Storage,
+    /// The gRPC address of the Ballista scheduler queries run on; `None`: in this process.
+    scheduler: Option<Arc<str>>,
     limits: EngineLimits,
     slots: Arc<execute::Slots>,
     runtime: Arc<runtime::EngineRuntime>,
@@ -62,6 +66,7 @@ impl DataFusionEngine {
     pub fn with_limits(storage: Storage, limits: EngineLimits) -> Self {
         Self {
             storage,
+            scheduler: None,
             limits,
             slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
@@ -74,21 +79,43 @@ impl DataFusionEngine {
         &self.metrics
     }
 
+    /// The same engine, running queries on the Ballista cluster whose scheduler `url` names
+    /// (`ballista://HOST:PORT`); planning stays in this process.
+    ///
+    /// # Errors
+    /// A message when the URL names no scheduler.
+    #[cfg(feature = "ballista")]
+    pub fn on_ballista(mut self, url: &str) -> Result<Self, String> {
+        self.scheduler = Some(distributed::scheduler_address(url)?.into());
+        Ok(self)
+    }
+
+    fn scheduler(&self) -> Option<&str> {
+        self.scheduler.as_deref()
+    }
+
+    /// Where queries run, for people: `embedded`, or the scheduler's address.
+    pub fn engine(&self) -> &str {
+        self.scheduler().unwrap_or("embedded")
+    }
+
     /// The storage of its tables and stored results.
     pub fn storage(&self) -> &Storage {
         &self.storage
     }
 
-    /// Whether the engine can run a query on its own threads and its storage answers (for readiness).
+    /// Whether the engine can run a query (on its own threads, or on its Ballista cluster) and its storage
+    /// answers (for readiness).
     ///
     /// # Errors
     /// [`EngineError::Unavailable`] when the storage is missing or unreachable, or the engine's threads do not
     /// answer.
     pub async fn ping(&self) -> Result<(), EngineError> {
         self.storage.ping().await?;
+        // On Ballista this runs a (tiny) job on the cluster: readiness means queries can run.
+        let ctx = catalog::empty_session(&self.storage, None, self.scheduler())?;
         self.runtime
-            .run(async {
-                let ctx = datafusion::prelude::SessionContext::new();
+            .run(async move {
                 let frame = ctx.sql("SELECT 1").await.map_err(|e| EngineError::Unavailable(Box::new(e)))?;
                 frame.collect().await.map_err(|e| EngineError::Unavailable(Box::new(e)))?;
                 Ok(())
@@ -164,7 +191,7 @@ impl DataFusionEngine {
         query: &Query,
     ) -> Result<QueryDescription, EngineError> {
         let compiled = compile::compile(query);
-        let ctx = catalog::session(&self.storage, project, None).await?;
+        let ctx = catalog::session(&self.storage, project, None, self.scheduler()).await?;
         let unbound = self.plan_unbound(&ctx, &compiled).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
@@ -192,7 +219,9 @@ impl DataFusionEngine {
     ) -> Result<domain::QueryResult, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let ctx = catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?)).await?;
+        let ctx =
+            catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?), self.scheduler())
+                .await?;
         let plan = self.plan(&ctx, &compiled, values).await?;
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;

@@ -48,7 +48,7 @@ async fn demo_on(dir: Option<std::path::PathBuf>) -> Demo {
     )
     .await
     .unwrap();
-    Demo(dir, DataFusionEngine::new(storage))
+    Demo(dir, crate::tests::engine_on(storage).await)
 }
 
 async fn demo() -> Demo {

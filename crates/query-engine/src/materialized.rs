@@ -125,7 +125,9 @@ impl DataFusionEngine {
         prefix: &ObjectPath,
     ) -> Result<u64, EngineError> {
         let compiled = compile::compile(query);
-        let ctx = catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?)).await?;
+        let ctx =
+            catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?), self.scheduler())
+                .await?;
         let unbound = self.plan_unbound(&ctx, &compiled).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
@@ -154,7 +156,8 @@ impl DataFusionEngine {
         limit: u32,
         offset: u64,
     ) -> Result<QueryResult, EngineError> {
-        let ctx = catalog::empty_session(&self.storage, Some(execute::runtime(&self.limits)?));
+        let ctx =
+            catalog::empty_session(&self.storage, Some(execute::runtime(&self.limits)?), self.scheduler())?;
         let location = self.storage.url_of(prefix);
         let schema = ctx
             .read_parquet(location.as_str(), ParquetReadOptions::default())

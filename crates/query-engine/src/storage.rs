@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use datafusion::prelude::SessionContext;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use domain::ports::EngineError;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::aws::AmazonS3Builder;
@@ -124,10 +124,10 @@ impl Storage {
         format!("{}{prefix}/", self.root_url)
     }
 
-    /// Makes the storage readable from `ctx` (local files are already).
-    pub(crate) fn register(&self, ctx: &SessionContext) {
+    /// Makes the storage readable by sessions on `runtime` (local files are already).
+    pub(crate) fn register(&self, runtime: &RuntimeEnv) {
         if let Some(store) = &self.engine_store {
-            ctx.register_object_store(&self.root_url, Arc::clone(store));
+            runtime.register_object_store(&self.root_url, Arc::clone(store));
         }
     }
 

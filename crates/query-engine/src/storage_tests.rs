@@ -69,7 +69,7 @@ async fn total(engine: &DataFusionEngine) -> String {
 #[tokio::test]
 async fn a_replace_switches_the_pointer_and_removes_the_old_version() {
     let (storage, store) = memory();
-    let engine = DataFusionEngine::new(storage.clone());
+    let engine = crate::tests::engine_on(storage.clone()).await;
     let inputs = Inputs::new();
     let first = inputs.file("first.csv", "id,name\n1,a\n2,b\n");
     let second = inputs.file("second.csv", "id,name\n10,x\n");
@@ -106,7 +106,7 @@ async fn a_replace_switches_the_pointer_and_removes_the_old_version() {
 #[tokio::test]
 async fn a_failed_replace_leaves_the_table_and_no_objects_behind() {
     let (storage, store) = memory();
-    let engine = DataFusionEngine::new(storage.clone());
+    let engine = crate::tests::engine_on(storage.clone()).await;
     let inputs = Inputs::new();
     let good = inputs.file("good.csv", "id,name\n1,a\n");
     // The second file breaks after the first is written: neither becomes visible, and both are removed.
@@ -125,7 +125,7 @@ async fn a_failed_replace_leaves_the_table_and_no_objects_behind() {
 #[tokio::test]
 async fn a_table_written_before_versions_is_read_appended_and_replaced() {
     let (storage, store) = memory();
-    let engine = DataFusionEngine::new(storage.clone());
+    let engine = crate::tests::engine_on(storage.clone()).await;
     let inputs = Inputs::new();
     let first = inputs.file("first.csv", "id,name\n1,a\n");
     // Write a versioned table, then move its file to where tables used to keep them.
@@ -150,7 +150,7 @@ async fn a_table_written_before_versions_is_read_appended_and_replaced() {
 #[tokio::test]
 async fn a_pointer_that_names_no_version_is_an_error_not_a_path() {
     let (storage, store) = memory();
-    let engine = DataFusionEngine::new(storage);
+    let engine = crate::tests::engine_on(storage).await;
     let pointer = object_store::path::Path::from("projects/7/tables/things/_current");
     store.put(&pointer, PutPayload::from("../../../8/tables/secret")).await.unwrap();
     let q = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS one"})).unwrap();

@@ -273,7 +273,8 @@ pub async fn import_files(
     if !is_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
-    let ctx = crate::catalog::empty_session(storage, None);
+    let ctx =
+        crate::catalog::empty_session(storage, None, None).map_err(|e| ImportError::Write(e.to_string()))?;
     let (mut target, expected) = Target::choose(storage, &ctx, project, table, mode).await?;
     match write_files(storage, &ctx, &mut target, table, files, format, expected, progress).await {
         Ok(rows) => {
@@ -341,7 +342,8 @@ pub async fn write_table(
     if !is_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
-    let ctx = crate::catalog::empty_session(storage, None);
+    let ctx =
+        crate::catalog::empty_session(storage, None, None).map_err(|e| ImportError::Write(e.to_string()))?;
     let (mut target, _) = Target::choose(storage, &ctx, project, table, ImportMode::Replace).await?;
     let written = async {
         let mut writer = TableWriter::create(storage, target.next_file(0), schema)?;

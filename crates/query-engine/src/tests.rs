@@ -40,7 +40,7 @@ fn temp_dir(prefix: &str) -> TempDir {
 }
 
 /// Writes `events(country, revenue)` for project 1 into a fresh data directory.
-fn engine_with_events() -> (DataFusionEngine, TempDir) {
+async fn engine_with_events() -> (DataFusionEngine, TempDir) {
     let dir = temp_dir("qe-test");
     // Written as tables were before versions: Parquet files directly in the table's directory.
     let table = dir.join("projects/1/tables/events");
@@ -58,7 +58,19 @@ fn engine_with_events() -> (DataFusionEngine, TempDir) {
     let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
     writer.write(&batch).unwrap();
     writer.close().unwrap();
-    (DataFusionEngine::new(Storage::local(&dir).unwrap()), dir)
+    (engine_on(Storage::local(&dir).unwrap()).await, dir)
+}
+
+/// The engine the suite runs on: in this process or, with the `ballista` feature and `TEST_ENGINE=ballista`, on a
+/// Ballista scheduler with two executors started for the test (on its runtime, so they end with it).
+pub(crate) async fn engine_on(storage: Storage) -> DataFusionEngine {
+    let engine = DataFusionEngine::new(storage.clone());
+    #[cfg(feature = "ballista")]
+    if std::env::var("TEST_ENGINE").as_deref() == Ok("ballista") {
+        let cluster = distributed::Cluster::start(&storage, 2, 2).await.unwrap();
+        return engine.on_ballista(&cluster.url()).unwrap();
+    }
+    engine
 }
 
 fn rand_suffix() -> u128 {
@@ -74,7 +86,7 @@ fn invalid<T: std::fmt::Debug>(result: Result<T, EngineError>) -> String {
 
 #[tokio::test]
 async fn describes_output_columns_with_types() {
-    let (engine, _dir) = engine_with_events();
+    let (engine, _dir) = engine_with_events().await;
     let q = query(
         "SELECT country, sum(revenue) AS total, avg(revenue) AS mean, count(*) > 0 AS any, \
          CAST('2026-01-01' AS DATE) AS d, now() AS t, [1, 2] AS arr FROM events GROUP BY country",
@@ -98,7 +110,7 @@ async fn describes_output_columns_with_types() {
 
 #[tokio::test]
 async fn variables_plan_as_typed_parameters() {
-    let (engine, _dir) = engine_with_events();
+    let (engine, _dir) = engine_with_events().await;
     let q = query(
         "SELECT {variables.n} AS n, {variables.x} AS x, {variables.day} AS day, country FROM events \
          WHERE revenue > {variables.n} AND country IN {variables.countries}",
@@ -112,7 +124,7 @@ async fn variables_plan_as_typed_parameters() {
 
 #[tokio::test]
 async fn refuses_anything_but_one_read_only_query() {
-    let (engine, dir) = engine_with_events();
+    let (engine, dir) = engine_with_events().await;
     let p = project(1);
     for sql in [
         "SELECT 1; SELECT 2",
@@ -142,7 +154,7 @@ async fn refuses_anything_but_one_read_only_query() {
 
 #[tokio::test]
 async fn a_project_sees_only_its_own_tables() {
-    let (engine, _dir) = engine_with_events();
+    let (engine, _dir) = engine_with_events().await;
     engine.describe(project(1), &query("SELECT * FROM events", json!({}))).await.unwrap();
     let reason = invalid(engine.describe(project(2), &query("SELECT * FROM events", json!({}))).await);
     assert!(reason.contains("events"), "{reason}");
@@ -176,7 +188,7 @@ fn bound(pairs: &[(&str, domain::BoundValue)]) -> std::collections::BTreeMap<Str
 
 #[tokio::test]
 async fn executes_with_bound_variables_and_pages() {
-    let (engine, _dir) = engine_with_events();
+    let (engine, _dir) = engine_with_events().await;
     let q = query(
         "SELECT country, revenue FROM events WHERE revenue >= {variables.min} ORDER BY revenue",
         json!({"min": {"type": "Integer"}}),
@@ -201,7 +213,7 @@ async fn executes_with_bound_variables_and_pages() {
 
 #[tokio::test]
 async fn a_slow_query_times_out() {
-    let (_, dir) = engine_with_events();
+    let (_, dir) = engine_with_events().await;
     let limits =
         EngineLimits { query_timeout: std::time::Duration::from_millis(50), ..EngineLimits::default() };
     let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
@@ -213,7 +225,7 @@ async fn a_slow_query_times_out() {
 
 #[tokio::test]
 async fn a_query_over_its_memory_limit_fails() {
-    let (_, dir) = engine_with_events();
+    let (_, dir) = engine_with_events().await;
     let limits = EngineLimits { memory_limit: 64 * 1024, ..EngineLimits::default() };
     let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
     let q = query(
@@ -226,7 +238,7 @@ async fn a_query_over_its_memory_limit_fails() {
 
 #[tokio::test]
 async fn a_page_over_the_result_byte_limit_is_refused_and_a_smaller_page_is_not() {
-    let (_, dir) = engine_with_events();
+    let (_, dir) = engine_with_events().await;
     let limits = EngineLimits { result_bytes: 64 * 1024, ..EngineLimits::default() };
     let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
     // About 1 KB a row: 100 rows are over 64 KiB, 50 are not.
@@ -243,7 +255,7 @@ async fn a_page_over_the_result_byte_limit_is_refused_and_a_smaller_page_is_not(
 
 #[tokio::test]
 async fn a_project_runs_at_most_its_share_of_live_queries() {
-    let (_, dir) = engine_with_events();
+    let (_, dir) = engine_with_events().await;
     let limits = EngineLimits { max_concurrent_per_project: 1, ..EngineLimits::default() };
     let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
     let held = engine.slots.try_acquire(project(1), &engine.limits).unwrap();
@@ -280,7 +292,7 @@ async fn imports_csv_and_ndjson_atomically() {
     tables::import_files(&storage, project(1), "things", &[ndjson], None, tables::ImportMode::Append, &noop)
         .await
         .unwrap();
-    let engine = DataFusionEngine::new(storage.clone());
+    let engine = engine_on(storage.clone()).await;
     let q = query("SELECT sum(id) AS s, count(*) AS n FROM things", json!({}));
     let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
     assert_eq!(result.rows_json, r#"[{"s":6,"n":3}]"#);
@@ -351,7 +363,7 @@ async fn demo_events_are_reproducible() {
 
 #[tokio::test]
 async fn deeply_nested_sql_is_refused_or_planned_without_crashing() {
-    let (engine, _dir) = engine_with_events();
+    let (engine, _dir) = engine_with_events().await;
     // Within the token bound: planned (and run) on the engine's deep stacks.
     let sql = format!("SELECT {} AS x", vec!["1"; 1_200].join(" + "));
     let result = engine.execute(project(1), &query(&sql, json!({})), &bound(&[]), 1, 0).await.unwrap();
