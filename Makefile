@@ -20,6 +20,8 @@ FUZZ_SECONDS ?= 1800
 BENCH_ROWS ?= 10000000
 CARGO_DENY_VERSION ?= 0.20.2
 DENY_CHECKS ?=
+# The build with the distributed engine (Apache DataFusion Ballista), which `make lint` and `make test` check too.
+BALLISTA := query-engine/ballista,server/ballista
 
 .PHONY: help
 help: ## List the targets.
@@ -73,18 +75,22 @@ postgres: ## Start a local PostgreSQL (installing it if missing) and create the 
 lint: deps ## Format check, clippy with -D warnings, and the dependency-direction check.
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	cargo clippy -p query-engine -p server --features $(BALLISTA) --all-targets --locked -- -D warnings
 	@leak=$$(cargo tree -p domain -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | \
 	  grep -E '^(actix|diesel|r2d2|datafusion|arrow|parquet|tokio|hyper|sqlx|tracing-actix)' || true); \
 	if [ -n "$$leak" ]; then echo "crates/domain depends on framework crates: $$leak"; exit 1; fi; \
 	echo "dependency direction: crates/domain depends on no framework crate"
 
 .PHONY: test
-test: deps lint ## Everything CI checks: lint, then every test on SQLite and on a local PostgreSQL.
+test: deps lint ## Everything CI checks: lint, then every test (SQLite, a local PostgreSQL, S3 on moto, Ballista).
 	@mkdir -p target
 	@$(MAKE) --no-print-directory postgres moto
 	@rm -rf target/openapi-samples
 	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server \
 	  cargo test --workspace --locked
+	@echo "The engine's suite again, on a Ballista cluster, and the application on one:"
+	TEST_ENGINE=ballista cargo test --locked -p query-engine --features ballista
+	cargo test --locked -p server --features ballista --test api distributed
 	@$(MAKE) --no-print-directory openapi-check client-check schemathesis-check
 
 VENV := target/venv

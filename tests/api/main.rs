@@ -4,6 +4,8 @@
 mod auth;
 mod cli;
 mod crud;
+#[cfg(feature = "ballista")]
+mod distributed;
 mod errors;
 mod faults;
 mod helpers;

@@ -10,6 +10,8 @@ pub struct Config {
     /// Where project tables and stored results live: a directory, `file:///path` or `s3://bucket[/prefix]`;
     /// `None` means the data directory.
     pub storage: Option<String>,
+    /// Where queries run: `None` or `embedded` in this process, `ballista://HOST:PORT` on a Ballista cluster.
+    pub engine: Option<String>,
     /// `sqlite://PATH` or `postgres://...`; `None` means `sqlite://DATA_DIR/endpoints.db`.
     pub database_url: Option<String>,
     /// Address to listen on; port 0 picks a free port.
@@ -41,6 +43,7 @@ impl Config {
         Self {
             data_dir: data_dir.into(),
             storage: None,
+            engine: None,
             database_url: None,
             bind: "127.0.0.1:8000".into(),
             pool_size: 8,

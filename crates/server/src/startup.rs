@@ -19,6 +19,8 @@ pub enum StartupError {
     Database(#[source] domain::ports::StoreError),
     #[error("the database schema is not up to date: run `endpoints migrate` first")]
     PendingMigrations,
+    #[error("cannot use the engine: {0}")]
+    Engine(String),
     #[error("cannot use the storage")]
     Storage(#[source] query_engine::StorageError),
     #[error("cannot listen on {address}: {source}")]
@@ -58,7 +60,7 @@ impl Services {
         let store = Arc::new(DieselStore::new(database.clone()));
         let clock = Arc::new(SystemClock);
         let storage = config.storage().map_err(StartupError::Storage)?;
-        let engine = Arc::new(DataFusionEngine::with_limits(storage, config.limits.clone()));
+        let engine = Arc::new(engine(DataFusionEngine::with_limits(storage, config.limits.clone()), config)?);
         let cache: Arc<dyn ResultCache> = Arc::new(MemoryResultCache::new(config.cache_bytes));
         let executions = Arc::new(ExecutionTracker::new(store.clone()));
         let endpoints = Arc::new(
@@ -83,6 +85,20 @@ impl Services {
         );
         let kept = KeptState::new(cache, keys.clone());
         Ok(Self { database, store, endpoints, runs, keys, executions, engine, materializer, kept })
+    }
+}
+
+/// The engine `--engine` names: this process, or a Ballista cluster.
+fn engine(embedded: DataFusionEngine, config: &Config) -> Result<DataFusionEngine, StartupError> {
+    match config.engine.as_deref() {
+        None | Some("embedded") => Ok(embedded),
+        #[cfg(feature = "ballista")]
+        Some(url) => embedded.on_ballista(url).map_err(StartupError::Engine),
+        #[cfg(not(feature = "ballista"))]
+        Some(url) => Err(StartupError::Engine(format!(
+            "'{url}' needs the Ballista engine, which this binary was built without \
+             (build with `cargo build --release -p server --features ballista`)"
+        ))),
     }
 }
 

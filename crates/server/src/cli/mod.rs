@@ -1,5 +1,7 @@
 //! The command line: global options, subcommands and their dispatch. One file per command.
 
+#[cfg(feature = "ballista")]
+mod cluster;
 mod data;
 mod demo;
 mod file;
@@ -29,6 +31,10 @@ pub struct Cli {
     /// the usual AWS_* variables). Default: DATA_DIR.
     #[arg(long, global = true, env = "ENDPOINTS_STORAGE")]
     pub storage: Option<String>,
+    /// Where queries run: embedded (in this process) or ballista://HOST:PORT (a Ballista scheduler whose
+    /// executors read the same storage; needs a build with the `ballista` feature).
+    #[arg(long, global = true, env = "ENDPOINTS_ENGINE")]
+    pub engine: Option<String>,
     /// Database URL: sqlite://PATH (default: DATA_DIR/endpoints.db) or postgres://USER:PASS@HOST/DB.
     #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
@@ -59,6 +65,10 @@ pub enum Command {
     Data(data::DataCommand),
     /// Set up a demo project (with generated data and endpoints) and print a working API key and curl line.
     Demo(demo::DemoArgs),
+    /// Run a Ballista scheduler and executors over the storage, for `--engine ballista://...`, until SIGINT or
+    /// SIGTERM.
+    #[cfg(feature = "ballista")]
+    Cluster(cluster::ClusterArgs),
 }
 
 impl Cli {
@@ -79,6 +89,7 @@ impl Cli {
         let mut config = Config::new(&self.data_dir);
         config.database_url.clone_from(&self.database_url);
         config.storage.clone_from(&self.storage);
+        config.engine.clone_from(&self.engine);
         config
     }
 }
@@ -123,6 +134,8 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Key(command) => key::run(&config, command, cli.json).await,
         Command::Data(command) => data::run(&config, command, cli.json).await,
         Command::Demo(args) => demo::run(&config, args, cli.json).await,
+        #[cfg(feature = "ballista")]
+        Command::Cluster(args) => cluster::run(&config, args, cli.json).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,104 @@
+//! Endpoints on the distributed engine (the `ballista` feature): a real Ballista scheduler with two executors,
+//! started as `endpoints cluster` in its own process over the test's data directory, and the application
+//! started with `--engine ballista://...`. The engine's own suite runs on such a cluster too
+//! (`TEST_ENGINE=ballista cargo test -p query-engine --features ballista`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::helpers::{project_with_sales, respawn_tuned, TestApp};
+
+/// An `endpoints cluster` process, killed when dropped.
+struct ClusterProcess {
+    child: Child,
+    url: String,
+}
+
+impl Drop for ClusterProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_cluster(data_dir: &std::path::Path) -> ClusterProcess {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_endpoints"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--json", "cluster", "--executors", "2", "--slots", "2"])
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("endpoints cluster starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let started: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    assert_eq!(started["executors"], 2, "{started}");
+    ClusterProcess { child, url: started["engine"].as_str().unwrap().to_owned() }
+}
+
+async fn run(app: &TestApp, key: &str, path: &str) -> Value {
+    let response = app.get(path, key).await;
+    assert_eq!(response.status(), 200, "{path}");
+    response.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_run_on_a_ballista_cluster_and_fail_clearly_without_it() {
+    let dir = std::env::temp_dir().join(format!("endpoints-ballista-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = start_cluster(&dir);
+    let engine = cluster.url.clone();
+    let app = respawn_tuned(dir, |config| {
+        config.engine = Some(engine);
+        config.worker.poll = Duration::from_millis(50);
+    })
+    .await;
+    let (project, key) = project_with_sales(&app);
+    let base = format!("/api/projects/{project}/endpoints");
+
+    let ready: Value =
+        app.request(reqwest::Method::GET, "/readyz", None).send().await.unwrap().json().await.unwrap();
+    assert_eq!(ready["checks"]["engine"]["status"], "ok", "{ready}");
+
+    // A live run with a variable, planned here and executed by the cluster's executors.
+    let live = json!({"name": "totals", "query": {"kind": "SQLQuery",
+        "query": "SELECT country, sum(quantity) AS q FROM sales WHERE amount >= {variables.min} GROUP BY country ORDER BY country",
+        "variables": {"min": {"type": "Number", "default": 0}}}});
+    app.create_endpoint(project, &key, &live).await;
+    let answer = run(&app, &key, &format!("{base}/totals/run?variables.min=7&refresh=direct")).await;
+    assert_eq!(
+        answer["results"],
+        json!([{"country": "DE", "q": 5}, {"country": "O'Brien", "q": 4}, {"country": "US", "q": 3}])
+    );
+
+    // A materialized endpoint: refreshed through the cluster, answered from the stored result exactly as live.
+    let stored = json!({"name": "by-country", "is_materialized": true, "sync_frequency": "1hour",
+        "query": {"kind": "SQLQuery",
+                  "query": "SELECT country, count(*) AS orders FROM sales WHERE country = {variables.country} GROUP BY country",
+                  "variables": {"country": {"type": "String", "default": "US"}}}});
+    app.create_endpoint(project, &key, &stored).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = run(&app, &key, &format!("{base}/by-country/materialization_status")).await;
+        if status["status"] == "Completed" {
+            break;
+        }
+        assert!(status["status"] != "Failed" && Instant::now() < deadline, "{status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let from_store = run(&app, &key, &format!("{base}/by-country/run?variables.country=US")).await;
+    assert_eq!(from_store["endpoint_materialized"], true);
+    assert_eq!(from_store["results"], json!([{"country": "US", "orders": 2}]));
+
+    // Without the cluster: a clear 503 for live runs and readiness, never a hang or a 500.
+    drop(cluster);
+    let response = app.get(&format!("{base}/totals/run?variables.min=1&refresh=direct"), &key).await;
+    assert_eq!(response.status(), 503, "{:?}", response.text().await);
+    let ready = app.request(reqwest::Method::GET, "/readyz", None).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+}
