@@ -136,7 +136,7 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 	@$(VENV)/bin/python -c 'import duckdb' 2>/dev/null || $(VENV)/bin/pip install -q '$(DUCKDB)'
 	@mkdir -p target
 	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench PG_URL_FILE=target/.bench-postgres-url
-	cargo build --release --locked -p server --features bench --bins
+	cargo build --release --locked -p server --features bench,ballista --bins
 	$(VENV)/bin/python tests/bench/bench.py --rows $(BENCH_ROWS) --postgres-url "$$(cat target/.bench-postgres-url)" \
 	  --duckdb-python $(VENV)/bin/python
 

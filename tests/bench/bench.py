@@ -8,7 +8,9 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
   4. scaling: live run time by table size, cached-run throughput by number of endpoints in the store,
      create/get/list throughput on SQLite and PostgreSQL;
   5. memory: the server's peak RSS in each scenario and idle, against bare DataFusion's for the live run;
-  6. several nodes: cached-run throughput of 1, 2 and 3 `serve` processes on one PostgreSQL database.
+  6. several nodes: cached-run throughput of 1, 2 and 3 `serve` processes on one PostgreSQL database;
+  7. the distributed engine: the live run of scenario 2 on a Ballista cluster of two executors (`endpoints
+     cluster`, when the binary has the `ballista` feature) against the embedded engine.
 
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results are written as a dated section at the top of docs/benchmarks.md.
@@ -221,6 +223,27 @@ def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
     return figures
 
 
+def has_ballista(bin_dir):
+    """Whether the binary was built with the distributed engine."""
+    probe = subprocess.run([os.path.join(bin_dir, "endpoints"), "cluster", "--help"], capture_output=True)
+    return probe.returncode == 0
+
+
+def ballista_live(bin_dir, app, rounds):
+    """The live run on a Ballista scheduler with two executors over the app's data, with its answers."""
+    cluster = subprocess.Popen([os.path.join(bin_dir, "endpoints"), "--data-dir", app.data_dir, "--json", "cluster",
+                                "--executors", "2"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        engine = json.loads(cluster.stdout.readline())["engine"]
+        app.start("--materialize-workers", "0", "--engine", engine)
+        app.timed(LIVE_PATH + "&refresh=direct", 1)
+        return app.timed(LIVE_PATH + "&refresh=direct", rounds)
+    finally:
+        app.stop()
+        cluster.terminate()
+        cluster.wait()
+
+
 def median_of(rounds):
     pick = sorted(rounds, key=lambda r: r["rps"])[len(rounds) // 2]
     return dict(pick, failed=sum(r["failed"] for r in rounds))
@@ -390,6 +413,14 @@ def main():
                                               args.live_rounds)
         log(f"live: {live_ms:.1f} ms against bare DataFusion {bare['median_ms']:.1f} ms")
 
+        # 7. The same live run on a Ballista cluster of two executors.
+        if has_ballista(args.bin_dir):
+            app.stop()
+            ballista_ms, on_cluster = ballista_live(args.bin_dir, app, args.live_rounds)
+            assert on_cluster[0]["results"] == answers[0]["results"], "Ballista answers differently"
+            figures["ballista_ms"] = ballista_ms
+            log(f"live on Ballista (2 executors): {ballista_ms:.1f} ms against embedded {live_ms:.1f} ms")
+
         # 3. Materialized against live: a server with its worker on stores `country-daily` first.
         app.stop()
         app.start()
@@ -498,6 +529,12 @@ def write_report(args, f):
     for name, r in f["crud"].items():
         lines.append(f"| {name} | " + " | ".join(f"{r[k]['rps']:,.0f} req/s (p99 {r[k]['p99']:.1f} ms)"
                                                     for k in ("create", "get", "list")) + " |")
+    if "ballista_ms" in f:
+        lines += ["", f"**The distributed engine** (scenario 2's live run; Ballista: `endpoints cluster --executors 2`, "
+                  f"one slot per core each, on this same {os.cpu_count()}-core machine).", "",
+                  "| Engine | Live run | Against embedded |", "|---|---|---|",
+                  f"| embedded DataFusion | {f['live_ms']:.1f} ms | 1.00x |",
+                  f"| Ballista, 2 executors | {f['ballista_ms']:.1f} ms | {f['ballista_ms'] / f['live_ms']:.2f}x time |"]
     if "nodes" in f:
         one = f["nodes"][1]["rps"]
         lines += ["", f"**Several nodes on one PostgreSQL** (cached run; one wrk per node, 64 connections split between "
