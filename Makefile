@@ -90,7 +90,7 @@ test: deps lint ## Everything CI checks: lint, then every test (SQLite, a local 
 	  cargo test --workspace --locked
 	@echo "The engine's suite again, on a Ballista cluster, and the application on one:"
 	TEST_ENGINE=ballista cargo test --locked -p query-engine --features ballista
-	cargo test --locked -p server --features ballista --test api distributed
+	TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server cargo test --locked -p server --features ballista --test api distributed
 	@$(MAKE) --no-print-directory openapi-check client-check schemathesis-check
 
 VENV := target/venv

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::helpers::{project_with_sales, respawn_tuned, TestApp};
+use crate::helpers::{project_with_sales, respawn_tuned, serve_command, TestApp, SALES};
+use crate::storage::{Dir, Moto};
 
 /// An `endpoints cluster` process, killed when dropped.
 struct ClusterProcess {
@@ -25,7 +26,12 @@ impl Drop for ClusterProcess {
 }
 
 fn start_cluster(data_dir: &std::path::Path) -> ClusterProcess {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_endpoints"))
+    start_cluster_with(Command::new(env!("CARGO_BIN_EXE_endpoints")), data_dir)
+}
+
+/// `endpoints cluster` from a prepared command (one with the storage in a bucket, say).
+fn start_cluster_with(mut command: Command, data_dir: &std::path::Path) -> ClusterProcess {
+    let mut child = command
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--json", "cluster", "--executors", "2", "--slots", "2"])
@@ -101,4 +107,80 @@ async fn endpoints_run_on_a_ballista_cluster_and_fail_clearly_without_it() {
     assert_eq!(response.status(), 503, "{:?}", response.text().await);
     let ready = app.request(reqwest::Method::GET, "/readyz", None).send().await.unwrap();
     assert_eq!(ready.status(), 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_reads_tables_from_an_s3_bucket_and_results_are_stored_there() {
+    let moto = Moto::start().await;
+    let dir = Dir(std::env::temp_dir().join(format!("endpoints-ballista-s3-{}", uuid::Uuid::new_v4())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let data_dir = dir.0.as_path();
+    let project = moto.cli(data_dir, &["project", "create", "--name", "S3"])["id"].as_i64().unwrap();
+    let key = moto
+        .cli(data_dir, &["key", "create", "--project", &project.to_string(), "--scope", "endpoint:write"])
+        ["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let sales = data_dir.join("sales.csv");
+    std::fs::write(&sales, SALES).unwrap();
+    let imported = moto.cli(
+        data_dir,
+        &["data", "import", "--project", &project.to_string(), "--table", "sales", sales.to_str().unwrap()],
+    );
+    assert_eq!(imported["rows"], 6);
+
+    // The executors and `serve` share nothing but the bucket (and `serve` its SQLite file).
+    let cluster = start_cluster_with(moto.endpoints(), data_dir);
+    let mut command = moto.endpoints();
+    command.stderr(Stdio::null());
+    let server =
+        serve_command(command, data_dir, &["--engine", &cluster.url, "--materialize-poll-ms", "50"]).await;
+    let client = reqwest::Client::new();
+    let base = format!("{}/api/projects/{project}/endpoints", server.address);
+    let send = |request: reqwest::RequestBuilder| async { request.bearer_auth(&key).send().await.unwrap() };
+
+    let live = json!({"name": "totals", "query": {"kind": "SQLQuery",
+        "query": "SELECT vip, count(*) AS orders FROM sales WHERE amount > {variables.min} GROUP BY vip ORDER BY vip",
+        "variables": {"min": {"type": "Number", "default": 0}}}});
+    assert_eq!(send(client.post(format!("{base}/")).json(&live)).await.status(), 201);
+    let answer: Value = send(client.get(format!("{base}/totals/run?variables.min=5&refresh=direct")))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["results"],
+        json!([{"vip": false, "orders": 2}, {"vip": true, "orders": 2}]),
+        "{answer}"
+    );
+
+    let stored = json!({"name": "vip", "is_materialized": true, "sync_frequency": "1hour", "query": {"kind": "SQLQuery",
+        "query": "SELECT country, quantity, vip FROM sales WHERE vip = {variables.vip} ORDER BY quantity",
+        "variables": {"vip": {"type": "Boolean", "default": true}}}});
+    let created: Value = send(client.post(format!("{base}/")).json(&stored)).await.json().await.unwrap();
+    let id = created["id"].as_str().unwrap_or_else(|| panic!("not created: {created}")).to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status: Value =
+            send(client.get(format!("{base}/vip/materialization_status"))).await.json().await.unwrap();
+        if status["status"] == "Completed" {
+            break;
+        }
+        assert!(status["status"] != "Failed" && Instant::now() < deadline, "{status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let keys = moto.keys(&format!("projects/{project}/materializations/{id}/")).await;
+    assert!(
+        keys.len() == 1 && keys[0].ends_with("/part-0.parquet"),
+        "the result is stored in the bucket: {keys:?}"
+    );
+    let answer: Value =
+        send(client.get(format!("{base}/vip/run?variables.vip=true"))).await.json().await.unwrap();
+    assert_eq!(answer["endpoint_materialized"], true, "{answer}");
+    assert_eq!(
+        answer["results"],
+        json!([{"country": "US", "quantity": 1, "vip": true}, {"country": "FR", "quantity": 3, "vip": true},
+               {"country": "DE", "quantity": 5, "vip": true}])
+    );
 }

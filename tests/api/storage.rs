@@ -11,11 +11,11 @@ use serde_json::{json, Value};
 
 use crate::helpers::{serve_command, ServeProcess, SALES};
 
-const BUCKET: &str = "endpoints-test";
-const PREFIX: &str = "deployment";
+pub(crate) const BUCKET: &str = "endpoints-test";
+pub(crate) const PREFIX: &str = "deployment";
 
 /// A moto S3 server on a free loopback port, killed when dropped.
-struct Moto {
+pub(crate) struct Moto {
     child: Child,
     endpoint: String,
 }
@@ -28,7 +28,7 @@ impl Drop for Moto {
 }
 
 impl Moto {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let program = std::env::var("TEST_MOTO_SERVER").expect(
             "TEST_MOTO_SERVER must name moto's `moto_server` program; `make test` installs it and sets it",
         );
@@ -51,7 +51,7 @@ impl Moto {
     }
 
     /// The keys in the bucket under `prefix`, sorted.
-    async fn keys(&self, prefix: &str) -> Vec<String> {
+    pub(crate) async fn keys(&self, prefix: &str) -> Vec<String> {
         let url = format!("{}/{BUCKET}?list-type=2&prefix={PREFIX}/{prefix}", self.endpoint);
         let listing = reqwest::get(url).await.unwrap().text().await.unwrap();
         assert!(!listing.contains("<IsTruncated>true"), "more keys than one listing holds");
@@ -66,7 +66,7 @@ impl Moto {
     }
 
     /// `endpoints` with the storage in the bucket and this server's address and credentials.
-    fn endpoints(&self) -> Command {
+    pub(crate) fn endpoints(&self) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_endpoints"));
         command
             .args(["--storage", &format!("s3://{BUCKET}/{PREFIX}")])
@@ -79,7 +79,7 @@ impl Moto {
         command
     }
 
-    fn cli(&self, data_dir: &Path, args: &[&str]) -> Value {
+    pub(crate) fn cli(&self, data_dir: &Path, args: &[&str]) -> Value {
         let output =
             self.endpoints().arg("--data-dir").arg(data_dir).arg("--json").args(args).output().unwrap();
         assert!(output.status.success(), "endpoints {args:?}: {}", String::from_utf8_lossy(&output.stderr));
@@ -87,7 +87,7 @@ impl Moto {
     }
 }
 
-struct Dir(PathBuf);
+pub(crate) struct Dir(pub(crate) PathBuf);
 
 impl Drop for Dir {
     fn drop(&mut self) {
