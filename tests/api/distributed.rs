@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::helpers::{project_with_sales, respawn_tuned, serve_command, TestApp, SALES};
-use crate::storage::{Dir, Moto};
+use crate::helpers::{project_with_sales, respawn_tuned, serve_command, TestApp};
+use crate::storage::Moto;
 
 /// An `endpoints cluster` process, killed when dropped.
 struct ClusterProcess {
@@ -112,23 +112,8 @@ async fn endpoints_run_on_a_ballista_cluster_and_fail_clearly_without_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_reads_tables_from_an_s3_bucket_and_results_are_stored_there() {
     let moto = Moto::start().await;
-    let dir = Dir(std::env::temp_dir().join(format!("endpoints-ballista-s3-{}", uuid::Uuid::new_v4())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let (dir, project, key) = moto.project_with_sales();
     let data_dir = dir.0.as_path();
-    let project = moto.cli(data_dir, &["project", "create", "--name", "S3"])["id"].as_i64().unwrap();
-    let key = moto
-        .cli(data_dir, &["key", "create", "--project", &project.to_string(), "--scope", "endpoint:write"])
-        ["key"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let sales = data_dir.join("sales.csv");
-    std::fs::write(&sales, SALES).unwrap();
-    let imported = moto.cli(
-        data_dir,
-        &["data", "import", "--project", &project.to_string(), "--table", "sales", sales.to_str().unwrap()],
-    );
-    assert_eq!(imported["rows"], 6);
 
     // The executors and `serve` share nothing but the bucket (and `serve` its SQLite file).
     let cluster = start_cluster_with(moto.endpoints(), data_dir);

@@ -79,6 +79,29 @@ impl Moto {
         command
     }
 
+    /// A fresh data directory (for the SQLite file) with a project, a read-write key, and the `sales` table
+    /// imported into the bucket; returns the directory, the project and the key.
+    pub(crate) fn project_with_sales(&self) -> (Dir, i64, String) {
+        let dir = Dir(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let project = self.cli(&dir.0, &["project", "create", "--name", "S3"])["id"].as_i64().unwrap();
+        let scope = ["key", "create", "--project", &project.to_string(), "--scope", "endpoint:write"];
+        let key = self.cli(&dir.0, &scope)["key"].as_str().unwrap().to_owned();
+        let sales = dir.0.join("sales.csv");
+        std::fs::write(&sales, SALES).unwrap();
+        assert_eq!(self.import(&dir.0, project, &sales)["rows"], 6);
+        (dir, project, key)
+    }
+
+    /// `endpoints data import` of `file` into the project's `sales` table, replacing it.
+    pub(crate) fn import(&self, data_dir: &Path, project: i64, file: &Path) -> Value {
+        let project = project.to_string();
+        self.cli(
+            data_dir,
+            &["data", "import", "--project", &project, "--table", "sales", file.to_str().unwrap()],
+        )
+    }
+
     pub(crate) fn cli(&self, data_dir: &Path, args: &[&str]) -> Value {
         let output =
             self.endpoints().arg("--data-dir").arg(data_dir).arg("--json").args(args).output().unwrap();
@@ -129,34 +152,9 @@ async fn wait_completed(server: &ServeProcess, base: &str, key: &str, version: u
 #[tokio::test]
 async fn tables_and_stored_results_live_in_an_s3_bucket() {
     let moto = Moto::start().await;
-    let dir = Dir(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let (dir, project, key) = moto.project_with_sales();
     let data_dir = dir.0.as_path();
-
-    let project = moto.cli(data_dir, &["project", "create", "--name", "S3"])["id"].as_i64().unwrap();
-    let key = moto
-        .cli(data_dir, &["key", "create", "--project", &project.to_string(), "--scope", "endpoint:write"])
-        ["key"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let sales = data_dir.join("sales.csv");
-    std::fs::write(&sales, SALES).unwrap();
-    let import = |file: &Path| {
-        moto.cli(
-            data_dir,
-            &[
-                "data",
-                "import",
-                "--project",
-                &project.to_string(),
-                "--table",
-                "sales",
-                file.to_str().unwrap(),
-            ],
-        )
-    };
-    assert_eq!(import(&sales)["rows"], 6);
+    let import = |file: &Path| moto.import(data_dir, project, file);
 
     // The table is in the bucket, as a version its `_current` object names; nothing is on the local disk.
     let table = format!("projects/{project}/tables/sales/");
