@@ -17,7 +17,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
-use object_store::{ObjectStore, RetryConfig};
+use object_store::{ListResult, ObjectMeta, ObjectStore, RetryConfig};
 use url::Url;
 
 /// Why a storage location cannot be used.
@@ -149,26 +149,26 @@ impl Storage {
             .map_err(|e| EngineError::Unavailable(Box::new(e)))
     }
 
+    /// What is directly under `prefix`: its objects and its "directories". A prefix with nothing under it lists
+    /// as empty, on a local disk as on S3.
+    async fn listing(&self, prefix: &ObjectPath) -> Result<ListResult, object_store::Error> {
+        match self.store.list_with_delimiter(Some(prefix)).await {
+            Err(object_store::Error::NotFound { .. }) => {
+                Ok(ListResult { common_prefixes: Vec::new(), objects: Vec::new() })
+            }
+            listed => listed,
+        }
+    }
+
     /// The names of the "directories" directly under `prefix`.
     pub(crate) async fn children(&self, prefix: &ObjectPath) -> Result<Vec<String>, object_store::Error> {
-        let listed = match self.store.list_with_delimiter(Some(prefix)).await {
-            Ok(listed) => listed,
-            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
+        let listed = self.listing(prefix).await?;
         Ok(listed.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_owned)).collect())
     }
 
     /// The objects directly under `prefix` (not in its "subdirectories").
-    pub(crate) async fn objects(
-        &self,
-        prefix: &ObjectPath,
-    ) -> Result<Vec<object_store::ObjectMeta>, object_store::Error> {
-        match self.store.list_with_delimiter(Some(prefix)).await {
-            Ok(listed) => Ok(listed.objects),
-            Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
+    pub(crate) async fn objects(&self, prefix: &ObjectPath) -> Result<Vec<ObjectMeta>, object_store::Error> {
+        Ok(self.listing(prefix).await?.objects)
     }
 
     /// Removes everything under `prefix`; removing nothing is not an error. On a local disk this includes
@@ -198,7 +198,7 @@ impl Storage {
             Ok(())
         })
         .await
-        .map_err(|e| object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) })?;
+        .unwrap_or_else(|joined| Err(std::io::Error::other(joined)));
         removed.map_err(|e| object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) })
     }
 
