@@ -13,7 +13,7 @@ mod openapi;
 mod operations;
 mod rate_limit;
 mod render;
-mod request_span;
+mod request_context;
 mod routes;
 mod service_doc;
 
@@ -29,6 +29,7 @@ pub use disconnect::on_connect;
 pub use error::ApiError;
 pub use operations::{Metrics, Operations, ReadinessCheck};
 pub use rate_limit::{Rate, RateLimitConfig, RateLimits};
+pub use request_context::RequestContext;
 
 /// Largest accepted request body.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
@@ -96,7 +97,7 @@ pub fn app(
         .app_data(web::PathConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
         .configure(routes::configure)
         .wrap(from_fn(normalize::trim_slashes))
-        .wrap(from_fn(request_span::request_span))
+        .wrap(from_fn(request_context::request_context))
 }
 
 #[cfg(test)]

@@ -1,15 +1,25 @@
 //! Logging: readable lines in development, JSON lines in production, always on stderr so command output on
 //! stdout stays machine-readable.
+//!
+//! A line written while serving a request names it: `request{method=.. path=.. request_id=..}` in text, and
+//! top-level `request_id`, `method` and `path` keys in JSON. The request is a task-local of the HTTP adapter
+//! ([`RequestContext`]), not a span, so serving a request formats nothing unless something is logged.
 
 use std::fmt;
 
+use http_actix::RequestContext;
 use tracing::field::Field;
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::field::MakeExt;
-use tracing_subscriber::fmt::format::{debug_fn, Writer};
+use tracing_subscriber::fmt::format::{debug_fn, Format, Json, JsonFields, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 /// Fields written as plain `name=value`. The default formatter styles every name for a terminal even when
-/// colours are off, and every request's span formats its fields, so this is measurably cheaper on the hot path.
+/// colours are off, which costs more for nothing.
 fn plain_field(writer: &mut Writer<'_>, field: &Field, value: &dyn fmt::Debug) -> fmt::Result {
     if field.name() == "message" {
         write!(writer, "{value:?}")
@@ -18,19 +28,184 @@ fn plain_field(writer: &mut Writer<'_>, field: &Field, value: &dyn fmt::Debug) -
     }
 }
 
+/// Text lines: `TIME LEVEL request{..}:span{..}: target: message fields`, the default layout with the request
+/// first among the spans.
+struct Text;
+
+impl<S, N> FormatEvent<S, N> for Text
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        SystemTime.format_time(&mut writer)?;
+        let level = *event.metadata().level();
+        if writer.has_ansi_escapes() {
+            let colour = match level {
+                Level::ERROR => 31,
+                Level::WARN => 33,
+                Level::INFO => 32,
+                Level::DEBUG => 34,
+                Level::TRACE => 35,
+            };
+            write!(writer, " \x1b[{colour}m{level:>5}\x1b[0m ")?;
+        } else {
+            write!(writer, " {level:>5} ")?;
+        }
+        let mut spans = false;
+        if let Some(written) = RequestContext::with_current(|request| {
+            write!(writer, "request{{method={} path={} request_id={}}}:", request.method(), request.path(), request.id())
+        }) {
+            written?;
+            spans = true;
+        }
+        for span in ctx.event_scope().into_iter().flat_map(tracing_subscriber::registry::Scope::from_root) {
+            writer.write_str(span.name())?;
+            if let Some(fields) = span.extensions().get::<FormattedFields<N>>().filter(|f| !f.is_empty()) {
+                write!(writer, "{{{fields}}}")?;
+            }
+            writer.write_char(':')?;
+            spans = true;
+        }
+        if spans {
+            writer.write_char(' ')?;
+        }
+        write!(writer, "{}: ", event.metadata().target())?;
+        ctx.format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+/// JSON lines: tracing-subscriber's layout, with the request's keys first in the object.
+struct JsonLines(Format<Json>);
+
+impl<S> FormatEvent<S, JsonFields> for JsonLines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, JsonFields>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let Some(request) = RequestContext::with_current(request_keys) else {
+            return self.0.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        // The inner line is one object, `{"timestamp":..}`: the request's keys go right after its brace.
+        let rest = line.strip_prefix('{').ok_or(fmt::Error)?;
+        write!(writer, "{{{request},{rest}")
+    }
+}
+
+/// `"request_id":..,"method":..,"path":..` with JSON escapes.
+fn request_keys(request: &RequestContext) -> String {
+    let string = |s: &str| serde_json::Value::from(s).to_string();
+    format!(
+        "\"request_id\":{},\"method\":{},\"path\":{}",
+        string(request.id()),
+        string(request.method()),
+        string(request.path())
+    )
+}
+
 /// Installs the global subscriber. `RUST_LOG` overrides the default level (`info`).
 pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only for a person at a terminal: a log file or collector gets plain text, and formatting is cheaper.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     // A second initialisation (tests building several applications) is harmless, so its error is ignored.
-    let _ = if json {
-        builder.json().try_init()
+    let _ = subscriber(json, ansi, filter, std::io::stderr).try_init();
+}
+
+fn subscriber<W>(json: bool, ansi: bool, filter: EnvFilter, writer: W) -> Box<dyn Subscriber + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(ansi);
+    if json {
+        Box::new(builder.json().event_format(JsonLines(tracing_subscriber::fmt::format().json())).finish())
     } else if ansi {
-        builder.try_init()
+        Box::new(builder.event_format(Text).finish())
     } else {
-        builder.fmt_fields(debug_fn(plain_field).delimited(" ")).try_init()
-    };
+        Box::new(builder.event_format(Text).fmt_fields(debug_fn(plain_field).delimited(" ")).finish())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    use actix_web::http::header::HeaderValue;
+    use actix_web::http::{Method, Uri};
+    use http_actix::RequestContext;
+    use tracing_subscriber::EnvFilter;
+
+    use super::subscriber;
+
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `json` logging writes for one warning inside a request (within a span) and one outside.
+    fn logged(json: bool) -> Vec<String> {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = subscriber(json, false, EnvFilter::new("info"), move || writer.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let request = RequestContext::new(
+                Method::GET,
+                Uri::from_static("/api/projects/1/endpoints/kpi/run?variables.secret=s3cret"),
+                HeaderValue::from_static("trace-\"42"),
+            );
+            runtime.block_on(request.scope(async {
+                let _store = tracing::info_span!("find", name = "kpi").entered();
+                tracing::warn!(answer = 42, "inside");
+            }));
+            tracing::warn!("outside");
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn text_lines_name_the_request_first_among_the_spans() {
+        let lines = logged(false);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        let inside = lines[0].split_once("  WARN ").unwrap().1;
+        assert_eq!(
+            inside,
+            r#"request{method=GET path=/api/projects/1/endpoints/kpi/run request_id=trace-"42}:find{name="kpi"}: server::telemetry::tests: inside answer=42"#
+        );
+        assert!(lines[1].ends_with("  WARN server::telemetry::tests: outside"), "{}", lines[1]);
+        assert!(!lines.concat().contains("s3cret"), "the query string reached the log");
+    }
+
+    #[test]
+    fn json_lines_carry_the_request_keys_and_stay_one_object() {
+        let lines: Vec<serde_json::Value> =
+            logged(true).iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+        let (inside, outside) = (&lines[0], &lines[1]);
+        assert_eq!(inside["request_id"], "trace-\"42");
+        assert_eq!(inside["method"], "GET");
+        assert_eq!(inside["path"], "/api/projects/1/endpoints/kpi/run");
+        assert_eq!(inside["fields"]["answer"], 42);
+        assert_eq!(inside["span"]["name"], "find");
+        assert_eq!(outside["fields"]["message"], "outside");
+        assert!(outside.get("request_id").is_none() && outside.get("path").is_none(), "{outside}");
+    }
 }
