@@ -89,16 +89,22 @@ impl std::error::Error for SharedCause {
 /// its keys sorted, so the same variables in any order give the same text (were its `preserve_order` feature
 /// ever enabled, differently ordered variables would only miss the cache, never share an answer).
 fn request_key(request: &RunRequest) -> String {
-    use std::fmt::Write;
-    let mut key = String::with_capacity(64);
-    // Writing into a String cannot fail.
-    let _ = match request.version {
-        Some(version) => write!(key, "v={version}"),
-        None => write!(key, "v=latest"),
-    };
-    let _ = write!(key, ";limit={};offset={};vars=", request.limit, request.offset);
-    key.push_str(&serde_json::to_string(&request.variables).unwrap_or_default());
-    key
+    let mut key = Vec::with_capacity(64);
+    // `serde_json` writes integers without `fmt`, and writing into a Vec cannot fail.
+    key.extend_from_slice(b"v=");
+    match request.version {
+        Some(version) => {
+            let _ = serde_json::to_writer(&mut key, &version);
+        }
+        None => key.extend_from_slice(b"latest"),
+    }
+    key.extend_from_slice(b";limit=");
+    let _ = serde_json::to_writer(&mut key, &request.limit);
+    key.extend_from_slice(b";offset=");
+    let _ = serde_json::to_writer(&mut key, &request.offset);
+    key.extend_from_slice(b";vars=");
+    let _ = serde_json::to_writer(&mut key, &request.variables);
+    String::from_utf8(key).unwrap_or_default()
 }
 
 fn not_found(name: &str) -> Error {

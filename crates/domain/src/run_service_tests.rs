@@ -583,3 +583,13 @@ mod materialized {
         assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (1, 1));
     }
 }
+
+#[test]
+fn request_keys_name_everything_that_changes_the_answer() {
+    let mut latest = request(Refresh::Blocking, json!({"b": "2", "a": 1}));
+    latest.limit = 7;
+    latest.offset = 30;
+    assert_eq!(request_key(&latest), r#"v=latest;limit=7;offset=30;vars={"a":1,"b":"2"}"#);
+    let pinned = RunRequest { version: Some(12), ..latest };
+    assert_eq!(request_key(&pinned), r#"v=12;limit=7;offset=30;vars={"a":1,"b":"2"}"#);
+}

@@ -9,7 +9,8 @@
 //! cost 8% of the instructions of a cached run, while a task-local is moved in and out on each poll and read
 //! only when a line is logged. Written here rather than taken from `tracing-actix-web` for the same reason.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -74,11 +75,15 @@ fn usable(id: &str) -> bool {
     (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
 }
 
-/// A new id from the thread's random generator (no system call), as 32 lowercase hex digits.
+/// A new id as 32 lowercase hex digits: 64 random bits drawn once per process, then a counter. Unique across
+/// processes and nodes without a random draw per request; ids need not be secret.
 fn new_id() -> HeaderValue {
+    static PROCESS: LazyLock<u64> = LazyLock::new(rand::random);
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let id = (u128::from(*PROCESS) << 64) | u128::from(NEXT.fetch_add(1, Ordering::Relaxed));
     let mut text = [0_u8; uuid::fmt::Simple::LENGTH];
-    let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
-    HeaderValue::from_str(id.simple().encode_lower(&mut text)).unwrap_or(HeaderValue::from_static("unknown"))
+    let id = uuid::Uuid::from_u128(id).simple();
+    HeaderValue::from_str(id.encode_lower(&mut text)).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
 pub(crate) async fn request_context(
@@ -130,7 +135,8 @@ mod tests {
             assert!(!usable(bad), "{bad}");
         }
         let (a, b) = (new_id(), new_id());
-        let a = a.to_str().unwrap();
-        assert!(usable(a) && a.len() == 32 && a != b.to_str().unwrap());
+        let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+        assert!(usable(a) && a.len() == 32 && a != b, "{a} {b}");
+        assert!(a.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)), "{a}");
     }
 }
