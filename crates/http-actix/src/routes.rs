@@ -34,18 +34,21 @@ fn not_allowed(
 }
 
 pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
-    // Every dynamic pattern is a regular expression tried in order, so runs, the hot path, come first.
+    // Every dynamic pattern is a regular expression tried in order, so runs, the hot path, come first, each
+    // family's as one whole pattern: one expression matched per run rather than one per nested scope.
+    for prefix in FAMILY_PREFIXES {
+        cfg.service(
+            web::resource(format!("{prefix}{FAMILY_REST}/{{name}}/run"))
+                .name("run")
+                .route(web::get().to(runs::run_get))
+                .route(web::post().to(runs::run_post))
+                .default_service(web::to(not_allowed("GET, POST"))),
+        );
+    }
     for prefix in FAMILY_PREFIXES {
         cfg.service(
             web::scope(prefix).service(
                 web::scope(FAMILY_REST)
-                    .service(
-                        web::resource("/{name}/run")
-                            .name("run")
-                            .route(web::get().to(runs::run_get))
-                            .route(web::post().to(runs::run_post))
-                            .default_service(web::to(not_allowed("GET, POST"))),
-                    )
                     .service(
                         web::resource("")
                             .name("endpoints")
