@@ -64,6 +64,21 @@ pub struct RunRequest {
     pub client_query_id: Option<String>,
 }
 
+/// No version named (the current one), no variables, the first page of the default size, a cached answer when
+/// fresh: what an empty body or query string asks for.
+impl Default for RunRequest {
+    fn default() -> Self {
+        Self {
+            version: None,
+            variables: Map::new(),
+            limit: Self::DEFAULT_LIMIT,
+            offset: 0,
+            refresh: Refresh::default(),
+            client_query_id: None,
+        }
+    }
+}
+
 impl RunRequest {
     pub const DEFAULT_LIMIT: u32 = 100;
     pub const MAX_LIMIT: u32 = 10_000;
@@ -139,7 +154,7 @@ impl RunRequest {
     pub fn from_query<K: AsRef<str>, V: AsRef<str>>(
         params: impl IntoIterator<Item = (K, V)>,
     ) -> Result<Self, Invalid> {
-        let mut request = Self::from_body(&Value::Object(Map::new()), None)?;
+        let mut request = Self::default();
         let mut variables = Map::new();
         for (key, value) in params {
             let value = value.as_ref();
@@ -418,6 +433,9 @@ mod tests {
         );
         let defaults = RunRequest::from_body(&json!({}), None).unwrap();
         assert_eq!((defaults.limit, defaults.offset, defaults.refresh), (100, 0, Refresh::Blocking));
+        // An empty query string asks for what an empty body does.
+        assert_eq!(RunRequest::from_query(Vec::<(&str, &str)>::new()).unwrap(), defaults);
+        assert_eq!(RunRequest::default(), defaults);
         let floats =
             RunRequest::from_body(&json!({"version": 2.0, "limit": 10.0, "offset": 0.0}), None).unwrap();
         assert_eq!((floats.version, floats.limit, floats.offset), (Some(2), 10, 0), "JSON Schema integers");
