@@ -121,7 +121,8 @@ async fn json_logs_carry_the_request_id_and_never_the_key() {
     assert_eq!(warning["method"], "GET", "{warning}");
     assert_eq!(warning["path"], "/readyz", "{warning}");
     // Lines outside of any request (startup) carry no request.
-    let startup = lines.iter().find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains("listening")));
+    let startup =
+        lines.iter().find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains("listening")));
     assert!(startup.is_some_and(|l| l.get("request_id").is_none()), "{log}");
     assert!(!log.contains(&key) && !log.contains(&key[4..]), "an API key reached the log");
     std::fs::remove_file(log_path).ok();

@@ -323,7 +323,11 @@ mod tests {
             })
         );
         assert_eq!(
-            (first["is_cached"].clone(), first["timings"]["query_ms"].clone(), first["client_query_id"].clone()),
+            (
+                first["is_cached"].clone(),
+                first["timings"]["query_ms"].clone(),
+                first["client_query_id"].clone()
+            ),
             (json!(false), json!(7.0), Value::Null)
         );
         assert_ne!(first["execution_id"], hit["execution_id"]);

@@ -37,7 +37,12 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
         SystemTime.format_time(&mut writer)?;
         let level = *event.metadata().level();
         if writer.has_ansi_escapes() {
@@ -54,7 +59,13 @@ where
         }
         let mut spans = false;
         if let Some(written) = RequestContext::with_current(|request| {
-            write!(writer, "request{{method={} path={} request_id={}}}:", request.method(), request.path(), request.id())
+            write!(
+                writer,
+                "request{{method={} path={} request_id={}}}:",
+                request.method(),
+                request.path(),
+                request.id()
+            )
         }) {
             written?;
             spans = true;
@@ -197,8 +208,10 @@ mod tests {
 
     #[test]
     fn json_lines_carry_the_request_keys_and_stay_one_object() {
-        let lines: Vec<serde_json::Value> =
-            logged(true).iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+        let lines: Vec<serde_json::Value> = logged(true)
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
         let (inside, outside) = (&lines[0], &lines[1]);
         assert_eq!(inside["request_id"], "trace-\"42");
         assert_eq!(inside["method"], "GET");
