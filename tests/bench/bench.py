@@ -424,7 +424,7 @@ def main():
         if args.duckdb_python:
             figures["duckdb"] = duckdb_median(args.duckdb_python, os.path.join(table_dir, "*.parquet"),
                                               args.live_rounds)
-        log(f"live: {live_ms:.1f} ms against bare DataFusion {bare['median_ms']:.1f} ms")
+        log(f"live: {live_ms:.1f} ms against bare DataFusion {figures['bare']['median_ms']:.1f} ms")
 
         # 7. The same live run on a Ballista cluster of two executors.
         if has_ballista(args.bin_dir):
