@@ -59,7 +59,7 @@ impl RequestContext {
 
     /// The request id, also in the response's `X-Request-Id`.
     pub fn id(&self) -> &str {
-        // Both sources are checked ASCII (`usable`, `new_id`).
+        // The middleware sets only plain ASCII ids (`usable`, `new_id`); anything else reads as empty.
         self.id.to_str().unwrap_or_default()
     }
 
