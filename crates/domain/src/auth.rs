@@ -138,7 +138,8 @@ pub struct ApiKeyService {
 /// kept, so the cache holds at most one entry per real key.
 struct KeyCache {
     ttl: Duration,
-    entries: Mutex<HashMap<String, (Arc<ApiKey>, Timestamp)>>,
+    /// Keyed by hashes of real keys only, so a seeded fast hasher is enough.
+    entries: Mutex<HashMap<String, (Arc<ApiKey>, Timestamp), foldhash::fast::RandomState>>,
 }
 
 impl KeyCache {

@@ -2,6 +2,8 @@
 //! run on this node shows at once.
 
 use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::auth::ProjectId;
@@ -13,12 +15,12 @@ use crate::Timestamp;
 pub struct ExecutionTracker {
     store: Arc<dyn EndpointStore>,
     /// By project, then by name, so a run of an endpoint already pending is noted without allocating its key.
-    pending: Mutex<HashMap<ProjectId, HashMap<EndpointName, Timestamp>>>,
+    pending: Mutex<HashMap<ProjectId, HashMap<EndpointName, Timestamp, RandomState>, RandomState>>,
 }
 
 impl ExecutionTracker {
     pub fn new(store: Arc<dyn EndpointStore>) -> Self {
-        Self { store, pending: Mutex::new(HashMap::new()) }
+        Self { store, pending: Mutex::default() }
     }
 
     /// Notes a run. Memory only: never a database write on the request path.

@@ -9,14 +9,16 @@ use std::time::{Duration, Instant};
 
 use domain::ports::{CacheKey, CachedRun, ResultCache};
 use domain::{EndpointName, ProjectId};
+use foldhash::{fast, quality};
 use moka::sync::Cache;
 use moka::Expiry;
 
 /// Cached runs in process memory.
 pub struct MemoryResultCache {
-    entries: Cache<CacheKey, Arc<CachedRun>>,
+    /// Keys carry variables as the client sent them, so the hasher is seeded and finishes with full avalanche.
+    entries: Cache<CacheKey, Arc<CachedRun>, quality::RandomState>,
     /// By project, then name: a lookup borrows the name instead of building a key (no allocation per run).
-    generations: Mutex<HashMap<ProjectId, HashMap<EndpointName, u64>>>,
+    generations: Mutex<HashMap<ProjectId, HashMap<EndpointName, u64, fast::RandomState>, fast::RandomState>>,
     /// Added to every endpoint's generation: both only grow, so a bump of either changes every key it covers.
     epoch: AtomicU64,
 }
@@ -38,8 +40,8 @@ impl MemoryResultCache {
             .max_capacity(max_bytes)
             .weigher(|_key: &CacheKey, run: &Arc<CachedRun>| u32::try_from(run.weight()).unwrap_or(u32::MAX))
             .expire_after(UntilExpiry)
-            .build();
-        Self { entries, generations: Mutex::new(HashMap::new()), epoch: AtomicU64::new(0) }
+            .build_with_hasher(quality::RandomState::default());
+        Self { entries, generations: Mutex::default(), epoch: AtomicU64::new(0) }
     }
 }
 
