@@ -153,21 +153,19 @@ impl RunService {
         request: RunRequest,
     ) -> Result<RunOutcome, Error> {
         let started = Instant::now();
-        let endpoint_name = EndpointName::parse(name).map_err(|_| not_found(name))?;
-        let key = CacheKey {
-            project,
-            name: endpoint_name.clone(),
-            generation: self.cache.generation(project, &endpoint_name),
-            request: request_key(&request),
-        };
+        let name = EndpointName::parse(name).map_err(|_| not_found(name))?;
+        let generation = self.cache.generation(project, &name);
+        let key = CacheKey { project, name, generation, request: request_key(&request) };
         let now = self.clock.now();
         let reads_cache = matches!(request.refresh, Refresh::Blocking | Refresh::ForceCache);
         if reads_cache {
             if let Some(hit) = self.cache.get(&key).filter(|hit| hit.expires_at.is_some_and(|at| at > now)) {
-                self.executions.record(project, &endpoint_name, now);
-                return Ok(self.outcome(endpoint_name, Some(hit), true, &request, started));
+                self.executions.record(project, &key.name, now);
+                // A hit answers with the key's own name: no copy of it on this path.
+                return Ok(self.outcome(key.name, Some(hit), true, &request, started));
             }
         }
+        let endpoint_name = key.name.clone();
         let run = match request.refresh {
             Refresh::ForceCache => {
                 // Nothing cached: a stored result answers, else say there is nothing (after checking that the
