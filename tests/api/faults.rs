@@ -243,7 +243,7 @@ async fn sigterm_lets_the_request_in_flight_finish_flushes_execution_times_and_e
 async fn sigkill_during_writes_leaves_no_partial_endpoint_or_version_gap() {
     let app = crate::helpers::spawn_app().await;
     let (project, key) = app.project_with_key();
-    let data_dir = app.data_dir.clone();
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
     app.stop().await.unwrap();
 
     let mut server = crate::helpers::serve_process(&data_dir, &["--materialize-workers", "0"]).await;
@@ -368,7 +368,7 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
                   "variables": {"country": {"type": "String", "default": "US"}}},
     });
     app.create_endpoint(project, &key, &body).await;
-    let data_dir = app.data_dir.clone();
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
     // Enough rows that their stored result cannot fit under the limit below.
     let big = data_dir.join("big.csv");
     std::fs::write(&big, many_sales(300_000)).unwrap();
@@ -392,7 +392,7 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     // The table grows past what fits; a changed frequency makes the endpoint due at once.
     let import = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"))
         .arg("--data-dir")
-        .arg(&data_dir)
+        .arg(data_dir.as_os_str())
         .args(["data", "import", "--project", &project.to_string(), "--table", "sales", "--append"])
         .arg(&big)
         .env_remove("DATABASE_URL")

@@ -34,6 +34,30 @@ impl Drop for TestApp {
     }
 }
 
+/// A stopped app's data directory, removed when dropped (a failing test's too), for tests that go on with
+/// `endpoints serve` processes over it. Declared before those processes, it outlives them.
+pub struct DataDir(pub PathBuf);
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl std::ops::Deref for DataDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for DataDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
 fn fresh_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("endpoints-api-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();

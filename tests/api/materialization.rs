@@ -2,7 +2,7 @@
 //! answers equal to the live ones, the lifecycle of stored files, two nodes on one PostgreSQL, and a server
 //! killed mid-refresh.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -382,7 +382,7 @@ async fn a_refresh_killed_mid_way_is_retried_after_its_lease() {
         "SELECT t.v % 7 AS k, count(*) AS n FROM generate_series(1, 30000000) AS t(v) GROUP BY k ORDER BY k";
     let body = json!({"name": "slow", "is_materialized": true, "query": {"kind": "SQLQuery", "query": slow}});
     let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
-    let data_dir: PathBuf = app.data_dir.clone();
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
     app.stop().await.unwrap();
 
     let doomed = serve(&data_dir).await;
@@ -413,5 +413,4 @@ async fn a_refresh_killed_mid_way_is_retried_after_its_lease() {
     let files = stored(&data_dir, project, &id);
     assert_eq!(files.len(), 1, "only the retry's result is stored: {files:?}");
     drop(restarted);
-    let _ = std::fs::remove_dir_all(&data_dir);
 }

@@ -81,7 +81,7 @@ async fn health_readiness_and_metrics_report_the_real_service() {
 async fn json_logs_carry_the_request_id_and_never_the_key() {
     let app = spawn_app().await;
     let (project, key) = app.project_with_key();
-    let data_dir = app.data_dir.clone();
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
     app.stop().await.unwrap();
     let log_path = data_dir.with_extension("log");
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"));
