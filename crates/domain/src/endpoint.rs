@@ -12,6 +12,14 @@ use crate::query::Query;
 use crate::settings::{CacheAge, SyncFrequency};
 use crate::Timestamp;
 
+/// Values kept in memory per endpoint, by project then name, so a lookup borrows the name instead of building a
+/// key. Hashed with foldhash: only names of real endpoints become keys.
+pub type ByEndpoint<V> = std::collections::HashMap<
+    ProjectId,
+    std::collections::HashMap<EndpointName, V, foldhash::fast::RandomState>,
+    foldhash::fast::RandomState,
+>;
+
 /// An endpoint name: `^[a-zA-Z][a-zA-Z0-9_-]{0,127}$`. It is part of public URLs, so it never changes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EndpointName(String);

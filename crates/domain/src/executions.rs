@@ -2,12 +2,10 @@
 //! run on this node shows at once.
 
 use std::collections::HashMap;
-
-use foldhash::fast::RandomState;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::auth::ProjectId;
-use crate::endpoint::EndpointName;
+use crate::endpoint::{ByEndpoint, EndpointName};
 use crate::ports::{EndpointStore, StoreError};
 use crate::Timestamp;
 
@@ -15,7 +13,7 @@ use crate::Timestamp;
 pub struct ExecutionTracker {
     store: Arc<dyn EndpointStore>,
     /// By project, then by name, so a run of an endpoint already pending is noted without allocating its key.
-    pending: Mutex<HashMap<ProjectId, HashMap<EndpointName, Timestamp, RandomState>, RandomState>>,
+    pending: Mutex<ByEndpoint<Timestamp>>,
 }
 
 impl ExecutionTracker {

@@ -22,7 +22,7 @@ pub mod settings;
 
 pub use auth::{ApiKey, ApiKeyService, NewApiKey, Principal, Project, ProjectId, Scope};
 pub use changes::KeptState;
-pub use endpoint::{Column, ColumnType, Endpoint, EndpointName, EndpointVersion};
+pub use endpoint::{ByEndpoint, Column, ColumnType, Endpoint, EndpointName, EndpointVersion};
 pub use error::{Error, Invalid};
 pub use executions::ExecutionTracker;
 pub use materialization::{Eligibility, MaterializationStatus, MaterializationView};

@@ -2,14 +2,13 @@
 //! so an update or delete makes every older entry unreachable at once, and an epoch over all of them for when
 //! this process may have missed changes made elsewhere.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use domain::ports::{CacheKey, CachedRun, ResultCache};
-use domain::{EndpointName, ProjectId};
-use foldhash::{fast, quality};
+use domain::{ByEndpoint, EndpointName, ProjectId};
+use foldhash::quality;
 use moka::sync::Cache;
 use moka::Expiry;
 
@@ -18,7 +17,7 @@ pub struct MemoryResultCache {
     /// Keys carry variables as the client sent them, so the hasher is seeded and finishes with full avalanche.
     entries: Cache<CacheKey, Arc<CachedRun>, quality::RandomState>,
     /// By project, then name: a lookup borrows the name instead of building a key (no allocation per run).
-    generations: Mutex<HashMap<ProjectId, HashMap<EndpointName, u64, fast::RandomState>, fast::RandomState>>,
+    generations: Mutex<ByEndpoint<u64>>,
     /// Added to every endpoint's generation: both only grow, so a bump of either changes every key it covers.
     epoch: AtomicU64,
 }
