@@ -1,15 +1,28 @@
-//! Changes announced by other processes, applied to what this process keeps from the store in memory.
+//! Changes that make what this process keeps in memory stale, applied as they happen.
 //!
 //! Several processes may serve one store. Each keeps computed runs and the keys it read; a change made through
 //! another process (a query changed, an endpoint deactivated or deleted, a key revoked) must be honoured here at
 //! once. Stores that can announce changes (PostgreSQL's `LISTEN`/`NOTIFY`) deliver a [`Change`] per commit; a
 //! channel that drops delivers [`Change::Everything`] until it is back, so nothing kept is trusted longer than
-//! the channel's reconnection interval.
+//! the channel's reconnection interval. Changes made in this process reach [`KeptState`] directly, through the
+//! [`EndpointChanges`] port the endpoint service is given.
 
 use std::sync::Arc;
 
-use crate::auth::ApiKeyService;
-use crate::ports::{Change, ResultCache};
+use crate::access::{ApiKeyService, ProjectId};
+use crate::endpoints::{EndpointChanges, EndpointName};
+use crate::runs::ResultCache;
+
+/// A change made by some process that every process keeping the changed thing in memory must honour at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The endpoint was updated (its query, settings or activation) or deleted.
+    Endpoint { project: ProjectId, name: EndpointName },
+    /// A key was revoked.
+    Keys,
+    /// Changes may have been missed (the channel was down): forget everything kept from the store.
+    Everything,
+}
 
 /// What this process keeps in memory, cleared change by change.
 #[derive(Clone)]
@@ -36,35 +49,71 @@ impl KeptState {
     }
 }
 
+impl EndpointChanges for KeptState {
+    fn changed(&self, project: ProjectId, name: &EndpointName) {
+        self.apply(&Change::Endpoint { project, name: name.clone() });
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
     use mockall::predicate::eq;
 
-    use super::KeptState;
-    use crate::auth::ApiKeyService;
-    use crate::ports::{Change, MockApiKeyStore, MockClock, MockProjectStore, MockResultCache};
-    use crate::{EndpointName, ProjectId};
+    use super::{Change, KeptState};
+    use crate::access::{ApiKeyService, MockApiKeyStore, MockProjectStore, Scope};
+    use crate::endpoints::{EndpointChanges, EndpointName};
+    use crate::runs::MockResultCache;
+    use crate::testing::{api_key, project, ManualClock, T0};
 
-    fn keys() -> Arc<ApiKeyService> {
-        Arc::new(ApiKeyService::new(
-            Arc::new(MockApiKeyStore::new()),
+    const SECRET: &str = "phx_00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+    /// A key service that trusts keys it read for an hour, and how many times it read the store.
+    fn keys() -> (Arc<ApiKeyService>, Arc<AtomicUsize>) {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&reads);
+        let mut store = MockApiKeyStore::new();
+        store.expect_find_by_hash().returning(move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(api_key(SECRET, vec![Scope::EndpointRead])))
+        });
+        let service = ApiKeyService::new(
+            Arc::new(store),
             Arc::new(MockProjectStore::new()),
-            Arc::new(MockClock::new()),
-        ))
+            Arc::new(ManualClock::new(T0)),
+        )
+        .with_key_cache_ttl(std::time::Duration::from_secs(3600));
+        (Arc::new(service), reads)
     }
 
-    #[test]
-    fn each_change_clears_what_it_makes_stale() {
-        let project = ProjectId::new(3).unwrap();
+    #[tokio::test]
+    async fn each_change_clears_what_it_makes_stale() {
         let name = EndpointName::parse("daily").unwrap();
         let mut cache = MockResultCache::new();
-        cache.expect_invalidate().with(eq(project), eq(name.clone())).times(1).return_const(());
+        // The endpoint change is made twice: announced by another process, and made here.
+        cache.expect_invalidate().with(eq(project(3)), eq(name.clone())).times(2).return_const(());
         cache.expect_invalidate_all().times(1).return_const(());
-        let kept = KeptState::new(Arc::new(cache), keys());
-        kept.apply(&Change::Endpoint { project, name });
+        let (keys, reads) = keys();
+        let kept = KeptState::new(Arc::new(cache), Arc::clone(&keys));
+        let read_again = |expected: usize| {
+            let keys = Arc::clone(&keys);
+            let reads = Arc::clone(&reads);
+            async move {
+                keys.authenticate(SECRET).await.unwrap();
+                assert_eq!(reads.load(Ordering::SeqCst), expected);
+            }
+        };
+        read_again(1).await;
+        read_again(1).await;
+
+        kept.apply(&Change::Endpoint { project: project(3), name: name.clone() });
+        kept.changed(project(3), &name);
+        read_again(1).await; // an endpoint change leaves keys alone
         kept.apply(&Change::Keys);
+        read_again(2).await; // the key was forgotten, so it is read from the store again
         kept.apply(&Change::Everything);
+        read_again(3).await;
     }
 }

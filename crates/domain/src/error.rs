@@ -1,35 +1,49 @@
-//! The errors services return. Port errors live beside their ports and convert into [`Error`].
-
-use crate::ports::{EngineError, StoreError};
+//! The errors services return, and the errors of the ports they call: a store or an engine reports a
+//! [`StoreError`] or an [`EngineError`], and services turn both into one [`Error`].
 
 /// An opaque underlying cause, kept for logs and never shown to a client.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// A rejected input: which field, a stable machine code and a sentence for a person.
+/// Why an input was refused, as a stable machine code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Violation {
+    /// The value breaks the field's rule.
+    Invalid,
+    /// A value the request must carry is missing.
+    Required,
+    /// A variable the query does not declare.
+    UnknownVariable,
+}
+
+/// A rejected input: which field, why, and a sentence for a person.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid {
     /// Dotted path of the offending field (`query.variables.country`), or `None` for the request as a whole.
     pub attr: Option<String>,
-    /// Stable snake_case code: `invalid`, `required`, `unique`, `unknown_variable`, ...
-    pub code: &'static str,
+    pub code: Violation,
     pub detail: String,
 }
 
 impl Invalid {
-    pub fn new(attr: impl Into<String>, code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(attr: impl Into<String>, code: Violation, detail: impl Into<String>) -> Self {
         Self { attr: Some(attr.into()), code, detail: detail.into() }
     }
 
     /// An `invalid` error on `attr`.
     pub fn field(attr: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self::new(attr, "invalid", detail)
+        Self::new(attr, Violation::Invalid, detail)
+    }
+
+    /// An `invalid` error on the request as a whole (no one field is to blame).
+    pub fn whole(detail: impl Into<String>) -> Self {
+        Self { attr: None, code: Violation::Invalid, detail: detail.into() }
     }
 
     /// A `required` error on `attr`.
     pub fn required(attr: impl Into<String>) -> Self {
         let attr = attr.into();
         let detail = format!("The field '{attr}' is required.");
-        Self::new(attr, "required", detail)
+        Self::new(attr, Violation::Required, detail)
     }
 
     /// Prefixes the attribute path with `parent.` (or sets it to `parent` when it had none).
@@ -42,6 +56,15 @@ impl Invalid {
         self
     }
 }
+
+/// The detail alone, so that parsers built on [`std::str::FromStr`] (command-line flags) say what was wrong.
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for Invalid {}
 
 /// What a service operation can fail with. Each variant maps to one HTTP status in the adapter.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +105,45 @@ pub enum Error {
     Unavailable(#[source] BoxError),
     /// 500: anything else. The source is logged, never shown.
     #[error("internal error")]
+    Internal(#[source] BoxError),
+}
+
+/// What a store adapter can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error("version {0} not found")]
+    VersionNotFound(u32),
+    #[error("name '{0}' already taken")]
+    NameTaken(String),
+    #[error("store unavailable")]
+    Unavailable(#[source] BoxError),
+    #[error("store failure")]
+    Internal(#[source] BoxError),
+}
+
+/// What the query engine can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The SQL is not a single read-only statement over the project's tables, or does not plan.
+    #[error("{0}")]
+    InvalidQuery(String),
+    /// The query ran past its time limit and was cancelled.
+    #[error("query timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// The query needed more memory than its limit allows.
+    #[error("{0}")]
+    MemoryLimit(String),
+    /// The page of rows would be larger than a response may carry (`limit_bytes`).
+    #[error("the result is over {limit_bytes} bytes")]
+    ResultTooLarge { limit_bytes: usize },
+    /// Too many queries of the project are running; try again after the given time.
+    #[error("too many concurrent queries")]
+    Busy { retry_after: std::time::Duration },
+    #[error("engine unavailable")]
+    Unavailable(#[source] BoxError),
+    #[error("engine failure")]
     Internal(#[source] BoxError),
 }
 

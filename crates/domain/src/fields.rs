@@ -13,11 +13,7 @@ impl<'a> Fields<'a> {
     /// # Errors
     /// [`Invalid`] when the body is not an object or has a key outside `allowed`.
     pub fn new(body: &'a Value, allowed: &[&str]) -> Result<Self, Invalid> {
-        let obj = body.as_object().ok_or_else(|| Invalid {
-            attr: None,
-            code: "invalid",
-            detail: "The body must be a JSON object.".into(),
-        })?;
+        let obj = body.as_object().ok_or_else(|| Invalid::whole("The body must be a JSON object."))?;
         if let Some(key) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(Invalid::field(
                 key.as_str(),

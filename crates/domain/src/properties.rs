@@ -5,9 +5,9 @@
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use crate::materialization::{CompareOp, Eligibility, QueryOutline, VariablePredicate};
-use crate::query::Query;
-use crate::run::{bind, RunRequest};
+use crate::materialization::Eligibility;
+use crate::query::{bind, CompareOp, Query, QueryOutline, VariablePredicate};
+use crate::runs::RunRequest;
 
 /// Any JSON value, nested a few levels.
 fn any_json() -> impl Strategy<Value = Value> {

@@ -12,78 +12,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::endpoint::{Endpoint, EndpointName};
-use crate::settings::SyncFrequency;
-use crate::{ProjectId, Timestamp};
-
-/// A comparison a variable predicate may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum CompareOp {
-    #[serde(rename = "=")]
-    Eq,
-    #[serde(rename = "!=")]
-    NotEq,
-    #[serde(rename = "<")]
-    Lt,
-    #[serde(rename = "<=")]
-    LtEq,
-    #[serde(rename = ">")]
-    Gt,
-    #[serde(rename = ">=")]
-    GtEq,
-}
-
-impl CompareOp {
-    pub fn as_sql(self) -> &'static str {
-        match self {
-            Self::Eq => "=",
-            Self::NotEq => "!=",
-            Self::Lt => "<",
-            Self::LtEq => "<=",
-            Self::Gt => ">",
-            Self::GtEq => ">=",
-        }
-    }
-
-    /// The same comparison with its operands swapped: `a < b` is `b > a`.
-    #[must_use]
-    pub fn flipped(self) -> Self {
-        match self {
-            Self::Eq | Self::NotEq => self,
-            Self::Lt => Self::Gt,
-            Self::LtEq => Self::GtEq,
-            Self::Gt => Self::Lt,
-            Self::GtEq => Self::LtEq,
-        }
-    }
-}
-
-/// A conjunct of the outermost WHERE that compares a plain column with a variable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VariablePredicate {
-    pub variable: String,
-    /// Written as `column <op> variable`.
-    pub op: CompareOp,
-    /// The output column the compared column becomes, when the query outputs it unchanged.
-    pub output_column: Option<String>,
-    /// Whether the compared column is a group key of the outermost aggregation.
-    pub group_key: bool,
-}
-
-/// Facts about a query's outermost SELECT, read from the engine's plan.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct QueryOutline {
-    /// The outermost query has a LIMIT or OFFSET.
-    pub limit_or_offset: bool,
-    /// The outermost query aggregates (GROUP BY or aggregate functions).
-    pub aggregates: bool,
-    /// The outermost query computes window functions.
-    pub window_functions: bool,
-    /// Conjuncts of the outermost WHERE of the form `column <op> {variables.NAME}`.
-    pub predicates: Vec<VariablePredicate>,
-    /// Variables used anywhere else (other conjuncts, the select list, subqueries, joins, CTEs, ...).
-    pub other_uses: Vec<String>,
-}
+use crate::access::ProjectId;
+use crate::clock::Timestamp;
+use crate::endpoints::{Endpoint, EndpointName, SyncFrequency};
+use crate::query::{CompareOp, QueryOutline};
 
 /// A variable predicate as the run applies it to the stored result: `column <op> value of variable`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,7 +34,7 @@ pub enum Eligibility {
 }
 
 impl Eligibility {
-    /// Applies the materialization rule (contract section 7) to the facts of a query's plan.
+    /// Applies the materialization rule to the facts of a query's plan.
     pub fn decide(outline: &QueryOutline) -> Self {
         let no = |reason: String| Self::Ineligible { reason };
         if outline.limit_or_offset {
@@ -179,6 +111,9 @@ pub enum MaterializationStatus {
 }
 
 impl MaterializationStatus {
+    pub const ALL: [MaterializationStatus; 5] =
+        [Self::Disabled, Self::Pending, Self::Running, Self::Completed, Self::Failed];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Disabled => "Disabled",
@@ -213,7 +148,7 @@ impl fmt::Display for MaterializationStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResult {
     pub version: u32,
-    /// Where the result engine keeps it, relative to the project (see [`location`]).
+    /// Where the result engine keeps it, relative to the project (see [`attempt_location`]).
     pub location: String,
     pub row_count: u64,
     pub materialized_at: Timestamp,
@@ -267,11 +202,11 @@ pub fn endpoint_location(endpoint_id: Uuid) -> String {
 
 /// A fresh location for one refresh attempt: never reused, so a reader of the previous result never sees it
 /// change under its feet.
-pub fn location(endpoint_id: Uuid, version: u32, token: Uuid) -> String {
+pub fn attempt_location(endpoint_id: Uuid, version: u32, token: Uuid) -> String {
     format!("{endpoint_id}/v{version}-{token}")
 }
 
-/// The status object of contract section 7, as rows 1-4 and 6 show it.
+/// An endpoint's materialization status, as its record and its `materialization_status` show it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MaterializationView {
     pub name: EndpointName,
@@ -333,6 +268,7 @@ impl MaterializationView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::query::VariablePredicate;
 
     fn predicate(variable: &str, column: Option<&str>, group_key: bool) -> VariablePredicate {
         VariablePredicate {
@@ -409,12 +345,5 @@ mod tests {
         let text = serde_json::to_string(&eligible).unwrap();
         assert_eq!(text, r#"{"eligible":{"filters":[{"column":"c","op":"!=","variable":"v"}]}}"#);
         assert_eq!(serde_json::from_str::<Eligibility>(&text).unwrap(), eligible);
-    }
-
-    #[test]
-    fn operators_flip() {
-        assert_eq!(CompareOp::Lt.flipped(), CompareOp::Gt);
-        assert_eq!(CompareOp::GtEq.flipped(), CompareOp::LtEq);
-        assert_eq!(CompareOp::Eq.flipped(), CompareOp::Eq);
     }
 }

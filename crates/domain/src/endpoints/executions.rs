@@ -4,10 +4,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::auth::ProjectId;
-use crate::endpoint::{ByEndpoint, EndpointName};
-use crate::ports::{EndpointStore, StoreError};
-use crate::Timestamp;
+use super::model::{ByEndpoint, EndpointName};
+use super::ports::EndpointStore;
+use crate::access::ProjectId;
+use crate::clock::Timestamp;
+use crate::error::StoreError;
 
 /// Pending execution times, newest per endpoint, waiting for the next flush.
 pub struct ExecutionTracker {

@@ -2,15 +2,14 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::auth::ProjectId;
+use super::settings::{CacheAge, SyncFrequency};
+use crate::access::ProjectId;
+use crate::clock::Timestamp;
 use crate::error::Invalid;
 use crate::materialization::{Eligibility, MaterializationState};
-use crate::query::Query;
-use crate::settings::{CacheAge, SyncFrequency};
-use crate::Timestamp;
+use crate::query::{Column, Query};
 
 /// Values kept in memory per endpoint, by project then name, so a lookup borrows the name instead of building a
 /// key. Hashed with foldhash: only names of real endpoints become keys.
@@ -20,12 +19,16 @@ pub type ByEndpoint<V> = std::collections::HashMap<
     foldhash::fast::RandomState,
 >;
 
-/// An endpoint name: `^[a-zA-Z][a-zA-Z0-9_-]{0,127}$`. It is part of public URLs, so it never changes.
+/// An endpoint name: a letter, then letters, digits, `_` and `-`, at most 128 characters. It is part of public
+/// URLs, so it never changes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EndpointName(String);
 
 impl EndpointName {
     pub const MAX_LEN: usize = 128;
+
+    /// The rule [`EndpointName::is_valid`] checks, as a regular expression for documents that describe names.
+    pub const PATTERN: &'static str = "^[A-Za-z][A-Za-z0-9_-]{0,127}$";
 
     /// # Errors
     /// [`Invalid`] (attr `name`) when the name breaks the pattern.
@@ -56,30 +59,6 @@ impl fmt::Display for EndpointName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
-}
-
-/// The type of an output column, as clients see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ColumnType {
-    Integer,
-    Float,
-    Decimal,
-    String,
-    Boolean,
-    Date,
-    Datetime,
-    Array,
-    Json,
-    Unknown,
-}
-
-/// One output column of a query.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Column {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub column_type: ColumnType,
 }
 
 /// A saved endpoint as the store holds it, with its current version's query.
@@ -184,11 +163,5 @@ mod tests {
             let err = EndpointName::parse(bad).unwrap_err();
             assert_eq!(err.attr.as_deref(), Some("name"), "{bad}");
         }
-    }
-
-    #[test]
-    fn column_types_serialize_lowercase() {
-        let col = Column { name: "n".into(), column_type: ColumnType::Datetime };
-        assert_eq!(serde_json::to_string(&col).unwrap(), r#"{"name":"n","type":"datetime"}"#);
     }
 }

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::error::Error;
-use crate::materialization::{location, Claim, Eligibility, StoredResult, Switch};
-use crate::ports::{
-    Clock, EndpointStore, MaterializationStore, MaterializedResults, QueryEngine, StoreError,
-};
+use super::model::{attempt_location, Claim, Eligibility, StoredResult, Switch};
+use super::ports::{MaterializationStore, MaterializedResults};
+use crate::clock::Clock;
+use crate::endpoints::EndpointStore;
+use crate::error::{Error, Invalid, StoreError};
+use crate::query::QueryEngine;
 
 /// How long a failed refresh waits before it is tried again, at most (a shorter sync frequency wins).
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
@@ -30,6 +31,20 @@ pub enum RefreshOutcome {
     Lost,
 }
 
+/// What refreshing works through.
+pub struct MaterializerDeps {
+    /// Where the claimed version's query is read.
+    pub endpoints: Arc<dyn EndpointStore>,
+    pub states: Arc<dyn MaterializationStore>,
+    /// Plans a version saved before its eligibility was recorded.
+    pub engine: Arc<dyn QueryEngine>,
+    pub results: Arc<dyn MaterializedResults>,
+    pub clock: Arc<dyn Clock>,
+    /// How long a claim holds without renewal.
+    pub lease: Duration,
+}
+
+/// Refreshes stored results: claims due ones, computes and switches to them, sweeps what nothing refers to.
 pub struct Materializer {
     endpoints: Arc<dyn EndpointStore>,
     states: Arc<dyn MaterializationStore>,
@@ -40,14 +55,8 @@ pub struct Materializer {
 }
 
 impl Materializer {
-    pub fn new(
-        endpoints: Arc<dyn EndpointStore>,
-        states: Arc<dyn MaterializationStore>,
-        engine: Arc<dyn QueryEngine>,
-        results: Arc<dyn MaterializedResults>,
-        clock: Arc<dyn Clock>,
-        lease: Duration,
-    ) -> Self {
+    pub fn new(deps: MaterializerDeps) -> Self {
+        let MaterializerDeps { endpoints, states, engine, results, clock, lease } = deps;
         Self { endpoints, states, engine, results, clock, lease }
     }
 
@@ -97,7 +106,7 @@ impl Materializer {
         if let Some(abandoned) = &claim.abandoned {
             self.remove_quietly(claim, abandoned).await;
         }
-        let target = location(claim.endpoint_id, claim.version, claim.token);
+        let target = attempt_location(claim.endpoint_id, claim.version, claim.token);
         let rows = match self.compute(claim, &target).await {
             Ok(rows) => rows,
             Err(Error::NotFound(_)) => {
@@ -153,14 +162,14 @@ impl Materializer {
             None => Eligibility::decide(&self.engine.describe(claim.project, &version.query).await?.outline),
         };
         if let Some(reason) = eligibility.reason() {
-            return Err(Error::Invalid(crate::error::Invalid::field("is_materialized", reason)));
+            return Err(Error::Invalid(Invalid::field("is_materialized", reason)));
         }
         Ok(self.results.write(claim.project, &version.query, target).await?)
     }
 
     /// Removes what an attempt wrote (there may be nothing).
     async fn discard(&self, claim: &Claim) {
-        let target = location(claim.endpoint_id, claim.version, claim.token);
+        let target = attempt_location(claim.endpoint_id, claim.version, claim.token);
         self.remove_quietly(claim, &target).await;
     }
 
@@ -185,7 +194,7 @@ impl Materializer {
                 in_use.insert(result.location.clone());
             }
             if let Some((token, _)) = record.lease {
-                in_use.insert(location(record.endpoint_id, record.version, token));
+                in_use.insert(attempt_location(record.endpoint_id, record.version, token));
             }
         }
         let mut removed = 0;
@@ -240,5 +249,5 @@ fn failure_text(err: &Error) -> String {
 }
 
 #[cfg(test)]
-#[path = "materializer_tests.rs"]
+#[path = "service_tests.rs"]
 mod tests;

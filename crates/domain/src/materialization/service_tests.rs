@@ -6,14 +6,14 @@ use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
 
+use super::super::model::{MaterializationState, MaterializationStatus};
+use super::super::ports::{MockMaterializationStore, MockMaterializedResults};
 use super::*;
-use crate::endpoint::{EndpointName, EndpointVersion};
-use crate::materialization::{Claim, Eligibility, MaterializationState, MaterializationStatus, StoredResult};
-use crate::ports::{
-    EngineError, MockClock, MockEndpointStore, MockMaterializationStore, MockMaterializedResults,
-    MockQueryEngine,
-};
-use crate::{CacheAge, ProjectId, Query, SyncFrequency, Timestamp};
+use crate::access::ProjectId;
+use crate::clock::{MockClock, Timestamp};
+use crate::endpoints::{CacheAge, EndpointName, EndpointVersion, MockEndpointStore, SyncFrequency};
+use crate::error::EngineError;
+use crate::query::{MockQueryEngine, Query};
 
 const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
 const LEASE: Duration = Duration::from_secs(60);
@@ -32,7 +32,7 @@ fn claim() -> Claim {
 }
 
 fn target() -> String {
-    location(Uuid::from_u128(1), 3, Uuid::from_u128(9))
+    attempt_location(Uuid::from_u128(1), 3, Uuid::from_u128(9))
 }
 
 fn endpoints(eligibility: Option<Eligibility>) -> MockEndpointStore {
@@ -78,14 +78,14 @@ fn materializer(
 ) -> Materializer {
     let mut clock = MockClock::new();
     clock.expect_now().return_const(NOW);
-    Materializer::new(
-        Arc::new(endpoints),
-        Arc::new(states),
-        Arc::new(MockQueryEngine::new()),
-        Arc::new(results),
-        Arc::new(clock),
-        LEASE,
-    )
+    Materializer::new(MaterializerDeps {
+        endpoints: Arc::new(endpoints),
+        states: Arc::new(states),
+        engine: Arc::new(MockQueryEngine::new()),
+        results: Arc::new(results),
+        clock: Arc::new(clock),
+        lease: LEASE,
+    })
 }
 
 #[tokio::test]
@@ -114,7 +114,7 @@ async fn a_claim_that_took_over_a_crashed_attempt_removes_its_files_first() {
     let mut states = MockMaterializationStore::new();
     states.expect_complete().returning(|_, _, _, _| Ok(Switch::Switched { replaced: None }));
     let m = materializer(endpoints(eligible()), states, results(Ok(1), Arc::clone(&removed)));
-    let crashed = location(Uuid::from_u128(1), 3, Uuid::from_u128(8));
+    let crashed = attempt_location(Uuid::from_u128(1), 3, Uuid::from_u128(8));
     let claim = Claim { abandoned: Some(crashed.clone()), ..claim() };
     assert_eq!(m.refresh(&claim).await.unwrap(), RefreshOutcome::Completed { rows: 1 });
     assert_eq!(*removed.lock().unwrap(), vec![crashed]);
@@ -165,7 +165,7 @@ async fn a_query_that_became_ineligible_fails_without_writing() {
 async fn a_refresh_of_a_deleted_endpoint_is_lost_without_a_record() {
     let removed = Arc::new(Mutex::new(Vec::new()));
     let mut endpoints = MockEndpointStore::new();
-    endpoints.expect_get_version().returning(|_, _, _| Err(crate::ports::StoreError::NotFound));
+    endpoints.expect_get_version().returning(|_, _, _| Err(crate::error::StoreError::NotFound));
     let mut states = MockMaterializationStore::new();
     states.expect_fail().never();
     states.expect_complete().never();
@@ -191,10 +191,10 @@ async fn claims_are_leased_from_now() {
 async fn the_sweep_removes_only_locations_no_record_refers_to() {
     let project = ProjectId::new(4).unwrap();
     let id = Uuid::from_u128(1);
-    let completed = location(id, 2, Uuid::from_u128(5));
-    let running = location(id, 3, Uuid::from_u128(6)); // the lease's attempt: kept
-    let orphan = location(id, 3, Uuid::from_u128(7));
-    let deleted_endpoint = location(Uuid::from_u128(2), 1, Uuid::from_u128(8));
+    let completed = attempt_location(id, 2, Uuid::from_u128(5));
+    let running = attempt_location(id, 3, Uuid::from_u128(6)); // the lease's attempt: kept
+    let orphan = attempt_location(id, 3, Uuid::from_u128(7));
+    let deleted_endpoint = attempt_location(Uuid::from_u128(2), 1, Uuid::from_u128(8));
     let removed = Arc::new(Mutex::new(Vec::new()));
     let mut results = MockMaterializedResults::new();
     let present = [completed.clone(), running.clone(), orphan.clone(), deleted_endpoint.clone()];

@@ -1,128 +1,21 @@
-//! Projects, API keys and scopes: who may call what.
+//! The key service: issuing keys, resolving a bearer token to its caller (with a short-lived cache of keys
+//! read from the store), checking scope and project, revoking.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rand::RngCore;
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
+use super::model::{
+    hash_secret, looks_like_key, ApiKey, NewApiKey, Principal, ProjectId, Scope, SecretHash, CURRENT_PROJECT,
+    KEY_PREFIX, SECRET_BYTES,
+};
+use super::ports::{ApiKeyStore, ProjectStore};
+use crate::clock::{Clock, Timestamp};
 use crate::error::{Error, Invalid};
-use crate::ports::{ApiKeyStore, Clock, ProjectStore};
-use crate::Timestamp;
-
-/// A project's id: a positive integer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ProjectId(i64);
-
-impl ProjectId {
-    /// # Errors
-    /// [`Invalid`] (attr `project_id`) when the id is not positive.
-    pub fn new(id: i64) -> Result<Self, Invalid> {
-        if id > 0 {
-            Ok(Self(id))
-        } else {
-            Err(Invalid::field("project_id", "project_id must be a positive integer."))
-        }
-    }
-
-    pub fn get(self) -> i64 {
-        self.0
-    }
-}
-
-impl fmt::Display for ProjectId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Project {
-    pub id: ProjectId,
-    pub name: String,
-    pub created_at: Timestamp,
-}
-
-/// A permission carried by a key. `endpoint:write` implies `endpoint:read`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Scope {
-    EndpointRead,
-    EndpointWrite,
-}
-
-impl Scope {
-    pub const ALL: [Scope; 2] = [Scope::EndpointRead, Scope::EndpointWrite];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::EndpointRead => "endpoint:read",
-            Scope::EndpointWrite => "endpoint:write",
-        }
-    }
-
-    /// # Errors
-    /// [`Invalid`] (attr `scope`) for an unknown scope name.
-    pub fn parse(raw: &str) -> Result<Self, Invalid> {
-        Self::ALL.into_iter().find(|s| s.as_str() == raw).ok_or_else(|| {
-            Invalid::field(
-                "scope",
-                format!("Unknown scope '{raw}'; known scopes: endpoint:read, endpoint:write."),
-            )
-        })
-    }
-
-    /// Whether holding `self` allows an operation that needs `needed`.
-    pub fn grants(self, needed: Scope) -> bool {
-        self == needed || (self == Scope::EndpointWrite && needed == Scope::EndpointRead)
-    }
-}
-
-impl fmt::Display for Scope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A stored API key. The secret itself is never stored, only its SHA-256.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKey {
-    pub id: Uuid,
-    pub project_id: ProjectId,
-    pub label: String,
-    pub scopes: Vec<Scope>,
-    /// Lowercase hex SHA-256 of the full secret.
-    pub secret_hash: String,
-    /// The first characters of the secret, so an operator can tell keys apart.
-    pub prefix: String,
-    pub created_at: Timestamp,
-    pub expires_at: Option<Timestamp>,
-    pub revoked_at: Option<Timestamp>,
-}
-
-impl ApiKey {
-    pub fn is_usable_at(&self, now: Timestamp) -> bool {
-        self.revoked_at.is_none() && self.expires_at.is_none_or(|exp| now < exp)
-    }
-}
-
-/// A key just created, with its secret: shown once, then gone.
-#[derive(Debug, Clone)]
-pub struct NewApiKey {
-    pub key: ApiKey,
-    pub secret: String,
-}
-
-/// The authenticated caller of a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    pub key_id: Uuid,
-    pub project_id: ProjectId,
-    pub scopes: Vec<Scope>,
-}
 
 /// Issues, checks and revokes API keys.
 pub struct ApiKeyService {
@@ -169,40 +62,6 @@ impl KeyCache {
     fn clear(&self) {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner).clear();
     }
-}
-
-/// Every key starts with this, so secret scanners can spot leaked keys.
-pub const KEY_PREFIX: &str = "phx_";
-const SECRET_BYTES: usize = 32;
-/// The alias of the key's own project in paths.
-pub const CURRENT_PROJECT: &str = "@current";
-
-pub fn hash_secret(secret: &str) -> String {
-    SecretHash::of(secret).as_str().to_owned()
-}
-
-/// A secret's SHA-256 as 64 lowercase hex digits, on the stack: authenticating a request allocates nothing
-/// for it.
-struct SecretHash([u8; 64]);
-
-impl SecretHash {
-    fn of(secret: &str) -> Self {
-        let mut text = [0_u8; 64];
-        // 32 bytes fill 64 digits exactly, so encoding cannot fail.
-        let _ = hex::encode_to_slice(Sha256::digest(secret.as_bytes()), &mut text);
-        Self(text)
-    }
-
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
-
-fn looks_like_key(token: &str) -> bool {
-    token.strip_prefix(KEY_PREFIX).is_some_and(|rest| {
-        rest.len() == SECRET_BYTES * 2
-            && rest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
 }
 
 impl ApiKeyService {
@@ -347,12 +206,11 @@ impl ApiKeyService {
 
 #[cfg(test)]
 mod tests {
-    use time::macros::datetime;
-
+    use super::super::model::Project;
+    use super::super::ports::{MockApiKeyStore, MockProjectStore};
     use super::*;
-    use crate::ports::{MockApiKeyStore, MockClock, MockProjectStore};
-
-    const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
+    use crate::clock::MockClock;
+    use crate::testing::{api_key, ManualClock, T0 as NOW};
 
     fn clock() -> Arc<MockClock> {
         let mut clock = MockClock::new();
@@ -362,20 +220,6 @@ mod tests {
 
     fn project(id: i64) -> ProjectId {
         ProjectId::new(id).unwrap()
-    }
-
-    fn stored_key(secret: &str, scopes: Vec<Scope>) -> ApiKey {
-        ApiKey {
-            id: Uuid::nil(),
-            project_id: project(1),
-            label: "ci".into(),
-            scopes,
-            secret_hash: hash_secret(secret),
-            prefix: secret[..10].into(),
-            created_at: NOW,
-            expires_at: None,
-            revoked_at: None,
-        }
     }
 
     fn service_with(key: Option<ApiKey>) -> ApiKeyService {
@@ -395,8 +239,13 @@ mod tests {
 
     #[tokio::test]
     async fn created_keys_are_prefixed_and_stored_only_as_a_hash() {
+        let stored = Arc::new(Mutex::new(None));
+        let seen = Arc::clone(&stored);
         let mut keys = MockApiKeyStore::new();
-        keys.expect_insert().times(1).returning(Ok);
+        keys.expect_insert().times(1).returning(move |key| {
+            *seen.lock().unwrap() = Some(key.clone());
+            Ok(key)
+        });
         let mut projects = MockProjectStore::new();
         projects.expect_get().returning(|id| Ok(Some(Project { id, name: "p".into(), created_at: NOW })));
         let svc = ApiKeyService::new(Arc::new(keys), Arc::new(projects), clock());
@@ -411,7 +260,11 @@ mod tests {
             .unwrap();
         assert!(looks_like_key(&new.secret), "{}", new.secret);
         assert_eq!(new.key.secret_hash, hash_secret(&new.secret));
-        assert_ne!(new.key.secret_hash, new.secret);
+        // Nothing the store is given holds the secret's random part: only its hash and its first characters.
+        let stored = format!("{:?}", stored.lock().unwrap().take().expect("the key was stored"));
+        let random = &new.secret[KEY_PREFIX.len()..];
+        assert!(!stored.contains(random), "the store was given the secret: {stored}");
+        assert!(stored.contains(&new.key.secret_hash));
         assert!(new.secret.starts_with(&new.key.prefix));
         assert_eq!(new.key.scopes, vec![Scope::EndpointRead, Scope::EndpointWrite]);
         assert_eq!(new.key.expires_at, Some(NOW + Duration::from_secs(60)));
@@ -429,34 +282,25 @@ mod tests {
         ));
     }
 
-    /// A clock the test moves by hand.
-    struct ManualClock(std::sync::Mutex<Timestamp>);
-
-    impl Clock for ManualClock {
-        fn now(&self) -> Timestamp {
-            *self.0.lock().unwrap()
-        }
-    }
-
     #[tokio::test]
     async fn found_keys_are_trusted_for_the_cache_ttl_and_forgotten_when_revoked() {
         let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = Arc::clone(&reads);
         let mut keys = MockApiKeyStore::new();
-        let live = stored_key(SECRET, vec![Scope::EndpointRead]);
+        let live = api_key(SECRET, vec![Scope::EndpointRead]);
         keys.expect_find_by_hash().returning(move |_| {
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(Some(live.clone()))
         });
         keys.expect_revoke().returning(|_, _| Ok(()));
-        let clock = Arc::new(ManualClock(std::sync::Mutex::new(NOW)));
+        let clock = Arc::new(ManualClock::new(NOW));
         let svc = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock.clone());
         let read_count = || reads.load(std::sync::atomic::Ordering::SeqCst);
         for _ in 0..5 {
             svc.authenticate(SECRET).await.unwrap();
         }
         assert_eq!(read_count(), 1, "one store read for five requests");
-        *clock.0.lock().unwrap() += ApiKeyService::KEY_CACHE_TTL;
+        clock.advance(ApiKeyService::KEY_CACHE_TTL);
         svc.authenticate(SECRET).await.unwrap();
         assert_eq!(read_count(), 2, "an entry older than the TTL is read again");
         svc.revoke(Uuid::nil()).await.unwrap();
@@ -477,7 +321,7 @@ mod tests {
 
     #[tokio::test]
     async fn authenticate_accepts_only_live_known_keys() {
-        let live = stored_key(SECRET, vec![Scope::EndpointRead]);
+        let live = api_key(SECRET, vec![Scope::EndpointRead]);
         let principal = service_with(Some(live.clone())).authenticate(SECRET).await.unwrap();
         assert_eq!(principal.project_id, project(1));
 

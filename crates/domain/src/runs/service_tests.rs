@@ -6,26 +6,19 @@ use std::time::Duration;
 use serde_json::json;
 use time::macros::datetime;
 
+use super::super::last_executions::six_months_before;
 use super::*;
-use crate::endpoint::{Column, ColumnType, EndpointVersion};
-use crate::ports::{MockEndpointStore, MockQueryEngine, ResultCache};
-use crate::run::QueryResult;
-use crate::{CacheAge, Query};
+use crate::clock::Timestamp;
+use crate::endpoints::{CacheAge, MockEndpointStore};
+use crate::materialization::{MockMaterializationStore, MockMaterializedResults};
+use crate::query::{Column, ColumnType, MockQueryEngine, Query};
+use crate::testing::{self, ManualClock, T0};
 
-const T0: Timestamp = datetime!(2026-11-22 10:00 UTC);
-
-/// A clock the test moves by hand.
-struct ManualClock(Mutex<Timestamp>);
-
-impl Clock for ManualClock {
-    fn now(&self) -> Timestamp {
-        *self.0.lock().unwrap()
-    }
-}
-
-impl ManualClock {
-    fn advance(&self, by: Duration) {
-        *self.0.lock().unwrap() += by;
+/// Materialization ports for endpoints that are not materialized: any call fails the test.
+fn untouched_materializations() -> Materializations {
+    Materializations {
+        states: Arc::new(MockMaterializationStore::new()),
+        results: Arc::new(MockMaterializedResults::new()),
     }
 }
 
@@ -65,41 +58,26 @@ fn query(sql: &str) -> Query {
     .unwrap()
 }
 
+/// `kpi` at version 2, cached for a minute, its eligibility not recorded.
 fn endpoint(active: bool) -> Endpoint {
     Endpoint {
-        id: Uuid::nil(),
         project_id: project(),
-        name: EndpointName::parse("kpi").unwrap(),
-        description: String::new(),
-        query: query("SELECT {variables.n} AS n"),
-        derived_from_insight: None,
         is_active: active,
-        is_materialized: false,
         cache_age: CacheAge::new(Some(60)).unwrap(),
-        sync_frequency: None,
         current_version: 2,
         versions_count: 2,
-        columns: vec![],
-        created_at: T0,
-        updated_at: T0,
-        last_executed_at: None,
         eligibility: None,
-        materialization: None,
+        ..testing::endpoint("kpi", query("SELECT {variables.n} AS n"))
     }
 }
 
+/// Version `number` of `kpi`, whose query multiplies `n` by the number.
 fn version(number: u32) -> EndpointVersion {
     EndpointVersion {
-        endpoint_id: Uuid::nil(),
         version: number,
         query: query(&format!("SELECT {{variables.n}} * {number} AS n")),
-        description: String::new(),
-        columns: vec![],
-        cache_age: CacheAge::new(Some(60)).unwrap(),
-        sync_frequency: None,
-        created_at: T0,
         is_current: number == 2,
-        eligibility: None,
+        ..testing::current_version(&endpoint(true))
     }
 }
 
@@ -128,7 +106,7 @@ fn engine(runs: Arc<AtomicUsize>) -> MockQueryEngine {
     engine.expect_execute().returning(move |_, query, vars, _, _| {
         runs.fetch_add(1, Ordering::SeqCst);
         let n = match vars.get("n") {
-            Some(crate::BoundValue::Integer(n)) => *n,
+            Some(BoundValue::Integer(n)) => *n,
             other => panic!("{other:?}"),
         };
         let factor: i64 = query
@@ -159,16 +137,17 @@ struct Fixture {
 fn fixture(store: MockEndpointStore) -> Fixture {
     let runs = Arc::new(AtomicUsize::new(0));
     let cache = Arc::new(MapCache::default());
-    let clock = Arc::new(ManualClock(Mutex::new(T0)));
+    let clock = Arc::new(ManualClock::new(T0));
     let store: Arc<dyn EndpointStore> = Arc::new(store);
     let executions = Arc::new(ExecutionTracker::new(store.clone()));
-    let service = RunService::new(
+    let service = RunService::new(RunDeps {
         store,
-        Arc::new(engine(runs.clone())),
-        cache.clone(),
-        clock.clone(),
-        executions.clone(),
-    );
+        engine: Arc::new(engine(runs.clone())),
+        cache: cache.clone(),
+        clock: clock.clone(),
+        executions: executions.clone(),
+        materializations: untouched_materializations(),
+    });
     Fixture { service, cache, clock, runs, executions }
 }
 
@@ -210,13 +189,14 @@ async fn a_cache_hit_touches_neither_store_nor_engine() {
     let f = fixture(store(true));
     f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
     // A service over a store and an engine that fail on any call still answers from the cache.
-    let strict = RunService::new(
-        Arc::new(MockEndpointStore::new()),
-        Arc::new(MockQueryEngine::new()),
-        f.cache.clone(),
-        f.clock.clone(),
-        f.executions.clone(),
-    );
+    let strict = RunService::new(RunDeps {
+        store: Arc::new(MockEndpointStore::new()),
+        engine: Arc::new(MockQueryEngine::new()),
+        cache: f.cache.clone(),
+        clock: f.clock.clone(),
+        executions: f.executions.clone(),
+        materializations: untouched_materializations(),
+    });
     let hit = strict.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
     assert!(hit.is_cached);
     assert_eq!(rows(&hit), r#"[{"n":2}]"#);
@@ -287,7 +267,10 @@ async fn unknown_and_inactive_endpoints_are_not_found() {
 async fn bad_variables_are_refused_before_the_engine() {
     let f = fixture(store(true));
     let err = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"m": 1}))).await.unwrap_err();
-    assert!(matches!(err, Error::Invalid(ref i) if i.code == "unknown_variable"), "{err:?}");
+    assert!(
+        matches!(err, Error::Invalid(ref i) if i.code == crate::error::Violation::UnknownVariable),
+        "{err:?}"
+    );
     assert_eq!(f.runs.load(Ordering::SeqCst), 0);
 }
 
@@ -300,18 +283,18 @@ impl QueryEngine for SlowEngine {
         &self,
         _: ProjectId,
         _: &Query,
-    ) -> Result<crate::ports::QueryDescription, crate::ports::EngineError> {
-        Ok(crate::ports::QueryDescription::default())
+    ) -> Result<crate::query::QueryDescription, crate::error::EngineError> {
+        Ok(crate::query::QueryDescription::default())
     }
 
     async fn execute(
         &self,
         _: ProjectId,
         _: &Query,
-        _: &std::collections::BTreeMap<String, crate::BoundValue>,
+        _: &std::collections::BTreeMap<String, BoundValue>,
         _: u32,
         _: u64,
-    ) -> Result<QueryResult, crate::ports::EngineError> {
+    ) -> Result<QueryResult, crate::error::EngineError> {
         self.0.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(200)).await;
         Ok(QueryResult { columns: vec![], rows_json: "[]".into(), row_count: 0, has_more: false })
@@ -337,13 +320,14 @@ impl ResultCache for NoCache {
 fn slow_service() -> (Arc<RunService>, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let store: Arc<dyn EndpointStore> = Arc::new(store(true));
-    let service = RunService::new(
-        store.clone(),
-        Arc::new(SlowEngine(runs.clone())),
-        Arc::new(NoCache),
-        Arc::new(ManualClock(Mutex::new(T0))),
-        Arc::new(ExecutionTracker::new(store)),
-    );
+    let service = RunService::new(RunDeps {
+        store: store.clone(),
+        engine: Arc::new(SlowEngine(runs.clone())),
+        cache: Arc::new(NoCache),
+        clock: Arc::new(ManualClock::new(T0)),
+        executions: Arc::new(ExecutionTracker::new(store)),
+        materializations: untouched_materializations(),
+    });
     (Arc::new(service), runs)
 }
 
@@ -448,11 +432,10 @@ fn six_months_is_calendar_months() {
 
 mod materialized {
     use super::*;
-    use crate::materialization::{
-        CompareOp, Eligibility, MaterializationState, MaterializationStatus, MaterializedFilter, StoredResult,
-    };
-    use crate::ports::{EngineError, MockMaterializationStore, MockMaterializedResults};
-    use crate::SyncFrequency;
+    use crate::endpoints::SyncFrequency;
+    use crate::error::EngineError;
+    use crate::materialization::{MaterializationState, MaterializationStatus, MaterializedFilter};
+    use crate::query::CompareOp;
 
     fn filters() -> Vec<MaterializedFilter> {
         vec![MaterializedFilter { column: "n".into(), op: CompareOp::Eq, variable: "n".into() }]
@@ -505,7 +488,7 @@ mod materialized {
         results.expect_read().returning(move |_, location, bound, limit, offset| {
             reads.fetch_add(1, Ordering::SeqCst);
             assert_eq!((location, limit, offset), ("loc", 100, 0));
-            assert_eq!(bound, vec![(filters()[0].clone(), crate::BoundValue::Integer(5))]);
+            assert_eq!(bound, vec![(filters()[0].clone(), BoundValue::Integer(5))]);
             if fail {
                 return Err(EngineError::Internal("the file is gone".into()));
             }
@@ -523,14 +506,17 @@ mod materialized {
         let reads = Arc::new(AtomicUsize::new(0));
         let mut f = fixture(materialized_store());
         let store: Arc<dyn EndpointStore> = Arc::new(materialized_store());
-        f.service = RunService::new(
+        f.service = RunService::new(RunDeps {
             store,
-            Arc::new(engine(f.runs.clone())),
-            f.cache.clone(),
-            f.clock.clone(),
-            f.executions.clone(),
-        )
-        .with_materializations(Arc::new(states(at)), Arc::new(results(fail, reads.clone())));
+            engine: Arc::new(engine(f.runs.clone())),
+            cache: f.cache.clone(),
+            clock: f.clock.clone(),
+            executions: f.executions.clone(),
+            materializations: Materializations {
+                states: Arc::new(states(at)),
+                results: Arc::new(results(fail, reads.clone())),
+            },
+        });
         (f, reads)
     }
 

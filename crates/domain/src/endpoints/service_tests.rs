@@ -4,10 +4,12 @@ use mockall::predicate::{always, eq};
 use serde_json::{json, Value};
 use time::macros::datetime;
 
+use super::super::ports::{MockEndpointChanges, MockEndpointStore};
 use super::*;
-use crate::endpoint::{Column, ColumnType};
-use crate::ports::{EngineError, MockClock, MockEndpointStore, MockQueryEngine, StoreError};
-use crate::Timestamp;
+use crate::clock::{MockClock, Timestamp};
+use crate::error::EngineError;
+use crate::materialization::{MockMaterializationStore, MockMaterializedResults};
+use crate::query::{Column, ColumnType, MockQueryEngine, QueryDescription};
 
 const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
 
@@ -31,12 +33,34 @@ fn describing_engine() -> MockQueryEngine {
     engine
 }
 
-fn description() -> crate::ports::QueryDescription {
-    crate::ports::QueryDescription { columns: columns(), outline: Default::default() }
+fn description() -> QueryDescription {
+    QueryDescription { columns: columns(), outline: Default::default() }
+}
+
+/// The service over `store` and `engine`, with the collaborators most tests do not look at: no materialization
+/// record, stored results removed, changes heard.
+fn deps(store: MockEndpointStore, engine: MockQueryEngine) -> EndpointDeps {
+    let store = Arc::new(store);
+    let mut states = MockMaterializationStore::new();
+    states.expect_get().returning(|_| Ok(None));
+    states.expect_get_many().returning(|_| Ok(Vec::new()));
+    states.expect_reschedule().returning(|_, _| Ok(()));
+    let mut results = MockMaterializedResults::new();
+    results.expect_remove().returning(|_, _| Ok(()));
+    let mut changes = MockEndpointChanges::new();
+    changes.expect_changed().return_const(());
+    EndpointDeps {
+        executions: Arc::new(ExecutionTracker::new(store.clone())),
+        store,
+        engine: Arc::new(engine),
+        clock: clock(),
+        materializations: Materializations { states: Arc::new(states), results: Arc::new(results) },
+        changes: Arc::new(changes),
+    }
 }
 
 fn service(store: MockEndpointStore, engine: MockQueryEngine) -> EndpointService {
-    EndpointService::new(Arc::new(store), Arc::new(engine), clock())
+    EndpointService::new(deps(store, engine))
 }
 
 /// A store whose insert echoes what it is given, as a real store would.
@@ -86,7 +110,7 @@ fn existing() -> Endpoint {
         description: "old".into(),
         query,
         columns: columns(),
-        eligibility: crate::Eligibility::Eligible { filters: vec![] },
+        eligibility: Eligibility::Eligible { filters: vec![] },
         derived_from_insight: None,
         is_active: true,
         is_materialized: false,
@@ -329,10 +353,31 @@ async fn list_parses_paging_and_filters() {
     }
 }
 
+#[tokio::test]
+async fn every_saved_update_and_delete_is_told_to_what_this_process_keeps() {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(|_, _| Ok(existing()));
+    store
+        .expect_update()
+        .times(1)
+        .returning(|_, _, _, _| Ok(Endpoint { description: "new".into(), ..existing() }));
+    store.expect_delete().times(1).returning(|_, _| Ok(Uuid::nil()));
+    let mut changes = MockEndpointChanges::new();
+    let daily = EndpointName::parse("daily").unwrap();
+    changes.expect_changed().with(eq(project()), eq(daily)).times(2).return_const(());
+    let service = EndpointService::new(EndpointDeps {
+        changes: Arc::new(changes),
+        ..deps(store, MockQueryEngine::new())
+    });
+    // A body that changes nothing saves nothing, so nothing kept is stale.
+    service.update(project(), "daily", &json!({"description": "old"})).await.unwrap();
+    service.update(project(), "daily", &json!({"description": "new"})).await.unwrap();
+    service.delete(project(), "daily").await.unwrap();
+}
+
 mod materialization {
     use super::*;
-    use crate::materialization::{QueryOutline, VariablePredicate};
-    use crate::ports::{MockMaterializationStore, MockMaterializedResults, QueryDescription};
+    use crate::query::{CompareOp, QueryOutline, VariablePredicate};
 
     /// An engine whose every query has an outermost LIMIT.
     fn limited_engine() -> MockQueryEngine {
@@ -356,8 +401,12 @@ mod materialization {
             removed.lock().unwrap().push(location.to_owned());
             Ok(())
         });
-        service(store, engine)
-            .with_materializations(Arc::new(MockMaterializationStore::new()), Arc::new(results))
+        let deps = deps(store, engine);
+        let states = Arc::clone(&deps.materializations.states);
+        EndpointService::new(EndpointDeps {
+            materializations: Materializations { states, results: Arc::new(results) },
+            ..deps
+        })
     }
 
     #[tokio::test]
@@ -379,7 +428,7 @@ mod materialization {
         engine.expect_describe().returning(|_, _| {
             let predicate = VariablePredicate {
                 variable: "v".into(),
-                op: crate::materialization::CompareOp::Eq,
+                op: CompareOp::Eq,
                 output_column: None,
                 group_key: false,
             };

@@ -8,46 +8,38 @@ use std::time::{Duration, Instant};
 use futures_util::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use serde_json::{Map, Value};
 use tracing::warn;
-use uuid::Uuid;
 
-use crate::auth::ProjectId;
-use crate::endpoint::EndpointVersion;
-use crate::endpoint::{Endpoint, EndpointName};
-use crate::error::Error;
-use crate::executions::ExecutionTracker;
-use crate::materialization::{Eligibility, StoredResult};
-use crate::ports::{
-    CacheKey, CachedRun, Clock, EndpointStore, MaterializationStore, Materializations, MaterializedResults,
-    QueryEngine, ResultCache, StoreError,
-};
-use crate::run::{bind, BoundValue, QueryResult, Refresh, RunRequest};
-use crate::Timestamp;
-
-/// What a run answers: the result (or none for `force_cache` without a cached one) and how it was obtained.
-#[derive(Debug, Clone)]
-pub struct RunOutcome {
-    pub name: EndpointName,
-    pub run: Option<Arc<CachedRun>>,
-    pub is_cached: bool,
-    pub endpoint_materialized: bool,
-    pub execution_id: Uuid,
-    pub client_query_id: Option<String>,
-    pub limit: u32,
-    pub offset: u64,
-    /// Wall time spent in the service for this request.
-    pub total: Duration,
-}
+use super::model::{CacheKey, CachedRun, Refresh, RunOutcome, RunRequest};
+use super::ports::ResultCache;
+use crate::access::ProjectId;
+use crate::clock::Clock;
+use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
+use crate::error::{Error, StoreError};
+use crate::materialization::{Eligibility, Materializations, StoredResult};
+use crate::query::{bind, BoundValue, QueryEngine, QueryResult};
 
 type RunFuture = BoxFuture<'static, Result<Arc<CachedRun>, Arc<Error>>>;
+
+/// What running works through.
+pub struct RunDeps {
+    pub store: Arc<dyn EndpointStore>,
+    pub engine: Arc<dyn QueryEngine>,
+    pub cache: Arc<dyn ResultCache>,
+    pub clock: Arc<dyn Clock>,
+    /// Every run is noted here (memory only); the last-execution-times lookup reads it.
+    pub executions: Arc<ExecutionTracker>,
+    /// `blocking` and `force_cache` runs of materialized endpoints read their stored results.
+    pub materializations: Materializations,
+}
 
 /// Runs endpoints.
 pub struct RunService {
     store: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
     cache: Arc<dyn ResultCache>,
-    clock: Arc<dyn Clock>,
-    executions: Arc<ExecutionTracker>,
-    materializations: Option<Materializations>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) executions: Arc<ExecutionTracker>,
+    materializations: Materializations,
     /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
     /// the engine's work and its concurrency slot), and the next identical request starts afresh.
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
@@ -112,33 +104,17 @@ fn not_found(name: &str) -> Error {
 }
 
 impl RunService {
-    pub fn new(
-        store: Arc<dyn EndpointStore>,
-        engine: Arc<dyn QueryEngine>,
-        cache: Arc<dyn ResultCache>,
-        clock: Arc<dyn Clock>,
-        executions: Arc<ExecutionTracker>,
-    ) -> Self {
+    pub fn new(deps: RunDeps) -> Self {
+        let RunDeps { store, engine, cache, clock, executions, materializations } = deps;
         Self {
             store,
             engine,
             cache,
             clock,
             executions,
-            materializations: None,
+            materializations,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
         }
-    }
-
-    /// Serves `blocking` and `force_cache` runs of materialized endpoints from their stored results.
-    #[must_use]
-    pub fn with_materializations(
-        mut self,
-        states: Arc<dyn MaterializationStore>,
-        results: Arc<dyn MaterializedResults>,
-    ) -> Self {
-        self.materializations = Some(Materializations { states, results });
-        self
     }
 
     /// Runs an endpoint. A fresh cached result is served without touching the store or the engine.
@@ -286,7 +262,7 @@ struct Context {
     engine: Arc<dyn QueryEngine>,
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
-    materializations: Option<Materializations>,
+    materializations: Materializations,
 }
 
 impl Context {
@@ -310,7 +286,7 @@ impl Context {
         variables: &BTreeMap<String, BoundValue>,
         request: &RunRequest,
     ) -> Option<(QueryResult, StoredResult, Duration)> {
-        let Materializations { states, results } = self.materializations.as_ref()?;
+        let Materializations { states, results } = &self.materializations;
         let period = endpoint.sync_frequency?.period();
         let state = match states.get(endpoint.id).await {
             Ok(state) => state?,
@@ -411,91 +387,6 @@ async fn compute(
     Ok(run)
 }
 
-/// The answer of a last-execution-times lookup.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LastExecutions {
-    pub id: Uuid,
-    /// Names that ran in the window, with their last time, ordered by name.
-    pub results: Vec<(EndpointName, Timestamp)>,
-    pub names_requested: usize,
-    /// Rows the store returned for the lookup.
-    pub rows_read: u64,
-    /// Bytes of the names and times read.
-    pub bytes_read: u64,
-    pub start_time: Timestamp,
-    pub end_time: Timestamp,
-    pub elapsed: Duration,
-}
-
-/// The most names one lookup accepts.
-pub const MAX_NAMES: usize = 1000;
-
-/// The same instant six calendar months earlier (the day clamped to the month's length).
-pub fn six_months_before(now: Timestamp) -> Timestamp {
-    let mut year = now.year();
-    let mut month = i32::from(u8::from(now.month())) - 6;
-    if month <= 0 {
-        month += 12;
-        year -= 1;
-    }
-    let month = u8::try_from(month).ok().and_then(|m| time::Month::try_from(m).ok()).unwrap_or(now.month());
-    let day = now.day().min(month.length(year));
-    time::Date::from_calendar_date(year, month, day).map_or(now, |date| now.replace_date(date))
-}
-
-fn parse_names(body: &Value) -> Result<Vec<EndpointName>, Error> {
-    let fields = crate::fields::Fields::new(body, &["names"])?;
-    let invalid = |detail: String| Error::Invalid(crate::error::Invalid::field("names", detail));
-    let items = match fields.get("names") {
-        None | Some(Value::Null) => return Err(crate::error::Invalid::required("names").into()),
-        Some(Value::Array(items)) => items,
-        Some(_) => return Err(invalid("names must be an array of endpoint names.".into())),
-    };
-    if items.is_empty() || items.len() > MAX_NAMES {
-        return Err(invalid(format!("names must hold between 1 and {MAX_NAMES} endpoint names.")));
-    }
-    let mut names = Vec::with_capacity(items.len());
-    for item in items {
-        let raw = item.as_str().ok_or_else(|| invalid("names must be an array of strings.".into()))?;
-        let name = EndpointName::parse(raw)
-            .map_err(|_| invalid(format!("'{raw}' is not a valid endpoint name.")))?;
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    Ok(names)
-}
-
-impl RunService {
-    /// Last execution times within the past six months of the listed endpoints; unknown names and older runs
-    /// are left out.
-    ///
-    /// # Errors
-    /// [`Error::Invalid`] (attr `names`) for a missing, empty, oversized or malformed list; store failures.
-    pub async fn last_execution_times(
-        &self,
-        project: ProjectId,
-        body: &Value,
-    ) -> Result<LastExecutions, Error> {
-        let names = parse_names(body)?;
-        let started = Instant::now();
-        let start_time = self.clock.now();
-        let since = six_months_before(start_time);
-        let (results, rows_read) = self.executions.last_executed(project, &names, since).await?;
-        let bytes_read = results.iter().map(|(name, _)| name.as_str().len() as u64 + 8).sum();
-        Ok(LastExecutions {
-            id: Uuid::new_v4(),
-            results,
-            names_requested: names.len(),
-            rows_read,
-            bytes_read,
-            start_time,
-            end_time: self.clock.now(),
-            elapsed: started.elapsed(),
-        })
-    }
-}
-
 #[cfg(test)]
-#[path = "run_service_tests.rs"]
+#[path = "service_tests.rs"]
 mod tests;

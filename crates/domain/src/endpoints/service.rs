@@ -5,19 +5,17 @@ use std::sync::Arc;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::auth::ProjectId;
-use crate::endpoint::{Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
-use crate::error::{Error, Invalid};
-use crate::executions::ExecutionTracker;
+use super::executions::ExecutionTracker;
+use super::model::{Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
+use super::ports::{EndpointChanges, EndpointStore};
+use super::settings::{CacheAge, SyncFrequency};
+use crate::access::ProjectId;
+use crate::clock::Clock;
+use crate::error::{Error, Invalid, StoreError};
 use crate::fields::{parse_bool_param, Fields};
-use crate::materialization::{endpoint_location, Eligibility, MaterializationView};
+use crate::materialization::{endpoint_location, Eligibility, MaterializationView, Materializations};
 use crate::page::{Page, PageRequest};
-use crate::ports::{
-    Clock, EndpointStore, MaterializationStore, Materializations, MaterializedResults, QueryEngine,
-    ResultCache,
-};
-use crate::query::Query;
-use crate::settings::{CacheAge, SyncFrequency};
+use crate::query::{Query, QueryEngine};
 
 /// The fields a create or update body may carry.
 pub const ENDPOINT_FIELDS: [&str; 8] = [
@@ -41,13 +39,28 @@ pub struct ListParams<'a> {
     pub search: Option<&'a str>,
 }
 
+/// What the endpoint rules work through.
+pub struct EndpointDeps {
+    pub store: Arc<dyn EndpointStore>,
+    /// Plans every new query, for its columns and whether it can be materialized.
+    pub engine: Arc<dyn QueryEngine>,
+    pub clock: Arc<dyn Clock>,
+    /// Records are read for the status; stored results go with the endpoint or its materialization.
+    pub materializations: Materializations,
+    /// Runs not yet written to the store show in the record; a deleted endpoint's are dropped.
+    pub executions: Arc<ExecutionTracker>,
+    /// Told of each update and delete, so this process's cached runs of the endpoint go at once.
+    pub changes: Arc<dyn EndpointChanges>,
+}
+
+/// Creating, listing, reading, changing and deleting endpoints, and reading their versions.
 pub struct EndpointService {
     store: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
     clock: Arc<dyn Clock>,
-    cache: Option<Arc<dyn ResultCache>>,
-    executions: Option<Arc<ExecutionTracker>>,
-    materializations: Option<Materializations>,
+    materializations: Materializations,
+    executions: Arc<ExecutionTracker>,
+    changes: Arc<dyn EndpointChanges>,
 }
 
 /// A name from a path: one that cannot be valid cannot exist either, so it is a 404, not a 400.
@@ -70,7 +83,7 @@ fn cache_age_field(fields: &Fields<'_>) -> Result<Option<CacheAge>, Invalid> {
     fields.nullable_int("cache_age_seconds")?.map(CacheAge::new).transpose()
 }
 
-/// Materialization needs an active endpoint and a query the rule accepts (contract section 7).
+/// Materialization needs an active endpoint and a query the materialization rule accepts.
 fn check_materializable(is_active: bool, eligibility: &Eligibility) -> Result<(), Invalid> {
     if !is_active {
         return Err(Invalid::field(
@@ -94,25 +107,15 @@ fn sync_needs_materialization() -> Invalid {
 }
 
 impl EndpointService {
-    pub fn new(store: Arc<dyn EndpointStore>, engine: Arc<dyn QueryEngine>, clock: Arc<dyn Clock>) -> Self {
-        Self { store, engine, clock, cache: None, executions: None, materializations: None }
-    }
-
-    /// Connects materialization: records and stored results are read for status and removed with the endpoint.
-    #[must_use]
-    pub fn with_materializations(
-        mut self,
-        states: Arc<dyn MaterializationStore>,
-        results: Arc<dyn MaterializedResults>,
-    ) -> Self {
-        self.materializations = Some(Materializations { states, results });
-        self
+    pub fn new(deps: EndpointDeps) -> Self {
+        let EndpointDeps { store, engine, clock, materializations, executions, changes } = deps;
+        Self { store, engine, clock, materializations, executions, changes }
     }
 
     /// The endpoint with its materialization record, when it is materialized.
-    async fn with_materialization(&self, mut endpoint: Endpoint) -> Result<Endpoint, Error> {
-        if let (true, Some(m)) = (endpoint.is_materialized, &self.materializations) {
-            endpoint.materialization = m.states.get(endpoint.id).await?;
+    async fn materialization_attached(&self, mut endpoint: Endpoint) -> Result<Endpoint, Error> {
+        if endpoint.is_materialized {
+            endpoint.materialization = self.materializations.states.get(endpoint.id).await?;
         }
         Ok(endpoint)
     }
@@ -129,15 +132,13 @@ impl EndpointService {
 
     /// Removes an endpoint's stored results (the store removed its record with the change that turned
     /// materialization off, or with the endpoint). A failure is logged and left to the worker's sweep.
-    async fn drop_stored_results(&self, project: ProjectId, id: uuid::Uuid, name: &EndpointName) {
-        if let Some(m) = &self.materializations {
-            if let Err(err) = m.results.remove(project, &endpoint_location(id)).await {
-                tracing::warn!(endpoint = %name, error = %err, "cannot remove stored results; the sweep will");
-            }
+    async fn drop_stored_results(&self, project: ProjectId, id: Uuid, name: &EndpointName) {
+        if let Err(err) = self.materializations.results.remove(project, &endpoint_location(id)).await {
+            tracing::warn!(endpoint = %name, error = %err, "cannot remove stored results; the sweep will");
         }
     }
 
-    /// Row 6: the materialization status of the endpoint's current version.
+    /// The materialization status of the endpoint's current version.
     ///
     /// # Errors
     /// [`Error::NotFound`]; store and engine failures.
@@ -158,30 +159,14 @@ impl EndpointService {
         Ok(MaterializationView::of(&endpoint, endpoint.materialization.as_ref()))
     }
 
-    /// Connects the run side: updates and deletes invalidate cached runs, records show pending execution times.
-    #[must_use]
-    pub fn with_runs(mut self, cache: Arc<dyn ResultCache>, executions: Arc<ExecutionTracker>) -> Self {
-        self.cache = Some(cache);
-        self.executions = Some(executions);
-        self
-    }
-
     /// The record with the newest execution time, including one not yet flushed to the store.
-    fn with_pending_execution(&self, mut endpoint: Endpoint) -> Endpoint {
-        if let Some(pending) =
-            self.executions.as_ref().and_then(|e| e.pending(endpoint.project_id, &endpoint.name))
-        {
+    fn newest_execution(&self, mut endpoint: Endpoint) -> Endpoint {
+        if let Some(pending) = self.executions.pending(endpoint.project_id, &endpoint.name) {
             if endpoint.last_executed_at.is_none_or(|stored| stored < pending) {
                 endpoint.last_executed_at = Some(pending);
             }
         }
         endpoint
-    }
-
-    fn invalidate(&self, project: ProjectId, name: &EndpointName) {
-        if let Some(cache) = &self.cache {
-            cache.invalidate(project, name);
-        }
     }
 
     /// Creates an endpoint from a request body; its query becomes version 1.
@@ -227,7 +212,7 @@ impl EndpointService {
         }
         let created =
             self.store.insert(NewEndpoint { columns: description.columns, eligibility, ..endpoint }).await?;
-        self.with_materialization(created).await
+        self.materialization_attached(created).await
     }
 
     /// # Errors
@@ -243,17 +228,13 @@ impl EndpointService {
             search: params.search.map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned),
         };
         let mut page = self.store.list(project, &filter, page).await?;
-        page.items = page.items.into_iter().map(|e| self.with_pending_execution(e)).collect();
-        if let Some(m) = &self.materializations {
-            let ids: Vec<_> = page.items.iter().filter(|e| e.is_materialized).map(|e| e.id).collect();
-            if !ids.is_empty() {
-                let mut records = m.states.get_many(ids).await?;
-                for endpoint in page.items.iter_mut().filter(|e| e.is_materialized) {
-                    endpoint.materialization = records
-                        .iter()
-                        .position(|r| r.endpoint_id == endpoint.id)
-                        .map(|i| records.swap_remove(i));
-                }
+        page.items = page.items.into_iter().map(|e| self.newest_execution(e)).collect();
+        let ids: Vec<_> = page.items.iter().filter(|e| e.is_materialized).map(|e| e.id).collect();
+        if !ids.is_empty() {
+            let mut records = self.materializations.states.get_many(ids).await?;
+            for endpoint in page.items.iter_mut().filter(|e| e.is_materialized) {
+                endpoint.materialization =
+                    records.iter().position(|r| r.endpoint_id == endpoint.id).map(|i| records.swap_remove(i));
             }
         }
         Ok(page)
@@ -263,8 +244,8 @@ impl EndpointService {
     /// [`Error::NotFound`]; store failures.
     pub async fn get(&self, project: ProjectId, name: &str) -> Result<Endpoint, Error> {
         let name = path_name(name)?;
-        let endpoint = self.store.get(project, &name).await.map_err(|e| self.name_error(e, &name))?;
-        self.with_materialization(self.with_pending_execution(endpoint)).await
+        let endpoint = self.store.get(project, &name).await.map_err(|e| name_error(e, &name))?;
+        self.materialization_attached(self.newest_execution(endpoint)).await
     }
 
     /// Applies a partial update. Only a change of the query's canonical form makes a new version; a body that
@@ -276,7 +257,7 @@ impl EndpointService {
     pub async fn update(&self, project: ProjectId, name: &str, body: &Value) -> Result<Endpoint, Error> {
         let name = path_name(name)?;
         let fields = Fields::new(body, &ENDPOINT_FIELDS)?;
-        let current = self.store.get(project, &name).await.map_err(|e| self.name_error(e, &name))?;
+        let current = self.store.get(project, &name).await.map_err(|e| name_error(e, &name))?;
         if let Some(requested) = fields.nullable_string("name")? {
             if requested.as_deref() != Some(name.as_str()) {
                 return Err(Invalid::field(
@@ -314,7 +295,7 @@ impl EndpointService {
         }
         drop_unchanged(&mut change, &current);
         if change.is_empty() {
-            return self.with_materialization(current).await;
+            return self.materialization_attached(current).await;
         }
         let active = change.is_active.unwrap_or(current.is_active);
         if materialized
@@ -329,19 +310,17 @@ impl EndpointService {
         let rescheduled = materialized && current.is_materialized && change.sync_frequency.is_some();
         let at = self.clock.now();
         let updated =
-            self.store.update(project, &name, change, at).await.map_err(|e| self.name_error(e, &name))?;
-        self.invalidate(project, &name);
+            self.store.update(project, &name, change, at).await.map_err(|e| name_error(e, &name))?;
+        self.changes.changed(project, &name);
         if current.is_materialized && !updated.is_materialized {
             self.drop_stored_results(project, updated.id, &name).await;
         } else if rescheduled {
-            if let Some(m) = &self.materializations {
-                // The change is saved; a failure here only delays the refresh to the old schedule.
-                if let Err(err) = m.states.reschedule(updated.id, at).await {
-                    tracing::warn!(endpoint = %name, error = %err, "cannot reschedule the materialization");
-                }
+            // The change is saved; a failure here only delays the refresh to the old schedule.
+            if let Err(err) = self.materializations.states.reschedule(updated.id, at).await {
+                tracing::warn!(endpoint = %name, error = %err, "cannot reschedule the materialization");
             }
         }
-        self.with_materialization(self.with_pending_execution(updated)).await
+        self.materialization_attached(self.newest_execution(updated)).await
     }
 
     /// Deletes the endpoint with all its versions.
@@ -350,11 +329,9 @@ impl EndpointService {
     /// [`Error::NotFound`]; store failures.
     pub async fn delete(&self, project: ProjectId, name: &str) -> Result<(), Error> {
         let name = path_name(name)?;
-        let id = self.store.delete(project, &name).await.map_err(|e| self.name_error(e, &name))?;
-        self.invalidate(project, &name);
-        if let Some(executions) = &self.executions {
-            executions.forget(project, &name);
-        }
+        let id = self.store.delete(project, &name).await.map_err(|e| name_error(e, &name))?;
+        self.changes.changed(project, &name);
+        self.executions.forget(project, &name);
         // A refresh running now finds its claim gone at its next lease renewal (or when it finishes), stops and
         // removes what it wrote.
         self.drop_stored_results(project, id, &name).await;
@@ -374,7 +351,7 @@ impl EndpointService {
     ) -> Result<Page<EndpointVersion>, Error> {
         let name = path_name(name)?;
         let page = PageRequest::parse(limit, offset)?;
-        self.store.list_versions(project, &name, page).await.map_err(|e| self.name_error(e, &name))
+        self.store.list_versions(project, &name, page).await.map_err(|e| name_error(e, &name))
     }
 
     /// One version by its number as written in the path.
@@ -393,7 +370,7 @@ impl EndpointService {
             number.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
                 Invalid::field("version_number", "version_number must be a positive integer.")
             })?;
-        self.store.get_version(project, &name, number).await.map_err(|e| self.name_error(e, &name))
+        self.store.get_version(project, &name, number).await.map_err(|e| name_error(e, &name))
     }
 
     /// The endpoint with its current version, or the version named by a `?version=` parameter.
@@ -401,7 +378,7 @@ impl EndpointService {
     /// # Errors
     /// [`Error::Invalid`] (attr `version`) when the parameter is not a positive integer; [`Error::NotFound`] for an
     /// unknown endpoint or version; store failures.
-    pub async fn with_version(
+    pub async fn endpoint_version(
         &self,
         project: ProjectId,
         name: &str,
@@ -420,15 +397,16 @@ impl EndpointService {
             .store
             .get_version(project, &endpoint.name, number)
             .await
-            .map_err(|e| self.name_error(e, &endpoint.name))?;
+            .map_err(|e| name_error(e, &endpoint.name))?;
         Ok((endpoint, version))
     }
+}
 
-    fn name_error(&self, err: crate::ports::StoreError, name: &EndpointName) -> Error {
-        match err {
-            crate::ports::StoreError::NotFound => not_found(name.as_str()),
-            other => other.into(),
-        }
+/// A store error about a named endpoint: `NotFound` names it.
+fn name_error(err: StoreError, name: &EndpointName) -> Error {
+    match err {
+        StoreError::NotFound => not_found(name.as_str()),
+        other => other.into(),
     }
 }
 

@@ -1,0 +1,162 @@
+//! Projects, API keys and scopes: who may call what, and how a key's secret is shaped and stored.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::clock::Timestamp;
+use crate::error::Invalid;
+
+/// A project's id: a positive integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProjectId(i64);
+
+impl ProjectId {
+    /// # Errors
+    /// [`Invalid`] (attr `project_id`) when the id is not positive.
+    pub fn new(id: i64) -> Result<Self, Invalid> {
+        if id > 0 {
+            Ok(Self(id))
+        } else {
+            Err(Invalid::field("project_id", "project_id must be a positive integer."))
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ProjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Project {
+    pub id: ProjectId,
+    pub name: String,
+    pub created_at: Timestamp,
+}
+
+/// A permission carried by a key. `endpoint:write` implies `endpoint:read`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    EndpointRead,
+    EndpointWrite,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 2] = [Scope::EndpointRead, Scope::EndpointWrite];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::EndpointRead => "endpoint:read",
+            Scope::EndpointWrite => "endpoint:write",
+        }
+    }
+
+    /// # Errors
+    /// [`Invalid`] (attr `scope`) for an unknown scope name.
+    pub fn parse(raw: &str) -> Result<Self, Invalid> {
+        Self::ALL.into_iter().find(|s| s.as_str() == raw).ok_or_else(|| {
+            let known = Self::ALL.map(Self::as_str).join(", ");
+            Invalid::field("scope", format!("Unknown scope '{raw}'; known scopes: {known}."))
+        })
+    }
+
+    /// Whether holding `self` allows an operation that needs `needed`.
+    pub fn grants(self, needed: Scope) -> bool {
+        self == needed || (self == Scope::EndpointWrite && needed == Scope::EndpointRead)
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = Invalid;
+
+    fn from_str(raw: &str) -> Result<Self, Invalid> {
+        Self::parse(raw)
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stored API key. The secret itself is never stored, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    pub id: Uuid,
+    pub project_id: ProjectId,
+    pub label: String,
+    pub scopes: Vec<Scope>,
+    /// Lowercase hex SHA-256 of the full secret.
+    pub secret_hash: String,
+    /// The first characters of the secret, so an operator can tell keys apart.
+    pub prefix: String,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    pub revoked_at: Option<Timestamp>,
+}
+
+impl ApiKey {
+    pub fn is_usable_at(&self, now: Timestamp) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|exp| now < exp)
+    }
+}
+
+/// A key just created, with its secret: shown once, then gone.
+#[derive(Debug, Clone)]
+pub struct NewApiKey {
+    pub key: ApiKey,
+    pub secret: String,
+}
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub key_id: Uuid,
+    pub project_id: ProjectId,
+    pub scopes: Vec<Scope>,
+}
+
+/// Every key starts with this, so secret scanners can spot leaked keys.
+pub const KEY_PREFIX: &str = "phx_";
+/// Bytes of randomness in a key.
+pub(crate) const SECRET_BYTES: usize = 32;
+/// The alias of the key's own project in paths.
+pub const CURRENT_PROJECT: &str = "@current";
+
+/// How a key's secret is stored: its SHA-256 as 64 lowercase hex digits.
+pub fn hash_secret(secret: &str) -> String {
+    SecretHash::of(secret).as_str().to_owned()
+}
+
+/// A secret's SHA-256 as 64 lowercase hex digits, on the stack: authenticating a request allocates nothing
+/// for it.
+pub(crate) struct SecretHash([u8; 64]);
+
+impl SecretHash {
+    pub(crate) fn of(secret: &str) -> Self {
+        let mut text = [0_u8; 64];
+        // 32 bytes fill 64 digits exactly, so encoding cannot fail.
+        let _ = hex::encode_to_slice(Sha256::digest(secret.as_bytes()), &mut text);
+        Self(text)
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+/// Whether a bearer token has the shape of a key: the prefix and 64 lowercase hex digits.
+pub(crate) fn looks_like_key(token: &str) -> bool {
+    token.strip_prefix(KEY_PREFIX).is_some_and(|rest| {
+        rest.len() == SECRET_BYTES * 2
+            && rest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}

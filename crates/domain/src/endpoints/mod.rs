@@ -1,0 +1,19 @@
+//! Endpoints: named, versioned saved queries with their cache and sync settings, the store they live in, and
+//! the rules of creating, changing and deleting them. Last execution times are kept here too: they are part of
+//! the endpoint record.
+
+mod executions;
+mod model;
+mod ports;
+mod service;
+mod settings;
+
+pub use executions::ExecutionTracker;
+pub use model::{
+    ByEndpoint, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
+};
+pub use ports::{EndpointChanges, EndpointStore};
+#[cfg(any(test, feature = "mocks"))]
+pub use ports::{MockEndpointChanges, MockEndpointStore};
+pub use service::{EndpointDeps, EndpointService, ListParams, ENDPOINT_FIELDS};
+pub use settings::{CacheAge, SyncFrequency};

@@ -1,0 +1,15 @@
+//! Materialization: which queries can be stored as a pre-computed result, the records and stored results of
+//! those that are, and the refresh side that keeps them current.
+
+mod model;
+mod ports;
+mod service;
+
+pub use model::{
+    attempt_location, endpoint_location, Claim, Eligibility, MaterializationState, MaterializationStatus,
+    MaterializationView, MaterializedFilter, StoredResult, Switch,
+};
+pub use ports::{MaterializationStore, Materializations, MaterializedResults};
+#[cfg(any(test, feature = "mocks"))]
+pub use ports::{MockMaterializationStore, MockMaterializedResults};
+pub use service::{Materializer, MaterializerDeps, RefreshOutcome, RETRY_AFTER_FAILURE};

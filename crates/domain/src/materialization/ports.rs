@@ -1,0 +1,135 @@
+//! What materialization needs from outside: a store of materialization records (with leases for claims), and
+//! a place for stored results that the engine writes and reads.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::model::{Claim, MaterializationState, MaterializedFilter, StoredResult, Switch};
+use crate::access::ProjectId;
+use crate::clock::Timestamp;
+use crate::error::{EngineError, StoreError};
+use crate::query::{BoundValue, Query, QueryResult};
+
+/// Materialization records: which version each materialized endpoint has stored, where, and who refreshes it.
+///
+/// The endpoint row is the source of truth for whether an endpoint is materialized and at which version; this
+/// record follows it. Claims are leases: a claim is granted to one worker at a time, across processes sharing the
+/// database, and a lease that expires (its worker crashed) can be claimed again.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait MaterializationStore: Send + Sync {
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn get(&self, endpoint_id: Uuid) -> Result<Option<MaterializationState>, StoreError>;
+
+    /// The records of those endpoints that have one.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn get_many(&self, endpoint_ids: Vec<Uuid>) -> Result<Vec<MaterializationState>, StoreError>;
+
+    /// Claims up to `max` refreshes that are due at `now`: active materialized endpoints whose current version
+    /// has no record yet, whose record is for an older version, whose next run has come, or whose running
+    /// attempt's lease has expired. Each is marked Running with a new token, leased until `lease_until`.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn claim_due(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        max: usize,
+    ) -> Result<Vec<Claim>, StoreError>;
+
+    /// Extends a held lease; `false` when the claim is no longer held.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn renew(&self, endpoint_id: Uuid, token: Uuid, until: Timestamp) -> Result<bool, StoreError>;
+
+    /// Switches runs to a completed result, if the claim is still held.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn complete(
+        &self,
+        endpoint_id: Uuid,
+        token: Uuid,
+        result: StoredResult,
+        next_run_at: Timestamp,
+    ) -> Result<Switch, StoreError>;
+
+    /// Records a failed attempt, if the claim is still held; the previous result stays readable.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn fail(
+        &self,
+        endpoint_id: Uuid,
+        token: Uuid,
+        error: String,
+        next_run_at: Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Makes a record due at `at` (a changed frequency); a running attempt keeps its lease.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn reschedule(&self, endpoint_id: Uuid, at: Timestamp) -> Result<(), StoreError>;
+
+    /// Every record, for sweeping files no record refers to. Records are removed by the endpoint store with the
+    /// change that turns materialization off and with the endpoint.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn all(&self) -> Result<Vec<MaterializationState>, StoreError>;
+}
+
+/// Stored results: written from a query, read with filters and a page window, removed. Locations are relative
+/// to the project and made by [`attempt_location`](super::attempt_location).
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait MaterializedResults: Send + Sync {
+    /// Runs the query with its variable predicates removed and stores every row, in order, at `location`.
+    /// Returns the number of rows. A failed write leaves nothing at `location`.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidQuery`] when the query no longer plans or cannot be materialized;
+    /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`]; `Unavailable`, `Internal` (including I/O).
+    async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<u64, EngineError>;
+
+    /// The page `offset..offset+limit` of the stored rows that pass every filter, in stored order.
+    ///
+    /// # Errors
+    /// [`EngineError::Busy`], [`EngineError::Timeout`]; `Internal` when the result cannot be read.
+    async fn read(
+        &self,
+        project: ProjectId,
+        location: &str,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+        limit: u32,
+        offset: u64,
+    ) -> Result<QueryResult, EngineError>;
+
+    /// Removes a location, or with an endpoint's location every result of the endpoint. Removing what is not
+    /// there succeeds.
+    ///
+    /// # Errors
+    /// `Internal` on I/O failure.
+    async fn remove(&self, project: ProjectId, location: &str) -> Result<(), EngineError>;
+
+    /// Every result location present, with its project.
+    ///
+    /// # Errors
+    /// `Internal` on I/O failure.
+    async fn locations(&self) -> Result<Vec<(ProjectId, String)>, EngineError>;
+}
+
+/// The two ports materialization works through, held together by the services that use them.
+#[derive(Clone)]
+pub struct Materializations {
+    pub states: Arc<dyn MaterializationStore>,
+    pub results: Arc<dyn MaterializedResults>,
+}

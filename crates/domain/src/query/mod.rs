@@ -1,0 +1,18 @@
+//! Queries: the saved SQL with its typed variables, binding the values a run supplies, and what the engine
+//! tells of a query when it plans or runs it.
+
+mod binding;
+mod model;
+mod plan;
+mod ports;
+mod variables;
+
+pub use binding::{bind, coerce, BoundValue};
+pub use model::{is_variable_name, scan_placeholders, Placeholder, Query, QueryKind};
+pub use plan::{
+    Column, ColumnType, CompareOp, QueryDescription, QueryOutline, QueryResult, VariablePredicate,
+};
+#[cfg(any(test, feature = "mocks"))]
+pub use ports::MockQueryEngine;
+pub use ports::QueryEngine;
+pub use variables::{Variable, VariableType};

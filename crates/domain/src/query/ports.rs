@@ -1,0 +1,39 @@
+//! The query engine port: planning a query without running it, and running it with bound variables.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use super::binding::BoundValue;
+use super::model::Query;
+use super::plan::{QueryDescription, QueryResult};
+use crate::access::ProjectId;
+use crate::error::EngineError;
+
+/// Plans and runs queries over a project's tables.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait QueryEngine: Send + Sync {
+    /// Plans the query without running it and returns its output columns. Placeholders are planned as typed
+    /// parameters of their declared variables.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidQuery`] for SQL that is not one read-only statement, names an unknown table or column,
+    /// or has duplicate output column names; `Unavailable`, `Internal`.
+    async fn describe(&self, project: ProjectId, query: &Query) -> Result<QueryDescription, EngineError>;
+
+    /// Runs the query with its variables bound as typed parameters and returns the page `offset..offset+limit`
+    /// of its rows, with whether more rows follow.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidQuery`] when the query no longer plans (a table changed);
+    /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`], [`EngineError::Busy`]; `Unavailable`, `Internal`.
+    async fn execute(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, BoundValue>,
+        limit: u32,
+        offset: u64,
+    ) -> Result<QueryResult, EngineError>;
+}

@@ -1,0 +1,14 @@
+//! Runs: the run request and its refresh modes, the result cache, coalescing of identical computations,
+//! answers from stored results, and the last-execution-times lookup.
+
+mod last_executions;
+mod model;
+mod ports;
+mod service;
+
+pub use last_executions::{six_months_before, LastExecutions, MAX_NAMES};
+pub use model::{CacheKey, CachedRun, Refresh, RunOutcome, RunRequest};
+#[cfg(any(test, feature = "mocks"))]
+pub use ports::MockResultCache;
+pub use ports::ResultCache;
+pub use service::{RunDeps, RunService};

@@ -1,0 +1,103 @@
+//! Test support, for the domain's own tests and (with the `mocks` feature) for the adapters': a clock moved by
+//! hand, and fixtures of the records services read. Tests change what they need with struct update syntax.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use time::macros::datetime;
+use uuid::Uuid;
+
+use crate::access::{hash_secret, ApiKey, ProjectId, Scope};
+use crate::clock::{Clock, Timestamp};
+use crate::endpoints::{CacheAge, Endpoint, EndpointName, EndpointVersion};
+use crate::materialization::Eligibility;
+use crate::query::Query;
+
+/// The instant fixtures are made at, and a manual clock's usual start.
+pub const T0: Timestamp = datetime!(2026-11-22 10:00 UTC);
+
+/// A clock the test moves by hand.
+#[derive(Debug)]
+pub struct ManualClock(Mutex<Timestamp>);
+
+impl ManualClock {
+    pub fn new(at: Timestamp) -> Self {
+        Self(Mutex::new(at))
+    }
+
+    pub fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += by;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A project id; panics on one that is not positive.
+pub fn project(id: i64) -> ProjectId {
+    ProjectId::new(id).expect("a positive project id")
+}
+
+/// A live key of project 1 with the given secret, as the store holds it.
+pub fn api_key(secret: &str, scopes: Vec<Scope>) -> ApiKey {
+    ApiKey {
+        id: Uuid::nil(),
+        project_id: project(1),
+        label: "ci".into(),
+        scopes,
+        secret_hash: hash_secret(secret),
+        prefix: secret.chars().take(10).collect(),
+        created_at: T0,
+        expires_at: None,
+        revoked_at: None,
+    }
+}
+
+/// A query from its JSON form; panics on one that does not parse.
+pub fn query(json: serde_json::Value) -> Query {
+    Query::from_json(&json).expect("a valid query")
+}
+
+/// An active endpoint of project 1 at its first version, not materialized, with the default cache age and no
+/// recorded columns; its query can be materialized.
+pub fn endpoint(name: &str, query: Query) -> Endpoint {
+    Endpoint {
+        id: Uuid::nil(),
+        project_id: project(1),
+        name: EndpointName::parse(name).expect("a valid endpoint name"),
+        description: String::new(),
+        query,
+        derived_from_insight: None,
+        is_active: true,
+        is_materialized: false,
+        cache_age: CacheAge::default(),
+        sync_frequency: None,
+        current_version: 1,
+        versions_count: 1,
+        columns: Vec::new(),
+        created_at: T0,
+        updated_at: T0,
+        last_executed_at: None,
+        eligibility: Some(Eligibility::Eligible { filters: Vec::new() }),
+        materialization: None,
+    }
+}
+
+/// The endpoint's current version, as the store holds it.
+pub fn current_version(endpoint: &Endpoint) -> EndpointVersion {
+    EndpointVersion {
+        endpoint_id: endpoint.id,
+        version: endpoint.current_version,
+        query: endpoint.query.clone(),
+        description: endpoint.description.clone(),
+        columns: endpoint.columns.clone(),
+        cache_age: endpoint.cache_age,
+        sync_frequency: endpoint.sync_frequency,
+        created_at: endpoint.updated_at,
+        is_current: true,
+        eligibility: endpoint.eligibility.clone(),
+    }
+}
