@@ -1,11 +1,129 @@
-//! One error type for every response that is not a success, rendered as
-//! `{"type", "code", "detail", "attr"}` with the status contract section 2 gives it.
+//! Every answer that is not a success: one table of error codes, each with its status and `type`, and one error
+//! type that renders as `{"type", "code", "detail", "attr"}`.
+
+use std::borrow::Cow;
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use domain::{Error, Invalid};
+use domain::{Error, Invalid, Violation};
 use serde::Serialize;
+use utoipa::ToSchema;
+
+/// What kind of failure an error is: the `type` of the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    ValidationError,
+    AuthenticationError,
+    PermissionDenied,
+    NotFound,
+    Conflict,
+    Throttled,
+    QueryError,
+    ServerError,
+}
+
+/// Declares [`Code`] from one table: each code with its status, its `type` and when it is answered. A code is
+/// written as its variant's name in snake case; the table repeats it where people read it, and a test holds
+/// the two together.
+macro_rules! error_codes {
+    ($($variant:ident = ($code:literal, $status:literal, $kind:ident, $when:literal),)*) => {
+        /// A stable machine code: the `code` of an error body.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum Code {
+            $(#[doc = $when] $variant,)*
+        }
+
+        impl Code {
+            /// Every code, in the order of the table.
+            pub const ALL: &[Code] = &[$(Code::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(Code::$variant => $code,)* }
+            }
+
+            pub fn status(self) -> StatusCode {
+                let status = match self { $(Code::$variant => $status,)* };
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
+
+            pub fn kind(self) -> ErrorType {
+                match self { $(Code::$variant => ErrorType::$kind,)* }
+            }
+
+            /// When the code is answered, for the documentation.
+            pub fn when(self) -> &'static str {
+                match self { $(Code::$variant => $when,)* }
+            }
+        }
+    };
+}
+
+error_codes! {
+    Invalid = ("invalid", 400, ValidationError,
+        "a field breaks a rule; `attr` names it (dotted: `query.variables.day.default`)"),
+    Required = ("required", 400, ValidationError, "a field that must be sent is missing; `attr` names it"),
+    UnknownVariable = ("unknown_variable", 400, ValidationError,
+        "a run names a variable the query does not declare, or the query a placeholder it does not declare"),
+    ParseError = ("parse_error", 400, ValidationError, "the body is not valid JSON"),
+    QueryTimeout = ("query_timeout", 400, QueryError,
+        "the query passed its time limit (default 30 s) and was cancelled"),
+    QueryMemoryLimit = ("query_memory_limit", 400, QueryError,
+        "the query needed more memory than its limit (default 512 MiB)"),
+    ResultTooLarge = ("result_too_large", 400, QueryError,
+        "the page of rows is over `--max-result-mb` (32 MiB of JSON); `attr: limit`"),
+    NotAuthenticated = ("not_authenticated", 401, AuthenticationError,
+        "no key, or a malformed, unknown, revoked or expired one; with `WWW-Authenticate: Bearer`"),
+    PermissionDenied = ("permission_denied", 403, PermissionDenied,
+        "the key lacks the scope (the detail names it) or belongs to another project"),
+    NotFound = ("not_found", 404, NotFound, "unknown endpoint, version or path"),
+    MethodNotAllowed = ("method_not_allowed", 405, ValidationError,
+        "the method is not served on this path; `Allow` lists those that are"),
+    RequestTimeout = ("request_timeout", 408, ValidationError,
+        "the request's head or body did not arrive within `--client-timeout-secs` (10 s)"),
+    Unique = ("unique", 409, Conflict, "`name` is already used in the project; `attr: name`"),
+    PayloadTooLarge = ("payload_too_large", 413, ValidationError, "the body is over 1 MiB"),
+    UnsupportedMediaType = ("unsupported_media_type", 415, ValidationError,
+        "a non-empty body that is not `application/json` (or `application/*+json`)"),
+    Throttled = ("throttled", 429, Throttled,
+        "the project already runs its maximum of live queries (default 4); `Retry-After` says when to retry"),
+    RateLimited = ("rate_limited", 429, Throttled,
+        "the key (default 100 requests/s, bursts of 200) or its project (500/s, bursts of 1,000) is over its \
+         request rate; `Retry-After` says when to retry"),
+    ClientClosedRequest = ("client_closed_request", 499, QueryError,
+        "the client closed the connection while its query ran; the query was cancelled and nobody reads this"),
+    Error = ("error", 500, ServerError, "a bug; the detail is generic and the cause is only logged"),
+    Unavailable = ("unavailable", 503, ServerError,
+        "the database or the engine cannot be reached; cached runs may still answer"),
+}
+
+impl From<Violation> for Code {
+    fn from(violation: Violation) -> Self {
+        match violation {
+            Violation::Invalid => Code::Invalid,
+            Violation::Required => Code::Required,
+            Violation::UnknownVariable => Code::UnknownVariable,
+        }
+    }
+}
+
+/// The body of every error answer.
+#[derive(Serialize, ToSchema)]
+#[schema(as = Error)]
+pub(crate) struct ErrorBody<'a> {
+    #[serde(rename = "type")]
+    #[schema(inline)]
+    kind: ErrorType,
+    #[schema(inline)]
+    code: Code,
+    /// A sentence for a person.
+    detail: &'a str,
+    /// The offending field as a dotted path (`variables.country`), or null.
+    #[schema(required = true)]
+    attr: Option<&'a str>,
+}
 
 /// An error response. Domain errors convert into it; the adapter adds its own HTTP-level ones.
 #[derive(Debug)]
@@ -33,152 +151,98 @@ pub enum ApiError {
     ClientClosed,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    code: &'a str,
-    detail: &'a str,
-    attr: Option<&'a str>,
-}
-
 impl ApiError {
     pub(crate) fn bad_query(err: &dyn std::fmt::Display) -> Self {
-        ApiError::Domain(Error::Invalid(Invalid {
-            attr: None,
-            code: "invalid",
-            detail: format!("The query string could not be read: {err}."),
-        }))
+        Invalid::whole(format!("The query string could not be read: {err}.")).into()
     }
 
-    fn parts(&self) -> (StatusCode, &'static str, &str, String, Option<&str>) {
+    pub fn code(&self) -> Code {
         match self {
             ApiError::Domain(err) => match err {
-                Error::Invalid(inv) => (
-                    StatusCode::BAD_REQUEST,
-                    "validation_error",
-                    inv.code,
-                    inv.detail.clone(),
-                    inv.attr.as_deref(),
-                ),
-                Error::NotAuthenticated(detail) => (
-                    StatusCode::UNAUTHORIZED,
-                    "authentication_error",
-                    "not_authenticated",
-                    detail.clone(),
-                    None,
-                ),
-                Error::PermissionDenied(detail) => {
-                    (StatusCode::FORBIDDEN, "permission_denied", "permission_denied", detail.clone(), None)
-                }
-                Error::NotFound(detail) => {
-                    (StatusCode::NOT_FOUND, "not_found", "not_found", detail.clone(), None)
-                }
-                Error::NameTaken(_) => {
-                    (StatusCode::CONFLICT, "conflict", "unique", err.to_string(), Some("name"))
-                }
-                Error::QueryTimeout(_) => {
-                    (StatusCode::BAD_REQUEST, "query_error", "query_timeout", err.to_string(), None)
-                }
-                Error::QueryMemoryLimit(_) => (
-                    StatusCode::BAD_REQUEST,
-                    "query_error",
-                    "query_memory_limit",
-                    format!("The query needed more memory than allowed: {err}"),
-                    None,
-                ),
-                Error::ResultTooLarge { .. } => (
-                    StatusCode::BAD_REQUEST,
-                    "query_error",
-                    "result_too_large",
-                    err.to_string(),
-                    Some("limit"),
-                ),
-                Error::Throttled { .. } => {
-                    (StatusCode::TOO_MANY_REQUESTS, "throttled", "throttled", err.to_string(), None)
-                }
-                Error::Unavailable(_) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "server_error",
-                    "unavailable",
-                    "A service this request depends on is unavailable. Try again shortly.".into(),
-                    None,
-                ),
-                Error::Internal(_) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    "error",
-                    "Something went wrong on our side. The error has been logged.".into(),
-                    None,
-                ),
+                Error::Invalid(invalid) => invalid.code.into(),
+                Error::NotAuthenticated(_) => Code::NotAuthenticated,
+                Error::PermissionDenied(_) => Code::PermissionDenied,
+                Error::NotFound(_) => Code::NotFound,
+                Error::NameTaken(_) => Code::Unique,
+                Error::QueryTimeout(_) => Code::QueryTimeout,
+                Error::QueryMemoryLimit(_) => Code::QueryMemoryLimit,
+                Error::ResultTooLarge { .. } => Code::ResultTooLarge,
+                Error::Throttled { .. } => Code::Throttled,
+                Error::Unavailable(_) => Code::Unavailable,
+                Error::Internal(_) => Code::Error,
             },
-            ApiError::PayloadTooLarge { limit } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "validation_error",
-                "payload_too_large",
-                format!("The request body exceeds the limit of {limit} bytes."),
-                None,
-            ),
-            ApiError::UnsupportedMediaType => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "validation_error",
-                "unsupported_media_type",
-                "The request body must be JSON, sent with 'Content-Type: application/json'.".into(),
-                None,
-            ),
-            ApiError::MalformedJson(reason) => (
-                StatusCode::BAD_REQUEST,
-                "validation_error",
-                "parse_error",
-                format!("The request body is not valid JSON: {reason}."),
-                None,
-            ),
-            ApiError::MethodNotAllowed { .. } => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                "validation_error",
-                "method_not_allowed",
-                "This method is not allowed on this path.".into(),
-                None,
-            ),
-            ApiError::RouteNotFound => (
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "not_found",
-                "There is nothing at this path.".into(),
-                None,
-            ),
-            ApiError::BodyTimeout { timeout } => (
-                StatusCode::REQUEST_TIMEOUT,
-                "validation_error",
-                "request_timeout",
-                format!("The request body did not arrive within {} s.", timeout.as_secs_f64()),
-                None,
-            ),
-            ApiError::RateLimited { scope, retry_after } => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "throttled",
-                "rate_limited",
-                format!(
-                    "Too many requests for this {}; retry after {} s.",
-                    if *scope == "key" { "API key" } else { "project" },
-                    retry_seconds(*retry_after)
-                ),
-                None,
-            ),
-            ApiError::ClientClosed => (
-                StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-                "query_error",
-                "client_closed_request",
-                "The client closed the connection; its query was cancelled.".into(),
-                None,
-            ),
+            ApiError::PayloadTooLarge { .. } => Code::PayloadTooLarge,
+            ApiError::UnsupportedMediaType => Code::UnsupportedMediaType,
+            ApiError::MalformedJson(_) => Code::ParseError,
+            ApiError::MethodNotAllowed { .. } => Code::MethodNotAllowed,
+            ApiError::RouteNotFound => Code::NotFound,
+            ApiError::BodyTimeout { .. } => Code::RequestTimeout,
+            ApiError::RateLimited { .. } => Code::RateLimited,
+            ApiError::ClientClosed => Code::ClientClosedRequest,
+        }
+    }
+
+    /// The sentence a client reads: never a cause chain, a path or SQL internals.
+    fn detail(&self) -> Cow<'_, str> {
+        match self {
+            ApiError::Domain(err) => match err {
+                Error::Invalid(invalid) => Cow::Borrowed(&invalid.detail),
+                Error::NotAuthenticated(detail)
+                | Error::PermissionDenied(detail)
+                | Error::NotFound(detail) => Cow::Borrowed(detail),
+                Error::QueryMemoryLimit(_) => {
+                    Cow::Owned(format!("The query needed more memory than allowed: {err}"))
+                }
+                Error::Unavailable(_) => {
+                    Cow::Borrowed("A service this request depends on is unavailable. Try again shortly.")
+                }
+                Error::Internal(_) => {
+                    Cow::Borrowed("Something went wrong on our side. The error has been logged.")
+                }
+                Error::NameTaken(_)
+                | Error::QueryTimeout(_)
+                | Error::ResultTooLarge { .. }
+                | Error::Throttled { .. } => Cow::Owned(err.to_string()),
+            },
+            ApiError::PayloadTooLarge { limit } => {
+                Cow::Owned(format!("The request body exceeds the limit of {limit} bytes."))
+            }
+            ApiError::UnsupportedMediaType => {
+                Cow::Borrowed("The request body must be JSON, sent with 'Content-Type: application/json'.")
+            }
+            ApiError::MalformedJson(reason) => {
+                Cow::Owned(format!("The request body is not valid JSON: {reason}."))
+            }
+            ApiError::MethodNotAllowed { .. } => Cow::Borrowed("This method is not allowed on this path."),
+            ApiError::RouteNotFound => Cow::Borrowed("There is nothing at this path."),
+            ApiError::BodyTimeout { timeout } => {
+                Cow::Owned(format!("The request body did not arrive within {} s.", timeout.as_secs_f64()))
+            }
+            ApiError::RateLimited { scope, retry_after } => Cow::Owned(format!(
+                "Too many requests for this {}; retry after {} s.",
+                if *scope == "key" { "API key" } else { "project" },
+                retry_seconds(*retry_after)
+            )),
+            ApiError::ClientClosed => {
+                Cow::Borrowed("The client closed the connection; its query was cancelled.")
+            }
+        }
+    }
+
+    /// The offending field, when one is to blame.
+    fn attr(&self) -> Option<&str> {
+        match self {
+            ApiError::Domain(Error::Invalid(invalid)) => invalid.attr.as_deref(),
+            ApiError::Domain(Error::NameTaken(_)) => Some("name"),
+            ApiError::Domain(Error::ResultTooLarge { .. }) => Some("limit"),
+            _ => None,
         }
     }
 }
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.parts().3)
+        f.write_str(&self.detail())
     }
 }
 
@@ -213,15 +277,15 @@ fn chain(err: &dyn std::error::Error) -> String {
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
-        self.parts().0
+        self.code().status()
     }
 
     fn error_response(&self) -> HttpResponse {
-        let (status, kind, code, detail, attr) = self.parts();
+        let code = self.code();
         if let ApiError::Domain(err @ (Error::Internal(_) | Error::Unavailable(_))) = self {
-            tracing::error!(status = status.as_u16(), error = %chain(err), "request failed");
+            tracing::error!(status = code.status().as_u16(), error = %chain(err), "request failed");
         }
-        let mut response = HttpResponse::build(status);
+        let mut response = HttpResponse::build(code.status());
         match self {
             ApiError::Domain(Error::NotAuthenticated(_)) => {
                 response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
@@ -235,6 +299,47 @@ impl ResponseError for ApiError {
             }
             _ => {}
         }
-        response.json(Body { kind, code, detail: &detail, attr })
+        let detail = self.detail();
+        response.json(ErrorBody { kind: code.kind(), code, detail: &detail, attr: self.attr() })
+    }
+}
+
+/// The error table of `docs/api.md`, as this table gives it.
+#[cfg(test)]
+pub(crate) fn markdown_table() -> String {
+    let mut table = String::from("| Status | `type` | `code` | When |\n|---|---|---|---|\n");
+    for code in Code::ALL {
+        let kind = serde_json::to_value(code.kind()).unwrap_or_default();
+        table.push_str(&format!(
+            "| {} | `{}` | `{}` | {} |\n",
+            code.status().as_u16(),
+            kind.as_str().unwrap_or_default(),
+            code.as_str(),
+            code.when()
+        ));
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_is_written_as_its_table_says() {
+        for code in Code::ALL {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+        }
+        let names: std::collections::HashSet<_> = Code::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names.len(), Code::ALL.len(), "each code once");
+    }
+
+    /// The documentation's error table is this table: a code added, removed or changed here without the
+    /// documentation fails.
+    #[test]
+    fn the_documented_error_table_is_the_code_table() {
+        let doc = include_str!("../../../docs/api.md");
+        let table = markdown_table();
+        assert!(doc.contains(&table), "docs/api.md must hold the error table exactly as:\n{table}");
     }
 }

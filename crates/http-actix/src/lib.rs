@@ -1,18 +1,19 @@
 //! The HTTP adapter: actix-web routes for both path families, bearer-key authentication, JSON bodies with size
-//! and type checks, and one mapping from domain errors to statuses and the JSON error body.
+//! and type checks, the API's bodies as types with their OpenAPI schemas, and one table of error codes.
 //!
-//! Handlers parse the request, call one domain service method and render the result. No business rule lives
-//! here, and nothing here knows which store or engine sits behind the ports.
+//! Handlers are given an authorized caller (and body) by an extractor, call one domain service method and
+//! answer with one body type. No business rule lives here, and nothing here knows which store or engine sits
+//! behind the ports.
 
-mod body;
+mod api;
 mod disconnect;
 mod error;
+mod extract;
 mod handlers;
 mod normalize;
 mod openapi;
 mod operations;
 mod rate_limit;
-mod render;
 mod request_context;
 mod routes;
 mod service_doc;
@@ -26,7 +27,7 @@ use actix_web::{web, App};
 use domain::{ApiKeyService, EndpointService, RunService};
 
 pub use disconnect::on_connect;
-pub use error::ApiError;
+pub use error::{ApiError, Code, ErrorType};
 pub use operations::{Metrics, Operations, ReadinessCheck};
 pub use rate_limit::{Rate, RateLimitConfig, RateLimits};
 pub use request_context::RequestContext;

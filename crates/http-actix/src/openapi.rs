@@ -1,241 +1,185 @@
-//! Row 7: an OpenAPI 3.0.3 document for one endpoint version, built with a typed OpenAPI 3.0 model so that a
-//! generator can produce a typed client: variables become typed request fields, columns become typed row fields.
+//! An OpenAPI 3.0.3 document for one endpoint version, so that a generator can produce a typed client:
+//! variables become typed request fields, columns become typed row fields.
+//!
+//! The shapes are the service's own (`api`, `error`): the run request, the run answer and the error body are
+//! the schemas `/api/schema` publishes, with this endpoint's variables and columns typed in. Those schemas are
+//! written for OpenAPI 3.1, whose JSON Schema marks a nullable value with a `null` type; [`openapi_3_0`] turns
+//! them into 3.0's `nullable`, which generators of 3.0 clients read.
 
-use domain::endpoint::{ColumnType, Endpoint, EndpointVersion};
-use domain::{RunRequest, Variable, VariableType};
+use domain::{ColumnType, Endpoint, EndpointVersion, RunRequest, Variable, VariableType};
 use indexmap::IndexMap;
 use openapiv3::{
-    AdditionalProperties, ArrayType, BooleanType, Components, Info, IntegerFormat, IntegerType, MediaType,
-    NumberFormat, NumberType, ObjectType, OpenAPI, Operation, Parameter, ParameterData,
-    ParameterSchemaOrContent, PathItem, Paths, QueryStyle, ReferenceOr, RequestBody, Response, Responses,
-    Schema, SchemaData, SchemaKind, SecurityRequirement, SecurityScheme, Server, StatusCode, StringFormat,
-    StringType, Type, VariantOrUnknownOrEmpty,
+    Components, Info, MediaType, OpenAPI, Operation, Parameter, ParameterData, ParameterSchemaOrContent,
+    PathItem, Paths, QueryStyle, ReferenceOr, RequestBody, Response, Responses, Schema, SecurityRequirement,
+    SecurityScheme, Server, StatusCode,
 };
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use utoipa::openapi::schema::{ArrayBuilder, KnownFormat, ObjectBuilder, SchemaFormat, SchemaType, Type};
+use utoipa::openapi::RefOr;
+use utoipa::PartialSchema;
+
+use crate::api::requests::run_body;
+use crate::api::{names, RunAnswer};
+use crate::error::ErrorBody;
 
 const JSON: &str = "application/json";
 const BEARER: &str = "bearer";
 
-fn schema(kind: Type) -> Schema {
-    Schema { schema_data: SchemaData::default(), schema_kind: SchemaKind::Type(kind) }
-}
-
-fn described(mut schema: Schema, description: impl Into<String>) -> Schema {
-    schema.schema_data.description = Some(description.into());
-    schema
-}
-
-fn nullable(mut schema: Schema) -> Schema {
-    schema.schema_data.nullable = true;
-    schema
-}
-
-fn string() -> Schema {
-    schema(Type::String(StringType::default()))
-}
-
-fn formatted(format: StringFormat) -> Schema {
-    schema(Type::String(StringType {
-        format: VariantOrUnknownOrEmpty::Item(format),
-        ..StringType::default()
-    }))
-}
-
-/// `format: uuid`, a free-form format OpenAPI 3.0 allows.
-fn uuid() -> Schema {
-    schema(Type::String(StringType {
-        format: VariantOrUnknownOrEmpty::Unknown("uuid".into()),
-        ..StringType::default()
-    }))
-}
-
-fn integer() -> Schema {
-    schema(Type::Integer(IntegerType {
-        format: VariantOrUnknownOrEmpty::Item(IntegerFormat::Int64),
-        ..IntegerType::default()
-    }))
-}
-
-fn bounded_integer(minimum: i64, maximum: Option<i64>) -> Schema {
-    schema(Type::Integer(IntegerType {
-        format: VariantOrUnknownOrEmpty::Item(IntegerFormat::Int64),
-        minimum: Some(minimum),
-        maximum,
-        ..IntegerType::default()
-    }))
-}
-
-fn number() -> Schema {
-    schema(Type::Number(NumberType {
-        format: VariantOrUnknownOrEmpty::Item(NumberFormat::Double),
-        ..NumberType::default()
-    }))
-}
-
-fn boolean() -> Schema {
-    schema(Type::Boolean(BooleanType::default()))
-}
-
-fn array(items: Schema) -> Schema {
-    schema(Type::Array(ArrayType {
-        items: Some(ReferenceOr::boxed_item(items)),
-        min_items: None,
-        max_items: None,
-        unique_items: false,
-    }))
-}
-
-fn any() -> Schema {
-    Schema {
-        schema_data: SchemaData::default(),
-        schema_kind: SchemaKind::Any(openapiv3::AnySchema::default()),
+/// An OpenAPI 3.1 schema as OpenAPI 3.0 writes it: a `null` among the types becomes `nullable: true`, a
+/// `oneOf` with a `null` branch becomes its other branch made nullable, and keywords 3.0 does not know go.
+fn downgrade(value: &mut Value) {
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(downgrade),
+        Value::Object(object) => {
+            if let Some(Value::Array(types)) = object.get("type") {
+                let nullable = types.iter().any(|t| t == "null");
+                let others: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+                if let [only] = others.as_slice() {
+                    object.insert("type".into(), only.clone());
+                } else {
+                    object.remove("type");
+                }
+                if nullable {
+                    object.insert("nullable".into(), Value::Bool(true));
+                }
+            }
+            if let Some(Value::Array(branches)) = object.get("oneOf") {
+                let is_null = |b: &Value| b.get("type").is_some_and(|t| t == "null");
+                if branches.iter().any(is_null) {
+                    let others: Vec<Value> = branches.iter().filter(|b| !is_null(b)).cloned().collect();
+                    object.remove("oneOf");
+                    match others.as_slice() {
+                        [Value::Object(other)] if other.contains_key("$ref") => {
+                            object.insert("allOf".into(), Value::Array(others));
+                        }
+                        [Value::Object(other)] => {
+                            for (key, value) in other {
+                                object.entry(key.clone()).or_insert_with(|| value.clone());
+                            }
+                        }
+                        _ => {
+                            object.insert("oneOf".into(), Value::Array(others));
+                        }
+                    }
+                    object.insert("nullable".into(), Value::Bool(true));
+                }
+            }
+            object.remove("propertyNames");
+            object.remove("$schema");
+            object.values_mut().for_each(downgrade);
+        }
+        _ => {}
     }
 }
 
-/// An object with the given properties; `closed` forbids any other property.
-fn object(properties: Vec<(String, Schema)>, required: Vec<String>, closed: bool) -> Schema {
-    schema(Type::Object(ObjectType {
-        properties: properties.into_iter().map(|(name, s)| (name, ReferenceOr::boxed_item(s))).collect(),
-        required,
-        additional_properties: closed.then_some(AdditionalProperties::Any(false)),
-        ..ObjectType::default()
-    }))
-}
-
-fn enumeration(values: &[&str]) -> Schema {
-    schema(Type::String(StringType {
-        enumeration: values.iter().map(|v| Some((*v).to_owned())).collect(),
-        ..StringType::default()
-    }))
-}
-
-/// The schema of a variable's value, with its default and description.
-fn variable_schema(variable: &Variable) -> Schema {
-    let mut schema = match variable.variable_type {
-        VariableType::String => string(),
-        VariableType::Number => number(),
-        VariableType::Integer => integer(),
-        VariableType::Boolean => boolean(),
-        VariableType::Date => formatted(StringFormat::Date),
-        VariableType::DateTime => formatted(StringFormat::DateTime),
-        VariableType::List => array(string()),
-    };
-    schema.schema_data.default = variable.default.clone();
-    schema.schema_data.description = variable.description.clone();
-    schema
-}
-
-/// The schema of a result value of a column type; every value may be null.
-fn column_schema(column_type: ColumnType) -> Schema {
-    nullable(match column_type {
-        ColumnType::Integer => integer(),
-        ColumnType::Float | ColumnType::Decimal => number(),
-        ColumnType::String => string(),
-        ColumnType::Boolean => boolean(),
-        ColumnType::Date => formatted(StringFormat::Date),
-        ColumnType::Datetime => described(formatted(StringFormat::DateTime), "UTC"),
-        ColumnType::Array => array(any()),
-        ColumnType::Json => object(vec![], vec![], false),
-        ColumnType::Unknown => any(),
+/// A schema of the service's (OpenAPI 3.1) for this document (OpenAPI 3.0).
+fn openapi_3_0(schema: impl Into<RefOr<utoipa::openapi::Schema>>) -> Schema {
+    let mut value = serde_json::to_value(schema.into()).unwrap_or(Value::Object(Map::new()));
+    downgrade(&mut value);
+    // Every schema the service builds is one OpenAPI 3.0 can say once downgraded; an empty schema (any value)
+    // is the safe reading of one that could not be.
+    serde_json::from_value(value).unwrap_or_else(|_| Schema {
+        schema_data: openapiv3::SchemaData::default(),
+        schema_kind: openapiv3::SchemaKind::Any(openapiv3::AnySchema::default()),
     })
 }
 
-fn variables_schema(version: &EndpointVersion) -> (Schema, bool) {
-    let variables = &version.query.variables;
-    let properties = variables.iter().map(|(name, v)| (name.clone(), variable_schema(v))).collect();
-    let required: Vec<String> =
-        variables.iter().filter(|(_, v)| v.required).map(|(name, _)| name.clone()).collect();
-    let any_required = !required.is_empty();
-    (object(properties, required, true), any_required)
+/// The schema of a variable's value in a body, with its default and description.
+fn variable_schema(variable: &Variable) -> RefOr<utoipa::openapi::Schema> {
+    let (default, description) = (variable.default.clone(), variable.description.clone());
+    let scalar = |kind: Type, format: Option<KnownFormat>| {
+        ObjectBuilder::new()
+            .schema_type(kind)
+            .format(format.map(SchemaFormat::KnownFormat))
+            .default(default.clone())
+            .description(description.clone())
+            .into()
+    };
+    match variable.variable_type {
+        VariableType::String => scalar(Type::String, None),
+        VariableType::Number => scalar(Type::Number, Some(KnownFormat::Double)),
+        VariableType::Integer => scalar(Type::Integer, Some(KnownFormat::Int64)),
+        VariableType::Boolean => scalar(Type::Boolean, None),
+        VariableType::Date => scalar(Type::String, Some(KnownFormat::Date)),
+        VariableType::DateTime => scalar(Type::String, Some(KnownFormat::DateTime)),
+        VariableType::List => ArrayBuilder::new()
+            .items(ObjectBuilder::new().schema_type(Type::String))
+            .default(default)
+            .description(description)
+            .into(),
+    }
 }
 
-const REFRESH: [&str; 4] = ["blocking", "force_blocking", "force_cache", "direct"];
+/// The schema of a result value of a column type; every value may be null.
+fn column_schema(column_type: ColumnType) -> RefOr<utoipa::openapi::Schema> {
+    let nullable = |kind: Type| SchemaType::from_iter([kind, Type::Null]);
+    let typed = |kind: Type, format: Option<KnownFormat>| {
+        ObjectBuilder::new().schema_type(nullable(kind)).format(format.map(SchemaFormat::KnownFormat))
+    };
+    match column_type {
+        ColumnType::Integer => typed(Type::Integer, Some(KnownFormat::Int64)).into(),
+        ColumnType::Float | ColumnType::Decimal => typed(Type::Number, Some(KnownFormat::Double)).into(),
+        ColumnType::String => typed(Type::String, None).into(),
+        ColumnType::Boolean => typed(Type::Boolean, None).into(),
+        ColumnType::Date => typed(Type::String, Some(KnownFormat::Date)).into(),
+        ColumnType::Datetime => {
+            typed(Type::String, Some(KnownFormat::DateTime)).description(Some("UTC")).into()
+        }
+        ColumnType::Array => {
+            ArrayBuilder::new().schema_type(nullable(Type::Array)).items(ObjectBuilder::new()).into()
+        }
+        ColumnType::Json => typed(Type::Object, None).into(),
+        ColumnType::Unknown => ObjectBuilder::new().into(),
+    }
+}
 
+/// The run request with this version's variables typed, closed to any other, required when one is.
 fn run_request_schema(version: &EndpointVersion) -> Schema {
-    let (variables, variables_required) = variables_schema(version);
-    let properties = vec![
-        ("variables".to_owned(), variables),
-        ("version".to_owned(), bounded_integer(1, None)),
-        ("limit".to_owned(), bounded_integer(1, Some(i64::from(RunRequest::MAX_LIMIT)))),
-        ("offset".to_owned(), bounded_integer(0, None)),
-        ("refresh".to_owned(), enumeration(&REFRESH)),
-        ("client_query_id".to_owned(), nullable(string())),
-    ];
-    let required = if variables_required { vec!["variables".to_owned()] } else { vec![] };
-    object(properties, required, true)
+    let variables = &version.query.variables;
+    let mut object = ObjectBuilder::new().schema_type(Type::Object).additional_properties(Some(
+        utoipa::openapi::schema::AdditionalProperties::<utoipa::openapi::Schema>::FreeForm(false),
+    ));
+    for (name, variable) in variables {
+        object = object.property(name, variable_schema(variable));
+        if variable.required {
+            object = object.required(name);
+        }
+    }
+    let mut body = run_body(object.into());
+    if any_required(version) {
+        body = body.required("variables");
+    }
+    openapi_3_0(body)
 }
 
-fn row_schema(version: &EndpointVersion) -> Schema {
-    let properties = version.columns.iter().map(|c| (c.name.clone(), column_schema(c.column_type))).collect();
-    let required = version.columns.iter().map(|c| c.name.clone()).collect();
-    object(properties, required, false)
+fn any_required(version: &EndpointVersion) -> bool {
+    version.query.variables.values().any(|v| v.required)
 }
 
+/// The run answer with `results` typed per column of this version.
 fn run_response_schema(version: &EndpointVersion) -> Schema {
-    let timings = object(vec![("total_ms".into(), number()), ("query_ms".into(), number())], vec![], false);
-    let properties = vec![
-        ("name".to_owned(), string()),
-        ("endpoint_version".to_owned(), nullable(integer())),
-        ("endpoint_version_created_at".to_owned(), nullable(formatted(StringFormat::DateTime))),
-        ("columns".to_owned(), array(string())),
-        ("types".to_owned(), array(array(string()))),
-        ("results".to_owned(), nullable(array(row_schema(version)))),
-        ("hasMore".to_owned(), boolean()),
-        ("limit".to_owned(), integer()),
-        ("offset".to_owned(), integer()),
-        ("is_cached".to_owned(), boolean()),
-        ("last_refresh".to_owned(), nullable(formatted(StringFormat::DateTime))),
-        ("cache_expires_at".to_owned(), nullable(formatted(StringFormat::DateTime))),
-        ("endpoint_materialized".to_owned(), boolean()),
-        ("endpoint_materialized_at".to_owned(), nullable(formatted(StringFormat::DateTime))),
-        ("execution_id".to_owned(), uuid()),
-        ("client_query_id".to_owned(), nullable(string())),
-        ("timings".to_owned(), timings),
-    ];
-    let required =
-        ["name", "columns", "types", "results", "hasMore", "limit", "offset", "is_cached", "execution_id"]
-            .map(str::to_owned)
-            .to_vec();
-    object(properties, required, false)
-}
-
-fn error_schema() -> Schema {
-    let kinds = [
-        "validation_error",
-        "authentication_error",
-        "permission_denied",
-        "not_found",
-        "conflict",
-        "throttled",
-        "query_error",
-        "server_error",
-    ];
-    object(
-        vec![
-            ("type".into(), enumeration(&kinds)),
-            ("code".into(), string()),
-            ("detail".into(), string()),
-            ("attr".into(), nullable(string())),
-        ],
-        ["type", "code", "detail", "attr"].map(str::to_owned).to_vec(),
-        false,
-    )
+    let mut row = ObjectBuilder::new().schema_type(Type::Object);
+    for column in &version.columns {
+        row = row.property(&column.name, column_schema(column.column_type)).required(&column.name);
+    }
+    openapi_3_0(RunAnswer::schema_with_rows(row.into()))
 }
 
 fn json_content(schema: ReferenceOr<Schema>) -> IndexMap<String, MediaType> {
     IndexMap::from([(JSON.to_owned(), MediaType { schema: Some(schema), ..MediaType::default() })])
 }
 
-fn responses(success: &str) -> Responses {
-    let error = || ReferenceOr::Reference { reference: "#/components/schemas/Error".into() };
+fn component(name: &str) -> ReferenceOr<Schema> {
+    ReferenceOr::Reference { reference: format!("#/components/schemas/{name}") }
+}
+
+fn responses() -> Responses {
     let mut responses = IndexMap::new();
     responses.insert(
         StatusCode::Code(200),
         ReferenceOr::Item(Response {
             description: "The page of rows.".into(),
-            content: json_content(ReferenceOr::Reference {
-                reference: format!("#/components/schemas/{success}"),
-            }),
+            content: json_content(component("RunResult")),
             ..Response::default()
         }),
     );
@@ -250,7 +194,7 @@ fn responses(success: &str) -> Responses {
             StatusCode::Code(code),
             ReferenceOr::Item(Response {
                 description: description.into(),
-                content: json_content(error()),
+                content: json_content(component("Error")),
                 ..Response::default()
             }),
         );
@@ -260,7 +204,7 @@ fn responses(success: &str) -> Responses {
 
 fn query_parameter(
     name: &str,
-    schema: Schema,
+    schema: impl Into<RefOr<utoipa::openapi::Schema>>,
     required: bool,
     description: Option<String>,
 ) -> ReferenceOr<Parameter> {
@@ -270,7 +214,7 @@ fn query_parameter(
             description,
             required,
             deprecated: None,
-            format: ParameterSchemaOrContent::Schema(ReferenceOr::Item(schema)),
+            format: ParameterSchemaOrContent::Schema(ReferenceOr::Item(openapi_3_0(schema))),
             example: None,
             examples: IndexMap::new(),
             explode: None,
@@ -287,55 +231,61 @@ pub(crate) fn operation_id(name: &str) -> String {
     format!("run_{}", name.replace('-', "_"))
 }
 
-/// The document for `version` of `endpoint`, served at `base_url`.
-pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url: &str) -> Value {
-    let name = endpoint.name.as_str();
-    let success = "RunResult";
-    let security = vec![SecurityRequirement::from([(BEARER.to_owned(), vec![])])];
-
+/// The parameters of a GET run: each variable (a list as comma-separated text), then the page and refresh.
+fn query_parameters(version: &EndpointVersion) -> Vec<ReferenceOr<Parameter>> {
     let mut parameters: Vec<ReferenceOr<Parameter>> = version
         .query
         .variables
         .iter()
         .map(|(var, v)| {
-            // Lists travel as comma-separated text in a query string.
-            let schema = if v.variable_type == VariableType::List {
-                described(string(), "Comma-separated values")
+            let schema: RefOr<utoipa::openapi::Schema> = if v.variable_type == VariableType::List {
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some("Comma-separated values"))
+                    .into()
             } else {
                 variable_schema(v)
             };
             query_parameter(&format!("variables.{var}"), schema, v.required, v.description.clone())
         })
         .collect();
-    parameters.push(query_parameter(
-        "limit",
-        bounded_integer(1, Some(i64::from(RunRequest::MAX_LIMIT))),
-        false,
-        None,
-    ));
-    parameters.push(query_parameter("offset", bounded_integer(0, None), false, None));
-    parameters.push(query_parameter("refresh", enumeration(&REFRESH), false, None));
+    let bounded = |min: i64, max: Option<i64>| {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(min))
+            .maximum(max)
+    };
+    parameters.push(query_parameter("limit", bounded(1, Some(RunRequest::MAX_LIMIT.into())), false, None));
+    parameters.push(query_parameter("offset", bounded(0, None), false, None));
+    parameters.push(query_parameter("refresh", names::refresh(), false, None));
+    parameters
+}
 
+/// The document for `version` of `endpoint`, served at `base_url`.
+pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url: &str) -> Value {
+    let name = endpoint.name.as_str();
+    let security = vec![SecurityRequirement::from([(BEARER.to_owned(), vec![])])];
+    let description = (!endpoint.description.is_empty()).then(|| endpoint.description.clone());
     let get = Operation {
         operation_id: Some(format!("{}_get", operation_id(name))),
         summary: Some(format!("Run {name} (variables in the query string)")),
-        parameters,
-        responses: responses(success),
+        parameters: query_parameters(version),
+        responses: responses(),
         security: Some(security.clone()),
         ..Operation::default()
     };
     let post = Operation {
         operation_id: Some(operation_id(name)),
         summary: Some(format!("Run {name}")),
-        description: (!endpoint.description.is_empty()).then(|| endpoint.description.clone()),
+        description: description.clone(),
         request_body: Some(ReferenceOr::Item(RequestBody {
-            content: json_content(ReferenceOr::Reference {
-                reference: "#/components/schemas/RunRequest".into(),
-            }),
-            required: true,
+            content: json_content(component("RunRequest")),
+            // An empty body runs with every default: a body is needed only to give a required variable.
+            required: any_required(version),
             ..RequestBody::default()
         })),
-        responses: responses(success),
+        responses: responses(),
         security: Some(security.clone()),
         ..Operation::default()
     };
@@ -359,14 +309,14 @@ pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url:
         }),
     );
     components.schemas.insert("RunRequest".into(), ReferenceOr::Item(run_request_schema(version)));
-    components.schemas.insert(success.into(), ReferenceOr::Item(run_response_schema(version)));
-    components.schemas.insert("Error".into(), ReferenceOr::Item(error_schema()));
+    components.schemas.insert("RunResult".into(), ReferenceOr::Item(run_response_schema(version)));
+    components.schemas.insert("Error".into(), ReferenceOr::Item(openapi_3_0(ErrorBody::schema())));
 
     let doc = OpenAPI {
         openapi: "3.0.3".into(),
         info: Info {
             title: name.to_owned(),
-            description: (!endpoint.description.is_empty()).then(|| endpoint.description.clone()),
+            description,
             version: version.version.to_string(),
             ..Info::default()
         },
@@ -377,4 +327,84 @@ pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url:
         ..OpenAPI::default()
     };
     serde_json::to_value(&doc).unwrap_or_else(|_| json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use domain::testing::{current_version, endpoint, query};
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn document_of(variables: Value) -> Value {
+        let endpoint = domain::Endpoint {
+            columns: vec![domain::Column { name: "n".into(), column_type: ColumnType::Integer }],
+            ..endpoint(
+                "daily-sales",
+                query(json!({"kind": "SQLQuery", "query": "SELECT 1 AS n", "variables": variables})),
+            )
+        };
+        document(&endpoint, &current_version(&endpoint), "http://localhost")
+    }
+
+    /// A schema is OpenAPI 3.0: one type name (never `null`), no 3.1 keywords, and so is every schema in it.
+    fn check_3_0(schema: &Value) {
+        let Some(object) = schema.as_object() else { return };
+        if let Some(kind) = object.get("type") {
+            assert!(kind.is_string() && kind != "null", "a 3.0 type is one name: {schema}");
+        }
+        assert!(!object.contains_key("propertyNames"), "{schema}");
+        for (key, value) in object {
+            match key.as_str() {
+                "properties" => value.as_object().into_iter().flat_map(|p| p.values()).for_each(check_3_0),
+                "items" | "additionalProperties" | "not" => check_3_0(value),
+                "allOf" | "oneOf" | "anyOf" => value.as_array().into_iter().flatten().for_each(check_3_0),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn the_body_is_required_only_when_a_variable_is() {
+        let defaults = document_of(json!({"n": {"type": "Integer", "default": 1}}));
+        let post = &defaults["paths"]["/api/projects/1/endpoints/daily-sales/run"]["post"];
+        assert_ne!(post["requestBody"]["required"], json!(true), "{post}");
+        assert_eq!(defaults["components"]["schemas"]["RunRequest"]["required"], Value::Null);
+
+        let required = document_of(json!({"n": {"type": "Integer"}}));
+        let post = &required["paths"]["/api/projects/1/endpoints/daily-sales/run"]["post"];
+        assert_eq!(post["requestBody"]["required"], json!(true));
+        assert_eq!(required["components"]["schemas"]["RunRequest"]["required"], json!(["variables"]));
+    }
+
+    #[test]
+    fn the_service_schemas_are_written_as_openapi_3_0() {
+        let doc = document_of(json!({"d": {"type": "Date"}, "l": {"type": "List", "default": ["a"]}}));
+        let schemas = &doc["components"]["schemas"];
+        schemas.as_object().unwrap().values().for_each(check_3_0);
+        for operation in
+            doc["paths"]["/api/projects/1/endpoints/daily-sales/run"].as_object().unwrap().values()
+        {
+            for parameter in operation["parameters"].as_array().into_iter().flatten() {
+                check_3_0(&parameter["schema"]);
+            }
+        }
+        let run = &schemas["RunResult"]["properties"];
+        assert_eq!(run["endpoint_version"]["nullable"], true);
+        assert_eq!(run["results"]["items"]["properties"]["n"]["nullable"], true);
+        assert_eq!(run["timings"]["properties"]["total_ms"]["type"], "number");
+        let error = &schemas["Error"]["properties"];
+        assert!(error["code"]["enum"].as_array().unwrap().iter().any(|c| c == "query_timeout"));
+        assert_eq!(error["attr"]["nullable"], true);
+        let variables = &schemas["RunRequest"]["properties"]["variables"];
+        assert_eq!(variables["properties"]["d"]["format"], "date");
+        assert_eq!(variables["properties"]["l"]["items"]["type"], "string");
+        assert_eq!(variables["additionalProperties"], false);
+        let refresh = &schemas["RunRequest"]["properties"]["refresh"];
+        assert_eq!(
+            (&refresh["enum"][0], &refresh["nullable"]),
+            (&json!("blocking"), &json!(true)),
+            "{refresh}"
+        );
+    }
 }

@@ -1,6 +1,6 @@
 //! The request each task serves, carrying a request id: the client's `X-Request-Id` when it sends a usable one,
 //! else a new one. The id is echoed in the response's `X-Request-Id`, so a client can quote it and an operator
-//! can find every log line of that request: the log formatters read [`RequestContext::with_current`].
+//! can find every log line of that request: the log formatters read [`RequestContext::current`].
 //!
 //! The same middleware times every request for the request metrics, labelled by the route's name, and writes
 //! the caller's rate-limit budget (left by authentication) into the response headers.
@@ -63,9 +63,9 @@ impl RequestContext {
         self.id.to_str().unwrap_or_default()
     }
 
-    /// Calls `f` with the request the current task is serving, or returns `None` outside of one (a background
-    /// task, a blocking thread, a command).
-    pub fn with_current<R>(f: impl FnOnce(&Self) -> R) -> Option<R> {
+    /// What `f` makes of the request the current task is serving, or `None` outside of one (a background task,
+    /// a blocking thread, a command).
+    pub fn current<R>(f: impl FnOnce(&Self) -> R) -> Option<R> {
         CURRENT.try_with(f).ok()
     }
 }

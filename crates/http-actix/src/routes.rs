@@ -56,9 +56,9 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                             .route(web::post().to(endpoints::create))
                             .default_service(web::to(not_allowed("GET, POST"))),
                     )
-                    // GET, PATCH and DELETE of this path reach the endpoint that happens to have this name (the
-                    // contract allows it); POST is row 12; any other method is refused with every method the
-                    // path answers.
+                    // POST looks up last execution times. `last_execution_times` is also a valid endpoint name,
+                    // so GET, PATCH and DELETE of this path reach the endpoint that has it; any other method is
+                    // refused with every method the path answers.
                     .service(
                         web::resource("/last_execution_times")
                             .name("last_execution_times")

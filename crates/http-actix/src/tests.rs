@@ -4,15 +4,12 @@ use std::sync::Arc;
 
 use actix_web::http::{header, Method, StatusCode};
 use actix_web::test::{call_service, init_service, read_body_json, TestRequest};
-use domain::auth::hash_secret;
-use domain::endpoint::{Column, ColumnType, Endpoint, EndpointVersion, NewEndpoint};
-use domain::ports::{
-    MockApiKeyStore, MockClock, MockEndpointStore, MockProjectStore, MockQueryEngine, MockResultCache,
-    StoreError,
-};
+use domain::testing::{api_key, current_version, endpoint, query};
 use domain::{
-    ApiKey, ApiKeyService, CacheAge, EndpointName, EndpointService, ExecutionTracker, Page, ProjectId, Query,
-    QueryResult, RunService, Scope,
+    ApiKeyService, Column, ColumnType, EndpointDeps, EndpointService, EndpointVersion, ExecutionTracker,
+    Materializations, MockApiKeyStore, MockClock, MockEndpointChanges, MockEndpointStore,
+    MockMaterializationStore, MockMaterializedResults, MockProjectStore, MockQueryEngine, MockResultCache,
+    NewEndpoint, Page, QueryResult, RunDeps, RunService, Scope, StoreError,
 };
 use serde_json::{json, Value};
 use time::macros::datetime;
@@ -23,46 +20,25 @@ use super::*;
 const READER: &str = "phx_1111111111111111111111111111111111111111111111111111111111111111";
 const WRITER: &str = "phx_2222222222222222222222222222222222222222222222222222222222222222";
 
-fn key(secret: &str, scopes: Vec<Scope>) -> ApiKey {
-    ApiKey {
-        id: Uuid::new_v4(),
-        project_id: ProjectId::new(1).unwrap(),
-        label: String::new(),
-        scopes,
-        secret_hash: hash_secret(secret),
-        prefix: secret[..10].into(),
-        created_at: datetime!(2026-01-01 0:00 UTC),
-        expires_at: None,
-        revoked_at: None,
-    }
+/// `daily`, an active endpoint of project 1 answering `SELECT 1 AS n`.
+fn sample() -> domain::Endpoint {
+    endpoint("daily", query(json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})))
 }
 
-fn sample() -> Endpoint {
-    Endpoint {
-        id: Uuid::nil(),
-        project_id: ProjectId::new(1).unwrap(),
-        name: EndpointName::parse("daily").unwrap(),
-        description: String::new(),
-        query: Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap(),
-        derived_from_insight: None,
-        is_active: true,
-        is_materialized: false,
-        cache_age: CacheAge::default(),
-        sync_frequency: None,
-        current_version: 1,
-        versions_count: 1,
-        columns: vec![],
-        created_at: datetime!(2026-11-22 10:00 UTC),
-        updated_at: datetime!(2026-11-22 10:00 UTC),
-        last_executed_at: None,
-        eligibility: Some(domain::Eligibility::Eligible { filters: vec![] }),
-        materialization: None,
+/// Materialization ports for endpoints that are not materialized: any call fails the test.
+fn untouched_materializations() -> Materializations {
+    Materializations {
+        states: Arc::new(MockMaterializationStore::new()),
+        results: Arc::new(MockMaterializedResults::new()),
     }
 }
 
 fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
     let mut keys = MockApiKeyStore::new();
-    let known = [key(READER, vec![Scope::EndpointRead]), key(WRITER, vec![Scope::EndpointWrite])];
+    let known = [
+        domain::ApiKey { id: Uuid::new_v4(), ..api_key(READER, vec![Scope::EndpointRead]) },
+        domain::ApiKey { id: Uuid::new_v4(), ..api_key(WRITER, vec![Scope::EndpointWrite]) },
+    ];
     keys.expect_find_by_hash()
         .returning(move |hash| Ok(known.iter().find(|k| k.secret_hash == hash).cloned()));
     let mut clock = MockClock::new();
@@ -76,8 +52,24 @@ fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
     cache.expect_get().returning(|_| None);
     cache.expect_put().return_const(());
     let executions = Arc::new(ExecutionTracker::new(store.clone()));
-    let runs = RunService::new(store.clone(), engine.clone(), Arc::new(cache), clock.clone(), executions);
-    let endpoints = EndpointService::new(store, engine, clock);
+    let runs = RunService::new(RunDeps {
+        store: store.clone(),
+        engine: engine.clone(),
+        cache: Arc::new(cache),
+        clock: clock.clone(),
+        executions: executions.clone(),
+        materializations: untouched_materializations(),
+    });
+    let mut changes = MockEndpointChanges::new();
+    changes.expect_changed().return_const(());
+    let endpoints = EndpointService::new(EndpointDeps {
+        store,
+        engine,
+        clock,
+        materializations: untouched_materializations(),
+        executions,
+        changes: Arc::new(changes),
+    });
     AppState { body_limit: 256, ..AppState::new(Arc::new(endpoints), Arc::new(runs), Arc::new(keys)) }
 }
 
@@ -185,11 +177,11 @@ async fn create_returns_201_and_conflicts_return_409() {
         if new.name.as_str() == "taken" {
             Err(StoreError::NameTaken("taken".into()))
         } else {
-            Ok(Endpoint { name: new.name, ..sample() })
+            Ok(domain::Endpoint { name: new.name, ..sample() })
         }
     });
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, _| Ok(domain::ports::QueryDescription::default()));
+    engine.expect_describe().returning(|_, _| Ok(domain::QueryDescription::default()));
     let body = json!({"name": "fresh", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     let req = authed(Method::POST, "/api/projects/1/endpoints/", WRITER).set_json(&body);
     let (status, headers, created) = send(state(store, engine), req).await;
@@ -203,7 +195,7 @@ async fn create_returns_201_and_conflicts_return_409() {
     let mut store = MockEndpointStore::new();
     store.expect_insert().returning(|_| Err(StoreError::NameTaken("taken".into())));
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, _| Ok(domain::ports::QueryDescription::default()));
+    engine.expect_describe().returning(|_, _| Ok(domain::QueryDescription::default()));
     let body = json!({"name": "taken", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     let req = authed(Method::POST, "/api/projects/1/endpoints", WRITER).set_json(&body);
     let (status, _, err) = send(state(store, engine), req).await;
@@ -302,18 +294,10 @@ fn store_for_runs() -> MockEndpointStore {
     store.expect_get_version().returning(|_, _, v| {
         if v == 1 {
             Ok(EndpointVersion {
-                endpoint_id: Uuid::nil(),
-                version: 1,
-                query: Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.n} AS n",
-                    "variables": {"n": {"type": "Integer", "default": 1}}}))
-                .unwrap(),
-                description: String::new(),
-                columns: vec![],
-                cache_age: CacheAge::default(),
-                sync_frequency: None,
-                created_at: datetime!(2026-11-22 10:00 UTC),
-                is_current: true,
+                query: query(json!({"kind": "SQLQuery", "query": "SELECT {variables.n} AS n",
+                    "variables": {"n": {"type": "Integer", "default": 1}}})),
                 eligibility: None,
+                ..current_version(&sample())
             })
         } else {
             Err(StoreError::VersionNotFound(v))
@@ -449,7 +433,7 @@ async fn store_outages_are_503_and_failures_500_without_internals() {
 
 #[actix_web::test]
 async fn engine_guards_map_to_429_and_query_errors() {
-    use domain::ports::EngineError;
+    use domain::EngineError;
     let cases: Vec<(EngineError, StatusCode, &str)> = vec![
         (
             EngineError::Busy { retry_after: std::time::Duration::from_millis(1500) },

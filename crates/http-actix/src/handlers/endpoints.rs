@@ -1,27 +1,29 @@
-//! Rows 1 to 5: list, create, retrieve, update, delete.
+//! Listing, creating, reading, changing and deleting endpoints.
 
 use std::collections::HashMap;
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
-use domain::service::ListParams;
-use domain::Scope;
-use serde_json::Value;
+use domain::ListParams;
 
-use super::authorize;
-use crate::body::read_json;
-use crate::error::ApiError;
-use crate::{render, AppState};
+use super::EndpointPath;
+use crate::api::requests::{EndpointCreate, EndpointUpdate};
+use crate::api::{Endpoint, EndpointPage};
+use crate::error::{ApiError, ErrorBody as Error};
+use crate::extract::{Authorized, AuthorizedJson, EndpointRead, EndpointWrite};
+use crate::AppState;
 
-type Query = web::Query<HashMap<String, String>>;
-
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints", operation_id = "list_endpoints",
+    params(("project_id" = String, Path, description = "Project id or @current"),
+           ("limit" = Option<i64>, Query), ("offset" = Option<i64>, Query), ("is_active" = Option<bool>, Query),
+           ("is_materialized" = Option<bool>, Query), ("search" = Option<String>, Query)),
+    responses((status = 200, body = EndpointPage), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error)))]
 pub(crate) async fn list(
     req: HttpRequest,
     state: web::Data<AppState>,
-    project: web::Path<String>,
-    query: Query,
+    caller: Authorized<EndpointRead>,
+    query: web::Query<HashMap<String, String>>,
 ) -> Result<HttpResponse, ApiError> {
-    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
     let param = |key: &str| query.get(key).map(String::as_str);
     let params = ListParams {
         limit: param("limit"),
@@ -30,58 +32,55 @@ pub(crate) async fn list(
         is_materialized: param("is_materialized"),
         search: param("search"),
     };
-    let page = state.endpoints.list(project, params).await?;
-    Ok(HttpResponse::Ok().json(render::page(&req, &page, render::endpoint)))
+    let page = state.endpoints.list(caller.project, params).await?;
+    Ok(HttpResponse::Ok().json(EndpointPage::of(&req, page)))
 }
 
+#[utoipa::path(post, path = "/api/projects/{project_id}/endpoints", operation_id = "create_endpoint",
+    params(("project_id" = String, Path)), request_body = EndpointCreate,
+    responses((status = 201, body = Endpoint, headers(("Location" = String, description = "The new endpoint's URL"))), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 409, body = Error), (status = 413, body = Error), (status = 415, body = Error)))]
 pub(crate) async fn create(
-    req: HttpRequest,
     state: web::Data<AppState>,
-    project: web::Path<String>,
-    payload: web::Payload,
+    caller: AuthorizedJson<EndpointWrite>,
 ) -> Result<HttpResponse, ApiError> {
-    let project = authorize(&req, &state, &project, Scope::EndpointWrite).await?;
-    let body = read_json(&req, payload, state.body_limit, state.client_timeout)
-        .await?
-        .unwrap_or_else(|| Value::Object(Default::default()));
-    let endpoint = state.endpoints.create(project, &body).await?;
+    let endpoint = state.endpoints.create(caller.project, &caller.body).await?;
     let location = format!("/api/projects/{}/endpoints/{}", endpoint.project_id, endpoint.name);
-    Ok(HttpResponse::Created().insert_header((header::LOCATION, location)).json(render::endpoint(&endpoint)))
+    Ok(HttpResponse::Created().insert_header((header::LOCATION, location)).json(Endpoint::from(endpoint)))
 }
 
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}", operation_id = "get_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path)),
+    responses((status = 200, body = Endpoint), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
 pub(crate) async fn retrieve(
-    req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
+    caller: Authorized<EndpointRead>,
+    path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let (project, name) = path.into_inner();
-    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    let endpoint = state.endpoints.get(project, &name).await?;
-    Ok(HttpResponse::Ok().json(render::endpoint(&endpoint)))
+    let endpoint = state.endpoints.get(caller.project, &path.name).await?;
+    Ok(HttpResponse::Ok().json(Endpoint::from(endpoint)))
 }
 
+#[utoipa::path(patch, path = "/api/projects/{project_id}/endpoints/{name}", operation_id = "update_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path)), request_body = EndpointUpdate,
+    responses((status = 200, body = Endpoint), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
 pub(crate) async fn update(
-    req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
-    payload: web::Payload,
+    caller: AuthorizedJson<EndpointWrite>,
+    path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let (project, name) = path.into_inner();
-    let project = authorize(&req, &state, &project, Scope::EndpointWrite).await?;
-    let body = read_json(&req, payload, state.body_limit, state.client_timeout)
-        .await?
-        .unwrap_or_else(|| Value::Object(Default::default()));
-    let endpoint = state.endpoints.update(project, &name, &body).await?;
-    Ok(HttpResponse::Ok().json(render::endpoint(&endpoint)))
+    let endpoint = state.endpoints.update(caller.project, &path.name, &caller.body).await?;
+    Ok(HttpResponse::Ok().json(Endpoint::from(endpoint)))
 }
 
+#[utoipa::path(delete, path = "/api/projects/{project_id}/endpoints/{name}", operation_id = "delete_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
 pub(crate) async fn delete(
-    req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
+    caller: Authorized<EndpointWrite>,
+    path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let (project, name) = path.into_inner();
-    let project = authorize(&req, &state, &project, Scope::EndpointWrite).await?;
-    state.endpoints.delete(project, &name).await?;
+    state.endpoints.delete(caller.project, &path.name).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -1,19 +1,21 @@
-//! Row 6: the materialization status of an endpoint.
+//! The materialization status of an endpoint.
 
-use actix_web::{web, HttpRequest, HttpResponse};
-use domain::Scope;
+use actix_web::{web, HttpResponse};
 
-use super::authorize;
-use crate::error::ApiError;
-use crate::{render, AppState};
+use super::EndpointPath;
+use crate::api::Materialization;
+use crate::error::{ApiError, ErrorBody as Error};
+use crate::extract::{Authorized, EndpointRead};
+use crate::AppState;
 
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/materialization_status", operation_id = "materialization_status",
+    params(("project_id" = String, Path), ("name" = String, Path)),
+    responses((status = 200, body = Materialization), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
 pub(crate) async fn status(
-    req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
+    caller: Authorized<EndpointRead>,
+    path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let (project, name) = path.into_inner();
-    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    let view = state.endpoints.materialization_status(project, &name).await?;
-    Ok(HttpResponse::Ok().json(render::materialization(&view)))
+    let view = state.endpoints.materialization_status(caller.project, &path.name).await?;
+    Ok(HttpResponse::Ok().json(Materialization::from(view)))
 }

@@ -1,49 +1,58 @@
-//! Rows 8, 9 and 12: running an endpoint and the last execution times.
+//! Running an endpoint (GET and POST), and the last execution times of several.
 
 use actix_web::http::header::ContentType;
 use actix_web::{web, HttpRequest, HttpResponse};
-use domain::{ProjectId, RunOutcome, RunRequest, Scope};
-use serde_json::{Map, Value};
+use domain::{ProjectId, RunOutcome, RunRequest};
 
-use super::authorize;
-use crate::body::read_json;
+use super::EndpointPath;
+use crate::api::requests::{Names, RunBody};
+use crate::api::{LastExecutionTimes, RunAnswer};
 use crate::disconnect::unless_disconnected;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody as Error};
+use crate::extract::{Authorized, AuthorizedJson, EndpointRead};
 use crate::operations::AnswerSource;
-use crate::{render, AppState};
+use crate::AppState;
 
 /// The query string's pairs, borrowed from the request where nothing needs decoding.
 fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
     form_urlencoded::parse(req.query_string().as_bytes())
 }
 
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint_get",
+    params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query), ("limit" = Option<i64>, Query),
+           ("offset" = Option<i64>, Query), ("refresh" = Option<String>, Query), ("client_query_id" = Option<String>, Query),
+           ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
+    responses((status = 200, body = RunAnswer), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn run_get(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
+    caller: Authorized<EndpointRead>,
+    path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let (project, name) = path.into_inner();
-    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
     let request = RunRequest::from_query(params(&req))?;
-    let outcome = run(&req, &state, project, &name, request).await?;
-    Ok(HttpResponse::Ok().content_type(ContentType::json()).body(render::run(&outcome)))
+    let outcome = run(&req, &state, caller.project, &path.name, request).await?;
+    Ok(answer(&outcome))
 }
 
+#[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query)), request_body = RunBody,
+    responses((status = 200, body = RunAnswer), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn run_post(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
-    payload: web::Payload,
+    caller: AuthorizedJson<EndpointRead>,
+    path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let (project, name) = path.into_inner();
-    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    let body = read_json(&req, payload, state.body_limit, state.client_timeout)
-        .await?
-        .unwrap_or_else(|| Value::Object(Map::new()));
     let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
-    let request = RunRequest::from_body(&body, version.as_deref())?;
-    let outcome = run(&req, &state, project, &name, request).await?;
-    Ok(HttpResponse::Ok().content_type(ContentType::json()).body(render::run(&outcome)))
+    let request = RunRequest::from_body(&caller.body, version.as_deref())?;
+    let outcome = run(&req, &state, caller.project, &path.name, request).await?;
+    Ok(answer(&outcome))
+}
+
+fn answer(outcome: &RunOutcome) -> HttpResponse {
+    HttpResponse::Ok().content_type(ContentType::json()).body(RunAnswer::of(outcome).write())
 }
 
 /// Runs the endpoint, cancelling the run if the client disconnects meanwhile.
@@ -72,16 +81,13 @@ async fn run(
     }
 }
 
+#[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/last_execution_times", operation_id = "last_execution_times",
+    params(("project_id" = String, Path)), request_body = Names,
+    responses((status = 200, body = LastExecutionTimes), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error)))]
 pub(crate) async fn last_execution_times(
-    req: HttpRequest,
     state: web::Data<AppState>,
-    project: web::Path<String>,
-    payload: web::Payload,
+    caller: AuthorizedJson<EndpointRead>,
 ) -> Result<HttpResponse, ApiError> {
-    let project = authorize(&req, &state, &project, Scope::EndpointRead).await?;
-    let body = read_json(&req, payload, state.body_limit, state.client_timeout)
-        .await?
-        .unwrap_or_else(|| Value::Object(Map::new()));
-    let found = state.runs.last_execution_times(project, &body).await?;
-    Ok(HttpResponse::Ok().json(render::last_executions(project, &found)))
+    let found = state.runs.last_execution_times(caller.project, &caller.body).await?;
+    Ok(HttpResponse::Ok().json(LastExecutionTimes::of(caller.project, found)))
 }

@@ -1,0 +1,210 @@
+//! The endpoint record, its versions and its materialization status.
+
+use std::collections::BTreeMap;
+
+use domain::MaterializationView;
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::names;
+
+/// An output column of a query.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Column {
+    name: String,
+    #[serde(rename = "type")]
+    #[schema(schema_with = names::column_type)]
+    column_type: domain::ColumnType,
+}
+
+impl From<domain::Column> for Column {
+    fn from(column: domain::Column) -> Self {
+        Self { name: column.name, column_type: column.column_type }
+    }
+}
+
+fn columns(columns: Vec<domain::Column>) -> Vec<Column> {
+    columns.into_iter().map(Column::from).collect()
+}
+
+/// A declared variable, in its canonical form.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Variable {
+    #[serde(rename = "type")]
+    #[schema(schema_with = names::variable_type)]
+    variable_type: &'static str,
+    /// The value used when a run does not give one; null for a required variable.
+    #[schema(required = true)]
+    default: Option<Value>,
+    required: bool,
+    #[schema(required = true)]
+    description: Option<String>,
+}
+
+/// The saved query, in its canonical form: what a client sent, with every declaration written in full.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Query {
+    #[schema(schema_with = names::query_kind)]
+    kind: &'static str,
+    /// One read-only SQL statement with `{variables.NAME}` placeholders.
+    query: String,
+    variables: BTreeMap<String, Variable>,
+}
+
+impl From<domain::Query> for Query {
+    fn from(query: domain::Query) -> Self {
+        let variables = query
+            .variables
+            .into_iter()
+            .map(|(name, v)| {
+                let variable = Variable {
+                    variable_type: v.variable_type.as_str(),
+                    default: v.default,
+                    required: v.required,
+                    description: v.description,
+                };
+                (name, variable)
+            })
+            .collect();
+        Self { kind: query.kind.as_str(), query: query.sql, variables }
+    }
+}
+
+/// The materialization status of an endpoint's current version.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Materialization {
+    name: String,
+    version: u32,
+    is_materialized: bool,
+    #[schema(schema_with = names::materialization_status)]
+    status: &'static str,
+    /// How often it refreshes; null when not materialized.
+    #[schema(schema_with = names::nullable_sync_frequency, required = true)]
+    sync_frequency: Option<&'static str>,
+    /// When the stored result of this version was computed.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    last_materialized_at: Option<OffsetDateTime>,
+    /// When the next refresh is due.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    next_run_at: Option<OffsetDateTime>,
+    /// Rows of the stored result of this version.
+    #[schema(required = true)]
+    row_count: Option<u64>,
+    /// Why the last refresh failed.
+    #[schema(required = true)]
+    error: Option<String>,
+    /// Whether the query and the endpoint allow materialization.
+    can_materialize: bool,
+    /// Why not, when `can_materialize` is false.
+    #[schema(required = true)]
+    reason: Option<String>,
+}
+
+impl From<MaterializationView> for Materialization {
+    fn from(view: MaterializationView) -> Self {
+        Self {
+            name: view.name.as_str().to_owned(),
+            version: view.version,
+            is_materialized: view.is_materialized,
+            status: view.status.as_str(),
+            sync_frequency: view.sync_frequency.map(domain::SyncFrequency::as_str),
+            last_materialized_at: view.last_materialized_at,
+            next_run_at: view.next_run_at,
+            row_count: view.row_count,
+            error: view.error,
+            can_materialize: view.can_materialize,
+            reason: view.reason,
+        }
+    }
+}
+
+/// An endpoint.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Endpoint {
+    id: Uuid,
+    name: String,
+    description: String,
+    query: Query,
+    #[schema(required = true)]
+    derived_from_insight: Option<String>,
+    is_active: bool,
+    is_materialized: bool,
+    /// How long a run's result is served from the cache; null for the server default (300).
+    #[schema(required = true)]
+    cache_age_seconds: Option<u32>,
+    /// How often the stored result refreshes; set only while materialized.
+    #[schema(schema_with = names::nullable_sync_frequency, required = true)]
+    sync_frequency: Option<&'static str>,
+    current_version: u32,
+    versions_count: u32,
+    /// The output columns of the current version.
+    columns: Vec<Column>,
+    /// Where the endpoint runs.
+    endpoint_path: String,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    updated_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    last_executed_at: Option<OffsetDateTime>,
+    materialization: Materialization,
+}
+
+impl From<domain::Endpoint> for Endpoint {
+    fn from(e: domain::Endpoint) -> Self {
+        let materialization = MaterializationView::of(&e, e.materialization.as_ref()).into();
+        Self {
+            id: e.id,
+            endpoint_path: format!("/api/projects/{}/endpoints/{}/run", e.project_id, e.name),
+            name: e.name.as_str().to_owned(),
+            description: e.description,
+            query: e.query.into(),
+            derived_from_insight: e.derived_from_insight,
+            is_active: e.is_active,
+            is_materialized: e.is_materialized,
+            cache_age_seconds: e.cache_age.configured(),
+            sync_frequency: e.sync_frequency.map(domain::SyncFrequency::as_str),
+            current_version: e.current_version,
+            versions_count: e.versions_count,
+            columns: columns(e.columns),
+            created_at: e.created_at,
+            updated_at: e.updated_at,
+            last_executed_at: e.last_executed_at,
+            materialization,
+        }
+    }
+}
+
+/// One version of an endpoint.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Version {
+    version: u32,
+    query: Query,
+    description: String,
+    columns: Vec<Column>,
+    #[schema(required = true)]
+    cache_age_seconds: Option<u32>,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    is_current: bool,
+}
+
+impl From<domain::EndpointVersion> for Version {
+    fn from(v: domain::EndpointVersion) -> Self {
+        Self {
+            version: v.version,
+            query: v.query.into(),
+            description: v.description,
+            columns: columns(v.columns),
+            cache_age_seconds: v.cache_age.configured(),
+            created_at: v.created_at,
+            is_current: v.is_current,
+        }
+    }
+}

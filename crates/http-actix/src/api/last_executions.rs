@@ -1,0 +1,99 @@
+//! The answer of a last-execution-times lookup: `{"query_status": {...}}`, in the shape of the reference
+//! product's query status.
+
+use domain::{LastExecutions, ProjectId};
+use serde::Serialize;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::millis;
+
+/// Counts of the lookup.
+#[derive(Debug, Serialize, ToSchema)]
+struct QueryProgress {
+    /// Microseconds spent.
+    active_cpu_time: u64,
+    bytes_read: u64,
+    /// The names asked for.
+    estimated_rows_total: u64,
+    rows_read: u64,
+    /// Milliseconds.
+    time_elapsed: f64,
+}
+
+/// The lookup, as a completed synchronous query.
+#[derive(Debug, Serialize, ToSchema)]
+struct QueryStatus {
+    id: Uuid,
+    /// The project's id.
+    team_id: i64,
+    complete: bool,
+    error: bool,
+    #[schema(required = true)]
+    error_message: Option<String>,
+    query_async: bool,
+    #[schema(required = true)]
+    dashboard_id: Option<i64>,
+    #[schema(required = true)]
+    insight_id: Option<i64>,
+    #[schema(required = true)]
+    labels: Option<Vec<String>>,
+    #[serde(with = "time::serde::rfc3339")]
+    start_time: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pickup_time: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    end_time: OffsetDateTime,
+    #[schema(required = true)]
+    expiration_time: Option<String>,
+    #[schema(required = true)]
+    task_id: Option<String>,
+    /// `[name, last_executed_at]` of each endpoint that ran in the past six months, by name.
+    #[schema(value_type = Vec<Vec<String>>)]
+    results: Vec<(String, String)>,
+    query_progress: QueryProgress,
+}
+
+/// The last execution times of the endpoints asked for.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct LastExecutionTimes {
+    query_status: QueryStatus,
+}
+
+impl LastExecutionTimes {
+    pub(crate) fn of(project: ProjectId, found: LastExecutions) -> Self {
+        let results = found
+            .results
+            .into_iter()
+            .map(|(name, at)| (name.as_str().to_owned(), at.format(&Rfc3339).unwrap_or_default()))
+            .collect();
+        let query_progress = QueryProgress {
+            active_cpu_time: u64::try_from(found.elapsed.as_micros()).unwrap_or(u64::MAX),
+            bytes_read: found.bytes_read,
+            estimated_rows_total: found.names_requested as u64,
+            rows_read: found.rows_read,
+            time_elapsed: millis(found.elapsed),
+        };
+        let query_status = QueryStatus {
+            id: found.id,
+            team_id: project.get(),
+            complete: true,
+            error: false,
+            error_message: None,
+            query_async: false,
+            dashboard_id: None,
+            insight_id: None,
+            labels: None,
+            start_time: found.start_time,
+            pickup_time: found.start_time,
+            end_time: found.end_time,
+            expiration_time: None,
+            task_id: None,
+            results,
+            query_progress,
+        };
+        Self { query_status }
+    }
+}

@@ -1,0 +1,21 @@
+//! The API's bodies as Rust types, one per shape, as `crates_io_api_types` keeps them: responses are built
+//! `From` domain values and serialized as they are, and their `utoipa` schemas are the ones `/api/schema` and
+//! each endpoint's own document publish. Request bodies are read by the domain; their schemas are in
+//! `requests`. The error body is with the error codes, in `crate::error`.
+
+mod endpoint;
+mod last_executions;
+pub(crate) mod names;
+mod page;
+pub(crate) mod requests;
+mod run;
+
+pub(crate) use endpoint::{Endpoint, Materialization, Version};
+pub(crate) use last_executions::LastExecutionTimes;
+pub(crate) use page::{EndpointPage, VersionPage};
+pub(crate) use run::RunAnswer;
+
+/// A duration in milliseconds, to the microsecond.
+fn millis(duration: std::time::Duration) -> f64 {
+    (duration.as_secs_f64() * 1_000_000.0).round() / 1_000.0
+}

@@ -1,0 +1,188 @@
+//! The schemas of request bodies. The domain reads a body field by field, so that an error names the field and
+//! says what was wrong with it; these schemas describe what it accepts, built from its own field lists, names,
+//! patterns and bounds.
+
+use std::borrow::Cow;
+
+use domain::{CacheAge, RunRequest, ENDPOINT_FIELDS, MAX_NAMES};
+use utoipa::openapi::schema::{AdditionalProperties, ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
+
+use super::names;
+
+fn nullable(kind: Type) -> SchemaType {
+    SchemaType::from_iter([kind, Type::Null])
+}
+
+fn closed(object: ObjectBuilder) -> ObjectBuilder {
+    object.additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
+}
+
+/// A variable's declaration as a client writes it.
+fn variable_declaration() -> ObjectBuilder {
+    closed(
+        ObjectBuilder::new()
+            .property("type", names::variable_type())
+            .required("type")
+            .property(
+                "default",
+                ObjectBuilder::new()
+                    .description(Some("A value of the type; none makes the variable required.")),
+            )
+            .property("required", ObjectBuilder::new().schema_type(nullable(Type::Boolean)))
+            .property("description", ObjectBuilder::new().schema_type(nullable(Type::String))),
+    )
+}
+
+/// The query of a create or an update.
+pub(crate) struct QueryInput;
+
+impl PartialSchema for QueryInput {
+    fn schema() -> RefOr<Schema> {
+        let variables = ObjectBuilder::new()
+            .schema_type(nullable(Type::Object))
+            .additional_properties(Some(variable_declaration()))
+            .description(Some("Declarations keyed by variable name."));
+        closed(
+            ObjectBuilder::new()
+                .property("kind", names::query_kind())
+                .required("kind")
+                .property(
+                    "query",
+                    ObjectBuilder::new().schema_type(Type::String).min_length(Some(1)).description(Some(
+                        "One read-only SQL statement with `{variables.NAME}` placeholders.",
+                    )),
+                )
+                .required("query")
+                .property("variables", variables),
+        )
+        .into()
+    }
+}
+
+impl ToSchema for QueryInput {}
+
+/// The fields of a create or an update, all of them known to the domain.
+fn endpoint_fields() -> ObjectBuilder {
+    let mut object = closed(ObjectBuilder::new());
+    for field in ENDPOINT_FIELDS {
+        let schema: RefOr<Schema> = match field {
+            "name" => names::endpoint_name().into(),
+            "query" => Ref::from_schema_name(QueryInput::name()).into(),
+            "cache_age_seconds" => ObjectBuilder::new()
+                .schema_type(nullable(Type::Integer))
+                .minimum(Some(0))
+                .maximum(Some(CacheAge::MAX_SECONDS))
+                .description(Some(format!(
+                    "Seconds a run's result is served from the cache; null for the server default ({}).",
+                    CacheAge::DEFAULT_SECONDS
+                )))
+                .into(),
+            "sync_frequency" => names::nullable_sync_frequency().into(),
+            "is_active" | "is_materialized" => {
+                ObjectBuilder::new().schema_type(nullable(Type::Boolean)).into()
+            }
+            _ => ObjectBuilder::new().schema_type(nullable(Type::String)).into(),
+        };
+        object = object.property(field, schema);
+    }
+    object
+}
+
+/// The body of a create: `name` and `query` are required.
+pub(crate) struct EndpointCreate;
+
+impl PartialSchema for EndpointCreate {
+    fn schema() -> RefOr<Schema> {
+        endpoint_fields().required("name").required("query").into()
+    }
+}
+
+impl ToSchema for EndpointCreate {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((QueryInput::name().into_owned(), QueryInput::schema()));
+    }
+}
+
+/// The body of an update: any subset of the fields, an empty body changing nothing. `name`, when given, must be
+/// the endpoint's own (names are URLs; they are not renamed). A new `query` makes a new version when it differs
+/// from the current one; `sync_frequency` needs the endpoint materialized.
+pub(crate) struct EndpointUpdate;
+
+impl PartialSchema for EndpointUpdate {
+    fn schema() -> RefOr<Schema> {
+        endpoint_fields().into()
+    }
+}
+
+impl ToSchema for EndpointUpdate {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((QueryInput::name().into_owned(), QueryInput::schema()));
+    }
+}
+
+/// The body of a run, every field the domain reads, with `variables` as given: free-form for the service,
+/// typed in an endpoint's document.
+pub(crate) fn run_body(variables: RefOr<Schema>) -> ObjectBuilder {
+    let bounded = |min: i64, max: i64| {
+        ObjectBuilder::new().schema_type(nullable(Type::Integer)).minimum(Some(min)).maximum(Some(max))
+    };
+    // Accepted for compatibility: null or `{}` only (the saved query is what runs; callers pass variables).
+    let empty = || {
+        ObjectBuilder::new()
+            .schema_type(nullable(Type::Object))
+            .max_properties(Some(0))
+            .description(Some("Accepted for compatibility: null or {} only."))
+    };
+    let mut object = closed(ObjectBuilder::new());
+    for field in RunRequest::BODY_FIELDS {
+        let schema: RefOr<Schema> = match field {
+            "variables" => variables.clone(),
+            "version" => bounded(1, u32::MAX.into())
+                .description(Some("The version to run; the current one by default."))
+                .into(),
+            "limit" => bounded(1, RunRequest::MAX_LIMIT.into())
+                .default(Some(RunRequest::DEFAULT_LIMIT.into()))
+                .into(),
+            "offset" => bounded(0, i64::MAX).default(Some(0.into())).into(),
+            "refresh" => names::nullable_refresh().into(),
+            "query_override" | "filters_override" => empty().into(),
+            _ => ObjectBuilder::new().schema_type(nullable(Type::String)).into(),
+        };
+        object = object.property(field, schema);
+    }
+    object
+}
+
+/// The body of a POST run.
+pub(crate) struct RunBody;
+
+impl PartialSchema for RunBody {
+    fn schema() -> RefOr<Schema> {
+        let variables = ObjectBuilder::new()
+            .schema_type(nullable(Type::Object))
+            .max_properties(Some(RunRequest::MAX_VARIABLES))
+            .description(Some("Values by variable name."));
+        run_body(variables.into()).into()
+    }
+}
+
+impl ToSchema for RunBody {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("RunRequest")
+    }
+}
+
+/// The names whose last execution times are asked for.
+pub(crate) struct Names;
+
+impl PartialSchema for Names {
+    fn schema() -> RefOr<Schema> {
+        let names =
+            ArrayBuilder::new().items(names::endpoint_name()).min_items(Some(1)).max_items(Some(MAX_NAMES));
+        closed(ObjectBuilder::new().property("names", names).required("names")).into()
+    }
+}
+
+impl ToSchema for Names {}

@@ -1,0 +1,363 @@
+//! A run's answer.
+//!
+//! It is written in three parts, so that a cache hit writes only what differs per request: the members of this
+//! request ([`PerRequest`], written by hand: through a derived `Serialize` they cost a cached run more than all
+//! of its other JSON), the members of the computed run ([`Computed`], serialized once at the run's first answer
+//! and kept with the cached run), and the rows as the engine wrote them. Its schema is those two types' and the
+//! rows', merged into one object.
+
+use std::borrow::Cow;
+
+use domain::{CachedRun, RunOutcome};
+use serde::Serialize;
+use time::OffsetDateTime;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
+use uuid::Uuid;
+
+use super::millis;
+
+/// Time spent answering, in milliseconds.
+#[derive(Debug, Serialize, ToSchema)]
+struct Timings {
+    /// In the engine or the stored result; 0 for an answer from the cache.
+    query_ms: f64,
+    /// In the service, from the request's arrival.
+    total_ms: f64,
+}
+
+/// The members of a run's answer that differ from one request to the next.
+#[derive(Debug, Serialize, ToSchema)]
+struct PerRequest<'a> {
+    /// As the request sent it.
+    #[schema(required = true)]
+    client_query_id: Option<&'a str>,
+    /// New for every answer.
+    execution_id: Uuid,
+    is_cached: bool,
+    limit: u32,
+    name: &'a str,
+    offset: u64,
+    #[schema(inline)]
+    timings: Timings,
+}
+
+impl PerRequest<'_> {
+    /// Appends the members, without braces, exactly as the derived `Serialize` writes them: names as constant
+    /// bytes, values through `serde_json`.
+    fn write_members(&self, body: &mut Vec<u8>) {
+        let mut id = Uuid::encode_buffer();
+        // Writing into a Vec cannot fail.
+        body.extend_from_slice(b"\"client_query_id\":");
+        let _ = serde_json::to_writer(&mut *body, &self.client_query_id);
+        body.extend_from_slice(b",\"execution_id\":\"");
+        body.extend_from_slice(self.execution_id.hyphenated().encode_lower(&mut id).as_bytes());
+        body.extend_from_slice(b"\",\"is_cached\":");
+        body.extend_from_slice(if self.is_cached { b"true" } else { b"false" });
+        body.extend_from_slice(b",\"limit\":");
+        let _ = serde_json::to_writer(&mut *body, &self.limit);
+        body.extend_from_slice(b",\"name\":");
+        let _ = serde_json::to_writer(&mut *body, self.name);
+        body.extend_from_slice(b",\"offset\":");
+        let _ = serde_json::to_writer(&mut *body, &self.offset);
+        body.extend_from_slice(b",\"timings\":{\"query_ms\":");
+        let _ = serde_json::to_writer(&mut *body, &self.timings.query_ms);
+        body.extend_from_slice(b",\"total_ms\":");
+        let _ = serde_json::to_writer(&mut *body, &self.timings.total_ms);
+        body.push(b'}');
+    }
+}
+
+/// The members of a run's answer that are the same for every answer with one computed run.
+#[derive(Debug, Serialize, ToSchema)]
+struct Computed<'a> {
+    /// When the cache stops serving this result; null when it was not cached.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    cache_expires_at: Option<OffsetDateTime>,
+    /// The column names, in order.
+    columns: Vec<&'a str>,
+    /// Whether the rows were read from the endpoint's stored result.
+    endpoint_materialized: bool,
+    /// When that stored result was computed.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    endpoint_materialized_at: Option<OffsetDateTime>,
+    /// The version that ran; null when nothing was cached for `force_cache`.
+    #[schema(required = true)]
+    endpoint_version: Option<u32>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    endpoint_version_created_at: Option<OffsetDateTime>,
+    /// Whether rows follow this page.
+    #[serde(rename = "hasMore")]
+    has_more: bool,
+    /// When the result was computed.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    last_refresh: Option<OffsetDateTime>,
+    /// `[name, type]` of each column.
+    #[schema(value_type = Vec<Vec<String>>)]
+    types: Vec<(&'a str, domain::ColumnType)>,
+}
+
+impl Computed<'_> {
+    fn of(run: Option<&CachedRun>) -> Computed<'_> {
+        let result = run.map(|r| &r.result);
+        Computed {
+            cache_expires_at: run.and_then(|r| r.expires_at),
+            columns: result.map_or_else(Vec::new, |r| r.column_names()),
+            endpoint_materialized: run.is_some_and(|r| r.endpoint_materialized),
+            endpoint_materialized_at: run.and_then(|r| r.materialized_at),
+            endpoint_version: run.map(|r| r.version),
+            endpoint_version_created_at: run.map(|r| r.version_created_at),
+            has_more: result.is_some_and(|r| r.has_more),
+            last_refresh: run.map(|r| r.computed_at),
+            types: result.map_or_else(Vec::new, |r| r.types()),
+        }
+    }
+
+    /// The members, without braces.
+    fn members(&self) -> Vec<u8> {
+        let mut fields = Vec::with_capacity(512);
+        // Serializing plain fields into memory cannot fail; if it did, the members are left out and the body
+        // stays valid JSON.
+        if serde_json::to_writer(&mut fields, self).is_err() || fields.len() < 2 {
+            return Vec::new();
+        }
+        fields.remove(0);
+        fields.pop();
+        fields
+    }
+}
+
+/// A run's answer.
+pub(crate) struct RunAnswer<'a> {
+    request: PerRequest<'a>,
+    run: Option<&'a CachedRun>,
+}
+
+impl<'a> RunAnswer<'a> {
+    pub(crate) fn of(outcome: &'a RunOutcome) -> Self {
+        let run = outcome.run.as_deref();
+        let query_ms = match run {
+            Some(run) if !outcome.is_cached => millis(run.query_time),
+            _ => 0.0,
+        };
+        let request = PerRequest {
+            client_query_id: outcome.client_query_id.as_deref(),
+            execution_id: outcome.execution_id,
+            is_cached: outcome.is_cached,
+            limit: outcome.limit,
+            name: outcome.name.as_str(),
+            offset: outcome.offset,
+            timings: Timings { query_ms, total_ms: millis(outcome.total) },
+        };
+        Self { request, run }
+    }
+
+    /// The whole body, in a buffer sized for it. The rows and the run's members are copied as they are.
+    pub(crate) fn write(&self) -> Vec<u8> {
+        let fresh;
+        let computed: &[u8] = match self.run {
+            Some(run) => run.rendered.get_or_init(|| Computed::of(Some(run)).members()),
+            None => {
+                fresh = Computed::of(None).members();
+                &fresh
+            }
+        };
+        let rows = self.run.map_or("null", |r| r.result.rows_json.as_str());
+        let mut body = Vec::with_capacity(rows.len() + computed.len() + 256);
+        body.push(b'{');
+        self.request.write_members(&mut body);
+        if !computed.is_empty() {
+            body.push(b',');
+            body.extend_from_slice(computed);
+        }
+        body.extend_from_slice(b",\"results\":");
+        body.extend_from_slice(rows.as_bytes());
+        body.push(b'}');
+        body
+    }
+
+    /// The answer's schema with `rows` as the schema of `results` (typed per column in an endpoint's own
+    /// document).
+    pub(crate) fn schema_with_rows(rows: RefOr<Schema>) -> Schema {
+        let mut answer = ObjectBuilder::new();
+        for part in [PerRequest::schema(), Computed::schema()] {
+            if let RefOr::T(Schema::Object(object)) = part {
+                for (name, property) in object.properties {
+                    answer = answer.property(name, property);
+                }
+                for name in object.required {
+                    answer = answer.required(name);
+                }
+            }
+        }
+        let results = ArrayBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+            .items(rows)
+            .description(Some(
+                "The page of rows, keyed by column name; null when nothing was cached for `force_cache`.",
+            ));
+        Schema::Object(answer.property("results", results).required("results").build())
+    }
+}
+
+impl PartialSchema for RunAnswer<'_> {
+    fn schema() -> RefOr<Schema> {
+        let row =
+            ObjectBuilder::new().schema_type(Type::Object).description(Some("A row: column name to value."));
+        RunAnswer::schema_with_rows(row.into()).into()
+    }
+}
+
+impl ToSchema for RunAnswer<'_> {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("RunResult")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use domain::{CachedRun, Column, ColumnType, EndpointName, QueryResult, RunOutcome};
+    use serde_json::{json, Value};
+    use time::macros::datetime;
+
+    use super::*;
+
+    fn outcome(run: Option<Arc<CachedRun>>, is_cached: bool, client_query_id: Option<&str>) -> RunOutcome {
+        RunOutcome {
+            name: EndpointName::parse("sales").unwrap(),
+            endpoint_materialized: false,
+            run,
+            is_cached,
+            execution_id: uuid::Uuid::new_v4(),
+            client_query_id: client_query_id.map(str::to_owned),
+            limit: 10,
+            offset: 20,
+            total: Duration::from_micros(1500),
+        }
+    }
+
+    fn parse(body: &[u8]) -> Value {
+        serde_json::from_slice(body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
+    }
+
+    fn is_required(schema: &Schema, name: &str) -> bool {
+        matches!(schema, Schema::Object(o) if o.required.iter().any(|r| r == name))
+    }
+
+    fn write(outcome: &RunOutcome) -> Value {
+        parse(&RunAnswer::of(outcome).write())
+    }
+
+    #[test]
+    fn a_cache_hit_reuses_the_run_fields_and_writes_its_own() {
+        let at = datetime!(2026-11-22 10:00 UTC);
+        let run = Arc::new(CachedRun {
+            version: 3,
+            version_created_at: at,
+            result: QueryResult {
+                columns: vec![Column { name: "n\"x".into(), column_type: ColumnType::Integer }],
+                rows_json: r#"[{"n\"x":1}]"#.into(),
+                row_count: 1,
+                has_more: true,
+            },
+            computed_at: at,
+            expires_at: Some(at + Duration::from_secs(60)),
+            query_time: Duration::from_millis(7),
+            endpoint_materialized: false,
+            materialized_at: None,
+            variables: json!({}),
+            rendered: std::sync::OnceLock::new(),
+        });
+        let first = write(&outcome(Some(Arc::clone(&run)), false, None));
+        assert!(run.rendered.get().is_some(), "the first answer keeps the run's fields");
+        let answer = outcome(Some(Arc::clone(&run)), true, Some("q-\"1"));
+        let hit = write(&answer);
+        assert_eq!(
+            hit,
+            json!({
+                "client_query_id": "q-\"1",
+                "execution_id": answer.execution_id.hyphenated().to_string(),
+                "is_cached": true,
+                "limit": 10,
+                "name": "sales",
+                "offset": 20,
+                "timings": {"query_ms": 0.0, "total_ms": 1.5},
+                "cache_expires_at": "2026-11-22T10:01:00Z",
+                "columns": ["n\"x"],
+                "endpoint_materialized": false,
+                "endpoint_materialized_at": null,
+                "endpoint_version": 3,
+                "endpoint_version_created_at": "2026-11-22T10:00:00Z",
+                "hasMore": true,
+                "last_refresh": "2026-11-22T10:00:00Z",
+                "types": [["n\"x", "integer"]],
+                "results": [{"n\"x": 1}],
+            })
+        );
+        assert_eq!(
+            (
+                first["is_cached"].clone(),
+                first["timings"]["query_ms"].clone(),
+                first["client_query_id"].clone()
+            ),
+            (json!(false), json!(7.0), Value::Null)
+        );
+        assert_ne!(first["execution_id"], hit["execution_id"]);
+        for field in ["columns", "types", "results", "cache_expires_at", "last_refresh"] {
+            assert_eq!(first[field], hit[field], "{field}");
+        }
+    }
+
+    #[test]
+    fn nothing_cached_is_answered_with_empty_run_fields() {
+        let body = write(&outcome(None, false, None));
+        assert_eq!(body["results"], Value::Null);
+        assert_eq!((body["columns"].clone(), body["endpoint_version"].clone()), (json!([]), Value::Null));
+        assert_eq!(body["name"], "sales");
+    }
+
+    /// The hand-written members are byte for byte what the derived `Serialize` writes, so the schema derived
+    /// from the type is the schema of the answer.
+    #[test]
+    fn per_request_members_are_written_as_serde_writes_them() {
+        for (client_query_id, is_cached, query_ms) in
+            [(None, false, 7.25), (Some("q-\"1\u{7}é"), true, 0.0), (Some(""), false, 1e-3)]
+        {
+            let members = PerRequest {
+                client_query_id,
+                execution_id: Uuid::new_v4(),
+                is_cached,
+                limit: u32::MAX,
+                name: "a_b-c",
+                offset: u64::MAX,
+                timings: Timings { query_ms, total_ms: 12.5 },
+            };
+            let mut written = vec![b'{'];
+            members.write_members(&mut written);
+            written.push(b'}');
+            assert_eq!(String::from_utf8(written).unwrap(), serde_json::to_string(&members).unwrap());
+        }
+    }
+
+    #[test]
+    fn the_schema_names_every_member_the_answer_has() {
+        let schema = RunAnswer::schema_with_rows(ObjectBuilder::new().into());
+        let Schema::Object(object) = &schema else { panic!("an object") };
+        let mut declared: Vec<&str> = object.properties.keys().map(String::as_str).collect();
+        declared.sort_unstable();
+        let body = write(&outcome(None, false, None));
+        let mut written: Vec<&str> = body.as_object().unwrap().keys().map(String::as_str).collect();
+        written.sort_unstable();
+        assert_eq!(declared, written);
+        assert!(is_required(&schema, "results") && is_required(&schema, "endpoint_version"));
+        assert!(!matches!(object.properties["timings"], RefOr::Ref(_)), "timings are inlined");
+    }
+}

@@ -1,0 +1,169 @@
+//! What a handler is given before it runs: the caller's project, once the bearer key is authenticated, within
+//! its request rates and holding the scope the handler needs; and, for handlers that take one, the JSON body.
+//!
+//! Both come from one extractor future, in that order: actix-web polls a handler's extractors together, so a
+//! separate body extractor could answer 415 or 413 to a caller whose key is not even valid.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+
+use actix_web::dev::Payload;
+use actix_web::http::header;
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
+use domain::{Error, ProjectId, Scope};
+use futures_util::StreamExt;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// A scope a handler needs, as a type.
+pub(crate) trait Needs: 'static {
+    const SCOPE: Scope;
+}
+
+/// `endpoint:read`: reading and running endpoints.
+pub(crate) struct EndpointRead;
+
+/// `endpoint:write`: creating, changing and deleting endpoints.
+pub(crate) struct EndpointWrite;
+
+impl Needs for EndpointRead {
+    const SCOPE: Scope = Scope::EndpointRead;
+}
+
+impl Needs for EndpointWrite {
+    const SCOPE: Scope = Scope::EndpointWrite;
+}
+
+/// The path's project, which the caller may use with scope `S`.
+pub(crate) struct Authorized<S> {
+    pub(crate) project: ProjectId,
+    scope: PhantomData<S>,
+}
+
+/// [`Authorized`], with the request's JSON body (an empty body reads as `{}`) read after the key was checked.
+pub(crate) struct AuthorizedJson<S> {
+    pub(crate) project: ProjectId,
+    pub(crate) body: Value,
+    scope: PhantomData<S>,
+}
+
+type Extracted<T> = Pin<Box<dyn Future<Output = Result<T, ApiError>>>>;
+
+impl<S: Needs> FromRequest for Authorized<S> {
+    type Error = ApiError;
+    type Future = Extracted<Self>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let req = req.clone();
+        Box::pin(async move {
+            let project = authorize(&req, S::SCOPE).await?;
+            Ok(Self { project, scope: PhantomData })
+        })
+    }
+}
+
+impl<S: Needs> FromRequest for AuthorizedJson<S> {
+    type Error = ApiError;
+    type Future = Extracted<Self>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let req = req.clone();
+        let payload = payload.take();
+        Box::pin(async move {
+            let project = authorize(&req, S::SCOPE).await?;
+            let state = app_state(&req)?;
+            let read = read_json(&req, payload, state.body_limit);
+            let body = tokio::time::timeout(state.client_timeout, read)
+                .await
+                .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??;
+            Ok(Self { project, body: body.unwrap_or_else(|| Value::Object(Map::new())), scope: PhantomData })
+        })
+    }
+}
+
+fn app_state(req: &HttpRequest) -> Result<&AppState, ApiError> {
+    req.app_data::<web::Data<AppState>>()
+        .map(|state| &***state)
+        .ok_or_else(|| Error::Internal("the application state is not registered".into()).into())
+}
+
+/// The bearer token of the request.
+fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
+    let malformed = || Error::NotAuthenticated("The Authorization header must be 'Bearer <API key>'.".into());
+    let value = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| {
+            Error::NotAuthenticated(
+                "Authentication credentials were not provided: send 'Authorization: Bearer <API key>'."
+                    .into(),
+            )
+        })?
+        .to_str()
+        .map_err(|_| Error::NotAuthenticated("The Authorization header is malformed.".into()))?;
+    let (scheme, token) = value.split_once(' ').ok_or_else(malformed)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(malformed().into());
+    }
+    Ok(token.trim())
+}
+
+/// Authenticates the caller and checks it may use `scope` on the path's project: 401, then 429, then 403.
+async fn authorize(req: &HttpRequest, scope: Scope) -> Result<ProjectId, ApiError> {
+    let state = app_state(req)?;
+    let principal = state.keys.authenticate(bearer(req)?).await?;
+    // Before authorization, so probing other projects spends the caller's budget too.
+    match state.rate_limits.take(&principal) {
+        Ok(Some(budget)) => {
+            req.extensions_mut().insert(budget);
+        }
+        Ok(None) => {}
+        Err(exceeded) => {
+            req.extensions_mut().insert(exceeded.budget);
+            return Err(ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after });
+        }
+    }
+    let project = req.match_info().get("project_id").unwrap_or_default();
+    Ok(state.keys.authorize(&principal, project, scope)?)
+}
+
+fn is_json(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+        })
+}
+
+/// Reads the body as JSON. An empty body is `None`; anything else must be JSON within `limit` bytes.
+async fn read_json(req: &HttpRequest, mut payload: Payload, limit: usize) -> Result<Option<Value>, ApiError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    let mut bytes = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        if bytes.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    if !is_json(req) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::MalformedJson(e.to_string()))
+}
