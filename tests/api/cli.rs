@@ -1,6 +1,9 @@
 //! The operator's commands, through the real binary.
 
+use clap::{CommandFactory, FromArgMatches};
 use serde_json::Value;
+use server::cli::file::apply_table;
+use server::cli::{Cli, Command as Sub};
 
 use crate::helpers::spawn_app;
 
@@ -56,6 +59,8 @@ async fn global_options_go_before_or_after_the_subcommand_and_errors_exit_nonzer
     for args in [
         vec!["key", "create", "--project", "999", "--scope", "endpoint:read"],
         vec!["key", "create", "--project", "1", "--scope", "admin"],
+        vec!["key", "create", "--project", "1", "--scope", "endpoint:read", "--expires-in", "0s"],
+        vec!["key", "create", "--project", "1", "--scope", "endpoint:read", "--expires-in", "soon"],
         vec!["key", "revoke", "not-a-uuid"],
         vec!["key", "revoke", "00000000-0000-0000-0000-000000000000"],
     ] {
@@ -112,4 +117,97 @@ async fn a_configuration_file_sets_defaults_that_the_environment_and_flags_overr
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(stderr.contains("endpoints.toml") && stderr.contains("query_timeout"), "{stderr}");
+}
+
+fn parse(file: &str, args: &[&str]) -> Result<Cli, String> {
+    let command = apply_table(Cli::command(), &file.parse().map_err(|e| format!("{e}"))?)?;
+    let matches = command.try_get_matches_from(args).map_err(|e| e.to_string())?;
+    Cli::from_arg_matches(&matches).map_err(|e| e.to_string())
+}
+
+fn serve(cli: Cli) -> server::cli::ServeArgs {
+    match cli.command {
+        Sub::Serve(args) => args,
+        other => panic!("not serve: {other:?}"),
+    }
+}
+
+const FILE: &str = r#"
+    data_dir = "/srv/endpoints"
+    log_json = true
+
+    [serve]
+    bind = "0.0.0.0:9000"
+    query_timeout_secs = 45
+    materialize_workers = 0
+"#;
+
+#[test]
+fn file_values_are_defaults_that_flags_override() {
+    let cli = parse(FILE, &["endpoints", "serve"]).unwrap();
+    assert_eq!((cli.data_dir.to_str(), cli.log_json), (Some("/srv/endpoints"), true));
+    let args = serve(cli);
+    assert_eq!(
+        (args.bind.as_str(), args.query_timeout_secs, args.materialize_workers),
+        ("0.0.0.0:9000", 45, 0)
+    );
+    assert_eq!(args.pool_size, 8, "settings the file leaves out keep their defaults");
+
+    let cli =
+        parse(FILE, &["endpoints", "--data-dir", "/tmp/x", "serve", "--query-timeout-secs", "5"]).unwrap();
+    assert_eq!(cli.data_dir.to_str(), Some("/tmp/x"));
+    assert_eq!(serve(cli).query_timeout_secs, 5);
+}
+
+#[test]
+fn unknown_keys_sections_and_bad_values_are_refused() {
+    for (file, expected) in [
+        ("data_dri = \"x\"", "unknown setting data_dri"),
+        ("[serve]\nquery_timeout = 3", "unknown setting [serve] query_timeout"),
+        ("[server]\nbind = \"x\"", "unknown section [server]"),
+        ("[serve]\nbind = [1, 2]", "[serve] bind must be a string, number or boolean"),
+        ("[serve]\nworkers = \"many\"", "invalid value 'many'"),
+    ] {
+        let err = parse(file, &["endpoints", "serve"]).err().unwrap_or_else(|| panic!("{file} was accepted"));
+        assert!(err.contains(expected), "{file}: {err}");
+    }
+}
+
+#[test]
+fn limits_are_checked_where_they_are_read() {
+    for (flag, value) in [
+        ("--query-timeout-secs", "0"),
+        ("--query-memory-mb", "0"),
+        ("--max-queries-per-project", "0"),
+        ("--flush-secs", "0"),
+        ("--materialize-lease-secs", "2"),
+        ("--pool-size", "0"),
+    ] {
+        let err =
+            parse("", &["endpoints", "serve", flag, value]).err().unwrap_or_else(|| panic!("{flag} {value}"));
+        assert!(err.contains(&format!("invalid value '{value}'")) && err.contains(flag), "{err}");
+    }
+    assert_eq!(
+        serve(parse("", &["endpoints", "serve", "--materialize-lease-secs", "3"]).unwrap())
+            .materialize_lease_secs,
+        3
+    );
+}
+
+#[test]
+fn every_setting_is_documented() {
+    let doc = include_str!("../../docs/operations.md");
+    let command = Cli::command();
+    let serve = command.find_subcommand("serve").unwrap();
+    for arg in command.get_arguments().chain(serve.get_arguments()) {
+        let (Some(long), id) = (arg.get_long(), arg.get_id().as_str()) else { continue };
+        if ["help", "version", "json"].contains(&id) {
+            continue;
+        }
+        assert!(doc.contains(&format!("`--{long}`")), "docs/operations.md does not document --{long}");
+        if let Some(env) = arg.get_env() {
+            let env = env.to_string_lossy();
+            assert!(doc.contains(&format!("`{env}`")), "docs/operations.md does not document {env}");
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! Rows 1 to 5 under both families, on SQLite and on PostgreSQL.
+//! Listing, creating, reading, changing and deleting endpoints under both families, on SQLite and on PostgreSQL.
 
 use serde_json::{json, Value};
 

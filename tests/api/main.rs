@@ -15,4 +15,5 @@ mod operations;
 mod runs;
 mod scaling;
 mod storage;
+mod telemetry;
 mod versions;

@@ -1,4 +1,4 @@
-//! Materialization end to end (rows 5 and 6, materialized runs): eligibility, refreshes by the real worker,
+//! Materialization end to end (deleting, the status, materialized runs): eligibility, refreshes by the real worker,
 //! answers equal to the live ones, the lifecycle of stored files, two nodes on one PostgreSQL, and a server
 //! killed mid-refresh.
 
@@ -27,7 +27,7 @@ async fn status(app: &TestApp, project: i64, key: &str, name: &str) -> Value {
     response.json().await.unwrap()
 }
 
-/// Polls row 6 until the endpoint's `version` reaches `want`.
+/// Polls the materialization status until the endpoint's `version` reaches `want`.
 async fn wait_for(app: &TestApp, project: i64, key: &str, name: &str, want: &str, version: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -93,7 +93,7 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
         assert_error(app.post(&base, &key, &inactive).await, 400, "validation_error").await["attr"],
         "is_materialized"
     );
-    // Row 6 says the same without trying.
+    // The status says the same without trying.
     let plain = json!({"name": "limited", "query": {"kind": "SQLQuery",
                        "query": "SELECT country FROM sales LIMIT 2"}});
     app.create_endpoint(project, &key, &plain).await;

@@ -1,4 +1,4 @@
-//! Rows 8, 9 and 12 over a dataset the test writes, with aggregates known in advance.
+//! Runs (GET and POST) and last execution times over a dataset the test writes, with aggregates known in advance.
 
 use serde_json::{json, Value};
 

@@ -1,4 +1,4 @@
-//! Rows 10 and 11: versions appear only when the query changes.
+//! An endpoint's versions: they appear only when the query changes.
 
 use serde_json::{json, Value};
 

@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use domain::ports::{CacheKey, CachedRun, ResultCache};
-use domain::{ByEndpoint, EndpointName, ProjectId};
+use domain::{ByEndpoint, CacheKey, CachedRun, EndpointName, ProjectId, ResultCache};
 use foldhash::quality;
 use moka::sync::Cache;
 use moka::Expiry;
@@ -85,8 +84,7 @@ impl ResultCache for MemoryResultCache {
 mod tests {
     use std::sync::Arc;
 
-    use domain::ports::{CacheKey, CachedRun, ResultCache};
-    use domain::{EndpointName, ProjectId, QueryResult};
+    use domain::{CacheKey, CachedRun, EndpointName, ProjectId, QueryResult, ResultCache};
     use time::macros::datetime;
 
     use super::MemoryResultCache;

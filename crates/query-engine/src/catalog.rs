@@ -10,8 +10,7 @@ use std::sync::Arc;
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::ParquetReadOptions;
-use domain::ports::EngineError;
-use domain::ProjectId;
+use domain::{EngineError, ProjectId};
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStoreExt;
 

@@ -78,7 +78,7 @@ impl Compiled {
 pub(crate) const MAX_TOKENS: usize = 10_000;
 
 /// Refuses SQL with more than [`MAX_TOKENS`] tokens (words and symbols outside quotes), before it is parsed.
-pub(crate) fn check_size(sql: &str) -> Result<(), domain::ports::EngineError> {
+pub(crate) fn check_size(sql: &str) -> Result<(), domain::EngineError> {
     let mut tokens = 0_usize;
     let mut in_word = false;
     let mut quote: Option<char> = None;
@@ -106,7 +106,7 @@ pub(crate) fn check_size(sql: &str) -> Result<(), domain::ports::EngineError> {
         }
     }
     if tokens > MAX_TOKENS {
-        return Err(domain::ports::EngineError::InvalidQuery(format!(
+        return Err(domain::EngineError::InvalidQuery(format!(
             "The query is too large: {tokens} tokens, at most {MAX_TOKENS}."
         )));
     }

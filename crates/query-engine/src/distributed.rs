@@ -20,7 +20,7 @@ use datafusion::execution::context::SessionState;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use domain::ports::EngineError;
+use domain::EngineError;
 
 use crate::storage::Storage;
 
@@ -119,8 +119,7 @@ impl Cluster {
 
 #[cfg(test)]
 mod tests {
-    use domain::ports::QueryEngine;
-    use domain::{ProjectId, Query};
+    use domain::{ProjectId, Query, QueryEngine};
     use serde_json::json;
 
     use super::*;

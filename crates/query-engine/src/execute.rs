@@ -12,8 +12,7 @@ use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::scalar::ScalarValue;
-use domain::ports::EngineError;
-use domain::{BoundValue, ProjectId, QueryResult};
+use domain::{BoundValue, EngineError, ProjectId, QueryResult};
 use futures_util::TryStreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -212,7 +211,7 @@ pub(crate) fn to_json(
 }
 
 pub(crate) fn result(
-    columns: Vec<domain::endpoint::Column>,
+    columns: Vec<domain::Column>,
     batches: &[RecordBatch],
     limit: u32,
     max_bytes: usize,

@@ -29,8 +29,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
-use domain::ports::{EngineError, QueryDescription, QueryEngine};
-use domain::{ProjectId, Query};
+use domain::{EngineError, ProjectId, Query, QueryDescription, QueryEngine};
 use tracing::instrument;
 
 pub use cache::MemoryResultCache;
@@ -57,21 +56,23 @@ pub(crate) fn message(err: &DataFusionError) -> String {
 }
 
 impl DataFusionEngine {
-    /// An engine over the tables under `projects/` in `storage`.
+    /// An engine over the tables under `projects/` in `storage`, with the default limits.
     pub fn new(storage: Storage) -> Self {
-        Self::with_limits(storage, EngineLimits::default())
-    }
-
-    /// An engine whose live queries run under `limits`.
-    pub fn with_limits(storage: Storage, limits: EngineLimits) -> Self {
         Self {
             storage,
             scheduler: None,
-            limits,
+            limits: EngineLimits::default(),
             slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
         }
+    }
+
+    /// The same engine, its live queries running under `limits`.
+    #[must_use]
+    pub fn with_limits(mut self, limits: EngineLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The engine's metrics, to register for `/metrics`.
@@ -222,7 +223,19 @@ impl DataFusionEngine {
         let ctx =
             catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?), self.scheduler())
                 .await?;
-        let plan = self.plan(&ctx, &compiled, values).await?;
+        self.run_page(&ctx, &compiled, values, limit, offset).await
+    }
+
+    /// Plans compiled SQL with `values` bound, and runs it for the page `offset..offset+limit` of its rows.
+    async fn run_page(
+        &self,
+        ctx: &datafusion::prelude::SessionContext,
+        compiled: &compile::Compiled,
+        values: Vec<datafusion::scalar::ScalarValue>,
+        limit: u32,
+        offset: u64,
+    ) -> Result<domain::QueryResult, EngineError> {
+        let plan = self.plan(ctx, compiled, values).await?;
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;

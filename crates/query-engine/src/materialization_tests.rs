@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use domain::materialization::{location, CompareOp, Eligibility, MaterializedFilter};
-use domain::ports::{MaterializedResults, QueryEngine};
-use domain::BoundValue;
+use domain::{
+    attempt_location, BoundValue, CompareOp, Eligibility, MaterializedFilter, MaterializedResults,
+    QueryEngine,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -214,7 +215,7 @@ async fn a_materialized_answer_equals_the_live_answer() {
             other => panic!("{}: {other:?}", case.sql),
         };
         assert!(!filters.is_empty());
-        let at = location(Uuid::new_v4(), 1, Uuid::new_v4());
+        let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
         let stored = MaterializedResults::write(engine, project(), &q, &at).await.unwrap();
         assert!(stored > 0);
         for round in 0..40 {
@@ -244,8 +245,8 @@ async fn locations_are_listed_and_removed(demo: &Demo) {
     let engine = &demo.1;
     let q = query("SELECT country, count(*) AS n FROM events GROUP BY country ORDER BY country", json!({}));
     let endpoint = Uuid::new_v4();
-    let first = location(endpoint, 1, Uuid::new_v4());
-    let second = location(endpoint, 2, Uuid::new_v4());
+    let first = attempt_location(endpoint, 1, Uuid::new_v4());
+    let second = attempt_location(endpoint, 2, Uuid::new_v4());
     assert_eq!(MaterializedResults::write(engine, project(), &q, &first).await.unwrap(), 10);
     MaterializedResults::write(engine, project(), &q, &second).await.unwrap();
     let mut found: Vec<String> =
@@ -269,7 +270,7 @@ async fn locations_are_listed_and_removed(demo: &Demo) {
 async fn a_failed_write_leaves_nothing_behind() {
     let demo = demo().await;
     let engine = &demo.1;
-    let at = location(Uuid::new_v4(), 1, Uuid::new_v4());
+    let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
     let limited =
         query("SELECT country FROM events WHERE country = {variables.c} LIMIT 3", json!({"c": string_var()}));
     assert!(matches!(

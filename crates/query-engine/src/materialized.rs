@@ -15,9 +15,10 @@ use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{col, ParquetReadOptions};
-use domain::materialization::{Eligibility, MaterializedFilter};
-use domain::ports::{EngineError, MaterializedResults};
-use domain::{BoundValue, ProjectId, Query, QueryResult, VariableType};
+use domain::{
+    BoundValue, Eligibility, EngineError, MaterializedFilter, MaterializedResults, ProjectId, Query,
+    QueryResult, VariableType,
+};
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
@@ -26,7 +27,7 @@ use uuid::Uuid;
 
 use crate::compile::{self, Compiled};
 use crate::storage::{unavailable, Storage};
-use crate::{catalog, execute, message, outline, types, DataFusionEngine};
+use crate::{catalog, execute, message, outline, DataFusionEngine};
 
 const TABLE: &str = "materialized";
 
@@ -194,13 +195,7 @@ impl DataFusionEngine {
             sql.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
         }
         sql.push_str(&format!(" ORDER BY {}", quoted(ordinal.name())));
-        let plan = self.plan(&ctx, &Compiled { sql, params }, values).await?;
-        let columns = types::columns(plan.schema().as_arrow());
-        let plan = execute::window(plan, limit, offset)?;
-        let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
-        let stream = frame.execute_stream().await.map_err(execute::execution_error)?;
-        let batches = execute::collect(stream).await?;
-        execute::result(columns, &batches, limit, self.limits.result_bytes)
+        self.run_page(&ctx, &Compiled { sql, params }, values, limit, offset).await
     }
 }
 

@@ -15,7 +15,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::expr::Alias;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{BinaryExpr, Distinct, Expr, Filter, LogicalPlan, Operator};
-use domain::materialization::{CompareOp, QueryOutline, VariablePredicate};
+use domain::{CompareOp, QueryOutline, VariablePredicate};
 
 use crate::compile::Compiled;
 

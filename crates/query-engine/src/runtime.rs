@@ -9,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use domain::ports::EngineError;
+use domain::EngineError;
 use tokio::runtime::{Builder, Runtime};
 use tokio::task::{JoinError, JoinHandle};
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use domain::ports::QueryEngine;
+use domain::QueryEngine;
 use futures_util::TryStreamExt;
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
-use domain::endpoint::ColumnType;
+use domain::ColumnType;
 use serde_json::json;
 
 use super::*;
@@ -216,7 +216,7 @@ async fn a_slow_query_times_out() {
     let (_, dir) = engine_with_events().await;
     let limits =
         EngineLimits { query_timeout: std::time::Duration::from_millis(50), ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
+    let engine = DataFusionEngine::new(Storage::local(&dir).unwrap()).with_limits(limits);
     let q =
         query("SELECT count(*) AS n FROM generate_series(1, 20000000000) AS t(v) WHERE v % 7 = 3", json!({}));
     let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
@@ -227,7 +227,7 @@ async fn a_slow_query_times_out() {
 async fn a_query_over_its_memory_limit_fails() {
     let (_, dir) = engine_with_events().await;
     let limits = EngineLimits { memory_limit: 64 * 1024, ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
+    let engine = DataFusionEngine::new(Storage::local(&dir).unwrap()).with_limits(limits);
     let q = query(
         "SELECT v, count(*) AS n FROM generate_series(1, 2000000) AS t(v) GROUP BY v ORDER BY n DESC, v",
         json!({}),
@@ -240,7 +240,7 @@ async fn a_query_over_its_memory_limit_fails() {
 async fn a_page_over_the_result_byte_limit_is_refused_and_a_smaller_page_is_not() {
     let (_, dir) = engine_with_events().await;
     let limits = EngineLimits { result_bytes: 64 * 1024, ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
+    let engine = DataFusionEngine::new(Storage::local(&dir).unwrap()).with_limits(limits);
     // About 1 KB a row: 100 rows are over 64 KiB, 50 are not.
     let q = query(
         "SELECT v, repeat('x', 1000) AS pad FROM generate_series(1, 5000) AS t(v) ORDER BY v",
@@ -257,7 +257,7 @@ async fn a_page_over_the_result_byte_limit_is_refused_and_a_smaller_page_is_not(
 async fn a_project_runs_at_most_its_share_of_live_queries() {
     let (_, dir) = engine_with_events().await;
     let limits = EngineLimits { max_concurrent_per_project: 1, ..EngineLimits::default() };
-    let engine = DataFusionEngine::with_limits(Storage::local(&dir).unwrap(), limits);
+    let engine = DataFusionEngine::new(Storage::local(&dir).unwrap()).with_limits(limits);
     let held = engine.slots.try_acquire(project(1), &engine.limits).unwrap();
     let q = query("SELECT 1 AS n", json!({}));
     let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();

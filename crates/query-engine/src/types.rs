@@ -1,7 +1,7 @@
 //! Arrow types as clients see them.
 
 use datafusion::arrow::datatypes::{DataType, Schema};
-use domain::endpoint::{Column, ColumnType};
+use domain::{Column, ColumnType};
 
 pub(crate) fn column_type(data_type: &DataType) -> ColumnType {
     match data_type {

@@ -6,7 +6,6 @@
 
 pub mod cli;
 pub mod config;
-mod duration;
 pub mod operations;
 pub mod startup;
 pub mod telemetry;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use domain::materializer::RefreshOutcome;
+use domain::RefreshOutcome;
 use http_actix::{Metrics, Operations, ReadinessCheck};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};

@@ -4,8 +4,10 @@ use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Arc;
 
-use domain::ports::{ResultCache, SystemClock};
-use domain::{ApiKeyService, EndpointService, ExecutionTracker, KeptState, Materializer, RunService};
+use domain::{
+    ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, KeptState, Materializations,
+    Materializer, MaterializerDeps, ResultCache, RunDeps, RunService, SystemClock,
+};
 use http_actix::AppState;
 use query_engine::{DataFusionEngine, MemoryResultCache};
 use store_diesel::{Backend, ChangeListener, Database, DatabaseConfig, DieselStore};
@@ -16,7 +18,7 @@ use crate::config::Config;
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     #[error("cannot open the database")]
-    Database(#[source] domain::ports::StoreError),
+    Database(#[source] domain::StoreError),
     #[error("the database schema is not up to date: run `endpoints migrate` first")]
     PendingMigrations,
     #[error("cannot use the engine: {0}")]
@@ -60,30 +62,40 @@ impl Services {
         let store = Arc::new(DieselStore::new(database.clone()));
         let clock = Arc::new(SystemClock);
         let storage = config.storage().map_err(StartupError::Storage)?;
-        let engine = Arc::new(engine(DataFusionEngine::with_limits(storage, config.limits.clone()), config)?);
+        let engine =
+            Arc::new(engine(DataFusionEngine::new(storage).with_limits(config.limits.clone()), config)?);
         let cache: Arc<dyn ResultCache> = Arc::new(MemoryResultCache::new(config.cache_bytes));
         let executions = Arc::new(ExecutionTracker::new(store.clone()));
-        let endpoints = Arc::new(
-            EndpointService::new(store.clone(), engine.clone(), clock.clone())
-                .with_runs(cache.clone(), executions.clone())
-                .with_materializations(store.clone(), engine.clone()),
-        );
-        let runs = Arc::new(
-            RunService::new(store.clone(), engine.clone(), cache.clone(), clock.clone(), executions.clone())
-                .with_materializations(store.clone(), engine.clone()),
-        );
-        let materializer = Arc::new(Materializer::new(
-            store.clone(),
-            store.clone(),
-            engine.clone(),
-            engine.clone(),
-            clock.clone(),
-            config.lease,
-        ));
+        let materializations = Materializations { states: store.clone(), results: engine.clone() };
         let keys = Arc::new(
-            ApiKeyService::new(store.clone(), store.clone(), clock).with_key_cache_ttl(config.key_cache_ttl),
+            ApiKeyService::new(store.clone(), store.clone(), clock.clone())
+                .with_key_cache_ttl(config.key_cache_ttl),
         );
-        let kept = KeptState::new(cache, keys.clone());
+        let kept = KeptState::new(cache.clone(), keys.clone());
+        let endpoints = Arc::new(EndpointService::new(EndpointDeps {
+            store: store.clone(),
+            engine: engine.clone(),
+            clock: clock.clone(),
+            materializations: materializations.clone(),
+            executions: executions.clone(),
+            changes: Arc::new(kept.clone()),
+        }));
+        let runs = Arc::new(RunService::new(RunDeps {
+            store: store.clone(),
+            engine: engine.clone(),
+            cache,
+            clock: clock.clone(),
+            executions: executions.clone(),
+            materializations,
+        }));
+        let materializer = Arc::new(Materializer::new(MaterializerDeps {
+            endpoints: store.clone(),
+            states: store.clone(),
+            engine: engine.clone(),
+            results: engine.clone(),
+            clock,
+            lease: config.lease,
+        }));
         Ok(Self { database, store, endpoints, runs, keys, executions, engine, materializer, kept })
     }
 }
@@ -231,7 +243,6 @@ fn listener_address(bind: &str, port: u16) -> String {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
 /// Forgets the rate-limit buckets of callers that went quiet, every minute.
 async fn shrink_rate_limits(limits: Arc<http_actix::RateLimits>) {
     let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
@@ -241,6 +252,7 @@ async fn shrink_rate_limits(limits: Arc<http_actix::RateLimits>) {
     }
 }
 
+/// Completes on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let interrupt = async {
         let _ = tokio::signal::ctrl_c().await;

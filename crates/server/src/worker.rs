@@ -5,9 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use domain::materialization::Claim;
-use domain::materializer::RefreshOutcome;
-use domain::Materializer;
+use domain::{Claim, Materializer, RefreshOutcome};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::Text;
 use diesel::{Connection, PgConnection, RunQueryDsl};
-use domain::ports::Change;
-use domain::{EndpointName, ProjectId};
+use domain::{Change, EndpointName, ProjectId};
 
 use crate::connection::AnyConnection;
 use crate::error::DbError;
@@ -183,8 +182,7 @@ fn sleep_unless_stopped(total: Duration, stop: &AtomicBool) {
 
 #[cfg(test)]
 mod tests {
-    use domain::ports::Change;
-    use domain::{EndpointName, ProjectId};
+    use domain::{Change, EndpointName, ProjectId};
 
     use super::{listening_url, parse, payload};
 

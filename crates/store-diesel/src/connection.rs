@@ -6,7 +6,7 @@ use std::time::Duration;
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, ConnectionError, PgConnection, SqliteConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
-use domain::ports::StoreError;
+use domain::StoreError;
 
 use crate::error::DbError;
 
@@ -169,7 +169,7 @@ impl Database {
     /// `Change::Everything` whenever changes may have been missed; `None` on SQLite, which serves one process.
     pub fn listen_for_changes(
         &self,
-        on_change: impl Fn(domain::ports::Change) + Send + 'static,
+        on_change: impl Fn(domain::Change) + Send + 'static,
     ) -> Option<crate::ChangeListener> {
         (self.backend == Backend::Postgres).then(|| crate::ChangeListener::spawn(&self.address, on_change))
     }

@@ -7,12 +7,11 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use domain::endpoint::{Column, ColumnType, EndpointChange, EndpointFilter, NewEndpoint};
-use domain::materialization::{CompareOp, MaterializationStatus, MaterializedFilter, StoredResult, Switch};
-use domain::ports::{ApiKeyStore, Change, EndpointStore, MaterializationStore, ProjectStore, StoreError};
 use domain::{
-    ApiKey, CacheAge, Eligibility, EndpointName, PageRequest, ProjectId, Query, Scope, SyncFrequency,
-    Timestamp,
+    ApiKey, ApiKeyStore, CacheAge, Change, Column, ColumnType, CompareOp, Eligibility, EndpointChange,
+    EndpointFilter, EndpointName, EndpointStore, MaterializationStatus, MaterializationStore,
+    MaterializedFilter, NewEndpoint, PageRequest, ProjectId, ProjectStore, Query, Scope, StoreError,
+    StoredResult, Switch, SyncFrequency, Timestamp,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -378,7 +377,7 @@ async fn materialized(store: &DieselStore, p: ProjectId, raw_name: &str) -> Uuid
     EndpointStore::insert(store, new).await.unwrap().id
 }
 
-async fn claims_of(store: &DieselStore, p: ProjectId, now: Timestamp) -> Vec<domain::materialization::Claim> {
+async fn claims_of(store: &DieselStore, p: ProjectId, now: Timestamp) -> Vec<domain::Claim> {
     let lease = now + Duration::from_secs(60);
     let claims = MaterializationStore::claim_due(store, now, lease, 1000).await.unwrap();
     claims.into_iter().filter(|c| c.project == p).collect()
@@ -476,7 +475,7 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
     assert!(claims_of(&store, p, t2 + Duration::from_secs(59)).await.is_empty());
     let retry =
         claims_of(&store, p, t2 + Duration::from_secs(61)).await.pop().expect("an expired lease is due");
-    let crashed_files = domain::materialization::location(id, 1, crashed.token);
+    let crashed_files = domain::attempt_location(id, 1, crashed.token);
     assert_eq!(
         (crashed.abandoned.as_deref(), retry.abandoned.as_deref()),
         (None, Some(crashed_files.as_str()))

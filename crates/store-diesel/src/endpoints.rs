@@ -2,11 +2,10 @@
 
 use async_trait::async_trait;
 use diesel::prelude::*;
-use domain::endpoint::{
-    Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
+use domain::{
+    Change, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointStore, EndpointVersion,
+    NewEndpoint, Page, PageRequest, ProjectId, StoreError, Timestamp,
 };
-use domain::ports::{Change, EndpointStore, StoreError};
-use domain::{Page, PageRequest, ProjectId, Timestamp};
 
 use crate::rows::instant;
 use tracing::instrument;

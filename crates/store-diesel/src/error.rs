@@ -1,7 +1,7 @@
 //! Database errors, translated into the domain's `StoreError` at the boundary.
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use domain::ports::StoreError;
+use domain::StoreError;
 
 /// An error inside a store operation, before translation.
 #[derive(Debug, thiserror::Error)]

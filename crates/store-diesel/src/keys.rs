@@ -2,8 +2,7 @@
 
 use async_trait::async_trait;
 use diesel::prelude::*;
-use domain::ports::{ApiKeyStore, Change, StoreError};
-use domain::{ApiKey, ProjectId, Scope, Timestamp};
+use domain::{ApiKey, ApiKeyStore, Change, ProjectId, Scope, StoreError, Timestamp};
 use tracing::instrument;
 use uuid::Uuid;
 

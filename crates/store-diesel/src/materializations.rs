@@ -5,11 +5,10 @@
 use async_trait::async_trait;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use domain::materialization::{
-    location, Claim, MaterializationState, MaterializationStatus, StoredResult, Switch,
+use domain::{
+    attempt_location, Claim, EndpointName, MaterializationState, MaterializationStatus, MaterializationStore,
+    ProjectId, StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
 };
-use domain::ports::{MaterializationStore, StoreError};
-use domain::{EndpointName, ProjectId, SyncFrequency, Timestamp};
 use tracing::instrument;
 use uuid::Uuid;
 
@@ -67,10 +66,20 @@ impl MaterializationRow {
 
 diesel::define_sql_function!(fn coalesce(x: diesel::sql_types::Nullable<diesel::sql_types::BigInt>, y: diesel::sql_types::BigInt) -> diesel::sql_types::BigInt);
 
-/// A due refresh as read before claiming it: the endpoint's id, project, name, current version and frequency,
-/// and its record's revision, version, lease token and next run (all `None` when it has no record yet).
-type Candidate =
-    (String, i64, String, i64, Option<String>, Option<i64>, Option<i64>, Option<String>, Option<i64>);
+/// A due refresh as read before claiming it: the endpoint, and its record (every `record_` field `None` when it
+/// has none yet). The fields are in the order `due` selects them.
+#[derive(Debug, Queryable)]
+struct Candidate {
+    id: String,
+    project_id: i64,
+    name: String,
+    current_version: i64,
+    sync_frequency: Option<String>,
+    record_revision: Option<i64>,
+    record_version: Option<i64>,
+    record_lease_token: Option<String>,
+    record_next_run_at: Option<i64>,
+}
 
 fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>, DbError> {
     let running = MaterializationStatus::Running.as_str();
@@ -118,13 +127,13 @@ fn claim_one(
     now: i64,
     lease_until: i64,
 ) -> Result<bool, DbError> {
-    let (id, _, _, version, _, revision, _, _, _) = candidate;
+    let (id, version) = (&candidate.id, candidate.current_version);
     let running = MaterializationStatus::Running.as_str();
-    match revision {
+    match candidate.record_revision {
         None => {
             let row = MaterializationRow {
                 endpoint_id: id.clone(),
-                version: *version,
+                version,
                 status: running.to_owned(),
                 next_run_at: now,
                 error: None,
@@ -159,17 +168,18 @@ fn claim_one(
 }
 
 fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
-    let (id, project, name, version, frequency, _, previous_version, previous_token, next_run) = candidate;
-    let abandoned = match (previous_version, previous_token) {
-        (Some(v), Some(t)) => Some(location(uuid(&id)?, version_number(v)?, uuid(&t)?)),
+    let id = uuid(&candidate.id)?;
+    let abandoned = match (candidate.record_version, candidate.record_lease_token) {
+        (Some(v), Some(t)) => Some(attempt_location(id, version_number(v)?, uuid(&t)?)),
         _ => None,
     };
     Ok(Claim {
-        endpoint_id: uuid(&id)?,
-        project: ProjectId::new(project).map_err(|e| DbError::Corrupt(e.detail))?,
-        name: EndpointName::parse(&name).map_err(|e| DbError::Corrupt(e.detail))?,
-        version: version_number(version)?,
-        sync_frequency: frequency
+        endpoint_id: id,
+        project: ProjectId::new(candidate.project_id).map_err(|e| DbError::Corrupt(e.detail))?,
+        name: EndpointName::parse(&candidate.name).map_err(|e| DbError::Corrupt(e.detail))?,
+        version: version_number(candidate.current_version)?,
+        sync_frequency: candidate
+            .sync_frequency
             .as_deref()
             .map(SyncFrequency::parse)
             .transpose()
@@ -177,7 +187,7 @@ fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
             .unwrap_or_default(),
         token,
         abandoned,
-        due_at: next_run.map(instant).transpose()?,
+        due_at: candidate.record_next_run_at.map(instant).transpose()?,
     })
 }
 

@@ -2,8 +2,7 @@
 
 use async_trait::async_trait;
 use diesel::prelude::*;
-use domain::ports::{ProjectStore, StoreError};
-use domain::{Project, ProjectId, Timestamp};
+use domain::{Project, ProjectId, ProjectStore, StoreError, Timestamp};
 use tracing::instrument;
 
 use crate::error::DbError;

@@ -1,9 +1,10 @@
 //! Rows as stored, and their conversion to and from domain values.
 
 use diesel::prelude::*;
-use domain::endpoint::{Column, Endpoint, EndpointVersion};
-use domain::Eligibility;
-use domain::{CacheAge, EndpointName, ProjectId, Query, SyncFrequency, Timestamp};
+use domain::{
+    CacheAge, Column, Eligibility, Endpoint, EndpointName, EndpointVersion, ProjectId, Query, SyncFrequency,
+    Timestamp,
+};
 use uuid::Uuid;
 
 use crate::error::DbError;

@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use domain::ports::ProjectStore;
-use domain::ProjectId;
+use domain::{ProjectId, ProjectStore};
 use indicatif::{ProgressBar, ProgressStyle};
 use query_engine::tables::{import_files, FileFormat, ImportMode};
 use serde_json::{json, Value};

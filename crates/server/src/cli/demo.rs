@@ -1,8 +1,7 @@
 //! `endpoints demo`: a demo project with an `events` table and a few endpoints, a fresh key, and a curl line.
 
 use clap::Args;
-use domain::ports::{Clock, ProjectStore, SystemClock};
-use domain::{Project, ProjectId, Scope};
+use domain::{Clock, Project, ProjectId, ProjectStore, Scope, SystemClock};
 use serde_json::{json, Value};
 
 use super::{data, key, print_json, CliError};

@@ -42,7 +42,11 @@ pub fn apply(command: Command, path: &Path) -> Result<Command, FileError> {
     apply_table(command, &table).map_err(fail)
 }
 
-fn apply_table(mut command: Command, table: &toml::Table) -> Result<Command, String> {
+/// [`apply`] with a parsed file: its values become the defaults of `command`'s options.
+///
+/// # Errors
+/// A sentence naming an unknown section or key, or a value that is not a string, number or boolean.
+pub fn apply_table(mut command: Command, table: &toml::Table) -> Result<Command, String> {
     for (key, value) in table {
         if let toml::Value::Table(section) = value {
             let Some((_, Some(subcommand))) = SECTIONS.iter().find(|(name, _)| name == key) else {
@@ -93,85 +97,4 @@ fn set_defaults(mut command: Command, table: &toml::Table, section: &str) -> Res
         command = command.mut_arg(key.as_str(), |arg| arg.default_value(text));
     }
     Ok(command)
-}
-
-#[cfg(test)]
-mod tests {
-    use clap::{CommandFactory, FromArgMatches};
-
-    use super::apply_table;
-    use crate::cli::{Cli, Command as Sub};
-
-    fn parse(file: &str, args: &[&str]) -> Result<Cli, String> {
-        let command = apply_table(Cli::command(), &file.parse().map_err(|e| format!("{e}"))?)?;
-        let matches = command.try_get_matches_from(args).map_err(|e| e.to_string())?;
-        Cli::from_arg_matches(&matches).map_err(|e| e.to_string())
-    }
-
-    fn serve(cli: Cli) -> crate::cli::serve::ServeArgs {
-        match cli.command {
-            Sub::Serve(args) => args,
-            other => panic!("not serve: {other:?}"),
-        }
-    }
-
-    const FILE: &str = r#"
-        data_dir = "/srv/endpoints"
-        log_json = true
-
-        [serve]
-        bind = "0.0.0.0:9000"
-        query_timeout_secs = 45
-        materialize_workers = 0
-    "#;
-
-    #[test]
-    fn file_values_are_defaults_that_flags_override() {
-        let cli = parse(FILE, &["endpoints", "serve"]).unwrap();
-        assert_eq!((cli.data_dir.to_str(), cli.log_json), (Some("/srv/endpoints"), true));
-        let args = serve(cli);
-        assert_eq!(
-            (args.bind.as_str(), args.query_timeout_secs, args.materialize_workers),
-            ("0.0.0.0:9000", 45, 0)
-        );
-        assert_eq!(args.pool_size, 8, "settings the file leaves out keep their defaults");
-
-        let cli = parse(FILE, &["endpoints", "--data-dir", "/tmp/x", "serve", "--query-timeout-secs", "5"])
-            .unwrap();
-        assert_eq!(cli.data_dir.to_str(), Some("/tmp/x"));
-        assert_eq!(serve(cli).query_timeout_secs, 5);
-    }
-
-    #[test]
-    fn unknown_keys_sections_and_bad_values_are_refused() {
-        for (file, expected) in [
-            ("data_dri = \"x\"", "unknown setting data_dri"),
-            ("[serve]\nquery_timeout = 3", "unknown setting [serve] query_timeout"),
-            ("[server]\nbind = \"x\"", "unknown section [server]"),
-            ("[serve]\nbind = [1, 2]", "[serve] bind must be a string, number or boolean"),
-            ("[serve]\nworkers = \"many\"", "invalid value 'many'"),
-        ] {
-            let err =
-                parse(file, &["endpoints", "serve"]).err().unwrap_or_else(|| panic!("{file} was accepted"));
-            assert!(err.contains(expected), "{file}: {err}");
-        }
-    }
-
-    #[test]
-    fn every_setting_is_documented() {
-        let doc = include_str!("../../../../docs/operations.md");
-        let command = Cli::command();
-        let serve = command.find_subcommand("serve").unwrap();
-        for arg in command.get_arguments().chain(serve.get_arguments()) {
-            let (Some(long), id) = (arg.get_long(), arg.get_id().as_str()) else { continue };
-            if ["help", "version", "json"].contains(&id) {
-                continue;
-            }
-            assert!(doc.contains(&format!("`--{long}`")), "docs/operations.md does not document --{long}");
-            if let Some(env) = arg.get_env() {
-                let env = env.to_string_lossy();
-                assert!(doc.contains(&format!("`{env}`")), "docs/operations.md does not document {env}");
-            }
-        }
-    }
 }

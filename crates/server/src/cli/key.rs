@@ -7,7 +7,6 @@ use uuid::Uuid;
 
 use super::{print_json, rfc3339, CliError};
 use crate::config::Config;
-use crate::duration;
 use crate::startup::Services;
 
 #[derive(Debug, Subcommand)]
@@ -19,13 +18,13 @@ pub enum KeyCommand {
         project: i64,
         /// endpoint:read or endpoint:write (which implies read); repeat for several.
         #[arg(long = "scope", required = true)]
-        scopes: Vec<String>,
+        scopes: Vec<Scope>,
         /// A note for people: who or what uses the key.
         #[arg(long, default_value = "")]
         label: String,
-        /// Lifetime such as 90d, 12h, 30m; without it the key does not expire.
-        #[arg(long)]
-        expires_in: Option<String>,
+        /// Lifetime such as 90d, 12h, 30m or "1h 30m"; without it the key does not expire.
+        #[arg(long, value_parser = lifetime)]
+        expires_in: Option<std::time::Duration>,
     },
     /// List keys (never their secrets).
     List {
@@ -35,7 +34,7 @@ pub enum KeyCommand {
     /// Revoke a key at once.
     Revoke {
         /// The key's id, as `key list` shows it.
-        id: String,
+        id: Uuid,
     },
 }
 
@@ -50,6 +49,15 @@ fn view(key: &ApiKey) -> Value {
         "expires_at": key.expires_at.map(rfc3339),
         "revoked_at": key.revoked_at.map(rfc3339),
     })
+}
+
+/// A key's lifetime: a positive human duration (`humantime`: 90d, 12h, 30m, 45s, "1h 30m").
+fn lifetime(raw: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(raw) {
+        Ok(duration) if duration.is_zero() => Err("the lifetime must be positive".into()),
+        Ok(duration) => Ok(duration),
+        Err(err) => Err(format!("{err}; write a duration such as 90d, 12h or 30m")),
+    }
 }
 
 fn project_id(raw: i64) -> Result<ProjectId, CliError> {
@@ -78,13 +86,6 @@ pub(super) async fn run(config: &Config, command: KeyCommand, json: bool) -> Res
     let services = Services::open(config)?;
     match command {
         KeyCommand::Create { project, scopes, label, expires_in } => {
-            let scopes = scopes
-                .iter()
-                .map(|s| Scope::parse(s))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| CliError::Usage(e.detail))?;
-            let expires_in =
-                expires_in.as_deref().map(duration::parse).transpose().map_err(CliError::Usage)?;
             let created = create(&services, project_id(project)?, scopes, label, expires_in).await?;
             if json {
                 print_json(&created);
@@ -116,7 +117,6 @@ pub(super) async fn run(config: &Config, command: KeyCommand, json: bool) -> Res
             }
         }
         KeyCommand::Revoke { id } => {
-            let id = Uuid::parse_str(&id).map_err(|_| CliError::Usage(format!("'{id}' is not a key id")))?;
             services.keys.revoke(id).await?;
             if json {
                 print_json(&json!({"id": id, "revoked": true}));

@@ -4,7 +4,7 @@
 mod cluster;
 mod data;
 mod demo;
-mod file;
+pub mod file;
 mod key;
 mod migrate;
 mod project;
@@ -16,6 +16,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::Config;
+
+pub use serve::ServeArgs;
 
 /// Saved SQL query endpoints, served over HTTP.
 #[derive(Debug, Parser)]

@@ -1,8 +1,7 @@
 //! `endpoints project create|list`
 
 use clap::Subcommand;
-use domain::ports::ProjectStore;
-use domain::Project;
+use domain::{Project, ProjectStore};
 use serde_json::{json, Value};
 
 use super::{print_json, rfc3339, CliError};
@@ -35,7 +34,7 @@ pub(super) async fn run(config: &Config, command: ProjectCommand, json: bool) ->
             }
             let project = services
                 .store
-                .create(name, domain::ports::Clock::now(&domain::ports::SystemClock))
+                .create(name, domain::Clock::now(&domain::SystemClock))
                 .await
                 .map_err(domain::Error::from)?;
             if json {
