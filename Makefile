@@ -80,6 +80,36 @@ lint: deps ## Format check, clippy with -D warnings, and the dependency-directio
 	  grep -E '^(actix|diesel|r2d2|datafusion|arrow|parquet|tokio|hyper|sqlx|tracing-actix)' || true); \
 	if [ -n "$$leak" ]; then echo "crates/domain depends on framework crates: $$leak"; exit 1; fi; \
 	echo "dependency direction: crates/domain depends on no framework crate"
+	@$(MAKE) --no-print-directory layers
+
+# The domain's parts in dependency order: the base files, the subdomains, then `changes`. Each part may use those
+# before it, never one after it, with one exception: `endpoints` reads `materialization`'s model and ports, never
+# its service (docs/architecture.md says why). Inside the domain a name is imported through its part's path, one
+# part per `use`, so that this check sees every edge.
+DOMAIN_BASE := error.rs clock.rs fields.rs page.rs
+DOMAIN_PARTS := access query endpoints materialization runs changes
+MATERIALIZATION_SERVICE := Materializer|MaterializerDeps|RefreshOutcome|RETRY_AFTER_FAILURE
+
+.PHONY: layers
+layers: ## Check that no part of the domain imports a later one.
+	@cd crates/domain/src && status=0; \
+	files() { ls -d "$$1" "$$1.rs" 2>/dev/null; }; \
+	if grep -nE 'crate::(access|query|endpoints|materialization|runs|changes|testing)\b' $(DOMAIN_BASE); then \
+	  echo "^ the domain's base files import a subdomain"; status=1; fi; \
+	if grep -rnE 'crate::\{|crate::[A-Z]|super::super::super' $(DOMAIN_BASE) $(DOMAIN_PARTS) changes.rs 2>/dev/null; then \
+	  echo "^ import through one part's path (crate::query::Query), not the crate root or a group of parts"; status=1; fi; \
+	later="$(DOMAIN_PARTS)"; \
+	for part in $(DOMAIN_PARTS); do \
+	  later=$${later#*$$part}; \
+	  for next in $$later; do \
+	    hits=$$(grep -rnE "crate::$$next\b" $$(files $$part) | \
+	      grep -vE '^endpoints/[a-z_]+\.rs:[0-9]+:.*crate::materialization::' || true); \
+	    if [ -n "$$hits" ]; then echo "$$hits"; echo "^ $$part imports $$next, which comes after it"; status=1; fi; \
+	  done; \
+	done; \
+	if grep -rnE 'crate::materialization::.*($(MATERIALIZATION_SERVICE))' endpoints; then \
+	  echo "^ endpoints may read materialization's model and ports, not its service"; status=1; fi; \
+	[ $$status = 0 ] && echo "layers: $(DOMAIN_PARTS) import only what comes before them"; exit $$status
 
 .PHONY: test
 test: deps lint ## Everything CI checks: lint, then every test (SQLite, a local PostgreSQL, S3 on moto, Ballista).
