@@ -13,7 +13,7 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
      cluster`, when the binary has the `ballista` feature) against the embedded engine.
 
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
-The results are written as a dated section at the top of docs/benchmarks.md.
+The results replace the run section at the end of docs/benchmarks.md (older runs are in git).
 """
 
 import argparse
@@ -575,18 +575,15 @@ def write_report(args, f):
     if failed:
         lines.insert(2, f"**Non-2xx responses during load runs ({failed}): the figures are not valid.**\n")
     section = "\n".join(lines) + "\n"
-    # The page's own text above the marker is kept; runs go below it, newest first.
-    marker = "<!-- runs: newest first, written by make bench -->"
-    intro, previous = f"# Benchmarks\n\n{marker}\n", ""
+    # The page's own text above the marker is kept; the newest run replaces the one below it (history is in git).
+    marker = "<!-- the newest run, written by make bench; older runs are in git -->"
+    intro = f"# Benchmarks\n\n{marker}\n"
     if os.path.exists(args.out):
         with open(args.out) as f_in:
             text = f_in.read()
         if marker in text:
-            head, previous = text.split(marker, 1)
-            intro = head + marker + "\n"
+            intro = text.split(marker, 1)[0] + marker + "\n"
     body = intro + "\n" + section
-    if previous.strip():
-        body += "\n" + previous.lstrip("\n")
     with open(args.out, "w") as f_out:
         f_out.write(body)
     print(section)

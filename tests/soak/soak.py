@@ -304,12 +304,15 @@ does not declare); the 429s are live runs past the per-project limit of concurre
 | server RSS | {f['memory_first']:.0f} MB (peak of the first third after warm-up), {f['memory_last']:.0f} MB (last third), {f['memory_peak']:.0f} MB overall | flat (last <= 1.25x first + 20 MB): {'met' if f['flat'] else '**missed**'} |
 
 """
+    # The newest soak replaces the one under its marker, up to the next marker (history is in git).
     text = open(args.out).read() if os.path.exists(args.out) else "# Benchmarks\n"
-    marker = "<!-- soak: newest first, written by make soak -->"
+    marker = "<!-- the newest soak, written by make soak; older ones are in git -->"
     if marker not in text:
-        runs = "<!-- runs: newest first, written by make bench -->"
-        text = text.replace(runs, marker + "\n\n" + runs) if runs in text else text + "\n" + marker + "\n"
-    text = text.replace(marker, marker + "\n\n" + section.rstrip() + "\n", 1)
+        text = text.rstrip() + "\n\n" + marker + "\n"
+    head, rest = text.split(marker, 1)
+    following = rest.find("<!--")
+    tail = rest[following:] if following >= 0 else ""
+    text = head + marker + "\n\n" + section.rstrip() + "\n\n" + tail
     with open(args.out, "w") as out:
         out.write(text)
 
