@@ -82,6 +82,7 @@ pub fn endpoint(name: &str, query: Query) -> Endpoint {
         updated_at: T0,
         last_executed_at: None,
         eligibility: Some(Eligibility::Eligible { filters: Vec::new() }),
+        tables: Some(Vec::new()),
         materialization: None,
     }
 }
@@ -99,5 +100,6 @@ pub fn current_version(endpoint: &Endpoint) -> EndpointVersion {
         created_at: endpoint.updated_at,
         is_current: true,
         eligibility: endpoint.eligibility.clone(),
+        tables: endpoint.tables.clone(),
     }
 }

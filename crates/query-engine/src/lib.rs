@@ -196,6 +196,7 @@ impl DataFusionEngine {
         let unbound = self.plan_unbound(&ctx, &compiled).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
+        let tables = tables_read(&unbound);
         let plan = unbound
             .with_param_values(compiled.sample_values())
             .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
@@ -207,7 +208,7 @@ impl DataFusionEngine {
                 dup.name
             )));
         }
-        Ok(QueryDescription { columns, outline })
+        Ok(QueryDescription { columns, outline, tables })
     }
 
     async fn execute_here(
@@ -243,6 +244,21 @@ impl DataFusionEngine {
         let batches = execute::collect(stream).await?;
         execute::result(columns, &batches, limit, self.limits.result_bytes)
     }
+}
+
+/// The tables a plan scans, in its subqueries too, by name, each once.
+fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    use datafusion::logical_expr::LogicalPlan;
+    let mut tables = std::collections::BTreeSet::new();
+    // The closure never fails, so neither does the walk.
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            tables.insert(scan.table_name.table().to_owned());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    tables.into_iter().collect()
 }
 
 /// Planning and execution run on the engine's own threads, whose deep stacks let DataFusion recurse through

@@ -109,6 +109,21 @@ async fn describes_output_columns_with_types() {
 }
 
 #[tokio::test]
+async fn describes_the_tables_a_query_reads_in_subqueries_and_ctes_too() {
+    let (engine, _dir) = engine_with_events().await;
+    let read = |sql: &str| {
+        let engine = engine.clone();
+        let q = query(sql, json!({}));
+        async move { engine.describe(project(1), &q).await.unwrap().tables }
+    };
+    assert_eq!(read("SELECT count(*) FROM events").await, ["events"]);
+    let nested = "WITH e AS (SELECT country FROM events) SELECT count(*) AS n FROM e \
+                  WHERE country IN (SELECT country FROM events WHERE revenue > 1)";
+    assert_eq!(read(nested).await, ["events"], "each table once");
+    assert!(read("VALUES (1)").await.is_empty());
+}
+
+#[tokio::test]
 async fn variables_plan_as_typed_parameters() {
     let (engine, _dir) = engine_with_events().await;
     let q = query(

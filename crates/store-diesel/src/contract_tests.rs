@@ -10,8 +10,8 @@ use std::time::Duration;
 use domain::{
     ApiKey, ApiKeyStore, CacheAge, Change, Column, ColumnType, CompareOp, Eligibility, EndpointChange,
     EndpointFilter, EndpointName, EndpointStore, MaterializationStatus, MaterializationStore,
-    MaterializedFilter, NewEndpoint, PageRequest, ProjectId, ProjectStore, Query, Scope, StoreError,
-    StoredResult, Switch, SyncFrequency, Timestamp,
+    MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectId, ProjectStore, Query, Scope,
+    StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -110,6 +110,11 @@ fn eligible() -> Eligibility {
     }
 }
 
+/// A query as planned: its columns named `names`, materializable, reading `events`.
+fn planned(query: Query, names: &[&str]) -> PlannedQuery {
+    PlannedQuery { query, columns: cols(names), eligibility: eligible(), tables: vec!["events".into()] }
+}
+
 fn new_endpoint(project: ProjectId, raw_name: &str) -> NewEndpoint {
     NewEndpoint {
         id: Uuid::new_v4(),
@@ -119,6 +124,7 @@ fn new_endpoint(project: ProjectId, raw_name: &str) -> NewEndpoint {
         query: query("SELECT 1 AS n"),
         columns: cols(&["n"]),
         eligibility: eligible(),
+        tables: vec!["events".into()],
         derived_from_insight: Some("insight-1".into()),
         is_active: true,
         is_materialized: false,
@@ -168,10 +174,8 @@ async fn names_are_unique_per_project(store: DieselStore) {
 async fn delete_frees_the_name_and_removes_versions(store: DieselStore) {
     let p = project(&store).await;
     let first = EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
-    let change = EndpointChange {
-        query: Some((query("SELECT 2 AS n"), cols(&["n"]), eligible())),
-        ..Default::default()
-    };
+    let change =
+        EndpointChange { query: Some(planned(query("SELECT 2 AS n"), &["n"])), ..Default::default() };
     EndpointStore::update(&store, p, &name("daily"), change, T0).await.unwrap();
     EndpointStore::delete(&store, p, &name("daily")).await.unwrap();
     assert!(matches!(EndpointStore::get(&store, p, &name("daily")).await, Err(StoreError::NotFound)));
@@ -201,7 +205,7 @@ async fn settings_changes_keep_the_version(store: DieselStore) {
         cache_age: Some(CacheAge::default()),
         derived_from_insight: Some(None),
         // The same query, so no new version either.
-        query: Some((query("SELECT 1 AS n"), cols(&["n"]), eligible())),
+        query: Some(planned(query("SELECT 1 AS n"), &["n"])),
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
     assert_eq!(updated.current_version, 1);
@@ -223,7 +227,7 @@ async fn query_changes_make_contiguous_versions(store: DieselStore) {
     let change = EndpointChange {
         description: Some("v2 words".into()),
         cache_age: Some(CacheAge::new(Some(0)).unwrap()),
-        query: Some((query("SELECT 2 AS m"), cols(&["m"]), eligible())),
+        query: Some(planned(query("SELECT 2 AS m"), &["m"])),
         ..Default::default()
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
@@ -264,7 +268,7 @@ async fn concurrent_query_changes_stay_contiguous(store: DieselStore) {
             let store = Arc::clone(&store);
             tokio::spawn(async move {
                 let change = EndpointChange {
-                    query: Some((query(&format!("SELECT {} AS n", i + 100)), cols(&["n"]), eligible())),
+                    query: Some(planned(query(&format!("SELECT {} AS n", i + 100)), &["n"])),
                     ..Default::default()
                 };
                 EndpointStore::update(&*store, p, &name("busy"), change, T0).await
@@ -517,12 +521,11 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     MaterializationStore::complete(&store, id, claim.token, stored("v1", 1, T0), far).await.unwrap();
 
     // A new version is due at once, though the record's next run is far away.
-    let change = EndpointChange {
-        query: Some((query("SELECT 2 AS n"), cols(&["n"]), eligible())),
-        ..Default::default()
-    };
+    let change =
+        EndpointChange { query: Some(planned(query("SELECT 2 AS n"), &["n"])), ..Default::default() };
     let updated = EndpointStore::update(&store, p, &name("kpi"), change, T0).await.unwrap();
     assert_eq!(updated.eligibility, Some(eligible()));
+    assert_eq!(updated.tables, Some(vec!["events".to_owned()]), "a version keeps the tables it reads");
     let claim = claims_of(&store, p, T0).await.pop().expect("the new version is due");
     assert_eq!(claim.version, 2);
     let switch =

@@ -13,7 +13,7 @@ use tracing::instrument;
 use crate::changes::announce;
 use crate::connection::AnyConnection;
 use crate::error::DbError;
-use crate::rows::{columns_text, eligibility_text, micros, EndpointRow, VersionRow};
+use crate::rows::{columns_text, eligibility_text, micros, tables_text, EndpointRow, VersionRow};
 use crate::schema::{endpoint_versions, endpoints, materializations};
 use crate::DieselStore;
 
@@ -137,19 +137,20 @@ fn apply_change(
 
     let mut current_version = row.current_version;
     match change.query {
-        Some((query, columns, eligibility)) if query.canonical() != canonical_of(&current.query)? => {
+        Some(planned) if planned.query.canonical() != canonical_of(&current.query)? => {
             current_version += 1;
             diesel::insert_into(endpoint_versions::table)
                 .values(VersionRow {
                     endpoint_id: row.id.clone(),
                     version: current_version,
-                    query: query.canonical(),
+                    query: planned.query.canonical(),
                     description: description.clone(),
-                    output_columns: columns_text(&columns),
+                    output_columns: columns_text(&planned.columns),
                     cache_age_seconds: final_cache,
                     sync_frequency: final_sync.clone(),
                     created_at: at,
-                    eligibility: eligibility_text(&eligibility),
+                    eligibility: eligibility_text(&planned.eligibility),
+                    source_tables: tables_text(&planned.tables),
                 })
                 .execute(conn)?;
         }
@@ -223,6 +224,7 @@ impl EndpointStore for DieselStore {
             sync_frequency: row.sync_frequency.clone(),
             created_at: at,
             eligibility: eligibility_text(&endpoint.eligibility),
+            source_tables: tables_text(&endpoint.tables),
         };
         let lookup = name.clone();
         self.db

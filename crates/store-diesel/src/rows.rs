@@ -55,6 +55,14 @@ fn eligibility(raw: Option<&str>) -> Result<Option<Eligibility>, DbError> {
         .transpose()
 }
 
+pub(crate) fn tables_text(tables: &[String]) -> Option<String> {
+    serde_json::to_string(tables).ok()
+}
+
+fn tables(raw: Option<&str>) -> Result<Option<Vec<String>>, DbError> {
+    raw.map(|raw| serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("tables: {e}")))).transpose()
+}
+
 fn columns(raw: &str) -> Result<Vec<Column>, DbError> {
     serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("columns: {e}")))
 }
@@ -89,6 +97,7 @@ pub(crate) struct VersionRow {
     pub sync_frequency: Option<String>,
     pub created_at: i64,
     pub eligibility: Option<String>,
+    pub source_tables: Option<String>,
 }
 
 impl EndpointRow {
@@ -113,6 +122,7 @@ impl EndpointRow {
             updated_at: instant(self.updated_at)?,
             last_executed_at: self.last_executed_at.map(instant).transpose()?,
             eligibility: eligibility(current.eligibility.as_deref())?,
+            tables: tables(current.source_tables.as_deref())?,
             materialization: None,
         })
     }
@@ -131,6 +141,7 @@ impl VersionRow {
             created_at: instant(self.created_at)?,
             is_current: self.version == current_version,
             eligibility: eligibility(self.eligibility.as_deref())?,
+            tables: tables(self.source_tables.as_deref())?,
         })
     }
 }

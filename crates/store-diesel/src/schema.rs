@@ -51,6 +51,7 @@ diesel::table! {
         sync_frequency -> Nullable<Text>,
         created_at -> BigInt,
         eligibility -> Nullable<Text>,
+        source_tables -> Nullable<Text>,
     }
 }
 

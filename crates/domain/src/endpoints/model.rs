@@ -84,6 +84,8 @@ pub struct Endpoint {
     pub last_executed_at: Option<Timestamp>,
     /// Whether the current version can be materialized; `None` for a version saved before it was recorded.
     pub eligibility: Option<Eligibility>,
+    /// The tables the current version reads; `None` for a version saved before they were recorded.
+    pub tables: Option<Vec<String>>,
     /// The materialization record, when the service has read it (the endpoint store leaves it `None`).
     pub materialization: Option<MaterializationState>,
 }
@@ -102,6 +104,8 @@ pub struct EndpointVersion {
     pub is_current: bool,
     /// Whether this version can be materialized; `None` for a version saved before it was recorded.
     pub eligibility: Option<Eligibility>,
+    /// The tables this version reads; `None` for a version saved before they were recorded.
+    pub tables: Option<Vec<String>>,
 }
 
 /// A validated endpoint to insert as version 1.
@@ -114,6 +118,8 @@ pub struct NewEndpoint {
     pub query: Query,
     pub columns: Vec<Column>,
     pub eligibility: Eligibility,
+    /// The tables the query reads.
+    pub tables: Vec<String>,
     pub derived_from_insight: Option<String>,
     pub is_active: bool,
     pub is_materialized: bool,
@@ -132,7 +138,16 @@ pub struct EndpointChange {
     pub cache_age: Option<CacheAge>,
     pub sync_frequency: Option<Option<SyncFrequency>>,
     /// A query to save; the store makes a new version only when its canonical form differs from the current one.
-    pub query: Option<(Query, Vec<Column>, Eligibility)>,
+    pub query: Option<PlannedQuery>,
+}
+
+/// A query with what planning it told: its output columns, whether it can be materialized, the tables it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedQuery {
+    pub query: Query,
+    pub columns: Vec<Column>,
+    pub eligibility: Eligibility,
+    pub tables: Vec<String>,
 }
 
 impl EndpointChange {

@@ -6,7 +6,9 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::executions::ExecutionTracker;
-use super::model::{Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
+use super::model::{
+    Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint, PlannedQuery,
+};
 use super::ports::{EndpointChanges, EndpointStore};
 use super::settings::{CacheAge, SyncFrequency};
 use crate::access::ProjectId;
@@ -197,6 +199,7 @@ impl EndpointService {
             description: fields.nullable_string("description")?.flatten().unwrap_or_default(),
             columns: Vec::new(),
             eligibility: Eligibility::Eligible { filters: Vec::new() },
+            tables: Vec::new(),
             query,
             derived_from_insight: fields.nullable_string("derived_from_insight")?.flatten(),
             is_active: fields.bool("is_active")?.unwrap_or(true),
@@ -210,8 +213,15 @@ impl EndpointService {
         if endpoint.is_materialized {
             check_materializable(endpoint.is_active, &eligibility)?;
         }
-        let created =
-            self.store.insert(NewEndpoint { columns: description.columns, eligibility, ..endpoint }).await?;
+        let created = self
+            .store
+            .insert(NewEndpoint {
+                columns: description.columns,
+                tables: description.tables,
+                eligibility,
+                ..endpoint
+            })
+            .await?;
         self.materialization_attached(created).await
     }
 
@@ -288,7 +298,12 @@ impl EndpointService {
             if query.canonical() != current.query.canonical() {
                 let description = self.engine.describe(project, &query).await?;
                 let eligibility = Eligibility::decide(&description.outline);
-                change.query = Some((query, description.columns, eligibility));
+                change.query = Some(PlannedQuery {
+                    query,
+                    columns: description.columns,
+                    eligibility,
+                    tables: description.tables,
+                });
             }
         } else if fields.contains("query") {
             return Err(Invalid::field("query", "query cannot be null.").into());
@@ -302,7 +317,7 @@ impl EndpointService {
             && (change.is_materialized.is_some() || change.is_active.is_some() || change.query.is_some())
         {
             let eligibility = match &change.query {
-                Some((_, _, eligibility)) => eligibility.clone(),
+                Some(planned) => planned.eligibility.clone(),
                 None => self.eligibility(&current).await?,
             };
             check_materializable(active, &eligibility)?;

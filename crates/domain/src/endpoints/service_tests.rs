@@ -34,7 +34,7 @@ fn describing_engine() -> MockQueryEngine {
 }
 
 fn description() -> QueryDescription {
-    QueryDescription { columns: columns(), outline: Default::default() }
+    QueryDescription { columns: columns(), outline: Default::default(), tables: vec!["events".into()] }
 }
 
 /// The service over `store` and `engine`, with the collaborators most tests do not look at: no materialization
@@ -89,6 +89,7 @@ fn saved(new: NewEndpoint) -> Endpoint {
         updated_at: new.created_at,
         last_executed_at: None,
         eligibility: Some(new.eligibility),
+        tables: Some(new.tables),
         materialization: None,
     }
 }
@@ -111,6 +112,7 @@ fn existing() -> Endpoint {
         query,
         columns: columns(),
         eligibility: Eligibility::Eligible { filters: vec![] },
+        tables: vec![],
         derived_from_insight: None,
         is_active: true,
         is_materialized: false,
@@ -137,6 +139,7 @@ async fn create_applies_defaults_and_records_columns() {
     assert_eq!(created.sync_frequency, None);
     assert_eq!(created.description, "");
     assert_eq!(created.columns, columns());
+    assert_eq!(created.tables, Some(vec!["events".into()]), "the tables the engine found are recorded");
     assert_eq!(created.created_at, NOW);
 }
 
@@ -256,7 +259,7 @@ async fn update_with_a_new_query_plans_it_and_saves_it() {
     store
         .expect_update()
         .withf(|_, _, change, _| {
-            change.query.as_ref().is_some_and(|(q, cols, _)| q.sql == "SELECT 2 AS n" && *cols == columns())
+            change.query.as_ref().is_some_and(|p| p.query.sql == "SELECT 2 AS n" && p.columns == columns())
         })
         .times(1)
         .returning(|_, _, _, _| Ok(existing()));
@@ -386,6 +389,7 @@ mod materialization {
             Ok(QueryDescription {
                 columns: columns(),
                 outline: QueryOutline { limit_or_offset: true, ..QueryOutline::default() },
+                tables: vec![],
             })
         });
         engine
@@ -435,6 +439,7 @@ mod materialization {
             Ok(QueryDescription {
                 columns: columns(),
                 outline: QueryOutline { predicates: vec![predicate], ..QueryOutline::default() },
+                tables: vec![],
             })
         });
         let materialized =

@@ -49,6 +49,7 @@ fn endpoints(eligibility: Option<Eligibility>) -> MockEndpointStore {
             created_at: NOW,
             is_current: true,
             eligibility: eligibility.clone(),
+            tables: None,
         })
     });
     store

@@ -47,6 +47,8 @@ pub struct Column {
 pub struct QueryDescription {
     pub columns: Vec<Column>,
     pub outline: QueryOutline,
+    /// The project's tables the query reads, by name, each once.
+    pub tables: Vec<String>,
 }
 
 /// A comparison a variable predicate may use.
