@@ -84,6 +84,12 @@ pub enum Error {
     /// 409: the name is already used by another endpoint of the project.
     #[error("An endpoint named '{0}' already exists in this project.")]
     NameTaken(String),
+    /// 409 `in_use`: the thing is still needed (a table that endpoints read); the detail names by what.
+    #[error("{0}")]
+    InUse(String),
+    /// 413: a body is larger than allowed.
+    #[error("The body is larger than the limit of {limit_bytes} bytes; nothing was written.")]
+    PayloadTooLarge { limit_bytes: u64 },
     /// 400 `query_timeout`: the query ran past its time limit.
     #[error("The query did not finish within {0:?} and was cancelled.")]
     QueryTimeout(std::time::Duration),
@@ -145,6 +151,42 @@ pub enum EngineError {
     Unavailable(#[source] BoxError),
     #[error("engine failure")]
     Internal(#[source] BoxError),
+}
+
+/// What writing an upload into a table can fail with. Whatever it fails with, the table is as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// The body does not read as its format, or its rows do not fit the table; the text says what and where
+    /// (a line or row number).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the body is over {limit_bytes} bytes")]
+    TooLarge { limit_bytes: u64 },
+    /// Rows were to be added to a table that does not exist.
+    #[error("no such table")]
+    NoSuchTable,
+    /// The body stopped before its end: the client went away or its connection broke.
+    #[error("the body was cut off")]
+    CutOff(#[source] BoxError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl From<UploadError> for Error {
+    fn from(err: UploadError) -> Self {
+        match err {
+            UploadError::Invalid(reason) => Error::Invalid(Invalid::field("body", reason)),
+            UploadError::TooLarge { limit_bytes } => Error::PayloadTooLarge { limit_bytes },
+            UploadError::NoSuchTable => {
+                Error::NotFound("No such table in this project; create it with PUT first.".into())
+            }
+            UploadError::CutOff(_) => Error::Invalid(Invalid::field(
+                "body",
+                "The body stopped before its end; nothing was written.",
+            )),
+            UploadError::Engine(err) => err.into(),
+        }
+    }
 }
 
 impl From<Invalid> for Error {

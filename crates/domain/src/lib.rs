@@ -7,7 +7,7 @@
 //!
 //! It is laid out in subdomains, each with its model, its ports and its service, and each using only those
 //! before it: `access` (projects, keys, scopes), `query` (the saved SQL, its variables, what the engine tells
-//! of it), `endpoints`, `materialization`, `runs`. Beneath them all sit `error`, `clock`, `fields` and `page`;
+//! of it), `endpoints`, `materialization`, `tables`, `runs`. Beneath them all sit `error`, `clock`, `fields` and `page`;
 //! above them `changes`, which clears what a process keeps in memory. One edge goes back: `endpoints` reads
 //! `materialization`'s model and ports, because an endpoint record carries its materialization and deleting an
 //! endpoint removes its stored results (docs/architecture.md). `make lint` checks the order.
@@ -25,6 +25,7 @@ mod materialization;
 mod page;
 mod query;
 mod runs;
+mod tables;
 #[cfg(any(test, feature = "mocks"))]
 pub mod testing;
 
@@ -38,6 +39,7 @@ pub use materialization::*;
 pub use page::*;
 pub use query::*;
 pub use runs::*;
+pub use tables::*;
 
 #[cfg(test)]
 mod properties;

@@ -41,20 +41,26 @@ pub struct Project {
     pub created_at: Timestamp,
 }
 
-/// A permission carried by a key. `endpoint:write` implies `endpoint:read`.
+/// A permission carried by a key. A write scope implies the read scope of its kind; `endpoint:write` does not
+/// imply `table:write` (changing a project's data is its own permission).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
     EndpointRead,
     EndpointWrite,
+    TableRead,
+    TableWrite,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 2] = [Scope::EndpointRead, Scope::EndpointWrite];
+    pub const ALL: [Scope; 4] =
+        [Scope::EndpointRead, Scope::EndpointWrite, Scope::TableRead, Scope::TableWrite];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::EndpointRead => "endpoint:read",
             Scope::EndpointWrite => "endpoint:write",
+            Scope::TableRead => "table:read",
+            Scope::TableWrite => "table:write",
         }
     }
 
@@ -69,7 +75,11 @@ impl Scope {
 
     /// Whether holding `self` allows an operation that needs `needed`.
     pub fn grants(self, needed: Scope) -> bool {
-        self == needed || (self == Scope::EndpointWrite && needed == Scope::EndpointRead)
+        self == needed
+            || matches!(
+                (self, needed),
+                (Scope::EndpointWrite, Scope::EndpointRead) | (Scope::TableWrite, Scope::TableRead)
+            )
     }
 }
 

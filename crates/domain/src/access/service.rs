@@ -378,4 +378,24 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn each_write_scope_implies_only_its_own_read() {
+        use Scope::*;
+        let grants: Vec<(Scope, Scope)> = Scope::ALL
+            .into_iter()
+            .flat_map(|a| Scope::ALL.map(|b| (a, b)))
+            .filter(|(a, b)| a.grants(*b))
+            .collect();
+        let mut expected = Scope::ALL.map(|s| (s, s)).to_vec();
+        expected.extend([(EndpointWrite, EndpointRead), (TableWrite, TableRead)]);
+        expected.sort();
+        let mut grants = grants;
+        grants.sort();
+        assert_eq!(grants, expected, "endpoint:write grants no table scope, table:write no endpoint scope");
+        for scope in Scope::ALL {
+            assert_eq!(scope.as_str().parse::<Scope>().unwrap(), scope);
+        }
+        assert!("table:admin".parse::<Scope>().unwrap_err().detail.contains("table:write"));
+    }
 }

@@ -53,6 +53,8 @@ fn unshare(err: &Arc<Error>) -> Error {
         Error::PermissionDenied(d) => Error::PermissionDenied(d.clone()),
         Error::NotFound(d) => Error::NotFound(d.clone()),
         Error::NameTaken(n) => Error::NameTaken(n.clone()),
+        Error::InUse(d) => Error::InUse(d.clone()),
+        Error::PayloadTooLarge { limit_bytes } => Error::PayloadTooLarge { limit_bytes: *limit_bytes },
         Error::QueryTimeout(d) => Error::QueryTimeout(*d),
         Error::QueryMemoryLimit(d) => Error::QueryMemoryLimit(d.clone()),
         Error::ResultTooLarge { limit_bytes } => Error::ResultTooLarge { limit_bytes: *limit_bytes },

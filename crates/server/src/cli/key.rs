@@ -16,7 +16,8 @@ pub enum KeyCommand {
         /// The project the key gives access to.
         #[arg(long)]
         project: i64,
-        /// endpoint:read or endpoint:write (which implies read); repeat for several.
+        /// endpoint:read, endpoint:write (implies endpoint:read), table:read, table:write (implies table:read);
+        /// repeat for several.
         #[arg(long = "scope", required = true)]
         scopes: Vec<Scope>,
         /// A note for people: who or what uses the key.

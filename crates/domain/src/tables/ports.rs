@@ -1,0 +1,43 @@
+//! Where a project's tables live: listed, described, written from an upload, deleted.
+
+use async_trait::async_trait;
+
+use super::model::{TableInfo, TableName, Upload, Written};
+use crate::access::ProjectId;
+use crate::error::{EngineError, UploadError};
+
+/// A project's tables. Writes are atomic: a reader (a run, another request) sees a table before a write or
+/// after it, never part of one, and a failed write leaves the table as it was.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait TableStore: Send + Sync {
+    /// The project's tables, by name.
+    ///
+    /// # Errors
+    /// `Unavailable` when the storage cannot be read; `Internal`.
+    async fn list(&self, project: ProjectId) -> Result<Vec<TableInfo>, EngineError>;
+
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn get(&self, project: ProjectId, name: &TableName) -> Result<Option<TableInfo>, EngineError>;
+
+    /// Writes an upload: a replace becomes the table's whole content (creating it), an append adds its rows to
+    /// those of the table (whose columns it must have). Concurrent appends all land.
+    ///
+    /// # Errors
+    /// [`UploadError::Invalid`] for a body that does not read as its format or rows that do not fit the table,
+    /// [`UploadError::TooLarge`], [`UploadError::NoSuchTable`] for an append to a missing table,
+    /// [`UploadError::CutOff`]; the engine's `Unavailable` and `Internal`.
+    async fn write(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        upload: Upload,
+    ) -> Result<Written, UploadError>;
+
+    /// Removes the table; `false` when there was none.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn delete(&self, project: ProjectId, name: &TableName) -> Result<bool, EngineError>;
+}

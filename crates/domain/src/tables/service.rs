@@ -1,0 +1,196 @@
+//! The table rules: which endpoints read a table, what a write makes stale, when a table may be deleted, and a
+//! preview of its rows.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::model::{Table, TableInfo, TableName, Upload, Written};
+use super::ports::TableStore;
+use crate::access::ProjectId;
+use crate::endpoints::{Endpoint, EndpointChanges, EndpointFilter, EndpointName, EndpointStore};
+use crate::error::Error;
+use crate::page::{Page, PageRequest};
+use crate::query::{Query, QueryEngine, QueryKind, QueryResult};
+
+/// What the table rules work through.
+pub struct TableDeps {
+    pub tables: Arc<dyn TableStore>,
+    /// Where the endpoints that read a table are found.
+    pub endpoints: Arc<dyn EndpointStore>,
+    /// Plans the queries of versions saved before the tables they read were recorded, and runs previews.
+    pub engine: Arc<dyn QueryEngine>,
+    /// Told of every endpoint that reads a table a write changed, so its cached runs go at once.
+    pub changes: Arc<dyn EndpointChanges>,
+}
+
+/// Listing, reading, writing, deleting and previewing a project's tables.
+pub struct TableService {
+    tables: Arc<dyn TableStore>,
+    endpoints: Arc<dyn EndpointStore>,
+    engine: Arc<dyn QueryEngine>,
+    changes: Arc<dyn EndpointChanges>,
+}
+
+/// The rows a preview shows when the caller does not say.
+pub const PREVIEW_ROWS: u32 = 20;
+
+/// A name from a path: one that cannot be valid cannot exist either, so it is a 404, not a 400.
+fn path_name(raw: &str) -> Result<TableName, Error> {
+    TableName::parse(raw).map_err(|_| not_found(raw))
+}
+
+fn not_found(name: &str) -> Error {
+    Error::NotFound(format!("No table named '{name}' in this project."))
+}
+
+impl TableService {
+    pub fn new(deps: TableDeps) -> Self {
+        let TableDeps { tables, endpoints, engine, changes } = deps;
+        Self { tables, endpoints, engine, changes }
+    }
+
+    /// The tables an endpoint's current version reads, planning it now if they were not recorded. A query that
+    /// no longer plans reads nothing a write could make staler.
+    async fn tables_of(&self, endpoint: &Endpoint) -> Vec<String> {
+        match &endpoint.tables {
+            Some(tables) => tables.clone(),
+            None => self
+                .engine
+                .describe(endpoint.project_id, &endpoint.query)
+                .await
+                .map_or_else(|_| Vec::new(), |d| d.tables),
+        }
+    }
+
+    /// Every endpoint of the project with the tables its current version reads.
+    async fn readers(&self, project: ProjectId) -> Result<Vec<(EndpointName, Vec<String>)>, Error> {
+        let mut readers = Vec::new();
+        let mut page = PageRequest { limit: PageRequest::MAX_LIMIT, offset: 0 };
+        loop {
+            let found = self.endpoints.list(project, &EndpointFilter::default(), page).await?;
+            for endpoint in &found.items {
+                readers.push((endpoint.name.clone(), self.tables_of(endpoint).await));
+            }
+            if !found.has_next() {
+                return Ok(readers);
+            }
+            page.offset += u64::from(page.limit);
+        }
+    }
+
+    fn used_by(readers: &[(EndpointName, Vec<String>)], table: &TableName) -> Vec<EndpointName> {
+        readers
+            .iter()
+            .filter(|(_, tables)| tables.iter().any(|t| t == table.as_str()))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// The project's tables by name, a page of them.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for bad paging; store and engine failures.
+    pub async fn list(
+        &self,
+        project: ProjectId,
+        limit: Option<&str>,
+        offset: Option<&str>,
+    ) -> Result<Page<Table>, Error> {
+        let request = PageRequest::parse(limit, offset)?;
+        let all = self.tables.list(project).await?;
+        let total = all.len() as u64;
+        let start = usize::try_from(request.offset).unwrap_or(usize::MAX);
+        let infos: Vec<TableInfo> = all.into_iter().skip(start).take(request.limit as usize).collect();
+        let readers = if infos.is_empty() { Vec::new() } else { self.readers(project).await? };
+        let items = infos
+            .into_iter()
+            .map(|info| Table { used_by: Self::used_by(&readers, &info.name), info })
+            .collect();
+        Ok(Page { items, total, request })
+    }
+
+    /// # Errors
+    /// [`Error::NotFound`]; store and engine failures.
+    pub async fn get(&self, project: ProjectId, name: &str) -> Result<Table, Error> {
+        let name = path_name(name)?;
+        let info = self.tables.get(project, &name).await?.ok_or_else(|| not_found(name.as_str()))?;
+        let readers = self.readers(project).await?;
+        Ok(Table { used_by: Self::used_by(&readers, &name), info })
+    }
+
+    /// Writes an upload into a table, and makes the cached runs of every endpoint that reads it stale.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad name or a body that does not read or fit (the detail says where),
+    /// [`Error::PayloadTooLarge`], [`Error::NotFound`] for an append to a missing table; store and engine
+    /// failures. On any error the table is as it was.
+    pub async fn write(
+        &self,
+        project: ProjectId,
+        name: &str,
+        upload: Upload,
+    ) -> Result<(Table, Written), Error> {
+        let name = TableName::parse(name)?;
+        let written = self.tables.write(project, &name, upload).await?;
+        let readers = self.readers(project).await?;
+        let used_by = Self::used_by(&readers, &name);
+        for endpoint in &used_by {
+            self.changes.changed(project, endpoint);
+        }
+        let info = self.tables.get(project, &name).await?.ok_or_else(|| not_found(name.as_str()))?;
+        Ok((Table { info, used_by }, written))
+    }
+
+    /// Deletes a table no endpoint reads.
+    ///
+    /// # Errors
+    /// [`Error::InUse`] naming the endpoints whose current version reads it; [`Error::NotFound`]; store and
+    /// engine failures.
+    pub async fn delete(&self, project: ProjectId, name: &str) -> Result<(), Error> {
+        let name = path_name(name)?;
+        let used_by = Self::used_by(&self.readers(project).await?, &name);
+        if !used_by.is_empty() {
+            let names: Vec<&str> = used_by.iter().map(EndpointName::as_str).collect();
+            return Err(Error::InUse(format!(
+                "Table '{name}' is read by the current version of: {}. Change or delete those endpoints first.",
+                names.join(", ")
+            )));
+        }
+        if self.tables.delete(project, &name).await? {
+            Ok(())
+        } else {
+            Err(not_found(name.as_str()))
+        }
+    }
+
+    /// The first rows of a table, in the row format of a run.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::Invalid`] (attr `limit`) outside `1..=1000`; engine failures.
+    pub async fn preview(
+        &self,
+        project: ProjectId,
+        name: &str,
+        limit: Option<&str>,
+    ) -> Result<QueryResult, Error> {
+        let name = path_name(name)?;
+        let limit = match limit {
+            None => PREVIEW_ROWS,
+            Some(raw) => PageRequest::parse(Some(raw), None)?.limit,
+        };
+        if self.tables.get(project, &name).await?.is_none() {
+            return Err(not_found(name.as_str()));
+        }
+        // The name is letters, digits and '_' only, so quoting it is all it takes to name it in SQL as it is.
+        let query = Query {
+            kind: QueryKind::Sql,
+            sql: format!("SELECT * FROM \"{name}\""),
+            variables: BTreeMap::new(),
+        };
+        Ok(self.engine.execute(project, &query, &BTreeMap::new(), limit, 0).await?)
+    }
+}
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

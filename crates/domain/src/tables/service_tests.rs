@@ -1,0 +1,173 @@
+use std::sync::{Arc, Mutex};
+
+use futures_util::stream;
+use mockall::predicate::{always, eq};
+use serde_json::json;
+
+use super::super::model::{TableColumn, TableFormat, TableSource, WriteMode};
+use super::super::ports::MockTableStore;
+use super::*;
+use crate::endpoints::{MockEndpointChanges, MockEndpointStore};
+use crate::error::UploadError;
+use crate::query::{ColumnType, MockQueryEngine, QueryDescription};
+use crate::testing::{endpoint, project, query, T0};
+
+fn info(name: &str) -> TableInfo {
+    TableInfo {
+        name: TableName::parse(name).unwrap(),
+        columns: vec![TableColumn { name: "n".into(), column_type: ColumnType::Integer, nullable: true }],
+        row_count: 3,
+        bytes: 100,
+        format: TableFormat::Parquet,
+        source: TableSource::Upload,
+        created_at: T0,
+        updated_at: T0,
+    }
+}
+
+/// `sales_by_day` reads `sales` (recorded), `legacy` reads `sales` too (not recorded: planned on demand), and
+/// `other` reads `events`.
+fn endpoints() -> MockEndpointStore {
+    let mut store = MockEndpointStore::new();
+    store.expect_list().returning(|_, _, page| {
+        let reads = |name: &str, tables: Option<&[&str]>| Endpoint {
+            tables: tables.map(|t| t.iter().map(|s| (*s).to_owned()).collect()),
+            ..endpoint(
+                name,
+                query(
+                    json!({"kind": "SQLQuery", "query": format!("SELECT 1 AS {}", name.replace('-', "_"))}),
+                ),
+            )
+        };
+        let items = vec![
+            reads("sales_by_day", Some(&["sales"])),
+            reads("legacy", None),
+            reads("other", Some(&["events"])),
+        ];
+        Ok(Page { total: items.len() as u64, items, request: page })
+    });
+    store
+}
+
+fn engine() -> MockQueryEngine {
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(|_, q| {
+        assert_eq!(q.sql, "SELECT 1 AS legacy", "only the version without recorded tables is planned");
+        Ok(QueryDescription { tables: vec!["sales".into()], ..QueryDescription::default() })
+    });
+    engine
+}
+
+fn service(tables: MockTableStore, engine: MockQueryEngine, changes: MockEndpointChanges) -> TableService {
+    TableService::new(TableDeps {
+        tables: Arc::new(tables),
+        endpoints: Arc::new(endpoints()),
+        engine: Arc::new(engine),
+        changes: Arc::new(changes),
+    })
+}
+
+fn upload(mode: WriteMode) -> Upload {
+    Upload { format: TableFormat::Csv, mode, body: Box::pin(stream::empty()), limit_bytes: 1024 }
+}
+
+#[tokio::test]
+async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
+    let mut tables = MockTableStore::new();
+    tables
+        .expect_write()
+        .with(eq(project(1)), eq(TableName::parse("sales").unwrap()), always())
+        .times(1)
+        .returning(|_, _, _| Ok(Written { rows: 2, bytes: 10, created: false }));
+    tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let mut changes = MockEndpointChanges::new();
+    let seen = Arc::clone(&told);
+    changes.expect_changed().returning(move |_, name| seen.lock().unwrap().push(name.to_string()));
+    let (table, written) = service(tables, engine(), changes)
+        .write(project(1), "sales", upload(WriteMode::Append))
+        .await
+        .unwrap();
+    assert_eq!(written.rows, 2);
+    let readers = vec!["sales_by_day".to_owned(), "legacy".to_owned()];
+    assert_eq!(*told.lock().unwrap(), readers);
+    assert_eq!(table.used_by.iter().map(|n| n.to_string()).collect::<Vec<_>>(), readers);
+}
+
+#[tokio::test]
+async fn a_failed_write_makes_nothing_stale() {
+    let mut tables = MockTableStore::new();
+    tables.expect_write().returning(|_, _, _| Err(UploadError::Invalid("line 3: expected 2 fields".into())));
+    let err = service(tables, MockQueryEngine::new(), MockEndpointChanges::new())
+        .write(project(1), "sales", upload(WriteMode::Replace))
+        .await
+        .unwrap_err();
+    match err {
+        Error::Invalid(invalid) => assert!(invalid.detail.contains("line 3"), "{invalid:?}"),
+        other => panic!("{other:?}"),
+    }
+    let bad_name = service(MockTableStore::new(), MockQueryEngine::new(), MockEndpointChanges::new())
+        .write(project(1), "no-dashes", upload(WriteMode::Replace))
+        .await
+        .unwrap_err();
+    assert!(matches!(bad_name, Error::Invalid(ref i) if i.attr.as_deref() == Some("table")), "{bad_name:?}");
+}
+
+#[tokio::test]
+async fn a_table_an_endpoint_reads_cannot_be_deleted() {
+    let mut tables = MockTableStore::new();
+    tables.expect_delete().never();
+    let err =
+        service(tables, engine(), MockEndpointChanges::new()).delete(project(1), "sales").await.unwrap_err();
+    match err {
+        Error::InUse(detail) => {
+            assert!(detail.contains("sales_by_day") && detail.contains("legacy"), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let mut tables = MockTableStore::new();
+    tables
+        .expect_delete()
+        .with(always(), eq(TableName::parse("unread").unwrap()))
+        .times(1)
+        .returning(|_, _| Ok(true));
+    tables
+        .expect_delete()
+        .with(always(), eq(TableName::parse("missing").unwrap()))
+        .returning(|_, _| Ok(false));
+    let service = service(tables, engine(), MockEndpointChanges::new());
+    service.delete(project(1), "unread").await.unwrap();
+    assert!(matches!(service.delete(project(1), "missing").await, Err(Error::NotFound(_))));
+    assert!(matches!(service.delete(project(1), "not a name").await, Err(Error::NotFound(_))));
+}
+
+#[tokio::test]
+async fn lists_are_paged_by_name_with_their_readers() {
+    let mut tables = MockTableStore::new();
+    tables.expect_list().returning(|_| Ok(vec![info("events"), info("sales"), info("zeta")]));
+    let page = service(tables, engine(), MockEndpointChanges::new())
+        .list(project(1), Some("2"), Some("1"))
+        .await
+        .unwrap();
+    assert_eq!((page.total, page.items.len()), (3, 2));
+    assert_eq!(page.items[0].info.name.as_str(), "sales");
+    assert_eq!(page.items[0].used_by.len(), 2);
+    assert!(page.items[1].used_by.is_empty());
+}
+
+#[tokio::test]
+async fn a_preview_runs_every_column_of_the_table_for_the_first_rows() {
+    let mut tables = MockTableStore::new();
+    tables.expect_get().returning(|_, name| Ok((name.as_str() != "missing").then(|| info(name.as_str()))));
+    let mut engine = MockQueryEngine::new();
+    engine.expect_execute().times(2).returning(|_, q, vars, limit, offset| {
+        assert_eq!((q.sql.as_str(), vars.len(), offset), ("SELECT * FROM \"Sales\"", 0, 0));
+        Ok(QueryResult { columns: vec![], rows_json: format!("[{limit}]"), row_count: 0, has_more: false })
+    });
+    let service = service(tables, engine, MockEndpointChanges::new());
+    assert_eq!(service.preview(project(1), "Sales", None).await.unwrap().rows_json, "[20]");
+    assert_eq!(service.preview(project(1), "Sales", Some("5")).await.unwrap().rows_json, "[5]");
+    assert!(matches!(service.preview(project(1), "Sales", Some("0")).await, Err(Error::Invalid(_))));
+    assert!(matches!(service.preview(project(1), "missing", None).await, Err(Error::NotFound(_))));
+}
