@@ -16,7 +16,8 @@ use object_store::ObjectStoreExt;
 
 use crate::storage::{unavailable, Storage};
 
-/// The object naming a table's current version.
+/// The object naming a table's current version on its first line, and on its second, when it has one, when the
+/// table was first written (RFC 3339; replaces carry it over).
 pub(crate) const CURRENT: &str = "_current";
 
 /// A table a project can query.
@@ -55,23 +56,53 @@ pub(crate) fn is_parquet(path: &ObjectPath) -> bool {
     path.extension() == Some("parquet")
 }
 
-/// The version `_current` names, if the table has one.
-pub(crate) async fn current_version(
-    storage: &Storage,
-    table: &ObjectPath,
-) -> Result<Option<String>, EngineError> {
+/// What a table's `_current` object says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pointer {
+    pub(crate) version: String,
+    /// When the table was first written; `None` for a pointer written before this was kept.
+    pub(crate) created: Option<domain::Timestamp>,
+}
+
+impl Pointer {
+    pub(crate) fn text(&self) -> String {
+        let created =
+            self.created.and_then(|at| at.format(&time::format_description::well_known::Rfc3339).ok());
+        match created {
+            Some(created) => format!("{}\n{created}\n", self.version),
+            None => self.version.clone(),
+        }
+    }
+}
+
+/// The table's `_current` pointer, if it has one.
+pub(crate) async fn pointer(storage: &Storage, table: &ObjectPath) -> Result<Option<Pointer>, EngineError> {
     let pointer = table.clone().join(CURRENT);
     let bytes = match storage.store().get(&pointer).await {
         Ok(found) => found.bytes().await.map_err(unavailable)?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(unavailable(e)),
     };
-    let name = std::str::from_utf8(&bytes).unwrap_or_default().trim();
-    if is_version_name(name) {
-        Ok(Some(name.to_owned()))
-    } else {
-        Err(EngineError::Internal(format!("{pointer} does not name a table version: {name:?}").into()))
+    let text = std::str::from_utf8(&bytes).unwrap_or_default();
+    let mut lines = text.lines().map(str::trim);
+    let name = lines.next().unwrap_or_default();
+    if !is_version_name(name) {
+        return Err(EngineError::Internal(
+            format!("{pointer} does not name a table version: {name:?}").into(),
+        ));
     }
+    let created = lines
+        .next()
+        .and_then(|line| domain::Timestamp::parse(line, &time::format_description::well_known::Rfc3339).ok());
+    Ok(Some(Pointer { version: name.to_owned(), created }))
+}
+
+/// The version `_current` names, if the table has one.
+pub(crate) async fn current_version(
+    storage: &Storage,
+    table: &ObjectPath,
+) -> Result<Option<String>, EngineError> {
+    Ok(pointer(storage, table).await?.map(|p| p.version))
 }
 
 /// The prefix holding a table's current files, or `None` when there is no such table.

@@ -20,6 +20,7 @@ mod runtime;
 mod storage;
 pub mod tables;
 mod types;
+mod uploads;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -48,6 +49,7 @@ pub struct DataFusionEngine {
     slots: Arc<execute::Slots>,
     runtime: Arc<runtime::EngineRuntime>,
     metrics: EngineMetrics,
+    table_locks: Arc<uploads::TableLocks>,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -65,6 +67,7 @@ impl DataFusionEngine {
             slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
+            table_locks: Arc::default(),
         }
     }
 
@@ -305,3 +308,5 @@ mod materialization_tests;
 mod storage_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod uploads_tests;

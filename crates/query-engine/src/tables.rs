@@ -21,7 +21,9 @@ use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::catalog::{current_files, is_parquet, is_table_name, table_prefix, CURRENT};
+use crate::catalog::{
+    current_files, current_version, is_parquet, is_table_name, pointer, table_prefix, Pointer, CURRENT,
+};
 use crate::storage::Storage;
 
 /// Whether an import replaces the table or adds rows to it.
@@ -95,37 +97,81 @@ async fn read(ctx: &SessionContext, path: &Path, format: FileFormat) -> Result<D
     let location = path
         .to_str()
         .ok_or_else(|| ImportError::Read { path: path.into(), reason: "the path is not UTF-8".into() })?;
-    let ext = extension(path);
+    read_location(ctx, location, &extension(path), format, None)
+        .await
+        .map_err(|reason| ImportError::Read { path: path.into(), reason })
+}
+
+/// Reads a file at `location` (a path or a URL the session's storage serves). With `schema`, CSV and NDJSON are
+/// read as those columns and types rather than inferred.
+async fn read_location(
+    ctx: &SessionContext,
+    location: &str,
+    ext: &str,
+    format: FileFormat,
+    schema: Option<&datafusion::arrow::datatypes::Schema>,
+) -> Result<DataFrame, String> {
     let frame = match format {
         FileFormat::Parquet => {
-            ctx.read_parquet(location, ParquetReadOptions { file_extension: &ext, ..Default::default() })
-                .await
+            ctx.read_parquet(location, ParquetReadOptions { file_extension: ext, ..Default::default() }).await
         }
         FileFormat::Csv => {
-            ctx.read_csv(location, CsvReadOptions::new().has_header(true).file_extension(&ext)).await
+            let mut options = CsvReadOptions::new().has_header(true).file_extension(ext);
+            if let Some(schema) = schema {
+                options = options.schema(schema);
+            }
+            ctx.read_csv(location, options).await
         }
-        FileFormat::NdJson => ctx.read_json(location, JsonReadOptions::default().file_extension(&ext)).await,
+        FileFormat::NdJson => {
+            let mut options = JsonReadOptions::default().file_extension(ext);
+            if let Some(schema) = schema {
+                options = options.schema(schema);
+            }
+            ctx.read_json(location, options).await
+        }
     };
-    frame.map_err(|e| ImportError::Read { path: path.into(), reason: crate::message(&e) })
+    frame.map_err(|e| crate::message(&e))
 }
 
 /// Writes batches to one Parquet object, reporting the rows written so far. The object appears whole when the
 /// writer closes (one upload, or a multipart upload completed at the end), never part-written.
+///
+/// Every file is written with plain Arrow types (`Utf8`, not the `Utf8View` DataFusion reads strings as), so
+/// the files of one table always have one schema, whichever way each was written.
 pub struct TableWriter {
     writer: AsyncArrowWriter<BufWriter>,
+    schema: SchemaRef,
     rows: u64,
+}
+
+/// The schema with view types (as DataFusion reads strings and binaries) in their plain form.
+fn plain(schema: &SchemaRef) -> SchemaRef {
+    let fields: Vec<_> = schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_data_type(logical(f.data_type()).clone()))
+        .collect();
+    Arc::new(datafusion::arrow::datatypes::Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
 impl TableWriter {
     fn create(storage: &Storage, path: ObjectPath, schema: SchemaRef) -> Result<Self, ImportError> {
+        let schema = plain(&schema);
         let props = WriterProperties::builder().set_compression(Compression::UNCOMPRESSED).build();
         let sink = BufWriter::new(Arc::clone(storage.store()), path);
-        let writer = AsyncArrowWriter::try_new(sink, schema, Some(props))
+        let writer = AsyncArrowWriter::try_new(sink, Arc::clone(&schema), Some(props))
             .map_err(|e| ImportError::Write(e.to_string()))?;
-        Ok(Self { writer, rows: 0 })
+        Ok(Self { writer, schema, rows: 0 })
     }
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<u64, ImportError> {
+        let cast;
+        let batch = if batch.schema() == self.schema {
+            batch
+        } else {
+            cast = cast_to(batch, &self.schema).map_err(|e| ImportError::Write(e.to_string()))?;
+            &cast
+        };
         self.writer.write(batch).await.map_err(|e| ImportError::Write(e.to_string()))?;
         self.rows += batch.num_rows() as u64;
         Ok(self.rows)
@@ -135,6 +181,20 @@ impl TableWriter {
         self.writer.close().await.map_err(|e| ImportError::Write(e.to_string()))?;
         Ok(self.rows)
     }
+}
+
+/// The batch with each column cast to the type `schema` gives it.
+fn cast_to(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(column, field)| datafusion::arrow::compute::cast(column, field.data_type()))
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(Arc::clone(schema), columns)
 }
 
 async fn existing_schema(
@@ -180,6 +240,12 @@ struct Target {
     version: Option<String>,
     /// Files written so far, for removal if the import fails.
     written: Vec<ObjectPath>,
+    /// For an append, the version it adds to (`None` for a table written before versions existed).
+    base: Option<String>,
+    /// Whether the table had no rows before (a replace that creates it).
+    created: bool,
+    /// When the table was first written, as its pointer says (a replace keeps it).
+    created_at: Option<domain::Timestamp>,
 }
 
 impl Target {
@@ -197,12 +263,53 @@ impl Target {
                 current_files(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?
             {
                 let schema = existing_schema(storage, ctx, &files).await?;
-                return Ok((Self { table: prefix, files, version: None, written: Vec::new() }, Some(schema)));
+                let base =
+                    current_version(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?;
+                let target = Self {
+                    table: prefix,
+                    files,
+                    version: None,
+                    written: Vec::new(),
+                    base,
+                    created: false,
+                    created_at: None,
+                };
+                return Ok((target, Some(schema)));
             }
         }
+        let created =
+            current_files(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?.is_none();
+        let previous = pointer(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?;
+        let created_at = match previous.and_then(|p| p.created) {
+            Some(at) => Some(at),
+            // A new table is created now; one whose pointer did not keep it, now is the best estimate left.
+            None => Some(domain::Timestamp::now_utc()),
+        };
         let version = format!("v-{}", uuid::Uuid::new_v4());
         let files = prefix.clone().join(version.as_str());
-        Ok((Self { table: prefix, files, version: Some(version), written: Vec::new() }, None))
+        let target = Self {
+            table: prefix,
+            files,
+            version: Some(version),
+            written: Vec::new(),
+            base: None,
+            created,
+            created_at,
+        };
+        Ok((target, None))
+    }
+
+    /// Whether an append still adds to the table's current version: a replace that switched the table while
+    /// it wrote has made its files part of a version nobody reads.
+    async fn still_current(&self, storage: &Storage) -> Result<bool, ImportError> {
+        match (&self.version, &self.base) {
+            (None, Some(base)) => Ok(current_version(storage, &self.table)
+                .await
+                .map_err(|e| ImportError::Write(e.to_string()))?
+                .as_ref()
+                == Some(base)),
+            _ => Ok(true),
+        }
     }
 
     fn next_file(&mut self, index: usize) -> ObjectPath {
@@ -216,7 +323,8 @@ impl Target {
     async fn publish(self, storage: &Storage) -> Result<(), ImportError> {
         let Some(version) = self.version else { return Ok(()) };
         let pointer = self.table.clone().join(CURRENT);
-        storage.store().put(&pointer, PutPayload::from(version.clone())).await.map_err(store_error)?;
+        let text = Pointer { version: version.clone(), created: self.created_at }.text();
+        storage.store().put(&pointer, PutPayload::from(text)).await.map_err(store_error)?;
         if let Err(err) = Self::remove_others(storage, &self.table, &version).await {
             // The table is already switched; the old files are removed by the next replace.
             tracing::warn!(table = %self.table, error = %err, "cannot remove a replaced table's old files");
@@ -363,4 +471,119 @@ pub async fn write_table(
             Err(err)
         }
     }
+}
+
+/// Why an upload staged in the storage could not be imported. Nothing of it is visible when it fails.
+#[derive(Debug)]
+pub(crate) enum StagedError {
+    /// The body does not read as its format, or does not fit the table; for a person.
+    Invalid(String),
+    /// An append to a table that does not exist.
+    NoSuchTable,
+    Write(String),
+}
+
+/// How many times an append is written again when a concurrent replace switched the table under it.
+const APPEND_ATTEMPTS: usize = 3;
+
+/// Imports one staged upload, the one object under `staged`, into a table; returns the rows and whether it
+/// created the table.
+pub(crate) async fn import_staged(
+    storage: &Storage,
+    project: ProjectId,
+    table: &str,
+    staged: &ObjectPath,
+    format: FileFormat,
+    mode: ImportMode,
+) -> Result<(u64, bool), StagedError> {
+    let ctx =
+        crate::catalog::empty_session(storage, None, None).map_err(|e| StagedError::Write(e.to_string()))?;
+    let location = storage.url_of(staged);
+    let ext = match format {
+        FileFormat::Parquet => ".parquet",
+        FileFormat::Csv => ".csv",
+        FileFormat::NdJson => ".ndjson",
+    };
+    for _ in 0..APPEND_ATTEMPTS {
+        let (mut target, expected) = Target::choose(storage, &ctx, project, table, mode)
+            .await
+            .map_err(|e| StagedError::Write(e.to_string()))?;
+        if mode == ImportMode::Append && expected.is_none() {
+            return Err(StagedError::NoSuchTable);
+        }
+        let written =
+            write_staged(storage, &ctx, &mut target, &location, ext, format, expected.as_ref()).await;
+        let rows = match written {
+            Ok(rows) => rows,
+            Err(err) => {
+                target.discard(storage).await;
+                return Err(err);
+            }
+        };
+        if !target.still_current(storage).await.map_err(|e| StagedError::Write(e.to_string()))? {
+            target.discard(storage).await;
+            continue;
+        }
+        let created = target.created;
+        target.publish(storage).await.map_err(|e| StagedError::Write(e.to_string()))?;
+        return Ok((rows, created));
+    }
+    Err(StagedError::Write(format!(
+        "table {table} was replaced {APPEND_ATTEMPTS} times while rows were added to it"
+    )))
+}
+
+/// Reads the staged upload (as the table's columns when it has them) and writes it as one Parquet file.
+async fn write_staged(
+    storage: &Storage,
+    ctx: &SessionContext,
+    target: &mut Target,
+    location: &str,
+    ext: &str,
+    format: FileFormat,
+    expected: Option<&SchemaRef>,
+) -> Result<u64, StagedError> {
+    let invalid = StagedError::Invalid;
+    let frame = read_location(ctx, location, ext, format, None).await.map_err(invalid)?;
+    let found: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
+    let frame = match (expected, format) {
+        (None, _) => frame,
+        (Some(expected), FileFormat::Parquet) => {
+            same_columns(expected, &found)
+                .map_err(|reason| invalid(format!("The columns do not match the table's: {reason}.")))?;
+            frame
+        }
+        // Text carries names, not types: the names must be the table's, and the values are read as its types.
+        (Some(expected), _) => {
+            let names = |s: &SchemaRef| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+            let (want, have) = (names(expected), names(&found));
+            let same = match format {
+                FileFormat::Csv => want == have,
+                _ => have.iter().all(|n| want.contains(n)),
+            };
+            if !same {
+                return Err(invalid(format!(
+                    "The columns do not match the table's: the table has [{}], the body has [{}].",
+                    want.join(", "),
+                    have.join(", ")
+                )));
+            }
+            read_location(ctx, location, ext, format, Some(expected.as_ref())).await.map_err(invalid)?
+        }
+    };
+    let schema: SchemaRef = match expected {
+        Some(expected) => Arc::clone(expected),
+        None => found,
+    };
+    let mut stream = frame.execute_stream().await.map_err(|e| invalid(crate::message(&e)))?;
+    let mut writer = TableWriter::create(storage, target.next_file(0), Arc::clone(&schema))
+        .map_err(|e| StagedError::Write(e.to_string()))?;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|e| invalid(crate::message(&e)))?;
+        writer.write(&batch).await.map_err(|e| StagedError::Write(e.to_string()))?;
+    }
+    if writer.rows == 0 {
+        return Err(invalid("The body has no rows.".into()));
+    }
+    writer.close().await.map_err(|e| StagedError::Write(e.to_string()))
 }

@@ -18,7 +18,7 @@ fn query(sql: &str, variables: serde_json::Value) -> Query {
 }
 
 /// A temporary directory removed when the test ends.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl std::ops::Deref for TempDir {
     type Target = PathBuf;
@@ -33,7 +33,7 @@ impl Drop for TempDir {
     }
 }
 
-fn temp_dir(prefix: &str) -> TempDir {
+pub(crate) fn temp_dir(prefix: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("{prefix}-{}-{}", std::process::id(), rand_suffix()));
     std::fs::create_dir_all(&dir).unwrap();
     TempDir(dir)

@@ -1,0 +1,242 @@
+//! Tables over HTTP: the domain's `TableStore` on the engine's storage.
+//!
+//! An upload is streamed, as it arrives, to a staging object (`projects/{id}/staging/{uuid}/body.{ext}`) whose bytes
+//! are counted against the limit, so a body of any size needs a buffer's worth of memory. Once the body is
+//! whole, the staged object is read like a file the CLI imports and written as the table's Parquet: a replace
+//! as a new version that one write of `_current` switches to, an append as one more file of the current version
+//! that appears whole when it closes. The staged object is removed either way. A body that is cut off, too
+//! large or malformed, or rows that do not fit the table, leave the table as it was.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
+use domain::{
+    EngineError, ProjectId, TableColumn, TableFormat, TableInfo, TableName, TableSource, TableStore,
+    Timestamp, Upload, UploadError, WriteMode, Written,
+};
+use futures_util::StreamExt;
+use object_store::buffered::BufWriter;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectMeta;
+use tokio::io::AsyncWriteExt;
+use tracing::instrument;
+
+use crate::catalog::{current_files, is_parquet, list_tables, pointer, table_prefix, CURRENT};
+use crate::storage::{unavailable, Storage};
+use crate::tables::{import_staged, FileFormat, ImportMode, StagedError};
+use crate::DataFusionEngine;
+
+/// One lock per table this process writes, so its writes to one table follow each other: a replace never
+/// removes the version an append of this process is adding to.
+#[derive(Debug, Default)]
+pub(crate) struct TableLocks {
+    locks: Mutex<HashMap<(ProjectId, String), TableLock>>,
+}
+
+type TableLock = Arc<tokio::sync::Mutex<()>>;
+
+impl TableLocks {
+    fn of(&self, project: ProjectId, table: &str) -> TableLock {
+        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        // Locks nobody holds or waits for are dropped, so the map stays as small as the writes under way.
+        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        Arc::clone(locks.entry((project, table.to_owned())).or_default())
+    }
+}
+
+fn staging_prefix(project: ProjectId) -> ObjectPath {
+    ObjectPath::from_iter(["projects", &project.to_string(), "staging"])
+}
+
+fn file_format(format: TableFormat) -> FileFormat {
+    match format {
+        TableFormat::Csv => FileFormat::Csv,
+        TableFormat::NdJson => FileFormat::NdJson,
+        TableFormat::Parquet => FileFormat::Parquet,
+    }
+}
+
+/// Streams the body to a new staging object, alone in its own directory; returns the directory and the body's
+/// size. Nothing is left behind on error.
+async fn stage(
+    storage: &Storage,
+    project: ProjectId,
+    upload: &mut Upload,
+) -> Result<(ObjectPath, u64), UploadError> {
+    let directory = staging_prefix(project).join(uuid::Uuid::new_v4().to_string());
+    let path = directory.clone().join(format!("body.{}", upload.format.as_str()));
+    let mut writer = BufWriter::new(Arc::clone(storage.store()), path.clone());
+    let mut size = 0_u64;
+    let failed = loop {
+        let Some(chunk) = upload.body.next().await else { break None };
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(err) => break Some(UploadError::CutOff(Box::new(err))),
+        };
+        size += chunk.len() as u64;
+        if size > upload.limit_bytes {
+            break Some(UploadError::TooLarge { limit_bytes: upload.limit_bytes });
+        }
+        if let Err(err) = writer.put(chunk).await {
+            break Some(UploadError::Engine(unavailable(err)));
+        }
+    };
+    if let Some(err) = failed {
+        if let Err(abort) = writer.abort().await {
+            tracing::warn!(location = %path, error = %abort, "cannot abort a staged upload");
+        }
+        return Err(err);
+    }
+    if size == 0 {
+        let _ = writer.abort().await;
+        return Err(UploadError::Invalid("The body is empty: send the table's rows.".into()));
+    }
+    writer.shutdown().await.map_err(|e| UploadError::Engine(EngineError::Unavailable(Box::new(e))))?;
+    Ok((directory, size))
+}
+
+fn instant(meta: &ObjectMeta) -> Timestamp {
+    let micros = meta.last_modified.timestamp_micros();
+    Timestamp::from_unix_timestamp_nanos(i128::from(micros) * 1_000).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// A table's record, from the footers of its current Parquet files and the times of its objects.
+async fn describe(storage: &Storage, name: TableName, files: &ObjectPath) -> Result<TableInfo, EngineError> {
+    let prefix = table_prefix_of(files, &name);
+    let objects = storage.objects(files).await.map_err(unavailable)?;
+    let parquet: Vec<&ObjectMeta> = objects.iter().filter(|o| is_parquet(&o.location)).collect();
+    let mut columns = Vec::new();
+    let mut row_count = 0;
+    for (i, meta) in parquet.iter().enumerate() {
+        let footer = DFParquetMetadata::new(storage.store().as_ref(), meta);
+        let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
+        row_count += u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
+        if i == 0 {
+            let schema = footer.fetch_schema().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
+            let types = crate::types::columns(&schema);
+            columns = schema
+                .fields()
+                .iter()
+                .zip(types)
+                .map(|(field, column)| TableColumn {
+                    name: column.name,
+                    column_type: column.column_type,
+                    nullable: field.is_nullable(),
+                })
+                .collect();
+        }
+    }
+    let markers = storage.objects(&prefix).await.map_err(unavailable)?;
+    let marker = |name: &str| markers.iter().find(|o| o.location.filename() == Some(name)).map(instant);
+    let times: Vec<Timestamp> = parquet.iter().map(|m| instant(m)).chain(marker(CURRENT)).collect();
+    let updated_at = times.iter().max().copied().unwrap_or(Timestamp::UNIX_EPOCH);
+    let kept = pointer(storage, &prefix).await?.and_then(|p| p.created);
+    let created_at = kept.or_else(|| times.iter().min().copied()).unwrap_or(updated_at);
+    Ok(TableInfo {
+        name,
+        columns,
+        row_count,
+        bytes: parquet.iter().map(|m| m.size).sum(),
+        format: TableFormat::Parquet,
+        source: TableSource::Upload,
+        created_at,
+        updated_at,
+    })
+}
+
+/// The table's own prefix, whatever version `files` is.
+fn table_prefix_of(files: &ObjectPath, name: &TableName) -> ObjectPath {
+    let mut parts: Vec<_> = files.parts().collect();
+    while parts.last().is_some_and(|p| p.as_ref() != name.as_str()) {
+        parts.pop();
+    }
+    ObjectPath::from_iter(parts)
+}
+
+#[async_trait]
+impl TableStore for DataFusionEngine {
+    #[instrument(skip_all, fields(project = %project))]
+    async fn list(&self, project: ProjectId) -> Result<Vec<TableInfo>, EngineError> {
+        let mut tables = Vec::new();
+        for (name, files) in list_tables(&self.storage, project).await? {
+            // Tables the CLI wrote under names the API does not take are left to the CLI.
+            if let Ok(name) = TableName::parse(&name) {
+                tables.push(describe(&self.storage, name, &files).await?);
+            }
+        }
+        Ok(tables)
+    }
+
+    #[instrument(skip_all, fields(project = %project, table = %name))]
+    async fn get(&self, project: ProjectId, name: &TableName) -> Result<Option<TableInfo>, EngineError> {
+        match current_files(&self.storage, &table_prefix(project, name.as_str())).await? {
+            Some(files) => Ok(Some(describe(&self.storage, name.clone(), &files).await?)),
+            None => Ok(None),
+        }
+    }
+
+    #[instrument(skip_all, fields(project = %project, table = %name, format = upload.format.as_str()))]
+    async fn write(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        mut upload: Upload,
+    ) -> Result<Written, UploadError> {
+        let started = std::time::Instant::now();
+        let lock = self.table_locks.of(project, name.as_str());
+        let _held = lock.lock().await;
+        let (staged, bytes) = stage(&self.storage, project, &mut upload).await?;
+        let mode = match upload.mode {
+            WriteMode::Replace => ImportMode::Replace,
+            WriteMode::Append => ImportMode::Append,
+        };
+        let format = file_format(upload.format);
+        let storage = self.storage.clone();
+        let table = name.as_str().to_owned();
+        let target = staged.clone();
+        // Reading and writing the rows is the engine's work, on its threads.
+        let imported = match self
+            .runtime
+            .run(async move { Ok(import_staged(&storage, project, &table, &target, format, mode).await) })
+            .await
+        {
+            Ok(Ok(imported)) => Ok(imported),
+            Ok(Err(StagedError::Invalid(reason))) => Err(UploadError::Invalid(reason)),
+            Ok(Err(StagedError::NoSuchTable)) => Err(UploadError::NoSuchTable),
+            Ok(Err(StagedError::Write(reason))) => {
+                Err(UploadError::Engine(EngineError::Unavailable(reason.into())))
+            }
+            Err(engine) => Err(UploadError::Engine(engine)),
+        };
+        if let Err(err) = self.storage.remove_prefix(&staged).await {
+            tracing::warn!(location = %staged, error = %err, "cannot remove a staged upload");
+        }
+        let (rows, created) = imported.map_err(|err| match err {
+            // The staged object's address means nothing to the client: it sent a body.
+            UploadError::Invalid(reason) => {
+                UploadError::Invalid(reason.replace(&self.storage.url_of(&staged), "the body"))
+            }
+            other => other,
+        })?;
+        tracing::info!(
+            rows,
+            bytes,
+            mode = ?upload.mode,
+            took_ms = started.elapsed().as_millis() as u64,
+            "table written from an upload"
+        );
+        Ok(Written { rows, bytes, created })
+    }
+
+    #[instrument(skip_all, fields(project = %project, table = %name))]
+    async fn delete(&self, project: ProjectId, name: &TableName) -> Result<bool, EngineError> {
+        let lock = self.table_locks.of(project, name.as_str());
+        let _held = lock.lock().await;
+        let prefix = table_prefix(project, name.as_str());
+        let existed = current_files(&self.storage, &prefix).await?.is_some();
+        self.storage.remove_prefix(&prefix).await.map_err(unavailable)?;
+        Ok(existed)
+    }
+}

@@ -1,0 +1,226 @@
+//! Tables written from uploads on a real storage: every format, and every way an upload fails leaving the table
+//! as it was and nothing staged.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::{Float64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use domain::{
+    ColumnType, EngineError, ProjectId, QueryEngine, TableFormat, TableName, TableStore, Upload, UploadError,
+    WriteMode,
+};
+use futures_util::stream;
+use serde_json::{json, Value};
+
+use crate::tests::temp_dir;
+use crate::{DataFusionEngine, Storage};
+
+fn project() -> ProjectId {
+    ProjectId::new(1).unwrap()
+}
+
+fn sales() -> TableName {
+    TableName::parse("sales").unwrap()
+}
+
+/// An upload of `body` in chunks of 7 bytes, so rows cross chunk boundaries.
+fn upload(format: TableFormat, mode: WriteMode, body: &[u8]) -> Upload {
+    let chunks: Vec<Result<Bytes, std::io::Error>> =
+        body.chunks(7).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    Upload { format, mode, body: Box::pin(stream::iter(chunks)), limit_bytes: 1 << 20 }
+}
+
+fn csv(body: &str) -> Upload {
+    upload(TableFormat::Csv, WriteMode::Replace, body.as_bytes())
+}
+
+fn append_csv(body: &str) -> Upload {
+    upload(TableFormat::Csv, WriteMode::Append, body.as_bytes())
+}
+
+async fn rows(engine: &DataFusionEngine, sql: &str) -> Value {
+    let query = domain::Query::from_json(&json!({"kind": "SQLQuery", "query": sql})).unwrap();
+    let result = engine.execute(project(), &query, &BTreeMap::new(), 1000, 0).await.unwrap();
+    serde_json::from_str(&result.rows_json).unwrap()
+}
+
+/// No file is left in the staging area of the project.
+fn nothing_staged(dir: &std::path::Path) {
+    fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let entries = std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_else(|_| Vec::new());
+        entries
+            .into_iter()
+            .flat_map(|p: std::path::PathBuf| if p.is_dir() { files(&p) } else { vec![p] })
+            .collect()
+    }
+    let left = files(&dir.join("projects/1/staging"));
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+fn invalid(result: Result<domain::Written, UploadError>) -> String {
+    match result {
+        Err(UploadError::Invalid(reason)) => reason,
+        other => panic!("expected an invalid upload, got {other:?}"),
+    }
+}
+
+async fn engine() -> (DataFusionEngine, crate::tests::TempDir) {
+    let dir = temp_dir("qe-uploads");
+    (DataFusionEngine::new(Storage::local(&dir).unwrap()), dir)
+}
+
+#[tokio::test]
+async fn a_csv_replace_creates_the_table_and_a_second_replaces_it() {
+    let (engine, dir) = engine().await;
+    let written = engine.write(project(), &sales(), csv("country,amount\nUS,1.5\nFR,2\n")).await.unwrap();
+    assert_eq!((written.rows, written.created), (2, true));
+    let info = TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap();
+    let columns: Vec<_> = info.columns.iter().map(|c| (c.name.as_str(), c.column_type)).collect();
+    assert_eq!(columns, [("country", ColumnType::String), ("amount", ColumnType::Float)]);
+    assert_eq!((info.row_count, info.format), (2, TableFormat::Parquet));
+    assert!(info.bytes > 0 && info.created_at <= info.updated_at);
+
+    let again = engine.write(project(), &sales(), csv("country,amount\nDE,3\n")).await.unwrap();
+    assert_eq!((again.rows, again.created), (1, false));
+    assert_eq!(rows(&engine, "SELECT country FROM sales").await, json!([{"country": "DE"}]));
+    let replaced = TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap();
+    assert_eq!(replaced.created_at, info.created_at, "a replace keeps when the table was created");
+    nothing_staged(&dir);
+}
+
+#[tokio::test]
+async fn appends_add_rows_read_as_the_tables_types() {
+    let (engine, dir) = engine().await;
+    engine.write(project(), &sales(), csv("country,amount\nUS,1.5\n")).await.unwrap();
+    // `2` would infer as an integer on its own; it is read as the table's float.
+    let added = engine.write(project(), &sales(), append_csv("country,amount\nFR,2\n")).await.unwrap();
+    assert_eq!((added.rows, added.created), (1, false));
+    let ndjson = upload(TableFormat::NdJson, WriteMode::Append, b"{\"country\": \"DE\", \"amount\": 4.25}\n");
+    engine.write(project(), &sales(), ndjson).await.unwrap();
+    assert_eq!(
+        rows(&engine, "SELECT country, amount FROM sales ORDER BY country").await,
+        json!([{"country": "DE", "amount": 4.25}, {"country": "FR", "amount": 2.0}, {"country": "US", "amount": 1.5}])
+    );
+    assert_eq!(TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap().row_count, 3);
+    nothing_staged(&dir);
+}
+
+#[tokio::test]
+async fn a_parquet_upload_keeps_its_types() {
+    let (engine, _dir) = engine().await;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("country", DataType::Utf8, false),
+        Field::new("amount", DataType::Float64, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from(vec!["US", "FR"])),
+            Arc::new(Float64Array::from(vec![Some(1.0), None])),
+        ],
+    )
+    .unwrap();
+    let mut bytes = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut bytes, schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    engine
+        .write(project(), &sales(), upload(TableFormat::Parquet, WriteMode::Replace, &bytes))
+        .await
+        .unwrap();
+    let info = TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap();
+    let nullable: Vec<_> = info.columns.iter().map(|c| c.nullable).collect();
+    assert_eq!(nullable, [false, true]);
+    let appended = upload(TableFormat::Parquet, WriteMode::Append, &bytes);
+    assert_eq!(engine.write(project(), &sales(), appended).await.unwrap().rows, 2);
+}
+
+#[tokio::test]
+async fn a_failed_upload_leaves_the_table_as_it_was_and_nothing_staged() {
+    let (engine, dir) = engine().await;
+    engine.write(project(), &sales(), csv("country,amount\nUS,1.5\n")).await.unwrap();
+    let before = rows(&engine, "SELECT * FROM sales").await;
+
+    let mismatch = invalid(engine.write(project(), &sales(), append_csv("country,price\nFR,2\n")).await);
+    assert!(mismatch.contains("[country, amount]") && mismatch.contains("[country, price]"), "{mismatch}");
+    let bad_value =
+        invalid(engine.write(project(), &sales(), append_csv("country,amount\nFR,2\nDE,lots\n")).await);
+    assert!(bad_value.contains("lots") && !bad_value.contains("staging"), "{bad_value}");
+    let ragged = invalid(engine.write(project(), &sales(), csv("country,amount\nUS,1,extra\n")).await);
+    assert!(ragged.to_lowercase().contains("line") || ragged.contains("field"), "{ragged}");
+    assert!(invalid(engine.write(project(), &sales(), csv("")).await).contains("empty"));
+
+    let cut = Upload {
+        format: TableFormat::Csv,
+        mode: WriteMode::Replace,
+        body: Box::pin(stream::iter(vec![
+            Ok(Bytes::from_static(b"country,amount\nDE,")),
+            Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "the client went away")),
+        ])),
+        limit_bytes: 1 << 20,
+    };
+    assert!(matches!(engine.write(project(), &sales(), cut).await, Err(UploadError::CutOff(_))));
+
+    let mut big = csv(&format!("country,amount\n{}", "US,1\n".repeat(100)));
+    big.limit_bytes = 64;
+    assert!(matches!(
+        engine.write(project(), &sales(), big).await,
+        Err(UploadError::TooLarge { limit_bytes: 64 })
+    ));
+
+    let other = TableName::parse("missing").unwrap();
+    assert!(matches!(
+        engine.write(project(), &other, append_csv("a\n1\n")).await,
+        Err(UploadError::NoSuchTable)
+    ));
+    assert!(TableStore::get(&engine, project(), &other).await.unwrap().is_none());
+
+    assert_eq!(rows(&engine, "SELECT * FROM sales").await, before);
+    nothing_staged(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_appends_all_land() {
+    let (engine, _dir) = engine().await;
+    engine.write(project(), &sales(), csv("country,amount\nUS,0\n")).await.unwrap();
+    let appends: Vec<_> = (1..=12)
+        .map(|i| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                engine.write(project(), &sales(), append_csv(&format!("country,amount\nUS,{i}\n"))).await
+            })
+        })
+        .collect();
+    for append in appends {
+        append.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        rows(&engine, "SELECT count(*) AS n, sum(amount) AS total FROM sales").await,
+        json!([{"n": 13, "total": 78}])
+    );
+}
+
+#[tokio::test]
+async fn tables_are_listed_by_name_and_deleted() {
+    let (engine, _dir) = engine().await;
+    for name in ["zeta", "alpha"] {
+        engine.write(project(), &TableName::parse(name).unwrap(), csv("n\n1\n")).await.unwrap();
+    }
+    let listed: Vec<String> =
+        TableStore::list(&engine, project()).await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(listed, ["alpha", "zeta"]);
+    let zeta = TableName::parse("zeta").unwrap();
+    assert!(TableStore::delete(&engine, project(), &zeta).await.unwrap());
+    assert!(!TableStore::delete(&engine, project(), &zeta).await.unwrap());
+    assert_eq!(TableStore::list(&engine, project()).await.unwrap().len(), 1);
+    let gone = domain::Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT * FROM zeta"})).unwrap();
+    assert!(matches!(
+        engine.execute(project(), &gone, &BTreeMap::new(), 10, 0).await,
+        Err(EngineError::InvalidQuery(_))
+    ));
+}
