@@ -84,9 +84,12 @@ error_codes! {
     RequestTimeout = ("request_timeout", 408, ValidationError,
         "the request's head or body did not arrive within `--client-timeout-secs` (10 s)"),
     Unique = ("unique", 409, Conflict, "`name` is already used in the project; `attr: name`"),
-    PayloadTooLarge = ("payload_too_large", 413, ValidationError, "the body is over 1 MiB"),
+    InUse = ("in_use", 409, Conflict,
+        "a table that the current version of endpoints reads cannot be deleted; the detail names them"),
+    PayloadTooLarge = ("payload_too_large", 413, ValidationError,
+        "the body is over its limit: 1 MiB of JSON, or `--max-upload-mb` (1 GiB) of a table's rows"),
     UnsupportedMediaType = ("unsupported_media_type", 415, ValidationError,
-        "a non-empty body that is not `application/json` (or `application/*+json`)"),
+        "a body whose `Content-Type` the route does not read: JSON, or a table's CSV, NDJSON or Parquet"),
     Throttled = ("throttled", 429, Throttled,
         "the project already runs its maximum of live queries (default 4); `Retry-After` says when to retry"),
     RateLimited = ("rate_limited", 429, Throttled,
@@ -133,6 +136,8 @@ pub enum ApiError {
         limit: usize,
     },
     UnsupportedMediaType,
+    /// An upload in a format tables are not read from.
+    UnsupportedUpload,
     MalformedJson(String),
     MethodNotAllowed {
         allow: &'static str,
@@ -164,6 +169,8 @@ impl ApiError {
                 Error::PermissionDenied(_) => Code::PermissionDenied,
                 Error::NotFound(_) => Code::NotFound,
                 Error::NameTaken(_) => Code::Unique,
+                Error::InUse(_) => Code::InUse,
+                Error::PayloadTooLarge { .. } => Code::PayloadTooLarge,
                 Error::QueryTimeout(_) => Code::QueryTimeout,
                 Error::QueryMemoryLimit(_) => Code::QueryMemoryLimit,
                 Error::ResultTooLarge { .. } => Code::ResultTooLarge,
@@ -172,7 +179,7 @@ impl ApiError {
                 Error::Internal(_) => Code::Error,
             },
             ApiError::PayloadTooLarge { .. } => Code::PayloadTooLarge,
-            ApiError::UnsupportedMediaType => Code::UnsupportedMediaType,
+            ApiError::UnsupportedMediaType | ApiError::UnsupportedUpload => Code::UnsupportedMediaType,
             ApiError::MalformedJson(_) => Code::ParseError,
             ApiError::MethodNotAllowed { .. } => Code::MethodNotAllowed,
             ApiError::RouteNotFound => Code::NotFound,
@@ -189,7 +196,8 @@ impl ApiError {
                 Error::Invalid(invalid) => Cow::Borrowed(&invalid.detail),
                 Error::NotAuthenticated(detail)
                 | Error::PermissionDenied(detail)
-                | Error::NotFound(detail) => Cow::Borrowed(detail),
+                | Error::NotFound(detail)
+                | Error::InUse(detail) => Cow::Borrowed(detail),
                 Error::QueryMemoryLimit(_) => {
                     Cow::Owned(format!("The query needed more memory than allowed: {err}"))
                 }
@@ -200,6 +208,7 @@ impl ApiError {
                     Cow::Borrowed("Something went wrong on our side. The error has been logged.")
                 }
                 Error::NameTaken(_)
+                | Error::PayloadTooLarge { .. }
                 | Error::QueryTimeout(_)
                 | Error::ResultTooLarge { .. }
                 | Error::Throttled { .. } => Cow::Owned(err.to_string()),
@@ -210,6 +219,10 @@ impl ApiError {
             ApiError::UnsupportedMediaType => {
                 Cow::Borrowed("The request body must be JSON, sent with 'Content-Type: application/json'.")
             }
+            ApiError::UnsupportedUpload => Cow::Borrowed(
+                "A table's rows are sent as 'Content-Type: text/csv' (with a header row), \
+                 'application/x-ndjson' or 'application/vnd.apache.parquet'.",
+            ),
             ApiError::MalformedJson(reason) => {
                 Cow::Owned(format!("The request body is not valid JSON: {reason}."))
             }

@@ -29,6 +29,20 @@ pub(crate) struct EndpointRead;
 /// `endpoint:write`: creating, changing and deleting endpoints.
 pub(crate) struct EndpointWrite;
 
+/// `table:read`: listing, reading and previewing tables.
+pub(crate) struct TableRead;
+
+/// `table:write`: uploading, appending to and deleting tables.
+pub(crate) struct TableWrite;
+
+impl Needs for TableRead {
+    const SCOPE: Scope = Scope::TableRead;
+}
+
+impl Needs for TableWrite {
+    const SCOPE: Scope = Scope::TableWrite;
+}
+
 impl Needs for EndpointRead {
     const SCOPE: Scope = Scope::EndpointRead;
 }

@@ -24,7 +24,7 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::middleware::from_fn;
 use actix_web::{web, App};
-use domain::{ApiKeyService, EndpointService, RunService};
+use domain::{ApiKeyService, EndpointService, RunService, TableService};
 
 pub use disconnect::on_connect;
 pub use error::{ApiError, Code, ErrorType};
@@ -35,6 +35,9 @@ pub use request_context::RequestContext;
 /// Largest accepted request body.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
+/// Largest accepted upload of a table's rows, by default.
+pub const DEFAULT_UPLOAD_LIMIT: u64 = 1024 * 1024 * 1024;
+
 /// How long a client has to send a request body, by default.
 pub const DEFAULT_CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -44,7 +47,10 @@ pub struct AppState {
     pub endpoints: Arc<EndpointService>,
     pub runs: Arc<RunService>,
     pub keys: Arc<ApiKeyService>,
+    pub tables: Arc<TableService>,
     pub body_limit: usize,
+    /// Largest upload of a table's rows (413 past it).
+    pub upload_limit: u64,
     /// How long a client has to send a request body (408 after it).
     pub client_timeout: std::time::Duration,
     /// Readiness checks and metrics.
@@ -55,12 +61,19 @@ pub struct AppState {
 
 impl AppState {
     /// The state with no readiness checks and metrics of its own.
-    pub fn new(endpoints: Arc<EndpointService>, runs: Arc<RunService>, keys: Arc<ApiKeyService>) -> Self {
+    pub fn new(
+        endpoints: Arc<EndpointService>,
+        runs: Arc<RunService>,
+        keys: Arc<ApiKeyService>,
+        tables: Arc<TableService>,
+    ) -> Self {
         Self {
             endpoints,
             runs,
             keys,
+            tables,
             body_limit: DEFAULT_BODY_LIMIT,
+            upload_limit: DEFAULT_UPLOAD_LIMIT,
             client_timeout: DEFAULT_CLIENT_TIMEOUT,
             operations: Arc::default(),
             rate_limits: Arc::default(),

@@ -3,16 +3,17 @@
 use actix_web::{guard, web, HttpResponse};
 
 use crate::error::ApiError;
-use crate::handlers::{endpoints, materialization, runs, versions};
+use crate::handlers::{endpoints, materialization, runs, tables, versions};
 use crate::operations;
 
 /// Each family's static prefix is matched by a string comparison before its dynamic part is tried.
 const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projects"];
 const FAMILY_REST: &str = "/{project_id}/endpoints";
+const TABLES_REST: &str = "/{project_id}/tables";
 
 /// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
 /// not a different operation.
-pub(crate) const ROUTE_NAMES: [&str; 11] = [
+pub(crate) const ROUTE_NAMES: [&str; 15] = [
     "run",
     "endpoints",
     "last_execution_times",
@@ -21,6 +22,10 @@ pub(crate) const ROUTE_NAMES: [&str; 11] = [
     "endpoint_openapi",
     "versions",
     "version",
+    "tables",
+    "table",
+    "table_rows",
+    "table_preview",
     "healthz",
     "readyz",
     "metrics",
@@ -47,60 +52,91 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
     }
     for prefix in FAMILY_PREFIXES {
         cfg.service(
-            web::scope(prefix).service(
-                web::scope(FAMILY_REST)
-                    .service(
-                        web::resource("")
-                            .name("endpoints")
-                            .route(web::get().to(endpoints::list))
-                            .route(web::post().to(endpoints::create))
-                            .default_service(web::to(not_allowed("GET, POST"))),
-                    )
-                    // POST looks up last execution times. `last_execution_times` is also a valid endpoint name,
-                    // so GET, PATCH and DELETE of this path reach the endpoint that has it; any other method is
-                    // refused with every method the path answers.
-                    .service(
-                        web::resource("/last_execution_times")
-                            .name("last_execution_times")
-                            .guard(guard::Not(
-                                guard::Any(guard::Get()).or(guard::Patch()).or(guard::Delete()),
-                            ))
-                            .route(web::post().to(runs::last_execution_times))
-                            .default_service(web::to(not_allowed("GET, POST, PATCH, DELETE"))),
-                    )
-                    .service(
-                        web::resource("/{name}")
-                            .name("endpoint")
-                            .route(web::get().to(endpoints::retrieve))
-                            .route(web::patch().to(endpoints::update))
-                            .route(web::delete().to(endpoints::delete))
-                            .default_service(web::to(not_allowed("GET, PATCH, DELETE"))),
-                    )
-                    .service(
-                        web::resource("/{name}/materialization_status")
-                            .name("materialization_status")
-                            .route(web::get().to(materialization::status))
-                            .default_service(web::to(not_allowed("GET"))),
-                    )
-                    .service(
-                        web::resource("/{name}/openapi.json")
-                            .name("endpoint_openapi")
-                            .route(web::get().to(versions::openapi))
-                            .default_service(web::to(not_allowed("GET"))),
-                    )
-                    .service(
-                        web::resource("/{name}/versions")
-                            .name("versions")
-                            .route(web::get().to(versions::list))
-                            .default_service(web::to(not_allowed("GET"))),
-                    )
-                    .service(
-                        web::resource("/{name}/versions/{version_number}")
-                            .name("version")
-                            .route(web::get().to(versions::retrieve))
-                            .default_service(web::to(not_allowed("GET"))),
-                    ),
-            ),
+            web::scope(prefix)
+                .service(
+                    web::scope(FAMILY_REST)
+                        .service(
+                            web::resource("")
+                                .name("endpoints")
+                                .route(web::get().to(endpoints::list))
+                                .route(web::post().to(endpoints::create))
+                                .default_service(web::to(not_allowed("GET, POST"))),
+                        )
+                        // POST looks up last execution times. `last_execution_times` is also a valid endpoint name,
+                        // so GET, PATCH and DELETE of this path reach the endpoint that has it; any other method is
+                        // refused with every method the path answers.
+                        .service(
+                            web::resource("/last_execution_times")
+                                .name("last_execution_times")
+                                .guard(guard::Not(
+                                    guard::Any(guard::Get()).or(guard::Patch()).or(guard::Delete()),
+                                ))
+                                .route(web::post().to(runs::last_execution_times))
+                                .default_service(web::to(not_allowed("GET, POST, PATCH, DELETE"))),
+                        )
+                        .service(
+                            web::resource("/{name}")
+                                .name("endpoint")
+                                .route(web::get().to(endpoints::retrieve))
+                                .route(web::patch().to(endpoints::update))
+                                .route(web::delete().to(endpoints::delete))
+                                .default_service(web::to(not_allowed("GET, PATCH, DELETE"))),
+                        )
+                        .service(
+                            web::resource("/{name}/materialization_status")
+                                .name("materialization_status")
+                                .route(web::get().to(materialization::status))
+                                .default_service(web::to(not_allowed("GET"))),
+                        )
+                        .service(
+                            web::resource("/{name}/openapi.json")
+                                .name("endpoint_openapi")
+                                .route(web::get().to(versions::openapi))
+                                .default_service(web::to(not_allowed("GET"))),
+                        )
+                        .service(
+                            web::resource("/{name}/versions")
+                                .name("versions")
+                                .route(web::get().to(versions::list))
+                                .default_service(web::to(not_allowed("GET"))),
+                        )
+                        .service(
+                            web::resource("/{name}/versions/{version_number}")
+                                .name("version")
+                                .route(web::get().to(versions::retrieve))
+                                .default_service(web::to(not_allowed("GET"))),
+                        ),
+                )
+                // Each family is one scope: actix-web tries no second scope of the same prefix.
+                .service(
+                    web::scope(TABLES_REST)
+                        .service(
+                            web::resource("")
+                                .name("tables")
+                                .route(web::get().to(tables::list))
+                                .default_service(web::to(not_allowed("GET"))),
+                        )
+                        .service(
+                            web::resource("/{table}")
+                                .name("table")
+                                .route(web::get().to(tables::retrieve))
+                                .route(web::put().to(tables::put))
+                                .route(web::delete().to(tables::delete))
+                                .default_service(web::to(not_allowed("GET, PUT, DELETE"))),
+                        )
+                        .service(
+                            web::resource("/{table}/rows")
+                                .name("table_rows")
+                                .route(web::post().to(tables::append))
+                                .default_service(web::to(not_allowed("POST"))),
+                        )
+                        .service(
+                            web::resource("/{table}/preview")
+                                .name("table_preview")
+                                .route(web::post().to(tables::preview))
+                                .default_service(web::to(not_allowed("POST"))),
+                        ),
+                ),
         );
     }
     // Operations: no key, so orchestrators and scrapers can reach them.

@@ -33,6 +33,8 @@ impl Modify for BearerAuth {
         handlers::runs::run_get, handlers::runs::run_post, handlers::versions::openapi,
         handlers::materialization::status, handlers::versions::list, handlers::versions::retrieve,
         handlers::runs::last_execution_times,
+        handlers::tables::list, handlers::tables::retrieve, handlers::tables::put, handlers::tables::append,
+        handlers::tables::delete, handlers::tables::preview,
     ),
     components(schemas(
         Error, Endpoint, EndpointCreate, EndpointUpdate, EndpointPage, Version, VersionPage, RunBody, RunAnswer,
@@ -72,7 +74,8 @@ pub(crate) fn document() -> Document {
 }
 
 /// The bounds the service enforces on path and query parameters, so that every value the document allows is
-/// one the service accepts: `project_id` a positive integer or `@current`, `name` an endpoint's name,
+/// one the service accepts: `project_id` a positive integer or `@current`, `name` an endpoint's name, `table` a
+/// table's,
 /// versions positive 32-bit numbers, `limit` 1..=1000 on lists and 1..=10000 on runs, `offset` non-negative.
 fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operation) {
     use utoipa::openapi::schema::{ObjectBuilder, Type};
@@ -91,6 +94,7 @@ fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operat
                 .pattern(Some("^([1-9][0-9]{0,17}|@current)$"))
                 .description(Some("The project's id, or @current for the key's own project")),
             "name" => names::endpoint_name(),
+            "table" => names::table_name(),
             "version" | "version_number" => integer(1, u32::MAX.into()),
             "limit" => integer(1, max_limit.into()).default(Some(default_limit.into())),
             "offset" => integer(0, i64::MAX).default(Some(0.into())),
@@ -107,7 +111,7 @@ fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operat
 /// An update and a POST run take an empty body as `{}`: the body is optional.
 fn optional_body(operation: &mut utoipa::openapi::path::Operation) {
     let id = operation.operation_id.as_deref().unwrap_or_default();
-    if id.ends_with("update_endpoint") || id.ends_with("run_endpoint") {
+    if id.ends_with("update_endpoint") || id.ends_with("run_endpoint") || id.ends_with("preview_table") {
         if let Some(body) = operation.request_body.as_mut() {
             body.required = Some(utoipa::openapi::Required::False);
         }
@@ -127,8 +131,8 @@ fn add_shared_responses(operation: &mut utoipa::openapi::path::Operation) {
     if operation.request_body.is_some() {
         shared.extend([
             ("408", "The request body did not arrive in time"),
-            ("413", "The body is over 1 MiB"),
-            ("415", "The body is not JSON"),
+            ("413", "The body is over its limit (1 MiB of JSON, or --max-upload-mb of a table's rows)"),
+            ("415", "The body is not in a format the route reads"),
         ]);
     }
     for (status, description) in shared {

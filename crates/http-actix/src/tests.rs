@@ -9,7 +9,8 @@ use domain::{
     ApiKeyService, Column, ColumnType, EndpointDeps, EndpointService, EndpointVersion, ExecutionTracker,
     Materializations, MockApiKeyStore, MockClock, MockEndpointChanges, MockEndpointStore,
     MockMaterializationStore, MockMaterializedResults, MockProjectStore, MockQueryEngine, MockResultCache,
-    NewEndpoint, Page, QueryResult, RunDeps, RunService, Scope, StoreError,
+    MockTableStore, NewEndpoint, Page, QueryResult, RunDeps, RunService, Scope, StoreError, TableDeps,
+    TableService,
 };
 use serde_json::{json, Value};
 use time::macros::datetime;
@@ -34,10 +35,17 @@ fn untouched_materializations() -> Materializations {
 }
 
 fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
+    state_with_tables(store, engine, MockTableStore::new())
+}
+
+const TABLES: &str = "phx_4444444444444444444444444444444444444444444444444444444444444444";
+
+fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: MockTableStore) -> AppState {
     let mut keys = MockApiKeyStore::new();
     let known = [
         domain::ApiKey { id: Uuid::new_v4(), ..api_key(READER, vec![Scope::EndpointRead]) },
         domain::ApiKey { id: Uuid::new_v4(), ..api_key(WRITER, vec![Scope::EndpointWrite]) },
+        domain::ApiKey { id: Uuid::new_v4(), ..api_key(TABLES, vec![Scope::TableWrite]) },
     ];
     keys.expect_find_by_hash()
         .returning(move |hash| Ok(known.iter().find(|k| k.secret_hash == hash).cloned()));
@@ -62,15 +70,26 @@ fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
     });
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
+    let changes = Arc::new(changes);
+    let tables = TableService::new(TableDeps {
+        tables: Arc::new(tables),
+        endpoints: store.clone(),
+        engine: engine.clone(),
+        changes: changes.clone(),
+    });
     let endpoints = EndpointService::new(EndpointDeps {
         store,
         engine,
         clock,
         materializations: untouched_materializations(),
         executions,
-        changes: Arc::new(changes),
+        changes,
     });
-    AppState { body_limit: 256, ..AppState::new(Arc::new(endpoints), Arc::new(runs), Arc::new(keys)) }
+    AppState {
+        body_limit: 256,
+        upload_limit: 64,
+        ..AppState::new(Arc::new(endpoints), Arc::new(runs), Arc::new(keys), Arc::new(tables))
+    }
 }
 
 fn store_with_daily() -> MockEndpointStore {
@@ -560,4 +579,67 @@ async fn metrics_count_requests_by_route_and_status_and_runs_by_source() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
     }
+}
+
+#[actix_web::test]
+async fn table_routes_need_table_scopes_and_read_uploads_by_content_type() {
+    let uri = "/api/projects/1/tables/sales";
+    // An endpoint writer may not touch tables; a table writer may not touch endpoints.
+    let req = authed(Method::DELETE, uri, WRITER);
+    let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(body["detail"].as_str().unwrap().contains("table:write"), "{body}");
+    let req = authed(Method::GET, "/api/projects/1/endpoints/daily", TABLES);
+    assert_eq!(send(state(store_with_daily(), MockQueryEngine::new()), req).await.0, StatusCode::FORBIDDEN);
+
+    // A body in a format tables are not read from, or declared over the limit, is refused before it is read.
+    let req = authed(Method::PUT, uri, TABLES)
+        .insert_header((header::CONTENT_TYPE, "application/xml"))
+        .set_payload("<rows/>");
+    let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"))
+    );
+    assert!(body["detail"].as_str().unwrap().contains("text/csv"));
+    let req = authed(Method::PUT, uri, TABLES)
+        .insert_header((header::CONTENT_TYPE, "text/csv"))
+        .set_payload("n\n".repeat(40));
+    let (status, _, body) = send(state(MockEndpointStore::new(), MockQueryEngine::new()), req).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("payload_too_large")));
+
+    // A CSV body reaches the store as its bytes, in the format its Content-Type names.
+    let mut tables = MockTableStore::new();
+    tables.expect_write().times(1).returning(|_, name, upload| {
+        assert_eq!(
+            (name.as_str(), upload.format, upload.mode),
+            ("sales", domain::TableFormat::Csv, domain::WriteMode::Replace)
+        );
+        Ok(domain::Written { rows: 1, bytes: 4, created: true })
+    });
+    tables.expect_get().returning(|_, name| {
+        Ok(Some(domain::TableInfo {
+            name: name.clone(),
+            columns: vec![],
+            row_count: 1,
+            bytes: 4,
+            format: domain::TableFormat::Parquet,
+            source: domain::TableSource::Upload,
+            created_at: datetime!(2026-11-22 10:00 UTC),
+            updated_at: datetime!(2026-11-22 10:00 UTC),
+        }))
+    });
+    let mut store = MockEndpointStore::new();
+    store.expect_list().returning(|_, _, page| Ok(Page { items: vec![], total: 0, request: page }));
+    let req = authed(Method::PUT, "/api/environments/1/tables/sales/", TABLES)
+        .insert_header((header::CONTENT_TYPE, "text/csv; charset=utf-8"))
+        .set_payload("n\n1\n");
+    let (status, headers, body) = send(state_with_tables(store, MockQueryEngine::new(), tables), req).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(headers.get(header::LOCATION).unwrap(), "/api/projects/1/tables/sales");
+    assert_eq!(
+        (body["name"].as_str(), body["source"].as_str(), body["row_count"].as_u64()),
+        (Some("sales"), Some("upload"), Some(1))
+    );
+    assert_eq!(body["used_by"], json!([]));
 }

@@ -34,6 +34,8 @@ pub struct Config {
     pub key_cache_ttl: std::time::Duration,
     /// How long a client has to send a request's head, and then its body (slow-client protection).
     pub client_timeout: std::time::Duration,
+    /// The largest upload of a table's rows, in bytes.
+    pub upload_limit: u64,
     /// Request rate limits per key and per project; off unless set (`serve` sets its defaults).
     pub rate_limits: http_actix::RateLimitConfig,
 }
@@ -56,6 +58,7 @@ impl Config {
             key_cache_ttl: domain::ApiKeyService::KEY_CACHE_TTL,
             client_timeout: http_actix::DEFAULT_CLIENT_TIMEOUT,
             rate_limits: http_actix::RateLimitConfig::default(),
+            upload_limit: http_actix::DEFAULT_UPLOAD_LIMIT,
         }
     }
 

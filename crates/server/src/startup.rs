@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use domain::{
     ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, KeptState, Materializations,
-    Materializer, MaterializerDeps, ResultCache, RunDeps, RunService, SystemClock,
+    Materializer, MaterializerDeps, ResultCache, RunDeps, RunService, SystemClock, TableDeps, TableService,
 };
 use http_actix::AppState;
 use query_engine::{DataFusionEngine, MemoryResultCache};
@@ -38,6 +38,7 @@ pub struct Services {
     pub endpoints: Arc<EndpointService>,
     pub runs: Arc<RunService>,
     pub keys: Arc<ApiKeyService>,
+    pub tables: Arc<TableService>,
     pub executions: Arc<ExecutionTracker>,
     pub engine: Arc<DataFusionEngine>,
     pub materializer: Arc<Materializer>,
@@ -72,13 +73,20 @@ impl Services {
                 .with_key_cache_ttl(config.key_cache_ttl),
         );
         let kept = KeptState::new(cache.clone(), keys.clone());
+        let changes = Arc::new(kept.clone());
+        let tables = Arc::new(TableService::new(TableDeps {
+            tables: engine.clone(),
+            endpoints: store.clone(),
+            engine: engine.clone(),
+            changes: changes.clone(),
+        }));
         let endpoints = Arc::new(EndpointService::new(EndpointDeps {
             store: store.clone(),
             engine: engine.clone(),
             clock: clock.clone(),
             materializations: materializations.clone(),
             executions: executions.clone(),
-            changes: Arc::new(kept.clone()),
+            changes,
         }));
         let runs = Arc::new(RunService::new(RunDeps {
             store: store.clone(),
@@ -96,7 +104,7 @@ impl Services {
             clock,
             lease: config.lease,
         }));
-        Ok(Self { database, store, endpoints, runs, keys, executions, engine, materializer, kept })
+        Ok(Self { database, store, endpoints, runs, keys, tables, executions, engine, materializer, kept })
     }
 }
 
@@ -150,7 +158,8 @@ impl Application {
         let changes = services.database.listen_for_changes(move |change| kept.apply(&change));
         let state = AppState {
             client_timeout: config.client_timeout,
-            ..AppState::new(services.endpoints, services.runs, services.keys)
+            upload_limit: config.upload_limit,
+            ..AppState::new(services.endpoints, services.runs, services.keys, services.tables)
                 .with_operations(operations)
                 .with_rate_limits(Arc::clone(&rate_limits))
         };

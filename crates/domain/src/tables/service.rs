@@ -4,11 +4,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use serde_json::Value;
+
 use super::model::{Table, TableInfo, TableName, Upload, Written};
 use super::ports::TableStore;
 use crate::access::ProjectId;
 use crate::endpoints::{Endpoint, EndpointChanges, EndpointFilter, EndpointName, EndpointStore};
 use crate::error::Error;
+use crate::fields::Fields;
 use crate::page::{Page, PageRequest};
 use crate::query::{Query, QueryEngine, QueryKind, QueryResult};
 
@@ -163,20 +166,27 @@ impl TableService {
         }
     }
 
-    /// The first rows of a table, in the row format of a run.
+    /// The first rows of a table, in the row format of a run, and how many were asked for: `limit` from the
+    /// body (`{"limit": N}`, which wins) or the query string, 20 when neither says.
     ///
     /// # Errors
-    /// [`Error::NotFound`]; [`Error::Invalid`] (attr `limit`) outside `1..=1000`; engine failures.
+    /// [`Error::NotFound`]; [`Error::Invalid`] (attr `limit`) outside `1..=1000` or for another body field;
+    /// engine failures.
     pub async fn preview(
         &self,
         project: ProjectId,
         name: &str,
-        limit: Option<&str>,
-    ) -> Result<QueryResult, Error> {
+        body: &Value,
+        query_limit: Option<&str>,
+    ) -> Result<(QueryResult, u32), Error> {
         let name = path_name(name)?;
-        let limit = match limit {
-            None => PREVIEW_ROWS,
-            Some(raw) => PageRequest::parse(Some(raw), None)?.limit,
+        let fields = Fields::new(body, &["limit"])?;
+        let limit = match fields.nullable_int("limit")?.flatten() {
+            Some(limit) => PageRequest::parse(Some(&limit.to_string()), None)?.limit,
+            None => match query_limit {
+                Some(raw) => PageRequest::parse(Some(raw), None)?.limit,
+                None => PREVIEW_ROWS,
+            },
         };
         if self.tables.get(project, &name).await?.is_none() {
             return Err(not_found(name.as_str()));
@@ -187,7 +197,7 @@ impl TableService {
             sql: format!("SELECT * FROM \"{name}\""),
             variables: BTreeMap::new(),
         };
-        Ok(self.engine.execute(project, &query, &BTreeMap::new(), limit, 0).await?)
+        Ok((self.engine.execute(project, &query, &BTreeMap::new(), limit, 0).await?, limit))
     }
 }
 

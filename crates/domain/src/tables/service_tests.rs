@@ -161,13 +161,20 @@ async fn a_preview_runs_every_column_of_the_table_for_the_first_rows() {
     let mut tables = MockTableStore::new();
     tables.expect_get().returning(|_, name| Ok((name.as_str() != "missing").then(|| info(name.as_str()))));
     let mut engine = MockQueryEngine::new();
-    engine.expect_execute().times(2).returning(|_, q, vars, limit, offset| {
+    engine.expect_execute().times(3).returning(|_, q, vars, limit, offset| {
         assert_eq!((q.sql.as_str(), vars.len(), offset), ("SELECT * FROM \"Sales\"", 0, 0));
         Ok(QueryResult { columns: vec![], rows_json: format!("[{limit}]"), row_count: 0, has_more: false })
     });
     let service = service(tables, engine, MockEndpointChanges::new());
-    assert_eq!(service.preview(project(1), "Sales", None).await.unwrap().rows_json, "[20]");
-    assert_eq!(service.preview(project(1), "Sales", Some("5")).await.unwrap().rows_json, "[5]");
-    assert!(matches!(service.preview(project(1), "Sales", Some("0")).await, Err(Error::Invalid(_))));
-    assert!(matches!(service.preview(project(1), "missing", None).await, Err(Error::NotFound(_))));
+    let none = json!({});
+    let (rows, limit) = service.preview(project(1), "Sales", &none, None).await.unwrap();
+    assert_eq!((rows.rows_json.as_str(), limit), ("[20]", 20));
+    assert_eq!(service.preview(project(1), "Sales", &none, Some("5")).await.unwrap().1, 5);
+    let body = json!({"limit": 7});
+    assert_eq!(service.preview(project(1), "Sales", &body, Some("5")).await.unwrap().1, 7, "the body wins");
+    for (body, query) in [(json!({}), Some("0")), (json!({"limit": 5000}), None), (json!({"rows": 1}), None)]
+    {
+        assert!(matches!(service.preview(project(1), "Sales", &body, query).await, Err(Error::Invalid(_))));
+    }
+    assert!(matches!(service.preview(project(1), "missing", &none, None).await, Err(Error::NotFound(_))));
 }

@@ -9,11 +9,13 @@ pub(crate) mod names;
 mod page;
 pub(crate) mod requests;
 mod run;
+mod table;
 
 pub(crate) use endpoint::{Endpoint, Materialization, Version};
 pub(crate) use last_executions::LastExecutionTimes;
-pub(crate) use page::{EndpointPage, VersionPage};
+pub(crate) use page::{EndpointPage, TablePage, VersionPage};
 pub(crate) use run::RunAnswer;
+pub(crate) use table::{Appended, Preview, Table};
 
 /// A duration in milliseconds, to the microsecond.
 fn millis(duration: std::time::Duration) -> f64 {

@@ -2,7 +2,8 @@
 //! from the domain's own lists so that each is written once.
 
 use domain::{
-    ColumnType, EndpointName, MaterializationStatus, QueryKind, Refresh, SyncFrequency, VariableType,
+    ColumnType, EndpointName, MaterializationStatus, QueryKind, Refresh, SyncFrequency, TableFormat,
+    TableName, VariableType,
 };
 use serde_json::Value;
 use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
@@ -52,6 +53,15 @@ pub(crate) fn variable_type() -> Object {
 /// Column types are written as the domain serializes them.
 pub(crate) fn column_type() -> Object {
     one_of(ColumnType::ALL.iter().filter_map(|t| serde_json::to_value(t).ok()), false)
+}
+
+pub(crate) fn table_format() -> Object {
+    one_of(names(TableFormat::ALL.map(TableFormat::as_str)), false)
+}
+
+/// A table's name.
+pub(crate) fn table_name() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(Type::String).pattern(Some(TableName::PATTERN))
 }
 
 /// An endpoint's name.

@@ -6,6 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::endpoint::{Endpoint, Version};
+use super::table::Table;
 
 /// Declares a page of `$item`s: the same shape for every list, one type (and schema name) each.
 macro_rules! page {
@@ -43,6 +44,10 @@ page!(
 page!(
     /// A page of an endpoint's versions, newest first.
     VersionPage of Version
+);
+page!(
+    /// A page of a project's tables, ordered by name.
+    TablePage of Table
 );
 
 fn links<T>(req: &HttpRequest, page: &domain::Page<T>) -> (Option<String>, Option<String>) {

@@ -186,3 +186,19 @@ impl PartialSchema for Names {
 }
 
 impl ToSchema for Names {}
+
+/// The optional body of a preview: how many rows (1..=1000, default 20).
+pub(crate) struct PreviewBody;
+
+impl PartialSchema for PreviewBody {
+    fn schema() -> RefOr<Schema> {
+        let limit = ObjectBuilder::new()
+            .schema_type(nullable(Type::Integer))
+            .minimum(Some(1))
+            .maximum(Some(domain::PageRequest::MAX_LIMIT))
+            .default(Some(domain::PREVIEW_ROWS.into()));
+        closed(ObjectBuilder::new().property("limit", limit)).into()
+    }
+}
+
+impl ToSchema for PreviewBody {}

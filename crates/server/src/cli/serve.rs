@@ -29,6 +29,9 @@ pub struct ServeArgs {
     /// The largest page of rows one run may answer, as JSON, in MiB (400 result_too_large beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_RESULT_MB", default_value_t = 32, value_parser = positive_usize())]
     pub max_result_mb: usize,
+    /// The largest upload of a table's rows, in MiB (413 payload_too_large beyond it).
+    #[arg(long, env = "ENDPOINTS_MAX_UPLOAD_MB", default_value_t = 1024, value_parser = positive())]
+    pub max_upload_mb: u64,
     /// Live queries one project may run at once (429 with Retry-After beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_QUERIES_PER_PROJECT", default_value_t = 4, value_parser = positive_usize())]
     pub max_queries_per_project: usize,
@@ -84,6 +87,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.limits.memory_limit = args.query_memory_mb.saturating_mul(1024 * 1024);
     config.limits.result_bytes = args.max_result_mb.saturating_mul(1024 * 1024);
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
+    config.upload_limit = args.max_upload_mb.saturating_mul(1024 * 1024);
     config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
     config.flush_interval = Duration::from_secs(args.flush_secs);
     config.worker.parallelism = args.materialize_workers;

@@ -1,0 +1,113 @@
+//! A table record, the answer of an append, and a table's preview.
+
+use domain::{QueryResult, TableSource};
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+
+use super::names;
+
+/// One column of a table.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = TableColumn)]
+pub(crate) struct Column {
+    name: String,
+    #[serde(rename = "type")]
+    #[schema(schema_with = names::column_type)]
+    column_type: domain::ColumnType,
+    nullable: bool,
+}
+
+/// A project's table.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Table {
+    name: String,
+    columns: Vec<Column>,
+    row_count: u64,
+    /// The size of its files.
+    bytes: u64,
+    /// How its rows are kept.
+    #[schema(schema_with = names::table_format)]
+    format: &'static str,
+    /// `upload` for rows sent over HTTP or loaded with the CLI.
+    source: String,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    updated_at: OffsetDateTime,
+    /// The endpoints whose current version reads the table.
+    used_by: Vec<String>,
+}
+
+impl From<domain::Table> for Table {
+    fn from(table: domain::Table) -> Self {
+        let info = table.info;
+        Self {
+            name: info.name.to_string(),
+            columns: info
+                .columns
+                .into_iter()
+                .map(|c| Column { name: c.name, column_type: c.column_type, nullable: c.nullable })
+                .collect(),
+            row_count: info.row_count,
+            bytes: info.bytes,
+            format: info.format.as_str(),
+            source: match info.source {
+                TableSource::Upload => "upload".into(),
+            },
+            created_at: info.created_at,
+            updated_at: info.updated_at,
+            used_by: table.used_by.iter().map(ToString::to_string).collect(),
+        }
+    }
+}
+
+/// Rows added to a table.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Appended {
+    /// The rows the body held.
+    rows_added: u64,
+    /// The size of the body.
+    bytes_received: u64,
+    /// The table after the append.
+    table: Table,
+}
+
+impl Appended {
+    pub(crate) fn of(table: domain::Table, written: domain::Written) -> Self {
+        Self { rows_added: written.rows, bytes_received: written.bytes, table: table.into() }
+    }
+}
+
+/// The first rows of a table, as a run writes rows.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Preview {
+    name: String,
+    /// The column names, in order.
+    columns: Vec<String>,
+    /// `[name, type]` of each column.
+    #[schema(value_type = Vec<Vec<String>>)]
+    types: Vec<(String, domain::ColumnType)>,
+    /// Rows keyed by column name.
+    #[schema(value_type = Vec<Object>)]
+    results: Value,
+    /// Whether rows follow these.
+    #[serde(rename = "hasMore")]
+    has_more: bool,
+    limit: u32,
+}
+
+impl Preview {
+    pub(crate) fn of(name: &str, limit: u32, result: QueryResult) -> Self {
+        Self {
+            name: name.to_owned(),
+            columns: result.columns.iter().map(|c| c.name.clone()).collect(),
+            types: result.columns.iter().map(|c| (c.name.clone(), c.column_type)).collect(),
+            // A preview is at most a thousand rows: parsing them again costs nothing worth keeping them raw for.
+            results: serde_json::from_str(&result.rows_json).unwrap_or(Value::Array(Vec::new())),
+            has_more: result.has_more,
+            limit,
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! A project's tables: list, read, create or replace from an upload, append rows, delete, preview.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actix_web::http::header;
+use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use domain::{TableFormat, Upload, UploadBody, WriteMode};
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+use crate::api::{Appended, Preview, Table, TablePage};
+use crate::error::{ApiError, ErrorBody as Error};
+use crate::extract::{Authorized, AuthorizedJson, TableRead, TableWrite};
+use crate::AppState;
+
+/// The table a path names (`{table}`).
+#[derive(Deserialize)]
+pub(crate) struct TablePath {
+    table: String,
+}
+
+/// The format of an upload, by its `Content-Type`.
+fn upload_format(req: &HttpRequest) -> Result<TableFormat, ApiError> {
+    match req.mime_type().ok().flatten().map(|m| m.essence_str().to_ascii_lowercase()).as_deref() {
+        Some("text/csv") => Ok(TableFormat::Csv),
+        Some("application/x-ndjson" | "application/ndjson" | "application/jsonl") => Ok(TableFormat::NdJson),
+        Some("application/vnd.apache.parquet" | "application/x-parquet") => Ok(TableFormat::Parquet),
+        _ => Err(ApiError::UnsupportedUpload),
+    }
+}
+
+/// Chunks the pump task may read ahead of the storage.
+const READ_AHEAD: usize = 8;
+
+/// The request's body as the upload stream the domain reads. actix-web's payload lives on this worker thread,
+/// so a task here pumps it into a bounded channel (a slow storage slows the client, not memory); a client that
+/// sends nothing for `idle` is cut off.
+fn upload_body(mut payload: web::Payload, idle: Duration) -> UploadBody {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(READ_AHEAD);
+    actix_web::rt::spawn(async move {
+        loop {
+            let chunk = match tokio::time::timeout(idle, payload.next()).await {
+                Ok(None) => return,
+                Ok(Some(Ok(chunk))) => Ok(chunk),
+                Ok(Some(Err(err))) => {
+                    Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, err.to_string()))
+                }
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no byte of the body arrived for {} s", idle.as_secs_f64()),
+                )),
+            };
+            let failed = chunk.is_err();
+            // The reader went away (the upload failed): nothing more to pump.
+            if tx.send(chunk).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    Box::pin(futures_util::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|chunk| (chunk, rx)) },
+    ))
+}
+
+fn upload(
+    req: &HttpRequest,
+    state: &AppState,
+    payload: web::Payload,
+    mode: WriteMode,
+) -> Result<Upload, ApiError> {
+    let format = upload_format(req)?;
+    let limit = state.upload_limit;
+    let declared =
+        req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(domain::Error::PayloadTooLarge { limit_bytes: limit }.into());
+    }
+    Ok(Upload { format, mode, body: upload_body(payload, state.client_timeout), limit_bytes: limit })
+}
+
+type Query = web::Query<HashMap<String, String>>;
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/tables", operation_id = "list_tables",
+    params(("project_id" = String, Path), ("limit" = Option<i64>, Query), ("offset" = Option<i64>, Query)),
+    responses((status = 200, body = TablePage), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error)))]
+pub(crate) async fn list(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    caller: Authorized<TableRead>,
+    query: Query,
+) -> Result<HttpResponse, ApiError> {
+    let param = |key: &str| query.get(key).map(String::as_str);
+    let page = state.tables.list(caller.project, param("limit"), param("offset")).await?;
+    Ok(HttpResponse::Ok().json(TablePage::of(&req, page)))
+}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/tables/{table}", operation_id = "get_table",
+    params(("project_id" = String, Path), ("table" = String, Path)),
+    responses((status = 200, body = Table), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+pub(crate) async fn retrieve(
+    state: web::Data<AppState>,
+    caller: Authorized<TableRead>,
+    path: web::Path<TablePath>,
+) -> Result<HttpResponse, ApiError> {
+    let table = state.tables.get(caller.project, &path.table).await?;
+    Ok(HttpResponse::Ok().json(Table::from(table)))
+}
+
+#[utoipa::path(put, path = "/api/projects/{project_id}/tables/{table}", operation_id = "put_table",
+    params(("project_id" = String, Path), ("table" = String, Path)),
+    request_body(description = "The table's rows: CSV with a header row, NDJSON, or a Parquet file",
+        content((String = "text/csv"), (String = "application/x-ndjson"), ("application/vnd.apache.parquet"))),
+    responses((status = 201, body = Table, headers(("Location" = String, description = "The table's URL"))),
+              (status = 200, body = Table, description = "The table was replaced"),
+              (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 413, body = Error), (status = 415, body = Error)))]
+pub(crate) async fn put(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    caller: Authorized<TableWrite>,
+    path: web::Path<TablePath>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let upload = upload(&req, &state, payload, WriteMode::Replace)?;
+    let (table, written) = state.tables.write(caller.project, &path.table, upload).await?;
+    if written.created {
+        let location = format!("/api/projects/{}/tables/{}", caller.project, path.table);
+        Ok(HttpResponse::Created().insert_header((header::LOCATION, location)).json(Table::from(table)))
+    } else {
+        Ok(HttpResponse::Ok().json(Table::from(table)))
+    }
+}
+
+#[utoipa::path(post, path = "/api/projects/{project_id}/tables/{table}/rows", operation_id = "append_rows",
+    params(("project_id" = String, Path), ("table" = String, Path)),
+    request_body(description = "Rows with the table's columns: CSV with a header row, NDJSON, or a Parquet file",
+        content((String = "text/csv"), (String = "application/x-ndjson"), ("application/vnd.apache.parquet"))),
+    responses((status = 200, body = Appended), (status = 400, body = Error), (status = 401, body = Error),
+              (status = 403, body = Error), (status = 404, body = Error), (status = 413, body = Error), (status = 415, body = Error)))]
+pub(crate) async fn append(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    caller: Authorized<TableWrite>,
+    path: web::Path<TablePath>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let upload = upload(&req, &state, payload, WriteMode::Append)?;
+    let (table, written) = state.tables.write(caller.project, &path.table, upload).await?;
+    Ok(HttpResponse::Ok().json(Appended::of(table, written)))
+}
+
+#[utoipa::path(delete, path = "/api/projects/{project_id}/tables/{table}", operation_id = "delete_table",
+    params(("project_id" = String, Path), ("table" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 409, body = Error)))]
+pub(crate) async fn delete(
+    state: web::Data<AppState>,
+    caller: Authorized<TableWrite>,
+    path: web::Path<TablePath>,
+) -> Result<HttpResponse, ApiError> {
+    state.tables.delete(caller.project, &path.table).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(post, path = "/api/projects/{project_id}/tables/{table}/preview", operation_id = "preview_table",
+    params(("project_id" = String, Path), ("table" = String, Path), ("limit" = Option<i64>, Query)),
+    request_body = crate::api::requests::PreviewBody,
+    responses((status = 200, body = Preview), (status = 400, body = Error), (status = 401, body = Error),
+              (status = 403, body = Error), (status = 404, body = Error)))]
+pub(crate) async fn preview(
+    state: web::Data<AppState>,
+    caller: AuthorizedJson<TableRead>,
+    path: web::Path<TablePath>,
+    query: Query,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.get("limit").map(String::as_str);
+    let (rows, limit) = state.tables.preview(caller.project, &path.table, &caller.body, limit).await?;
+    Ok(HttpResponse::Ok().json(Preview::of(&path.table, limit, rows)))
+}
