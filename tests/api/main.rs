@@ -15,5 +15,6 @@ mod operations;
 mod runs;
 mod scaling;
 mod storage;
+mod tables;
 mod telemetry;
 mod versions;

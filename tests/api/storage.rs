@@ -235,6 +235,31 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
     );
     assert!(moto.keys(&stored).await.is_empty(), "{:?}", moto.keys(&stored).await);
 
+    // An upload over HTTP is staged in the bucket and written as the table there; nothing staged remains.
+    let scopes = ["key", "create", "--project", &project.to_string(), "--scope", "table:write"];
+    let uploader = moto.cli(data_dir, &scopes)["key"].as_str().unwrap().to_owned();
+    let orders = format!("{}/api/projects/{project}/tables/orders", server.address);
+    let client = reqwest::Client::new();
+    let put = |body: &'static str, url: String, method: reqwest::Method| {
+        client
+            .request(method, url)
+            .bearer_auth(&uploader)
+            .header("Content-Type", "text/csv")
+            .body(body)
+            .send()
+    };
+    assert_eq!(put("id,amount\n1,2.5\n", orders.clone(), reqwest::Method::PUT).await.unwrap().status(), 201);
+    let appended: Value = put("id,amount\n2,1\n", format!("{orders}/rows"), reqwest::Method::POST)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(appended["table"]["row_count"], 2, "{appended}");
+    let files = moto.keys(&format!("projects/{project}/tables/orders/")).await;
+    assert_eq!(files.iter().filter(|k| k.ends_with(".parquet")).count(), 2, "{files:?}");
+    assert!(moto.keys(&format!("projects/{project}/staging/")).await.is_empty());
+
     // Without its storage the server is not ready, and a live run is a clear 503, not a hang or a 500.
     drop(moto);
     let ready = reqwest::get(format!("{}/readyz", server.address)).await.unwrap();

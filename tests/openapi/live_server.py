@@ -38,11 +38,13 @@ def free_port():
 @contextlib.contextmanager
 def live_server(work, sales_csv, serve_args=()):
     """Yields `(base_url, project_id, key)` of a server over a new data directory under `work`, whose project
-    has a `sales` table loaded from the text `sales_csv` and a key with the write scope. The server's output goes
+    has a `sales` table loaded from the text `sales_csv` and a key with the endpoint and table write scopes. The
+    server's output goes
     to `work/server.log`, shown if it exits early."""
     data_dir = os.path.join(work, "data")
     project = cli(data_dir, "project", "create", "--name", "Checks")["id"]
-    key = cli(data_dir, "key", "create", "--project", str(project), "--scope", "endpoint:write")["key"]
+    key = cli(data_dir, "key", "create", "--project", str(project), "--scope", "endpoint:write",
+              "--scope", "table:write")["key"]
     csv = os.path.join(work, "sales.csv")
     with open(csv, "w") as f:
         f.write(sales_csv)

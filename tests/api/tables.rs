@@ -1,0 +1,336 @@
+//! Tables over HTTP under both families: uploads in CSV and NDJSON, appends, previews, deletes, scopes, and
+//! every way an upload fails, with the table checked unchanged afterwards.
+
+use reqwest::{Method, Response};
+use serde_json::{json, Value};
+
+use crate::helpers::{assert_error, endpoint_body, spawn_app, spawn_app_tuned, TestApp, FAMILIES};
+
+/// A PUT (replace) or POST `/rows` (append) of `body` as `content_type`.
+async fn upload(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    key: &str,
+    content_type: &str,
+    body: &str,
+) -> Response {
+    app.request(method, path, Some(key))
+        .header("Content-Type", content_type)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn ok_json(response: Response, status: u16) -> Value {
+    let got = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(got, status, "{body}");
+    body
+}
+
+/// A project and a key that may write both endpoints and tables.
+fn project_with_writer(app: &TestApp) -> (i64, String) {
+    let project = app.create_project();
+    let (_, key) = app.create_key(project, &["endpoint:write", "table:write"]);
+    (project, key)
+}
+
+const ORDERS: &str = "id,country,amount\n1,US,10.5\n2,FR,4\n3,US,1.5\n";
+
+#[tokio::test]
+async fn a_table_is_created_appended_to_read_by_an_endpoint_and_deleted_under_both_families() {
+    let app = spawn_app().await;
+    for family in FAMILIES {
+        let (project, key) = project_with_writer(&app);
+        let tables = format!("{family}/{project}/tables");
+        let created = upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", ORDERS).await;
+        assert_eq!(created.status(), 201);
+        assert_eq!(created.headers()["location"], format!("/api/projects/{project}/tables/orders").as_str());
+        let table: Value = created.json().await.unwrap();
+        assert_eq!(
+            (table["name"].as_str(), table["row_count"].as_u64()),
+            (Some("orders"), Some(3)),
+            "{table}"
+        );
+        assert_eq!(table["columns"][2], json!({"name": "amount", "type": "float", "nullable": true}));
+        assert_eq!((table["format"].as_str(), table["source"].as_str()), (Some("parquet"), Some("upload")));
+        assert_eq!(table["used_by"], json!([]));
+
+        // An endpoint on the table; its run is cached, and an append makes the cached answer stale at once.
+        let endpoints = format!("{family}/{project}/endpoints");
+        let body = endpoint_body(
+            "by-country",
+            "SELECT country, sum(amount) AS total FROM orders GROUP BY country ORDER BY country",
+        );
+        assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
+        let run_path = format!("{endpoints}/by-country/run");
+        assert_eq!(
+            ok_json(app.get(&run_path, &key).await, 200).await["results"],
+            json!([{"country": "FR", "total": 4.0}, {"country": "US", "total": 12.0}])
+        );
+        assert_eq!(ok_json(app.get(&run_path, &key).await, 200).await["is_cached"], true);
+        let ndjson = "{\"id\": 4, \"country\": \"DE\", \"amount\": 2}\n";
+        let appended = ok_json(
+            upload(
+                &app,
+                Method::POST,
+                &format!("{tables}/orders/rows"),
+                &key,
+                "application/x-ndjson",
+                ndjson,
+            )
+            .await,
+            200,
+        )
+        .await;
+        assert_eq!(
+            (appended["rows_added"].as_u64(), appended["table"]["row_count"].as_u64()),
+            (Some(1), Some(4))
+        );
+        assert_eq!(appended["table"]["used_by"], json!(["by-country"]));
+        let after = ok_json(app.get(&run_path, &key).await, 200).await;
+        assert_eq!(after["is_cached"], false, "the append made the cached run stale");
+        assert_eq!(after["results"][0], json!({"country": "DE", "total": 2.0}));
+
+        let listed = ok_json(app.get(&format!("{tables}?limit=10"), &key).await, 200).await;
+        assert_eq!(
+            (listed["count"].as_u64(), listed["results"][0]["name"].as_str()),
+            (Some(1), Some("orders"))
+        );
+        let preview =
+            ok_json(app.post(&format!("{tables}/orders/preview?limit=2"), &key, &json!({})).await, 200).await;
+        assert_eq!(preview["columns"], json!(["id", "country", "amount"]));
+        assert_eq!(
+            (preview["results"].as_array().unwrap().len(), preview["hasMore"].as_bool()),
+            (2, Some(true))
+        );
+
+        // A replace answers 200 and keeps when the table was created.
+        let replaced = ok_json(
+            upload(
+                &app,
+                Method::PUT,
+                &format!("{tables}/orders/"),
+                &key,
+                "text/csv",
+                "id,country,amount\n9,JP,1\n",
+            )
+            .await,
+            200,
+        )
+        .await;
+        assert_eq!(
+            (replaced["row_count"].as_u64(), &replaced["created_at"]),
+            (Some(1), &table["created_at"])
+        );
+
+        // A table an endpoint reads cannot be deleted; once the endpoint is gone it can.
+        let in_use = assert_error(app.delete(&format!("{tables}/orders"), &key).await, 409, "conflict").await;
+        assert_eq!(in_use["code"], "in_use");
+        assert!(in_use["detail"].as_str().unwrap().contains("by-country"), "{in_use}");
+        assert_eq!(app.delete(&format!("{endpoints}/by-country"), &key).await.status(), 204);
+        assert_eq!(app.delete(&format!("{tables}/orders"), &key).await.status(), 204);
+        assert_error(app.get(&format!("{tables}/orders"), &key).await, 404, "not_found").await;
+        assert_error(app.delete(&format!("{tables}/orders"), &key).await, 404, "not_found").await;
+    }
+}
+
+#[tokio::test]
+async fn table_routes_need_table_scopes() {
+    let app = spawn_app().await;
+    let project = app.create_project();
+    let (_, writer) = app.create_key(project, &["table:write"]);
+    let (_, reader) = app.create_key(project, &["table:read"]);
+    let (_, endpoints) = app.create_key(project, &["endpoint:write"]);
+    let tables = format!("/api/projects/{project}/tables");
+    assert_eq!(
+        upload(&app, Method::PUT, &format!("{tables}/t"), &writer, "text/csv", "n\n1\n").await.status(),
+        201
+    );
+    // table:write implies table:read; endpoint:write implies neither.
+    for key in [&writer, &reader] {
+        assert_eq!(app.get(&format!("{tables}/t"), key).await.status(), 200);
+        assert_eq!(app.post(&format!("{tables}/t/preview"), key, &json!({"limit": 1})).await.status(), 200);
+    }
+    let denied = assert_error(
+        upload(&app, Method::PUT, &format!("{tables}/t"), &reader, "text/csv", "n\n2\n").await,
+        403,
+        "permission_denied",
+    )
+    .await;
+    assert!(denied["detail"].as_str().unwrap().contains("table:write"));
+    assert_error(app.delete(&format!("{tables}/t"), &reader).await, 403, "permission_denied").await;
+    assert_error(app.get(&tables, &endpoints).await, 403, "permission_denied").await;
+    assert_error(
+        app.get(&format!("/api/projects/{project}/endpoints"), &writer).await,
+        403,
+        "permission_denied",
+    )
+    .await;
+    // Another project's key sees nothing of these tables.
+    let other = app.create_project();
+    let (_, stranger) = app.create_key(other, &["table:write"]);
+    assert_error(app.get(&format!("{tables}/t"), &stranger).await, 403, "permission_denied").await;
+    assert_error(app.request(Method::GET, &tables, None).send().await.unwrap(), 401, "authentication_error")
+        .await;
+}
+
+#[tokio::test]
+async fn a_failed_upload_leaves_the_table_as_it_was() {
+    let app = spawn_app_tuned(|config| config.upload_limit = 4096).await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/projects/{project}/tables");
+    let path = format!("{tables}/orders");
+    ok_json(upload(&app, Method::PUT, &path, &key, "text/csv", ORDERS).await, 201).await;
+    let before =
+        ok_json(app.post(&format!("{path}/preview"), &key, &json!({})).await, 200).await["results"].clone();
+    let rows = format!("{path}/rows");
+
+    let ragged = assert_error(
+        upload(&app, Method::PUT, &path, &key, "text/csv", "id,country,amount\n1,US,1,extra\n").await,
+        400,
+        "validation_error",
+    )
+    .await;
+    assert_eq!(ragged["attr"], "body");
+    let mismatch = assert_error(
+        upload(&app, Method::POST, &rows, &key, "text/csv", "id,land,amount\n4,DE,1\n").await,
+        400,
+        "validation_error",
+    )
+    .await;
+    assert!(mismatch["detail"].as_str().unwrap().contains("[id, land, amount]"), "{mismatch}");
+    let bad_value = assert_error(
+        upload(&app, Method::POST, &rows, &key, "text/csv", "id,country,amount\n4,DE,lots\n").await,
+        400,
+        "validation_error",
+    )
+    .await;
+    assert!(
+        bad_value["detail"].as_str().unwrap().contains("lots") && !bad_value.to_string().contains("staging"),
+        "{bad_value}"
+    );
+    let empty =
+        assert_error(upload(&app, Method::PUT, &path, &key, "text/csv", "").await, 400, "validation_error")
+            .await;
+    assert!(empty["detail"].as_str().unwrap().contains("empty"));
+    let big = format!("id,country,amount\n{}", "5,US,1\n".repeat(1000));
+    let too_large = assert_error(
+        upload(&app, Method::POST, &rows, &key, "text/csv", &big).await,
+        413,
+        "validation_error",
+    )
+    .await;
+    assert_eq!(too_large["code"], "payload_too_large");
+    assert_error(
+        upload(&app, Method::PUT, &path, &key, "application/xml", "<x/>").await,
+        415,
+        "validation_error",
+    )
+    .await;
+    assert_error(
+        upload(&app, Method::POST, &format!("{tables}/missing/rows"), &key, "text/csv", "n\n1\n").await,
+        404,
+        "not_found",
+    )
+    .await;
+    assert_error(
+        upload(&app, Method::PUT, &format!("{tables}/no-dashes"), &key, "text/csv", "n\n1\n").await,
+        400,
+        "validation_error",
+    )
+    .await;
+
+    // A client that goes away halfway through its body.
+    let address = app.address.trim_start_matches("http://").to_owned();
+    let head = format!(
+        "POST {rows} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\nContent-Type: text/csv\r\n\
+         Content-Length: 2000\r\n\r\nid,country,amount\n7,CUT,1\n8,CUT,"
+    );
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut socket = std::net::TcpStream::connect(&address).unwrap();
+        socket.write_all(head.as_bytes()).unwrap();
+        socket.shutdown(std::net::Shutdown::Both).unwrap();
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+
+    let after =
+        ok_json(app.post(&format!("{path}/preview"), &key, &json!({})).await, 200).await["results"].clone();
+    assert_eq!(after, before, "no failed upload changed the table");
+    let table = ok_json(app.get(&path, &key).await, 200).await;
+    assert_eq!(table["row_count"], 3);
+    let staging = app.data_dir.join(format!("projects/{project}/staging"));
+    let staged: Vec<_> = walk(&staging).into_iter().filter(|p| p.is_file()).collect();
+    assert!(staged.is_empty(), "nothing staged is left: {staged:?}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let entries: Vec<_> =
+        std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    entries.into_iter().flat_map(|p| if p.is_dir() { walk(&p) } else { vec![p] }).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_appends_all_land_and_runs_never_see_half_of_one() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/projects/{project}/tables");
+    ok_json(upload(&app, Method::PUT, &format!("{tables}/events"), &key, "text/csv", "n\n0\n").await, 201)
+        .await;
+    let body = json!({"name": "count", "cache_age_seconds": 0,
+                      "query": {"kind": "SQLQuery", "query": "SELECT count(*) AS rows FROM events"}});
+    assert_eq!(app.post(&format!("/api/projects/{project}/endpoints/"), &key, &body).await.status(), 201);
+    // Each append holds 100 rows: a run that saw part of one would count something else than 1 + 100k.
+    let batch: String =
+        std::iter::once("n\n".to_owned()).chain((1..=100).map(|i| format!("{i}\n"))).collect();
+    let appends: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, url, key, batch) = (
+                app.client.clone(),
+                format!("{}{tables}/events/rows", app.address),
+                key.clone(),
+                batch.clone(),
+            );
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .bearer_auth(key)
+                    .header("Content-Type", "text/csv")
+                    .body(batch)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    let runs: Vec<_> = (0..16)
+        .map(|_| {
+            let (client, url, key) = (
+                app.client.clone(),
+                format!("{}/api/projects/{project}/endpoints/count/run?refresh=direct", app.address),
+                key.clone(),
+            );
+            tokio::spawn(async move {
+                let answer: Value =
+                    client.get(url).bearer_auth(key).send().await.unwrap().json().await.unwrap();
+                answer["results"][0]["rows"].as_u64()
+            })
+        })
+        .collect();
+    for append in appends {
+        assert_eq!(append.await.unwrap(), 200);
+    }
+    for run in runs {
+        if let Some(rows) = run.await.unwrap() {
+            assert_eq!(rows % 100, 1, "a run saw part of an append: {rows} rows");
+        }
+    }
+    let table = ok_json(app.get(&format!("{tables}/events"), &key).await, 200).await;
+    assert_eq!(table["row_count"], 801, "no append was lost");
+}
