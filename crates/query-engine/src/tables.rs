@@ -283,7 +283,7 @@ impl Target {
         let created_at = match previous.and_then(|p| p.created) {
             Some(at) => Some(at),
             // A new table is created now; one whose pointer did not keep it, now is the best estimate left.
-            None => Some(domain::Timestamp::now_utc()),
+            None => Some(domain::Clock::now(&domain::SystemClock)),
         };
         let version = format!("v-{}", uuid::Uuid::new_v4());
         let files = prefix.clone().join(version.as_str());
