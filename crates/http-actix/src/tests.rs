@@ -643,3 +643,36 @@ async fn table_routes_need_table_scopes_and_read_uploads_by_content_type() {
     );
     assert_eq!(body["used_by"], json!([]));
 }
+
+#[actix_web::test]
+async fn run_answers_carry_their_tag_and_freshness_and_a_held_tag_gets_304() {
+    let uri = "/api/projects/1/endpoints/daily/run?variables.n=3";
+    let (status, headers, body) =
+        send(state(store_for_runs(), engine_for_runs()), authed(Method::GET, uri, READER)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tag = headers.get(header::ETAG).expect("an ETag").to_str().unwrap().to_owned();
+    assert!(tag.starts_with('"') && tag.len() == 34, "{tag}");
+    // The default cache age (300 s) is what the cache has left of a run computed now.
+    assert_eq!(headers.get(header::CACHE_CONTROL).unwrap(), "private, max-age=300");
+
+    let app = init_service(app(state(store_for_runs(), engine_for_runs()))).await;
+    for (held, expected) in [
+        (tag.clone(), StatusCode::NOT_MODIFIED),
+        (format!("W/{tag}"), StatusCode::NOT_MODIFIED),
+        (format!("\"other\", {tag}"), StatusCode::NOT_MODIFIED),
+        ("*".to_owned(), StatusCode::NOT_MODIFIED),
+        ("\"other\"".to_owned(), StatusCode::OK),
+    ] {
+        let req = authed(Method::GET, uri, READER).insert_header((header::IF_NONE_MATCH, held.clone()));
+        let resp = call_service(&app, req.to_request()).await;
+        assert_eq!(resp.status(), expected, "{held}");
+        assert_eq!(resp.headers().get(header::ETAG).unwrap().to_str().unwrap(), tag);
+        let body = actix_web::test::read_body(resp).await;
+        assert_eq!(body.is_empty(), expected == StatusCode::NOT_MODIFIED, "{held}");
+    }
+    // Other rows, another tag.
+    let other = "/api/projects/1/endpoints/daily/run?variables.n=4";
+    let (_, headers, _) =
+        send(state(store_for_runs(), engine_for_runs()), authed(Method::GET, other, READER)).await;
+    assert_ne!(headers.get(header::ETAG).unwrap().to_str().unwrap(), tag);
+}

@@ -102,6 +102,7 @@ mod tests {
             materialized_at: None,
             variables: serde_json::Value::Null,
             rendered: std::sync::OnceLock::new(),
+            tag: std::sync::OnceLock::new(),
         })
     }
 

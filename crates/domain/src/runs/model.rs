@@ -268,9 +268,34 @@ pub struct CachedRun {
     /// The serialized form of the fields above, written by the adapter that first answers with this run and
     /// reused by every later answer, so a cache hit writes only what differs per request.
     pub rendered: std::sync::OnceLock<Vec<u8>>,
+    /// The entity tag, made at the first answer that needs it (see [`CachedRun::etag`]).
+    pub tag: std::sync::OnceLock<String>,
 }
 
 impl CachedRun {
+    /// The entity tag of the result: a digest of the version, the columns and the rows (32 hex digits), so the
+    /// same answer has the same tag on every node and any change of them a new one.
+    pub fn etag(&self) -> &str {
+        self.tag.get_or_init(|| {
+            use sha2::{Digest, Sha256};
+            let mut digest = Sha256::new();
+            digest.update(self.version.to_be_bytes());
+            for column in &self.result.columns {
+                digest.update(column.name.as_bytes());
+                digest.update([0]);
+                digest.update(format!("{:?}", column.column_type).as_bytes());
+                digest.update([0]);
+            }
+            digest.update(self.result.rows_json.as_bytes());
+            hex::encode(&digest.finalize()[..16])
+        })
+    }
+
+    /// How long a client may keep this answer: until the cache stops serving it, none when it was not cached.
+    pub fn fresh_for(&self, now: Timestamp) -> std::time::Duration {
+        self.expires_at
+            .map_or(std::time::Duration::ZERO, |at| (at - now).max(time::Duration::ZERO).unsigned_abs())
+    }
     /// Approximate memory held, for byte-bounded caches (the rendered fields included).
     pub fn weight(&self) -> usize {
         self.result.rows_json.len()
@@ -292,6 +317,8 @@ pub struct RunOutcome {
     pub offset: u64,
     /// Wall time spent in the service for this request.
     pub total: Duration,
+    /// How long a client may keep the answer: what the cache has left of it.
+    pub fresh_for: Duration,
 }
 
 #[cfg(test)]
@@ -377,5 +404,51 @@ mod tests {
         assert_eq!(RunRequest::from_body(&body, None).unwrap_err().attr.as_deref(), Some("variables"));
         let bad = [("variables", "[1]")];
         assert_eq!(RunRequest::from_query(bad).unwrap_err().attr.as_deref(), Some("variables"));
+    }
+
+    fn computed(version: u32, rows: &str, expires_in: Option<i64>) -> CachedRun {
+        let at = time::macros::datetime!(2026-11-22 10:00 UTC);
+        CachedRun {
+            version,
+            version_created_at: at,
+            result: QueryResult {
+                columns: vec![crate::query::Column {
+                    name: "n".into(),
+                    column_type: crate::query::ColumnType::Integer,
+                }],
+                rows_json: rows.into(),
+                row_count: 1,
+                has_more: false,
+            },
+            computed_at: at,
+            expires_at: expires_in.map(|s| at + time::Duration::seconds(s)),
+            query_time: Duration::ZERO,
+            endpoint_materialized: false,
+            materialized_at: None,
+            variables: Value::Null,
+            rendered: std::sync::OnceLock::new(),
+            tag: std::sync::OnceLock::new(),
+        }
+    }
+
+    #[test]
+    fn the_tag_follows_the_result_and_nothing_else() {
+        let tag = computed(1, r#"[{"n":1}]"#, Some(60)).etag().to_owned();
+        assert_eq!(tag.len(), 32);
+        assert_eq!(
+            computed(1, r#"[{"n":1}]"#, None).etag(),
+            tag,
+            "the same answer, computed again or elsewhere"
+        );
+        assert_ne!(computed(2, r#"[{"n":1}]"#, Some(60)).etag(), tag, "another version");
+        assert_ne!(computed(1, r#"[{"n":2}]"#, Some(60)).etag(), tag, "other rows");
+    }
+
+    #[test]
+    fn an_answer_is_fresh_for_what_the_cache_has_left() {
+        let now = time::macros::datetime!(2026-11-22 10:00:45 UTC);
+        assert_eq!(computed(1, "[]", Some(60)).fresh_for(now), Duration::from_secs(15));
+        assert_eq!(computed(1, "[]", Some(30)).fresh_for(now), Duration::ZERO, "expired");
+        assert_eq!(computed(1, "[]", None).fresh_for(now), Duration::ZERO, "never cached");
     }
 }

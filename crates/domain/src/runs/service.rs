@@ -12,7 +12,7 @@ use tracing::warn;
 use super::model::{CacheKey, CachedRun, Refresh, RunOutcome, RunRequest};
 use super::ports::ResultCache;
 use crate::access::ProjectId;
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
 use crate::error::{Error, StoreError};
 use crate::materialization::{Eligibility, Materializations, StoredResult};
@@ -140,7 +140,7 @@ impl RunService {
             if let Some(hit) = self.cache.get(&key).filter(|hit| hit.expires_at.is_some_and(|at| at > now)) {
                 self.executions.record(project, &key.name, now);
                 // A hit answers with the key's own name: no copy of it on this path.
-                return Ok(self.outcome(key.name, Some(hit), true, &request, started));
+                return Ok(self.outcome(key.name, Some(hit), true, &request, started, now));
             }
         }
         let endpoint_name = key.name.clone();
@@ -155,18 +155,20 @@ impl RunService {
                     None
                 };
                 let Some(run) = stored else {
-                    return Ok(self.outcome(endpoint_name, None, false, &request, started));
+                    return Ok(self.outcome(endpoint_name, None, false, &request, started, now));
                 };
-                self.executions.record(project, &endpoint_name, self.clock.now());
-                return Ok(self.outcome(endpoint_name, Some(run), false, &request, started));
+                let now = self.clock.now();
+                self.executions.record(project, &endpoint_name, now);
+                return Ok(self.outcome(endpoint_name, Some(run), false, &request, started, now));
             }
             Refresh::Blocking => self.coalesced(key, &request).await?,
             Refresh::ForceBlocking | Refresh::Direct => {
                 compute(self.context(), key, request.clone(), request.refresh != Refresh::Direct).await?
             }
         };
-        self.executions.record(project, &endpoint_name, self.clock.now());
-        Ok(self.outcome(endpoint_name, Some(run), false, &request, started))
+        let now = self.clock.now();
+        self.executions.record(project, &endpoint_name, now);
+        Ok(self.outcome(endpoint_name, Some(run), false, &request, started, now))
     }
 
     fn outcome(
@@ -176,8 +178,10 @@ impl RunService {
         is_cached: bool,
         request: &RunRequest,
         started: Instant,
+        now: Timestamp,
     ) -> RunOutcome {
         RunOutcome {
+            fresh_for: run.as_ref().map_or(Duration::ZERO, |r| r.fresh_for(now)),
             name,
             endpoint_materialized: run.as_ref().is_some_and(|r| r.endpoint_materialized),
             run,
@@ -348,6 +352,7 @@ impl Context {
                 variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>(),
             ),
             rendered: std::sync::OnceLock::new(),
+            tag: std::sync::OnceLock::new(),
         })
     }
 }

@@ -177,8 +177,12 @@ async fn a_second_run_is_a_cache_hit_until_it_expires() {
     assert!(second.is_cached);
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
     assert_ne!(first.execution_id, second.execution_id);
+    assert_eq!(second.fresh_for, Duration::from_secs(60), "a client may keep it as long as the cache does");
+    f.clock.advance(Duration::from_secs(20));
+    let later = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    assert_eq!((later.is_cached, later.fresh_for), (true, Duration::from_secs(40)));
 
-    f.clock.advance(Duration::from_secs(61));
+    f.clock.advance(Duration::from_secs(41));
     let third = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
     assert!(!third.is_cached, "expired");
     assert_eq!(f.runs.load(Ordering::SeqCst), 2);

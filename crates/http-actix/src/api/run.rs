@@ -241,6 +241,7 @@ mod tests {
             limit: 10,
             offset: 20,
             total: Duration::from_micros(1500),
+            fresh_for: Duration::ZERO,
         }
     }
 
@@ -275,6 +276,7 @@ mod tests {
             materialized_at: None,
             variables: json!({}),
             rendered: std::sync::OnceLock::new(),
+            tag: std::sync::OnceLock::new(),
         });
         let first = write(&outcome(Some(Arc::clone(&run)), false, None));
         assert!(run.rendered.get().is_some(), "the first answer keeps the run's fields");

@@ -1,7 +1,7 @@
 //! Running an endpoint (GET and POST), and the last execution times of several.
 
-use actix_web::http::header::ContentType;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::http::header::{CacheControl, CacheDirective, ContentType, ETag, EntityTag, IfNoneMatch};
+use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use domain::{ProjectId, RunOutcome, RunRequest};
 
 use super::EndpointPath;
@@ -32,7 +32,7 @@ pub(crate) async fn run_get(
 ) -> Result<HttpResponse, ApiError> {
     let request = RunRequest::from_query(params(&req))?;
     let outcome = run(&req, &state, caller.project, &path.name, request).await?;
-    Ok(answer(&outcome))
+    Ok(answer(&req, &outcome))
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
@@ -48,11 +48,36 @@ pub(crate) async fn run_post(
     let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
     let request = RunRequest::from_body(&caller.body, version.as_deref())?;
     let outcome = run(&req, &state, caller.project, &path.name, request).await?;
-    Ok(answer(&outcome))
+    Ok(answer(&req, &outcome))
 }
 
-fn answer(outcome: &RunOutcome) -> HttpResponse {
-    HttpResponse::Ok().content_type(ContentType::json()).body(RunAnswer::of(outcome).write())
+/// The answer, or 304 when the client holds it already. Every answer says how long it may be kept: what the
+/// cache has left of it (`private`: it answers one key's request).
+fn answer(req: &HttpRequest, outcome: &RunOutcome) -> HttpResponse {
+    let keep = CacheControl(vec![
+        CacheDirective::Private,
+        CacheDirective::MaxAge(u32::try_from(outcome.fresh_for.as_secs()).unwrap_or(u32::MAX)),
+    ]);
+    let Some(run) = outcome.run.as_deref() else {
+        return HttpResponse::Ok()
+            .content_type(ContentType::json())
+            .insert_header(keep)
+            .body(RunAnswer::of(outcome).write());
+    };
+    let tag = EntityTag::new_strong(run.etag().to_owned());
+    let held = match req.get_header::<IfNoneMatch>() {
+        Some(IfNoneMatch::Any) => true,
+        Some(IfNoneMatch::Items(tags)) => tags.iter().any(|held| held.weak_eq(&tag)),
+        None => false,
+    };
+    if held {
+        return HttpResponse::NotModified().insert_header(ETag(tag)).insert_header(keep).finish();
+    }
+    HttpResponse::Ok()
+        .content_type(ContentType::json())
+        .insert_header(ETag(tag))
+        .insert_header(keep)
+        .body(RunAnswer::of(outcome).write())
 }
 
 /// Runs the endpoint, cancelling the run if the client disconnects meanwhile.
