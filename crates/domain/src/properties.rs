@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
 use crate::materialization::Eligibility;
+use crate::query::ResultFormat;
 use crate::query::{bind, CompareOp, Query, QueryOutline, VariablePredicate};
 use crate::runs::RunRequest;
 
@@ -118,7 +119,7 @@ proptest! {
 
     #[test]
     fn any_query_string_is_read_or_refused(pairs in prop::collection::vec(("(variables\\.)?.{0,12}|limit|offset|version|refresh|variables", ".{0,16}"), 0..12)) {
-        if let Ok(request) = RunRequest::from_query(pairs) {
+        if let Ok(request) = RunRequest::from_query(pairs, ResultFormat::Json) {
             prop_assert!((1..=RunRequest::MAX_LIMIT).contains(&request.limit));
             prop_assert!(request.variables.len() <= RunRequest::MAX_VARIABLES);
             prop_assert!(request.version.is_none_or(|v| v >= 1));
@@ -127,7 +128,7 @@ proptest! {
 
     #[test]
     fn any_run_body_is_read_or_refused(body in any_json(), version in prop::option::of(".{0,6}")) {
-        if let Ok(request) = RunRequest::from_body(&body, version.as_deref()) {
+        if let Ok(request) = RunRequest::from_body(&body, version.as_deref(), ResultFormat::Json) {
             prop_assert!((1..=RunRequest::MAX_LIMIT).contains(&request.limit));
             prop_assert!(request.variables.len() <= RunRequest::MAX_VARIABLES);
         }

@@ -67,6 +67,7 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
         clock: clock.clone(),
         executions: executions.clone(),
         materializations: untouched_materializations(),
+        export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
     });
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());

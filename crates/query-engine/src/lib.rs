@@ -13,6 +13,7 @@ pub mod demo;
 #[cfg(feature = "ballista")]
 pub mod distributed;
 mod execute;
+mod export;
 mod materialized;
 mod metrics;
 mod outline;
@@ -30,7 +31,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
-use domain::{EngineError, ProjectId, Query, QueryDescription, QueryEngine};
+use domain::{EngineError, Export, ProjectId, Query, QueryDescription, QueryEngine, ResultFormat};
 use tracing::instrument;
 
 pub use cache::MemoryResultCache;
@@ -300,8 +301,37 @@ impl QueryEngine for DataFusionEngine {
         self.metrics.finished(&result, started.elapsed());
         result
     }
+
+    #[instrument(skip_all, fields(project = %project, limit, offset, format = format.as_str()))]
+    async fn export(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, domain::BoundValue>,
+        limit: u32,
+        offset: u64,
+        format: ResultFormat,
+    ) -> Result<Export, EngineError> {
+        let started = std::time::Instant::now();
+        let _running = self.metrics.running();
+        let result = async {
+            compile::check_size(&query.sql)?;
+            let slot = self.slots.try_acquire(project, &self.limits)?;
+            let (engine, query, variables) = (self.clone(), query.clone(), variables.clone());
+            self.within_time(self.runtime.run(async move {
+                let _slot = slot;
+                engine.export_here(project, &query, &variables, limit, offset, format).await
+            }))
+            .await
+        }
+        .await;
+        self.metrics.finished(&result, started.elapsed());
+        result
+    }
 }
 
+#[cfg(test)]
+mod export_tests;
 #[cfg(test)]
 mod materialization_tests;
 #[cfg(test)]

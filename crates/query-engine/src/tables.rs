@@ -145,7 +145,7 @@ pub struct TableWriter {
 }
 
 /// The schema with view types (as DataFusion reads strings and binaries) in their plain form.
-fn plain(schema: &SchemaRef) -> SchemaRef {
+pub(crate) fn plain(schema: &SchemaRef) -> SchemaRef {
     let fields: Vec<_> = schema
         .fields()
         .iter()
@@ -184,7 +184,7 @@ impl TableWriter {
 }
 
 /// The batch with each column cast to the type `schema` gives it.
-fn cast_to(
+pub(crate) fn cast_to(
     batch: &RecordBatch,
     schema: &SchemaRef,
 ) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {

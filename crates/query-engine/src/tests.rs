@@ -13,7 +13,7 @@ fn project(id: i64) -> ProjectId {
     ProjectId::new(id).unwrap()
 }
 
-fn query(sql: &str, variables: serde_json::Value) -> Query {
+pub(crate) fn query(sql: &str, variables: serde_json::Value) -> Query {
     Query::from_json(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
 }
 
@@ -40,7 +40,7 @@ pub(crate) fn temp_dir(prefix: &str) -> TempDir {
 }
 
 /// Writes `events(country, revenue)` for project 1 into a fresh data directory.
-async fn engine_with_events() -> (DataFusionEngine, TempDir) {
+pub(crate) async fn engine_with_events() -> (DataFusionEngine, TempDir) {
     let dir = temp_dir("qe-test");
     // Written as tables were before versions: Parquet files directly in the table's directory.
     let table = dir.join("projects/1/tables/events");

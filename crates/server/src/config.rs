@@ -36,6 +36,8 @@ pub struct Config {
     pub client_timeout: std::time::Duration,
     /// The largest upload of a table's rows, in bytes.
     pub upload_limit: u64,
+    /// The largest page a run may write as CSV, NDJSON, Parquet or Arrow, in rows.
+    pub export_limit: u32,
     /// Request rate limits per key and per project; off unless set (`serve` sets its defaults).
     pub rate_limits: http_actix::RateLimitConfig,
 }
@@ -59,6 +61,7 @@ impl Config {
             client_timeout: http_actix::DEFAULT_CLIENT_TIMEOUT,
             rate_limits: http_actix::RateLimitConfig::default(),
             upload_limit: http_actix::DEFAULT_UPLOAD_LIMIT,
+            export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
         }
     }
 

@@ -95,6 +95,7 @@ impl Services {
             clock: clock.clone(),
             executions: executions.clone(),
             materializations,
+            export_limit: config.export_limit,
         }));
         let materializer = Arc::new(Materializer::new(MaterializerDeps {
             endpoints: store.clone(),

@@ -2,12 +2,14 @@
 //! tells of a query when it plans or runs it.
 
 mod binding;
+mod export;
 mod model;
 mod plan;
 mod ports;
 mod variables;
 
 pub use binding::{bind, coerce, BoundValue};
+pub use export::{Export, ResultFormat};
 pub use model::{is_variable_name, scan_placeholders, Placeholder, Query, QueryKind};
 pub use plan::{
     Column, ColumnType, CompareOp, QueryDescription, QueryOutline, QueryResult, VariablePredicate,

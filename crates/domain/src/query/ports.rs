@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 use super::binding::BoundValue;
+use super::export::{Export, ResultFormat};
 use super::model::Query;
 use super::plan::{QueryDescription, QueryResult};
 use crate::access::ProjectId;
@@ -36,4 +37,19 @@ pub trait QueryEngine: Send + Sync {
         limit: u32,
         offset: u64,
     ) -> Result<QueryResult, EngineError>;
+
+    /// Runs the query like [`QueryEngine::execute`] and writes the page `offset..offset+limit` of its rows in
+    /// `format`, without holding them in memory.
+    ///
+    /// # Errors
+    /// As [`QueryEngine::execute`]; `Internal` when the page cannot be written.
+    async fn export(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, BoundValue>,
+        limit: u32,
+        offset: u64,
+        format: ResultFormat,
+    ) -> Result<Export, EngineError>;
 }

@@ -7,7 +7,7 @@ mod ports;
 mod service;
 
 pub use last_executions::{six_months_before, LastExecutions, MAX_NAMES};
-pub use model::{CacheKey, CachedRun, Refresh, RunOutcome, RunRequest};
+pub use model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::MockResultCache;
 pub use ports::ResultCache;

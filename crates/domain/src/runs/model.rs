@@ -12,7 +12,7 @@ use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
 use crate::error::Invalid;
 use crate::fields::Fields;
-use crate::query::QueryResult;
+use crate::query::{QueryResult, ResultFormat};
 
 /// How a run may use cached and materialized results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,6 +70,8 @@ pub struct RunRequest {
     pub offset: u64,
     pub refresh: Refresh,
     pub client_query_id: Option<String>,
+    /// How the rows are written: the request's `format`, else what the client accepts.
+    pub format: ResultFormat,
 }
 
 /// No version named (the current one), no variables, the first page of the default size, a cached answer when
@@ -83,6 +85,7 @@ impl Default for RunRequest {
             offset: 0,
             refresh: Refresh::default(),
             client_query_id: None,
+            format: ResultFormat::Json,
         }
     }
 }
@@ -91,12 +94,17 @@ impl RunRequest {
     pub const DEFAULT_LIMIT: u32 = 100;
     pub const MAX_LIMIT: u32 = 10_000;
 
+    /// The largest page a run may write in another format than JSON, by default: those pages are written
+    /// without holding them in memory.
+    pub const DEFAULT_EXPORT_LIMIT: u32 = 1_000_000;
+
     /// The most variables one run may pass (a query declares far fewer; this bounds the work of refusing).
     pub const MAX_VARIABLES: usize = 100;
 
     /// The fields a POST body may carry.
-    pub const BODY_FIELDS: [&'static str; 8] = [
+    pub const BODY_FIELDS: [&'static str; 9] = [
         "client_query_id",
+        "format",
         "filters_override",
         "query_override",
         "refresh",
@@ -106,11 +114,16 @@ impl RunRequest {
         "offset",
     ];
 
-    /// Reads a POST body; `query_version` is the `?version=` of the URL (the body's `version` wins).
+    /// Reads a POST body; `query_version` is the `?version=` of the URL (the body's `version` wins), and
+    /// `accepted` the format the client accepts, which the body's `format` overrides.
     ///
     /// # Errors
     /// [`Invalid`] naming the field for unknown fields, wrong types, out-of-range numbers and overrides.
-    pub fn from_body(body: &Value, query_version: Option<&str>) -> Result<Self, Invalid> {
+    pub fn from_body(
+        body: &Value,
+        query_version: Option<&str>,
+        accepted: ResultFormat,
+    ) -> Result<Self, Invalid> {
         let fields = Fields::new(body, &Self::BODY_FIELDS)?;
         for key in ["query_override", "filters_override"] {
             match fields.get(key) {
@@ -144,31 +157,40 @@ impl RunRequest {
             Some(raw) => Refresh::parse(&raw)?,
             None => Refresh::default(),
         };
+        let format = match fields.nullable_string("format")?.flatten() {
+            Some(raw) => ResultFormat::parse(&raw)?,
+            None => accepted,
+        };
         Ok(Self {
             version,
             variables,
-            limit: limit(fields.nullable_int("limit")?.flatten())?,
+            limit: limit(fields.nullable_int("limit")?.flatten(), format)?,
             offset: offset(fields.nullable_int("offset")?.flatten())?,
             refresh,
             client_query_id: fields.nullable_string("client_query_id")?.flatten(),
+            format,
         })
     }
 
-    /// Reads GET query parameters: `version`, `limit`, `offset`, `refresh`, `client_query_id`,
-    /// `variables.NAME=value` and `variables=<JSON object>`.
+    /// Reads GET query parameters: `version`, `limit`, `offset`, `refresh`, `client_query_id`, `format`,
+    /// `variables.NAME=value` and `variables=<JSON object>`; `accepted` is the format the client accepts, which
+    /// `format` overrides.
     ///
     /// # Errors
     /// [`Invalid`] naming the parameter.
     pub fn from_query<K: AsRef<str>, V: AsRef<str>>(
         params: impl IntoIterator<Item = (K, V)>,
+        accepted: ResultFormat,
     ) -> Result<Self, Invalid> {
-        let mut request = Self::default();
+        let mut request = Self { format: accepted, ..Self::default() };
         let mut variables = Map::new();
+        let mut raw_limit = None;
         for (key, value) in params {
             let value = value.as_ref();
             match key.as_ref() {
                 "version" => request.version = Some(parse_version(value)?),
-                "limit" => request.limit = limit(Some(parse_int("limit", value)?))?,
+                "limit" => raw_limit = Some(parse_int("limit", value)?),
+                "format" => request.format = ResultFormat::parse(value)?,
                 "offset" => request.offset = offset(Some(parse_int("offset", value)?))?,
                 "refresh" => request.refresh = Refresh::parse(value)?,
                 "client_query_id" => request.client_query_id = Some(value.to_owned()),
@@ -191,6 +213,7 @@ impl RunRequest {
         }
         check_count(&variables)?;
         request.variables = variables;
+        request.limit = limit(raw_limit, request.format)?;
         Ok(request)
     }
 }
@@ -220,13 +243,16 @@ fn positive_version(v: i64) -> Result<u32, Invalid> {
         .ok_or_else(|| Invalid::field("version", "version must be a positive integer."))
 }
 
-fn limit(raw: Option<i64>) -> Result<u32, Invalid> {
+/// A JSON page holds at most `MAX_LIMIT` rows; a page in another format is bounded by the service's export
+/// limit, which the run checks.
+fn limit(raw: Option<i64>, format: ResultFormat) -> Result<u32, Invalid> {
+    let max = if format == ResultFormat::Json { RunRequest::MAX_LIMIT } else { u32::MAX };
     match raw {
         None => Ok(RunRequest::DEFAULT_LIMIT),
         Some(l) => u32::try_from(l)
             .ok()
-            .filter(|l| (1..=RunRequest::MAX_LIMIT).contains(l))
-            .ok_or_else(|| Invalid::field("limit", "limit must be an integer between 1 and 10000.")),
+            .filter(|l| (1..=max).contains(l))
+            .ok_or_else(|| Invalid::field("limit", format!("limit must be an integer between 1 and {max}."))),
     }
 }
 
@@ -321,6 +347,16 @@ pub struct RunOutcome {
     pub fresh_for: Duration,
 }
 
+/// A run written in another format than JSON.
+#[derive(Debug)]
+pub struct Exported {
+    pub name: EndpointName,
+    /// The version that ran.
+    pub version: u32,
+    pub export: crate::query::Export,
+    pub execution_id: Uuid,
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -343,6 +379,7 @@ mod tests {
             &json!({"variables": {"a": 1}, "version": 2, "limit": 10, "offset": 5, "refresh": "direct",
                     "client_query_id": "x", "query_override": {}, "filters_override": null}),
             Some("9"),
+            ResultFormat::Json,
         )
         .unwrap();
         assert_eq!(
@@ -350,20 +387,27 @@ mod tests {
             (Some(2), 10, 5, Refresh::Direct),
             "the body's version wins"
         );
-        assert_eq!(RunRequest::from_body(&json!({}), Some("3")).unwrap().version, Some(3));
-        let both = RunRequest::from_body(&json!({"version": 1}), Some("0")).unwrap_err();
+        assert_eq!(
+            RunRequest::from_body(&json!({}), Some("3"), ResultFormat::Json).unwrap().version,
+            Some(3)
+        );
+        let both = RunRequest::from_body(&json!({"version": 1}), Some("0"), ResultFormat::Json).unwrap_err();
         assert_eq!(
             both.attr.as_deref(),
             Some("version"),
             "a bad ?version= is refused even beside the body's"
         );
-        let defaults = RunRequest::from_body(&json!({}), None).unwrap();
+        let defaults = RunRequest::from_body(&json!({}), None, ResultFormat::Json).unwrap();
         assert_eq!((defaults.limit, defaults.offset, defaults.refresh), (100, 0, Refresh::Blocking));
         // An empty query string asks for what an empty body does.
-        assert_eq!(RunRequest::from_query(Vec::<(&str, &str)>::new()).unwrap(), defaults);
+        assert_eq!(RunRequest::from_query(Vec::<(&str, &str)>::new(), ResultFormat::Json).unwrap(), defaults);
         assert_eq!(RunRequest::default(), defaults);
-        let floats =
-            RunRequest::from_body(&json!({"version": 2.0, "limit": 10.0, "offset": 0.0}), None).unwrap();
+        let floats = RunRequest::from_body(
+            &json!({"version": 2.0, "limit": 10.0, "offset": 0.0}),
+            None,
+            ResultFormat::Json,
+        )
+        .unwrap();
         assert_eq!((floats.version, floats.limit, floats.offset), (Some(2), 10, 0), "JSON Schema integers");
         for (body, attr) in [
             (json!({"extra": 1}), "extra"),
@@ -378,7 +422,11 @@ mod tests {
             (json!({"filters_override": {"date_from": "-7d"}}), "filters_override"),
             (json!({"refresh": "async"}), "refresh"),
         ] {
-            assert_eq!(RunRequest::from_body(&body, None).unwrap_err().attr.as_deref(), Some(attr), "{body}");
+            assert_eq!(
+                RunRequest::from_body(&body, None, ResultFormat::Json).unwrap_err().attr.as_deref(),
+                Some(attr),
+                "{body}"
+            );
         }
     }
 
@@ -391,19 +439,28 @@ mod tests {
             ("version", "2"),
             ("utm_source", "ignored"),
         ];
-        let request = RunRequest::from_query(params).unwrap();
+        let request = RunRequest::from_query(params, ResultFormat::Json).unwrap();
         assert_eq!(request.variables["country"], json!("US"));
         assert_eq!(request.variables["n"], json!(3));
         assert_eq!((request.limit, request.version), (7, Some(2)));
         let many: Vec<(String, String)> =
             (0..=RunRequest::MAX_VARIABLES).map(|i| (format!("variables.v{i}"), "1".into())).collect();
-        assert_eq!(RunRequest::from_query(many).unwrap_err().attr.as_deref(), Some("variables"));
+        assert_eq!(
+            RunRequest::from_query(many, ResultFormat::Json).unwrap_err().attr.as_deref(),
+            Some("variables")
+        );
         let many: Map<String, Value> =
             (0..=RunRequest::MAX_VARIABLES).map(|i| (format!("v{i}"), json!(1))).collect();
         let body = json!({"variables": many});
-        assert_eq!(RunRequest::from_body(&body, None).unwrap_err().attr.as_deref(), Some("variables"));
+        assert_eq!(
+            RunRequest::from_body(&body, None, ResultFormat::Json).unwrap_err().attr.as_deref(),
+            Some("variables")
+        );
         let bad = [("variables", "[1]")];
-        assert_eq!(RunRequest::from_query(bad).unwrap_err().attr.as_deref(), Some("variables"));
+        assert_eq!(
+            RunRequest::from_query(bad, ResultFormat::Json).unwrap_err().attr.as_deref(),
+            Some("variables")
+        );
     }
 
     fn computed(version: u32, rows: &str, expires_in: Option<i64>) -> CachedRun {

@@ -9,12 +9,12 @@ use futures_util::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use serde_json::{Map, Value};
 use tracing::warn;
 
-use super::model::{CacheKey, CachedRun, Refresh, RunOutcome, RunRequest};
+use super::model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};
 use super::ports::ResultCache;
 use crate::access::ProjectId;
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
-use crate::error::{Error, StoreError};
+use crate::error::{Error, Invalid, StoreError};
 use crate::materialization::{Eligibility, Materializations, StoredResult};
 use crate::query::{bind, BoundValue, QueryEngine, QueryResult};
 
@@ -30,6 +30,8 @@ pub struct RunDeps {
     pub executions: Arc<ExecutionTracker>,
     /// `blocking` and `force_cache` runs of materialized endpoints read their stored results.
     pub materializations: Materializations,
+    /// The largest page a run may write in another format than JSON.
+    pub export_limit: u32,
 }
 
 /// Runs endpoints.
@@ -40,6 +42,7 @@ pub struct RunService {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) executions: Arc<ExecutionTracker>,
     materializations: Materializations,
+    export_limit: u32,
     /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
     /// the engine's work and its concurrency slot), and the next identical request starts afresh.
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
@@ -107,7 +110,7 @@ fn not_found(name: &str) -> Error {
 
 impl RunService {
     pub fn new(deps: RunDeps) -> Self {
-        let RunDeps { store, engine, cache, clock, executions, materializations } = deps;
+        let RunDeps { store, engine, cache, clock, executions, materializations, export_limit } = deps;
         Self {
             store,
             engine,
@@ -115,6 +118,7 @@ impl RunService {
             clock,
             executions,
             materializations,
+            export_limit,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -201,6 +205,46 @@ impl RunService {
             Ok(_) | Err(StoreError::NotFound) => Err(not_found(name.as_str())),
             Err(other) => Err(other.into()),
         }
+    }
+
+    /// Runs an endpoint for a page in another format than JSON (the request's `format`). Such a page is always
+    /// computed from the live tables, within the export limit: cached and stored results are JSON.
+    ///
+    /// # Errors
+    /// As [`RunService::run`], and [`Error::Invalid`] (attr `limit`) past the export limit.
+    pub async fn export(
+        &self,
+        project: ProjectId,
+        name: &str,
+        request: RunRequest,
+    ) -> Result<Exported, Error> {
+        if request.limit > self.export_limit {
+            return Err(Invalid::field(
+                "limit",
+                format!(
+                    "limit must be an integer between 1 and {} for a {} page.",
+                    self.export_limit,
+                    request.format.as_str()
+                ),
+            )
+            .into());
+        }
+        let name = EndpointName::parse(name).map_err(|_| not_found(name))?;
+        let endpoint = self.active_endpoint(project, &name).await?;
+        let context = self.context();
+        let version = context.version(&endpoint, request.version).await?;
+        let variables = bind(&version.query, &request.variables)?;
+        let export = self
+            .engine
+            .export(project, &version.query, &variables, request.limit, request.offset, request.format)
+            .await?;
+        self.executions.record(project, &name, self.clock.now());
+        Ok(Exported {
+            name,
+            version: version.version,
+            export,
+            execution_id: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
+        })
     }
 
     /// A `force_cache` answer from the endpoint's fresh stored result, if it has one.

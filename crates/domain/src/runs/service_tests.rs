@@ -147,6 +147,7 @@ fn fixture(store: MockEndpointStore) -> Fixture {
         clock: clock.clone(),
         executions: executions.clone(),
         materializations: untouched_materializations(),
+        export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
     });
     Fixture { service, cache, clock, runs, executions }
 }
@@ -159,6 +160,7 @@ fn request(refresh: Refresh, vars: serde_json::Value) -> RunRequest {
         offset: 0,
         refresh,
         client_query_id: None,
+        format: crate::query::ResultFormat::Json,
     }
 }
 
@@ -200,6 +202,7 @@ async fn a_cache_hit_touches_neither_store_nor_engine() {
         clock: f.clock.clone(),
         executions: f.executions.clone(),
         materializations: untouched_materializations(),
+        export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
     });
     let hit = strict.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
     assert!(hit.is_cached);
@@ -303,6 +306,18 @@ impl QueryEngine for SlowEngine {
         tokio::time::sleep(Duration::from_millis(200)).await;
         Ok(QueryResult { columns: vec![], rows_json: "[]".into(), row_count: 0, has_more: false })
     }
+
+    async fn export(
+        &self,
+        _: ProjectId,
+        _: &Query,
+        _: &std::collections::BTreeMap<String, BoundValue>,
+        _: u32,
+        _: u64,
+        _: crate::query::ResultFormat,
+    ) -> Result<crate::query::Export, crate::error::EngineError> {
+        Err(crate::error::EngineError::Internal("these tests run JSON only".into()))
+    }
 }
 
 /// A cache that keeps nothing, so only coalescing can save work.
@@ -331,6 +346,7 @@ fn slow_service() -> (Arc<RunService>, Arc<AtomicUsize>) {
         clock: Arc::new(ManualClock::new(T0)),
         executions: Arc::new(ExecutionTracker::new(store)),
         materializations: untouched_materializations(),
+        export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
     });
     (Arc::new(service), runs)
 }
@@ -520,6 +536,7 @@ mod materialized {
                 states: Arc::new(states(at)),
                 results: Arc::new(results(fail, reads.clone())),
             },
+            export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
         });
         (f, reads)
     }

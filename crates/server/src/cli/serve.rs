@@ -29,6 +29,9 @@ pub struct ServeArgs {
     /// The largest page of rows one run may answer, as JSON, in MiB (400 result_too_large beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_RESULT_MB", default_value_t = 32, value_parser = positive_usize())]
     pub max_result_mb: usize,
+    /// The largest page, in rows, a run may write as CSV, NDJSON, Parquet or Arrow (400 on limit beyond it).
+    #[arg(long, env = "ENDPOINTS_MAX_EXPORT_ROWS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_export_rows: u32,
     /// The largest upload of a table's rows, in MiB (413 payload_too_large beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_UPLOAD_MB", default_value_t = 1024, value_parser = positive())]
     pub max_upload_mb: u64,
@@ -88,6 +91,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.limits.result_bytes = args.max_result_mb.saturating_mul(1024 * 1024);
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
     config.upload_limit = args.max_upload_mb.saturating_mul(1024 * 1024);
+    config.export_limit = args.max_export_rows;
     config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
     config.flush_interval = Duration::from_secs(args.flush_secs);
     config.worker.parallelism = args.materialize_workers;

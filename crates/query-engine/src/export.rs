@@ -1,0 +1,198 @@
+//! A page of rows written as CSV, NDJSON, Parquet or Arrow IPC.
+//!
+//! The page is written batch by batch, as the engine produces it, to a temporary file through a writer that
+//! counts and digests the bytes: memory holds a batch (and Parquet's current row group), not the page. Once the
+//! page is whole its size, its digest (the answer's `ETag`) and whether rows follow it are known, so they can
+//! go in the response's headers; the file is then read as the body is sent, and is gone when the body is
+//! (it is unlinked as soon as it is opened for reading).
+
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Read, Write};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::csv;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::ipc::writer::StreamWriter;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::file::properties::WriterProperties;
+use domain::{BoundValue, EngineError, Export, ProjectId, Query, ResultFormat};
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
+use crate::tables::{cast_to, plain};
+use crate::{catalog, compile, execute, types, DataFusionEngine};
+
+/// Rows per Parquet row group: what the writer holds in memory before it writes them out.
+const PARQUET_ROW_GROUP: usize = 64 * 1024;
+
+/// Bytes read from the file per chunk of the body.
+const CHUNK: usize = 64 * 1024;
+
+/// Counts and digests what goes through it.
+struct Digesting<W> {
+    inner: W,
+    digest: Sha256,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Digesting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.digest.update(&buf[..written]);
+        self.bytes += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+type Sink = Digesting<BufWriter<std::fs::File>>;
+
+/// A writer of one format.
+enum Rows {
+    Csv(csv::Writer<Sink>),
+    NdJson(arrow_json::LineDelimitedWriter<Sink>),
+    Parquet(ArrowWriter<Sink>),
+    Arrow(StreamWriter<Sink>),
+}
+
+fn internal(err: impl std::error::Error + Send + Sync + 'static) -> EngineError {
+    EngineError::Internal(Box::new(err))
+}
+
+impl Rows {
+    fn create(format: ResultFormat, sink: Sink, schema: &SchemaRef) -> Result<Self, EngineError> {
+        Ok(match format {
+            ResultFormat::Csv => Self::Csv(csv::WriterBuilder::new().with_header(true).build(sink)),
+            ResultFormat::NdJson => Self::NdJson(arrow_json::LineDelimitedWriter::new(sink)),
+            ResultFormat::Parquet => {
+                let props =
+                    WriterProperties::builder().set_max_row_group_row_count(Some(PARQUET_ROW_GROUP)).build();
+                Self::Parquet(ArrowWriter::try_new(sink, Arc::clone(schema), Some(props)).map_err(internal)?)
+            }
+            ResultFormat::Arrow | ResultFormat::Json => {
+                Self::Arrow(StreamWriter::try_new(sink, schema).map_err(internal)?)
+            }
+        })
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> Result<(), EngineError> {
+        match self {
+            Self::Csv(writer) => writer.write(batch).map_err(internal),
+            Self::NdJson(writer) => writer.write(batch).map_err(internal),
+            Self::Parquet(writer) => writer.write(batch).map_err(internal),
+            Self::Arrow(writer) => writer.write(batch).map_err(internal),
+        }
+    }
+
+    fn finish(self) -> Result<Sink, EngineError> {
+        let mut sink = match self {
+            Self::Csv(writer) => writer.into_inner(),
+            Self::NdJson(mut writer) => {
+                writer.finish().map_err(internal)?;
+                writer.into_inner()
+            }
+            Self::Parquet(writer) => writer.into_inner().map_err(internal)?,
+            Self::Arrow(mut writer) => {
+                writer.finish().map_err(internal)?;
+                writer.into_inner().map_err(internal)?
+            }
+        };
+        sink.flush().map_err(internal)?;
+        Ok(sink)
+    }
+}
+
+/// The file's bytes in chunks, read off the async threads; the file is already unlinked.
+fn read_body(file: std::fs::File) -> BoxStream<'static, Result<Bytes, std::io::Error>> {
+    Box::pin(futures_util::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let read = tokio::task::spawn_blocking(move || {
+            let mut chunk = vec![0; CHUNK];
+            let n = file.read(&mut chunk)?;
+            chunk.truncate(n);
+            Ok::<_, std::io::Error>((chunk, file))
+        })
+        .await;
+        match read {
+            Ok(Ok((chunk, _))) if chunk.is_empty() => None,
+            Ok(Ok((chunk, file))) => Some((Ok(Bytes::from(chunk)), Some(file))),
+            Ok(Err(err)) => Some((Err(err), None)),
+            Err(err) => Some((Err(std::io::Error::other(err)), None)),
+        }
+    }))
+}
+
+impl DataFusionEngine {
+    pub(crate) async fn export_here(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, BoundValue>,
+        limit: u32,
+        offset: u64,
+        format: ResultFormat,
+    ) -> Result<Export, EngineError> {
+        let compiled = compile::compile(query);
+        let values = execute::parameter_values(&compiled, variables)?;
+        let ctx =
+            catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?), self.scheduler())
+                .await?;
+        let plan = self.plan(&ctx, &compiled, values).await?;
+        let columns = types::columns(plan.schema().as_arrow());
+        let plan = execute::window(plan, limit, offset)?;
+        let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+        let mut stream = frame.execute_stream().await.map_err(execute::execution_error)?;
+        let schema = plain(&stream.schema());
+
+        let path = std::env::temp_dir().join(format!(
+            "endpoints-export-{}.{}",
+            uuid::Uuid::new_v4(),
+            format.as_str()
+        ));
+        let file = std::fs::File::create(&path).map_err(internal)?;
+        // The file goes with this function's end whatever happens; the reader below keeps it open.
+        let _remove = RemoveOnDrop(path.clone());
+        let sink = Digesting { inner: BufWriter::new(file), digest: Sha256::new(), bytes: 0 };
+        let mut rows = Rows::create(format, sink, &schema)?;
+        // A CSV page has its header row, and every format its schema, with no rows as well.
+        rows.write(&RecordBatch::new_empty(Arc::clone(&schema)))?;
+        let (mut written, mut has_more) = (0_u64, false);
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(execute::execution_error)?;
+            // The window fetched one row past the page, to tell whether more follow: it is not written.
+            let room = u64::from(limit) - written;
+            let batch = if batch.num_rows() as u64 > room {
+                has_more = true;
+                batch.slice(0, room as usize)
+            } else {
+                batch
+            };
+            if batch.num_rows() > 0 {
+                rows.write(&cast_to(&batch, &schema).map_err(internal)?)?;
+                written += batch.num_rows() as u64;
+            }
+            if has_more {
+                break;
+            }
+        }
+        let sink = rows.finish()?;
+        let (bytes, digest) = (sink.bytes, hex::encode(&sink.digest.finalize()[..16]));
+        let reader = std::fs::File::open(&path).map_err(internal)?;
+        Ok(Export { columns, rows: written, has_more, bytes, digest, body: read_body(reader) })
+    }
+}
+
+/// Removes the temporary file when the export is done with it (a reader that opened it keeps its bytes).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

@@ -1,0 +1,101 @@
+//! Pages written as CSV, NDJSON, Parquet and Arrow, read back with real readers.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use datafusion::arrow::array::{Int64Array, StringArray};
+use datafusion::arrow::ipc::reader::StreamReader;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use domain::{Export, QueryEngine, ResultFormat};
+use futures_util::StreamExt;
+use serde_json::json;
+
+use crate::tests::{engine_with_events, query};
+
+async fn body(export: Export) -> Vec<u8> {
+    let chunks: Vec<Bytes> = export.body.map(|c| c.unwrap()).collect().await;
+    chunks.concat()
+}
+
+/// Export tests run one at a time, so that the temporary files any one of them sees are its own.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn export(limit: u32, format: ResultFormat) -> (Export, Vec<u8>) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (engine, _dir) = engine_with_events().await;
+    let q = query("SELECT country, revenue FROM events ORDER BY revenue", json!({}));
+    let mut export = engine
+        .export(domain::ProjectId::new(1).unwrap(), &q, &BTreeMap::new(), limit, 0, format)
+        .await
+        .unwrap();
+    let chunks: Vec<Bytes> = std::mem::replace(&mut export.body, Box::pin(futures_util::stream::empty()))
+        .map(|c| c.unwrap())
+        .collect()
+        .await;
+    (export, chunks.concat())
+}
+
+#[tokio::test]
+async fn csv_and_ndjson_pages_hold_the_rows_and_say_whether_more_follow() {
+    let (all, csv) = export(10, ResultFormat::Csv).await;
+    assert_eq!(String::from_utf8(csv.clone()).unwrap(), "country,revenue\nUS,10\nFR,20\n");
+    assert_eq!((all.rows, all.has_more, all.bytes), (2, false, csv.len() as u64));
+    assert_eq!(all.columns.len(), 2);
+    let (first, csv) = export(1, ResultFormat::Csv).await;
+    assert_eq!(
+        (String::from_utf8(csv).unwrap().as_str(), first.rows, first.has_more),
+        ("country,revenue\nUS,10\n", 1, true)
+    );
+    let (_, ndjson) = export(10, ResultFormat::NdJson).await;
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(ndjson).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines, [json!({"country": "US", "revenue": 10}), json!({"country": "FR", "revenue": 20})]);
+}
+
+#[tokio::test]
+async fn parquet_and_arrow_pages_read_back_as_the_same_rows() {
+    let (_, parquet) = export(10, ResultFormat::Parquet).await;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(parquet)).unwrap().build().unwrap();
+    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+    let countries = batches[0].column(0).as_any().downcast_ref::<StringArray>().unwrap();
+    let revenue = batches[0].column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+    assert_eq!((countries.value(0), revenue.value(1), batches[0].num_rows()), ("US", 20, 2));
+
+    let (_, arrow) = export(10, ResultFormat::Arrow).await;
+    let reader = StreamReader::try_new(std::io::Cursor::new(arrow), None).unwrap();
+    let rows: usize = reader.map(|b| b.unwrap().num_rows()).sum();
+    assert_eq!(rows, 2);
+}
+
+#[tokio::test]
+async fn the_same_page_has_the_same_digest_and_nothing_is_left_on_disk() {
+    let (a, _) = export(10, ResultFormat::Csv).await;
+    let (b, _) = export(10, ResultFormat::Csv).await;
+    let (c, _) = export(1, ResultFormat::Csv).await;
+    assert_eq!(a.digest.len(), 32);
+    assert_eq!(a.digest, b.digest);
+    assert_ne!(a.digest, c.digest);
+    // Each export's file went with its body.
+    let (export, _) = export(10, ResultFormat::Parquet).await;
+    drop(export);
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let left = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("endpoints-export-"))
+        .count();
+    assert_eq!(left, 0, "temporary files left behind");
+}
+
+#[tokio::test]
+async fn an_empty_page_still_says_its_columns() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (engine, _dir) = engine_with_events().await;
+    let q = query("SELECT country, revenue FROM events WHERE revenue > 1000", json!({}));
+    let export = engine
+        .export(domain::ProjectId::new(1).unwrap(), &q, &BTreeMap::new(), 10, 0, ResultFormat::Csv)
+        .await
+        .unwrap();
+    assert_eq!((export.rows, export.has_more), (0, false));
+    assert_eq!(String::from_utf8(body(export).await).unwrap(), "country,revenue\n");
+}
