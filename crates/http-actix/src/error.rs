@@ -81,6 +81,8 @@ error_codes! {
     NotFound = ("not_found", 404, NotFound, "unknown endpoint, version or path"),
     MethodNotAllowed = ("method_not_allowed", 405, ValidationError,
         "the method is not served on this path; `Allow` lists those that are"),
+    NotAcceptable = ("not_acceptable", 406, ValidationError,
+        "a run's `Accept` names no format the service writes (JSON, CSV, NDJSON, Parquet, Arrow) and no `format` is given"),
     RequestTimeout = ("request_timeout", 408, ValidationError,
         "the request's head or body did not arrive within `--client-timeout-secs` (10 s)"),
     Unique = ("unique", 409, Conflict, "`name` is already used in the project; `attr: name`"),
@@ -138,6 +140,8 @@ pub enum ApiError {
     UnsupportedMediaType,
     /// An upload in a format tables are not read from.
     UnsupportedUpload,
+    /// The client accepts no format a run is written in.
+    NotAcceptable,
     MalformedJson(String),
     MethodNotAllowed {
         allow: &'static str,
@@ -180,6 +184,7 @@ impl ApiError {
             },
             ApiError::PayloadTooLarge { .. } => Code::PayloadTooLarge,
             ApiError::UnsupportedMediaType | ApiError::UnsupportedUpload => Code::UnsupportedMediaType,
+            ApiError::NotAcceptable => Code::NotAcceptable,
             ApiError::MalformedJson(_) => Code::ParseError,
             ApiError::MethodNotAllowed { .. } => Code::MethodNotAllowed,
             ApiError::RouteNotFound => Code::NotFound,
@@ -222,6 +227,11 @@ impl ApiError {
             ApiError::UnsupportedUpload => Cow::Borrowed(
                 "A table's rows are sent as 'Content-Type: text/csv' (with a header row), \
                  'application/x-ndjson' or 'application/vnd.apache.parquet'.",
+            ),
+            ApiError::NotAcceptable => Cow::Borrowed(
+                "A run is written as application/json, text/csv, application/x-ndjson, \
+                 application/vnd.apache.parquet or application/vnd.apache.arrow.stream; Accept names none of them. \
+                 Accept one, or pass format=json|csv|ndjson|parquet|arrow.",
             ),
             ApiError::MalformedJson(reason) => {
                 Cow::Owned(format!("The request body is not valid JSON: {reason}."))

@@ -173,13 +173,33 @@ fn component(name: &str) -> ReferenceOr<Schema> {
     ReferenceOr::Reference { reference: format!("#/components/schemas/{name}") }
 }
 
+/// A page written in another format than JSON: text, or binary.
+fn page_content(binary: bool) -> MediaType {
+    let schema = if binary {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+    } else {
+        ObjectBuilder::new().schema_type(Type::String)
+    };
+    MediaType { schema: Some(ReferenceOr::Item(openapi_3_0(schema))), ..MediaType::default() }
+}
+
 fn responses() -> Responses {
     let mut responses = IndexMap::new();
+    let mut content = json_content(component("RunResult"));
+    content.insert("text/csv".into(), page_content(false));
+    content.insert("application/x-ndjson".into(), page_content(false));
+    content.insert("application/vnd.apache.parquet".into(), page_content(true));
+    content.insert("application/vnd.apache.arrow.stream".into(), page_content(true));
     responses.insert(
         StatusCode::Code(200),
         ReferenceOr::Item(Response {
-            description: "The page of rows.".into(),
-            content: json_content(component("RunResult")),
+            description:
+                "The page of rows: JSON, or the format asked for by Accept or format, with the run's \
+                          version, X-Has-More, X-Is-Cached and X-Execution-Id in headers."
+                    .into(),
+            content,
             ..Response::default()
         }),
     );
@@ -188,6 +208,7 @@ fn responses() -> Responses {
         (401, "Missing, unknown, revoked or expired API key."),
         (403, "The key lacks endpoint:read or belongs to another project."),
         (404, "No such active endpoint or version."),
+        (406, "Accept names no format a run is written in, and no format is given."),
         (429, "Too many live queries for this project; see Retry-After."),
     ] {
         responses.insert(
@@ -256,9 +277,19 @@ fn query_parameters(version: &EndpointVersion) -> Vec<ReferenceOr<Parameter>> {
             .minimum(Some(min))
             .maximum(max)
     };
-    parameters.push(query_parameter("limit", bounded(1, Some(RunRequest::MAX_LIMIT.into())), false, None));
+    let limit = format!(
+        "At most {} rows of JSON; for another format, up to the server's export limit.",
+        RunRequest::MAX_LIMIT
+    );
+    parameters.push(query_parameter(
+        "limit",
+        bounded(1, Some(RunRequest::DEFAULT_EXPORT_LIMIT.into())),
+        false,
+        Some(limit),
+    ));
     parameters.push(query_parameter("offset", bounded(0, None), false, None));
     parameters.push(query_parameter("refresh", names::refresh(), false, None));
+    parameters.push(query_parameter("format", names::result_format(), false, None));
     parameters
 }
 

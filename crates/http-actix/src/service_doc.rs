@@ -76,14 +76,16 @@ pub(crate) fn document() -> Document {
 /// The bounds the service enforces on path and query parameters, so that every value the document allows is
 /// one the service accepts: `project_id` a positive integer or `@current`, `name` an endpoint's name, `table` a
 /// table's,
-/// versions positive 32-bit numbers, `limit` 1..=1000 on lists and 1..=10000 on runs, `offset` non-negative.
+/// versions positive 32-bit numbers, `limit` 1..=1000 on lists and on runs up to the export limit (JSON pages
+/// 10000), `offset` non-negative.
 fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operation) {
     use utoipa::openapi::schema::{ObjectBuilder, Type};
     let integer = |min: i64, max: i64| {
         ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(min)).maximum(Some(max))
     };
     let (max_limit, default_limit) = if path.ends_with("/run") {
-        (domain::RunRequest::MAX_LIMIT, domain::RunRequest::DEFAULT_LIMIT)
+        // JSON pages hold at most RunRequest::MAX_LIMIT rows; pages in other formats up to the export limit.
+        (domain::RunRequest::DEFAULT_EXPORT_LIMIT, domain::RunRequest::DEFAULT_LIMIT)
     } else {
         (domain::PageRequest::MAX_LIMIT, domain::PageRequest::DEFAULT_LIMIT)
     };
@@ -100,6 +102,10 @@ fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operat
             "offset" => integer(0, i64::MAX).default(Some(0.into())),
             "refresh" => {
                 parameter.schema = Some(names::refresh().into());
+                continue;
+            }
+            "format" => {
+                parameter.schema = Some(names::result_format().into());
                 continue;
             }
             _ => continue,

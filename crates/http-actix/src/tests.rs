@@ -677,3 +677,82 @@ async fn run_answers_carry_their_tag_and_freshness_and_a_held_tag_gets_304() {
         send(state(store_for_runs(), engine_for_runs()), authed(Method::GET, other, READER)).await;
     assert_ne!(headers.get(header::ETAG).unwrap().to_str().unwrap(), tag);
 }
+
+/// An engine that runs as `engine_for_runs` does, and whose exports write `n` (the bound variable) as a one-row
+/// CSV, whatever format is asked.
+fn exporting_engine() -> MockQueryEngine {
+    let mut engine = engine_for_runs();
+    engine.expect_export().returning(|_, _, vars, limit, _, format| {
+        let n = match vars.get("n") {
+            Some(domain::BoundValue::Integer(n)) => *n,
+            other => panic!("{other:?}"),
+        };
+        let text = format!("n\n{n}\n# {} rows at most as {}\n", limit, format.as_str());
+        Ok(domain::Export {
+            columns: vec![Column { name: "n".into(), column_type: ColumnType::Integer }],
+            rows: 1,
+            has_more: true,
+            bytes: text.len() as u64,
+            digest: "0123456789abcdef0123456789abcdef".into(),
+            body: Box::pin(futures_util::stream::once(async move { Ok(bytes::Bytes::from(text)) })),
+        })
+    });
+    engine
+}
+
+#[actix_web::test]
+async fn runs_are_written_in_the_format_asked_for_with_their_fields_in_headers() {
+    let base = "/api/projects/1/endpoints/daily/run?variables.n=5";
+    let send_with = |uri: String, accept: Option<&'static str>| {
+        let mut req = authed(Method::GET, &uri, READER);
+        if let Some(accept) = accept {
+            req = req.insert_header((header::ACCEPT, accept));
+        }
+        let state = state(store_for_runs(), exporting_engine());
+        async move {
+            let app = init_service(app(state)).await;
+            let resp = call_service(&app, req.to_request()).await;
+            let (status, headers) = (resp.status(), resp.headers().clone());
+            let body = String::from_utf8(actix_web::test::read_body(resp).await.to_vec()).unwrap();
+            (status, headers, body)
+        }
+    };
+    let (status, headers, body) = send_with(format!("{base}&format=csv&limit=20000"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, "n\n5\n# 20000 rows at most as csv\n", "an export may pass the JSON page size");
+    assert_eq!(headers.get(header::CONTENT_TYPE).unwrap(), "text/csv; charset=utf-8");
+    assert_eq!(headers.get(header::ETAG).unwrap(), "\"0123456789abcdef0123456789abcdef\"");
+    assert_eq!(headers.get(header::CACHE_CONTROL).unwrap(), "private, max-age=0");
+    assert_eq!(headers.get("x-has-more").unwrap(), "true");
+    assert_eq!(headers.get("x-endpoint-version").unwrap(), "1");
+    assert_eq!(headers.get("x-is-cached").unwrap(), "false");
+    assert_eq!(headers.get("x-execution-id").unwrap().len(), 36);
+    assert!(headers.get(header::CONTENT_DISPOSITION).unwrap().to_str().unwrap().contains("daily.csv"));
+
+    for (accept, expected) in [
+        ("application/vnd.apache.parquet", "parquet"),
+        ("application/xml;q=1, application/vnd.apache.arrow.stream;q=0.9", "arrow"),
+        ("application/x-ndjson", "ndjson"),
+    ] {
+        let (status, _, body) = send_with(base.to_owned(), Some(accept)).await;
+        assert_eq!(
+            (status, body.ends_with(&format!("as {expected}\n"))),
+            (StatusCode::OK, true),
+            "{accept}: {body}"
+        );
+    }
+    let (status, _, body) = send_with(base.to_owned(), Some("application/xml")).await;
+    assert_eq!(status, StatusCode::NOT_ACCEPTABLE, "{body}");
+    assert!(body.contains("not_acceptable"));
+    // An explicit format wins over what Accept says, and JSON is still the run answer.
+    let (status, _, body) = send_with(format!("{base}&format=json"), Some("application/xml")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("\"results\""));
+    let (status, _, body) = send_with(format!("{base}&limit=20000"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "a JSON page holds at most 10000 rows: {body}");
+    let (status, _, _) = send_with(format!("{base}&format=xlsx"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _, body) = send_with(format!("{base}&format=csv"), Some("*/*")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with("n\n5\n"));
+}

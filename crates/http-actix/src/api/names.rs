@@ -2,8 +2,8 @@
 //! from the domain's own lists so that each is written once.
 
 use domain::{
-    ColumnType, EndpointName, MaterializationStatus, QueryKind, Refresh, SyncFrequency, TableFormat,
-    TableName, VariableType,
+    ColumnType, EndpointName, MaterializationStatus, QueryKind, Refresh, ResultFormat, SyncFrequency,
+    TableFormat, TableName, VariableType,
 };
 use serde_json::Value;
 use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
@@ -53,6 +53,15 @@ pub(crate) fn variable_type() -> Object {
 /// Column types are written as the domain serializes them.
 pub(crate) fn column_type() -> Object {
     one_of(ColumnType::ALL.iter().filter_map(|t| serde_json::to_value(t).ok()), false)
+}
+
+/// A body may send `"format": null` for JSON or what `Accept` asks for.
+pub(crate) fn nullable_result_format() -> Object {
+    one_of(names(ResultFormat::ALL.map(ResultFormat::as_str)), true)
+}
+
+pub(crate) fn result_format() -> Object {
+    one_of(names(ResultFormat::ALL.map(ResultFormat::as_str)), false)
 }
 
 pub(crate) fn table_format() -> Object {

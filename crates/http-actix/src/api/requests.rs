@@ -147,6 +147,7 @@ pub(crate) fn run_body(variables: RefOr<Schema>) -> ObjectBuilder {
                 .into(),
             "offset" => bounded(0, i64::MAX).default(Some(0.into())).into(),
             "refresh" => names::nullable_refresh().into(),
+            "format" => names::nullable_result_format().into(),
             "query_override" | "filters_override" => empty().into(),
             _ => ObjectBuilder::new().schema_type(nullable(Type::String)).into(),
         };

@@ -1,8 +1,12 @@
 //! Running an endpoint (GET and POST), and the last execution times of several.
 
-use actix_web::http::header::{CacheControl, CacheDirective, ContentType, ETag, EntityTag, IfNoneMatch};
+use actix_web::body::SizedStream;
+use actix_web::http::header::{
+    Accept, CacheControl, CacheDirective, ContentDisposition, ContentType, DispositionParam, DispositionType,
+    ETag, EntityTag, IfNoneMatch,
+};
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
-use domain::{ProjectId, RunOutcome, RunRequest};
+use domain::{Exported, ProjectId, ResultFormat, RunOutcome, RunRequest};
 
 use super::EndpointPath;
 use crate::api::requests::{Names, RunBody};
@@ -21,24 +25,32 @@ fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
 #[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint_get",
     params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query), ("limit" = Option<i64>, Query),
            ("offset" = Option<i64>, Query), ("refresh" = Option<String>, Query), ("client_query_id" = Option<String>, Query),
+           ("format" = Option<String>, Query, description = "json (default), csv, ndjson, parquet or arrow; overrides Accept"),
            ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
-    responses((status = 200, body = RunAnswer), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
-              (status = 404, body = Error), (status = 429, body = Error)))]
+    responses((status = 200, description = "The run: JSON, or the page in the format asked for, its run's fields in X- headers",
+               content((RunAnswer = "application/json"), (String = "text/csv"), (String = "application/x-ndjson"),
+                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))), (status = 304, description = "If-None-Match holds the answer's ETag"),
+              (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 406, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn run_get(
     req: HttpRequest,
     state: web::Data<AppState>,
     caller: Authorized<EndpointRead>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = RunRequest::from_query(params(&req))?;
-    let outcome = run(&req, &state, caller.project, &path.name, request).await?;
-    Ok(answer(&req, &outcome))
+    let accepted = accepted(&req);
+    let request = RunRequest::from_query(params(&req), accepted.unwrap_or_default())?;
+    let explicit = params(&req).any(|(key, _)| key == "format");
+    respond(&req, &state, caller.project, &path.name, request, accepted, explicit).await
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
     params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query)), request_body = RunBody,
-    responses((status = 200, body = RunAnswer), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
-              (status = 404, body = Error), (status = 429, body = Error)))]
+    responses((status = 200, description = "The run: JSON, or the page in the format asked for, its run's fields in X- headers",
+               content((RunAnswer = "application/json"), (String = "text/csv"), (String = "application/x-ndjson"),
+                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))), (status = 304, description = "If-None-Match holds the answer's ETag"),
+              (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 406, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn run_post(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -46,9 +58,100 @@ pub(crate) async fn run_post(
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
     let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
-    let request = RunRequest::from_body(&caller.body, version.as_deref())?;
-    let outcome = run(&req, &state, caller.project, &path.name, request).await?;
-    Ok(answer(&req, &outcome))
+    let accepted = accepted(&req);
+    let request = RunRequest::from_body(&caller.body, version.as_deref(), accepted.unwrap_or_default())?;
+    let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
+    respond(&req, &state, caller.project, &path.name, request, accepted, explicit).await
+}
+
+/// The format `Accept` asks for: the first of its preferences a run is written in, JSON when it names none (or
+/// anything). `None` when it names only formats the service does not write.
+fn accepted(req: &HttpRequest) -> Option<ResultFormat> {
+    let Some(accept) = req.get_header::<Accept>() else { return Some(ResultFormat::Json) };
+    if accept.0.is_empty() {
+        return Some(ResultFormat::Json);
+    }
+    accept.ranked().iter().find_map(|mime| match (mime.type_().as_str(), mime.subtype().as_str()) {
+        ("*", "*") | ("application", "*" | "json") => Some(ResultFormat::Json),
+        ("text", "csv" | "*") => Some(ResultFormat::Csv),
+        ("application", "x-ndjson" | "ndjson" | "jsonl") => Some(ResultFormat::NdJson),
+        ("application", "vnd.apache.parquet") => Some(ResultFormat::Parquet),
+        ("application", "vnd.apache.arrow.stream") => Some(ResultFormat::Arrow),
+        _ => None,
+    })
+}
+
+/// The media type a format is written as.
+fn media_type(format: ResultFormat) -> &'static str {
+    match format {
+        ResultFormat::Json => "application/json",
+        ResultFormat::Csv => "text/csv; charset=utf-8",
+        ResultFormat::NdJson => "application/x-ndjson",
+        ResultFormat::Parquet => "application/vnd.apache.parquet",
+        ResultFormat::Arrow => "application/vnd.apache.arrow.stream",
+    }
+}
+
+async fn respond(
+    req: &HttpRequest,
+    state: &AppState,
+    project: ProjectId,
+    name: &str,
+    request: RunRequest,
+    accepted: Option<ResultFormat>,
+    explicit: bool,
+) -> Result<HttpResponse, ApiError> {
+    if accepted.is_none() && !explicit {
+        return Err(ApiError::NotAcceptable);
+    }
+    if request.format == ResultFormat::Json {
+        let outcome = run(req, state, project, name, request).await?;
+        return Ok(answer(req, &outcome));
+    }
+    let format = request.format;
+    match unless_disconnected(req, state.runs.export(project, name, request)).await {
+        Some(exported) => {
+            state.operations.metrics.count_answer(AnswerSource::Live);
+            Ok(written(req, exported?, format))
+        }
+        None => {
+            tracing::info!(endpoint = name, "client disconnected; run cancelled");
+            Err(ApiError::ClientClosed)
+        }
+    }
+}
+
+/// Whether the client already holds the answer tagged `tag`.
+fn held(req: &HttpRequest, tag: &EntityTag) -> bool {
+    match req.get_header::<IfNoneMatch>() {
+        Some(IfNoneMatch::Any) => true,
+        Some(IfNoneMatch::Items(tags)) => tags.iter().any(|held| held.weak_eq(tag)),
+        None => false,
+    }
+}
+
+/// A page in another format than JSON: what JSON says in its body goes in headers; nothing of it is cached.
+fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpResponse {
+    let Exported { name, version, export, execution_id } = exported;
+    let tag = EntityTag::new_strong(export.digest.clone());
+    let keep = CacheControl(vec![CacheDirective::Private, CacheDirective::MaxAge(0)]);
+    if held(req, &tag) {
+        return HttpResponse::NotModified().insert_header(ETag(tag)).insert_header(keep).finish();
+    }
+    let disposition = ContentDisposition {
+        disposition: DispositionType::Attachment,
+        parameters: vec![DispositionParam::Filename(format!("{name}.{}", format.as_str()))],
+    };
+    HttpResponse::Ok()
+        .insert_header((actix_web::http::header::CONTENT_TYPE, media_type(format)))
+        .insert_header(ETag(tag))
+        .insert_header(keep)
+        .insert_header(disposition)
+        .insert_header(("X-Endpoint-Version", version.to_string()))
+        .insert_header(("X-Has-More", if export.has_more { "true" } else { "false" }))
+        .insert_header(("X-Is-Cached", "false"))
+        .insert_header(("X-Execution-Id", execution_id.to_string()))
+        .body(SizedStream::new(export.bytes, export.body))
 }
 
 /// The answer, or 304 when the client holds it already. Every answer says how long it may be kept: what the
@@ -65,12 +168,7 @@ fn answer(req: &HttpRequest, outcome: &RunOutcome) -> HttpResponse {
             .body(RunAnswer::of(outcome).write());
     };
     let tag = EntityTag::new_strong(run.etag().to_owned());
-    let held = match req.get_header::<IfNoneMatch>() {
-        Some(IfNoneMatch::Any) => true,
-        Some(IfNoneMatch::Items(tags)) => tags.iter().any(|held| held.weak_eq(&tag)),
-        None => false,
-    };
-    if held {
+    if held(req, &tag) {
         return HttpResponse::NotModified().insert_header(ETag(tag)).insert_header(keep).finish();
     }
     HttpResponse::Ok()
