@@ -121,13 +121,14 @@ test: deps lint ## Everything CI checks: lint, then every test (SQLite, a local 
 	@echo "The engine's suite again, on a Ballista cluster, and the application on one:"
 	TEST_ENGINE=ballista cargo test --locked -p query-engine --features ballista
 	TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server cargo test --locked -p server --features ballista --test api distributed
-	@$(MAKE) --no-print-directory openapi-check client-check schemathesis-check
+	@$(MAKE) --no-print-directory openapi-check client-check formats-check schemathesis-check
 
 VENV := target/venv
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
 OPENAPI_CLIENT := openapi-python-client==0.29.1
 DUCKDB := duckdb==1.4.4
 SCHEMATHESIS := schemathesis==4.32.5
+PYARROW := pyarrow==22.0.0
 MOTO := moto[server]==5.2.5
 ST_MAX_EXAMPLES ?= 10
 
@@ -152,6 +153,12 @@ client-check: $(VENV)/bin/python ## Generate a typed Python client from a live e
 	@[ -x $(VENV)/bin/openapi-python-client ] || $(VENV)/bin/pip install -q '$(OPENAPI_CLIENT)'
 	@[ -x target/debug/endpoints ] || cargo build --locked -p server
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/client_e2e.py
+
+.PHONY: formats-check
+formats-check: $(VENV)/bin/python ## Read a run back as CSV, NDJSON, Parquet and Arrow (Python's csv, pyarrow) and compare with its JSON.
+	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
+	@[ -x target/debug/endpoints ] || cargo build --locked -p server
+	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/formats_check.py
 
 .PHONY: schemathesis-check
 schemathesis-check: $(VENV)/bin/python ## schemathesis over /api/schema on a live server: every operation, both families (ST_MAX_EXAMPLES=10).

@@ -1,6 +1,6 @@
 """A real `endpoints serve` over a fresh data directory, for the scripts that check the service from outside
-(`client_e2e.py`, `schemathesis_check.py`): a project with a `sales` table and a key, then the server on a free
-loopback port.
+(`client_e2e.py`, `formats_check.py`, `schemathesis_check.py`): a project with a `sales` table and a key, then the
+server on a free loopback port.
 """
 
 import contextlib
