@@ -171,6 +171,36 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
     let fresh = run(&app, project, &key, "kpi", &json!({"refresh": "force_blocking"})).await;
     assert_eq!(fresh["endpoint_materialized"], false);
 
+    // A page in another format is read from the stored result in the same modes, says so in its headers, and
+    // equals the live page; with force_cache and nothing stored there is no page.
+    let export = |name: &'static str, refresh: &'static str| {
+        let variables = if name == "kpi" { json!({"from": "A", "vip": true}) } else { json!({}) };
+        let body = json!({"format": "csv", "refresh": refresh, "variables": variables});
+        let uri = format!("{base}/{name}/run");
+        let (app, key) = (&app, &key);
+        async move { app.post(&uri, key, &body).await }
+    };
+    let header = |response: &reqwest::Response, name: &str| {
+        response.headers().get(name).map(|v| v.to_str().unwrap().to_owned())
+    };
+    let from_stored = export("kpi", "blocking").await;
+    assert_eq!(from_stored.status(), 200);
+    assert_eq!(header(&from_stored, "x-endpoint-materialized").as_deref(), Some("true"));
+    assert_eq!(
+        header(&from_stored, "x-endpoint-materialized-at").as_deref(),
+        done["last_materialized_at"].as_str()
+    );
+    let live = export("kpi", "direct").await;
+    assert_eq!(header(&live, "x-endpoint-materialized").as_deref(), Some("false"));
+    assert_eq!(header(&live, "x-endpoint-materialized-at"), None);
+    let (from_stored, live) = (from_stored.text().await.unwrap(), live.text().await.unwrap());
+    assert_eq!(from_stored, "country,vip,total,orders\nDE,true,100.0,1\nFR,true,5.0,1\nUS,true,10.5,1\n");
+    assert_eq!(from_stored, live);
+    let nothing = export("limited", "force_cache").await;
+    assert_eq!(nothing.status(), 204, "limited is not materialized");
+    assert_eq!(header(&nothing, "x-endpoint-version").as_deref(), Some("1"));
+    assert_eq!(nothing.text().await.unwrap(), "");
+
     // A new query makes version 2 Pending; its result replaces version 1's files once complete.
     let v2 = BY_COUNTRY.replace("count(*) AS orders", "count(*) AS orders, max(quantity) AS most");
     let patched: Value = app

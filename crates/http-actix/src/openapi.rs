@@ -204,6 +204,15 @@ fn responses() -> Responses {
         }),
     );
     for (code, description) in [
+        (204, "refresh=force_cache found no fresh stored result for a page in a format other than JSON."),
+        (304, "If-None-Match holds the answer's ETag."),
+    ] {
+        responses.insert(
+            StatusCode::Code(code),
+            ReferenceOr::Item(Response { description: description.into(), ..Response::default() }),
+        );
+    }
+    for (code, description) in [
         (400, "Invalid variables or parameters, or the query failed (query_timeout, query_memory_limit)."),
         (401, "Missing, unknown, revoked or expired API key."),
         (403, "The key lacks endpoint:read or belongs to another project."),

@@ -17,13 +17,16 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::prelude::SessionContext;
+use datafusion::scalar::ScalarValue;
 use domain::{BoundValue, EngineError, Export, ProjectId, Query, ResultFormat};
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
+use crate::compile::{self, Compiled};
 use crate::tables::{cast_to, plain};
-use crate::{catalog, compile, execute, types, DataFusionEngine};
+use crate::{catalog, execute, types, DataFusionEngine};
 
 /// Rows per Parquet row group: what the writer holds in memory before it writes them out.
 const PARQUET_ROW_GROUP: usize = 64 * 1024;
@@ -143,7 +146,20 @@ impl DataFusionEngine {
         let ctx =
             catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?), self.scheduler())
                 .await?;
-        let plan = self.plan(&ctx, &compiled, values).await?;
+        self.write_page(&ctx, &compiled, values, limit, offset, format).await
+    }
+
+    /// The page `offset..offset+limit` of a compiled query's rows, written in `format` to a temporary file.
+    pub(crate) async fn write_page(
+        &self,
+        ctx: &SessionContext,
+        compiled: &Compiled,
+        values: Vec<ScalarValue>,
+        limit: u32,
+        offset: u64,
+        format: ResultFormat,
+    ) -> Result<Export, EngineError> {
+        let plan = self.plan(ctx, compiled, values).await?;
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;

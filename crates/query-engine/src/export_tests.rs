@@ -17,8 +17,8 @@ async fn body(export: Export) -> Vec<u8> {
     chunks.concat()
 }
 
-/// Export tests run one at a time, so that the temporary files any one of them sees are its own.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Tests that export run one at a time, so that the temporary files any one of them sees are its own.
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn export(limit: u32, format: ResultFormat) -> (Export, Vec<u8>) {
     let _alone = ONE_AT_A_TIME.lock().await;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use domain::{
     attempt_location, BoundValue, CompareOp, Eligibility, MaterializedFilter, MaterializedResults,
-    QueryEngine,
+    QueryEngine, ResultFormat,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -230,6 +230,48 @@ async fn a_materialized_answer_equals_the_live_answer() {
         MaterializedResults::remove(engine, project(), &at).await.unwrap();
     }
     assert!(MaterializedResults::locations(engine).await.unwrap().is_empty(), "every location was removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_exported_from_a_stored_result_equals_the_live_page() {
+    let _alone = crate::export_tests::ONE_AT_A_TIME.lock().await;
+    let demo = demo().await;
+    let engine = &demo.1;
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut rows = 0;
+    for case in cases().into_iter().take(2) {
+        let q = query(case.sql, case.variables.clone());
+        let Eligibility::Eligible { filters } = eligibility(engine, case.sql, case.variables.clone()).await
+        else {
+            panic!("{} can be materialized", case.sql)
+        };
+        let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        MaterializedResults::write(engine, project(), &q, &at).await.unwrap();
+        for format in [ResultFormat::Csv, ResultFormat::NdJson] {
+            for _ in 0..5 {
+                let variables = (case.draw)(&mut rng);
+                let (limit, offset) = (rng.random_range(1..200), rng.random_range(0..40));
+                let live = QueryEngine::export(engine, project(), &q, &variables, limit, offset, format)
+                    .await
+                    .unwrap();
+                let bound = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
+                let stored =
+                    MaterializedResults::export(engine, project(), &at, bound, limit, offset, format)
+                        .await
+                        .unwrap();
+                rows += live.rows;
+                assert_eq!(
+                    (&stored.digest, stored.bytes, stored.rows, stored.has_more),
+                    (&live.digest, live.bytes, live.rows, live.has_more),
+                    "{} as {format:?} with {variables:?}, limit {limit}, offset {offset}",
+                    case.sql
+                );
+                assert_eq!(stored.columns, live.columns);
+            }
+        }
+        MaterializedResults::remove(engine, project(), &at).await.unwrap();
+    }
+    assert!(rows > 100, "the pages compared hold rows ({rows})");
 }
 
 #[tokio::test]

@@ -14,10 +14,11 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
-use datafusion::prelude::{col, ParquetReadOptions};
+use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
+use datafusion::scalar::ScalarValue;
 use domain::{
-    BoundValue, Eligibility, EngineError, MaterializedFilter, MaterializedResults, ProjectId, Query,
-    QueryResult, VariableType,
+    BoundValue, Eligibility, EngineError, Export, MaterializedFilter, MaterializedResults, ProjectId, Query,
+    QueryResult, ResultFormat, VariableType,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -150,13 +151,13 @@ impl DataFusionEngine {
         writer.finish().await
     }
 
-    async fn read_here(
+    /// A session over the stored result at `prefix`, and the query of its rows that pass every filter, in
+    /// stored order, with the filters' values.
+    async fn stored_query(
         &self,
         prefix: &ObjectPath,
         filters: Vec<(MaterializedFilter, BoundValue)>,
-        limit: u32,
-        offset: u64,
-    ) -> Result<QueryResult, EngineError> {
+    ) -> Result<(SessionContext, Compiled, Vec<ScalarValue>), EngineError> {
         let ctx =
             catalog::empty_session(&self.storage, Some(execute::runtime(&self.limits)?), self.scheduler())?;
         let location = self.storage.url_of(prefix);
@@ -195,7 +196,30 @@ impl DataFusionEngine {
             sql.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
         }
         sql.push_str(&format!(" ORDER BY {}", quoted(ordinal.name())));
-        self.run_page(&ctx, &Compiled { sql, params }, values, limit, offset).await
+        Ok((ctx, Compiled { sql, params }, values))
+    }
+
+    async fn read_here(
+        &self,
+        prefix: &ObjectPath,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+        limit: u32,
+        offset: u64,
+    ) -> Result<QueryResult, EngineError> {
+        let (ctx, compiled, values) = self.stored_query(prefix, filters).await?;
+        self.run_page(&ctx, &compiled, values, limit, offset).await
+    }
+
+    async fn export_stored(
+        &self,
+        prefix: &ObjectPath,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+        limit: u32,
+        offset: u64,
+        format: ResultFormat,
+    ) -> Result<Export, EngineError> {
+        let (ctx, compiled, values) = self.stored_query(prefix, filters).await?;
+        self.write_page(&ctx, &compiled, values, limit, offset, format).await
     }
 }
 
@@ -233,6 +257,26 @@ impl MaterializedResults for DataFusionEngine {
         self.within_time(self.runtime.run(async move {
             let _slot = slot;
             engine.read_here(&prefix, filters, limit, offset).await
+        }))
+        .await
+    }
+
+    #[instrument(skip_all, fields(project = %project, location, limit, offset))]
+    async fn export(
+        &self,
+        project: ProjectId,
+        location: &str,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+        limit: u32,
+        offset: u64,
+        format: ResultFormat,
+    ) -> Result<Export, EngineError> {
+        let prefix = resolve(project, location)?;
+        let slot = self.slots.try_acquire(project, &self.limits)?;
+        let engine = self.clone();
+        self.within_time(self.runtime.run(async move {
+            let _slot = slot;
+            engine.export_stored(&prefix, filters, limit, offset, format).await
         }))
         .await
     }

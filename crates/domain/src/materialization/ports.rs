@@ -10,7 +10,7 @@ use super::model::{Claim, MaterializationState, MaterializedFilter, StoredResult
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::{EngineError, StoreError};
-use crate::query::{BoundValue, Query, QueryResult};
+use crate::query::{BoundValue, Export, Query, QueryResult, ResultFormat};
 
 /// Materialization records: which version each materialized endpoint has stored, where, and who refreshes it.
 ///
@@ -112,6 +112,20 @@ pub trait MaterializedResults: Send + Sync {
         limit: u32,
         offset: u64,
     ) -> Result<QueryResult, EngineError>;
+
+    /// The same page as [`MaterializedResults::read`], written in `format` without holding it in memory.
+    ///
+    /// # Errors
+    /// As [`MaterializedResults::read`].
+    async fn export(
+        &self,
+        project: ProjectId,
+        location: &str,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+        limit: u32,
+        offset: u64,
+        format: ResultFormat,
+    ) -> Result<Export, EngineError>;
 
     /// Removes a location, or with an endpoint's location every result of the endpoint. Removing what is not
     /// there succeeds.

@@ -353,7 +353,10 @@ pub struct Exported {
     pub name: EndpointName,
     /// The version that ran.
     pub version: u32,
-    pub export: crate::query::Export,
+    /// The page; `None` for a `force_cache` run with no fresh stored result.
+    pub export: Option<crate::query::Export>,
+    /// When the stored result the page was read from was computed; `None` for a live page.
+    pub materialized_at: Option<Timestamp>,
     pub execution_id: Uuid,
 }
 

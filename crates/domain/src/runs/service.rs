@@ -15,7 +15,7 @@ use crate::access::ProjectId;
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
 use crate::error::{Error, Invalid, StoreError};
-use crate::materialization::{Eligibility, Materializations, StoredResult};
+use crate::materialization::{Eligibility, Materializations, MaterializedFilter, StoredResult};
 use crate::query::{bind, BoundValue, QueryEngine, QueryResult};
 
 type RunFuture = BoxFuture<'static, Result<Arc<CachedRun>, Arc<Error>>>;
@@ -207,8 +207,10 @@ impl RunService {
         }
     }
 
-    /// Runs an endpoint for a page in another format than JSON (the request's `format`). Such a page is always
-    /// computed from the live tables, within the export limit: cached and stored results are JSON.
+    /// Runs an endpoint for a page in another format than JSON (the request's `format`), within the export
+    /// limit. Such a page does not go through the run cache (it holds JSON pages): it is computed live, or, for a
+    /// materialized endpoint in the `blocking` and `force_cache` modes, read from its fresh stored result like a
+    /// JSON run's. A `force_cache` run with no fresh stored result has no page.
     ///
     /// # Errors
     /// As [`RunService::run`], and [`Error::Invalid`] (attr `limit`) past the export limit.
@@ -234,15 +236,34 @@ impl RunService {
         let context = self.context();
         let version = context.version(&endpoint, request.version).await?;
         let variables = bind(&version.query, &request.variables)?;
-        let export = self
-            .engine
-            .export(project, &version.query, &variables, request.limit, request.offset, request.format)
-            .await?;
-        self.executions.record(project, &name, self.clock.now());
+        let (limit, offset, format) = (request.limit, request.offset, request.format);
+        let reads_stored =
+            endpoint.is_materialized && matches!(request.refresh, Refresh::Blocking | Refresh::ForceCache);
+        let source =
+            if reads_stored { context.stored_source(&endpoint, &version, &variables).await } else { None };
+        let mut exported = None;
+        if let Some((stored, filters)) = source {
+            let results = &self.materializations.results;
+            match results.export(project, &stored.location, filters, limit, offset, format).await {
+                Ok(export) => exported = Some((export, Some(stored.materialized_at))),
+                Err(err) => warn!(endpoint = %endpoint.name, location = %stored.location, error = %err,
+                                  "cannot read the stored result; running live"),
+            }
+        }
+        if exported.is_none() && request.refresh != Refresh::ForceCache {
+            let export =
+                self.engine.export(project, &version.query, &variables, limit, offset, format).await?;
+            exported = Some((export, None));
+        }
+        if exported.is_some() {
+            self.executions.record(project, &name, self.clock.now());
+        }
+        let (export, materialized_at) = exported.map_or((None, None), |(e, at)| (Some(e), at));
         Ok(Exported {
             name,
             version: version.version,
             export,
+            materialized_at,
             execution_id: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
         })
     }
@@ -327,18 +348,16 @@ impl Context {
         })
     }
 
-    /// The page read from the endpoint's stored result, when one of this version is complete and not older than
-    /// one sync period. A read that fails is logged and answered by the live path instead.
-    async fn stored(
+    /// The endpoint's stored result and the filters that select a run's rows in it, when a result of this
+    /// version is complete and not older than one sync period.
+    async fn stored_source(
         &self,
         endpoint: &Endpoint,
         version: &EndpointVersion,
         variables: &BTreeMap<String, BoundValue>,
-        request: &RunRequest,
-    ) -> Option<(QueryResult, StoredResult, Duration)> {
-        let Materializations { states, results } = &self.materializations;
+    ) -> Option<(StoredResult, Vec<(MaterializedFilter, BoundValue)>)> {
         let period = endpoint.sync_frequency?.period();
-        let state = match states.get(endpoint.id).await {
+        let state = match self.materializations.states.get(endpoint.id).await {
             Ok(state) => state?,
             Err(err) => {
                 warn!(endpoint = %endpoint.name, error = %err, "cannot read the materialization record; running live");
@@ -360,7 +379,21 @@ impl Context {
             .iter()
             .map(|f| variables.get(&f.variable).map(|value| (f.clone(), value.clone())))
             .collect::<Option<Vec<_>>>()?;
+        Some((stored, bound))
+    }
+
+    /// The page read from the endpoint's stored result, when it has a fresh one (see
+    /// [`Context::stored_source`]). A read that fails is logged and answered by the live path instead.
+    async fn stored(
+        &self,
+        endpoint: &Endpoint,
+        version: &EndpointVersion,
+        variables: &BTreeMap<String, BoundValue>,
+        request: &RunRequest,
+    ) -> Option<(QueryResult, StoredResult, Duration)> {
+        let (stored, bound) = self.stored_source(endpoint, version, variables).await?;
         let started = Instant::now();
+        let results = &self.materializations.results;
         match results.read(endpoint.project_id, &stored.location, bound, request.limit, request.offset).await
         {
             Ok(result) => Some((result, stored, started.elapsed())),

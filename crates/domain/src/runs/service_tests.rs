@@ -102,6 +102,7 @@ fn store(active: bool) -> MockEndpointStore {
 
 /// An engine that answers `{"n": value}` (with the version's multiplier in the SQL) and counts its runs.
 fn engine(runs: Arc<AtomicUsize>) -> MockQueryEngine {
+    let runs_for_exports = Arc::clone(&runs);
     let mut engine = MockQueryEngine::new();
     engine.expect_execute().returning(move |_, query, vars, _, _| {
         runs.fetch_add(1, Ordering::SeqCst);
@@ -123,7 +124,24 @@ fn engine(runs: Arc<AtomicUsize>) -> MockQueryEngine {
             has_more: false,
         })
     });
+    let exports = runs_for_exports;
+    engine.expect_export().returning(move |_, _, _, _, _, _| {
+        exports.fetch_add(1, Ordering::SeqCst);
+        Ok(page("live"))
+    });
     engine
+}
+
+/// An exported page whose digest says where it came from.
+fn page(source: &str) -> crate::query::Export {
+    crate::query::Export {
+        columns: vec![],
+        rows: 1,
+        has_more: false,
+        bytes: 0,
+        digest: source.into(),
+        body: Box::pin(futures_util::stream::empty()),
+    }
 }
 
 struct Fixture {
@@ -279,6 +297,34 @@ async fn bad_variables_are_refused_before_the_engine() {
         "{err:?}"
     );
     assert_eq!(f.runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn exports_are_bounded_by_the_export_limit_and_record_their_run() {
+    let mut f = fixture(store(true));
+    let store: Arc<dyn EndpointStore> = Arc::new(store(true));
+    f.service = RunService::new(RunDeps {
+        store,
+        engine: Arc::new(engine(f.runs.clone())),
+        cache: f.cache.clone(),
+        clock: f.clock.clone(),
+        executions: f.executions.clone(),
+        materializations: untouched_materializations(),
+        export_limit: 500,
+    });
+    let csv = |limit| RunRequest {
+        limit,
+        format: crate::query::ResultFormat::Csv,
+        ..request(Refresh::Blocking, json!({"n": 1}))
+    };
+    let err = f.service.export(project(), "kpi", csv(501)).await.unwrap_err();
+    assert!(matches!(err, Error::Invalid(ref i) if i.attr.as_deref() == Some("limit")), "{err:?}");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 0);
+    let exported = f.service.export(project(), "kpi", csv(500)).await.unwrap();
+    assert_eq!((exported.version, exported.export.map(|e| e.digest)), (2, Some("live".into())));
+    assert_eq!(f.runs.load(Ordering::SeqCst), 1);
+    let kpi = EndpointName::parse("kpi").unwrap();
+    assert_eq!(f.executions.pending(project(), &kpi), Some(T0), "an export is a run of the endpoint");
 }
 
 /// An engine that takes its time without blocking the runtime, and counts its runs.
@@ -455,7 +501,7 @@ mod materialized {
     use crate::endpoints::SyncFrequency;
     use crate::error::EngineError;
     use crate::materialization::{MaterializationState, MaterializationStatus, MaterializedFilter};
-    use crate::query::CompareOp;
+    use crate::query::{CompareOp, ResultFormat};
 
     fn filters() -> Vec<MaterializedFilter> {
         vec![MaterializedFilter { column: "n".into(), op: CompareOp::Eq, variable: "n".into() }]
@@ -505,6 +551,7 @@ mod materialized {
     /// Stored results that answer `[{"n":"stored"}]`, or fail, and count their reads.
     fn results(fail: bool, reads: Arc<AtomicUsize>) -> MockMaterializedResults {
         let mut results = MockMaterializedResults::new();
+        let exports = Arc::clone(&reads);
         results.expect_read().returning(move |_, location, bound, limit, offset| {
             reads.fetch_add(1, Ordering::SeqCst);
             assert_eq!((location, limit, offset), ("loc", 100, 0));
@@ -519,7 +566,55 @@ mod materialized {
                 has_more: false,
             })
         });
+        results.expect_export().returning(move |_, location, bound, limit, offset, format| {
+            exports.fetch_add(1, Ordering::SeqCst);
+            assert_eq!((location, limit, offset, format), ("loc", 100, 0, ResultFormat::Csv));
+            assert_eq!(bound, vec![(filters()[0].clone(), BoundValue::Integer(5))]);
+            if fail {
+                return Err(EngineError::Internal("the file is gone".into()));
+            }
+            Ok(page("stored"))
+        });
         results
+    }
+
+    fn export(refresh: Refresh) -> RunRequest {
+        RunRequest { format: ResultFormat::Csv, ..request(refresh, json!({"n": 5})) }
+    }
+
+    /// Where an export's page came from, and when its stored result was computed.
+    async fn exported(f: &Fixture, refresh: Refresh) -> (Option<String>, Option<Timestamp>) {
+        let exported = f.service.export(project(), "kpi", export(refresh)).await.unwrap();
+        (exported.export.map(|e| e.digest), exported.materialized_at)
+    }
+
+    #[tokio::test]
+    async fn exports_read_a_fresh_stored_result_in_the_modes_that_runs_do() {
+        let (f, reads) = service(T0, false);
+        for refresh in [Refresh::Blocking, Refresh::ForceCache] {
+            assert_eq!(exported(&f, refresh).await, (Some("stored".into()), Some(T0)), "{refresh:?}");
+        }
+        for refresh in [Refresh::Direct, Refresh::ForceBlocking] {
+            assert_eq!(exported(&f, refresh).await, (Some("live".into()), None), "{refresh:?}");
+        }
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (2, 2));
+        assert!(f.cache.entries.lock().unwrap().is_empty(), "exports do not go through the run cache");
+    }
+
+    #[tokio::test]
+    async fn an_export_with_nothing_fresh_stored_runs_live_or_with_force_cache_has_no_page() {
+        let (f, reads) = service(T0, false);
+        f.clock.advance(Duration::from_secs(3601));
+        assert_eq!(exported(&f, Refresh::Blocking).await, (Some("live".into()), None));
+        assert_eq!(exported(&f, Refresh::ForceCache).await, (None, None));
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn a_failed_stored_export_falls_back_to_the_live_path() {
+        let (f, reads) = service(T0, true);
+        assert_eq!(exported(&f, Refresh::Blocking).await, (Some("live".into()), None));
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (1, 1));
     }
 
     fn service(at: Timestamp, fail: bool) -> (Fixture, Arc<AtomicUsize>) {

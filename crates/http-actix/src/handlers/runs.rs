@@ -7,6 +7,7 @@ use actix_web::http::header::{
 };
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use domain::{Exported, ProjectId, ResultFormat, RunOutcome, RunRequest};
+use time::format_description::well_known::Rfc3339;
 
 use super::EndpointPath;
 use crate::api::requests::{Names, RunBody};
@@ -29,7 +30,9 @@ fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
            ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
     responses((status = 200, description = "The run: JSON, or the page in the format asked for, its run's fields in X- headers",
                content((RunAnswer = "application/json"), (String = "text/csv"), (String = "application/x-ndjson"),
-                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))), (status = 304, description = "If-None-Match holds the answer's ETag"),
+                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))),
+              (status = 204, description = "refresh=force_cache found no fresh stored result for a page in a format other than JSON"),
+              (status = 304, description = "If-None-Match holds the answer's ETag"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
               (status = 404, body = Error), (status = 406, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn run_get(
@@ -48,7 +51,9 @@ pub(crate) async fn run_get(
     params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query)), request_body = RunBody,
     responses((status = 200, description = "The run: JSON, or the page in the format asked for, its run's fields in X- headers",
                content((RunAnswer = "application/json"), (String = "text/csv"), (String = "application/x-ndjson"),
-                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))), (status = 304, description = "If-None-Match holds the answer's ETag"),
+                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))),
+              (status = 204, description = "refresh=force_cache found no fresh stored result for a page in a format other than JSON"),
+              (status = 304, description = "If-None-Match holds the answer's ETag"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
               (status = 404, body = Error), (status = 406, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn run_post(
@@ -130,28 +135,43 @@ fn held(req: &HttpRequest, tag: &EntityTag) -> bool {
     }
 }
 
-/// A page in another format than JSON: what JSON says in its body goes in headers; nothing of it is cached.
+/// A page in another format than JSON: what JSON says in its body goes in headers. Such a page is never cached,
+/// by this service or (`max-age=0`) by the client. A `force_cache` run with nothing stored has no page: 204.
 fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpResponse {
-    let Exported { name, version, export, execution_id } = exported;
-    let tag = EntityTag::new_strong(export.digest.clone());
+    let Exported { name, version, export, materialized_at, execution_id } = exported;
     let keep = CacheControl(vec![CacheDirective::Private, CacheDirective::MaxAge(0)]);
-    if held(req, &tag) {
-        return HttpResponse::NotModified().insert_header(ETag(tag)).insert_header(keep).finish();
-    }
-    let disposition = ContentDisposition {
-        disposition: DispositionType::Attachment,
-        parameters: vec![DispositionParam::Filename(format!("{name}.{}", format.as_str()))],
+    let mut response = match &export {
+        None => HttpResponse::NoContent(),
+        Some(export) => {
+            let tag = EntityTag::new_strong(export.digest.clone());
+            if held(req, &tag) {
+                return HttpResponse::NotModified().insert_header(ETag(tag)).insert_header(keep).finish();
+            }
+            let mut response = HttpResponse::Ok();
+            response
+                .insert_header((actix_web::http::header::CONTENT_TYPE, media_type(format)))
+                .insert_header(ETag(tag))
+                .insert_header(ContentDisposition {
+                    disposition: DispositionType::Attachment,
+                    parameters: vec![DispositionParam::Filename(format!("{name}.{}", format.as_str()))],
+                })
+                .insert_header(("X-Has-More", if export.has_more { "true" } else { "false" }));
+            response
+        }
     };
-    HttpResponse::Ok()
-        .insert_header((actix_web::http::header::CONTENT_TYPE, media_type(format)))
-        .insert_header(ETag(tag))
+    response
         .insert_header(keep)
-        .insert_header(disposition)
         .insert_header(("X-Endpoint-Version", version.to_string()))
-        .insert_header(("X-Has-More", if export.has_more { "true" } else { "false" }))
         .insert_header(("X-Is-Cached", "false"))
-        .insert_header(("X-Execution-Id", execution_id.to_string()))
-        .body(SizedStream::new(export.bytes, export.body))
+        .insert_header(("X-Endpoint-Materialized", if materialized_at.is_some() { "true" } else { "false" }))
+        .insert_header(("X-Execution-Id", execution_id.to_string()));
+    if let Some(at) = materialized_at.and_then(|at| at.format(&Rfc3339).ok()) {
+        response.insert_header(("X-Endpoint-Materialized-At", at));
+    }
+    match export {
+        Some(export) => response.body(SizedStream::new(export.bytes, export.body)),
+        None => response.finish(),
+    }
 }
 
 /// The answer, or 304 when the client holds it already. Every answer says how long it may be kept: what the
