@@ -179,6 +179,13 @@ async fn pages_cache_and_invalidation() {
     assert_eq!(first["results"], second["results"]);
     assert_eq!(first["last_refresh"], second["last_refresh"]);
     assert!(second["cache_expires_at"].is_string());
+    // The engine's figures of the computation, the same on the cache hit that reuses it.
+    let statistics = &first["statistics"];
+    assert_eq!(statistics["rows_read"], 6, "{statistics}");
+    assert!(
+        statistics["bytes_read"].as_u64().unwrap() > 0 && statistics["elapsed_ms"].as_f64().unwrap() > 0.0
+    );
+    assert_eq!(second["statistics"], first["statistics"]);
 
     let forced = ok_json(run_get(&app, project, &key, "ids", "limit=3&refresh=force_blocking").await).await;
     assert_eq!(forced["is_cached"], false);
@@ -186,6 +193,7 @@ async fn pages_cache_and_invalidation() {
     assert_eq!((direct["is_cached"].as_bool(), direct["cache_expires_at"].is_null()), (Some(false), true));
     let cached_only = ok_json(run_get(&app, project, &key, "ids", "limit=4&refresh=force_cache").await).await;
     assert_eq!((cached_only["results"].is_null(), cached_only["is_cached"].as_bool()), (true, Some(false)));
+    assert_eq!(cached_only["statistics"], json!({"rows_read": 0, "bytes_read": 0, "elapsed_ms": 0.0}));
 
     // An update of the endpoint makes its cached runs unreachable at once.
     app.patch(&format!("/api/projects/{project}/endpoints/ids"), &key, &json!({"description": "changed"}))

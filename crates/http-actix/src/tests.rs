@@ -338,6 +338,7 @@ fn engine_for_runs() -> MockQueryEngine {
             rows_json: format!("[{{\"n\":{n}}}]"),
             row_count: 1,
             has_more: false,
+            statistics: domain::Statistics::default(),
         })
     });
     engine

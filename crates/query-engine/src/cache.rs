@@ -94,7 +94,13 @@ mod tests {
         Arc::new(CachedRun {
             version: 1,
             version_created_at: at,
-            result: QueryResult { columns: vec![], rows_json: "[]".into(), row_count: 0, has_more: false },
+            result: QueryResult {
+                columns: vec![],
+                rows_json: "[]".into(),
+                row_count: 0,
+                has_more: false,
+                statistics: domain::Statistics::default(),
+            },
             computed_at: at,
             expires_at: Some(at + time::Duration::minutes(5)),
             query_time: std::time::Duration::ZERO,

@@ -11,8 +11,11 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlanBuilder;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::scalar::ScalarValue;
-use domain::{BoundValue, EngineError, ProjectId, QueryResult};
+use domain::{BoundValue, EngineError, ProjectId, QueryResult, Statistics};
 use futures_util::TryStreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -215,7 +218,39 @@ pub(crate) fn result(
     batches: &[RecordBatch],
     limit: u32,
     max_bytes: usize,
+    statistics: Statistics,
 ) -> Result<QueryResult, EngineError> {
     let (rows_json, row_count, has_more) = to_json(batches, limit, max_bytes)?;
-    Ok(QueryResult { columns, rows_json, row_count, has_more })
+    Ok(QueryResult { columns, rows_json, row_count, has_more, statistics })
+}
+
+/// What an executed plan read, from the metrics of its leaves (the scans): the rows they produced and the bytes
+/// their files gave. A leaf that reads nothing (`SELECT 1`) counts 0; a leaf that reports no metrics (a plan
+/// executed on Ballista's workers, which keep them) makes the figures unknown, as does a scan that reports rows
+/// but not bytes.
+pub(crate) fn statistics(plan: &Arc<dyn ExecutionPlan>, elapsed: Duration) -> Statistics {
+    let (mut rows, mut bytes) = (Some(0_u64), Some(0_u64));
+    let mut pending = vec![Arc::clone(plan)];
+    while let Some(node) = pending.pop() {
+        let children = node.children();
+        if !children.is_empty() {
+            pending.extend(children.into_iter().cloned());
+            continue;
+        }
+        let constant = node.is::<EmptyExec>() || node.is::<PlaceholderRowExec>();
+        match node.metrics() {
+            _ if constant => {}
+            Some(metrics) => {
+                let produced = metrics.output_rows().unwrap_or(0) as u64;
+                rows = rows.map(|r| r + produced);
+                bytes = match metrics.sum_by_name("bytes_scanned") {
+                    Some(scanned) => bytes.map(|b| b + scanned.as_usize() as u64),
+                    None if produced == 0 => bytes,
+                    None => None,
+                };
+            }
+            None => (rows, bytes) = (None, None),
+        }
+    }
+    Statistics { rows_read: rows, bytes_read: bytes, elapsed }
 }

@@ -3,11 +3,12 @@
 //! The page is written batch by batch, as the engine produces it, to a temporary file through a writer that
 //! counts and digests the bytes: memory holds a batch (and Parquet's current row group), not the page. Once the
 //! page is whole its size, its digest (the answer's `ETag`) and whether rows follow it are known, so they can
-//! go in the response's headers; the file is then read as the body is sent, and is gone when the body is
-//! (it is unlinked as soon as it is opened for reading).
+//! go in the response's headers; the file is then read from its start as the body is sent. The file has no
+//! name (`tempfile`: `O_TMPFILE`, or unlinked at once where that is missing, mode 0600): no other process can
+//! open it, and it is gone when the body is, however the answer ends.
 
 use std::collections::BTreeMap;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -111,7 +112,7 @@ impl Rows {
     }
 }
 
-/// The file's bytes in chunks, read off the async threads; the file is already unlinked.
+/// The file's bytes in chunks, from where it stands, read off the async threads.
 fn read_body(file: std::fs::File) -> BoxStream<'static, Result<Bytes, std::io::Error>> {
     Box::pin(futures_util::stream::unfold(Some(file), |file| async move {
         let mut file = file?;
@@ -166,14 +167,7 @@ impl DataFusionEngine {
         let mut stream = frame.execute_stream().await.map_err(execute::execution_error)?;
         let schema = plain(&stream.schema());
 
-        let path = std::env::temp_dir().join(format!(
-            "endpoints-export-{}.{}",
-            uuid::Uuid::new_v4(),
-            format.as_str()
-        ));
-        let file = std::fs::File::create(&path).map_err(internal)?;
-        // The file goes with this function's end whatever happens; the reader below keeps it open.
-        let _remove = RemoveOnDrop(path.clone());
+        let file = tempfile::tempfile().map_err(internal)?;
         let sink = Digesting { inner: BufWriter::new(file), digest: Sha256::new(), bytes: 0 };
         let mut rows = Rows::create(format, sink, &schema)?;
         // A CSV page has its header row, and every format its schema, with no rows as well.
@@ -199,16 +193,8 @@ impl DataFusionEngine {
         }
         let sink = rows.finish()?;
         let (bytes, digest) = (sink.bytes, hex::encode(&sink.digest.finalize()[..16]));
-        let reader = std::fs::File::open(&path).map_err(internal)?;
-        Ok(Export { columns, rows: written, has_more, bytes, digest, body: read_body(reader) })
-    }
-}
-
-/// Removes the temporary file when the export is done with it (a reader that opened it keeps its bytes).
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let mut file = sink.inner.into_inner().map_err(|e| internal(e.into_error()))?;
+        file.seek(SeekFrom::Start(0)).map_err(internal)?;
+        Ok(Export { columns, rows: written, has_more, bytes, digest, body: read_body(file) })
     }
 }

@@ -240,13 +240,18 @@ impl DataFusionEngine {
         limit: u32,
         offset: u64,
     ) -> Result<domain::QueryResult, EngineError> {
+        let started = std::time::Instant::now();
         let plan = self.plan(ctx, compiled, values).await?;
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
-        let stream = frame.execute_stream().await.map_err(execute::execution_error)?;
+        let task = Arc::new(frame.task_ctx());
+        let physical = frame.create_physical_plan().await.map_err(execute::execution_error)?;
+        let stream = datafusion::physical_plan::execute_stream(Arc::clone(&physical), task)
+            .map_err(execute::execution_error)?;
         let batches = execute::collect(stream).await?;
-        execute::result(columns, &batches, limit, self.limits.result_bytes)
+        let statistics = execute::statistics(&physical, started.elapsed());
+        execute::result(columns, &batches, limit, self.limits.result_bytes, statistics)
     }
 }
 

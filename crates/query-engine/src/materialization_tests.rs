@@ -224,7 +224,11 @@ async fn a_materialized_answer_equals_the_live_answer() {
                 if round % 4 == 0 { (10_000, 0) } else { (rng.random_range(1..50), rng.random_range(0..80)) };
             let live = engine.execute(project(), &q, &variables, limit, offset).await.unwrap();
             let bound = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
-            let read = engine.read(project(), &at, bound, limit, offset).await.unwrap();
+            let mut read = engine.read(project(), &at, bound, limit, offset).await.unwrap();
+            // What each read differs; the stored result never needs more rows than the live tables.
+            let (stored_read, live_read) = (read.statistics.rows_read, live.statistics.rows_read);
+            assert!(stored_read <= live_read, "{stored_read:?} rows read from the stored result");
+            read.statistics = live.statistics;
             assert_eq!(read, live, "{} with {variables:?}, limit {limit}, offset {offset}", case.sql);
         }
         MaterializedResults::remove(engine, project(), &at).await.unwrap();
@@ -234,7 +238,6 @@ async fn a_materialized_answer_equals_the_live_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_exported_from_a_stored_result_equals_the_live_page() {
-    let _alone = crate::export_tests::ONE_AT_A_TIME.lock().await;
     let demo = demo().await;
     let engine = &demo.1;
     let mut rng = StdRng::seed_from_u64(7);

@@ -226,6 +226,35 @@ async fn executes_with_bound_variables_and_pages() {
     assert_eq!((none.rows_json.as_str(), none.row_count), ("[]", 0));
 }
 
+/// Whether this run of the suite executes on a Ballista cluster.
+fn on_ballista() -> bool {
+    cfg!(feature = "ballista") && std::env::var("TEST_ENGINE").as_deref() == Ok("ballista")
+}
+
+#[tokio::test]
+async fn statistics_say_what_a_run_read() {
+    let (engine, dir) = engine_with_events().await;
+    let run = |sql: &str, limit| {
+        let (engine, q) = (&engine, query(sql, json!({})));
+        async move { engine.execute(project(1), &q, &bound(&[]), limit, 0).await.unwrap().statistics }
+    };
+    let all = run("SELECT country, revenue FROM events", 10).await;
+    let constant = run("SELECT 1 AS one", 10).await;
+    assert!(all.elapsed > std::time::Duration::ZERO);
+    if on_ballista() {
+        // The executors keep their metrics: this process cannot tell what they read.
+        assert_eq!((all.rows_read, all.bytes_read), (None, None));
+        return;
+    }
+    assert_eq!(all.rows_read, Some(2));
+    let bytes = all.bytes_read.unwrap();
+    let file = std::fs::metadata(dir.join("projects/1/tables/events/part-0.parquet")).unwrap().len();
+    assert!(bytes > 0 && bytes <= file, "{bytes} bytes read of a {file}-byte file");
+    assert_eq!((constant.rows_read, constant.bytes_read), (Some(0), Some(0)), "nothing was read");
+    let one_column = run("SELECT revenue FROM events", 10).await;
+    assert!(one_column.bytes_read.unwrap() < bytes, "a column not read is not counted");
+}
+
 #[tokio::test]
 async fn a_slow_query_times_out() {
     let (_, dir) = engine_with_events().await;

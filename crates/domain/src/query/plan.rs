@@ -129,6 +129,20 @@ pub struct QueryResult {
     pub row_count: usize,
     /// Whether rows exist after this page.
     pub has_more: bool,
+    /// What computing the page read and took.
+    pub statistics: Statistics,
+}
+
+/// What computing a result read and how long it took, from the engine's metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Statistics {
+    /// Rows read from tables or a stored result; `None` when the engine cannot tell (a plan executed on
+    /// another engine's workers).
+    pub rows_read: Option<u64>,
+    /// Bytes read from storage for those rows; `None` when the engine cannot tell.
+    pub bytes_read: Option<u64>,
+    /// Planning and execution, in the engine.
+    pub elapsed: std::time::Duration,
 }
 
 impl QueryResult {

@@ -479,6 +479,7 @@ mod tests {
                 rows_json: rows.into(),
                 row_count: 1,
                 has_more: false,
+                statistics: crate::query::Statistics::default(),
             },
             computed_at: at,
             expires_at: expires_in.map(|s| at + time::Duration::seconds(s)),

@@ -122,6 +122,7 @@ fn engine(runs: Arc<AtomicUsize>) -> MockQueryEngine {
             rows_json: format!("[{{\"n\":{}}}]", n * factor),
             row_count: 1,
             has_more: false,
+            statistics: crate::query::Statistics::default(),
         })
     });
     let exports = runs_for_exports;
@@ -350,7 +351,13 @@ impl QueryEngine for SlowEngine {
     ) -> Result<QueryResult, crate::error::EngineError> {
         self.0.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        Ok(QueryResult { columns: vec![], rows_json: "[]".into(), row_count: 0, has_more: false })
+        Ok(QueryResult {
+            columns: vec![],
+            rows_json: "[]".into(),
+            row_count: 0,
+            has_more: false,
+            statistics: crate::query::Statistics::default(),
+        })
     }
 
     async fn export(
@@ -564,6 +571,7 @@ mod materialized {
                 rows_json: r#"[{"n":"stored"}]"#.into(),
                 row_count: 1,
                 has_more: false,
+                statistics: crate::query::Statistics::default(),
             })
         });
         results.expect_export().returning(move |_, location, bound, limit, offset, format| {

@@ -163,7 +163,13 @@ async fn a_preview_runs_every_column_of_the_table_for_the_first_rows() {
     let mut engine = MockQueryEngine::new();
     engine.expect_execute().times(3).returning(|_, q, vars, limit, offset| {
         assert_eq!((q.sql.as_str(), vars.len(), offset), ("SELECT * FROM \"Sales\"", 0, 0));
-        Ok(QueryResult { columns: vec![], rows_json: format!("[{limit}]"), row_count: 0, has_more: false })
+        Ok(QueryResult {
+            columns: vec![],
+            rows_json: format!("[{limit}]"),
+            row_count: 0,
+            has_more: false,
+            statistics: crate::query::Statistics::default(),
+        })
     });
     let service = service(tables, engine, MockEndpointChanges::new());
     let none = json!({});

@@ -97,9 +97,36 @@ struct Computed<'a> {
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
     last_refresh: Option<OffsetDateTime>,
+    #[schema(inline)]
+    statistics: RunStatistics,
     /// `[name, type]` of each column.
     #[schema(value_type = Vec<Vec<String>>)]
     types: Vec<(&'a str, domain::ColumnType)>,
+}
+
+/// What computing the result read and took, from the engine's metrics; an answer from the cache or a stored
+/// result reports the computation it came from, an answer with no result zeros.
+#[derive(Debug, Serialize, ToSchema)]
+struct RunStatistics {
+    /// Rows read from the tables (or from the stored result); null when the engine cannot tell (Ballista).
+    #[schema(required = true)]
+    rows_read: Option<u64>,
+    /// Bytes read from storage for them; null when the engine cannot tell.
+    #[schema(required = true)]
+    bytes_read: Option<u64>,
+    /// Planning and execution in the engine.
+    elapsed_ms: f64,
+}
+
+impl RunStatistics {
+    fn of(statistics: Option<&domain::Statistics>) -> Self {
+        match statistics {
+            Some(s) => {
+                Self { rows_read: s.rows_read, bytes_read: s.bytes_read, elapsed_ms: millis(s.elapsed) }
+            }
+            None => Self { rows_read: Some(0), bytes_read: Some(0), elapsed_ms: 0.0 },
+        }
+    }
 }
 
 impl Computed<'_> {
@@ -114,6 +141,7 @@ impl Computed<'_> {
             endpoint_version_created_at: run.map(|r| r.version_created_at),
             has_more: result.is_some_and(|r| r.has_more),
             last_refresh: run.map(|r| r.computed_at),
+            statistics: RunStatistics::of(result.map(|r| &r.statistics)),
             types: result.map_or_else(Vec::new, |r| r.types()),
         }
     }
@@ -268,6 +296,11 @@ mod tests {
                 rows_json: r#"[{"n\"x":1}]"#.into(),
                 row_count: 1,
                 has_more: true,
+                statistics: domain::Statistics {
+                    rows_read: Some(1200),
+                    bytes_read: Some(34_567),
+                    elapsed: Duration::from_micros(6_500),
+                },
             },
             computed_at: at,
             expires_at: Some(at + Duration::from_secs(60)),
@@ -300,6 +333,7 @@ mod tests {
                 "endpoint_version_created_at": "2026-11-22T10:00:00Z",
                 "hasMore": true,
                 "last_refresh": "2026-11-22T10:00:00Z",
+                "statistics": {"rows_read": 1200, "bytes_read": 34567, "elapsed_ms": 6.5},
                 "types": [["n\"x", "integer"]],
                 "results": [{"n\"x": 1}],
             })
@@ -313,7 +347,7 @@ mod tests {
             (json!(false), json!(7.0), Value::Null)
         );
         assert_ne!(first["execution_id"], hit["execution_id"]);
-        for field in ["columns", "types", "results", "cache_expires_at", "last_refresh"] {
+        for field in ["columns", "types", "results", "cache_expires_at", "last_refresh", "statistics"] {
             assert_eq!(first[field], hit[field], "{field}");
         }
     }
@@ -324,6 +358,11 @@ mod tests {
         assert_eq!(body["results"], Value::Null);
         assert_eq!((body["columns"].clone(), body["endpoint_version"].clone()), (json!([]), Value::Null));
         assert_eq!(body["name"], "sales");
+        assert_eq!(
+            body["statistics"],
+            json!({"rows_read": 0, "bytes_read": 0, "elapsed_ms": 0.0}),
+            "nothing read"
+        );
     }
 
     /// The hand-written members are byte for byte what the derived `Serialize` writes, so the schema derived
