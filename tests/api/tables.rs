@@ -138,6 +138,62 @@ async fn a_table_is_created_appended_to_read_by_an_endpoint_and_deleted_under_bo
 }
 
 #[tokio::test]
+async fn replacing_a_table_plans_its_readers_again() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/projects/{project}/tables");
+    let endpoints = format!("/api/projects/{project}/endpoints");
+    upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", ORDERS).await;
+    let body = endpoint_body("totals", "SELECT country, sum(amount) AS total FROM orders GROUP BY country");
+    assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
+    let record = |name: &'static str| {
+        let (app, key, endpoints) = (&app, &key, &endpoints);
+        async move { ok_json(app.get(&format!("{endpoints}/{name}"), key).await, 200).await }
+    };
+    assert_eq!(record("totals").await["plan_error"], Value::Null);
+
+    // Without the column the query reads: the endpoint says why, and its runs are 400 query_invalid.
+    let without_amount = "id,country\n1,US\n";
+    let replaced =
+        upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", without_amount).await;
+    assert_eq!(ok_json(replaced, 200).await["used_by"], json!(["totals"]));
+    let broken = record("totals").await;
+    assert!(broken["plan_error"].as_str().unwrap().contains("amount"), "{broken}");
+    assert_eq!(broken["columns"], Value::Null);
+    for family in FAMILIES {
+        let run = app.get(&format!("{family}/{project}/endpoints/totals/run"), &key).await;
+        let error = assert_error(run, 400, "query_error").await;
+        assert_eq!((error["code"].as_str(), error["attr"].as_str()), (Some("query_invalid"), Some("query")));
+        assert!(error["detail"].as_str().unwrap().contains("amount"), "{error}");
+    }
+    let versions = ok_json(app.get(&format!("{endpoints}/totals/versions/1"), &key).await, 200).await;
+    assert_eq!(versions["plan_error"], broken["plan_error"]);
+    // Still a reader: the table cannot be deleted under it.
+    assert_error(app.delete(&format!("{tables}/orders"), &key).await, 409, "conflict").await;
+
+    // With the column back as text, sum() does not plan either; as integers it plans, with the new type.
+    let amount_as_text = "id,country,amount\nid-1,US,ten\n";
+    upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", amount_as_text).await;
+    assert!(record("totals").await["plan_error"].as_str().unwrap().contains("sum"));
+    let amount_as_integers = "id,country,amount\n1,US,10\n2,US,5\n";
+    upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", amount_as_integers).await;
+    let fixed = record("totals").await;
+    assert_eq!(fixed["plan_error"], Value::Null, "{fixed}");
+    assert_eq!(fixed["columns"][1], json!({"name": "total", "type": "integer"}), "{fixed}");
+    let run = ok_json(app.get(&format!("{endpoints}/totals/run"), &key).await, 200).await;
+    assert_eq!(run["results"], json!([{"country": "US", "total": 15}]));
+    // A new version of the query starts without an error of its own.
+    let patched = app
+        .patch(
+            &format!("{endpoints}/totals"),
+            &key,
+            &json!({"query": {"kind": "SQLQuery", "query": "SELECT id FROM orders"}}),
+        )
+        .await;
+    assert_eq!(ok_json(patched, 200).await["plan_error"], Value::Null);
+}
+
+#[tokio::test]
 async fn table_routes_need_table_scopes() {
     let app = spawn_app().await;
     let project = app.create_project();

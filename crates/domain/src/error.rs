@@ -90,6 +90,9 @@ pub enum Error {
     /// 413: a body is larger than allowed.
     #[error("The body is larger than the limit of {limit_bytes} bytes; nothing was written.")]
     PayloadTooLarge { limit_bytes: u64 },
+    /// 400 `query_invalid`: the saved query no longer plans (a table it reads changed); the detail says why.
+    #[error("{0}")]
+    QueryInvalid(String),
     /// 400 `query_timeout`: the query ran past its time limit.
     #[error("The query did not finish within {0:?} and was cancelled.")]
     QueryTimeout(std::time::Duration),

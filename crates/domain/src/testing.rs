@@ -83,6 +83,7 @@ pub fn endpoint(name: &str, query: Query) -> Endpoint {
         last_executed_at: None,
         eligibility: Some(Eligibility::Eligible { filters: Vec::new() }),
         tables: Some(Vec::new()),
+        plan_error: None,
         materialization: None,
     }
 }
@@ -101,5 +102,6 @@ pub fn current_version(endpoint: &Endpoint) -> EndpointVersion {
         is_current: true,
         eligibility: endpoint.eligibility.clone(),
         tables: endpoint.tables.clone(),
+        plan_error: endpoint.plan_error.clone(),
     }
 }

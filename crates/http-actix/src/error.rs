@@ -68,6 +68,9 @@ error_codes! {
     UnknownVariable = ("unknown_variable", 400, ValidationError,
         "a run names a variable the query does not declare, or the query a placeholder it does not declare"),
     ParseError = ("parse_error", 400, ValidationError, "the body is not valid JSON"),
+    QueryInvalid = ("query_invalid", 400, QueryError,
+        "the version's saved query no longer plans, since a table it reads was replaced; `attr: query`, the \
+         detail says why (the endpoint record's `plan_error` too)"),
     QueryTimeout = ("query_timeout", 400, QueryError,
         "the query passed its time limit (default 30 s) and was cancelled"),
     QueryMemoryLimit = ("query_memory_limit", 400, QueryError,
@@ -175,6 +178,7 @@ impl ApiError {
                 Error::NameTaken(_) => Code::Unique,
                 Error::InUse(_) => Code::InUse,
                 Error::PayloadTooLarge { .. } => Code::PayloadTooLarge,
+                Error::QueryInvalid(_) => Code::QueryInvalid,
                 Error::QueryTimeout(_) => Code::QueryTimeout,
                 Error::QueryMemoryLimit(_) => Code::QueryMemoryLimit,
                 Error::ResultTooLarge { .. } => Code::ResultTooLarge,
@@ -203,6 +207,10 @@ impl ApiError {
                 | Error::PermissionDenied(detail)
                 | Error::NotFound(detail)
                 | Error::InUse(detail) => Cow::Borrowed(detail),
+                Error::QueryInvalid(reason) => Cow::Owned(format!(
+                    "The endpoint's query no longer plans against its tables: {}. Change the query or the table.",
+                    reason.trim_end_matches('.')
+                )),
                 Error::QueryMemoryLimit(_) => {
                     Cow::Owned(format!("The query needed more memory than allowed: {err}"))
                 }
@@ -258,6 +266,7 @@ impl ApiError {
             ApiError::Domain(Error::Invalid(invalid)) => invalid.attr.as_deref(),
             ApiError::Domain(Error::NameTaken(_)) => Some("name"),
             ApiError::Domain(Error::ResultTooLarge { .. }) => Some("limit"),
+            ApiError::Domain(Error::QueryInvalid(_)) => Some("query"),
             _ => None,
         }
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::DataType;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::DataFusionError;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -225,8 +226,8 @@ pub(crate) fn result(
 }
 
 /// What an executed plan read, from the metrics of its leaves (the scans): the rows they produced and the bytes
-/// their files gave. A leaf that reads nothing (`SELECT 1`) counts 0; a leaf that reports no metrics (a plan
-/// executed on Ballista's workers, which keep them) makes the figures unknown, as does a scan that reports rows
+/// their files gave. A leaf that reads nothing (`SELECT 1`) counts 0; a leaf that is not a scan (a plan executed
+/// on Ballista's workers, which keep their metrics) makes the figures unknown, as does a scan that reports rows
 /// but not bytes.
 pub(crate) fn statistics(plan: &Arc<dyn ExecutionPlan>, elapsed: Duration) -> Statistics {
     let (mut rows, mut bytes) = (Some(0_u64), Some(0_u64));
@@ -237,9 +238,11 @@ pub(crate) fn statistics(plan: &Arc<dyn ExecutionPlan>, elapsed: Duration) -> St
             pending.extend(children.into_iter().cloned());
             continue;
         }
-        let constant = node.is::<EmptyExec>() || node.is::<PlaceholderRowExec>();
-        match node.metrics() {
-            _ if constant => {}
+        if node.is::<EmptyExec>() || node.is::<PlaceholderRowExec>() {
+            continue;
+        }
+        // Any other leaf (Ballista's, which hands the plan to its executors) says what it returned, not read.
+        match node.metrics().filter(|_| node.is::<DataSourceExec>()) {
             Some(metrics) => {
                 let produced = metrics.output_rows().unwrap_or(0) as u64;
                 rows = rows.map(|r| r + produced);

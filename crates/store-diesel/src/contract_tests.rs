@@ -86,6 +86,7 @@ contract!(
     materialization_claims_are_exclusive,
     materialization_records_follow_the_lease,
     materialization_follows_the_endpoint,
+    a_version_planned_again_records_its_columns_or_why_it_no_longer_plans,
 );
 
 async fn project(store: &DieselStore) -> ProjectId {
@@ -218,6 +219,39 @@ async fn settings_changes_keep_the_version(store: DieselStore) {
     let v1 = EndpointStore::get_version(&store, p, &name("daily"), 1).await.unwrap();
     assert_eq!(v1.description, "new words", "the current version follows the endpoint's settings");
     assert_eq!(v1.sync_frequency, Some(SyncFrequency::OneHour));
+}
+
+async fn a_version_planned_again_records_its_columns_or_why_it_no_longer_plans(store: DieselStore) {
+    let p = project(&store).await;
+    let created = EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
+    assert_eq!(created.plan_error, None);
+    let broken = Err("Schema error: No field named n.".to_owned());
+    assert!(EndpointStore::replan(&store, created.id, 1, broken).await.unwrap());
+    let endpoint = EndpointStore::get(&store, p, &name("daily")).await.unwrap();
+    assert_eq!(endpoint.plan_error.as_deref(), Some("Schema error: No field named n."));
+    assert_eq!(endpoint.tables, Some(vec!["events".to_owned()]), "it still reads the table");
+    assert_eq!(endpoint.columns, cols(&["n"]), "what it last planned to is kept");
+    let version = EndpointStore::get_version(&store, p, &name("daily"), 1).await.unwrap();
+    assert_eq!(version.plan_error, endpoint.plan_error);
+
+    // Planned again with other columns: they are recorded and the error is gone.
+    let mut fixed = planned(query("SELECT 1 AS n"), &["n", "m"]);
+    fixed.tables = vec!["events".into(), "users".into()];
+    assert!(EndpointStore::replan(&store, created.id, 1, Ok(fixed)).await.unwrap());
+    let endpoint = EndpointStore::get(&store, p, &name("daily")).await.unwrap();
+    assert_eq!((endpoint.plan_error, endpoint.columns), (None, cols(&["n", "m"])));
+    assert_eq!(endpoint.tables, Some(vec!["events".to_owned(), "users".to_owned()]));
+
+    // A new version starts with no error; a version or endpoint that is gone is not planned.
+    EndpointStore::replan(&store, created.id, 1, Err("broken again".into())).await.unwrap();
+    let change =
+        EndpointChange { query: Some(planned(query("SELECT 2 AS m"), &["m"])), ..Default::default() };
+    let updated = EndpointStore::update(&store, p, &name("daily"), change, T0).await.unwrap();
+    assert_eq!((updated.current_version, updated.plan_error), (2, None));
+    let v1 = EndpointStore::get_version(&store, p, &name("daily"), 1).await.unwrap();
+    assert_eq!(v1.plan_error.as_deref(), Some("broken again"), "history keeps its own");
+    assert!(!EndpointStore::replan(&store, created.id, 9, Err("x".into())).await.unwrap());
+    assert!(!EndpointStore::replan(&store, Uuid::new_v4(), 1, Err("x".into())).await.unwrap());
 }
 
 async fn query_changes_make_contiguous_versions(store: DieselStore) {
@@ -594,6 +628,10 @@ async fn postgres_announces_committed_changes_to_every_listener() {
     };
     let change = EndpointChange { description: Some("changed".into()), ..Default::default() };
     EndpointStore::update(&store, p, &name("watched"), change, T0).await.unwrap();
+    assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("watched") });
+
+    // Readers of a written table are announced without a change of their own.
+    EndpointStore::announce(&store, p, vec![name("watched")]).await.unwrap();
     assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("watched") });
 
     // A change that fails is rolled back and announces nothing: the next change of the project is the delete.

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use domain::{
     Change, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointStore, EndpointVersion,
-    NewEndpoint, Page, PageRequest, ProjectId, StoreError, Timestamp,
+    NewEndpoint, Page, PageRequest, ProjectId, Replanned, StoreError, Timestamp,
 };
 
 use crate::rows::instant;
@@ -151,6 +151,7 @@ fn apply_change(
                     created_at: at,
                     eligibility: eligibility_text(&planned.eligibility),
                     source_tables: tables_text(&planned.tables),
+                    plan_error: None,
                 })
                 .execute(conn)?;
         }
@@ -225,6 +226,7 @@ impl EndpointStore for DieselStore {
             created_at: at,
             eligibility: eligibility_text(&endpoint.eligibility),
             source_tables: tables_text(&endpoint.tables),
+            plan_error: None,
         };
         let lookup = name.clone();
         self.db
@@ -292,6 +294,56 @@ impl EndpointStore for DieselStore {
                     let endpoint = apply_change(conn, project.get(), &name, change, at)?;
                     announce(conn, &changed)?;
                     Ok(endpoint)
+                })
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(endpoint = %endpoint_id, version))]
+    async fn replan(
+        &self,
+        endpoint_id: uuid::Uuid,
+        version: u32,
+        replanned: Replanned,
+    ) -> Result<bool, StoreError> {
+        let (id, version) = (endpoint_id.to_string(), i64::from(version));
+        Ok(self
+            .db
+            .run(move |conn| {
+                let target = endpoint_versions::table
+                    .filter(endpoint_versions::endpoint_id.eq(&id))
+                    .filter(endpoint_versions::version.eq(version));
+                let updated = match replanned {
+                    Ok(planned) => diesel::update(target)
+                        .set((
+                            endpoint_versions::output_columns.eq(columns_text(&planned.columns)),
+                            endpoint_versions::eligibility.eq(eligibility_text(&planned.eligibility)),
+                            endpoint_versions::source_tables.eq(tables_text(&planned.tables)),
+                            endpoint_versions::plan_error.eq(None::<String>),
+                        ))
+                        .execute(conn)?,
+                    Err(reason) => diesel::update(target)
+                        .set(endpoint_versions::plan_error.eq(Some(reason)))
+                        .execute(conn)?,
+                };
+                Ok::<_, DbError>(updated > 0)
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(project = %project, endpoints = names.len()))]
+    async fn announce(&self, project: ProjectId, names: Vec<EndpointName>) -> Result<(), StoreError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    for name in names {
+                        announce(conn, &Change::Endpoint { project, name })?;
+                    }
+                    Ok::<_, DbError>(())
                 })
             })
             .await?)

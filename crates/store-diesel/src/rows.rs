@@ -98,6 +98,7 @@ pub(crate) struct VersionRow {
     pub created_at: i64,
     pub eligibility: Option<String>,
     pub source_tables: Option<String>,
+    pub plan_error: Option<String>,
 }
 
 impl EndpointRow {
@@ -123,6 +124,7 @@ impl EndpointRow {
             last_executed_at: self.last_executed_at.map(instant).transpose()?,
             eligibility: eligibility(current.eligibility.as_deref())?,
             tables: tables(current.source_tables.as_deref())?,
+            plan_error: current.plan_error.clone(),
             materialization: None,
         })
     }
@@ -142,6 +144,7 @@ impl VersionRow {
             is_current: self.version == current_version,
             eligibility: eligibility(self.eligibility.as_deref())?,
             tables: tables(self.source_tables.as_deref())?,
+            plan_error: self.plan_error,
         })
     }
 }

@@ -52,6 +52,7 @@ diesel::table! {
         created_at -> BigInt,
         eligibility -> Nullable<Text>,
         source_tables -> Nullable<Text>,
+        plan_error -> Nullable<Text>,
     }
 }
 

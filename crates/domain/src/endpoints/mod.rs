@@ -11,7 +11,7 @@ mod settings;
 pub use executions::ExecutionTracker;
 pub use model::{
     ByEndpoint, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
-    PlannedQuery,
+    PlannedQuery, Replanned,
 };
 pub use ports::{EndpointChanges, EndpointStore};
 #[cfg(any(test, feature = "mocks"))]

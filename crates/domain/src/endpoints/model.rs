@@ -9,7 +9,7 @@ use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::Invalid;
 use crate::materialization::{Eligibility, MaterializationState};
-use crate::query::{Column, Query};
+use crate::query::{Column, Query, QueryDescription};
 
 /// Values kept in memory per endpoint, by project then name, so a lookup borrows the name instead of building a
 /// key. Hashed with foldhash: only names of real endpoints become keys.
@@ -86,6 +86,8 @@ pub struct Endpoint {
     pub eligibility: Option<Eligibility>,
     /// The tables the current version reads; `None` for a version saved before they were recorded.
     pub tables: Option<Vec<String>>,
+    /// Why the current version no longer plans, since a table it reads was replaced; `None` when it plans.
+    pub plan_error: Option<String>,
     /// The materialization record, when the service has read it (the endpoint store leaves it `None`).
     pub materialization: Option<MaterializationState>,
 }
@@ -106,7 +108,13 @@ pub struct EndpointVersion {
     pub eligibility: Option<Eligibility>,
     /// The tables this version reads; `None` for a version saved before they were recorded.
     pub tables: Option<Vec<String>>,
+    /// Why this version no longer plans, since a table it reads was replaced; `None` when it plans.
+    pub plan_error: Option<String>,
 }
+
+/// What planning a version's query again (after a table it reads was replaced) told: what it now outputs and
+/// reads, or why it no longer plans.
+pub type Replanned = Result<PlannedQuery, String>;
 
 /// A validated endpoint to insert as version 1.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,6 +156,18 @@ pub struct PlannedQuery {
     pub columns: Vec<Column>,
     pub eligibility: Eligibility,
     pub tables: Vec<String>,
+}
+
+impl PlannedQuery {
+    /// A query with what the engine's description of it tells.
+    pub fn new(query: Query, description: QueryDescription) -> Self {
+        Self {
+            eligibility: Eligibility::decide(&description.outline),
+            columns: description.columns,
+            tables: description.tables,
+            query,
+        }
+    }
 }
 
 impl EndpointChange {

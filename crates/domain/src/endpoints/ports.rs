@@ -4,7 +4,9 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::model::{Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint};
+use super::model::{
+    Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint, Replanned,
+};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::StoreError;
@@ -50,6 +52,23 @@ pub trait EndpointStore: Send + Sync {
         change: EndpointChange,
         at: Timestamp,
     ) -> Result<Endpoint, StoreError>;
+
+    /// Records what planning a version again told: its new columns, eligibility and tables with no plan error,
+    /// or the plan error alone (the tables stay, so the endpoint is still found as a reader of the table).
+    /// Returns false when the endpoint or version is gone.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn replan(&self, endpoint_id: Uuid, version: u32, replanned: Replanned)
+        -> Result<bool, StoreError>;
+
+    /// Tells every other process sharing this store that these endpoints changed without a change of their own
+    /// (a table they read was written), so what they keep of them goes too. Nothing to do for a store that no
+    /// other process shares.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn announce(&self, project: ProjectId, names: Vec<EndpointName>) -> Result<(), StoreError>;
 
     /// Deletes the endpoint with all its versions and its materialization record, and returns its id; its name
     /// is free again.

@@ -297,13 +297,7 @@ impl EndpointService {
             let query = Query::from_json(raw)?;
             if query.canonical() != current.query.canonical() {
                 let description = self.engine.describe(project, &query).await?;
-                let eligibility = Eligibility::decide(&description.outline);
-                change.query = Some(PlannedQuery {
-                    query,
-                    columns: description.columns,
-                    eligibility,
-                    tables: description.tables,
-                });
+                change.query = Some(PlannedQuery::new(query, description));
             }
         } else if fields.contains("query") {
             return Err(Invalid::field("query", "query cannot be null.").into());

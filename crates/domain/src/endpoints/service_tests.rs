@@ -90,6 +90,7 @@ fn saved(new: NewEndpoint) -> Endpoint {
         last_executed_at: None,
         eligibility: Some(new.eligibility),
         tables: Some(new.tables),
+        plan_error: None,
         materialization: None,
     }
 }

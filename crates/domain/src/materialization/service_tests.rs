@@ -50,6 +50,7 @@ fn endpoints(eligibility: Option<Eligibility>) -> MockEndpointStore {
             is_current: true,
             eligibility: eligibility.clone(),
             tables: None,
+            plan_error: None,
         })
     });
     store

@@ -14,7 +14,7 @@ use super::ports::ResultCache;
 use crate::access::ProjectId;
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
-use crate::error::{Error, Invalid, StoreError};
+use crate::error::{EngineError, Error, Invalid, StoreError};
 use crate::materialization::{Eligibility, Materializations, MaterializedFilter, StoredResult};
 use crate::query::{bind, BoundValue, QueryEngine, QueryResult};
 
@@ -58,6 +58,7 @@ fn unshare(err: &Arc<Error>) -> Error {
         Error::NameTaken(n) => Error::NameTaken(n.clone()),
         Error::InUse(d) => Error::InUse(d.clone()),
         Error::PayloadTooLarge { limit_bytes } => Error::PayloadTooLarge { limit_bytes: *limit_bytes },
+        Error::QueryInvalid(d) => Error::QueryInvalid(d.clone()),
         Error::QueryTimeout(d) => Error::QueryTimeout(*d),
         Error::QueryMemoryLimit(d) => Error::QueryMemoryLimit(d.clone()),
         Error::ResultTooLarge { limit_bytes } => Error::ResultTooLarge { limit_bytes: *limit_bytes },
@@ -102,6 +103,14 @@ fn request_key(request: &RunRequest) -> String {
     key.extend_from_slice(b";vars=");
     let _ = serde_json::to_writer(&mut key, &request.variables);
     String::from_utf8(key).unwrap_or_default()
+}
+
+/// An engine failure of a run: a saved query that no longer plans is `query_invalid`, not a bad request field.
+fn run_error(err: EngineError) -> Error {
+    match err {
+        EngineError::InvalidQuery(reason) => Error::QueryInvalid(reason),
+        other => other.into(),
+    }
 }
 
 fn not_found(name: &str) -> Error {
@@ -153,6 +162,13 @@ impl RunService {
                 // Nothing cached: a stored result answers, else say there is nothing (after checking that the
                 // endpoint exists).
                 let endpoint = self.active_endpoint(project, &endpoint_name).await?;
+                if let Some(reason) = endpoint
+                    .plan_error
+                    .as_ref()
+                    .filter(|_| request.version.is_none_or(|v| v == endpoint.current_version))
+                {
+                    return Err(Error::QueryInvalid(reason.clone()));
+                }
                 let stored = if endpoint.is_materialized {
                     self.stored_only(&endpoint, &request).await?
                 } else {
@@ -340,12 +356,17 @@ impl Context {
     async fn version(&self, endpoint: &Endpoint, requested: Option<u32>) -> Result<EndpointVersion, Error> {
         let name = &endpoint.name;
         let number = requested.unwrap_or(endpoint.current_version);
-        self.store.get_version(endpoint.project_id, name, number).await.map_err(|e| match e {
-            StoreError::VersionNotFound(_) | StoreError::NotFound => {
-                Error::NotFound(format!("Endpoint '{name}' has no version {number}."))
-            }
-            other => other.into(),
-        })
+        let version =
+            self.store.get_version(endpoint.project_id, name, number).await.map_err(|e| match e {
+                StoreError::VersionNotFound(_) | StoreError::NotFound => {
+                    Error::NotFound(format!("Endpoint '{name}' has no version {number}."))
+                }
+                other => other.into(),
+            })?;
+        match &version.plan_error {
+            Some(reason) => Err(Error::QueryInvalid(reason.clone())),
+            None => Ok(version),
+        }
     }
 
     /// The endpoint's stored result and the filters that select a run's rows in it, when a result of this
@@ -459,7 +480,8 @@ async fn compute(
             let result = context
                 .engine
                 .execute(key.project, &version.query, &variables, request.limit, request.offset)
-                .await?;
+                .await
+                .map_err(run_error)?;
             (result, None, started.elapsed())
         }
     };

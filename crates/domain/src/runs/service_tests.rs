@@ -301,6 +301,54 @@ async fn bad_variables_are_refused_before_the_engine() {
 }
 
 #[tokio::test]
+async fn a_version_that_no_longer_plans_answers_query_invalid_without_running() {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(|_, _| {
+        Ok(Endpoint { plan_error: Some("Schema error: No field named n.".into()), ..endpoint(true) })
+    });
+    store.expect_get_version().returning(|_, _, v| {
+        let plan_error = (v == 2).then(|| "Schema error: No field named n.".to_owned());
+        Ok(EndpointVersion { plan_error, ..version(v) })
+    });
+    let f = fixture(store);
+    for refresh in [Refresh::Blocking, Refresh::Direct, Refresh::ForceCache] {
+        let err = f.service.run(project(), "kpi", request(refresh, json!({"n": 1}))).await.unwrap_err();
+        assert!(
+            matches!(err, Error::QueryInvalid(ref r) if r.contains("No field named n")),
+            "{refresh:?}: {err:?}"
+        );
+    }
+    let csv =
+        RunRequest { format: crate::query::ResultFormat::Csv, ..request(Refresh::Blocking, json!({"n": 1})) };
+    assert!(matches!(f.service.export(project(), "kpi", csv).await, Err(Error::QueryInvalid(_))));
+    assert_eq!(f.runs.load(Ordering::SeqCst), 0, "nothing ran");
+    // An older version that plans still runs.
+    let pinned = RunRequest { version: Some(1), ..request(Refresh::Blocking, json!({"n": 3})) };
+    assert_eq!(rows(&f.service.run(project(), "kpi", pinned).await.unwrap()), r#"[{"n":3}]"#);
+}
+
+#[tokio::test]
+async fn a_query_the_engine_no_longer_plans_is_query_invalid() {
+    let mut f = fixture(store(true));
+    let mut engine = MockQueryEngine::new();
+    engine.expect_execute().returning(|_, _, _, _, _| {
+        Err(crate::error::EngineError::InvalidQuery("table 'sales' not found".into()))
+    });
+    let store: Arc<dyn EndpointStore> = Arc::new(store(true));
+    f.service = RunService::new(RunDeps {
+        store,
+        engine: Arc::new(engine),
+        cache: f.cache.clone(),
+        clock: f.clock.clone(),
+        executions: f.executions.clone(),
+        materializations: untouched_materializations(),
+        export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
+    });
+    let err = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 1}))).await.unwrap_err();
+    assert!(matches!(err, Error::QueryInvalid(ref r) if r.contains("sales")), "{err:?}");
+}
+
+#[tokio::test]
 async fn exports_are_bounded_by_the_export_limit_and_record_their_run() {
     let mut f = fixture(store(true));
     let store: Arc<dyn EndpointStore> = Arc::new(store(true));

@@ -5,12 +5,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::Value;
+use tracing::{info, warn};
 
-use super::model::{Table, TableInfo, TableName, Upload, Written};
+use super::model::{Table, TableInfo, TableName, Upload, WriteMode, Written};
 use super::ports::TableStore;
 use crate::access::ProjectId;
-use crate::endpoints::{Endpoint, EndpointChanges, EndpointFilter, EndpointName, EndpointStore};
-use crate::error::Error;
+use crate::endpoints::{
+    Endpoint, EndpointChanges, EndpointFilter, EndpointName, EndpointStore, PlannedQuery,
+};
+use crate::error::{EngineError, Error};
 use crate::fields::Fields;
 use crate::page::{Page, PageRequest};
 use crate::query::{Query, QueryEngine, QueryKind, QueryResult};
@@ -134,14 +137,52 @@ impl TableService {
         upload: Upload,
     ) -> Result<(Table, Written), Error> {
         let name = TableName::parse(name)?;
+        let replaced = upload.mode == WriteMode::Replace;
         let written = self.tables.write(project, &name, upload).await?;
         let readers = self.readers(project).await?;
         let used_by = Self::used_by(&readers, &name);
         for endpoint in &used_by {
+            if replaced {
+                self.replan(project, endpoint).await;
+            }
             self.changes.changed(project, endpoint);
+        }
+        // The table is written whatever happens now: a process that missed this keeps stale runs only until
+        // their cache age runs out.
+        if used_by.is_empty() {
+            // Nobody to tell.
+        } else if let Err(err) = self.endpoints.announce(project, used_by.clone()).await {
+            warn!(table = %name, error = %err, "cannot tell other processes that a table's readers changed");
         }
         let info = self.tables.get(project, &name).await?.ok_or_else(|| not_found(name.as_str()))?;
         Ok((Table { info, used_by }, written))
+    }
+
+    /// Plans an endpoint's current version again after a table it reads was replaced, and records what that
+    /// told: its new columns, or why it no longer plans. When the engine fails for another reason (busy,
+    /// unavailable) the version is left as it was, and the failure logged.
+    async fn replan(&self, project: ProjectId, name: &EndpointName) {
+        let endpoint = match self.endpoints.get(project, name).await {
+            Ok(endpoint) => endpoint,
+            Err(err) => {
+                warn!(endpoint = %name, error = %err, "cannot read an endpoint to plan it again");
+                return;
+            }
+        };
+        let replanned = match self.engine.describe(project, &endpoint.query).await {
+            Ok(description) => Ok(PlannedQuery::new(endpoint.query.clone(), description)),
+            Err(EngineError::InvalidQuery(reason)) => Err(reason),
+            Err(err) => {
+                warn!(endpoint = %name, error = %err, "cannot plan an endpoint again after its table was replaced");
+                return;
+            }
+        };
+        if let Err(reason) = &replanned {
+            info!(endpoint = %name, reason, "a table was replaced and the endpoint's query no longer plans");
+        }
+        if let Err(err) = self.endpoints.replan(endpoint.id, endpoint.current_version, replanned).await {
+            warn!(endpoint = %name, error = %err, "cannot record an endpoint's new plan");
+        }
     }
 
     /// Deletes a table no endpoint reads.

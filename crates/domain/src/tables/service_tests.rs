@@ -25,9 +25,16 @@ fn info(name: &str) -> TableInfo {
     }
 }
 
+/// `readers()`, telling other processes of changes.
+fn endpoints() -> MockEndpointStore {
+    let mut store = readers();
+    store.expect_announce().returning(|_, _| Ok(()));
+    store
+}
+
 /// `sales_by_day` reads `sales` (recorded), `legacy` reads `sales` too (not recorded: planned on demand), and
 /// `other` reads `events`.
-fn endpoints() -> MockEndpointStore {
+fn readers() -> MockEndpointStore {
     let mut store = MockEndpointStore::new();
     store.expect_list().returning(|_, _, page| {
         let reads = |name: &str, tables: Option<&[&str]>| Endpoint {
@@ -59,9 +66,18 @@ fn engine() -> MockQueryEngine {
 }
 
 fn service(tables: MockTableStore, engine: MockQueryEngine, changes: MockEndpointChanges) -> TableService {
+    service_over(tables, endpoints(), engine, changes)
+}
+
+fn service_over(
+    tables: MockTableStore,
+    endpoints: MockEndpointStore,
+    engine: MockQueryEngine,
+    changes: MockEndpointChanges,
+) -> TableService {
     TableService::new(TableDeps {
         tables: Arc::new(tables),
-        endpoints: Arc::new(endpoints()),
+        endpoints: Arc::new(endpoints),
         engine: Arc::new(engine),
         changes: Arc::new(changes),
     })
@@ -92,6 +108,59 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     let readers = vec!["sales_by_day".to_owned(), "legacy".to_owned()];
     assert_eq!(*told.lock().unwrap(), readers);
     assert_eq!(table.used_by.iter().map(|n| n.to_string()).collect::<Vec<_>>(), readers);
+}
+
+#[tokio::test]
+async fn a_replace_plans_its_readers_again_and_records_what_that_told() {
+    let mut tables = MockTableStore::new();
+    tables.expect_write().returning(|_, _, _| Ok(Written { rows: 2, bytes: 10, created: false }));
+    tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
+    let mut store = readers();
+    store.expect_get().returning(|_, name| {
+        let sql = format!("SELECT 1 AS {name}");
+        Ok(Endpoint {
+            current_version: 4,
+            ..endpoint(name.as_str(), query(json!({"kind": "SQLQuery", "query": sql})))
+        })
+    });
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&recorded);
+    store.expect_replan().returning(move |_, version, replanned| {
+        record.lock().unwrap().push((version, replanned));
+        Ok(true)
+    });
+    let announced = Arc::new(Mutex::new(Vec::new()));
+    let announce = Arc::clone(&announced);
+    store.expect_announce().returning(move |_, names| {
+        announce.lock().unwrap().extend(names.iter().map(ToString::to_string));
+        Ok(())
+    });
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(|_, q| match q.sql.as_str() {
+        // `legacy` has no recorded tables: it is planned once to find them, and once again as a reader.
+        "SELECT 1 AS legacy" => Ok(QueryDescription {
+            tables: vec!["sales".into()],
+            columns: vec![crate::query::Column { name: "n".into(), column_type: ColumnType::Float }],
+            ..QueryDescription::default()
+        }),
+        "SELECT 1 AS sales_by_day" => {
+            Err(EngineError::InvalidQuery("Schema error: No field named day.".into()))
+        }
+        other => panic!("{other} does not read sales"),
+    });
+    let mut changes = MockEndpointChanges::new();
+    changes.expect_changed().times(2).return_const(());
+    service_over(tables, store, engine, changes)
+        .write(project(1), "sales", upload(WriteMode::Replace))
+        .await
+        .unwrap();
+    let recorded = recorded.lock().unwrap();
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(recorded[0], (4, Err("Schema error: No field named day.".to_owned())));
+    let (version, Ok(planned)) = &recorded[1] else { panic!("{:?}", recorded[1]) };
+    assert_eq!((*version, planned.tables.clone()), (4, vec!["sales".to_owned()]));
+    assert_eq!(planned.columns[0].column_type, ColumnType::Float, "the new columns are recorded");
+    assert_eq!(*announced.lock().unwrap(), vec!["sales_by_day".to_owned(), "legacy".to_owned()]);
 }
 
 #[tokio::test]

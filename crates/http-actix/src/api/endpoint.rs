@@ -142,8 +142,13 @@ pub(crate) struct Endpoint {
     sync_frequency: Option<&'static str>,
     current_version: u32,
     versions_count: u32,
-    /// The output columns of the current version.
-    columns: Vec<Column>,
+    /// The output columns of the current version; null while it does not plan (`plan_error`).
+    #[schema(required = true)]
+    columns: Option<Vec<Column>>,
+    /// Why the current version's query no longer plans, since a table it reads was replaced; null when it
+    /// plans. Its runs answer 400 `query_invalid` meanwhile.
+    #[schema(required = true)]
+    plan_error: Option<String>,
     /// Where the endpoint runs.
     endpoint_path: String,
     #[serde(with = "time::serde::rfc3339")]
@@ -172,7 +177,8 @@ impl From<domain::Endpoint> for Endpoint {
             sync_frequency: e.sync_frequency.map(domain::SyncFrequency::as_str),
             current_version: e.current_version,
             versions_count: e.versions_count,
-            columns: columns(e.columns),
+            columns: e.plan_error.is_none().then(|| columns(e.columns)),
+            plan_error: e.plan_error,
             created_at: e.created_at,
             updated_at: e.updated_at,
             last_executed_at: e.last_executed_at,
@@ -187,7 +193,12 @@ pub(crate) struct Version {
     version: u32,
     query: Query,
     description: String,
-    columns: Vec<Column>,
+    /// Its output columns; null while it does not plan (`plan_error`).
+    #[schema(required = true)]
+    columns: Option<Vec<Column>>,
+    /// Why its query no longer plans, since a table it reads was replaced; null when it plans.
+    #[schema(required = true)]
+    plan_error: Option<String>,
     #[schema(required = true)]
     cache_age_seconds: Option<u32>,
     #[serde(with = "time::serde::rfc3339")]
@@ -201,7 +212,8 @@ impl From<domain::EndpointVersion> for Version {
             version: v.version,
             query: v.query.into(),
             description: v.description,
-            columns: columns(v.columns),
+            columns: v.plan_error.is_none().then(|| columns(v.columns)),
+            plan_error: v.plan_error,
             cache_age_seconds: v.cache_age.configured(),
             created_at: v.created_at,
             is_current: v.is_current,

@@ -1,0 +1,1 @@
+ALTER TABLE endpoint_versions DROP COLUMN plan_error;
