@@ -194,6 +194,27 @@ async fn replacing_a_table_plans_its_readers_again() {
 }
 
 #[tokio::test]
+async fn a_table_named_with_capitals_is_listed_and_read_under_its_quoted_name() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/projects/{project}/tables");
+    let created = upload(&app, Method::PUT, &format!("{tables}/Orders_EU"), &key, "text/csv", ORDERS).await;
+    assert_eq!(ok_json(created, 201).await["name"], "Orders_EU");
+    let listed = ok_json(app.get(&format!("{tables}/"), &key).await, 200).await;
+    assert_eq!(listed["results"][0]["name"], "Orders_EU", "{listed}");
+    let endpoints = format!("/api/projects/{project}/endpoints");
+    let body = endpoint_body("eu", "SELECT count(*) AS n FROM \"Orders_EU\"");
+    assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
+    let run = ok_json(app.get(&format!("{endpoints}/eu/run"), &key).await, 200).await;
+    assert_eq!(run["results"], json!([{"n": 3}]));
+    // Unquoted, SQL folds the name to lower case, and there is no such table.
+    let folded = endpoint_body("folded", "SELECT count(*) AS n FROM Orders_EU");
+    assert_error(app.post(&format!("{endpoints}/"), &key, &folded).await, 400, "validation_error").await;
+    let used = ok_json(app.get(&format!("{tables}/Orders_EU"), &key).await, 200).await;
+    assert_eq!(used["used_by"], json!(["eu"]));
+}
+
+#[tokio::test]
 async fn table_routes_need_table_scopes() {
     let app = spawn_app().await;
     let project = app.create_project();

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use datafusion::common::TableReference;
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::ParquetReadOptions;
@@ -39,12 +40,14 @@ pub(crate) fn table_prefix(project: ProjectId, table: &str) -> ObjectPath {
     tables_prefix(project).join(table)
 }
 
-/// Table names are SQL identifiers, so a prefix with any other name is not a table.
+/// Table names are SQL identifiers, so a prefix with any other name is not a table: the API's rule
+/// ([`domain::TableName`]), or lower case starting with `_`, which the CLI has always taken too.
 pub(crate) fn is_table_name(name: &str) -> bool {
     let mut chars = name.chars();
-    name.len() <= 63
-        && chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    domain::TableName::is_valid(name)
+        || (name.len() <= 63
+            && chars.next() == Some('_')
+            && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
 }
 
 /// A version's name: `v-` and a UUID, so a `_current` object can never point outside its table.
@@ -190,7 +193,9 @@ pub(crate) async fn session(
 ) -> Result<SessionContext, EngineError> {
     let ctx = empty_session(storage, runtime, scheduler)?;
     for (name, files) in list_tables(storage, project).await? {
-        ctx.register_parquet(name.as_str(), storage.url_of(&files), ParquetReadOptions::default())
+        // Bare: registered as it is spelled, so `"Sales"` in SQL finds `Sales` (a parsed name folds to `sales`).
+        let table = TableReference::bare(name);
+        ctx.register_parquet(table, storage.url_of(&files), ParquetReadOptions::default())
             .await
             .map_err(crate::execute::storage_error)?;
     }

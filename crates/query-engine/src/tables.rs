@@ -68,7 +68,7 @@ impl FileFormat {
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     #[error(
-        "'{0}' is not a table name: use lowercase letters, digits and '_', starting with a letter or '_'"
+        "'{0}' is not a table name: use letters, digits and '_', starting with a letter (at most 63 characters)"
     )]
     InvalidTableName(String),
     #[error("cannot tell the format of {0}: name it .parquet, .csv or .ndjson, or pass --format")]

@@ -18,7 +18,7 @@ pub enum DataCommand {
     Import {
         #[arg(long)]
         project: i64,
-        /// Table name: lowercase letters, digits and '_'.
+        /// Table name: a letter, then letters, digits and '_' (write one with capitals in double quotes in SQL).
         #[arg(long)]
         table: String,
         /// Add the rows to the table instead of replacing it (the columns must match).
