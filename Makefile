@@ -28,10 +28,11 @@ help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## Install the system packages the build needs (mold, libpq-dev, pkg-config).
+deps: ## Install the system packages the build needs (mold, libpq-dev, libssl-dev, pkg-config).
 	@missing=""; \
 	command -v mold >/dev/null || missing="$$missing mold"; \
 	dpkg -s libpq-dev >/dev/null 2>&1 || missing="$$missing libpq-dev"; \
+	dpkg -s libssl-dev >/dev/null 2>&1 || missing="$$missing libssl-dev"; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing:$$missing"; \

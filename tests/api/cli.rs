@@ -152,6 +152,11 @@ fn file_values_are_defaults_that_flags_override() {
         ("0.0.0.0:9000", 45, 0)
     );
     assert_eq!(args.pool_size, 8, "settings the file leaves out keep their defaults");
+    let sources = "[serve]\nallow_sources = [\"s3://lake/exports/\", \"postgres://db/app\"]";
+    let listed = serve(parse(sources, &["endpoints", "serve"]).unwrap()).allow_sources;
+    assert_eq!(listed, ["s3://lake/exports/", "postgres://db/app"]);
+    let flagged = parse(sources, &["endpoints", "serve", "--allow-source", "file:///srv/"]).unwrap();
+    assert_eq!(serve(flagged).allow_sources, ["file:///srv/"], "flags replace the file's list");
 
     let cli =
         parse(FILE, &["endpoints", "--data-dir", "/tmp/x", "serve", "--query-timeout-secs", "5"]).unwrap();
@@ -167,6 +172,7 @@ fn unknown_keys_sections_and_bad_values_are_refused() {
         ("[server]\nbind = \"x\"", "unknown section [server]"),
         ("[serve]\nbind = [1, 2]", "[serve] bind must be a string, number or boolean"),
         ("[serve]\nworkers = \"many\"", "invalid value 'many'"),
+        ("[serve]\nallow_sources = [1]", "[serve] allow_sources must be a list of strings"),
     ] {
         let err = parse(file, &["endpoints", "serve"]).err().unwrap_or_else(|| panic!("{file} was accepted"));
         assert!(err.contains(expected), "{file}: {err}");

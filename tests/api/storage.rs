@@ -267,3 +267,77 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
     let (status, body) = run_total().await;
     assert_eq!(status, 503, "{body}");
 }
+
+#[tokio::test]
+async fn external_files_are_read_in_the_storages_bucket_and_in_allowed_ones() {
+    let moto = Moto::start().await;
+    let client = reqwest::Client::new();
+    let put_object = |key: String, body: &'static str| {
+        let request = client.put(format!("{}/{key}", moto.endpoint)).body(body).send();
+        async move { assert!(request.await.unwrap().status().is_success(), "cannot write {key}") }
+    };
+    assert!(client.put(format!("{}/lake", moto.endpoint)).send().await.unwrap().status().is_success());
+    put_object(format!("{BUCKET}/incoming/orders/a.csv"), "id,amount\n1,2.5\n2,1.5\n").await;
+    put_object(format!("{BUCKET}/incoming/orders/b.csv"), "id,amount\n3,4.5\n").await;
+    put_object("lake/exports/events.ndjson".into(), "{\"event\":\"click\"}\n{\"event\":\"view\"}\n").await;
+    put_object("lake/private/secrets.ndjson".into(), "{\"secret\":\"x\"}\n").await;
+
+    let dir = Dir(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let project = moto.cli(&dir.0, &["project", "create", "--name", "Lake"])["id"].as_i64().unwrap();
+    let scopes = [
+        "key",
+        "create",
+        "--project",
+        &project.to_string(),
+        "--scope",
+        "endpoint:write",
+        "--scope",
+        "table:write",
+    ];
+    let key = moto.cli(&dir.0, &scopes)["key"].as_str().unwrap().to_owned();
+    let mut command = moto.endpoints();
+    command.stderr(Stdio::null());
+    let server = serve_command(command, &dir.0, &["--allow-source", "s3://lake/exports/"]).await;
+    let tables = format!("/api/projects/{project}/tables");
+    let register = |table: &str, url: &str, format: &str| {
+        let body = json!({"source": {"url": url, "format": format}});
+        let (server, key, path) = (&server, &key, format!("{tables}/{table}"));
+        async move { call(server, reqwest::Method::PUT, &path, key, Some(body)).await }
+    };
+
+    // The storage's own bucket, outside its prefix: every CSV file under the URL.
+    let orders_url = format!("s3://{BUCKET}/incoming/orders/");
+    let (status, orders) = register("orders", &orders_url, "csv").await;
+    assert_eq!(status, 201, "{orders}");
+    assert_eq!((orders["source"].as_str(), orders["bytes"].as_u64()), (Some(orders_url.as_str()), Some(38)));
+    // Another bucket, under the prefix the operator allowed.
+    let (status, events) = register("events", "s3://lake/exports/", "ndjson").await;
+    assert_eq!(status, 201, "{events}");
+    let base = format!("/api/projects/{project}/endpoints");
+    let sql = "SELECT (SELECT sum(amount) FROM orders) AS total, (SELECT count(*) FROM events) AS events";
+    let body = json!({"name": "both", "query": {"kind": "SQLQuery", "query": sql}});
+    assert_eq!(call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(body)).await.0, 201);
+    let (_, run) = call(&server, reqwest::Method::GET, &format!("{base}/both/run"), &key, None).await;
+    assert_eq!(run["results"], json!([{"total": 8.5, "events": 2}]), "{run}");
+
+    // Outside what is allowed, or the storage's own projects/ area: 400, and no table.
+    for url in [
+        "s3://lake/private/",
+        "s3://other/x/",
+        &format!("s3://{BUCKET}/{PREFIX}/projects/{project}/tables/orders/"),
+    ] {
+        let (status, error) = register("refused", url, "ndjson").await;
+        assert_eq!((status, error["attr"].as_str()), (400, Some("source")), "{url}: {error}");
+    }
+    let (status, _) = call(&server, reqwest::Method::GET, &format!("{tables}/refused"), &key, None).await;
+    assert_eq!(status, 404);
+
+    // Deleting a table leaves its files where they are.
+    call(&server, reqwest::Method::DELETE, &format!("{base}/both"), &key, None).await;
+    assert_eq!(call(&server, reqwest::Method::DELETE, &format!("{tables}/events"), &key, None).await.0, 204);
+    let listing =
+        client.get(format!("{}/lake?list-type=2&prefix=exports/", moto.endpoint)).send().await.unwrap();
+    let listing = listing.text().await.unwrap();
+    assert!(listing.contains("<Key>exports/events.ndjson</Key>"), "{listing}");
+}

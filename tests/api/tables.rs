@@ -411,3 +411,166 @@ async fn concurrent_appends_all_land_and_runs_never_see_half_of_one() {
     let table = ok_json(app.get(&format!("{tables}/events"), &key).await, 200).await;
     assert_eq!(table["row_count"], 801, "no append was lost");
 }
+
+/// Runs SQL on the test PostgreSQL database with `psql`, returning what it printed (unaligned, no headers).
+fn psql(sql: &str) -> String {
+    let output = std::process::Command::new("psql")
+        .args([&crate::helpers::postgres_url(), "-v", "ON_ERROR_STOP=1", "-At", "-c", sql])
+        .output()
+        .expect("psql runs (make test installs PostgreSQL)");
+    assert!(output.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// A schema of the test database, dropped with it.
+struct Schema(String);
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        // Nothing here may panic: this runs while a failed test unwinds too.
+        if let Ok(database) = std::env::var("TEST_POSTGRES_URL") {
+            let drop_it = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0);
+            let _ = std::process::Command::new("psql").args([&database, "-c", &drop_it]).output();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
+    let database = url::Url::parse(&crate::helpers::postgres_url()).unwrap();
+    let schema = Schema(format!("source_{}", uuid::Uuid::new_v4().simple()));
+    psql(&format!(
+        "CREATE SCHEMA {0}; CREATE TABLE {0}.orders (id integer, country text, amount double precision); \
+         INSERT INTO {0}.orders VALUES (1, 'US', 10.5), (2, 'FR', 4), (3, 'US', 1.5);",
+        schema.0
+    ));
+    let app = spawn_app_tuned(|config| config.allowed_sources = vec![database.to_string()]).await;
+    let (project, key) = project_with_writer(&app);
+    let (host, port, db) = (database.host_str().unwrap(), database.port().unwrap_or(5432), database.path());
+    // No credentials: the allowed prefix's serve. The local server speaks no TLS.
+    let url = format!("postgres://{host}:{port}{db}?sslmode=disable");
+    let source = |table: &str| json!({"source": {"url": url, "table": format!("{}.{table}", schema.0)}});
+
+    let put = |family: &str, table: &str, body: Value| {
+        let path = format!("{family}/{project}/tables/{table}");
+        let (app, key) = (&app, &key);
+        async move { app.request(Method::PUT, &path, Some(key)).json(&body).send().await.unwrap() }
+    };
+    let created = ok_json(put(FAMILIES[0], "orders", source("orders")).await, 201).await;
+    assert_eq!(
+        (created["format"].as_str(), created["source"].as_str()),
+        (Some("postgres"), Some(url.as_str()))
+    );
+    assert_eq!((&created["row_count"], &created["bytes"]), (&Value::Null, &Value::Null), "{created}");
+    assert_eq!(
+        created["columns"],
+        json!([{"name": "id", "type": "integer", "nullable": true},
+               {"name": "country", "type": "string", "nullable": true},
+               {"name": "amount", "type": "float", "nullable": true}])
+    );
+
+    // An endpoint reads it live: a row inserted there is in the next direct run.
+    let endpoints = format!("{}/{project}/endpoints", FAMILIES[1]);
+    let body = endpoint_body(
+        "totals",
+        "SELECT country, sum(amount) AS total FROM orders WHERE amount > 1 GROUP BY country ORDER BY country",
+    );
+    assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
+    let run = format!("{endpoints}/totals/run?refresh=direct");
+    let totals = json!([{"country": "FR", "total": 4.0}, {"country": "US", "total": 12.0}]);
+    assert_eq!(ok_json(app.get(&run, &key).await, 200).await["results"], totals);
+    psql(&format!("INSERT INTO {}.orders VALUES (4, 'DE', 2)", schema.0));
+    let more = ok_json(app.get(&run, &key).await, 200).await;
+    assert_eq!(more["results"][0], json!({"country": "DE", "total": 2.0}), "{more}");
+    let preview_path = format!("{}/{project}/tables/orders/preview", FAMILIES[1]);
+    let preview = app.post(&preview_path, &key, &json!({"limit": 2})).await;
+    assert_eq!(ok_json(preview, 200).await["results"].as_array().unwrap().len(), 2);
+
+    // Its rows are the database's: an append is refused.
+    let tables = format!("{}/{project}/tables", FAMILIES[0]);
+    let append = upload(&app, Method::POST, &format!("{tables}/orders/rows"), &key, "text/csv", ORDERS).await;
+    let error = assert_error(append, 400, "validation_error").await;
+    assert_eq!(error["attr"], "table", "{error}");
+
+    // A password in the URL never shows in the record.
+    let mut with_password = database.clone();
+    with_password.set_query(Some("sslmode=disable"));
+    let body = json!({"source": {"url": with_password.as_str(), "table": format!("{}.orders", schema.0)}});
+    let shown = ok_json(put(FAMILIES[1], "orders_again", body).await, 201).await;
+    let password = format!(":{}@", database.password().unwrap());
+    assert!(!shown.to_string().contains(&password), "{shown}");
+    assert!(shown["source"].as_str().unwrap().starts_with(&format!("postgres://{}@", database.username())));
+
+    // Refused, and nothing registered: another database, a table that is not there, wrong credentials.
+    let other_database = format!("postgres://{host}:{port}/postgres?sslmode=disable");
+    let mut wrong = database.clone();
+    wrong.set_password(Some("not-the-password")).unwrap();
+    wrong.set_query(Some("sslmode=disable"));
+    for (body, why) in [
+        (json!({"source": {"url": other_database, "table": "public.orders"}}), "not under a source"),
+        (json!({"source": {"url": url, "table": format!("{}.missing", schema.0)}}), "missing"),
+        (
+            json!({"source": {"url": wrong.as_str(), "table": format!("{}.orders", schema.0)}}),
+            "cannot connect",
+        ),
+    ] {
+        let error = assert_error(put(FAMILIES[0], "refused", body).await, 400, "validation_error").await;
+        assert_eq!(error["attr"], "source", "{error}");
+        let detail = error["detail"].as_str().unwrap();
+        assert!(detail.contains(why) && !detail.contains("not-the-password"), "{detail}");
+    }
+    assert_eq!(app.get(&format!("{tables}/refused"), &key).await.status(), 404);
+
+    // Deleting the table forgets it; the database's table stays.
+    app.delete(&format!("{endpoints}/totals"), &key).await;
+    assert_eq!(app.delete(&format!("{tables}/orders"), &key).await.status(), 204);
+    assert_eq!(psql(&format!("SELECT count(*) FROM {}.orders", schema.0)), "4");
+}
+
+#[tokio::test]
+async fn external_files_are_read_only_from_allowed_places() {
+    let lake = std::env::temp_dir().join(format!("endpoints-lake-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(lake.join("orders")).unwrap();
+    std::fs::write(lake.join("orders/2026-01.csv"), ORDERS).unwrap();
+    let allowed = format!("file://{}/", lake.display());
+    let app = spawn_app_tuned(|config| config.allowed_sources = vec![allowed.clone()]).await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/environments/{project}/tables");
+    let put = |table: &str, body: Value| {
+        let path = format!("{tables}/{table}");
+        let (app, key) = (&app, &key);
+        async move { app.request(Method::PUT, &path, Some(key)).json(&body).send().await.unwrap() }
+    };
+    let url = format!("{allowed}orders/");
+    let created = ok_json(put("orders", json!({"source": {"url": url, "format": "csv"}})).await, 201).await;
+    assert_eq!((created["format"].as_str(), created["source"].as_str()), (Some("csv"), Some(url.as_str())));
+    assert_eq!(created["row_count"], Value::Null);
+    let body = endpoint_body("n", "SELECT count(*) AS n FROM orders");
+    assert_eq!(app.post(&format!("/api/projects/{project}/endpoints/"), &key, &body).await.status(), 201);
+    let n = ok_json(app.get(&format!("/api/projects/{project}/endpoints/n/run"), &key).await, 200).await;
+    assert_eq!(n["results"], json!([{"n": 3}]));
+
+    for (body, attr, why) in [
+        (json!({"source": {"url": "file:///etc/", "format": "csv"}}), "source", "not under a source"),
+        (json!({"source": {"url": "s3://any-bucket/x/", "format": "csv"}}), "source", "not under a source"),
+        (json!({"source": {"url": format!("{allowed}nothing/"), "format": "csv"}}), "source", "No files"),
+        (json!({"source": {"url": "https://example.com/x.csv", "format": "csv"}}), "source", "not https"),
+        (json!({"source": {"url": url, "format": "xlsx"}}), "source.format", "xlsx"),
+        (json!({"source": {"url": url}}), "source.format", "required"),
+        (json!({"from": url}), "from", "Unknown field"),
+    ] {
+        let error = assert_error(put("refused", body.clone()).await, 400, "validation_error").await;
+        assert_eq!(error["attr"], attr, "{body}: {error}");
+        assert!(error["detail"].as_str().unwrap().contains(why), "{body}: {error}");
+    }
+    let malformed = app
+        .request(Method::PUT, &format!("{tables}/refused"), Some(&key))
+        .header("Content-Type", "application/json")
+        .body("{\"source\":")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(assert_error(malformed, 400, "validation_error").await["code"], "parse_error");
+    assert_eq!(app.get(&format!("{tables}/refused"), &key).await.status(), 404);
+    let _ = std::fs::remove_dir_all(&lake);
+}

@@ -168,6 +168,10 @@ pub enum UploadError {
     /// Rows were to be added to a table that does not exist.
     #[error("no such table")]
     NoSuchTable,
+    /// The request names something the table cannot be or do: a source outside the allowed ones or that
+    /// cannot be read, rows appended to a table whose rows live elsewhere.
+    #[error("{0}")]
+    Rejected(Invalid),
     /// The body stopped before its end: the client went away or its connection broke.
     #[error("the body was cut off")]
     CutOff(#[source] BoxError),
@@ -180,6 +184,7 @@ impl From<UploadError> for Error {
         match err {
             UploadError::Invalid(reason) => Error::Invalid(Invalid::field("body", reason)),
             UploadError::TooLarge { limit_bytes } => Error::PayloadTooLarge { limit_bytes },
+            UploadError::Rejected(invalid) => Error::Invalid(invalid),
             UploadError::NoSuchTable => {
                 Error::NotFound("No such table in this project; create it with PUT first.".into())
             }

@@ -144,7 +144,7 @@ async fn authorize(req: &HttpRequest, scope: Scope) -> Result<ProjectId, ApiErro
     Ok(state.keys.authorize(&principal, project, scope)?)
 }
 
-fn is_json(req: &HttpRequest) -> bool {
+pub(crate) fn is_json(req: &HttpRequest) -> bool {
     req.headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -156,7 +156,11 @@ fn is_json(req: &HttpRequest) -> bool {
 }
 
 /// Reads the body as JSON. An empty body is `None`; anything else must be JSON within `limit` bytes.
-async fn read_json(req: &HttpRequest, mut payload: Payload, limit: usize) -> Result<Option<Value>, ApiError> {
+pub(crate) async fn read_json(
+    req: &HttpRequest,
+    mut payload: Payload,
+    limit: usize,
+) -> Result<Option<Value>, ApiError> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

@@ -623,9 +623,8 @@ async fn table_routes_need_table_scopes_and_read_uploads_by_content_type() {
         Ok(Some(domain::TableInfo {
             name: name.clone(),
             columns: vec![],
-            row_count: 1,
-            bytes: 4,
-            format: domain::TableFormat::Parquet,
+            row_count: Some(1),
+            bytes: Some(4),
             source: domain::TableSource::Upload,
             created_at: datetime!(2026-11-22 10:00 UTC),
             updated_at: datetime!(2026-11-22 10:00 UTC),

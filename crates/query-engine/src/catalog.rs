@@ -11,7 +11,7 @@ use datafusion::common::TableReference;
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::ParquetReadOptions;
-use domain::{EngineError, ProjectId};
+use domain::{EngineError, ExternalSource, ProjectId};
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStoreExt;
 
@@ -62,19 +62,86 @@ pub(crate) fn is_parquet(path: &ObjectPath) -> bool {
 /// What a table's `_current` object says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pointer {
-    pub(crate) version: String,
+    pub(crate) target: Target,
     /// When the table was first written; `None` for a pointer written before this was kept.
     pub(crate) created: Option<domain::Timestamp>,
+}
+
+/// Where a table's rows are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// A version of its own files: `v-{uuid}`.
+    Version(String),
+    /// An external source, read where it is.
+    Source(ExternalSource),
+}
+
+/// The first line of the pointer of a table that reads an external source; its third is the source as JSON.
+const EXTERNAL: &str = "external";
+
+/// An external source as a pointer keeps it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SourceRecord {
+    url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    format: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    table: Option<String>,
+}
+
+impl SourceRecord {
+    fn of(source: &ExternalSource) -> Self {
+        match source {
+            ExternalSource::Files { url, format } => {
+                Self { url: url.clone(), format: Some(format.as_str().into()), table: None }
+            }
+            ExternalSource::Postgres { url, table } => {
+                Self { url: url.clone(), format: None, table: Some(table.clone()) }
+            }
+        }
+    }
+
+    fn source(self) -> Option<ExternalSource> {
+        match (self.format, self.table) {
+            (Some(format), None) => {
+                let format = domain::TableFormat::ALL.into_iter().find(|f| f.as_str() == format)?;
+                Some(ExternalSource::Files { url: self.url, format })
+            }
+            (None, Some(table)) => Some(ExternalSource::Postgres { url: self.url, table }),
+            _ => None,
+        }
+    }
 }
 
 impl Pointer {
     pub(crate) fn text(&self) -> String {
         let created =
             self.created.and_then(|at| at.format(&time::format_description::well_known::Rfc3339).ok());
-        match created {
-            Some(created) => format!("{}\n{created}\n", self.version),
-            None => self.version.clone(),
+        match (&self.target, created) {
+            (Target::Version(version), Some(created)) => format!("{version}\n{created}\n"),
+            (Target::Version(version), None) => version.clone(),
+            (Target::Source(source), created) => {
+                let record = serde_json::to_string(&SourceRecord::of(source)).unwrap_or_default();
+                format!("{EXTERNAL}\n{}\n{record}\n", created.unwrap_or_default())
+            }
         }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.lines().map(str::trim);
+        let first = lines.next()?;
+        let created = lines.next().and_then(|line| {
+            domain::Timestamp::parse(line, &time::format_description::well_known::Rfc3339).ok()
+        });
+        let target = if first == EXTERNAL {
+            let record: SourceRecord = serde_json::from_str(lines.next()?).ok()?;
+            Target::Source(record.source()?)
+        } else if is_version_name(first) {
+            Target::Version(first.to_owned())
+        } else {
+            return None;
+        };
+        Some(Self { target, created })
     }
 }
 
@@ -87,54 +154,59 @@ pub(crate) async fn pointer(storage: &Storage, table: &ObjectPath) -> Result<Opt
         Err(e) => return Err(unavailable(e)),
     };
     let text = std::str::from_utf8(&bytes).unwrap_or_default();
-    let mut lines = text.lines().map(str::trim);
-    let name = lines.next().unwrap_or_default();
-    if !is_version_name(name) {
-        return Err(EngineError::Internal(
-            format!("{pointer} does not name a table version: {name:?}").into(),
-        ));
-    }
-    let created = lines
-        .next()
-        .and_then(|line| domain::Timestamp::parse(line, &time::format_description::well_known::Rfc3339).ok());
-    Ok(Some(Pointer { version: name.to_owned(), created }))
+    Pointer::parse(text).map(Some).ok_or_else(|| {
+        let first = text.lines().next().unwrap_or_default();
+        EngineError::Internal(format!("{pointer} does not name a table version or source: {first:?}").into())
+    })
 }
 
-/// The version `_current` names, if the table has one.
+/// The version `_current` names, if the table has one of its own files.
 pub(crate) async fn current_version(
     storage: &Storage,
     table: &ObjectPath,
 ) -> Result<Option<String>, EngineError> {
-    Ok(pointer(storage, table).await?.map(|p| p.version))
+    Ok(pointer(storage, table).await?.and_then(|p| match p.target {
+        Target::Version(version) => Some(version),
+        Target::Source(_) => None,
+    }))
 }
 
-/// The prefix holding a table's current files, or `None` when there is no such table.
-pub(crate) async fn current_files(
-    storage: &Storage,
-    table: &ObjectPath,
-) -> Result<Option<ObjectPath>, EngineError> {
-    if let Some(version) = current_version(storage, table).await? {
-        return Ok(Some(table.clone().join(version.as_str())));
+/// Where a table's rows are now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Current {
+    /// The prefix holding its current files.
+    Files(ObjectPath),
+    External(ExternalSource),
+}
+
+/// Where a table's rows are, or `None` when there is no such table.
+pub(crate) async fn current(storage: &Storage, table: &ObjectPath) -> Result<Option<Current>, EngineError> {
+    match pointer(storage, table).await?.map(|p| p.target) {
+        Some(Target::Version(version)) => {
+            return Ok(Some(Current::Files(table.clone().join(version.as_str()))))
+        }
+        Some(Target::Source(source)) => return Ok(Some(Current::External(source))),
+        None => {}
     }
     let legacy = storage.objects(table).await.map_err(unavailable)?;
-    Ok(legacy.iter().any(|o| is_parquet(&o.location)).then(|| table.clone()))
+    Ok(legacy.iter().any(|o| is_parquet(&o.location)).then(|| Current::Files(table.clone())))
 }
 
-/// Each table of the project, by name, with the prefix of its current files.
+/// Each table of the project, by name, with where its rows are.
 pub(crate) async fn list_tables(
     storage: &Storage,
     project: ProjectId,
-) -> Result<Vec<(String, ObjectPath)>, EngineError> {
+) -> Result<Vec<(String, Current)>, EngineError> {
     let mut tables = Vec::new();
     for name in storage.children(&tables_prefix(project)).await.map_err(unavailable)? {
         if !is_table_name(&name) {
             continue;
         }
-        if let Some(files) = current_files(storage, &table_prefix(project, &name)).await? {
-            tables.push((name, files));
+        if let Some(current) = current(storage, &table_prefix(project, &name)).await? {
+            tables.push((name, current));
         }
     }
-    tables.sort();
+    tables.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(tables)
 }
 
@@ -144,20 +216,29 @@ pub(crate) async fn describe_tables(
     project: ProjectId,
 ) -> Result<Vec<TableInfo>, EngineError> {
     let mut described = Vec::new();
-    for (name, files) in list_tables(storage, project).await? {
-        let parquet: Vec<_> = storage
-            .objects(&files)
-            .await
-            .map_err(unavailable)?
-            .into_iter()
-            .filter(|o| is_parquet(&o.location))
-            .collect();
-        described.push(TableInfo {
-            name,
-            location: format!("{}/{files}/", storage.location()),
-            files: parquet.len() as u64,
-            bytes: parquet.iter().map(|o| o.size).sum(),
-        });
+    for (name, current) in list_tables(storage, project).await? {
+        let info = match current {
+            Current::Files(files) => {
+                let parquet: Vec<_> = storage
+                    .objects(&files)
+                    .await
+                    .map_err(unavailable)?
+                    .into_iter()
+                    .filter(|o| is_parquet(&o.location))
+                    .collect();
+                TableInfo {
+                    name,
+                    location: format!("{}/{files}/", storage.location()),
+                    files: parquet.len() as u64,
+                    bytes: parquet.iter().map(|o| o.size).sum(),
+                }
+            }
+            // Read where they are: their size is the source's business.
+            Current::External(ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. }) => {
+                TableInfo { name, location: crate::sources::shown_raw(&url), files: 0, bytes: 0 }
+            }
+        };
+        described.push(info);
     }
     Ok(described)
 }
@@ -184,20 +265,56 @@ pub(crate) fn empty_session(
     Ok(ctx)
 }
 
-/// A session that sees exactly the project's tables and has no way to reach other files.
+/// A session that sees the project's tables that `sql` names, and has no way to reach other files. Only those
+/// are registered: a query pays for the tables it reads, and an external source that cannot be read fails only
+/// the queries that read it.
 pub(crate) async fn session(
     storage: &Storage,
     project: ProjectId,
+    sql: &str,
     runtime: Option<Arc<RuntimeEnv>>,
     scheduler: Option<&str>,
 ) -> Result<SessionContext, EngineError> {
     let ctx = empty_session(storage, runtime, scheduler)?;
-    for (name, files) in list_tables(storage, project).await? {
-        // Bare: registered as it is spelled, so `"Sales"` in SQL finds `Sales` (a parsed name folds to `sales`).
-        let table = TableReference::bare(name);
-        ctx.register_parquet(table, storage.url_of(&files), ParquetReadOptions::default())
-            .await
-            .map_err(crate::execute::storage_error)?;
+    // SQL that does not parse reads nothing; planning it reports why.
+    let Some(named) = named_tables(&ctx, sql) else { return Ok(ctx) };
+    for (name, current) in list_tables(storage, project).await? {
+        if named.contains(&name) {
+            register(storage, &ctx, &name, &current).await?;
+        }
     }
     Ok(ctx)
+}
+
+/// The table names `sql` uses, as SQL spells them (unquoted names folded to lower case); `None` when it does
+/// not parse. Names of common table expressions are among them, which is harmless: they name no table.
+fn named_tables(ctx: &SessionContext, sql: &str) -> Option<std::collections::HashSet<String>> {
+    let state = ctx.state();
+    let dialect = state.config().options().sql_parser.dialect;
+    let statement = state.sql_to_statement(sql, &dialect).ok()?;
+    let references = state.resolve_table_references(&statement).ok()?;
+    Some(references.iter().map(|r| r.table().to_owned()).collect())
+}
+
+/// Registers one table in `ctx`, as it is spelled (`"Sales"` in SQL finds `Sales`; a parsed name would fold to
+/// `sales`). An external source that cannot be read now fails the query that reads it, saying why.
+pub(crate) async fn register(
+    storage: &Storage,
+    ctx: &SessionContext,
+    name: &str,
+    current: &Current,
+) -> Result<(), EngineError> {
+    match current {
+        Current::Files(files) => {
+            let table = TableReference::bare(name);
+            ctx.register_parquet(table, storage.url_of(files), ParquetReadOptions::default())
+                .await
+                .map_err(crate::execute::storage_error)
+        }
+        Current::External(source) => storage
+            .sources()
+            .register(ctx, name, source, storage.bucket().as_ref(), &storage.projects_url())
+            .await
+            .map_err(|reason| EngineError::Unavailable(format!("table {name}: {reason}").into())),
+    }
 }

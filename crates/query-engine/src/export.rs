@@ -144,9 +144,14 @@ impl DataFusionEngine {
     ) -> Result<Export, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let ctx =
-            catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?), self.scheduler())
-                .await?;
+        let ctx = catalog::session(
+            &self.storage,
+            project,
+            &compiled.sql,
+            Some(execute::runtime(&self.limits)?),
+            self.scheduler(),
+        )
+        .await?;
         self.write_page(&ctx, &compiled, values, limit, offset, format).await
     }
 

@@ -18,6 +18,7 @@ mod materialized;
 mod metrics;
 mod outline;
 mod runtime;
+mod sources;
 mod storage;
 pub mod tables;
 mod types;
@@ -196,7 +197,7 @@ impl DataFusionEngine {
         query: &Query,
     ) -> Result<QueryDescription, EngineError> {
         let compiled = compile::compile(query);
-        let ctx = catalog::session(&self.storage, project, None, self.scheduler()).await?;
+        let ctx = catalog::session(&self.storage, project, &compiled.sql, None, self.scheduler()).await?;
         let unbound = self.plan_unbound(&ctx, &compiled).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
@@ -225,9 +226,14 @@ impl DataFusionEngine {
     ) -> Result<domain::QueryResult, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let ctx =
-            catalog::session(&self.storage, project, Some(execute::runtime(&self.limits)?), self.scheduler())
-                .await?;
+        let ctx = catalog::session(
+            &self.storage,
+            project,
+            &compiled.sql,
+            Some(execute::runtime(&self.limits)?),
+            self.scheduler(),
+        )
+        .await?;
         self.run_page(&ctx, &compiled, values, limit, offset).await
     }
 

@@ -20,6 +20,8 @@ use object_store::prefix::PrefixStore;
 use object_store::{ListResult, ObjectMeta, ObjectStore, RetryConfig};
 use url::Url;
 
+use crate::sources::Sources;
+
 /// Why a storage location cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -29,6 +31,8 @@ pub enum StorageError {
     Directory { path: PathBuf, source: std::io::Error },
     #[error("cannot use {url}: {source}")]
     Store { url: String, source: object_store::Error },
+    #[error("{0}")]
+    Source(String),
 }
 
 /// The object store holding project tables and stored results.
@@ -43,6 +47,8 @@ pub struct Storage {
     engine_store: Option<Arc<dyn ObjectStore>>,
     /// The directory, when the storage is local: readiness checks that it is still there.
     local_root: Option<PathBuf>,
+    /// What else tables may read: external files and databases.
+    sources: Arc<Sources>,
 }
 
 impl Storage {
@@ -60,7 +66,13 @@ impl Storage {
             .with_automatic_cleanup(true);
         let root_url = Url::from_directory_path(&root)
             .map_err(|()| StorageError::Unsupported(root.display().to_string()))?;
-        Ok(Self { store: Arc::new(store), root_url, engine_store: None, local_root: Some(root) })
+        Ok(Self {
+            store: Arc::new(store),
+            root_url,
+            engine_store: None,
+            local_root: Some(root),
+            sources: Arc::default(),
+        })
     }
 
     /// The storage a `--storage` value names: a directory path, `file:///path`, or `s3://bucket[/prefix]` (with
@@ -93,7 +105,13 @@ impl Storage {
                     (Arc::new(PrefixStore::new(Arc::clone(&s3), prefix)), format!("s3://{bucket}/{prefix}/"))
                 };
                 let root_url = Url::parse(&root).map_err(|_| StorageError::Unsupported(raw.into()))?;
-                Ok(Self { store, root_url, engine_store: Some(s3), local_root: None })
+                Ok(Self {
+                    store,
+                    root_url,
+                    engine_store: Some(s3),
+                    local_root: None,
+                    sources: Arc::default(),
+                })
             }
             _ => Err(StorageError::Unsupported(raw.into())),
         }
@@ -106,7 +124,38 @@ impl Storage {
     /// When `root_url` is not a URL.
     pub fn from_store(store: Arc<dyn ObjectStore>, root_url: &str) -> Self {
         let root_url = Url::parse(root_url).expect("a storage root is a URL");
-        Self { store: Arc::clone(&store), root_url, engine_store: Some(store), local_root: None }
+        Self {
+            store: Arc::clone(&store),
+            root_url,
+            engine_store: Some(store),
+            local_root: None,
+            sources: Arc::default(),
+        }
+    }
+
+    /// The same storage, its tables also reading the external sources under `prefixes` (`--allow-source`:
+    /// `s3://bucket/prefix/`, `file:///dir/`, `postgres://host/db`), besides files of its own bucket.
+    ///
+    /// # Errors
+    /// [`StorageError::Source`] for a prefix that is not such a URL.
+    pub fn allowing_sources(mut self, prefixes: &[String]) -> Result<Self, StorageError> {
+        self.sources = Arc::new(Sources::allowing(prefixes).map_err(StorageError::Source)?);
+        Ok(self)
+    }
+
+    pub(crate) fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    /// The storage's bucket (`s3://bucket/`), where external files may be; `None` for a local storage.
+    pub(crate) fn bucket(&self) -> Option<Url> {
+        let host = self.root_url.host_str().filter(|_| self.root_url.scheme() == "s3")?;
+        Url::parse(&format!("s3://{host}/")).ok()
+    }
+
+    /// The URL of the storage's `projects/` area, which no external source may name.
+    pub(crate) fn projects_url(&self) -> Url {
+        self.root_url.join("projects/").unwrap_or_else(|_| self.root_url.clone())
     }
 
     /// Where it is, for people and logs: `file:///var/lib/endpoints`, `s3://bucket/prefix`.
@@ -224,7 +273,7 @@ pub(crate) fn unavailable(err: object_store::Error) -> EngineError {
 
 /// How long the S3 client keeps retrying a failed request: an unreachable storage is reported within about a
 /// second instead of after the client's default of three minutes.
-fn retries() -> RetryConfig {
+pub(crate) fn retries() -> RetryConfig {
     RetryConfig {
         max_retries: 3,
         retry_timeout: std::time::Duration::from_secs(10),

@@ -22,7 +22,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::catalog::{
-    current_files, current_version, is_parquet, is_table_name, pointer, table_prefix, Pointer, CURRENT,
+    current, current_version, is_parquet, is_table_name, pointer, table_prefix, Current, Pointer,
+    Target as PointerTarget, CURRENT,
 };
 use crate::storage::Storage;
 
@@ -77,6 +78,8 @@ pub enum ImportError {
     Read { path: PathBuf, reason: String },
     #[error("{path} does not match the columns of table '{table}' (append needs the same columns and types): {reason}")]
     SchemaMismatch { path: PathBuf, table: String, reason: String },
+    #[error("table '{0}' reads an external source where it is: add rows there, or replace the table with an import")]
+    External(String),
     #[error("cannot write the table: {0}")]
     Write(String),
 }
@@ -258,27 +261,30 @@ impl Target {
         mode: ImportMode,
     ) -> Result<(Self, Option<SchemaRef>), ImportError> {
         let prefix = table_prefix(project, table);
+        let existing = current(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?;
         if mode == ImportMode::Append {
-            if let Some(files) =
-                current_files(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?
-            {
-                let schema = existing_schema(storage, ctx, &files).await?;
-                let base =
-                    current_version(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?;
-                let target = Self {
-                    table: prefix,
-                    files,
-                    version: None,
-                    written: Vec::new(),
-                    base,
-                    created: false,
-                    created_at: None,
-                };
-                return Ok((target, Some(schema)));
+            match &existing {
+                Some(Current::Files(files)) => {
+                    let schema = existing_schema(storage, ctx, files).await?;
+                    let base = current_version(storage, &prefix)
+                        .await
+                        .map_err(|e| ImportError::Write(e.to_string()))?;
+                    let target = Self {
+                        table: prefix,
+                        files: files.clone(),
+                        version: None,
+                        written: Vec::new(),
+                        base,
+                        created: false,
+                        created_at: None,
+                    };
+                    return Ok((target, Some(schema)));
+                }
+                Some(Current::External(_)) => return Err(ImportError::External(table.into())),
+                None => {}
             }
         }
-        let created =
-            current_files(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?.is_none();
+        let created = existing.is_none();
         let previous = pointer(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?;
         let created_at = match previous.and_then(|p| p.created) {
             Some(at) => Some(at),
@@ -323,30 +329,14 @@ impl Target {
     async fn publish(self, storage: &Storage) -> Result<(), ImportError> {
         let Some(version) = self.version else { return Ok(()) };
         let pointer = self.table.clone().join(CURRENT);
-        let text = Pointer { version: version.clone(), created: self.created_at }.text();
+        let text =
+            Pointer { target: PointerTarget::Version(version.clone()), created: self.created_at }.text();
         storage.store().put(&pointer, PutPayload::from(text)).await.map_err(store_error)?;
-        if let Err(err) = Self::remove_others(storage, &self.table, &version).await {
+        if let Err(err) = remove_versions(storage, &self.table, Some(&version)).await {
             // The table is already switched; the old files are removed by the next replace.
             tracing::warn!(table = %self.table, error = %err, "cannot remove a replaced table's old files");
         }
         Ok(())
-    }
-
-    /// Removes every version but `current` (including what failed or killed imports left) and the files of a
-    /// table written before versions existed.
-    async fn remove_others(
-        storage: &Storage,
-        table: &ObjectPath,
-        current: &str,
-    ) -> Result<(), object_store::Error> {
-        for child in storage.children(table).await? {
-            if child != current {
-                storage.remove_prefix(&table.clone().join(child.as_str())).await?;
-            }
-        }
-        let loose =
-            storage.objects(table).await?.into_iter().map(|o| o.location).filter(is_parquet).collect();
-        storage.delete(loose).await
     }
 
     /// Removes what a failed import wrote; the table's content is untouched.
@@ -359,6 +349,22 @@ impl Target {
             tracing::warn!(table = %self.table, error = %err, "cannot remove a failed import's files");
         }
     }
+}
+
+/// Removes every version of a table but `keep` (including what failed or killed imports left) and the files of
+/// a table written before versions existed.
+pub(crate) async fn remove_versions(
+    storage: &Storage,
+    table: &ObjectPath,
+    keep: Option<&str>,
+) -> Result<(), object_store::Error> {
+    for child in storage.children(table).await? {
+        if Some(child.as_str()) != keep {
+            storage.remove_prefix(&table.clone().join(child.as_str())).await?;
+        }
+    }
+    let loose = storage.objects(table).await?.into_iter().map(|o| o.location).filter(is_parquet).collect();
+    storage.delete(loose).await
 }
 
 fn store_error(err: object_store::Error) -> ImportError {

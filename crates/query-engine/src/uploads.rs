@@ -11,21 +11,25 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
+use datafusion::common::TableReference;
+use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use domain::{
-    EngineError, ProjectId, TableColumn, TableFormat, TableInfo, TableName, TableSource, TableStore,
-    Timestamp, Upload, UploadError, WriteMode, Written,
+    EngineError, ExternalSource, Invalid, ProjectId, TableColumn, TableFormat, TableInfo, TableName,
+    TableSource, TableStore, Timestamp, Upload, UploadError, WriteMode, Written,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectMeta;
+use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
 use tokio::io::AsyncWriteExt;
 use tracing::instrument;
 
-use crate::catalog::{current_files, is_parquet, list_tables, pointer, table_prefix, CURRENT};
+use crate::catalog::{
+    current, empty_session, is_parquet, list_tables, pointer, table_prefix, Current, Pointer, Target, CURRENT,
+};
 use crate::storage::{unavailable, Storage};
-use crate::tables::{import_staged, FileFormat, ImportMode, StagedError};
+use crate::tables::{import_staged, remove_versions, FileFormat, ImportMode, StagedError};
 use crate::DataFusionEngine;
 
 /// One lock per table this process writes, so its writes to one table follow each other: a replace never
@@ -107,27 +111,7 @@ async fn describe(storage: &Storage, name: TableName, files: &ObjectPath) -> Res
     let prefix = table_prefix_of(files, &name);
     let objects = storage.objects(files).await.map_err(unavailable)?;
     let parquet: Vec<&ObjectMeta> = objects.iter().filter(|o| is_parquet(&o.location)).collect();
-    let mut columns = Vec::new();
-    let mut row_count = 0;
-    for (i, meta) in parquet.iter().enumerate() {
-        let footer = DFParquetMetadata::new(storage.store().as_ref(), meta);
-        let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
-        row_count += u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
-        if i == 0 {
-            let schema = footer.fetch_schema().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
-            let types = crate::types::columns(&schema);
-            columns = schema
-                .fields()
-                .iter()
-                .zip(types)
-                .map(|(field, column)| TableColumn {
-                    name: column.name,
-                    column_type: column.column_type,
-                    nullable: field.is_nullable(),
-                })
-                .collect();
-        }
-    }
+    let (columns, row_count) = footers(storage.store().as_ref(), &parquet).await?;
     let markers = storage.objects(&prefix).await.map_err(unavailable)?;
     let marker = |name: &str| markers.iter().find(|o| o.location.filename() == Some(name)).map(instant);
     let times: Vec<Timestamp> = parquet.iter().map(|m| instant(m)).chain(marker(CURRENT)).collect();
@@ -137,13 +121,151 @@ async fn describe(storage: &Storage, name: TableName, files: &ObjectPath) -> Res
     Ok(TableInfo {
         name,
         columns,
-        row_count,
-        bytes: parquet.iter().map(|m| m.size).sum(),
-        format: TableFormat::Parquet,
+        row_count: Some(row_count),
+        bytes: Some(parquet.iter().map(|m| m.size).sum()),
         source: TableSource::Upload,
         created_at,
         updated_at,
     })
+}
+
+/// The columns (from the first file) and the rows of Parquet files, from their footers.
+async fn footers(
+    store: &dyn object_store::ObjectStore,
+    parquet: &[&ObjectMeta],
+) -> Result<(Vec<TableColumn>, u64), EngineError> {
+    let mut columns = Vec::new();
+    let mut row_count = 0;
+    for (i, meta) in parquet.iter().enumerate() {
+        let footer = DFParquetMetadata::new(store, meta);
+        let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
+        row_count += u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
+        if i == 0 {
+            let schema = footer.fetch_schema().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
+            columns = table_columns(&schema);
+        }
+    }
+    Ok((columns, row_count))
+}
+
+fn table_columns(schema: &datafusion::arrow::datatypes::Schema) -> Vec<TableColumn> {
+    let types = crate::types::columns(schema);
+    schema
+        .fields()
+        .iter()
+        .zip(types)
+        .map(|(field, column)| TableColumn {
+            name: column.name,
+            column_type: column.column_type,
+            nullable: field.is_nullable(),
+        })
+        .collect()
+}
+
+/// The record of a table that reads an external source: its columns as the engine reads them, and for files
+/// their size and (Parquet) rows. A source that cannot be read now shows no columns; a query of it says why.
+async fn describe_external(
+    storage: &Storage,
+    name: TableName,
+    source: ExternalSource,
+    prefix: &ObjectPath,
+) -> Result<TableInfo, EngineError> {
+    let pointed = storage.store().head(&prefix.clone().join(CURRENT)).await.map_err(unavailable)?;
+    let registered_at = instant(&pointed);
+    let created_at = pointer(storage, prefix).await?.and_then(|p| p.created).unwrap_or(registered_at);
+    let mut info = TableInfo {
+        name,
+        columns: Vec::new(),
+        row_count: None,
+        bytes: None,
+        source: TableSource::External(source.clone()),
+        created_at,
+        // A file system's times are coarser than the clock's: never before the table was created.
+        updated_at: registered_at.max(created_at),
+    };
+    let ctx = empty_session(storage, None, None)?;
+    let read = async {
+        let current = Current::External(source.clone());
+        crate::catalog::register(storage, &ctx, info.name.as_str(), &current).await?;
+        let provider = ctx
+            .table_provider(TableReference::bare(info.name.as_str()))
+            .await
+            .map_err(|e| EngineError::Internal(Box::new(e)))?;
+        info.columns = table_columns(&provider.schema());
+        if let ExternalSource::Files { url, format } = &source {
+            let files = crate::sources::files(&ctx, url, *format)
+                .await
+                .map_err(|e| EngineError::Unavailable(e.into()))?;
+            let store = ctx
+                .runtime_env()
+                .object_store(ListingTableUrl::parse(url).map_err(|e| EngineError::Internal(Box::new(e)))?)
+                .map_err(|e| EngineError::Internal(Box::new(e)))?;
+            info.bytes = Some(files.iter().map(|m| m.size).sum());
+            if *format == TableFormat::Parquet {
+                let metas: Vec<&ObjectMeta> = files.iter().collect();
+                info.row_count = Some(footers(store.as_ref(), &metas).await?.1);
+            }
+            if let Some(latest) = files.iter().map(instant).max() {
+                info.updated_at = info.updated_at.max(latest);
+            }
+        }
+        Ok::<_, EngineError>(())
+    };
+    if let Err(err) = read.await {
+        tracing::warn!(table = %info.name, error = %err, "cannot read a table's external source");
+    }
+    // The record shows where the rows are, never a password.
+    if let TableSource::External(ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. }) =
+        &mut info.source
+    {
+        *url = crate::sources::shown_raw(url);
+    }
+    Ok(info)
+}
+
+/// Where a table's rows are, described.
+async fn describe_current(
+    storage: &Storage,
+    name: TableName,
+    project: ProjectId,
+    current: Current,
+) -> Result<TableInfo, EngineError> {
+    match current {
+        Current::Files(files) => describe(storage, name, &files).await,
+        Current::External(source) => {
+            let prefix = table_prefix(project, name.as_str());
+            describe_external(storage, name, source, &prefix).await
+        }
+    }
+}
+
+/// Makes a table read `source`: checked allowed and readable (a files source has files), then one write of the
+/// table's `_current` switches it, and its own files (if it had any) go. Returns whether it created the table.
+async fn register_source(
+    storage: &Storage,
+    project: ProjectId,
+    name: &str,
+    source: ExternalSource,
+) -> Result<bool, UploadError> {
+    let refused = |reason: String| UploadError::Rejected(Invalid::field("source", reason));
+    let ctx = empty_session(storage, None, None)?;
+    storage
+        .sources()
+        .register(&ctx, name, &source, storage.bucket().as_ref(), &storage.projects_url())
+        .await
+        .map_err(refused)?;
+    let prefix = table_prefix(project, name);
+    let previous = pointer(storage, &prefix).await?;
+    let created = current(storage, &prefix).await?.is_none();
+    let created_at =
+        previous.and_then(|p| p.created).unwrap_or_else(|| domain::Clock::now(&domain::SystemClock));
+    let text = Pointer { target: Target::Source(source), created: Some(created_at) }.text();
+    storage.store().put(&prefix.clone().join(CURRENT), PutPayload::from(text)).await.map_err(unavailable)?;
+    if let Err(err) = remove_versions(storage, &prefix, None).await {
+        // The table reads its source already; the old files go with the next write.
+        tracing::warn!(table = name, error = %err, "cannot remove the files of a table that now reads a source");
+    }
+    Ok(created)
 }
 
 /// The table's own prefix, whatever version `files` is.
@@ -159,22 +281,33 @@ fn table_prefix_of(files: &ObjectPath, name: &TableName) -> ObjectPath {
 impl TableStore for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project))]
     async fn list(&self, project: ProjectId) -> Result<Vec<TableInfo>, EngineError> {
-        let mut tables = Vec::new();
-        for (name, files) in list_tables(&self.storage, project).await? {
-            // Tables the CLI wrote under names the API does not take are left to the CLI.
-            if let Ok(name) = TableName::parse(&name) {
-                tables.push(describe(&self.storage, name, &files).await?);
-            }
-        }
-        Ok(tables)
+        let storage = self.storage.clone();
+        // On the engine's threads: a database source's connections live there.
+        self.runtime
+            .run(async move {
+                let mut tables = Vec::new();
+                for (name, current) in list_tables(&storage, project).await? {
+                    // Tables the CLI wrote under names the API does not take are left to the CLI.
+                    if let Ok(name) = TableName::parse(&name) {
+                        tables.push(describe_current(&storage, name, project, current).await?);
+                    }
+                }
+                Ok(tables)
+            })
+            .await
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name))]
     async fn get(&self, project: ProjectId, name: &TableName) -> Result<Option<TableInfo>, EngineError> {
-        match current_files(&self.storage, &table_prefix(project, name.as_str())).await? {
-            Some(files) => Ok(Some(describe(&self.storage, name.clone(), &files).await?)),
-            None => Ok(None),
-        }
+        let (storage, name) = (self.storage.clone(), name.clone());
+        self.runtime
+            .run(async move {
+                match current(&storage, &table_prefix(project, name.as_str())).await? {
+                    Some(found) => Ok(Some(describe_current(&storage, name, project, found).await?)),
+                    None => Ok(None),
+                }
+            })
+            .await
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name, format = upload.format.as_str()))]
@@ -187,6 +320,18 @@ impl TableStore for DataFusionEngine {
         let started = std::time::Instant::now();
         let lock = self.table_locks.of(project, name.as_str());
         let _held = lock.lock().await;
+        let prefix = table_prefix(project, name.as_str());
+        if upload.mode == WriteMode::Append
+            && matches!(current(&self.storage, &prefix).await?, Some(Current::External(_)))
+        {
+            return Err(UploadError::Rejected(Invalid::field(
+                "table",
+                format!(
+                    "Table '{name}' reads an external source where it is: add the rows there, or replace the \
+                     table with PUT."
+                ),
+            )));
+        }
         let (staged, bytes) = stage(&self.storage, project, &mut upload).await?;
         let mode = match upload.mode {
             WriteMode::Replace => ImportMode::Replace,
@@ -231,11 +376,33 @@ impl TableStore for DataFusionEngine {
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name))]
+    async fn register(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        source: ExternalSource,
+    ) -> Result<bool, UploadError> {
+        let lock = self.table_locks.of(project, name.as_str());
+        let _held = lock.lock().await;
+        let (storage, table) = (self.storage.clone(), name.as_str().to_owned());
+        let format = TableSource::External(source.clone()).format();
+        let registered = self
+            .runtime
+            .run(async move { Ok(register_source(&storage, project, &table, source).await) })
+            .await
+            .map_err(UploadError::Engine)?;
+        if registered.is_ok() {
+            tracing::info!(format, "table registered to read an external source");
+        }
+        registered
+    }
+
+    #[instrument(skip_all, fields(project = %project, table = %name))]
     async fn delete(&self, project: ProjectId, name: &TableName) -> Result<bool, EngineError> {
         let lock = self.table_locks.of(project, name.as_str());
         let _held = lock.lock().await;
         let prefix = table_prefix(project, name.as_str());
-        let existed = current_files(&self.storage, &prefix).await?.is_some();
+        let existed = current(&self.storage, &prefix).await?.is_some();
         self.storage.remove_prefix(&prefix).await.map_err(unavailable)?;
         Ok(existed)
     }

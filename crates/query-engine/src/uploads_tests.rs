@@ -82,8 +82,8 @@ async fn a_csv_replace_creates_the_table_and_a_second_replaces_it() {
     let info = TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap();
     let columns: Vec<_> = info.columns.iter().map(|c| (c.name.as_str(), c.column_type)).collect();
     assert_eq!(columns, [("country", ColumnType::String), ("amount", ColumnType::Float)]);
-    assert_eq!((info.row_count, info.format), (2, TableFormat::Parquet));
-    assert!(info.bytes > 0 && info.created_at <= info.updated_at);
+    assert_eq!((info.row_count, info.source.format()), (Some(2), "parquet"));
+    assert!(info.bytes > Some(0) && info.created_at <= info.updated_at);
 
     let again = engine.write(project(), &sales(), csv("country,amount\nDE,3\n")).await.unwrap();
     assert_eq!((again.rows, again.created), (1, false));
@@ -106,7 +106,7 @@ async fn appends_add_rows_read_as_the_tables_types() {
         rows(&engine, "SELECT country, amount FROM sales ORDER BY country").await,
         json!([{"country": "DE", "amount": 4.25}, {"country": "FR", "amount": 2.0}, {"country": "US", "amount": 1.5}])
     );
-    assert_eq!(TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap().row_count, 3);
+    assert_eq!(TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap().row_count, Some(3));
     nothing_staged(&dir);
 }
 
@@ -223,4 +223,117 @@ async fn tables_are_listed_by_name_and_deleted() {
         engine.execute(project(), &gone, &BTreeMap::new(), 10, 0).await,
         Err(EngineError::InvalidQuery(_))
     ));
+}
+
+/// An engine on a local storage that allows `file://{lake}/` as a source.
+async fn engine_allowing(lake: &std::path::Path) -> (DataFusionEngine, crate::tests::TempDir) {
+    let dir = temp_dir("qe-sources");
+    let allowed = format!("file://{}/", lake.display());
+    let storage = Storage::local(&dir).unwrap().allowing_sources(&[allowed]).unwrap();
+    (DataFusionEngine::new(storage), dir)
+}
+
+fn files_source(url: String, format: TableFormat) -> domain::ExternalSource {
+    domain::ExternalSource::Files { url, format }
+}
+
+fn rejected(result: Result<bool, UploadError>) -> String {
+    match result {
+        Err(UploadError::Rejected(invalid)) => {
+            assert_eq!(invalid.attr.as_deref(), Some("source"), "{invalid:?}");
+            invalid.detail
+        }
+        other => panic!("expected a refused source, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_table_reads_files_where_they_are_and_follows_them() {
+    let lake = temp_dir("qe-lake");
+    let orders = lake.join("orders");
+    std::fs::create_dir_all(&orders).unwrap();
+    std::fs::write(orders.join("2026-01.csv"), "country,amount\nUS,1.5\nFR,2\n").unwrap();
+    std::fs::write(orders.join("notes.txt"), "not a table\n").unwrap();
+    let (engine, _dir) = engine_allowing(&lake).await;
+    let prefix = format!("file://{}/", orders.display());
+    let created = engine.register(project(), &sales(), files_source(prefix.clone(), TableFormat::Csv)).await;
+    assert!(created.unwrap(), "a new table");
+    let info = TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap();
+    assert_eq!((info.source.format(), info.row_count), ("csv", None), "CSV rows are not counted: {info:?}");
+    assert_eq!(info.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["country", "amount"]);
+    assert!(info.bytes > Some(0));
+    let total = "SELECT count(*) AS n, sum(amount) AS total FROM sales";
+    assert_eq!(rows(&engine, total).await, json!([{"n": 2, "total": 3.5}]));
+
+    // A file added where the source is is read by the next query, without telling the table. (Its values
+    // must read as the same types: each file's are inferred, and types that differ do not merge.)
+    std::fs::write(orders.join("2026-02.csv"), "country,amount\nDE,4.5\n").unwrap();
+    assert_eq!(rows(&engine, total).await, json!([{"n": 3, "total": 8.0}]));
+
+    // Its rows are the source's: an append is refused, and the table is unchanged.
+    let append = engine.write(project(), &sales(), append_csv("country,amount\nIT,1\n")).await;
+    assert!(
+        matches!(append, Err(UploadError::Rejected(ref i)) if i.attr.as_deref() == Some("table")),
+        "{append:?}"
+    );
+    assert_eq!(rows(&engine, total).await, json!([{"n": 3, "total": 8.0}]));
+
+    // Replaced by an upload, it reads its own rows again; registered again, the source's. Deleting it leaves
+    // the source's files where they are.
+    assert!(!engine.write(project(), &sales(), csv("country,amount\nJP,9.5\n")).await.unwrap().created);
+    assert_eq!(rows(&engine, total).await, json!([{"n": 1, "total": 9.5}]));
+    assert!(!engine.register(project(), &sales(), files_source(prefix, TableFormat::Csv)).await.unwrap());
+    assert_eq!(rows(&engine, total).await, json!([{"n": 3, "total": 8.0}]));
+    assert!(TableStore::delete(&engine, project(), &sales()).await.unwrap());
+    assert_eq!(TableStore::get(&engine, project(), &sales()).await.unwrap(), None);
+    assert!(orders.join("2026-01.csv").exists() && orders.join("2026-02.csv").exists());
+}
+
+#[tokio::test]
+async fn a_parquet_source_counts_its_rows_and_one_file_can_be_a_source() {
+    let lake = temp_dir("qe-lake");
+    let schema = Arc::new(Schema::new(vec![Field::new("country", DataType::Utf8, false)]));
+    let batch =
+        RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(vec!["US", "FR"]))]).unwrap();
+    let file = std::fs::File::create(lake.join("countries.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    std::fs::write(lake.join("events.ndjson"), "{\"event\": \"click\"}\n{\"event\": \"view\"}\n").unwrap();
+    let (engine, _dir) = engine_allowing(&lake).await;
+    let parquet = files_source(format!("file://{}/", lake.display()), TableFormat::Parquet);
+    engine.register(project(), &sales(), parquet).await.unwrap();
+    let info = TableStore::get(&engine, project(), &sales()).await.unwrap().unwrap();
+    assert_eq!((info.source.format(), info.row_count), ("parquet", Some(2)), "{info:?}");
+    let events = TableName::parse("Events").unwrap();
+    let one_file = files_source(format!("file://{}/events.ndjson", lake.display()), TableFormat::NdJson);
+    engine.register(project(), &events, one_file).await.unwrap();
+    let sql = "SELECT count(*) AS n FROM \"Events\" CROSS JOIN sales";
+    assert_eq!(rows(&engine, sql).await, json!([{"n": 4}]));
+}
+
+#[tokio::test]
+async fn a_source_outside_the_allowed_ones_or_without_files_is_refused_and_changes_nothing() {
+    let lake = temp_dir("qe-lake");
+    let (engine, dir) = engine_allowing(&lake).await;
+    engine.write(project(), &sales(), csv("country,amount\nUS,1\n")).await.unwrap();
+    let outside = temp_dir("qe-outside");
+    std::fs::write(outside.join("x.csv"), "a\n1\n").unwrap();
+    for (url, why) in [
+        (format!("file://{}/", outside.display()), "not under a source this server allows"),
+        (format!("file://{}/projects/1/tables/sales/", dir.display()), "projects/"),
+        (format!("file://{}/", lake.display()), "No files found"),
+        (format!("file://{}/missing.csv", lake.display()), "cannot"),
+        ("s3://bucket/x/".to_owned(), "not under a source"),
+    ] {
+        let err =
+            rejected(engine.register(project(), &sales(), files_source(url.clone(), TableFormat::Csv)).await);
+        assert!(err.contains(why), "{url}: {err}");
+    }
+    // The storage's own projects/ area is never a source, even when an allowed prefix covers it.
+    let (wide, wide_dir) = engine_allowing(std::path::Path::new("/")).await;
+    let own = format!("file://{}/projects/", wide_dir.display());
+    let err = rejected(wide.register(project(), &sales(), files_source(own, TableFormat::Parquet)).await);
+    assert!(err.contains("projects/"), "{err}");
+    assert_eq!(rows(&engine, "SELECT * FROM sales").await, json!([{"country": "US", "amount": 1}]));
 }

@@ -36,6 +36,8 @@ pub struct Config {
     pub client_timeout: std::time::Duration,
     /// The largest upload of a table's rows, in bytes.
     pub upload_limit: u64,
+    /// Prefixes of external sources tables may read besides the storage's bucket (`--allow-source`).
+    pub allowed_sources: Vec<String>,
     /// The largest page a run may write as CSV, NDJSON, Parquet or Arrow, in rows.
     pub export_limit: u32,
     /// Request rate limits per key and per project; off unless set (`serve` sets its defaults).
@@ -62,6 +64,7 @@ impl Config {
             rate_limits: http_actix::RateLimitConfig::default(),
             upload_limit: http_actix::DEFAULT_UPLOAD_LIMIT,
             export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
+            allowed_sources: Vec::new(),
         }
     }
 
@@ -70,10 +73,11 @@ impl Config {
     /// # Errors
     /// [`query_engine::StorageError`] when the location is not usable.
     pub fn storage(&self) -> Result<query_engine::Storage, query_engine::StorageError> {
-        match &self.storage {
-            Some(location) => query_engine::Storage::open(location),
-            None => query_engine::Storage::local(&self.data_dir),
-        }
+        let storage = match &self.storage {
+            Some(location) => query_engine::Storage::open(location)?,
+            None => query_engine::Storage::local(&self.data_dir)?,
+        };
+        storage.allowing_sources(&self.allowed_sources)
     }
 
     /// The database URL in force.

@@ -5,8 +5,8 @@ mod ports;
 mod service;
 
 pub use model::{
-    Table, TableColumn, TableFormat, TableInfo, TableName, TableSource, Upload, UploadBody, WriteMode,
-    Written,
+    ExternalSource, Table, TableColumn, TableFormat, TableInfo, TableName, TableSource, Upload, UploadBody,
+    WriteMode, Written,
 };
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::MockTableStore;

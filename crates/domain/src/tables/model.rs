@@ -9,6 +9,7 @@ use futures_util::stream::BoxStream;
 use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
 use crate::error::Invalid;
+use crate::fields::Fields;
 use crate::query::ColumnType;
 
 /// A table name: a letter, then letters, digits and `_`, at most 63 characters. A table is named in SQL as it
@@ -84,11 +85,131 @@ pub struct TableColumn {
     pub nullable: bool,
 }
 
+/// Rows a table reads where they are, without copying them: files in a bucket (or a directory), or a table of
+/// a PostgreSQL database. Its `Debug` leaves the URL out, as a database URL may carry a password.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ExternalSource {
+    /// Every file of `format` under `url` when it ends in `/` (a prefix), else the one file `url` names.
+    Files { url: String, format: TableFormat },
+    /// The table `table` (`name` or `schema.name`) of the PostgreSQL database `url` names
+    /// (`postgres://[user[:password]@]host[:port]/database[?sslmode=...]`).
+    Postgres { url: String, table: String },
+}
+
+impl fmt::Debug for ExternalSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Files { format, .. } => {
+                f.debug_struct("Files").field("format", format).finish_non_exhaustive()
+            }
+            Self::Postgres { table, .. } => {
+                f.debug_struct("Postgres").field("table", table).finish_non_exhaustive()
+            }
+        }
+    }
+}
+
+impl ExternalSource {
+    /// The fields of `source` in a request body.
+    pub const FIELDS: [&'static str; 3] = ["url", "format", "table"];
+
+    /// The URL schemes of PostgreSQL databases.
+    pub const POSTGRES_SCHEMES: [&'static str; 2] = ["postgres", "postgresql"];
+
+    /// The source a request body names: `{"source": {"url": ..., "format": ...}}` for files,
+    /// `{"source": {"url": "postgres://...", "table": ...}}` for a PostgreSQL table.
+    ///
+    /// # Errors
+    /// [`Invalid`] naming the field (`source.url`, `source.format`, `source.table`, or another key).
+    pub fn parse(body: &serde_json::Value) -> Result<Self, Invalid> {
+        let outer = Fields::new(body, &["source"])?;
+        let inner = outer.get("source").ok_or_else(|| Invalid::required("source"))?;
+        if !inner.is_object() {
+            return Err(Invalid::field(
+                "source",
+                "source must be an object: {\"url\": ..., \"format\": ...}.",
+            ));
+        }
+        Self::parse_source(inner).map_err(|e| e.within("source"))
+    }
+
+    fn parse_source(source: &serde_json::Value) -> Result<Self, Invalid> {
+        let fields = Fields::new(source, &Self::FIELDS)?;
+        let text = |key: &str| fields.nullable_string(key).map(Option::flatten);
+        let url = text("url")?.ok_or_else(|| Invalid::required("url"))?;
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+        let Some(scheme) = scheme.filter(|s| !s.is_empty()) else {
+            return Err(Invalid::field(
+                "url",
+                "url must be a URL: s3://bucket/prefix/, file:///dir/ or postgres://host/db.",
+            ));
+        };
+        let (format, table) = (text("format")?, text("table")?);
+        if Self::POSTGRES_SCHEMES.contains(&scheme.as_str()) {
+            if format.is_some() {
+                return Err(Invalid::field(
+                    "format",
+                    "A PostgreSQL source has no format: name its table instead.",
+                ));
+            }
+            let table = table.ok_or_else(|| Invalid::required("table"))?;
+            if !Self::is_postgres_table(&table) {
+                return Err(Invalid::field(
+                    "table",
+                    "table must be a PostgreSQL table name, 'name' or 'schema.name', of letters, digits and '_'.",
+                ));
+            }
+            return Ok(Self::Postgres { url, table });
+        }
+        if table.is_some() {
+            return Err(Invalid::field(
+                "table",
+                "Only a PostgreSQL source names a table; files have a format.",
+            ));
+        }
+        let format = format.ok_or_else(|| Invalid::required("format"))?;
+        let format = TableFormat::ALL.into_iter().find(|f| f.as_str() == format).ok_or_else(|| {
+            Invalid::field("format", format!("Unknown format '{format}': use parquet, csv or ndjson."))
+        })?;
+        Ok(Self::Files { url, format })
+    }
+
+    /// `name` or `schema.name`, each part an unquoted PostgreSQL identifier of at most 63 characters.
+    fn is_postgres_table(raw: &str) -> bool {
+        let part = |p: &str| {
+            let mut chars = p.chars();
+            p.len() <= 63
+                && chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        match raw.split_once('.') {
+            Some((schema, name)) => part(schema) && part(name),
+            None => part(raw),
+        }
+    }
+}
+
 /// Where a table's rows come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TableSource {
     /// Uploaded (over HTTP or with the CLI) and kept in the storage as Parquet.
     Upload,
+    /// Read where they are. In a table record the URL is shown without a password.
+    External(ExternalSource),
+}
+
+impl TableSource {
+    /// Every value of [`TableSource::format`].
+    pub const FORMATS: [&'static str; 4] = ["csv", "ndjson", "parquet", "postgres"];
+
+    /// How the rows are kept: `parquet` for uploads, the files' format, or `postgres`.
+    pub fn format(&self) -> &'static str {
+        match self {
+            Self::Upload => TableFormat::Parquet.as_str(),
+            Self::External(ExternalSource::Files { format, .. }) => format.as_str(),
+            Self::External(ExternalSource::Postgres { .. }) => "postgres",
+        }
+    }
 }
 
 /// A table as its store describes it.
@@ -96,10 +217,11 @@ pub enum TableSource {
 pub struct TableInfo {
     pub name: TableName,
     pub columns: Vec<TableColumn>,
-    pub row_count: u64,
-    /// The size of its files.
-    pub bytes: u64,
-    pub format: TableFormat,
+    /// `None` when it is not known without reading every row (external CSV and NDJSON files, a PostgreSQL
+    /// table).
+    pub row_count: Option<u64>,
+    /// The size of its files; `None` for a PostgreSQL table.
+    pub bytes: Option<u64>,
     pub source: TableSource,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::model::{TableInfo, TableName, Upload, Written};
+use super::model::{ExternalSource, TableInfo, TableName, Upload, Written};
 use crate::access::ProjectId;
 use crate::error::{EngineError, UploadError};
 
@@ -35,7 +35,20 @@ pub trait TableStore: Send + Sync {
         upload: Upload,
     ) -> Result<Written, UploadError>;
 
-    /// Removes the table; `false` when there was none.
+    /// Makes the table read `source` where it is (creating the table, or replacing its rows), once the source
+    /// is known to be allowed and readable; returns whether it created the table.
+    ///
+    /// # Errors
+    /// [`UploadError::Rejected`] for a source outside the allowed ones or that cannot be read (attr
+    /// `source.url`, or `source.table`); the engine's `Unavailable` and `Internal`.
+    async fn register(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        source: ExternalSource,
+    ) -> Result<bool, UploadError>;
+
+    /// Removes the table; `false` when there was none. An external table's files or database table stay.
     ///
     /// # Errors
     /// `Unavailable`, `Internal`.

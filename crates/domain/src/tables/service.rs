@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::model::{Table, TableInfo, TableName, Upload, WriteMode, Written};
+use super::model::{ExternalSource, Table, TableInfo, TableName, Upload, WriteMode, Written};
 use super::ports::TableStore;
 use crate::access::ProjectId;
 use crate::endpoints::{
@@ -139,8 +139,33 @@ impl TableService {
         let name = TableName::parse(name)?;
         let replaced = upload.mode == WriteMode::Replace;
         let written = self.tables.write(project, &name, upload).await?;
+        Ok((self.changed(project, &name, replaced).await?, written))
+    }
+
+    /// Makes a table read an external source where it is (creating it, or replacing what it had), from a body
+    /// `{"source": {...}}`; returns the table and whether it was created. The endpoints that read it plan again
+    /// and their cached runs go, as after a replace.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad name, a body that names no source, or a source that is not allowed or
+    /// cannot be read; store and engine failures. On any error the table is as it was.
+    pub async fn register(
+        &self,
+        project: ProjectId,
+        name: &str,
+        body: &Value,
+    ) -> Result<(Table, bool), Error> {
+        let name = TableName::parse(name)?;
+        let source = ExternalSource::parse(body)?;
+        let created = self.tables.register(project, &name, source).await?;
+        Ok((self.changed(project, &name, true).await?, created))
+    }
+
+    /// After a write: plans the table's readers again when it was replaced, makes their cached runs stale here
+    /// and on other processes, and returns the table as it now is.
+    async fn changed(&self, project: ProjectId, name: &TableName, replaced: bool) -> Result<Table, Error> {
         let readers = self.readers(project).await?;
-        let used_by = Self::used_by(&readers, &name);
+        let used_by = Self::used_by(&readers, name);
         for endpoint in &used_by {
             if replaced {
                 self.replan(project, endpoint).await;
@@ -154,8 +179,8 @@ impl TableService {
         } else if let Err(err) = self.endpoints.announce(project, used_by.clone()).await {
             warn!(table = %name, error = %err, "cannot tell other processes that a table's readers changed");
         }
-        let info = self.tables.get(project, &name).await?.ok_or_else(|| not_found(name.as_str()))?;
-        Ok((Table { info, used_by }, written))
+        let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name.as_str()))?;
+        Ok(Table { info, used_by })
     }
 
     /// Plans an endpoint's current version again after a table it reads was replaced, and records what that

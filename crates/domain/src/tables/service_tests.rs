@@ -4,7 +4,7 @@ use futures_util::stream;
 use mockall::predicate::{always, eq};
 use serde_json::json;
 
-use super::super::model::{TableColumn, TableFormat, TableSource, WriteMode};
+use super::super::model::{ExternalSource, TableColumn, TableFormat, TableSource, WriteMode};
 use super::super::ports::MockTableStore;
 use super::*;
 use crate::endpoints::{MockEndpointChanges, MockEndpointStore};
@@ -16,9 +16,8 @@ fn info(name: &str) -> TableInfo {
     TableInfo {
         name: TableName::parse(name).unwrap(),
         columns: vec![TableColumn { name: "n".into(), column_type: ColumnType::Integer, nullable: true }],
-        row_count: 3,
-        bytes: 100,
-        format: TableFormat::Parquet,
+        row_count: Some(3),
+        bytes: Some(100),
         source: TableSource::Upload,
         created_at: T0,
         updated_at: T0,
@@ -161,6 +160,82 @@ async fn a_replace_plans_its_readers_again_and_records_what_that_told() {
     assert_eq!((*version, planned.tables.clone()), (4, vec!["sales".to_owned()]));
     assert_eq!(planned.columns[0].column_type, ColumnType::Float, "the new columns are recorded");
     assert_eq!(*announced.lock().unwrap(), vec!["sales_by_day".to_owned(), "legacy".to_owned()]);
+}
+
+#[tokio::test]
+async fn registering_a_source_replaces_the_table_and_stales_its_readers() {
+    let mut tables = MockTableStore::new();
+    let registered = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&registered);
+    tables.expect_register().times(1).returning(move |_, name, source| {
+        record.lock().unwrap().push((name.to_string(), source));
+        Ok(true)
+    });
+    tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
+    let mut store = endpoints();
+    store.expect_get().returning(|_, name| {
+        Ok(endpoint(name.as_str(), query(json!({"kind": "SQLQuery", "query": "SELECT 1 AS legacy"}))))
+    });
+    store.expect_replan().times(2).returning(|_, _, _| Ok(true));
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(|_, _| {
+        Ok(QueryDescription { tables: vec!["sales".into()], ..QueryDescription::default() })
+    });
+    let mut changes = MockEndpointChanges::new();
+    changes.expect_changed().times(2).return_const(());
+    let body = json!({"source": {"url": "s3://bucket/sales/", "format": "parquet"}});
+    let (table, created) =
+        service_over(tables, store, engine, changes).register(project(1), "sales", &body).await.unwrap();
+    assert!(created);
+    assert_eq!(table.used_by.len(), 2);
+    let want = ExternalSource::Files { url: "s3://bucket/sales/".into(), format: TableFormat::Parquet };
+    assert_eq!(*registered.lock().unwrap(), vec![("sales".to_owned(), want)]);
+
+    // A body that names no usable source reaches no store.
+    let mut untouched = MockTableStore::new();
+    untouched.expect_register().never();
+    let service = service(untouched, MockQueryEngine::new(), MockEndpointChanges::new());
+    let err =
+        service.register(project(1), "sales", &json!({"source": {"url": "s3://b/"}})).await.unwrap_err();
+    assert!(matches!(err, Error::Invalid(ref i) if i.attr.as_deref() == Some("source.format")), "{err:?}");
+}
+
+#[test]
+fn a_source_body_is_files_with_a_format_or_a_postgres_table() {
+    let files = ExternalSource::parse(&json!({"source": {"url": "s3://b/p/", "format": "csv"}})).unwrap();
+    assert_eq!(files, ExternalSource::Files { url: "s3://b/p/".into(), format: TableFormat::Csv });
+    for scheme in ["postgres", "postgresql", "POSTGRES"] {
+        let body =
+            json!({"source": {"url": format!("{scheme}://u:secret@db/app"), "table": "public.orders"}});
+        let ExternalSource::Postgres { table, .. } = ExternalSource::parse(&body).unwrap() else { panic!() };
+        assert_eq!(table, "public.orders");
+    }
+    let postgres =
+        ExternalSource::parse(&json!({"source": {"url": "postgres://u:secret@db/app", "table": "t"}}));
+    assert!(!format!("{postgres:?}").contains("secret"), "Debug leaves the URL out: {postgres:?}");
+    let refused = [
+        (json!([]), None),
+        (json!({}), Some("source")),
+        (json!({"source": "s3://b/"}), Some("source")),
+        (json!({"source": {"url": "s3://b/"}, "x": 1}), Some("x")),
+        (json!({"source": {"format": "csv"}}), Some("source.url")),
+        (json!({"source": {"url": 3, "format": "csv"}}), Some("source.url")),
+        (json!({"source": {"url": "bucket/prefix", "format": "csv"}}), Some("source.url")),
+        (json!({"source": {"url": "s3://b/", "format": "xlsx"}}), Some("source.format")),
+        (json!({"source": {"url": "s3://b/", "format": "csv", "table": "t"}}), Some("source.table")),
+        (json!({"source": {"url": "s3://b/", "format": "csv", "sep": ";"}}), Some("source.sep")),
+        (json!({"source": {"url": "postgres://db/app"}}), Some("source.table")),
+        (json!({"source": {"url": "postgres://db/app", "table": "a;drop"}}), Some("source.table")),
+        (json!({"source": {"url": "postgres://db/app", "table": "a.b.c"}}), Some("source.table")),
+        (
+            json!({"source": {"url": "postgres://db/app", "table": "t", "format": "csv"}}),
+            Some("source.format"),
+        ),
+    ];
+    for (body, attr) in refused {
+        let err = ExternalSource::parse(&body).unwrap_err();
+        assert_eq!(err.attr.as_deref(), attr, "{body}: {err:?}");
+    }
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 
 use domain::{
     ColumnType, EndpointName, MaterializationStatus, QueryKind, Refresh, ResultFormat, SyncFrequency,
-    TableFormat, TableName, VariableType,
+    TableName, TableSource, VariableType,
 };
 use serde_json::Value;
 use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
@@ -64,8 +64,13 @@ pub(crate) fn result_format() -> Object {
     one_of(names(ResultFormat::ALL.map(ResultFormat::as_str)), false)
 }
 
+/// The formats of external files.
+pub(crate) fn file_format() -> Object {
+    one_of(names(domain::TableFormat::ALL.map(domain::TableFormat::as_str)), false)
+}
+
 pub(crate) fn table_format() -> Object {
-    one_of(names(TableFormat::ALL.map(TableFormat::as_str)), false)
+    one_of(names(TableSource::FORMATS), false)
 }
 
 /// A table's name.

@@ -203,3 +203,27 @@ impl PartialSchema for PreviewBody {
 }
 
 impl ToSchema for PreviewBody {}
+
+/// The body that makes a table read an external source where it is: files (`url` and `format`) or a
+/// PostgreSQL table (`url` and `table`).
+pub(crate) struct TableSourceBody;
+
+impl PartialSchema for TableSourceBody {
+    fn schema() -> RefOr<Schema> {
+        let [url, format, table] = domain::ExternalSource::FIELDS;
+        let source = closed(
+            ObjectBuilder::new()
+                .description(Some(
+                    "Files: s3://bucket/prefix/ (every file of the format under it) or one file's URL, with \
+                     format. A PostgreSQL table: postgres://host/database with table ('name' or 'schema.name').",
+                ))
+                .property(url, ObjectBuilder::new().schema_type(Type::String).min_length(Some(1)))
+                .required(url)
+                .property(format, names::file_format())
+                .property(table, ObjectBuilder::new().schema_type(Type::String).min_length(Some(1))),
+        );
+        closed(ObjectBuilder::new().property("source", source).required("source")).into()
+    }
+}
+
+impl ToSchema for TableSourceBody {}

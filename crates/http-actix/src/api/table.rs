@@ -1,6 +1,6 @@
 //! A table record, the answer of an append, and a table's preview.
 
-use domain::{QueryResult, TableSource};
+use domain::{ExternalSource, QueryResult, TableSource};
 use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -24,13 +24,15 @@ pub(crate) struct Column {
 pub(crate) struct Table {
     name: String,
     columns: Vec<Column>,
-    row_count: u64,
-    /// The size of its files.
-    bytes: u64,
-    /// How its rows are kept.
+    /// Null when it is not known without reading every row: external CSV and NDJSON files, a PostgreSQL table.
+    row_count: Option<u64>,
+    /// The size of its files; null for a PostgreSQL table.
+    bytes: Option<u64>,
+    /// How its rows are kept: `parquet` for uploads, the external files' format, or `postgres`.
     #[schema(schema_with = names::table_format)]
     format: &'static str,
-    /// `upload` for rows sent over HTTP or loaded with the CLI.
+    /// `upload` for rows sent over HTTP or loaded with the CLI; else the external source's URL, without its
+    /// password.
     source: String,
     #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
@@ -52,9 +54,12 @@ impl From<domain::Table> for Table {
                 .collect(),
             row_count: info.row_count,
             bytes: info.bytes,
-            format: info.format.as_str(),
+            format: info.source.format(),
             source: match info.source {
                 TableSource::Upload => "upload".into(),
+                TableSource::External(
+                    ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. },
+                ) => url,
             },
             created_at: info.created_at,
             updated_at: info.updated_at,

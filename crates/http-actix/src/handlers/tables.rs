@@ -111,8 +111,10 @@ pub(crate) async fn retrieve(
 
 #[utoipa::path(put, path = "/api/projects/{project_id}/tables/{table}", operation_id = "put_table",
     params(("project_id" = String, Path), ("table" = String, Path)),
-    request_body(description = "The table's rows: CSV with a header row, NDJSON, or a Parquet file",
-        content((String = "text/csv"), (String = "application/x-ndjson"), ("application/vnd.apache.parquet"))),
+    request_body(description = "The table's rows (CSV with a header row, NDJSON, or a Parquet file), or, as JSON, \
+        an external source the table reads where it is",
+        content((String = "text/csv"), (String = "application/x-ndjson"), ("application/vnd.apache.parquet"),
+                (crate::api::requests::TableSourceBody = "application/json"))),
     responses((status = 201, body = Table, headers(("Location" = String, description = "The table's URL"))),
               (status = 200, body = Table, description = "The table was replaced"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
@@ -124,9 +126,19 @@ pub(crate) async fn put(
     path: web::Path<TablePath>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let upload = upload(&req, &state, payload, WriteMode::Replace)?;
-    let (table, written) = state.tables.write(caller.project, &path.table, upload).await?;
-    if written.created {
+    let (table, created) = if crate::extract::is_json(&req) {
+        let read = crate::extract::read_json(&req, payload.into_inner(), state.body_limit);
+        let body = tokio::time::timeout(state.client_timeout, read)
+            .await
+            .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??
+            .unwrap_or_else(|| serde_json::Value::Object(serde_json::Map::new()));
+        state.tables.register(caller.project, &path.table, &body).await?
+    } else {
+        let upload = upload(&req, &state, payload, WriteMode::Replace)?;
+        let (table, written) = state.tables.write(caller.project, &path.table, upload).await?;
+        (table, written.created)
+    };
+    if created {
         let location = format!("/api/projects/{}/tables/{}", caller.project, path.table);
         Ok(HttpResponse::Created().insert_header((header::LOCATION, location)).json(Table::from(table)))
     } else {

@@ -82,6 +82,20 @@ fn set_defaults(mut command: Command, table: &toml::Table, section: &str) -> Res
         if !known.contains(key) {
             return Err(format!("unknown setting {section}{key}; the settings are: {}", known.join(", ")));
         }
+        // A list (`allow_sources = ["s3://a/", "s3://b/"]`) sets a repeatable setting's values.
+        let repeatable = command
+            .get_arguments()
+            .find(|arg| arg.get_id() == key.as_str())
+            .is_some_and(|arg| matches!(arg.get_action(), clap::ArgAction::Append));
+        if let (toml::Value::Array(items), true) = (value, repeatable) {
+            let values = items
+                .iter()
+                .map(|item| item.as_str().map(str::to_owned))
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| format!("{section}{key} must be a list of strings"))?;
+            command = command.mut_arg(key.as_str(), |arg| arg.default_values(values));
+            continue;
+        }
         let text = match value {
             toml::Value::String(s) => s.clone(),
             toml::Value::Integer(i) => i.to_string(),

@@ -35,6 +35,17 @@ pub struct ServeArgs {
     /// The largest upload of a table's rows, in MiB (413 payload_too_large beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_UPLOAD_MB", default_value_t = 1024, value_parser = positive())]
     pub max_upload_mb: u64,
+    /// A place tables may read external files or databases from, besides the storage's own bucket:
+    /// `s3://bucket/prefix/`, `file:///dir/` or `postgres://[user:password@]host[:port]/database` (whose
+    /// credentials serve registrations that give none). Repeat it for more; the variable takes several separated
+    /// by spaces.
+    #[arg(
+        long = "allow-source",
+        env = "ENDPOINTS_ALLOW_SOURCES",
+        value_delimiter = ' ',
+        value_name = "PREFIX"
+    )]
+    pub allow_sources: Vec<String>,
     /// Live queries one project may run at once (429 with Retry-After beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_QUERIES_PER_PROJECT", default_value_t = 4, value_parser = positive_usize())]
     pub max_queries_per_project: usize,
@@ -92,6 +103,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
     config.upload_limit = args.max_upload_mb.saturating_mul(1024 * 1024);
     config.export_limit = args.max_export_rows;
+    config.allowed_sources = args.allow_sources;
     config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
     config.flush_interval = Duration::from_secs(args.flush_secs);
     config.worker.parallelism = args.materialize_workers;
