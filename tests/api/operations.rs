@@ -81,6 +81,7 @@ async fn health_readiness_and_metrics_report_the_real_service() {
 async fn json_logs_carry_the_request_id_and_never_the_key() {
     let app = spawn_app().await;
     let (project, key) = app.project_with_key();
+    let (_, uploader) = app.create_key(project, &["table:write"]);
     let data_dir = crate::helpers::DataDir(app.data_dir.clone());
     app.stop().await.unwrap();
     let log_path = data_dir.with_extension("log");
@@ -96,6 +97,16 @@ async fn json_logs_carry_the_request_id_and_never_the_key() {
         .await
         .unwrap();
     assert_eq!(listed.status(), 200);
+    let uploaded = client
+        .put(format!("{}/api/projects/{project}/tables/orders", server.address))
+        .bearer_auth(&uploader)
+        .header("X-Request-Id", "upload-9")
+        .header("Content-Type", "text/csv")
+        .body("id,amount\n1,2.5\n2,4\n3,1\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(uploaded.status(), 201);
     // Something logged inside a request: readiness failing while the data directory is away.
     let moved = data_dir.with_extension("moved");
     std::fs::rename(&data_dir, &moved).unwrap();
@@ -120,10 +131,19 @@ async fn json_logs_carry_the_request_id_and_never_the_key() {
     assert_eq!(warning["request_id"], "probe-7", "{warning}");
     assert_eq!(warning["method"], "GET", "{warning}");
     assert_eq!(warning["path"], "/readyz", "{warning}");
+    // Each upload is logged with its size, rows and time.
+    let upload = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "table written from an upload")
+        .unwrap_or_else(|| panic!("no upload line in:\n{log}"));
+    assert_eq!((upload["fields"]["rows"].as_u64(), upload["fields"]["bytes"].as_u64()), (Some(3), Some(24)));
+    assert!(upload["fields"]["took_ms"].is_u64() && upload["request_id"] == "upload-9", "{upload}");
     // Lines outside of any request (startup) carry no request.
     let startup =
         lines.iter().find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains("listening")));
     assert!(startup.is_some_and(|l| l.get("request_id").is_none()), "{log}");
-    assert!(!log.contains(&key) && !log.contains(&key[4..]), "an API key reached the log");
+    for secret in [&key, &uploader] {
+        assert!(!log.contains(secret.as_str()) && !log.contains(&secret[4..]), "an API key reached the log");
+    }
     std::fs::remove_file(log_path).ok();
 }

@@ -17,6 +17,7 @@ mod export;
 mod materialized;
 mod metrics;
 mod outline;
+mod progress;
 mod runtime;
 mod sources;
 mod storage;

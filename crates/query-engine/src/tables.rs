@@ -371,7 +371,15 @@ fn store_error(err: object_store::Error) -> ImportError {
     ImportError::Write(err.to_string())
 }
 
-/// Imports files into a table. `progress` is called with the rows written so far.
+/// How far an import is: the rows written and the bytes of its files read so far (a little more than the
+/// files' size for Parquet, whose footers are read twice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImportProgress {
+    pub rows: u64,
+    pub bytes_read: u64,
+}
+
+/// Imports files into a table. `progress` is called after each batch of rows.
 ///
 /// # Errors
 /// [`ImportError`]; on any error nothing of this import is visible.
@@ -382,15 +390,22 @@ pub async fn import_files(
     files: &[PathBuf],
     format: Option<FileFormat>,
     mode: ImportMode,
-    progress: &(dyn Fn(u64) + Sync),
+    progress: &(dyn Fn(ImportProgress) + Sync),
 ) -> Result<ImportReport, ImportError> {
     if !is_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
     let ctx =
         crate::catalog::empty_session(storage, None, None).map_err(|e| ImportError::Write(e.to_string()))?;
+    // The files are read through a file system that counts the bytes.
+    let (counting, bytes_read) = crate::progress::CountingFiles::new();
+    let local = url::Url::parse("file:///").map_err(|e| ImportError::Write(e.to_string()))?;
+    ctx.runtime_env().register_object_store(&local, Arc::new(counting));
+    let report = &|rows| {
+        progress(ImportProgress { rows, bytes_read: bytes_read.load(std::sync::atomic::Ordering::Relaxed) });
+    };
     let (mut target, expected) = Target::choose(storage, &ctx, project, table, mode).await?;
-    match write_files(storage, &ctx, &mut target, table, files, format, expected, progress).await {
+    match write_files(storage, &ctx, &mut target, table, files, format, expected, report).await {
         Ok(rows) => {
             target.publish(storage).await?;
             Ok(ImportReport { table: table.into(), rows, files: files.len() })

@@ -319,8 +319,9 @@ async fn imports_csv_and_ndjson_atomically() {
     std::fs::write(&csv, "id,name\n1,a\n2,b\n").unwrap();
     let ndjson = dir.join("more.ndjson");
     std::fs::write(&ndjson, "{\"id\": 3, \"name\": \"c\"}\n").unwrap();
-    let noop = |_: u64| {};
+    let noop = |_: tables::ImportProgress| {};
     let storage = Storage::local(&dir).unwrap();
+    let seen = std::sync::Mutex::new(Vec::new());
     let report = tables::import_files(
         &storage,
         project(1),
@@ -328,11 +329,15 @@ async fn imports_csv_and_ndjson_atomically() {
         std::slice::from_ref(&csv),
         None,
         tables::ImportMode::Replace,
-        &noop,
+        &|progress| seen.lock().unwrap().push(progress),
     )
     .await
     .unwrap();
     assert_eq!(report.rows, 2);
+    // Progress counts the rows written and the bytes of the file read (schema inference reads it once more).
+    let last = *seen.lock().unwrap().last().expect("progress was reported");
+    assert_eq!(last.rows, 2);
+    assert!((16..=32).contains(&last.bytes_read), "{last:?}");
     tables::import_files(&storage, project(1), "things", &[ndjson], None, tables::ImportMode::Append, &noop)
         .await
         .unwrap();

@@ -41,6 +41,22 @@ fn project_id(raw: i64) -> Result<ProjectId, CliError> {
     ProjectId::new(raw).map_err(|e| CliError::Usage(e.detail))
 }
 
+/// A bar on stderr of the bytes of `files` read, with the rows written, the rate and the time left; invisible
+/// when stderr is not a terminal.
+fn import_bar(files: &[PathBuf]) -> ProgressBar {
+    // A file that cannot be read is reported by the import itself.
+    let total = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {binary_bytes}/{binary_total_bytes} ({binary_bytes_per_sec}, {eta} left) {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}
+
 /// A spinner on stderr counting rows; invisible when stderr is not a terminal.
 pub(super) fn progress(message: &'static str) -> ProgressBar {
     let bar = ProgressBar::new_spinner();
@@ -63,10 +79,13 @@ pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Re
             }
             let format = format.as_deref().map(FileFormat::parse).transpose().map_err(CliError::Usage)?;
             let mode = if append { ImportMode::Append } else { ImportMode::Replace };
-            let bar = progress("importing");
+            let bar = import_bar(&files);
+            let total = bar.length().unwrap_or(0);
             let report =
-                import_files(services.engine.storage(), project, &table, &files, format, mode, &|rows| {
-                    bar.set_position(rows)
+                import_files(services.engine.storage(), project, &table, &files, format, mode, &|at| {
+                    // Parquet footers are read twice: the count may pass the files' size.
+                    bar.set_position(at.bytes_read.min(total));
+                    bar.set_message(format!("{} rows", indicatif::HumanCount(at.rows)));
                 })
                 .await
                 .map_err(|e| CliError::Usage(e.to_string()));
