@@ -172,6 +172,7 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@$(VENV)/bin/python -c 'import duckdb' 2>/dev/null || $(VENV)/bin/pip install -q '$(DUCKDB)'
+	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
 	@mkdir -p target
 	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench PG_URL_FILE=target/.bench-postgres-url
 	cargo build --release --locked -p server --features bench,ballista --bins

@@ -10,7 +10,10 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
   5. memory: the server's peak RSS in each scenario and idle, against bare DataFusion's for the live run;
   6. several nodes: cached-run throughput of 1, 2 and 3 `serve` processes on one PostgreSQL database;
   7. the distributed engine: the live run of scenario 2 on a Ballista cluster of two executors (`endpoints
-     cluster`, when the binary has the `ballista` feature) against the embedded engine.
+     cluster`, when the binary has the `ballista` feature) against the embedded engine;
+  8. data in and out: an upload of the events table as CSV (`PUT .../tables/...`, streamed) against DuckDB's
+     `COPY` of the same file to Parquet, and an export of 1,000,000 rows in each result format against DuckDB
+     writing the same rows in that format, with the server's peak RSS while exporting.
 
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md (older runs are in git).
@@ -327,6 +330,114 @@ def duckdb_median(venv_python, parquet_glob, rounds):
     return json.loads(out)
 
 
+EXPORT_ROWS = 1_000_000
+EXPORT_FORMATS = ("csv", "ndjson", "parquet", "arrow")
+
+# DuckDB's side of scenario 8, in its own process: argv = mode, source, target, rows; prints the median ms.
+DUCKDB_IO = """
+import duckdb, json, statistics, sys, time
+mode, source, target, rows, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+runs = []
+for _ in range(rounds):
+    con = duckdb.connect()
+    t = time.perf_counter()
+    if mode == "import":
+        con.sql(f"COPY (SELECT * FROM read_csv('{source}')) TO '{target}' (FORMAT parquet)")
+    elif mode == "arrow":
+        import pyarrow as pa
+        reader = con.sql(f"SELECT * FROM read_parquet('{source}') LIMIT {rows}").fetch_record_batch()
+        with pa.OSFile(target, "wb") as sink, pa.ipc.new_stream(sink, reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+    else:
+        fmt = {"csv": "csv, header true", "ndjson": "json", "parquet": "parquet"}[mode]
+        con.sql(f"COPY (SELECT * FROM read_parquet('{source}') LIMIT {rows}) TO '{target}' (FORMAT {fmt})")
+    runs.append((time.perf_counter() - t) * 1000)
+    con.close()
+print(json.dumps({"median_ms": statistics.median(runs)}))
+"""
+
+
+def duckdb_io(venv_python, mode, source, target, rows, rounds):
+    out = subprocess.run([venv_python, "-c", DUCKDB_IO, mode, source, target, str(rows), str(rounds)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["median_ms"]
+
+
+def upload(app, table, path, key):
+    """Streams a CSV file into a table with PUT; returns the wall time in ms and the answer."""
+    import http.client
+    host, port = app.base.rsplit("/", 1)[1].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=3600)
+    started = time.perf_counter()
+    with open(path, "rb") as body:
+        connection.request("PUT", f"/api/projects/1/tables/{table}", body=body, headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "text/csv",
+            "Content-Length": str(os.path.getsize(path))})
+        response = connection.getresponse()
+        answer = response.read()
+    elapsed = (time.perf_counter() - started) * 1000
+    assert response.status in (200, 201), answer
+    return elapsed, json.loads(answer)
+
+
+def download(app, path, target):
+    """GETs `path` into a file; returns the wall time in ms and the bytes."""
+    req = urllib.request.Request(app.base + path)
+    req.add_header("Authorization", f"Bearer {app.key}")
+    started = time.perf_counter()
+    size = 0
+    with urllib.request.urlopen(req, timeout=3600) as response, open(target, "wb") as out:
+        while chunk := response.read(1 << 20):
+            out.write(chunk)
+            size += len(chunk)
+    return (time.perf_counter() - started) * 1000, size
+
+
+def data_in_and_out(args, main_app, root, table_dir):
+    """Scenario 8: upload throughput and exports, each against DuckDB doing the same work on the same files."""
+    if not args.duckdb_python:
+        return None
+    parquet = os.path.join(table_dir, "*.parquet")
+    csv_path = os.path.join(root, "events.csv")
+    subprocess.run([args.duckdb_python, "-c",
+                    f"import duckdb; duckdb.sql(\"COPY (SELECT * FROM read_parquet('{parquet}')) TO '{csv_path}' "
+                    f"(FORMAT csv, HEADER true)\")"], check=True)
+    csv_bytes = os.path.getsize(csv_path)
+    figures = {"csv_bytes": csv_bytes}
+    app = main_app.start("--materialize-workers", "0", "--max-upload-mb", str(csv_bytes // (1 << 20) + 64))
+    writer = main_app.cli("key", "create", "--project", "1", "--scope", "endpoint:write", "--scope", "table:write")["key"]
+    time.sleep(2)
+    idle_mb = rss_kb(app.process.pid) / 1024
+    uploads = []
+    with PeakRss(app.process.pid) as peak:
+        for _ in range(2):
+            ms, table = upload(app, "uploaded", csv_path, writer)
+            uploads.append(ms)
+    assert table["row_count"] == args.rows, table
+    figures["upload_ms"], figures["upload_mb"] = statistics.median(uploads), peak.peak
+    figures["duckdb_import_ms"] = duckdb_io(args.duckdb_python, "import", csv_path,
+                                           os.path.join(root, "duckdb-import.parquet"), 0, 2)
+    log(f"upload of {csv_bytes / 1e6:.0f} MB of CSV: {figures['upload_ms']:.0f} ms against DuckDB's COPY "
+        f"{figures['duckdb_import_ms']:.0f} ms")
+    app.request("POST", "/api/projects/1/endpoints/",
+                {"name": "export-probe", "query": {"kind": "SQLQuery", "query": "SELECT * FROM events"}})
+    figures["idle_mb"], figures["exports"] = idle_mb, {}
+    for fmt in EXPORT_FORMATS:
+        path = f"/api/projects/1/endpoints/export-probe/run?refresh=direct&limit={EXPORT_ROWS}&format={fmt}"
+        target = os.path.join(root, f"export.{fmt}")
+        download(app, path, target)
+        with PeakRss(app.process.pid) as peak:
+            runs = [download(app, path, target) for _ in range(3)]
+        theirs = duckdb_io(args.duckdb_python, fmt, parquet, os.path.join(root, f"duckdb.{fmt}"), EXPORT_ROWS, 3)
+        figures["exports"][fmt] = {"ms": statistics.median(r[0] for r in runs), "bytes": runs[0][1],
+                                   "peak_mb": peak.peak, "duckdb_ms": theirs}
+        log(f"export of {EXPORT_ROWS:,} rows as {fmt}: {figures['exports'][fmt]['ms']:.0f} ms against DuckDB "
+            f"{theirs:.0f} ms, peak RSS {peak.peak:.0f} MB")
+    app.stop()
+    return figures
+
+
 def machine():
     model = "unknown CPU"
     try:
@@ -434,8 +545,11 @@ def main():
             figures["ballista_ms"] = ballista_ms
             log(f"live on Ballista (2 executors): {ballista_ms:.1f} ms against embedded {live_ms:.1f} ms")
 
-        # 3. Materialized against live: a server with its worker on stores `country-daily` first.
+        # 8. Data in and out, on the main dataset's events table.
         app.stop()
+        figures["io"] = data_in_and_out(args, main_app, root, table_dir)
+
+        # 3. Materialized against live: a server with its worker on stores `country-daily` first.
         app.start()
         for _ in range(1200):
             status = json.loads(app.request("GET", "/api/projects/1/endpoints/country-daily/materialization_status"))
@@ -555,6 +669,27 @@ def write_report(args, f):
                   "machine).", "", "| Nodes | Cached run | Against one node |", "|---|---|---|"]
         for count, r in f["nodes"].items():
             lines.append(f"| {count} | {r['rps']:,.0f} req/s, p99 {r['p99']:.2f} ms | {r['rps'] / one:.2f}x |")
+    if f.get("io"):
+        io = f["io"]
+        upload_ratio = io["duckdb_import_ms"] / io["upload_ms"]
+        lines += ["", f"**Data in and out** (the events table: an upload of it as CSV, {io['csv_bytes'] / 1e6:,.0f} MB, "
+                  f"with `PUT .../tables/uploaded`, streamed; exports of {EXPORT_ROWS:,} of its rows with "
+                  "`?format=...&refresh=direct`, the whole answer read by the client; DuckDB does the same work in "
+                  "process on the same files: `COPY` of the CSV to Parquet, and the rows written in each format).", "",
+                  "| Scenario | Service | DuckDB | Throughput ratio | Target |", "|---|---|---|---|---|",
+                  f"| upload, CSV to a table | {io['upload_ms'] / 1000:.1f} s ({io['csv_bytes'] / 1e6 / (io['upload_ms'] / 1000):.0f} MB/s) "
+                  f"| {io['duckdb_import_ms'] / 1000:.1f} s | {upload_ratio:.2f}x | >= 0.7x: {check(upload_ratio >= 0.7)} |"]
+        for fmt, e in io["exports"].items():
+            ratio = e["duckdb_ms"] / e["ms"]
+            lines.append(f"| export, {fmt} ({e['bytes'] / 1e6:,.0f} MB) | {e['ms']:.0f} ms | {e['duckdb_ms']:.0f} ms "
+                         f"| {ratio:.2f}x | >= 0.7x: {check(ratio >= 0.7)} |")
+        limit_mb = 1.5 * io["idle_mb"] + 64
+        lines += ["", "| Memory while | Peak RSS | Target |", "|---|---|---|",
+                  f"| uploading the CSV | {io['upload_mb']:.0f} MB | none (flat: streamed) |"]
+        for fmt in ("csv", "parquet"):
+            e = io["exports"][fmt]
+            lines.append(f"| exporting {EXPORT_ROWS:,} rows as {fmt} | {e['peak_mb']:.0f} MB | <= 1.5x idle "
+                         f"({io['idle_mb']:.0f} MB) + 64 MB = {limit_mb:.0f} MB: {check(e['peak_mb'] <= limit_mb)} |")
     lines += [
         "",
         "**Memory** (server peak RSS, sampled every 50 ms).",

@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 
 use crate::compile::{self, Compiled};
 use crate::tables::{cast_to, plain};
-use crate::{catalog, execute, types, DataFusionEngine};
+use crate::{execute, types, DataFusionEngine};
 
 /// Rows per Parquet row group: what the writer holds in memory before it writes them out.
 const PARQUET_ROW_GROUP: usize = 64 * 1024;
@@ -144,14 +144,7 @@ impl DataFusionEngine {
     ) -> Result<Export, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let ctx = catalog::session(
-            &self.storage,
-            project,
-            &compiled.sql,
-            Some(execute::runtime(&self.limits)?),
-            self.scheduler(),
-        )
-        .await?;
+        let ctx = self.live_session(project, &compiled).await?;
         self.write_page(&ctx, &compiled, values, limit, offset, format).await
     }
 

@@ -227,15 +227,19 @@ impl DataFusionEngine {
     ) -> Result<domain::QueryResult, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let ctx = catalog::session(
-            &self.storage,
-            project,
-            &compiled.sql,
-            Some(execute::runtime(&self.limits)?),
-            self.scheduler(),
-        )
-        .await?;
+        let ctx = self.live_session(project, &compiled).await?;
         self.run_page(&ctx, &compiled, values, limit, offset).await
+    }
+
+    /// A session for running `compiled` live: the tables it names, under the engine's memory limit, here or on
+    /// the cluster.
+    async fn live_session(
+        &self,
+        project: ProjectId,
+        compiled: &compile::Compiled,
+    ) -> Result<datafusion::prelude::SessionContext, EngineError> {
+        let runtime = Some(execute::runtime(&self.limits)?);
+        catalog::session(&self.storage, project, &compiled.sql, runtime, self.scheduler()).await
     }
 
     /// Plans compiled SQL with `values` bound, and runs it for the page `offset..offset+limit` of its rows.

@@ -127,14 +127,7 @@ impl DataFusionEngine {
         prefix: &ObjectPath,
     ) -> Result<u64, EngineError> {
         let compiled = compile::compile(query);
-        let ctx = catalog::session(
-            &self.storage,
-            project,
-            &compiled.sql,
-            Some(execute::runtime(&self.limits)?),
-            self.scheduler(),
-        )
-        .await?;
+        let ctx = self.live_session(project, &compiled).await?;
         let unbound = self.plan_unbound(&ctx, &compiled).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
