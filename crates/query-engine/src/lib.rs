@@ -192,6 +192,35 @@ impl DataFusionEngine {
             .unwrap_or(Err(EngineError::Timeout(self.limits.query_timeout)))
     }
 
+    /// Runs live work of `project` (whose SQL is `sql`): counted in the metrics, in one of the project's query
+    /// slots (429 when none is free), on the engine's threads, within the query timeout.
+    async fn live<T, F>(
+        &self,
+        project: ProjectId,
+        sql: &str,
+        work: impl FnOnce(Self) -> F,
+    ) -> Result<T, EngineError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
+    {
+        let started = std::time::Instant::now();
+        let _running = self.metrics.running();
+        let result = async {
+            compile::check_size(sql)?;
+            let slot = self.slots.try_acquire(project, &self.limits)?;
+            let work = work(self.clone());
+            self.within_time(self.runtime.run(async move {
+                let _slot = slot;
+                work.await
+            }))
+            .await
+        }
+        .await;
+        self.metrics.finished(&result, started.elapsed());
+        result
+    }
+
     async fn describe_here(
         &self,
         project: ProjectId,
@@ -301,21 +330,11 @@ impl QueryEngine for DataFusionEngine {
         limit: u32,
         offset: u64,
     ) -> Result<domain::QueryResult, EngineError> {
-        let started = std::time::Instant::now();
-        let _running = self.metrics.running();
-        let result = async {
-            compile::check_size(&query.sql)?;
-            let slot = self.slots.try_acquire(project, &self.limits)?;
-            let (engine, query, variables) = (self.clone(), query.clone(), variables.clone());
-            self.within_time(self.runtime.run(async move {
-                let _slot = slot;
-                engine.execute_here(project, &query, &variables, limit, offset).await
-            }))
-            .await
-        }
-        .await;
-        self.metrics.finished(&result, started.elapsed());
-        result
+        let (owned, variables) = (query.clone(), variables.clone());
+        self.live(project, &query.sql, move |engine| async move {
+            engine.execute_here(project, &owned, &variables, limit, offset).await
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(project = %project, limit, offset, format = format.as_str()))]
@@ -328,21 +347,11 @@ impl QueryEngine for DataFusionEngine {
         offset: u64,
         format: ResultFormat,
     ) -> Result<Export, EngineError> {
-        let started = std::time::Instant::now();
-        let _running = self.metrics.running();
-        let result = async {
-            compile::check_size(&query.sql)?;
-            let slot = self.slots.try_acquire(project, &self.limits)?;
-            let (engine, query, variables) = (self.clone(), query.clone(), variables.clone());
-            self.within_time(self.runtime.run(async move {
-                let _slot = slot;
-                engine.export_here(project, &query, &variables, limit, offset, format).await
-            }))
-            .await
-        }
-        .await;
-        self.metrics.finished(&result, started.elapsed());
-        result
+        let (owned, variables) = (query.clone(), variables.clone());
+        self.live(project, &query.sql, move |engine| async move {
+            engine.export_here(project, &owned, &variables, limit, offset, format).await
+        })
+        .await
     }
 }
 
