@@ -208,17 +208,27 @@ impl DataFusionEngine {
         let _running = self.metrics.running();
         let result = async {
             compile::check_size(sql)?;
-            let slot = self.slots.try_acquire(project, &self.limits)?;
-            let work = work(self.clone());
-            self.within_time(self.runtime.run(async move {
-                let _slot = slot;
-                work.await
-            }))
-            .await
+            self.in_slot(project, work).await
         }
         .await;
         self.metrics.finished(&result, started.elapsed());
         result
+    }
+
+    /// Runs work of `project` in one of its query slots (429 when none is free), on the engine's threads, within
+    /// the query timeout.
+    async fn in_slot<T, F>(&self, project: ProjectId, work: impl FnOnce(Self) -> F) -> Result<T, EngineError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
+    {
+        let slot = self.slots.try_acquire(project, &self.limits)?;
+        let work = work(self.clone());
+        self.within_time(self.runtime.run(async move {
+            let _slot = slot;
+            work.await
+        }))
+        .await
     }
 
     async fn describe_here(

@@ -250,12 +250,10 @@ impl MaterializedResults for DataFusionEngine {
         offset: u64,
     ) -> Result<QueryResult, EngineError> {
         let prefix = resolve(project, location)?;
-        let slot = self.slots.try_acquire(project, &self.limits)?;
-        let engine = self.clone();
-        self.within_time(self.runtime.run(async move {
-            let _slot = slot;
-            engine.read_here(&prefix, filters, limit, offset).await
-        }))
+        self.in_slot(
+            project,
+            move |engine| async move { engine.read_here(&prefix, filters, limit, offset).await },
+        )
         .await
     }
 
@@ -270,12 +268,9 @@ impl MaterializedResults for DataFusionEngine {
         format: ResultFormat,
     ) -> Result<Export, EngineError> {
         let prefix = resolve(project, location)?;
-        let slot = self.slots.try_acquire(project, &self.limits)?;
-        let engine = self.clone();
-        self.within_time(self.runtime.run(async move {
-            let _slot = slot;
+        self.in_slot(project, move |engine| async move {
             engine.export_stored(&prefix, filters, limit, offset, format).await
-        }))
+        })
         .await
     }
 

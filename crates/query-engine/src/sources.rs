@@ -268,7 +268,7 @@ impl Sources {
     }
 }
 
-/// The files a registered files source reads now, through `ctx`'s object stores.
+/// The files a registered files source reads now, and the object store they are in (`ctx`'s).
 ///
 /// # Errors
 /// Why they cannot be listed.
@@ -276,7 +276,7 @@ pub(crate) async fn files(
     ctx: &SessionContext,
     url: &str,
     format: TableFormat,
-) -> Result<Vec<object_store::ObjectMeta>, Refusal> {
+) -> Result<(Arc<dyn ObjectStore>, Vec<object_store::ObjectMeta>), Refusal> {
     use futures_util::TryStreamExt;
     let failed = |e: datafusion::error::DataFusionError| {
         format!("cannot list {}: {}", shown_raw(url), crate::message(&e))
@@ -286,7 +286,8 @@ pub(crate) async fn files(
     let ext = if url.ends_with('/') { extension(format) } else { "" };
     let state = ctx.state();
     let found = listing.list_all_files(&state, store.as_ref(), ext).await.map_err(failed)?;
-    found.try_collect().await.map_err(failed)
+    let files = found.try_collect().await.map_err(failed)?;
+    Ok((store, files))
 }
 
 /// The extension of a prefix's files of `format`.

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use datafusion::common::TableReference;
-use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use domain::{
     EngineError, ExternalSource, Invalid, ProjectId, TableColumn, TableFormat, TableInfo, TableName,
@@ -193,13 +192,9 @@ async fn describe_external(
             .map_err(|e| EngineError::Internal(Box::new(e)))?;
         info.columns = table_columns(&provider.schema());
         if let ExternalSource::Files { url, format } = &source {
-            let files = crate::sources::files(&ctx, url, *format)
+            let (store, files) = crate::sources::files(&ctx, url, *format)
                 .await
                 .map_err(|e| EngineError::Unavailable(e.into()))?;
-            let store = ctx
-                .runtime_env()
-                .object_store(ListingTableUrl::parse(url).map_err(|e| EngineError::Internal(Box::new(e)))?)
-                .map_err(|e| EngineError::Internal(Box::new(e)))?;
             info.bytes = Some(files.iter().map(|m| m.size).sum());
             if *format == TableFormat::Parquet {
                 let metas: Vec<&ObjectMeta> = files.iter().collect();
