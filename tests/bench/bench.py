@@ -286,7 +286,11 @@ def fill_endpoints(data_dir, total):
         rows.append((id_, 1, f"filler-{i:06d}", "", None, True, False, None, None, 1, now, now, None))
         versions.append((id_, 1, query, "", columns, None, None, now, eligibility))
     db.executemany("INSERT INTO endpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-    db.executemany("INSERT INTO endpoint_versions VALUES (?,?,?,?,?,?,?,?,?)", versions)
+    db.executemany(
+        "INSERT INTO endpoint_versions (endpoint_id, version, query, description, output_columns, cache_age_seconds,"
+        " sync_frequency, created_at, eligibility) VALUES (?,?,?,?,?,?,?,?,?)",
+        versions,
+    )
     db.commit()
     db.close()
 
@@ -340,6 +344,7 @@ mode, source, target, rows, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(
 runs = []
 for _ in range(rounds):
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
     t = time.perf_counter()
     if mode == "import":
         con.sql(f"COPY (SELECT * FROM read_csv('{source}')) TO '{target}' (FORMAT parquet)")
@@ -361,7 +366,7 @@ print(json.dumps({"median_ms": statistics.median(runs)}))
 def duckdb_io(venv_python, mode, source, target, rows, rounds):
     out = subprocess.run([venv_python, "-c", DUCKDB_IO, mode, source, target, str(rows), str(rounds)],
                          check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["median_ms"]
+    return json.loads(out.strip().splitlines()[-1])["median_ms"]  # the figures are the last line
 
 
 def upload(app, table, path, key):
@@ -407,8 +412,6 @@ def data_in_and_out(args, main_app, root, table_dir):
     figures = {"csv_bytes": csv_bytes}
     app = main_app.start("--materialize-workers", "0", "--max-upload-mb", str(csv_bytes // (1 << 20) + 64))
     writer = main_app.cli("key", "create", "--project", "1", "--scope", "endpoint:write", "--scope", "table:write")["key"]
-    time.sleep(2)
-    idle_mb = rss_kb(app.process.pid) / 1024
     uploads = []
     with PeakRss(app.process.pid) as peak:
         for _ in range(2):
@@ -422,7 +425,12 @@ def data_in_and_out(args, main_app, root, table_dir):
         f"{figures['duckdb_import_ms']:.0f} ms")
     app.request("POST", "/api/projects/1/endpoints/",
                 {"name": "export-probe", "query": {"kind": "SQLQuery", "query": "SELECT * FROM events"}})
-    figures["idle_mb"], figures["exports"] = idle_mb, {}
+    app.stop()
+    # The exports' memory is measured on a process that has done nothing else: what the upload's allocations
+    # left behind is not the export's.
+    app = main_app.start("--materialize-workers", "0")
+    time.sleep(2)
+    figures["idle_mb"], figures["exports"] = rss_kb(app.process.pid) / 1024, {}
     for fmt in EXPORT_FORMATS:
         path = f"/api/projects/1/endpoints/export-probe/run?refresh=direct&limit={EXPORT_ROWS}&format={fmt}"
         target = os.path.join(root, f"export.{fmt}")
@@ -515,7 +523,8 @@ def main():
         app.timed(LIVE_PATH + "&refresh=direct", 1)
         table_dir = os.path.join(main_app.data_dir, "projects", "1", "tables", "events")
         with open(os.path.join(table_dir, "_current"), encoding="utf-8") as pointer:
-            table_dir = os.path.join(table_dir, pointer.read().strip())  # the table's current version
+            # The pointer's first line names the table's current version (the second, when it was written).
+            table_dir = os.path.join(table_dir, pointer.readline().strip())
         live_runs, bare_runs, live_mb, bare_kb = [], [], 0, 0
         for _ in range(LIVE_BATCHES):
             with PeakRss(app.process.pid) as peak:
