@@ -25,7 +25,7 @@ BALLISTA := query-engine/ballista,server/ballista
 
 .PHONY: help
 help: ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 .PHONY: deps
 deps: ## Install the system packages the build needs (mold, libpq-dev, libssl-dev, pkg-config).
@@ -40,8 +40,38 @@ deps: ## Install the system packages the build needs (mold, libpq-dev, libssl-de
 	fi
 
 .PHONY: build
-build: deps ## Build the release binary.
+build: deps console ## Build the release binary (with the web console in it).
 	cargo build --release --locked -p server
+
+# The web console (console/): TypeScript and Svelte built by Vite into console/dist, which the binary embeds.
+# Node is needed to build it, never to run it. It is rebuilt only when one of its sources changed, so that the
+# binary, which embeds the files, is not relinked for nothing.
+CONSOLE_SOURCES := $(shell find console/src -type f -not -name schema.d.ts 2>/dev/null) \
+  $(addprefix console/,index.html package.json vite.config.ts tsconfig.json svelte.config.js)
+
+.PHONY: node
+node: ## Install Node.js and npm from Debian's packages if missing.
+	@command -v node >/dev/null && command -v npm >/dev/null || { echo "Installing Node.js and npm"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm >/dev/null; }
+
+console/node_modules/.package-lock.json: console/package-lock.json | node
+	cd console && npm ci --no-audit --no-fund
+
+console/dist/index.html: $(CONSOLE_SOURCES) console/node_modules/.package-lock.json
+	cd console && npm run build
+
+.PHONY: console
+console: node console/dist/index.html ## Build the web console (type-checked against the API's own schema) into console/dist.
+
+.PHONY: console-check
+console-check: console $(VENV)/bin/python ## The console's unit tests (Vitest), then end to end in headless Chromium (screenshots in target/console-screenshots/).
+	cd console && npm test
+	@command -v chromium >/dev/null || { echo "Installing Chromium"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+	@$(VENV)/bin/python -c 'import playwright' 2>/dev/null || $(VENV)/bin/pip install -q '$(PLAYWRIGHT)'
+	@[ -x target/debug/endpoints ] || cargo build --locked -p server
+	@rm -rf target/console-screenshots
+	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/console/console_e2e.py
 
 .PHONY: run
 run: build ## Build, migrate, create the demo project and a key, print a curl line, and serve on $(BIND).
@@ -113,16 +143,16 @@ layers: ## Check that no part of the domain imports a later one.
 	[ $$status = 0 ] && echo "layers: $(DOMAIN_PARTS) import only what comes before them"; exit $$status
 
 .PHONY: test
-test: deps lint ## Everything CI checks: lint, then every test (SQLite, a local PostgreSQL, S3 on moto, Ballista).
+test: deps lint ## Everything CI checks: lint, then every test (SQLite, a local PostgreSQL, S3 on moto, Ballista, the console).
 	@mkdir -p target
-	@$(MAKE) --no-print-directory postgres moto
+	@$(MAKE) --no-print-directory postgres moto console
 	@rm -rf target/openapi-samples
 	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server \
 	  cargo test --workspace --locked
 	@echo "The engine's suite again, on a Ballista cluster, and the application on one:"
 	TEST_ENGINE=ballista cargo test --locked -p query-engine --features ballista
 	TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server cargo test --locked -p server --features ballista --test api distributed
-	@$(MAKE) --no-print-directory openapi-check client-check formats-check schemathesis-check
+	@$(MAKE) --no-print-directory openapi-check client-check formats-check schemathesis-check console-check
 
 VENV := target/venv
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
@@ -131,6 +161,7 @@ DUCKDB := duckdb==1.4.4
 SCHEMATHESIS := schemathesis==4.32.5
 PYARROW := pyarrow==22.0.0
 MOTO := moto[server]==5.2.5
+PLAYWRIGHT := playwright==1.65.2
 ST_MAX_EXAMPLES ?= 10
 
 $(VENV)/bin/python:

@@ -264,3 +264,72 @@ async fn stops_gracefully() {
         "no longer listening"
     );
 }
+
+#[tokio::test]
+async fn a_dry_run_checks_a_create_or_an_update_and_saves_nothing() {
+    let app = spawn_app().await;
+    let (project, key) = app.project_with_key();
+    let (_, reader) = app.create_key(project, &["endpoint:read"]);
+    for family in FAMILIES {
+        let base = format!("{family}/{project}/endpoints");
+        let body = endpoint_body("kpi", "SELECT 1 AS n, 'a' AS label");
+        let checked = app.post(&format!("{base}?dry_run=true"), &key, &body).await;
+        assert_eq!(checked.status(), 200);
+        assert!(checked.headers().get("location").is_none());
+        let checked: Value = checked.json().await.unwrap();
+        assert_eq!(
+            checked["columns"],
+            json!([{"name": "n", "type": "integer"}, {"name": "label", "type": "string"}])
+        );
+        assert_eq!((&checked["name"], &checked["current_version"]), (&json!("kpi"), &json!(1)));
+        assert_error(app.get(&format!("{base}/kpi"), &key).await, 404, "not_found").await;
+
+        // What a create refuses, a dry run refuses the same way; it needs the same scope.
+        let bad = endpoint_body("kpi", "SELECT nope FROM missing");
+        let err = assert_error(
+            app.post(&format!("{base}?dry_run=true"), &key, &bad).await,
+            400,
+            "validation_error",
+        )
+        .await;
+        assert_eq!(err["attr"], "query");
+        let err = assert_error(
+            app.post(&format!("{base}?dry_run=maybe"), &key, &body).await,
+            400,
+            "validation_error",
+        )
+        .await;
+        assert_eq!(err["attr"], "dry_run");
+        assert_error(
+            app.post(&format!("{base}?dry_run=true"), &reader, &body).await,
+            403,
+            "permission_denied",
+        )
+        .await;
+
+        // `false` is a real create; then the name is taken, for a dry run too.
+        assert_eq!(app.post(&format!("{base}?dry_run=false"), &key, &body).await.status(), 201);
+        assert_error(app.post(&format!("{base}?dry_run=true"), &key, &body).await, 409, "conflict").await;
+
+        // An update answers the next version with its columns, and changes nothing.
+        let change = json!({"description": "new", "query": {"kind": "SQLQuery", "query": "SELECT 2.5 AS x"}});
+        let response = app.patch(&format!("{base}/kpi?dry_run=true"), &key, &change).await;
+        assert_eq!(response.status(), 200);
+        let checked: Value = response.json().await.unwrap();
+        assert_eq!((&checked["current_version"], &checked["description"]), (&json!(2), &json!("new")));
+        assert_eq!(checked["columns"], json!([{"name": "x", "type": "float"}]));
+        let stored: Value = app.get(&format!("{base}/kpi"), &key).await.json().await.unwrap();
+        assert_eq!((&stored["current_version"], &stored["description"]), (&json!(1), &json!("")));
+        let versions: Value = app.get(&format!("{base}/kpi/versions"), &key).await.json().await.unwrap();
+        assert_eq!(versions["count"], 1);
+        let bad = json!({"query": {"kind": "SQLQuery", "query": "SELECT {variables.x} AS x"}});
+        let err = assert_error(
+            app.patch(&format!("{base}/kpi?dry_run=true"), &key, &bad).await,
+            400,
+            "validation_error",
+        )
+        .await;
+        assert_eq!(err["attr"], "query");
+        assert_eq!(app.delete(&format!("{base}/kpi"), &key).await.status(), 204);
+    }
+}

@@ -3,6 +3,7 @@
 
 mod auth;
 mod cli;
+mod console;
 mod crud;
 #[cfg(feature = "ballista")]
 mod distributed;

@@ -6,6 +6,7 @@
 //! behind the ports.
 
 mod api;
+mod console;
 mod disconnect;
 mod error;
 mod extract;

@@ -4,7 +4,7 @@ use actix_web::{guard, web, HttpResponse};
 
 use crate::error::ApiError;
 use crate::handlers::{endpoints, materialization, runs, tables, versions};
-use crate::operations;
+use crate::{console, operations};
 
 /// Each family's static prefix is matched by a string comparison before its dynamic part is tried.
 const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projects"];
@@ -13,7 +13,7 @@ const TABLES_REST: &str = "/{project_id}/tables";
 
 /// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
 /// not a different operation.
-pub(crate) const ROUTE_NAMES: [&str; 15] = [
+pub(crate) const ROUTE_NAMES: [&str; 17] = [
     "run",
     "endpoints",
     "last_execution_times",
@@ -29,6 +29,8 @@ pub(crate) const ROUTE_NAMES: [&str; 15] = [
     "healthz",
     "readyz",
     "metrics",
+    "home",
+    "console",
 ];
 
 /// A resource's fallback for methods it does not serve: 405 with `Allow`.
@@ -168,6 +170,20 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
         web::get().to(|| async {
             HttpResponse::Found().insert_header(("Location", "/api/docs/index.html")).finish()
         }),
+    );
+    // The web console: `/` leads to it; every path under /console is its page or one of its files.
+    let read = || guard::Any(guard::Get()).or(guard::Head());
+    cfg.service(
+        web::resource("/")
+            .name("home")
+            .route(web::route().guard(read()).to(console::home))
+            .default_service(web::to(not_allowed("GET, HEAD"))),
+    );
+    cfg.service(
+        web::resource(["/console", "/console/{path:.*}"])
+            .name("console")
+            .route(web::route().guard(read()).to(console::serve))
+            .default_service(web::to(not_allowed("GET, HEAD"))),
     );
     cfg.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::RouteNotFound) }));
 }

@@ -176,4 +176,22 @@ mod tests {
         let sync = &doc["components"]["schemas"]["Endpoint"]["properties"]["sync_frequency"]["enum"];
         assert_eq!(sync[0], "5min", "named values come from the domain: {sync}");
     }
+
+    /// The web console's types are generated from its copy of this document, so that an API change that breaks
+    /// the console fails its build. `UPDATE_CONSOLE_SCHEMA=1` writes the copy again after a change.
+    #[test]
+    fn the_console_is_typed_from_this_document() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../console/src/api/openapi.json");
+        let doc = serde_json::to_value(super::document()).unwrap();
+        if std::env::var_os("UPDATE_CONSOLE_SCHEMA").is_some() {
+            let text = serde_json::to_string_pretty(&doc).unwrap() + "\n";
+            std::fs::write(path, text).unwrap();
+        }
+        let copy: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert!(
+            copy == doc,
+            "console/src/api/openapi.json differs from /api/schema: run \
+             `UPDATE_CONSOLE_SCHEMA=1 cargo test -p http-actix console_is_typed`, then `make console`"
+        );
+    }
 }

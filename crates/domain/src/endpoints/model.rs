@@ -170,9 +170,68 @@ impl PlannedQuery {
     }
 }
 
+impl NewEndpoint {
+    /// The endpoint as the store would save it, for a dry run that saves nothing.
+    pub fn unsaved(self) -> Endpoint {
+        Endpoint {
+            id: self.id,
+            project_id: self.project_id,
+            name: self.name,
+            description: self.description,
+            query: self.query,
+            derived_from_insight: self.derived_from_insight,
+            is_active: self.is_active,
+            is_materialized: self.is_materialized,
+            cache_age: self.cache_age,
+            sync_frequency: self.sync_frequency,
+            current_version: 1,
+            versions_count: 1,
+            columns: self.columns,
+            created_at: self.created_at,
+            updated_at: self.created_at,
+            last_executed_at: None,
+            eligibility: Some(self.eligibility),
+            tables: Some(self.tables),
+            plan_error: None,
+            materialization: None,
+        }
+    }
+}
+
 impl EndpointChange {
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// The endpoint as it would be after this change at `at`, for a dry run that saves nothing (the store
+    /// applies a change itself, in one transaction). A query makes the next version.
+    pub fn applied_to(self, mut endpoint: Endpoint, at: Timestamp) -> Endpoint {
+        let Self {
+            description,
+            derived_from_insight,
+            is_active,
+            is_materialized,
+            cache_age,
+            sync_frequency,
+            query,
+        } = self;
+        endpoint.description = description.unwrap_or(endpoint.description);
+        endpoint.derived_from_insight = derived_from_insight.unwrap_or(endpoint.derived_from_insight);
+        endpoint.is_active = is_active.unwrap_or(endpoint.is_active);
+        endpoint.is_materialized = is_materialized.unwrap_or(endpoint.is_materialized);
+        endpoint.cache_age = cache_age.unwrap_or(endpoint.cache_age);
+        endpoint.sync_frequency = sync_frequency.unwrap_or(endpoint.sync_frequency);
+        if let Some(planned) = query {
+            endpoint.current_version += 1;
+            endpoint.versions_count = endpoint.current_version;
+            endpoint.query = planned.query;
+            endpoint.columns = planned.columns;
+            endpoint.eligibility = Some(planned.eligibility);
+            endpoint.tables = Some(planned.tables);
+            endpoint.plan_error = None;
+        }
+        endpoint.updated_at = at;
+        endpoint
     }
 }
 

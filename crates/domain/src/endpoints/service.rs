@@ -177,6 +177,27 @@ impl EndpointService {
     /// [`Error::Invalid`] for any field that breaks a rule (including SQL the engine refuses),
     /// [`Error::NameTaken`], store and engine failures.
     pub async fn create(&self, project: ProjectId, body: &Value) -> Result<Endpoint, Error> {
+        let endpoint = self.planned_create(project, body).await?;
+        let created = self.store.insert(endpoint).await?;
+        self.materialization_attached(created).await
+    }
+
+    /// Checks a create body as [`create`](Self::create) does, the name's availability included, and answers
+    /// the endpoint it would make, without saving anything (a dry run).
+    ///
+    /// # Errors
+    /// As [`create`](Self::create).
+    pub async fn check_create(&self, project: ProjectId, body: &Value) -> Result<Endpoint, Error> {
+        let endpoint = self.planned_create(project, body).await?;
+        match self.store.get(project, &endpoint.name).await {
+            Ok(_) => Err(Error::NameTaken(endpoint.name.to_string())),
+            Err(StoreError::NotFound) => Ok(endpoint.unsaved()),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    /// A create body checked, with its query planned: the endpoint to insert.
+    async fn planned_create(&self, project: ProjectId, body: &Value) -> Result<NewEndpoint, Error> {
         let fields = Fields::new(body, &ENDPOINT_FIELDS)?;
         let name = match fields.nullable_string("name")? {
             Some(Some(name)) => EndpointName::parse(&name)?,
@@ -213,16 +234,7 @@ impl EndpointService {
         if endpoint.is_materialized {
             check_materializable(endpoint.is_active, &eligibility)?;
         }
-        let created = self
-            .store
-            .insert(NewEndpoint {
-                columns: description.columns,
-                tables: description.tables,
-                eligibility,
-                ..endpoint
-            })
-            .await?;
-        self.materialization_attached(created).await
+        Ok(NewEndpoint { columns: description.columns, tables: description.tables, eligibility, ..endpoint })
     }
 
     /// # Errors
@@ -266,8 +278,54 @@ impl EndpointService {
     /// engine failures.
     pub async fn update(&self, project: ProjectId, name: &str, body: &Value) -> Result<Endpoint, Error> {
         let name = path_name(name)?;
+        let (current, change) = self.planned_update(project, &name, body).await?;
+        if change.is_empty() {
+            return self.materialization_attached(current).await;
+        }
+        let materialized = change.is_materialized.unwrap_or(current.is_materialized);
+        let rescheduled = materialized && current.is_materialized && change.sync_frequency.is_some();
+        let at = self.clock.now();
+        let updated =
+            self.store.update(project, &name, change, at).await.map_err(|e| name_error(e, &name))?;
+        self.changes.changed(project, &name);
+        if current.is_materialized && !updated.is_materialized {
+            self.drop_stored_results(project, updated.id, &name).await;
+        } else if rescheduled {
+            // The change is saved; a failure here only delays the refresh to the old schedule.
+            if let Err(err) = self.materializations.states.reschedule(updated.id, at).await {
+                tracing::warn!(endpoint = %name, error = %err, "cannot reschedule the materialization");
+            }
+        }
+        self.materialization_attached(self.newest_execution(updated)).await
+    }
+
+    /// Checks an update body as [`update`](Self::update) does and answers the endpoint as it would be (with
+    /// the next version when the query changes), without saving anything (a dry run).
+    ///
+    /// # Errors
+    /// As [`update`](Self::update).
+    pub async fn check_update(
+        &self,
+        project: ProjectId,
+        name: &str,
+        body: &Value,
+    ) -> Result<Endpoint, Error> {
+        let name = path_name(name)?;
+        let (current, change) = self.planned_update(project, &name, body).await?;
+        let updated = if change.is_empty() { current } else { change.applied_to(current, self.clock.now()) };
+        self.materialization_attached(self.newest_execution(updated)).await
+    }
+
+    /// An update body checked against the endpoint, with a changed query planned: the endpoint as it is and
+    /// the change to save, empty when the body changes nothing.
+    async fn planned_update(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        body: &Value,
+    ) -> Result<(Endpoint, EndpointChange), Error> {
         let fields = Fields::new(body, &ENDPOINT_FIELDS)?;
-        let current = self.store.get(project, &name).await.map_err(|e| name_error(e, &name))?;
+        let current = self.store.get(project, name).await.map_err(|e| name_error(e, name))?;
         if let Some(requested) = fields.nullable_string("name")? {
             if requested.as_deref() != Some(name.as_str()) {
                 return Err(Invalid::field(
@@ -304,7 +362,7 @@ impl EndpointService {
         }
         drop_unchanged(&mut change, &current);
         if change.is_empty() {
-            return self.materialization_attached(current).await;
+            return Ok((current, change));
         }
         let active = change.is_active.unwrap_or(current.is_active);
         if materialized
@@ -316,20 +374,7 @@ impl EndpointService {
             };
             check_materializable(active, &eligibility)?;
         }
-        let rescheduled = materialized && current.is_materialized && change.sync_frequency.is_some();
-        let at = self.clock.now();
-        let updated =
-            self.store.update(project, &name, change, at).await.map_err(|e| name_error(e, &name))?;
-        self.changes.changed(project, &name);
-        if current.is_materialized && !updated.is_materialized {
-            self.drop_stored_results(project, updated.id, &name).await;
-        } else if rescheduled {
-            // The change is saved; a failure here only delays the refresh to the old schedule.
-            if let Err(err) = self.materializations.states.reschedule(updated.id, at).await {
-                tracing::warn!(endpoint = %name, error = %err, "cannot reschedule the materialization");
-            }
-        }
-        self.materialization_attached(self.newest_execution(updated)).await
+        Ok((current, change))
     }
 
     /// Deletes the endpoint with all its versions.

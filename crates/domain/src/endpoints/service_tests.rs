@@ -71,28 +71,7 @@ fn echoing_store() -> MockEndpointStore {
 }
 
 fn saved(new: NewEndpoint) -> Endpoint {
-    Endpoint {
-        id: new.id,
-        project_id: new.project_id,
-        name: new.name,
-        description: new.description,
-        query: new.query,
-        derived_from_insight: new.derived_from_insight,
-        is_active: new.is_active,
-        is_materialized: new.is_materialized,
-        cache_age: new.cache_age,
-        sync_frequency: new.sync_frequency,
-        current_version: 1,
-        versions_count: 1,
-        columns: new.columns,
-        created_at: new.created_at,
-        updated_at: new.created_at,
-        last_executed_at: None,
-        eligibility: Some(new.eligibility),
-        tables: Some(new.tables),
-        plan_error: None,
-        materialization: None,
-    }
+    new.unsaved()
 }
 
 fn body(extra: Value) -> Value {
@@ -206,6 +185,60 @@ async fn create_maps_a_taken_name_to_a_conflict() {
     store.expect_insert().returning(|new| Err(StoreError::NameTaken(new.name.to_string())));
     let err = service(store, describing_engine()).create(project(), &body(json!({}))).await.unwrap_err();
     assert!(matches!(err, Error::NameTaken(name) if name == "daily"));
+}
+
+#[tokio::test]
+async fn a_dry_run_create_checks_everything_and_saves_nothing() {
+    // No insert is expected: a save would fail the test.
+    let mut store = MockEndpointStore::new();
+    store.expect_get().times(1).returning(|_, _| Err(StoreError::NotFound));
+    let checked = service(store, describing_engine())
+        .check_create(project(), &body(json!({"description": "d"})))
+        .await
+        .unwrap();
+    assert_eq!((checked.name.as_str(), checked.description.as_str()), ("daily", "d"));
+    assert_eq!((checked.current_version, checked.columns), (1, columns()));
+    // The checks of a create: a bad field, a taken name.
+    let err = service(MockEndpointStore::new(), describing_engine())
+        .check_create(project(), &body(json!({"name": "1x"})))
+        .await
+        .unwrap_err();
+    assert_eq!(invalid_attr(err), "name");
+    let taken = service(store_with_existing(), describing_engine())
+        .check_create(project(), &body(json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(&taken, Error::NameTaken(name) if name == "daily"), "{taken:?}");
+}
+
+#[tokio::test]
+async fn a_dry_run_update_answers_the_next_version_and_saves_nothing() {
+    // `store_with_existing` expects no update: a save would fail the test.
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(|_, _| {
+        let m = Column { name: "m".into(), column_type: ColumnType::Float };
+        Ok(QueryDescription { columns: vec![m], ..description() })
+    });
+    let query = json!({"kind": "SQLQuery", "query": "SELECT 2.0 AS m"});
+    let checked = service(store_with_existing(), engine)
+        .check_update(project(), "daily", &json!({"description": "new", "query": query}))
+        .await
+        .unwrap();
+    assert_eq!((checked.current_version, checked.versions_count), (2, 2));
+    assert_eq!((checked.query.sql.as_str(), checked.description.as_str()), ("SELECT 2.0 AS m", "new"));
+    assert_eq!(checked.columns[0].name, "m");
+    assert_eq!(checked.updated_at, NOW);
+    // Settings alone keep the version; the rules of an update hold.
+    let settings = service(store_with_existing(), MockQueryEngine::new())
+        .check_update(project(), "daily", &json!({"is_active": false}))
+        .await
+        .unwrap();
+    assert_eq!((settings.current_version, settings.is_active), (1, false));
+    let err = service(store_with_existing(), MockQueryEngine::new())
+        .check_update(project(), "daily", &json!({"name": "other"}))
+        .await
+        .unwrap_err();
+    assert_eq!(invalid_attr(err), "name");
 }
 
 fn store_with_existing() -> MockEndpointStore {

@@ -28,6 +28,7 @@ fn variable_declaration() -> ObjectBuilder {
             .property(
                 "default",
                 ObjectBuilder::new()
+                    .schema_type(SchemaType::AnyValue)
                     .description(Some("A value of the type; none makes the variable required.")),
             )
             .property("required", ObjectBuilder::new().schema_type(nullable(Type::Boolean)))

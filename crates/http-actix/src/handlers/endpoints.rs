@@ -36,14 +36,30 @@ pub(crate) async fn list(
     Ok(HttpResponse::Ok().json(EndpointPage::of(&req, page)))
 }
 
+/// `?dry_run=true` on a create or an update: the body is checked as the call itself would check it, and the
+/// answer is the endpoint it would make, but nothing is saved.
+fn dry_run(query: &HashMap<String, String>) -> Result<bool, ApiError> {
+    let requested = query.get("dry_run").map(|raw| domain::parse_bool_param("dry_run", raw)).transpose();
+    Ok(requested.map_err(domain::Error::from)?.unwrap_or(false))
+}
+
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints", operation_id = "create_endpoint",
-    params(("project_id" = String, Path)), request_body = EndpointCreate,
-    responses((status = 201, body = Endpoint, headers(("Location" = String, description = "The new endpoint's URL"))), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+    params(("project_id" = String, Path),
+           ("dry_run" = Option<bool>, Query, description = "Check the body as a create would (the name included) and answer 200 with the endpoint it would make, saving nothing")),
+    request_body = EndpointCreate,
+    responses((status = 201, body = Endpoint, headers(("Location" = String, description = "The new endpoint's URL"))),
+              (status = 200, body = Endpoint, description = "dry_run: the endpoint a create would make; nothing was saved"),
+              (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
               (status = 409, body = Error), (status = 413, body = Error), (status = 415, body = Error)))]
 pub(crate) async fn create(
     state: web::Data<AppState>,
     caller: AuthorizedJson<EndpointWrite>,
+    query: web::Query<HashMap<String, String>>,
 ) -> Result<HttpResponse, ApiError> {
+    if dry_run(&query)? {
+        let endpoint = state.endpoints.check_create(caller.project, &caller.body).await?;
+        return Ok(HttpResponse::Ok().json(Endpoint::from(endpoint)));
+    }
     let endpoint = state.endpoints.create(caller.project, &caller.body).await?;
     let location = format!("/api/projects/{}/endpoints/{}", endpoint.project_id, endpoint.name);
     Ok(HttpResponse::Created().insert_header((header::LOCATION, location)).json(Endpoint::from(endpoint)))
@@ -62,14 +78,21 @@ pub(crate) async fn retrieve(
 }
 
 #[utoipa::path(patch, path = "/api/projects/{project_id}/endpoints/{name}", operation_id = "update_endpoint",
-    params(("project_id" = String, Path), ("name" = String, Path)), request_body = EndpointUpdate,
+    params(("project_id" = String, Path), ("name" = String, Path),
+           ("dry_run" = Option<bool>, Query, description = "Check the body as an update would and answer the endpoint as it would be (the next version when the query changes), saving nothing")),
+    request_body = EndpointUpdate,
     responses((status = 200, body = Endpoint), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
 pub(crate) async fn update(
     state: web::Data<AppState>,
     caller: AuthorizedJson<EndpointWrite>,
     path: web::Path<EndpointPath>,
+    query: web::Query<HashMap<String, String>>,
 ) -> Result<HttpResponse, ApiError> {
-    let endpoint = state.endpoints.update(caller.project, &path.name, &caller.body).await?;
+    let endpoint = if dry_run(&query)? {
+        state.endpoints.check_update(caller.project, &path.name, &caller.body).await?
+    } else {
+        state.endpoints.update(caller.project, &path.name, &caller.body).await?
+    };
     Ok(HttpResponse::Ok().json(Endpoint::from(endpoint)))
 }
 

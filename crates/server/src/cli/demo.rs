@@ -118,7 +118,9 @@ pub(super) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
             Err(other) => return Err(other.into()),
         }
     }
-    let key = key::create(&services, project.id, vec![Scope::EndpointWrite], "demo".into(), None).await?;
+    // The demo key may do everything the console offers: endpoints and the project's tables.
+    let scopes = vec![Scope::EndpointWrite, Scope::TableWrite];
+    let key = key::create(&services, project.id, scopes, "demo".into(), None).await?;
     let secret = key["key"].as_str().unwrap_or_default();
     let base = format!("{}/api/projects/{}/endpoints", args.base_url.trim_end_matches('/'), project.id);
     let curl = format!("curl -s -H 'Authorization: Bearer {secret}' '{base}/events-by-country/run?variables.since=2026-03-01'");
@@ -134,8 +136,10 @@ pub(super) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
         println!(
             "Demo endpoints: events-by-country, daily-revenue, browser-share, country-daily (materialized)"
         );
-        println!("API key (read and write, shown once): {secret}");
+        println!("API key (endpoints and tables, read and write; shown once): {secret}");
         println!("Try:\n  {curl}\n  curl -s -H 'Authorization: Bearer {secret}' '{base}/'");
+        let console = format!("{}/console/", args.base_url.trim_end_matches('/'));
+        println!("Or open the console at {console} and paste the key.");
     }
     Ok(())
 }
