@@ -143,9 +143,9 @@ layers: ## Check that no part of the domain imports a later one.
 	[ $$status = 0 ] && echo "layers: $(DOMAIN_PARTS) import only what comes before them"; exit $$status
 
 .PHONY: test
-test: deps lint ## Everything CI checks: lint, then every test (SQLite, a local PostgreSQL, S3 on moto, Ballista, the console).
+test: deps console lint ## Everything CI checks: lint, then every test (SQLite, a local PostgreSQL, S3 on moto, Ballista, the console).
 	@mkdir -p target
-	@$(MAKE) --no-print-directory postgres moto console
+	@$(MAKE) --no-print-directory postgres moto
 	@rm -rf target/openapi-samples
 	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server \
 	  cargo test --workspace --locked
