@@ -145,11 +145,6 @@ impl DataFusionEngine {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
         let ctx = self.live_session(project, &compiled).await?;
-        if self.scheduler().is_none() {
-            // One task writes an export as its rows arrive, so a second partition would only decode a second
-            // row group ahead of it: memory for no speed. (A cluster plans its own partitions.)
-            ctx.state_ref().write().config_mut().options_mut().execution.target_partitions = 1;
-        }
         self.write_page(&ctx, &compiled, values, limit, offset, format).await
     }
 
