@@ -18,6 +18,7 @@ SOAK_SECONDS ?= 180
 FUZZ_CASES ?= 100000
 FUZZ_SECONDS ?= 1800
 BENCH_ROWS ?= 10000000
+VENV := target/venv
 CARGO_DENY_VERSION ?= 0.20.2
 DENY_CHECKS ?=
 # The build with the distributed engine (Apache DataFusion Ballista), which `make lint` and `make test` check too.
@@ -154,7 +155,6 @@ test: deps console lint ## Everything CI checks: lint, then every test (SQLite, 
 	TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server cargo test --locked -p server --features ballista --test api distributed
 	@$(MAKE) --no-print-directory openapi-check client-check formats-check schemathesis-check console-check
 
-VENV := target/venv
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
 OPENAPI_CLIENT := openapi-python-client==0.29.1
 DUCKDB := duckdb==1.4.4
