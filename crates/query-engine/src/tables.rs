@@ -27,6 +27,11 @@ use crate::catalog::{
 };
 use crate::storage::Storage;
 
+/// Rows per row group of a table's files. Smaller than the writer's default of 1 Mi rows: a scan decodes a
+/// row group at a time (and one ahead), so this bounds what an export or a run holds in memory, row-group
+/// statistics can skip finer ranges, and a file of a few million rows still splits across the cores.
+const TABLE_ROW_GROUP: usize = 128 * 1024;
+
 /// Whether an import replaces the table or adds rows to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImportMode {
@@ -160,7 +165,10 @@ pub(crate) fn plain(schema: &SchemaRef) -> SchemaRef {
 impl TableWriter {
     fn create(storage: &Storage, path: ObjectPath, schema: SchemaRef) -> Result<Self, ImportError> {
         let schema = plain(&schema);
-        let props = WriterProperties::builder().set_compression(Compression::UNCOMPRESSED).build();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::UNCOMPRESSED)
+            .set_max_row_group_row_count(Some(TABLE_ROW_GROUP))
+            .build();
         let sink = BufWriter::new(Arc::clone(storage.store()), path);
         let writer = AsyncArrowWriter::try_new(sink, Arc::clone(&schema), Some(props))
             .map_err(|e| ImportError::Write(e.to_string()))?;
