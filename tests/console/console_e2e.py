@@ -199,6 +199,8 @@ def materialize(page):
     expect(page.get_by_test_id("materialization-status")).to_have_text("Completed", timeout=30_000)
     # The stored result holds every country's days: the run filters it.
     expect(page.get_by_test_id("materialized-rows")).to_have_text("7")
+    # Its variable filters an output group key: the rows themselves are stored, not a rollup.
+    expect(page.get_by_test_id("rollup-grouping")).to_have_count(0)
     expect(page.get_by_test_id("sync-frequency")).to_have_value("24hour")
     accessible(page, "materialization")
     shot(page, "07-materialization")

@@ -5,9 +5,11 @@
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use crate::materialization::Eligibility;
+use crate::materialization::{Eligibility, Rollup};
 use crate::query::ResultFormat;
-use crate::query::{bind, CompareOp, Query, QueryOutline, VariablePredicate};
+use crate::query::{
+    bind, AggregateCall, ColumnType, CompareOp, Query, QueryOutline, VariablePredicate, VariableType,
+};
 use crate::runs::RunRequest;
 
 /// Any JSON value, nested a few levels.
@@ -77,24 +79,48 @@ fn outline() -> impl Strategy<Value = QueryOutline> {
         Just(CompareOp::Gt),
         Just(CompareOp::GtEq)
     ];
-    let predicate = ("[a-c]", op, prop::option::of("[x-z]"), any::<bool>()).prop_map(
-        |(variable, op, output_column, group_key)| VariablePredicate {
-            variable,
-            op,
-            output_column,
-            group_key,
-        },
-    );
+    let typed = prop_oneof![
+        Just((VariableType::Date, ColumnType::Datetime)),
+        Just((VariableType::DateTime, ColumnType::Datetime)),
+        Just((VariableType::String, ColumnType::String)),
+    ];
+    let predicate = ("[a-c]", op, "[p-r]", typed, prop::option::of("[x-z]"), prop::option::of(0_usize..2))
+        .prop_map(|(variable, op, column, (variable_type, column_type), output_column, group_key)| {
+            VariablePredicate { variable, variable_type, op, column, column_type, output_column, group_key }
+        });
+    let call =
+        (prop_oneof![Just("count"), Just("sum"), Just("avg"), Just("min"), Just("median")], any::<bool>())
+            .prop_map(|(function, distinct)| AggregateCall {
+                text: format!("{function}(x)"),
+                function: function.into(),
+                distinct,
+                ordered: false,
+            });
     (
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
+        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
         prop::collection::vec(predicate, 0..4),
         prop::collection::vec("[a-c]", 0..2),
+        prop::collection::vec(call, 0..3),
     )
-        .prop_map(|(limit_or_offset, aggregates, window_functions, predicates, other_uses)| {
-            QueryOutline { limit_or_offset, aggregates, window_functions, predicates, other_uses }
-        })
+        .prop_map(
+            |(
+                (limit_or_offset, aggregates, window_functions, grouping_sets),
+                predicates,
+                other_uses,
+                calls,
+            )| {
+                QueryOutline {
+                    limit_or_offset,
+                    aggregates,
+                    window_functions,
+                    group_keys: vec!["k".into(); 2],
+                    grouping_sets,
+                    aggregate_calls: calls,
+                    predicates,
+                    other_uses,
+                }
+            },
+        )
 }
 
 proptest! {
@@ -155,12 +181,33 @@ proptest! {
     #[test]
     fn eligibility_is_decided_for_any_outline_and_keeps_the_rule(outline in outline()) {
         match Eligibility::decide(&outline) {
-            Eligibility::Eligible { filters } => {
+            Eligibility::Eligible { filters, rollup } => {
                 prop_assert!(!outline.limit_or_offset);
                 for filter in &filters {
                     prop_assert!(!outline.other_uses.contains(&filter.variable));
-                    prop_assert!(outline.predicates.iter().any(|p| p.variable == filter.variable
-                        && p.output_column.as_deref() == Some(filter.column.as_str())));
+                }
+                match &rollup {
+                    // A plain stored result is filtered on the columns the query outputs.
+                    None => for filter in &filters {
+                        prop_assert!(outline.predicates.iter().any(|p| p.variable == filter.variable
+                            && p.output_column.as_deref() == Some(filter.column.as_str())));
+                    },
+                    // A rollup is filtered on its stored grouping, and recombines every aggregate.
+                    Some(rollup) => {
+                        prop_assert!(outline.aggregates && !outline.grouping_sets && !outline.window_functions);
+                        prop_assert!(outline.aggregate_calls.iter().all(|c| c.function != "median"));
+                        for (filter, predicate) in filters.iter().zip(&outline.predicates) {
+                            let stored = match predicate.group_key {
+                                Some(i) => Rollup::key_column(i),
+                                None => {
+                                    let j = rollup.columns.iter().position(|c| c.column == predicate.column);
+                                    prop_assert!(j.is_some());
+                                    Rollup::filter_column(j.unwrap_or_default())
+                                }
+                            };
+                            prop_assert_eq!(&filter.column, &stored);
+                        }
+                    }
                 }
                 // Every variable compared in the WHERE is applied to the stored result.
                 for predicate in &outline.predicates {

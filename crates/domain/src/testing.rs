@@ -81,7 +81,7 @@ pub fn endpoint(name: &str, query: Query) -> Endpoint {
         created_at: T0,
         updated_at: T0,
         last_executed_at: None,
-        eligibility: Some(Eligibility::Eligible { filters: Vec::new() }),
+        eligibility: Some(Eligibility::Eligible { filters: Vec::new(), rollup: None }),
         tables: Some(Vec::new()),
         plan_error: None,
         materialization: None,

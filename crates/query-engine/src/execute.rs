@@ -37,6 +37,8 @@ pub struct EngineLimits {
     pub refresh_timeout: Duration,
     /// The largest page of rows, as JSON, one run may answer (`result_too_large` past it).
     pub result_bytes: usize,
+    /// The most rows a rollup may store; a refresh that would store more fails, saying so.
+    pub rollup_rows: u64,
 }
 
 impl Default for EngineLimits {
@@ -48,6 +50,7 @@ impl Default for EngineLimits {
             retry_after: Duration::from_secs(1),
             refresh_timeout: Duration::from_secs(600),
             result_bytes: 32 * 1024 * 1024,
+            rollup_rows: 10_000_000,
         }
     }
 }

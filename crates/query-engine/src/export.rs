@@ -159,6 +159,18 @@ impl DataFusionEngine {
         format: ResultFormat,
     ) -> Result<Export, EngineError> {
         let plan = self.plan(ctx, compiled, values).await?;
+        self.write_plan(ctx, plan, limit, offset, format).await
+    }
+
+    /// The page `offset..offset+limit` of a planned query's rows, written in `format` to a temporary file.
+    pub(crate) async fn write_plan(
+        &self,
+        ctx: &SessionContext,
+        plan: datafusion::logical_expr::LogicalPlan,
+        limit: u32,
+        offset: u64,
+        format: ResultFormat,
+    ) -> Result<Export, EngineError> {
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;

@@ -18,6 +18,7 @@ mod materialized;
 mod metrics;
 mod outline;
 mod progress;
+mod rollup;
 mod runtime;
 mod sources;
 mod storage;
@@ -292,6 +293,19 @@ impl DataFusionEngine {
     ) -> Result<domain::QueryResult, EngineError> {
         let started = std::time::Instant::now();
         let plan = self.plan(ctx, compiled, values).await?;
+        self.run_plan(ctx, plan, limit, offset, started).await
+    }
+
+    /// Runs a planned query for the page `offset..offset+limit` of its rows; `started` is when its planning
+    /// began, for the statistics.
+    async fn run_plan(
+        &self,
+        ctx: &datafusion::prelude::SessionContext,
+        plan: datafusion::logical_expr::LogicalPlan,
+        limit: u32,
+        offset: u64,
+        started: std::time::Instant,
+    ) -> Result<domain::QueryResult, EngineError> {
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;

@@ -106,13 +106,45 @@ async fn plans_tell_which_queries_can_be_materialized() {
                 variable: variable.into(),
             })
             .collect();
-        assert_eq!(decided, Eligibility::Eligible { filters: expected }, "{sql}");
+        assert_eq!(decided, Eligibility::Eligible { filters: expected, rollup: None }, "{sql}");
+    }
+    let vars = json!({"c": string_var(), "m": {"type": "Number", "default": 1}, "d": {"type": "Date", "default": "2026-01-01"}});
+    let rollups = [
+        ("SELECT count(*) AS n FROM events WHERE country = {variables.c}", vec!["events.country"]),
+        (
+            "SELECT browser, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY browser",
+            vec!["events.browser", "events.country"],
+        ),
+        (
+            "SELECT country, sum(revenue) AS r FROM events WHERE timestamp >= {variables.d} \
+             AND timestamp < {variables.d} AND revenue > {variables.m} GROUP BY country ORDER BY r DESC",
+            vec!["events.country", "date_trunc('day', events.timestamp)", "events.revenue"],
+        ),
+        ("SELECT count(*) AS n FROM events WHERE timestamp > {variables.d}", vec!["events.timestamp"]),
+    ];
+    for (sql, grouping) in rollups {
+        let decided = eligibility(e, sql, vars.clone()).await;
+        assert_eq!(
+            decided.rollup().map(domain::Rollup::grouping),
+            Some(grouping.iter().map(|g| g.to_string()).collect()),
+            "{sql}: {decided:?}"
+        );
     }
     let ineligible = [
         ("SELECT country FROM events WHERE country = {variables.c} LIMIT 5", "LIMIT"),
         ("SELECT country FROM events WHERE country = {variables.c} OR revenue > 1", "used outside"),
-        ("SELECT count(*) AS n FROM events WHERE country = {variables.c}", "not a group key"),
-        ("SELECT browser, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY browser", "not a group key"),
+        (
+            "SELECT browser, count(DISTINCT distinct_id) AS u FROM events WHERE country = {variables.c} GROUP BY browser",
+            "`count(DISTINCT events.distinct_id)` cannot be recombined",
+        ),
+        (
+            "SELECT browser, median(revenue) AS m FROM events WHERE country = {variables.c} GROUP BY browser",
+            "`median(events.revenue)` cannot be recombined",
+        ),
+        (
+            "SELECT browser, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY ROLLUP (browser)",
+            "GROUPING SETS",
+        ),
         ("SELECT upper(country) AS u FROM events WHERE country = {variables.c}", "does not output"),
         ("SELECT revenue FROM events WHERE country = {variables.c}", "does not output"),
         (
@@ -211,7 +243,7 @@ async fn a_materialized_answer_equals_the_live_answer() {
     for case in cases() {
         let q = query(case.sql, case.variables.clone());
         let filters = match eligibility(engine, case.sql, case.variables.clone()).await {
-            Eligibility::Eligible { filters } => filters,
+            Eligibility::Eligible { filters, rollup: None } => filters,
             other => panic!("{}: {other:?}", case.sql),
         };
         assert!(!filters.is_empty());
@@ -236,6 +268,172 @@ async fn a_materialized_answer_equals_the_live_answer() {
     assert!(MaterializedResults::locations(engine).await.unwrap().is_empty(), "every location was removed");
 }
 
+fn date(rng: &mut StdRng) -> time::Date {
+    // The events span 2026-01-01 to 2026-03-31: some days fall before or after them.
+    time::macros::date!(2025 - 12 - 20) + time::Duration::days(rng.random_range(0..110))
+}
+
+/// A `since` and an `until` day, sometimes the same day or in the wrong order (an empty range).
+fn range(rng: &mut StdRng) -> BTreeMap<String, BoundValue> {
+    let since = date(rng);
+    let until =
+        if rng.random_bool(0.2) { date(rng) } else { since + time::Duration::days(rng.random_range(0..30)) };
+    BTreeMap::from([("since".into(), BoundValue::Date(since)), ("until".into(), BoundValue::Date(until))])
+}
+
+fn rollup_cases() -> Vec<Case> {
+    let range_vars = || json!({"since": {"type": "Date", "default": "2026-01-01"}, "until": {"type": "Date", "default": "2026-02-01"}});
+    vec![
+        // The demo's own endpoint: totals per key, filtered by a day on a timestamp.
+        Case {
+            sql: "SELECT country, count(*) AS events, round(sum(revenue), 2) AS revenue FROM events \
+                  WHERE timestamp >= {variables.since} GROUP BY country ORDER BY events DESC, country",
+            variables: json!({"since": {"type": "Date", "default": "2026-01-01"}}),
+            draw: |rng| BTreeMap::from([("since".into(), BoundValue::Date(date(rng)))]),
+        },
+        // Every recombinable aggregate, NULLs among the aggregated values and as a group key, a key the query
+        // does not output, a range of days, an equality on another column (with values absent from the data),
+        // HAVING and ORDER BY on aggregates.
+        Case {
+            sql: "SELECT NULLIF(browser, 'Opera') AS b, count(*) AS n, \
+                  count(CASE WHEN event = 'purchase' THEN revenue END) AS purchases, \
+                  sum(CASE WHEN event = 'purchase' THEN revenue END) AS total, \
+                  min(CASE WHEN event = 'purchase' THEN revenue END) AS low, max(timestamp) AS last, \
+                  avg(revenue) AS mean, avg(length(distinct_id)) AS id_length, \
+                  sum(CAST(revenue * 100 AS BIGINT)) AS cents, min(DISTINCT country) AS first_country \
+                  FROM events \
+                  WHERE timestamp >= {variables.since} AND timestamp < {variables.until} AND country = {variables.country} \
+                  GROUP BY NULLIF(browser, 'Opera'), event HAVING count(*) > 1 \
+                  ORDER BY n DESC, total DESC NULLS LAST, b NULLS FIRST, last",
+            variables: json!({
+                "since": {"type": "Date", "default": "2026-01-01"},
+                "until": {"type": "Date", "default": "2026-02-01"},
+                "country": string_var(),
+            }),
+            draw: |rng| {
+                let mut variables = range(rng);
+                variables.insert("country".into(), BoundValue::String(pick(rng, &COUNTRIES)));
+                variables
+            },
+        },
+        // No GROUP BY: one row even when no event passes (a count of 0, a sum of NULL).
+        Case {
+            sql: "SELECT count(*) AS n, sum(revenue) AS total, avg(revenue) AS mean, max(revenue) AS top FROM events \
+                  WHERE timestamp >= {variables.since} AND timestamp < {variables.until}",
+            variables: range_vars(),
+            draw: range,
+        },
+        // A timestamp bounded by a date-time and a number: stored as they are.
+        Case {
+            sql: "SELECT country, max(revenue) AS top, count(*) AS n FROM events \
+                  WHERE timestamp < {variables.before} AND revenue >= {variables.min} \
+                  GROUP BY country ORDER BY top DESC, country",
+            variables: json!({"min": {"type": "Number", "default": 0}, "before": {"type": "DateTime", "default": "2026-02-01T00:00:00Z"}}),
+            draw: |rng| {
+                let before = time::macros::datetime!(2025-12-30 00:00 UTC)
+                    + time::Duration::minutes(rng.random_range(0..100 * 24 * 60));
+                BTreeMap::from([
+                    ("min".into(), BoundValue::Number(f64::from(rng.random_range(0_u32..30_000)) / 100.0)),
+                    ("before".into(), BoundValue::DateTime(before)),
+                ])
+            },
+        },
+    ]
+}
+
+/// Relative difference allowed between a float of a rollup's answer and the live one: sums of partial sums add
+/// the same numbers in another order, which may change the last units of a double's 53 bits (about 1e-16 of
+/// the value each).
+const FLOAT_TOLERANCE: f64 = 1e-9;
+
+/// Whether two JSON values are equal, floats to within [`FLOAT_TOLERANCE`].
+fn close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+            let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
+            x == y || (x - y).abs() <= FLOAT_TOLERANCE * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| close(x, y)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|((kx, x), (ky, y))| kx == ky && close(x, y))
+        }
+        _ => a == b,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollups_answer_equals_the_live_answer() {
+    let demo = demo().await;
+    let engine = &demo.1;
+    let mut rng = StdRng::seed_from_u64(13);
+    let mut compared = 0;
+    for case in rollup_cases() {
+        let q = query(case.sql, case.variables.clone());
+        let decided = eligibility(engine, case.sql, case.variables.clone()).await;
+        let (Some(rollup), Some(filters)) = (decided.rollup(), decided.filters()) else {
+            panic!("{} is a rollup: {decided:?}", case.sql)
+        };
+        let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        let stored = MaterializedResults::write(engine, project(), &q, &at).await.unwrap();
+        assert!(stored > 0 && stored <= 20_000, "{stored} rows stored, grouped by {:?}", rollup.grouping());
+        for round in 0..30 {
+            let variables = (case.draw)(&mut rng);
+            let (limit, offset) =
+                if round % 3 == 0 { (10_000, 0) } else { (rng.random_range(1..8), rng.random_range(0..12)) };
+            let live = engine.execute(project(), &q, &variables, limit, offset).await.unwrap();
+            let bound = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
+            let read = engine.read(project(), &at, bound, limit, offset).await.unwrap();
+            let context = format!("{} with {variables:?}, limit {limit}, offset {offset}", case.sql);
+            assert_eq!(read.columns, live.columns, "{context}");
+            assert_eq!((read.row_count, read.has_more), (live.row_count, live.has_more), "{context}");
+            let parse = |json: &str| serde_json::from_str::<serde_json::Value>(json).unwrap();
+            let (read_rows, live_rows) = (parse(&read.rows_json), parse(&live.rows_json));
+            assert!(close(&read_rows, &live_rows), "{context}:\n{read_rows}\n{live_rows}");
+            compared += live.row_count;
+        }
+        // An export of a rollup is the same page.
+        let variables = (case.draw)(&mut rng);
+        let bound = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
+        let export = MaterializedResults::export(engine, project(), &at, bound, 100, 0, ResultFormat::Csv)
+            .await
+            .unwrap();
+        let live = engine.execute(project(), &q, &variables, 100, 0).await.unwrap();
+        assert_eq!((export.rows, &export.columns), (live.row_count as u64, &live.columns), "{}", case.sql);
+        MaterializedResults::remove(engine, project(), &at).await.unwrap();
+    }
+    assert!(compared > 200, "the answers compared hold rows ({compared})");
+}
+
+#[tokio::test]
+async fn a_rollup_past_its_row_limit_is_refused_saying_why() {
+    let demo = demo().await;
+    let engine = demo.1.clone().with_limits(EngineLimits { rollup_rows: 100, ..EngineLimits::default() });
+    let q = query(
+        "SELECT country, count(*) AS n FROM events WHERE timestamp < {variables.before} GROUP BY country",
+        json!({"before": {"type": "DateTime", "default": "2026-02-01T00:00:00Z"}}),
+    );
+    let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    let refused = MaterializedResults::write(&engine, project(), &q, &at).await;
+    assert!(
+        matches!(&refused, Err(EngineError::InvalidQuery(reason))
+            if reason.contains("more than 100 rows, grouped by events.country, events.timestamp")),
+        "{refused:?}"
+    );
+    assert!(MaterializedResults::locations(&engine).await.unwrap().is_empty(), "nothing is left of it");
+    // By day, the same totals fit.
+    let by_day = query(
+        "SELECT country, count(*) AS n FROM events WHERE timestamp >= {variables.since} GROUP BY country",
+        json!({"since": {"type": "Date", "default": "2026-02-01"}}),
+    );
+    assert!(MaterializedResults::write(&engine, project(), &by_day, &at)
+        .await
+        .is_err_and(|e| e.to_string().contains("more than 100")));
+    let few =
+        query("SELECT count(*) AS n FROM events WHERE country = {variables.c}", json!({"c": string_var()}));
+    assert_eq!(MaterializedResults::write(&engine, project(), &few, &at).await.unwrap(), 10);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_exported_from_a_stored_result_equals_the_live_page() {
     let demo = demo().await;
@@ -244,7 +442,8 @@ async fn a_page_exported_from_a_stored_result_equals_the_live_page() {
     let mut rows = 0;
     for case in cases().into_iter().take(2) {
         let q = query(case.sql, case.variables.clone());
-        let Eligibility::Eligible { filters } = eligibility(engine, case.sql, case.variables.clone()).await
+        let Eligibility::Eligible { filters, .. } =
+            eligibility(engine, case.sql, case.variables.clone()).await
         else {
             panic!("{} can be materialized", case.sql)
         };

@@ -2,15 +2,18 @@
 //! storage.
 //!
 //! A result is the query's rows, in the order the query produced them, with one more column at the end holding
-//! each row's position, so a read returns them in that same order whatever the file layout. Each refresh writes
-//! into a location of its own that nothing reads until the store switches to it; removing a location never
-//! touches another.
+//! each row's position, so a read returns them in that same order whatever the file layout. A rollup's result
+//! is its grouped partial rows (see `rollup`), and its file's metadata holds the query, which a read plans to
+//! aggregate them again. Each refresh writes into a location of its own that nothing reads until the store
+//! switches to it; removing a location never touches another.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
@@ -28,9 +31,12 @@ use uuid::Uuid;
 
 use crate::compile::{self, Compiled};
 use crate::storage::{unavailable, Storage};
-use crate::{catalog, execute, message, outline, DataFusionEngine};
+use crate::{catalog, execute, message, outline, rollup, DataFusionEngine};
 
 const TABLE: &str = "materialized";
+
+/// The key of a rollup file's metadata that holds the query it rolls up, as its JSON document.
+const ROLLUP_QUERY: &str = "endpoints.rollup.query";
 
 pub(crate) fn materializations_prefix(project: ProjectId) -> ObjectPath {
     ObjectPath::from_iter(["projects", &project.to_string(), "materializations"])
@@ -89,10 +95,15 @@ struct ResultWriter {
 }
 
 impl ResultWriter {
-    fn create(storage: &Storage, path: ObjectPath, output: &Schema) -> Result<Self, EngineError> {
+    fn create(
+        storage: &Storage,
+        path: ObjectPath,
+        output: &Schema,
+        metadata: HashMap<String, String>,
+    ) -> Result<Self, EngineError> {
         let mut fields: Vec<Field> = output.fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new(ordinal_name(output), DataType::UInt64, false));
-        let schema = Arc::new(Schema::new(fields));
+        let schema = Arc::new(Schema::new_with_metadata(fields, metadata));
         let props =
             WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::default())).build();
         let sink = BufWriter::new(Arc::clone(storage.store()), path);
@@ -131,48 +142,105 @@ impl DataFusionEngine {
         let unbound = self.plan_unbound(&ctx, &compiled).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
-        if let Some(reason) = Eligibility::decide(&outline).reason() {
+        let eligibility = Eligibility::decide(&outline);
+        if let Some(reason) = eligibility.reason() {
             return Err(EngineError::InvalidQuery(reason.to_owned()));
         }
-        let plan = outline::without_variable_predicates(unbound, &compiled)
-            .map_err(|e| EngineError::Internal(Box::new(e)))?;
+        let rollup = eligibility.rollup();
+        let (plan, metadata) = match rollup {
+            Some(rollup) => (
+                rollup::stored_plan(&unbound, &compiled, rollup),
+                HashMap::from([(ROLLUP_QUERY.to_owned(), query.to_json().to_string())]),
+            ),
+            None => (outline::without_variable_predicates(unbound, &compiled), HashMap::new()),
+        };
+        let plan = plan.map_err(|e| EngineError::Internal(Box::new(e)))?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         let mut stream = frame.execute_stream().await.map_err(execute::execution_error)?;
         let mut writer = ResultWriter::create(
             &self.storage,
             prefix.clone().join("part-0.parquet"),
             stream.schema().as_ref(),
+            metadata,
         )?;
         while let Some(batch) = stream.next().await {
             writer.write(&batch.map_err(execute::execution_error)?).await?;
+            if let Some(rollup) = rollup.filter(|_| writer.rows > self.limits.rollup_rows) {
+                return Err(EngineError::InvalidQuery(format!(
+                    "The rollup would store more than {} rows, grouped by {}: too fine to be worth storing. \
+                     Filter a timestamp with Date variables (stored by day), drop a filtered column's \
+                     variable, or raise --max-rollup-rows.",
+                    self.limits.rollup_rows,
+                    rollup.grouping().join(", ")
+                )));
+            }
         }
         writer.finish().await
     }
 
-    /// A session over the stored result at `prefix`, and the query of its rows that pass every filter, in
-    /// stored order, with the filters' values.
-    async fn stored_query(
+    /// A session and the plan of the page `offset..offset+limit` of the stored result at `prefix`: its rows
+    /// that pass every filter in stored order, or for a rollup, those aggregated again.
+    async fn stored_plan(
         &self,
+        project: ProjectId,
         prefix: &ObjectPath,
         filters: Vec<(MaterializedFilter, BoundValue)>,
-    ) -> Result<(SessionContext, Compiled, Vec<ScalarValue>), EngineError> {
+    ) -> Result<(SessionContext, LogicalPlan), EngineError> {
         let ctx =
             catalog::empty_session(&self.storage, Some(execute::runtime(&self.limits)?), self.scheduler())?;
         let location = self.storage.url_of(prefix);
-        let schema = ctx
-            .read_parquet(location.as_str(), ParquetReadOptions::default())
+        // Read with its metadata, which says whether it is a rollup.
+        let stored = ctx
+            .read_parquet(location.as_str(), ParquetReadOptions::default().skip_metadata(false))
             .await
-            .map_err(execute::storage_error)?
-            .schema()
-            .as_arrow()
-            .clone();
+            .map_err(execute::storage_error)?;
+        let schema = stored.schema().as_arrow().clone();
+        if let Some(document) = schema.metadata().get(ROLLUP_QUERY) {
+            return self.rollup_plan(project, document, stored.into_unoptimized_plan(), filters).await;
+        }
+        let (compiled, values) = Self::filtered(&ctx, &location, &schema, filters).await?;
+        let plan = self.plan(&ctx, &compiled, values).await?;
+        Ok((ctx, plan))
+    }
+
+    /// A rollup's answer: the query it rolls up (`document`) planned in a session of its tables, its
+    /// aggregation read from `stored` instead.
+    async fn rollup_plan(
+        &self,
+        project: ProjectId,
+        document: &str,
+        stored: LogicalPlan,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+    ) -> Result<(SessionContext, LogicalPlan), EngineError> {
+        let corrupt =
+            |e: String| EngineError::Internal(format!("a rollup's query does not read: {e}").into());
+        let document: serde_json::Value =
+            serde_json::from_str(document).map_err(|e| corrupt(e.to_string()))?;
+        let query = Query::from_json(&document).map_err(|e| corrupt(e.to_string()))?;
+        let compiled = compile::compile(&query);
+        let ctx = self.live_session(project, &compiled).await?;
+        let unbound = self.plan_unbound(&ctx, &compiled).await?;
+        let filters = filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
+        let plan =
+            rollup::read_plan(&unbound, stored, filters).map_err(|e| EngineError::Internal(Box::new(e)))?;
+        Ok((ctx, plan))
+    }
+
+    /// The query of a plain stored result's rows that pass every filter, in stored order, with the filters'
+    /// values; the result is registered in `ctx`.
+    async fn filtered(
+        ctx: &SessionContext,
+        location: &str,
+        schema: &Schema,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+    ) -> Result<(Compiled, Vec<ScalarValue>), EngineError> {
         let (ordinal, output) = schema.fields().split_last().ok_or_else(|| {
-            EngineError::Internal(format!("stored result at {prefix} has no columns").into())
+            EngineError::Internal(format!("stored result at {location} has no columns").into())
         })?;
         // The rows are stored in order of their position, so reading in that order needs no sort.
         let options = ParquetReadOptions::default()
             .file_sort_order(vec![vec![col(quoted(ordinal.name())).sort(true, false)]]);
-        ctx.register_parquet(TABLE, &location, options).await.map_err(execute::storage_error)?;
+        ctx.register_parquet(TABLE, location, options).await.map_err(execute::storage_error)?;
         let mut params = Vec::with_capacity(filters.len());
         let mut conditions = Vec::with_capacity(filters.len());
         let mut values = Vec::with_capacity(filters.len());
@@ -194,30 +262,33 @@ impl DataFusionEngine {
             sql.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
         }
         sql.push_str(&format!(" ORDER BY {}", quoted(ordinal.name())));
-        Ok((ctx, Compiled { sql, params }, values))
+        Ok((Compiled { sql, params }, values))
     }
 
     async fn read_here(
         &self,
+        project: ProjectId,
         prefix: &ObjectPath,
         filters: Vec<(MaterializedFilter, BoundValue)>,
         limit: u32,
         offset: u64,
     ) -> Result<QueryResult, EngineError> {
-        let (ctx, compiled, values) = self.stored_query(prefix, filters).await?;
-        self.run_page(&ctx, &compiled, values, limit, offset).await
+        let started = std::time::Instant::now();
+        let (ctx, plan) = self.stored_plan(project, prefix, filters).await?;
+        self.run_plan(&ctx, plan, limit, offset, started).await
     }
 
     async fn export_stored(
         &self,
+        project: ProjectId,
         prefix: &ObjectPath,
         filters: Vec<(MaterializedFilter, BoundValue)>,
         limit: u32,
         offset: u64,
         format: ResultFormat,
     ) -> Result<Export, EngineError> {
-        let (ctx, compiled, values) = self.stored_query(prefix, filters).await?;
-        self.write_page(&ctx, &compiled, values, limit, offset, format).await
+        let (ctx, plan) = self.stored_plan(project, prefix, filters).await?;
+        self.write_plan(&ctx, plan, limit, offset, format).await
     }
 }
 
@@ -250,10 +321,9 @@ impl MaterializedResults for DataFusionEngine {
         offset: u64,
     ) -> Result<QueryResult, EngineError> {
         let prefix = resolve(project, location)?;
-        self.in_slot(
-            project,
-            move |engine| async move { engine.read_here(&prefix, filters, limit, offset).await },
-        )
+        self.in_slot(project, move |engine| async move {
+            engine.read_here(project, &prefix, filters, limit, offset).await
+        })
         .await
     }
 
@@ -269,7 +339,7 @@ impl MaterializedResults for DataFusionEngine {
     ) -> Result<Export, EngineError> {
         let prefix = resolve(project, location)?;
         self.in_slot(project, move |engine| async move {
-            engine.export_stored(&prefix, filters, limit, offset, format).await
+            engine.export_stored(project, &prefix, filters, limit, offset, format).await
         })
         .await
     }

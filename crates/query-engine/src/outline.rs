@@ -12,18 +12,19 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column as PlanColumn;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::logical_expr::expr::Alias;
+use datafusion::logical_expr::expr::{AggregateFunction, Alias};
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
-use datafusion::logical_expr::{BinaryExpr, Distinct, Expr, Filter, LogicalPlan, Operator};
-use domain::{CompareOp, QueryOutline, VariablePredicate};
+use datafusion::logical_expr::{Aggregate, BinaryExpr, Distinct, Expr, Filter, LogicalPlan, Operator};
+use domain::{AggregateCall, ColumnType, CompareOp, QueryOutline, VariablePredicate, VariableType};
 
 use crate::compile::Compiled;
+use crate::types;
 
 /// A WHERE conjunct `column <op> variable`, with the column as the plan names it there.
-struct Simple {
-    column: PlanColumn,
-    op: CompareOp,
-    variable: String,
+pub(crate) struct Simple {
+    pub(crate) column: PlanColumn,
+    pub(crate) op: CompareOp,
+    pub(crate) variable: String,
 }
 
 fn compare_op(op: Operator) -> Option<CompareOp> {
@@ -49,24 +50,20 @@ fn variable_of<'a>(expr: &Expr, compiled: &'a Compiled) -> Option<&'a str> {
     compiled.params.get(index.checked_sub(1)?).map(|(name, _)| name.as_str())
 }
 
-fn simple(conjunct: &Expr, compiled: &Compiled) -> Option<Simple> {
+pub(crate) fn simple(conjunct: &Expr, compiled: &Compiled) -> Option<Simple> {
     let Expr::BinaryExpr(BinaryExpr { left, op, right }) = conjunct else { return None };
     let op = compare_op(*op)?;
-    match (left.as_ref(), right.as_ref()) {
-        (Expr::Column(column), other) => {
-            Some(Simple { column: column.clone(), op, variable: variable_of(other, compiled)?.to_owned() })
-        }
-        (other, Expr::Column(column)) => Some(Simple {
-            column: column.clone(),
-            op: op.flipped(),
-            variable: variable_of(other, compiled)?.to_owned(),
-        }),
-        _ => None,
-    }
+    let (column, op, value) = match (left.as_ref(), right.as_ref()) {
+        (Expr::Column(column), other) => (column, op, other),
+        (other, Expr::Column(column)) => (column, op.flipped(), other),
+        _ => return None,
+    };
+    let variable = variable_of(value, compiled)?.to_owned();
+    Some(Simple { column: column.clone(), op, variable })
 }
 
 /// The outermost SELECT's nodes from the top down to (not including) its WHERE filter, and that filter.
-fn spine(plan: &LogicalPlan) -> (Vec<&LogicalPlan>, Option<&Filter>) {
+pub(crate) fn spine(plan: &LogicalPlan) -> (Vec<&LogicalPlan>, Option<&Filter>) {
     let mut nodes = Vec::new();
     let mut node = plan;
     let mut seen_projection = false;
@@ -133,13 +130,53 @@ fn placeholder_uses(plan: &LogicalPlan, compiled: &Compiled) -> Result<HashMap<S
     Ok(uses)
 }
 
+/// The outermost SELECT's aggregation, if it has one.
+pub(crate) fn aggregation<'a>(nodes: &[&'a LogicalPlan]) -> Option<&'a Aggregate> {
+    nodes.iter().find_map(|n| match n {
+        LogicalPlan::Aggregate(aggregate) => Some(aggregate),
+        _ => None,
+    })
+}
+
+/// An aggregate expression without its alias.
+pub(crate) fn unaliased(expr: &Expr) -> &Expr {
+    match expr {
+        Expr::Alias(Alias { expr, .. }) => unaliased(expr),
+        other => other,
+    }
+}
+
+/// How the plan writes a group key or an aggregate call.
+fn text(expr: &Expr) -> String {
+    unaliased(expr).schema_name().to_string()
+}
+
+fn call(expr: &Expr) -> AggregateCall {
+    match unaliased(expr) {
+        Expr::AggregateFunction(AggregateFunction { func, params }) => AggregateCall {
+            text: text(expr),
+            function: func.name().to_lowercase(),
+            distinct: params.distinct,
+            ordered: !params.order_by.is_empty(),
+        },
+        other => {
+            AggregateCall { text: text(other), function: String::new(), distinct: false, ordered: false }
+        }
+    }
+}
+
 /// The facts of the plan's outermost SELECT.
 pub(crate) fn outline(plan: &LogicalPlan, compiled: &Compiled) -> Result<QueryOutline> {
     let (nodes, filter) = spine(plan);
+    let aggregate = aggregation(&nodes);
     let mut outline = QueryOutline {
         limit_or_offset: nodes.iter().any(|n| matches!(n, LogicalPlan::Limit(_))),
-        aggregates: nodes.iter().any(|n| matches!(n, LogicalPlan::Aggregate(_))),
+        aggregates: aggregate.is_some(),
         window_functions: nodes.iter().any(|n| matches!(n, LogicalPlan::Window(_))),
+        group_keys: aggregate.map(|a| a.group_expr.iter().map(text).collect()).unwrap_or_default(),
+        grouping_sets: aggregate
+            .is_some_and(|a| a.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_)))),
+        aggregate_calls: aggregate.map(|a| a.aggr_expr.iter().map(call).collect()).unwrap_or_default(),
         ..QueryOutline::default()
     };
     let mut remaining = placeholder_uses(plan, compiled)?;
@@ -148,16 +185,25 @@ pub(crate) fn outline(plan: &LogicalPlan, compiled: &Compiled) -> Result<QueryOu
         if let Some(count) = remaining.get_mut(&found.variable) {
             *count -= 1;
         }
-        let group_key = nodes.iter().any(|n| match n {
-            LogicalPlan::Aggregate(a) => {
-                a.group_expr.iter().any(|e| matches!(e, Expr::Column(c) if *c == found.column))
-            }
-            _ => false,
+        let group_key = aggregate.and_then(|a| {
+            a.group_expr.iter().position(|e| matches!(e, Expr::Column(c) if *c == found.column))
         });
         let output = nodes.iter().rev().try_fold(found.column.clone(), |column, node| through(node, column));
+        let column_type = filter
+            .and_then(|f| f.input.schema().qualified_field_from_column(&found.column).ok())
+            .map(|(_, field)| field)
+            .map_or(ColumnType::Unknown, |field| types::column_type(field.data_type()));
+        let variable_type = compiled
+            .params
+            .iter()
+            .find(|(name, _)| *name == found.variable)
+            .map_or(VariableType::String, |(_, ty)| *ty);
         outline.predicates.push(VariablePredicate {
             variable: found.variable,
+            variable_type,
             op: found.op,
+            column: found.column.flat_name(),
+            column_type,
             output_column: output
                 .filter(|c| plan.schema().has_column_with_unqualified_name(&c.name))
                 .map(|c| c.name),
@@ -189,6 +235,11 @@ fn strip(plan: LogicalPlan, depth: usize, compiled: &Compiled) -> Result<Logical
     let LogicalPlan::Filter(filter) = plan else {
         return Err(DataFusionError::Internal("the outermost WHERE moved while it was being removed".into()));
     };
+    without_simple(&filter, compiled)
+}
+
+/// The WHERE `filter` without its variable predicates: a filter of the rest, or its input when none remain.
+pub(crate) fn without_simple(filter: &Filter, compiled: &Compiled) -> Result<LogicalPlan> {
     let kept: Vec<Expr> = split_conjunction(&filter.predicate)
         .into_iter()
         .filter(|c| simple(c, compiled).is_none())
@@ -196,6 +247,6 @@ fn strip(plan: LogicalPlan, depth: usize, compiled: &Compiled) -> Result<Logical
         .collect();
     match conjunction(kept) {
         Some(predicate) => Filter::try_new(predicate, Arc::clone(&filter.input)).map(LogicalPlan::Filter),
-        None => Ok(Arc::unwrap_or_clone(filter.input)),
+        None => Ok(filter.input.as_ref().clone()),
     }
 }

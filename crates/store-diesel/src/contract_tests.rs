@@ -10,8 +10,8 @@ use std::time::Duration;
 use domain::{
     ApiKey, ApiKeyStore, CacheAge, Change, Column, ColumnType, CompareOp, Eligibility, EndpointChange,
     EndpointFilter, EndpointName, EndpointStore, MaterializationStatus, MaterializationStore,
-    MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectId, ProjectStore, Query, Scope,
-    StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
+    MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectId, ProjectStore, Query, Rollup,
+    RollupColumn, Scope, StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -107,7 +107,12 @@ fn cols(names: &[&str]) -> Vec<Column> {
 
 fn eligible() -> Eligibility {
     Eligibility::Eligible {
-        filters: vec![MaterializedFilter { column: "n".into(), op: CompareOp::GtEq, variable: "v".into() }],
+        filters: vec![MaterializedFilter { column: "f0".into(), op: CompareOp::GtEq, variable: "v".into() }],
+        // A rollup, so that its grouping is seen to survive the store.
+        rollup: Some(Rollup {
+            keys: vec!["events.country".into()],
+            columns: vec![RollupColumn { column: "events.timestamp".into(), day: true }],
+        }),
     }
 }
 

@@ -219,7 +219,7 @@ impl EndpointService {
             name,
             description: fields.nullable_string("description")?.flatten().unwrap_or_default(),
             columns: Vec::new(),
-            eligibility: Eligibility::Eligible { filters: Vec::new() },
+            eligibility: Eligibility::Eligible { filters: Vec::new(), rollup: None },
             tables: Vec::new(),
             query,
             derived_from_insight: fields.nullable_string("derived_from_insight")?.flatten(),

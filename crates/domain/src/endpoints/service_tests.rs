@@ -9,7 +9,7 @@ use super::*;
 use crate::clock::{MockClock, Timestamp};
 use crate::error::EngineError;
 use crate::materialization::{MockMaterializationStore, MockMaterializedResults};
-use crate::query::{Column, ColumnType, MockQueryEngine, QueryDescription};
+use crate::query::{Column, ColumnType, MockQueryEngine, QueryDescription, VariableType};
 
 const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
 
@@ -91,7 +91,7 @@ fn existing() -> Endpoint {
         description: "old".into(),
         query,
         columns: columns(),
-        eligibility: Eligibility::Eligible { filters: vec![] },
+        eligibility: Eligibility::Eligible { filters: vec![], rollup: None },
         tables: vec![],
         derived_from_insight: None,
         is_active: true,
@@ -466,9 +466,12 @@ mod materialization {
         engine.expect_describe().returning(|_, _| {
             let predicate = VariablePredicate {
                 variable: "v".into(),
+                variable_type: VariableType::String,
                 op: CompareOp::Eq,
+                column: "t.c".into(),
+                column_type: ColumnType::String,
                 output_column: None,
-                group_key: false,
+                group_key: None,
             };
             Ok(QueryDescription {
                 columns: columns(),

@@ -7,7 +7,7 @@ mod service;
 
 pub use model::{
     attempt_location, endpoint_location, Claim, Eligibility, MaterializationState, MaterializationStatus,
-    MaterializationView, MaterializedFilter, StoredResult, Switch,
+    MaterializationView, MaterializedFilter, Rollup, RollupColumn, StoredResult, Switch,
 };
 pub use ports::{MaterializationStore, Materializations, MaterializedResults};
 #[cfg(any(test, feature = "mocks"))]

@@ -4,8 +4,13 @@
 //! A stored result is the query run with its variable predicates removed; a run applies those predicates to it.
 //! That is only equal to the live answer when every variable is compared with a column the query outputs as it
 //! is (a group key when it aggregates) in the outermost WHERE, and nothing after that WHERE depends on the rows
-//! the predicates remove (no outermost LIMIT/OFFSET, no window function). The engine reports those facts from
-//! its plan as a [`QueryOutline`]; [`Eligibility::decide`] applies the rule.
+//! the predicates remove (no outermost LIMIT/OFFSET, no window function).
+//!
+//! An aggregating query whose variables filter other columns can still be stored as a **rollup** when every
+//! aggregate can be recombined from partial results: the stored result is grouped by the query's keys plus the
+//! filtered columns, with each aggregate's partial values, and a run filters those rows and aggregates them
+//! again. The engine reports the facts of a query's plan as a [`QueryOutline`]; [`Eligibility::decide`] applies
+//! the rules.
 
 use std::fmt;
 
@@ -15,7 +20,7 @@ use uuid::Uuid;
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::endpoints::{Endpoint, EndpointName, SyncFrequency};
-use crate::query::{CompareOp, QueryOutline};
+use crate::query::{AggregateCall, ColumnType, CompareOp, QueryOutline, VariablePredicate, VariableType};
 
 /// A variable predicate as the run applies it to the stored result: `column <op> value of variable`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,16 +30,91 @@ pub struct MaterializedFilter {
     pub variable: String,
 }
 
-/// Whether a query can be materialized: the filters runs apply, or the reason it cannot.
+/// A column a rollup adds to the query's grouping because a variable filters it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollupColumn {
+    /// The column as the plan names it (`events.timestamp`).
+    pub column: String,
+    /// Stored truncated to the day: every variable comparing it is a `Date` bounding a timestamp with `>=` or
+    /// `<`, which a day's start answers exactly.
+    pub day: bool,
+}
+
+impl RollupColumn {
+    /// The grouping expression, as shown in the materialization status.
+    pub fn grouping(&self) -> String {
+        if self.day {
+            format!("date_trunc('day', {})", self.column)
+        } else {
+            self.column.clone()
+        }
+    }
+}
+
+/// How a rollup stores a query: grouped by its keys, then by the filtered columns.
+///
+/// The stored result's columns are named by position: `k0, k1, ...` for the query's group keys, `f0, f1, ...`
+/// for [`Rollup::columns`], then the engine's partial aggregates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollup {
+    /// The query's group keys, as the plan writes them.
+    pub keys: Vec<String>,
+    /// The filtered columns added to the grouping.
+    pub columns: Vec<RollupColumn>,
+}
+
+impl Rollup {
+    /// The stored column of the query's `i`th group key.
+    pub fn key_column(i: usize) -> String {
+        format!("k{i}")
+    }
+
+    /// The stored column of the `j`th filtered column.
+    pub fn filter_column(j: usize) -> String {
+        format!("f{j}")
+    }
+
+    /// The stored grouping: the keys, then the filtered columns.
+    pub fn grouping(&self) -> Vec<String> {
+        self.keys.iter().cloned().chain(self.columns.iter().map(RollupColumn::grouping)).collect()
+    }
+}
+
+/// Whether a query can be materialized: the filters runs apply (to the rollup's columns when it is one), or the
+/// reason it cannot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Eligibility {
-    Eligible { filters: Vec<MaterializedFilter> },
-    Ineligible { reason: String },
+    Eligible {
+        filters: Vec<MaterializedFilter>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rollup: Option<Rollup>,
+    },
+    Ineligible {
+        reason: String,
+    },
+}
+
+/// The aggregate functions whose partial results recombine: `count` and `sum` by summing, `min` and `max` by
+/// themselves, `avg` as a sum over a count.
+const RECOMBINABLE: [&str; 5] = ["count", "sum", "min", "max", "avg"];
+
+fn recombinable(call: &AggregateCall) -> bool {
+    RECOMBINABLE.contains(&call.function.as_str())
+        && !call.ordered
+        && (!call.distinct || matches!(call.function.as_str(), "min" | "max"))
+}
+
+/// A `Date` variable bounding a timestamp from below (`>=`) or above (`<`): the start of a day, which a
+/// timestamp truncated to its day compares with exactly as the timestamp does.
+fn day_bound(predicate: &VariablePredicate) -> bool {
+    predicate.variable_type == VariableType::Date
+        && predicate.column_type == ColumnType::Datetime
+        && matches!(predicate.op, CompareOp::GtEq | CompareOp::Lt)
 }
 
 impl Eligibility {
-    /// Applies the materialization rule to the facts of a query's plan.
+    /// Applies the materialization rules to the facts of a query's plan.
     pub fn decide(outline: &QueryOutline) -> Self {
         let no = |reason: String| Self::Ineligible { reason };
         if outline.limit_or_offset {
@@ -50,35 +130,86 @@ impl Eligibility {
                  outermost WHERE (op one of = != < <= > >=, conditions joined by AND)."
             ));
         }
+        let plain = outline
+            .predicates
+            .iter()
+            .all(|p| p.output_column.is_some() && (!outline.aggregates || p.group_key.is_some()));
+        if !plain && outline.aggregates {
+            return Self::decide_rollup(outline);
+        }
         let mut filters = Vec::with_capacity(outline.predicates.len());
         for predicate in &outline.predicates {
-            let variable = &predicate.variable;
-            if outline.aggregates && !predicate.group_key {
-                return no(format!(
-                    "Variable '{variable}' is compared with a column that is not a group key of the \
-                     aggregation; add the column to GROUP BY and to the select list."
-                ));
-            }
             let Some(column) = &predicate.output_column else {
                 return no(format!(
-                    "Variable '{variable}' is compared with a column that the query does not output unchanged; \
-                     add the column to the select list."
+                    "Variable '{}' is compared with a column that the query does not output unchanged; \
+                     add the column to the select list.",
+                    predicate.variable
                 ));
             };
             filters.push(MaterializedFilter {
                 column: column.clone(),
                 op: predicate.op,
-                variable: variable.clone(),
+                variable: predicate.variable.clone(),
             });
         }
         if outline.window_functions && !filters.is_empty() {
-            return no(
-                "The query computes window functions over rows its variables filter; a stored result \
-                       cannot reproduce them."
-                    .into(),
-            );
+            return no(Self::WINDOWS.into());
         }
-        Self::Eligible { filters }
+        Self::Eligible { filters, rollup: None }
+    }
+
+    const WINDOWS: &'static str =
+        "The query computes window functions over rows its variables filter; a stored \
+                                   result cannot reproduce them.";
+
+    /// The rollup of an aggregating query whose variables filter columns it does not output as group keys.
+    fn decide_rollup(outline: &QueryOutline) -> Self {
+        let no = |reason: String| Self::Ineligible { reason };
+        if outline.window_functions {
+            return no(Self::WINDOWS.into());
+        }
+        if outline.grouping_sets {
+            return no("The query groups by GROUPING SETS, ROLLUP or CUBE, whose subtotals a stored rollup \
+                       cannot filter; group by plain keys."
+                .into());
+        }
+        if let Some(call) = outline.aggregate_calls.iter().find(|c| !recombinable(c)) {
+            let predicate = outline.predicates.iter().find(|p| p.group_key.is_none());
+            let (variable, column) = predicate.map_or(("", ""), |p| (p.variable.as_str(), p.column.as_str()));
+            return no(format!(
+                "The aggregate `{}` cannot be recombined from partial results (COUNT, SUM, MIN, MAX and AVG \
+                 without DISTINCT can), so it cannot be stored grouped by `{column}`, which variable \
+                 '{variable}' filters. Add `{column}` to GROUP BY and to the select list, or use recombinable \
+                 aggregates.",
+                call.text
+            ));
+        }
+        let mut columns: Vec<RollupColumn> = Vec::new();
+        for predicate in outline.predicates.iter().filter(|p| p.group_key.is_none()) {
+            if !columns.iter().any(|c| c.column == predicate.column) {
+                let day = outline
+                    .predicates
+                    .iter()
+                    .filter(|p| p.group_key.is_none() && p.column == predicate.column)
+                    .all(day_bound);
+                columns.push(RollupColumn { column: predicate.column.clone(), day });
+            }
+        }
+        let filters = outline
+            .predicates
+            .iter()
+            .map(|p| MaterializedFilter {
+                column: match p.group_key {
+                    Some(i) => Rollup::key_column(i),
+                    None => Rollup::filter_column(
+                        columns.iter().position(|c| c.column == p.column).unwrap_or_default(),
+                    ),
+                },
+                op: p.op,
+                variable: p.variable.clone(),
+            })
+            .collect();
+        Self::Eligible { filters, rollup: Some(Rollup { keys: outline.group_keys.clone(), columns }) }
     }
 
     pub fn is_eligible(&self) -> bool {
@@ -94,7 +225,15 @@ impl Eligibility {
 
     pub fn filters(&self) -> Option<&[MaterializedFilter]> {
         match self {
-            Self::Eligible { filters } => Some(filters),
+            Self::Eligible { filters, .. } => Some(filters),
+            Self::Ineligible { .. } => None,
+        }
+    }
+
+    /// The rollup a stored result is, when it is one.
+    pub fn rollup(&self) -> Option<&Rollup> {
+        match self {
+            Self::Eligible { rollup, .. } => rollup.as_ref(),
             Self::Ineligible { .. } => None,
         }
     }
@@ -217,6 +356,8 @@ pub struct MaterializationView {
     pub last_materialized_at: Option<Timestamp>,
     pub next_run_at: Option<Timestamp>,
     pub row_count: Option<u64>,
+    /// The stored grouping, when the stored result is a rollup.
+    pub grouping: Option<Vec<String>>,
     pub error: Option<String>,
     pub can_materialize: bool,
     pub reason: Option<String>,
@@ -236,6 +377,7 @@ impl MaterializationView {
             last_materialized_at: None,
             next_run_at: None,
             row_count: None,
+            grouping: eligibility.and_then(Eligibility::rollup).map(Rollup::grouping),
             error: None,
             can_materialize: eligibility.is_some_and(Eligibility::is_eligible) && endpoint.is_active,
             reason: match eligibility {
@@ -268,27 +410,41 @@ impl MaterializationView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::query::VariablePredicate;
 
-    fn predicate(variable: &str, column: Option<&str>, group_key: bool) -> VariablePredicate {
+    fn predicate(variable: &str, column: Option<&str>, group_key: Option<usize>) -> VariablePredicate {
         VariablePredicate {
             variable: variable.into(),
+            variable_type: VariableType::String,
             op: CompareOp::GtEq,
+            column: format!("t.{}", column.unwrap_or("hidden")),
+            column_type: ColumnType::String,
             output_column: column.map(str::to_owned),
             group_key,
         }
     }
 
+    fn call(function: &str, distinct: bool) -> AggregateCall {
+        AggregateCall {
+            text: format!("{function}({}t.x)", if distinct { "DISTINCT " } else { "" }),
+            function: function.into(),
+            distinct,
+            ordered: false,
+        }
+    }
+
     #[test]
     fn a_query_without_variables_is_eligible_with_no_filters() {
-        assert_eq!(Eligibility::decide(&QueryOutline::default()), Eligibility::Eligible { filters: vec![] });
+        assert_eq!(
+            Eligibility::decide(&QueryOutline::default()),
+            Eligibility::Eligible { filters: vec![], rollup: None }
+        );
     }
 
     #[test]
     fn predicates_on_output_group_keys_become_filters() {
         let outline = QueryOutline {
             aggregates: true,
-            predicates: vec![predicate("since", Some("day"), true)],
+            predicates: vec![predicate("since", Some("day"), Some(0))],
             ..QueryOutline::default()
         };
         let filters = Eligibility::decide(&outline);
@@ -304,21 +460,49 @@ mod tests {
             (QueryOutline { limit_or_offset: true, ..QueryOutline::default() }, "LIMIT"),
             (QueryOutline { other_uses: vec!["x".into()], ..QueryOutline::default() }, "'x' is used outside"),
             (
-                QueryOutline { predicates: vec![predicate("x", None, false)], ..QueryOutline::default() },
+                QueryOutline { predicates: vec![predicate("x", None, None)], ..QueryOutline::default() },
                 "does not output",
             ),
             (
                 QueryOutline {
                     aggregates: true,
-                    predicates: vec![predicate("x", Some("c"), false)],
+                    predicates: vec![predicate("x", None, None)],
+                    aggregate_calls: vec![call("sum", false), call("count", true)],
                     ..QueryOutline::default()
                 },
-                "not a group key",
+                "`count(DISTINCT t.x)` cannot be recombined",
+            ),
+            (
+                QueryOutline {
+                    aggregates: true,
+                    predicates: vec![predicate("x", None, None)],
+                    aggregate_calls: vec![call("approx_median", false)],
+                    ..QueryOutline::default()
+                },
+                "`approx_median(t.x)` cannot be recombined",
+            ),
+            (
+                QueryOutline {
+                    aggregates: true,
+                    grouping_sets: true,
+                    predicates: vec![predicate("x", None, None)],
+                    ..QueryOutline::default()
+                },
+                "GROUPING SETS",
             ),
             (
                 QueryOutline {
                     window_functions: true,
-                    predicates: vec![predicate("x", Some("c"), false)],
+                    predicates: vec![predicate("x", Some("c"), None)],
+                    ..QueryOutline::default()
+                },
+                "window functions",
+            ),
+            (
+                QueryOutline {
+                    aggregates: true,
+                    window_functions: true,
+                    predicates: vec![predicate("x", None, None)],
                     ..QueryOutline::default()
                 },
                 "window functions",
@@ -333,6 +517,96 @@ mod tests {
         assert!(Eligibility::decide(&windows).is_eligible());
     }
 
+    fn dated(variable: &str, op: CompareOp, variable_type: VariableType) -> VariablePredicate {
+        VariablePredicate {
+            variable: variable.into(),
+            variable_type,
+            op,
+            column: "events.timestamp".into(),
+            column_type: ColumnType::Datetime,
+            output_column: None,
+            group_key: None,
+        }
+    }
+
+    #[test]
+    fn an_aggregation_filtered_on_other_columns_is_a_rollup_grouped_by_keys_then_filtered_columns() {
+        let outline = QueryOutline {
+            aggregates: true,
+            group_keys: vec!["events.country".into()],
+            aggregate_calls: vec![
+                call("count", false),
+                call("sum", false),
+                call("avg", false),
+                call("max", true),
+            ],
+            predicates: vec![
+                dated("since", CompareOp::GtEq, VariableType::Date),
+                dated("until", CompareOp::Lt, VariableType::Date),
+                predicate("browser", None, None),
+                predicate("country", Some("country"), Some(0)),
+            ],
+            ..QueryOutline::default()
+        };
+        let decided = Eligibility::decide(&outline);
+        let rollup = decided.rollup().expect("a rollup");
+        assert_eq!(
+            rollup.grouping(),
+            ["events.country", "date_trunc('day', events.timestamp)", "t.hidden"].map(String::from)
+        );
+        let filters: Vec<_> =
+            decided.filters().unwrap().iter().map(|f| (f.column.as_str(), f.variable.as_str())).collect();
+        assert_eq!(filters, [("f0", "since"), ("f0", "until"), ("f1", "browser"), ("k0", "country")]);
+    }
+
+    #[test]
+    fn a_date_compared_otherwise_than_by_a_days_start_keeps_the_timestamp_whole() {
+        for (op, ty) in [
+            (CompareOp::Gt, VariableType::Date),
+            (CompareOp::LtEq, VariableType::Date),
+            (CompareOp::Eq, VariableType::Date),
+            (CompareOp::GtEq, VariableType::DateTime),
+        ] {
+            let outline = QueryOutline {
+                aggregates: true,
+                predicates: vec![dated("since", CompareOp::GtEq, VariableType::Date), dated("other", op, ty)],
+                ..QueryOutline::default()
+            };
+            let decided = Eligibility::decide(&outline);
+            assert_eq!(decided.rollup().unwrap().grouping(), ["events.timestamp"], "{op:?} {ty:?}");
+        }
+    }
+
+    #[test]
+    fn group_keys_the_query_outputs_stay_plain_filters() {
+        let outline = QueryOutline {
+            aggregates: true,
+            group_keys: vec!["t.day".into()],
+            aggregate_calls: vec![call("count", true)],
+            predicates: vec![predicate("since", Some("day"), Some(0))],
+            ..QueryOutline::default()
+        };
+        assert_eq!(Eligibility::decide(&outline).rollup(), None);
+        assert!(Eligibility::decide(&outline).is_eligible());
+    }
+
+    #[test]
+    fn a_rollup_round_trips_through_json_and_older_records_read_without_one() {
+        let outline = QueryOutline {
+            aggregates: true,
+            predicates: vec![dated("since", CompareOp::GtEq, VariableType::Date)],
+            ..QueryOutline::default()
+        };
+        let decided = Eligibility::decide(&outline);
+        let text = serde_json::to_string(&decided).unwrap();
+        assert_eq!(serde_json::from_str::<Eligibility>(&text).unwrap(), decided);
+        let older = r#"{"eligible":{"filters":[]}}"#;
+        assert_eq!(
+            serde_json::from_str::<Eligibility>(older).unwrap(),
+            Eligibility::Eligible { filters: vec![], rollup: None }
+        );
+    }
+
     #[test]
     fn eligibility_round_trips_through_json() {
         let eligible = Eligibility::Eligible {
@@ -341,6 +615,7 @@ mod tests {
                 op: CompareOp::NotEq,
                 variable: "v".into(),
             }],
+            rollup: None,
         };
         let text = serde_json::to_string(&eligible).unwrap();
         assert_eq!(text, r#"{"eligible":{"filters":[{"column":"c","op":"!=","variable":"v"}]}}"#);

@@ -57,7 +57,7 @@ fn endpoints(eligibility: Option<Eligibility>) -> MockEndpointStore {
 }
 
 fn eligible() -> Option<Eligibility> {
-    Some(Eligibility::Eligible { filters: vec![] })
+    Some(Eligibility::Eligible { filters: vec![], rollup: None })
 }
 
 /// Records what was removed, so each test can say exactly which files went.

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::variables::VariableType;
+
 /// The type of an output column, as clients see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -97,12 +99,31 @@ impl CompareOp {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VariablePredicate {
     pub variable: String,
+    /// The variable's declared type.
+    pub variable_type: VariableType,
     /// Written as `column <op> variable`.
     pub op: CompareOp,
+    /// The compared column, as the plan names it (`events.country`).
+    pub column: String,
+    /// The compared column's type.
+    pub column_type: ColumnType,
     /// The output column the compared column becomes, when the query outputs it unchanged.
     pub output_column: Option<String>,
-    /// Whether the compared column is a group key of the outermost aggregation.
-    pub group_key: bool,
+    /// The compared column's position among the outermost aggregation's group keys, when it is one.
+    pub group_key: Option<usize>,
+}
+
+/// An aggregate function call of the outermost aggregation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AggregateCall {
+    /// The call as the plan writes it (`count(DISTINCT events.user_id)`).
+    pub text: String,
+    /// The function's name, in lower case (`count`, `sum`, `approx_distinct`, ...).
+    pub function: String,
+    /// `DISTINCT` is applied to its arguments.
+    pub distinct: bool,
+    /// It has an `ORDER BY` of its own.
+    pub ordered: bool,
 }
 
 /// Facts about a query's outermost SELECT, read from the engine's plan.
@@ -114,6 +135,12 @@ pub struct QueryOutline {
     pub aggregates: bool,
     /// The outermost query computes window functions.
     pub window_functions: bool,
+    /// The outermost aggregation's group keys, as the plan writes them (`events.country`).
+    pub group_keys: Vec<String>,
+    /// The outermost aggregation groups by GROUPING SETS, ROLLUP or CUBE.
+    pub grouping_sets: bool,
+    /// The outermost aggregation's function calls.
+    pub aggregate_calls: Vec<AggregateCall>,
     /// Conjuncts of the outermost WHERE of the form `column <op> {variables.NAME}`.
     pub predicates: Vec<VariablePredicate>,
     /// Variables used anywhere else (other conjuncts, the select list, subqueries, joins, CTEs, ...).

@@ -574,7 +574,7 @@ mod materialized {
         });
         store.expect_get_version().returning(|_, _, v| {
             Ok(EndpointVersion {
-                eligibility: Some(Eligibility::Eligible { filters: filters() }),
+                eligibility: Some(Eligibility::Eligible { filters: filters(), rollup: None }),
                 ..version(v)
             })
         });

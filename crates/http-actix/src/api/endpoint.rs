@@ -95,6 +95,11 @@ pub(crate) struct Materialization {
     /// Rows of the stored result of this version.
     #[schema(required = true)]
     row_count: Option<u64>,
+    /// When the query is stored as a rollup, what the stored rows are grouped by: the query's group keys, then
+    /// the columns its variables filter (a timestamp bounded by `Date` variables as `date_trunc('day', ...)`);
+    /// null when the stored result is the query's own rows (or it cannot be materialized).
+    #[schema(required = true)]
+    grouping: Option<Vec<String>>,
     /// Why the last refresh failed.
     #[schema(required = true)]
     error: Option<String>,
@@ -116,6 +121,7 @@ impl From<MaterializationView> for Materialization {
             last_materialized_at: view.last_materialized_at,
             next_run_at: view.next_run_at,
             row_count: view.row_count,
+            grouping: view.grouping,
             error: view.error,
             can_materialize: view.can_materialize,
             reason: view.reason,

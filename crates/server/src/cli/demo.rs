@@ -31,7 +31,9 @@ fn demo_endpoints() -> Vec<Value> {
     vec![
         json!({
             "name": "events-by-country",
-            "description": "Events and revenue per country since a day",
+            "description": "Events and revenue per country since a day, materialized hourly as a rollup by day",
+            "is_materialized": true,
+            "sync_frequency": "1hour",
             "query": {"kind": "SQLQuery",
                       "query": "SELECT country, count(*) AS events, round(sum(revenue), 2) AS revenue FROM events WHERE timestamp >= {variables.since} GROUP BY country ORDER BY events DESC",
                       "variables": {"since": {"type": "Date", "default": "2026-01-01", "description": "First day counted"}}},
@@ -134,7 +136,8 @@ pub(super) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
             println!("Generated table 'events' ({} rows, seed {})", args.rows, args.seed);
         }
         println!(
-            "Demo endpoints: events-by-country, daily-revenue, browser-share, country-daily (materialized)"
+            "Demo endpoints: events-by-country (materialized, a rollup), daily-revenue, browser-share, \
+             country-daily (materialized)"
         );
         println!("API key (endpoints and tables, read and write; shown once): {secret}");
         println!("Try:\n  {curl}\n  curl -s -H 'Authorization: Bearer {secret}' '{base}/'");

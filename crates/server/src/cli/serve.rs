@@ -68,6 +68,9 @@ pub struct ServeArgs {
     /// made elsewhere (the CLI, another node) waits to take effect; 0 reads the key on every request.
     #[arg(long, env = "ENDPOINTS_KEY_CACHE_MS", default_value_t = 1000)]
     pub key_cache_ms: u64,
+    /// The most rows a rollup materialization may store; a refresh that would store more fails, saying so.
+    #[arg(long, env = "ENDPOINTS_MAX_ROLLUP_ROWS", default_value_t = 10_000_000, value_parser = positive())]
+    pub max_rollup_rows: u64,
     /// Seconds a materialization refresh may run before it is cancelled and recorded as failed.
     #[arg(long, env = "ENDPOINTS_REFRESH_TIMEOUT_SECS", default_value_t = 600, value_parser = positive())]
     pub refresh_timeout_secs: u64,
@@ -110,6 +113,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.worker.poll = Duration::from_millis(args.materialize_poll_ms);
     config.lease = Duration::from_secs(args.materialize_lease_secs);
     config.limits.refresh_timeout = Duration::from_secs(args.refresh_timeout_secs);
+    config.limits.rollup_rows = args.max_rollup_rows;
     config.key_cache_ttl = Duration::from_millis(args.key_cache_ms);
     config.client_timeout = Duration::from_secs(args.client_timeout_secs);
     let rate =

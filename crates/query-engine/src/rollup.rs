@@ -1,0 +1,198 @@
+//! Rollups (see `domain::Rollup`): an aggregating query stored grouped by its keys plus the columns its variables
+//! filter, with each aggregate's partial values, and answered by filtering those rows and aggregating again.
+//!
+//! Both plans are built from the query's unoptimized plan (see `outline`), so the stored rows and the answer
+//! follow the query as DataFusion planned it: the stored plan is the query's sources and WHERE (its variable
+//! predicates removed) under a new aggregation; the answer is that aggregation recombined, renamed to the
+//! query's own aggregation's output, under the rest of the query's outermost SELECT (HAVING, the select list,
+//! DISTINCT, ORDER BY) as it was.
+
+use std::collections::HashMap;
+
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::common::Column as PlanColumn;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::functions::expr_fn::{coalesce, date_trunc};
+use datafusion::functions_aggregate::count::count_udaf;
+use datafusion::functions_aggregate::expr_fn::{max, min, sum};
+use datafusion::functions_aggregate::sum::sum_udaf;
+use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::utils::{conjunction, split_conjunction};
+use datafusion::logical_expr::{
+    cast, col, lit, Aggregate, BinaryExpr, Expr, LogicalPlan, LogicalPlanBuilder, Operator,
+};
+use datafusion::scalar::ScalarValue;
+use domain::{CompareOp, MaterializedFilter, Rollup};
+
+use crate::compile::Compiled;
+use crate::outline::{aggregation, simple, spine, unaliased, without_simple};
+
+/// The stored column of the count that goes with the `m`th aggregate, an average, whose sum is `a{m}`.
+fn count_column(m: usize) -> String {
+    format!("c{m}")
+}
+
+/// The stored column of the `m`th aggregate's partial value.
+fn aggregate_column(m: usize) -> String {
+    format!("a{m}")
+}
+
+fn internal(what: &str) -> DataFusionError {
+    DataFusionError::Internal(format!("a rollup's plan {what}"))
+}
+
+/// The query's outermost aggregation and the spine nodes above it, top first.
+fn split(plan: &LogicalPlan) -> Result<(Vec<&LogicalPlan>, &Aggregate)> {
+    let (nodes, _) = spine(plan);
+    let aggregate = aggregation(&nodes).ok_or_else(|| internal("has no aggregation"))?;
+    let above = nodes.iter().take_while(|n| !matches!(n, LogicalPlan::Aggregate(_))).copied().collect();
+    Ok((above, aggregate))
+}
+
+/// The function an aggregate expression calls, with its parameters.
+fn function(expr: &Expr) -> Result<&AggregateFunction> {
+    match unaliased(expr) {
+        Expr::AggregateFunction(call) => Ok(call),
+        other => Err(internal(&format!("cannot recombine `{other}`"))),
+    }
+}
+
+/// The rows a rollup stores: the query's sources and WHERE without its variable predicates, grouped by the
+/// query's keys (`k0, ...`) and the rollup's columns (`f0, ...`), with the partial value of each aggregate
+/// (`a{m}`; an average as its sum `a{m}` and count `c{m}`).
+pub(crate) fn stored_plan(plan: &LogicalPlan, compiled: &Compiled, rollup: &Rollup) -> Result<LogicalPlan> {
+    let (nodes, filter) = spine(plan);
+    let aggregate = aggregation(&nodes).ok_or_else(|| internal("has no aggregation"))?;
+    let filter = filter.ok_or_else(|| internal("has no WHERE"))?;
+    let compared: HashMap<String, PlanColumn> = split_conjunction(&filter.predicate)
+        .into_iter()
+        .filter_map(|c| simple(c, compiled))
+        .map(|s| (s.column.flat_name(), s.column))
+        .collect();
+    let mut groups: Vec<Expr> = aggregate
+        .group_expr
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e.clone().alias(Rollup::key_column(i)))
+        .collect();
+    for (j, column) in rollup.columns.iter().enumerate() {
+        let found = compared.get(&column.column).ok_or_else(|| internal("lost a filtered column"))?;
+        let expr = Expr::Column(found.clone());
+        // A comparison with a date casts both sides to this type: truncating it keeps the comparison exact.
+        let expr = if column.day {
+            date_trunc(lit("day"), cast(expr, DataType::Timestamp(TimeUnit::Nanosecond, None)))
+        } else {
+            expr
+        };
+        groups.push(expr.alias(Rollup::filter_column(j)));
+    }
+    let mut partials = Vec::with_capacity(aggregate.aggr_expr.len());
+    for (m, expr) in aggregate.aggr_expr.iter().enumerate() {
+        let call = function(expr)?;
+        if call.func.name().eq_ignore_ascii_case("avg") {
+            let params = &call.params;
+            let with = |func| {
+                Expr::AggregateFunction(AggregateFunction::new_udf(
+                    func,
+                    params.args.clone(),
+                    false,
+                    params.filter.clone(),
+                    params.order_by.clone(),
+                    params.null_treatment,
+                ))
+            };
+            partials.push(with(sum_udaf()).alias(aggregate_column(m)));
+            partials.push(with(count_udaf()).alias(count_column(m)));
+        } else {
+            partials.push(Expr::AggregateFunction(call.clone()).alias(aggregate_column(m)));
+        }
+    }
+    LogicalPlanBuilder::from(without_simple(filter, compiled)?).aggregate(groups, partials)?.build()
+}
+
+fn operator(op: CompareOp) -> Operator {
+    match op {
+        CompareOp::Eq => Operator::Eq,
+        CompareOp::NotEq => Operator::NotEq,
+        CompareOp::Lt => Operator::Lt,
+        CompareOp::LtEq => Operator::LtEq,
+        CompareOp::Gt => Operator::Gt,
+        CompareOp::GtEq => Operator::GtEq,
+    }
+}
+
+/// The query answered from `stored` (a scan of a rollup's rows): its rows that pass every filter, aggregated
+/// again by the query's keys, under the rest of the query's outermost SELECT.
+pub(crate) fn read_plan(
+    plan: &LogicalPlan,
+    stored: LogicalPlan,
+    filters: Vec<(MaterializedFilter, ScalarValue)>,
+) -> Result<LogicalPlan> {
+    let (above, aggregate) = split(plan)?;
+    let conditions = filters.into_iter().map(|(filter, value)| {
+        Expr::BinaryExpr(BinaryExpr::new(
+            Box::new(col(filter.column)),
+            operator(filter.op),
+            Box::new(lit(value)),
+        ))
+    });
+    let mut builder = LogicalPlanBuilder::from(stored);
+    if let Some(predicate) = conjunction(conditions) {
+        builder = builder.filter(predicate)?;
+    }
+    let keys = aggregate.group_expr.len();
+    let groups: Vec<Expr> = (0..keys).map(|i| col(Rollup::key_column(i))).collect();
+    // Each aggregate recombined from its partials: where its value (or an average's sum and count) lands.
+    let mut recombined = Vec::with_capacity(aggregate.aggr_expr.len());
+    let mut aggregates = Vec::with_capacity(aggregate.aggr_expr.len());
+    for (m, expr) in aggregate.aggr_expr.iter().enumerate() {
+        let partial = col(aggregate_column(m));
+        let name = function(expr)?.func.name().to_lowercase();
+        recombined.push((name.clone(), keys + aggregates.len()));
+        match name.as_str() {
+            "count" | "sum" => aggregates.push(sum(partial)),
+            "min" => aggregates.push(min(partial)),
+            "max" => aggregates.push(max(partial)),
+            "avg" => {
+                aggregates.push(sum(partial));
+                aggregates.push(sum(col(count_column(m))));
+            }
+            other => return Err(internal(&format!("cannot recombine `{other}`"))),
+        }
+    }
+    let again = builder.aggregate(groups, aggregates)?.build()?;
+    let output = again.schema().clone();
+    let at = |i: usize| Expr::Column(PlanColumn::from(output.qualified_field(i)));
+    // The recombined values under the names and types of the query's own aggregation, so that the nodes above
+    // it read them as they read that aggregation.
+    let mut renamed = Vec::with_capacity(aggregate.schema.fields().len());
+    for (i, (qualifier, field)) in aggregate.schema.iter().enumerate() {
+        let value = if i < keys {
+            at(i)
+        } else {
+            let (name, position) = &recombined[i - keys];
+            match name.as_str() {
+                // A COUNT of no rows is 0, where a SUM of none is NULL.
+                "count" => coalesce(vec![at(*position), lit(0_i64)]),
+                "avg" => {
+                    let float = |e| cast(e, DataType::Float64);
+                    let quotient = float(at(*position)) / float(at(position + 1));
+                    match field.data_type() {
+                        DataType::Decimal128(..) | DataType::Decimal256(..) => {
+                            cast(at(*position), field.data_type().clone()) / at(position + 1)
+                        }
+                        _ => quotient,
+                    }
+                }
+                _ => at(*position),
+            }
+        };
+        renamed
+            .push(cast(value, field.data_type().clone()).alias_qualified(qualifier.cloned(), field.name()));
+    }
+    let mut node = LogicalPlanBuilder::from(again).project(renamed)?.build()?;
+    for above in above.into_iter().rev() {
+        node = above.with_new_exprs(above.expressions(), vec![node])?;
+    }
+    Ok(node)
+}
