@@ -192,6 +192,32 @@ def second_version_and_diff(page):
     expect(page.get_by_test_id("result-table").locator("thead")).to_contain_text("orders")
 
 
+def breaking_version(page):
+    """Back to the first SQL: `orders` goes, which breaks callers of the endpoint, which ran minutes ago."""
+    page.get_by_test_id("nav-endpoints").click()
+    page.get_by_test_id("search").fill("by-day")
+    page.get_by_test_id("endpoint-row-sales-by-day").get_by_role("link").click()
+    page.get_by_test_id("edit-endpoint").click()
+    expect(page.get_by_test_id("output-columns")).to_contain_text("orders")
+    type_sql(page, SQL_V1)
+    warning = page.get_by_test_id("breaking-change")
+    expect(warning).to_contain_text("column 'orders' (integer) is removed")
+    shot(page, "12-breaking-change")
+    # Saving without confirming is refused: the editor stays, saying why.
+    page.get_by_test_id("save-endpoint").click()
+    expect(warning).to_contain_text("send \"confirm_breaking\": true")
+    expect(page.get_by_test_id("save-endpoint")).to_have_text("Save changes")
+    page.get_by_test_id("confirm-breaking").check()
+    page.get_by_test_id("save-endpoint").click()
+    expect(page.get_by_test_id("current-version")).to_have_text("Version 3")
+    page.get_by_test_id("tab-versions").click()
+    expect(page.get_by_test_id("breaking-3")).to_have_attribute("title", "Breaks callers of the version before: orders (integer) removed.")
+    expect(page.get_by_test_id("breaking-2")).to_have_count(0)
+    accessible(page, "breaking version")
+    shot(page, "12-breaking-version")
+    page.get_by_test_id("nav-endpoints").click()
+
+
 def materialize(page):
     page.get_by_test_id("tab-materialization").click()
     expect(page.get_by_test_id("materialization-status")).to_have_text("Disabled")
@@ -316,6 +342,7 @@ def main():
                 ("share", lambda: share(page, base)),
                 ("tables", lambda: tables(page, work)),
                 ("a 429", lambda: throttled(page)),
+                ("a breaking version, confirmed", lambda: breaking_version(page)),
                 ("delete", lambda: delete(page)),
                 ("a revoked key", lambda: revoked(page, data_dir, key_id)),
             ]

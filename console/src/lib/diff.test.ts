@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { columnChanges, sideBySide } from './diff';
+import { breakingText, columnChanges, sideBySide } from './diff';
 
 describe('the version diff', () => {
   it('puts changed lines face to face and keeps the rest aligned', () => {
@@ -40,5 +40,14 @@ describe('the version diff', () => {
       { name: 'revenue', kind: 'removed', before: 'float', after: null },
     ]);
     expect(columnChanges(null, null)).toEqual([]);
+  });
+
+  it('says what a breaking version breaks', () => {
+    expect(
+      breakingText([
+        { column: 'revenue', change: 'removed', from: 'float', to: null },
+        { column: 'events', change: 'type_changed', from: 'integer', to: 'string' },
+      ]),
+    ).toBe('Breaks callers of the version before: revenue (float) removed; events changed from integer to string.');
   });
 });

@@ -67,3 +67,19 @@ export function columnChanges(before: Column[] | null, after: Column[] | null): 
   }
   return changes;
 }
+
+/** An output column a version removed or retyped against the version before it, as the server records it. */
+export interface BreakingChange {
+  column: string;
+  change: 'removed' | 'type_changed';
+  from: string;
+  to: string | null;
+}
+
+/** The breaking changes of a version in words, one sentence. */
+export function breakingText(changes: BreakingChange[]): string {
+  const parts = changes.map((c) =>
+    c.change === 'removed' ? `${c.column} (${c.from}) removed` : `${c.column} changed from ${c.from} to ${c.to}`,
+  );
+  return `Breaks callers of the version before: ${parts.join('; ')}.`;
+}

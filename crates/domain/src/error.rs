@@ -87,6 +87,10 @@ pub enum Error {
     /// 409 `in_use`: the thing is still needed (a table that endpoints read); the detail names by what.
     #[error("{0}")]
     InUse(String),
+    /// 409 `breaking_change`: a new version would break the callers of an endpoint that ran recently, and the
+    /// change was not confirmed; nothing was changed. `changes` lists what breaks, as the version record would.
+    #[error("{detail}")]
+    BreakingChange { detail: String, changes: serde_json::Value },
     /// 413: a body is larger than allowed.
     #[error("The body is larger than the limit of {limit_bytes} bytes; nothing was written.")]
     PayloadTooLarge { limit_bytes: u64 },

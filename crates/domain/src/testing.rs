@@ -103,5 +103,6 @@ pub fn current_version(endpoint: &Endpoint) -> EndpointVersion {
         eligibility: endpoint.eligibility.clone(),
         tables: endpoint.tables.clone(),
         plan_error: endpoint.plan_error.clone(),
+        breaking_changes: Vec::new(),
     }
 }

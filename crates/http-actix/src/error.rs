@@ -91,6 +91,9 @@ error_codes! {
     Unique = ("unique", 409, Conflict, "`name` is already used in the project; `attr: name`"),
     InUse = ("in_use", 409, Conflict,
         "a table that the current version of endpoints reads cannot be deleted; the detail names them"),
+    BreakingChange = ("breaking_change", 409, Conflict,
+        "a PATCH's new query removes or retypes output columns of an endpoint that ran within the last 7 days; \
+         nothing changed, `breaking_changes` lists them; send `confirm_breaking: true` to save it"),
     PayloadTooLarge = ("payload_too_large", 413, ValidationError,
         "the body is over its limit: 1 MiB of JSON, or `--max-upload-mb` (1 GiB) of a table's rows"),
     UnsupportedMediaType = ("unsupported_media_type", 415, ValidationError,
@@ -131,6 +134,10 @@ pub(crate) struct ErrorBody<'a> {
     /// The offending field as a dotted path (`variables.country`), or null.
     #[schema(required = true)]
     attr: Option<&'a str>,
+    /// With `breaking_change` only: what the refused version would break, as its version record would list it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<crate::api::BreakingChange>>, inline)]
+    breaking_changes: Option<&'a serde_json::Value>,
 }
 
 /// An error response. Domain errors convert into it; the adapter adds its own HTTP-level ones.
@@ -177,6 +184,7 @@ impl ApiError {
                 Error::NotFound(_) => Code::NotFound,
                 Error::NameTaken(_) => Code::Unique,
                 Error::InUse(_) => Code::InUse,
+                Error::BreakingChange { .. } => Code::BreakingChange,
                 Error::PayloadTooLarge { .. } => Code::PayloadTooLarge,
                 Error::QueryInvalid(_) => Code::QueryInvalid,
                 Error::QueryTimeout(_) => Code::QueryTimeout,
@@ -206,7 +214,8 @@ impl ApiError {
                 Error::NotAuthenticated(detail)
                 | Error::PermissionDenied(detail)
                 | Error::NotFound(detail)
-                | Error::InUse(detail) => Cow::Borrowed(detail),
+                | Error::InUse(detail)
+                | Error::BreakingChange { detail, .. } => Cow::Borrowed(detail),
                 Error::QueryInvalid(reason) => Cow::Owned(format!(
                     "The endpoint's query no longer plans against its tables: {}. Change the query or the table.",
                     reason.trim_end_matches('.')
@@ -266,7 +275,7 @@ impl ApiError {
             ApiError::Domain(Error::Invalid(invalid)) => invalid.attr.as_deref(),
             ApiError::Domain(Error::NameTaken(_)) => Some("name"),
             ApiError::Domain(Error::ResultTooLarge { .. }) => Some("limit"),
-            ApiError::Domain(Error::QueryInvalid(_)) => Some("query"),
+            ApiError::Domain(Error::QueryInvalid(_) | Error::BreakingChange { .. }) => Some("query"),
             _ => None,
         }
     }
@@ -332,7 +341,17 @@ impl ResponseError for ApiError {
             _ => {}
         }
         let detail = self.detail();
-        response.json(ErrorBody { kind: code.kind(), code, detail: &detail, attr: self.attr() })
+        let breaking_changes = match self {
+            ApiError::Domain(Error::BreakingChange { changes, .. }) => Some(changes),
+            _ => None,
+        };
+        response.json(ErrorBody {
+            kind: code.kind(),
+            code,
+            detail: &detail,
+            attr: self.attr(),
+            breaking_changes,
+        })
     }
 }
 

@@ -302,6 +302,25 @@ fn query_parameters(version: &EndpointVersion) -> Vec<ReferenceOr<Parameter>> {
     parameters
 }
 
+/// The endpoint's description, followed by what this version breaks of the version before it.
+fn info_description(description: Option<String>, version: &EndpointVersion) -> Option<String> {
+    if version.breaking_changes.is_empty() {
+        return description;
+    }
+    let changes: Vec<String> =
+        version.breaking_changes.iter().map(domain::BreakingChange::describe).collect();
+    let breaking = format!(
+        "Breaking changes in version {} against version {}: {}.",
+        version.version,
+        version.version.saturating_sub(1),
+        changes.join("; ")
+    );
+    Some(match description {
+        Some(description) => format!("{description}\n\n{breaking}"),
+        None => breaking,
+    })
+}
+
 /// The document for `version` of `endpoint`, served at `base_url`.
 pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url: &str) -> Value {
     let name = endpoint.name.as_str();
@@ -356,7 +375,7 @@ pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url:
         openapi: "3.0.3".into(),
         info: Info {
             title: name.to_owned(),
-            description,
+            description: info_description(description, version),
             version: version.version.to_string(),
             ..Info::default()
         },

@@ -54,6 +54,8 @@ pub struct DataFusionEngine {
     runtime: Arc<runtime::EngineRuntime>,
     metrics: EngineMetrics,
     table_locks: Arc<uploads::TableLocks>,
+    /// Rollups prepared to answer runs (see `materialized`).
+    rollups: materialized::PreparedRollups,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -72,6 +74,7 @@ impl DataFusionEngine {
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
             table_locks: Arc::default(),
+            rollups: materialized::prepared_rollups(),
         }
     }
 

@@ -87,6 +87,23 @@ fn quoted(identifier: &str) -> String {
     format!("\"{}\"", identifier.replace('"', "\"\""))
 }
 
+/// A rollup ready to answer runs, kept per stored result (whose files never change): the unbound plan of the
+/// query it rolls up, whose outermost SELECT above its aggregation a run reuses, and the scan of its rows.
+#[derive(Debug)]
+pub(crate) struct PreparedRollup {
+    query: LogicalPlan,
+    stored: LogicalPlan,
+}
+
+/// Prepared rollups, by project and stored result: a location is never reused, so an entry never goes stale;
+/// one whose result was replaced is no longer asked for, and leaves when the cache is full.
+pub(crate) type PreparedRollups = moka::sync::Cache<(ProjectId, String), Arc<PreparedRollup>>;
+
+/// Rollups kept prepared: a few hundred plans of a few kilobytes each.
+pub(crate) fn prepared_rollups() -> PreparedRollups {
+    moka::sync::Cache::new(256)
+}
+
 /// Rows in order with their positions, into one Parquet object that appears whole when the writer finishes.
 struct ResultWriter {
     writer: AsyncArrowWriter<BufWriter>,
@@ -189,29 +206,41 @@ impl DataFusionEngine {
         let ctx =
             catalog::empty_session(&self.storage, Some(execute::runtime(&self.limits)?), self.scheduler())?;
         let location = self.storage.url_of(prefix);
-        // Read with its metadata, which says whether it is a rollup.
-        let stored = ctx
-            .read_parquet(location.as_str(), ParquetReadOptions::default().skip_metadata(false))
-            .await
-            .map_err(execute::storage_error)?;
-        let schema = stored.schema().as_arrow().clone();
-        if let Some(document) = schema.metadata().get(ROLLUP_QUERY) {
-            return self.rollup_plan(project, document, stored.into_unoptimized_plan(), filters).await;
-        }
-        let (compiled, values) = Self::filtered(&ctx, &location, &schema, filters).await?;
-        let plan = self.plan(&ctx, &compiled, values).await?;
+        let key = (project, location.clone());
+        let rollup = match self.rollups.get(&key) {
+            Some(prepared) => prepared,
+            None => {
+                // Read with its metadata, which says whether it is a rollup.
+                let stored = ctx
+                    .read_parquet(location.as_str(), ParquetReadOptions::default().skip_metadata(false))
+                    .await
+                    .map_err(execute::storage_error)?;
+                let schema = stored.schema().as_arrow().clone();
+                let Some(document) = schema.metadata().get(ROLLUP_QUERY) else {
+                    let (compiled, values) = Self::filtered(&ctx, &location, &schema, filters).await?;
+                    let plan = self.plan(&ctx, &compiled, values).await?;
+                    return Ok((ctx, plan));
+                };
+                let prepared =
+                    Arc::new(self.prepare_rollup(project, document, stored.into_unoptimized_plan()).await?);
+                self.rollups.insert(key, Arc::clone(&prepared));
+                prepared
+            }
+        };
+        let filters = filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
+        let plan = rollup::read_plan(&rollup.query, rollup.stored.clone(), filters)
+            .map_err(|e| EngineError::Internal(Box::new(e)))?;
         Ok((ctx, plan))
     }
 
-    /// A rollup's answer: the query it rolls up (`document`) planned in a session of its tables, its
-    /// aggregation read from `stored` instead.
-    async fn rollup_plan(
+    /// What answering from a rollup needs besides a run's values: the query it rolls up (`document`), planned
+    /// in a session of its tables, and the scan of its stored rows.
+    async fn prepare_rollup(
         &self,
         project: ProjectId,
         document: &str,
         stored: LogicalPlan,
-        filters: Vec<(MaterializedFilter, BoundValue)>,
-    ) -> Result<(SessionContext, LogicalPlan), EngineError> {
+    ) -> Result<PreparedRollup, EngineError> {
         let corrupt =
             |e: String| EngineError::Internal(format!("a rollup's query does not read: {e}").into());
         let document: serde_json::Value =
@@ -219,11 +248,8 @@ impl DataFusionEngine {
         let query = Query::from_json(&document).map_err(|e| corrupt(e.to_string()))?;
         let compiled = compile::compile(&query);
         let ctx = self.live_session(project, &compiled).await?;
-        let unbound = self.plan_unbound(&ctx, &compiled).await?;
-        let filters = filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
-        let plan =
-            rollup::read_plan(&unbound, stored, filters).map_err(|e| EngineError::Internal(Box::new(e)))?;
-        Ok((ctx, plan))
+        let query = self.plan_unbound(&ctx, &compiled).await?;
+        Ok(PreparedRollup { query, stored })
     }
 
     /// The query of a plain stored result's rows that pass every filter, in stored order, with the filters'

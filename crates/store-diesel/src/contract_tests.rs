@@ -8,10 +8,11 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use domain::{
-    ApiKey, ApiKeyStore, CacheAge, Change, Column, ColumnType, CompareOp, Eligibility, EndpointChange,
-    EndpointFilter, EndpointName, EndpointStore, MaterializationStatus, MaterializationStore,
-    MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectId, ProjectStore, Query, Rollup,
-    RollupColumn, Scope, StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
+    ApiKey, ApiKeyStore, BreakingChange, CacheAge, Change, Column, ColumnChange, ColumnType, CompareOp,
+    Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationStatus,
+    MaterializationStore, MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectId,
+    ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredResult, Switch, SyncFrequency,
+    Timestamp,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -118,7 +119,23 @@ fn eligible() -> Eligibility {
 
 /// A query as planned: its columns named `names`, materializable, reading `events`.
 fn planned(query: Query, names: &[&str]) -> PlannedQuery {
-    PlannedQuery { query, columns: cols(names), eligibility: eligible(), tables: vec!["events".into()] }
+    PlannedQuery {
+        query,
+        columns: cols(names),
+        eligibility: eligible(),
+        tables: vec!["events".into()],
+        breaking_changes: vec![],
+    }
+}
+
+/// Version 2 of `daily` no longer outputs its integer `n`.
+fn removed_n() -> Vec<BreakingChange> {
+    vec![BreakingChange {
+        column: "n".into(),
+        change: ColumnChange::Removed,
+        from: ColumnType::Integer,
+        to: None,
+    }]
 }
 
 fn new_endpoint(project: ProjectId, raw_name: &str) -> NewEndpoint {
@@ -266,7 +283,10 @@ async fn query_changes_make_contiguous_versions(store: DieselStore) {
     let change = EndpointChange {
         description: Some("v2 words".into()),
         cache_age: Some(CacheAge::new(Some(0)).unwrap()),
-        query: Some(planned(query("SELECT 2 AS m"), &["m"])),
+        query: Some(PlannedQuery {
+            breaking_changes: removed_n(),
+            ..planned(query("SELECT 2 AS m"), &["m"])
+        }),
         ..Default::default()
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
@@ -283,8 +303,10 @@ async fn query_changes_make_contiguous_versions(store: DieselStore) {
         (v2.description.as_str(), v2.cache_age.configured(), v2.created_at),
         ("v2 words", Some(0), later)
     );
+    assert_eq!(v2.breaking_changes, removed_n(), "a version keeps what it broke");
     let v1 = EndpointStore::get_version(&store, p, &name("daily"), 1).await.unwrap();
     assert_eq!((v1.query.sql.as_str(), v1.description.as_str()), ("SELECT 1 AS n", "about daily"));
+    assert!(v1.breaking_changes.is_empty());
     assert!(matches!(
         EndpointStore::get_version(&store, p, &name("daily"), 3).await,
         Err(StoreError::VersionNotFound(3))

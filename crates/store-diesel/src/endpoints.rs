@@ -13,7 +13,9 @@ use tracing::instrument;
 use crate::changes::announce;
 use crate::connection::AnyConnection;
 use crate::error::DbError;
-use crate::rows::{columns_text, eligibility_text, micros, tables_text, EndpointRow, VersionRow};
+use crate::rows::{
+    breaking_changes_text, columns_text, eligibility_text, micros, tables_text, EndpointRow, VersionRow,
+};
 use crate::schema::{endpoint_versions, endpoints, materializations};
 use crate::DieselStore;
 
@@ -152,6 +154,7 @@ fn apply_change(
                     eligibility: eligibility_text(&planned.eligibility),
                     source_tables: tables_text(&planned.tables),
                     plan_error: None,
+                    breaking_changes: breaking_changes_text(&planned.breaking_changes),
                 })
                 .execute(conn)?;
         }
@@ -227,6 +230,7 @@ impl EndpointStore for DieselStore {
             eligibility: eligibility_text(&endpoint.eligibility),
             source_tables: tables_text(&endpoint.tables),
             plan_error: None,
+            breaking_changes: breaking_changes_text(&[]),
         };
         let lookup = name.clone();
         self.db

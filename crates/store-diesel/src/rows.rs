@@ -2,8 +2,8 @@
 
 use diesel::prelude::*;
 use domain::{
-    CacheAge, Column, Eligibility, Endpoint, EndpointName, EndpointVersion, ProjectId, Query, SyncFrequency,
-    Timestamp,
+    BreakingChange, CacheAge, Column, Eligibility, Endpoint, EndpointName, EndpointVersion, ProjectId, Query,
+    SyncFrequency, Timestamp,
 };
 use uuid::Uuid;
 
@@ -63,6 +63,14 @@ fn tables(raw: Option<&str>) -> Result<Option<Vec<String>>, DbError> {
     raw.map(|raw| serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("tables: {e}")))).transpose()
 }
 
+pub(crate) fn breaking_changes_text(changes: &[BreakingChange]) -> String {
+    serde_json::to_string(changes).unwrap_or_else(|_| "[]".into())
+}
+
+fn breaking_changes(raw: &str) -> Result<Vec<BreakingChange>, DbError> {
+    serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("breaking_changes: {e}")))
+}
+
 fn columns(raw: &str) -> Result<Vec<Column>, DbError> {
     serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("columns: {e}")))
 }
@@ -99,6 +107,7 @@ pub(crate) struct VersionRow {
     pub eligibility: Option<String>,
     pub source_tables: Option<String>,
     pub plan_error: Option<String>,
+    pub breaking_changes: String,
 }
 
 impl EndpointRow {
@@ -145,6 +154,7 @@ impl VersionRow {
             eligibility: eligibility(self.eligibility.as_deref())?,
             tables: tables(self.source_tables.as_deref())?,
             plan_error: self.plan_error,
+            breaking_changes: breaking_changes(&self.breaking_changes)?,
         })
     }
 }

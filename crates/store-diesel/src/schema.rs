@@ -53,6 +53,7 @@ diesel::table! {
         eligibility -> Nullable<Text>,
         source_tables -> Nullable<Text>,
         plan_error -> Nullable<Text>,
+        breaking_changes -> Text,
     }
 }
 

@@ -10,11 +10,13 @@ mod settings;
 
 pub use executions::ExecutionTracker;
 pub use model::{
-    ByEndpoint, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
-    PlannedQuery, Replanned,
+    BreakingChange, ByEndpoint, ColumnChange, Endpoint, EndpointChange, EndpointFilter, EndpointName,
+    EndpointVersion, NewEndpoint, PlannedQuery, Replanned,
 };
 pub use ports::{EndpointChanges, EndpointStore};
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::{MockEndpointChanges, MockEndpointStore};
-pub use service::{EndpointDeps, EndpointService, ListParams, ENDPOINT_FIELDS};
+pub use service::{
+    EndpointDeps, EndpointService, ListParams, BREAKING_WINDOW, CONFIRM_BREAKING, ENDPOINT_FIELDS,
+};
 pub use settings::{CacheAge, SyncFrequency};

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::settings::{CacheAge, SyncFrequency};
@@ -9,7 +10,7 @@ use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::Invalid;
 use crate::materialization::{Eligibility, MaterializationState};
-use crate::query::{Column, Query, QueryDescription};
+use crate::query::{Column, ColumnType, Query, QueryDescription};
 
 /// Values kept in memory per endpoint, by project then name, so a lookup borrows the name instead of building a
 /// key. Hashed with foldhash: only names of real endpoints become keys.
@@ -110,6 +111,81 @@ pub struct EndpointVersion {
     pub tables: Option<Vec<String>>,
     /// Why this version no longer plans, since a table it reads was replaced; `None` when it plans.
     pub plan_error: Option<String>,
+    /// The output columns of the version before it that this version removed or retyped.
+    pub breaking_changes: Vec<BreakingChange>,
+}
+
+/// How a version changed an output column of the version before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColumnChange {
+    Removed,
+    TypeChanged,
+}
+
+impl ColumnChange {
+    pub const ALL: [ColumnChange; 2] = [Self::Removed, Self::TypeChanged];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Removed => "removed",
+            Self::TypeChanged => "type_changed",
+        }
+    }
+}
+
+/// A change of a version's output that breaks a caller reading the version before it: a column it no longer
+/// outputs (a rename is a removal, plus an addition, which breaks nothing), or outputs with another type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BreakingChange {
+    pub column: String,
+    pub change: ColumnChange,
+    /// The column's type in the version before.
+    pub from: ColumnType,
+    /// Its type in the new version; `None` when it was removed.
+    pub to: Option<ColumnType>,
+}
+
+impl BreakingChange {
+    /// What `after` breaks of `before`: each column of `before` that `after` does not output by the same name,
+    /// or outputs with another type, in `before`'s order.
+    pub fn between(before: &[Column], after: &[Column]) -> Vec<Self> {
+        before
+            .iter()
+            .filter_map(|old| match after.iter().find(|new| new.name == old.name) {
+                None => Some(Self {
+                    column: old.name.clone(),
+                    change: ColumnChange::Removed,
+                    from: old.column_type,
+                    to: None,
+                }),
+                Some(new) if new.column_type != old.column_type => Some(Self {
+                    column: old.name.clone(),
+                    change: ColumnChange::TypeChanged,
+                    from: old.column_type,
+                    to: Some(new.column_type),
+                }),
+                Some(_) => None,
+            })
+            .collect()
+    }
+
+    fn type_name(ty: ColumnType) -> String {
+        serde_json::to_value(ty).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+    }
+
+    /// The change in words: `column 'n' (integer) is removed`.
+    pub fn describe(&self) -> String {
+        match self.to {
+            None => format!("column '{}' ({}) is removed", self.column, Self::type_name(self.from)),
+            Some(to) => format!(
+                "column '{}' changes from {} to {}",
+                self.column,
+                Self::type_name(self.from),
+                Self::type_name(to)
+            ),
+        }
+    }
 }
 
 /// What planning a version's query again (after a table it reads was replaced) told: what it now outputs and
@@ -156,6 +232,8 @@ pub struct PlannedQuery {
     pub columns: Vec<Column>,
     pub eligibility: Eligibility,
     pub tables: Vec<String>,
+    /// What it breaks of the version it follows (none for a first version).
+    pub breaking_changes: Vec<BreakingChange>,
 }
 
 impl PlannedQuery {
@@ -165,6 +243,7 @@ impl PlannedQuery {
             eligibility: Eligibility::decide(&description.outline),
             columns: description.columns,
             tables: description.tables,
+            breaking_changes: Vec::new(),
             query,
         }
     }

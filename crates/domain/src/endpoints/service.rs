@@ -7,7 +7,8 @@ use uuid::Uuid;
 
 use super::executions::ExecutionTracker;
 use super::model::{
-    Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint, PlannedQuery,
+    BreakingChange, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
+    PlannedQuery,
 };
 use super::ports::{EndpointChanges, EndpointStore};
 use super::settings::{CacheAge, SyncFrequency};
@@ -30,6 +31,23 @@ pub const ENDPOINT_FIELDS: [&str; 8] = [
     "cache_age_seconds",
     "sync_frequency",
 ];
+
+/// The update field that confirms a change breaking the callers of an endpoint that ran recently.
+pub const CONFIRM_BREAKING: &str = "confirm_breaking";
+
+/// The fields an update body may carry: those of a create, and [`CONFIRM_BREAKING`].
+const UPDATE_FIELDS: [&str; ENDPOINT_FIELDS.len() + 1] = {
+    let mut fields = [CONFIRM_BREAKING; ENDPOINT_FIELDS.len() + 1];
+    let mut i = 0;
+    while i < ENDPOINT_FIELDS.len() {
+        fields[i] = ENDPOINT_FIELDS[i];
+        i += 1;
+    }
+    fields
+};
+
+/// A new version that breaks its callers needs [`CONFIRM_BREAKING`] when the endpoint ran within this long.
+pub const BREAKING_WINDOW: time::Duration = time::Duration::days(7);
 
 /// Raw list parameters as they arrive in a query string.
 #[derive(Debug, Clone, Default)]
@@ -324,7 +342,8 @@ impl EndpointService {
         name: &EndpointName,
         body: &Value,
     ) -> Result<(Endpoint, EndpointChange), Error> {
-        let fields = Fields::new(body, &ENDPOINT_FIELDS)?;
+        let fields = Fields::new(body, &UPDATE_FIELDS)?;
+        let confirmed = fields.bool(CONFIRM_BREAKING)?.unwrap_or(false);
         let current = self.store.get(project, name).await.map_err(|e| name_error(e, name))?;
         if let Some(requested) = fields.nullable_string("name")? {
             if requested.as_deref() != Some(name.as_str()) {
@@ -355,7 +374,12 @@ impl EndpointService {
             let query = Query::from_json(raw)?;
             if query.canonical() != current.query.canonical() {
                 let description = self.engine.describe(project, &query).await?;
-                change.query = Some(PlannedQuery::new(query, description));
+                let mut planned = PlannedQuery::new(query, description);
+                planned.breaking_changes = BreakingChange::between(&current.columns, &planned.columns);
+                if !confirmed {
+                    self.refuse_unconfirmed_breaks(&current, &planned.breaking_changes)?;
+                }
+                change.query = Some(planned);
             }
         } else if fields.contains("query") {
             return Err(Invalid::field("query", "query cannot be null.").into());
@@ -375,6 +399,26 @@ impl EndpointService {
             check_materializable(active, &eligibility)?;
         }
         Ok((current, change))
+    }
+
+    /// Refuses changes that break the callers of an endpoint run within [`BREAKING_WINDOW`].
+    fn refuse_unconfirmed_breaks(&self, current: &Endpoint, changes: &[BreakingChange]) -> Result<(), Error> {
+        let pending = self.executions.pending(current.project_id, &current.name);
+        let Some(last_run) = current.last_executed_at.max(pending) else { return Ok(()) };
+        if changes.is_empty() || last_run + BREAKING_WINDOW < self.clock.now() {
+            return Ok(());
+        }
+        let listed: Vec<String> = changes.iter().map(BreakingChange::describe).collect();
+        Err(Error::BreakingChange {
+            detail: format!(
+                "The new version breaks what callers of '{}' read, and it ran within the last {} days: {}. \
+                 Nothing was changed; send \"{CONFIRM_BREAKING}\": true with the same change to save it anyway.",
+                current.name,
+                BREAKING_WINDOW.whole_days(),
+                listed.join("; ")
+            ),
+            changes: serde_json::to_value(changes).unwrap_or_default(),
+        })
     }
 
     /// Deletes the endpoint with all its versions.

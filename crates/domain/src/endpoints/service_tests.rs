@@ -517,3 +517,131 @@ mod materialization {
         assert_eq!(*removed.lock().unwrap(), vec![Uuid::nil().to_string(), Uuid::from_u128(7).to_string()]);
     }
 }
+
+/// `existing()` outputs `n` (integer) and `label` (string), and last ran `ran_days_ago` days ago (never: None).
+fn store_ran(ran_days_ago: Option<i64>) -> MockEndpointStore {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(move |_, _| {
+        let mut endpoint = existing();
+        endpoint.columns.push(Column { name: "label".into(), column_type: ColumnType::String });
+        endpoint.last_executed_at = ran_days_ago.map(|days| NOW - time::Duration::days(days));
+        Ok(endpoint)
+    });
+    store
+}
+
+/// Output columns by name and type.
+type Outputs = Vec<(&'static str, ColumnType)>;
+
+fn engine_outputting(columns: Outputs) -> MockQueryEngine {
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().returning(move |_, _| {
+        let columns = columns.iter().map(|(n, t)| Column { name: (*n).into(), column_type: *t }).collect();
+        Ok(QueryDescription { columns, outline: Default::default(), tables: vec![] })
+    });
+    engine
+}
+
+fn new_query(confirm: Option<bool>) -> Value {
+    let mut body = json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}});
+    if let Some(confirm) = confirm {
+        body["confirm_breaking"] = json!(confirm);
+    }
+    body
+}
+
+#[tokio::test]
+async fn a_version_records_the_columns_it_removes_or_retypes() {
+    use super::super::model::{BreakingChange, ColumnChange};
+    let (int, string, float) = (ColumnType::Integer, ColumnType::String, ColumnType::Float);
+    let removed = |column: &str, from| BreakingChange {
+        column: column.into(),
+        change: ColumnChange::Removed,
+        from,
+        to: None,
+    };
+    let retyped = |column: &str, from, to| BreakingChange {
+        column: column.into(),
+        change: ColumnChange::TypeChanged,
+        from,
+        to: Some(to),
+    };
+    let cases: [(Outputs, Vec<BreakingChange>); 5] = [
+        // An added column breaks nothing.
+        (vec![("n", int), ("label", string), ("extra", float)], vec![]),
+        (vec![("n", int)], vec![removed("label", string)]),
+        (vec![("n", float), ("label", string)], vec![retyped("n", int, float)]),
+        // A rename is a removal (and an addition).
+        (vec![("n", int), ("name", string)], vec![removed("label", string)]),
+        (vec![("label", int)], vec![removed("n", int), retyped("label", string, int)]),
+    ];
+    for (outputs, expected) in cases {
+        let mut store = store_ran(None);
+        let want = expected.clone();
+        store
+            .expect_update()
+            .withf(move |_, _, change, _| change.query.as_ref().is_some_and(|p| p.breaking_changes == want))
+            .times(1)
+            .returning(|_, _, _, _| Ok(existing()));
+        service(store, engine_outputting(outputs.clone()))
+            .update(project(), "daily", &new_query(None))
+            .await
+            .unwrap_or_else(|e| panic!("{outputs:?}: {e:?}"));
+    }
+}
+
+#[tokio::test]
+async fn a_breaking_version_of_an_endpoint_run_this_week_needs_confirming() {
+    let breaking = || engine_outputting(vec![("n", ColumnType::Integer)]);
+    // Ran 6 days ago: refused with the changes listed, nothing saved (the store has no update expectation).
+    let err = service(store_ran(Some(6)), breaking())
+        .update(project(), "daily", &new_query(None))
+        .await
+        .unwrap_err();
+    let Error::BreakingChange { detail, changes } = err else { panic!("{err:?}") };
+    assert!(
+        detail.contains("column 'label' (string) is removed") && detail.contains("confirm_breaking"),
+        "{detail}"
+    );
+    assert_eq!(changes, json!([{"column": "label", "change": "removed", "from": "string", "to": null}]));
+    let refused =
+        service(store_ran(Some(6)), breaking()).update(project(), "daily", &new_query(Some(false))).await;
+    assert!(matches!(refused, Err(Error::BreakingChange { .. })));
+    // A dry run answers the same.
+    let dry =
+        service(store_ran(Some(6)), breaking()).check_update(project(), "daily", &new_query(None)).await;
+    assert!(matches!(dry, Err(Error::BreakingChange { .. })));
+
+    // Confirmed, or last run more than 7 days ago, or never run: saved.
+    for (ran, confirm) in [(Some(6), Some(true)), (Some(8), None), (None, None)] {
+        let mut store = store_ran(ran);
+        store
+            .expect_update()
+            .withf(|_, _, change, _| change.query.as_ref().is_some_and(|p| p.breaking_changes.len() == 1))
+            .times(1)
+            .returning(|_, _, _, _| Ok(existing()));
+        service(store, breaking())
+            .update(project(), "daily", &new_query(confirm))
+            .await
+            .unwrap_or_else(|e| panic!("ran {ran:?} days ago, confirm {confirm:?}: {e:?}"));
+    }
+
+    // A non-breaking change needs no confirmation however recently it ran.
+    let mut store = store_ran(Some(0));
+    store.expect_update().times(1).returning(|_, _, _, _| Ok(existing()));
+    let adding = engine_outputting(vec![
+        ("n", ColumnType::Integer),
+        ("label", ColumnType::String),
+        ("x", ColumnType::Date),
+    ]);
+    service(store, adding).update(project(), "daily", &new_query(None)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_run_not_yet_flushed_counts_as_a_recent_run() {
+    let store = store_ran(None);
+    let deps = deps(store, engine_outputting(vec![("n", ColumnType::Integer)]));
+    deps.executions.record(project(), &EndpointName::parse("daily").unwrap(), NOW - time::Duration::hours(1));
+    let err = EndpointService::new(deps).update(project(), "daily", &new_query(None)).await.unwrap_err();
+    assert!(matches!(err, Error::BreakingChange { .. }), "{err:?}");
+}

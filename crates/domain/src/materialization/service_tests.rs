@@ -51,6 +51,7 @@ fn endpoints(eligibility: Option<Eligibility>) -> MockEndpointStore {
             eligibility: eligibility.clone(),
             tables: None,
             plan_error: None,
+            breaking_changes: vec![],
         })
     });
     store

@@ -57,6 +57,9 @@ fn unshare(err: &Arc<Error>) -> Error {
         Error::NotFound(d) => Error::NotFound(d.clone()),
         Error::NameTaken(n) => Error::NameTaken(n.clone()),
         Error::InUse(d) => Error::InUse(d.clone()),
+        Error::BreakingChange { detail, changes } => {
+            Error::BreakingChange { detail: detail.clone(), changes: changes.clone() }
+        }
         Error::PayloadTooLarge { limit_bytes } => Error::PayloadTooLarge { limit_bytes: *limit_bytes },
         Error::QueryInvalid(d) => Error::QueryInvalid(d.clone()),
         Error::QueryTimeout(d) => Error::QueryTimeout(*d),

@@ -210,6 +210,30 @@ pub(crate) struct Version {
     #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
     is_current: bool,
+    /// The output columns of the version before it that this version removed or retyped; empty when it breaks
+    /// nothing (and for version 1).
+    breaking_changes: Vec<BreakingChange>,
+}
+
+/// An output column of the version before that a version removed (`to` null) or retyped. A renamed column is
+/// a removal (and an addition, which breaks nothing).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BreakingChange {
+    column: String,
+    #[schema(schema_with = names::column_change)]
+    change: &'static str,
+    /// Its type in the version before.
+    #[schema(schema_with = names::column_type)]
+    from: domain::ColumnType,
+    /// Its type in this version; null when removed.
+    #[schema(schema_with = names::nullable_column_type, required = true)]
+    to: Option<domain::ColumnType>,
+}
+
+impl From<domain::BreakingChange> for BreakingChange {
+    fn from(change: domain::BreakingChange) -> Self {
+        Self { column: change.column, change: change.change.as_str(), from: change.from, to: change.to }
+    }
 }
 
 impl From<domain::EndpointVersion> for Version {
@@ -223,6 +247,7 @@ impl From<domain::EndpointVersion> for Version {
             cache_age_seconds: v.cache_age.configured(),
             created_at: v.created_at,
             is_current: v.is_current,
+            breaking_changes: v.breaking_changes.into_iter().map(BreakingChange::from).collect(),
         }
     }
 }

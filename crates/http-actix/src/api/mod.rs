@@ -11,7 +11,7 @@ pub(crate) mod requests;
 mod run;
 mod table;
 
-pub(crate) use endpoint::{Endpoint, Materialization, Version};
+pub(crate) use endpoint::{BreakingChange, Endpoint, Materialization, Version};
 pub(crate) use last_executions::LastExecutionTimes;
 pub(crate) use page::{EndpointPage, TablePage, VersionPage};
 pub(crate) use run::RunAnswer;

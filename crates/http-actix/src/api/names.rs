@@ -55,6 +55,14 @@ pub(crate) fn column_type() -> Object {
     one_of(ColumnType::ALL.iter().filter_map(|t| serde_json::to_value(t).ok()), false)
 }
 
+pub(crate) fn nullable_column_type() -> Object {
+    one_of(ColumnType::ALL.iter().filter_map(|t| serde_json::to_value(t).ok()), true)
+}
+
+pub(crate) fn column_change() -> Object {
+    one_of(names(domain::ColumnChange::ALL.map(domain::ColumnChange::as_str)), false)
+}
+
 /// A body may send `"format": null` for JSON or what `Accept` asks for.
 pub(crate) fn nullable_result_format() -> Object {
     one_of(names(ResultFormat::ALL.map(ResultFormat::as_str)), true)

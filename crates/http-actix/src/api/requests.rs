@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use domain::{CacheAge, RunRequest, ENDPOINT_FIELDS, MAX_NAMES};
+use domain::{CacheAge, RunRequest, CONFIRM_BREAKING, ENDPOINT_FIELDS, MAX_NAMES};
 use utoipa::openapi::schema::{AdditionalProperties, ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
@@ -113,7 +113,11 @@ pub(crate) struct EndpointUpdate;
 
 impl PartialSchema for EndpointUpdate {
     fn schema() -> RefOr<Schema> {
-        endpoint_fields().into()
+        let confirm = ObjectBuilder::new().schema_type(nullable(Type::Boolean)).description(Some(
+            "true saves a new `query` whose version removes or retypes output columns of the current one \
+             although the endpoint ran within the last 7 days (409 `breaking_change` otherwise).",
+        ));
+        endpoint_fields().property(CONFIRM_BREAKING, confirm).into()
     }
 }
 

@@ -1,0 +1,1 @@
+ALTER TABLE endpoint_versions DROP COLUMN breaking_changes;
