@@ -250,13 +250,32 @@ pub(crate) fn empty_session(
     runtime: Option<Arc<RuntimeEnv>>,
     scheduler: Option<&str>,
 ) -> Result<SessionContext, EngineError> {
+    session_with(storage, runtime, scheduler, SessionConfig::new())
+}
+
+/// An [`empty_session`] for reading a small stored result: its queries run as one partition, since splitting a
+/// few thousand rows across the cores (and merging them again) costs more than it saves.
+pub(crate) fn small_session(
+    storage: &Storage,
+    runtime: Option<Arc<RuntimeEnv>>,
+    scheduler: Option<&str>,
+) -> Result<SessionContext, EngineError> {
+    session_with(storage, runtime, scheduler, SessionConfig::new().with_target_partitions(1))
+}
+
+fn session_with(
+    storage: &Storage,
+    runtime: Option<Arc<RuntimeEnv>>,
+    scheduler: Option<&str>,
+    config: SessionConfig,
+) -> Result<SessionContext, EngineError> {
     #[cfg(feature = "ballista")]
     if let Some(scheduler) = scheduler {
         return crate::distributed::session(storage, runtime, scheduler);
     }
     #[cfg(not(feature = "ballista"))]
     debug_assert!(scheduler.is_none(), "a scheduler is only ever set with the `ballista` feature");
-    let config = SessionConfig::new().with_information_schema(false);
+    let config = config.with_information_schema(false);
     let ctx = match runtime {
         Some(runtime) => SessionContext::new_with_config_rt(config, runtime),
         None => SessionContext::new_with_config(config),

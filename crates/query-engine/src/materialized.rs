@@ -13,7 +13,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::{provider_as_source, MemTable};
+use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
@@ -88,20 +90,31 @@ fn quoted(identifier: &str) -> String {
 }
 
 /// A rollup ready to answer runs, kept per stored result (whose files never change): the unbound plan of the
-/// query it rolls up, whose outermost SELECT above its aggregation a run reuses, and the scan of its rows.
+/// query it rolls up, whose outermost SELECT above its aggregation a run reuses, and the scan of its rows (of
+/// the rows themselves, decoded, when there are few).
 #[derive(Debug)]
 pub(crate) struct PreparedRollup {
     query: LogicalPlan,
     stored: LogicalPlan,
+    /// Memory it holds, as the cache weighs it.
+    bytes: usize,
 }
 
 /// Prepared rollups, by project and stored result: a location is never reused, so an entry never goes stale;
 /// one whose result was replaced is no longer asked for, and leaves when the cache is full.
 pub(crate) type PreparedRollups = moka::sync::Cache<(ProjectId, String), Arc<PreparedRollup>>;
 
-/// Rollups kept prepared: a few hundred plans of a few kilobytes each.
+/// What a prepared rollup is counted as besides its rows: its plans.
+const PLAN_BYTES: usize = 16 * 1024;
+
+/// Memory prepared rollups may hold together; the least used leave first.
+const PREPARED_BYTES: u64 = 64 * 1024 * 1024;
+
 pub(crate) fn prepared_rollups() -> PreparedRollups {
-    moka::sync::Cache::new(256)
+    moka::sync::Cache::builder()
+        .weigher(|_, prepared: &Arc<PreparedRollup>| u32::try_from(prepared.bytes).unwrap_or(u32::MAX))
+        .max_capacity(PREPARED_BYTES)
+        .build()
 }
 
 /// Rows in order with their positions, into one Parquet object that appears whole when the writer finishes.
@@ -204,7 +217,7 @@ impl DataFusionEngine {
         filters: Vec<(MaterializedFilter, BoundValue)>,
     ) -> Result<(SessionContext, LogicalPlan), EngineError> {
         let ctx =
-            catalog::empty_session(&self.storage, Some(execute::runtime(&self.limits)?), self.scheduler())?;
+            catalog::small_session(&self.storage, Some(execute::runtime(&self.limits)?), self.scheduler())?;
         let location = self.storage.url_of(prefix);
         let key = (project, location.clone());
         let rollup = match self.rollups.get(&key) {
@@ -221,8 +234,7 @@ impl DataFusionEngine {
                     let plan = self.plan(&ctx, &compiled, values).await?;
                     return Ok((ctx, plan));
                 };
-                let prepared =
-                    Arc::new(self.prepare_rollup(project, document, stored.into_unoptimized_plan()).await?);
+                let prepared = Arc::new(self.prepare_rollup(project, document, stored).await?);
                 self.rollups.insert(key, Arc::clone(&prepared));
                 prepared
             }
@@ -234,12 +246,13 @@ impl DataFusionEngine {
     }
 
     /// What answering from a rollup needs besides a run's values: the query it rolls up (`document`), planned
-    /// in a session of its tables, and the scan of its stored rows.
+    /// in a session of its tables, and the scan of its stored rows, decoded into memory when they are few (and
+    /// queries run in this process).
     async fn prepare_rollup(
         &self,
         project: ProjectId,
         document: &str,
-        stored: LogicalPlan,
+        stored: DataFrame,
     ) -> Result<PreparedRollup, EngineError> {
         let corrupt =
             |e: String| EngineError::Internal(format!("a rollup's query does not read: {e}").into());
@@ -249,7 +262,27 @@ impl DataFusionEngine {
         let compiled = compile::compile(&query);
         let ctx = self.live_session(project, &compiled).await?;
         let query = self.plan_unbound(&ctx, &compiled).await?;
-        Ok(PreparedRollup { query, stored })
+        let scan = stored.clone().into_unoptimized_plan();
+        if self.scheduler().is_some() {
+            return Ok(PreparedRollup { query, stored: scan, bytes: PLAN_BYTES });
+        }
+        let schema = Arc::clone(stored.schema().inner());
+        let batches = stored
+            .limit(0, Some(self.limits.rollup_rows_in_memory + 1))
+            .map_err(execute::execution_error)?
+            .collect()
+            .await
+            .map_err(execute::execution_error)?;
+        if batches.iter().map(RecordBatch::num_rows).sum::<usize>() > self.limits.rollup_rows_in_memory {
+            return Ok(PreparedRollup { query, stored: scan, bytes: PLAN_BYTES });
+        }
+        let bytes = PLAN_BYTES + batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>();
+        let rows =
+            MemTable::try_new(schema, vec![batches]).map_err(|e| EngineError::Internal(Box::new(e)))?;
+        let stored = LogicalPlanBuilder::scan(TABLE, provider_as_source(Arc::new(rows)), None)
+            .and_then(LogicalPlanBuilder::build)
+            .map_err(|e| EngineError::Internal(Box::new(e)))?;
+        Ok(PreparedRollup { query, stored, bytes })
     }
 
     /// The query of a plain stored result's rows that pass every filter, in stored order, with the filters'

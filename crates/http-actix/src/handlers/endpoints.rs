@@ -81,7 +81,8 @@ pub(crate) async fn retrieve(
     params(("project_id" = String, Path), ("name" = String, Path),
            ("dry_run" = Option<bool>, Query, description = "Check the body as an update would and answer the endpoint as it would be (the next version when the query changes), saving nothing")),
     request_body = EndpointUpdate,
-    responses((status = 200, body = Endpoint), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+    responses((status = 200, body = Endpoint), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error),
+              (status = 409, body = Error, description = "breaking_change: the new query breaks callers of an endpoint run within 7 days, and confirm_breaking is not true")))]
 pub(crate) async fn update(
     state: web::Data<AppState>,
     caller: AuthorizedJson<EndpointWrite>,
