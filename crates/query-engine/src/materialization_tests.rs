@@ -300,7 +300,8 @@ fn rollup_cases() -> Vec<Case> {
                   sum(CASE WHEN event = 'purchase' THEN revenue END) AS total, \
                   min(CASE WHEN event = 'purchase' THEN revenue END) AS low, max(timestamp) AS last, \
                   avg(revenue) AS mean, avg(length(distinct_id)) AS id_length, \
-                  sum(CAST(revenue * 100 AS BIGINT)) AS cents, min(DISTINCT country) AS first_country \
+                  sum(CAST(revenue * 100 AS BIGINT)) AS cents, min(DISTINCT country) AS first_country, \
+                  sum(CAST(revenue * 2 AS DECIMAL(12, 2))) AS exact_total, avg(CAST(revenue * 2 AS DECIMAL(12, 2))) AS exact_mean \
                   FROM events \
                   WHERE timestamp >= {variables.since} AND timestamp < {variables.until} AND country = {variables.country} \
                   GROUP BY NULLIF(browser, 'Opera'), event HAVING count(*) > 1 \

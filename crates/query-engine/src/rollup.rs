@@ -170,20 +170,17 @@ pub(crate) fn read_plan(
         let value = if i < keys {
             at(i)
         } else {
-            let (name, position) = &recombined[i - keys];
+            let (name, position) =
+                recombined.get(i - keys).ok_or_else(|| internal("has more outputs than aggregates"))?;
             match name.as_str() {
                 // A COUNT of no rows is 0, where a SUM of none is NULL.
                 "count" => coalesce(vec![at(*position), lit(0_i64)]),
-                "avg" => {
-                    let float = |e| cast(e, DataType::Float64);
-                    let quotient = float(at(*position)) / float(at(position + 1));
-                    match field.data_type() {
-                        DataType::Decimal128(..) | DataType::Decimal256(..) => {
-                            cast(at(*position), field.data_type().clone()) / at(position + 1)
-                        }
-                        _ => quotient,
-                    }
-                }
+                // A decimal sum is divided as a decimal (then cast to the average's scale); anything else in
+                // floating point, as the live average computes it.
+                "avg" => match field.data_type() {
+                    DataType::Decimal128(..) | DataType::Decimal256(..) => at(*position) / at(position + 1),
+                    _ => cast(at(*position), DataType::Float64) / cast(at(position + 1), DataType::Float64),
+                },
                 _ => at(*position),
             }
         };
