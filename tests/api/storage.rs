@@ -205,7 +205,8 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
         (Some(true), json!([{"country": "US", "q": 3}]))
     );
 
-    let changed = json!({"query": by_country("SELECT country, count(*) AS orders FROM sales WHERE country = {variables.country} GROUP BY country")});
+    // `q` becomes `orders`, a breaking change of an endpoint that just ran: confirmed.
+    let changed = json!({"query": by_country("SELECT country, count(*) AS orders FROM sales WHERE country = {variables.country} GROUP BY country"), "confirm_breaking": true});
     assert_eq!(
         call(&server, reqwest::Method::PATCH, &format!("{base}/by-country"), &key, Some(changed)).await.0,
         200

@@ -182,12 +182,13 @@ async fn replacing_a_table_plans_its_readers_again() {
     assert_eq!(fixed["columns"][1], json!({"name": "total", "type": "integer"}), "{fixed}");
     let run = ok_json(app.get(&format!("{endpoints}/totals/run"), &key).await, 200).await;
     assert_eq!(run["results"], json!([{"country": "US", "total": 15}]));
-    // A new version of the query starts without an error of its own.
+    // A new version of the query starts without an error of its own (it drops both columns of an endpoint that
+    // just ran: confirmed).
     let patched = app
         .patch(
             &format!("{endpoints}/totals"),
             &key,
-            &json!({"query": {"kind": "SQLQuery", "query": "SELECT id FROM orders"}}),
+            &json!({"query": {"kind": "SQLQuery", "query": "SELECT id FROM orders"}, "confirm_breaking": true}),
         )
         .await;
     assert_eq!(ok_json(patched, 200).await["plan_error"], Value::Null);
