@@ -157,7 +157,7 @@ test: deps console lint ## Everything CI checks: lint, then every test (SQLite, 
 
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
 OPENAPI_CLIENT := openapi-python-client==0.29.1
-DUCKDB := duckdb==1.4.4
+DUCKDB := duckdb==2.0.0
 SCHEMATHESIS := schemathesis==4.32.5
 PYARROW := pyarrow==22.0.0
 MOTO := moto[server]==5.2.5
@@ -202,7 +202,8 @@ schemathesis-check: $(VENV)/bin/python ## schemathesis over /api/schema on a liv
 bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_ROWS=10000000 events) into docs/benchmarks.md.
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
-	@$(VENV)/bin/python -c 'import duckdb' 2>/dev/null || $(VENV)/bin/pip install -q '$(DUCKDB)'
+	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
+	  $(VENV)/bin/pip install -q '$(DUCKDB)'
 	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
 	@mkdir -p target
 	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench PG_URL_FILE=target/.bench-postgres-url

@@ -366,14 +366,20 @@ fn close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollups_answer_equals_the_live_answer() {
     let demo = demo().await;
+    // On Ballista every query is a job of the cluster's (and a rollup is always read from its file there): the
+    // same checks, fewer rounds.
+    if std::env::var("TEST_ENGINE").as_deref() == Ok("ballista") {
+        rollups_answer_as_live(&demo.1, 13, 5).await;
+        return;
+    }
     // Stored rows held in memory once read (as the default keeps a few), and read from the file each time.
-    rollups_answer_as_live(&demo.1, 13).await;
+    rollups_answer_as_live(&demo.1, 13, 30).await;
     let from_files =
         demo.1.clone().with_limits(EngineLimits { rollup_rows_in_memory: 0, ..EngineLimits::default() });
-    rollups_answer_as_live(&from_files, 14).await;
+    rollups_answer_as_live(&from_files, 14, 30).await;
 }
 
-async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64) {
+async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64, rounds: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut compared = 0;
     for case in rollup_cases() {
@@ -385,7 +391,7 @@ async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64) {
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
         let stored = MaterializedResults::write(engine, project(), &q, &at).await.unwrap();
         assert!(stored > 0 && stored <= 20_000, "{stored} rows stored, grouped by {:?}", rollup.grouping());
-        for round in 0..30 {
+        for round in 0..rounds {
             let variables = (case.draw)(&mut rng);
             let (limit, offset) =
                 if round % 3 == 0 { (10_000, 0) } else { (rng.random_range(1..8), rng.random_range(0..12)) };
@@ -410,7 +416,7 @@ async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64) {
         assert_eq!((export.rows, &export.columns), (live.row_count as u64, &live.columns), "{}", case.sql);
         MaterializedResults::remove(engine, project(), &at).await.unwrap();
     }
-    assert!(compared > 200, "the answers compared hold rows ({compared})");
+    assert!(compared > 10 * rounds, "the answers compared hold rows ({compared})");
 }
 
 #[tokio::test]
