@@ -39,8 +39,9 @@ pub struct EngineLimits {
     pub result_bytes: usize,
     /// The most rows a rollup may store; a refresh that would store more fails, saying so.
     pub rollup_rows: u64,
-    /// Rollups of at most this many stored rows are held decoded once read, so that a run reads no file.
-    pub rollup_rows_in_memory: usize,
+    /// Stored results (rollups or not) of at most this many rows are held decoded once read, so that a run
+    /// reads no file.
+    pub stored_rows_in_memory: usize,
 }
 
 impl Default for EngineLimits {
@@ -53,7 +54,7 @@ impl Default for EngineLimits {
             refresh_timeout: Duration::from_secs(600),
             result_bytes: 32 * 1024 * 1024,
             rollup_rows: 10_000_000,
-            rollup_rows_in_memory: 100_000,
+            stored_rows_in_memory: 100_000,
         }
     }
 }

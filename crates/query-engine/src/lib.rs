@@ -54,8 +54,8 @@ pub struct DataFusionEngine {
     runtime: Arc<runtime::EngineRuntime>,
     metrics: EngineMetrics,
     table_locks: Arc<uploads::TableLocks>,
-    /// Rollups prepared to answer runs (see `materialized`).
-    rollups: materialized::PreparedRollups,
+    /// Stored results prepared to answer runs (see `materialized`).
+    prepared: materialized::PreparedResults,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -74,7 +74,7 @@ impl DataFusionEngine {
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
             table_locks: Arc::default(),
-            rollups: materialized::prepared_rollups(),
+            prepared: materialized::prepared_results(),
         }
     }
 

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::dataframe::DataFrame;
-use datafusion::datasource::{provider_as_source, MemTable};
+use datafusion::datasource::{provider_as_source, MemTable, TableProvider};
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
@@ -89,30 +89,33 @@ fn quoted(identifier: &str) -> String {
     format!("\"{}\"", identifier.replace('"', "\"\""))
 }
 
-/// A rollup ready to answer runs, kept per stored result (whose files never change): the unbound plan of the
-/// query it rolls up, whose outermost SELECT above its aggregation a run reuses, and the scan of its rows (of
-/// the rows themselves, decoded, when there are few).
+/// A stored result ready to answer runs, kept per location (whose files never change). For a rollup: the unbound
+/// plan of the query it rolls up, whose outermost SELECT above its aggregation a run reuses, and the scan of its
+/// rows (of the rows themselves, decoded, when there are few). For a result of a query's own rows, kept only
+/// when they are few: those rows, decoded, in stored order.
 #[derive(Debug)]
-pub(crate) struct PreparedRollup {
-    query: LogicalPlan,
+pub(crate) struct PreparedResult {
+    rollup: Option<LogicalPlan>,
     stored: LogicalPlan,
+    rows: Option<Arc<MemTable>>,
+    schema: Schema,
     /// Memory it holds, as the cache weighs it.
     bytes: usize,
 }
 
-/// Prepared rollups, by project and stored result: a location is never reused, so an entry never goes stale;
-/// one whose result was replaced is no longer asked for, and leaves when the cache is full.
-pub(crate) type PreparedRollups = moka::sync::Cache<(ProjectId, String), Arc<PreparedRollup>>;
+/// Prepared results, by project and location: a location is never reused, so an entry never goes stale; one
+/// whose result was replaced is no longer asked for, and leaves when the cache is full.
+pub(crate) type PreparedResults = moka::sync::Cache<(ProjectId, String), Arc<PreparedResult>>;
 
-/// What a prepared rollup is counted as besides its rows: its plans.
+/// What a prepared result is counted as besides its rows: its plans.
 const PLAN_BYTES: usize = 16 * 1024;
 
-/// Memory prepared rollups may hold together; the least used leave first.
+/// Memory prepared results may hold together; the least used leave first.
 const PREPARED_BYTES: u64 = 64 * 1024 * 1024;
 
-pub(crate) fn prepared_rollups() -> PreparedRollups {
+pub(crate) fn prepared_results() -> PreparedResults {
     moka::sync::Cache::builder()
-        .weigher(|_, prepared: &Arc<PreparedRollup>| u32::try_from(prepared.bytes).unwrap_or(u32::MAX))
+        .weigher(|_, prepared: &Arc<PreparedResult>| u32::try_from(prepared.bytes).unwrap_or(u32::MAX))
         .max_capacity(PREPARED_BYTES)
         .build()
 }
@@ -220,7 +223,7 @@ impl DataFusionEngine {
             catalog::small_session(&self.storage, Some(execute::runtime(&self.limits)?), self.scheduler())?;
         let location = self.storage.url_of(prefix);
         let key = (project, location.clone());
-        let rollup = match self.rollups.get(&key) {
+        let prepared = match self.prepared.get(&key) {
             Some(prepared) => prepared,
             None => {
                 // Read with its metadata, which says whether it is a rollup.
@@ -228,32 +231,77 @@ impl DataFusionEngine {
                     .read_parquet(location.as_str(), ParquetReadOptions::default().skip_metadata(false))
                     .await
                     .map_err(execute::storage_error)?;
-                let schema = stored.schema().as_arrow().clone();
-                let Some(document) = schema.metadata().get(ROLLUP_QUERY) else {
-                    let (compiled, values) = Self::filtered(&ctx, &location, &schema, filters).await?;
-                    let plan = self.plan(&ctx, &compiled, values).await?;
-                    return Ok((ctx, plan));
-                };
-                let prepared = Arc::new(self.prepare_rollup(project, document, stored).await?);
-                self.rollups.insert(key, Arc::clone(&prepared));
+                // Boxed: preparing nests DataFusion's futures deeper than the compiler sizes by default.
+                let prepared = Arc::new(Box::pin(self.prepare(project, stored)).await?);
+                self.prepared.insert(key, Arc::clone(&prepared));
                 prepared
             }
         };
-        let filters = filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
-        let plan = rollup::read_plan(&rollup.query, rollup.stored.clone(), filters)
-            .map_err(|e| EngineError::Internal(Box::new(e)))?;
+        if let Some(query) = &prepared.rollup {
+            let filters =
+                filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
+            let plan = rollup::read_plan(query, prepared.stored.clone(), filters)
+                .map_err(|e| EngineError::Internal(Box::new(e)))?;
+            return Ok((ctx, plan));
+        }
+        match &prepared.rows {
+            Some(rows) => {
+                ctx.register_table(TABLE, Arc::clone(rows) as Arc<dyn TableProvider>)
+                    .map_err(|e| EngineError::Internal(Box::new(e)))?;
+            }
+            // Many rows: read from the file, declared in the order of their position so that reading in that
+            // order needs no sort.
+            None => {
+                let position = col(quoted(ordinal(&prepared.schema, &location)?.name())).sort(true, false);
+                let options = ParquetReadOptions::default().file_sort_order(vec![vec![position]]);
+                ctx.register_parquet(TABLE, &location, options).await.map_err(execute::storage_error)?;
+            }
+        }
+        let (compiled, values) = filtered(&location, &prepared.schema, filters)?;
+        let plan = self.plan(&ctx, &compiled, values).await?;
         Ok((ctx, plan))
     }
 
-    /// What answering from a rollup needs besides a run's values: the query it rolls up (`document`), planned
-    /// in a session of its tables, and the scan of its stored rows, decoded into memory when they are few (and
-    /// queries run in this process).
-    async fn prepare_rollup(
-        &self,
-        project: ProjectId,
-        document: &str,
-        stored: DataFrame,
-    ) -> Result<PreparedRollup, EngineError> {
+    /// A stored result prepared to answer runs: for a rollup, the query it rolls up (held in the file's
+    /// metadata) planned in a session of its tables; and the stored rows, decoded, when there are at most
+    /// `stored_rows_in_memory` (as the file's statistics count them) and queries run in this process.
+    async fn prepare(&self, project: ProjectId, stored: DataFrame) -> Result<PreparedResult, EngineError> {
+        let schema = stored.schema().as_arrow().clone();
+        let rollup = match schema.metadata().get(ROLLUP_QUERY) {
+            Some(document) => Some(self.rolled_up(project, document).await?),
+            None => None,
+        };
+        let scan = stored.clone().into_unoptimized_plan();
+        let in_memory = self.scheduler().is_none()
+            && stored.clone().count().await.map_err(execute::execution_error)?
+                <= self.limits.stored_rows_in_memory;
+        if !in_memory {
+            return Ok(PreparedResult { rollup, stored: scan, rows: None, schema, bytes: PLAN_BYTES });
+        }
+        let position = col(quoted(ordinal(&schema, "a stored result")?.name())).sort(true, false);
+        let batches = stored
+            .sort(vec![position.clone()])
+            .map_err(execute::execution_error)?
+            .collect()
+            .await
+            .map_err(execute::execution_error)?;
+        let bytes = PLAN_BYTES + batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>();
+        let rows = MemTable::try_new(Arc::new(schema.clone()), vec![batches])
+            .map_err(|e| EngineError::Internal(Box::new(e)))?
+            .with_sort_order(vec![vec![position]]);
+        let rows = Arc::new(rows);
+        let stored = LogicalPlanBuilder::scan(
+            TABLE,
+            provider_as_source(Arc::clone(&rows) as Arc<dyn TableProvider>),
+            None,
+        )
+        .and_then(LogicalPlanBuilder::build)
+        .map_err(|e| EngineError::Internal(Box::new(e)))?;
+        Ok(PreparedResult { rollup, stored, rows: Some(rows), schema, bytes })
+    }
+
+    /// The unbound plan of the query a rollup rolls up (`document`, its JSON), in a session of its tables.
+    async fn rolled_up(&self, project: ProjectId, document: &str) -> Result<LogicalPlan, EngineError> {
         let corrupt =
             |e: String| EngineError::Internal(format!("a rollup's query does not read: {e}").into());
         let document: serde_json::Value =
@@ -261,69 +309,56 @@ impl DataFusionEngine {
         let query = Query::from_json(&document).map_err(|e| corrupt(e.to_string()))?;
         let compiled = compile::compile(&query);
         let ctx = self.live_session(project, &compiled).await?;
-        let query = self.plan_unbound(&ctx, &compiled).await?;
-        let scan = stored.clone().into_unoptimized_plan();
-        if self.scheduler().is_some() {
-            return Ok(PreparedRollup { query, stored: scan, bytes: PLAN_BYTES });
-        }
-        let schema = Arc::clone(stored.schema().inner());
-        let batches = stored
-            .limit(0, Some(self.limits.rollup_rows_in_memory + 1))
-            .map_err(execute::execution_error)?
-            .collect()
-            .await
-            .map_err(execute::execution_error)?;
-        if batches.iter().map(RecordBatch::num_rows).sum::<usize>() > self.limits.rollup_rows_in_memory {
-            return Ok(PreparedRollup { query, stored: scan, bytes: PLAN_BYTES });
-        }
-        let bytes = PLAN_BYTES + batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>();
-        let rows =
-            MemTable::try_new(schema, vec![batches]).map_err(|e| EngineError::Internal(Box::new(e)))?;
-        let stored = LogicalPlanBuilder::scan(TABLE, provider_as_source(Arc::new(rows)), None)
-            .and_then(LogicalPlanBuilder::build)
-            .map_err(|e| EngineError::Internal(Box::new(e)))?;
-        Ok(PreparedRollup { query, stored, bytes })
+        self.plan_unbound(&ctx, &compiled).await
     }
+}
 
-    /// The query of a plain stored result's rows that pass every filter, in stored order, with the filters'
-    /// values; the result is registered in `ctx`.
-    async fn filtered(
-        ctx: &SessionContext,
-        location: &str,
-        schema: &Schema,
-        filters: Vec<(MaterializedFilter, BoundValue)>,
-    ) -> Result<(Compiled, Vec<ScalarValue>), EngineError> {
-        let (ordinal, output) = schema.fields().split_last().ok_or_else(|| {
-            EngineError::Internal(format!("stored result at {location} has no columns").into())
-        })?;
-        // The rows are stored in order of their position, so reading in that order needs no sort.
-        let options = ParquetReadOptions::default()
-            .file_sort_order(vec![vec![col(quoted(ordinal.name())).sort(true, false)]]);
-        ctx.register_parquet(TABLE, location, options).await.map_err(execute::storage_error)?;
-        let mut params = Vec::with_capacity(filters.len());
-        let mut conditions = Vec::with_capacity(filters.len());
-        let mut values = Vec::with_capacity(filters.len());
-        for (i, (filter, value)) in filters.into_iter().enumerate() {
-            let ty = variable_type(&value);
-            conditions.push(format!(
-                "{} {} CAST(${} AS {})",
-                quoted(&filter.column),
-                filter.op.as_sql(),
-                i + 1,
-                compile::sql_type(ty)
-            ));
-            values.push(execute::scalar(&value));
-            params.push((filter.variable, ty));
-        }
-        let select: Vec<String> = output.iter().map(|f| quoted(f.name())).collect();
-        let mut sql = format!("SELECT {} FROM {TABLE}", select.join(", "));
-        if !conditions.is_empty() {
-            sql.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
-        }
-        sql.push_str(&format!(" ORDER BY {}", quoted(ordinal.name())));
-        Ok((Compiled { sql, params }, values))
+/// The position column of a stored result: its last.
+fn ordinal<'a>(schema: &'a Schema, location: &str) -> Result<&'a Field, EngineError> {
+    schema
+        .fields()
+        .last()
+        .map(AsRef::as_ref)
+        .ok_or_else(|| EngineError::Internal(format!("stored result at {location} has no columns").into()))
+}
+
+/// The query of a stored result's rows (registered as `TABLE`) that pass every filter, in stored order, with the
+/// filters' values.
+fn filtered(
+    location: &str,
+    schema: &Schema,
+    filters: Vec<(MaterializedFilter, BoundValue)>,
+) -> Result<(Compiled, Vec<ScalarValue>), EngineError> {
+    let (ordinal, output) = schema
+        .fields()
+        .split_last()
+        .ok_or_else(|| EngineError::Internal(format!("stored result at {location} has no columns").into()))?;
+    let mut params = Vec::with_capacity(filters.len());
+    let mut conditions = Vec::with_capacity(filters.len());
+    let mut values = Vec::with_capacity(filters.len());
+    for (i, (filter, value)) in filters.into_iter().enumerate() {
+        let ty = variable_type(&value);
+        conditions.push(format!(
+            "{} {} CAST(${} AS {})",
+            quoted(&filter.column),
+            filter.op.as_sql(),
+            i + 1,
+            compile::sql_type(ty)
+        ));
+        values.push(execute::scalar(&value));
+        params.push((filter.variable, ty));
     }
+    let select: Vec<String> = output.iter().map(|f| quoted(f.name())).collect();
+    let mut sql = format!("SELECT {} FROM {TABLE}", select.join(", "));
+    if !conditions.is_empty() {
+        sql.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
+    }
+    // The rows are declared in order of their position, so reading in that order needs no sort.
+    sql.push_str(&format!(" ORDER BY {}", quoted(ordinal.name())));
+    Ok((Compiled { sql, params }, values))
+}
 
+impl DataFusionEngine {
     async fn read_here(
         &self,
         project: ProjectId,
