@@ -253,8 +253,9 @@ pub(crate) fn empty_session(
     session_with(storage, runtime, scheduler, SessionConfig::new())
 }
 
-/// An [`empty_session`] for reading a small stored result: its queries run as one partition, since splitting a
-/// few thousand rows across the cores (and merging them again) costs more than it saves.
+/// An [`empty_session`] for reading a few rows (a stored result held in memory): its queries run as one
+/// partition, since splitting a few thousand rows across the cores (and merging them again) costs more than it
+/// saves.
 pub(crate) fn small_session(
     storage: &Storage,
     runtime: Option<Arc<RuntimeEnv>>,

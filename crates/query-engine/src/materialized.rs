@@ -237,6 +237,15 @@ impl DataFusionEngine {
                 prepared
             }
         };
+        // Rows held in memory are few: one partition reads them. A file may hold millions: every core does.
+        let ctx = match prepared.rows {
+            Some(_) => ctx,
+            None => catalog::empty_session(
+                &self.storage,
+                Some(execute::runtime(&self.limits)?),
+                self.scheduler(),
+            )?,
+        };
         if let Some(query) = &prepared.rollup {
             let filters =
                 filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
