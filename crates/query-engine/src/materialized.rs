@@ -89,18 +89,23 @@ fn quoted(identifier: &str) -> String {
     format!("\"{}\"", identifier.replace('"', "\"\""))
 }
 
-/// A stored result ready to answer runs, kept per location (whose files never change). For a rollup: the unbound
-/// plan of the query it rolls up, whose outermost SELECT above its aggregation a run reuses, and the scan of its
-/// rows (of the rows themselves, decoded, when there are few). For a result of a query's own rows, kept only
-/// when they are few: those rows, decoded, in stored order.
+/// A stored result ready to answer runs, kept per location (whose files never change): its rows, decoded in
+/// stored order, when there are few; and for a rollup, what its read plan is built from.
 #[derive(Debug)]
 pub(crate) struct PreparedResult {
-    rollup: Option<LogicalPlan>,
-    stored: LogicalPlan,
+    rollup: Option<RolledUp>,
     rows: Option<Arc<MemTable>>,
     schema: Schema,
     /// Memory it holds, as the cache weighs it.
     bytes: usize,
+}
+
+/// A rollup's parts: the unbound plan of the query it rolls up, whose outermost SELECT above its aggregation a
+/// run reuses, and the scan of its stored rows (of those held in memory, or of the file).
+#[derive(Debug)]
+struct RolledUp {
+    query: LogicalPlan,
+    scan: LogicalPlan,
 }
 
 /// Prepared results, by project and location: a location is never reused, so an entry never goes stale; one
@@ -246,10 +251,10 @@ impl DataFusionEngine {
                 self.scheduler(),
             )?,
         };
-        if let Some(query) = &prepared.rollup {
+        if let Some(RolledUp { query, scan }) = &prepared.rollup {
             let filters =
                 filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
-            let plan = rollup::read_plan(query, prepared.stored.clone(), filters)
+            let plan = rollup::read_plan(query, scan.clone(), filters)
                 .map_err(|e| EngineError::Internal(Box::new(e)))?;
             return Ok((ctx, plan));
         }
@@ -276,16 +281,17 @@ impl DataFusionEngine {
     /// `stored_rows_in_memory` (as the file's statistics count them) and queries run in this process.
     async fn prepare(&self, project: ProjectId, stored: DataFrame) -> Result<PreparedResult, EngineError> {
         let schema = stored.schema().as_arrow().clone();
-        let rollup = match schema.metadata().get(ROLLUP_QUERY) {
+        let query = match schema.metadata().get(ROLLUP_QUERY) {
             Some(document) => Some(self.rolled_up(project, document).await?),
             None => None,
         };
-        let scan = stored.clone().into_unoptimized_plan();
         let in_memory = self.scheduler().is_none()
             && stored.clone().count().await.map_err(execute::execution_error)?
                 <= self.limits.stored_rows_in_memory;
         if !in_memory {
-            return Ok(PreparedResult { rollup, stored: scan, rows: None, schema, bytes: PLAN_BYTES });
+            let scan = stored.into_unoptimized_plan();
+            let rollup = query.map(|query| RolledUp { query, scan });
+            return Ok(PreparedResult { rollup, rows: None, schema, bytes: PLAN_BYTES });
         }
         let position = col(quoted(ordinal(&schema, "a stored result")?.name())).sort(true, false);
         let batches = stored
@@ -299,14 +305,17 @@ impl DataFusionEngine {
             .map_err(|e| EngineError::Internal(Box::new(e)))?
             .with_sort_order(vec![vec![position]]);
         let rows = Arc::new(rows);
-        let stored = LogicalPlanBuilder::scan(
-            TABLE,
-            provider_as_source(Arc::clone(&rows) as Arc<dyn TableProvider>),
-            None,
-        )
-        .and_then(LogicalPlanBuilder::build)
-        .map_err(|e| EngineError::Internal(Box::new(e)))?;
-        Ok(PreparedResult { rollup, stored, rows: Some(rows), schema, bytes })
+        let rollup = match query {
+            Some(query) => {
+                let source = provider_as_source(Arc::clone(&rows) as Arc<dyn TableProvider>);
+                let scan = LogicalPlanBuilder::scan(TABLE, source, None)
+                    .and_then(LogicalPlanBuilder::build)
+                    .map_err(|e| EngineError::Internal(Box::new(e)))?;
+                Some(RolledUp { query, scan })
+            }
+            None => None,
+        };
+        Ok(PreparedResult { rollup, rows: Some(rows), schema, bytes })
     }
 
     /// The unbound plan of the query a rollup rolls up (`document`, its JSON), in a session of its tables.
