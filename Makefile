@@ -8,6 +8,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # mold links the large DataFusion binaries several times faster than the default linker.
 export RUSTFLAGS ?= -C link-arg=-fuse-ld=mold
 export CARGO_TERM_COLOR ?= never
+# A check builds from scratch on CI, where incremental compilation's caches only cost disk and time.
+export CARGO_INCREMENTAL ?= 0
 
 DATA_DIR ?= ./data
 BIND ?= 127.0.0.1:8000
@@ -21,8 +23,12 @@ BENCH_ROWS ?= 10000000
 VENV := target/venv
 CARGO_DENY_VERSION ?= 0.20.2
 DENY_CHECKS ?=
-# The build with the distributed engine (Apache DataFusion Ballista), which `make lint` and `make test` check too.
+# `make lint` and `make test` check the build with the distributed engine (Apache DataFusion Ballista), so that
+# every crate is compiled once, with one set of features: building a package alone (`-p`) or with other features
+# resolves its dependencies' features differently and compiles most of the graph again, which on CI cost minutes
+# and disk. The default build differs from it only by a few `cfg(not(feature = "ballista"))` lines.
 BALLISTA := query-engine/ballista,server/ballista
+CHECKED := --workspace --locked --features $(BALLISTA)
 
 .PHONY: help
 help: ## List the targets.
@@ -70,7 +76,7 @@ console-check: console $(VENV)/bin/python ## The console's unit tests (Vitest), 
 	@command -v chromium >/dev/null || { echo "Installing Chromium"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 	@$(VENV)/bin/python -c 'import playwright' 2>/dev/null || $(VENV)/bin/pip install -q '$(PLAYWRIGHT)'
-	@[ -x target/debug/endpoints ] || cargo build --locked -p server
+	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	@rm -rf target/console-screenshots
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/console/console_e2e.py
 
@@ -106,8 +112,7 @@ postgres: ## Start a local PostgreSQL (installing it if missing) and create the 
 .PHONY: lint
 lint: deps ## Format check, clippy with -D warnings, and the dependency-direction check.
 	cargo fmt --all --check
-	cargo clippy --workspace --all-targets --locked -- -D warnings
-	cargo clippy -p query-engine -p server --features $(BALLISTA) --all-targets --locked -- -D warnings
+	cargo clippy $(CHECKED) --all-targets -- -D warnings
 	@leak=$$(cargo tree -p domain -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | \
 	  grep -E '^(actix|diesel|r2d2|datafusion|arrow|parquet|tokio|hyper|sqlx|tracing-actix)' || true); \
 	if [ -n "$$leak" ]; then echo "crates/domain depends on framework crates: $$leak"; exit 1; fi; \
@@ -149,10 +154,11 @@ test: deps console lint ## Everything CI checks: lint, then every test (SQLite, 
 	@$(MAKE) --no-print-directory postgres moto
 	@rm -rf target/openapi-samples
 	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server \
-	  cargo test --workspace --locked
-	@echo "The engine's suite again, on a Ballista cluster, and the application on one:"
-	TEST_ENGINE=ballista cargo test --locked -p query-engine --features ballista
-	TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server cargo test --locked -p server --features ballista --test api distributed
+	  cargo test $(CHECKED)
+	@echo "The engine's suite again, on a Ballista cluster (the same test binary, nothing compiled again):"
+	@engine=$$(cargo test $(CHECKED) --lib --no-run 2>&1 | grep -o 'target/debug/deps/query_engine-[0-9a-f]*' | head -1); \
+	[ -n "$$engine" ] || { echo "the engine's test binary was not found"; exit 1; }; \
+	cd crates/query-engine && TEST_ENGINE=ballista $(CURDIR)/$$engine
 	@$(MAKE) --no-print-directory openapi-check client-check formats-check schemathesis-check console-check
 
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
@@ -183,19 +189,19 @@ openapi-check: $(VENV)/bin/python ## Validate the OpenAPI documents the API test
 .PHONY: client-check
 client-check: $(VENV)/bin/python ## Generate a typed Python client from a live endpoint's OpenAPI document and use it.
 	@[ -x $(VENV)/bin/openapi-python-client ] || $(VENV)/bin/pip install -q '$(OPENAPI_CLIENT)'
-	@[ -x target/debug/endpoints ] || cargo build --locked -p server
+	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/client_e2e.py
 
 .PHONY: formats-check
 formats-check: $(VENV)/bin/python ## Read a run back as CSV, NDJSON, Parquet and Arrow (Python's csv, pyarrow) and compare with its JSON.
 	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
-	@[ -x target/debug/endpoints ] || cargo build --locked -p server
+	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/formats_check.py
 
 .PHONY: schemathesis-check
 schemathesis-check: $(VENV)/bin/python ## schemathesis over /api/schema on a live server: every operation, both families (ST_MAX_EXAMPLES=10).
 	@[ -x $(VENV)/bin/st ] || $(VENV)/bin/pip install -q '$(SCHEMATHESIS)'
-	@[ -x target/debug/endpoints ] || cargo build --locked -p server
+	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints ST_MAX_EXAMPLES=$(ST_MAX_EXAMPLES) $(VENV)/bin/python tests/openapi/schemathesis_check.py
 
 .PHONY: bench
