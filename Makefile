@@ -71,7 +71,7 @@ console/dist/index.html: $(CONSOLE_SOURCES) console/node_modules/.package-lock.j
 console: node console/dist/index.html ## Build the web console (type-checked against the API's own schema) into console/dist.
 
 .PHONY: console-check
-console-check: console $(VENV)/bin/python ## The console's unit tests (Vitest), then end to end in headless Chromium (screenshots in target/console-screenshots/).
+console-check: console $(VENV)/bin/python ## The console's unit tests (Vitest), then end to end in headless Chromium, and a run token used from a page of another origin (screenshots in target/console-screenshots/).
 	cd console && npm test
 	@command -v chromium >/dev/null || { echo "Installing Chromium"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
@@ -79,6 +79,7 @@ console-check: console $(VENV)/bin/python ## The console's unit tests (Vitest), 
 	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	@rm -rf target/console-screenshots
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/console/console_e2e.py
+	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/embed/embed_e2e.py
 
 .PHONY: run
 run: build ## Build, migrate, create the demo project and a key, print a curl line, and serve on $(BIND).

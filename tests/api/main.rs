@@ -18,4 +18,5 @@ mod scaling;
 mod storage;
 mod tables;
 mod telemetry;
+mod tokens;
 mod versions;

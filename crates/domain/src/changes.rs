@@ -20,6 +20,8 @@ pub enum Change {
     Endpoint { project: ProjectId, name: EndpointName },
     /// A key was revoked.
     Keys,
+    /// A project's token secret was rotated or its allowed origins changed.
+    Project { project: ProjectId },
     /// Changes may have been missed (the channel was down): forget everything kept from the store.
     Everything,
 }
@@ -36,14 +38,16 @@ impl KeptState {
         Self { cache, keys }
     }
 
-    /// Forgets what `change` makes stale: the endpoint's cached runs, the keys read, or everything.
+    /// Forgets what `change` makes stale: the endpoint's cached runs, the keys read, a project's token secret,
+    /// origins and verified tokens, or everything.
     pub fn apply(&self, change: &Change) {
         match change {
             Change::Endpoint { project, name } => self.cache.invalidate(*project, name),
             Change::Keys => self.keys.forget_cached_keys(),
+            Change::Project { project } => self.keys.forget_project(*project),
             Change::Everything => {
                 self.cache.invalidate_all();
-                self.keys.forget_cached_keys();
+                self.keys.forget_everything();
             }
         }
     }

@@ -13,6 +13,8 @@ pub enum Violation {
     Required,
     /// A variable the query does not declare.
     UnknownVariable,
+    /// A variable the caller's run token fixes, which the caller may not send.
+    FixedVariable,
 }
 
 /// A rejected input: which field, why, and a sentence for a person.

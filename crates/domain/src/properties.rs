@@ -13,7 +13,7 @@ use crate::query::{
 use crate::runs::RunRequest;
 
 /// Any JSON value, nested a few levels.
-fn any_json() -> impl Strategy<Value = Value> {
+pub(crate) fn any_json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::from),

@@ -53,6 +53,7 @@ pub fn api_key(secret: &str, scopes: Vec<Scope>) -> ApiKey {
         created_at: T0,
         expires_at: None,
         revoked_at: None,
+        last_used_at: None,
     }
 }
 

@@ -67,6 +67,8 @@ error_codes! {
     Required = ("required", 400, ValidationError, "a field that must be sent is missing; `attr` names it"),
     UnknownVariable = ("unknown_variable", 400, ValidationError,
         "a run names a variable the query does not declare, or the query a placeholder it does not declare"),
+    FixedVariable = ("fixed_variable", 400, ValidationError,
+        "a run with a run token sends a variable the token fixes; `attr: variables.NAME`"),
     ParseError = ("parse_error", 400, ValidationError, "the body is not valid JSON"),
     QueryInvalid = ("query_invalid", 400, QueryError,
         "the version's saved query no longer plans, since a table it reads was replaced; `attr: query`, the \
@@ -78,9 +80,11 @@ error_codes! {
     ResultTooLarge = ("result_too_large", 400, QueryError,
         "the page of rows is over `--max-result-mb` (32 MiB of JSON); `attr: limit`"),
     NotAuthenticated = ("not_authenticated", 401, AuthenticationError,
-        "no key, or a malformed, unknown, revoked or expired one; with `WWW-Authenticate: Bearer`"),
+        "no key or run token, or a malformed, unknown, revoked or expired one (a run token also when forged, \
+         of another project, or signed before its project's secret was rotated); with `WWW-Authenticate: Bearer`"),
     PermissionDenied = ("permission_denied", 403, PermissionDenied,
-        "the key lacks the scope (the detail names it) or belongs to another project"),
+        "the key lacks the scope (the detail names it) or belongs to another project; a run token used on \
+         anything but a run or the OpenAPI document of an endpoint it names"),
     NotFound = ("not_found", 404, NotFound, "unknown endpoint, version or path"),
     MethodNotAllowed = ("method_not_allowed", 405, ValidationError,
         "the method is not served on this path; `Allow` lists those that are"),
@@ -101,8 +105,8 @@ error_codes! {
     Throttled = ("throttled", 429, Throttled,
         "the project already runs its maximum of live queries (default 4); `Retry-After` says when to retry"),
     RateLimited = ("rate_limited", 429, Throttled,
-        "the key (default 100 requests/s, bursts of 200) or its project (500/s, bursts of 1,000) is over its \
-         request rate; `Retry-After` says when to retry"),
+        "the key or run token (default 100 requests/s, bursts of 200), a run token's own `rate_limit_per_sec`, or \
+         the project (500/s, bursts of 1,000) is over its request rate; `Retry-After` says when to retry"),
     ClientClosedRequest = ("client_closed_request", 499, QueryError,
         "the client closed the connection while its query ran; the query was cancelled and nobody reads this"),
     Error = ("error", 500, ServerError, "a bug; the detail is generic and the cause is only logged"),
@@ -116,6 +120,7 @@ impl From<Violation> for Code {
             Violation::Invalid => Code::Invalid,
             Violation::Required => Code::Required,
             Violation::UnknownVariable => Code::UnknownVariable,
+            Violation::FixedVariable => Code::FixedVariable,
         }
     }
 }
@@ -260,7 +265,11 @@ impl ApiError {
             }
             ApiError::RateLimited { scope, retry_after } => Cow::Owned(format!(
                 "Too many requests for this {}; retry after {} s.",
-                if *scope == "key" { "API key" } else { "project" },
+                match *scope {
+                    "key" => "API key",
+                    "token" => "run token",
+                    _ => "project",
+                },
                 retry_seconds(*retry_after)
             )),
             ApiError::ClientClosed => {

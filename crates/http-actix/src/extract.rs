@@ -11,7 +11,7 @@ use std::pin::Pin;
 use actix_web::dev::Payload;
 use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
-use domain::{Error, ProjectId, Scope};
+use domain::{Error, Principal, ProjectId, Scope};
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
@@ -51,15 +51,17 @@ impl Needs for EndpointWrite {
     const SCOPE: Scope = Scope::EndpointWrite;
 }
 
-/// The path's project, which the caller may use with scope `S`.
+/// The path's project, which the caller may use with scope `S`, and the caller.
 pub(crate) struct Authorized<S> {
     pub(crate) project: ProjectId,
+    pub(crate) caller: Principal,
     scope: PhantomData<S>,
 }
 
 /// [`Authorized`], with the request's JSON body (an empty body reads as `{}`) read after the key was checked.
 pub(crate) struct AuthorizedJson<S> {
     pub(crate) project: ProjectId,
+    pub(crate) caller: Principal,
     pub(crate) body: Value,
     scope: PhantomData<S>,
 }
@@ -73,8 +75,8 @@ impl<S: Needs> FromRequest for Authorized<S> {
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let req = req.clone();
         Box::pin(async move {
-            let project = authorize(&req, S::SCOPE).await?;
-            Ok(Self { project, scope: PhantomData })
+            let (project, caller) = authorize(&req, S::SCOPE).await?;
+            Ok(Self { project, caller, scope: PhantomData })
         })
     }
 }
@@ -87,13 +89,14 @@ impl<S: Needs> FromRequest for AuthorizedJson<S> {
         let req = req.clone();
         let payload = payload.take();
         Box::pin(async move {
-            let project = authorize(&req, S::SCOPE).await?;
+            let (project, caller) = authorize(&req, S::SCOPE).await?;
             let state = app_state(&req)?;
             let read = read_json(&req, payload, state.body_limit);
             let body = tokio::time::timeout(state.client_timeout, read)
                 .await
                 .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??;
-            Ok(Self { project, body: body.unwrap_or_else(|| Value::Object(Map::new())), scope: PhantomData })
+            let body = body.unwrap_or_else(|| Value::Object(Map::new()));
+            Ok(Self { project, caller, body, scope: PhantomData })
         })
     }
 }
@@ -106,7 +109,8 @@ fn app_state(req: &HttpRequest) -> Result<&AppState, ApiError> {
 
 /// The bearer token of the request.
 fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
-    let malformed = || Error::NotAuthenticated("The Authorization header must be 'Bearer <API key>'.".into());
+    let malformed =
+        || Error::NotAuthenticated("The Authorization header must be 'Bearer <API key or run token>'.".into());
     let value = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -125,8 +129,11 @@ fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
     Ok(token.trim())
 }
 
+/// The routes a run token may call (on the endpoints it names): runs and OpenAPI documents.
+const TOKEN_ROUTES: [&str; 2] = ["run", "endpoint_openapi"];
+
 /// Authenticates the caller and checks it may use `scope` on the path's project: 401, then 429, then 403.
-async fn authorize(req: &HttpRequest, scope: Scope) -> Result<ProjectId, ApiError> {
+async fn authorize(req: &HttpRequest, scope: Scope) -> Result<(ProjectId, Principal), ApiError> {
     let state = app_state(req)?;
     let principal = state.keys.authenticate(bearer(req)?).await?;
     // Before authorization, so probing other projects spends the caller's budget too.
@@ -141,7 +148,12 @@ async fn authorize(req: &HttpRequest, scope: Scope) -> Result<ProjectId, ApiErro
         }
     }
     let project = req.match_info().get("project_id").unwrap_or_default();
-    Ok(state.keys.authorize(&principal, project, scope)?)
+    let token_endpoint = req
+        .match_name()
+        .filter(|route| TOKEN_ROUTES.contains(route))
+        .and_then(|_| req.match_info().get("name"));
+    let project = state.keys.authorize(&principal, project, scope, token_endpoint)?;
+    Ok((project, principal))
 }
 
 pub(crate) fn is_json(req: &HttpRequest) -> bool {

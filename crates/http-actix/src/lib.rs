@@ -7,6 +7,7 @@
 
 mod api;
 mod console;
+mod cors;
 mod disconnect;
 mod error;
 mod extract;
@@ -106,11 +107,12 @@ pub fn app(
         InitError = (),
     >,
 > {
+    let keys = Arc::clone(&state.keys);
     App::new()
         .app_data(web::Data::new(state))
         .app_data(web::QueryConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
         .app_data(web::PathConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
-        .configure(routes::configure)
+        .configure(move |cfg| routes::configure(cfg, &keys))
         .wrap(from_fn(normalize::trim_slashes))
         .wrap(from_fn(request_context::request_context))
 }

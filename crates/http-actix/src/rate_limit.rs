@@ -1,21 +1,26 @@
-//! Request rate limits per API key and per project: token buckets (GCRA, from `governor`) checked right after
-//! authentication. A request over either limit gets 429 with `Retry-After`; every authenticated answer carries
-//! `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` of the tighter of the two buckets.
+//! Request rate limits per credential (API key or run token), per project, and a run token's own: token buckets
+//! (GCRA, from `governor`) checked right after authentication. A request over any limit gets 429 with
+//! `Retry-After`; every authenticated answer carries `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+//! `X-RateLimit-Reset` of the tightest bucket.
 //!
 //! The buckets live in this process: with several processes behind a load balancer, each allows its share.
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use domain::{Principal, ProjectId};
 use governor::clock::{Clock, DefaultClock};
-use governor::middleware::StateInformationMiddleware;
+use governor::middleware::{StateInformationMiddleware, StateSnapshot};
 use governor::state::keyed::DefaultKeyedStateStore;
+use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use uuid::Uuid;
 
 type Limiter<K> = RateLimiter<K, DefaultKeyedStateStore<K>, DefaultClock, StateInformationMiddleware>;
+type TokenLimiter = RateLimiter<NotKeyed, InMemoryState, DefaultClock, StateInformationMiddleware>;
 
 /// A sustained rate with a burst of twice that many requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,19 +91,7 @@ impl<K: Clone + std::hash::Hash + Eq> Buckets<K> {
     }
 
     fn take(&self, key: &K, clock: &DefaultClock) -> Result<Budget, Exceeded> {
-        let limit = self.quota.burst_size().get();
-        let refill = self.quota.replenish_interval();
-        match self.limiter.check_key(key) {
-            Ok(snapshot) => {
-                let remaining = snapshot.remaining_burst_capacity();
-                Ok(Budget { limit, remaining, reset: refill * (limit - remaining) })
-            }
-            Err(not_until) => Err(Exceeded {
-                scope: self.scope,
-                retry_after: not_until.wait_time_from(clock.now()),
-                budget: Budget { limit, remaining: 0, reset: refill * limit },
-            }),
-        }
+        budget(self.limiter.check_key(key), self.quota, self.scope, clock)
     }
 
     fn shrink(&self) {
@@ -107,10 +100,59 @@ impl<K: Clone + std::hash::Hash + Eq> Buckets<K> {
     }
 }
 
-/// The per-key and per-project buckets.
+/// What a bucket's answer tells the client.
+fn budget(
+    checked: Result<StateSnapshot, governor::NotUntil<<DefaultClock as Clock>::Instant>>,
+    quota: Quota,
+    scope: &'static str,
+    clock: &DefaultClock,
+) -> Result<Budget, Exceeded> {
+    let limit = quota.burst_size().get();
+    let refill = quota.replenish_interval();
+    match checked {
+        Ok(snapshot) => {
+            let remaining = snapshot.remaining_burst_capacity();
+            Ok(Budget { limit, remaining, reset: refill * (limit - remaining) })
+        }
+        Err(not_until) => Err(Exceeded {
+            scope,
+            retry_after: not_until.wait_time_from(clock.now()),
+            budget: Budget { limit, remaining: 0, reset: refill * limit },
+        }),
+    }
+}
+
+/// The buckets of run tokens with a rate of their own (each its own quota), by token id.
+#[derive(Default)]
+struct TokenBuckets {
+    buckets: Mutex<HashMap<Uuid, (Arc<TokenLimiter>, Quota), foldhash::fast::RandomState>>,
+}
+
+impl TokenBuckets {
+    /// More tokens than are in use at once; past it the buckets start again (full) rather than grow.
+    const MAX_ENTRIES: usize = 100_000;
+
+    fn take(&self, token: Uuid, rate: NonZeroU32, clock: &DefaultClock) -> Result<Budget, Exceeded> {
+        let (limiter, quota) = {
+            let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+            if buckets.len() >= Self::MAX_ENTRIES && !buckets.contains_key(&token) {
+                buckets.clear();
+            }
+            let (limiter, quota) = buckets.entry(token).or_insert_with(|| {
+                let quota = Rate { per_second: rate }.quota();
+                (Arc::new(RateLimiter::direct(quota).with_middleware::<StateInformationMiddleware>()), quota)
+            });
+            (Arc::clone(limiter), *quota)
+        };
+        budget(limiter.check(), quota, "token", clock)
+    }
+}
+
+/// The per-credential, per-project and per-token buckets.
 pub struct RateLimits {
     per_key: Option<Buckets<Uuid>>,
     per_project: Option<Buckets<ProjectId>>,
+    per_token: TokenBuckets,
     clock: DefaultClock,
 }
 
@@ -134,20 +176,26 @@ impl RateLimits {
         Self {
             per_key: config.per_key.map(|rate| Buckets::new(rate, "key")),
             per_project: config.per_project.map(|rate| Buckets::new(rate, "project")),
+            per_token: TokenBuckets::default(),
             clock: DefaultClock::default(),
         }
     }
 
-    /// Takes one request from the caller's key and project buckets. The key's bucket is checked first, so a
-    /// key over its own limit does not use up its project's.
+    /// Takes one request from the caller's buckets: a run token's own rate first, then the credential's (a
+    /// key's, or a run token's apart from its key's), then the project's; so a caller over its own limit does
+    /// not use up its project's.
     pub(crate) fn take(&self, principal: &Principal) -> Result<Option<Budget>, Exceeded> {
-        let by_key = self.per_key.as_ref().map(|b| b.take(&principal.key_id, &self.clock)).transpose()?;
+        let by_token = principal
+            .grant
+            .as_ref()
+            .and_then(|grant| grant.rate_limit_per_sec.map(|rate| (grant.token_id, rate)))
+            .map(|(token, rate)| self.per_token.take(token, rate, &self.clock))
+            .transpose()?;
+        let by_key =
+            self.per_key.as_ref().map(|b| b.take(&principal.credential_id(), &self.clock)).transpose()?;
         let by_project =
             self.per_project.as_ref().map(|b| b.take(&principal.project_id, &self.clock)).transpose()?;
-        Ok(match (by_key, by_project) {
-            (Some(a), Some(b)) => Some(if b.remaining < a.remaining { b } else { a }),
-            (a, b) => a.or(b),
-        })
+        Ok([by_token, by_key, by_project].into_iter().flatten().min_by_key(|budget| budget.remaining))
     }
 
     /// Forgets buckets that are full again, so keys and projects that stopped calling cost no memory.
@@ -171,6 +219,7 @@ mod tests {
             key_id: Uuid::new_v4(),
             project_id: ProjectId::new(project).unwrap(),
             scopes: vec![Scope::EndpointRead],
+            grant: None,
         }
     }
 

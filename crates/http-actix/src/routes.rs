@@ -1,19 +1,24 @@
 //! The route table: every row of the interface under both path families.
 
+use std::sync::Arc;
+
+use actix_web::middleware::from_fn;
 use actix_web::{guard, web, HttpResponse};
+use domain::ApiKeyService;
 
 use crate::error::ApiError;
-use crate::handlers::{endpoints, materialization, runs, tables, versions};
-use crate::{console, operations};
+use crate::handlers::{endpoints, materialization, runs, tables, tokens, versions};
+use crate::{console, cors, operations};
 
 /// Each family's static prefix is matched by a string comparison before its dynamic part is tried.
 const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projects"];
 const FAMILY_REST: &str = "/{project_id}/endpoints";
 const TABLES_REST: &str = "/{project_id}/tables";
+const TOKENS_REST: &str = "/{project_id}/run_tokens";
 
 /// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
 /// not a different operation.
-pub(crate) const ROUTE_NAMES: [&str; 17] = [
+pub(crate) const ROUTE_NAMES: [&str; 18] = [
     "run",
     "endpoints",
     "last_execution_times",
@@ -26,6 +31,7 @@ pub(crate) const ROUTE_NAMES: [&str; 17] = [
     "table",
     "table_rows",
     "table_preview",
+    "run_tokens",
     "healthz",
     "readyz",
     "metrics",
@@ -40,7 +46,7 @@ fn not_allowed(
     move || std::future::ready(Err(ApiError::MethodNotAllowed { allow }))
 }
 
-pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
+pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>) {
     // Every dynamic pattern is a regular expression tried in order, so runs, the hot path, come first, each
     // family's as one whole pattern: one expression matched per run rather than one per nested scope.
     for prefix in FAMILY_PREFIXES {
@@ -49,7 +55,9 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                 .name("run")
                 .route(web::get().to(runs::run_get))
                 .route(web::post().to(runs::run_post))
-                .default_service(web::to(not_allowed("GET, POST"))),
+                .default_service(web::to(not_allowed("GET, POST")))
+                .wrap(cors::policy(Arc::clone(keys)))
+                .wrap(from_fn(cors::load_origins)),
         );
     }
     for prefix in FAMILY_PREFIXES {
@@ -94,7 +102,9 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                             web::resource("/{name}/openapi.json")
                                 .name("endpoint_openapi")
                                 .route(web::get().to(versions::openapi))
-                                .default_service(web::to(not_allowed("GET"))),
+                                .default_service(web::to(not_allowed("GET")))
+                                .wrap(cors::policy(Arc::clone(keys)))
+                                .wrap(from_fn(cors::load_origins)),
                         )
                         .service(
                             web::resource("/{name}/versions")
@@ -108,6 +118,12 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig) {
                                 .route(web::get().to(versions::retrieve))
                                 .default_service(web::to(not_allowed("GET"))),
                         ),
+                )
+                .service(
+                    web::resource(TOKENS_REST)
+                        .name("run_tokens")
+                        .route(web::post().to(tokens::issue))
+                        .default_service(web::to(not_allowed("POST"))),
                 )
                 // Each family is one scope: actix-web tries no second scope of the same prefix.
                 .service(

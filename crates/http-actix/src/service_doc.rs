@@ -8,8 +8,8 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::OpenApi as Document;
 use utoipa::{Modify, OpenApi};
 
-use crate::api::requests::{EndpointCreate, EndpointUpdate, Names, RunBody};
-use crate::api::{names, Endpoint, EndpointPage, LastExecutionTimes, RunAnswer, Version, VersionPage};
+use crate::api::requests::{EndpointCreate, EndpointUpdate, Names, RunBody, RunTokenBody};
+use crate::api::{names, Endpoint, EndpointPage, LastExecutionTimes, RunAnswer, RunToken, Version, VersionPage};
 use crate::error::ErrorBody as Error;
 use crate::handlers;
 
@@ -34,11 +34,11 @@ impl Modify for BearerAuth {
         handlers::materialization::status, handlers::versions::list, handlers::versions::retrieve,
         handlers::runs::last_execution_times,
         handlers::tables::list, handlers::tables::retrieve, handlers::tables::put, handlers::tables::append,
-        handlers::tables::delete, handlers::tables::preview,
+        handlers::tables::delete, handlers::tables::preview, handlers::tokens::issue,
     ),
     components(schemas(
         Error, Endpoint, EndpointCreate, EndpointUpdate, EndpointPage, Version, VersionPage, RunBody, RunAnswer,
-        Names, LastExecutionTimes,
+        Names, LastExecutionTimes, RunTokenBody, RunToken,
     )),
     modifiers(&BearerAuth)
 )]

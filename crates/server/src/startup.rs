@@ -128,6 +128,7 @@ pub struct Application {
     port: u16,
     server: actix_web::dev::Server,
     executions: Arc<ExecutionTracker>,
+    keys: Arc<ApiKeyService>,
     flush_interval: std::time::Duration,
     materializer: Arc<Materializer>,
     worker: crate::worker::WorkerConfig,
@@ -151,6 +152,7 @@ impl Application {
             .map_err(|source| StartupError::Bind { address: config.bind.clone(), source })?;
         let port = listener.local_addr()?.port();
         let executions = services.executions.clone();
+        let keys = services.keys.clone();
         let materializer = services.materializer.clone();
         let worker_metrics = crate::operations::WorkerMetrics::default();
         let operations = crate::operations::operations(&services.database, &services.engine, &worker_metrics);
@@ -178,6 +180,7 @@ impl Application {
             port,
             server,
             executions,
+            keys,
             flush_interval: config.flush_interval,
             materializer,
             worker: config.worker.clone(),
@@ -196,7 +199,8 @@ impl Application {
     /// # Errors
     /// An I/O error of the server.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
-        let flusher = tokio::spawn(flush_periodically(self.executions.clone(), self.flush_interval));
+        let flusher =
+            tokio::spawn(flush_periodically(self.executions.clone(), self.keys.clone(), self.flush_interval));
         let shrinker = tokio::spawn(shrink_rate_limits(Arc::clone(&self.rate_limits)));
         let (stop_worker, stop) = tokio::sync::watch::channel(false);
         let worker = (self.worker.parallelism > 0).then(|| {
@@ -228,12 +232,19 @@ impl Application {
         if let Err(err) = self.executions.flush().await {
             tracing::error!(error = %err, "could not write the last execution times at shutdown");
         }
+        if let Err(err) = self.keys.flush_usage().await {
+            tracing::error!(error = %err, "could not write when keys were last used at shutdown");
+        }
         result
     }
 }
 
-/// Writes pending execution times in batches, never one write per request.
-async fn flush_periodically(executions: Arc<ExecutionTracker>, every: std::time::Duration) {
+/// Writes pending execution times and key uses in batches, never one write per request.
+async fn flush_periodically(
+    executions: Arc<ExecutionTracker>,
+    keys: Arc<ApiKeyService>,
+    every: std::time::Duration,
+) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -242,6 +253,11 @@ async fn flush_periodically(executions: Arc<ExecutionTracker>, every: std::time:
             Ok(0) => {}
             Ok(count) => tracing::debug!(count, "wrote last execution times"),
             Err(err) => tracing::warn!(error = %err, "could not write last execution times; will retry"),
+        }
+        match keys.flush_usage().await {
+            Ok(0) => {}
+            Ok(count) => tracing::debug!(count, "wrote when keys were last used"),
+            Err(err) => tracing::warn!(error = %err, "could not write when keys were last used; will retry"),
         }
     }
 }

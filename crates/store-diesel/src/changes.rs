@@ -57,6 +57,7 @@ fn payload(change: &Change) -> String {
     match change {
         Change::Endpoint { project, name } => format!("endpoint:{project}:{name}"),
         Change::Keys => "keys".into(),
+        Change::Project { project } => format!("project:{project}"),
         Change::Everything => "everything".into(),
     }
 }
@@ -73,6 +74,12 @@ fn parse(payload: &str) -> Change {
             }
         }
         (Some("keys"), None, None) => Change::Keys,
+        (Some("project"), Some(project), None) => {
+            match project.parse().ok().and_then(|id| ProjectId::new(id).ok()) {
+                Some(project) => Change::Project { project },
+                None => Change::Everything,
+            }
+        }
         _ => Change::Everything,
     }
 }

@@ -10,9 +10,9 @@ use std::time::Duration;
 use domain::{
     ApiKey, ApiKeyStore, BreakingChange, CacheAge, Change, Column, ColumnChange, ColumnType, CompareOp,
     Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationStatus,
-    MaterializationStore, MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectId,
+    MaterializationStore, MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectAccess, ProjectId,
     ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredResult, Switch, SyncFrequency,
-    Timestamp,
+    Timestamp, TokenSecret,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -76,6 +76,7 @@ macro_rules! contract {
 
 contract!(
     projects_are_created_and_listed,
+    projects_keep_a_token_secret_and_origins,
     endpoints_round_trip,
     names_are_unique_per_project,
     delete_frees_the_name_and_removes_versions,
@@ -166,6 +167,37 @@ async fn projects_are_created_and_listed(store: DieselStore) {
     assert_eq!(ProjectStore::get(&store, ProjectId::new(i64::MAX).unwrap()).await.unwrap(), None);
     let all = ProjectStore::list(&store).await.unwrap();
     assert!(all.contains(&a) && all.contains(&b));
+    assert!(a.allowed_origins.is_empty());
+}
+
+async fn projects_keep_a_token_secret_and_origins(store: DieselStore) {
+    let p = project(&store).await;
+    let access = ProjectStore::access(&store, p).await.unwrap().unwrap();
+    assert_eq!(access, ProjectAccess::default(), "no secret until the first token, no origin");
+    assert_eq!(ProjectStore::access(&store, ProjectId::new(i64::MAX).unwrap()).await.unwrap(), None);
+
+    // The first secret written wins: a second process issuing a first token at once gets the same one.
+    let first = TokenSecret::generate();
+    let kept = ProjectStore::set_token_secret(&store, p, first.clone(), false).await.unwrap();
+    assert_eq!(kept, first);
+    let kept = ProjectStore::set_token_secret(&store, p, TokenSecret::generate(), false).await.unwrap();
+    assert_eq!(kept, first, "a secret is never replaced unless asked");
+    let rotated = TokenSecret::generate();
+    assert_eq!(ProjectStore::set_token_secret(&store, p, rotated.clone(), true).await.unwrap(), rotated);
+    assert_eq!(ProjectStore::access(&store, p).await.unwrap().unwrap().token_secret, Some(rotated));
+    let ghost = ProjectId::new(i64::MAX).unwrap();
+    assert!(matches!(
+        ProjectStore::set_token_secret(&store, ghost, TokenSecret::generate(), true).await,
+        Err(StoreError::NotFound)
+    ));
+
+    let origins = vec!["http://localhost:8080".to_string(), "https://app.example.com".to_string()];
+    ProjectStore::set_allowed_origins(&store, p, origins.clone()).await.unwrap();
+    assert_eq!(ProjectStore::access(&store, p).await.unwrap().unwrap().allowed_origins, origins);
+    assert_eq!(ProjectStore::get(&store, p).await.unwrap().unwrap().allowed_origins, origins);
+    ProjectStore::set_allowed_origins(&store, p, vec![]).await.unwrap();
+    assert!(ProjectStore::access(&store, p).await.unwrap().unwrap().allowed_origins.is_empty());
+    assert!(matches!(ProjectStore::set_allowed_origins(&store, ghost, vec![]).await, Err(StoreError::NotFound)));
 }
 
 async fn endpoints_round_trip(store: DieselStore) {
@@ -415,6 +447,7 @@ async fn keys_are_found_by_hash_and_revoked(store: DieselStore) {
         created_at: T0,
         expires_at: Some(T0 + Duration::from_secs(3600)),
         revoked_at: None,
+        last_used_at: None,
     };
     ApiKeyStore::insert(&store, key.clone()).await.unwrap();
     assert_eq!(ApiKeyStore::find_by_hash(&store, &key.secret_hash).await.unwrap(), Some(key.clone()));
@@ -427,6 +460,13 @@ async fn keys_are_found_by_hash_and_revoked(store: DieselStore) {
     let revoked = ApiKeyStore::find_by_hash(&store, &key.secret_hash).await.unwrap().unwrap();
     assert_eq!(revoked.revoked_at, Some(at), "the first revocation time is kept");
     assert!(matches!(ApiKeyStore::revoke(&store, Uuid::new_v4(), at).await, Err(StoreError::NotFound)));
+
+    // Uses are recorded in batches, and a time never moves a stored one back; unknown keys are skipped.
+    let later = T0 + Duration::from_secs(60);
+    ApiKeyStore::record_usage(&store, vec![(key.id, later), (Uuid::new_v4(), later)]).await.unwrap();
+    ApiKeyStore::record_usage(&store, vec![(key.id, T0)]).await.unwrap();
+    let used = ApiKeyStore::find_by_hash(&store, &key.secret_hash).await.unwrap().unwrap();
+    assert_eq!(used.last_used_at, Some(later));
 }
 
 /// Claims scan every project of the shared database, so the tests that claim run one at a time and only look at
@@ -649,7 +689,8 @@ async fn postgres_announces_committed_changes_to_every_listener() {
     EndpointStore::insert(&store, new_endpoint(p, "watched")).await.unwrap();
     let ours = |wanted: &'static str| {
         move |change: &Change| {
-            matches!(change, Change::Endpoint { project, .. } if *project == p)
+            matches!(change, Change::Endpoint { project, .. } if *project == p && wanted == "endpoint")
+                || matches!(change, Change::Project { project } if *project == p && wanted == "project")
                 || (wanted == "keys" && *change == Change::Keys)
         }
     };
@@ -677,10 +718,15 @@ async fn postgres_announces_committed_changes_to_every_listener() {
         created_at: T0,
         expires_at: None,
         revoked_at: None,
+        last_used_at: None,
     };
     ApiKeyStore::insert(&store, key.clone()).await.unwrap();
     ApiKeyStore::revoke(&store, key.id, T0).await.unwrap();
     assert_eq!(wait_for(&changes, |c| *c == Change::Keys), Change::Keys);
+    ProjectStore::set_token_secret(&store, p, TokenSecret::generate(), true).await.unwrap();
+    assert_eq!(wait_for(&changes, ours("project")), Change::Project { project: p });
+    ProjectStore::set_allowed_origins(&store, p, vec!["https://a.example".into()]).await.unwrap();
+    assert_eq!(wait_for(&changes, ours("project")), Change::Project { project: p });
 }
 
 #[test]

@@ -25,6 +25,7 @@ struct KeyRow {
     created_at: i64,
     expires_at: Option<i64>,
     revoked_at: Option<i64>,
+    last_used_at: Option<i64>,
 }
 
 impl KeyRow {
@@ -39,6 +40,7 @@ impl KeyRow {
             created_at: micros(key.created_at),
             expires_at: key.expires_at.map(micros),
             revoked_at: key.revoked_at.map(micros),
+            last_used_at: key.last_used_at.map(micros),
         }
     }
 
@@ -58,6 +60,7 @@ impl KeyRow {
             created_at: instant(self.created_at)?,
             expires_at: self.expires_at.map(instant).transpose()?,
             revoked_at: self.revoked_at.map(instant).transpose()?,
+            last_used_at: self.last_used_at.map(instant).transpose()?,
         })
     }
 }
@@ -120,6 +123,29 @@ impl ApiKeyStore for DieselStore {
                         .set(api_keys::revoked_at.eq(micros(at)))
                         .execute(conn)?;
                     announce(conn, &Change::Keys)
+                })
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(keys = used.len()))]
+    async fn record_usage(&self, used: Vec<(Uuid, Timestamp)>) -> Result<(), StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    for (id, at) in &used {
+                        let at = micros(*at);
+                        // Never back: another process may have written a later use.
+                        diesel::update(
+                            api_keys::table
+                                .find(id.to_string())
+                                .filter(api_keys::last_used_at.is_null().or(api_keys::last_used_at.lt(at))),
+                        )
+                        .set(api_keys::last_used_at.eq(at))
+                        .execute(conn)?;
+                    }
+                    Ok(())
                 })
             })
             .await?)

@@ -2,9 +2,10 @@
 
 use async_trait::async_trait;
 use diesel::prelude::*;
-use domain::{Project, ProjectId, ProjectStore, StoreError, Timestamp};
+use domain::{Change, Project, ProjectAccess, ProjectId, ProjectStore, StoreError, Timestamp, TokenSecret};
 use tracing::instrument;
 
+use crate::changes::announce;
 use crate::error::DbError;
 use crate::rows::{instant, micros};
 use crate::schema::projects;
@@ -16,6 +17,12 @@ struct ProjectRow {
     id: i64,
     name: String,
     created_at: i64,
+    allowed_origins: String,
+}
+
+/// Origins are kept space-separated: an origin has no space.
+fn origins(stored: &str) -> Vec<String> {
+    stored.split_whitespace().map(str::to_owned).collect()
 }
 
 impl ProjectRow {
@@ -24,6 +31,7 @@ impl ProjectRow {
             id: ProjectId::new(self.id).map_err(|e| DbError::Corrupt(e.detail))?,
             name: self.name,
             created_at: instant(self.created_at)?,
+            allowed_origins: origins(&self.allowed_origins),
         })
     }
 }
@@ -78,6 +86,74 @@ impl ProjectStore for DieselStore {
                 let rows: Vec<ProjectRow> =
                     projects::table.order(projects::id.asc()).select(ProjectRow::as_select()).load(conn)?;
                 rows.into_iter().map(ProjectRow::into_domain).collect()
+            })
+            .await?)
+    }
+
+    #[instrument(skip(self))]
+    async fn access(&self, id: ProjectId) -> Result<Option<ProjectAccess>, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                let row: Option<(Option<String>, String)> = projects::table
+                    .find(id.get())
+                    .select((projects::token_secret, projects::allowed_origins))
+                    .first(conn)
+                    .optional()?;
+                Ok(row.map(|(secret, allowed)| ProjectAccess {
+                    allowed_origins: origins(&allowed),
+                    token_secret: secret.map(TokenSecret::from_stored),
+                }))
+            })
+            .await?)
+    }
+
+    #[instrument(skip(self, secret))]
+    async fn set_token_secret(
+        &self,
+        id: ProjectId,
+        secret: TokenSecret,
+        replace: bool,
+    ) -> Result<TokenSecret, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    let target = projects::table.find(id.get());
+                    let written = if replace {
+                        diesel::update(target).set(projects::token_secret.eq(secret.expose())).execute(conn)?
+                    } else {
+                        diesel::update(target.filter(projects::token_secret.is_null()))
+                            .set(projects::token_secret.eq(secret.expose()))
+                            .execute(conn)?
+                    };
+                    // The secret in force: this one, or the one another process wrote first.
+                    let stored: Option<Option<String>> =
+                        target.select(projects::token_secret).first(conn).optional()?;
+                    let stored = stored.ok_or(DbError::NotFound)?.ok_or(DbError::NotFound)?;
+                    if written > 0 && replace {
+                        announce(conn, &Change::Project { project: id })?;
+                    }
+                    Ok(TokenSecret::from_stored(stored))
+                })
+            })
+            .await?)
+    }
+
+    #[instrument(skip(self))]
+    async fn set_allowed_origins(&self, id: ProjectId, origins: Vec<String>) -> Result<(), StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    let written = diesel::update(projects::table.find(id.get()))
+                        .set(projects::allowed_origins.eq(origins.join(" ")))
+                        .execute(conn)?;
+                    if written == 0 {
+                        return Err(DbError::NotFound);
+                    }
+                    announce(conn, &Change::Project { project: id })
+                })
             })
             .await?)
     }

@@ -5,6 +5,8 @@ diesel::table! {
         id -> BigInt,
         name -> Text,
         created_at -> BigInt,
+        token_secret -> Nullable<Text>,
+        allowed_origins -> Text,
     }
 }
 
@@ -19,6 +21,7 @@ diesel::table! {
         created_at -> BigInt,
         expires_at -> Nullable<BigInt>,
         revoked_at -> Nullable<BigInt>,
+        last_used_at -> Nullable<BigInt>,
     }
 }
 

@@ -3,11 +3,14 @@
 mod model;
 mod ports;
 mod service;
+mod token;
 
 pub use model::{
-    hash_secret, ApiKey, NewApiKey, Principal, Project, ProjectId, Scope, CURRENT_PROJECT, KEY_PREFIX,
+    hash_secret, parse_origin, ApiKey, NewApiKey, Principal, Project, ProjectAccess, ProjectId, Scope,
+    CURRENT_PROJECT, KEY_PREFIX,
 };
 pub use ports::{ApiKeyStore, ProjectStore};
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::{MockApiKeyStore, MockProjectStore};
 pub use service::ApiKeyService;
+pub use token::{IssuedRunToken, RunGrant, RunTokenRequest, TokenSecret};

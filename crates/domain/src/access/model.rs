@@ -1,10 +1,12 @@
 //! Projects, API keys and scopes: who may call what, and how a key's secret is shaped and stored.
 
 use std::fmt;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use super::token::{RunGrant, TokenSecret};
 use crate::clock::Timestamp;
 use crate::error::Invalid;
 
@@ -39,6 +41,34 @@ pub struct Project {
     pub id: ProjectId,
     pub name: String,
     pub created_at: Timestamp,
+    /// Web origins (`https://app.example.com`) whose pages may call the project's runs from a browser (CORS).
+    pub allowed_origins: Vec<String>,
+}
+
+/// What checking a run token or a browser's origin needs of a project: read from the store, kept briefly.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProjectAccess {
+    pub allowed_origins: Vec<String>,
+    /// `None` until the project's first run token is issued.
+    pub token_secret: Option<TokenSecret>,
+}
+
+/// Checks an origin as `--allow-origin` takes it, and writes it as a browser sends it in `Origin`: a scheme
+/// (`https` or `http`), a host and a port unless it is the scheme's own (`https://app.example.com`). A trailing
+/// `/` is dropped; a path, a query or credentials are refused.
+///
+/// # Errors
+/// [`Invalid`] (attr `allowed_origins`) saying what is wrong.
+pub fn parse_origin(raw: &str) -> Result<String, Invalid> {
+    let bad = |why: &str| Invalid::field("allowed_origins", format!("'{raw}' is not an origin: {why}"));
+    let url = url::Url::parse(raw.trim()).map_err(|e| bad(&format!("{e}.")))?;
+    if !matches!(url.scheme(), "https" | "http") {
+        return Err(bad("it must start with https:// or http://."));
+    }
+    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() || url.has_authority() && !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("write a scheme, a host and an optional port, nothing else (https://app.example.com)."));
+    }
+    Ok(url.origin().ascii_serialization())
 }
 
 /// A permission carried by a key. A write scope implies the read scope of its kind; `endpoint:write` does not
@@ -111,6 +141,8 @@ pub struct ApiKey {
     pub created_at: Timestamp,
     pub expires_at: Option<Timestamp>,
     pub revoked_at: Option<Timestamp>,
+    /// When the key, or a run token it issued, last authenticated a request (flushed from memory in batches).
+    pub last_used_at: Option<Timestamp>,
 }
 
 impl ApiKey {
@@ -126,12 +158,22 @@ pub struct NewApiKey {
     pub secret: String,
 }
 
-/// The authenticated caller of a request.
+/// The authenticated caller of a request: a key, or a run token (with the key that issued it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
+    /// The key, or the key that issued the run token.
     pub key_id: Uuid,
     pub project_id: ProjectId,
     pub scopes: Vec<Scope>,
+    /// A run token's grant: what it may run, and with which variables fixed.
+    pub grant: Option<Arc<RunGrant>>,
+}
+
+impl Principal {
+    /// The credential itself, for its rate-limit bucket: the key, or the run token.
+    pub fn credential_id(&self) -> Uuid {
+        self.grant.as_ref().map_or(self.key_id, |grant| grant.token_id)
+    }
 }
 
 /// Every key starts with this, so secret scanners can spot leaked keys.

@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::model::{ApiKey, Project, ProjectId};
+use super::model::{ApiKey, Project, ProjectAccess, ProjectId};
+use super::token::TokenSecret;
 use crate::clock::Timestamp;
 use crate::error::StoreError;
 
@@ -24,6 +25,31 @@ pub trait ProjectStore: Send + Sync {
     /// # Errors
     /// `Unavailable`, `Internal`.
     async fn list(&self) -> Result<Vec<Project>, StoreError>;
+
+    /// What checking run tokens and browsers' origins needs of a project; `None` for no such project.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn access(&self, id: ProjectId) -> Result<Option<ProjectAccess>, StoreError>;
+
+    /// Sets the project's token secret and returns the one in force: `secret` when `replace` is true or the
+    /// project had none, else the one it had (so that processes issuing a project's first tokens at once agree
+    /// on one). A replacement is announced to every process: tokens signed with the old secret stop working.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`]; `Unavailable`, `Internal`.
+    async fn set_token_secret(
+        &self,
+        id: ProjectId,
+        secret: TokenSecret,
+        replace: bool,
+    ) -> Result<TokenSecret, StoreError>;
+
+    /// Replaces the project's allowed origins, and announces it to every process.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`]; `Unavailable`, `Internal`.
+    async fn set_allowed_origins(&self, id: ProjectId, origins: Vec<String>) -> Result<(), StoreError>;
 }
 
 /// API keys, looked up by the hash of their secret.
@@ -49,4 +75,10 @@ pub trait ApiKeyStore: Send + Sync {
     /// # Errors
     /// [`StoreError::NotFound`]; `Unavailable`, `Internal`.
     async fn revoke(&self, id: Uuid, at: Timestamp) -> Result<(), StoreError>;
+
+    /// Records when keys were last used, in one batch; a time never moves a stored one back.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn record_usage(&self, used: Vec<(Uuid, Timestamp)>) -> Result<(), StoreError>;
 }

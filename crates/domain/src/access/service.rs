@@ -1,7 +1,9 @@
-//! The key service: issuing keys, resolving a bearer token to its caller (with a short-lived cache of keys
-//! read from the store), checking scope and project, revoking.
+//! The key service: issuing keys and run tokens, resolving a bearer credential to its caller (with short-lived
+//! caches of the keys, projects and tokens read from the store), checking scope and project, revoking, and
+//! noting when each key was last used.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -10,53 +12,77 @@ use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 use super::model::{
-    hash_secret, looks_like_key, ApiKey, NewApiKey, Principal, ProjectId, Scope, SecretHash, CURRENT_PROJECT,
-    KEY_PREFIX, SECRET_BYTES,
+    hash_secret, looks_like_key, parse_origin, ApiKey, NewApiKey, Principal, ProjectAccess, ProjectId, Scope,
+    SecretHash, CURRENT_PROJECT, KEY_PREFIX, SECRET_BYTES,
 };
 use super::ports::{ApiKeyStore, ProjectStore};
+use super::token::{self, IssuedRunToken, RunTokenRequest, TokenSecret};
 use crate::clock::{Clock, Timestamp};
-use crate::error::{Error, Invalid};
+use crate::error::{Error, Invalid, StoreError};
 
-/// Issues, checks and revokes API keys.
+/// Issues, checks and revokes API keys and run tokens.
 pub struct ApiKeyService {
     keys: Arc<dyn ApiKeyStore>,
     projects: Arc<dyn ProjectStore>,
     clock: Arc<dyn Clock>,
-    cache: KeyCache,
+    /// Keys found, by the hash of their secret.
+    cache: Kept<String, ApiKey>,
+    /// Projects' token secrets and allowed origins.
+    access: Kept<ProjectId, ProjectAccess>,
+    /// Run tokens verified, by their whole text, as the caller each one is.
+    tokens: Kept<Box<str>, Principal>,
+    /// When each key was last used, since the last flush.
+    usage: Mutex<HashMap<Uuid, Timestamp, foldhash::fast::RandomState>>,
 }
 
-/// Keys found recently, by the hash of their secret, so most requests authenticate without a store read. An
-/// entry is trusted for `ttl`: a key revoked by this process stops working at once, one revoked by another
-/// process (the CLI, another node) within `ttl`. Expiry is checked on every request. Only keys that exist are
-/// kept, so the cache holds at most one entry per real key.
-struct KeyCache {
+/// Things read from the store recently, so most requests authenticate without a store read. An entry is trusted
+/// for `ttl`: a change made by this process is applied at once (the entry is forgotten), one made by another
+/// process (the CLI, another node) within `ttl`, or at once where the store announces changes. Only things
+/// that exist are kept, so the map holds at most one entry per real key, project or verified token.
+struct Kept<K, V> {
     ttl: Duration,
-    /// Keyed by hashes of real keys only, so a seeded fast hasher is enough.
-    entries: Mutex<HashMap<String, (Arc<ApiKey>, Timestamp), foldhash::fast::RandomState>>,
+    /// More entries than a deployment has; past it the map starts again rather than grow.
+    max_entries: usize,
+    /// Keyed by things that exist only, so a seeded fast hasher is enough.
+    entries: Mutex<HashMap<K, (Arc<V>, Timestamp), foldhash::fast::RandomState>>,
 }
 
-impl KeyCache {
-    /// More entries than any deployment has keys; past it the cache starts again rather than grow.
-    const MAX_ENTRIES: usize = 100_000;
-
-    fn get(&self, hash: &str, now: Timestamp) -> Option<Arc<ApiKey>> {
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.get(hash).filter(|(_, fetched)| now < *fetched + self.ttl).map(|(key, _)| Arc::clone(key))
+impl<K: Hash + Eq, V> Kept<K, V> {
+    fn new(ttl: Duration, max_entries: usize) -> Self {
+        Self { ttl, max_entries, entries: Mutex::default() }
     }
 
-    fn put(&self, key: &Arc<ApiKey>, now: Timestamp) {
+    fn get<Q>(&self, key: &Q, now: Timestamp) -> Option<Arc<V>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.get(key).filter(|(_, fetched)| now < *fetched + self.ttl).map(|(value, _)| Arc::clone(value))
+    }
+
+    /// The entry however old it is.
+    fn any_age<Q>(&self, key: &Q) -> Option<Arc<V>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner).get(key).map(|(value, _)| Arc::clone(value))
+    }
+
+    fn put(&self, key: K, value: &Arc<V>, now: Timestamp) {
         if self.ttl.is_zero() {
             return;
         }
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if entries.len() >= Self::MAX_ENTRIES {
+        if entries.len() >= self.max_entries {
             entries.clear();
         }
-        entries.insert(key.secret_hash.clone(), (Arc::clone(key), now));
+        entries.insert(key, (Arc::clone(value), now));
     }
 
-    fn forget(&self, id: Uuid) {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner).retain(|_, (key, _)| key.id != id);
+    fn retain(&self, keep: impl Fn(&K, &V) -> bool) {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner).retain(|key, (value, _)| keep(key, value));
     }
 
     fn clear(&self) {
@@ -66,22 +92,29 @@ impl KeyCache {
 
 impl ApiKeyService {
     pub fn new(keys: Arc<dyn ApiKeyStore>, projects: Arc<dyn ProjectStore>, clock: Arc<dyn Clock>) -> Self {
+        let ttl = Self::KEY_CACHE_TTL;
         Self {
             keys,
             projects,
             clock,
-            cache: KeyCache { ttl: Self::KEY_CACHE_TTL, entries: Mutex::default() },
+            cache: Kept::new(ttl, 100_000),
+            access: Kept::new(ttl, 100_000),
+            tokens: Kept::new(ttl, 20_000),
+            usage: Mutex::default(),
         }
     }
 
-    /// How long a key found in the store is trusted without reading it again, by default: the most a revocation
-    /// made by another process waits to take effect here.
+    /// How long a key, a project's token secret and origins, or a verified run token is trusted without reading
+    /// the store again, by default: the most a change made by another process waits to take effect here where
+    /// the store does not announce changes.
     pub const KEY_CACHE_TTL: Duration = Duration::from_secs(1);
 
-    /// Trusts a key found in the store for `ttl` (zero reads the store on every request).
+    /// Trusts what was read from the store for `ttl` (zero reads the store on every request).
     #[must_use]
     pub fn with_key_cache_ttl(mut self, ttl: Duration) -> Self {
         self.cache.ttl = ttl;
+        self.access.ttl = ttl;
+        self.tokens.ttl = ttl;
         self
     }
 
@@ -89,6 +122,20 @@ impl ApiKeyService {
     /// announced by another process takes effect here at once.
     pub fn forget_cached_keys(&self) {
         self.cache.clear();
+    }
+
+    /// Forgets what was read of a project (its token secret and origins) and the run tokens verified with it:
+    /// how a rotated secret or changed origins announced by another process take effect here at once.
+    pub fn forget_project(&self, project: ProjectId) {
+        self.access.retain(|id, _| *id != project);
+        self.tokens.retain(|_, principal| principal.project_id != project);
+    }
+
+    /// Forgets everything read from the store (changes may have been missed).
+    pub fn forget_everything(&self) {
+        self.cache.clear();
+        self.access.clear();
+        self.tokens.clear();
     }
 
     /// Creates a key for an existing project.
@@ -125,28 +172,41 @@ impl ApiKeyService {
             created_at: now,
             expires_at: expires_in.map(|d| now + d),
             revoked_at: None,
+            last_used_at: None,
         };
         let key = self.keys.insert(key).await?;
         Ok(NewApiKey { key, secret })
     }
 
-    /// Resolves a bearer token to its caller.
+    /// Resolves a bearer credential, an API key or a run token, to its caller, and notes the use of its key.
     ///
     /// # Errors
-    /// [`Error::NotAuthenticated`] for a malformed, unknown, revoked or expired key; store failures.
-    pub async fn authenticate(&self, token: &str) -> Result<Principal, Error> {
-        if !looks_like_key(token) {
-            return Err(Error::NotAuthenticated("The API key is malformed.".into()));
-        }
-        let hash = SecretHash::of(token);
-        let hash = hash.as_str();
+    /// [`Error::NotAuthenticated`] for a malformed, unknown, revoked or expired key or run token (a forged or
+    /// rotated one, or one of another project); store failures.
+    pub async fn authenticate(&self, credential: &str) -> Result<Principal, Error> {
         let now = self.clock.now();
+        let principal = if looks_like_key(credential) {
+            self.key(credential, now).await?
+        } else if token::looks_like_token(credential) {
+            self.run_token(credential, now).await?
+        } else {
+            return Err(Error::NotAuthenticated(
+                "The credential is malformed: send an API key (phx_...) or a run token.".into(),
+            ));
+        };
+        self.note_use(principal.key_id, now);
+        Ok(principal)
+    }
+
+    async fn key(&self, secret: &str, now: Timestamp) -> Result<Principal, Error> {
+        let hash = SecretHash::of(secret);
+        let hash = hash.as_str();
         let key = match self.cache.get(hash, now) {
             Some(key) => key,
             None => {
                 let found = self.keys.find_by_hash(hash).await?.map(Arc::new);
                 if let Some(key) = &found {
-                    self.cache.put(key, now);
+                    self.cache.put(key.secret_hash.clone(), key, now);
                 }
                 found.ok_or_else(|| Error::NotAuthenticated("The API key is not valid.".into()))?
             }
@@ -159,19 +219,174 @@ impl ApiKeyService {
         if !key.is_usable_at(now) {
             return Err(Error::NotAuthenticated("The API key has been revoked or has expired.".into()));
         }
-        Ok(Principal { key_id: key.id, project_id: key.project_id, scopes: key.scopes.clone() })
+        Ok(Principal { key_id: key.id, project_id: key.project_id, scopes: key.scopes.clone(), grant: None })
+    }
+
+    async fn run_token(&self, token: &str, now: Timestamp) -> Result<Principal, Error> {
+        let refused = |why: &str| Error::NotAuthenticated(why.to_owned());
+        let principal = match self.tokens.get(token, now) {
+            Some(principal) => principal,
+            None => {
+                let project = token::claimed_project(token).map_err(refused)?;
+                let access = self.project_access(project, now).await?;
+                let secret = access.as_ref().and_then(|a| a.token_secret.as_ref()).ok_or_else(|| refused(token::NOT_VALID))?;
+                let (issuer, grant) = token::verify(token, secret, project).map_err(refused)?;
+                let principal = Arc::new(Principal {
+                    key_id: issuer,
+                    project_id: project,
+                    scopes: vec![Scope::EndpointRead],
+                    grant: Some(Arc::new(grant)),
+                });
+                self.tokens.put(token.into(), &principal, now);
+                principal
+            }
+        };
+        if principal.grant.as_ref().is_some_and(|grant| now >= grant.expires_at) {
+            return Err(refused(token::EXPIRED));
+        }
+        Ok((*principal).clone())
+    }
+
+    /// A project's token secret and origins, from memory when read within the TTL; `None` for no such project.
+    async fn project_access(
+        &self,
+        project: ProjectId,
+        now: Timestamp,
+    ) -> Result<Option<Arc<ProjectAccess>>, Error> {
+        if let Some(access) = self.access.get(&project, now) {
+            return Ok(Some(access));
+        }
+        let found = self.projects.access(project).await?.map(Arc::new);
+        if let Some(access) = &found {
+            self.access.put(project, access, now);
+        }
+        Ok(found)
+    }
+
+    /// Reads a project's allowed origins into memory unless they were read within the TTL, so that
+    /// [`ApiKeyService::allows_origin`], which cannot wait, answers for it.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn load_origins(&self, project: ProjectId) -> Result<(), Error> {
+        self.project_access(project, self.clock.now()).await.map(drop)
+    }
+
+    /// Whether a page of `origin` may call the project's runs, as last read (see
+    /// [`ApiKeyService::load_origins`]). A project not read yet allows no origin.
+    pub fn allows_origin(&self, project: ProjectId, origin: &str) -> bool {
+        self.access.any_age(&project).is_some_and(|access| access.allowed_origins.iter().any(|o| o == origin))
+    }
+
+    fn note_use(&self, key: Uuid, at: Timestamp) {
+        let mut usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        let last = usage.entry(key).or_insert(at);
+        if *last < at {
+            *last = at;
+        }
+    }
+
+    /// Writes when each key was last used since the last flush, in one batch; kept for the next flush when the
+    /// store fails.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn flush_usage(&self) -> Result<usize, StoreError> {
+        let batch: Vec<(Uuid, Timestamp)> =
+            self.usage.lock().unwrap_or_else(PoisonError::into_inner).drain().collect();
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let count = batch.len();
+        if let Err(err) = self.keys.record_usage(batch.clone()).await {
+            for (key, at) in batch {
+                self.note_use(key, at);
+            }
+            return Err(err);
+        }
+        Ok(count)
+    }
+
+    /// Signs a run token for the caller's project. The caller (a key with `endpoint:write`) is its issuer; the
+    /// project's secret is made on its first token. Whether the named endpoints exist and take the fixed variables
+    /// is the run service's to check first.
+    ///
+    /// # Errors
+    /// [`Error::PermissionDenied`] for a run token as the issuer; store failures.
+    pub async fn issue_run_token(
+        &self,
+        issuer: &Principal,
+        project: ProjectId,
+        request: RunTokenRequest,
+    ) -> Result<IssuedRunToken, Error> {
+        if issuer.grant.is_some() {
+            return Err(Error::PermissionDenied("A run token cannot issue run tokens.".into()));
+        }
+        // Read from the store, not memory: a secret rotated by another process a moment ago must not sign.
+        let access = self.projects.access(project).await?.ok_or_else(|| {
+            Error::NotFound(format!("Project {project} does not exist."))
+        })?;
+        let secret = match access.token_secret {
+            Some(secret) => secret,
+            None => {
+                let secret = self.projects.set_token_secret(project, TokenSecret::generate(), false).await?;
+                self.forget_project(project);
+                secret
+            }
+        };
+        token::sign(&secret, project, issuer.key_id, request, self.clock.now())
+            .map_err(|err| Error::Internal(Box::new(err)))
+    }
+
+    /// Replaces a project's token secret: every run token issued for it stops working, here at once and in
+    /// other processes as soon as they hear of it.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown project; store failures.
+    pub async fn rotate_token_secret(&self, project: ProjectId) -> Result<(), Error> {
+        match self.projects.set_token_secret(project, TokenSecret::generate(), true).await {
+            Ok(_) => {
+                self.forget_project(project);
+                Ok(())
+            }
+            Err(StoreError::NotFound) => Err(Error::NotFound(format!("Project {project} does not exist."))),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    /// Replaces the origins whose pages may call a project's runs from a browser; each is checked and written
+    /// as a browser sends it.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for something that is not an origin; [`Error::NotFound`] for an unknown project; store
+    /// failures.
+    pub async fn set_allowed_origins(&self, project: ProjectId, origins: &[String]) -> Result<Vec<String>, Error> {
+        let mut parsed = origins.iter().map(|o| parse_origin(o)).collect::<Result<Vec<_>, _>>()?;
+        parsed.sort();
+        parsed.dedup();
+        match self.projects.set_allowed_origins(project, parsed.clone()).await {
+            Ok(()) => {
+                self.forget_project(project);
+                Ok(parsed)
+            }
+            Err(StoreError::NotFound) => Err(Error::NotFound(format!("Project {project} does not exist."))),
+            Err(other) => Err(other.into()),
+        }
     }
 
     /// Checks that `principal` may use scope `needed` on the project named in a path (`42` or `@current`).
+    /// A run token may only run the endpoints it names and read their OpenAPI documents: `token_endpoint` is
+    /// the endpoint of such an operation, `None` for every other one.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a malformed project id; [`Error::PermissionDenied`] for a missing scope or another
-    /// project (existing or not: the two are indistinguishable).
+    /// [`Error::Invalid`] for a malformed project id; [`Error::PermissionDenied`] for a missing scope, another
+    /// project (existing or not: the two are indistinguishable), or a run token out of its grant.
     pub fn authorize(
         &self,
         principal: &Principal,
         path_project: &str,
         needed: Scope,
+        token_endpoint: Option<&str>,
     ) -> Result<ProjectId, Error> {
         let project = if path_project == CURRENT_PROJECT {
             principal.project_id
@@ -180,8 +395,24 @@ impl ApiKeyService {
                 Invalid::field("project_id", "project_id must be a positive integer or @current.")
             })?
         };
+        if project != principal.project_id && principal.grant.is_some() {
+            return Err(Error::NotAuthenticated("This run token is not valid for this project.".into()));
+        }
         if project != principal.project_id {
-            return Err(Error::PermissionDenied("This API key does not give access to this project.".into()));
+            return Err(Error::PermissionDenied(
+                "This credential does not give access to this project.".into(),
+            ));
+        }
+        if let Some(grant) = &principal.grant {
+            return match token_endpoint {
+                None => Err(Error::PermissionDenied(
+                    "A run token may only run the endpoints it names and read their OpenAPI documents.".into(),
+                )),
+                Some(name) if !grant.allows(name) => Err(Error::PermissionDenied(format!(
+                    "This run token does not give access to the endpoint '{name}'."
+                ))),
+                Some(_) => Ok(project),
+            };
         }
         if !principal.scopes.iter().any(|s| s.grants(needed)) {
             return Err(Error::PermissionDenied(format!("This action needs the scope '{needed}'.")));
@@ -193,14 +424,23 @@ impl ApiKeyService {
     /// [`Error::NotFound`] for an unknown key id; store failures.
     pub async fn revoke(&self, id: Uuid) -> Result<(), Error> {
         self.keys.revoke(id, self.clock.now()).await?;
-        self.cache.forget(id);
+        self.cache.retain(|_, key| key.id != id);
         Ok(())
     }
 
+    /// Keys with when each was last used, counting uses not flushed yet.
+    ///
     /// # Errors
     /// Store failures.
     pub async fn list(&self, project: Option<ProjectId>) -> Result<Vec<ApiKey>, Error> {
-        Ok(self.keys.list(project).await?)
+        let mut keys = self.keys.list(project).await?;
+        let usage = self.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        for key in &mut keys {
+            if let Some(at) = usage.get(&key.id) {
+                key.last_used_at = Some(key.last_used_at.map_or(*at, |stored| stored.max(*at)));
+            }
+        }
+        Ok(keys)
     }
 }
 
@@ -247,7 +487,7 @@ mod tests {
             Ok(key)
         });
         let mut projects = MockProjectStore::new();
-        projects.expect_get().returning(|id| Ok(Some(Project { id, name: "p".into(), created_at: NOW })));
+        projects.expect_get().returning(|id| Ok(Some(Project { id, name: "p".into(), created_at: NOW, allowed_origins: vec![] })));
         let svc = ApiKeyService::new(Arc::new(keys), Arc::new(projects), clock());
         let new = svc
             .create(
@@ -356,24 +596,24 @@ mod tests {
     fn authorize_checks_project_binding_and_scope() {
         let svc = service_with(None);
         let reader =
-            Principal { key_id: Uuid::nil(), project_id: project(1), scopes: vec![Scope::EndpointRead] };
+            Principal { key_id: Uuid::nil(), project_id: project(1), scopes: vec![Scope::EndpointRead], grant: None };
         let writer = Principal { scopes: vec![Scope::EndpointWrite], ..reader.clone() };
 
-        assert_eq!(svc.authorize(&reader, "1", Scope::EndpointRead).unwrap(), project(1));
-        assert_eq!(svc.authorize(&reader, CURRENT_PROJECT, Scope::EndpointRead).unwrap(), project(1));
+        assert_eq!(svc.authorize(&reader, "1", Scope::EndpointRead, None).unwrap(), project(1));
+        assert_eq!(svc.authorize(&reader, CURRENT_PROJECT, Scope::EndpointRead, None).unwrap(), project(1));
         assert_eq!(
-            svc.authorize(&writer, "1", Scope::EndpointRead).unwrap(),
+            svc.authorize(&writer, "1", Scope::EndpointRead, None).unwrap(),
             project(1),
             "write implies read"
         );
-        match svc.authorize(&reader, "1", Scope::EndpointWrite) {
+        match svc.authorize(&reader, "1", Scope::EndpointWrite, None) {
             Err(Error::PermissionDenied(detail)) => assert!(detail.contains("endpoint:write")),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(svc.authorize(&writer, "2", Scope::EndpointRead), Err(Error::PermissionDenied(_))));
+        assert!(matches!(svc.authorize(&writer, "2", Scope::EndpointRead, None), Err(Error::PermissionDenied(_))));
         for bad in ["0", "-1", "abc", "1.0", "current"] {
             assert!(
-                matches!(svc.authorize(&writer, bad, Scope::EndpointRead), Err(Error::Invalid(_))),
+                matches!(svc.authorize(&writer, bad, Scope::EndpointRead, None), Err(Error::Invalid(_))),
                 "{bad}"
             );
         }

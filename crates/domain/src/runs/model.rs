@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
-use crate::error::Invalid;
+use crate::error::{Invalid, Violation};
 use crate::fields::Fields;
 use crate::query::{QueryResult, ResultFormat};
 
@@ -113,6 +113,23 @@ impl RunRequest {
         "limit",
         "offset",
     ];
+
+    /// Sets the variables a run token fixes, so that a run of its holder sees only the tenant's rows. They are
+    /// part of the variables from here on, so of the cache key too: two tenants never share an answer.
+    ///
+    /// # Errors
+    /// [`Invalid`] (`fixed_variable`) when the request sends one of them, whatever its value.
+    pub fn fix_variables(&mut self, fixed: &Map<String, Value>) -> Result<(), Invalid> {
+        if let Some(name) = fixed.keys().find(|name| self.variables.contains_key(*name)) {
+            return Err(Invalid::new(
+                format!("variables.{name}"),
+                Violation::FixedVariable,
+                format!("The variable '{name}' is fixed by the run token and cannot be sent."),
+            ));
+        }
+        self.variables.extend(fixed.iter().map(|(name, value)| (name.clone(), value.clone())));
+        Ok(())
+    }
 
     /// Reads a POST body; `query_version` is the `?version=` of the URL (the body's `version` wins), and
     /// `accepted` the format the client accepts, which the body's `format` overrides.

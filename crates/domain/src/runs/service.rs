@@ -11,12 +11,12 @@ use tracing::warn;
 
 use super::model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};
 use super::ports::ResultCache;
-use crate::access::ProjectId;
+use crate::access::{ApiKeyService, IssuedRunToken, Principal, ProjectId, RunTokenRequest};
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
 use crate::error::{EngineError, Error, Invalid, StoreError};
 use crate::materialization::{Eligibility, Materializations, MaterializedFilter, StoredResult};
-use crate::query::{bind, BoundValue, QueryEngine, QueryResult};
+use crate::query::{bind, coerce, BoundValue, QueryEngine, QueryResult};
 
 type RunFuture = BoxFuture<'static, Result<Arc<CachedRun>, Arc<Error>>>;
 
@@ -216,6 +216,49 @@ impl RunService {
             offset: request.offset,
             total: started.elapsed(),
         }
+    }
+
+    /// Issues a run token (contract section 15) once its grant is checked: each endpoint it names is an active
+    /// endpoint of the project, and each variable it fixes is declared, with a value of its type, by the current
+    /// version of every one of them. A version saved later without the variable makes the token's runs of that
+    /// endpoint fail (`unknown_variable`) rather than widen.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] on `endpoints` or `fixed_variables.NAME`; the key service's errors.
+    pub async fn issue_run_token(
+        &self,
+        keys: &ApiKeyService,
+        issuer: &Principal,
+        project: ProjectId,
+        request: RunTokenRequest,
+    ) -> Result<IssuedRunToken, Error> {
+        for raw in &request.endpoints {
+            let unknown =
+                || Invalid::field("endpoints", format!("No active endpoint named '{raw}' in this project."));
+            let name = EndpointName::parse(raw).map_err(|_| unknown())?;
+            let endpoint = match self.active_endpoint(project, &name).await {
+                Err(Error::NotFound(_)) => return Err(unknown().into()),
+                other => other?,
+            };
+            let version = self.store.get_version(project, &name, endpoint.current_version).await?;
+            for (variable, value) in &request.fixed_variables {
+                let attr = format!("fixed_variables.{variable}");
+                let Some(declared) = version.query.variables.get(variable) else {
+                    return Err(Invalid::field(
+                        attr,
+                        format!(
+                            "The endpoint '{name}' has no variable '{variable}': a token may only fix variables \
+                             that every endpoint it names declares."
+                        ),
+                    )
+                    .into());
+                };
+                coerce(declared.variable_type, value).map_err(|expected| {
+                    Invalid::field(attr, format!("The variable '{variable}' of '{name}' has a bad value: {expected}."))
+                })?;
+            }
+        }
+        keys.issue_run_token(issuer, project, request).await
     }
 
     async fn active_endpoint(&self, project: ProjectId, name: &EndpointName) -> Result<Endpoint, Error> {

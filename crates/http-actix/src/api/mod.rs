@@ -10,12 +10,14 @@ mod page;
 pub(crate) mod requests;
 mod run;
 mod table;
+mod token;
 
 pub(crate) use endpoint::{BreakingChange, Endpoint, Materialization, Version};
 pub(crate) use last_executions::LastExecutionTimes;
 pub(crate) use page::{EndpointPage, TablePage, VersionPage};
 pub(crate) use run::RunAnswer;
 pub(crate) use table::{Appended, Preview, Table};
+pub(crate) use token::RunToken;
 
 /// A duration in milliseconds, to the microsecond.
 fn millis(duration: std::time::Duration) -> f64 {

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use domain::{CacheAge, RunRequest, CONFIRM_BREAKING, ENDPOINT_FIELDS, MAX_NAMES};
+use domain::{CacheAge, RunRequest, RunTokenRequest, CONFIRM_BREAKING, ENDPOINT_FIELDS, MAX_NAMES};
 use utoipa::openapi::schema::{AdditionalProperties, ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
@@ -232,3 +232,46 @@ impl PartialSchema for TableSourceBody {
 }
 
 impl ToSchema for TableSourceBody {}
+
+/// A run token's grant, as `POST run_tokens` takes it.
+pub(crate) struct RunTokenBody;
+
+impl PartialSchema for RunTokenBody {
+    fn schema() -> RefOr<Schema> {
+        let max_endpoints = RunTokenRequest::MAX_ENDPOINTS;
+        let endpoints = ArrayBuilder::new()
+            .items(names::endpoint_name())
+            .min_items(Some(1))
+            .max_items(Some(max_endpoints))
+            .description(Some("The endpoints the token may run (and read the OpenAPI documents of)."));
+        let fixed = ObjectBuilder::new()
+            .schema_type(nullable(Type::Object))
+            .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(true)))
+            .max_properties(Some(RunTokenRequest::MAX_FIXED_VARIABLES))
+            .description(Some(
+                "Variables set by the token, which its holder may not send: each must be declared by every \
+                 endpoint named, with a value of its type.",
+            ));
+        let expires = ObjectBuilder::new()
+            .schema_type(nullable(Type::Integer))
+            .minimum(Some(1.0))
+            .maximum(Some(RunTokenRequest::MAX_EXPIRES_IN_SECONDS as f64))
+            .description(Some("Seconds until the token expires: 3600 unless given, at most 30 days."));
+        let rate = ObjectBuilder::new()
+            .schema_type(nullable(Type::Integer))
+            .minimum(Some(1.0))
+            .maximum(Some(1_000_000.0))
+            .description(Some("Requests per second the token may make (bursts of twice that), on top of the project's limit."));
+        closed(
+            ObjectBuilder::new()
+                .property("endpoints", endpoints)
+                .required("endpoints")
+                .property("fixed_variables", fixed)
+                .property("expires_in_seconds", expires)
+                .property("rate_limit_per_sec", rate),
+        )
+        .into()
+    }
+}
+
+impl ToSchema for RunTokenBody {}

@@ -5,6 +5,7 @@ pub(crate) mod endpoints;
 pub(crate) mod materialization;
 pub(crate) mod runs;
 pub(crate) mod tables;
+pub(crate) mod tokens;
 pub(crate) mod versions;
 
 use serde::Deserialize;

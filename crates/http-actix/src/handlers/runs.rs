@@ -6,7 +6,7 @@ use actix_web::http::header::{
     ETag, EntityTag, IfNoneMatch,
 };
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
-use domain::{Exported, ProjectId, ResultFormat, RunOutcome, RunRequest};
+use domain::{Exported, Principal, ProjectId, ResultFormat, RunOutcome, RunRequest};
 use time::format_description::well_known::Rfc3339;
 
 use super::EndpointPath;
@@ -42,7 +42,8 @@ pub(crate) async fn run_get(
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
     let accepted = accepted(&req);
-    let request = RunRequest::from_query(params(&req), accepted.unwrap_or_default())?;
+    let mut request = RunRequest::from_query(params(&req), accepted.unwrap_or_default())?;
+    fix_variables(&caller.caller, &mut request)?;
     let explicit = params(&req).any(|(key, _)| key == "format");
     respond(&req, &state, caller.project, &path.name, request, accepted, explicit).await
 }
@@ -64,9 +65,18 @@ pub(crate) async fn run_post(
 ) -> Result<HttpResponse, ApiError> {
     let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
     let accepted = accepted(&req);
-    let request = RunRequest::from_body(&caller.body, version.as_deref(), accepted.unwrap_or_default())?;
+    let mut request = RunRequest::from_body(&caller.body, version.as_deref(), accepted.unwrap_or_default())?;
+    fix_variables(&caller.caller, &mut request)?;
     let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
     respond(&req, &state, caller.project, &path.name, request, accepted, explicit).await
+}
+
+/// A run token's fixed variables, set in its holder's request (which may not send them).
+fn fix_variables(caller: &Principal, request: &mut RunRequest) -> Result<(), ApiError> {
+    if let Some(grant) = &caller.grant {
+        request.fix_variables(&grant.fixed_variables)?;
+    }
+    Ok(())
 }
 
 /// The format `Accept` asks for: the first of its preferences a run is written in, JSON when it names none (or

@@ -49,6 +49,7 @@ fn view(key: &ApiKey) -> Value {
         "created_at": rfc3339(key.created_at),
         "expires_at": key.expires_at.map(rfc3339),
         "revoked_at": key.revoked_at.map(rfc3339),
+        "last_used_at": key.last_used_at.map(rfc3339),
     })
 }
 
@@ -110,8 +111,9 @@ pub(super) async fn run(config: &Config, command: KeyCommand, json: bool) -> Res
                 for k in &keys {
                     let state = if k.revoked_at.is_some() { "revoked" } else { "active" };
                     let scopes = k.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",");
+                    let used = k.last_used_at.map_or_else(|| "never used".to_owned(), |at| format!("used {}", rfc3339(at)));
                     println!(
-                        "{}  project {}  {}…  {state}  {scopes}  {}",
+                        "{}  project {}  {}…  {state}  {scopes}  {used}  {}",
                         k.id, k.project_id, k.prefix, k.label
                     );
                 }
