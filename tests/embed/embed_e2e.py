@@ -30,8 +30,11 @@ SALES = "day,country,amount\n2026-03-01,US,10.5\n2026-03-01,GB,4\n2026-03-02,US,
 @contextlib.contextmanager
 def static_site():
     """`docs/examples` on a loopback port of its own: an origin other than the API's."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=PAGES)
-    handler.log_message = lambda *args: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=PAGES)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -9,7 +9,9 @@ use utoipa::openapi::OpenApi as Document;
 use utoipa::{Modify, OpenApi};
 
 use crate::api::requests::{EndpointCreate, EndpointUpdate, Names, RunBody, RunTokenBody};
-use crate::api::{names, Endpoint, EndpointPage, LastExecutionTimes, RunAnswer, RunToken, Version, VersionPage};
+use crate::api::{
+    names, Endpoint, EndpointPage, LastExecutionTimes, RunAnswer, RunToken, Version, VersionPage,
+};
 use crate::error::ErrorBody as Error;
 use crate::handlers;
 

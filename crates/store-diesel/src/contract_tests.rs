@@ -10,9 +10,9 @@ use std::time::Duration;
 use domain::{
     ApiKey, ApiKeyStore, BreakingChange, CacheAge, Change, Column, ColumnChange, ColumnType, CompareOp,
     Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationStatus,
-    MaterializationStore, MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectAccess, ProjectId,
-    ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredResult, Switch, SyncFrequency,
-    Timestamp, TokenSecret,
+    MaterializationStore, MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectAccess,
+    ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredResult, Switch,
+    SyncFrequency, Timestamp, TokenSecret,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -197,7 +197,10 @@ async fn projects_keep_a_token_secret_and_origins(store: DieselStore) {
     assert_eq!(ProjectStore::get(&store, p).await.unwrap().unwrap().allowed_origins, origins);
     ProjectStore::set_allowed_origins(&store, p, vec![]).await.unwrap();
     assert!(ProjectStore::access(&store, p).await.unwrap().unwrap().allowed_origins.is_empty());
-    assert!(matches!(ProjectStore::set_allowed_origins(&store, ghost, vec![]).await, Err(StoreError::NotFound)));
+    assert!(matches!(
+        ProjectStore::set_allowed_origins(&store, ghost, vec![]).await,
+        Err(StoreError::NotFound)
+    ));
 }
 
 async fn endpoints_round_trip(store: DieselStore) {

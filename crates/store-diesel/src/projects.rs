@@ -121,7 +121,9 @@ impl ProjectStore for DieselStore {
                 conn.transaction(|conn| {
                     let target = projects::table.find(id.get());
                     let written = if replace {
-                        diesel::update(target).set(projects::token_secret.eq(secret.expose())).execute(conn)?
+                        diesel::update(target)
+                            .set(projects::token_secret.eq(secret.expose()))
+                            .execute(conn)?
                     } else {
                         diesel::update(target.filter(projects::token_secret.is_null()))
                             .set(projects::token_secret.eq(secret.expose()))

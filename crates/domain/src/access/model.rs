@@ -65,8 +65,15 @@ pub fn parse_origin(raw: &str) -> Result<String, Invalid> {
     if !matches!(url.scheme(), "https" | "http") {
         return Err(bad("it must start with https:// or http://."));
     }
-    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() || url.has_authority() && !url.username().is_empty() || url.password().is_some() {
-        return Err(bad("write a scheme, a host and an optional port, nothing else (https://app.example.com)."));
+    if url.path() != "/"
+        || url.query().is_some()
+        || url.fragment().is_some()
+        || url.has_authority() && !url.username().is_empty()
+        || url.password().is_some()
+    {
+        return Err(bad(
+            "write a scheme, a host and an optional port, nothing else (https://app.example.com).",
+        ));
     }
     Ok(url.origin().ascii_serialization())
 }

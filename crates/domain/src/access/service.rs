@@ -67,7 +67,11 @@ impl<K: Hash + Eq, V> Kept<K, V> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner).get(key).map(|(value, _)| Arc::clone(value))
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .map(|(value, _)| Arc::clone(value))
     }
 
     fn put(&self, key: K, value: &Arc<V>, now: Timestamp) {
@@ -82,7 +86,10 @@ impl<K: Hash + Eq, V> Kept<K, V> {
     }
 
     fn retain(&self, keep: impl Fn(&K, &V) -> bool) {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner).retain(|key, (value, _)| keep(key, value));
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|key, (value, _)| keep(key, value));
     }
 
     fn clear(&self) {
@@ -229,7 +236,10 @@ impl ApiKeyService {
             None => {
                 let project = token::claimed_project(token).map_err(refused)?;
                 let access = self.project_access(project, now).await?;
-                let secret = access.as_ref().and_then(|a| a.token_secret.as_ref()).ok_or_else(|| refused(token::NOT_VALID))?;
+                let secret = access
+                    .as_ref()
+                    .and_then(|a| a.token_secret.as_ref())
+                    .ok_or_else(|| refused(token::NOT_VALID))?;
                 let (issuer, grant) = token::verify(token, secret, project).map_err(refused)?;
                 let principal = Arc::new(Principal {
                     key_id: issuer,
@@ -323,9 +333,11 @@ impl ApiKeyService {
             return Err(Error::PermissionDenied("A run token cannot issue run tokens.".into()));
         }
         // Read from the store, not memory: a secret rotated by another process a moment ago must not sign.
-        let access = self.projects.access(project).await?.ok_or_else(|| {
-            Error::NotFound(format!("Project {project} does not exist."))
-        })?;
+        let access = self
+            .projects
+            .access(project)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("Project {project} does not exist.")))?;
         let secret = match access.token_secret {
             Some(secret) => secret,
             None => {
@@ -360,7 +372,11 @@ impl ApiKeyService {
     /// # Errors
     /// [`Error::Invalid`] for something that is not an origin; [`Error::NotFound`] for an unknown project; store
     /// failures.
-    pub async fn set_allowed_origins(&self, project: ProjectId, origins: &[String]) -> Result<Vec<String>, Error> {
+    pub async fn set_allowed_origins(
+        &self,
+        project: ProjectId,
+        origins: &[String],
+    ) -> Result<Vec<String>, Error> {
         let mut parsed = origins.iter().map(|o| parse_origin(o)).collect::<Result<Vec<_>, _>>()?;
         parsed.sort();
         parsed.dedup();
@@ -406,7 +422,8 @@ impl ApiKeyService {
         if let Some(grant) = &principal.grant {
             return match token_endpoint {
                 None => Err(Error::PermissionDenied(
-                    "A run token may only run the endpoints it names and read their OpenAPI documents.".into(),
+                    "A run token may only run the endpoints it names and read their OpenAPI documents."
+                        .into(),
                 )),
                 Some(name) if !grant.allows(name) => Err(Error::PermissionDenied(format!(
                     "This run token does not give access to the endpoint '{name}'."
@@ -487,7 +504,9 @@ mod tests {
             Ok(key)
         });
         let mut projects = MockProjectStore::new();
-        projects.expect_get().returning(|id| Ok(Some(Project { id, name: "p".into(), created_at: NOW, allowed_origins: vec![] })));
+        projects.expect_get().returning(|id| {
+            Ok(Some(Project { id, name: "p".into(), created_at: NOW, allowed_origins: vec![] }))
+        });
         let svc = ApiKeyService::new(Arc::new(keys), Arc::new(projects), clock());
         let new = svc
             .create(
@@ -595,8 +614,12 @@ mod tests {
     #[test]
     fn authorize_checks_project_binding_and_scope() {
         let svc = service_with(None);
-        let reader =
-            Principal { key_id: Uuid::nil(), project_id: project(1), scopes: vec![Scope::EndpointRead], grant: None };
+        let reader = Principal {
+            key_id: Uuid::nil(),
+            project_id: project(1),
+            scopes: vec![Scope::EndpointRead],
+            grant: None,
+        };
         let writer = Principal { scopes: vec![Scope::EndpointWrite], ..reader.clone() };
 
         assert_eq!(svc.authorize(&reader, "1", Scope::EndpointRead, None).unwrap(), project(1));
@@ -610,7 +633,10 @@ mod tests {
             Err(Error::PermissionDenied(detail)) => assert!(detail.contains("endpoint:write")),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(svc.authorize(&writer, "2", Scope::EndpointRead, None), Err(Error::PermissionDenied(_))));
+        assert!(matches!(
+            svc.authorize(&writer, "2", Scope::EndpointRead, None),
+            Err(Error::PermissionDenied(_))
+        ));
         for bad in ["0", "-1", "abc", "1.0", "current"] {
             assert!(
                 matches!(svc.authorize(&writer, bad, Scope::EndpointRead, None), Err(Error::Invalid(_))),

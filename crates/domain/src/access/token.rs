@@ -109,7 +109,8 @@ impl RunTokenRequest {
     pub const MAX_EXPIRES_IN_SECONDS: i64 = 30 * 24 * 3600;
     /// The life of a token whose request does not say: one hour.
     pub const DEFAULT_EXPIRES_IN_SECONDS: i64 = 3600;
-    const FIELDS: [&'static str; 4] = ["endpoints", "fixed_variables", "expires_in_seconds", "rate_limit_per_sec"];
+    const FIELDS: [&'static str; 4] =
+        ["endpoints", "fixed_variables", "expires_in_seconds", "rate_limit_per_sec"];
 
     /// # Errors
     /// [`Invalid`] naming the field at fault. Whether the endpoints exist and declare the fixed variables is
@@ -129,7 +130,9 @@ impl RunTokenRequest {
                         format!("endpoints must be a list of 1 to {} endpoint names.", Self::MAX_ENDPOINTS),
                     )
                 })?,
-            Some(_) => return Err(Invalid::field("endpoints", "endpoints must be a list of endpoint names.")),
+            Some(_) => {
+                return Err(Invalid::field("endpoints", "endpoints must be a list of endpoint names."))
+            }
         };
         let mut endpoints = endpoints;
         endpoints.sort();
@@ -244,7 +247,8 @@ pub(crate) fn sign(
         rate_limit_per_sec: request.rate_limit_per_sec,
     };
     let header = Header { kid: Some(project.to_string()), ..Header::new(Algorithm::HS256) };
-    let token = jsonwebtoken::encode(&header, &claims, &EncodingKey::from_secret(secret.expose().as_bytes()))?;
+    let token =
+        jsonwebtoken::encode(&header, &claims, &EncodingKey::from_secret(secret.expose().as_bytes()))?;
     // The expiry as signed: whole seconds.
     let expires_at = Timestamp::from_unix_timestamp(claims.exp).unwrap_or(expires_at);
     Ok(IssuedRunToken { token, expires_at, grant: grant(claims, expires_at) })
@@ -263,14 +267,22 @@ fn grant(claims: Claims, expires_at: Timestamp) -> RunGrant {
 /// A token checked with its project's secret: its signature (HS256 only: `none` and every other algorithm are
 /// refused), its project, its shape. Expiry is the caller's to check against its clock: the grant says when.
 /// Returns the issuing key and the grant.
-pub(crate) fn verify(token: &str, secret: &TokenSecret, project: ProjectId) -> Result<(Uuid, RunGrant), Refusal> {
+pub(crate) fn verify(
+    token: &str,
+    secret: &TokenSecret,
+    project: ProjectId,
+) -> Result<(Uuid, RunGrant), Refusal> {
     let mut validation = Validation::new(Algorithm::HS256);
     // Expiry is checked against the service's clock, exactly (no leeway); `exp` must be present all the same.
     validation.validate_exp = false;
     validation.leeway = 0;
     validation.set_required_spec_claims(&["exp", "sub"]);
-    let data = jsonwebtoken::decode::<Claims>(token, &DecodingKey::from_secret(secret.expose().as_bytes()), &validation)
-        .map_err(|_| NOT_VALID)?;
+    let data = jsonwebtoken::decode::<Claims>(
+        token,
+        &DecodingKey::from_secret(secret.expose().as_bytes()),
+        &validation,
+    )
+    .map_err(|_| NOT_VALID)?;
     let claims = data.claims;
     if claims.pid != project.get() || data.header.kid.as_deref() != Some(project.to_string().as_str()) {
         return Err(NOT_VALID);
@@ -335,13 +347,17 @@ mod tests {
         // `alg: none`, with no signature or with the original one.
         let none = encode_url(&json!({"alg": "none", "typ": "JWT", "kid": "3"}));
         for token in [format!("{none}.{}.", parts[1]), format!("{none}.{}.{}", parts[1], parts[2])] {
-            assert!(claimed_project(&token).is_err() || verify(&token, &secret, project(3)).is_err(), "{token}");
+            assert!(
+                claimed_project(&token).is_err() || verify(&token, &secret, project(3)).is_err(),
+                "{token}"
+            );
             assert!(verify(&token, &secret, project(3)).is_err());
         }
         // HS512 with the same secret is still another algorithm.
         let header = Header { kid: Some("3".into()), ..Header::new(Algorithm::HS512) };
         let hs512 =
-            jsonwebtoken::encode(&header, &claims, &EncodingKey::from_secret(secret.expose().as_bytes())).unwrap();
+            jsonwebtoken::encode(&header, &claims, &EncodingKey::from_secret(secret.expose().as_bytes()))
+                .unwrap();
         assert_eq!(claimed_project(&hs512), Err(NOT_VALID));
         assert_eq!(verify(&hs512, &secret, project(3)), Err(NOT_VALID));
     }
@@ -396,7 +412,9 @@ mod properties {
     use crate::testing::T0;
 
     fn signed(secret: &TokenSecret) -> String {
-        let request = RunTokenRequest::from_body(&json!({"endpoints": ["a"], "fixed_variables": {"tenant": 7}})).unwrap();
+        let request =
+            RunTokenRequest::from_body(&json!({"endpoints": ["a"], "fixed_variables": {"tenant": 7}}))
+                .unwrap();
         sign(secret, ProjectId::new(3).unwrap(), Uuid::nil(), request, T0).unwrap().token
     }
 
@@ -439,4 +457,3 @@ mod properties {
         }
     }
 }
-

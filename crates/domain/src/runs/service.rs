@@ -254,7 +254,10 @@ impl RunService {
                     .into());
                 };
                 coerce(declared.variable_type, value).map_err(|expected| {
-                    Invalid::field(attr, format!("The variable '{variable}' of '{name}' has a bad value: {expected}."))
+                    Invalid::field(
+                        attr,
+                        format!("The variable '{variable}' of '{name}' has a bad value: {expected}."),
+                    )
                 })?;
             }
         }

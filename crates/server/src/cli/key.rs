@@ -111,7 +111,9 @@ pub(super) async fn run(config: &Config, command: KeyCommand, json: bool) -> Res
                 for k in &keys {
                     let state = if k.revoked_at.is_some() { "revoked" } else { "active" };
                     let scopes = k.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",");
-                    let used = k.last_used_at.map_or_else(|| "never used".to_owned(), |at| format!("used {}", rfc3339(at)));
+                    let used = k
+                        .last_used_at
+                        .map_or_else(|| "never used".to_owned(), |at| format!("used {}", rfc3339(at)));
                     println!(
                         "{}  project {}  {}…  {state}  {scopes}  {used}  {}",
                         k.id, k.project_id, k.prefix, k.label
