@@ -70,7 +70,6 @@ async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
         )
         .await;
         for (bad, attr) in [
-            (json!({"endpoints": ["nope"]}), "endpoints"),
             (
                 json!({"endpoints": ["other"], "fixed_variables": {"country": "FR"}}),
                 "fixed_variables.country",
@@ -85,6 +84,9 @@ async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
             let body = assert_error(app.post(&tokens, &writer, &bad).await, 400, "validation_error").await;
             assert_eq!(body["attr"], attr, "{body}");
         }
+        let body = json!({"endpoints": ["by-country", "nope"]});
+        let missing = assert_error(app.post(&tokens, &writer, &body).await, 404, "not_found").await;
+        assert!(missing["detail"].as_str().unwrap().contains("'nope'"), "{missing}");
         let token = issue(&app, family, project, &writer, grant).await;
 
         // It runs its endpoint, by GET and POST, and sees only its tenant's rows.

@@ -224,7 +224,8 @@ impl RunService {
     /// endpoint fail (`unknown_variable`) rather than widen.
     ///
     /// # Errors
-    /// [`Error::Invalid`] on `endpoints` or `fixed_variables.NAME`; the key service's errors.
+    /// [`Error::NotFound`] for a name that is not an active endpoint of the project; [`Error::Invalid`] on
+    /// `fixed_variables.NAME`; the key service's errors.
     pub async fn issue_run_token(
         &self,
         keys: &ApiKeyService,
@@ -233,13 +234,8 @@ impl RunService {
         request: RunTokenRequest,
     ) -> Result<IssuedRunToken, Error> {
         for raw in &request.endpoints {
-            let unknown =
-                || Invalid::field("endpoints", format!("No active endpoint named '{raw}' in this project."));
-            let name = EndpointName::parse(raw).map_err(|_| unknown())?;
-            let endpoint = match self.active_endpoint(project, &name).await {
-                Err(Error::NotFound(_)) => return Err(unknown().into()),
-                other => other?,
-            };
+            let name = EndpointName::parse(raw).map_err(|_| not_found(raw))?;
+            let endpoint = self.active_endpoint(project, &name).await?;
             let version = self.store.get_version(project, &name, endpoint.current_version).await?;
             for (variable, value) in &request.fixed_variables {
                 let attr = format!("fixed_variables.{variable}");

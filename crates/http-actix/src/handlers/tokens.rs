@@ -13,6 +13,7 @@ use crate::AppState;
     params(("project_id" = String, Path)), request_body = RunTokenBody,
     responses((status = 201, body = RunToken, description = "The token, shown once: the service does not keep it"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error, description = "A name that is not an active endpoint of the project"),
               (status = 415, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn issue(
     state: web::Data<AppState>,
