@@ -555,6 +555,13 @@ def main():
             baseline.wait()
         log(f"cached: {cached['rps']:.0f} req/s against {figures['baseline']['rps']:.0f}")
 
+        # 1d. The same cached run with a run token instead of the key, measured back to back with the key again.
+        token = json.loads(app.request("POST", "/api/projects/1/run_tokens",
+                                       {"endpoints": ["events-by-country"], "expires_in_seconds": 3600}))["token"]
+        figures["token"] = wrk_rounds(url, token, args.seconds, args.rounds)
+        figures["token_key"] = wrk_rounds(url, app.key, args.seconds, args.rounds)
+        log(f"cached with a run token: {figures['token']['rps']:.0f} req/s, with the key {figures['token_key']['rps']:.0f}")
+
         # 2. Live run against bare DataFusion and DuckDB. The two alternate, batch by batch, so a slow spell of
         # this shared machine lands on both rather than on one side of the ratio.
         app.timed(LIVE_PATH + "&refresh=direct", 1)
@@ -683,6 +690,11 @@ def write_report(args, f):
             c, b = f[f"cached_{name}"], f[f"baseline_{name}"]
             lines.append(f"| {label} | {c['rps']:,.0f} req/s, p99 {c['p99']:.2f} ms | the same: {b['rps']:,.0f} req/s, "
                          f"p99 {b['p99']:.2f} ms | {c['rps'] / b['rps']:.2f}x throughput | none (the less friendly cases) |")
+    if "token" in f:
+        t, k = f["token"], f["token_key"]
+        lines.append(f"| 1d. cached run with a run token (HS256 JWT) | {t['rps']:,.0f} req/s, p99 {t['p99']:.2f} ms "
+                     f"| the same run with the key, right after: {k['rps']:,.0f} req/s, p99 {k['p99']:.2f} ms "
+                     f"| {t['rps'] / k['rps']:.2f}x throughput | >= 0.95x: {check(t['rps'] / k['rps'] >= 0.95)} |")
     lines.append(
         f"| 2. live run, `refresh=direct`, GROUP BY over {args.rows:,} rows | {f['live_ms']:.1f} ms "
         f"| bare DataFusion, same SQL and settings: {f['bare']['median_ms']:.1f} ms | {live_ratio:.2f}x time "
