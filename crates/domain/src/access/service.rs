@@ -463,8 +463,11 @@ impl ApiKeyService {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::super::model::Project;
     use super::super::ports::{MockApiKeyStore, MockProjectStore};
+    use super::super::token::RunGrant;
     use super::*;
     use crate::clock::MockClock;
     use crate::testing::{api_key, ManualClock, T0 as NOW};
@@ -609,6 +612,128 @@ mod tests {
         ));
         let not_yet_expired = ApiKey { expires_at: Some(NOW + Duration::from_secs(1)), ..live };
         assert!(service_with(Some(not_yet_expired)).authenticate(SECRET).await.is_ok());
+    }
+
+    /// A key service over one project (1) whose secret the store holds, counting the store's reads of it.
+    fn token_service(clock: Arc<ManualClock>) -> (ApiKeyService, Arc<Mutex<TokenSecret>>, Arc<AtomicUsize>) {
+        let secret = Arc::new(Mutex::new(TokenSecret::generate()));
+        let reads = Arc::new(AtomicUsize::new(0));
+        let mut projects = MockProjectStore::new();
+        let (stored, counted) = (Arc::clone(&secret), Arc::clone(&reads));
+        projects.expect_access().returning(move |id| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let secret = stored.lock().unwrap().clone();
+            Ok((id == project(1))
+                .then(|| ProjectAccess { allowed_origins: vec![], token_secret: Some(secret) }))
+        });
+        let mut keys = MockApiKeyStore::new();
+        keys.expect_record_usage().returning(|_| Ok(()));
+        (ApiKeyService::new(Arc::new(keys), Arc::new(projects), clock), secret, reads)
+    }
+
+    fn issuer() -> Principal {
+        Principal {
+            key_id: Uuid::nil(),
+            project_id: project(1),
+            scopes: vec![Scope::EndpointWrite],
+            grant: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn run_tokens_are_verified_once_per_ttl_expire_exactly_and_die_with_their_secret() {
+        let clock = Arc::new(ManualClock::new(NOW));
+        let (svc, secret, reads) = token_service(Arc::clone(&clock));
+        let body =
+            serde_json::json!({"endpoints": ["a"], "expires_in_seconds": 10, "fixed_variables": {"t": 1}});
+        let issued =
+            svc.issue_run_token(&issuer(), project(1), RunTokenRequest::from_body(&body).unwrap()).await;
+        let token = issued.unwrap().token;
+        let before = reads.load(Ordering::SeqCst);
+        for _ in 0..5 {
+            let caller = svc.authenticate(&token).await.unwrap();
+            assert_eq!((caller.project_id, caller.key_id), (project(1), Uuid::nil()));
+            assert_eq!(caller.grant.as_ref().unwrap().fixed_variables["t"], 1);
+        }
+        assert_eq!(reads.load(Ordering::SeqCst) - before, 1, "one read of the secret for five requests");
+
+        // Expiry is the service's clock's, to the second, cached or not.
+        clock.advance(Duration::from_millis(9_999));
+        assert!(svc.authenticate(&token).await.is_ok());
+        clock.advance(Duration::from_millis(1));
+        assert!(
+            matches!(svc.authenticate(&token).await, Err(Error::NotAuthenticated(d)) if d.contains("expired"))
+        );
+
+        // A rotated secret, announced: every token of the project is refused at once.
+        clock.advance(Duration::from_secs(3600));
+        let token = svc
+            .issue_run_token(&issuer(), project(1), RunTokenRequest::from_body(&body).unwrap())
+            .await
+            .unwrap()
+            .token;
+        assert!(svc.authenticate(&token).await.is_ok());
+        *secret.lock().unwrap() = TokenSecret::generate();
+        assert!(
+            svc.authenticate(&token).await.is_ok(),
+            "trusted until the change is heard or the TTL passes"
+        );
+        svc.forget_project(project(1));
+        assert!(matches!(svc.authenticate(&token).await, Err(Error::NotAuthenticated(_))));
+    }
+
+    #[tokio::test]
+    async fn uses_are_noted_per_key_and_flushed_in_one_batch() {
+        let mut keys = MockApiKeyStore::new();
+        keys.expect_find_by_hash().returning(|hash| {
+            Ok(Some(api_key(SECRET, vec![Scope::EndpointRead])).filter(|k| k.secret_hash == hash))
+        });
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&batches);
+        keys.expect_record_usage().returning(move |batch| {
+            seen.lock().unwrap().push(batch);
+            Ok(())
+        });
+        let clock = Arc::new(ManualClock::new(NOW));
+        let svc = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock.clone());
+        svc.authenticate(SECRET).await.unwrap();
+        clock.advance(Duration::from_secs(5));
+        svc.authenticate(SECRET).await.unwrap();
+        assert_eq!(svc.flush_usage().await.unwrap(), 1);
+        assert_eq!(svc.flush_usage().await.unwrap(), 0, "nothing new");
+        assert_eq!(*batches.lock().unwrap(), vec![vec![(Uuid::nil(), NOW + Duration::from_secs(5))]]);
+    }
+
+    #[test]
+    fn a_run_token_passes_only_its_endpoints_runs_and_documents() {
+        let svc = service_with(None);
+        let grant = RunGrant {
+            token_id: Uuid::nil(),
+            endpoints: vec!["a".into()],
+            fixed_variables: serde_json::Map::new(),
+            rate_limit_per_sec: None,
+            expires_at: NOW,
+        };
+        let token = Principal {
+            key_id: Uuid::nil(),
+            project_id: project(1),
+            scopes: vec![Scope::EndpointRead],
+            grant: Some(Arc::new(grant)),
+        };
+        assert_eq!(svc.authorize(&token, "1", Scope::EndpointRead, Some("a")).unwrap(), project(1));
+        assert_eq!(
+            svc.authorize(&token, CURRENT_PROJECT, Scope::EndpointRead, Some("a")).unwrap(),
+            project(1)
+        );
+        for (scope, endpoint) in
+            [(Scope::EndpointRead, None), (Scope::EndpointRead, Some("b")), (Scope::TableRead, None)]
+        {
+            assert!(matches!(svc.authorize(&token, "1", scope, endpoint), Err(Error::PermissionDenied(_))));
+        }
+        assert!(matches!(
+            svc.authorize(&token, "2", Scope::EndpointRead, Some("a")),
+            Err(Error::NotAuthenticated(_))
+        ));
     }
 
     #[test]
