@@ -332,9 +332,7 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let code = self.code();
-        if let ApiError::Domain(err @ (Error::Internal(_) | Error::Unavailable(_))) = self {
-            tracing::error!(status = code.status().as_u16(), error = %chain(err), "request failed");
-        }
+        self.log_server_error();
         let mut response = HttpResponse::build(code.status());
         match self {
             ApiError::Domain(Error::NotAuthenticated(_)) => {
@@ -349,18 +347,29 @@ impl ResponseError for ApiError {
             }
             _ => {}
         }
+        response.json(self.body())
+    }
+}
+
+impl ApiError {
+    /// A server-side failure (500, 503) is logged with its cause, which its answer never shows.
+    pub(crate) fn log_server_error(&self) {
+        if let ApiError::Domain(err @ (Error::Internal(_) | Error::Unavailable(_))) = self {
+            tracing::error!(status = self.code().status().as_u16(), error = %chain(err), "request failed");
+        }
+    }
+
+    /// The error body (`type`, `code`, `detail`, `attr`), as every error answer and every failed MCP tool call
+    /// carries it.
+    pub(crate) fn body(&self) -> serde_json::Value {
+        let code = self.code();
         let detail = self.detail();
         let breaking_changes = match self {
             ApiError::Domain(Error::BreakingChange { changes, .. }) => Some(changes),
             _ => None,
         };
-        response.json(ErrorBody {
-            kind: code.kind(),
-            code,
-            detail: &detail,
-            attr: self.attr(),
-            breaking_changes,
-        })
+        let body = ErrorBody { kind: code.kind(), code, detail: &detail, attr: self.attr(), breaking_changes };
+        serde_json::to_value(body).unwrap_or_default()
     }
 }
 

@@ -108,7 +108,7 @@ fn app_state(req: &HttpRequest) -> Result<&AppState, ApiError> {
 }
 
 /// The bearer token of the request.
-fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
+pub(crate) fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
     let malformed = || {
         Error::NotAuthenticated("The Authorization header must be 'Bearer <API key or run token>'.".into())
     };

@@ -12,6 +12,7 @@ mod disconnect;
 mod error;
 mod extract;
 mod handlers;
+mod mcp;
 mod normalize;
 mod openapi;
 mod operations;
@@ -108,7 +109,9 @@ pub fn app(
     >,
 > {
     let keys = Arc::clone(&state.keys);
+    let mcp = mcp::Mcp::new(&state);
     App::new()
+        .app_data(web::Data::new(mcp))
         .app_data(web::Data::new(state))
         .app_data(web::QueryConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
         .app_data(web::PathConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))

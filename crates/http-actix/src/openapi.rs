@@ -6,7 +6,9 @@
 //! written for OpenAPI 3.1, whose JSON Schema marks a nullable value with a `null` type; [`openapi_3_0`] turns
 //! them into 3.0's `nullable`, which generators of 3.0 clients read.
 
-use domain::{ColumnType, Endpoint, EndpointVersion, RunRequest, Variable, VariableType};
+use std::collections::BTreeMap;
+
+use domain::{Column, ColumnType, Endpoint, EndpointVersion, RunRequest, Variable, VariableType};
 use indexmap::IndexMap;
 use openapiv3::{
     Components, Info, MediaType, OpenAPI, Operation, Parameter, ParameterData, ParameterSchemaOrContent,
@@ -133,18 +135,50 @@ fn column_schema(column_type: ColumnType) -> RefOr<utoipa::openapi::Schema> {
     }
 }
 
-/// The run request with this version's variables typed, closed to any other, required when one is.
-fn run_request_schema(version: &EndpointVersion) -> Schema {
-    let variables = &version.query.variables;
+/// A run's variables as an object: each typed, required where the query requires it, closed to any other;
+/// `omit` leaves out the ones a caller may not send (a run token's fixed variables). The one source of the
+/// variables' schema of an endpoint's OpenAPI document and of its MCP tool's input.
+fn variables_object(variables: &BTreeMap<String, Variable>, omit: impl Fn(&str) -> bool) -> ObjectBuilder {
     let mut object = ObjectBuilder::new().schema_type(Type::Object).additional_properties(Some(
         utoipa::openapi::schema::AdditionalProperties::<utoipa::openapi::Schema>::FreeForm(false),
     ));
-    for (name, variable) in variables {
+    for (name, variable) in variables.iter().filter(|(name, _)| !omit(name)) {
         object = object.property(name, variable_schema(variable));
         if variable.required {
             object = object.required(name);
         }
     }
+    object
+}
+
+/// [`variables_object`] as JSON Schema (an MCP tool's `inputSchema`).
+pub(crate) fn variables_schema(
+    variables: &BTreeMap<String, Variable>,
+    omit: impl Fn(&str) -> bool,
+) -> Map<String, Value> {
+    match serde_json::to_value(variables_object(variables, omit).build()) {
+        Ok(Value::Object(schema)) => schema,
+        _ => Map::new(),
+    }
+}
+
+/// A row of results: one property per column, typed, every one present.
+fn row_object(columns: &[Column]) -> ObjectBuilder {
+    let mut row = ObjectBuilder::new().schema_type(Type::Object);
+    for column in columns {
+        row = row.property(&column.name, column_schema(column.column_type)).required(&column.name);
+    }
+    row
+}
+
+/// [`row_object`] as JSON Schema (the rows of an MCP tool's `outputSchema`).
+pub(crate) fn row_schema(columns: &[Column]) -> Value {
+    serde_json::to_value(row_object(columns).build()).unwrap_or_else(|_| Value::Object(Map::new()))
+}
+
+/// The run request with this version's variables typed, closed to any other, required when one is.
+fn run_request_schema(version: &EndpointVersion) -> Schema {
+    let object = variables_object(&version.query.variables, |_| false);
     let mut body = run_body(object.into());
     if any_required(version) {
         body = body.required("variables");
@@ -158,11 +192,7 @@ fn any_required(version: &EndpointVersion) -> bool {
 
 /// The run answer with `results` typed per column of this version.
 fn run_response_schema(version: &EndpointVersion) -> Schema {
-    let mut row = ObjectBuilder::new().schema_type(Type::Object);
-    for column in &version.columns {
-        row = row.property(&column.name, column_schema(column.column_type)).required(&column.name);
-    }
-    openapi_3_0(RunAnswer::schema_with_rows(row.into()))
+    openapi_3_0(RunAnswer::schema_with_rows(row_object(&version.columns).into()))
 }
 
 fn json_content(schema: ReferenceOr<Schema>) -> IndexMap<String, MediaType> {

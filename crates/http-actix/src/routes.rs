@@ -18,7 +18,7 @@ const TOKENS_REST: &str = "/{project_id}/run_tokens";
 
 /// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
 /// not a different operation.
-pub(crate) const ROUTE_NAMES: [&str; 18] = [
+pub(crate) const ROUTE_NAMES: [&str; 19] = [
     "run",
     "endpoints",
     "last_execution_times",
@@ -32,6 +32,7 @@ pub(crate) const ROUTE_NAMES: [&str; 18] = [
     "table_rows",
     "table_preview",
     "run_tokens",
+    "mcp",
     "healthz",
     "readyz",
     "metrics",
@@ -157,6 +158,8 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
                 ),
         );
     }
+    // The endpoints as MCP tools, for agents (the SDK answers the transport's methods and refuses the others).
+    cfg.service(web::resource("/mcp").name("mcp").route(web::route().to(crate::mcp::serve)));
     // Operations: no key, so orchestrators and scrapers can reach them.
     cfg.service(
         web::resource("/healthz")

@@ -1,0 +1,257 @@
+//! `/mcp` (contract section 16): every active endpoint a credential may run, as a Model Context Protocol tool,
+//! over the streamable HTTP transport of the official Rust SDK (`rmcp`), which speaks the protocol; this module
+//! only says what the tools are and runs them.
+//!
+//! - The caller is authenticated here, with the same bearer keys and run tokens as the REST API (401 before the
+//!   SDK sees anything), and handed to the SDK's handler in the request's extensions.
+//! - `tools/list`: `run_<name>` per active endpoint of the credential's project (a run token: only its
+//!   endpoints), its `inputSchema` the variables' schemas of the endpoint's OpenAPI document (a token's fixed
+//!   variables left out), its `outputSchema` the page of rows typed per column.
+//! - `tools/call`: the run path of `POST run` (cache, materialization, limits), with the caller's request rate
+//!   taken per call; the page comes back as `structuredContent` and as JSON text. Every failure a run can have
+//!   is a tool error result carrying the REST API's error body (`type`, `code`, `detail`, `attr`).
+//!
+//! The transport is served statelessly (no session, a JSON answer per request): any process of a deployment
+//! answers any request, and nothing is kept per client. So there is no stream to push
+//! `notifications/tools/list_changed` on; a client lists the tools again to see changed endpoints.
+
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use domain::{
+    ApiKeyService, Endpoint, EndpointService, ListParams, Principal, RunRequest, RunService, Scope, CURRENT_PROJECT,
+};
+use http_body_util::{BodyExt, Full};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::extract::bearer;
+use crate::rate_limit::RateLimits;
+use crate::{openapi, AppState};
+
+/// The prefix of every tool's name: `run_<endpoint name>`.
+const TOOL_PREFIX: &str = "run_";
+/// Endpoints listed per `tools/list` page (the next page's cursor is its offset).
+const TOOLS_PER_PAGE: u32 = 1000;
+
+/// The MCP server of one process.
+pub(crate) struct Mcp {
+    transport: StreamableHttpService<EndpointTools, NeverSessionManager>,
+}
+
+impl Mcp {
+    /// The server of a worker of the application, over the application's services.
+    pub(crate) fn new(state: &AppState) -> Self {
+        let tools = EndpointTools {
+            endpoints: Arc::clone(&state.endpoints),
+            runs: Arc::clone(&state.runs),
+            keys: Arc::clone(&state.keys),
+            rate_limits: Arc::clone(&state.rate_limits),
+        };
+        // Every request carries its bearer credential and is checked before the SDK sees it, so the SDK's
+        // defence against DNS rebinding (for unauthenticated local servers: loopback hosts only) is not needed,
+        // and would refuse every deployment behind a real host name.
+        let config = StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(false)
+            .with_json_response(true)
+            .disable_allowed_hosts();
+        let transport =
+            StreamableHttpService::new(move || Ok(tools.clone()), Arc::new(NeverSessionManager::default()), config);
+        Self { transport }
+    }
+}
+
+/// `/mcp`: authenticates the caller, then lets the SDK answer, with the caller in the request's extensions.
+pub(crate) async fn serve(
+    req: HttpRequest,
+    body: web::Bytes,
+    state: web::Data<AppState>,
+    mcp: web::Data<Mcp>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = state.keys.authenticate(bearer(&req)?).await?;
+    let mut request = http::Request::builder().method(req.method().as_str()).uri(req.uri().to_string());
+    for (name, value) in req.headers() {
+        request = request.header(name.as_str(), value.as_bytes());
+    }
+    let mut request = request
+        .body(Full::new(body))
+        .map_err(|err| ApiError::from(domain::Error::Internal(Box::new(err))))?;
+    request.extensions_mut().insert(caller);
+    let (parts, body) = mcp.transport.handle(request).await.into_parts();
+    // Served without sessions, an answer is one JSON document (or one short event stream) that ends with the
+    // request: it is read whole, and actix-web frames it.
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    let mut response = HttpResponse::build(
+        StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+    );
+    for (name, value) in &parts.headers {
+        if name != http::header::CONTENT_LENGTH && name != http::header::TRANSFER_ENCODING {
+            response.append_header((name.as_str(), value.as_bytes()));
+        }
+    }
+    Ok(response.body(body))
+}
+
+/// The tools: the endpoints, run through the services.
+#[derive(Clone)]
+struct EndpointTools {
+    endpoints: Arc<EndpointService>,
+    runs: Arc<RunService>,
+    keys: Arc<ApiKeyService>,
+    rate_limits: Arc<RateLimits>,
+}
+
+/// The authenticated caller of this request, put there by [`serve`].
+fn caller(context: &RequestContext<RoleServer>) -> Result<Principal, McpError> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Principal>())
+        .cloned()
+        .ok_or_else(|| McpError::internal_error("the request's caller is missing", None))
+}
+
+/// A tool error result with the REST API's error body, as JSON text and as structured content.
+fn failed(err: ApiError) -> CallToolResult {
+    err.log_server_error();
+    let body = err.body();
+    let mut result = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
+    result.structured_content = Some(body);
+    result
+}
+
+/// The tool of an endpoint: its variables as input (less the ones `fixed`), its page of rows as output.
+fn tool(endpoint: &Endpoint, fixed: &Map<String, Value>) -> Tool {
+    let mut input = openapi::variables_schema(&endpoint.query.variables, |name| fixed.contains_key(name));
+    input.insert("type".into(), json!("object"));
+    let rows = json!({"type": "array", "items": openapi::row_schema(&endpoint.columns)});
+    let output = json!({
+        "type": "object",
+        "properties": {
+            "rows": rows,
+            "has_more": {"type": "boolean", "description": "More rows follow this page (of 100)."},
+        },
+        "required": ["rows", "has_more"],
+    });
+    let description = if endpoint.description.trim().is_empty() {
+        format!("Runs the saved query '{}' and returns its rows.", endpoint.name)
+    } else {
+        endpoint.description.clone()
+    };
+    let mut tool = Tool::new(format!("{TOOL_PREFIX}{}", endpoint.name), description, Arc::new(input))
+        .with_annotations(ToolAnnotations::new().read_only(true).idempotent(true).open_world(false));
+    if let Value::Object(output) = output {
+        tool = tool.with_raw_output_schema(Arc::new(output));
+    }
+    tool
+}
+
+impl EndpointTools {
+    /// The endpoints of a page of `tools/list`, with the offset of the next page if there is one.
+    async fn list(&self, caller: &Principal, offset: u64) -> Result<(Vec<Tool>, Option<String>), ApiError> {
+        let (limit, offset_text) = (TOOLS_PER_PAGE.to_string(), offset.to_string());
+        let params = ListParams {
+            limit: Some(&limit),
+            offset: Some(&offset_text),
+            is_active: Some("true"),
+            is_materialized: None,
+            search: None,
+        };
+        let page = self.endpoints.list(caller.project_id, params).await?;
+        let no_fixed = Map::new();
+        let fixed = caller.grant.as_ref().map_or(&no_fixed, |grant| &grant.fixed_variables);
+        let tools = page
+            .items
+            .iter()
+            .filter(|endpoint| caller.grant.as_ref().is_none_or(|grant| grant.allows(endpoint.name.as_str())))
+            .map(|endpoint| tool(endpoint, fixed))
+            .collect();
+        let next = page.has_next().then(|| (offset + u64::from(TOOLS_PER_PAGE)).to_string());
+        Ok((tools, next))
+    }
+
+    /// Runs the endpoint a tool names, as `POST run` with `arguments` as its variables would.
+    async fn call(&self, caller: &Principal, name: &str, arguments: Map<String, Value>) -> Result<Value, ApiError> {
+        if let Err(exceeded) = self.rate_limits.take(caller) {
+            return Err(ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after });
+        }
+        let project = self.keys.authorize(caller, CURRENT_PROJECT, Scope::EndpointRead, Some(name))?;
+        let mut request = RunRequest { variables: arguments, ..RunRequest::default() };
+        if let Some(grant) = &caller.grant {
+            request.fix_variables(&grant.fixed_variables)?;
+        }
+        let outcome = self.runs.run(project, name, request).await?;
+        let (rows, has_more) = match outcome.run.as_deref() {
+            Some(run) => (
+                serde_json::from_str(&run.result.rows_json)
+                    .map_err(|err| ApiError::from(domain::Error::Internal(Box::new(err))))?,
+                run.result.has_more,
+            ),
+            None => (Value::Array(Vec::new()), false),
+        };
+        Ok(json!({"rows": rows, "has_more": has_more}))
+    }
+}
+
+impl ServerHandler for EndpointTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("endpoints", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Each tool runs one saved SQL query endpoint of the project with its variables as arguments and \
+                 returns its first page of rows.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let caller = caller(&context)?;
+        let offset = match request.and_then(|r| r.cursor) {
+            Some(cursor) => cursor.parse::<u64>().map_err(|_| McpError::invalid_params("unknown cursor", None))?,
+            None => 0,
+        };
+        let (tools, next) = self.list(&caller, offset).await.map_err(|err| {
+            let body = err.body();
+            McpError::internal_error(body["detail"].as_str().unwrap_or_default().to_owned(), Some(body))
+        })?;
+        let mut page = ListToolsResult::with_all_items(tools);
+        page.next_cursor = next;
+        Ok(page)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let caller = caller(&context)?;
+        let Some(name) = request.name.strip_prefix(TOOL_PREFIX) else {
+            return Err(McpError::invalid_params(format!("Unknown tool '{}'.", request.name), None));
+        };
+        let arguments = request.arguments.unwrap_or_default();
+        Ok(match self.call(&caller, name, arguments).await {
+            Ok(page) => {
+                let mut result = CallToolResult::success(vec![ContentBlock::text(page.to_string())]);
+                result.structured_content = Some(page);
+                result
+            }
+            Err(err) => failed(err),
+        }
+        .into())
+    }
+}

@@ -1,0 +1,150 @@
+"""`/mcp` from outside, with the official MCP Python SDK (`mcp`, pinned in the Makefile) as the client, against
+the real `endpoints` binary (`tests/openapi/live_server.py`): list the tools, call one with variables and compare
+its rows with the REST run's, call with a bad variable, with a read-only key and with a run token (its endpoints
+only, its fixed variables gone from the input schema and refused), and without credentials (401).
+"""
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "openapi"))
+
+from live_server import cli, live_server, request  # noqa: E402
+
+SALES = "day,country,amount\n2026-03-01,US,10.5\n2026-03-01,GB,4\n2026-03-02,US,7\n2026-03-02,FR,3\n"
+BY_DAY = {
+    "name": "sales-by-day",
+    "description": "Sales per day in one country",
+    "query": {
+        "kind": "SQLQuery",
+        "query": "SELECT day, sum(amount) AS total, count(*) AS orders FROM sales WHERE country = {variables.country} "
+                 "AND amount >= {variables.min_amount} GROUP BY day ORDER BY day",
+        "variables": {
+            "country": {"type": "String", "required": True, "description": "ISO country code"},
+            "min_amount": {"type": "Number", "default": 0},
+        },
+    },
+}
+PLAIN = {"name": "countries", "query": {"kind": "SQLQuery", "query": "SELECT DISTINCT country FROM sales ORDER BY country"}}
+INACTIVE = {"name": "retired", "is_active": False, "query": {"kind": "SQLQuery", "query": "SELECT 1 AS one"}}
+
+
+async def with_session(url, credential, work):
+    headers = {"Authorization": f"Bearer {credential}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with streamable_http_client(url, http_client=http) as streams:
+            read, write = streams[0], streams[1]
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await work(session)
+
+
+def tool_named(tools, name):
+    return next(t for t in tools.tools if t.name == name)
+
+
+async def main_async(base, project, key, reader, token):
+    url = f"{base}/mcp"
+    endpoints = f"{base}/api/projects/{project}/endpoints"
+
+    async def as_writer(session):
+        tools = await session.list_tools()
+        names = sorted(t.name for t in tools.tools)
+        assert names == ["run_countries", "run_sales-by-day"], names
+        tool = tool_named(tools, "run_sales-by-day")
+        assert tool.description == "Sales per day in one country", tool
+        schema = tool.input_schema
+        assert schema["properties"]["country"]["type"] == "string", schema
+        assert schema["properties"]["country"]["description"] == "ISO country code", schema
+        assert schema["required"] == ["country"], schema
+        assert schema["additionalProperties"] is False, schema
+        rows = tool.output_schema["properties"]["rows"]["items"]["properties"]
+        assert set(rows) == {"day", "total", "orders"}, tool.output_schema
+        assert "integer" in rows["orders"]["type"], rows
+
+        result = await session.call_tool("run_sales-by-day", {"country": "US", "min_amount": 5})
+        assert not result.is_error, result
+        rest = request(f"{endpoints}/sales-by-day/run", key, {"variables": {"country": "US", "min_amount": 5}})
+        assert result.structured_content["rows"] == rest["results"], (result.structured_content, rest["results"])
+        assert json.loads(result.content[0].text) == result.structured_content
+        assert result.structured_content["has_more"] is False
+        print("mcp: list tools, call one, same rows as the REST run: ok")
+
+        for arguments, code, attr in [
+            ({"country": "US", "nope": 1}, "unknown_variable", "variables.nope"),
+            ({"country": "US", "min_amount": "lots"}, "invalid", "variables.min_amount"),
+            ({}, "required", "variables.country"),
+        ]:
+            bad = await session.call_tool("run_sales-by-day", arguments)
+            assert bad.is_error, bad
+            body = json.loads(bad.content[0].text)
+            assert (body["code"], body["attr"]) == (code, attr), body
+        print("mcp: bad variables are tool errors with the REST codes: ok")
+        return names
+
+    async def as_reader(session):
+        names = sorted(t.name for t in (await session.list_tools()).tools)
+        result = await session.call_tool("run_countries", {})
+        assert not result.is_error and [r["country"] for r in result.structured_content["rows"]] == ["FR", "GB", "US"]
+        return names
+
+    async def as_token(session):
+        tools = await session.list_tools()
+        assert [t.name for t in tools.tools] == ["run_sales-by-day"], tools
+        schema = tool_named(tools, "run_sales-by-day").input_schema
+        assert "country" not in schema["properties"] and "country" not in schema.get("required", []), schema
+        result = await session.call_tool("run_sales-by-day", {})
+        assert not result.is_error, result
+        assert [r["day"] for r in result.structured_content["rows"]] == ["2026-03-02"], result.structured_content
+        widened = await session.call_tool("run_sales-by-day", {"country": "US"})
+        assert widened.is_error and json.loads(widened.content[0].text)["code"] == "fixed_variable", widened
+        other = await session.call_tool("run_countries", {})
+        assert other.is_error and json.loads(other.content[0].text)["code"] == "permission_denied", other
+        print("mcp: a run token lists and runs its endpoint only, its fixed variable gone and refused: ok")
+
+    writer_names = await with_session(url, key, as_writer)
+    reader_names = await with_session(url, reader, as_reader)
+    assert reader_names == writer_names, reader_names
+    print("mcp: a read key lists and calls the same tools: ok")
+    await with_session(url, token, as_token)
+
+    for credential in [None, "phx_" + "0" * 64, token[:-2] + "xx"]:
+        req = urllib.request.Request(url, data=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', method="POST")
+        req.add_header("Content-Type", "application/json")
+        req.add_header("Accept", "application/json, text/event-stream")
+        if credential:
+            req.add_header("Authorization", f"Bearer {credential}")
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            raise AssertionError("an unauthenticated MCP request was answered")
+        except urllib.error.HTTPError as err:
+            body = json.loads(err.read())
+            assert err.code == 401 and body["code"] == "not_authenticated", (err.code, body)
+            assert err.headers["WWW-Authenticate"] == "Bearer"
+    print("mcp: no, an unknown or a forged credential: 401: ok")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as work, live_server(work, SALES) as (base, project, key):
+        data_dir = os.path.join(work, "data")
+        for endpoint in (BY_DAY, PLAIN, INACTIVE):
+            request(f"{base}/api/projects/{project}/endpoints", key, endpoint)
+        reader = cli(data_dir, "key", "create", "--project", str(project), "--scope", "endpoint:read")["key"]
+        token = request(f"{base}/api/projects/{project}/run_tokens", key, {
+            "endpoints": ["sales-by-day"], "fixed_variables": {"country": "FR"},
+        })["token"]
+        asyncio.run(main_async(base, project, key, reader, token))
+    print("mcp: every check passed")
+
+
+if __name__ == "__main__":
+    main()
