@@ -1,7 +1,9 @@
 """`/mcp` from outside, with the official MCP Python SDK (`mcp`, pinned in the Makefile) as the client, against
 the real `endpoints` binary (`tests/openapi/live_server.py`): list the tools, call one with variables and compare
-its rows with the REST run's, call with a bad variable, with a read-only key and with a run token (its endpoints
-only, its fixed variables gone from the input schema and refused), and without credentials (401).
+its rows with the REST run's, call with a bad variable, past the query timeout, past a run token's rate and on an
+unknown endpoint (tool errors with the REST codes), see the list follow the endpoints, call with a read-only key
+and with a run token (its endpoints only, its fixed variables gone from the input schema and refused), and
+without credentials (401).
 """
 
 import asyncio
@@ -36,6 +38,9 @@ BY_DAY = {
 }
 PLAIN = {"name": "countries", "query": {"kind": "SQLQuery", "query": "SELECT DISTINCT country FROM sales ORDER BY country"}}
 INACTIVE = {"name": "retired", "is_active": False, "query": {"kind": "SQLQuery", "query": "SELECT 1 AS one"}}
+# Cancelled by the server's one-second query timeout.
+SLOW = {"name": "slow", "query": {"kind": "SQLQuery",
+                                  "query": "SELECT count(*) AS n FROM generate_series(1, 50000000000) AS t(v) WHERE v % 7 = 3"}}
 
 
 async def with_session(url, credential, work):
@@ -52,14 +57,14 @@ def tool_named(tools, name):
     return next(t for t in tools.tools if t.name == name)
 
 
-async def main_async(base, project, key, reader, token):
+async def main_async(base, project, key, reader, loader, token, slow_token):
     url = f"{base}/mcp"
     endpoints = f"{base}/api/projects/{project}/endpoints"
 
     async def as_writer(session):
         tools = await session.list_tools()
         names = sorted(t.name for t in tools.tools)
-        assert names == ["run_countries", "run_sales-by-day"], names
+        assert names == ["run_countries", "run_sales-by-day", "run_slow"], names
         tool = tool_named(tools, "run_sales-by-day")
         assert tool.description == "Sales per day in one country", tool
         schema = tool.input_schema
@@ -88,8 +93,26 @@ async def main_async(base, project, key, reader, token):
             assert bad.is_error, bad
             body = json.loads(bad.content[0].text)
             assert (body["code"], body["attr"]) == (code, attr), body
-        print("mcp: bad variables are tool errors with the REST codes: ok")
+        slow = await session.call_tool("run_slow", {})
+        assert slow.is_error and json.loads(slow.content[0].text)["code"] == "query_timeout", slow
+        unknown = await session.call_tool("run_nothing", {})
+        assert unknown.is_error and json.loads(unknown.content[0].text)["code"] == "not_found", unknown
+        print("mcp: bad variables, a timeout and an unknown endpoint are tool errors with the REST codes: ok")
+
+        # The list follows the endpoints: a new one is listed, a deactivated or deleted one is not.
+        request(endpoints, key, {"name": "added", "query": {"kind": "SQLQuery", "query": "SELECT 2 AS two"}})
+        request(f"{endpoints}/countries", key, {"is_active": False}, method="PATCH")
+        listed = sorted(t.name for t in (await session.list_tools()).tools)
+        assert listed == ["run_added", "run_sales-by-day", "run_slow"], listed
+        request(f"{endpoints}/added", key, method="DELETE")
+        request(f"{endpoints}/countries", key, {"is_active": True}, method="PATCH")
+        listed = sorted(t.name for t in (await session.list_tools()).tools)
+        assert listed == names, listed
+        print("mcp: the list follows created, deactivated and deleted endpoints: ok")
         return names
+
+    async def list_names(session):
+        return sorted(t.name for t in (await session.list_tools()).tools)
 
     async def as_reader(session):
         names = sorted(t.name for t in (await session.list_tools()).tools)
@@ -111,38 +134,75 @@ async def main_async(base, project, key, reader, token):
         assert other.is_error and json.loads(other.content[0].text)["code"] == "permission_denied", other
         print("mcp: a run token lists and runs its endpoint only, its fixed variable gone and refused: ok")
 
+    async def as_slow_token(session):
+        # The token's own rate: one a second, in bursts of two; the third call at once is over it.
+        results = [await session.call_tool("run_sales-by-day", {}) for _ in range(3)]
+        assert not results[0].is_error and not results[1].is_error, results
+        body = json.loads(results[2].content[0].text)
+        assert results[2].is_error and body["code"] == "rate_limited" and "run token" in body["detail"], body
+        print("mcp: a call over the token's rate is a tool error with the REST code: ok")
+
     writer_names = await with_session(url, key, as_writer)
     reader_names = await with_session(url, reader, as_reader)
     assert reader_names == writer_names, reader_names
     print("mcp: a read key lists and calls the same tools: ok")
+    assert await with_session(url, loader, list_names) == [], "a key that may not run endpoints lists no tool"
     await with_session(url, token, as_token)
+    await with_session(url, slow_token, as_slow_token)
 
+    listing = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'
+    both = "application/json, text/event-stream"
     for credential in [None, "phx_" + "0" * 64, token[:-2] + "xx"]:
-        req = urllib.request.Request(url, data=b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', method="POST")
-        req.add_header("Content-Type", "application/json")
-        req.add_header("Accept", "application/json, text/event-stream")
-        if credential:
-            req.add_header("Authorization", f"Bearer {credential}")
-        try:
-            urllib.request.urlopen(req, timeout=10)
-            raise AssertionError("an unauthenticated MCP request was answered")
-        except urllib.error.HTTPError as err:
-            body = json.loads(err.read())
-            assert err.code == 401 and body["code"] == "not_authenticated", (err.code, body)
-            assert err.headers["WWW-Authenticate"] == "Bearer"
+        status, headers, body = raw(url, credential, "POST", listing, "application/json", both)
+        assert status == 401 and body["code"] == "not_authenticated", (status, body)
+        assert headers["WWW-Authenticate"] == "Bearer"
     print("mcp: no, an unknown or a forged credential: 401: ok")
+
+    # What is not an MCP request gets the REST API's error bodies, never the transport's plain text.
+    for method, data, content_type, accept, status, code in [
+        ("GET", None, None, "text/event-stream", 405, "method_not_allowed"),
+        ("DELETE", None, None, both, 405, "method_not_allowed"),
+        ("POST", listing, "text/plain", both, 415, "unsupported_media_type"),
+        ("POST", b"{nope", "application/json", both, 400, "parse_error"),
+        ("POST", listing, "application/json", "application/json", 406, "not_acceptable"),
+        ("POST", b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]', "application/json", both, 400, "invalid"),
+        ("POST", b'{"x":"' + b"a" * 2_000_000 + b'"}', "application/json", both, 413, "payload_too_large"),
+    ]:
+        got, headers, body = raw(url, key, method, data, content_type, accept)
+        assert (got, body["code"]) == (status, code), (method, content_type, accept, got, body)
+        assert headers["Content-Type"] == "application/json", headers
+    print("mcp: wrong methods, media types and bodies: JSON errors with the REST codes: ok")
+
+
+def raw(url, credential, method, data, content_type, accept):
+    """One HTTP request to `/mcp` that is expected to be refused: `(status, headers, JSON body)`."""
+    req = urllib.request.Request(url, data=data, method=method)
+    for name, value in [("Authorization", credential and f"Bearer {credential}"), ("Content-Type", content_type),
+                        ("Accept", accept)]:
+        if value:
+            req.add_header(name, value)
+    try:
+        urllib.request.urlopen(req, timeout=10)
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers, json.loads(err.read())
+    raise AssertionError(f"{method} {content_type} {accept} was answered")
 
 
 def main():
-    with tempfile.TemporaryDirectory() as work, live_server(work, SALES) as (base, project, key):
+    serve_args = ["--query-timeout-secs", "1"]
+    with tempfile.TemporaryDirectory() as work, live_server(work, SALES, serve_args) as (base, project, key):
         data_dir = os.path.join(work, "data")
-        for endpoint in (BY_DAY, PLAIN, INACTIVE):
+        for endpoint in (BY_DAY, PLAIN, INACTIVE, SLOW):
             request(f"{base}/api/projects/{project}/endpoints", key, endpoint)
         reader = cli(data_dir, "key", "create", "--project", str(project), "--scope", "endpoint:read")["key"]
+        loader = cli(data_dir, "key", "create", "--project", str(project), "--scope", "table:write")["key"]
         token = request(f"{base}/api/projects/{project}/run_tokens", key, {
             "endpoints": ["sales-by-day"], "fixed_variables": {"country": "FR"},
         })["token"]
-        asyncio.run(main_async(base, project, key, reader, token))
+        slow_token = request(f"{base}/api/projects/{project}/run_tokens", key, {
+            "endpoints": ["sales-by-day"], "fixed_variables": {"country": "FR"}, "rate_limit_per_sec": 1,
+        })["token"]
+        asyncio.run(main_async(base, project, key, reader, loader, token, slow_token))
     print("mcp: every check passed")
 
 

@@ -26,7 +26,8 @@ def request(url, key, body=None, method=None):
     req.add_header("Authorization", f"Bearer {key}")
     req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, timeout=30) as response:
-        return json.loads(response.read())
+        body = response.read()
+        return json.loads(body) if body else None
 
 
 def free_port():

@@ -89,7 +89,8 @@ error_codes! {
     MethodNotAllowed = ("method_not_allowed", 405, ValidationError,
         "the method is not served on this path; `Allow` lists those that are"),
     NotAcceptable = ("not_acceptable", 406, ValidationError,
-        "a run's `Accept` names no format the service writes (JSON, CSV, NDJSON, Parquet, Arrow) and no `format` is given"),
+        "a run's `Accept` names no format the service writes (JSON, CSV, NDJSON, Parquet, Arrow) and no `format` is \
+         given; an MCP request that does not accept both `application/json` and `text/event-stream`"),
     RequestTimeout = ("request_timeout", 408, ValidationError,
         "the request's head or body did not arrive within `--client-timeout-secs` (10 s)"),
     Unique = ("unique", 409, Conflict, "`name` is already used in the project; `attr: name`"),
@@ -157,6 +158,8 @@ pub enum ApiError {
     UnsupportedUpload,
     /// The client accepts no format a run is written in.
     NotAcceptable,
+    /// An MCP request that does not accept both of the streamable HTTP transport's answers.
+    McpNotAcceptable,
     MalformedJson(String),
     MethodNotAllowed {
         allow: &'static str,
@@ -201,7 +204,7 @@ impl ApiError {
             },
             ApiError::PayloadTooLarge { .. } => Code::PayloadTooLarge,
             ApiError::UnsupportedMediaType | ApiError::UnsupportedUpload => Code::UnsupportedMediaType,
-            ApiError::NotAcceptable => Code::NotAcceptable,
+            ApiError::NotAcceptable | ApiError::McpNotAcceptable => Code::NotAcceptable,
             ApiError::MalformedJson(_) => Code::ParseError,
             ApiError::MethodNotAllowed { .. } => Code::MethodNotAllowed,
             ApiError::RouteNotFound => Code::NotFound,
@@ -254,6 +257,9 @@ impl ApiError {
                 "A run is written as application/json, text/csv, application/x-ndjson, \
                  application/vnd.apache.parquet or application/vnd.apache.arrow.stream; Accept names none of them. \
                  Accept one, or pass format=json|csv|ndjson|parquet|arrow.",
+            ),
+            ApiError::McpNotAcceptable => Cow::Borrowed(
+                "An MCP client sends 'Accept: application/json, text/event-stream' (the streamable HTTP transport).",
             ),
             ApiError::MalformedJson(reason) => {
                 Cow::Owned(format!("The request body is not valid JSON: {reason}."))

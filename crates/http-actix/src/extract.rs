@@ -169,11 +169,19 @@ pub(crate) fn is_json(req: &HttpRequest) -> bool {
 }
 
 /// Reads the body as JSON. An empty body is `None`; anything else must be JSON within `limit` bytes.
-pub(crate) async fn read_json(
-    req: &HttpRequest,
-    mut payload: Payload,
-    limit: usize,
-) -> Result<Option<Value>, ApiError> {
+pub(crate) async fn read_json(req: &HttpRequest, payload: Payload, limit: usize) -> Result<Option<Value>, ApiError> {
+    let bytes = read_body(req, payload, limit).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    if !is_json(req) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::MalformedJson(e.to_string()))
+}
+
+/// Reads the body whole, refusing it past `limit` bytes (by its declared length first).
+pub(crate) async fn read_body(req: &HttpRequest, mut payload: Payload, limit: usize) -> Result<web::Bytes, ApiError> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -190,11 +198,5 @@ pub(crate) async fn read_json(
         }
         bytes.extend_from_slice(&chunk);
     }
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    if !is_json(req) {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::MalformedJson(e.to_string()))
+    Ok(bytes.freeze())
 }

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use domain::{
-    ApiKeyService, Endpoint, EndpointService, ListParams, Principal, RunRequest, RunService, Scope, CURRENT_PROJECT,
+    ApiKeyService, Endpoint, EndpointService, Invalid, ListParams, Principal, RunRequest, RunService, Scope,
+    CURRENT_PROJECT,
 };
 use http_body_util::{BodyExt, Full};
 use rmcp::model::{
@@ -34,7 +35,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::extract::bearer;
+use crate::extract::{bearer, is_json, read_body};
 use crate::rate_limit::RateLimits;
 use crate::{openapi, AppState};
 
@@ -70,38 +71,79 @@ impl Mcp {
     }
 }
 
-/// `/mcp`: authenticates the caller, then lets the SDK answer, with the caller in the request's extensions.
+/// `/mcp` (POST): authenticates the caller and checks the request as the REST API checks its own (a JSON error
+/// body for each refusal), then lets the SDK answer it, with the caller in the request's extensions.
 pub(crate) async fn serve(
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
     state: web::Data<AppState>,
     mcp: web::Data<Mcp>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = state.keys.authenticate(bearer(&req)?).await?;
-    let mut request = http::Request::builder().method(req.method().as_str()).uri(req.uri().to_string());
+    let body = read_body(&req, payload.into_inner(), state.body_limit).await?;
+    if !is_json(&req) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+        return Err(ApiError::MalformedJson(err.to_string()));
+    }
+    if !accepts_both(&req) {
+        return Err(ApiError::McpNotAcceptable);
+    }
+    let mut request = http::Request::builder().method(http::Method::POST).uri(req.uri().to_string());
     for (name, value) in req.headers() {
         request = request.header(name.as_str(), value.as_bytes());
     }
-    let mut request = request
-        .body(Full::new(body))
-        .map_err(|err| ApiError::from(domain::Error::Internal(Box::new(err))))?;
+    let mut request = request.body(Full::new(body)).map_err(internal)?;
     request.extensions_mut().insert(caller);
     let (parts, body) = mcp.transport.handle(request).await.into_parts();
-    // Served without sessions, an answer is one JSON document (or one short event stream) that ends with the
-    // request: it is read whole, and actix-web frames it.
+    // Served without sessions, an answer is one JSON document that ends with the request: it is read whole,
+    // and actix-web frames it.
     let body = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(never) => match never {},
     };
-    let mut response = HttpResponse::build(
-        StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-    );
+    let status = StatusCode::from_u16(parts.status.as_u16()).map_err(internal)?;
+    if status.is_client_error() && !is_json_answer(&parts.headers) {
+        // The transport's own refusals (a JSON document that is no JSON-RPC message, say) are plain text.
+        let detail = String::from_utf8_lossy(&body);
+        return Err(Invalid::whole(format!("The body is not an MCP request: {detail}.")).into());
+    }
+    if status.is_server_error() {
+        return Err(internal(String::from_utf8_lossy(&body).into_owned()));
+    }
+    let mut response = HttpResponse::build(status);
     for (name, value) in &parts.headers {
         if name != http::header::CONTENT_LENGTH && name != http::header::TRANSFER_ENCODING {
             response.append_header((name.as_str(), value.as_bytes()));
         }
     }
     Ok(response.body(body))
+}
+
+/// Whether the client accepts both of the transport's answers, as an MCP client says it does.
+fn accepts_both(req: &HttpRequest) -> bool {
+    let accepted: Vec<String> = req
+        .headers()
+        .get_all(actix_web::http::header::ACCEPT)
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|item| item.split(';').next())
+        .map(|mime| mime.trim().to_ascii_lowercase())
+        .collect();
+    let accepts = |mime: &str| accepted.iter().any(|item| item == mime || item == "*/*");
+    accepts("application/json") && accepts("text/event-stream")
+}
+
+fn is_json_answer(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"))
+}
+
+fn internal(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> ApiError {
+    ApiError::from(domain::Error::Internal(err.into()))
 }
 
 /// The tools: the endpoints, run through the services.
@@ -175,7 +217,7 @@ impl EndpointTools {
         let tools = page
             .items
             .iter()
-            .filter(|endpoint| caller.grant.as_ref().is_none_or(|grant| grant.allows(endpoint.name.as_str())))
+            .filter(|endpoint| caller.may_run(endpoint.name.as_str()))
             .map(|endpoint| tool(endpoint, fixed))
             .collect();
         let next = page.has_next().then(|| (offset + u64::from(TOOLS_PER_PAGE)).to_string());
@@ -195,8 +237,7 @@ impl EndpointTools {
         let outcome = self.runs.run(project, name, request).await?;
         let (rows, has_more) = match outcome.run.as_deref() {
             Some(run) => (
-                serde_json::from_str(&run.result.rows_json)
-                    .map_err(|err| ApiError::from(domain::Error::Internal(Box::new(err))))?,
+                serde_json::from_str(&run.result.rows_json).map_err(internal)?,
                 run.result.has_more,
             ),
             None => (Value::Array(Vec::new()), false),

@@ -159,7 +159,12 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
         );
     }
     // The endpoints as MCP tools, for agents (the SDK answers the transport's methods and refuses the others).
-    cfg.service(web::resource("/mcp").name("mcp").route(web::route().to(crate::mcp::serve)));
+    cfg.service(
+        web::resource("/mcp")
+            .name("mcp")
+            .route(web::post().to(crate::mcp::serve))
+            .default_service(web::to(not_allowed("POST"))),
+    );
     // Operations: no key, so orchestrators and scrapers can reach them.
     cfg.service(
         web::resource("/healthz")

@@ -181,6 +181,15 @@ impl Principal {
     pub fn credential_id(&self) -> Uuid {
         self.grant.as_ref().map_or(self.key_id, |grant| grant.token_id)
     }
+
+    /// Whether it may run the endpoint `name` of its project, as [`crate::ApiKeyService::authorize`] decides for
+    /// a run: a run token naming it, or a key with `endpoint:read`.
+    pub fn may_run(&self, name: &str) -> bool {
+        match &self.grant {
+            Some(grant) => grant.allows(name),
+            None => self.scopes.iter().any(|scope| scope.grants(Scope::EndpointRead)),
+        }
+    }
 }
 
 /// Every key starts with this, so secret scanners can spot leaked keys.

@@ -734,6 +734,7 @@ mod tests {
             svc.authorize(&token, "2", Scope::EndpointRead, Some("a")),
             Err(Error::NotAuthenticated(_))
         ));
+        assert!(token.may_run("a") && !token.may_run("b"));
     }
 
     #[test]
@@ -746,6 +747,9 @@ mod tests {
             grant: None,
         };
         let writer = Principal { scopes: vec![Scope::EndpointWrite], ..reader.clone() };
+        let loader = Principal { scopes: vec![Scope::TableWrite], ..reader.clone() };
+        assert!(reader.may_run("a") && writer.may_run("a") && !loader.may_run("a"), "runs need endpoint:read");
+        assert!(matches!(svc.authorize(&loader, "1", Scope::EndpointRead, None), Err(Error::PermissionDenied(_))));
 
         assert_eq!(svc.authorize(&reader, "1", Scope::EndpointRead, None).unwrap(), project(1));
         assert_eq!(svc.authorize(&reader, CURRENT_PROJECT, Scope::EndpointRead, None).unwrap(), project(1));
