@@ -374,7 +374,8 @@ impl ApiError {
             ApiError::Domain(Error::BreakingChange { changes, .. }) => Some(changes),
             _ => None,
         };
-        let body = ErrorBody { kind: code.kind(), code, detail: &detail, attr: self.attr(), breaking_changes };
+        let body =
+            ErrorBody { kind: code.kind(), code, detail: &detail, attr: self.attr(), breaking_changes };
         serde_json::to_value(body).unwrap_or_default()
     }
 }

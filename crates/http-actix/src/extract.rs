@@ -169,7 +169,11 @@ pub(crate) fn is_json(req: &HttpRequest) -> bool {
 }
 
 /// Reads the body as JSON. An empty body is `None`; anything else must be JSON within `limit` bytes.
-pub(crate) async fn read_json(req: &HttpRequest, payload: Payload, limit: usize) -> Result<Option<Value>, ApiError> {
+pub(crate) async fn read_json(
+    req: &HttpRequest,
+    payload: Payload,
+    limit: usize,
+) -> Result<Option<Value>, ApiError> {
     let bytes = read_body(req, payload, limit).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
@@ -181,7 +185,11 @@ pub(crate) async fn read_json(req: &HttpRequest, payload: Payload, limit: usize)
 }
 
 /// Reads the body whole, refusing it past `limit` bytes (by its declared length first).
-pub(crate) async fn read_body(req: &HttpRequest, mut payload: Payload, limit: usize) -> Result<web::Bytes, ApiError> {
+pub(crate) async fn read_body(
+    req: &HttpRequest,
+    mut payload: Payload,
+    limit: usize,
+) -> Result<web::Bytes, ApiError> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

@@ -65,8 +65,11 @@ impl Mcp {
             .with_legacy_session_mode(false)
             .with_json_response(true)
             .disable_allowed_hosts();
-        let transport =
-            StreamableHttpService::new(move || Ok(tools.clone()), Arc::new(NeverSessionManager::default()), config);
+        let transport = StreamableHttpService::new(
+            move || Ok(tools.clone()),
+            Arc::new(NeverSessionManager::default()),
+            config,
+        );
         Self { transport }
     }
 }
@@ -225,7 +228,12 @@ impl EndpointTools {
     }
 
     /// Runs the endpoint a tool names, as `POST run` with `arguments` as its variables would.
-    async fn call(&self, caller: &Principal, name: &str, arguments: Map<String, Value>) -> Result<Value, ApiError> {
+    async fn call(
+        &self,
+        caller: &Principal,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<Value, ApiError> {
         if let Err(exceeded) = self.rate_limits.take(caller) {
             return Err(ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after });
         }
@@ -236,10 +244,9 @@ impl EndpointTools {
         }
         let outcome = self.runs.run(project, name, request).await?;
         let (rows, has_more) = match outcome.run.as_deref() {
-            Some(run) => (
-                serde_json::from_str(&run.result.rows_json).map_err(internal)?,
-                run.result.has_more,
-            ),
+            Some(run) => {
+                (serde_json::from_str(&run.result.rows_json).map_err(internal)?, run.result.has_more)
+            }
             None => (Value::Array(Vec::new()), false),
         };
         Ok(json!({"rows": rows, "has_more": has_more}))
@@ -263,7 +270,9 @@ impl ServerHandler for EndpointTools {
     ) -> Result<ListToolsResult, McpError> {
         let caller = caller(&context)?;
         let offset = match request.and_then(|r| r.cursor) {
-            Some(cursor) => cursor.parse::<u64>().map_err(|_| McpError::invalid_params("unknown cursor", None))?,
+            Some(cursor) => {
+                cursor.parse::<u64>().map_err(|_| McpError::invalid_params("unknown cursor", None))?
+            }
             None => 0,
         };
         let (tools, next) = self.list(&caller, offset).await.map_err(|err| {

@@ -182,7 +182,7 @@ impl Principal {
         self.grant.as_ref().map_or(self.key_id, |grant| grant.token_id)
     }
 
-    /// Whether it may run the endpoint `name` of its project, as [`crate::ApiKeyService::authorize`] decides for
+    /// Whether it may run the endpoint `name` of its project, as `ApiKeyService::authorize` decides for
     /// a run: a run token naming it, or a key with `endpoint:read`.
     pub fn may_run(&self, name: &str) -> bool {
         match &self.grant {

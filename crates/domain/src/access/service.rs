@@ -748,8 +748,14 @@ mod tests {
         };
         let writer = Principal { scopes: vec![Scope::EndpointWrite], ..reader.clone() };
         let loader = Principal { scopes: vec![Scope::TableWrite], ..reader.clone() };
-        assert!(reader.may_run("a") && writer.may_run("a") && !loader.may_run("a"), "runs need endpoint:read");
-        assert!(matches!(svc.authorize(&loader, "1", Scope::EndpointRead, None), Err(Error::PermissionDenied(_))));
+        assert!(
+            reader.may_run("a") && writer.may_run("a") && !loader.may_run("a"),
+            "runs need endpoint:read"
+        );
+        assert!(matches!(
+            svc.authorize(&loader, "1", Scope::EndpointRead, None),
+            Err(Error::PermissionDenied(_))
+        ));
 
         assert_eq!(svc.authorize(&reader, "1", Scope::EndpointRead, None).unwrap(), project(1));
         assert_eq!(svc.authorize(&reader, CURRENT_PROJECT, Scope::EndpointRead, None).unwrap(), project(1));
