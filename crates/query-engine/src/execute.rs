@@ -9,6 +9,9 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::DataFusionError;
+use datafusion::execution::cache::cache_manager::{
+    CacheManager, CacheManagerConfig, FileMetadataCache, FileStatisticsCache,
+};
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlanBuilder;
@@ -119,16 +122,64 @@ pub(crate) fn scalar(value: &BoundValue) -> ScalarValue {
     }
 }
 
-/// A per-query runtime whose memory pool refuses allocations past the limit.
+/// A per-query runtime whose memory pool refuses allocations past the limit, sharing the engine's `files`
+/// caches.
 pub(crate) fn runtime(
     limits: &EngineLimits,
+    files: &FileCaches,
 ) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>, EngineError> {
     // No spilling: a query over its memory limit fails with `query_memory_limit` instead of filling the disk.
     RuntimeEnvBuilder::new()
         .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled))
         .with_memory_limit(limits.memory_limit, 1.0)
+        .with_cache_manager(files.config())
         .build_arc()
         .map_err(|e| EngineError::Internal(Box::new(e)))
+}
+
+/// What the runtimes of every query share: the Parquet footers (with their page indexes) and the statistics of
+/// the files they read, so that a run decodes a table's footers only the first time, as an engine with a
+/// long-lived catalog does. A new runtime per query would start them empty.
+///
+/// A cached entry cannot hide a change: table files are never rewritten in place (a write adds files, or
+/// switches the table to a new directory), and both caches check a file's size and modification time at
+/// each use. Both are bounded, the least recently used entries leaving first. Listings are not cached: an
+/// append's new file is seen by the next run.
+#[derive(Debug, Clone)]
+pub(crate) struct FileCaches {
+    metadata: Option<Arc<FileMetadataCache>>,
+    statistics: Option<Arc<FileStatisticsCache>>,
+}
+
+impl FileCaches {
+    /// Bytes of Parquet footers kept (DataFusion's default is 50 MiB).
+    const METADATA_LIMIT: usize = 32 * 1024 * 1024;
+
+    pub(crate) fn new() -> Self {
+        // Building DataFusion's default caches cannot fail; if it did, each runtime would make its own.
+        let shared = CacheManager::try_new(&Self::none().config()).ok();
+        Self {
+            metadata: shared.as_ref().map(|caches| caches.get_file_metadata_cache()),
+            statistics: shared.and_then(|caches| caches.get_file_statistic_cache()),
+        }
+    }
+
+    fn none() -> Self {
+        Self { metadata: None, statistics: None }
+    }
+
+    fn config(&self) -> CacheManagerConfig {
+        CacheManagerConfig::default()
+            .with_file_metadata_cache(self.metadata.clone())
+            .with_metadata_cache_limit(Self::METADATA_LIMIT)
+            .with_file_statistics_cache(self.statistics.clone())
+    }
+
+    /// Files whose footers are kept.
+    #[cfg(test)]
+    pub(crate) fn footers(&self) -> usize {
+        self.metadata.as_ref().map_or(0, |cache| cache.len())
+    }
 }
 
 /// Maps an execution error: memory exhaustion and plan errors are the caller's; the rest is ours.

@@ -56,6 +56,8 @@ pub struct DataFusionEngine {
     table_locks: Arc<uploads::TableLocks>,
     /// Stored results prepared to answer runs (see `materialized`).
     prepared: materialized::PreparedResults,
+    /// The footers and statistics of the files queries read, shared by every query's runtime.
+    files: execute::FileCaches,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -75,6 +77,7 @@ impl DataFusionEngine {
             metrics: EngineMetrics::default(),
             table_locks: Arc::default(),
             prepared: materialized::prepared_results(),
+            files: execute::FileCaches::new(),
         }
     }
 
@@ -281,7 +284,7 @@ impl DataFusionEngine {
         project: ProjectId,
         compiled: &compile::Compiled,
     ) -> Result<datafusion::prelude::SessionContext, EngineError> {
-        let runtime = Some(execute::runtime(&self.limits)?);
+        let runtime = Some(execute::runtime(&self.limits, &self.files)?);
         catalog::session(&self.storage, project, &compiled.sql, runtime, self.scheduler()).await
     }
 

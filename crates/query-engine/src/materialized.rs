@@ -225,7 +225,7 @@ impl DataFusionEngine {
         filters: Vec<(MaterializedFilter, BoundValue)>,
     ) -> Result<(SessionContext, LogicalPlan), EngineError> {
         let ctx =
-            catalog::small_session(&self.storage, Some(execute::runtime(&self.limits)?), self.scheduler())?;
+            catalog::small_session(&self.storage, Some(execute::runtime(&self.limits, &self.files)?), self.scheduler())?;
         let location = self.storage.url_of(prefix);
         let key = (project, location.clone());
         let prepared = match self.prepared.get(&key) {
@@ -247,7 +247,7 @@ impl DataFusionEngine {
             Some(_) => ctx,
             None => catalog::empty_session(
                 &self.storage,
-                Some(execute::runtime(&self.limits)?),
+                Some(execute::runtime(&self.limits, &self.files)?),
                 self.scheduler(),
             )?,
         };

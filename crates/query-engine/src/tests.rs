@@ -256,6 +256,38 @@ async fn statistics_say_what_a_run_read() {
 }
 
 #[tokio::test]
+async fn footers_are_decoded_once_for_every_query_and_a_changed_file_again() {
+    let (engine, dir) = engine_with_events().await;
+    let q = query("SELECT count(*) AS n, sum(revenue) AS total FROM events", json!({}));
+    let run = || async { engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap().rows_json };
+    // On Ballista the executors read the files, with caches of their own.
+    let here = !on_ballista();
+    assert_eq!(engine.files.footers(), 0);
+    assert_eq!(run().await, r#"[{"n":2,"total":30}]"#);
+    assert!(!here || engine.files.footers() == 1, "the first run keeps the table's footer");
+    assert_eq!(run().await, r#"[{"n":2,"total":30}]"#);
+    assert!(!here || engine.files.footers() == 1, "the next run, in a new session, finds it");
+    // Rewritten in place with other rows, which writes never do: its size differs, so it is read again.
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("country", DataType::Utf8, false),
+        Field::new("revenue", DataType::Int64, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from(vec!["US", "FR", "DE"])),
+            Arc::new(Int64Array::from(vec![10, 20, 5])),
+        ],
+    )
+    .unwrap();
+    let file = std::fs::File::create(dir.join("projects/1/tables/events/part-0.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    assert_eq!(run().await, r#"[{"n":3,"total":35}]"#);
+}
+
+#[tokio::test]
 async fn a_slow_query_times_out() {
     let (_, dir) = engine_with_events().await;
     let limits =
