@@ -224,8 +224,11 @@ impl DataFusionEngine {
         prefix: &ObjectPath,
         filters: Vec<(MaterializedFilter, BoundValue)>,
     ) -> Result<(SessionContext, LogicalPlan), EngineError> {
-        let ctx =
-            catalog::small_session(&self.storage, Some(execute::runtime(&self.limits, &self.files)?), self.scheduler())?;
+        let ctx = catalog::small_session(
+            &self.storage,
+            Some(execute::runtime(&self.limits, &self.files)?),
+            self.scheduler(),
+        )?;
         let location = self.storage.url_of(prefix);
         let key = (project, location.clone());
         let prepared = match self.prepared.get(&key) {

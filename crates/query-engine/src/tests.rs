@@ -45,20 +45,22 @@ pub(crate) async fn engine_with_events() -> (DataFusionEngine, TempDir) {
     // Written as tables were before versions: Parquet files directly in the table's directory.
     let table = dir.join("projects/1/tables/events");
     std::fs::create_dir_all(&table).unwrap();
+    write_events(&table.join("part-0.parquet"), &[("US", 10), ("FR", 20)]);
+    (engine_on(Storage::local(&dir).unwrap()).await, dir)
+}
+
+/// Writes `events(country, revenue)` rows as one Parquet file at `path`.
+fn write_events(path: &std::path::Path, rows: &[(&str, i64)]) {
     let schema = Arc::new(Schema::new(vec![
         Field::new("country", DataType::Utf8, false),
         Field::new("revenue", DataType::Int64, false),
     ]));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![Arc::new(StringArray::from(vec!["US", "FR"])), Arc::new(Int64Array::from(vec![10, 20]))],
-    )
-    .unwrap();
-    let file = std::fs::File::create(table.join("part-0.parquet")).unwrap();
-    let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
+    let countries: StringArray = rows.iter().map(|(country, _)| Some(*country)).collect();
+    let revenues: Int64Array = rows.iter().map(|(_, revenue)| Some(*revenue)).collect();
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(countries), Arc::new(revenues)]).unwrap();
+    let mut writer = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, None).unwrap();
     writer.write(&batch).unwrap();
     writer.close().unwrap();
-    (engine_on(Storage::local(&dir).unwrap()).await, dir)
 }
 
 /// The engine the suite runs on: in this process or, with the `ballista` feature and `TEST_ENGINE=ballista`, on a
@@ -268,22 +270,7 @@ async fn footers_are_decoded_once_for_every_query_and_a_changed_file_again() {
     assert_eq!(run().await, r#"[{"n":2,"total":30}]"#);
     assert!(!here || engine.files.footers() == 1, "the next run, in a new session, finds it");
     // Rewritten in place with other rows, which writes never do: its size differs, so it is read again.
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("country", DataType::Utf8, false),
-        Field::new("revenue", DataType::Int64, false),
-    ]));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            Arc::new(StringArray::from(vec!["US", "FR", "DE"])),
-            Arc::new(Int64Array::from(vec![10, 20, 5])),
-        ],
-    )
-    .unwrap();
-    let file = std::fs::File::create(dir.join("projects/1/tables/events/part-0.parquet")).unwrap();
-    let mut writer = ArrowWriter::try_new(file, schema, None).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    write_events(&dir.join("projects/1/tables/events/part-0.parquet"), &[("US", 10), ("FR", 20), ("DE", 5)]);
     assert_eq!(run().await, r#"[{"n":3,"total":35}]"#);
 }
 
