@@ -206,6 +206,7 @@ fn tool(endpoint: &Endpoint, fixed: &Map<String, Value>) -> Tool {
 impl EndpointTools {
     /// The endpoints of a page of `tools/list`, with the offset of the next page if there is one.
     async fn list(&self, caller: &Principal, offset: u64) -> Result<(Vec<Tool>, Option<String>), ApiError> {
+        self.take_request(caller)?;
         let (limit, offset_text) = (TOOLS_PER_PAGE.to_string(), offset.to_string());
         let params = ListParams {
             limit: Some(&limit),
@@ -227,6 +228,15 @@ impl EndpointTools {
         Ok((tools, next))
     }
 
+    /// Takes one request from the caller's rate limits, as every REST request does: listing reads the store,
+    /// and a call may run a query.
+    fn take_request(&self, caller: &Principal) -> Result<(), ApiError> {
+        self.rate_limits
+            .take(caller)
+            .map(|_| ())
+            .map_err(|exceeded| ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after })
+    }
+
     /// Runs the endpoint a tool names, as `POST run` with `arguments` as its variables would.
     async fn call(
         &self,
@@ -234,9 +244,7 @@ impl EndpointTools {
         name: &str,
         arguments: Map<String, Value>,
     ) -> Result<Value, ApiError> {
-        if let Err(exceeded) = self.rate_limits.take(caller) {
-            return Err(ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after });
-        }
+        self.take_request(caller)?;
         let project = self.keys.authorize(caller, CURRENT_PROJECT, Scope::EndpointRead, Some(name))?;
         let mut request = RunRequest { variables: arguments, ..RunRequest::default() };
         if let Some(grant) = &caller.grant {
@@ -276,6 +284,7 @@ impl ServerHandler for EndpointTools {
             None => 0,
         };
         let (tools, next) = self.list(&caller, offset).await.map_err(|err| {
+            err.log_server_error();
             let body = err.body();
             McpError::internal_error(body["detail"].as_str().unwrap_or_default().to_owned(), Some(body))
         })?;
