@@ -231,10 +231,10 @@ impl EndpointTools {
     /// Takes one request from the caller's rate limits, as every REST request does: listing reads the store,
     /// and a call may run a query.
     fn take_request(&self, caller: &Principal) -> Result<(), ApiError> {
-        self.rate_limits
-            .take(caller)
-            .map(|_| ())
-            .map_err(|exceeded| ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after })
+        self.rate_limits.take(caller).map(|_| ()).map_err(|exceeded| ApiError::RateLimited {
+            scope: exceeded.scope,
+            retry_after: exceeded.retry_after,
+        })
     }
 
     /// Runs the endpoint a tool names, as `POST run` with `arguments` as its variables would.
