@@ -415,6 +415,18 @@ async fn allowed_origins_get_cors_on_run_routes_only() {
         let response =
             app.request(Method::GET, &openapi, Some(&token)).header("Origin", allowed).send().await.unwrap();
         assert_eq!(acao(&response).as_deref(), Some(allowed));
+        // Not from a page: no CORS header at all, only that the answer varies by origin.
+        for path in [&run, &openapi] {
+            let response = app.request(Method::GET, path, Some(&token)).send().await.unwrap();
+            assert_eq!(response.status(), 200, "{path}");
+            let cors: Vec<_> = response
+                .headers()
+                .keys()
+                .filter(|name| name.as_str().starts_with("access-control-"))
+                .collect();
+            assert!(cors.is_empty(), "{path}: {cors:?}");
+            assert_eq!(response.headers()["vary"], "Origin", "{path}");
+        }
 
         // Another origin: a refused preflight, a run without CORS headers (the browser keeps it from the page).
         let refused = preflight("https://evil.example.com", &run).await.unwrap();

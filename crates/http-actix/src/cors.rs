@@ -3,6 +3,9 @@
 //! (`endpoints project update --allow-origin`). Other routes, and origins a project does not allow, get no
 //! CORS header at all, so a browser keeps their answers from the page.
 //!
+//! Only requests from pages (with `Origin`) pass through it: the routes register each of these resources twice,
+//! the other copy for every other caller (`routes::callable_from_pages`).
+//!
 //! The origin check of `actix-cors` cannot wait, so a middleware in front of it reads the project's origins
 //! into the key service's memory first (a store read at most once a second per project, or once per change
 //! where the store announces them).
@@ -71,10 +74,11 @@ pub(crate) async fn load_origins(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    // Most callers are not pages: they pay for one header lookup here.
     let origin = req.headers().get(header::ORIGIN).and_then(|o| o.to_str().ok()).map(str::to_owned);
-    let project = path_project(req.path());
     if let (Some(origin), Some(state)) = (origin, req.app_data::<web::Data<AppState>>()) {
         let keys = &state.keys;
+        let project = path_project(req.path());
         if let Some(project) = project {
             if let Err(err) = keys.load_origins(project).await {
                 tracing::warn!(error = %err, %project, "cannot read the project's allowed origins");

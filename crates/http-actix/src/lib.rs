@@ -116,7 +116,6 @@ pub fn app(
         .app_data(web::QueryConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
         .app_data(web::PathConfig::default().error_handler(|err, _| ApiError::bad_query(&err).into()))
         .configure(move |cfg| routes::configure(cfg, &keys))
-        .wrap(from_fn(normalize::trim_slashes))
         .wrap(from_fn(request_context::request_context))
 }
 

@@ -3,10 +3,8 @@
 //! actix-web's `NormalizePath` runs a regular expression over every path; almost no request needs a change,
 //! so this checks the bytes first and rewrites only the paths that do.
 
-use actix_web::body::MessageBody;
-use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::dev::ServiceRequest;
 use actix_web::http::uri::{PathAndQuery, Uri};
-use actix_web::middleware::Next;
 
 /// The path without trailing slashes and with runs of slashes merged, or `None` when it is already so.
 pub(crate) fn normalized(path: &str) -> Option<String> {
@@ -26,26 +24,23 @@ pub(crate) fn normalized(path: &str) -> Option<String> {
     Some(out)
 }
 
-pub(crate) async fn trim_slashes(
-    mut req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    if let Some(path) = normalized(req.path()) {
-        let mut parts = req.head().uri.clone().into_parts();
-        let rebuilt = match parts.path_and_query.as_ref().and_then(PathAndQuery::query) {
-            Some(query) => format!("{path}?{query}"),
-            None => path,
-        };
-        // A path made only of valid path characters stays valid with fewer slashes.
-        if let Ok(path_and_query) = PathAndQuery::try_from(rebuilt) {
-            parts.path_and_query = Some(path_and_query);
-            if let Ok(uri) = Uri::from_parts(parts) {
-                req.match_info_mut().get_mut().update(&uri);
-                req.head_mut().uri = uri;
-            }
+/// Rewrites the request's path when [`normalized`] changes it (the request-context middleware calls it first,
+/// before routing).
+pub(crate) fn trim_slashes(req: &mut ServiceRequest) {
+    let Some(path) = normalized(req.path()) else { return };
+    let mut parts = req.head().uri.clone().into_parts();
+    let rebuilt = match parts.path_and_query.as_ref().and_then(PathAndQuery::query) {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    // A path made only of valid path characters stays valid with fewer slashes.
+    if let Ok(path_and_query) = PathAndQuery::try_from(rebuilt) {
+        parts.path_and_query = Some(path_and_query);
+        if let Ok(uri) = Uri::from_parts(parts) {
+            req.match_info_mut().get_mut().update(&uri);
+            req.head_mut().uri = uri;
         }
     }
-    next.call(req).await
 }
 
 #[cfg(test)]

@@ -86,8 +86,10 @@ fn new_id() -> HeaderValue {
     HeaderValue::from_str(id.encode_lower(&mut text)).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
+/// In front of every route: the request's context and metrics, and paths with extra slashes trimmed
+/// ([`crate::normalize`]); one middleware rather than two, since each layer costs a cached run a boxed future.
 pub(crate) async fn request_context(
-    req: ServiceRequest,
+    mut req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     // The client's value is shared, not copied.
@@ -97,7 +99,9 @@ pub(crate) async fn request_context(
         .filter(|v| v.to_str().is_ok_and(usable))
         .cloned()
         .unwrap_or_else(new_id);
+    // Logged as the client sent it.
     let context = RequestContext { method: req.method().clone(), uri: req.uri().clone(), id };
+    crate::normalize::trim_slashes(&mut req);
     let started = std::time::Instant::now();
     let metrics = req.app_data::<web::Data<AppState>>().map(|state| Arc::clone(&state.operations));
     let mut serving = std::pin::pin!(CURRENT.scope(context, next.call(req)));

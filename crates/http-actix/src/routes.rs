@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
-use actix_web::middleware::from_fn;
-use actix_web::{guard, web, HttpResponse};
+use actix_web::dev::HttpServiceFactory;
+use actix_web::http::header;
+use actix_web::middleware::{from_fn, DefaultHeaders};
+use actix_web::{guard, web, HttpResponse, Resource};
 use domain::ApiKeyService;
 
 use crate::error::ApiError;
@@ -47,19 +49,47 @@ fn not_allowed(
     move || std::future::ready(Err(ApiError::MethodNotAllowed { allow }))
 }
 
+/// The resources pages may call are registered twice under one name: requests from a page (with `Origin`) go
+/// through the CORS policy ([`from_pages`]); any other is answered without it ([`not_from_pages`]), so API
+/// clients neither pay for CORS nor receive its headers, only `Vary: Origin` (the answer differs for pages).
+fn from_page() -> impl guard::Guard {
+    guard::fn_guard(|ctx| ctx.head().headers().contains_key(header::ORIGIN))
+}
+
+fn not_from_pages(resource: Resource) -> impl HttpServiceFactory {
+    resource.guard(guard::Not(from_page())).wrap(DefaultHeaders::new().add((header::VARY, "Origin")))
+}
+
+fn from_pages(resource: Resource, keys: &Arc<ApiKeyService>) -> impl HttpServiceFactory {
+    resource.guard(from_page()).wrap(cors::policy(Arc::clone(keys))).wrap(from_fn(cors::load_origins))
+}
+
+/// A run's resource under one family.
+fn run(prefix: &str) -> Resource {
+    web::resource(format!("{prefix}{FAMILY_REST}/{{name}}/run"))
+        .name("run")
+        .route(web::get().to(runs::run_get))
+        .route(web::post().to(runs::run_post))
+        .default_service(web::to(not_allowed("GET, POST")))
+}
+
+/// An endpoint's OpenAPI document, in its family's scope.
+fn endpoint_openapi() -> Resource {
+    web::resource("/{name}/openapi.json")
+        .name("endpoint_openapi")
+        .route(web::get().to(versions::openapi))
+        .default_service(web::to(not_allowed("GET")))
+}
+
 pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>) {
     // Every dynamic pattern is a regular expression tried in order, so runs, the hot path, come first, each
     // family's as one whole pattern: one expression matched per run rather than one per nested scope.
+    // Callers other than pages first: they are most runs.
     for prefix in FAMILY_PREFIXES {
-        cfg.service(
-            web::resource(format!("{prefix}{FAMILY_REST}/{{name}}/run"))
-                .name("run")
-                .route(web::get().to(runs::run_get))
-                .route(web::post().to(runs::run_post))
-                .default_service(web::to(not_allowed("GET, POST")))
-                .wrap(cors::policy(Arc::clone(keys)))
-                .wrap(from_fn(cors::load_origins)),
-        );
+        cfg.service(not_from_pages(run(prefix)));
+    }
+    for prefix in FAMILY_PREFIXES {
+        cfg.service(from_pages(run(prefix), keys));
     }
     for prefix in FAMILY_PREFIXES {
         cfg.service(
@@ -99,14 +129,8 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
                                 .route(web::get().to(materialization::status))
                                 .default_service(web::to(not_allowed("GET"))),
                         )
-                        .service(
-                            web::resource("/{name}/openapi.json")
-                                .name("endpoint_openapi")
-                                .route(web::get().to(versions::openapi))
-                                .default_service(web::to(not_allowed("GET")))
-                                .wrap(cors::policy(Arc::clone(keys)))
-                                .wrap(from_fn(cors::load_origins)),
-                        )
+                        .service(not_from_pages(endpoint_openapi()))
+                        .service(from_pages(endpoint_openapi(), keys))
                         .service(
                             web::resource("/{name}/versions")
                                 .name("versions")

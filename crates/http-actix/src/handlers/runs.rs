@@ -2,10 +2,12 @@
 
 use actix_web::body::SizedStream;
 use actix_web::http::header::{
-    Accept, CacheControl, CacheDirective, ContentDisposition, ContentType, DispositionParam, DispositionType,
-    ETag, EntityTag, IfNoneMatch,
+    self, Accept, CacheControl, CacheDirective, ContentDisposition, DispositionParam, DispositionType, ETag,
+    EntityTag, HeaderValue, IfNoneMatch,
 };
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
+use bytes::Bytes;
 use domain::{Exported, Principal, ProjectId, ResultFormat, RunOutcome, RunRequest};
 use time::format_description::well_known::Rfc3339;
 
@@ -44,7 +46,10 @@ pub(crate) async fn run_get(
     let accepted = accepted(&req);
     let mut request = RunRequest::from_query(params(&req), accepted.unwrap_or_default())?;
     fix_variables(&caller.caller, &mut request)?;
-    let explicit = params(&req).any(|(key, _)| key == "format");
+    // Parsed a second time only when the text could name it (`format` spelled out or percent-encoded).
+    let query = req.query_string();
+    let explicit =
+        (query.contains("format") || query.contains('%')) && params(&req).any(|(key, _)| key == "format");
     respond(&req, &state, caller.project, &path.name, request, accepted, explicit).await
 }
 
@@ -136,11 +141,14 @@ async fn respond(
     }
 }
 
-/// Whether the client already holds the answer tagged `tag`.
-fn held(req: &HttpRequest, tag: &EntityTag) -> bool {
+/// Whether the client already holds the answer tagged `tag` (`If-None-Match` compares weakly).
+fn held(req: &HttpRequest, tag: &str) -> bool {
+    if !req.headers().contains_key(header::IF_NONE_MATCH) {
+        return false;
+    }
     match req.get_header::<IfNoneMatch>() {
         Some(IfNoneMatch::Any) => true,
-        Some(IfNoneMatch::Items(tags)) => tags.iter().any(|held| held.weak_eq(tag)),
+        Some(IfNoneMatch::Items(tags)) => tags.iter().any(|held| held.tag() == tag),
         None => false,
     }
 }
@@ -153,14 +161,14 @@ fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpR
     let mut response = match &export {
         None => HttpResponse::NoContent(),
         Some(export) => {
-            let tag = EntityTag::new_strong(export.digest.clone());
-            if held(req, &tag) {
+            if held(req, &export.digest) {
+                let tag = EntityTag::new_strong(export.digest.clone());
                 return HttpResponse::NotModified().insert_header(ETag(tag)).insert_header(keep).finish();
             }
             let mut response = HttpResponse::Ok();
             response
                 .insert_header((actix_web::http::header::CONTENT_TYPE, media_type(format)))
-                .insert_header(ETag(tag))
+                .insert_header(ETag(EntityTag::new_strong(export.digest.clone())))
                 .insert_header(ContentDisposition {
                     disposition: DispositionType::Attachment,
                     parameters: vec![DispositionParam::Filename(format!("{name}.{}", format.as_str()))],
@@ -186,26 +194,49 @@ fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpR
 
 /// The answer, or 304 when the client holds it already. Every answer says how long it may be kept: what the
 /// cache has left of it (`private`: it answers one key's request).
+///
+/// A cache hit answers through here, so its headers are written as bytes rather than through the typed headers'
+/// `Display` (which cost a cached run more than its body).
 fn answer(req: &HttpRequest, outcome: &RunOutcome) -> HttpResponse {
-    let keep = CacheControl(vec![
-        CacheDirective::Private,
-        CacheDirective::MaxAge(u32::try_from(outcome.fresh_for.as_secs()).unwrap_or(u32::MAX)),
-    ]);
-    let Some(run) = outcome.run.as_deref() else {
-        return HttpResponse::Ok()
-            .content_type(ContentType::json())
-            .insert_header(keep)
-            .body(RunAnswer::of(outcome).write());
+    let keep = keep_for(outcome.fresh_for);
+    let (status, tag, body) = match outcome.run.as_deref() {
+        None => (StatusCode::OK, None, Some(RunAnswer::of(outcome).write())),
+        Some(run) if held(req, run.etag()) => (StatusCode::NOT_MODIFIED, Some(run.etag()), None),
+        Some(run) => (StatusCode::OK, Some(run.etag()), Some(RunAnswer::of(outcome).write())),
     };
-    let tag = EntityTag::new_strong(run.etag().to_owned());
-    if held(req, &tag) {
-        return HttpResponse::NotModified().insert_header(ETag(tag)).insert_header(keep).finish();
+    let mut response = match body {
+        Some(body) => HttpResponse::with_body(status, body).map_into_boxed_body(),
+        None => HttpResponse::new(status),
+    };
+    let headers = response.headers_mut();
+    if status == StatusCode::OK {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
-    HttpResponse::Ok()
-        .content_type(ContentType::json())
-        .insert_header(ETag(tag))
-        .insert_header(keep)
-        .body(RunAnswer::of(outcome).write())
+    if let Some(tag) = tag.and_then(strong_tag) {
+        headers.insert(header::ETAG, tag);
+    }
+    headers.insert(header::CACHE_CONTROL, keep);
+    response
+}
+
+/// `Cache-Control: private, max-age=N` for an answer the cache still serves for `fresh_for`.
+fn keep_for(fresh_for: std::time::Duration) -> HeaderValue {
+    let seconds = u32::try_from(fresh_for.as_secs()).unwrap_or(u32::MAX);
+    let mut value = Vec::with_capacity(32);
+    value.extend_from_slice(b"private, max-age=");
+    value.extend_from_slice(itoa::Buffer::new().format(seconds).as_bytes());
+    HeaderValue::from_maybe_shared(Bytes::from(value))
+        .unwrap_or_else(|_| HeaderValue::from_static("private, max-age=0"))
+}
+
+/// `tag` as a strong entity tag's header value (`"tag"`); `None` for a tag a header cannot carry, which the
+/// domain's hex digests never are.
+fn strong_tag(tag: &str) -> Option<HeaderValue> {
+    let mut value = Vec::with_capacity(tag.len() + 2);
+    value.push(b'"');
+    value.extend_from_slice(tag.as_bytes());
+    value.push(b'"');
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
 }
 
 /// Runs the endpoint, cancelling the run if the client disconnects meanwhile.

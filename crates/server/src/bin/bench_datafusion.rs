@@ -40,8 +40,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled))
             .with_memory_limit(memory, 1.0)
             .build_arc()?;
-        let ctx =
-            SessionContext::new_with_config_rt(SessionConfig::new().with_information_schema(false), runtime);
+        let mut config = SessionConfig::new().with_information_schema(false);
+        // `BENCH_DATAFUSION_OPTIONS="key=value,..."`: settings to try against the defaults, by hand.
+        for option in std::env::var("BENCH_DATAFUSION_OPTIONS").unwrap_or_default().split(',') {
+            if let Some((key, value)) = option.split_once('=') {
+                config.options_mut().set(key.trim(), value.trim())?;
+            }
+        }
+        let ctx = SessionContext::new_with_config_rt(config, runtime);
         ctx.register_parquet("events", &format!("{table_dir}/"), ParquetReadOptions::default()).await?;
         let batches = ctx.sql(sql).await?.collect().await?;
         rows = batches.iter().map(|b| b.num_rows()).sum::<usize>();
