@@ -285,35 +285,30 @@ fn session_with(
     Ok(ctx)
 }
 
-/// A session that sees the project's tables that `sql` names, and has no way to reach other files. Only those
-/// are registered: a query pays for the tables it reads, and an external source that cannot be read fails only
-/// the queries that read it.
-pub(crate) async fn session(
+/// Registers in `ctx` the project's tables that `statement` names, so it sees those and has no way to reach
+/// other files. Only those are registered: a query pays for the tables it reads, and an external source that
+/// cannot be read fails only the queries that read it. Names of common table expressions are among the names,
+/// which is harmless: they name no table.
+pub(crate) async fn register_named(
     storage: &Storage,
+    ctx: &SessionContext,
     project: ProjectId,
-    sql: &str,
-    runtime: Option<Arc<RuntimeEnv>>,
-    scheduler: Option<&str>,
-) -> Result<SessionContext, EngineError> {
-    let ctx = empty_session(storage, runtime, scheduler)?;
-    // SQL that does not parse reads nothing; planning it reports why.
-    let Some(named) = named_tables(&ctx, sql) else { return Ok(ctx) };
-    for (name, current) in list_tables(storage, project).await? {
-        if named.contains(&name) {
-            register(storage, &ctx, &name, &current).await?;
+    statement: &datafusion::sql::parser::Statement,
+) -> Result<(), EngineError> {
+    // Resolved through the lock: a copy of the session's state costs more than the walk.
+    let references = ctx.state_ref().read().resolve_table_references(statement);
+    // A statement whose names do not resolve reads nothing; planning it reports why.
+    let Ok(references) = references else { return Ok(()) };
+    let mut named: Vec<&str> = references.iter().map(TableReference::table).collect();
+    named.sort_unstable();
+    named.dedup();
+    // Each named table's own pointer, not a listing of every table: only names a table can have are looked up.
+    for name in named.into_iter().filter(|name| is_table_name(name)) {
+        if let Some(current) = current(storage, &table_prefix(project, name)).await? {
+            register(storage, ctx, name, &current).await?;
         }
     }
-    Ok(ctx)
-}
-
-/// The table names `sql` uses, as SQL spells them (unquoted names folded to lower case); `None` when it does
-/// not parse. Names of common table expressions are among them, which is harmless: they name no table.
-fn named_tables(ctx: &SessionContext, sql: &str) -> Option<std::collections::HashSet<String>> {
-    let state = ctx.state();
-    let dialect = state.config().options().sql_parser.dialect;
-    let statement = state.sql_to_statement(sql, &dialect).ok()?;
-    let references = state.resolve_table_references(&statement).ok()?;
-    Some(references.iter().map(|r| r.table().to_owned()).collect())
+    Ok(())
 }
 
 /// Registers one table in `ctx`, as it is spelled (`"Sales"` in SQL finds `Sales`; a parsed name would fold to

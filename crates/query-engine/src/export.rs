@@ -25,9 +25,10 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::compile::{self, Compiled};
+use crate::compile;
 use crate::tables::{cast_to, plain};
 use crate::{execute, types, DataFusionEngine};
+use datafusion::sql::parser::Statement as DfStatement;
 
 /// Rows per Parquet row group: what the writer holds in memory before it writes them out.
 const PARQUET_ROW_GROUP: usize = 64 * 1024;
@@ -144,21 +145,21 @@ impl DataFusionEngine {
     ) -> Result<Export, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let ctx = self.live_session(project, &compiled).await?;
-        self.write_page(&ctx, &compiled, values, limit, offset, format).await
+        let (ctx, statement) = self.live_session(project, &compiled).await?;
+        self.write_page(&ctx, statement, values, limit, offset, format).await
     }
 
-    /// The page `offset..offset+limit` of a compiled query's rows, written in `format` to a temporary file.
+    /// The page `offset..offset+limit` of a parsed query's rows, written in `format` to a temporary file.
     pub(crate) async fn write_page(
         &self,
         ctx: &SessionContext,
-        compiled: &Compiled,
+        statement: DfStatement,
         values: Vec<ScalarValue>,
         limit: u32,
         offset: u64,
         format: ResultFormat,
     ) -> Result<Export, EngineError> {
-        let plan = self.plan(ctx, compiled, values).await?;
+        let plan = self.plan(ctx, statement, values).await?;
         self.write_plan(ctx, plan, limit, offset, format).await
     }
 

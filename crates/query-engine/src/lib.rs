@@ -145,39 +145,28 @@ impl DataFusionEngine {
         catalog::describe_tables(&self.storage, project).await
     }
 
-    /// Parses and plans compiled SQL in `ctx`: one read-only statement, `values` bound to its parameters.
+    /// Plans a parsed statement in `ctx`, `values` bound to its parameters.
     async fn plan(
         &self,
         ctx: &datafusion::prelude::SessionContext,
-        compiled: &compile::Compiled,
+        statement: DfStatement,
         values: Vec<datafusion::scalar::ScalarValue>,
     ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
-        let plan = self.plan_unbound(ctx, compiled).await?;
+        let plan = self.plan_unbound(ctx, statement).await?;
         plan.with_param_values(values).map_err(|e| EngineError::InvalidQuery(message(&e)))
     }
 
-    /// Parses and plans compiled SQL in `ctx` (one read-only statement), leaving its parameters unbound.
+    /// Plans a parsed statement in `ctx`, leaving its parameters unbound.
     async fn plan_unbound(
         &self,
         ctx: &datafusion::prelude::SessionContext,
-        compiled: &compile::Compiled,
+        statement: DfStatement,
     ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
-        let state = ctx.state();
-        let dialect = state.config().options().sql_parser.dialect;
-        let statement = state
-            .sql_to_statement(&compiled.sql, &dialect)
+        let plan = ctx
+            .state()
+            .statement_to_plan(statement)
+            .await
             .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
-        match &statement {
-            DfStatement::Statement(inner) if matches!(**inner, SqlStatement::Query(_)) => {}
-            _ => {
-                return Err(EngineError::InvalidQuery(
-                    "Only a single read-only SELECT (or WITH ... SELECT, or VALUES) statement is allowed."
-                        .into(),
-                ))
-            }
-        }
-        let plan =
-            state.statement_to_plan(statement).await.map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)
@@ -185,6 +174,27 @@ impl DataFusionEngine {
             .verify_plan(&plan)
             .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         Ok(plan)
+    }
+}
+
+/// Parses compiled SQL with `ctx`'s settings: one read-only statement (SELECT, WITH ... SELECT or VALUES). Once
+/// per run: the same statement names the tables to register and is planned.
+fn parse(
+    ctx: &datafusion::prelude::SessionContext,
+    compiled: &compile::Compiled,
+) -> Result<DfStatement, EngineError> {
+    // Read through the lock: a copy of the session's state costs more than the parse.
+    let state = ctx.state_ref();
+    let state = state.read();
+    let dialect = state.config().options().sql_parser.dialect;
+    let statement = state
+        .sql_to_statement(&compiled.sql, &dialect)
+        .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
+    match &statement {
+        DfStatement::Statement(inner) if matches!(**inner, SqlStatement::Query(_)) => Ok(statement),
+        _ => Err(EngineError::InvalidQuery(
+            "Only a single read-only SELECT (or WITH ... SELECT, or VALUES) statement is allowed.".into(),
+        )),
     }
 }
 
@@ -244,8 +254,8 @@ impl DataFusionEngine {
         query: &Query,
     ) -> Result<QueryDescription, EngineError> {
         let compiled = compile::compile(query);
-        let ctx = catalog::session(&self.storage, project, &compiled.sql, None, self.scheduler()).await?;
-        let unbound = self.plan_unbound(&ctx, &compiled).await?;
+        let (ctx, statement) = self.session(project, &compiled, None).await?;
+        let unbound = self.plan_unbound(&ctx, statement).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         let tables = tables_read(&unbound);
@@ -273,32 +283,45 @@ impl DataFusionEngine {
     ) -> Result<domain::QueryResult, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let ctx = self.live_session(project, &compiled).await?;
-        self.run_page(&ctx, &compiled, values, limit, offset).await
+        let (ctx, statement) = self.live_session(project, &compiled).await?;
+        self.run_page(&ctx, statement, values, limit, offset).await
     }
 
-    /// A session for running `compiled` live: the tables it names, under the engine's memory limit, here or on
-    /// the cluster.
+    /// A session for running `compiled` live (the tables it names, under the engine's memory limit, here or on
+    /// the cluster), and its parsed statement.
     async fn live_session(
         &self,
         project: ProjectId,
         compiled: &compile::Compiled,
-    ) -> Result<datafusion::prelude::SessionContext, EngineError> {
+    ) -> Result<(datafusion::prelude::SessionContext, DfStatement), EngineError> {
         let runtime = Some(execute::runtime(&self.limits, &self.files)?);
-        catalog::session(&self.storage, project, &compiled.sql, runtime, self.scheduler()).await
+        self.session(project, compiled, runtime).await
     }
 
-    /// Plans compiled SQL with `values` bound, and runs it for the page `offset..offset+limit` of its rows.
+    /// A session that sees the project's tables `compiled` names, and its parsed statement.
+    async fn session(
+        &self,
+        project: ProjectId,
+        compiled: &compile::Compiled,
+        runtime: Option<Arc<datafusion::execution::runtime_env::RuntimeEnv>>,
+    ) -> Result<(datafusion::prelude::SessionContext, DfStatement), EngineError> {
+        let ctx = catalog::empty_session(&self.storage, runtime, self.scheduler())?;
+        let statement = parse(&ctx, compiled)?;
+        catalog::register_named(&self.storage, &ctx, project, &statement).await?;
+        Ok((ctx, statement))
+    }
+
+    /// Plans a parsed statement with `values` bound, and runs it for the page `offset..offset+limit` of its rows.
     async fn run_page(
         &self,
         ctx: &datafusion::prelude::SessionContext,
-        compiled: &compile::Compiled,
+        statement: DfStatement,
         values: Vec<datafusion::scalar::ScalarValue>,
         limit: u32,
         offset: u64,
     ) -> Result<domain::QueryResult, EngineError> {
         let started = std::time::Instant::now();
-        let plan = self.plan(ctx, compiled, values).await?;
+        let plan = self.plan(ctx, statement, values).await?;
         self.run_plan(ctx, plan, limit, offset, started).await
     }
 

@@ -176,8 +176,8 @@ impl DataFusionEngine {
         prefix: &ObjectPath,
     ) -> Result<u64, EngineError> {
         let compiled = compile::compile(query);
-        let ctx = self.live_session(project, &compiled).await?;
-        let unbound = self.plan_unbound(&ctx, &compiled).await?;
+        let (ctx, statement) = self.live_session(project, &compiled).await?;
+        let unbound = self.plan_unbound(&ctx, statement).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         let eligibility = Eligibility::decide(&outline);
@@ -275,7 +275,7 @@ impl DataFusionEngine {
             }
         }
         let (compiled, values) = filtered(&location, &prepared.schema, filters)?;
-        let plan = self.plan(&ctx, &compiled, values).await?;
+        let plan = self.plan(&ctx, crate::parse(&ctx, &compiled)?, values).await?;
         Ok((ctx, plan))
     }
 
@@ -329,8 +329,8 @@ impl DataFusionEngine {
             serde_json::from_str(document).map_err(|e| corrupt(e.to_string()))?;
         let query = Query::from_json(&document).map_err(|e| corrupt(e.to_string()))?;
         let compiled = compile::compile(&query);
-        let ctx = self.live_session(project, &compiled).await?;
-        self.plan_unbound(&ctx, &compiled).await
+        let (ctx, statement) = self.live_session(project, &compiled).await?;
+        self.plan_unbound(&ctx, statement).await
     }
 }
 
