@@ -153,7 +153,8 @@ async fn a_pointer_that_names_no_version_is_an_error_not_a_path() {
     let engine = crate::tests::engine_on(storage).await;
     let pointer = object_store::path::Path::from("projects/7/tables/things/_current");
     store.put(&pointer, PutPayload::from("../../../8/tables/secret")).await.unwrap();
-    let q = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n FROM things"})).unwrap();
+    let q =
+        Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n FROM things"})).unwrap();
     let err = engine.execute(project(), &q, &Default::default(), 10, 0).await.unwrap_err();
     assert!(matches!(err, EngineError::Internal(_)), "{err:?}");
     // Only the queries that read the table fail: its pointer is read for the tables a query names.
