@@ -4,7 +4,7 @@
 //! CORS header at all, so a browser keeps their answers from the page.
 //!
 //! Only requests from pages (with `Origin`) pass through it: the routes register each of these resources twice,
-//! the other copy for every other caller (`routes::callable_from_pages`).
+//! the other copy for every other caller (`routes::from_pages` and `routes::not_from_pages`).
 //!
 //! The origin check of `actix-cors` cannot wait, so a middleware in front of it reads the project's origins
 //! into the key service's memory first (a store read at most once a second per project, or once per change
