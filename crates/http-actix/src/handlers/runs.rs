@@ -2,8 +2,7 @@
 
 use actix_web::body::SizedStream;
 use actix_web::http::header::{
-    self, Accept, CacheControl, CacheDirective, ContentDisposition, DispositionParam, DispositionType, ETag,
-    EntityTag, HeaderValue, IfNoneMatch,
+    self, Accept, ContentDisposition, DispositionParam, DispositionType, HeaderValue, IfNoneMatch,
 };
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
@@ -157,18 +156,25 @@ fn held(req: &HttpRequest, tag: &str) -> bool {
 /// by this service or (`max-age=0`) by the client. A `force_cache` run with nothing stored has no page: 204.
 fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpResponse {
     let Exported { name, version, export, materialized_at, execution_id } = exported;
-    let keep = CacheControl(vec![CacheDirective::Private, CacheDirective::MaxAge(0)]);
+    // Never kept: `private, max-age=0`.
+    let keep = (header::CACHE_CONTROL, keep_for(std::time::Duration::ZERO));
     let mut response = match &export {
         None => HttpResponse::NoContent(),
         Some(export) => {
+            let tag = strong_tag(&export.digest).map(|tag| (header::ETAG, tag));
             if held(req, &export.digest) {
-                let tag = EntityTag::new_strong(export.digest.clone());
-                return HttpResponse::NotModified().insert_header(ETag(tag)).insert_header(keep).finish();
+                let mut response = HttpResponse::NotModified();
+                if let Some(tag) = tag {
+                    response.insert_header(tag);
+                }
+                return response.insert_header(keep).finish();
             }
             let mut response = HttpResponse::Ok();
+            if let Some(tag) = tag {
+                response.insert_header(tag);
+            }
             response
-                .insert_header((actix_web::http::header::CONTENT_TYPE, media_type(format)))
-                .insert_header(ETag(EntityTag::new_strong(export.digest.clone())))
+                .insert_header((header::CONTENT_TYPE, media_type(format)))
                 .insert_header(ContentDisposition {
                     disposition: DispositionType::Attachment,
                     parameters: vec![DispositionParam::Filename(format!("{name}.{}", format.as_str()))],
@@ -230,7 +236,7 @@ fn keep_for(fresh_for: std::time::Duration) -> HeaderValue {
 }
 
 /// `tag` as a strong entity tag's header value (`"tag"`); `None` for a tag a header cannot carry, which the
-/// domain's hex digests never are.
+/// domain's and the exports' hex digests never are.
 fn strong_tag(tag: &str) -> Option<HeaderValue> {
     let mut value = Vec::with_capacity(tag.len() + 2);
     value.push(b'"');
