@@ -286,29 +286,32 @@ fn session_with(
 }
 
 /// Registers in `ctx` the project's tables that `statement` names, so it sees those and has no way to reach
-/// other files. Only those are registered: a query pays for the tables it reads, and an external source that
-/// cannot be read fails only the queries that read it. Names of common table expressions are among the names,
-/// which is harmless: they name no table.
+/// other files, and returns each name looked up with what it found. Only those are registered: a query pays
+/// for the tables it reads, and an external source that cannot be read fails only the queries that read it.
+/// Names of common table expressions are among the names, which is harmless: they name no table.
 pub(crate) async fn register_named(
     storage: &Storage,
     ctx: &SessionContext,
     project: ProjectId,
     statement: &datafusion::sql::parser::Statement,
-) -> Result<(), EngineError> {
+) -> Result<crate::plans::Named, EngineError> {
     // Resolved through the lock: a copy of the session's state costs more than the walk.
     let references = ctx.state_ref().read().resolve_table_references(statement);
     // A statement whose names do not resolve reads nothing; planning it reports why.
-    let Ok(references) = references else { return Ok(()) };
+    let Ok(references) = references else { return Ok(Vec::new()) };
     let mut named: Vec<&str> = references.iter().map(TableReference::table).collect();
     named.sort_unstable();
     named.dedup();
     // Each named table's own pointer, not a listing of every table: only names a table can have are looked up.
+    let mut found = Vec::with_capacity(named.len());
     for name in named.into_iter().filter(|name| is_table_name(name)) {
-        if let Some(current) = current(storage, &table_prefix(project, name)).await? {
-            register(storage, ctx, name, &current).await?;
+        let current = current(storage, &table_prefix(project, name)).await?;
+        if let Some(current) = &current {
+            register(storage, ctx, name, current).await?;
         }
+        found.push((name.to_owned(), current));
     }
-    Ok(())
+    Ok(found)
 }
 
 /// Registers one table in `ctx`, as it is spelled (`"Sales"` in SQL finds `Sales`; a parsed name would fold to

@@ -19,7 +19,6 @@ use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::SessionContext;
-use datafusion::scalar::ScalarValue;
 use domain::{BoundValue, EngineError, Export, ProjectId, Query, ResultFormat};
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
@@ -28,7 +27,6 @@ use sha2::{Digest, Sha256};
 use crate::compile;
 use crate::tables::{cast_to, plain};
 use crate::{execute, types, DataFusionEngine};
-use datafusion::sql::parser::Statement as DfStatement;
 
 /// Rows per Parquet row group: what the writer holds in memory before it writes them out.
 const PARQUET_ROW_GROUP: usize = 64 * 1024;
@@ -145,22 +143,8 @@ impl DataFusionEngine {
     ) -> Result<Export, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let (ctx, statement) = self.live_session(project, &compiled).await?;
-        self.write_page(&ctx, statement, values, limit, offset, format).await
-    }
-
-    /// The page `offset..offset+limit` of a parsed query's rows, written in `format` to a temporary file.
-    pub(crate) async fn write_page(
-        &self,
-        ctx: &SessionContext,
-        statement: DfStatement,
-        values: Vec<ScalarValue>,
-        limit: u32,
-        offset: u64,
-        format: ResultFormat,
-    ) -> Result<Export, EngineError> {
-        let plan = self.plan(ctx, statement, values).await?;
-        self.write_plan(ctx, plan, limit, offset, format).await
+        let (ctx, unbound) = self.live_plan(project, &compiled).await?;
+        self.write_plan(&ctx, crate::bind(unbound, values)?, limit, offset, format).await
     }
 
     /// The page `offset..offset+limit` of a planned query's rows, written in `format` to a temporary file.

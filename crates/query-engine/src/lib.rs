@@ -17,6 +17,7 @@ mod export;
 mod materialized;
 mod metrics;
 mod outline;
+mod plans;
 mod progress;
 mod rollup;
 mod runtime;
@@ -58,6 +59,8 @@ pub struct DataFusionEngine {
     prepared: materialized::PreparedResults,
     /// The footers and statistics of the files queries read, shared by every query's runtime.
     files: execute::FileCaches,
+    /// Live queries' plans before their variables are bound, kept between runs.
+    plans: plans::Plans,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -78,6 +81,7 @@ impl DataFusionEngine {
             table_locks: Arc::default(),
             prepared: materialized::prepared_results(),
             files: execute::FileCaches::new(),
+            plans: plans::Plans::new(),
         }
     }
 
@@ -152,8 +156,7 @@ impl DataFusionEngine {
         statement: DfStatement,
         values: Vec<datafusion::scalar::ScalarValue>,
     ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
-        let plan = self.plan_unbound(ctx, statement).await?;
-        plan.with_param_values(values).map_err(|e| EngineError::InvalidQuery(message(&e)))
+        bind(self.plan_unbound(ctx, statement).await?, values)
     }
 
     /// Plans a parsed statement in `ctx`, leaving its parameters unbound.
@@ -175,6 +178,14 @@ impl DataFusionEngine {
             .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         Ok(plan)
     }
+}
+
+/// `plan` with its placeholders bound to `values`.
+fn bind(
+    plan: datafusion::logical_expr::LogicalPlan,
+    values: Vec<datafusion::scalar::ScalarValue>,
+) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
+    plan.with_param_values(values).map_err(|e| EngineError::InvalidQuery(message(&e)))
 }
 
 /// Parses compiled SQL with `ctx`'s settings: one read-only statement (SELECT, WITH ... SELECT or VALUES). Once
@@ -254,7 +265,7 @@ impl DataFusionEngine {
         query: &Query,
     ) -> Result<QueryDescription, EngineError> {
         let compiled = compile::compile(query);
-        let (ctx, statement) = self.session(project, &compiled, None).await?;
+        let (ctx, statement) = self.session(project, &compiled).await?;
         let unbound = self.plan_unbound(&ctx, statement).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
@@ -283,19 +294,38 @@ impl DataFusionEngine {
     ) -> Result<domain::QueryResult, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
-        let (ctx, statement) = self.live_session(project, &compiled).await?;
-        self.run_page(&ctx, statement, values, limit, offset).await
+        let started = std::time::Instant::now();
+        let (ctx, unbound) = self.live_plan(project, &compiled).await?;
+        self.run_plan(&ctx, bind(unbound, values)?, limit, offset, started).await
     }
 
-    /// A session for running `compiled` live (the tables it names, under the engine's memory limit, here or on
-    /// the cluster), and its parsed statement.
-    async fn live_session(
+    /// A session for running `compiled` live (under the engine's memory limit, here or on the cluster), and
+    /// its plan before its variables are bound: kept from an earlier run while the tables it names are where
+    /// they were ([`plans`]), else planned in the session, which then sees those tables.
+    async fn live_plan(
         &self,
         project: ProjectId,
         compiled: &compile::Compiled,
-    ) -> Result<(datafusion::prelude::SessionContext, DfStatement), EngineError> {
+    ) -> Result<(datafusion::prelude::SessionContext, datafusion::logical_expr::LogicalPlan), EngineError>
+    {
         let runtime = Some(execute::runtime(&self.limits, &self.files)?);
-        self.session(project, compiled, runtime).await
+        let ctx = catalog::empty_session(&self.storage, runtime, self.scheduler())?;
+        // A cluster's session plans for its scheduler: its plans are not kept.
+        let keeps = self.scheduler().is_none();
+        if keeps {
+            if let Some(plan) = self.plans.current(&self.storage, project, &compiled.sql).await? {
+                self.metrics.planned(true);
+                return Ok((ctx, plan));
+            }
+        }
+        let statement = parse(&ctx, compiled)?;
+        let tables = catalog::register_named(&self.storage, &ctx, project, &statement).await?;
+        let plan = self.plan_unbound(&ctx, statement).await?;
+        if keeps {
+            self.metrics.planned(false);
+            self.plans.keep(project, &compiled.sql, tables, &plan);
+        }
+        Ok((ctx, plan))
     }
 
     /// A session that sees the project's tables `compiled` names, and its parsed statement.
@@ -303,26 +333,11 @@ impl DataFusionEngine {
         &self,
         project: ProjectId,
         compiled: &compile::Compiled,
-        runtime: Option<Arc<datafusion::execution::runtime_env::RuntimeEnv>>,
     ) -> Result<(datafusion::prelude::SessionContext, DfStatement), EngineError> {
-        let ctx = catalog::empty_session(&self.storage, runtime, self.scheduler())?;
+        let ctx = catalog::empty_session(&self.storage, None, self.scheduler())?;
         let statement = parse(&ctx, compiled)?;
         catalog::register_named(&self.storage, &ctx, project, &statement).await?;
         Ok((ctx, statement))
-    }
-
-    /// Plans a parsed statement with `values` bound, and runs it for the page `offset..offset+limit` of its rows.
-    async fn run_page(
-        &self,
-        ctx: &datafusion::prelude::SessionContext,
-        statement: DfStatement,
-        values: Vec<datafusion::scalar::ScalarValue>,
-        limit: u32,
-        offset: u64,
-    ) -> Result<domain::QueryResult, EngineError> {
-        let started = std::time::Instant::now();
-        let plan = self.plan(ctx, statement, values).await?;
-        self.run_plan(ctx, plan, limit, offset, started).await
     }
 
     /// Runs a planned query for the page `offset..offset+limit` of its rows; `started` is when its planning

@@ -176,8 +176,7 @@ impl DataFusionEngine {
         prefix: &ObjectPath,
     ) -> Result<u64, EngineError> {
         let compiled = compile::compile(query);
-        let (ctx, statement) = self.live_session(project, &compiled).await?;
-        let unbound = self.plan_unbound(&ctx, statement).await?;
+        let (ctx, unbound) = self.live_plan(project, &compiled).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         let eligibility = Eligibility::decide(&outline);
@@ -329,8 +328,7 @@ impl DataFusionEngine {
             serde_json::from_str(document).map_err(|e| corrupt(e.to_string()))?;
         let query = Query::from_json(&document).map_err(|e| corrupt(e.to_string()))?;
         let compiled = compile::compile(&query);
-        let (ctx, statement) = self.live_session(project, &compiled).await?;
-        self.plan_unbound(&ctx, statement).await
+        Ok(self.live_plan(project, &compiled).await?.1)
     }
 }
 

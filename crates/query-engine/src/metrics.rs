@@ -3,6 +3,7 @@
 //! them in a registry.
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
@@ -13,6 +14,12 @@ use domain::EngineError;
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
     outcome: &'static str,
+}
+
+/// Where a live query's plan came from: `kept` from an earlier run of its SQL, or `new`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlanSource {
+    plan: &'static str,
 }
 
 /// 1 ms to about 65 s: the span between a small table and the longest query timeout.
@@ -38,11 +45,16 @@ fn outcome<T>(result: &Result<T, EngineError>) -> &'static str {
 pub struct EngineMetrics {
     durations: Family<Outcome, Histogram, fn() -> Histogram>,
     running: Gauge,
+    plans: Family<PlanSource, Counter>,
 }
 
 impl Default for EngineMetrics {
     fn default() -> Self {
-        Self { durations: Family::new_with_constructor(query_histogram), running: Gauge::default() }
+        Self {
+            durations: Family::new_with_constructor(query_histogram),
+            running: Gauge::default(),
+            plans: Family::default(),
+        }
     }
 }
 
@@ -55,6 +67,22 @@ impl EngineMetrics {
             self.durations.clone(),
         );
         registry.register("live_queries_running", "Live queries running now", self.running.clone());
+        registry.register(
+            "live_query_plans",
+            "Plans of live queries (runs, exports and refreshes), kept from an earlier run of the same SQL or new",
+            self.plans.clone(),
+        );
+    }
+
+    pub(crate) fn planned(&self, kept: bool) {
+        self.plans.get_or_create(&PlanSource { plan: if kept { "kept" } else { "new" } }).inc();
+    }
+
+    /// How many live queries had a kept plan, and how many a new one.
+    #[cfg(test)]
+    pub(crate) fn plans(&self) -> (u64, u64) {
+        let count = |plan| self.plans.get_or_create(&PlanSource { plan }).get();
+        (count("kept"), count("new"))
     }
 
     /// Counts a query as running until the guard is dropped.

@@ -104,6 +104,44 @@ async fn a_replace_switches_the_pointer_and_removes_the_old_version() {
 }
 
 #[tokio::test]
+async fn a_kept_plan_answers_until_a_table_it_names_is_replaced_or_gone() {
+    let (storage, store) = memory();
+    let engine = crate::tests::engine_on(storage.clone()).await;
+    if engine.scheduler().is_some() {
+        return; // A cluster's plans are not kept.
+    }
+    let inputs = Inputs::new();
+    let first = inputs.file("first.csv", "id,name\n1,a\n2,b\n");
+    let second = inputs.file("second.csv", "id,name\n10,x\n");
+    import(&storage, &first, ImportMode::Replace).await.unwrap();
+    assert_eq!(total(&engine).await, r#"[{"n":2,"s":3}]"#);
+    assert_eq!(engine.metrics().plans(), (0, 1), "(kept, new)");
+    assert_eq!(total(&engine).await, r#"[{"n":2,"s":3}]"#);
+    assert_eq!(engine.metrics().plans(), (1, 1), "the same SQL over the same tables is not planned again");
+
+    // An append's file is read by the kept plan: files are listed when a run is planned physically.
+    import(&storage, &first, ImportMode::Append).await.unwrap();
+    assert_eq!(total(&engine).await, r#"[{"n":4,"s":6}]"#);
+    assert_eq!(engine.metrics().plans(), (2, 1));
+
+    // A replace switches the pointer: the next run plans against the new version.
+    import(&storage, &second, ImportMode::Replace).await.unwrap();
+    assert_eq!(total(&engine).await, r#"[{"n":1,"s":10}]"#);
+    assert_eq!(engine.metrics().plans(), (2, 2));
+
+    // Gone (as another node would delete it): the next run says the table is unknown, it does not read a plan.
+    for object in objects(&store).await {
+        store.delete(&object_store::path::Path::from(object.as_str())).await.unwrap();
+    }
+    let q = Query::from_json(
+        &json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n, sum(id) AS s FROM things"}),
+    )
+    .unwrap();
+    let err = engine.execute(project(), &q, &Default::default(), 10, 0).await.unwrap_err();
+    assert!(matches!(err, EngineError::InvalidQuery(ref m) if m.contains("things")), "{err:?}");
+}
+
+#[tokio::test]
 async fn a_failed_replace_leaves_the_table_and_no_objects_behind() {
     let (storage, store) = memory();
     let engine = crate::tests::engine_on(storage.clone()).await;

@@ -269,6 +269,7 @@ async fn a_table_reads_files_where_they_are_and_follows_them() {
     // must read as the same types: each file's are inferred, and types that differ do not merge.)
     std::fs::write(orders.join("2026-02.csv"), "country,amount\nDE,4.5\n").unwrap();
     assert_eq!(rows(&engine, total).await, json!([{"n": 3, "total": 8.0}]));
+    assert_eq!(engine.metrics().plans().0, 0, "a query of an external source is planned each time");
 
     // Its rows are the source's: an append is refused, and the table is unchanged.
     let append = engine.write(project(), &sales(), append_csv("country,amount\nIT,1\n")).await;
