@@ -124,7 +124,7 @@ lint: deps ## Format check, clippy with -D warnings, and the dependency-directio
 # before it, never one after it, with one exception: `endpoints` reads `materialization`'s model and ports, never
 # its service (docs/architecture.md says why). Inside the domain a name is imported through its part's path, one
 # part per `use`, so that this check sees every edge.
-DOMAIN_BASE := error.rs clock.rs fields.rs page.rs
+DOMAIN_BASE := error.rs clock.rs fields.rs page.rs kept.rs
 DOMAIN_PARTS := access query endpoints materialization tables runs changes
 MATERIALIZATION_SERVICE := Materializer|MaterializerDeps|RefreshOutcome|RETRY_AFTER_FAILURE
 

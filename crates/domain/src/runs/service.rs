@@ -15,6 +15,7 @@ use crate::access::{ApiKeyService, IssuedRunToken, Principal, ProjectId, RunToke
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
 use crate::error::{EngineError, Error, Invalid, StoreError};
+use crate::kept::Kept;
 use crate::materialization::{Eligibility, Materializations, MaterializedFilter, StoredResult};
 use crate::query::{bind, coerce, BoundValue, QueryEngine, QueryResult};
 
@@ -46,6 +47,17 @@ pub struct RunService {
     /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
     /// the engine's work and its concurrency slot), and the next identical request starts afresh.
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
+    /// Active endpoints with their current version, as computations read them from the store.
+    definitions: Arc<Kept<(ProjectId, EndpointName), Definition>>,
+}
+
+/// An active endpoint and its current version, read from the store under the endpoint's cache generation: kept
+/// until the generation moves on (a change to the endpoint, made here or announced by another process, or a
+/// table it reads written) or [`RunService::DEFINITION_TTL`] passes, whichever comes first.
+struct Definition {
+    generation: u64,
+    endpoint: Endpoint,
+    version: EndpointVersion,
 }
 
 /// An error shared between coalesced callers, rebuilt for each of them.
@@ -132,8 +144,14 @@ impl RunService {
             materializations,
             export_limit,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
+            definitions: Arc::new(Kept::new(Self::DEFINITION_TTL, 100_000)),
         }
     }
+
+    /// How long an endpoint and its current version read from the store answer computations without reading
+    /// it again, when no change says otherwise: the most a change made by a process that does not announce
+    /// changes (the CLI on SQLite) waits to take effect here.
+    pub const DEFINITION_TTL: Duration = Duration::from_secs(1);
 
     /// Runs an endpoint. A fresh cached result is served without touching the store or the engine.
     ///
@@ -350,6 +368,7 @@ impl RunService {
             cache: Arc::clone(&self.cache),
             clock: Arc::clone(&self.clock),
             materializations: self.materializations.clone(),
+            definitions: Arc::clone(&self.definitions),
         }
     }
 
@@ -395,9 +414,36 @@ struct Context {
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
     materializations: Materializations,
+    definitions: Arc<Kept<(ProjectId, EndpointName), Definition>>,
 }
 
 impl Context {
+    /// The active endpoint `key` names and the version a computation runs: kept from an earlier computation
+    /// under the same cache generation (see [`Definition`]), else read from the store, and kept when it is the
+    /// current version.
+    async fn definition(&self, key: &CacheKey, requested: Option<u32>) -> Result<Arc<Definition>, Error> {
+        let now = self.clock.now();
+        let found = (key.project, key.name.clone());
+        let kept = self.definitions.get(&found, now).filter(|kept| {
+            kept.generation == key.generation && requested.is_none_or(|v| v == kept.version.version)
+        });
+        if let Some(kept) = kept {
+            return Ok(kept);
+        }
+        let endpoint = match self.store.get(key.project, &key.name).await {
+            Ok(endpoint) if endpoint.is_active => endpoint,
+            Ok(_) | Err(StoreError::NotFound) => return Err(not_found(key.name.as_str())),
+            Err(other) => return Err(other.into()),
+        };
+        let version = self.version(&endpoint, requested).await?;
+        let current = version.version == endpoint.current_version;
+        let definition = Arc::new(Definition { generation: key.generation, endpoint, version });
+        if current {
+            self.definitions.put(found, &definition, now);
+        }
+        Ok(definition)
+    }
+
     async fn version(&self, endpoint: &Endpoint, requested: Option<u32>) -> Result<EndpointVersion, Error> {
         let name = &endpoint.name;
         let number = requested.unwrap_or(endpoint.current_version);
@@ -506,16 +552,11 @@ async fn compute(
     request: RunRequest,
     write_cache: bool,
 ) -> Result<Arc<CachedRun>, Error> {
-    let name = key.name.clone();
-    let endpoint = match context.store.get(key.project, &name).await {
-        Ok(endpoint) if endpoint.is_active => endpoint,
-        Ok(_) | Err(StoreError::NotFound) => return Err(not_found(name.as_str())),
-        Err(other) => return Err(other.into()),
-    };
-    let version = context.version(&endpoint, request.version).await?;
+    let definition = context.definition(&key, request.version).await?;
+    let Definition { endpoint, version, .. } = &*definition;
     let variables = bind(&version.query, &request.variables)?;
     let stored = match (request.refresh, endpoint.is_materialized) {
-        (Refresh::Blocking, true) => context.stored(&endpoint, &version, &variables, &request).await,
+        (Refresh::Blocking, true) => context.stored(endpoint, version, &variables, &request).await,
         _ => None,
     };
     let (result, stored, query_time) = match stored {
@@ -531,7 +572,7 @@ async fn compute(
         }
     };
     let cacheable = write_cache && !version.cache_age.effective().is_zero();
-    let run = context.answer(&version, &variables, result, stored, query_time, cacheable);
+    let run = context.answer(version, &variables, result, stored, query_time, cacheable);
     if cacheable {
         context.cache.put(key, Arc::clone(&run));
     }

@@ -188,6 +188,48 @@ fn rows(outcome: &RunOutcome) -> &str {
 }
 
 #[tokio::test]
+async fn computations_read_the_endpoint_again_once_it_changes_or_a_second_has_passed() {
+    // The store says which version is current, and counts its reads of the endpoint.
+    let (reads, current) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(2)));
+    let mut store = MockEndpointStore::new();
+    let (counted, serving) = (Arc::clone(&reads), Arc::clone(&current));
+    store.expect_get().returning(move |_, _| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let current_version = u32::try_from(serving.load(Ordering::SeqCst)).unwrap();
+        Ok(Endpoint { current_version, ..endpoint(true) })
+    });
+    store.expect_get_version().returning(|_, _, v| Ok(version(v)));
+    let f = fixture(store);
+    let run = |version| {
+        let request = RunRequest { version, ..request(Refresh::Direct, json!({"n": 5})) };
+        f.service.run(project(), "kpi", request)
+    };
+    let read = || reads.load(Ordering::SeqCst);
+
+    assert_eq!(rows(&run(None).await.unwrap()), r#"[{"n":10}]"#);
+    assert_eq!(rows(&run(None).await.unwrap()), r#"[{"n":10}]"#);
+    assert_eq!((read(), f.runs.load(Ordering::SeqCst)), (1, 2), "computed twice, read once");
+    // Another version asked for is read, and does not replace the current one.
+    assert_eq!(rows(&run(Some(1)).await.unwrap()), r#"[{"n":5}]"#);
+    assert_eq!(rows(&run(Some(2)).await.unwrap()), r#"[{"n":10}]"#);
+    assert_eq!(read(), 2);
+
+    // Version 1 made current elsewhere, unannounced: trusted until a second has passed.
+    current.store(1, Ordering::SeqCst);
+    f.clock.advance(RunService::DEFINITION_TTL - Duration::from_millis(1));
+    assert_eq!(rows(&run(None).await.unwrap()), r#"[{"n":10}]"#);
+    f.clock.advance(Duration::from_millis(1));
+    assert_eq!(rows(&run(None).await.unwrap()), r#"[{"n":5}]"#);
+    assert_eq!(read(), 3);
+
+    // Changed and announced (the endpoint's generation moves on): read at once.
+    current.store(2, Ordering::SeqCst);
+    f.cache.invalidate(project(), &EndpointName::parse("kpi").unwrap());
+    assert_eq!(rows(&run(None).await.unwrap()), r#"[{"n":10}]"#);
+    assert_eq!(read(), 4);
+}
+
+#[tokio::test]
 async fn a_second_run_is_a_cache_hit_until_it_expires() {
     let f = fixture(store(true));
     let first = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
