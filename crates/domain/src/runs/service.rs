@@ -128,6 +128,19 @@ fn run_error(err: EngineError) -> Error {
     }
 }
 
+/// The endpoint `name` when it is active; an inactive one is not found, as a missing one.
+async fn active(
+    store: &dyn EndpointStore,
+    project: ProjectId,
+    name: &EndpointName,
+) -> Result<Endpoint, Error> {
+    match store.get(project, name).await {
+        Ok(endpoint) if endpoint.is_active => Ok(endpoint),
+        Ok(_) | Err(StoreError::NotFound) => Err(not_found(name.as_str())),
+        Err(other) => Err(other.into()),
+    }
+}
+
 fn not_found(name: &str) -> Error {
     Error::NotFound(format!("No active endpoint named '{name}' in this project."))
 }
@@ -279,11 +292,7 @@ impl RunService {
     }
 
     async fn active_endpoint(&self, project: ProjectId, name: &EndpointName) -> Result<Endpoint, Error> {
-        match self.store.get(project, name).await {
-            Ok(endpoint) if endpoint.is_active => Ok(endpoint),
-            Ok(_) | Err(StoreError::NotFound) => Err(not_found(name.as_str())),
-            Err(other) => Err(other.into()),
-        }
+        active(self.store.as_ref(), project, name).await
     }
 
     /// Runs an endpoint for a page in another format than JSON (the request's `format`), within the export
@@ -430,11 +439,7 @@ impl Context {
         if let Some(kept) = kept {
             return Ok(kept);
         }
-        let endpoint = match self.store.get(key.project, &key.name).await {
-            Ok(endpoint) if endpoint.is_active => endpoint,
-            Ok(_) | Err(StoreError::NotFound) => return Err(not_found(key.name.as_str())),
-            Err(other) => return Err(other.into()),
-        };
+        let endpoint = active(self.store.as_ref(), key.project, &key.name).await?;
         let version = self.version(&endpoint, requested).await?;
         let current = version.version == endpoint.current_version;
         let definition = Arc::new(Definition { generation: key.generation, endpoint, version });
