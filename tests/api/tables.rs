@@ -445,10 +445,13 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
          INSERT INTO {0}.orders VALUES (1, 'US', 10.5), (2, 'FR', 4), (3, 'US', 1.5);",
         schema.0
     ));
-    let app = spawn_app_tuned(|config| config.allowed_sources = vec![database.to_string()]).await;
+    // The local server speaks no TLS: the operator says so in the prefix, or no tenant could lower it.
+    let mut allowed = database.clone();
+    allowed.set_query(Some("sslmode=disable"));
+    let app = spawn_app_tuned(|config| config.allowed_sources = vec![allowed.to_string()]).await;
     let (project, key) = project_with_writer(&app);
     let (host, port, db) = (database.host_str().unwrap(), database.port().unwrap_or(5432), database.path());
-    // No credentials: the allowed prefix's serve. The local server speaks no TLS.
+    // No credentials: the allowed prefix's serve.
     let url = format!("postgres://{host}:{port}{db}?sslmode=disable");
     let source = |table: &str| json!({"source": {"url": url, "table": format!("{}.{table}", schema.0)}});
 
@@ -554,7 +557,11 @@ async fn external_files_are_read_only_from_allowed_places() {
     for (body, attr, why) in [
         (json!({"source": {"url": "file:///etc/", "format": "csv"}}), "source", "not under a source"),
         (json!({"source": {"url": "s3://any-bucket/x/", "format": "csv"}}), "source", "not under a source"),
-        (json!({"source": {"url": format!("{allowed}nothing/"), "format": "csv"}}), "source", "No files"),
+        (
+            json!({"source": {"url": format!("{allowed}nothing/"), "format": "csv"}}),
+            "source",
+            "does not exist",
+        ),
         (json!({"source": {"url": "https://example.com/x.csv", "format": "csv"}}), "source", "not https"),
         (json!({"source": {"url": url, "format": "xlsx"}}), "source.format", "xlsx"),
         (json!({"source": {"url": url}}), "source.format", "required"),
@@ -574,4 +581,65 @@ async fn external_files_are_read_only_from_allowed_places() {
     assert_eq!(assert_error(malformed, 400, "validation_error").await["code"], "parse_error");
     assert_eq!(app.get(&format!("{tables}/refused"), &key).await.status(), 404);
     let _ = std::fs::remove_dir_all(&lake);
+}
+
+/// A database that declines TLS, as a man in the middle would: the operator's prefix names no `sslmode`, so a
+/// tenant's `sslmode=disable` is refused before anything connects, and a URL without one connects with TLS
+/// required, so the server never sees a startup message, let alone the operator's password.
+#[tokio::test]
+async fn a_tenant_cannot_make_the_server_send_the_operators_password_in_clear() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let seen = std::sync::Arc::clone(&received);
+    let fake = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else { return };
+            let seen = std::sync::Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buffer = [0_u8; 4096];
+                loop {
+                    let read = match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(read) => read,
+                    };
+                    seen.lock().unwrap().extend_from_slice(&buffer[..read]);
+                    // An SSLRequest (length 8, code 80877103) is declined; anything else asks for a password in
+                    // clear text, which is what a server that wants it would do.
+                    let answer: &[u8] = if read == 8 && buffer[4..8] == [0x04, 0xd2, 0x16, 0x2f] {
+                        b"N"
+                    } else {
+                        &[b'R', 0, 0, 0, 8, 0, 0, 0, 3]
+                    };
+                    if socket.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let prefix = format!("postgres://operator:op-secret-pw@127.0.0.1:{port}/app");
+    let app = spawn_app_tuned(|config| config.allowed_sources = vec![prefix.clone()]).await;
+    let (project, key) = project_with_writer(&app);
+    let path = format!("{}/{project}/tables/remote", FAMILIES[0]);
+    for (url, why) in [
+        (format!("postgres://127.0.0.1:{port}/app?sslmode=disable"), "weaker"),
+        (format!("postgres://127.0.0.1:{port}/app?sslmode=prefer"), "weaker"),
+        (format!("postgres://127.0.0.1:{port}/app?sslmode=require"), "weaker"),
+        (format!("postgres://127.0.0.1:{port}/app"), "cannot connect"),
+    ] {
+        let body = json!({"source": {"url": url, "table": "public.orders"}});
+        let response = app.request(Method::PUT, &path, Some(&key)).json(&body).send().await.unwrap();
+        let error = assert_error(response, 400, "validation_error").await;
+        let detail = error["detail"].as_str().unwrap();
+        assert!(detail.contains(why) && !detail.contains("op-secret-pw"), "{url}: {detail}");
+    }
+    fake.abort();
+    let received = received.lock().unwrap().clone();
+    // Only SSLRequests arrived: no startup message (which names the user), no password.
+    assert!(!received.is_empty(), "the URL without sslmode did try to connect");
+    assert!(received.chunks(8).all(|c| c == [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]), "{received:?}");
+    let text = String::from_utf8_lossy(&received);
+    assert!(!text.contains("op-secret-pw") && !text.contains("operator"), "{text}");
 }

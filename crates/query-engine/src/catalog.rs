@@ -15,6 +15,7 @@ use domain::{EngineError, ExternalSource, ProjectId};
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStoreExt;
 
+use crate::sources::Unreadable;
 use crate::storage::{unavailable, Storage};
 
 /// The object naming a table's current version on its first line, and on its second, when it has one, when the
@@ -333,6 +334,9 @@ pub(crate) async fn register(
             .sources()
             .register(ctx, name, source, storage.bucket().as_ref(), &storage.projects_url())
             .await
-            .map_err(|reason| EngineError::Unavailable(format!("table {name}: {reason}").into())),
+            .map_err(|unreadable| match unreadable {
+                Unreadable::Refused(why) => EngineError::InvalidQuery(format!("table {name}: {why}")),
+                Unreadable::Failed(why) => EngineError::Unavailable(format!("table {name}: {why}").into()),
+            }),
     }
 }

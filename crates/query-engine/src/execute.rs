@@ -197,6 +197,10 @@ pub(crate) fn execution_error(err: DataFusionError) -> EngineError {
         DataFusionError::ArrowError(..) | DataFusionError::Execution(_) => {
             EngineError::InvalidQuery(crate::message(&err))
         }
+        // A file of an external source that resolves outside the folders the operator allowed.
+        DataFusionError::ObjectStore(e) if matches!(**e, object_store::Error::PermissionDenied { .. }) => {
+            EngineError::InvalidQuery(crate::message(&err))
+        }
         DataFusionError::ObjectStore(_) => EngineError::Unavailable(Box::new(err)),
         _ => EngineError::Internal(Box::new(err)),
     }

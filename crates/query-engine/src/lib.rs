@@ -9,6 +9,7 @@
 mod cache;
 mod catalog;
 mod compile;
+mod confined;
 pub mod demo;
 #[cfg(feature = "ballista")]
 pub mod distributed;

@@ -5,14 +5,19 @@
 //!   `--allow-source` (`s3://bucket/prefix/`, `file:///dir/`). Other buckets are read with the same `AWS_*`
 //!   credentials as the storage.
 //! - A PostgreSQL table, through the `datafusion-table-providers` provider, of a database the operator allowed
-//!   (`--allow-source postgres://[user:password@]host[:port]/database`). A URL without credentials uses those of
-//!   the prefix that allows it, so callers need not know them. Connections are read-only
-//!   (`default_transaction_read_only`), and TLS is verified unless the URL's `sslmode` says otherwise.
+//!   (`--allow-source postgres://[user:password@]host[:port]/database[?sslmode=...]`). A URL without credentials
+//!   uses those of the prefix that allows it, so callers need not know them. Connections are read-only
+//!   (`default_transaction_read_only`), and TLS is never weaker than the prefix's `sslmode` (`verify-full` when
+//!   it names none).
 //!
-//! A URL is checked when a table is registered and again each time a query reads it, so a prefix the operator
-//! no longer allows stops being read at the next restart.
+//! A URL is decoded and normalised before anything is compared ([`normalise`]): what is checked is what the
+//! object store reads, however the URL spells it. Local files are checked on their canonical path (symbolic
+//! links resolved) and read through a store that refuses any file resolving elsewhere (`confined`). A URL is
+//! checked when a table is registered and again each time a query reads it, so a prefix the operator no longer
+//! allows stops being read at the next restart.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use datafusion::catalog::TableProvider;
@@ -23,18 +28,46 @@ use datafusion_table_providers_postgres::pool::PostgresConnectionPool;
 use datafusion_table_providers_postgres::PostgresTableFactory;
 use domain::{ExternalSource, TableFormat};
 use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
 use secrecy::SecretString;
 use tokio::sync::OnceCell;
 use url::Url;
 
+use crate::confined::{self, ConfinedFiles, Confinement};
+
 /// Why a source cannot be used, for the person who named it.
 pub(crate) type Refusal = String;
 
-/// The prefixes the operator allowed, and the clients of the buckets and databases tables read.
+/// Why a registered source cannot be read now.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unreadable {
+    /// It is not allowed (any more): the tenant's to fix.
+    #[error("{0}")]
+    Refused(Refusal),
+    /// It is allowed but cannot be reached or read as its format.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Whether a DataFusion error comes from a file the confined store refused.
+fn refused_file(err: &datafusion::error::DataFusionError) -> bool {
+    matches!(
+        err.find_root(),
+        datafusion::error::DataFusionError::ObjectStore(e)
+            if matches!(**e, object_store::Error::PermissionDenied { .. })
+    )
+}
+
+/// The prefixes the operator allowed, and the clients of the buckets, folders and databases tables read.
 #[derive(Default)]
 pub(crate) struct Sources {
+    /// Normalised ([`normalise`]), but for databases, which are compared as given.
     allowed: Vec<Url>,
+    /// Where local files may resolve to: the allowed folders, outside the data directory.
+    confinement: Confinement,
+    /// The store of local files, made once.
+    files: std::sync::OnceLock<Arc<ConfinedFiles>>,
     /// Object stores of buckets other than the storage's, by bucket.
     buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
     /// Connection pools, by database URL (with its credentials); each made once, by the first query.
@@ -57,7 +90,8 @@ fn scheme(url: &Url) -> &str {
     }
 }
 
-/// The URL's path as its segments, without empty ones (so `s3://b/p` and `s3://b/p/` are the same prefix).
+/// The URL's path as its segments, without empty ones (so `postgres://h/db` and `postgres://h/db/` are the
+/// same database).
 fn segments(url: &Url) -> Vec<&str> {
     url.path().split('/').filter(|s| !s.is_empty()).collect()
 }
@@ -67,19 +101,33 @@ fn port(url: &Url) -> Option<u16> {
     url.port_or_known_default().or_else(|| (scheme(url) == "postgres").then_some(5432))
 }
 
-/// Whether `url` is `prefix` or below it: same scheme, host and port, and `prefix`'s path segments first.
+/// The host, lowercased: host names are not case-sensitive, and only special schemes' are folded by parsing.
+fn host(url: &Url) -> Option<String> {
+    url.host_str().map(str::to_ascii_lowercase)
+}
+
+/// Whether `url` is `prefix` or below it: same scheme, host and port, and `prefix`'s path segments first. Both
+/// are normalised URLs (see [`normalise`]), so this compares what the object store reads.
 fn within(url: &Url, prefix: &Url) -> bool {
     let (path, under) = (segments(url), segments(prefix));
     scheme(url) == scheme(prefix)
-        && url.host_str() == prefix.host_str()
+        && host(url) == host(prefix)
         && port(url) == port(prefix)
         && path.len() >= under.len()
         && path.iter().zip(&under).all(|(a, b)| a == b)
 }
 
+/// Whether `url` is in the area `prefix` names however its letters are cased: for the areas no source may read,
+/// which a case-insensitive file system or an object store's aliases must not open by another spelling.
+fn within_any_case(url: &Url, prefix: &Url) -> bool {
+    let lower = |url: &Url| Url::parse(&url.as_str().to_lowercase()).ok();
+    matches!((lower(url), lower(prefix)), (Some(url), Some(prefix)) if within(&url, &prefix))
+}
+
 /// The URL for people: without its password.
 pub(crate) fn shown(url: &Url) -> String {
     let mut url = url.clone();
+    // A URL that cannot have a password has none to hide.
     let _ = url.set_password(None);
     url.to_string()
 }
@@ -89,8 +137,7 @@ pub(crate) fn shown_raw(raw: &str) -> String {
     Url::parse(raw).map_or_else(|_| raw.to_owned(), |url| shown(&url))
 }
 
-/// A URL a source may use: a scheme this engine reads, no encoded separators, no fragment, and for files no
-/// query and no credentials.
+/// A URL a source may use: a scheme this engine reads, no fragment, and for files no query and no credentials.
 fn parse(raw: &str) -> Result<Url, Refusal> {
     let url = Url::parse(raw).map_err(|e| format!("'{}' is not a URL: {e}.", shown_raw(raw)))?;
     let files = match scheme(&url) {
@@ -100,11 +147,8 @@ fn parse(raw: &str) -> Result<Url, Refusal> {
             return Err(format!("A source is read from s3://, file:// or postgres:// URLs, not {other}://."))
         }
     };
-    // Parsing resolves `.` and `..` segments (encoded too); an encoded separator would hide one from that.
-    let path = url.path().to_ascii_lowercase();
-    let hidden = ["%2f", "%5c", "\\"].iter().any(|sep| path.contains(sep));
-    if hidden || url.fragment().is_some() {
-        return Err(format!("'{}' is not a plain URL: no encoded '/' or '\\', no '#'.", shown(&url)));
+    if url.fragment().is_some() {
+        return Err(format!("'{}' is not a plain URL: no '#'.", shown(&url)));
     }
     if files && (url.query().is_some() || !url.username().is_empty() || url.password().is_some()) {
         return Err("A file URL carries no query and no credentials: the operator configures those.".into());
@@ -115,30 +159,122 @@ fn parse(raw: &str) -> Result<Url, Refusal> {
     Ok(url)
 }
 
+/// A files URL as the object store reads it, in one spelling: the scheme's alias folded, the host lowercased,
+/// the path percent-decoded into object store segments (no `.`, `..`, empty or encoded `/` segment survives) and
+/// encoded again, a trailing `/` kept for a folder. Every check compares this form, and only this form is read,
+/// so `project%73/` or `dat%61/` is `projects/` or `data/` to the checks as it is to the store.
+fn normalise(url: &Url) -> Result<Url, Refusal> {
+    let not_plain = || {
+        format!(
+            "'{}' is not a plain URL: no '.', '..' or empty segments, no encoded '/' or '\\'.",
+            shown(url)
+        )
+    };
+    let lowered = url.path().to_ascii_lowercase();
+    if ["%5c", "\\"].iter().any(|sep| lowered.contains(sep)) {
+        return Err(not_plain());
+    }
+    let path = ObjectPath::from_url_path(url.path()).map_err(|_| not_plain())?;
+    let host = host(url).unwrap_or_default();
+    let mut normal = Url::parse(&format!("{}://{host}/", scheme(url))).map_err(|_| not_plain())?;
+    {
+        let mut segments = normal.path_segments_mut().map_err(|()| not_plain())?;
+        segments.pop_if_empty().extend(path.parts().map(|part| part.as_ref().to_owned()));
+        if url.path().ends_with('/') && path.parts().next().is_some() {
+            segments.push("");
+        }
+    }
+    Ok(normal)
+}
+
+/// `sslmode` values from the least protective to the most, as libpq orders them.
+const SSL_MODES: [&str; 6] = ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"];
+
+/// The `sslmode` a PostgreSQL URL asks for, by rank in [`SSL_MODES`]; `None` when it names none.
+fn ssl_mode(url: &Url) -> Result<Option<usize>, Refusal> {
+    let Some((_, mode)) = url.query_pairs().find(|(key, _)| key == "sslmode") else { return Ok(None) };
+    SSL_MODES.iter().position(|known| *known == mode).map(Some).ok_or_else(|| {
+        format!("sslmode={mode} is not a PostgreSQL SSL mode: use one of {}.", SSL_MODES.join(", "))
+    })
+}
+
+/// A database URL as it is connected to: the tenant's host, port, database and (if any) credentials, the
+/// prefix's credentials otherwise, and TLS at least as strict as the prefix says (`verify-full` when it says
+/// nothing, the provider's default). The tenant may name a stricter `sslmode` and an `application_name`;
+/// certificates are the operator's to configure.
+fn database_url(mut url: Url, prefix: &Url) -> Result<Url, Refusal> {
+    let floor = ssl_mode(prefix)?.unwrap_or(SSL_MODES.len() - 1);
+    let asked = ssl_mode(&url)?;
+    if let Some(asked) = asked.filter(|asked| *asked < floor) {
+        return Err(format!(
+            "sslmode={} is weaker than this server allows for {} (sslmode={}): the operator's credentials never \
+             travel with less protection than the operator set.",
+            SSL_MODES[asked],
+            shown(prefix),
+            SSL_MODES[floor]
+        ));
+    }
+    let mut params = vec![("sslmode".to_owned(), SSL_MODES[asked.unwrap_or(floor)].to_owned())];
+    for (key, value) in url.query_pairs() {
+        match key.as_ref() {
+            "sslmode" => {}
+            "application_name" => params.push((key.into_owned(), value.into_owned())),
+            "sslrootcert" => return Err("sslrootcert is set by the operator, in the allowed prefix.".into()),
+            other => return Err(format!("Unknown parameter '{other}' in a PostgreSQL URL: use sslmode.")),
+        }
+    }
+    params.extend(
+        prefix
+            .query_pairs()
+            .filter(|(key, _)| key == "sslrootcert")
+            .map(|(k, v)| (k.into_owned(), v.into_owned())),
+    );
+    if url.username().is_empty() && !prefix.username().is_empty() {
+        url.set_username(prefix.username())
+            .map_err(|()| "the prefix's user name does not fit the URL".to_owned())?;
+        url.set_password(prefix.password())
+            .map_err(|()| "the prefix's password does not fit the URL".to_owned())?;
+    }
+    url.query_pairs_mut().clear().extend_pairs(params);
+    Ok(url)
+}
+
 impl Sources {
-    /// The prefixes `--allow-source` gave.
+    /// The prefixes `--allow-source` gave; no `file://` source may be in `data_dir` (the local storage's
+    /// directory) whatever they cover.
     ///
     /// # Errors
-    /// A message naming a prefix that is not an `s3://`, `file://` or `postgres://` URL.
-    pub(crate) fn allowing(prefixes: &[String]) -> Result<Self, String> {
+    /// A message naming a prefix that is not an `s3://`, `file://` or `postgres://` URL, or not a plain one.
+    pub(crate) fn allowing(prefixes: &[String], data_dir: Option<&Path>) -> Result<Self, String> {
         let mut allowed = Vec::new();
+        let mut folders = Vec::new();
         for raw in prefixes {
-            let url =
-                Url::parse(raw).map_err(|e| format!("--allow-source {}: not a URL: {e}", shown_raw(raw)))?;
-            if !matches!(scheme(&url), "s3" | "file" | "postgres") {
-                return Err(format!(
-                    "--allow-source {}: use s3://, file:// or postgres:// URLs",
-                    shown(&url)
-                ));
-            }
+            let refused = |why: String| format!("--allow-source {}: {why}", shown_raw(raw));
+            let url = Url::parse(raw).map_err(|e| refused(format!("not a URL: {e}")))?;
+            let url = match scheme(&url) {
+                "s3" => normalise(&url).map_err(refused)?,
+                "file" => {
+                    let url = normalise(&url).map_err(refused)?;
+                    let folder = url.to_file_path().map_err(|()| refused("not a local path".into()))?;
+                    folders.push(folder);
+                    url
+                }
+                "postgres" => {
+                    ssl_mode(&url).map_err(refused)?;
+                    url
+                }
+                _ => return Err(refused("use s3://, file:// or postgres:// URLs".into())),
+            };
             allowed.push(url);
         }
-        Ok(Self { allowed, ..Self::default() })
+        let confinement = Confinement::new(folders, data_dir.map(Path::to_path_buf));
+        Ok(Self { allowed, confinement, ..Self::default() })
     }
 
-    /// The URL a source reads, once allowed: files in `storage_bucket` (the storage's `s3://bucket/`) outside
-    /// `storage_projects` (its `projects/` area), or anything under an allowed prefix. A database URL without
-    /// credentials takes those of the prefix that allows it.
+    /// The URL a source is read from, once allowed: files in `storage_bucket` (the storage's `s3://bucket/`)
+    /// outside `storage_projects` (its `projects/` area), or under an allowed prefix, in the one spelling the
+    /// object store reads ([`normalise`]); local files at their canonical path under [`confined::ROOT`]; a
+    /// database with the credentials and TLS of the prefix that allows it ([`database_url`]).
     ///
     /// # Errors
     /// Why the URL may not be read.
@@ -148,8 +284,9 @@ impl Sources {
         storage_bucket: Option<&Url>,
         storage_projects: &Url,
     ) -> Result<Url, Refusal> {
-        let mut url = parse(raw)?;
-        if within(&url, storage_projects) {
+        let url = parse(raw)?;
+        let url = if scheme(&url) == "postgres" { url } else { normalise(&url)? };
+        if within_any_case(&url, storage_projects) {
             return Err(
                 "The storage's own projects/ area (every project's tables and results) is not a source."
                     .into(),
@@ -165,24 +302,49 @@ impl Sources {
                 shown(&url)
             ));
         };
-        if scheme(&url) == "postgres" && url.username().is_empty() && !prefix.username().is_empty() {
-            let _ = url.set_username(prefix.username());
-            let _ = url.set_password(prefix.password());
+        match scheme(&url) {
+            "postgres" => database_url(url, prefix),
+            "file" => self.confined(&url),
+            _ => Ok(url),
         }
-        Ok(url)
     }
 
-    /// Makes `ctx` read `url`'s bucket when it is not the storage's (which every session reads already).
-    fn register_bucket(
+    /// A `file://` URL's canonical path (links resolved), checked, as the URL its confined store reads.
+    fn confined(&self, url: &Url) -> Result<Url, Refusal> {
+        let path = url.to_file_path().map_err(|()| format!("{} is not a local path.", shown(url)))?;
+        let real = self.confinement.resolve(&path)?;
+        let real = ObjectPath::from_absolute_path(&real)
+            .map_err(|_| format!("{} is not a path this server reads.", path.display()))?;
+        let mut confined = Url::parse(confined::ROOT).map_err(|e| e.to_string())?;
+        {
+            let mut segments = confined.path_segments_mut().map_err(|()| "not a path".to_owned())?;
+            segments.pop_if_empty().extend(real.parts().map(|part| part.as_ref().to_owned()));
+            if url.path().ends_with('/') {
+                segments.push("");
+            }
+        }
+        Ok(confined)
+    }
+
+    /// Makes `ctx` read `url` (as [`Sources::check`] gave it) when its store is not one every session reads
+    /// already: the confined store of local files, the bucket of another than the storage's.
+    fn register_store(
         &self,
         ctx: &SessionContext,
         url: &Url,
         storage_bucket: Option<&Url>,
     ) -> Result<(), Refusal> {
+        if url.as_str().starts_with(confined::ROOT) {
+            let root = Url::parse(confined::ROOT).map_err(|e| e.to_string())?;
+            let store =
+                Arc::clone(self.files.get_or_init(|| Arc::new(ConfinedFiles::new(self.confinement.clone()))));
+            ctx.runtime_env().register_object_store(&root, store);
+            return Ok(());
+        }
         if scheme(url) != "s3" || storage_bucket.is_some_and(|bucket| within(url, bucket)) {
             return Ok(());
         }
-        let bucket = url.host_str().unwrap_or_default().to_owned();
+        let bucket = host(url).ok_or("An s3:// URL names its bucket.")?;
         let store = {
             let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
             match buckets.get(&bucket) {
@@ -217,12 +379,12 @@ impl Sources {
         source: &ExternalSource,
         storage_bucket: Option<&Url>,
         storage_projects: &Url,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Unreadable> {
         let table = TableReference::bare(name);
         match source {
-            ExternalSource::Files { url, format } => {
-                let url = self.check(url, storage_bucket, storage_projects)?;
-                self.register_bucket(ctx, &url, storage_bucket)?;
+            ExternalSource::Files { url: raw, format } => {
+                let url = self.check(raw, storage_bucket, storage_projects).map_err(Unreadable::Refused)?;
+                self.register_store(ctx, &url, storage_bucket).map_err(Unreadable::Failed)?;
                 // A prefix holds the files of the format's extension; one file is read whatever its name.
                 let ext = if url.path().ends_with('/') { extension(*format) } else { "" };
                 let registered = match format {
@@ -239,12 +401,14 @@ impl Sources {
                         ctx.register_json(table, url.as_str(), options).await
                     }
                 };
-                registered.map_err(|e| format!("cannot read {}: {}", shown(&url), crate::message(&e)))
+                registered.map_err(|e| unreadable(raw, &url, &e))
             }
             ExternalSource::Postgres { url, table: remote } => {
-                let url = self.check(url, storage_bucket, storage_projects)?;
-                let provider = self.postgres_table(&url, remote).await?;
-                ctx.register_table(table, provider).map(|_| ()).map_err(|e| crate::message(&e))
+                let url = self.check(url, storage_bucket, storage_projects).map_err(Unreadable::Refused)?;
+                let provider = self.postgres_table(&url, remote).await.map_err(Unreadable::Failed)?;
+                ctx.register_table(table, provider)
+                    .map(|_| ())
+                    .map_err(|e| Unreadable::Failed(crate::message(&e)))
             }
         }
     }
@@ -266,28 +430,45 @@ impl Sources {
             |e| format!("cannot read table {table} of {}: {}", shown(url), first_line(&e.to_string())),
         )
     }
+
+    /// The files a files source reads now, and the object store they are in (`ctx`'s, in which the source is
+    /// registered).
+    ///
+    /// # Errors
+    /// Why they cannot be listed.
+    pub(crate) async fn files(
+        &self,
+        ctx: &SessionContext,
+        raw: &str,
+        format: TableFormat,
+        storage_bucket: Option<&Url>,
+        storage_projects: &Url,
+    ) -> Result<(Arc<dyn ObjectStore>, Vec<object_store::ObjectMeta>), Unreadable> {
+        use futures_util::TryStreamExt;
+        let url = self.check(raw, storage_bucket, storage_projects).map_err(Unreadable::Refused)?;
+        let failed = |e: datafusion::error::DataFusionError| unreadable(raw, &url, &e);
+        self.register_store(ctx, &url, storage_bucket).map_err(Unreadable::Failed)?;
+        let listing =
+            datafusion::datasource::listing::ListingTableUrl::parse(url.as_str()).map_err(failed)?;
+        let store = ctx.runtime_env().object_store(listing.object_store()).map_err(failed)?;
+        let ext = if url.path().ends_with('/') { extension(format) } else { "" };
+        let state = ctx.state();
+        let found = listing.list_all_files(&state, store.as_ref(), ext).await.map_err(failed)?;
+        let files = found.try_collect().await.map_err(failed)?;
+        Ok((store, files))
+    }
 }
 
-/// The files a registered files source reads now, and the object store they are in (`ctx`'s).
-///
-/// # Errors
-/// Why they cannot be listed.
-pub(crate) async fn files(
-    ctx: &SessionContext,
-    url: &str,
-    format: TableFormat,
-) -> Result<(Arc<dyn ObjectStore>, Vec<object_store::ObjectMeta>), Refusal> {
-    use futures_util::TryStreamExt;
-    let failed = |e: datafusion::error::DataFusionError| {
-        format!("cannot list {}: {}", shown_raw(url), crate::message(&e))
-    };
-    let listing = datafusion::datasource::listing::ListingTableUrl::parse(url).map_err(failed)?;
-    let store = ctx.runtime_env().object_store(listing.object_store()).map_err(failed)?;
-    let ext = if url.ends_with('/') { extension(format) } else { "" };
-    let state = ctx.state();
-    let found = listing.list_all_files(&state, store.as_ref(), ext).await.map_err(failed)?;
-    let files = found.try_collect().await.map_err(failed)?;
-    Ok((store, files))
+/// Why the files at `url` (the source `raw`, as checked) cannot be read, naming them as the tenant wrote them,
+/// never as the server reads them.
+fn unreadable(raw: &str, url: &Url, err: &datafusion::error::DataFusionError) -> Unreadable {
+    let why = crate::message(err).replace(url.as_str(), raw);
+    let text = format!("cannot read {}: {why}", shown_raw(raw));
+    if refused_file(err) {
+        Unreadable::Refused(text)
+    } else {
+        Unreadable::Failed(text)
+    }
 }
 
 /// The extension of a prefix's files of `format`.
@@ -351,11 +532,10 @@ mod tests {
 
     #[test]
     fn a_url_is_read_only_under_the_storages_bucket_or_an_allowed_prefix() {
-        let sources = Sources::allowing(&[
-            "s3://lake/exports".into(),
-            "file:///srv/data/".into(),
-            "postgres://reader:pw@db:5432/analytics".into(),
-        ])
+        let sources = Sources::allowing(
+            &["s3://lake/exports".into(), "postgres://reader:pw@db:5432/analytics?sslmode=require".into()],
+            None,
+        )
         .unwrap();
         let bucket = url("s3://store/");
         let projects = url("s3://store/root/projects/");
@@ -366,9 +546,8 @@ mod tests {
             "s3a://lake/exports/x/",
             "s3://store/incoming/",
             "s3://store/root/other/",
-            "file:///srv/data/a.csv",
             "postgres://db/analytics",
-            "postgresql://me:mine@db:5432/analytics?sslmode=disable",
+            "postgresql://me:mine@db:5432/analytics?sslmode=verify-full",
         ] {
             assert!(check(ok).is_ok(), "{ok}: {:?}", check(ok));
         }
@@ -381,10 +560,11 @@ mod tests {
             ("s3://lake/exports/../secrets/", "not under"),
             ("s3://lake/exports/%2e%2e/secrets/", "not under"),
             ("s3://lake/exports/x%2F..%2F..%2Fsecrets/", "plain"),
+            ("s3://lake/exports/x%5C..%5Csecrets/", "plain"),
+            ("s3://lake/exports//x/", "plain"),
             ("s3://lake/exports/x#y", "plain"),
             ("s3://lake/exports/x?versionId=1", "no query"),
             ("s3://key:secret@lake/exports/", "no query"),
-            ("file:///srv/database/", "not under"),
             ("file:///etc/passwd", "not under"),
             ("http://lake/exports/", "not http"),
             ("postgres://db/other", "not under"),
@@ -404,8 +584,108 @@ mod tests {
         // Without an S3 storage, only the allowed prefixes are sources.
         let local = sources.check("s3://store/incoming/", None, &url("file:///var/lib/endpoints/projects/"));
         assert!(local.unwrap_err().contains("not under"));
-        assert!(Sources::allowing(&["http://x/".into()]).is_err());
-        assert!(Sources::allowing(&["nope".into()]).is_err());
+        assert!(Sources::allowing(&["http://x/".into()], None).is_err());
+        assert!(Sources::allowing(&["nope".into()], None).is_err());
+        assert!(Sources::allowing(&["postgres://db/x?sslmode=sometimes".into()], None).is_err());
+    }
+
+    /// The storage's projects/ area however a URL spells it: the object store decodes percent-encoding, and
+    /// an S3-compatible store or a case-insensitive disk may read another case as the same key.
+    #[test]
+    fn the_projects_area_is_unreachable_however_it_is_spelled() {
+        let sources = Sources::allowing(&["s3://store/".into()], None).unwrap();
+        let bucket = url("s3://store/");
+        let projects = url("s3://store/root/projects/");
+        for spelled in [
+            "s3://store/root/project%73/2/tables/secret/",
+            "s3://store/root/%70rojects/2/tables/secret/",
+            "s3://store/r%6Fot/projects/2/",
+            "s3://store/root/PROJECTS/2/tables/secret/",
+            "s3://STORE/root/projects/2/",
+            "s3a://store/root/Projects/",
+            "s3://store/root/x/../projects/2/",
+            "s3://store/root/x/%2E%2E/projects/2/",
+            "s3://store/root/projects%2F2/tables/",
+        ] {
+            for (storage_bucket, why) in [(Some(&bucket), "projects/"), (None, "projects/")] {
+                let err = sources.check(spelled, storage_bucket, &projects).unwrap_err();
+                assert!(err.contains(why), "{spelled}: {err}");
+            }
+        }
+        // What is read is the normalised URL, the one that was checked.
+        let read = sources.check("s3a://STORE/inc%6Fming/a%20b/", Some(&bucket), &projects).unwrap();
+        assert_eq!(read.as_str(), "s3://store/incoming/a%20b/");
+    }
+
+    #[test]
+    fn local_files_are_checked_on_their_canonical_path() {
+        let boxed = crate::tests::temp_dir("qe-box");
+        let data = boxed.join("data");
+        let lake = crate::tests::temp_dir("qe-lake");
+        let outside = crate::tests::temp_dir("qe-outside");
+        let table = data.join("projects/2/tables/secret/v1");
+        std::fs::create_dir_all(&table).unwrap();
+        std::fs::write(table.join("a.csv"), "secret\n1\n").unwrap();
+        std::fs::write(lake.join("ok.csv"), "a\n1\n").unwrap();
+        std::fs::write(outside.join("x.csv"), "a\n1\n").unwrap();
+        std::os::unix::fs::symlink(data.join("projects"), lake.join("to-projects")).unwrap();
+        std::os::unix::fs::symlink(outside.join("x.csv"), lake.join("to-outside.csv")).unwrap();
+        std::os::unix::fs::symlink("/etc", lake.join("etc")).unwrap();
+        let data_dir = std::fs::canonicalize(&data).unwrap();
+        // The operator allowed the lake, and (carelessly) a prefix over the data directory too.
+        let parent = boxed.display().to_string();
+        let sources = Sources::allowing(
+            &[format!("file://{}/", lake.display()), format!("file://{parent}/")],
+            Some(&data_dir),
+        )
+        .unwrap();
+        let projects = Url::from_directory_path(data_dir.join("projects")).unwrap();
+        let check = |raw: String| sources.check(&raw, None, &projects);
+        let ok = check(format!("file://{}/ok.csv", lake.display())).unwrap();
+        assert!(ok.as_str().starts_with(confined::ROOT) && ok.as_str().ends_with("/ok.csv"), "{ok}");
+        let name = "data";
+        let spelled_name = "dat%61";
+        for (raw, why) in [
+            (format!("file://{}/to-projects/2/tables/secret/", lake.display()), "data directory"),
+            (format!("file://{}/to-outside.csv", lake.display()), "not under"),
+            (format!("file://{}/etc/passwd", lake.display()), "not under"),
+            (format!("file://{parent}/x/../{name}/projects/"), "projects/"),
+            (format!("file://{parent}/{name}/project%73/2/tables/secret/"), "projects/"),
+            (format!("file://{parent}/{spelled_name}/projects/2/"), "projects/"),
+            (format!("file://{parent}/{name}/PROJECTS/2/"), "projects/"),
+            (format!("file://{parent}/{name}/"), "data directory"),
+            (format!("file://{}/missing.csv", lake.display()), "does not exist"),
+        ] {
+            let err = check(raw.clone()).unwrap_err();
+            assert!(err.contains(why), "{raw}: {err}");
+            assert!(
+                !err.contains("qe-box") || raw.contains("qe-box"),
+                "a refusal names where a link leads: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_database_url_cannot_lower_the_operators_tls() {
+        let strict = Sources::allowing(&["postgres://op:pw@db/app".into()], None).unwrap();
+        let relaxed = Sources::allowing(&["postgres://op:pw@db/app?sslmode=prefer".into()], None).unwrap();
+        let projects = url("s3://store/projects/");
+        let check = |sources: &Sources, raw: &str| sources.check(raw, None, &projects);
+        for weaker in ["disable", "allow", "prefer", "require", "verify-ca"] {
+            let err = check(&strict, &format!("postgres://db/app?sslmode={weaker}")).unwrap_err();
+            assert!(err.contains("weaker") && !err.contains("pw"), "{weaker}: {err}");
+            // Not with the tenant's own credentials either: the rule is the operator's.
+            assert!(check(&strict, &format!("postgres://me:mine@db/app?sslmode={weaker}")).is_err());
+        }
+        let mode = |url: Url| url.query_pairs().find(|(k, _)| k == "sslmode").map(|(_, v)| v.into_owned());
+        assert_eq!(mode(check(&strict, "postgres://db/app").unwrap()).as_deref(), Some("verify-full"));
+        assert!(check(&relaxed, "postgres://db/app?sslmode=disable").is_err());
+        assert_eq!(mode(check(&relaxed, "postgres://db/app").unwrap()).as_deref(), Some("prefer"));
+        let stricter = check(&relaxed, "postgres://db/app?sslmode=verify-full&application_name=x").unwrap();
+        assert_eq!(mode(stricter).as_deref(), Some("verify-full"));
+        let err = check(&strict, "postgres://db/app?sslrootcert=/tmp/mine.pem").unwrap_err();
+        assert!(err.contains("operator"), "{err}");
+        assert!(check(&strict, "postgres://db/app?sslmode=bogus").is_err());
     }
 
     #[test]

@@ -139,7 +139,8 @@ impl Storage {
     /// # Errors
     /// [`StorageError::Source`] for a prefix that is not such a URL.
     pub fn allowing_sources(mut self, prefixes: &[String]) -> Result<Self, StorageError> {
-        self.sources = Arc::new(Sources::allowing(prefixes).map_err(StorageError::Source)?);
+        self.sources =
+            Arc::new(Sources::allowing(prefixes, self.local_root.as_deref()).map_err(StorageError::Source)?);
         Ok(self)
     }
 

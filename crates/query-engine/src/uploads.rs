@@ -192,7 +192,9 @@ async fn describe_external(
             .map_err(|e| EngineError::Internal(Box::new(e)))?;
         info.columns = table_columns(&provider.schema());
         if let ExternalSource::Files { url, format } = &source {
-            let (store, files) = crate::sources::files(&ctx, url, *format)
+            let (store, files) = storage
+                .sources()
+                .files(&ctx, url, *format, storage.bucket().as_ref(), &storage.projects_url())
                 .await
                 .map_err(|e| EngineError::Unavailable(e.into()))?;
             info.bytes = Some(files.iter().map(|m| m.size).sum());
@@ -242,7 +244,9 @@ async fn register_source(
     name: &str,
     source: ExternalSource,
 ) -> Result<bool, UploadError> {
-    let refused = |reason: String| UploadError::Rejected(Invalid::field("source", reason));
+    let refused = |reason: crate::sources::Unreadable| {
+        UploadError::Rejected(Invalid::field("source", reason.to_string()))
+    };
     let ctx = empty_session(storage, None, None)?;
     storage
         .sources()

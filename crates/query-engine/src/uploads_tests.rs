@@ -324,7 +324,7 @@ async fn a_source_outside_the_allowed_ones_or_without_files_is_refused_and_chang
         (format!("file://{}/", outside.display()), "not under a source this server allows"),
         (format!("file://{}/projects/1/tables/sales/", dir.display()), "projects/"),
         (format!("file://{}/", lake.display()), "No files found"),
-        (format!("file://{}/missing.csv", lake.display()), "cannot"),
+        (format!("file://{}/missing.csv", lake.display()), "does not exist"),
         ("s3://bucket/x/".to_owned(), "not under a source"),
     ] {
         let err =
@@ -337,4 +337,49 @@ async fn a_source_outside_the_allowed_ones_or_without_files_is_refused_and_chang
     let err = rejected(wide.register(project(), &sales(), files_source(own, TableFormat::Parquet)).await);
     assert!(err.contains("projects/"), "{err}");
     assert_eq!(rows(&engine, "SELECT * FROM sales").await, json!([{"country": "US", "amount": 1}]));
+}
+
+/// A link placed in an allowed folder after the table was registered, to another project's table: the next
+/// query reads none of its rows, and says the source leads outside what is allowed.
+#[tokio::test]
+async fn a_source_never_follows_a_link_out_of_the_allowed_folders() {
+    let lake = temp_dir("qe-lake");
+    let (engine, dir) = engine_allowing(&lake).await;
+    let other = ProjectId::new(2).unwrap();
+    engine.write(other, &sales(), csv("secret,amount\nother-projects-row,1\n")).await.unwrap();
+    let folder = lake.join("mine");
+    std::fs::create_dir_all(&folder).unwrap();
+    engine.write(project(), &sales(), csv("secret,amount\nmine,2\n")).await.unwrap();
+    let own_files = dir.join("projects/1/tables/sales");
+    // The project's own data copied into the lake as its source: one Parquet file.
+    let copied = std::fs::read_dir(&own_files)
+        .unwrap()
+        .flatten()
+        .flat_map(|version| std::fs::read_dir(version.path()).into_iter().flatten().flatten())
+        .find(|file| file.path().extension().is_some_and(|e| e == "parquet"))
+        .unwrap();
+    std::fs::copy(copied.path(), folder.join("mine.parquet")).unwrap();
+    let events = TableName::parse("lake").unwrap();
+    let source = files_source(format!("file://{}/", folder.display()), TableFormat::Parquet);
+    engine.register(project(), &events, source).await.unwrap();
+    let sql = "SELECT secret FROM lake ORDER BY secret";
+    assert_eq!(rows(&engine, sql).await, json!([{"secret": "mine"}]));
+
+    std::os::unix::fs::symlink(dir.join("projects/2/tables/sales"), folder.join("linked")).unwrap();
+    let query = domain::Query::from_json(&json!({"kind": "SQLQuery", "query": sql})).unwrap();
+    let read = engine.execute(project(), &query, &BTreeMap::new(), 1000, 0).await;
+    let err = read.expect_err("a link to another project's table is not read");
+    let text = err.to_string();
+    assert!(text.contains("data directory") && !text.contains("other-projects-row"), "{text}");
+    // Registering the folder again is refused for the same reason.
+    let again = files_source(format!("file://{}/", folder.display()), TableFormat::Parquet);
+    let refused = rejected(engine.register(project(), &events, again).await);
+    assert!(refused.contains("data directory"), "{refused}");
+    // A link to a file outside every allowed folder is refused the same way.
+    std::fs::remove_file(folder.join("linked")).unwrap();
+    let outside = temp_dir("qe-outside");
+    std::fs::copy(folder.join("mine.parquet"), outside.join("x.parquet")).unwrap();
+    std::os::unix::fs::symlink(outside.join("x.parquet"), folder.join("x.parquet")).unwrap();
+    let err = engine.execute(project(), &query, &BTreeMap::new(), 1000, 0).await.unwrap_err();
+    assert!(err.to_string().contains("not under a source"), "{err}");
 }
