@@ -145,6 +145,63 @@ async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
     }
 }
 
+/// A fixed query binds the tokens already issued: a token runs (and documents) the current version unless it was
+/// issued for the version named.
+#[tokio::test]
+async fn a_run_token_runs_the_current_version_unless_issued_for_another() {
+    let app = spawn_app_tuned(no_limits).await;
+    let (project, writer) = project_with_sales(&app);
+    app.create_endpoint(
+        project,
+        &writer,
+        &endpoint_body("leaky", "SELECT country FROM sales ORDER BY country"),
+    )
+    .await;
+    let base = format!("/api/projects/{project}/endpoints/leaky");
+    let fixed = json!({"query": {"kind": "SQLQuery", "query": "SELECT count(*) AS n FROM sales"}});
+    json_of(app.patch(&base, &writer, &fixed).await, 200).await;
+    let pinned = issue(&app, "projects", project, &writer, json!({"endpoints": ["leaky"]})).await;
+    let current = json_of(app.get(&format!("{base}/run"), &pinned).await, 200).await;
+    assert_eq!(
+        (current["endpoint_version"].as_u64(), &current["results"]),
+        (Some(2), &json!([{"n": 6}])),
+        "{current}"
+    );
+    for response in [
+        app.get(&format!("{base}/run?version=1"), &pinned).await,
+        app.post(&format!("{base}/run"), &pinned, &json!({"version": 1})).await,
+        app.post(&format!("{base}/run?version=1"), &pinned, &json!({})).await,
+        app.get(&format!("{base}/run?version=2"), &pinned).await,
+        app.get(&format!("{base}/openapi.json?version=1"), &pinned).await,
+        app.get(&format!("{base}/openapi.json?version=x"), &pinned).await,
+    ] {
+        let body = assert_error(response, 403, "permission_denied").await;
+        assert!(body["detail"].as_str().unwrap().contains("current version"), "{body}");
+    }
+    // The same with a key is allowed: the key holder is the endpoint's owner.
+    json_of(app.get(&format!("{base}/run?version=1"), &writer).await, 200).await;
+
+    // Issued for version 1 by name: that version, and the current one, and no other.
+    let grant = json!({"endpoints": ["leaky"], "versions": {"leaky": [1]}});
+    let named = issue(&app, "projects", project, &writer, grant).await;
+    let old = json_of(app.get(&format!("{base}/run?version=1"), &named).await, 200).await;
+    assert_eq!(old["endpoint_version"], 1, "{old}");
+    json_of(app.get(&format!("{base}/openapi.json?version=1"), &named).await, 200).await;
+    json_of(app.get(&format!("{base}/run"), &named).await, 200).await;
+    assert_error(app.get(&format!("{base}/run?version=2"), &named).await, 403, "permission_denied").await;
+    let tokens = format!("/api/projects/{project}/run_tokens");
+    for (bad, attr) in [
+        (json!({"endpoints": ["leaky"], "versions": {"leaky": [7]}}), "versions.leaky"),
+        (json!({"endpoints": ["leaky"], "versions": {"other": [1]}}), "versions.other"),
+        (json!({"endpoints": ["leaky"], "versions": {"leaky": [0]}}), "versions.leaky"),
+        (json!({"endpoints": ["leaky"], "versions": {"leaky": "1"}}), "versions.leaky"),
+        (json!({"endpoints": ["leaky"], "versions": [1]}), "versions"),
+    ] {
+        let body = assert_error(app.post(&tokens, &writer, &bad).await, 400, "validation_error").await;
+        assert_eq!(body["attr"], attr, "{bad}: {body}");
+    }
+}
+
 #[tokio::test]
 async fn expired_forged_foreign_and_rotated_tokens_are_refused() {
     let app = spawn_app_tuned(no_limits).await;

@@ -248,7 +248,7 @@ impl EndpointTools {
         let project = self.keys.authorize(caller, CURRENT_PROJECT, Scope::EndpointRead, Some(name))?;
         let mut request = RunRequest { variables: arguments, ..RunRequest::default() };
         if let Some(grant) = &caller.grant {
-            request.fix_variables(&grant.fixed_variables)?;
+            request.admit(grant, name)?;
         }
         let outcome = self.runs.run(project, name, request).await?;
         let (rows, has_more) = match outcome.run.as_deref() {

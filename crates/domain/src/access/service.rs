@@ -650,6 +650,7 @@ mod tests {
             endpoints: vec!["a".into()],
             fixed_variables: serde_json::Map::new(),
             rate_limit_per_sec: None,
+            versions: std::collections::BTreeMap::new(),
             expires_at: NOW,
         };
         let token = Principal {

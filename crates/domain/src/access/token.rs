@@ -4,6 +4,7 @@
 //! does the encoding, the signature and its checks); its header's `kid` names the project, so that the secret
 //! to check it with is found before anything in it is trusted.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use uuid::Uuid;
 
 use super::model::ProjectId;
 use crate::clock::Timestamp;
-use crate::error::Invalid;
+use crate::error::{Error, Invalid};
 use crate::fields::{integer, Fields};
 
 /// Bytes of randomness in a project's token secret.
@@ -70,6 +71,10 @@ struct Claims {
     fixed_variables: Map<String, Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rate_limit_per_sec: Option<NonZeroU32>,
+    /// Versions the token may run besides the current one, by endpoint. Absent from tokens issued before it
+    /// existed, which therefore run the current version only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    versions: BTreeMap<String, Vec<u32>>,
 }
 
 /// What a verified run token lets its holder do.
@@ -82,12 +87,35 @@ pub struct RunGrant {
     pub fixed_variables: Map<String, Value>,
     /// The token's own request rate, on top of the project's.
     pub rate_limit_per_sec: Option<NonZeroU32>,
+    /// The versions it may name, by endpoint; every other run is of the endpoint's current version, so that a
+    /// fixed query binds the tokens already issued.
+    pub versions: BTreeMap<String, Vec<u32>>,
     pub expires_at: Timestamp,
 }
 
 impl RunGrant {
     pub fn allows(&self, endpoint: &str) -> bool {
         self.endpoints.iter().any(|name| name == endpoint)
+    }
+
+    /// Whether the token was issued to run `version` of `endpoint` by number.
+    pub fn allows_version(&self, endpoint: &str, version: u32) -> bool {
+        self.versions.get(endpoint).is_some_and(|versions| versions.contains(&version))
+    }
+
+    /// Refuses a version named by the holder (`?version=`) that the token was not issued for: its holder runs,
+    /// and reads the document of, the current version only.
+    ///
+    /// # Errors
+    /// [`Error::PermissionDenied`] naming the version.
+    pub fn admit_version(&self, endpoint: &str, version: Option<u32>) -> Result<(), Error> {
+        match version.filter(|version| !self.allows_version(endpoint, *version)) {
+            None => Ok(()),
+            Some(version) => Err(Error::PermissionDenied(format!(
+                "This run token is for the current version of '{endpoint}', not version {version}: send no \
+                 version, or use a token issued for it (\"versions\": {{\"{endpoint}\": [{version}]}})."
+            ))),
+        }
     }
 }
 
@@ -98,6 +126,8 @@ pub struct RunTokenRequest {
     pub fixed_variables: Map<String, Value>,
     pub expires_in: Duration,
     pub rate_limit_per_sec: Option<NonZeroU32>,
+    /// Versions the token may run by number (`?version=`), by endpoint; none unless named.
+    pub versions: BTreeMap<String, Vec<u32>>,
 }
 
 impl RunTokenRequest {
@@ -109,8 +139,10 @@ impl RunTokenRequest {
     pub const MAX_EXPIRES_IN_SECONDS: i64 = 30 * 24 * 3600;
     /// The life of a token whose request does not say: one hour.
     pub const DEFAULT_EXPIRES_IN_SECONDS: i64 = 3600;
-    const FIELDS: [&'static str; 4] =
-        ["endpoints", "fixed_variables", "expires_in_seconds", "rate_limit_per_sec"];
+    /// The most versions one token may name for one endpoint.
+    pub const MAX_VERSIONS: usize = 100;
+    const FIELDS: [&'static str; 5] =
+        ["endpoints", "fixed_variables", "expires_in_seconds", "rate_limit_per_sec", "versions"];
 
     /// # Errors
     /// [`Invalid`] naming the field at fault. Whether the endpoints exist and declare the fixed variables is
@@ -179,13 +211,54 @@ impl RunTokenRequest {
                     })?,
             ),
         };
+        let versions = match fields.get("versions") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(map)) => versions(map, &endpoints)?,
+            Some(_) => return Err(Invalid::field("versions", VERSIONS_SHAPE)),
+        };
         Ok(Self {
             endpoints,
             fixed_variables,
             expires_in: Duration::from_secs(seconds.unsigned_abs()),
             rate_limit_per_sec,
+            versions,
         })
     }
+}
+
+const VERSIONS_SHAPE: &str = "versions must be an object of NAME: [version numbers] pairs.";
+
+/// The `versions` of a token request: for endpoints it names, lists of positive version numbers.
+fn versions(map: &Map<String, Value>, endpoints: &[String]) -> Result<BTreeMap<String, Vec<u32>>, Invalid> {
+    let mut versions = BTreeMap::new();
+    for (name, numbers) in map {
+        let attr = format!("versions.{name}");
+        if !endpoints.contains(name) {
+            return Err(Invalid::field(
+                attr,
+                format!("'{name}' is not one of the endpoints the token names."),
+            ));
+        }
+        let listed = numbers
+            .as_array()
+            .filter(|list| list.len() <= RunTokenRequest::MAX_VERSIONS)
+            .and_then(|list| {
+                list.iter()
+                    .map(|n| integer(n).and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0))
+                    .collect::<Option<Vec<u32>>>()
+            })
+            .ok_or_else(|| {
+                Invalid::field(
+                    attr,
+                    format!("A list of at most {} positive version numbers.", RunTokenRequest::MAX_VERSIONS),
+                )
+            })?;
+        let mut listed = listed;
+        listed.sort_unstable();
+        listed.dedup();
+        versions.insert(name.clone(), listed);
+    }
+    Ok(versions)
 }
 
 /// A token just signed.
@@ -245,6 +318,7 @@ pub(crate) fn sign(
         endpoints: request.endpoints,
         fixed_variables: request.fixed_variables,
         rate_limit_per_sec: request.rate_limit_per_sec,
+        versions: request.versions,
     };
     let header = Header { kid: Some(project.to_string()), ..Header::new(Algorithm::HS256) };
     let token =
@@ -260,6 +334,7 @@ fn grant(claims: Claims, expires_at: Timestamp) -> RunGrant {
         endpoints: claims.endpoints,
         fixed_variables: claims.fixed_variables,
         rate_limit_per_sec: claims.rate_limit_per_sec,
+        versions: claims.versions,
         expires_at,
     }
 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::access::ProjectId;
+use crate::access::{ProjectId, RunGrant};
 use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
-use crate::error::{Invalid, Violation};
+use crate::error::{Error, Invalid, Violation};
 use crate::fields::Fields;
 use crate::query::{QueryResult, ResultFormat};
 
@@ -129,6 +129,18 @@ impl RunRequest {
         }
         self.variables.extend(fixed.iter().map(|(name, value)| (name.clone(), value.clone())));
         Ok(())
+    }
+
+    /// Applies a run token's grant to a request of its holder for `endpoint`: the current version unless the
+    /// token was issued for the version named, and the token's fixed variables (see
+    /// [`RunRequest::fix_variables`]).
+    ///
+    /// # Errors
+    /// [`Error::PermissionDenied`] for a version the token was not issued for; [`Error::Invalid`]
+    /// (`fixed_variable`) for a fixed variable sent.
+    pub fn admit(&mut self, grant: &RunGrant, endpoint: &str) -> Result<(), Error> {
+        grant.admit_version(endpoint, self.version)?;
+        self.fix_variables(&grant.fixed_variables).map_err(Error::from)
     }
 
     /// Reads a POST body; `query_version` is the `?version=` of the URL (the body's `version` wins), and

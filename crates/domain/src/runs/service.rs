@@ -288,6 +288,22 @@ impl RunService {
                 })?;
             }
         }
+        for (raw, numbers) in &request.versions {
+            let name = EndpointName::parse(raw).map_err(|_| not_found(raw))?;
+            for number in numbers {
+                match self.store.get_version(project, &name, *number).await {
+                    Ok(_) => {}
+                    Err(StoreError::VersionNotFound(_) | StoreError::NotFound) => {
+                        return Err(Invalid::field(
+                            format!("versions.{raw}"),
+                            format!("The endpoint '{raw}' has no version {number}."),
+                        )
+                        .into())
+                    }
+                    Err(other) => return Err(other.into()),
+                }
+            }
+        }
         keys.issue_run_token(issuer, project, request).await
     }
 

@@ -262,13 +262,24 @@ impl PartialSchema for RunTokenBody {
             .minimum(Some(1.0))
             .maximum(Some(1_000_000.0))
             .description(Some("Requests per second the token may make (bursts of twice that), on top of the project's limit."));
+        let numbers = ArrayBuilder::new()
+            .items(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(1.0)))
+            .max_items(Some(RunTokenRequest::MAX_VERSIONS));
+        let versions = ObjectBuilder::new()
+            .schema_type(nullable(Type::Object))
+            .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(numbers.into()))))
+            .description(Some(
+                "Versions the token may run by number (?version=), by endpoint name. Without them its holder runs \
+                 the current version only, so fixing a query binds the tokens already issued.",
+            ));
         closed(
             ObjectBuilder::new()
                 .property("endpoints", endpoints)
                 .required("endpoints")
                 .property("fixed_variables", fixed)
                 .property("expires_in_seconds", expires)
-                .property("rate_limit_per_sec", rate),
+                .property("rate_limit_per_sec", rate)
+                .property("versions", versions),
         )
         .into()
     }

@@ -44,7 +44,7 @@ pub(crate) async fn run_get(
 ) -> Result<HttpResponse, ApiError> {
     let accepted = accepted(&req);
     let mut request = RunRequest::from_query(params(&req), accepted.unwrap_or_default())?;
-    fix_variables(&caller.caller, &mut request)?;
+    admit(&caller.caller, &path.name, &mut request)?;
     // Parsed a second time only when the text could name it (`format` spelled out or percent-encoded).
     let query = req.query_string();
     let explicit =
@@ -70,15 +70,16 @@ pub(crate) async fn run_post(
     let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
     let accepted = accepted(&req);
     let mut request = RunRequest::from_body(&caller.body, version.as_deref(), accepted.unwrap_or_default())?;
-    fix_variables(&caller.caller, &mut request)?;
+    admit(&caller.caller, &path.name, &mut request)?;
     let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
     respond(&req, &state, caller.project, &path.name, request, accepted, explicit).await
 }
 
-/// A run token's fixed variables, set in its holder's request (which may not send them).
-fn fix_variables(caller: &Principal, request: &mut RunRequest) -> Result<(), ApiError> {
+/// A run token's grant applied to its holder's request: the current version unless it was issued for the one
+/// named, and its fixed variables (which the holder may not send).
+fn admit(caller: &Principal, endpoint: &str, request: &mut RunRequest) -> Result<(), ApiError> {
     if let Some(grant) = &caller.grant {
-        request.fix_variables(&grant.fixed_variables)?;
+        request.admit(grant, endpoint)?;
     }
     Ok(())
 }

@@ -60,6 +60,10 @@ pub(crate) async fn openapi(
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
     let version = query.get("version").map(String::as_str);
+    if let (Some(grant), Some(raw)) = (&caller.caller.grant, version) {
+        // Not a number is not a version any token was issued for.
+        grant.admit_version(&path.name, Some(raw.parse().unwrap_or(0)))?;
+    }
     let (endpoint, version) = state.endpoints.endpoint_version(caller.project, &path.name, version).await?;
     let info = req.connection_info();
     let base_url = format!("{}://{}", info.scheme(), info.host());
