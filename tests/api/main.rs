@@ -10,6 +10,7 @@ mod distributed;
 mod errors;
 mod faults;
 mod helpers;
+mod isolation;
 mod materialization;
 mod openapi;
 mod operations;

@@ -136,9 +136,10 @@ async def main_async(base, project, key, reader, loader, token, slow_token):
         print("mcp: a run token lists and runs its endpoint only, its fixed variable gone and refused: ok")
 
     async def as_slow_token(session):
-        # The token's own rate: one a second, in bursts of two. Every request counts, the SDK's own list of the
-        # tools (before its first call, for their output schemas) too, so the budget runs out within three calls.
-        results = [await session.call_tool("run_sales-by-day", {}) for _ in range(3)]
+        # The token's own rate: two a second, in bursts of four. Every message counts (initialize and its
+        # notification, the SDK's own list of the tools before its first call), so the budget runs out within
+        # four calls.
+        results = [await session.call_tool("run_sales-by-day", {}) for _ in range(4)]
         assert not results[0].is_error, results[0]
         body = json.loads(results[-1].content[0].text)
         assert results[-1].is_error and body["code"] == "rate_limited" and "run token" in body["detail"], body
@@ -208,7 +209,7 @@ def main():
             "endpoints": ["sales-by-day"], "fixed_variables": {"country": "FR"},
         })["token"]
         slow_token = request(f"{base}/api/projects/{project}/run_tokens", key, {
-            "endpoints": ["sales-by-day"], "fixed_variables": {"country": "FR"}, "rate_limit_per_sec": 1,
+            "endpoints": ["sales-by-day"], "fixed_variables": {"country": "FR"}, "rate_limit_per_sec": 2,
         })["token"]
         asyncio.run(main_async(base, project, key, reader, loader, token, slow_token))
     print("mcp: every check passed")

@@ -133,10 +133,28 @@ pub(crate) fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
 /// The routes a run token may call (on the endpoints it names): runs and OpenAPI documents.
 const TOKEN_ROUTES: [&str; 2] = ["run", "endpoint_openapi"];
 
+/// The caller of a request, from its bearer credential: 429 first for a client address that failed to
+/// authenticate too often lately (its credential is not even read), then 401, which counts against its address.
+pub(crate) async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Principal, ApiError> {
+    let address = req.peer_addr().map(|peer| peer.ip());
+    state.rate_limits.admit_address(address).map_err(|exceeded| {
+        req.extensions_mut().insert(exceeded.budget);
+        ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after }
+    })?;
+    let authenticated = match bearer(req) {
+        Ok(credential) => state.keys.authenticate(credential).await.map_err(ApiError::from),
+        Err(err) => Err(err),
+    };
+    if matches!(authenticated, Err(ApiError::Domain(Error::NotAuthenticated(_)))) {
+        state.rate_limits.authentication_failed(address);
+    }
+    authenticated
+}
+
 /// Authenticates the caller and checks it may use `scope` on the path's project: 401, then 429, then 403.
 async fn authorize(req: &HttpRequest, scope: Scope) -> Result<(ProjectId, Principal), ApiError> {
     let state = app_state(req)?;
-    let principal = state.keys.authenticate(bearer(req)?).await?;
+    let principal = authenticate(req, state).await?;
     // Before authorization, so probing other projects spends the caller's budget too.
     match state.rate_limits.take(&principal) {
         Ok(Some(budget)) => {

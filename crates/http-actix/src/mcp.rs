@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use domain::{
     ApiKeyService, Endpoint, EndpointService, Invalid, ListParams, Principal, RunRequest, RunService, Scope,
     CURRENT_PROJECT,
@@ -35,7 +35,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::extract::{bearer, is_json, read_body};
+use crate::extract::{authenticate, is_json, read_body};
 use crate::rate_limit::RateLimits;
 use crate::{openapi, AppState};
 
@@ -82,13 +82,36 @@ pub(crate) async fn serve(
     state: web::Data<AppState>,
     mcp: web::Data<Mcp>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = state.keys.authenticate(bearer(&req)?).await?;
-    let body = read_body(&req, payload.into_inner(), state.body_limit).await?;
+    let caller = authenticate(&req, &state).await?;
+    // The REST API's body timeout: a client that sends its body a byte at a time is cut off.
+    let read = read_body(&req, payload.into_inner(), state.body_limit);
+    let body = tokio::time::timeout(state.client_timeout, read)
+        .await
+        .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??;
     if !is_json(&req) {
         return Err(ApiError::UnsupportedMediaType);
     }
-    if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
-        return Err(ApiError::MalformedJson(err.to_string()));
+    let message =
+        serde_json::from_slice::<Value>(&body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    let method = message.get("method").and_then(Value::as_str);
+    // Every message spends the caller's request rate, as a REST call does. Listing and calling tools take it in
+    // their handlers, so that a client over its rate gets the protocol's error (a tool error for a call) with
+    // the REST API's body; anything else (`initialize`, `ping`, notifications) is refused here with 429.
+    if !method.is_some_and(|method| ["tools/list", "tools/call"].contains(&method)) {
+        match state.rate_limits.take(&caller) {
+            Ok(budget) => {
+                if let Some(budget) = budget {
+                    req.extensions_mut().insert(budget);
+                }
+            }
+            Err(exceeded) => {
+                req.extensions_mut().insert(exceeded.budget);
+                return Err(ApiError::RateLimited {
+                    scope: exceeded.scope,
+                    retry_after: exceeded.retry_after,
+                });
+            }
+        }
     }
     if !accepts_both(&req) {
         return Err(ApiError::McpNotAcceptable);

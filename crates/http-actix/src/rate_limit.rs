@@ -3,12 +3,18 @@
 //! `Retry-After`; every authenticated answer carries `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
 //! `X-RateLimit-Reset` of the tightest bucket.
 //!
+//! Failed authentications are limited per client address as well: an address past its budget of 401s gets 429
+//! for its next requests, before any key is hashed or looked up, so a flood of made-up keys costs the service
+//! a map lookup per request.
+//!
 //! The buckets live in this process: with several processes behind a load balancer, each allows its share.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use domain::{Principal, ProjectId};
@@ -42,6 +48,8 @@ impl Rate {
 pub struct RateLimitConfig {
     pub per_key: Option<Rate>,
     pub per_project: Option<Rate>,
+    /// Failed authentications (401) one client address may have, with bursts of twice as many.
+    pub failed_auth_per_address: Option<Rate>,
 }
 
 /// What a client is told about its budget.
@@ -148,11 +156,65 @@ impl TokenBuckets {
     }
 }
 
-/// The per-credential, per-project and per-token buckets.
+/// Client addresses past their budget of failed authentications, until each may try again.
+struct FailedAuthentications {
+    buckets: Buckets<IpAddr>,
+    blocked: Mutex<HashMap<IpAddr, Instant, foldhash::fast::RandomState>>,
+    /// How many addresses are blocked: while none is, a request checks nothing but this.
+    count: AtomicUsize,
+}
+
+impl FailedAuthentications {
+    /// More addresses than fail at once; past it the oldest are let go rather than the map grow.
+    const MAX_BLOCKED: usize = 100_000;
+
+    fn new(rate: Rate) -> Self {
+        Self { buckets: Buckets::new(rate, "address"), blocked: Mutex::default(), count: AtomicUsize::new(0) }
+    }
+
+    fn admit(&self, address: IpAddr) -> Result<(), Exceeded> {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        match blocked.get(&address) {
+            Some(until) if *until > now => {
+                let limit = self.buckets.quota.burst_size().get();
+                let reset = self.buckets.quota.replenish_interval() * limit;
+                Err(Exceeded {
+                    scope: "address",
+                    retry_after: *until - now,
+                    budget: Budget { limit, remaining: 0, reset },
+                })
+            }
+            Some(_) => {
+                blocked.remove(&address);
+                self.count.store(blocked.len(), Ordering::Relaxed);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn failed(&self, address: IpAddr, clock: &DefaultClock) {
+        let Err(exceeded) = self.buckets.take(&address, clock) else { return };
+        let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if blocked.len() >= Self::MAX_BLOCKED {
+            blocked.retain(|_, until| *until > now);
+        }
+        blocked.insert(address, now + exceeded.retry_after.max(Duration::from_secs(1)));
+        self.count.store(blocked.len(), Ordering::Relaxed);
+    }
+}
+
+/// The per-credential, per-project and per-token buckets, and those of failed authentications per address.
 pub struct RateLimits {
     per_key: Option<Buckets<Uuid>>,
     per_project: Option<Buckets<ProjectId>>,
     per_token: TokenBuckets,
+    failed_auth: Option<FailedAuthentications>,
     clock: DefaultClock,
 }
 
@@ -177,7 +239,23 @@ impl RateLimits {
             per_key: config.per_key.map(|rate| Buckets::new(rate, "key")),
             per_project: config.per_project.map(|rate| Buckets::new(rate, "project")),
             per_token: TokenBuckets::default(),
+            failed_auth: config.failed_auth_per_address.map(FailedAuthentications::new),
             clock: DefaultClock::default(),
+        }
+    }
+
+    /// Refuses a client address that failed to authenticate too often lately, before its credential is read.
+    pub(crate) fn admit_address(&self, address: Option<IpAddr>) -> Result<(), Exceeded> {
+        match (&self.failed_auth, address) {
+            (Some(failed), Some(address)) => failed.admit(address),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a failed authentication of a client address; past its budget the address is refused for a while.
+    pub(crate) fn authentication_failed(&self, address: Option<IpAddr>) {
+        if let (Some(failed), Some(address)) = (&self.failed_auth, address) {
+            failed.failed(address, &self.clock);
         }
     }
 
@@ -206,6 +284,13 @@ impl RateLimits {
         if let Some(buckets) = &self.per_project {
             buckets.shrink();
         }
+        if let Some(failed) = &self.failed_auth {
+            failed.buckets.shrink();
+            let mut blocked = failed.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            blocked.retain(|_, until| *until > now);
+            failed.count.store(blocked.len(), Ordering::Relaxed);
+        }
     }
 }
 
@@ -229,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_key_gets_its_burst_then_429_with_the_wait() {
-        let limits = RateLimits::new(RateLimitConfig { per_key: rate(5), per_project: None });
+        let limits = RateLimits::new(RateLimitConfig { per_key: rate(5), ..Default::default() });
         let caller = principal(1);
         let budgets: Vec<Budget> = (0..10).map(|_| limits.take(&caller).unwrap().unwrap()).collect();
         assert_eq!(budgets[0].limit, 10, "a burst of twice the rate");
@@ -246,12 +331,38 @@ mod tests {
 
     #[test]
     fn keys_of_one_project_share_its_bucket() {
-        let limits = RateLimits::new(RateLimitConfig { per_key: rate(100), per_project: rate(2) });
+        let limits = RateLimits::new(RateLimitConfig {
+            per_key: rate(100),
+            per_project: rate(2),
+            ..Default::default()
+        });
         for _ in 0..4 {
             limits.take(&principal(7)).unwrap();
         }
         assert_eq!(limits.take(&principal(7)).unwrap_err().scope, "project");
         assert!(limits.take(&principal(8)).is_ok(), "another project has its own");
+    }
+
+    #[test]
+    fn an_address_past_its_failed_authentications_is_refused_until_it_may_try_again() {
+        let limits =
+            RateLimits::new(RateLimitConfig { failed_auth_per_address: rate(2), ..Default::default() });
+        let (attacker, neighbour) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
+        for _ in 0..4 {
+            assert!(limits.admit_address(Some(attacker)).is_ok(), "a burst of twice the rate");
+            limits.authentication_failed(Some(attacker));
+        }
+        limits.authentication_failed(Some(attacker));
+        let refused = limits.admit_address(Some(attacker)).unwrap_err();
+        assert_eq!(refused.scope, "address");
+        assert!(refused.retry_after > Duration::ZERO && refused.retry_after <= Duration::from_secs(1));
+        assert!(limits.admit_address(Some(neighbour)).is_ok(), "another address is not affected");
+        assert!(limits.admit_address(None).is_ok(), "no address, nothing to count");
+        let off = RateLimits::default();
+        for _ in 0..100 {
+            off.authentication_failed(Some(attacker));
+        }
+        assert!(off.admit_address(Some(attacker)).is_ok());
     }
 
     #[test]

@@ -122,9 +122,13 @@ fn request_keys(request: &RequestContext) -> String {
     )
 }
 
-/// Installs the global subscriber. `RUST_LOG` overrides the default level (`info`).
+/// What is logged unless `RUST_LOG` says otherwise: `info`, but the MCP SDK's protocol chatter (a line per
+/// message it serves) only from `warn`, so a flood of MCP requests does not grow the log by a line each.
+pub const DEFAULT_FILTER: &str = "info,rmcp=warn";
+
+/// Installs the global subscriber. `RUST_LOG` overrides [`DEFAULT_FILTER`].
 pub fn init(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     // Colours only for a person at a terminal: a log file or collector gets plain text, and formatting is cheaper.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // A second initialisation (tests building several applications) is harmless, so its error is ignored.

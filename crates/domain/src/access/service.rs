@@ -31,6 +31,10 @@ pub struct ApiKeyService {
     access: Kept<ProjectId, ProjectAccess>,
     /// Run tokens verified, by their whole text, as the caller each one is.
     tokens: Kept<Box<str>, Principal>,
+    /// Hashes of secrets the store did not know, and projects it did not have: a flood of unknown credentials
+    /// reads the store once per credential (or claimed project) per [`Self::UNKNOWN_TTL`], not once per request.
+    unknown_keys: Kept<String, ()>,
+    unknown_projects: Kept<ProjectId, ()>,
     /// When each key was last used, since the last flush.
     usage: Mutex<HashMap<Uuid, Timestamp, foldhash::fast::RandomState>>,
 }
@@ -45,6 +49,8 @@ impl ApiKeyService {
             cache: Kept::new(ttl, 100_000),
             access: Kept::new(ttl, 100_000),
             tokens: Kept::new(ttl, 20_000),
+            unknown_keys: Kept::new(Self::UNKNOWN_TTL, 100_000),
+            unknown_projects: Kept::new(Self::UNKNOWN_TTL, 100_000),
             usage: Mutex::default(),
         }
     }
@@ -53,6 +59,11 @@ impl ApiKeyService {
     /// the store again, by default: the most a change made by another process waits to take effect here where
     /// the store does not announce changes.
     pub const KEY_CACHE_TTL: Duration = Duration::from_secs(1);
+
+    /// How long a credential the store did not know is refused without reading it again. No real key can be
+    /// among them (a secret is random, and unknown until it is issued), and a project created meanwhile is
+    /// announced (`forget_project`) or has no token of its own yet.
+    pub const UNKNOWN_TTL: Duration = Duration::from_secs(60);
 
     /// Trusts what was read from the store for `ttl` (zero reads the store on every request).
     #[must_use]
@@ -73,6 +84,7 @@ impl ApiKeyService {
     /// how a rotated secret or changed origins announced by another process take effect here at once.
     pub fn forget_project(&self, project: ProjectId) {
         self.access.retain(|id, _| *id != project);
+        self.unknown_projects.retain(|id, ()| *id != project);
         self.tokens.retain(|_, principal| principal.project_id != project);
     }
 
@@ -81,6 +93,7 @@ impl ApiKeyService {
         self.cache.clear();
         self.access.clear();
         self.tokens.clear();
+        self.unknown_projects.clear();
     }
 
     /// Creates a key for an existing project.
@@ -146,14 +159,17 @@ impl ApiKeyService {
     async fn key(&self, secret: &str, now: Timestamp) -> Result<Principal, Error> {
         let hash = SecretHash::of(secret);
         let hash = hash.as_str();
+        let unknown = || Error::NotAuthenticated("The API key is not valid.".into());
         let key = match self.cache.get(hash, now) {
             Some(key) => key,
+            None if self.unknown_keys.get(hash, now).is_some() => return Err(unknown()),
             None => {
                 let found = self.keys.find_by_hash(hash).await?.map(Arc::new);
-                if let Some(key) = &found {
-                    self.cache.put(key.secret_hash.clone(), key, now);
+                match &found {
+                    Some(key) => self.cache.put(key.secret_hash.clone(), key, now),
+                    None => self.unknown_keys.put(hash.to_owned(), &Arc::new(()), now),
                 }
-                found.ok_or_else(|| Error::NotAuthenticated("The API key is not valid.".into()))?
+                found.ok_or_else(unknown)?
             }
         };
         // The store found the key by its hash; comparing again in constant time costs nothing and does not
@@ -204,9 +220,13 @@ impl ApiKeyService {
         if let Some(access) = self.access.get(&project, now) {
             return Ok(Some(access));
         }
+        if self.unknown_projects.get(&project, now).is_some() {
+            return Ok(None);
+        }
         let found = self.projects.access(project).await?.map(Arc::new);
-        if let Some(access) = &found {
-            self.access.put(project, access, now);
+        match &found {
+            Some(access) => self.access.put(project, access, now),
+            None => self.unknown_projects.put(project, &Arc::new(()), now),
         }
         Ok(found)
     }
@@ -510,13 +530,35 @@ mod tests {
         svc.authenticate(SECRET).await.unwrap();
         assert_eq!(read_count(), 4, "a revocation announced by another process: every key is read again");
 
-        // Unknown keys are never cached.
+        // An unknown key reaches the store once a minute, however often it is sent.
         let mut keys = MockApiKeyStore::new();
         keys.expect_find_by_hash().times(2).returning(|_| Ok(None));
-        let svc = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock);
-        for _ in 0..2 {
+        let svc = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock.clone());
+        for _ in 0..1000 {
             assert!(matches!(svc.authenticate(SECRET).await, Err(Error::NotAuthenticated(_))));
         }
+        clock.advance(ApiKeyService::UNKNOWN_TTL);
+        assert!(matches!(svc.authenticate(SECRET).await, Err(Error::NotAuthenticated(_))));
+    }
+
+    #[tokio::test]
+    async fn a_token_of_an_unknown_project_reaches_the_store_once_a_minute() {
+        let mut projects = MockProjectStore::new();
+        projects.expect_access().times(2).returning(|_| Ok(None));
+        let clock = Arc::new(ManualClock::new(NOW));
+        let svc = ApiKeyService::new(Arc::new(MockApiKeyStore::new()), Arc::new(projects), clock.clone());
+        let header = base64url(r#"{"alg":"HS256","typ":"JWT","kid":"424242"}"#);
+        let forged = format!("{header}.{}.c2lnbmF0dXJl", base64url(r#"{"pid":424242}"#));
+        for _ in 0..1000 {
+            assert!(matches!(svc.authenticate(&forged).await, Err(Error::NotAuthenticated(_))));
+        }
+        clock.advance(ApiKeyService::UNKNOWN_TTL);
+        assert!(matches!(svc.authenticate(&forged).await, Err(Error::NotAuthenticated(_))));
+    }
+
+    fn base64url(text: &str) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
     }
 
     #[tokio::test]

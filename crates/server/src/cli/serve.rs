@@ -84,6 +84,11 @@ pub struct ServeArgs {
     /// limit.
     #[arg(long, env = "ENDPOINTS_RATE_LIMIT_PROJECT_PER_SEC", default_value_t = 500)]
     pub rate_limit_project_per_sec: u32,
+    /// Failed authentications (401) per second one client address may have, with bursts of twice as many;
+    /// past them its requests get 429 before any credential is read. 0 for no limit (behind a proxy that hides
+    /// client addresses, where every client shares one).
+    #[arg(long, env = "ENDPOINTS_AUTH_FAILURES_PER_SEC", default_value_t = 10)]
+    pub auth_failures_per_sec: u32,
 }
 
 /// A whole number of at least one.
@@ -121,6 +126,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.rate_limits = http_actix::RateLimitConfig {
         per_key: rate(args.rate_limit_key_per_sec),
         per_project: rate(args.rate_limit_project_per_sec),
+        failed_auth_per_address: rate(args.auth_failures_per_sec),
     };
     let app = Application::build(&config)?;
     app.run_until(shutdown_signal()).await?;

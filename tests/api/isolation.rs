@@ -1,0 +1,126 @@
+//! Isolation and resource bounds (contract section 21), tried as an attacker with one project's key would: MCP
+//! under the REST API's limits, floods of unknown keys, and error details that say nothing of the server.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::helpers::{assert_error, spawn_app, spawn_app_tuned, TestApp};
+
+fn rate(per_second: u32) -> Option<http_actix::Rate> {
+    std::num::NonZeroU32::new(per_second).map(|per_second| http_actix::Rate { per_second })
+}
+
+async fn mcp(app: &TestApp, key: &str, message: Value) -> reqwest::Response {
+    app.request(Method::POST, "/mcp", Some(key))
+        .header("Accept", "application/json, text/event-stream")
+        .json(&message)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn ping(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "ping"})
+}
+
+#[tokio::test]
+async fn mcp_has_the_rest_apis_rate_and_body_timeout_on_every_method() {
+    let app = spawn_app_tuned(|config| {
+        config.rate_limits.per_key = rate(1);
+        config.client_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let (_, key) = app.project_with_key();
+    // `ping` and `initialize` spend the key's budget like any call: a burst of two, then 429.
+    assert_eq!(mcp(&app, &key, ping(1)).await.status(), 200);
+    let initialize = json!({"jsonrpc": "2.0", "id": 2, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    assert_eq!(mcp(&app, &key, initialize).await.status(), 200);
+    let over = mcp(&app, &key, ping(3)).await;
+    assert!(over.headers().contains_key("retry-after"), "{:?}", over.headers());
+    assert_eq!(assert_error(over, 429, "throttled").await["code"], "rate_limited");
+
+    // A body sent a byte at a time is cut off at the client timeout, as on the REST routes.
+    let (_, slow) = app.project_with_key();
+    let address = app.address.trim_start_matches("http://").to_owned();
+    let started = Instant::now();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut socket = std::net::TcpStream::connect(address).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {slow}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: 100\r\n\r\n{{"
+        );
+        socket.write_all(head.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = socket.read_to_string(&mut answer);
+        answer
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(10), "cut off after {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_flood_of_mcp_requests_does_not_write_a_log_line_each() {
+    let app = spawn_app().await;
+    let (_, key) = app.project_with_key();
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
+    app.stop().await.unwrap();
+    let log_path = data_dir.with_extension("log");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"));
+    command.stderr(std::fs::File::create(&log_path).unwrap());
+    let server = crate::helpers::serve_command(command, &data_dir, &["--materialize-workers", "0"]).await;
+    let client = reqwest::Client::new();
+    let before = std::fs::read_to_string(&log_path).unwrap().lines().count();
+    for id in 0..150 {
+        let message = if id % 2 == 0 {
+            ping(id)
+        } else {
+            json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        };
+        let answer = client
+            .post(format!("{}/mcp", server.address))
+            .bearer_auth(&key)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&message)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    drop(server);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let written = log.lines().count() - before;
+    assert!(written < 10, "150 MCP requests wrote {written} log lines:\n{log}");
+    std::fs::remove_file(log_path).ok();
+}
+
+#[tokio::test]
+async fn an_address_that_keeps_failing_to_authenticate_is_refused_before_its_keys_are_read() {
+    let app = spawn_app_tuned(|config| config.rate_limits.failed_auth_per_address = rate(5)).await;
+    let (project, key) = app.project_with_key();
+    let path = format!("/api/projects/{project}/endpoints");
+    let mut statuses = Vec::new();
+    for i in 0..40 {
+        let made_up = format!("phx_{:064x}", i);
+        statuses.push(app.get(&path, &made_up).await.status().as_u16());
+    }
+    let unauthorized = statuses.iter().filter(|s| **s == 401).count();
+    assert!((10..=12).contains(&unauthorized), "a burst of about ten 401s: {statuses:?}");
+    assert!(statuses.ends_with(&[429; 20]), "{statuses:?}");
+    // The address is refused whatever it sends, until it may try again; another address is not.
+    let refused = app.get(&path, &key).await;
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_error(refused, 429, "throttled").await;
+    let elsewhere = reqwest::Client::builder().local_address(Some([127, 0, 0, 2].into())).build().unwrap();
+    let answer = elsewhere.get(format!("{}{path}", app.address)).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(app.get(&path, &key).await.status(), 200, "the address may try again");
+}
