@@ -283,6 +283,7 @@ fn session_with(
         None => SessionContext::new_with_config(config),
     };
     storage.register(&ctx.runtime_env());
+    crate::memory::bound_functions(&ctx, crate::EngineLimits::default().memory_limit);
     Ok(ctx)
 }
 

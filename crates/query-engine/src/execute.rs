@@ -13,6 +13,7 @@ use datafusion::execution::cache::cache_manager::{
     CacheManager, CacheManagerConfig, FileMetadataCache, FileStatisticsCache,
 };
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::GreedyMemoryPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::physical_plan::empty::EmptyExec;
@@ -24,14 +25,19 @@ use futures_util::TryStreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::compile::Compiled;
+use crate::memory::{QueryPool, SERVER_MEMORY_IN_USE};
 
 /// Limits every live query runs under.
 #[derive(Debug, Clone)]
 pub struct EngineLimits {
     /// A query still running after this is cancelled (`query_timeout`).
     pub query_timeout: Duration,
-    /// Memory one query may hold for sorts, joins and aggregations (`query_memory_limit`).
+    /// Memory one query may hold for sorts, joins and aggregations, and scalar functions' output while they
+    /// write it (`query_memory_limit`).
     pub memory_limit: usize,
+    /// Memory every query of the process may hold together (the share of `--max-memory` left to queries); a
+    /// query that needs more while others hold it waits its turn (429).
+    pub server_memory: usize,
     /// Live queries one project may run at once; more are refused with 429.
     pub max_concurrent_per_project: usize,
     /// What a refused caller is told to wait.
@@ -52,6 +58,7 @@ impl Default for EngineLimits {
         Self {
             query_timeout: Duration::from_secs(30),
             memory_limit: 512 * 1024 * 1024,
+            server_memory: 1536 * 1024 * 1024,
             max_concurrent_per_project: 4,
             retry_after: Duration::from_secs(1),
             refresh_timeout: Duration::from_secs(600),
@@ -122,16 +129,17 @@ pub(crate) fn scalar(value: &BoundValue) -> ScalarValue {
     }
 }
 
-/// A per-query runtime whose memory pool refuses allocations past the limit, sharing the engine's `files`
-/// caches.
+/// A per-query runtime whose memory pool refuses allocations past the query's limit or past what every query
+/// holds together (`memory`), sharing the engine's `files` caches.
 pub(crate) fn runtime(
     limits: &EngineLimits,
     files: &FileCaches,
+    memory: &Arc<GreedyMemoryPool>,
 ) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>, EngineError> {
     // No spilling: a query over its memory limit fails with `query_memory_limit` instead of filling the disk.
     RuntimeEnvBuilder::new()
         .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled))
-        .with_memory_limit(limits.memory_limit, 1.0)
+        .with_memory_pool(Arc::new(QueryPool::new(limits.memory_limit, Arc::clone(memory))))
         .with_cache_manager(files.config())
         .build_arc()
         .map_err(|e| EngineError::Internal(Box::new(e)))
@@ -189,6 +197,10 @@ pub(crate) fn execution_error(err: DataFusionError) -> EngineError {
         return EngineError::Unavailable(Box::new(err));
     }
     match err.find_root() {
+        // Not the query's fault: the server's memory is held by other queries now.
+        DataFusionError::ResourcesExhausted(reason) if reason.starts_with(SERVER_MEMORY_IN_USE) => {
+            EngineError::Busy { retry_after: Duration::from_secs(1) }
+        }
         DataFusionError::ResourcesExhausted(reason) => EngineError::MemoryLimit(reason.clone()),
         DataFusionError::Plan(_) | DataFusionError::SQL(..) | DataFusionError::SchemaError(..) => {
             EngineError::InvalidQuery(crate::message(&err))

@@ -16,6 +16,7 @@ pub mod distributed;
 mod execute;
 mod export;
 mod materialized;
+mod memory;
 mod metrics;
 mod outline;
 mod plans;
@@ -34,6 +35,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
+use datafusion::execution::memory_pool::GreedyMemoryPool;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use domain::{EngineError, Export, ProjectId, Query, QueryDescription, QueryEngine, ResultFormat};
@@ -62,6 +64,8 @@ pub struct DataFusionEngine {
     files: execute::FileCaches,
     /// Live queries' plans before their variables are bound, kept between runs.
     plans: plans::Plans,
+    /// The memory every query holds together, within `limits.server_memory`.
+    memory: Arc<GreedyMemoryPool>,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -72,10 +76,12 @@ pub(crate) fn message(err: &DataFusionError) -> String {
 impl DataFusionEngine {
     /// An engine over the tables under `projects/` in `storage`, with the default limits.
     pub fn new(storage: Storage) -> Self {
+        let limits = EngineLimits::default();
         Self {
             storage,
             scheduler: None,
-            limits: EngineLimits::default(),
+            memory: Arc::new(GreedyMemoryPool::new(limits.server_memory)),
+            limits,
             slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
@@ -89,6 +95,7 @@ impl DataFusionEngine {
     /// The same engine, its live queries running under `limits`.
     #[must_use]
     pub fn with_limits(mut self, limits: EngineLimits) -> Self {
+        self.memory = Arc::new(GreedyMemoryPool::new(limits.server_memory));
         self.limits = limits;
         self
     }
@@ -309,7 +316,7 @@ impl DataFusionEngine {
         compiled: &compile::Compiled,
     ) -> Result<(datafusion::prelude::SessionContext, datafusion::logical_expr::LogicalPlan), EngineError>
     {
-        let runtime = Some(execute::runtime(&self.limits, &self.files)?);
+        let runtime = Some(execute::runtime(&self.limits, &self.files, &self.memory)?);
         let ctx = catalog::empty_session(&self.storage, runtime, self.scheduler())?;
         // A cluster's session plans for its scheduler: its plans are not kept.
         let keeps = self.scheduler().is_none();

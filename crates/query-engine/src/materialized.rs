@@ -225,7 +225,7 @@ impl DataFusionEngine {
     ) -> Result<(SessionContext, LogicalPlan), EngineError> {
         let ctx = catalog::small_session(
             &self.storage,
-            Some(execute::runtime(&self.limits, &self.files)?),
+            Some(execute::runtime(&self.limits, &self.files, &self.memory)?),
             self.scheduler(),
         )?;
         let location = self.storage.url_of(prefix);
@@ -249,7 +249,7 @@ impl DataFusionEngine {
             Some(_) => ctx,
             None => catalog::empty_session(
                 &self.storage,
-                Some(execute::runtime(&self.limits, &self.files)?),
+                Some(execute::runtime(&self.limits, &self.files, &self.memory)?),
                 self.scheduler(),
             )?,
         };

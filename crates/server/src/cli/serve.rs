@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
 
@@ -26,6 +27,11 @@ pub struct ServeArgs {
     /// Memory one live query may use, in MiB (400 query_memory_limit beyond it).
     #[arg(long, env = "ENDPOINTS_QUERY_MEMORY_MB", default_value_t = 512, value_parser = positive_usize())]
     pub query_memory_mb: usize,
+    /// Memory the whole process stays under (`2GiB`, `1500MiB`): queries together get what the result cache
+    /// (--cache-mb) and the process's own 256 MiB leave (at least one query's worth); a query that needs memory
+    /// other queries hold gets 429 with Retry-After.
+    #[arg(long, env = "ENDPOINTS_MAX_MEMORY", default_value = "2GiB", value_parser = clap::value_parser!(ByteSize))]
+    pub max_memory: ByteSize,
     /// The largest page of rows one run may answer, as JSON, in MiB (400 result_too_large beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_RESULT_MB", default_value_t = 32, value_parser = positive_usize())]
     pub max_result_mb: usize,
@@ -101,12 +107,35 @@ fn positive_usize() -> RangedU64ValueParser<usize> {
     RangedU64ValueParser::new().range(1..)
 }
 
+/// The process's own memory besides queries and the result cache: code, connections, buffers, caches of plans
+/// and files.
+const PROCESS_MIB: u64 = 256;
+
+/// The bytes every query may hold together: `--max-memory` less the result cache and the process's own, and at
+/// least one query's worth.
+fn queries_memory(max_memory: ByteSize, cache_mb: u64, query_memory_mb: usize) -> usize {
+    const MIB: u64 = 1024 * 1024;
+    let query = u64::try_from(query_memory_mb).unwrap_or(u64::MAX).saturating_mul(MIB);
+    let left =
+        max_memory.as_u64().saturating_sub(cache_mb.saturating_mul(MIB)).saturating_sub(PROCESS_MIB * MIB);
+    if left < query {
+        tracing::warn!(
+            max_memory = %max_memory,
+            cache_mb,
+            query_memory_mb,
+            "--max-memory leaves less than one query's memory to queries: one query at a time may use it"
+        );
+    }
+    usize::try_from(left.max(query)).unwrap_or(usize::MAX)
+}
+
 pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliError> {
     config.bind = args.bind;
     config.workers = args.workers;
     config.pool_size = args.pool_size;
     config.limits.query_timeout = Duration::from_secs(args.query_timeout_secs);
     config.limits.memory_limit = args.query_memory_mb.saturating_mul(1024 * 1024);
+    config.limits.server_memory = queries_memory(args.max_memory, args.cache_mb, args.query_memory_mb);
     config.limits.result_bytes = args.max_result_mb.saturating_mul(1024 * 1024);
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
     config.upload_limit = args.max_upload_mb.saturating_mul(1024 * 1024);
