@@ -275,11 +275,27 @@ pub fn endpoint_body(name: &str, sql: &str) -> Value {
 }
 
 /// Asserts an error response's status and body shape, and returns the body.
+/// What no error body may say (contract section 21): where the server keeps its data (every test's data
+/// directory is under a directory named so), the engine's plan text, or DataFusion's own internals.
+const NEVER_IN_AN_ERROR: [&str; 6] =
+    ["endpoints-api-", "/staging/", "Placeholder", "Cast {", "data_type:", "bug in DataFusion"];
+
 pub async fn assert_error(response: Response, status: u16, kind: &str) -> Value {
+    assert_error_quoting(response, status, kind, "").await
+}
+
+/// [`assert_error`] for a request that itself names `quoted` (a path in a hostile query, say), which its error
+/// may quote back.
+pub async fn assert_error_quoting(response: Response, status: u16, kind: &str, quoted: &str) -> Value {
     assert_eq!(response.status(), status, "unexpected status");
     let body: Value = response.json().await.expect("error bodies are JSON");
     assert_eq!(body["type"], kind, "{body}");
     assert!(body["code"].is_string() && body["detail"].is_string() && body.get("attr").is_some(), "{body}");
+    let text = body.to_string();
+    let text = if quoted.is_empty() { text } else { text.replace(quoted, "") };
+    for internal in NEVER_IN_AN_ERROR {
+        assert!(!text.contains(internal), "an error body shows {internal}: {text}");
+    }
     body
 }
 

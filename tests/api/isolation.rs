@@ -124,3 +124,53 @@ async fn an_address_that_keeps_failing_to_authenticate_is_refused_before_its_key
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(app.get(&path, &key).await.status(), 200, "the address may try again");
 }
+
+/// What broke the server's answers before: a corrupt Parquet body and a string past 2 GiB panicked (500), a
+/// huge value was read whole, and details showed where the body was staged and the engine's plan text. Each is
+/// a 400 now, with its cause, in the client's terms.
+#[tokio::test]
+async fn nothing_a_client_sends_gets_a_500_or_shows_the_servers_internals() {
+    let app = spawn_app().await;
+    let project = app.create_project();
+    let (_, key) = app.create_key(project, &["endpoint:write", "table:write"]);
+    let table = format!("/api/projects/{project}/tables/t");
+    let put = |content_type: &'static str, body: Vec<u8>| {
+        let request = app.request(Method::PUT, &table, Some(&key)).header("Content-Type", content_type);
+        async move { request.body(body).send().await.unwrap() }
+    };
+    for (content_type, body) in [
+        ("application/vnd.apache.parquet", b"PAR1garbagePAR1".to_vec()),
+        ("text/csv", b"a,b\n1,2,3\n".to_vec()),
+        ("application/x-ndjson", b"{\"a\": 1}\n{\"a\": \n".to_vec()),
+    ] {
+        let error = assert_error(put(content_type, body).await, 400, "validation_error").await;
+        assert_eq!(error["attr"], "body", "{content_type}: {error}");
+    }
+    let mut huge = b"id,blob\n1,\"".to_vec();
+    huge.resize(huge.len() + 65 * 1024 * 1024, b'x');
+    let error = assert_error(put("text/csv", huge).await, 400, "validation_error").await;
+    assert!(error["detail"].as_str().unwrap().contains("Row 2"), "{error}");
+
+    let endpoints = format!("/api/projects/{project}/endpoints");
+    for (name, sql, variables) in [
+        ("repeat", "SELECT length(repeat('x', {variables.n})) AS n", json!({"n": 1_500_000_000})),
+        (
+            "overflow",
+            "SELECT sum(length(repeat('y', 1000000 + v % 2))) AS m FROM generate_series(1, 3000) AS t(v) \
+             WHERE v <= {variables.n}",
+            json!({"n": 2100}),
+        ),
+    ] {
+        let body = json!({"name": name, "query": {"kind": "SQLQuery", "query": sql,
+            "variables": {"n": {"type": "Integer", "default": 1}}}});
+        let created = app.post(&endpoints, &key, &body).await;
+        assert_eq!(created.status(), 201, "{}", created.text().await.unwrap());
+        let run = app.post(&format!("{endpoints}/{name}/run"), &key, &json!({"variables": variables})).await;
+        assert_eq!(assert_error(run, 400, "query_error").await["code"], "query_memory_limit");
+    }
+    let body = json!({"name": "typed", "query": {"kind": "SQLQuery",
+        "query": "SELECT * FROM generate_series(1, {variables.s})",
+        "variables": {"s": {"type": "String", "default": "x"}}}});
+    let error = assert_error(app.post(&endpoints, &key, &body).await, 400, "validation_error").await;
+    assert!(error["detail"].as_str().unwrap().contains("{variables.s}"), "{error}");
+}

@@ -3,7 +3,8 @@
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    assert_error, endpoint_body, project_with_sales, respawn, spawn_app, spawn_app_tuned, TestApp, FAMILIES,
+    assert_error, assert_error_quoting, endpoint_body, project_with_sales, respawn, spawn_app,
+    spawn_app_tuned, TestApp, FAMILIES,
 };
 
 async fn run_get(app: &TestApp, project: i64, key: &str, name: &str, query: &str) -> reqwest::Response {
@@ -403,7 +404,7 @@ async fn hostile_queries_are_refused_when_created() {
     .enumerate()
     {
         let response = app.post(&format!("{base}/"), &key, &endpoint_body(&format!("h{i}"), sql)).await;
-        let error = assert_error(response, 400, "validation_error").await;
+        let error = assert_error_quoting(response, 400, "validation_error", csv).await;
         assert_eq!(error["attr"], "query", "{sql}: {error}");
         let detail = error["detail"].as_str().unwrap();
         assert!(!detail.contains(app.data_dir.to_str().unwrap()) || detail.contains(csv), "{sql}: {detail}");

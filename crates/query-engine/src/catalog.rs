@@ -265,6 +265,20 @@ pub(crate) fn small_session(
     session_with(storage, runtime, scheduler, SessionConfig::new().with_target_partitions(1))
 }
 
+/// An [`empty_session`] for importing a staged upload, reading `batch_rows` rows at a time when its records
+/// are large (see `records`).
+pub(crate) fn import_session(
+    storage: &Storage,
+    batch_rows: Option<usize>,
+) -> Result<SessionContext, EngineError> {
+    let config = SessionConfig::new();
+    let config = match batch_rows {
+        Some(rows) => config.with_batch_size(rows),
+        None => config,
+    };
+    session_with(storage, None, None, config)
+}
+
 fn session_with(
     storage: &Storage,
     runtime: Option<Arc<RuntimeEnv>>,

@@ -6,7 +6,7 @@
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::scalar::ScalarValue;
-use domain::{Query, VariableType};
+use domain::{EngineError, Query, VariableType};
 
 /// SQL text with numbered parameters, and the variable bound to each number (`$1` is `params[0]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +53,18 @@ pub(crate) fn compile(query: &Query) -> Compiled {
 }
 
 impl Compiled {
+    /// An error about the compiled query told in the terms of the query as written: its parameters named as
+    /// the variables they stand for.
+    pub(crate) fn explain(&self, err: EngineError) -> EngineError {
+        match err {
+            EngineError::InvalidQuery(text) => {
+                let names: Vec<String> = self.params.iter().map(|(name, _)| name.clone()).collect();
+                EngineError::InvalidQuery(crate::messages::name_variables(&text, &names))
+            }
+            other => other,
+        }
+    }
+
     /// One value of the right type per parameter, for planning without real values.
     pub(crate) fn sample_values(&self) -> Vec<ScalarValue> {
         self.params

@@ -17,10 +17,12 @@ mod execute;
 mod export;
 mod materialized;
 mod memory;
+mod messages;
 mod metrics;
 mod outline;
 mod plans;
 mod progress;
+mod records;
 mod rollup;
 mod runtime;
 mod sources;
@@ -70,7 +72,7 @@ pub struct DataFusionEngine {
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
 pub(crate) fn message(err: &DataFusionError) -> String {
-    err.strip_backtrace()
+    messages::readable(&err.strip_backtrace())
 }
 
 impl DataFusionEngine {
@@ -393,8 +395,10 @@ impl QueryEngine for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project))]
     async fn describe(&self, project: ProjectId, query: &Query) -> Result<QueryDescription, EngineError> {
         compile::check_size(&query.sql)?;
-        let (engine, query) = (self.clone(), query.clone());
-        self.within_time(self.runtime.run(async move { engine.describe_here(project, &query).await })).await
+        let (engine, owned) = (self.clone(), query.clone());
+        self.within_time(self.runtime.run(async move { engine.describe_here(project, &owned).await }))
+            .await
+            .map_err(|e| compile::compile(query).explain(e))
     }
 
     #[instrument(skip_all, fields(project = %project, limit, offset))]
@@ -411,6 +415,7 @@ impl QueryEngine for DataFusionEngine {
             engine.execute_here(project, &owned, &variables, limit, offset).await
         })
         .await
+        .map_err(|e| compile::compile(query).explain(e))
     }
 
     #[instrument(skip_all, fields(project = %project, limit, offset, format = format.as_str()))]
@@ -428,6 +433,7 @@ impl QueryEngine for DataFusionEngine {
             engine.export_here(project, &owned, &variables, limit, offset, format).await
         })
         .await
+        .map_err(|e| compile::compile(query).explain(e))
     }
 }
 

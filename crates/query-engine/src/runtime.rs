@@ -41,9 +41,28 @@ impl EngineRuntime {
             self.0.as_ref().ok_or_else(|| EngineError::Unavailable("the query engine has stopped".into()))?;
         match (AbortOnDrop(runtime.spawn(work))).await {
             Ok(result) => result,
+            Err(err) if err.is_panic() => Err(panicked(err.into_panic())),
             Err(err) => Err(EngineError::Internal(Box::new(err))),
         }
     }
+}
+
+/// What a panic in the engine's work means to its caller. Work here only ever reads what a client sent (its
+/// query, its upload) with DataFusion and Arrow, whose kernels panic on some inputs (a string array past 2 GiB,
+/// a corrupt file's impossible lengths): the client's request failed on its own input, so it is told so (400)
+/// with the panic's message, which names what overflowed, never where; the process goes on, and the panic is
+/// logged as the bug in the engine it also is.
+fn panicked(payload: Box<dyn std::any::Any + Send>) -> EngineError {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned());
+    tracing::error!(panic = %message, "the engine panicked on a request's input");
+    EngineError::InvalidQuery(format!(
+        "The engine could not process this input: {}.",
+        message.lines().next().unwrap_or_default().trim_end_matches('.')
+    ))
 }
 
 impl Drop for EngineRuntime {

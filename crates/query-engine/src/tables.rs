@@ -524,9 +524,10 @@ pub(crate) async fn import_staged(
     staged: &ObjectPath,
     format: FileFormat,
     mode: ImportMode,
+    batch_rows: Option<usize>,
 ) -> Result<(u64, bool), StagedError> {
     let ctx =
-        crate::catalog::empty_session(storage, None, None).map_err(|e| StagedError::Write(e.to_string()))?;
+        crate::catalog::import_session(storage, batch_rows).map_err(|e| StagedError::Write(e.to_string()))?;
     let location = storage.url_of(staged);
     let ext = match format {
         FileFormat::Parquet => ".parquet",

@@ -483,3 +483,51 @@ async fn functions_that_build_large_values_fail_with_the_memory_limit_before_all
     let columns = unnamed.unwrap().columns;
     assert_eq!(columns[0].name, "events.country || Utf8(\"x\")", "{columns:?}");
 }
+
+/// Error details say what is wrong in the query's terms: never the engine's plan text (the placeholders its
+/// variables are compiled to) or where the server keeps files.
+#[tokio::test]
+async fn errors_name_the_query_not_the_engines_internals() {
+    let (engine, dir) = engine_with_events().await;
+    let int = json!({"n": {"type": "Integer"}, "s": {"type": "String"}, "d": {"type": "Date"}});
+    for sql in [
+        "SELECT {variables.n} + 'a' AS x",
+        "SELECT {variables.s} - 1 AS x",
+        "SELECT {variables.d} * 2 AS x",
+        "SELECT {variables.n} FROM events WHERE revenue = {variables.s} || {variables.d}",
+        "SELECT nope({variables.n})",
+        "SELECT country FROM events WHERE revenue LIKE {variables.n}",
+        "SELECT sum({variables.s}) FROM events",
+        "SELECT * FROM missing_table",
+        "SELECT missing_column FROM events",
+        "SELECT * FROM generate_series(1, {variables.s})",
+        "SELECT * FROM events WHERE {variables.n}",
+        "SELECT date_trunc({variables.n}, {variables.d})",
+    ] {
+        let q = query(sql, int.clone());
+        let values = bound(&[
+            ("n", domain::BoundValue::Integer(1)),
+            ("s", domain::BoundValue::String("x".into())),
+            ("d", domain::BoundValue::Date(time::macros::date!(2026 - 01 - 01))),
+        ]);
+        let described = engine.describe(project(1), &q).await.err().map(|e| e.to_string());
+        let executed = engine.execute(project(1), &q, &values, 10, 0).await.err().map(|e| e.to_string());
+        for text in described.iter().chain(executed.iter()) {
+            for internal in [
+                "Placeholder",
+                "Cast {",
+                "data_type:",
+                "$1",
+                "$2",
+                "bug in DataFusion",
+                dir.to_str().unwrap(),
+            ] {
+                assert!(!text.contains(internal), "{sql}: {internal} in {text}");
+            }
+        }
+        assert!(described.is_some() || executed.is_some(), "{sql} should fail");
+    }
+    let q = query("SELECT * FROM generate_series(1, {variables.s})", int);
+    let reason = invalid(engine.describe(project(1), &q).await);
+    assert!(reason.ends_with("got {variables.s}"), "{reason}");
+}

@@ -27,6 +27,7 @@ use tracing::instrument;
 use crate::catalog::{
     current, empty_session, is_parquet, list_tables, pointer, table_prefix, Current, Pointer, Target, CURRENT,
 };
+use crate::records::RecordSizes;
 use crate::storage::{unavailable, Storage};
 use crate::tables::{import_staged, remove_versions, FileFormat, ImportMode, StagedError};
 use crate::DataFusionEngine;
@@ -61,19 +62,42 @@ fn file_format(format: TableFormat) -> FileFormat {
     }
 }
 
-/// Streams the body to a new staging object, alone in its own directory; returns the directory and the body's
-/// size. Nothing is left behind on error.
-async fn stage(
-    storage: &Storage,
-    project: ProjectId,
-    upload: &mut Upload,
-) -> Result<(ObjectPath, u64), UploadError> {
+/// `reason` with every mention of the staged body (a URL or a path, however the engine spelled it: each word
+/// that names its directory, which is unique) said as the client knows it: the body.
+fn the_body(reason: &str, staged: &ObjectPath) -> String {
+    let unique = staged.filename().unwrap_or("staging");
+    reason
+        .split_inclusive(char::is_whitespace)
+        .map(|word| {
+            if word.contains(unique) {
+                let space = &word[word.trim_end().len()..];
+                format!("the body{space}")
+            } else {
+                word.to_owned()
+            }
+        })
+        .collect()
+}
+
+/// A body staged: where, its size, and the rows its import reads at a time (see `records`).
+struct Staged {
+    directory: ObjectPath,
+    bytes: u64,
+    batch_rows: Option<usize>,
+}
+
+/// Streams the body to a new staging object, alone in its own directory, measuring its records as they pass.
+/// Nothing is left behind on error.
+async fn stage(storage: &Storage, project: ProjectId, upload: &mut Upload) -> Result<Staged, UploadError> {
     let directory = staging_prefix(project).join(uuid::Uuid::new_v4().to_string());
     let path = directory.clone().join(format!("body.{}", upload.format.as_str()));
     let mut writer = BufWriter::new(Arc::clone(storage.store()), path.clone());
+    let mut records = RecordSizes::of(upload.format);
     let mut size = 0_u64;
     let failed = loop {
-        let Some(chunk) = upload.body.next().await else { break None };
+        let Some(chunk) = upload.body.next().await else {
+            break records.as_mut().and_then(|r| r.finish().err()).map(UploadError::Invalid);
+        };
         let chunk = match chunk {
             Ok(chunk) => chunk,
             Err(err) => break Some(UploadError::CutOff(Box::new(err))),
@@ -81,6 +105,9 @@ async fn stage(
         size += chunk.len() as u64;
         if size > upload.limit_bytes {
             break Some(UploadError::TooLarge { limit_bytes: upload.limit_bytes });
+        }
+        if let Some(Err(too_long)) = records.as_mut().map(|r| r.feed(&chunk)) {
+            break Some(UploadError::Invalid(too_long));
         }
         if let Err(err) = writer.put(chunk).await {
             break Some(UploadError::Engine(unavailable(err)));
@@ -97,7 +124,7 @@ async fn stage(
         return Err(UploadError::Invalid("The body is empty: send the table's rows.".into()));
     }
     writer.shutdown().await.map_err(|e| UploadError::Engine(EngineError::Unavailable(Box::new(e))))?;
-    Ok((directory, size))
+    Ok(Staged { directory, bytes: size, batch_rows: records.map(|r| r.batch_rows()) })
 }
 
 fn instant(meta: &ObjectMeta) -> Timestamp {
@@ -331,7 +358,8 @@ impl TableStore for DataFusionEngine {
                 ),
             )));
         }
-        let (staged, bytes) = stage(&self.storage, project, &mut upload).await?;
+        let Staged { directory: staged, bytes, batch_rows } =
+            stage(&self.storage, project, &mut upload).await?;
         let mode = match upload.mode {
             WriteMode::Replace => ImportMode::Replace,
             WriteMode::Append => ImportMode::Append,
@@ -343,10 +371,14 @@ impl TableStore for DataFusionEngine {
         // Reading and writing the rows is the engine's work, on its threads.
         let imported = match self
             .runtime
-            .run(async move { Ok(import_staged(&storage, project, &table, &target, format, mode).await) })
+            .run(async move {
+                Ok(import_staged(&storage, project, &table, &target, format, mode, batch_rows).await)
+            })
             .await
         {
             Ok(Ok(imported)) => Ok(imported),
+            // The engine failed on the body itself (it panicked reading a malformed file): the body's fault.
+            Err(EngineError::InvalidQuery(reason)) => Err(UploadError::Invalid(reason)),
             Ok(Err(StagedError::Invalid(reason))) => Err(UploadError::Invalid(reason)),
             Ok(Err(StagedError::NoSuchTable)) => Err(UploadError::NoSuchTable),
             Ok(Err(StagedError::Write(reason))) => {
@@ -359,9 +391,7 @@ impl TableStore for DataFusionEngine {
         }
         let (rows, created) = imported.map_err(|err| match err {
             // The staged object's address means nothing to the client: it sent a body.
-            UploadError::Invalid(reason) => {
-                UploadError::Invalid(reason.replace(&self.storage.url_of(&staged), "the body"))
-            }
+            UploadError::Invalid(reason) => UploadError::Invalid(the_body(&reason, &staged)),
             other => other,
         })?;
         tracing::info!(

@@ -383,3 +383,40 @@ async fn a_source_never_follows_a_link_out_of_the_allowed_folders() {
     let err = engine.execute(project(), &query, &BTreeMap::new(), 1000, 0).await.unwrap_err();
     assert!(err.to_string().contains("not under a source"), "{err}");
 }
+
+/// Malformed bodies, a corrupt Parquet file among them (which panicked the reader), are the client's: an
+/// `Invalid` naming what is wrong, never where the server keeps the body.
+#[tokio::test]
+async fn a_malformed_body_is_refused_without_naming_where_the_server_keeps_it() {
+    let dir = temp_dir("qe-malformed");
+    let engine = DataFusionEngine::new(Storage::local(&dir).unwrap());
+    let mut parquet_with_bad_footer = b"PAR1".to_vec();
+    parquet_with_bad_footer.extend_from_slice(&[0xff; 64]);
+    parquet_with_bad_footer.extend_from_slice(&u32::MAX.to_le_bytes());
+    parquet_with_bad_footer.extend_from_slice(b"PAR1");
+    for (format, body) in [
+        (TableFormat::Parquet, b"PAR1garbagePAR1".to_vec()),
+        (TableFormat::Parquet, parquet_with_bad_footer),
+        (TableFormat::Parquet, b"not parquet at all".to_vec()),
+        (TableFormat::Csv, b"a,b\n1,2,3\n".to_vec()),
+        (TableFormat::NdJson, b"{\"a\": 1}\n{\"a\": \n".to_vec()),
+    ] {
+        let result = engine.write(project(), &sales(), upload(format, WriteMode::Replace, &body)).await;
+        let Err(UploadError::Invalid(reason)) = result else { panic!("{format:?}: {result:?}") };
+        let root = std::fs::canonicalize(&*dir).unwrap();
+        for leak in [root.display().to_string(), "staging".to_owned(), "file://".to_owned()] {
+            assert!(!reason.contains(&leak), "{format:?} names {leak}: {reason}");
+        }
+    }
+    // A huge value is refused as it arrives, before anything reads it.
+    let mut huge = b"id,blob\n1,\"".to_vec();
+    huge.resize(huge.len() + 65 * 1024 * 1024, b'x');
+    let chunks: Vec<Result<Bytes, std::io::Error>> =
+        huge.chunks(1 << 20).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    let body = Box::pin(stream::iter(chunks));
+    let huge = Upload { format: TableFormat::Csv, mode: WriteMode::Replace, body, limit_bytes: 1 << 30 };
+    let result = engine.write(project(), &sales(), huge).await;
+    let Err(UploadError::Invalid(reason)) = result else { panic!("{result:?}") };
+    assert!(reason.contains("Row 2") && reason.contains("MiB"), "{reason}");
+    nothing_staged(&dir);
+}
