@@ -144,12 +144,13 @@ impl DataFusionEngine {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
         let (ctx, unbound) = self.live_plan(project, &compiled).await?;
-        self.write_plan(&ctx, crate::bind(unbound, values)?, limit, offset, format).await
+        self.write_plan(project, &ctx, crate::bind(unbound, values)?, limit, offset, format).await
     }
 
     /// The page `offset..offset+limit` of a planned query's rows, written in `format` to a temporary file.
     pub(crate) async fn write_plan(
         &self,
+        project: ProjectId,
         ctx: &SessionContext,
         plan: datafusion::logical_expr::LogicalPlan,
         limit: u32,
@@ -159,7 +160,7 @@ impl DataFusionEngine {
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
-        let mut stream = frame.execute_stream().await.map_err(execute::execution_error)?;
+        let (mut stream, _held) = self.execute_fairly(project, frame).await?;
         let schema = plain(&stream.schema());
 
         let file = tempfile::tempfile().map_err(internal)?;

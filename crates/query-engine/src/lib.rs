@@ -15,6 +15,7 @@ pub mod demo;
 pub mod distributed;
 mod execute;
 mod export;
+mod fair;
 mod materialized;
 mod memory;
 mod messages;
@@ -38,6 +39,7 @@ use async_trait::async_trait;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
 use datafusion::execution::memory_pool::GreedyMemoryPool;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use domain::{EngineError, Export, ProjectId, Query, QueryDescription, QueryEngine, ResultFormat};
@@ -68,6 +70,8 @@ pub struct DataFusionEngine {
     plans: plans::Plans,
     /// The memory every query holds together, within `limits.server_memory`.
     memory: Arc<GreedyMemoryPool>,
+    /// The turns of every project's queries on the engine's cores.
+    fair: Arc<fair::FairScheduler>,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -83,6 +87,7 @@ impl DataFusionEngine {
             storage,
             scheduler: None,
             memory: Arc::new(GreedyMemoryPool::new(limits.server_memory)),
+            fair: fair::FairScheduler::per_core(),
             limits,
             slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
@@ -306,7 +311,7 @@ impl DataFusionEngine {
         let values = execute::parameter_values(&compiled, variables)?;
         let started = std::time::Instant::now();
         let (ctx, unbound) = self.live_plan(project, &compiled).await?;
-        self.run_plan(&ctx, bind(unbound, values)?, limit, offset, started).await
+        self.run_plan(project, &ctx, bind(unbound, values)?, limit, offset, started).await
     }
 
     /// A session for running `compiled` live (under the engine's memory limit, here or on the cluster), and
@@ -354,6 +359,7 @@ impl DataFusionEngine {
     /// began, for the statistics.
     async fn run_plan(
         &self,
+        project: ProjectId,
         ctx: &datafusion::prelude::SessionContext,
         plan: datafusion::logical_expr::LogicalPlan,
         limit: u32,
@@ -363,13 +369,36 @@ impl DataFusionEngine {
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+        let (stream, held) = self.execute_fairly(project, frame).await?;
+        let batches = execute::collect(stream).await?;
+        let statistics = execute::statistics(&held.1, started.elapsed());
+        execute::result(columns, &batches, limit, self.limits.result_bytes, statistics)
+    }
+
+    /// Executes a planned query in its turn among every project's queries ([`fair`]): once it has a slot, each
+    /// of its operators asks for its turn again before each batch. Returns its stream, and what must be held
+    /// until the stream is done: its ticket, and its physical plan (whose leaves' metrics are the statistics).
+    /// On a Ballista cluster, whose executors run the plan, the scheduler there shares its cores.
+    async fn execute_fairly(
+        &self,
+        project: ProjectId,
+        frame: datafusion::prelude::DataFrame,
+    ) -> Result<
+        (datafusion::physical_plan::SendableRecordBatchStream, (Option<fair::Held>, Arc<dyn ExecutionPlan>)),
+        EngineError,
+    > {
         let task = Arc::new(frame.task_ctx());
         let physical = frame.create_physical_plan().await.map_err(execute::execution_error)?;
-        let stream = datafusion::physical_plan::execute_stream(Arc::clone(&physical), task)
-            .map_err(execute::execution_error)?;
-        let batches = execute::collect(stream).await?;
-        let statistics = execute::statistics(&physical, started.elapsed());
-        execute::result(columns, &batches, limit, self.limits.result_bytes, statistics)
+        let (gated, held) = if self.scheduler().is_some() {
+            (Arc::clone(&physical), None)
+        } else {
+            let held = fair::Held::new(self.fair.ticket(project));
+            held.turn().await;
+            (fair::gate(Arc::clone(&physical), &held).map_err(execute::execution_error)?, Some(held))
+        };
+        let stream =
+            datafusion::physical_plan::execute_stream(gated, task).map_err(execute::execution_error)?;
+        Ok((stream, (held, physical)))
     }
 }
 

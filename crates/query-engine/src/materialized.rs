@@ -388,7 +388,7 @@ impl DataFusionEngine {
     ) -> Result<QueryResult, EngineError> {
         let started = std::time::Instant::now();
         let (ctx, plan) = self.stored_plan(project, prefix, filters).await?;
-        self.run_plan(&ctx, plan, limit, offset, started).await
+        self.run_plan(project, &ctx, plan, limit, offset, started).await
     }
 
     async fn export_stored(
@@ -401,7 +401,7 @@ impl DataFusionEngine {
         format: ResultFormat,
     ) -> Result<Export, EngineError> {
         let (ctx, plan) = self.stored_plan(project, prefix, filters).await?;
-        self.write_plan(&ctx, plan, limit, offset, format).await
+        self.write_plan(project, &ctx, plan, limit, offset, format).await
     }
 }
 

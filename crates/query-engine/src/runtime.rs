@@ -16,14 +16,20 @@ use tokio::task::{JoinError, JoinHandle};
 /// Stack of each engine thread.
 const STACK_BYTES: usize = 256 * 1024 * 1024;
 
+/// Engine threads per core. Which queries execute is the fair scheduler's to say (`fair`: one per core), but a
+/// query's operator can spend a long while in one step (a join filling a batch from a large build side), which
+/// no scheduler inside the process can cut short: with spare threads, the query whose turn it is runs on
+/// another thread meanwhile, and the operating system shares the cores between them.
+const THREADS_PER_CORE: usize = 4;
+
 #[derive(Debug)]
 pub(crate) struct EngineRuntime(Option<Runtime>);
 
 impl EngineRuntime {
     pub(crate) fn new() -> Self {
-        let threads = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
         let runtime = Builder::new_multi_thread()
-            .worker_threads(threads)
+            .worker_threads(cores * THREADS_PER_CORE)
             .thread_stack_size(STACK_BYTES)
             .thread_name("query-engine")
             .enable_all()

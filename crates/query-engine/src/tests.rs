@@ -531,3 +531,50 @@ async fn errors_name_the_query_not_the_engines_internals() {
     let reason = invalid(engine.describe(project(1), &q).await);
     assert!(reason.ends_with("got {variables.s}"), "{reason}");
 }
+
+/// One project running its most heavy queries at once, each of which alone keeps both cores busy, does not
+/// starve another project: the other's small query waits a time slice for a slot, then shares the cores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_at_its_limit_of_heavy_queries_does_not_starve_another() {
+    let (engine, _dir) = engine_with_events().await;
+    let small = query(
+        "SELECT v % 10 AS k, count(*) AS n FROM generate_series(1, 20000) AS t(v) GROUP BY k",
+        json!({}),
+    );
+    let latency = |engine: DataFusionEngine| {
+        let small = small.clone();
+        async move {
+            let mut took = Vec::new();
+            for _ in 0..7 {
+                let started = std::time::Instant::now();
+                engine.execute(project(2), &small, &bound(&[]), 10, 0).await.unwrap();
+                took.push(started.elapsed());
+            }
+            took.sort();
+            took[3]
+        }
+    };
+    let idle = latency(engine.clone()).await;
+    let heavy = query(
+        "SELECT count(*) AS n FROM generate_series(1, 1000000) AS a(x) CROSS JOIN generate_series(1, 1000000) AS b(y) \
+         WHERE (x + y) % 7 = 3",
+        json!({}),
+    );
+    let running: Vec<_> = (0..engine.limits.max_concurrent_per_project)
+        .map(|_| {
+            let (engine, heavy) = (engine.clone(), heavy.clone());
+            tokio::spawn(async move { engine.execute(project(1), &heavy, &bound(&[]), 10, 0).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let loaded = latency(engine.clone()).await;
+    assert!(running.iter().all(|r| !r.is_finished()), "the heavy queries run all along");
+    for query in running {
+        query.abort();
+    }
+    println!("fairness: idle {idle:?}, beside four heavy queries {loaded:?}");
+    assert!(
+        loaded < idle * 10 + std::time::Duration::from_millis(100),
+        "idle {idle:?}, beside four heavy queries {loaded:?}"
+    );
+}
