@@ -76,19 +76,31 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
+    fn of(&self, project: ProjectId, limits: &EngineLimits) -> Arc<Semaphore> {
+        let mut map = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(
+            map.entry(project).or_insert_with(|| Arc::new(Semaphore::new(limits.max_concurrent_per_project))),
+        )
+    }
+
+    /// Waits for one of the project's slots (the caller bounds the wait).
+    pub(crate) async fn acquire(
+        &self,
+        project: ProjectId,
+        limits: &EngineLimits,
+    ) -> Option<OwnedSemaphorePermit> {
+        // The semaphores are never closed.
+        self.of(project, limits).acquire_owned().await.ok()
+    }
+
     pub(crate) fn try_acquire(
         &self,
         project: ProjectId,
         limits: &EngineLimits,
     ) -> Result<OwnedSemaphorePermit, EngineError> {
-        let semaphore = {
-            let mut map = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(
-                map.entry(project)
-                    .or_insert_with(|| Arc::new(Semaphore::new(limits.max_concurrent_per_project))),
-            )
-        };
-        semaphore.try_acquire_owned().map_err(|_| EngineError::Busy { retry_after: limits.retry_after })
+        self.of(project, limits)
+            .try_acquire_owned()
+            .map_err(|_| EngineError::Busy { retry_after: limits.retry_after })
     }
 }
 

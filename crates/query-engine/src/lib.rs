@@ -217,7 +217,10 @@ fn parse(
         .sql_to_statement(&compiled.sql, &dialect)
         .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
     match &statement {
-        DfStatement::Statement(inner) if matches!(**inner, SqlStatement::Query(_)) => Ok(statement),
+        DfStatement::Statement(inner) if matches!(**inner, SqlStatement::Query(_)) => {
+            compile::check_depth(inner)?;
+            Ok(statement)
+        }
         _ => Err(EngineError::InvalidQuery(
             "Only a single read-only SELECT (or WITH ... SELECT, or VALUES) statement is allowed.".into(),
         )),
@@ -424,10 +427,15 @@ impl QueryEngine for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project))]
     async fn describe(&self, project: ProjectId, query: &Query) -> Result<QueryDescription, EngineError> {
         compile::check_size(&query.sql)?;
-        let (engine, owned) = (self.clone(), query.clone());
-        self.within_time(self.runtime.run(async move { engine.describe_here(project, &owned).await }))
-            .await
-            .map_err(|e| compile::compile(query).explain(e))
+        let owned = query.clone();
+        // Planning takes a core as a run does: it waits for one of the project's query slots (a dry run of a
+        // busy project waits for its runs, within the timeout).
+        let work = async move {
+            let _slot = self.slots.acquire(project, &self.limits).await;
+            let engine = self.clone();
+            self.runtime.run(async move { engine.describe_here(project, &owned).await }).await
+        };
+        self.within_time(work).await.map_err(|e| compile::compile(query).explain(e))
     }
 
     #[instrument(skip_all, fields(project = %project, limit, offset))]

@@ -432,10 +432,18 @@ async fn demo_events_are_reproducible() {
 #[tokio::test]
 async fn deeply_nested_sql_is_refused_or_planned_without_crashing() {
     let (engine, _dir) = engine_with_events().await;
-    // Within the token bound: planned (and run) on the engine's deep stacks.
-    let sql = format!("SELECT {} AS x", vec!["1"; 1_200].join(" + "));
+    // Within the depth bound: planned (and run) on the engine's deep stacks.
+    let sql = format!("SELECT {} AS x", vec!["1"; 250].join(" + "));
     let result = engine.execute(project(1), &query(&sql, json!({})), &bound(&[]), 1, 0).await.unwrap();
-    assert_eq!(result.rows_json, r#"[{"x":1200}]"#);
+    assert_eq!(result.rows_json, r#"[{"x":250}]"#);
+    // Past it, refused after parsing, before planning: a long chain plans in time that grows with its square.
+    for sql in [
+        format!("SELECT {} AS x", vec!["1"; 4_990].join(" + ")),
+        format!("SELECT count(*) FROM events WHERE {}", vec!["revenue = 1"; 300].join(" OR ")),
+    ] {
+        let reason = invalid(engine.describe(project(1), &query(&sql, json!({}))).await);
+        assert!(reason.contains("deep"), "{reason}");
+    }
     // Past it: refused before parsing.
     let sql = format!("SELECT {} AS x", vec!["1"; 20_000].join(" + "));
     let reason = invalid(engine.describe(project(1), &query(&sql, json!({}))).await);
