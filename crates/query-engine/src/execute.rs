@@ -46,6 +46,9 @@ pub struct EngineLimits {
     pub refresh_timeout: Duration,
     /// The largest page of rows, as JSON, one run may answer (`result_too_large` past it).
     pub result_bytes: usize,
+    /// The largest page one run may write in another format (`result_too_large` past it): each is written to a
+    /// temporary file, held until its body is sent, in one of the project's query slots.
+    pub export_bytes: u64,
     /// The most rows a rollup may store; a refresh that would store more fails, saying so.
     pub rollup_rows: u64,
     /// Stored results (rollups or not) of at most this many rows are held decoded once read, so that a run
@@ -63,11 +66,15 @@ impl Default for EngineLimits {
             retry_after: Duration::from_secs(1),
             refresh_timeout: Duration::from_secs(600),
             result_bytes: 32 * 1024 * 1024,
+            export_bytes: 256 * 1024 * 1024,
             rollup_rows: 10_000_000,
             stored_rows_in_memory: 100_000,
         }
     }
 }
+
+/// One of a project's query slots, held while its query runs (and an export's body is sent).
+pub(crate) type Slot = OwnedSemaphorePermit;
 
 /// One semaphore per project, created on first use.
 #[derive(Debug, Default)]

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -34,15 +35,22 @@ const PARQUET_ROW_GROUP: usize = 64 * 1024;
 /// Bytes read from the file per chunk of the body.
 const CHUNK: usize = 64 * 1024;
 
-/// Counts and digests what goes through it.
+/// Counts and digests what goes through it, and refuses to go past `limit` bytes (noting that in `over`, since
+/// the writers in front of it report its error as their own).
 struct Digesting<W> {
     inner: W,
     digest: Sha256,
     bytes: u64,
+    limit: u64,
+    over: Arc<AtomicBool>,
 }
 
 impl<W: Write> Write for Digesting<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes + buf.len() as u64 > self.limit {
+            self.over.store(true, Ordering::Relaxed);
+            return Err(std::io::Error::other("the page is over the export limit"));
+        }
         let written = self.inner.write(buf)?;
         self.digest.update(&buf[..written]);
         self.bytes += written as u64;
@@ -111,6 +119,16 @@ impl Rows {
     }
 }
 
+/// `export` with its body holding `slot`: a page waiting in a temporary file for a slow reader counts against
+/// the project's query slots until it is sent (or the reader goes).
+pub(crate) fn holding(mut export: Export, slot: crate::execute::Slot) -> Export {
+    export.body = Box::pin(export.body.map(move |chunk| {
+        let _held = &slot;
+        chunk
+    }));
+    export
+}
+
 /// The file's bytes in chunks, from where it stands, read off the async threads.
 fn read_body(file: std::fs::File) -> BoxStream<'static, Result<Bytes, std::io::Error>> {
     Box::pin(futures_util::stream::unfold(Some(file), |file| async move {
@@ -164,10 +182,22 @@ impl DataFusionEngine {
         let schema = plain(&stream.schema());
 
         let file = tempfile::tempfile().map_err(internal)?;
-        let sink = Digesting { inner: BufWriter::new(file), digest: Sha256::new(), bytes: 0 };
-        let mut rows = Rows::create(format, sink, &schema)?;
+        let over = Arc::new(AtomicBool::new(false));
+        let cap = self.limits.export_bytes;
+        let too_large = |err: EngineError| match over.load(Ordering::Relaxed) {
+            true => EngineError::ResultTooLarge { limit_bytes: usize::try_from(cap).unwrap_or(usize::MAX) },
+            false => err,
+        };
+        let sink = Digesting {
+            inner: BufWriter::new(file),
+            digest: Sha256::new(),
+            bytes: 0,
+            limit: cap,
+            over: Arc::clone(&over),
+        };
+        let mut rows = Rows::create(format, sink, &schema).map_err(too_large)?;
         // A CSV page has its header row, and every format its schema, with no rows as well.
-        rows.write(&RecordBatch::new_empty(Arc::clone(&schema)))?;
+        rows.write(&RecordBatch::new_empty(Arc::clone(&schema))).map_err(too_large)?;
         let (mut written, mut has_more) = (0_u64, false);
         while let Some(batch) = stream.next().await {
             let batch = batch.map_err(execute::execution_error)?;
@@ -180,14 +210,14 @@ impl DataFusionEngine {
                 batch
             };
             if batch.num_rows() > 0 {
-                rows.write(&cast_to(&batch, &schema).map_err(internal)?)?;
+                rows.write(&cast_to(&batch, &schema).map_err(internal)?).map_err(too_large)?;
                 written += batch.num_rows() as u64;
             }
             if has_more {
                 break;
             }
         }
-        let sink = rows.finish()?;
+        let sink = rows.finish().map_err(too_large)?;
         let (bytes, digest) = (sink.bytes, hex::encode(&sink.digest.finalize()[..16]));
         let mut file = sink.inner.into_inner().map_err(|e| internal(e.into_error()))?;
         file.seek(SeekFrom::Start(0)).map_err(internal)?;

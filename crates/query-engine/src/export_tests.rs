@@ -84,3 +84,32 @@ async fn an_empty_page_still_says_its_columns() {
     assert_eq!((export.rows, export.has_more), (0, false));
     assert_eq!(String::from_utf8(body(export).await).unwrap(), "country,revenue\n");
 }
+
+/// A page waiting for a slow reader holds one of its project's query slots, and no page is written past the
+/// export limit: eight slow readers of large exports cannot fill the disk.
+#[tokio::test]
+async fn an_export_holds_its_slot_until_sent_and_stops_at_its_byte_limit() {
+    let (_, dir) = engine_with_events().await;
+    let limits = crate::EngineLimits {
+        max_concurrent_per_project: 1,
+        export_bytes: 64 * 1024,
+        ..crate::EngineLimits::default()
+    };
+    let engine = crate::DataFusionEngine::new(crate::Storage::local(&dir).unwrap()).with_limits(limits);
+    let project = domain::ProjectId::new(1).unwrap();
+    let small = query("SELECT country, revenue FROM events ORDER BY revenue", json!({}));
+    let held = engine.export(project, &small, &BTreeMap::new(), 10, 0, ResultFormat::Csv).await.unwrap();
+    let busy = engine.execute(project, &small, &BTreeMap::new(), 10, 0).await.unwrap_err();
+    assert!(matches!(busy, domain::EngineError::Busy { .. }), "{busy:?}");
+    assert!(!body(held).await.is_empty());
+    engine.execute(project, &small, &BTreeMap::new(), 10, 0).await.unwrap();
+    let large = query("SELECT v, repeat('x', 100) AS pad FROM generate_series(1, 100000) AS t(v)", json!({}));
+    for format in [ResultFormat::Csv, ResultFormat::NdJson, ResultFormat::Parquet, ResultFormat::Arrow] {
+        let err = engine.export(project, &large, &BTreeMap::new(), 100_000, 0, format).await.unwrap_err();
+        assert!(
+            matches!(err, domain::EngineError::ResultTooLarge { limit_bytes: 65_536 }),
+            "{format:?}: {err:?}"
+        );
+    }
+    engine.execute(project, &small, &BTreeMap::new(), 10, 0).await.unwrap();
+}

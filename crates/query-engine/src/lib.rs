@@ -245,7 +245,7 @@ impl DataFusionEngine {
         project: ProjectId,
         sql: &str,
         work: impl FnOnce(Self) -> F,
-    ) -> Result<T, EngineError>
+    ) -> Result<(T, execute::Slot), EngineError>
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
@@ -262,19 +262,21 @@ impl DataFusionEngine {
     }
 
     /// Runs work of `project` in one of its query slots (429 when none is free), on the engine's threads, within
-    /// the query timeout.
-    async fn in_slot<T, F>(&self, project: ProjectId, work: impl FnOnce(Self) -> F) -> Result<T, EngineError>
+    /// the query timeout; returns its result with the slot, which the caller holds as long as the result needs
+    /// the engine (an export's body, until it is sent).
+    async fn in_slot<T, F>(
+        &self,
+        project: ProjectId,
+        work: impl FnOnce(Self) -> F,
+    ) -> Result<(T, execute::Slot), EngineError>
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
     {
         let slot = self.slots.try_acquire(project, &self.limits)?;
         let work = work(self.clone());
-        self.within_time(self.runtime.run(async move {
-            let _slot = slot;
-            work.await
-        }))
-        .await
+        let done = self.within_time(self.runtime.run(work)).await?;
+        Ok((done, slot))
     }
 
     async fn describe_here(
@@ -452,6 +454,7 @@ impl QueryEngine for DataFusionEngine {
             engine.execute_here(project, &owned, &variables, limit, offset).await
         })
         .await
+        .map(|(result, _slot)| result)
         .map_err(|e| compile::compile(query).explain(e))
     }
 
@@ -470,6 +473,7 @@ impl QueryEngine for DataFusionEngine {
             engine.export_here(project, &owned, &variables, limit, offset, format).await
         })
         .await
+        .map(|(export, slot)| export::holding(export, slot))
         .map_err(|e| compile::compile(query).explain(e))
     }
 }

@@ -438,6 +438,7 @@ impl MaterializedResults for DataFusionEngine {
             engine.read_here(project, &prefix, filters, limit, offset).await
         })
         .await
+        .map(|(result, _slot)| result)
     }
 
     #[instrument(skip_all, fields(project = %project, location, limit, offset))]
@@ -455,6 +456,7 @@ impl MaterializedResults for DataFusionEngine {
             engine.export_stored(project, &prefix, filters, limit, offset, format).await
         })
         .await
+        .map(|(export, slot)| crate::export::holding(export, slot))
     }
 
     #[instrument(skip_all, fields(project = %project, location))]

@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// The largest page, in rows, a run may write as CSV, NDJSON, Parquet or Arrow (400 on limit beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_EXPORT_ROWS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_export_rows: u32,
+    /// The largest page a run may write as CSV, NDJSON, Parquet or Arrow (`256MiB`, `1GiB`; 400
+    /// result_too_large beyond it). Each is written to a temporary file and held, in one of the project's query
+    /// slots, until its body is sent.
+    #[arg(long, env = "ENDPOINTS_MAX_EXPORT_BYTES", default_value = "256MiB", value_parser = clap::value_parser!(ByteSize))]
+    pub max_export_bytes: ByteSize,
     /// The largest upload of a table's rows, in MiB (413 payload_too_large beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_UPLOAD_MB", default_value_t = 1024, value_parser = positive())]
     pub max_upload_mb: u64,
@@ -140,6 +145,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
     config.upload_limit = args.max_upload_mb.saturating_mul(1024 * 1024);
     config.export_limit = args.max_export_rows;
+    config.limits.export_bytes = args.max_export_bytes.as_u64();
     config.allowed_sources = args.allow_sources;
     config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
     config.flush_interval = Duration::from_secs(args.flush_secs);
