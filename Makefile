@@ -225,6 +225,14 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 	$(VENV)/bin/python tests/bench/bench.py --rows $(BENCH_ROWS) --postgres-url "$$(cat target/.bench-postgres-url)" \
 	  --duckdb-python $(VENV)/bin/python
 
+.PHONY: bench-isolation
+bench-isolation: deps ## Scenario 9 of make bench alone (fairness between projects, a flood of unknown keys) into docs/benchmarks.md.
+	@command -v wrk >/dev/null || { echo "Installing wrk"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+	@mkdir -p target
+	cargo build --release --locked -p server --features bench,ballista --bins
+	python3 tests/bench/bench.py --only isolation
+
 .PHONY: soak
 soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180), checked at the end, into docs/benchmarks.md.
 	@mkdir -p target

@@ -16,6 +16,11 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
      `COPY` of the same file to Parquet, and an export of 1,000,000 rows in each result format against DuckDB
      writing the same rows in that format, with the server's peak RSS while exporting.
 
+  9. isolation: another project's small live query while one project runs its four heavy queries (a cross join
+     of two million-row series), against the same query idle (p95); and a valid key's cached runs during a flood
+     of made-up keys from another address, against the same runs without it (p99).
+
+`--only isolation` runs scenario 9 alone (on a small data directory of its own) and replaces only its section.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md (older runs are in git).
 """
@@ -460,6 +465,170 @@ def data_in_and_out(args, main_app, root, table_dir):
     return figures
 
 
+HEAVY_SQL = ("SELECT count(*) AS n FROM generate_series(1, 1000000) AS a(x) "
+             "CROSS JOIN generate_series(1, 1000000) AS b(y) WHERE (x + y) % 7 = 3")
+SMALL_SQL = "SELECT v % 10 AS k, count(*) AS n FROM generate_series(1, 20000) AS t(v) GROUP BY k ORDER BY k"
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def flood(base, seconds, threads=4, source="127.0.0.2"):
+    """Requests with made-up keys from another address for `seconds`, on keep-alive connections; counts by
+    status."""
+    import http.client
+    host, port = base.removeprefix("http://").split(":")
+    counts, lock, stop = {}, threading.Lock(), time.perf_counter() + seconds
+
+    def run():
+        connection = http.client.HTTPConnection(host, int(port), timeout=10, source_address=(source, 0))
+        while time.perf_counter() < stop:
+            connection.request("GET", "/api/projects/2/endpoints/small-cached/run",
+                               headers={"Authorization": f"Bearer phx_{uuid.uuid4().hex}{uuid.uuid4().hex}"})
+            response = connection.getresponse()
+            response.read()
+            with lock:
+                counts[response.status] = counts.get(response.status, 0) + 1
+            if response.getheader("Connection", "").lower() == "close":
+                connection.close()
+                connection = http.client.HTTPConnection(host, int(port), timeout=10, source_address=(source, 0))
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return counts
+
+
+def isolation(args, root):
+    """Scenario 9: fairness between projects, and a flood of unknown keys."""
+    data_dir = os.path.join(root, "isolation")
+    os.makedirs(data_dir)
+    app = Endpoints(args.bin_dir, data_dir)
+    app.cli("migrate")
+    keys = {}
+    for project in (1, 2):
+        app.cli("project", "create", "--name", f"tenant-{project}")
+        keys[project] = app.cli("key", "create", "--project", str(project), "--scope", "endpoint:write")["key"]
+    app.start("--materialize-workers", "0")
+
+    def create(project, name, sql, cache=None):
+        app.key = keys[project]
+        body = {"name": name, "query": {"kind": "SQLQuery", "query": sql}}
+        if cache:
+            body["cache_age_seconds"] = cache
+        app.request("POST", f"/api/projects/{project}/endpoints/", body)
+
+    create(1, "heavy", HEAVY_SQL)
+    create(2, "small", SMALL_SQL)
+    create(2, "small-cached", SMALL_SQL, cache=3600)
+    small = "/api/projects/2/endpoints/small/run?refresh=direct"
+
+    def latencies(rounds):
+        app.key = keys[2]
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            app.request("GET", small)
+            times.append((time.perf_counter() - started) * 1000)
+        return times
+
+    latencies(5)
+    idle = latencies(60)
+    heavy_done = []
+
+    def heavy():
+        request = urllib.request.Request(app.base + "/api/projects/1/endpoints/heavy/run?refresh=direct")
+        request.add_header("Authorization", f"Bearer {keys[1]}")
+        try:
+            urllib.request.urlopen(request, timeout=600).read()
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        heavy_done.append(time.perf_counter())
+
+    load = [threading.Thread(target=heavy, daemon=True) for _ in range(4)]
+    for thread in load:
+        thread.start()
+    time.sleep(2)
+    loaded = latencies(60)
+    still_running = len(heavy_done) == 0
+    app.stop()
+    figures = {"idle_p50": statistics.median(idle), "idle_p95": percentile(idle, 0.95),
+               "loaded_p50": statistics.median(loaded), "loaded_p95": percentile(loaded, 0.95),
+               "heavy_running": still_running}
+    log(f"isolation: small query p95 {figures['idle_p95']:.1f} ms idle, {figures['loaded_p95']:.1f} ms beside four "
+        f"heavy queries of another project")
+
+    # A valid key's cached runs, alone and during a flood of made-up keys from another address.
+    app.start("--materialize-workers", "0")
+    app.key = keys[2]
+    cached = app.base + "/api/projects/2/endpoints/small-cached/run"
+    app.request("GET", "/api/projects/2/endpoints/small-cached/run")
+    quiet = wrk_rounds(cached, keys[2], args.seconds, args.rounds, connections=16)
+    flooded, statuses = [], {}
+    for _ in range(args.rounds):
+        counts = {}
+        flooder = threading.Thread(target=lambda: counts.update(flood(app.base, args.seconds + 1)))
+        flooder.start()
+        time.sleep(0.5)
+        flooded.append(wrk(cached, keys[2], args.seconds, connections=16))
+        flooder.join()
+        for status, n in counts.items():
+            statuses[status] = statuses.get(status, 0) + n
+    app.stop()
+    figures.update({"quiet": quiet, "flooded": median_of(flooded), "flood_statuses": statuses,
+                    "flood_rps": sum(statuses.values()) / (args.rounds * (args.seconds + 1))})
+    log(f"isolation: cached p99 {quiet['p99']:.2f} ms alone, {figures['flooded']['p99']:.2f} ms during a flood of "
+        f"{figures['flood_rps']:.0f} unknown keys/s ({statuses})")
+    return figures
+
+
+def isolation_section(f):
+    ratio = f["loaded_p95"] / f["idle_p95"]
+    flood_ratio = f["flooded"]["p99"] / f["quiet"]["p99"]
+    statuses = ", ".join(f"{n:,} x {status}" for status, n in sorted(f["flood_statuses"].items()))
+    lines = [
+        f"**Isolation** (scenario 9, {datetime.date.today().isoformat()}; release build, two projects on one "
+        f"server with its default limits).",
+        "",
+        "| Measure | Alone | Under attack | Ratio | Target |",
+        "|---|---|---|---|---|",
+        f"| another project's small live query (p95 of 60; p50 {f['idle_p50']:.1f} / {f['loaded_p50']:.1f} ms), "
+        f"beside one project's four heavy cross joins | {f['idle_p95']:.1f} ms | {f['loaded_p95']:.1f} ms | "
+        f"{ratio:.1f}x | <= 10x: {check(ratio <= 10 and f['heavy_running'])} |",
+        f"| a valid key's cached run (p99, wrk, 16 connections; {f['quiet']['rps']:,.0f} and "
+        f"{f['flooded']['rps']:,.0f} req/s), during a flood of {f['flood_rps']:,.0f} made-up keys/s from another "
+        f"address ({statuses}) | {f['quiet']['p99']:.2f} ms | {f['flooded']['p99']:.2f} ms | {flood_ratio:.2f}x | "
+        "none |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+ISOLATION_MARKER = "<!-- scenario 9, written by make bench -->"
+
+
+def write_isolation(args, figures):
+    """Replaces the isolation section (between its marker and the next) in the benchmarks page."""
+    section = isolation_section(figures)
+    text = open(args.out).read() if os.path.exists(args.out) else "# Benchmarks\n"
+    if ISOLATION_MARKER in text:
+        before, after = text.split(ISOLATION_MARKER, 1)
+        rest = after.split(ISOLATION_MARKER, 1)[1] if ISOLATION_MARKER in after else ""
+        text = before + ISOLATION_MARKER + "\n" + section + ISOLATION_MARKER + rest
+    else:
+        marker = "<!-- the newest run, written by make bench; older runs are in git -->"
+        head, tail = (text.split(marker, 1) + [""])[:2] if marker in text else (text, None)
+        block = ISOLATION_MARKER + "\n" + section + ISOLATION_MARKER + "\n\n"
+        text = head + block + (marker + tail if tail is not None else "")
+    with open(args.out, "w") as f_out:
+        f_out.write(text)
+    print(section)
+
+
 def machine():
     model = "unknown CPU"
     try:
@@ -497,9 +666,16 @@ def main():
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
     parser.add_argument("--duckdb-python", default=None)
     parser.add_argument("--out", default="docs/benchmarks.md")
+    parser.add_argument("--only", choices=["isolation"], default=None)
     args = parser.parse_args()
     began = time.perf_counter()
     root = tempfile.mkdtemp(prefix="endpoints-bench-", dir=os.path.abspath("target"))
+    if args.only == "isolation":
+        try:
+            write_isolation(args, isolation(args, root))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
     rows = sorted({max(args.rows // 10, 1000), max(args.rows // 2, 1000), args.rows})
     figures = {}
     try:
@@ -655,12 +831,14 @@ def main():
                 figures["nodes"] = cached_by_nodes(args.bin_dir, crud_app.data_dir, args.postgres_url, crud_app.key,
                                                    args.seconds, args.rounds)
             log(f"CRUD on {name}: " + ", ".join(f"{k} {v['rps']:.0f}/s" for k, v in figures["crud"][name].items()))
+        isolated = isolation(args, root)
     finally:
         for app in list(locals().get("apps", {}).values()) + list(locals().get("backends", {}).values()):
             app.stop()
         shutil.rmtree(root, ignore_errors=True)
     figures["seconds"] = time.perf_counter() - began
     write_report(args, figures)
+    write_isolation(args, isolated)
 
 
 def write_report(args, f):
