@@ -562,6 +562,65 @@ def isolation(args, root):
     log(f"isolation: small query p95 {figures['idle_p95']:.1f} ms idle, {figures['loaded_p95']:.1f} ms beside four "
         f"heavy queries of another project")
 
+    # The memory-bomb corpus, each bomb four times at once, and three uploads with a 400 MB field at once.
+    app.start("--materialize-workers", "0")
+    app.key = keys[2]
+    idle_mb = rss_kb(app.process.pid) / 1024
+    bombs = [
+        "SELECT length(repeat('x', 1500000000)) AS n",
+        "SELECT sum(length(repeat('x', 1000000 + v % 2))) AS n FROM generate_series(1, 2100) AS t(v)",
+        "SELECT length(lpad('x', 2000000000)) AS n",
+        "WITH a AS (SELECT repeat('x', 300000000) AS s) SELECT length(s || s || s || s) AS n FROM a",
+        "SELECT cardinality(range(1, 10000000000)) AS n",
+        "SELECT length(replace(repeat('a', 100000), 'a', repeat('b', 100000))) AS n",
+    ]
+    for i, sql in enumerate(bombs):
+        create(2, f"bomb-{i}", sql)
+    outcomes = {}
+
+    def bomb(i):
+        request = urllib.request.Request(app.base + f"/api/projects/2/endpoints/bomb-{i}/run?refresh=direct")
+        request.add_header("Authorization", f"Bearer {keys[2]}")
+        try:
+            urllib.request.urlopen(request, timeout=600).read()
+            status = 200
+        except urllib.error.HTTPError as err:
+            status = err.code
+        outcomes[status] = outcomes.get(status, 0) + 1
+
+    field = b"id,blob\n1,\"" + b"x" * (400 * 1024 * 1024) + b"\"\n"
+
+    def huge_upload(n):
+        request = urllib.request.Request(app.base + f"/api/projects/2/tables/huge{n}", data=field, method="PUT")
+        request.add_header("Authorization", f"Bearer {keys[2]}")
+        request.add_header("Content-Type", "text/csv")
+        try:
+            urllib.request.urlopen(request, timeout=600).read()
+            status = 200
+        except urllib.error.HTTPError as err:
+            status = err.code
+        except (urllib.error.URLError, OSError):
+            # Refused before the body was all sent: the server answered 400 and closed the connection.
+            status = "cut off"
+        outcomes[f"upload {status}"] = outcomes.get(f"upload {status}", 0) + 1
+
+    with PeakRss(app.process.pid) as peak:
+        for i in range(len(bombs)):
+            threads = [threading.Thread(target=bomb, args=(i,)) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        uploads = [threading.Thread(target=huge_upload, args=(n,)) for n in range(3)]
+        for thread in uploads:
+            thread.start()
+        for thread in uploads:
+            thread.join()
+    app.stop()
+    figures.update({"bomb_idle_mb": idle_mb, "bomb_peak_mb": peak.peak, "bomb_outcomes": outcomes,
+                    "bombs": len(bombs)})
+    log(f"isolation: peak RSS {peak.peak:.0f} MB under the memory-bomb corpus (idle {idle_mb:.0f} MB): {outcomes}")
+
     # A valid key's cached runs, alone and during a flood of made-up keys from another address.
     app.start("--materialize-workers", "0")
     app.key = keys[2]
@@ -590,6 +649,7 @@ def isolation_section(f):
     ratio = f["loaded_p95"] / f["idle_p95"]
     flood_ratio = f["flooded"]["p99"] / f["quiet"]["p99"]
     statuses = ", ".join(f"{n:,} x {status}" for status, n in sorted(f["flood_statuses"].items()))
+    outcomes = ", ".join(f"{n} x {status}" for status, n in sorted(f["bomb_outcomes"].items(), key=str))
     lines = [
         f"**Isolation** (scenario 9, {datetime.date.today().isoformat()}; release build, two projects on one "
         f"server with its default limits).",
@@ -603,6 +663,9 @@ def isolation_section(f):
         f"{f['flooded']['rps']:,.0f} req/s), during a flood of {f['flood_rps']:,.0f} made-up keys/s from another "
         f"address ({statuses}) | {f['quiet']['p99']:.2f} ms | {f['flooded']['p99']:.2f} ms | {flood_ratio:.2f}x | "
         "none |",
+        f"| the server's peak RSS under the memory-bomb corpus ({f['bombs']} queries four at once each, then three "
+        f"uploads with a 400 MB field at once; answers: {outcomes}) | {f['bomb_idle_mb']:.0f} MB | "
+        f"{f['bomb_peak_mb']:.0f} MB | | < 2048 MB (`--max-memory`): {check(f['bomb_peak_mb'] < 2048)} |",
         "",
     ]
     return "\n".join(lines)
