@@ -9,14 +9,14 @@ use crate::clock::Timestamp;
 
 /// Things read from the store recently, so most requests need no store read. An entry is trusted for `ttl`: a
 /// change made by this process is applied at once (the entry is forgotten or no longer matches), one made by
-/// another process (the CLI, another node) within `ttl`, or at once where the store announces changes. Only
-/// things that exist are kept, so the map holds at most one entry per real key, project, verified token or
-/// endpoint.
+/// another process (the CLI, another node) within `ttl`, or at once where the store announces changes. A map of
+/// things that do not exist (unknown keys) is bounded by its size alone: past `max_entries` it starts again.
 pub(crate) struct Kept<K, V> {
     pub(crate) ttl: Duration,
     /// More entries than a deployment has; past it the map starts again rather than grow.
     max_entries: usize,
-    /// Keyed by things that exist only, so a seeded fast hasher is enough.
+    /// Keyed by ids and digests (SHA-256 of a secret, which a caller cannot aim), so a seeded fast hasher is
+    /// enough.
     entries: Mutex<HashMap<K, (Arc<V>, Timestamp), foldhash::fast::RandomState>>,
 }
 

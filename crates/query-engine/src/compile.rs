@@ -128,6 +128,47 @@ pub(crate) fn check_size(sql: &str) -> Result<(), domain::EngineError> {
 /// Property tests of the placeholder compiler (see `domain::properties` for the parsers): whatever the SQL
 /// around them, placeholders become numbered, typed parameters, each variable once, and no placeholder text
 /// survives. Values never pass through here at all: they are bound as parameters.
+/// How deep one expression may nest or chain: `a + b + c` is as deep as it has terms, since each `+` holds the
+/// ones before it. Planning time grows with the square of the depth (a 5,000-term sum took 20 s of a core), and
+/// planning is not cut into turns as execution is, so it is bounded here; long lists of values belong in `IN`.
+pub(crate) const MAX_EXPRESSION_DEPTH: usize = 256;
+
+/// Refuses a parsed statement with an expression deeper than [`MAX_EXPRESSION_DEPTH`].
+pub(crate) fn check_depth(statement: &datafusion::sql::sqlparser::ast::Statement) -> Result<(), EngineError> {
+    use std::ops::ControlFlow;
+
+    use datafusion::sql::sqlparser::ast::{Expr, Visit, Visitor};
+
+    struct Depth {
+        now: usize,
+    }
+
+    impl Visitor for Depth {
+        type Break = ();
+
+        fn pre_visit_expr(&mut self, _expr: &Expr) -> ControlFlow<()> {
+            self.now += 1;
+            if self.now > MAX_EXPRESSION_DEPTH {
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        }
+
+        fn post_visit_expr(&mut self, _expr: &Expr) -> ControlFlow<()> {
+            self.now -= 1;
+            ControlFlow::Continue(())
+        }
+    }
+
+    match statement.visit(&mut Depth { now: 0 }) {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(()) => Err(EngineError::InvalidQuery(format!(
+            "An expression of this query nests or chains more than {MAX_EXPRESSION_DEPTH} deep (a + b + ... \
+             with that many terms, say): write long lists of values as IN (...), or split the expression."
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod properties {
     use domain::Query;
@@ -170,46 +211,5 @@ mod properties {
             }
             prop_assert_eq!(compiled.sample_values().len(), compiled.params.len());
         }
-    }
-}
-
-/// How deep one expression may nest or chain: `a + b + c` is as deep as it has terms, since each `+` holds the
-/// ones before it. Planning time grows with the square of the depth (a 5,000-term sum took 20 s of a core), and
-/// planning is not cut into turns as execution is, so it is bounded here; long lists of values belong in `IN`.
-pub(crate) const MAX_EXPRESSION_DEPTH: usize = 256;
-
-/// Refuses a parsed statement with an expression deeper than [`MAX_EXPRESSION_DEPTH`].
-pub(crate) fn check_depth(statement: &datafusion::sql::sqlparser::ast::Statement) -> Result<(), EngineError> {
-    use std::ops::ControlFlow;
-
-    use datafusion::sql::sqlparser::ast::{Expr, Visit, Visitor};
-
-    struct Depth {
-        now: usize,
-    }
-
-    impl Visitor for Depth {
-        type Break = ();
-
-        fn pre_visit_expr(&mut self, _expr: &Expr) -> ControlFlow<()> {
-            self.now += 1;
-            if self.now > MAX_EXPRESSION_DEPTH {
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        }
-
-        fn post_visit_expr(&mut self, _expr: &Expr) -> ControlFlow<()> {
-            self.now -= 1;
-            ControlFlow::Continue(())
-        }
-    }
-
-    match statement.visit(&mut Depth { now: 0 }) {
-        ControlFlow::Continue(()) => Ok(()),
-        ControlFlow::Break(()) => Err(EngineError::InvalidQuery(format!(
-            "An expression of this query nests or chains more than {MAX_EXPRESSION_DEPTH} deep (a + b + ... \
-             with that many terms, say): write long lists of values as IN (...), or split the expression."
-        ))),
     }
 }

@@ -415,8 +415,8 @@ mod tests {
         // project, which is ahead of the busy project's own three waiting queries.
         tokio::time::sleep(Duration::from_millis(10)).await;
         let waker = futures_util::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        assert!(busy[0].poll_turn(&mut cx).is_pending(), "its slice is over and others wait");
+        let cx = Context::from_waker(&waker);
+        assert!(busy[0].poll_turn(&cx).is_pending(), "its slice is over and others wait");
         assert!(holding(&other), "the other project runs next");
         // Cancelled queries leave the queue; finished ones give their slot on.
         let mut busy = busy;

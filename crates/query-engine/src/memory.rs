@@ -374,7 +374,8 @@ fn upper_bound(growth: Growth, args: &[ColumnarValue], rows: usize) -> usize {
             }
             Growth::Replace => {
                 let (s, from, to) = (len(0, row), len(1, row), len(2, row));
-                let matches = if from == 0 { s + 1 } else { s / from };
+                // An empty `from` matches between every two characters.
+                let matches = s.checked_div(from).unwrap_or(s + 1);
                 s.saturating_add(matches.saturating_mul(to))
             }
             Growth::RegexpReplace => {
