@@ -104,10 +104,13 @@ error_codes! {
     UnsupportedMediaType = ("unsupported_media_type", 415, ValidationError,
         "a body whose `Content-Type` the route does not read: JSON, or a table's CSV, NDJSON or Parquet"),
     Throttled = ("throttled", 429, Throttled,
-        "the project already runs its maximum of live queries (default 4); `Retry-After` says when to retry"),
+        "the project already runs its maximum of live queries (default 4), or the memory the server gives all \
+         queries together (`--max-memory`) is held by other queries now; `Retry-After` says when to retry"),
     RateLimited = ("rate_limited", 429, Throttled,
         "the key or run token (default 100 requests/s, bursts of 200), a run token's own `rate_limit_per_sec`, or \
-         the project (500/s, bursts of 1,000) is over its request rate; `Retry-After` says when to retry"),
+         the project (500/s, bursts of 1,000) is over its request rate; or the client's address had more than \
+         `--auth-failures-per-sec` failed authentications (10/s, bursts of 20; its credential is not read until it \
+         may try again); `Retry-After` says when to retry"),
     ClientClosedRequest = ("client_closed_request", 499, QueryError,
         "the client closed the connection while its query ran; the query was cancelled and nobody reads this"),
     Error = ("error", 500, ServerError, "a bug; the detail is generic and the cause is only logged"),

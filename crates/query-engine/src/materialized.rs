@@ -193,7 +193,8 @@ impl DataFusionEngine {
         };
         let plan = plan.map_err(|e| EngineError::Internal(Box::new(e)))?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
-        let mut stream = frame.execute_stream().await.map_err(execute::execution_error)?;
+        // A refresh takes its turns on the cores as the project's runs do.
+        let (mut stream, _held) = self.execute_fairly(project, frame).await?;
         let mut writer = ResultWriter::create(
             &self.storage,
             prefix.clone().join("part-0.parquet"),
