@@ -460,6 +460,10 @@ async fn deeply_nested_sql_is_refused_or_planned_without_crashing() {
 /// overflows Arrow's offsets, a panic) is refused the same way.
 #[tokio::test]
 async fn functions_that_build_large_values_fail_with_the_memory_limit_before_allocating() {
+    if on_ballista() {
+        // A cluster's executors run DataFusion's own functions (docs/security.md says so): nothing to check here.
+        return;
+    }
     let (engine, _dir) = engine_with_events().await;
     let variable = query("SELECT length(repeat('x', {variables.n})) AS n", json!({"n": {"type": "Integer"}}));
     let huge = bound(&[("n", domain::BoundValue::Integer(1_500_000_000))]);
@@ -544,6 +548,10 @@ async fn errors_name_the_query_not_the_engines_internals() {
 /// starve another project: the other's small query waits a time slice for a slot, then shares the cores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_project_at_its_limit_of_heavy_queries_does_not_starve_another() {
+    if on_ballista() {
+        // A cluster schedules its executors' work itself, and table functions do not travel to it.
+        return;
+    }
     let (engine, _dir) = engine_with_events().await;
     let small = query(
         "SELECT v % 10 AS k, count(*) AS n FROM generate_series(1, 20000) AS t(v) GROUP BY k",
