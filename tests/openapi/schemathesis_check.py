@@ -44,9 +44,12 @@ ENDPOINTS = [
 
 
 def main():
-    # Rate limits off: the generated traffic is a burst from one key, and a 429 would hide the answer under test.
+    # Rate limits off: the generated traffic is a burst from one key and one address (its missing and forged
+    # credentials included), and a 429 would hide the answer under test.
     # The limits have their own tests.
-    no_limits = ("--rate-limit-key-per-sec", "0", "--rate-limit-project-per-sec", "0")
+    no_limits = (
+        "--rate-limit-key-per-sec", "0", "--rate-limit-project-per-sec", "0", "--auth-failures-per-sec", "0",
+    )
     with tempfile.TemporaryDirectory() as work, live_server(work, SALES, no_limits) as (base, project, key):
         for endpoint in ENDPOINTS:
             request(f"{base}/api/projects/{project}/endpoints/", key, endpoint)

@@ -272,6 +272,10 @@ impl ApiError {
             ApiError::BodyTimeout { timeout } => {
                 Cow::Owned(format!("The request body did not arrive within {} s.", timeout.as_secs_f64()))
             }
+            ApiError::RateLimited { scope: "address", retry_after } => Cow::Owned(format!(
+                "Too many failed authentications from this address; retry after {} s.",
+                retry_seconds(*retry_after)
+            )),
             ApiError::RateLimited { scope, retry_after } => Cow::Owned(format!(
                 "Too many requests for this {}; retry after {} s.",
                 match *scope {
