@@ -118,13 +118,22 @@ lint: deps ## Format check, clippy with -D warnings, and the dependency-directio
 	  grep -E '^(actix|diesel|r2d2|datafusion|arrow|parquet|tokio|hyper|sqlx|tracing-actix)' || true); \
 	if [ -n "$$leak" ]; then echo "crates/domain depends on framework crates: $$leak"; exit 1; fi; \
 	echo "dependency direction: crates/domain depends on no framework crate"
-	@$(MAKE) --no-print-directory layers
+	@$(MAKE) --no-print-directory layers fail-closed
+
+# Outside tests a default is named where it is taken (`unwrap_or(SyncFrequency::DEFAULT)`, `unwrap_or("")`), so that
+# a reader sees what an absent value becomes; clippy's `unwrap_used` refuses `.unwrap()` (Cargo.toml).
+.PHONY: fail-closed
+fail-closed: ## Refuse `unwrap_or_default()` outside tests.
+	@hits=$$(for f in $$(git ls-files 'crates/*.rs' | grep -vE '(_tests|/tests|/testing|/properties)\.rs$$|/tests/'); do \
+	  awk -v f="$$f" '/^#\[cfg\(test\)\]/ { exit } /unwrap_or_default\(\)/ { print f ":" NR ": " $$0 }' "$$f"; done); \
+	if [ -n "$$hits" ]; then echo "$$hits"; echo "^ name the default (unwrap_or(...)) or state the invariant (expect)"; exit 1; fi; \
+	echo "fail-closed: no unwrap_or_default() outside tests"
 
 # The domain's parts in dependency order: the base files, the subdomains, then `changes`. Each part may use those
 # before it, never one after it, with one exception: `endpoints` reads `materialization`'s model and ports, never
 # its service (docs/architecture.md says why). Inside the domain a name is imported through its part's path, one
 # part per `use`, so that this check sees every edge.
-DOMAIN_BASE := error.rs clock.rs fields.rs page.rs kept.rs
+DOMAIN_BASE := error.rs clock.rs fields.rs page.rs version.rs kept.rs
 DOMAIN_PARTS := access query endpoints materialization tables runs changes
 MATERIALIZATION_SERVICE := Materializer|MaterializerDeps|RefreshOutcome|RETRY_AFTER_FAILURE
 
@@ -156,6 +165,8 @@ test: deps console lint ## Everything CI checks: lint, then every test (SQLite, 
 	@rm -rf target/openapi-samples
 	TEST_POSTGRES_URL=$$(cat target/.test-postgres-url) TEST_MOTO_SERVER=$(CURDIR)/$(VENV)/bin/moto_server \
 	  cargo test $(CHECKED)
+	@echo "The domain embedded in another program, with in-memory adapters (crates/domain/examples/embedded.rs):"
+	cargo run --locked -q -p domain --example embedded
 	@echo "The engine's suite again, on a Ballista cluster (the same test binary, nothing compiled again):"
 	@engine=$$(cargo test $(CHECKED) --lib --no-run 2>&1 | grep -o 'target/debug/deps/query_engine-[0-9a-f]*' | head -1); \
 	[ -n "$$engine" ] || { echo "the engine's test binary was not found"; exit 1; }; \

@@ -1,6 +1,9 @@
 //! Black-box tests: the real application wiring on port 0, spoken to over HTTP, with projects and keys made by
 //! the real `endpoints` binary. One test binary, one module per area.
 
+// A failed step of a test fails the test: its helpers unwrap as its test functions do.
+#![allow(clippy::unwrap_used)]
+
 mod auth;
 mod cli;
 mod console;

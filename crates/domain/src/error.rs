@@ -68,59 +68,73 @@ impl std::fmt::Display for Invalid {
 
 impl std::error::Error for Invalid {}
 
-/// What a service operation can fail with. Each variant maps to one HTTP status in the adapter.
+/// What a service operation can fail with: which rule the request broke, or what failed beneath it. How each
+/// is answered (an HTTP status, a protocol error) is the adapter's choice.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// 400: the request is well-formed but its content breaks a rule.
+    /// A value of the request breaks a rule; [`Invalid`] names the field.
     #[error("{}", .0.detail)]
     Invalid(Invalid),
-    /// 401: no usable credential.
+    /// No usable credential came with the request.
     #[error("{0}")]
     NotAuthenticated(String),
-    /// 403: the credential may not do this.
+    /// The credential is valid but may not do this.
     #[error("{0}")]
     PermissionDenied(String),
-    /// 404: the addressed thing does not exist (or is not visible).
+    /// The addressed thing does not exist, or is not visible to the caller.
     #[error("{0}")]
     NotFound(String),
-    /// 409: the name is already used by another endpoint of the project.
+    /// The name is already used by another endpoint of the project.
     #[error("An endpoint named '{0}' already exists in this project.")]
     NameTaken(String),
-    /// 409 `in_use`: the thing is still needed (a table that endpoints read); the detail names by what.
+    /// The thing is still needed (a table that endpoints read); the detail names by what.
     #[error("{0}")]
     InUse(String),
-    /// 409 `breaking_change`: a new version would break the callers of an endpoint that ran recently, and the
+    /// A new version would break the callers of an endpoint that ran recently, and the
     /// change was not confirmed; nothing was changed. `changes` lists what breaks, as the version record would.
     #[error("{detail}")]
     BreakingChange { detail: String, changes: serde_json::Value },
-    /// 413: a body is larger than allowed.
+    /// A body is larger than allowed.
     #[error("The body is larger than the limit of {limit_bytes} bytes; nothing was written.")]
     PayloadTooLarge { limit_bytes: u64 },
-    /// 400 `query_invalid`: the saved query no longer plans (a table it reads changed); the detail says why.
+    /// The saved query no longer plans (a table it reads changed); the detail says why.
     #[error("{0}")]
     QueryInvalid(String),
-    /// 400 `query_timeout`: the query ran past its time limit.
+    /// The query ran past its time limit and was cancelled.
     #[error("The query did not finish within {0:?} and was cancelled.")]
     QueryTimeout(std::time::Duration),
-    /// 400 `query_memory_limit`: the query needed more memory than allowed.
+    /// The query needed more memory than its limit allows.
     #[error("{0}")]
     QueryMemoryLimit(String),
-    /// 400 `result_too_large`: the page of rows is larger than a response may carry.
+    /// The page of rows is larger than a response may carry.
     #[error(
         "The page of results is larger than the {} MiB a response may carry; ask for fewer rows with limit and \
          page through them with offset.",
         .limit_bytes / (1024 * 1024)
     )]
     ResultTooLarge { limit_bytes: usize },
-    /// 429: too many live queries for the project.
+    /// The project runs as many queries as it may (or the server is out of memory for another); the request may
+    /// be retried after `retry_after`.
     #[error("Too many queries of this project are running; retry after {retry_after:?}.")]
     Throttled { retry_after: std::time::Duration },
-    /// 503: a dependency (database, engine) is down.
+    /// A dependency (database, engine) is down.
     #[error("a dependency is unavailable")]
     Unavailable(#[source] BoxError),
-    /// 500: anything else. The source is logged, never shown.
+    /// Anything else. The source is logged, never shown.
     #[error("internal error")]
     Internal(#[source] BoxError),
+}
+
+impl Error {
+    /// No endpoint of that name in the caller's project.
+    pub fn endpoint_not_found(name: &str) -> Self {
+        Self::NotFound(format!("No endpoint named '{name}' in this project."))
+    }
+
+    /// No table of that name in the caller's project.
+    pub fn table_not_found(name: &str) -> Self {
+        Self::NotFound(format!("No table named '{name}' in this project."))
+    }
 }
 
 /// What a store adapter can fail with.

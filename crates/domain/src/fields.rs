@@ -84,18 +84,6 @@ pub fn integer(value: &Value) -> Option<i64> {
     })
 }
 
-/// Parses a boolean query-string filter: `true`/`false` (also `1`/`0`).
-///
-/// # Errors
-/// [`Invalid`] naming `key` for any other text.
-pub fn parse_bool_param(key: &str, raw: &str) -> Result<bool, Invalid> {
-    match raw.to_ascii_lowercase().as_str() {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(Invalid::field(key, format!("{key} must be true or false."))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

@@ -8,10 +8,15 @@
 //! It is laid out in subdomains, each with its model, its ports and its service, and each using only those
 //! before it: `access` (projects, keys, scopes), `query` (the saved SQL, its variables, what the engine tells
 //! of it), `endpoints`, `materialization`, `tables`, `runs`. Beneath them all sit `error`, `clock`, `fields`,
-//! `page` and `kept` (what is read from the store, kept for a short while); above them `changes`, which clears
+//! `page`, `version` and `kept` (what is read from the store, kept for a short while); above them `changes`, which clears
 //! what a process keeps in memory. One edge goes back: `endpoints` reads `materialization`'s model and ports,
 //! because an endpoint record carries its materialization and deleting an endpoint removes its stored results
 //! (docs/architecture.md). `make lint` checks the order.
+//!
+//! Services take typed commands (`CreateEndpoint`, `EndpointPatch`, `EndpointFilter` with a `PageRequest`,
+//! `VersionNumber`, `RunRequest`) and answer domain values; the interface's JSON bodies become commands through
+//! `TryFrom<&serde_json::Value>`. `examples/embedded.rs` embeds the services with in-memory adapters (a store, a
+//! cache and a small engine) and creates, versions and runs an endpoint: `cargo run -p domain --example embedded`.
 //!
 //! Everything public is re-exported here, and adapters name it from here: `domain::Endpoint`, not a
 //! subdomain's path, which stays private.
@@ -30,6 +35,7 @@ mod runs;
 mod tables;
 #[cfg(any(test, feature = "mocks"))]
 pub mod testing;
+mod version;
 
 pub use access::*;
 pub use changes::*;
@@ -42,6 +48,7 @@ pub use page::*;
 pub use query::*;
 pub use runs::*;
 pub use tables::*;
+pub use version::*;
 
 #[cfg(test)]
 mod properties;

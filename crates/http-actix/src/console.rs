@@ -37,7 +37,8 @@ pub(crate) async fn home() -> HttpResponse {
 
 /// `GET /console/{path}`: a hashed file, or the console's page for any other path (its client-side routes).
 pub(crate) async fn serve(req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    let path = req.match_info().get("path").unwrap_or_default();
+    // The route's tail, empty for the console's root.
+    let path = req.match_info().get("path").unwrap_or("");
     let hashed = path.starts_with(HASHED);
     let name = if hashed { path } else { PAGE };
     let Some(file) = Files::get(name) else {

@@ -218,7 +218,7 @@ impl ApiError {
     }
 
     /// The sentence a client reads: never a cause chain, a path or SQL internals.
-    fn detail(&self) -> Cow<'_, str> {
+    pub(crate) fn detail(&self) -> Cow<'_, str> {
         match self {
             ApiError::Domain(err) => match err {
                 Error::Invalid(invalid) => Cow::Borrowed(&invalid.detail),
@@ -256,11 +256,14 @@ impl ApiError {
                 "A table's rows are sent as 'Content-Type: text/csv' (with a header row), \
                  'application/x-ndjson' or 'application/vnd.apache.parquet'.",
             ),
-            ApiError::NotAcceptable => Cow::Borrowed(
-                "A run is written as application/json, text/csv, application/x-ndjson, \
-                 application/vnd.apache.parquet or application/vnd.apache.arrow.stream; Accept names none of them. \
-                 Accept one, or pass format=json|csv|ndjson|parquet|arrow.",
-            ),
+            ApiError::NotAcceptable => {
+                let all = domain::ResultFormat::ALL;
+                Cow::Owned(format!(
+                    "A run is written as {}; Accept names none of them. Accept one, or pass format={}.",
+                    all.map(domain::ResultFormat::media_type).join(", "),
+                    all.map(domain::ResultFormat::as_str).join("|"),
+                ))
+            }
             ApiError::McpNotAcceptable => Cow::Borrowed(
                 "An MCP client sends 'Accept: application/json, text/event-stream' (the streamable HTTP transport).",
             ),
@@ -383,7 +386,7 @@ impl ApiError {
         };
         let body =
             ErrorBody { kind: code.kind(), code, detail: &detail, attr: self.attr(), breaking_changes };
-        serde_json::to_value(body).unwrap_or_default()
+        serde_json::to_value(body).expect("an error body is plain strings and numbers")
     }
 }
 

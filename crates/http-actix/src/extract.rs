@@ -166,7 +166,8 @@ async fn authorize(req: &HttpRequest, scope: Scope) -> Result<(ProjectId, Princi
             return Err(ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after });
         }
     }
-    let project = req.match_info().get("project_id").unwrap_or_default();
+    // Every route these extractors serve names a project; one that did not would be nothing to authorize.
+    let project = req.match_info().get("project_id").ok_or(ApiError::RouteNotFound)?;
     let token_endpoint = req
         .match_name()
         .filter(|route| TOKEN_ROUTES.contains(route))

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use domain::{
-    ApiKeyService, Endpoint, EndpointService, Invalid, ListParams, Principal, RunRequest, RunService, Scope,
-    CURRENT_PROJECT,
+    ApiKeyService, Endpoint, EndpointFilter, EndpointName, EndpointService, Invalid, PageRequest, Principal,
+    RunRequest, RunService, Scope, CURRENT_PROJECT,
 };
 use http_body_util::{BodyExt, Full};
 use rmcp::model::{
@@ -230,15 +230,9 @@ impl EndpointTools {
     /// The endpoints of a page of `tools/list`, with the offset of the next page if there is one.
     async fn list(&self, caller: &Principal, offset: u64) -> Result<(Vec<Tool>, Option<String>), ApiError> {
         self.take_request(caller)?;
-        let (limit, offset_text) = (TOOLS_PER_PAGE.to_string(), offset.to_string());
-        let params = ListParams {
-            limit: Some(&limit),
-            offset: Some(&offset_text),
-            is_active: Some("true"),
-            is_materialized: None,
-            search: None,
-        };
-        let page = self.endpoints.list(caller.project_id, params).await?;
+        let active = EndpointFilter { is_active: Some(true), ..EndpointFilter::default() };
+        let page = PageRequest { limit: TOOLS_PER_PAGE, offset };
+        let page = self.endpoints.list(caller.project_id, &active, page).await?;
         let no_fixed = Map::new();
         let fixed = caller.grant.as_ref().map_or(&no_fixed, |grant| &grant.fixed_variables);
         let tools = page
@@ -273,7 +267,7 @@ impl EndpointTools {
         if let Some(grant) = &caller.grant {
             request.admit(grant, name)?;
         }
-        let outcome = self.runs.run(project, name, request).await?;
+        let outcome = self.runs.run(project, EndpointName::from_path(name)?, request).await?;
         let (rows, has_more) = match outcome.run.as_deref() {
             Some(run) => {
                 (serde_json::from_str(&run.result.rows_json).map_err(internal)?, run.result.has_more)
@@ -308,8 +302,7 @@ impl ServerHandler for EndpointTools {
         };
         let (tools, next) = self.list(&caller, offset).await.map_err(|err| {
             err.log_server_error();
-            let body = err.body();
-            McpError::internal_error(body["detail"].as_str().unwrap_or_default().to_owned(), Some(body))
+            McpError::internal_error(err.detail().into_owned(), Some(err.body()))
         })?;
         let mut page = ListToolsResult::with_all_items(tools);
         page.next_cursor = next;
@@ -325,7 +318,8 @@ impl ServerHandler for EndpointTools {
         let Some(name) = request.name.strip_prefix(TOOL_PREFIX) else {
             return Err(McpError::invalid_params(format!("Unknown tool '{}'.", request.name), None));
         };
-        let arguments = request.arguments.unwrap_or_default();
+        // A tool called without arguments runs with no variables.
+        let arguments = request.arguments.unwrap_or_else(Map::new);
         Ok(match self.call(&caller, name, arguments).await {
             Ok(page) => {
                 let mut result = CallToolResult::success(vec![ContentBlock::text(page.to_string())]);

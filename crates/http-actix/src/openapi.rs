@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use domain::{Column, ColumnType, Endpoint, EndpointVersion, RunRequest, Variable, VariableType};
+use domain::{
+    Column, ColumnType, Endpoint, EndpointVersion, ResultFormat, RunRequest, Variable, VariableType,
+};
 use indexmap::IndexMap;
 use openapiv3::{
     Components, Info, MediaType, OpenAPI, Operation, Parameter, ParameterData, ParameterSchemaOrContent,
@@ -218,10 +220,9 @@ fn page_content(binary: bool) -> MediaType {
 fn responses() -> Responses {
     let mut responses = IndexMap::new();
     let mut content = json_content(component("RunResult"));
-    content.insert("text/csv".into(), page_content(false));
-    content.insert("application/x-ndjson".into(), page_content(false));
-    content.insert("application/vnd.apache.parquet".into(), page_content(true));
-    content.insert("application/vnd.apache.arrow.stream".into(), page_content(true));
+    for format in ResultFormat::ALL.into_iter().filter(|f| *f != ResultFormat::Json) {
+        content.insert(format.media_type().into(), page_content(format.is_binary()));
+    }
     responses.insert(
         StatusCode::Code(200),
         ReferenceOr::Item(Response {

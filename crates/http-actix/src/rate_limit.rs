@@ -35,7 +35,7 @@ pub struct Rate {
 }
 
 /// How many seconds' worth of requests one burst may take.
-const BURST_SECONDS: NonZeroU32 = NonZeroU32::new(2).unwrap();
+const BURST_SECONDS: NonZeroU32 = NonZeroU32::MIN.saturating_add(1);
 
 impl Rate {
     fn quota(self) -> Quota {

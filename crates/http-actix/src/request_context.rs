@@ -59,8 +59,7 @@ impl RequestContext {
 
     /// The request id, also in the response's `X-Request-Id`.
     pub fn id(&self) -> &str {
-        // The middleware sets only plain ASCII ids (`usable`, `new_id`); anything else reads as empty.
-        self.id.to_str().unwrap_or_default()
+        self.id.to_str().expect("the middleware sets only plain ASCII ids (`usable`, `new_id`)")
     }
 
     /// What `f` makes of the request the current task is serving, or `None` outside of one (a background task,

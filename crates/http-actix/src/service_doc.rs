@@ -118,7 +118,7 @@ fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operat
 
 /// An update and a POST run take an empty body as `{}`: the body is optional.
 fn optional_body(operation: &mut utoipa::openapi::path::Operation) {
-    let id = operation.operation_id.as_deref().unwrap_or_default();
+    let id = operation.operation_id.as_deref().expect("every operation is given an id");
     if id.ends_with("update_endpoint") || id.ends_with("run_endpoint") || id.ends_with("preview_table") {
         if let Some(body) = operation.request_body.as_mut() {
             body.required = Some(utoipa::openapi::Required::False);

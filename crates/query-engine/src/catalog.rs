@@ -122,8 +122,10 @@ impl Pointer {
             (Target::Version(version), Some(created)) => format!("{version}\n{created}\n"),
             (Target::Version(version), None) => version.clone(),
             (Target::Source(source), created) => {
-                let record = serde_json::to_string(&SourceRecord::of(source)).unwrap_or_default();
-                format!("{EXTERNAL}\n{}\n{record}\n", created.unwrap_or_default())
+                let record =
+                    serde_json::to_string(&SourceRecord::of(source)).expect("a source record is strings");
+                // A pointer written before sources had a creation time has an empty line there.
+                format!("{EXTERNAL}\n{}\n{record}\n", created.as_deref().unwrap_or(""))
             }
         }
     }
@@ -154,11 +156,11 @@ pub(crate) async fn pointer(storage: &Storage, table: &ObjectPath) -> Result<Opt
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(unavailable(e)),
     };
-    let text = std::str::from_utf8(&bytes).unwrap_or_default();
-    Pointer::parse(text).map(Some).ok_or_else(|| {
-        let first = text.lines().next().unwrap_or_default();
+    let unreadable = |first: &str| {
         EngineError::Internal(format!("{pointer} does not name a table version or source: {first:?}").into())
-    })
+    };
+    let text = std::str::from_utf8(&bytes).map_err(|_| unreadable("(not UTF-8)"))?;
+    Pointer::parse(text).map(Some).ok_or_else(|| unreadable(text.lines().next().unwrap_or("")))
 }
 
 /// The version `_current` names, if the table has one of its own files.

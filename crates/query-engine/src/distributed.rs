@@ -63,7 +63,7 @@ pub(crate) fn session(
     runtime: Option<Arc<RuntimeEnv>>,
     scheduler: &str,
 ) -> Result<SessionContext, EngineError> {
-    let state = state(storage, runtime.unwrap_or_default())
+    let state = state(storage, runtime.unwrap_or_else(|| Arc::new(RuntimeEnv::default())))
         .upgrade_for_ballista(scheduler.to_owned())
         .map_err(|e| EngineError::Internal(Box::new(e)))?;
     Ok(SessionContext::new_with_state(state))

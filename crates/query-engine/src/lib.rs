@@ -412,13 +412,13 @@ fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::logical_expr::LogicalPlan;
     let mut tables = std::collections::BTreeSet::new();
-    // The closure never fails, so neither does the walk.
-    let _ = plan.apply_with_subqueries(|node| {
+    plan.apply_with_subqueries(|node| {
         if let LogicalPlan::TableScan(scan) = node {
             tables.insert(scan.table_name.table().to_owned());
         }
         Ok(TreeNodeRecursion::Continue)
-    });
+    })
+    .expect("the walk's closure never fails");
     tables.into_iter().collect()
 }
 

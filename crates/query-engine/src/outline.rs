@@ -173,14 +173,14 @@ pub(crate) fn outline(plan: &LogicalPlan, compiled: &Compiled) -> Result<QueryOu
         limit_or_offset: nodes.iter().any(|n| matches!(n, LogicalPlan::Limit(_))),
         aggregates: aggregate.is_some(),
         window_functions: nodes.iter().any(|n| matches!(n, LogicalPlan::Window(_))),
-        group_keys: aggregate.map(|a| a.group_expr.iter().map(text).collect()).unwrap_or_default(),
+        group_keys: aggregate.map_or_else(Vec::new, |a| a.group_expr.iter().map(text).collect()),
         grouping_sets: aggregate
             .is_some_and(|a| a.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_)))),
-        aggregate_calls: aggregate.map(|a| a.aggr_expr.iter().map(call).collect()).unwrap_or_default(),
+        aggregate_calls: aggregate.map_or_else(Vec::new, |a| a.aggr_expr.iter().map(call).collect()),
         ..QueryOutline::default()
     };
     let mut remaining = placeholder_uses(plan, compiled)?;
-    let conjuncts = filter.map(|f| split_conjunction(&f.predicate)).unwrap_or_default();
+    let conjuncts = filter.map_or_else(Vec::new, |f| split_conjunction(&f.predicate));
     for found in conjuncts.into_iter().filter_map(|c| simple(c, compiled)) {
         if let Some(count) = remaining.get_mut(&found.variable) {
             *count -= 1;

@@ -67,7 +67,7 @@ fn panicked(payload: Box<dyn std::any::Any + Send>) -> EngineError {
     tracing::error!(panic = %message, "the engine panicked on a request's input");
     EngineError::InvalidQuery(format!(
         "The engine could not process this input: {}.",
-        message.lines().next().unwrap_or_default().trim_end_matches('.')
+        message.lines().next().unwrap_or("").trim_end_matches('.')
     ))
 }
 

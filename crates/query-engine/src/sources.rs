@@ -175,7 +175,8 @@ fn normalise(url: &Url) -> Result<Url, Refusal> {
         return Err(not_plain());
     }
     let path = ObjectPath::from_url_path(url.path()).map_err(|_| not_plain())?;
-    let host = host(url).unwrap_or_default();
+    // `file:///dir` has no host; every other scheme's URL was checked to have one.
+    let host = host(url).unwrap_or_else(String::new);
     let mut normal = Url::parse(&format!("{}://{host}/", scheme(url))).map_err(|_| not_plain())?;
     {
         let mut segments = normal.path_segments_mut().map_err(|()| not_plain())?;

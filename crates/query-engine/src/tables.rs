@@ -98,7 +98,7 @@ pub struct ImportReport {
 }
 
 fn extension(path: &Path) -> String {
-    path.extension().and_then(|e| e.to_str()).map(|e| format!(".{e}")).unwrap_or_default()
+    path.extension().and_then(|e| e.to_str()).map_or_else(String::new, |e| format!(".{e}"))
 }
 
 async fn read(ctx: &SessionContext, path: &Path, format: FileFormat) -> Result<DataFrame, ImportError> {

@@ -120,7 +120,9 @@ async fn stage(storage: &Storage, project: ProjectId, upload: &mut Upload) -> Re
         return Err(err);
     }
     if size == 0 {
-        let _ = writer.abort().await;
+        if let Err(abort) = writer.abort().await {
+            tracing::warn!(location = %path, error = %abort, "cannot abort a staged upload");
+        }
         return Err(UploadError::Invalid("The body is empty: send the table's rows.".into()));
     }
     writer.shutdown().await.map_err(|e| UploadError::Engine(EngineError::Unavailable(Box::new(e))))?;

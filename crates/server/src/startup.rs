@@ -226,7 +226,9 @@ impl Application {
         shrinker.abort();
         let _ = stop_worker.send(true);
         if let Some(worker) = worker {
-            let _ = worker.await;
+            if let Err(err) = worker.await {
+                tracing::error!(error = %err, "the refresh worker ended abnormally");
+            }
         }
         // Requests have drained: the last execution times they recorded are written now.
         if let Err(err) = self.executions.flush().await {
@@ -281,7 +283,11 @@ async fn shrink_rate_limits(limits: Arc<http_actix::RateLimits>) {
 /// Completes on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            // Without a handler there is no interrupt to wait for: only SIGTERM stops the server.
+            tracing::warn!(error = %err, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
     };
     #[cfg(unix)]
     let terminate = async {

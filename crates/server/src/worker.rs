@@ -56,8 +56,9 @@ pub async fn run(
                 let now = time::OffsetDateTime::now_utc();
                 for claim in claims {
                     debug!(endpoint = %claim.name, version = claim.version, "claimed a refresh");
-                    let waited =
-                        claim.due_at.map_or(Duration::ZERO, |due| (now - due).try_into().unwrap_or_default());
+                    let waited = claim
+                        .due_at
+                        .map_or(Duration::ZERO, |due| (now - due).try_into().unwrap_or(Duration::ZERO));
                     metrics.claimed(waited);
                     running.spawn(refresh(Arc::clone(&materializer), claim, metrics.clone(), stop.clone()));
                 }

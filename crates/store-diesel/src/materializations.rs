@@ -184,7 +184,7 @@ fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
             .map(SyncFrequency::parse)
             .transpose()
             .map_err(|e| DbError::Corrupt(e.detail))?
-            .unwrap_or_default(),
+            .unwrap_or(SyncFrequency::DEFAULT),
         token,
         abandoned,
         due_at: candidate.record_next_run_at.map(instant).transpose()?,

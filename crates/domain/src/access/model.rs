@@ -211,13 +211,13 @@ pub(crate) struct SecretHash([u8; 64]);
 impl SecretHash {
     pub(crate) fn of(secret: &str) -> Self {
         let mut text = [0_u8; 64];
-        // 32 bytes fill 64 digits exactly, so encoding cannot fail.
-        let _ = hex::encode_to_slice(Sha256::digest(secret.as_bytes()), &mut text);
+        hex::encode_to_slice(Sha256::digest(secret.as_bytes()), &mut text)
+            .expect("32 bytes fill 64 hex digits exactly");
         Self(text)
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
     }
 }
 

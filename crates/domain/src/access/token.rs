@@ -19,6 +19,7 @@ use super::model::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::{Error, Invalid};
 use crate::fields::{integer, Fields};
+use crate::version::VersionNumber;
 
 /// Bytes of randomness in a project's token secret.
 const SECRET_BYTES: usize = 32;
@@ -244,7 +245,7 @@ fn versions(map: &Map<String, Value>, endpoints: &[String]) -> Result<BTreeMap<S
             .filter(|list| list.len() <= RunTokenRequest::MAX_VERSIONS)
             .and_then(|list| {
                 list.iter()
-                    .map(|n| integer(n).and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0))
+                    .map(|n| integer(n).and_then(|n| VersionNumber::try_from(n).ok()).map(VersionNumber::get))
                     .collect::<Option<Vec<u32>>>()
             })
             .ok_or_else(|| {

@@ -2,12 +2,14 @@
 //! the rules of creating, changing and deleting them. Last execution times are kept here too: they are part of
 //! the endpoint record.
 
+mod commands;
 mod executions;
 mod model;
 mod ports;
 mod service;
 mod settings;
 
+pub use commands::{CreateEndpoint, EndpointPatch, CONFIRM_BREAKING, ENDPOINT_FIELDS};
 pub use executions::ExecutionTracker;
 pub use model::{
     BreakingChange, ByEndpoint, ColumnChange, Endpoint, EndpointChange, EndpointFilter, EndpointName,
@@ -16,7 +18,5 @@ pub use model::{
 pub use ports::{EndpointChanges, EndpointStore};
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::{MockEndpointChanges, MockEndpointStore};
-pub use service::{
-    EndpointDeps, EndpointService, ListParams, BREAKING_WINDOW, CONFIRM_BREAKING, ENDPOINT_FIELDS,
-};
+pub use service::{EndpointDeps, EndpointService, BREAKING_WINDOW};
 pub use settings::{CacheAge, SyncFrequency};

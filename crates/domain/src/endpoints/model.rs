@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::settings::{CacheAge, SyncFrequency};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
-use crate::error::Invalid;
+use crate::error::{Error, Invalid};
 use crate::materialization::{Eligibility, MaterializationState};
 use crate::query::{Column, ColumnType, Query, QueryDescription};
 
@@ -42,6 +42,14 @@ impl EndpointName {
                 "name must start with a letter and contain only letters, digits, '_' and '-' (at most 128 characters).",
             ))
         }
+    }
+
+    /// A name from a URL path: one that cannot be valid names no endpoint, so it is not found, not invalid.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the name breaks the pattern.
+    pub fn from_path(raw: &str) -> Result<Self, Error> {
+        Self::parse(raw).map_err(|_| Error::endpoint_not_found(raw))
     }
 
     pub fn is_valid(raw: &str) -> bool {
@@ -171,7 +179,10 @@ impl BreakingChange {
     }
 
     fn type_name(ty: ColumnType) -> String {
-        serde_json::to_value(ty).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+        match serde_json::to_value(ty) {
+            Ok(serde_json::Value::String(name)) => name,
+            _ => unreachable!("a column type serializes as its name"),
+        }
     }
 
     /// The change in words: `column 'n' (integer) is removed`.

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
 use uuid::Uuid;
 
+use super::commands::{CreateEndpoint, EndpointPatch, CONFIRM_BREAKING};
 use super::executions::ExecutionTracker;
 use super::model::{
     BreakingChange, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
@@ -15,49 +15,13 @@ use super::settings::{CacheAge, SyncFrequency};
 use crate::access::ProjectId;
 use crate::clock::Clock;
 use crate::error::{Error, Invalid, StoreError};
-use crate::fields::{parse_bool_param, Fields};
 use crate::materialization::{endpoint_location, Eligibility, MaterializationView, Materializations};
 use crate::page::{Page, PageRequest};
-use crate::query::{Query, QueryEngine};
-
-/// The fields a create or update body may carry.
-pub const ENDPOINT_FIELDS: [&str; 8] = [
-    "name",
-    "description",
-    "query",
-    "derived_from_insight",
-    "is_active",
-    "is_materialized",
-    "cache_age_seconds",
-    "sync_frequency",
-];
-
-/// The update field that confirms a change breaking the callers of an endpoint that ran recently.
-pub const CONFIRM_BREAKING: &str = "confirm_breaking";
-
-/// The fields an update body may carry: those of a create, and [`CONFIRM_BREAKING`].
-const UPDATE_FIELDS: [&str; ENDPOINT_FIELDS.len() + 1] = {
-    let mut fields = [CONFIRM_BREAKING; ENDPOINT_FIELDS.len() + 1];
-    let mut i = 0;
-    while i < ENDPOINT_FIELDS.len() {
-        fields[i] = ENDPOINT_FIELDS[i];
-        i += 1;
-    }
-    fields
-};
+use crate::query::QueryEngine;
+use crate::version::VersionNumber;
 
 /// A new version that breaks its callers needs [`CONFIRM_BREAKING`] when the endpoint ran within this long.
 pub const BREAKING_WINDOW: time::Duration = time::Duration::days(7);
-
-/// Raw list parameters as they arrive in a query string.
-#[derive(Debug, Clone, Default)]
-pub struct ListParams<'a> {
-    pub limit: Option<&'a str>,
-    pub offset: Option<&'a str>,
-    pub is_active: Option<&'a str>,
-    pub is_materialized: Option<&'a str>,
-    pub search: Option<&'a str>,
-}
 
 /// What the endpoint rules work through.
 pub struct EndpointDeps {
@@ -83,24 +47,8 @@ pub struct EndpointService {
     changes: Arc<dyn EndpointChanges>,
 }
 
-/// A name from a path: one that cannot be valid cannot exist either, so it is a 404, not a 400.
-fn path_name(raw: &str) -> Result<EndpointName, Error> {
-    EndpointName::parse(raw).map_err(|_| not_found(raw))
-}
-
-fn not_found(name: &str) -> Error {
-    Error::NotFound(format!("No endpoint named '{name}' in this project."))
-}
-
-fn sync_frequency_field(fields: &Fields<'_>) -> Result<Option<Option<SyncFrequency>>, Invalid> {
-    fields
-        .nullable_string("sync_frequency")?
-        .map(|raw| raw.as_deref().map(SyncFrequency::parse).transpose())
-        .transpose()
-}
-
-fn cache_age_field(fields: &Fields<'_>) -> Result<Option<CacheAge>, Invalid> {
-    fields.nullable_int("cache_age_seconds")?.map(CacheAge::new).transpose()
+fn not_found(name: &EndpointName) -> Error {
+    Error::endpoint_not_found(name.as_str())
 }
 
 /// Materialization needs an active endpoint and a query the materialization rule accepts.
@@ -165,7 +113,7 @@ impl EndpointService {
     pub async fn materialization_status(
         &self,
         project: ProjectId,
-        name: &str,
+        name: &EndpointName,
     ) -> Result<MaterializationView, Error> {
         let mut endpoint = self.get(project, name).await?;
         if endpoint.eligibility.is_none() {
@@ -189,24 +137,24 @@ impl EndpointService {
         endpoint
     }
 
-    /// Creates an endpoint from a request body; its query becomes version 1.
+    /// Creates an endpoint; its query becomes version 1.
     ///
     /// # Errors
     /// [`Error::Invalid`] for any field that breaks a rule (including SQL the engine refuses),
     /// [`Error::NameTaken`], store and engine failures.
-    pub async fn create(&self, project: ProjectId, body: &Value) -> Result<Endpoint, Error> {
-        let endpoint = self.planned_create(project, body).await?;
+    pub async fn create(&self, project: ProjectId, command: CreateEndpoint) -> Result<Endpoint, Error> {
+        let endpoint = self.planned_create(project, command).await?;
         let created = self.store.insert(endpoint).await?;
         self.materialization_attached(created).await
     }
 
-    /// Checks a create body as [`create`](Self::create) does, the name's availability included, and answers
+    /// Checks a create as [`create`](Self::create) does, the name's availability included, and answers
     /// the endpoint it would make, without saving anything (a dry run).
     ///
     /// # Errors
     /// As [`create`](Self::create).
-    pub async fn check_create(&self, project: ProjectId, body: &Value) -> Result<Endpoint, Error> {
-        let endpoint = self.planned_create(project, body).await?;
+    pub async fn check_create(&self, project: ProjectId, command: CreateEndpoint) -> Result<Endpoint, Error> {
+        let endpoint = self.planned_create(project, command).await?;
         match self.store.get(project, &endpoint.name).await {
             Ok(_) => Err(Error::NameTaken(endpoint.name.to_string())),
             Err(StoreError::NotFound) => Ok(endpoint.unsaved()),
@@ -214,19 +162,14 @@ impl EndpointService {
         }
     }
 
-    /// A create body checked, with its query planned: the endpoint to insert.
-    async fn planned_create(&self, project: ProjectId, body: &Value) -> Result<NewEndpoint, Error> {
-        let fields = Fields::new(body, &ENDPOINT_FIELDS)?;
-        let name = match fields.nullable_string("name")? {
-            Some(Some(name)) => EndpointName::parse(&name)?,
-            _ => return Err(Invalid::required("name").into()),
-        };
-        let query = match fields.get("query") {
-            None | Some(Value::Null) => return Err(Invalid::required("query").into()),
-            Some(raw) => Query::from_json(raw)?,
-        };
-        let is_materialized = fields.bool("is_materialized")?.unwrap_or(false);
-        let sync_frequency = match sync_frequency_field(&fields)?.flatten() {
+    /// A create checked, with its query planned: the endpoint to insert.
+    async fn planned_create(
+        &self,
+        project: ProjectId,
+        command: CreateEndpoint,
+    ) -> Result<NewEndpoint, Error> {
+        let is_materialized = command.is_materialized.unwrap_or(false);
+        let sync_frequency = match command.sync_frequency {
             Some(_) if !is_materialized => return Err(sync_needs_materialization().into()),
             Some(freq) => Some(freq),
             None => is_materialized.then(SyncFrequency::default),
@@ -234,16 +177,16 @@ impl EndpointService {
         let endpoint = NewEndpoint {
             id: Uuid::new_v4(),
             project_id: project,
-            name,
-            description: fields.nullable_string("description")?.flatten().unwrap_or_default(),
+            name: command.name,
+            description: command.description.unwrap_or_else(String::new),
             columns: Vec::new(),
             eligibility: Eligibility::Eligible { filters: Vec::new(), rollup: None },
             tables: Vec::new(),
-            query,
-            derived_from_insight: fields.nullable_string("derived_from_insight")?.flatten(),
-            is_active: fields.bool("is_active")?.unwrap_or(true),
+            query: command.query,
+            derived_from_insight: command.derived_from_insight,
+            is_active: command.is_active.unwrap_or(true),
             is_materialized,
-            cache_age: cache_age_field(&fields)?.unwrap_or_default(),
+            cache_age: command.cache_age.unwrap_or(CacheAge::DEFAULT),
             sync_frequency,
             created_at: self.clock.now(),
         };
@@ -255,19 +198,17 @@ impl EndpointService {
         Ok(NewEndpoint { columns: description.columns, tables: description.tables, eligibility, ..endpoint })
     }
 
+    /// A page of the project's endpoints that pass the filter, by name.
+    ///
     /// # Errors
-    /// [`Error::Invalid`] for bad paging or filter parameters; store failures.
-    pub async fn list(&self, project: ProjectId, params: ListParams<'_>) -> Result<Page<Endpoint>, Error> {
-        let page = PageRequest::parse(params.limit, params.offset)?;
-        let filter = EndpointFilter {
-            is_active: params.is_active.map(|raw| parse_bool_param("is_active", raw)).transpose()?,
-            is_materialized: params
-                .is_materialized
-                .map(|raw| parse_bool_param("is_materialized", raw))
-                .transpose()?,
-            search: params.search.map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned),
-        };
-        let mut page = self.store.list(project, &filter, page).await?;
+    /// Store failures.
+    pub async fn list(
+        &self,
+        project: ProjectId,
+        filter: &EndpointFilter,
+        page: PageRequest,
+    ) -> Result<Page<Endpoint>, Error> {
+        let mut page = self.store.list(project, filter, page).await?;
         page.items = page.items.into_iter().map(|e| self.newest_execution(e)).collect();
         let ids: Vec<_> = page.items.iter().filter(|e| e.is_materialized).map(|e| e.id).collect();
         if !ids.is_empty() {
@@ -282,9 +223,8 @@ impl EndpointService {
 
     /// # Errors
     /// [`Error::NotFound`]; store failures.
-    pub async fn get(&self, project: ProjectId, name: &str) -> Result<Endpoint, Error> {
-        let name = path_name(name)?;
-        let endpoint = self.store.get(project, &name).await.map_err(|e| name_error(e, &name))?;
+    pub async fn get(&self, project: ProjectId, name: &EndpointName) -> Result<Endpoint, Error> {
+        let endpoint = self.store.get(project, name).await.map_err(|e| name_error(e, name))?;
         self.materialization_attached(self.newest_execution(endpoint)).await
     }
 
@@ -294,20 +234,23 @@ impl EndpointService {
     /// # Errors
     /// [`Error::NotFound`]; [`Error::Invalid`] for a rename, a bad field or SQL the engine refuses; store and
     /// engine failures.
-    pub async fn update(&self, project: ProjectId, name: &str, body: &Value) -> Result<Endpoint, Error> {
-        let name = path_name(name)?;
-        let (current, change) = self.planned_update(project, &name, body).await?;
+    pub async fn update(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        patch: EndpointPatch,
+    ) -> Result<Endpoint, Error> {
+        let (current, change) = self.planned_update(project, name, patch).await?;
         if change.is_empty() {
             return self.materialization_attached(current).await;
         }
         let materialized = change.is_materialized.unwrap_or(current.is_materialized);
         let rescheduled = materialized && current.is_materialized && change.sync_frequency.is_some();
         let at = self.clock.now();
-        let updated =
-            self.store.update(project, &name, change, at).await.map_err(|e| name_error(e, &name))?;
-        self.changes.changed(project, &name);
+        let updated = self.store.update(project, name, change, at).await.map_err(|e| name_error(e, name))?;
+        self.changes.changed(project, name);
         if current.is_materialized && !updated.is_materialized {
-            self.drop_stored_results(project, updated.id, &name).await;
+            self.drop_stored_results(project, updated.id, name).await;
         } else if rescheduled {
             // The change is saved; a failure here only delays the refresh to the old schedule.
             if let Err(err) = self.materializations.states.reschedule(updated.id, at).await {
@@ -317,7 +260,7 @@ impl EndpointService {
         self.materialization_attached(self.newest_execution(updated)).await
     }
 
-    /// Checks an update body as [`update`](Self::update) does and answers the endpoint as it would be (with
+    /// Checks an update as [`update`](Self::update) does and answers the endpoint as it would be (with
     /// the next version when the query changes), without saving anything (a dry run).
     ///
     /// # Errors
@@ -325,27 +268,24 @@ impl EndpointService {
     pub async fn check_update(
         &self,
         project: ProjectId,
-        name: &str,
-        body: &Value,
+        name: &EndpointName,
+        patch: EndpointPatch,
     ) -> Result<Endpoint, Error> {
-        let name = path_name(name)?;
-        let (current, change) = self.planned_update(project, &name, body).await?;
+        let (current, change) = self.planned_update(project, name, patch).await?;
         let updated = if change.is_empty() { current } else { change.applied_to(current, self.clock.now()) };
         self.materialization_attached(self.newest_execution(updated)).await
     }
 
-    /// An update body checked against the endpoint, with a changed query planned: the endpoint as it is and
-    /// the change to save, empty when the body changes nothing.
+    /// An update checked against the endpoint, with a changed query planned: the endpoint as it is and the
+    /// change to save, empty when the update changes nothing.
     async fn planned_update(
         &self,
         project: ProjectId,
         name: &EndpointName,
-        body: &Value,
+        patch: EndpointPatch,
     ) -> Result<(Endpoint, EndpointChange), Error> {
-        let fields = Fields::new(body, &UPDATE_FIELDS)?;
-        let confirmed = fields.bool(CONFIRM_BREAKING)?.unwrap_or(false);
         let current = self.store.get(project, name).await.map_err(|e| name_error(e, name))?;
-        if let Some(requested) = fields.nullable_string("name")? {
+        if let Some(requested) = patch.name {
             if requested.as_deref() != Some(name.as_str()) {
                 return Err(Invalid::field(
                     "name",
@@ -355,34 +295,31 @@ impl EndpointService {
             }
         }
         let mut change = EndpointChange {
-            description: fields.nullable_string("description")?.map(Option::unwrap_or_default),
-            derived_from_insight: fields.nullable_string("derived_from_insight")?,
-            is_active: fields.bool("is_active")?,
-            is_materialized: fields.bool("is_materialized")?,
-            cache_age: cache_age_field(&fields)?,
+            description: patch.description.map(Option::unwrap_or_default),
+            derived_from_insight: patch.derived_from_insight,
+            is_active: patch.is_active,
+            is_materialized: patch.is_materialized,
+            cache_age: patch.cache_age,
             sync_frequency: None,
             query: None,
         };
         let materialized = change.is_materialized.unwrap_or(current.is_materialized);
-        change.sync_frequency = match sync_frequency_field(&fields)? {
+        change.sync_frequency = match patch.sync_frequency {
             Some(Some(_)) if !materialized => return Err(sync_needs_materialization().into()),
-            Some(freq) if materialized => Some(Some(freq.unwrap_or_default())),
+            Some(freq) if materialized => Some(Some(freq.unwrap_or(SyncFrequency::DEFAULT))),
             _ if !materialized => current.sync_frequency.is_some().then_some(None),
             _ => current.sync_frequency.is_none().then_some(Some(SyncFrequency::default())),
         };
-        if let Some(raw) = fields.get("query").filter(|v| !v.is_null()) {
-            let query = Query::from_json(raw)?;
+        if let Some(query) = patch.query {
             if query.canonical() != current.query.canonical() {
                 let description = self.engine.describe(project, &query).await?;
                 let mut planned = PlannedQuery::new(query, description);
                 planned.breaking_changes = BreakingChange::between(&current.columns, &planned.columns);
-                if !confirmed {
+                if !patch.confirm_breaking {
                     self.refuse_unconfirmed_breaks(&current, &planned.breaking_changes)?;
                 }
                 change.query = Some(planned);
             }
-        } else if fields.contains("query") {
-            return Err(Invalid::field("query", "query cannot be null.").into());
         }
         drop_unchanged(&mut change, &current);
         if change.is_empty() {
@@ -417,7 +354,7 @@ impl EndpointService {
                 BREAKING_WINDOW.whole_days(),
                 listed.join("; ")
             ),
-            changes: serde_json::to_value(changes).unwrap_or_default(),
+            changes: serde_json::to_value(changes).expect("breaking changes are plain records"),
         })
     }
 
@@ -425,72 +362,54 @@ impl EndpointService {
     ///
     /// # Errors
     /// [`Error::NotFound`]; store failures.
-    pub async fn delete(&self, project: ProjectId, name: &str) -> Result<(), Error> {
-        let name = path_name(name)?;
-        let id = self.store.delete(project, &name).await.map_err(|e| name_error(e, &name))?;
-        self.changes.changed(project, &name);
-        self.executions.forget(project, &name);
+    pub async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<(), Error> {
+        let id = self.store.delete(project, name).await.map_err(|e| name_error(e, name))?;
+        self.changes.changed(project, name);
+        self.executions.forget(project, name);
         // A refresh running now finds its claim gone at its next lease renewal (or when it finishes), stops and
         // removes what it wrote.
-        self.drop_stored_results(project, id, &name).await;
+        self.drop_stored_results(project, id, name).await;
         Ok(())
     }
 
     /// Versions, newest first.
     ///
     /// # Errors
-    /// [`Error::NotFound`]; [`Error::Invalid`] for bad paging; store failures.
+    /// [`Error::NotFound`]; store failures.
     pub async fn versions(
         &self,
         project: ProjectId,
-        name: &str,
-        limit: Option<&str>,
-        offset: Option<&str>,
+        name: &EndpointName,
+        page: PageRequest,
     ) -> Result<Page<EndpointVersion>, Error> {
-        let name = path_name(name)?;
-        let page = PageRequest::parse(limit, offset)?;
-        self.store.list_versions(project, &name, page).await.map_err(|e| name_error(e, &name))
+        self.store.list_versions(project, name, page).await.map_err(|e| name_error(e, name))
     }
 
-    /// One version by its number as written in the path.
+    /// One version by its number.
     ///
     /// # Errors
-    /// [`Error::Invalid`] when the number is not a positive integer; [`Error::NotFound`] for an unknown endpoint
-    /// or version; store failures.
+    /// [`Error::NotFound`] for an unknown endpoint or version; store failures.
     pub async fn version(
         &self,
         project: ProjectId,
-        name: &str,
-        number: &str,
+        name: &EndpointName,
+        number: VersionNumber,
     ) -> Result<EndpointVersion, Error> {
-        let name = path_name(name)?;
-        let number =
-            number.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                Invalid::field("version_number", "version_number must be a positive integer.")
-            })?;
-        self.store.get_version(project, &name, number).await.map_err(|e| name_error(e, &name))
+        self.store.get_version(project, name, number.get()).await.map_err(|e| name_error(e, name))
     }
 
-    /// The endpoint with its current version, or the version named by a `?version=` parameter.
+    /// The endpoint with its current version, or with the version named.
     ///
     /// # Errors
-    /// [`Error::Invalid`] (attr `version`) when the parameter is not a positive integer; [`Error::NotFound`] for an
-    /// unknown endpoint or version; store failures.
+    /// [`Error::NotFound`] for an unknown endpoint or version; store failures.
     pub async fn endpoint_version(
         &self,
         project: ProjectId,
-        name: &str,
-        version: Option<&str>,
+        name: &EndpointName,
+        version: Option<VersionNumber>,
     ) -> Result<(Endpoint, EndpointVersion), Error> {
         let endpoint = self.get(project, name).await?;
-        let number = match version {
-            None => endpoint.current_version,
-            Some(raw) => raw
-                .parse::<u32>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| Invalid::field("version", "version must be a positive integer."))?,
-        };
+        let number = version.map_or(endpoint.current_version, VersionNumber::get);
         let version = self
             .store
             .get_version(project, &endpoint.name, number)
@@ -503,7 +422,7 @@ impl EndpointService {
 /// A store error about a named endpoint: `NotFound` names it.
 fn name_error(err: StoreError, name: &EndpointName) -> Error {
     match err {
-        StoreError::NotFound => not_found(name.as_str()),
+        StoreError::NotFound => not_found(name),
         other => other.into(),
     }
 }

@@ -7,9 +7,10 @@ use time::macros::datetime;
 use super::super::ports::{MockEndpointChanges, MockEndpointStore};
 use super::*;
 use crate::clock::{MockClock, Timestamp};
+use crate::endpoints::{CacheAge, EndpointFilter};
 use crate::error::EngineError;
 use crate::materialization::{MockMaterializationStore, MockMaterializedResults};
-use crate::query::{Column, ColumnType, MockQueryEngine, QueryDescription, VariableType};
+use crate::query::{Column, ColumnType, MockQueryEngine, Query, QueryDescription, VariableType};
 
 const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
 
@@ -102,6 +103,50 @@ fn existing() -> Endpoint {
     })
 }
 
+/// The service called as its adapters call it: a body read into its command first, a name from a path.
+impl EndpointService {
+    async fn create_json(&self, project: ProjectId, body: &Value) -> Result<Endpoint, Error> {
+        self.create(project, CreateEndpoint::try_from(body)?).await
+    }
+
+    async fn check_create_json(&self, project: ProjectId, body: &Value) -> Result<Endpoint, Error> {
+        self.check_create(project, CreateEndpoint::try_from(body)?).await
+    }
+
+    async fn update_json(&self, project: ProjectId, name: &str, body: &Value) -> Result<Endpoint, Error> {
+        let name = EndpointName::from_path(name)?;
+        self.update(project, &name, EndpointPatch::try_from(body)?).await
+    }
+
+    async fn check_update_json(
+        &self,
+        project: ProjectId,
+        name: &str,
+        body: &Value,
+    ) -> Result<Endpoint, Error> {
+        let name = EndpointName::from_path(name)?;
+        self.check_update(project, &name, EndpointPatch::try_from(body)?).await
+    }
+
+    async fn get_named(&self, project: ProjectId, name: &str) -> Result<Endpoint, Error> {
+        self.get(project, &EndpointName::from_path(name)?).await
+    }
+
+    async fn delete_named(&self, project: ProjectId, name: &str) -> Result<(), Error> {
+        self.delete(project, &EndpointName::from_path(name)?).await
+    }
+
+    async fn version_named(
+        &self,
+        project: ProjectId,
+        name: &str,
+        number: &str,
+    ) -> Result<EndpointVersion, Error> {
+        let number = VersionNumber::parse_field("version_number", number)?;
+        self.version(project, &EndpointName::from_path(name)?, number).await
+    }
+}
+
 fn invalid_attr(err: Error) -> String {
     match err {
         Error::Invalid(invalid) => invalid.attr.unwrap_or_default(),
@@ -112,7 +157,7 @@ fn invalid_attr(err: Error) -> String {
 #[tokio::test]
 async fn create_applies_defaults_and_records_columns() {
     let created =
-        service(echoing_store(), describing_engine()).create(project(), &body(json!({}))).await.unwrap();
+        service(echoing_store(), describing_engine()).create_json(project(), &body(json!({}))).await.unwrap();
     assert!(created.is_active);
     assert!(!created.is_materialized);
     assert_eq!(created.cache_age.configured(), None);
@@ -126,7 +171,7 @@ async fn create_applies_defaults_and_records_columns() {
 #[tokio::test]
 async fn create_of_a_materialized_endpoint_defaults_sync_to_a_day() {
     let created = service(echoing_store(), describing_engine())
-        .create(project(), &body(json!({"is_materialized": true})))
+        .create_json(project(), &body(json!({"is_materialized": true})))
         .await
         .unwrap();
     assert_eq!(created.sync_frequency, Some(SyncFrequency::OneDay));
@@ -150,13 +195,13 @@ async fn create_refuses_bad_fields_naming_them() {
     for (extra, attr) in cases {
         // Neither the engine nor the store may be reached by a request that fails validation.
         let err = service(MockEndpointStore::new(), MockQueryEngine::new())
-            .create(project(), &body(extra.clone()))
+            .create_json(project(), &body(extra.clone()))
             .await
             .unwrap_err();
         assert_eq!(invalid_attr(err), attr, "{extra}");
     }
     let err = service(MockEndpointStore::new(), MockQueryEngine::new())
-        .create(project(), &json!([1]))
+        .create_json(project(), &json!([1]))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Invalid(Invalid { attr: None, .. })));
@@ -169,7 +214,7 @@ async fn create_reports_the_engines_refusal_on_query() {
         .expect_describe()
         .returning(|_, _| Err(EngineError::InvalidQuery("table 'nope' not found".into())));
     let err =
-        service(MockEndpointStore::new(), engine).create(project(), &body(json!({}))).await.unwrap_err();
+        service(MockEndpointStore::new(), engine).create_json(project(), &body(json!({}))).await.unwrap_err();
     match err {
         Error::Invalid(invalid) => {
             assert_eq!(invalid.attr.as_deref(), Some("query"));
@@ -183,7 +228,7 @@ async fn create_reports_the_engines_refusal_on_query() {
 async fn create_maps_a_taken_name_to_a_conflict() {
     let mut store = MockEndpointStore::new();
     store.expect_insert().returning(|new| Err(StoreError::NameTaken(new.name.to_string())));
-    let err = service(store, describing_engine()).create(project(), &body(json!({}))).await.unwrap_err();
+    let err = service(store, describing_engine()).create_json(project(), &body(json!({}))).await.unwrap_err();
     assert!(matches!(err, Error::NameTaken(name) if name == "daily"));
 }
 
@@ -193,19 +238,19 @@ async fn a_dry_run_create_checks_everything_and_saves_nothing() {
     let mut store = MockEndpointStore::new();
     store.expect_get().times(1).returning(|_, _| Err(StoreError::NotFound));
     let checked = service(store, describing_engine())
-        .check_create(project(), &body(json!({"description": "d"})))
+        .check_create_json(project(), &body(json!({"description": "d"})))
         .await
         .unwrap();
     assert_eq!((checked.name.as_str(), checked.description.as_str()), ("daily", "d"));
     assert_eq!((checked.current_version, checked.columns), (1, columns()));
     // The checks of a create: a bad field, a taken name.
     let err = service(MockEndpointStore::new(), describing_engine())
-        .check_create(project(), &body(json!({"name": "1x"})))
+        .check_create_json(project(), &body(json!({"name": "1x"})))
         .await
         .unwrap_err();
     assert_eq!(invalid_attr(err), "name");
     let taken = service(store_with_existing(), describing_engine())
-        .check_create(project(), &body(json!({})))
+        .check_create_json(project(), &body(json!({})))
         .await
         .unwrap_err();
     assert!(matches!(&taken, Error::NameTaken(name) if name == "daily"), "{taken:?}");
@@ -221,7 +266,7 @@ async fn a_dry_run_update_answers_the_next_version_and_saves_nothing() {
     });
     let query = json!({"kind": "SQLQuery", "query": "SELECT 2.0 AS m"});
     let checked = service(store_with_existing(), engine)
-        .check_update(project(), "daily", &json!({"description": "new", "query": query}))
+        .check_update_json(project(), "daily", &json!({"description": "new", "query": query}))
         .await
         .unwrap();
     assert_eq!((checked.current_version, checked.versions_count), (2, 2));
@@ -230,12 +275,12 @@ async fn a_dry_run_update_answers_the_next_version_and_saves_nothing() {
     assert_eq!(checked.updated_at, NOW);
     // Settings alone keep the version; the rules of an update hold.
     let settings = service(store_with_existing(), MockQueryEngine::new())
-        .check_update(project(), "daily", &json!({"is_active": false}))
+        .check_update_json(project(), "daily", &json!({"is_active": false}))
         .await
         .unwrap();
     assert_eq!((settings.current_version, settings.is_active), (1, false));
     let err = service(store_with_existing(), MockQueryEngine::new())
-        .check_update(project(), "daily", &json!({"name": "other"}))
+        .check_update_json(project(), "daily", &json!({"name": "other"}))
         .await
         .unwrap_err();
     assert_eq!(invalid_attr(err), "name");
@@ -250,13 +295,13 @@ fn store_with_existing() -> MockEndpointStore {
 #[tokio::test]
 async fn update_refuses_a_rename_but_accepts_the_same_name() {
     let err = service(store_with_existing(), MockQueryEngine::new())
-        .update(project(), "daily", &json!({"name": "weekly"}))
+        .update_json(project(), "daily", &json!({"name": "weekly"}))
         .await
         .unwrap_err();
     assert_eq!(invalid_attr(err), "name");
     // Same name and nothing else: nothing to write, so the store's update is never called.
     let same = service(store_with_existing(), MockQueryEngine::new())
-        .update(project(), "daily", &json!({"name": "daily", "description": "old"}))
+        .update_json(project(), "daily", &json!({"name": "daily", "description": "old"}))
         .await
         .unwrap();
     assert_eq!(same, existing());
@@ -273,7 +318,7 @@ async fn update_of_settings_alone_makes_no_new_version() {
         .times(1)
         .returning(|_, _, _, _| Ok(existing()));
     service(store, MockQueryEngine::new())
-        .update(project(), "daily", &json!({"description": "new", "is_active": true}))
+        .update_json(project(), "daily", &json!({"description": "new", "is_active": true}))
         .await
         .unwrap();
 }
@@ -283,7 +328,7 @@ async fn update_with_an_equivalent_query_makes_no_new_version() {
     // Same query, different whitespace around it and an explicit empty variables object.
     let same = json!({"query": {"query": " SELECT 1 AS n ", "kind": "SQLQuery", "variables": {}}});
     let result =
-        service(store_with_existing(), MockQueryEngine::new()).update(project(), "daily", &same).await;
+        service(store_with_existing(), MockQueryEngine::new()).update_json(project(), "daily", &same).await;
     assert_eq!(result.unwrap(), existing());
 }
 
@@ -300,7 +345,7 @@ async fn update_with_a_new_query_plans_it_and_saves_it() {
     let mut engine = MockQueryEngine::new();
     engine.expect_describe().with(eq(project()), always()).times(1).returning(|_, _| Ok(description()));
     service(store, engine)
-        .update(project(), "daily", &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}}))
+        .update_json(project(), "daily", &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}}))
         .await
         .unwrap();
 }
@@ -308,7 +353,7 @@ async fn update_with_a_new_query_plans_it_and_saves_it() {
 #[tokio::test]
 async fn update_enforces_sync_frequency_rules() {
     let err = service(store_with_existing(), MockQueryEngine::new())
-        .update(project(), "daily", &json!({"sync_frequency": "1hour"}))
+        .update_json(project(), "daily", &json!({"sync_frequency": "1hour"}))
         .await
         .unwrap_err();
     assert_eq!(invalid_attr(err), "sync_frequency");
@@ -322,12 +367,12 @@ async fn update_enforces_sync_frequency_rules() {
         .times(1)
         .returning(|_, _, _, _| Ok(existing()));
     service(store, MockQueryEngine::new())
-        .update(project(), "daily", &json!({"is_materialized": true}))
+        .update_json(project(), "daily", &json!({"is_materialized": true}))
         .await
         .unwrap();
 
     let err = service(store_with_existing(), MockQueryEngine::new())
-        .update(project(), "daily", &json!({"query": null}))
+        .update_json(project(), "daily", &json!({"query": null}))
         .await
         .unwrap_err();
     assert_eq!(invalid_attr(err), "query");
@@ -338,10 +383,10 @@ async fn unknown_or_impossible_names_are_not_found() {
     let mut store = MockEndpointStore::new();
     store.expect_get().returning(|_, _| Err(StoreError::NotFound));
     let svc = service(store, MockQueryEngine::new());
-    assert!(matches!(svc.get(project(), "missing").await, Err(Error::NotFound(_))));
+    assert!(matches!(svc.get_named(project(), "missing").await, Err(Error::NotFound(_))));
     // A name that cannot be valid never reaches the store.
-    assert!(matches!(svc.get(project(), "not a name").await, Err(Error::NotFound(_))));
-    assert!(matches!(svc.update(project(), "missing", &json!({})).await, Err(Error::NotFound(_))));
+    assert!(matches!(svc.get_named(project(), "not a name").await, Err(Error::NotFound(_))));
+    assert!(matches!(svc.update_json(project(), "missing", &json!({})).await, Err(Error::NotFound(_))));
 }
 
 #[tokio::test]
@@ -350,14 +395,14 @@ async fn version_numbers_must_be_positive_integers() {
     store.expect_get_version().returning(|_, _, v| Err(StoreError::VersionNotFound(v)));
     let svc = service(store, MockQueryEngine::new());
     for bad in ["0", "-1", "abc", "1.5", "99999999999"] {
-        let err = svc.version(project(), "daily", bad).await.unwrap_err();
+        let err = svc.version_named(project(), "daily", bad).await.unwrap_err();
         assert_eq!(invalid_attr(err), "version_number", "{bad}");
     }
-    assert!(matches!(svc.version(project(), "daily", "3").await, Err(Error::NotFound(_))));
+    assert!(matches!(svc.version_named(project(), "daily", "3").await, Err(Error::NotFound(_))));
 }
 
 #[tokio::test]
-async fn list_parses_paging_and_filters() {
+async fn list_passes_paging_and_filters_to_the_store() {
     let mut store = MockEndpointStore::new();
     store
         .expect_list()
@@ -371,23 +416,8 @@ async fn list_parses_paging_and_filters() {
         .times(1)
         .returning(|_, _, page| Ok(Page { items: vec![], total: 0, request: page }));
     let svc = service(store, MockQueryEngine::new());
-    let params = ListParams {
-        limit: Some("5"),
-        offset: Some("10"),
-        is_active: Some("false"),
-        search: Some(" rev "),
-        ..Default::default()
-    };
-    svc.list(project(), params).await.unwrap();
-
-    for (params, attr) in [
-        (ListParams { limit: Some("0"), ..Default::default() }, "limit"),
-        (ListParams { limit: Some("1001"), ..Default::default() }, "limit"),
-        (ListParams { offset: Some("-3"), ..Default::default() }, "offset"),
-        (ListParams { is_materialized: Some("maybe"), ..Default::default() }, "is_materialized"),
-    ] {
-        assert_eq!(invalid_attr(svc.list(project(), params).await.unwrap_err()), attr);
-    }
+    let filter = EndpointFilter { is_active: Some(false), search: Some("rev".into()), ..Default::default() };
+    svc.list(project(), &filter, PageRequest { limit: 5, offset: 10 }).await.unwrap();
 }
 
 #[tokio::test]
@@ -407,9 +437,9 @@ async fn every_saved_update_and_delete_is_told_to_what_this_process_keeps() {
         ..deps(store, MockQueryEngine::new())
     });
     // A body that changes nothing saves nothing, so nothing kept is stale.
-    service.update(project(), "daily", &json!({"description": "old"})).await.unwrap();
-    service.update(project(), "daily", &json!({"description": "new"})).await.unwrap();
-    service.delete(project(), "daily").await.unwrap();
+    service.update_json(project(), "daily", &json!({"description": "old"})).await.unwrap();
+    service.update_json(project(), "daily", &json!({"description": "new"})).await.unwrap();
+    service.delete_named(project(), "daily").await.unwrap();
 }
 
 mod materialization {
@@ -453,13 +483,17 @@ mod materialization {
             (limited_engine(), json!({"is_materialized": true})),
             (describing_engine(), json!({"is_materialized": true, "is_active": false})),
         ] {
-            let err =
-                service(MockEndpointStore::new(), engine).create(project(), &body(extra)).await.unwrap_err();
+            let err = service(MockEndpointStore::new(), engine)
+                .create_json(project(), &body(extra))
+                .await
+                .unwrap_err();
             assert_eq!(invalid_attr(err), "is_materialized");
         }
         // Without materialization the same query saves, and records why it cannot be materialized.
-        let created =
-            service(echoing_store(), limited_engine()).create(project(), &body(json!({}))).await.unwrap();
+        let created = service(echoing_store(), limited_engine())
+            .create_json(project(), &body(json!({})))
+            .await
+            .unwrap();
         assert!(created.eligibility.unwrap().reason().unwrap().contains("LIMIT"));
 
         let mut engine = MockQueryEngine::new();
@@ -485,7 +519,11 @@ mod materialization {
         store.expect_get().returning(move |_, _| Ok(materialized.clone()));
         store.expect_update().never();
         let err = service(store, engine)
-            .update(project(), "daily", &json!({"query": {"kind": "SQLQuery", "query": "SELECT 3 AS n"}}))
+            .update_json(
+                project(),
+                "daily",
+                &json!({"query": {"kind": "SQLQuery", "query": "SELECT 3 AS n"}}),
+            )
             .await
             .unwrap_err();
         assert_eq!(invalid_attr(err), "is_materialized");
@@ -495,7 +533,7 @@ mod materialization {
         store.expect_get().returning(move |_, _| Ok(materialized.clone()));
         store.expect_update().never();
         let err = service(store, MockQueryEngine::new())
-            .update(project(), "daily", &json!({"is_active": false}))
+            .update_json(project(), "daily", &json!({"is_active": false}))
             .await
             .unwrap_err();
         assert_eq!(invalid_attr(err), "is_materialized");
@@ -511,9 +549,9 @@ mod materialization {
         store.expect_update().times(1).returning(|_, _, _, _| Ok(existing()));
         store.expect_delete().times(1).returning(|_, _| Ok(Uuid::from_u128(7)));
         let service = with_results(store, MockQueryEngine::new(), Arc::clone(&removed));
-        let off = service.update(project(), "daily", &json!({"is_materialized": false})).await.unwrap();
+        let off = service.update_json(project(), "daily", &json!({"is_materialized": false})).await.unwrap();
         assert!(!off.is_materialized);
-        service.delete(project(), "daily").await.unwrap();
+        service.delete_named(project(), "daily").await.unwrap();
         assert_eq!(*removed.lock().unwrap(), vec![Uuid::nil().to_string(), Uuid::from_u128(7).to_string()]);
     }
 }
@@ -584,7 +622,7 @@ async fn a_version_records_the_columns_it_removes_or_retypes() {
             .times(1)
             .returning(|_, _, _, _| Ok(existing()));
         service(store, engine_outputting(outputs.clone()))
-            .update(project(), "daily", &new_query(None))
+            .update_json(project(), "daily", &new_query(None))
             .await
             .unwrap_or_else(|e| panic!("{outputs:?}: {e:?}"));
     }
@@ -595,7 +633,7 @@ async fn a_breaking_version_of_an_endpoint_run_this_week_needs_confirming() {
     let breaking = || engine_outputting(vec![("n", ColumnType::Integer)]);
     // Ran 6 days ago: refused with the changes listed, nothing saved (the store has no update expectation).
     let err = service(store_ran(Some(6)), breaking())
-        .update(project(), "daily", &new_query(None))
+        .update_json(project(), "daily", &new_query(None))
         .await
         .unwrap_err();
     let Error::BreakingChange { detail, changes } = err else { panic!("{err:?}") };
@@ -604,12 +642,13 @@ async fn a_breaking_version_of_an_endpoint_run_this_week_needs_confirming() {
         "{detail}"
     );
     assert_eq!(changes, json!([{"column": "label", "change": "removed", "from": "string", "to": null}]));
-    let refused =
-        service(store_ran(Some(6)), breaking()).update(project(), "daily", &new_query(Some(false))).await;
+    let refused = service(store_ran(Some(6)), breaking())
+        .update_json(project(), "daily", &new_query(Some(false)))
+        .await;
     assert!(matches!(refused, Err(Error::BreakingChange { .. })));
     // A dry run answers the same.
     let dry =
-        service(store_ran(Some(6)), breaking()).check_update(project(), "daily", &new_query(None)).await;
+        service(store_ran(Some(6)), breaking()).check_update_json(project(), "daily", &new_query(None)).await;
     assert!(matches!(dry, Err(Error::BreakingChange { .. })));
 
     // Confirmed, or last run more than 7 days ago, or never run: saved.
@@ -621,7 +660,7 @@ async fn a_breaking_version_of_an_endpoint_run_this_week_needs_confirming() {
             .times(1)
             .returning(|_, _, _, _| Ok(existing()));
         service(store, breaking())
-            .update(project(), "daily", &new_query(confirm))
+            .update_json(project(), "daily", &new_query(confirm))
             .await
             .unwrap_or_else(|e| panic!("ran {ran:?} days ago, confirm {confirm:?}: {e:?}"));
     }
@@ -634,7 +673,7 @@ async fn a_breaking_version_of_an_endpoint_run_this_week_needs_confirming() {
         ("label", ColumnType::String),
         ("x", ColumnType::Date),
     ]);
-    service(store, adding).update(project(), "daily", &new_query(None)).await.unwrap();
+    service(store, adding).update_json(project(), "daily", &new_query(None)).await.unwrap();
 }
 
 #[tokio::test]
@@ -642,6 +681,6 @@ async fn a_run_not_yet_flushed_counts_as_a_recent_run() {
     let store = store_ran(None);
     let deps = deps(store, engine_outputting(vec![("n", ColumnType::Integer)]));
     deps.executions.record(project(), &EndpointName::parse("daily").unwrap(), NOW - time::Duration::hours(1));
-    let err = EndpointService::new(deps).update(project(), "daily", &new_query(None)).await.unwrap_err();
+    let err = EndpointService::new(deps).update_json(project(), "daily", &new_query(None)).await.unwrap_err();
     assert!(matches!(err, Error::BreakingChange { .. }), "{err:?}");
 }

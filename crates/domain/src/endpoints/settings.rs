@@ -10,6 +10,8 @@ use crate::error::Invalid;
 pub struct CacheAge(Option<u32>);
 
 impl CacheAge {
+    /// No age of its own: cached results live the server's default.
+    pub const DEFAULT: Self = Self(None);
     pub const DEFAULT_SECONDS: u32 = 300;
     pub const MAX_SECONDS: u32 = 86_400;
 
@@ -43,20 +45,28 @@ impl CacheAge {
 }
 
 /// How often a materialized endpoint refreshes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncFrequency {
     FiveMinutes,
     ThirtyMinutes,
     OneHour,
     SixHours,
     TwelveHours,
-    #[default]
     OneDay,
     SevenDays,
     ThirtyDays,
 }
 
+/// The frequency of a materialized endpoint that does not choose one.
+impl Default for SyncFrequency {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 impl SyncFrequency {
+    pub const DEFAULT: Self = Self::OneDay;
+
     pub const ALL: [SyncFrequency; 8] = [
         Self::FiveMinutes,
         Self::ThirtyMinutes,

@@ -202,7 +202,10 @@ impl Eligibility {
                 column: match p.group_key {
                     Some(i) => Rollup::key_column(i),
                     None => Rollup::filter_column(
-                        columns.iter().position(|c| c.column == p.column).unwrap_or_default(),
+                        columns
+                            .iter()
+                            .position(|c| c.column == p.column)
+                            .expect("every filter's column is among the filter columns"),
                     ),
                 },
                 op: p.op,

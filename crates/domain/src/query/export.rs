@@ -34,6 +34,30 @@ impl ResultFormat {
         }
     }
 
+    /// The media type a page in this format is sent as.
+    pub fn media_type(self) -> &'static str {
+        match self {
+            Self::Json => "application/json",
+            Self::Csv => "text/csv",
+            Self::NdJson => "application/x-ndjson",
+            Self::Parquet => "application/vnd.apache.parquet",
+            Self::Arrow => "application/vnd.apache.arrow.stream",
+        }
+    }
+
+    /// Other media types a client may ask for it by.
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Self::NdJson => &["application/ndjson", "application/jsonl"],
+            Self::Json | Self::Csv | Self::Parquet | Self::Arrow => &[],
+        }
+    }
+
+    /// Whether a page in this format is bytes rather than text.
+    pub fn is_binary(self) -> bool {
+        matches!(self, Self::Parquet | Self::Arrow)
+    }
+
     /// # Errors
     /// [`Invalid`] (attr `format`) for any other name.
     pub fn parse(raw: &str) -> Result<Self, Invalid> {

@@ -132,6 +132,34 @@ impl Query {
         Ok(query)
     }
 
+    /// A SQL query with its variables, checked as [`Query::from_json`] checks a client's: the text is not empty,
+    /// every placeholder is declared, every name is a variable name and every default fits its type.
+    ///
+    /// # Errors
+    /// [`Invalid`] naming what breaks a rule.
+    pub fn sql(sql: &str, variables: BTreeMap<String, Variable>) -> Result<Self, Invalid> {
+        if sql.trim().is_empty() {
+            return Err(Invalid::field("query.query", "query.query must be a non-empty SQL string."));
+        }
+        for (name, variable) in &variables {
+            let attr = format!("query.variables.{name}");
+            if !is_variable_name(name) {
+                return Err(Invalid::field(attr, format!("'{name}' is not a valid variable name.")));
+            }
+            if let Some(default) = &variable.default {
+                variable.variable_type.check(default).map_err(|expected| {
+                    Invalid::field(
+                        format!("{attr}.default"),
+                        format!("The default does not fit its type: {expected}."),
+                    )
+                })?;
+            }
+        }
+        let query = Self { kind: QueryKind::Sql, sql: sql.trim().to_owned(), variables };
+        query.check_placeholders()?;
+        Ok(query)
+    }
+
     fn check_placeholders(&self) -> Result<(), Invalid> {
         let placeholders = scan_placeholders(&self.sql)
             .map_err(|reason| Invalid::new("query", Violation::Invalid, reason))?;
@@ -147,7 +175,7 @@ impl Query {
 
     /// Every placeholder in the SQL text. The text was scanned on parse, so this cannot fail.
     pub fn placeholders(&self) -> Vec<Placeholder> {
-        scan_placeholders(&self.sql).unwrap_or_default()
+        scan_placeholders(&self.sql).expect("the text was scanned when the query was made")
     }
 
     /// The canonical JSON form: fixed key order, variables sorted by name, the normalized declaration form.

@@ -44,27 +44,63 @@ pub fn six_months_before(now: Timestamp) -> Timestamp {
     time::Date::from_calendar_date(year, month, day).map_or(now, |date| now.replace_date(date))
 }
 
-fn parse_names(body: &Value) -> Result<Vec<EndpointName>, Error> {
-    let fields = Fields::new(body, &["names"])?;
-    let invalid = |detail: String| Error::Invalid(Invalid::field("names", detail));
-    let items = match fields.get("names") {
-        None | Some(Value::Null) => return Err(Invalid::required("names").into()),
-        Some(Value::Array(items)) => items,
-        Some(_) => return Err(invalid("names must be an array of endpoint names.".into())),
-    };
-    if items.is_empty() || items.len() > MAX_NAMES {
-        return Err(invalid(format!("names must hold between 1 and {MAX_NAMES} endpoint names.")));
-    }
-    let mut names = Vec::with_capacity(items.len());
-    for item in items {
-        let raw = item.as_str().ok_or_else(|| invalid("names must be an array of strings.".into()))?;
-        let name = EndpointName::parse(raw)
-            .map_err(|_| invalid(format!("'{raw}' is not a valid endpoint name.")))?;
-        if !names.contains(&name) {
-            names.push(name);
+/// The endpoints whose last execution times are asked for: between 1 and [`MAX_NAMES`] names, each once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastExecutionsRequest {
+    names: Vec<EndpointName>,
+}
+
+impl LastExecutionsRequest {
+    /// The names, each once, in the order first given.
+    ///
+    /// # Errors
+    /// [`Invalid`] (attr `names`) for no names or more than [`MAX_NAMES`].
+    pub fn new(names: impl IntoIterator<Item = EndpointName>) -> Result<Self, Invalid> {
+        let mut unique = Vec::new();
+        for (i, name) in names.into_iter().enumerate() {
+            if i == MAX_NAMES {
+                return Err(count_error());
+            }
+            if !unique.contains(&name) {
+                unique.push(name);
+            }
         }
+        if unique.is_empty() {
+            return Err(count_error());
+        }
+        Ok(Self { names: unique })
     }
-    Ok(names)
+
+    pub fn names(&self) -> &[EndpointName] {
+        &self.names
+    }
+}
+
+fn count_error() -> Invalid {
+    Invalid::field("names", format!("names must hold between 1 and {MAX_NAMES} endpoint names."))
+}
+
+/// Reads a body `{"names": [...]}`.
+impl TryFrom<&Value> for LastExecutionsRequest {
+    type Error = Invalid;
+
+    fn try_from(body: &Value) -> Result<Self, Invalid> {
+        let fields = Fields::new(body, &["names"])?;
+        let invalid = |detail: String| Invalid::field("names", detail);
+        let items = match fields.get("names") {
+            None | Some(Value::Null) => return Err(Invalid::required("names")),
+            Some(Value::Array(items)) => items,
+            Some(_) => return Err(invalid("names must be an array of endpoint names.".into())),
+        };
+        if items.is_empty() || items.len() > MAX_NAMES {
+            return Err(count_error());
+        }
+        let names = items.iter().map(|item| {
+            let raw = item.as_str().ok_or_else(|| invalid("names must be an array of strings.".into()))?;
+            EndpointName::parse(raw).map_err(|_| invalid(format!("'{raw}' is not a valid endpoint name.")))
+        });
+        Self::new(names.collect::<Result<Vec<_>, _>>()?)
+    }
 }
 
 impl RunService {
@@ -72,17 +108,17 @@ impl RunService {
     /// are left out.
     ///
     /// # Errors
-    /// [`Error::Invalid`] (attr `names`) for a missing, empty, oversized or malformed list; store failures.
+    /// Store failures.
     pub async fn last_execution_times(
         &self,
         project: ProjectId,
-        body: &Value,
+        request: &LastExecutionsRequest,
     ) -> Result<LastExecutions, Error> {
-        let names = parse_names(body)?;
+        let names = request.names();
         let started = Instant::now();
         let start_time = self.clock.now();
         let since = six_months_before(start_time);
-        let (results, rows_read) = self.executions.last_executed(project, &names, since).await?;
+        let (results, rows_read) = self.executions.last_executed(project, names, since).await?;
         let bytes_read = results.iter().map(|(name, _)| name.as_str().len() as u64 + 8).sum();
         Ok(LastExecutions {
             id: Uuid::new_v4(),

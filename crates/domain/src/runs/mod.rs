@@ -6,7 +6,7 @@ mod model;
 mod ports;
 mod service;
 
-pub use last_executions::{six_months_before, LastExecutions, MAX_NAMES};
+pub use last_executions::{six_months_before, LastExecutions, LastExecutionsRequest, MAX_NAMES};
 pub use model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::MockResultCache;

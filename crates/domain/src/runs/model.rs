@@ -13,6 +13,7 @@ use crate::endpoints::EndpointName;
 use crate::error::{Error, Invalid, Violation};
 use crate::fields::Fields;
 use crate::query::{QueryResult, ResultFormat};
+use crate::version::VersionNumber;
 
 /// How a run may use cached and materialized results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -171,7 +172,7 @@ impl RunRequest {
         // A malformed `?version=` is refused even when the body names a version: it is never silently ignored.
         let query_version = query_version.map(parse_version).transpose()?;
         let version = match fields.nullable_int("version")?.flatten() {
-            Some(v) => Some(positive_version(v)?),
+            Some(v) => Some(VersionNumber::from_field("version", v)?.get()),
             None => query_version,
         };
         let variables = match fields.get("variables") {
@@ -262,14 +263,7 @@ fn parse_int(attr: &str, raw: &str) -> Result<i64, Invalid> {
 }
 
 fn parse_version(raw: &str) -> Result<u32, Invalid> {
-    positive_version(parse_int("version", raw)?)
-}
-
-fn positive_version(v: i64) -> Result<u32, Invalid> {
-    u32::try_from(v)
-        .ok()
-        .filter(|v| *v > 0)
-        .ok_or_else(|| Invalid::field("version", "version must be a positive integer."))
+    VersionNumber::parse_field("version", raw).map(VersionNumber::get)
 }
 
 /// A JSON page holds at most `MAX_LIMIT` rows; a page in another format is bounded by the service's export

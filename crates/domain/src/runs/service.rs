@@ -103,21 +103,21 @@ impl std::error::Error for SharedCause {
 /// ever enabled, differently ordered variables would only miss the cache, never share an answer).
 fn request_key(request: &RunRequest) -> String {
     let mut key = Vec::with_capacity(64);
-    // `serde_json` writes integers without `fmt`, and writing into a Vec cannot fail.
+    // `serde_json` writes integers without `fmt`.
     key.extend_from_slice(b"v=");
     match request.version {
         Some(version) => {
-            let _ = serde_json::to_writer(&mut key, &version);
+            serde_json::to_writer(&mut key, &version).expect("a Vec takes every write");
         }
         None => key.extend_from_slice(b"latest"),
     }
     key.extend_from_slice(b";limit=");
-    let _ = serde_json::to_writer(&mut key, &request.limit);
+    serde_json::to_writer(&mut key, &request.limit).expect("a Vec takes every write");
     key.extend_from_slice(b";offset=");
-    let _ = serde_json::to_writer(&mut key, &request.offset);
+    serde_json::to_writer(&mut key, &request.offset).expect("a Vec takes every write");
     key.extend_from_slice(b";vars=");
-    let _ = serde_json::to_writer(&mut key, &request.variables);
-    String::from_utf8(key).unwrap_or_default()
+    serde_json::to_writer(&mut key, &request.variables).expect("a Vec takes every write");
+    String::from_utf8(key).expect("JSON and ASCII are UTF-8")
 }
 
 /// An engine failure of a run: a saved query that no longer plans is `query_invalid`, not a bad request field.
@@ -174,11 +174,10 @@ impl RunService {
     pub async fn run(
         &self,
         project: ProjectId,
-        name: &str,
+        name: EndpointName,
         request: RunRequest,
     ) -> Result<RunOutcome, Error> {
         let started = Instant::now();
-        let name = EndpointName::parse(name).map_err(|_| not_found(name))?;
         let generation = self.cache.generation(project, &name);
         let key = CacheKey { project, name, generation, request: request_key(&request) };
         let now = self.clock.now();
@@ -321,7 +320,7 @@ impl RunService {
     pub async fn export(
         &self,
         project: ProjectId,
-        name: &str,
+        name: EndpointName,
         request: RunRequest,
     ) -> Result<Exported, Error> {
         if request.limit > self.export_limit {
@@ -335,7 +334,6 @@ impl RunService {
             )
             .into());
         }
-        let name = EndpointName::parse(name).map_err(|_| not_found(name))?;
         let endpoint = self.active_endpoint(project, &name).await?;
         let context = self.context();
         let version = context.version(&endpoint, request.version).await?;

@@ -6,10 +6,11 @@ use std::time::Duration;
 use serde_json::json;
 use time::macros::datetime;
 
-use super::super::last_executions::six_months_before;
+use super::super::last_executions::{six_months_before, LastExecutionsRequest};
 use super::*;
 use crate::clock::Timestamp;
 use crate::endpoints::{CacheAge, MockEndpointStore};
+use crate::error::Invalid;
 use crate::materialization::{MockMaterializationStore, MockMaterializedResults};
 use crate::query::{Column, ColumnType, MockQueryEngine, Query};
 use crate::testing::{self, ManualClock, T0};
@@ -202,7 +203,7 @@ async fn computations_read_the_endpoint_again_once_it_changes_or_a_second_has_pa
     let f = fixture(store);
     let run = |version| {
         let request = RunRequest { version, ..request(Refresh::Direct, json!({"n": 5})) };
-        f.service.run(project(), "kpi", request)
+        f.service.run(project(), named("kpi"), request)
     };
     let read = || reads.load(Ordering::SeqCst);
 
@@ -232,21 +233,25 @@ async fn computations_read_the_endpoint_again_once_it_changes_or_a_second_has_pa
 #[tokio::test]
 async fn a_second_run_is_a_cache_hit_until_it_expires() {
     let f = fixture(store(true));
-    let first = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    let first =
+        f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
     assert!(!first.is_cached);
     assert_eq!(rows(&first), r#"[{"n":10}]"#, "latest version (2) runs by default");
     assert_eq!(first.run.as_ref().unwrap().expires_at, Some(T0 + Duration::from_secs(60)));
-    let second = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    let second =
+        f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
     assert!(second.is_cached);
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
     assert_ne!(first.execution_id, second.execution_id);
     assert_eq!(second.fresh_for, Duration::from_secs(60), "a client may keep it as long as the cache does");
     f.clock.advance(Duration::from_secs(20));
-    let later = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    let later =
+        f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
     assert_eq!((later.is_cached, later.fresh_for), (true, Duration::from_secs(40)));
 
     f.clock.advance(Duration::from_secs(41));
-    let third = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    let third =
+        f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
     assert!(!third.is_cached, "expired");
     assert_eq!(f.runs.load(Ordering::SeqCst), 2);
 }
@@ -254,7 +259,7 @@ async fn a_second_run_is_a_cache_hit_until_it_expires() {
 #[tokio::test]
 async fn a_cache_hit_touches_neither_store_nor_engine() {
     let f = fixture(store(true));
-    f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     // A service over a store and an engine that fail on any call still answers from the cache.
     let strict = RunService::new(RunDeps {
         store: Arc::new(MockEndpointStore::new()),
@@ -265,7 +270,7 @@ async fn a_cache_hit_touches_neither_store_nor_engine() {
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
     });
-    let hit = strict.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    let hit = strict.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     assert!(hit.is_cached);
     assert_eq!(rows(&hit), r#"[{"n":2}]"#);
 }
@@ -273,9 +278,9 @@ async fn a_cache_hit_touches_neither_store_nor_engine() {
 #[tokio::test]
 async fn invalidation_makes_old_results_unreachable() {
     let f = fixture(store(true));
-    f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     f.cache.invalidate(project(), &EndpointName::parse("kpi").unwrap());
-    let after = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    let after = f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     assert!(!after.is_cached);
     assert_eq!(f.runs.load(Ordering::SeqCst), 2);
 }
@@ -283,19 +288,23 @@ async fn invalidation_makes_old_results_unreachable() {
 #[tokio::test]
 async fn refresh_modes_use_the_cache_as_documented() {
     let f = fixture(store(true));
-    let empty = f.service.run(project(), "kpi", request(Refresh::ForceCache, json!({}))).await.unwrap();
+    let empty =
+        f.service.run(project(), named("kpi"), request(Refresh::ForceCache, json!({}))).await.unwrap();
     assert!(empty.run.is_none() && !empty.is_cached, "force_cache without a cached result");
     assert_eq!(f.runs.load(Ordering::SeqCst), 0);
 
-    let direct = f.service.run(project(), "kpi", request(Refresh::Direct, json!({}))).await.unwrap();
+    let direct = f.service.run(project(), named("kpi"), request(Refresh::Direct, json!({}))).await.unwrap();
     assert!(!direct.is_cached && direct.run.as_ref().unwrap().expires_at.is_none());
-    let still_empty = f.service.run(project(), "kpi", request(Refresh::ForceCache, json!({}))).await.unwrap();
+    let still_empty =
+        f.service.run(project(), named("kpi"), request(Refresh::ForceCache, json!({}))).await.unwrap();
     assert!(still_empty.run.is_none(), "direct does not fill the cache");
 
-    f.service.run(project(), "kpi", request(Refresh::ForceBlocking, json!({}))).await.unwrap();
-    let cached = f.service.run(project(), "kpi", request(Refresh::ForceCache, json!({}))).await.unwrap();
+    f.service.run(project(), named("kpi"), request(Refresh::ForceBlocking, json!({}))).await.unwrap();
+    let cached =
+        f.service.run(project(), named("kpi"), request(Refresh::ForceCache, json!({}))).await.unwrap();
     assert!(cached.is_cached, "force_blocking refreshes the cache");
-    let forced = f.service.run(project(), "kpi", request(Refresh::ForceBlocking, json!({}))).await.unwrap();
+    let forced =
+        f.service.run(project(), named("kpi"), request(Refresh::ForceBlocking, json!({}))).await.unwrap();
     assert!(!forced.is_cached, "force_blocking never reads the cache");
     assert_eq!(f.runs.load(Ordering::SeqCst), 3);
 }
@@ -305,27 +314,24 @@ async fn versions_can_be_pinned() {
     let f = fixture(store(true));
     let mut pinned = request(Refresh::Blocking, json!({"n": 4}));
     pinned.version = Some(1);
-    let outcome = f.service.run(project(), "kpi", pinned.clone()).await.unwrap();
+    let outcome = f.service.run(project(), named("kpi"), pinned.clone()).await.unwrap();
     assert_eq!((outcome.run.as_ref().unwrap().version, rows(&outcome)), (1, r#"[{"n":4}]"#));
     pinned.version = Some(9);
-    assert!(matches!(f.service.run(project(), "kpi", pinned).await, Err(Error::NotFound(_))));
+    assert!(matches!(f.service.run(project(), named("kpi"), pinned).await, Err(Error::NotFound(_))));
 }
 
 #[tokio::test]
 async fn unknown_and_inactive_endpoints_are_not_found() {
     let f = fixture(store(true));
     assert!(matches!(
-        f.service.run(project(), "other", request(Refresh::Blocking, json!({}))).await,
+        f.service.run(project(), named("other"), request(Refresh::Blocking, json!({}))).await,
         Err(Error::NotFound(_))
     ));
-    assert!(matches!(
-        f.service.run(project(), "bad name", request(Refresh::Blocking, json!({}))).await,
-        Err(Error::NotFound(_))
-    ));
+    assert!(matches!(EndpointName::from_path("bad name"), Err(Error::NotFound(_))), "a name no endpoint has");
     let inactive = fixture(store(false));
     for refresh in [Refresh::Blocking, Refresh::ForceCache, Refresh::Direct] {
         assert!(matches!(
-            inactive.service.run(project(), "kpi", request(refresh, json!({}))).await,
+            inactive.service.run(project(), named("kpi"), request(refresh, json!({}))).await,
             Err(Error::NotFound(_))
         ));
     }
@@ -334,7 +340,11 @@ async fn unknown_and_inactive_endpoints_are_not_found() {
 #[tokio::test]
 async fn bad_variables_are_refused_before_the_engine() {
     let f = fixture(store(true));
-    let err = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"m": 1}))).await.unwrap_err();
+    let err = f
+        .service
+        .run(project(), named("kpi"), request(Refresh::Blocking, json!({"m": 1})))
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, Error::Invalid(ref i) if i.code == crate::error::Violation::UnknownVariable),
         "{err:?}"
@@ -354,7 +364,8 @@ async fn a_version_that_no_longer_plans_answers_query_invalid_without_running() 
     });
     let f = fixture(store);
     for refresh in [Refresh::Blocking, Refresh::Direct, Refresh::ForceCache] {
-        let err = f.service.run(project(), "kpi", request(refresh, json!({"n": 1}))).await.unwrap_err();
+        let err =
+            f.service.run(project(), named("kpi"), request(refresh, json!({"n": 1}))).await.unwrap_err();
         assert!(
             matches!(err, Error::QueryInvalid(ref r) if r.contains("No field named n")),
             "{refresh:?}: {err:?}"
@@ -362,11 +373,11 @@ async fn a_version_that_no_longer_plans_answers_query_invalid_without_running() 
     }
     let csv =
         RunRequest { format: crate::query::ResultFormat::Csv, ..request(Refresh::Blocking, json!({"n": 1})) };
-    assert!(matches!(f.service.export(project(), "kpi", csv).await, Err(Error::QueryInvalid(_))));
+    assert!(matches!(f.service.export(project(), named("kpi"), csv).await, Err(Error::QueryInvalid(_))));
     assert_eq!(f.runs.load(Ordering::SeqCst), 0, "nothing ran");
     // An older version that plans still runs.
     let pinned = RunRequest { version: Some(1), ..request(Refresh::Blocking, json!({"n": 3})) };
-    assert_eq!(rows(&f.service.run(project(), "kpi", pinned).await.unwrap()), r#"[{"n":3}]"#);
+    assert_eq!(rows(&f.service.run(project(), named("kpi"), pinned).await.unwrap()), r#"[{"n":3}]"#);
 }
 
 #[tokio::test]
@@ -386,7 +397,11 @@ async fn a_query_the_engine_no_longer_plans_is_query_invalid() {
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
     });
-    let err = f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 1}))).await.unwrap_err();
+    let err = f
+        .service
+        .run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 1})))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::QueryInvalid(ref r) if r.contains("sales")), "{err:?}");
 }
 
@@ -408,10 +423,10 @@ async fn exports_are_bounded_by_the_export_limit_and_record_their_run() {
         format: crate::query::ResultFormat::Csv,
         ..request(Refresh::Blocking, json!({"n": 1}))
     };
-    let err = f.service.export(project(), "kpi", csv(501)).await.unwrap_err();
+    let err = f.service.export(project(), named("kpi"), csv(501)).await.unwrap_err();
     assert!(matches!(err, Error::Invalid(ref i) if i.attr.as_deref() == Some("limit")), "{err:?}");
     assert_eq!(f.runs.load(Ordering::SeqCst), 0);
-    let exported = f.service.export(project(), "kpi", csv(500)).await.unwrap();
+    let exported = f.service.export(project(), named("kpi"), csv(500)).await.unwrap();
     assert_eq!((exported.version, exported.export.map(|e| e.digest)), (2, Some("live".into())));
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
     let kpi = EndpointName::parse("kpi").unwrap();
@@ -499,7 +514,9 @@ async fn identical_concurrent_misses_compute_once() {
     let (service, runs) = slow_service();
     let call = |vars: serde_json::Value| {
         let service = service.clone();
-        tokio::spawn(async move { service.run(project(), "kpi", request(Refresh::Blocking, vars)).await })
+        tokio::spawn(
+            async move { service.run(project(), named("kpi"), request(Refresh::Blocking, vars)).await },
+        )
     };
     let calls: Vec<_> = (0..4).map(|_| call(json!({"n": 1}))).chain([call(json!({"n": 2}))]).collect();
     for call in calls {
@@ -516,9 +533,9 @@ async fn identical_concurrent_misses_compute_once() {
     let direct: Vec<_> = (0..2)
         .map(|_| {
             let service = service.clone();
-            tokio::spawn(
-                async move { service.run(project(), "kpi", request(Refresh::Direct, json!({}))).await },
-            )
+            tokio::spawn(async move {
+                service.run(project(), named("kpi"), request(Refresh::Direct, json!({}))).await
+            })
         })
         .collect();
     for call in direct {
@@ -533,12 +550,12 @@ async fn a_computation_abandoned_by_every_caller_is_cancelled() {
     // The caller gives up (as a disconnected client's handler is dropped) before the engine finishes.
     let abandoned = tokio::time::timeout(
         Duration::from_millis(50),
-        service.run(project(), "kpi", request(Refresh::Blocking, json!({}))),
+        service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))),
     )
     .await;
     assert!(abandoned.is_err());
     // A later identical request starts afresh instead of waiting on a dead computation.
-    let outcome = service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    let outcome = service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     assert!(!outcome.is_cached);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
@@ -554,13 +571,16 @@ async fn runs_record_execution_times_in_memory() {
     });
     store.expect_last_executions().returning(|_, _, _| Ok((vec![], 0)));
     let f = fixture(store);
-    f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
-    f.service.run(project(), "kpi", request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     let name = EndpointName::parse("kpi").unwrap();
     assert_eq!(f.executions.pending(project(), &name), Some(T0));
 
-    let found =
-        f.service.last_execution_times(project(), &json!({"names": ["kpi", "never-ran"]})).await.unwrap();
+    let found = f
+        .service
+        .last_execution_times(project(), &names(&json!({"names": ["kpi", "never-ran"]})).unwrap())
+        .await
+        .unwrap();
     assert_eq!(found.results, vec![(name.clone(), T0)], "pending times show before any flush");
     assert_eq!(found.rows_read, 1, "the pending time was read from memory");
     assert_eq!(f.executions.flush().await.unwrap(), 1, "one write for both runs");
@@ -568,9 +588,8 @@ async fn runs_record_execution_times_in_memory() {
     assert_eq!(f.executions.flush().await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn last_execution_times_validate_names() {
-    let f = fixture(store(true));
+#[test]
+fn last_execution_times_validate_names() {
     let many: Vec<String> = (0..1001).map(|i| format!("e{i}")).collect();
     for body in [
         json!({}),
@@ -579,11 +598,22 @@ async fn last_execution_times_validate_names() {
         json!({"names": [1]}),
         json!({"names": ["no way"]}),
         json!({"names": many}),
-        json!({"names": ["a"], "x": 1}),
     ] {
-        let err = f.service.last_execution_times(project(), &body).await.unwrap_err();
-        assert!(matches!(err, Error::Invalid(_)), "{body}");
+        assert_eq!(names(&body).unwrap_err().attr.as_deref(), Some("names"), "{body}");
     }
+    assert_eq!(names(&json!({"names": ["a"], "x": 1})).unwrap_err().attr.as_deref(), Some("x"));
+    let twice = names(&json!({"names": ["a", "b", "a"]})).unwrap();
+    assert_eq!(twice.names().iter().map(EndpointName::as_str).collect::<Vec<_>>(), ["a", "b"]);
+}
+
+/// A name as the adapters read it from a path.
+fn named(name: &str) -> EndpointName {
+    EndpointName::from_path(name).unwrap()
+}
+
+/// A last-execution-times body as the adapters read it.
+fn names(body: &serde_json::Value) -> Result<LastExecutionsRequest, Invalid> {
+    LastExecutionsRequest::try_from(body)
 }
 
 #[test]
@@ -682,7 +712,7 @@ mod materialized {
 
     /// Where an export's page came from, and when its stored result was computed.
     async fn exported(f: &Fixture, refresh: Refresh) -> (Option<String>, Option<Timestamp>) {
-        let exported = f.service.export(project(), "kpi", export(refresh)).await.unwrap();
+        let exported = f.service.export(project(), named("kpi"), export(refresh)).await.unwrap();
         (exported.export.map(|e| e.digest), exported.materialized_at)
     }
 
@@ -739,7 +769,8 @@ mod materialized {
         let (f, reads) = service(T0, false);
         for refresh in [Refresh::Blocking, Refresh::ForceCache] {
             f.cache.invalidate(project(), &EndpointName::parse("kpi").unwrap());
-            let outcome = f.service.run(project(), "kpi", request(refresh, json!({"n": 5}))).await.unwrap();
+            let outcome =
+                f.service.run(project(), named("kpi"), request(refresh, json!({"n": 5}))).await.unwrap();
             assert_eq!(rows(&outcome), r#"[{"n":"stored"}]"#, "{refresh:?}");
             assert!(outcome.endpoint_materialized);
             assert_eq!(outcome.run.as_ref().unwrap().materialized_at, Some(T0));
@@ -751,7 +782,8 @@ mod materialized {
     async fn direct_and_force_blocking_runs_bypass_it() {
         let (f, reads) = service(T0, false);
         for refresh in [Refresh::Direct, Refresh::ForceBlocking] {
-            let outcome = f.service.run(project(), "kpi", request(refresh, json!({"n": 5}))).await.unwrap();
+            let outcome =
+                f.service.run(project(), named("kpi"), request(refresh, json!({"n": 5}))).await.unwrap();
             assert_eq!(rows(&outcome), r#"[{"n":10}]"#);
             assert!(!outcome.endpoint_materialized);
         }
@@ -762,11 +794,17 @@ mod materialized {
     async fn a_result_older_than_one_sync_period_is_not_served() {
         let (f, reads) = service(T0, false);
         f.clock.advance(Duration::from_secs(3601));
-        let outcome =
-            f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+        let outcome = f
+            .service
+            .run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
+            .await
+            .unwrap();
         assert_eq!((rows(&outcome), outcome.endpoint_materialized), (r#"[{"n":10}]"#, false));
-        let forced =
-            f.service.run(project(), "kpi", request(Refresh::ForceCache, json!({"n": 6}))).await.unwrap();
+        let forced = f
+            .service
+            .run(project(), named("kpi"), request(Refresh::ForceCache, json!({"n": 6})))
+            .await
+            .unwrap();
         assert!(
             forced.run.is_none(),
             "force_cache with nothing cached and nothing fresh stored answers no rows"
@@ -777,8 +815,11 @@ mod materialized {
     #[tokio::test]
     async fn a_failed_read_falls_back_to_the_live_path() {
         let (f, reads) = service(T0, true);
-        let outcome =
-            f.service.run(project(), "kpi", request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+        let outcome = f
+            .service
+            .run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
+            .await
+            .unwrap();
         assert_eq!((rows(&outcome), outcome.endpoint_materialized), (r#"[{"n":10}]"#, false));
         assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (1, 1));
     }

@@ -8,7 +8,7 @@ use futures_util::stream::BoxStream;
 
 use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
-use crate::error::Invalid;
+use crate::error::{Error, Invalid};
 use crate::fields::Fields;
 use crate::query::ColumnType;
 
@@ -35,6 +35,14 @@ impl TableName {
                 "A table name starts with a letter and has only letters, digits and '_' (at most 63 characters).",
             ))
         }
+    }
+
+    /// A name from a URL path: one that cannot be valid names no table, so it is not found, not invalid.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the name breaks the rule.
+    pub fn from_path(raw: &str) -> Result<Self, Error> {
+        Self::parse(raw).map_err(|_| Error::table_not_found(raw))
     }
 
     pub fn is_valid(raw: &str) -> bool {
@@ -116,23 +124,6 @@ impl ExternalSource {
     /// The URL schemes of PostgreSQL databases.
     pub const POSTGRES_SCHEMES: [&'static str; 2] = ["postgres", "postgresql"];
 
-    /// The source a request body names: `{"source": {"url": ..., "format": ...}}` for files,
-    /// `{"source": {"url": "postgres://...", "table": ...}}` for a PostgreSQL table.
-    ///
-    /// # Errors
-    /// [`Invalid`] naming the field (`source.url`, `source.format`, `source.table`, or another key).
-    pub fn parse(body: &serde_json::Value) -> Result<Self, Invalid> {
-        let outer = Fields::new(body, &["source"])?;
-        let inner = outer.get("source").ok_or_else(|| Invalid::required("source"))?;
-        if !inner.is_object() {
-            return Err(Invalid::field(
-                "source",
-                "source must be an object: {\"url\": ..., \"format\": ...}.",
-            ));
-        }
-        Self::parse_source(inner).map_err(|e| e.within("source"))
-    }
-
     fn parse_source(source: &serde_json::Value) -> Result<Self, Invalid> {
         let fields = Fields::new(source, &Self::FIELDS)?;
         let text = |key: &str| fields.nullable_string(key).map(Option::flatten);
@@ -186,6 +177,25 @@ impl ExternalSource {
             Some((schema, name)) => part(schema) && part(name),
             None => part(raw),
         }
+    }
+}
+
+/// Reads the source a request body names: `{"source": {"url": ..., "format": ...}}` for files,
+/// `{"source": {"url": "postgres://...", "table": ...}}` for a PostgreSQL table. An error names the field
+/// (`source.url`, `source.format`, `source.table`, or another key).
+impl TryFrom<&serde_json::Value> for ExternalSource {
+    type Error = Invalid;
+
+    fn try_from(body: &serde_json::Value) -> Result<Self, Invalid> {
+        let outer = Fields::new(body, &["source"])?;
+        let inner = outer.get("source").ok_or_else(|| Invalid::required("source"))?;
+        if !inner.is_object() {
+            return Err(Invalid::field(
+                "source",
+                "source must be an object: {\"url\": ..., \"format\": ...}.",
+            ));
+        }
+        Self::parse_source(inner).map_err(|e| e.within("source"))
     }
 }
 

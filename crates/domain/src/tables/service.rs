@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::Value;
 use tracing::{info, warn};
 
 use super::model::{ExternalSource, Table, TableInfo, TableName, Upload, WriteMode, Written};
@@ -14,7 +13,6 @@ use crate::endpoints::{
     Endpoint, EndpointChanges, EndpointFilter, EndpointName, EndpointStore, PlannedQuery,
 };
 use crate::error::{EngineError, Error};
-use crate::fields::Fields;
 use crate::page::{Page, PageRequest};
 use crate::query::{Query, QueryEngine, QueryKind, QueryResult};
 
@@ -40,13 +38,8 @@ pub struct TableService {
 /// The rows a preview shows when the caller does not say.
 pub const PREVIEW_ROWS: u32 = 20;
 
-/// A name from a path: one that cannot be valid cannot exist either, so it is a 404, not a 400.
-fn path_name(raw: &str) -> Result<TableName, Error> {
-    TableName::parse(raw).map_err(|_| not_found(raw))
-}
-
-fn not_found(name: &str) -> Error {
-    Error::NotFound(format!("No table named '{name}' in this project."))
+fn not_found(name: &TableName) -> Error {
+    Error::table_not_found(name.as_str())
 }
 
 impl TableService {
@@ -96,13 +89,7 @@ impl TableService {
     ///
     /// # Errors
     /// [`Error::Invalid`] for bad paging; store and engine failures.
-    pub async fn list(
-        &self,
-        project: ProjectId,
-        limit: Option<&str>,
-        offset: Option<&str>,
-    ) -> Result<Page<Table>, Error> {
-        let request = PageRequest::parse(limit, offset)?;
+    pub async fn list(&self, project: ProjectId, request: PageRequest) -> Result<Page<Table>, Error> {
         let all = self.tables.list(project).await?;
         let total = all.len() as u64;
         let start = usize::try_from(request.offset).unwrap_or(usize::MAX);
@@ -117,11 +104,10 @@ impl TableService {
 
     /// # Errors
     /// [`Error::NotFound`]; store and engine failures.
-    pub async fn get(&self, project: ProjectId, name: &str) -> Result<Table, Error> {
-        let name = path_name(name)?;
-        let info = self.tables.get(project, &name).await?.ok_or_else(|| not_found(name.as_str()))?;
+    pub async fn get(&self, project: ProjectId, name: &TableName) -> Result<Table, Error> {
+        let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name))?;
         let readers = self.readers(project).await?;
-        Ok(Table { used_by: Self::used_by(&readers, &name), info })
+        Ok(Table { used_by: Self::used_by(&readers, name), info })
     }
 
     /// Writes an upload into a table, and makes the cached runs of every endpoint that reads it stale.
@@ -133,13 +119,12 @@ impl TableService {
     pub async fn write(
         &self,
         project: ProjectId,
-        name: &str,
+        name: &TableName,
         upload: Upload,
     ) -> Result<(Table, Written), Error> {
-        let name = TableName::parse(name)?;
         let replaced = upload.mode == WriteMode::Replace;
-        let written = self.tables.write(project, &name, upload).await?;
-        Ok((self.changed(project, &name, replaced).await?, written))
+        let written = self.tables.write(project, name, upload).await?;
+        Ok((self.changed(project, name, replaced).await?, written))
     }
 
     /// Makes a table read an external source where it is (creating it, or replacing what it had), from a body
@@ -152,13 +137,11 @@ impl TableService {
     pub async fn register(
         &self,
         project: ProjectId,
-        name: &str,
-        body: &Value,
+        name: &TableName,
+        source: ExternalSource,
     ) -> Result<(Table, bool), Error> {
-        let name = TableName::parse(name)?;
-        let source = ExternalSource::parse(body)?;
-        let created = self.tables.register(project, &name, source).await?;
-        Ok((self.changed(project, &name, true).await?, created))
+        let created = self.tables.register(project, name, source).await?;
+        Ok((self.changed(project, name, true).await?, created))
     }
 
     /// After a write: plans the table's readers again when it was replaced, makes their cached runs stale here
@@ -179,7 +162,7 @@ impl TableService {
         } else if let Err(err) = self.endpoints.announce(project, used_by.clone()).await {
             warn!(table = %name, error = %err, "cannot tell other processes that a table's readers changed");
         }
-        let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name.as_str()))?;
+        let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name))?;
         Ok(Table { info, used_by })
     }
 
@@ -215,9 +198,8 @@ impl TableService {
     /// # Errors
     /// [`Error::InUse`] naming the endpoints whose current version reads it; [`Error::NotFound`]; store and
     /// engine failures.
-    pub async fn delete(&self, project: ProjectId, name: &str) -> Result<(), Error> {
-        let name = path_name(name)?;
-        let used_by = Self::used_by(&self.readers(project).await?, &name);
+    pub async fn delete(&self, project: ProjectId, name: &TableName) -> Result<(), Error> {
+        let used_by = Self::used_by(&self.readers(project).await?, name);
         if !used_by.is_empty() {
             let names: Vec<&str> = used_by.iter().map(EndpointName::as_str).collect();
             return Err(Error::InUse(format!(
@@ -225,37 +207,27 @@ impl TableService {
                 names.join(", ")
             )));
         }
-        if self.tables.delete(project, &name).await? {
+        if self.tables.delete(project, name).await? {
             Ok(())
         } else {
-            Err(not_found(name.as_str()))
+            Err(not_found(name))
         }
     }
 
-    /// The first rows of a table, in the row format of a run, and how many were asked for: `limit` from the
-    /// body (`{"limit": N}`, which wins) or the query string, 20 when neither says.
+    /// The first `limit` rows of a table (20 when the caller does not say), in the row format of a run, and
+    /// how many were asked for.
     ///
     /// # Errors
-    /// [`Error::NotFound`]; [`Error::Invalid`] (attr `limit`) outside `1..=1000` or for another body field;
-    /// engine failures.
+    /// [`Error::Invalid`] (attr `limit`) outside `1..=1000`; [`Error::NotFound`]; engine failures.
     pub async fn preview(
         &self,
         project: ProjectId,
-        name: &str,
-        body: &Value,
-        query_limit: Option<&str>,
+        name: &TableName,
+        limit: Option<i64>,
     ) -> Result<(QueryResult, u32), Error> {
-        let name = path_name(name)?;
-        let fields = Fields::new(body, &["limit"])?;
-        let limit = match fields.nullable_int("limit")?.flatten() {
-            Some(limit) => PageRequest::parse(Some(&limit.to_string()), None)?.limit,
-            None => match query_limit {
-                Some(raw) => PageRequest::parse(Some(raw), None)?.limit,
-                None => PREVIEW_ROWS,
-            },
-        };
-        if self.tables.get(project, &name).await?.is_none() {
-            return Err(not_found(name.as_str()));
+        let limit = limit.map_or(Ok(PREVIEW_ROWS), PageRequest::checked_limit)?;
+        if self.tables.get(project, name).await?.is_none() {
+            return Err(not_found(name));
         }
         // The name is letters, digits and '_' only, so quoting it is all it takes to name it in SQL as it is.
         let query = Query {

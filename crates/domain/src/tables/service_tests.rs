@@ -12,6 +12,40 @@ use crate::error::UploadError;
 use crate::query::{ColumnType, MockQueryEngine, QueryDescription};
 use crate::testing::{endpoint, project, query, T0};
 
+/// The service called as its adapters call it: a name from a path, a body read into its source first.
+impl TableService {
+    async fn write_named(
+        &self,
+        project: ProjectId,
+        name: &str,
+        upload: Upload,
+    ) -> Result<(Table, Written), Error> {
+        self.write(project, &TableName::parse(name)?, upload).await
+    }
+
+    async fn register_json(
+        &self,
+        project: ProjectId,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<(Table, bool), Error> {
+        self.register(project, &TableName::parse(name)?, ExternalSource::try_from(body)?).await
+    }
+
+    async fn delete_named(&self, project: ProjectId, name: &str) -> Result<(), Error> {
+        self.delete(project, &TableName::from_path(name)?).await
+    }
+
+    async fn preview_named(
+        &self,
+        project: ProjectId,
+        name: &str,
+        limit: Option<i64>,
+    ) -> Result<(QueryResult, u32), Error> {
+        self.preview(project, &TableName::from_path(name)?, limit).await
+    }
+}
+
 fn info(name: &str) -> TableInfo {
     TableInfo {
         name: TableName::parse(name).unwrap(),
@@ -100,7 +134,7 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     let seen = Arc::clone(&told);
     changes.expect_changed().returning(move |_, name| seen.lock().unwrap().push(name.to_string()));
     let (table, written) = service(tables, engine(), changes)
-        .write(project(1), "sales", upload(WriteMode::Append))
+        .write_named(project(1), "sales", upload(WriteMode::Append))
         .await
         .unwrap();
     assert_eq!(written.rows, 2);
@@ -150,7 +184,7 @@ async fn a_replace_plans_its_readers_again_and_records_what_that_told() {
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().times(2).return_const(());
     service_over(tables, store, engine, changes)
-        .write(project(1), "sales", upload(WriteMode::Replace))
+        .write_named(project(1), "sales", upload(WriteMode::Replace))
         .await
         .unwrap();
     let recorded = recorded.lock().unwrap();
@@ -185,7 +219,7 @@ async fn registering_a_source_replaces_the_table_and_stales_its_readers() {
     changes.expect_changed().times(2).return_const(());
     let body = json!({"source": {"url": "s3://bucket/sales/", "format": "parquet"}});
     let (table, created) =
-        service_over(tables, store, engine, changes).register(project(1), "sales", &body).await.unwrap();
+        service_over(tables, store, engine, changes).register_json(project(1), "sales", &body).await.unwrap();
     assert!(created);
     assert_eq!(table.used_by.len(), 2);
     let want = ExternalSource::Files { url: "s3://bucket/sales/".into(), format: TableFormat::Parquet };
@@ -196,22 +230,24 @@ async fn registering_a_source_replaces_the_table_and_stales_its_readers() {
     untouched.expect_register().never();
     let service = service(untouched, MockQueryEngine::new(), MockEndpointChanges::new());
     let err =
-        service.register(project(1), "sales", &json!({"source": {"url": "s3://b/"}})).await.unwrap_err();
+        service.register_json(project(1), "sales", &json!({"source": {"url": "s3://b/"}})).await.unwrap_err();
     assert!(matches!(err, Error::Invalid(ref i) if i.attr.as_deref() == Some("source.format")), "{err:?}");
 }
 
 #[test]
 fn a_source_body_is_files_with_a_format_or_a_postgres_table() {
-    let files = ExternalSource::parse(&json!({"source": {"url": "s3://b/p/", "format": "csv"}})).unwrap();
+    let files = ExternalSource::try_from(&json!({"source": {"url": "s3://b/p/", "format": "csv"}})).unwrap();
     assert_eq!(files, ExternalSource::Files { url: "s3://b/p/".into(), format: TableFormat::Csv });
     for scheme in ["postgres", "postgresql", "POSTGRES"] {
         let body =
             json!({"source": {"url": format!("{scheme}://u:secret@db/app"), "table": "public.orders"}});
-        let ExternalSource::Postgres { table, .. } = ExternalSource::parse(&body).unwrap() else { panic!() };
+        let ExternalSource::Postgres { table, .. } = ExternalSource::try_from(&body).unwrap() else {
+            panic!()
+        };
         assert_eq!(table, "public.orders");
     }
     let postgres =
-        ExternalSource::parse(&json!({"source": {"url": "postgres://u:secret@db/app", "table": "t"}}));
+        ExternalSource::try_from(&json!({"source": {"url": "postgres://u:secret@db/app", "table": "t"}}));
     assert!(!format!("{postgres:?}").contains("secret"), "Debug leaves the URL out: {postgres:?}");
     let refused = [
         (json!([]), None),
@@ -233,7 +269,7 @@ fn a_source_body_is_files_with_a_format_or_a_postgres_table() {
         ),
     ];
     for (body, attr) in refused {
-        let err = ExternalSource::parse(&body).unwrap_err();
+        let err = ExternalSource::try_from(&body).unwrap_err();
         assert_eq!(err.attr.as_deref(), attr, "{body}: {err:?}");
     }
 }
@@ -243,7 +279,7 @@ async fn a_failed_write_makes_nothing_stale() {
     let mut tables = MockTableStore::new();
     tables.expect_write().returning(|_, _, _| Err(UploadError::Invalid("line 3: expected 2 fields".into())));
     let err = service(tables, MockQueryEngine::new(), MockEndpointChanges::new())
-        .write(project(1), "sales", upload(WriteMode::Replace))
+        .write_named(project(1), "sales", upload(WriteMode::Replace))
         .await
         .unwrap_err();
     match err {
@@ -251,7 +287,7 @@ async fn a_failed_write_makes_nothing_stale() {
         other => panic!("{other:?}"),
     }
     let bad_name = service(MockTableStore::new(), MockQueryEngine::new(), MockEndpointChanges::new())
-        .write(project(1), "no-dashes", upload(WriteMode::Replace))
+        .write_named(project(1), "no-dashes", upload(WriteMode::Replace))
         .await
         .unwrap_err();
     assert!(matches!(bad_name, Error::Invalid(ref i) if i.attr.as_deref() == Some("table")), "{bad_name:?}");
@@ -261,8 +297,10 @@ async fn a_failed_write_makes_nothing_stale() {
 async fn a_table_an_endpoint_reads_cannot_be_deleted() {
     let mut tables = MockTableStore::new();
     tables.expect_delete().never();
-    let err =
-        service(tables, engine(), MockEndpointChanges::new()).delete(project(1), "sales").await.unwrap_err();
+    let err = service(tables, engine(), MockEndpointChanges::new())
+        .delete_named(project(1), "sales")
+        .await
+        .unwrap_err();
     match err {
         Error::InUse(detail) => {
             assert!(detail.contains("sales_by_day") && detail.contains("legacy"), "{detail}")
@@ -281,9 +319,9 @@ async fn a_table_an_endpoint_reads_cannot_be_deleted() {
         .with(always(), eq(TableName::parse("missing").unwrap()))
         .returning(|_, _| Ok(false));
     let service = service(tables, engine(), MockEndpointChanges::new());
-    service.delete(project(1), "unread").await.unwrap();
-    assert!(matches!(service.delete(project(1), "missing").await, Err(Error::NotFound(_))));
-    assert!(matches!(service.delete(project(1), "not a name").await, Err(Error::NotFound(_))));
+    service.delete_named(project(1), "unread").await.unwrap();
+    assert!(matches!(service.delete_named(project(1), "missing").await, Err(Error::NotFound(_))));
+    assert!(matches!(service.delete_named(project(1), "not a name").await, Err(Error::NotFound(_))));
 }
 
 #[tokio::test]
@@ -291,7 +329,7 @@ async fn lists_are_paged_by_name_with_their_readers() {
     let mut tables = MockTableStore::new();
     tables.expect_list().returning(|_| Ok(vec![info("events"), info("sales"), info("zeta")]));
     let page = service(tables, engine(), MockEndpointChanges::new())
-        .list(project(1), Some("2"), Some("1"))
+        .list(project(1), PageRequest { limit: 2, offset: 1 })
         .await
         .unwrap();
     assert_eq!((page.total, page.items.len()), (3, 2));
@@ -305,7 +343,7 @@ async fn a_preview_runs_every_column_of_the_table_for_the_first_rows() {
     let mut tables = MockTableStore::new();
     tables.expect_get().returning(|_, name| Ok((name.as_str() != "missing").then(|| info(name.as_str()))));
     let mut engine = MockQueryEngine::new();
-    engine.expect_execute().times(3).returning(|_, q, vars, limit, offset| {
+    engine.expect_execute().times(2).returning(|_, q, vars, limit, offset| {
         assert_eq!((q.sql.as_str(), vars.len(), offset), ("SELECT * FROM \"Sales\"", 0, 0));
         Ok(QueryResult {
             columns: vec![],
@@ -316,15 +354,14 @@ async fn a_preview_runs_every_column_of_the_table_for_the_first_rows() {
         })
     });
     let service = service(tables, engine, MockEndpointChanges::new());
-    let none = json!({});
-    let (rows, limit) = service.preview(project(1), "Sales", &none, None).await.unwrap();
+    let (rows, limit) = service.preview_named(project(1), "Sales", None).await.unwrap();
     assert_eq!((rows.rows_json.as_str(), limit), ("[20]", 20));
-    assert_eq!(service.preview(project(1), "Sales", &none, Some("5")).await.unwrap().1, 5);
-    let body = json!({"limit": 7});
-    assert_eq!(service.preview(project(1), "Sales", &body, Some("5")).await.unwrap().1, 7, "the body wins");
-    for (body, query) in [(json!({}), Some("0")), (json!({"limit": 5000}), None), (json!({"rows": 1}), None)]
-    {
-        assert!(matches!(service.preview(project(1), "Sales", &body, query).await, Err(Error::Invalid(_))));
+    assert_eq!(service.preview_named(project(1), "Sales", Some(5)).await.unwrap().1, 5);
+    for limit in [0, 5000, -1] {
+        assert!(matches!(
+            service.preview_named(project(1), "Sales", Some(limit)).await,
+            Err(Error::Invalid(_))
+        ));
     }
-    assert!(matches!(service.preview(project(1), "missing", &none, None).await, Err(Error::NotFound(_))));
+    assert!(matches!(service.preview_named(project(1), "missing", None).await, Err(Error::NotFound(_))));
 }

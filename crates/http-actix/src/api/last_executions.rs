@@ -67,7 +67,11 @@ impl LastExecutionTimes {
         let results = found
             .results
             .into_iter()
-            .map(|(name, at)| (name.as_str().to_owned(), at.format(&Rfc3339).unwrap_or_default()))
+            .map(|(name, at)| {
+                let at =
+                    at.format(&Rfc3339).expect("execution times come from the clock, within years 0 to 9999");
+                (name.as_str().to_owned(), at)
+            })
             .collect();
         let query_progress = QueryProgress {
             active_cpu_time: u64::try_from(found.elapsed.as_micros()).unwrap_or(u64::MAX),

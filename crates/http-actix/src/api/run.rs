@@ -48,23 +48,22 @@ impl PerRequest<'_> {
     /// bytes, values through `serde_json`.
     fn write_members(&self, body: &mut Vec<u8>) {
         let mut id = Uuid::encode_buffer();
-        // Writing into a Vec cannot fail.
         body.extend_from_slice(b"\"client_query_id\":");
-        let _ = serde_json::to_writer(&mut *body, &self.client_query_id);
+        serde_json::to_writer(&mut *body, &self.client_query_id).expect("a Vec takes every write");
         body.extend_from_slice(b",\"execution_id\":\"");
         body.extend_from_slice(self.execution_id.hyphenated().encode_lower(&mut id).as_bytes());
         body.extend_from_slice(b"\",\"is_cached\":");
         body.extend_from_slice(if self.is_cached { b"true" } else { b"false" });
         body.extend_from_slice(b",\"limit\":");
-        let _ = serde_json::to_writer(&mut *body, &self.limit);
+        serde_json::to_writer(&mut *body, &self.limit).expect("a Vec takes every write");
         body.extend_from_slice(b",\"name\":");
-        let _ = serde_json::to_writer(&mut *body, self.name);
+        serde_json::to_writer(&mut *body, self.name).expect("a Vec takes every write");
         body.extend_from_slice(b",\"offset\":");
-        let _ = serde_json::to_writer(&mut *body, &self.offset);
+        serde_json::to_writer(&mut *body, &self.offset).expect("a Vec takes every write");
         body.extend_from_slice(b",\"timings\":{\"query_ms\":");
-        let _ = serde_json::to_writer(&mut *body, &self.timings.query_ms);
+        serde_json::to_writer(&mut *body, &self.timings.query_ms).expect("a Vec takes every write");
         body.extend_from_slice(b",\"total_ms\":");
-        let _ = serde_json::to_writer(&mut *body, &self.timings.total_ms);
+        serde_json::to_writer(&mut *body, &self.timings.total_ms).expect("a Vec takes every write");
         body.push(b'}');
     }
 }

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
-use domain::ListParams;
+use domain::{CreateEndpoint, EndpointPatch};
 
-use super::EndpointPath;
+use super::{bool_param, endpoint_filter, page_param, EndpointPath, Query};
 use crate::api::requests::{EndpointCreate, EndpointUpdate};
 use crate::api::{Endpoint, EndpointPage};
 use crate::error::{ApiError, ErrorBody as Error};
@@ -22,25 +22,17 @@ pub(crate) async fn list(
     req: HttpRequest,
     state: web::Data<AppState>,
     caller: Authorized<EndpointRead>,
-    query: web::Query<HashMap<String, String>>,
+    query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    let param = |key: &str| query.get(key).map(String::as_str);
-    let params = ListParams {
-        limit: param("limit"),
-        offset: param("offset"),
-        is_active: param("is_active"),
-        is_materialized: param("is_materialized"),
-        search: param("search"),
-    };
-    let page = state.endpoints.list(caller.project, params).await?;
+    let (page, filter) = (page_param(&query), endpoint_filter(&query));
+    let page = state.endpoints.list(caller.project, &filter?, page?).await?;
     Ok(HttpResponse::Ok().json(EndpointPage::of(&req, page)))
 }
 
 /// `?dry_run=true` on a create or an update: the body is checked as the call itself would check it, and the
 /// answer is the endpoint it would make, but nothing is saved.
 fn dry_run(query: &HashMap<String, String>) -> Result<bool, ApiError> {
-    let requested = query.get("dry_run").map(|raw| domain::parse_bool_param("dry_run", raw)).transpose();
-    Ok(requested.map_err(domain::Error::from)?.unwrap_or(false))
+    Ok(bool_param(query, "dry_run").map_err(domain::Error::from)?.unwrap_or(false))
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints", operation_id = "create_endpoint",
@@ -54,13 +46,15 @@ fn dry_run(query: &HashMap<String, String>) -> Result<bool, ApiError> {
 pub(crate) async fn create(
     state: web::Data<AppState>,
     caller: AuthorizedJson<EndpointWrite>,
-    query: web::Query<HashMap<String, String>>,
+    query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    if dry_run(&query)? {
-        let endpoint = state.endpoints.check_create(caller.project, &caller.body).await?;
+    let dry_run = dry_run(&query)?;
+    let command = CreateEndpoint::try_from(&caller.body).map_err(domain::Error::from)?;
+    if dry_run {
+        let endpoint = state.endpoints.check_create(caller.project, command).await?;
         return Ok(HttpResponse::Ok().json(Endpoint::from(endpoint)));
     }
-    let endpoint = state.endpoints.create(caller.project, &caller.body).await?;
+    let endpoint = state.endpoints.create(caller.project, command).await?;
     let location = format!("/api/projects/{}/endpoints/{}", endpoint.project_id, endpoint.name);
     Ok(HttpResponse::Created().insert_header((header::LOCATION, location)).json(Endpoint::from(endpoint)))
 }
@@ -73,7 +67,7 @@ pub(crate) async fn retrieve(
     caller: Authorized<EndpointRead>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let endpoint = state.endpoints.get(caller.project, &path.name).await?;
+    let endpoint = state.endpoints.get(caller.project, &path.endpoint()?).await?;
     Ok(HttpResponse::Ok().json(Endpoint::from(endpoint)))
 }
 
@@ -87,12 +81,14 @@ pub(crate) async fn update(
     state: web::Data<AppState>,
     caller: AuthorizedJson<EndpointWrite>,
     path: web::Path<EndpointPath>,
-    query: web::Query<HashMap<String, String>>,
+    query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    let endpoint = if dry_run(&query)? {
-        state.endpoints.check_update(caller.project, &path.name, &caller.body).await?
+    let (dry_run, name) = (dry_run(&query)?, path.endpoint()?);
+    let patch = EndpointPatch::try_from(&caller.body).map_err(domain::Error::from)?;
+    let endpoint = if dry_run {
+        state.endpoints.check_update(caller.project, &name, patch).await?
     } else {
-        state.endpoints.update(caller.project, &path.name, &caller.body).await?
+        state.endpoints.update(caller.project, &name, patch).await?
     };
     Ok(HttpResponse::Ok().json(Endpoint::from(endpoint)))
 }
@@ -105,6 +101,6 @@ pub(crate) async fn delete(
     caller: Authorized<EndpointWrite>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    state.endpoints.delete(caller.project, &path.name).await?;
+    state.endpoints.delete(caller.project, &path.endpoint()?).await?;
     Ok(HttpResponse::NoContent().finish())
 }

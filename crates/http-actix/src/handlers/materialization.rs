@@ -16,6 +16,6 @@ pub(crate) async fn status(
     caller: Authorized<EndpointRead>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let view = state.endpoints.materialization_status(caller.project, &path.name).await?;
+    let view = state.endpoints.materialization_status(caller.project, &path.endpoint()?).await?;
     Ok(HttpResponse::Ok().json(Materialization::from(view)))
 }

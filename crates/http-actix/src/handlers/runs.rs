@@ -7,7 +7,9 @@ use actix_web::http::header::{
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use bytes::Bytes;
-use domain::{Exported, Principal, ProjectId, ResultFormat, RunOutcome, RunRequest};
+use domain::{
+    EndpointName, Exported, LastExecutionsRequest, Principal, ProjectId, ResultFormat, RunOutcome, RunRequest,
+};
 use time::format_description::well_known::Rfc3339;
 
 use super::EndpointPath;
@@ -43,13 +45,14 @@ pub(crate) async fn run_get(
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
     let accepted = accepted(&req);
-    let mut request = RunRequest::from_query(params(&req), accepted.unwrap_or_default())?;
+    // A client that accepts no format a run is written in may still name one with `format` (else 406).
+    let mut request = RunRequest::from_query(params(&req), accepted.unwrap_or(ResultFormat::Json))?;
     admit(&caller.caller, &path.name, &mut request)?;
     // Parsed a second time only when the text could name it (`format` spelled out or percent-encoded).
     let query = req.query_string();
     let explicit =
         (query.contains("format") || query.contains('%')) && params(&req).any(|(key, _)| key == "format");
-    respond(&req, &state, caller.project, &path.name, request, accepted, explicit).await
+    respond(&req, &state, caller.project, path.endpoint()?, request, accepted, explicit).await
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
@@ -69,10 +72,11 @@ pub(crate) async fn run_post(
 ) -> Result<HttpResponse, ApiError> {
     let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
     let accepted = accepted(&req);
-    let mut request = RunRequest::from_body(&caller.body, version.as_deref(), accepted.unwrap_or_default())?;
+    let mut request =
+        RunRequest::from_body(&caller.body, version.as_deref(), accepted.unwrap_or(ResultFormat::Json))?;
     admit(&caller.caller, &path.name, &mut request)?;
     let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
-    respond(&req, &state, caller.project, &path.name, request, accepted, explicit).await
+    respond(&req, &state, caller.project, path.endpoint()?, request, accepted, explicit).await
 }
 
 /// A run token's grant applied to its holder's request: the current version unless it was issued for the one
@@ -92,23 +96,20 @@ fn accepted(req: &HttpRequest) -> Option<ResultFormat> {
         return Some(ResultFormat::Json);
     }
     accept.ranked().iter().find_map(|mime| match (mime.type_().as_str(), mime.subtype().as_str()) {
-        ("*", "*") | ("application", "*" | "json") => Some(ResultFormat::Json),
-        ("text", "csv" | "*") => Some(ResultFormat::Csv),
-        ("application", "x-ndjson" | "ndjson" | "jsonl") => Some(ResultFormat::NdJson),
-        ("application", "vnd.apache.parquet") => Some(ResultFormat::Parquet),
-        ("application", "vnd.apache.arrow.stream") => Some(ResultFormat::Arrow),
-        _ => None,
+        ("*", "*") | ("application", "*") => Some(ResultFormat::Json),
+        ("text", "*") => Some(ResultFormat::Csv),
+        (kind, sub) => ResultFormat::ALL.into_iter().find(|format| {
+            let named = |media: &str| media.split_once('/') == Some((kind, sub));
+            named(format.media_type()) || format.aliases().iter().copied().any(named)
+        }),
     })
 }
 
-/// The media type a format is written as.
+/// The media type a format is written as: text says its encoding.
 fn media_type(format: ResultFormat) -> &'static str {
     match format {
-        ResultFormat::Json => "application/json",
         ResultFormat::Csv => "text/csv; charset=utf-8",
-        ResultFormat::NdJson => "application/x-ndjson",
-        ResultFormat::Parquet => "application/vnd.apache.parquet",
-        ResultFormat::Arrow => "application/vnd.apache.arrow.stream",
+        other => other.media_type(),
     }
 }
 
@@ -116,7 +117,7 @@ async fn respond(
     req: &HttpRequest,
     state: &AppState,
     project: ProjectId,
-    name: &str,
+    name: EndpointName,
     request: RunRequest,
     accepted: Option<ResultFormat>,
     explicit: bool,
@@ -135,7 +136,7 @@ async fn respond(
             Ok(written(req, exported?, format))
         }
         None => {
-            tracing::info!(endpoint = name, "client disconnected; run cancelled");
+            tracing::info!(path = req.path(), "client disconnected; run cancelled");
             Err(ApiError::ClientClosed)
         }
     }
@@ -251,7 +252,7 @@ async fn run(
     req: &HttpRequest,
     state: &AppState,
     project: ProjectId,
-    name: &str,
+    name: EndpointName,
     request: RunRequest,
 ) -> Result<RunOutcome, ApiError> {
     match unless_disconnected(req, state.runs.run(project, name, request)).await {
@@ -266,7 +267,7 @@ async fn run(
             Ok(outcome)
         }
         None => {
-            tracing::info!(endpoint = name, "client disconnected; run cancelled");
+            tracing::info!(path = req.path(), "client disconnected; run cancelled");
             Err(ApiError::ClientClosed)
         }
     }
@@ -279,6 +280,7 @@ pub(crate) async fn last_execution_times(
     state: web::Data<AppState>,
     caller: AuthorizedJson<EndpointRead>,
 ) -> Result<HttpResponse, ApiError> {
-    let found = state.runs.last_execution_times(caller.project, &caller.body).await?;
+    let request = LastExecutionsRequest::try_from(&caller.body).map_err(domain::Error::from)?;
+    let found = state.runs.last_execution_times(caller.project, &request).await?;
     Ok(HttpResponse::Ok().json(LastExecutionTimes::of(caller.project, found)))
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use actix_web::http::header;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use bytes::Bytes;
-use domain::{TableFormat, Upload, UploadBody, WriteMode};
+use domain::{ExternalSource, TableFormat, TableName, Upload, UploadBody, WriteMode};
 use futures_util::StreamExt;
 use serde::Deserialize;
 
@@ -19,6 +19,18 @@ use crate::AppState;
 #[derive(Deserialize)]
 pub(crate) struct TablePath {
     table: String,
+}
+
+impl TablePath {
+    /// The name of a table to read or delete: one that cannot be valid names no table (404).
+    fn existing(&self) -> Result<TableName, domain::Error> {
+        TableName::from_path(&self.table)
+    }
+
+    /// The name of a table to write: one that cannot be valid is refused (400, attr `table`).
+    fn to_write(&self) -> Result<TableName, domain::Error> {
+        Ok(TableName::parse(&self.table)?)
+    }
 }
 
 /// The format of an upload, by its `Content-Type`.
@@ -81,7 +93,7 @@ fn upload(
     Ok(Upload { format, mode, body: upload_body(payload, state.client_timeout), limit_bytes: limit })
 }
 
-type Query = web::Query<HashMap<String, String>>;
+use super::Query;
 
 #[utoipa::path(get, path = "/api/projects/{project_id}/tables", operation_id = "list_tables",
     params(("project_id" = String, Path), ("limit" = Option<i64>, Query), ("offset" = Option<i64>, Query)),
@@ -92,8 +104,8 @@ pub(crate) async fn list(
     caller: Authorized<TableRead>,
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    let param = |key: &str| query.get(key).map(String::as_str);
-    let page = state.tables.list(caller.project, param("limit"), param("offset")).await?;
+    let page = super::page_param(&query).map_err(domain::Error::from)?;
+    let page = state.tables.list(caller.project, page).await?;
     Ok(HttpResponse::Ok().json(TablePage::of(&req, page)))
 }
 
@@ -105,7 +117,7 @@ pub(crate) async fn retrieve(
     caller: Authorized<TableRead>,
     path: web::Path<TablePath>,
 ) -> Result<HttpResponse, ApiError> {
-    let table = state.tables.get(caller.project, &path.table).await?;
+    let table = state.tables.get(caller.project, &path.existing()?).await?;
     Ok(HttpResponse::Ok().json(Table::from(table)))
 }
 
@@ -126,16 +138,18 @@ pub(crate) async fn put(
     path: web::Path<TablePath>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    let name = path.to_write()?;
     let (table, created) = if crate::extract::is_json(&req) {
         let read = crate::extract::read_json(&req, payload.into_inner(), state.body_limit);
         let body = tokio::time::timeout(state.client_timeout, read)
             .await
             .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??
             .unwrap_or_else(|| serde_json::Value::Object(serde_json::Map::new()));
-        state.tables.register(caller.project, &path.table, &body).await?
+        let source = ExternalSource::try_from(&body).map_err(domain::Error::from)?;
+        state.tables.register(caller.project, &name, source).await?
     } else {
         let upload = upload(&req, &state, payload, WriteMode::Replace)?;
-        let (table, written) = state.tables.write(caller.project, &path.table, upload).await?;
+        let (table, written) = state.tables.write(caller.project, &name, upload).await?;
         (table, written.created)
     };
     if created {
@@ -159,8 +173,9 @@ pub(crate) async fn append(
     path: web::Path<TablePath>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    let name = path.to_write()?;
     let upload = upload(&req, &state, payload, WriteMode::Append)?;
-    let (table, written) = state.tables.write(caller.project, &path.table, upload).await?;
+    let (table, written) = state.tables.write(caller.project, &name, upload).await?;
     Ok(HttpResponse::Ok().json(Appended::of(table, written)))
 }
 
@@ -173,7 +188,7 @@ pub(crate) async fn delete(
     caller: Authorized<TableWrite>,
     path: web::Path<TablePath>,
 ) -> Result<HttpResponse, ApiError> {
-    state.tables.delete(caller.project, &path.table).await?;
+    state.tables.delete(caller.project, &path.existing()?).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -188,7 +203,40 @@ pub(crate) async fn preview(
     path: web::Path<TablePath>,
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    let limit = query.get("limit").map(String::as_str);
-    let (rows, limit) = state.tables.preview(caller.project, &path.table, &caller.body, limit).await?;
+    let name = path.existing()?;
+    let limit = preview_limit(&caller.body, &query).map_err(domain::Error::from)?;
+    let (rows, limit) = state.tables.preview(caller.project, &name, limit).await?;
     Ok(HttpResponse::Ok().json(Preview::of(&path.table, limit, rows)))
+}
+
+/// How many rows a preview asks for: the body's `{"limit": N}`, else the query string's `limit`.
+fn preview_limit(
+    body: &serde_json::Value,
+    query: &HashMap<String, String>,
+) -> Result<Option<i64>, domain::Invalid> {
+    let fields = domain::Fields::new(body, &["limit"])?;
+    match (fields.nullable_int("limit")?.flatten(), query.get("limit")) {
+        (Some(limit), _) => Ok(Some(limit)),
+        (None, Some(raw)) => Ok(Some(i64::from(domain::PageRequest::parse(Some(raw), None)?.limit))),
+        (None, None) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_previews_limit_comes_from_the_body_else_the_query_string() {
+        let five: HashMap<String, String> = [("limit".to_owned(), "5".to_owned())].into();
+        let none = HashMap::new();
+        assert_eq!(preview_limit(&json!({}), &none).unwrap(), None);
+        assert_eq!(preview_limit(&json!({}), &five).unwrap(), Some(5));
+        assert_eq!(preview_limit(&json!({"limit": 7}), &five).unwrap(), Some(7), "the body wins");
+        let zero: HashMap<String, String> = [("limit".to_owned(), "0".to_owned())].into();
+        assert_eq!(preview_limit(&json!({}), &zero).unwrap_err().attr.as_deref(), Some("limit"));
+        assert_eq!(preview_limit(&json!({"rows": 1}), &none).unwrap_err().attr.as_deref(), Some("rows"));
+    }
 }

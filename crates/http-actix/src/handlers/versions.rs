@@ -1,17 +1,14 @@
 //! An endpoint's versions, one version, and the OpenAPI document of one.
 
-use std::collections::HashMap;
-
 use actix_web::{web, HttpRequest, HttpResponse};
+use domain::{EndpointName, VersionNumber};
 use serde::Deserialize;
 
-use super::EndpointPath;
+use super::{page_param, EndpointPath, Query};
 use crate::api::{Version, VersionPage};
 use crate::error::{ApiError, ErrorBody as Error};
 use crate::extract::{Authorized, EndpointRead};
 use crate::{openapi, AppState};
-
-type Query = web::Query<HashMap<String, String>>;
 
 #[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/versions", operation_id = "list_versions",
     params(("project_id" = String, Path), ("name" = String, Path), ("limit" = Option<i64>, Query), ("offset" = Option<i64>, Query)),
@@ -23,8 +20,11 @@ pub(crate) async fn list(
     path: web::Path<EndpointPath>,
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    let param = |key: &str| query.get(key).map(String::as_str);
-    let page = state.endpoints.versions(caller.project, &path.name, param("limit"), param("offset")).await?;
+    let name = path.endpoint()?;
+    let page = state
+        .endpoints
+        .versions(caller.project, &name, page_param(&query).map_err(domain::Error::from)?)
+        .await?;
     Ok(HttpResponse::Ok().json(VersionPage::of(&req, page)))
 }
 
@@ -43,7 +43,10 @@ pub(crate) async fn retrieve(
     caller: Authorized<EndpointRead>,
     path: web::Path<VersionPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let version = state.endpoints.version(caller.project, &path.name, &path.version_number).await?;
+    let name = EndpointName::from_path(&path.name)?;
+    let number =
+        VersionNumber::parse_field("version_number", &path.version_number).map_err(domain::Error::from)?;
+    let version = state.endpoints.version(caller.project, &name, number).await?;
     Ok(HttpResponse::Ok().json(Version::from(version)))
 }
 
@@ -59,12 +62,15 @@ pub(crate) async fn openapi(
     path: web::Path<EndpointPath>,
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    let version = query.get("version").map(String::as_str);
-    if let (Some(grant), Some(raw)) = (&caller.caller.grant, version) {
-        // Not a number is not a version any token was issued for.
-        grant.admit_version(&path.name, Some(raw.parse().unwrap_or(0)))?;
+    let raw = query.get("version");
+    if let (Some(grant), Some(raw)) = (&caller.caller.grant, raw) {
+        // Not a version number is not a version any token was issued for.
+        grant.admit_version(&path.name, Some(raw.parse().map_or(0, VersionNumber::get)))?;
     }
-    let (endpoint, version) = state.endpoints.endpoint_version(caller.project, &path.name, version).await?;
+    let name = path.endpoint()?;
+    let version = raw.map(|raw| VersionNumber::parse_field("version", raw));
+    let version = version.transpose().map_err(domain::Error::from)?;
+    let (endpoint, version) = state.endpoints.endpoint_version(caller.project, &name, version).await?;
     let info = req.connection_info();
     let base_url = format!("{}://{}", info.scheme(), info.host());
     Ok(HttpResponse::Ok().json(openapi::document(&endpoint, &version, &base_url)))

@@ -42,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build_arc()?;
         let mut config = SessionConfig::new().with_information_schema(false);
         // `BENCH_DATAFUSION_OPTIONS="key=value,..."`: settings to try against the defaults, by hand.
-        for option in std::env::var("BENCH_DATAFUSION_OPTIONS").unwrap_or_default().split(',') {
+        for option in std::env::var("BENCH_DATAFUSION_OPTIONS").unwrap_or_else(|_| String::new()).split(',') {
             if let Some((key, value)) = option.split_once('=') {
                 config.options_mut().set(key.trim(), value.trim())?;
             }

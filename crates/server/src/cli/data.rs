@@ -127,10 +127,7 @@ pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Re
                 for t in &listed {
                     println!(
                         "project {:>4}  {:<24} {:>4} file(s) {:>12} bytes",
-                        t["project_id"],
-                        t["table"].as_str().unwrap_or_default(),
-                        t["files"],
-                        t["bytes"]
+                        t["project_id"], t["table"], t["files"], t["bytes"]
                     );
                 }
             }

@@ -110,12 +110,12 @@ pub(super) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
     let generated = ensure_events(&services, project.id, &args).await?;
     let mut created = Vec::new();
     for body in demo_endpoints() {
-        let name = body["name"].as_str().unwrap_or_default().to_owned();
-        match services.endpoints.get(project.id, &name).await {
+        let command = domain::CreateEndpoint::try_from(&body).map_err(domain::Error::from)?;
+        match services.endpoints.get(project.id, &command.name).await {
             Ok(_) => {}
             Err(domain::Error::NotFound(_)) => {
-                services.endpoints.create(project.id, &body).await?;
-                created.push(name);
+                created.push(command.name.to_string());
+                services.endpoints.create(project.id, command).await?;
             }
             Err(other) => return Err(other.into()),
         }
@@ -123,7 +123,7 @@ pub(super) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
     // The demo key may do everything the console offers: endpoints and the project's tables.
     let scopes = vec![Scope::EndpointWrite, Scope::TableWrite];
     let key = key::create(&services, project.id, scopes, "demo".into(), None).await?;
-    let secret = key["key"].as_str().unwrap_or_default();
+    let secret = &key.secret;
     let base = format!("{}/api/projects/{}/endpoints", args.base_url.trim_end_matches('/'), project.id);
     let curl = format!("curl -s -H 'Authorization: Bearer {secret}' '{base}/events-by-country/run?variables.since=2026-03-01'");
     if json {

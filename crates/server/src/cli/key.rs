@@ -1,7 +1,7 @@
 //! `endpoints key create|list|revoke`
 
 use clap::Subcommand;
-use domain::{ApiKey, ProjectId, Scope};
+use domain::{ApiKey, NewApiKey, ProjectId, Scope};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -73,15 +73,19 @@ pub(crate) async fn create(
     scopes: Vec<Scope>,
     label: String,
     expires_in: Option<std::time::Duration>,
-) -> Result<Value, CliError> {
-    let new = services.keys.create(project, scopes, label, expires_in).await?;
-    Ok(json!({
+) -> Result<NewApiKey, CliError> {
+    Ok(services.keys.create(project, scopes, label, expires_in).await?)
+}
+
+/// A new key as `--json` prints it, its secret included.
+fn created_view(new: &NewApiKey) -> Value {
+    json!({
         "id": new.key.id,
         "key": new.secret,
         "scopes": new.key.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
         "project_id": new.key.project_id.get(),
         "expires_at": new.key.expires_at.map(rfc3339),
-    }))
+    })
 }
 
 pub(super) async fn run(config: &Config, command: KeyCommand, json: bool) -> Result<(), CliError> {
@@ -90,17 +94,10 @@ pub(super) async fn run(config: &Config, command: KeyCommand, json: bool) -> Res
         KeyCommand::Create { project, scopes, label, expires_in } => {
             let created = create(&services, project_id(project)?, scopes, label, expires_in).await?;
             if json {
-                print_json(&created);
+                print_json(&created_view(&created));
             } else {
-                println!(
-                    "Created key {} for project {}",
-                    created["id"].as_str().unwrap_or_default(),
-                    project
-                );
-                println!(
-                    "Secret (shown once, store it now): {}",
-                    created["key"].as_str().unwrap_or_default()
-                );
+                println!("Created key {} for project {}", created.key.id, project);
+                println!("Secret (shown once, store it now): {}", created.secret);
             }
         }
         KeyCommand::List { project } => {

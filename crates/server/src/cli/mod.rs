@@ -154,5 +154,6 @@ fn print_json(value: &serde_json::Value) {
 }
 
 fn rfc3339(at: domain::Timestamp) -> String {
-    at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+    at.format(&time::format_description::well_known::Rfc3339)
+        .expect("stored times are within years 0 to 9999")
 }

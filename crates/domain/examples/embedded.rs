@@ -1,0 +1,425 @@
+//! The domain embedded in another Rust program, with its ports implemented in memory: a store of endpoints and
+//! their versions, a result cache, and an engine that answers `SELECT <integer or variable> AS <name>`. It
+//! creates an endpoint, runs it, saves a second version, runs both versions, and lists the history.
+//!
+//! `cargo run -p domain --example embedded` (also run by `make test`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use domain::{
+    BoundValue, CacheKey, CachedRun, Claim, Column, ColumnType, CreateEndpoint, Endpoint, EndpointChange,
+    EndpointDeps, EndpointFilter, EndpointName, EndpointPatch, EndpointService, EndpointStore,
+    EndpointVersion, EngineError, ExecutionTracker, Export, MaterializationState, MaterializationStore,
+    Materializations, MaterializedFilter, MaterializedResults, NewEndpoint, Page, PageRequest, ProjectId,
+    Query, QueryDescription, QueryEngine, QueryResult, Refresh, Replanned, ResultCache, ResultFormat,
+    RunDeps, RunRequest, RunService, Statistics, StoreError, StoredResult, Switch, SystemClock, Timestamp,
+    Variable, VariableType, VersionNumber,
+};
+use serde_json::{json, Map};
+use uuid::Uuid;
+
+/// Each endpoint with its versions, oldest first, by project and name.
+type Endpoints = HashMap<(ProjectId, EndpointName), (Endpoint, Vec<EndpointVersion>)>;
+
+/// Endpoints and their versions in memory.
+#[derive(Default)]
+struct MemoryStore {
+    endpoints: Mutex<Endpoints>,
+}
+
+/// The version record of an endpoint's current query.
+fn current_version(endpoint: &Endpoint) -> EndpointVersion {
+    EndpointVersion {
+        endpoint_id: endpoint.id,
+        version: endpoint.current_version,
+        query: endpoint.query.clone(),
+        description: endpoint.description.clone(),
+        columns: endpoint.columns.clone(),
+        cache_age: endpoint.cache_age,
+        sync_frequency: endpoint.sync_frequency,
+        created_at: endpoint.updated_at,
+        is_current: true,
+        eligibility: endpoint.eligibility.clone(),
+        tables: endpoint.tables.clone(),
+        plan_error: None,
+        breaking_changes: Vec::new(),
+    }
+}
+
+impl MemoryStore {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<(ProjectId, EndpointName), (Endpoint, Vec<EndpointVersion>)>) -> T,
+    ) -> T {
+        f(&mut self.endpoints.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+#[async_trait]
+impl EndpointStore for MemoryStore {
+    async fn insert(&self, new: NewEndpoint) -> Result<Endpoint, StoreError> {
+        let endpoint = new.unsaved();
+        self.with(|all| {
+            let key = (endpoint.project_id, endpoint.name.clone());
+            if all.contains_key(&key) {
+                return Err(StoreError::NameTaken(endpoint.name.to_string()));
+            }
+            all.insert(key, (endpoint.clone(), vec![current_version(&endpoint)]));
+            Ok(endpoint)
+        })
+    }
+
+    async fn get(&self, project: ProjectId, name: &EndpointName) -> Result<Endpoint, StoreError> {
+        self.with(|all| all.get(&(project, name.clone())).map(|(e, _)| e.clone()).ok_or(StoreError::NotFound))
+    }
+
+    async fn list(
+        &self,
+        project: ProjectId,
+        filter: &EndpointFilter,
+        page: PageRequest,
+    ) -> Result<Page<Endpoint>, StoreError> {
+        let mut found: Vec<Endpoint> = self.with(|all| {
+            all.values()
+                .map(|(e, _)| e)
+                .filter(|e| e.project_id == project && filter.is_active.is_none_or(|a| a == e.is_active))
+                .cloned()
+                .collect()
+        });
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        let total = found.len() as u64;
+        let items = found.into_iter().skip(page.offset as usize).take(page.limit as usize).collect();
+        Ok(Page { items, total, request: page })
+    }
+
+    async fn update(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        change: EndpointChange,
+        at: Timestamp,
+    ) -> Result<Endpoint, StoreError> {
+        self.with(|all| {
+            let (endpoint, versions) = all.get_mut(&(project, name.clone())).ok_or(StoreError::NotFound)?;
+            let new_version = change.query.is_some();
+            *endpoint = change.applied_to(endpoint.clone(), at);
+            if new_version {
+                versions.iter_mut().for_each(|v| v.is_current = false);
+                versions.push(current_version(endpoint));
+            }
+            Ok(endpoint.clone())
+        })
+    }
+
+    async fn replan(&self, _: Uuid, _: u32, _: Replanned) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn announce(&self, _: ProjectId, _: Vec<EndpointName>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<Uuid, StoreError> {
+        self.with(|all| all.remove(&(project, name.clone())).map(|(e, _)| e.id).ok_or(StoreError::NotFound))
+    }
+
+    async fn list_versions(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        page: PageRequest,
+    ) -> Result<Page<EndpointVersion>, StoreError> {
+        let versions = self.with(|all| all.get(&(project, name.clone())).map(|(_, v)| v.clone()));
+        let versions = versions.ok_or(StoreError::NotFound)?;
+        let total = versions.len() as u64;
+        let items = versions.into_iter().rev().skip(page.offset as usize).take(page.limit as usize).collect();
+        Ok(Page { items, total, request: page })
+    }
+
+    async fn get_version(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        version: u32,
+    ) -> Result<EndpointVersion, StoreError> {
+        let versions = self.with(|all| all.get(&(project, name.clone())).map(|(_, v)| v.clone()));
+        let versions = versions.ok_or(StoreError::NotFound)?;
+        versions.into_iter().find(|v| v.version == version).ok_or(StoreError::VersionNotFound(version))
+    }
+
+    async fn record_executions(
+        &self,
+        _: Vec<(ProjectId, EndpointName, Timestamp)>,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn last_executions(
+        &self,
+        _: ProjectId,
+        _: Vec<EndpointName>,
+        _: Timestamp,
+    ) -> Result<(Vec<(EndpointName, Timestamp)>, u64), StoreError> {
+        Ok((Vec::new(), 0))
+    }
+}
+
+/// An engine for `SELECT <integer> AS <name>` and `SELECT {variables.NAME} AS <name>`, nothing else.
+struct TinyEngine;
+
+impl TinyEngine {
+    /// The output column's name, and the value's source: a literal or a variable.
+    fn read(query: &Query) -> Result<(String, Result<i64, String>), EngineError> {
+        let refuse = || {
+            EngineError::InvalidQuery("This engine runs only SELECT <integer or variable> AS <name>.".into())
+        };
+        let rest = query.sql.strip_prefix("SELECT ").ok_or_else(refuse)?;
+        let (value, name) = rest.split_once(" AS ").ok_or_else(refuse)?;
+        let source = match value.strip_prefix("{variables.").and_then(|v| v.strip_suffix('}')) {
+            Some(variable) => Err(variable.to_owned()),
+            None => Ok(value.parse().map_err(|_| refuse())?),
+        };
+        Ok((name.to_owned(), source))
+    }
+}
+
+#[async_trait]
+impl QueryEngine for TinyEngine {
+    async fn describe(&self, _: ProjectId, query: &Query) -> Result<QueryDescription, EngineError> {
+        let (name, _) = Self::read(query)?;
+        Ok(QueryDescription {
+            columns: vec![Column { name, column_type: ColumnType::Integer }],
+            outline: Default::default(),
+            tables: Vec::new(),
+        })
+    }
+
+    async fn execute(
+        &self,
+        _: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, BoundValue>,
+        _: u32,
+        _: u64,
+    ) -> Result<QueryResult, EngineError> {
+        let (name, source) = Self::read(query)?;
+        let value = match source {
+            Ok(literal) => literal,
+            Err(variable) => match variables.get(&variable) {
+                Some(BoundValue::Integer(n)) => *n,
+                _ => {
+                    return Err(EngineError::InvalidQuery(format!(
+                        "{{variables.{variable}}} is not an integer"
+                    )))
+                }
+            },
+        };
+        Ok(QueryResult {
+            columns: vec![Column { name: name.clone(), column_type: ColumnType::Integer }],
+            rows_json: json!([{ name: value }]).to_string(),
+            row_count: 1,
+            has_more: false,
+            statistics: Statistics::default(),
+        })
+    }
+
+    async fn export(
+        &self,
+        _: ProjectId,
+        _: &Query,
+        _: &BTreeMap<String, BoundValue>,
+        _: u32,
+        _: u64,
+        _: ResultFormat,
+    ) -> Result<Export, EngineError> {
+        Err(EngineError::InvalidQuery("This engine writes JSON only.".into()))
+    }
+}
+
+/// Answers kept in memory until the domain says they are stale.
+#[derive(Default)]
+struct MemoryCache {
+    runs: Mutex<HashMap<CacheKey, Arc<CachedRun>>>,
+    generations: Mutex<HashMap<(ProjectId, EndpointName), u64>>,
+}
+
+impl ResultCache for MemoryCache {
+    fn generation(&self, project: ProjectId, name: &EndpointName) -> u64 {
+        let generations = self.generations.lock().unwrap_or_else(PoisonError::into_inner);
+        generations.get(&(project, name.clone())).copied().unwrap_or(0)
+    }
+
+    fn get(&self, key: &CacheKey) -> Option<Arc<CachedRun>> {
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner).get(key).cloned()
+    }
+
+    fn put(&self, key: CacheKey, run: Arc<CachedRun>) {
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner).insert(key, run);
+    }
+
+    fn invalidate(&self, project: ProjectId, name: &EndpointName) {
+        let mut generations = self.generations.lock().unwrap_or_else(PoisonError::into_inner);
+        *generations.entry((project, name.clone())).or_insert(0) += 1;
+    }
+
+    fn invalidate_all(&self) {
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    }
+}
+
+/// Tells the cache of every change the endpoint rules make.
+struct ClearCache(Arc<MemoryCache>);
+
+impl domain::EndpointChanges for ClearCache {
+    fn changed(&self, project: ProjectId, name: &EndpointName) {
+        self.0.invalidate(project, name);
+    }
+}
+
+/// No endpoint here is materialized: no records, no stored results.
+struct NoMaterializations;
+
+#[async_trait]
+impl MaterializationStore for NoMaterializations {
+    async fn get(&self, _: Uuid) -> Result<Option<MaterializationState>, StoreError> {
+        Ok(None)
+    }
+    async fn get_many(&self, _: Vec<Uuid>) -> Result<Vec<MaterializationState>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn claim_due(&self, _: Timestamp, _: Timestamp, _: usize) -> Result<Vec<Claim>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn renew(&self, _: Uuid, _: Uuid, _: Timestamp) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    async fn complete(&self, _: Uuid, _: Uuid, _: StoredResult, _: Timestamp) -> Result<Switch, StoreError> {
+        Err(StoreError::NotFound)
+    }
+    async fn fail(&self, _: Uuid, _: Uuid, _: String, _: Timestamp) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    async fn reschedule(&self, _: Uuid, _: Timestamp) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn all(&self) -> Result<Vec<MaterializationState>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+#[async_trait]
+impl MaterializedResults for NoMaterializations {
+    async fn write(&self, _: ProjectId, _: &Query, _: &str) -> Result<u64, EngineError> {
+        Err(EngineError::InvalidQuery("nothing is materialized here".into()))
+    }
+    async fn read(
+        &self,
+        _: ProjectId,
+        _: &str,
+        _: Vec<(MaterializedFilter, BoundValue)>,
+        _: u32,
+        _: u64,
+    ) -> Result<QueryResult, EngineError> {
+        Err(EngineError::InvalidQuery("nothing is materialized here".into()))
+    }
+    async fn export(
+        &self,
+        _: ProjectId,
+        _: &str,
+        _: Vec<(MaterializedFilter, BoundValue)>,
+        _: u32,
+        _: u64,
+        _: ResultFormat,
+    ) -> Result<Export, EngineError> {
+        Err(EngineError::InvalidQuery("nothing is materialized here".into()))
+    }
+    async fn remove(&self, _: ProjectId, _: &str) -> Result<(), EngineError> {
+        Ok(())
+    }
+    async fn locations(&self) -> Result<Vec<(ProjectId, String)>, EngineError> {
+        Ok(Vec::new())
+    }
+}
+
+fn rows(run: &domain::RunOutcome) -> &str {
+    run.run.as_ref().map_or("(no rows)", |r| r.result.rows_json.as_str())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), domain::Error> {
+    let store = Arc::new(MemoryStore::default());
+    let engine = Arc::new(TinyEngine);
+    let cache = Arc::new(MemoryCache::default());
+    let clock = Arc::new(SystemClock);
+    let executions = Arc::new(ExecutionTracker::new(store.clone()));
+    let materializations =
+        Materializations { states: Arc::new(NoMaterializations), results: Arc::new(NoMaterializations) };
+    let endpoints = EndpointService::new(EndpointDeps {
+        store: store.clone(),
+        engine: engine.clone(),
+        clock: clock.clone(),
+        materializations: materializations.clone(),
+        executions: executions.clone(),
+        changes: Arc::new(ClearCache(cache.clone())),
+    });
+    let runs = RunService::new(RunDeps {
+        store,
+        engine,
+        cache,
+        clock,
+        executions,
+        materializations,
+        export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
+    });
+
+    let project = ProjectId::new(1)?;
+    let name = EndpointName::parse("answer")?;
+    let created = endpoints
+        .create(project, CreateEndpoint::new(name.clone(), Query::sql("SELECT 41 AS n", BTreeMap::new())?))
+        .await?;
+    println!("created '{}' at version {}", created.name, created.current_version);
+    let first = runs.run(project, name.clone(), RunRequest::default()).await?;
+    println!("run: {}", rows(&first));
+    assert_eq!(rows(&first), r#"[{"n":41}]"#);
+
+    // A new query makes version 2; the variable `n` has a default, so a run may leave it out.
+    let n = Variable {
+        variable_type: VariableType::Integer,
+        default: Some(json!(42)),
+        required: false,
+        description: None,
+    };
+    let patch = EndpointPatch {
+        query: Some(Query::sql("SELECT {variables.n} AS n", BTreeMap::from([("n".to_owned(), n)]))?),
+        ..EndpointPatch::default()
+    };
+    let updated = endpoints.update(project, &name, patch).await?;
+    println!("updated to version {}", updated.current_version);
+    let second = runs.run(project, name.clone(), RunRequest::default()).await?;
+    println!("run: {}", rows(&second));
+    assert_eq!(rows(&second), r#"[{"n":42}]"#, "the change made the cached answer stale");
+    let variables = Map::from_iter([("n".to_owned(), json!(7))]);
+    let seven = RunRequest { variables, refresh: Refresh::Direct, ..RunRequest::default() };
+    println!("run with n = 7: {}", rows(&runs.run(project, name.clone(), seven).await?));
+    let old = RunRequest { version: Some(1), ..RunRequest::default() };
+    let first_again = runs.run(project, name.clone(), old).await?;
+    println!("version 1 again: {}", rows(&first_again));
+    assert_eq!(rows(&first_again), r#"[{"n":41}]"#);
+
+    let history = endpoints.versions(project, &name, PageRequest::default()).await?;
+    for version in &history.items {
+        println!("version {}: {}", version.version, version.query.sql);
+    }
+    let one = endpoints.version(project, &name, VersionNumber::FIRST).await?;
+    assert_eq!(one.query.sql, "SELECT 41 AS n");
+    let refused = endpoints
+        .create(project, CreateEndpoint::new(name.clone(), Query::sql("DELETE everything", BTreeMap::new())?))
+        .await;
+    println!(
+        "a query the engine refuses: {}",
+        refused.map(|_| "saved".to_owned()).unwrap_or_else(|e| e.to_string())
+    );
+    Ok(())
+}
