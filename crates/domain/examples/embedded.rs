@@ -29,25 +29,6 @@ struct MemoryStore {
     endpoints: Mutex<Endpoints>,
 }
 
-/// The version record of an endpoint's current query.
-fn current_version(endpoint: &Endpoint) -> EndpointVersion {
-    EndpointVersion {
-        endpoint_id: endpoint.id,
-        version: endpoint.current_version,
-        query: endpoint.query.clone(),
-        description: endpoint.description.clone(),
-        columns: endpoint.columns.clone(),
-        cache_age: endpoint.cache_age,
-        sync_frequency: endpoint.sync_frequency,
-        created_at: endpoint.updated_at,
-        is_current: true,
-        eligibility: endpoint.eligibility.clone(),
-        tables: endpoint.tables.clone(),
-        plan_error: None,
-        breaking_changes: Vec::new(),
-    }
-}
-
 impl MemoryStore {
     fn with<T>(
         &self,
@@ -66,7 +47,7 @@ impl EndpointStore for MemoryStore {
             if all.contains_key(&key) {
                 return Err(StoreError::NameTaken(endpoint.name.to_string()));
             }
-            all.insert(key, (endpoint.clone(), vec![current_version(&endpoint)]));
+            all.insert(key, (endpoint.clone(), vec![EndpointVersion::current_of(&endpoint)]));
             Ok(endpoint)
         })
     }
@@ -107,7 +88,7 @@ impl EndpointStore for MemoryStore {
             *endpoint = change.applied_to(endpoint.clone(), at);
             if new_version {
                 versions.iter_mut().for_each(|v| v.is_current = false);
-                versions.push(current_version(endpoint));
+                versions.push(EndpointVersion::current_of(endpoint));
             }
             Ok(endpoint.clone())
         })

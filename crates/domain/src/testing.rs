@@ -91,19 +91,5 @@ pub fn endpoint(name: &str, query: Query) -> Endpoint {
 
 /// The endpoint's current version, as the store holds it.
 pub fn current_version(endpoint: &Endpoint) -> EndpointVersion {
-    EndpointVersion {
-        endpoint_id: endpoint.id,
-        version: endpoint.current_version,
-        query: endpoint.query.clone(),
-        description: endpoint.description.clone(),
-        columns: endpoint.columns.clone(),
-        cache_age: endpoint.cache_age,
-        sync_frequency: endpoint.sync_frequency,
-        created_at: endpoint.updated_at,
-        is_current: true,
-        eligibility: endpoint.eligibility.clone(),
-        tables: endpoint.tables.clone(),
-        plan_error: endpoint.plan_error.clone(),
-        breaking_changes: Vec::new(),
-    }
+    EndpointVersion::current_of(endpoint)
 }

@@ -123,6 +123,27 @@ pub struct EndpointVersion {
     pub breaking_changes: Vec<BreakingChange>,
 }
 
+impl EndpointVersion {
+    /// The version record of the endpoint's current query, as a store keeps it.
+    pub fn current_of(endpoint: &Endpoint) -> Self {
+        Self {
+            endpoint_id: endpoint.id,
+            version: endpoint.current_version,
+            query: endpoint.query.clone(),
+            description: endpoint.description.clone(),
+            columns: endpoint.columns.clone(),
+            cache_age: endpoint.cache_age,
+            sync_frequency: endpoint.sync_frequency,
+            created_at: endpoint.updated_at,
+            is_current: true,
+            eligibility: endpoint.eligibility.clone(),
+            tables: endpoint.tables.clone(),
+            plan_error: endpoint.plan_error.clone(),
+            breaking_changes: Vec::new(),
+        }
+    }
+}
+
 /// How a version changed an output column of the version before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
