@@ -512,7 +512,9 @@ def isolation(args, root):
     keys = {}
     for project in (1, 2):
         app.cli("project", "create", "--name", f"tenant-{project}")
-        keys[project] = app.cli("key", "create", "--project", str(project), "--scope", "endpoint:write")["key"]
+        keys[project] = app.cli(
+            "key", "create", "--project", str(project), "--scope", "endpoint:write", "--scope", "table:write"
+        )["key"]
     app.start("--materialize-workers", "0")
 
     def create(project, name, sql, cache=None):
