@@ -290,10 +290,14 @@ impl MaterializationStore for NoMaterializations {
     }
 }
 
+fn nothing_materialized() -> EngineError {
+    EngineError::InvalidQuery("nothing is materialized here".into())
+}
+
 #[async_trait]
 impl MaterializedResults for NoMaterializations {
     async fn write(&self, _: ProjectId, _: &Query, _: &str) -> Result<u64, EngineError> {
-        Err(EngineError::InvalidQuery("nothing is materialized here".into()))
+        Err(nothing_materialized())
     }
     async fn read(
         &self,
@@ -303,7 +307,7 @@ impl MaterializedResults for NoMaterializations {
         _: u32,
         _: u64,
     ) -> Result<QueryResult, EngineError> {
-        Err(EngineError::InvalidQuery("nothing is materialized here".into()))
+        Err(nothing_materialized())
     }
     async fn export(
         &self,
@@ -314,7 +318,7 @@ impl MaterializedResults for NoMaterializations {
         _: u64,
         _: ResultFormat,
     ) -> Result<Export, EngineError> {
-        Err(EngineError::InvalidQuery("nothing is materialized here".into()))
+        Err(nothing_materialized())
     }
     async fn remove(&self, _: ProjectId, _: &str) -> Result<(), EngineError> {
         Ok(())

@@ -172,7 +172,7 @@ impl EndpointService {
         let sync_frequency = match command.sync_frequency {
             Some(_) if !is_materialized => return Err(sync_needs_materialization().into()),
             Some(freq) => Some(freq),
-            None => is_materialized.then(SyncFrequency::default),
+            None => is_materialized.then_some(SyncFrequency::DEFAULT),
         };
         let endpoint = NewEndpoint {
             id: Uuid::new_v4(),
@@ -308,7 +308,7 @@ impl EndpointService {
             Some(Some(_)) if !materialized => return Err(sync_needs_materialization().into()),
             Some(freq) if materialized => Some(Some(freq.unwrap_or(SyncFrequency::DEFAULT))),
             _ if !materialized => current.sync_frequency.is_some().then_some(None),
-            _ => current.sync_frequency.is_none().then_some(Some(SyncFrequency::default())),
+            _ => current.sync_frequency.is_none().then_some(Some(SyncFrequency::DEFAULT)),
         };
         if let Some(query) = patch.query {
             if query.canonical() != current.query.canonical() {

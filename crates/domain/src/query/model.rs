@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::variables::{parse_variables, Variable};
+use super::variables::{check_declaration, parse_variables, Variable};
 use crate::error::{Invalid, Violation};
 
 /// The query language tag. `HogQLQuery` is accepted as an alias so exported definitions load unchanged; it is
@@ -133,7 +133,7 @@ impl Query {
     }
 
     /// A SQL query with its variables, checked as [`Query::from_json`] checks a client's: the text is not empty,
-    /// every placeholder is declared, every name is a variable name and every default fits its type.
+    /// every placeholder is declared, and every declaration keeps the rules of one read from a body.
     ///
     /// # Errors
     /// [`Invalid`] naming what breaks a rule.
@@ -142,18 +142,7 @@ impl Query {
             return Err(Invalid::field("query.query", "query.query must be a non-empty SQL string."));
         }
         for (name, variable) in &variables {
-            let attr = format!("query.variables.{name}");
-            if !is_variable_name(name) {
-                return Err(Invalid::field(attr, format!("'{name}' is not a valid variable name.")));
-            }
-            if let Some(default) = &variable.default {
-                variable.variable_type.check(default).map_err(|expected| {
-                    Invalid::field(
-                        format!("{attr}.default"),
-                        format!("The default does not fit its type: {expected}."),
-                    )
-                })?;
-            }
+            check_declaration(name, variable, &format!("query.variables.{name}"))?;
         }
         let query = Self { kind: QueryKind::Sql, sql: sql.trim().to_owned(), variables };
         query.check_placeholders()?;

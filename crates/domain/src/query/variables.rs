@@ -123,12 +123,7 @@ pub(super) fn parse_variables(vars: &Map<String, Value>) -> Result<BTreeMap<Stri
         } else {
             (key.clone(), parse_declaration(decl, &attr)?)
         };
-        if !is_variable_name(&name) {
-            return Err(Invalid::field(
-                &attr,
-                format!("'{name}' is not a valid variable name: use letters, digits and '_', not starting with a digit."),
-            ));
-        }
+        check_name(&name, &attr)?;
         if parsed.insert(name.clone(), variable).is_some() {
             return Err(Invalid::field(&attr, format!("The variable '{name}' is declared twice.")));
         }
@@ -203,20 +198,44 @@ fn build_variable(
     description: Option<String>,
     attr: &str,
 ) -> Result<Variable, Invalid> {
-    if let Some(default) = &default {
-        variable_type.check(default).map_err(|expected| {
+    let variable = Variable { variable_type, default, required, description };
+    check_default(&variable, attr)?;
+    Ok(variable)
+}
+
+/// A declaration's rules, for one built in code rather than read from a body: a variable name, a default of
+/// its type, required when it has none. `attr` names the declaration in errors.
+pub(super) fn check_declaration(name: &str, variable: &Variable, attr: &str) -> Result<(), Invalid> {
+    check_name(name, attr)?;
+    check_default(variable, attr)
+}
+
+fn check_name(name: &str, attr: &str) -> Result<(), Invalid> {
+    if is_variable_name(name) {
+        return Ok(());
+    }
+    Err(Invalid::field(
+        attr,
+        format!(
+            "'{name}' is not a valid variable name: use letters, digits and '_', not starting with a digit."
+        ),
+    ))
+}
+
+fn check_default(variable: &Variable, attr: &str) -> Result<(), Invalid> {
+    let variable_type = variable.variable_type;
+    match &variable.default {
+        Some(default) => variable_type.check(default).map_err(|expected| {
             Invalid::field(
                 format!("{attr}.default"),
                 format!("The default does not fit the type {variable_type}: {expected}."),
             )
-        })?;
-    } else if !required {
-        return Err(Invalid::field(
-            format!("{attr}.required"),
-            "A variable without a default must be required.",
-        ));
+        }),
+        None if !variable.required => {
+            Err(Invalid::field(format!("{attr}.required"), "A variable without a default must be required."))
+        }
+        None => Ok(()),
     }
-    Ok(Variable { variable_type, default, required, description })
 }
 
 #[cfg(test)]
@@ -229,6 +248,28 @@ mod tests {
     fn attr_of(value: Value) -> String {
         Query::from_json(&value).unwrap_err().attr.unwrap_or_default()
     }
+    #[test]
+    fn a_query_built_in_code_keeps_the_rules_of_one_read_from_a_body() {
+        let int = |default: Option<Value>, required| Variable {
+            variable_type: VariableType::Integer,
+            default,
+            required,
+            description: None,
+        };
+        let with = |name: &str, variable| BTreeMap::from([(name.to_owned(), variable)]);
+        let q = Query::sql(" SELECT {variables.n} ", with("n", int(Some(json!(3)), false))).unwrap();
+        assert_eq!(q.sql, "SELECT {variables.n}");
+        for (sql, variables, attr) in [
+            ("  ", BTreeMap::new(), "query.query"),
+            ("SELECT {variables.m}", BTreeMap::new(), "query"),
+            ("SELECT 1", with("n", int(Some(json!("x")), false)), "query.variables.n.default"),
+            ("SELECT 1", with("n", int(None, false)), "query.variables.n.required"),
+            ("SELECT 1", with("1n", int(None, true)), "query.variables.1n"),
+        ] {
+            assert_eq!(Query::sql(sql, variables).unwrap_err().attr.as_deref(), Some(attr), "{sql}");
+        }
+    }
+
     #[test]
     fn declarations_are_typed_and_defaults_checked() {
         let q = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.a}, {variables.b}",

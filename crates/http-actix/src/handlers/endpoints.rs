@@ -32,7 +32,7 @@ pub(crate) async fn list(
 /// `?dry_run=true` on a create or an update: the body is checked as the call itself would check it, and the
 /// answer is the endpoint it would make, but nothing is saved.
 fn dry_run(query: &HashMap<String, String>) -> Result<bool, ApiError> {
-    Ok(bool_param(query, "dry_run").map_err(domain::Error::from)?.unwrap_or(false))
+    Ok(bool_param(query, "dry_run")?.unwrap_or(false))
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints", operation_id = "create_endpoint",
@@ -49,7 +49,7 @@ pub(crate) async fn create(
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
     let dry_run = dry_run(&query)?;
-    let command = CreateEndpoint::try_from(&caller.body).map_err(domain::Error::from)?;
+    let command = CreateEndpoint::try_from(&caller.body)?;
     if dry_run {
         let endpoint = state.endpoints.check_create(caller.project, command).await?;
         return Ok(HttpResponse::Ok().json(Endpoint::from(endpoint)));
@@ -84,7 +84,7 @@ pub(crate) async fn update(
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
     let (dry_run, name) = (dry_run(&query)?, path.endpoint()?);
-    let patch = EndpointPatch::try_from(&caller.body).map_err(domain::Error::from)?;
+    let patch = EndpointPatch::try_from(&caller.body)?;
     let endpoint = if dry_run {
         state.endpoints.check_update(caller.project, &name, patch).await?
     } else {

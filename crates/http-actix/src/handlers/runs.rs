@@ -280,7 +280,7 @@ pub(crate) async fn last_execution_times(
     state: web::Data<AppState>,
     caller: AuthorizedJson<EndpointRead>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = LastExecutionsRequest::try_from(&caller.body).map_err(domain::Error::from)?;
+    let request = LastExecutionsRequest::try_from(&caller.body)?;
     let found = state.runs.last_execution_times(caller.project, &request).await?;
     Ok(HttpResponse::Ok().json(LastExecutionTimes::of(caller.project, found)))
 }

@@ -104,7 +104,7 @@ pub(crate) async fn list(
     caller: Authorized<TableRead>,
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    let page = super::page_param(&query).map_err(domain::Error::from)?;
+    let page = super::page_param(&query)?;
     let page = state.tables.list(caller.project, page).await?;
     Ok(HttpResponse::Ok().json(TablePage::of(&req, page)))
 }
@@ -145,7 +145,7 @@ pub(crate) async fn put(
             .await
             .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??
             .unwrap_or_else(|| serde_json::Value::Object(serde_json::Map::new()));
-        let source = ExternalSource::try_from(&body).map_err(domain::Error::from)?;
+        let source = ExternalSource::try_from(&body)?;
         state.tables.register(caller.project, &name, source).await?
     } else {
         let upload = upload(&req, &state, payload, WriteMode::Replace)?;
@@ -204,7 +204,7 @@ pub(crate) async fn preview(
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
     let name = path.existing()?;
-    let limit = preview_limit(&caller.body, &query).map_err(domain::Error::from)?;
+    let limit = preview_limit(&caller.body, &query)?;
     let (rows, limit) = state.tables.preview(caller.project, &name, limit).await?;
     Ok(HttpResponse::Ok().json(Preview::of(&path.table, limit, rows)))
 }

@@ -21,10 +21,7 @@ pub(crate) async fn list(
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
     let name = path.endpoint()?;
-    let page = state
-        .endpoints
-        .versions(caller.project, &name, page_param(&query).map_err(domain::Error::from)?)
-        .await?;
+    let page = state.endpoints.versions(caller.project, &name, page_param(&query)?).await?;
     Ok(HttpResponse::Ok().json(VersionPage::of(&req, page)))
 }
 
@@ -44,8 +41,7 @@ pub(crate) async fn retrieve(
     path: web::Path<VersionPath>,
 ) -> Result<HttpResponse, ApiError> {
     let name = EndpointName::from_path(&path.name)?;
-    let number =
-        VersionNumber::parse_field("version_number", &path.version_number).map_err(domain::Error::from)?;
+    let number = VersionNumber::parse_field("version_number", &path.version_number)?;
     let version = state.endpoints.version(caller.project, &name, number).await?;
     Ok(HttpResponse::Ok().json(Version::from(version)))
 }
@@ -69,7 +65,7 @@ pub(crate) async fn openapi(
     }
     let name = path.endpoint()?;
     let version = raw.map(|raw| VersionNumber::parse_field("version", raw));
-    let version = version.transpose().map_err(domain::Error::from)?;
+    let version = version.transpose()?;
     let (endpoint, version) = state.endpoints.endpoint_version(caller.project, &name, version).await?;
     let info = req.connection_info();
     let base_url = format!("{}://{}", info.scheme(), info.host());

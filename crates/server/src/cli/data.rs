@@ -116,18 +116,23 @@ pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Re
             let mut listed = Vec::new();
             for project in projects {
                 for table in services.engine.tables(project).await.map_err(domain::Error::from)? {
-                    listed
-                        .push(json!({"project_id": project.get(), "table": table.name, "files": table.files,
-                                       "bytes": table.bytes, "location": table.location}));
+                    listed.push((project, table));
                 }
             }
             if json {
-                print_json(&Value::Array(listed));
+                let view = |(project, table): &(ProjectId, query_engine::TableInfo)| {
+                    json!({"project_id": project.get(), "table": table.name, "files": table.files,
+                           "bytes": table.bytes, "location": table.location})
+                };
+                print_json(&Value::Array(listed.iter().map(view).collect()));
             } else {
-                for t in &listed {
+                for (project, table) in &listed {
                     println!(
                         "project {:>4}  {:<24} {:>4} file(s) {:>12} bytes",
-                        t["project_id"], t["table"], t["files"], t["bytes"]
+                        project.get(),
+                        table.name,
+                        table.files,
+                        table.bytes
                     );
                 }
             }
