@@ -85,6 +85,9 @@ impl EndpointStore for MemoryStore {
         self.with(|all| {
             let (endpoint, versions) = all.get_mut(&(project, name.clone())).ok_or(StoreError::NotFound)?;
             let new_version = change.query.is_some();
+            if change.query.as_ref().is_some_and(|v| v.number != endpoint.current_version + 1) {
+                return Err(StoreError::Superseded { current: endpoint.current_version });
+            }
             *endpoint = change.applied_to(endpoint.clone(), at);
             if new_version {
                 versions.iter_mut().for_each(|v| v.is_current = false);

@@ -146,6 +146,10 @@ pub enum StoreError {
     VersionNotFound(u32),
     #[error("name '{0}' already taken")]
     NameTaken(String),
+    /// A new version was decided against a version that is no longer the endpoint's current one (another
+    /// change saved one first); nothing was written.
+    #[error("the endpoint moved on to version {current}")]
+    Superseded { current: u32 },
     #[error("store unavailable")]
     Unavailable(#[source] BoxError),
     #[error("store failure")]
@@ -229,6 +233,9 @@ impl From<StoreError> for Error {
             StoreError::NotFound => Error::NotFound("Not found.".into()),
             StoreError::VersionNotFound(v) => Error::NotFound(format!("Version {v} does not exist.")),
             StoreError::NameTaken(name) => Error::NameTaken(name),
+            StoreError::Superseded { current } => {
+                Error::Internal(format!("the endpoint moved on to version {current} during a change").into())
+            }
             StoreError::Unavailable(source) => Error::Unavailable(source),
             StoreError::Internal(source) => Error::Internal(source),
         }

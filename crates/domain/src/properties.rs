@@ -6,11 +6,9 @@ use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
 use crate::materialization::{Eligibility, Rollup};
-use crate::query::ResultFormat;
 use crate::query::{
     bind, AggregateCall, ColumnType, CompareOp, Query, QueryOutline, VariablePredicate, VariableType,
 };
-use crate::runs::RunRequest;
 
 /// Any JSON value, nested a few levels.
 pub(crate) fn any_json() -> impl Strategy<Value = Value> {
@@ -131,32 +129,15 @@ proptest! {
             json!({"kind": "SQLQuery", "query": sql}),
             extra,
         ] {
-            if let Ok(query) = Query::from_json(&document) {
+            if let Ok(query) = Query::try_from(&document) {
                 // Every placeholder sits on character boundaries and names a declared variable.
                 for placeholder in query.placeholders() {
                     prop_assert!(query.sql.get(placeholder.start..placeholder.end).is_some());
                     prop_assert!(query.variables.contains_key(&placeholder.name));
                 }
                 // The canonical form reads back as the same query.
-                prop_assert_eq!(Query::from_json(&query.to_json()).ok(), Some(query));
+                prop_assert_eq!(Query::try_from(&query.to_json()).ok(), Some(query));
             }
-        }
-    }
-
-    #[test]
-    fn any_query_string_is_read_or_refused(pairs in prop::collection::vec(("(variables\\.)?.{0,12}|limit|offset|version|refresh|variables", ".{0,16}"), 0..12)) {
-        if let Ok(request) = RunRequest::from_query(pairs, ResultFormat::Json) {
-            prop_assert!((1..=RunRequest::MAX_LIMIT).contains(&request.limit));
-            prop_assert!(request.variables.len() <= RunRequest::MAX_VARIABLES);
-            prop_assert!(request.version.is_none_or(|v| v >= 1));
-        }
-    }
-
-    #[test]
-    fn any_run_body_is_read_or_refused(body in any_json(), version in prop::option::of(".{0,6}")) {
-        if let Ok(request) = RunRequest::from_body(&body, version.as_deref(), ResultFormat::Json) {
-            prop_assert!((1..=RunRequest::MAX_LIMIT).contains(&request.limit));
-            prop_assert!(request.variables.len() <= RunRequest::MAX_VARIABLES);
         }
     }
 
@@ -166,7 +147,7 @@ proptest! {
         supplied in prop::collection::btree_map("[a-z_]{1,4}", any_json(), 0..4),
     ) {
         let document = json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": variables});
-        let Ok(query) = Query::from_json(&document) else { return Ok(()) };
+        let Ok(query) = Query::try_from(&document) else { return Ok(()) };
         let supplied: Map<String, Value> = supplied.into_iter().collect();
         if let Ok(bound) = bind(&query, &supplied) {
             for name in supplied.keys() {

@@ -59,7 +59,7 @@ pub fn api_key(secret: &str, scopes: Vec<Scope>) -> ApiKey {
 
 /// A query from its JSON form; panics on one that does not parse.
 pub fn query(json: serde_json::Value) -> Query {
-    Query::from_json(&json).expect("a valid query")
+    Query::try_from(&json).expect("a valid query")
 }
 
 /// An active endpoint of project 1 at its first version, not materialized, with the default cache age and no

@@ -19,9 +19,10 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::Method;
 use actix_web::middleware::Next;
 use actix_web::web;
-use domain::{ApiKeyService, ProjectId};
+use domain::{ApiKeyService, ProjectId, ProjectRef};
 
 use crate::error::ApiError;
+use crate::routes::FAMILY_PREFIXES;
 use crate::AppState;
 
 /// What a page may read of an answer besides the simple headers: the run's fields that formats other than
@@ -43,11 +44,14 @@ const EXPOSED: [&str; 11] = [
 /// How long a browser may keep a preflight's answer: short, so that a removed origin stops working soon.
 const PREFLIGHT_MAX_AGE_SECONDS: usize = 600;
 
-/// The project a path names by number (`/api/projects/12/...`); `@current` names none, since a browser's
-/// preflight carries no credential to resolve it.
+/// The project a path of either family names by id (`/api/projects/12/...`), read as authorization reads it.
+/// `@current` names none, since a browser's preflight carries no credential to resolve it.
 fn path_project(path: &str) -> Option<ProjectId> {
-    let mut segments = path.split('/').skip(3);
-    segments.next()?.parse::<i64>().ok().and_then(|id| ProjectId::new(id).ok())
+    let rest = FAMILY_PREFIXES.iter().find_map(|family| path.strip_prefix(family))?.strip_prefix('/')?;
+    match rest.split('/').next()?.parse() {
+        Ok(ProjectRef::Id(project)) => Some(project),
+        _ => None,
+    }
 }
 
 /// The CORS policy of the run and OpenAPI routes.
@@ -105,10 +109,17 @@ mod tests {
     use super::path_project;
 
     #[test]
-    fn the_project_is_read_from_numeric_paths_only() {
+    fn the_project_is_read_from_numeric_ids_of_either_family_only() {
         assert_eq!(path_project("/api/projects/12/endpoints/a/run").map(|p| p.get()), Some(12));
         assert_eq!(path_project("/api/environments/3/endpoints/a/openapi.json").map(|p| p.get()), Some(3));
-        for path in ["/api/projects/@current/endpoints/a/run", "/api/projects/0/x", "/api", "/"] {
+        for path in [
+            "/api/projects/@current/endpoints/a/run",
+            "/api/projects/0/x",
+            "/api/projects12/endpoints",
+            "/api/other/12/endpoints",
+            "/api",
+            "/",
+        ] {
             assert_eq!(path_project(path), None, "{path}");
         }
     }

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use actix_web::dev::Payload;
 use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
-use domain::{Error, Principal, ProjectId, Scope};
+use domain::{Error, Principal, ProjectId, ProjectRef, Scope};
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
@@ -21,10 +21,16 @@ use crate::AppState;
 /// A scope a handler needs, as a type.
 pub(crate) trait Needs: 'static {
     const SCOPE: Scope;
+    /// Whether the handler runs the path's endpoint (or serves what a caller needs to run it), which is all a
+    /// run token may do.
+    const RUNS_ENDPOINT: bool = false;
 }
 
-/// `endpoint:read`: reading and running endpoints.
+/// `endpoint:read`: reading endpoints.
 pub(crate) struct EndpointRead;
+
+/// `endpoint:read`, running the path's endpoint: the operations a run token naming it may also call.
+pub(crate) struct EndpointRun;
 
 /// `endpoint:write`: creating, changing and deleting endpoints.
 pub(crate) struct EndpointWrite;
@@ -45,6 +51,11 @@ impl Needs for TableWrite {
 
 impl Needs for EndpointRead {
     const SCOPE: Scope = Scope::EndpointRead;
+}
+
+impl Needs for EndpointRun {
+    const SCOPE: Scope = Scope::EndpointRead;
+    const RUNS_ENDPOINT: bool = true;
 }
 
 impl Needs for EndpointWrite {
@@ -75,7 +86,7 @@ impl<S: Needs> FromRequest for Authorized<S> {
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let req = req.clone();
         Box::pin(async move {
-            let (project, caller) = authorize(&req, S::SCOPE).await?;
+            let (project, caller) = authorize(&req, S::SCOPE, S::RUNS_ENDPOINT).await?;
             Ok(Self { project, caller, scope: PhantomData })
         })
     }
@@ -89,7 +100,7 @@ impl<S: Needs> FromRequest for AuthorizedJson<S> {
         let req = req.clone();
         let payload = payload.take();
         Box::pin(async move {
-            let (project, caller) = authorize(&req, S::SCOPE).await?;
+            let (project, caller) = authorize(&req, S::SCOPE, S::RUNS_ENDPOINT).await?;
             let state = app_state(&req)?;
             let read = read_json(&req, payload, state.body_limit);
             let body = tokio::time::timeout(state.client_timeout, read)
@@ -130,9 +141,6 @@ pub(crate) fn bearer(req: &HttpRequest) -> Result<&str, ApiError> {
     Ok(token.trim())
 }
 
-/// The routes a run token may call (on the endpoints it names): runs and OpenAPI documents.
-const TOKEN_ROUTES: [&str; 2] = ["run", "endpoint_openapi"];
-
 /// The caller of a request, from its bearer credential: 429 first for a client address that failed to
 /// authenticate too often lately (its credential is not even read), then 401, which counts against its address.
 pub(crate) async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<Principal, ApiError> {
@@ -152,7 +160,11 @@ pub(crate) async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<
 }
 
 /// Authenticates the caller and checks it may use `scope` on the path's project: 401, then 429, then 403.
-async fn authorize(req: &HttpRequest, scope: Scope) -> Result<(ProjectId, Principal), ApiError> {
+async fn authorize(
+    req: &HttpRequest,
+    scope: Scope,
+    runs_endpoint: bool,
+) -> Result<(ProjectId, Principal), ApiError> {
     let state = app_state(req)?;
     let principal = authenticate(req, state).await?;
     // Before authorization, so probing other projects spends the caller's budget too.
@@ -167,12 +179,9 @@ async fn authorize(req: &HttpRequest, scope: Scope) -> Result<(ProjectId, Princi
         }
     }
     // Every route these extractors serve names a project; one that did not would be nothing to authorize.
-    let project = req.match_info().get("project_id").ok_or(ApiError::RouteNotFound)?;
-    let token_endpoint = req
-        .match_name()
-        .filter(|route| TOKEN_ROUTES.contains(route))
-        .and_then(|_| req.match_info().get("name"));
-    let project = state.keys.authorize(&principal, project, scope, token_endpoint)?;
+    let project: ProjectRef = req.match_info().get("project_id").ok_or(ApiError::RouteNotFound)?.parse()?;
+    let runs = if runs_endpoint { req.match_info().get("name") } else { None };
+    let project = state.keys.authorize(&principal, project, scope, runs)?;
     Ok((project, principal))
 }
 

@@ -21,7 +21,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use domain::{
     ApiKeyService, Endpoint, EndpointFilter, EndpointName, EndpointService, Invalid, PageRequest, Principal,
-    RunRequest, RunService, Scope, CURRENT_PROJECT,
+    ProjectRef, RunRequest, RunService, Scope,
 };
 use http_body_util::{BodyExt, Full};
 use rmcp::model::{
@@ -262,7 +262,7 @@ impl EndpointTools {
         arguments: Map<String, Value>,
     ) -> Result<Value, ApiError> {
         self.take_request(caller)?;
-        let project = self.keys.authorize(caller, CURRENT_PROJECT, Scope::EndpointRead, Some(name))?;
+        let project = self.keys.authorize(caller, ProjectRef::Current, Scope::EndpointRead, Some(name))?;
         let mut request = RunRequest { variables: arguments, ..RunRequest::default() };
         if let Some(grant) = &caller.grant {
             request.admit(grant, name)?;

@@ -13,7 +13,7 @@ use crate::handlers::{endpoints, materialization, runs, tables, tokens, versions
 use crate::{console, cors, operations};
 
 /// Each family's static prefix is matched by a string comparison before its dynamic part is tried.
-const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projects"];
+pub(crate) const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projects"];
 const FAMILY_REST: &str = "/{project_id}/endpoints";
 const TABLES_REST: &str = "/{project_id}/tables";
 const TOKENS_REST: &str = "/{project_id}/run_tokens";

@@ -195,7 +195,7 @@ mod properties {
             let document = json!({"kind": "SQLQuery", "query": sql, "variables": {
                 "a": {"type": "String"}, "b": {"type": "Integer"}, "c": {"type": if list { "List" } else { "Date" }},
             }});
-            let Ok(query) = Query::from_json(&document) else { return Ok(()) };
+            let Ok(query) = Query::try_from(&document) else { return Ok(()) };
             let compiled = super::compile(&query);
             let mut names: Vec<String> = query.placeholders().into_iter().map(|p| p.name).collect();
             names.dedup();

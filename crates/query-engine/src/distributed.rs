@@ -145,7 +145,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn queries_run_on_the_cluster_and_fail_clearly_without_it() {
         let (storage, dir) = storage();
-        let q = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 40 + 2 AS answer"})).unwrap();
+        let q = Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT 40 + 2 AS answer"})).unwrap();
         let project = ProjectId::new(1).unwrap();
 
         let cluster = Cluster::start(&storage, 2, 2).await.unwrap();

@@ -19,7 +19,7 @@ fn project() -> ProjectId {
 }
 
 fn query(sql: &str, variables: serde_json::Value) -> Query {
-    Query::from_json(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
+    Query::try_from(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
 }
 
 /// A storage with 20,000 demo events in project 1: a data directory removed at the end, or an in-memory object

@@ -327,7 +327,7 @@ impl DataFusionEngine {
             |e: String| EngineError::Internal(format!("a rollup's query does not read: {e}").into());
         let document: serde_json::Value =
             serde_json::from_str(document).map_err(|e| corrupt(e.to_string()))?;
-        let query = Query::from_json(&document).map_err(|e| corrupt(e.to_string()))?;
+        let query = Query::try_from(&document).map_err(|e| corrupt(e.to_string()))?;
         let compiled = compile::compile(&query);
         Ok(self.live_plan(project, &compiled).await?.1)
     }

@@ -59,7 +59,7 @@ async fn import(storage: &Storage, file: &PathBuf, mode: ImportMode) -> Result<u
 }
 
 async fn total(engine: &DataFusionEngine) -> String {
-    let q = Query::from_json(
+    let q = Query::try_from(
         &json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n, sum(id) AS s FROM things"}),
     )
     .unwrap();
@@ -133,7 +133,7 @@ async fn a_kept_plan_answers_until_a_table_it_names_is_replaced_or_gone() {
     for object in objects(&store).await {
         store.delete(&object_store::path::Path::from(object.as_str())).await.unwrap();
     }
-    let q = Query::from_json(
+    let q = Query::try_from(
         &json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n, sum(id) AS s FROM things"}),
     )
     .unwrap();
@@ -192,11 +192,11 @@ async fn a_pointer_that_names_no_version_is_an_error_not_a_path() {
     let pointer = object_store::path::Path::from("projects/7/tables/things/_current");
     store.put(&pointer, PutPayload::from("../../../8/tables/secret")).await.unwrap();
     let q =
-        Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n FROM things"})).unwrap();
+        Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n FROM things"})).unwrap();
     let err = engine.execute(project(), &q, &Default::default(), 10, 0).await.unwrap_err();
     assert!(matches!(err, EngineError::Internal(_)), "{err:?}");
     // Only the queries that read the table fail: its pointer is read for the tables a query names.
-    let q = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS one"})).unwrap();
+    let q = Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS one"})).unwrap();
     let answer = engine.execute(project(), &q, &Default::default(), 10, 0).await.unwrap();
     assert_eq!(answer.rows_json, r#"[{"one":1}]"#);
 }

@@ -14,7 +14,7 @@ fn project(id: i64) -> ProjectId {
 }
 
 pub(crate) fn query(sql: &str, variables: serde_json::Value) -> Query {
-    Query::from_json(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
+    Query::try_from(&json!({"kind": "SQLQuery", "query": sql, "variables": variables})).unwrap()
 }
 
 /// A temporary directory removed when the test ends.

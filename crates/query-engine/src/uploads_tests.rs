@@ -42,7 +42,7 @@ fn append_csv(body: &str) -> Upload {
 }
 
 async fn rows(engine: &DataFusionEngine, sql: &str) -> Value {
-    let query = domain::Query::from_json(&json!({"kind": "SQLQuery", "query": sql})).unwrap();
+    let query = domain::Query::try_from(&json!({"kind": "SQLQuery", "query": sql})).unwrap();
     let result = engine.execute(project(), &query, &BTreeMap::new(), 1000, 0).await.unwrap();
     serde_json::from_str(&result.rows_json).unwrap()
 }
@@ -218,7 +218,7 @@ async fn tables_are_listed_by_name_and_deleted() {
     assert!(TableStore::delete(&engine, project(), &zeta).await.unwrap());
     assert!(!TableStore::delete(&engine, project(), &zeta).await.unwrap());
     assert_eq!(TableStore::list(&engine, project()).await.unwrap().len(), 1);
-    let gone = domain::Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT * FROM zeta"})).unwrap();
+    let gone = domain::Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT * FROM zeta"})).unwrap();
     assert!(matches!(
         engine.execute(project(), &gone, &BTreeMap::new(), 10, 0).await,
         Err(EngineError::InvalidQuery(_))
@@ -366,7 +366,7 @@ async fn a_source_never_follows_a_link_out_of_the_allowed_folders() {
     assert_eq!(rows(&engine, sql).await, json!([{"secret": "mine"}]));
 
     std::os::unix::fs::symlink(dir.join("projects/2/tables/sales"), folder.join("linked")).unwrap();
-    let query = domain::Query::from_json(&json!({"kind": "SQLQuery", "query": sql})).unwrap();
+    let query = domain::Query::try_from(&json!({"kind": "SQLQuery", "query": sql})).unwrap();
     let read = engine.execute(project(), &query, &BTreeMap::new(), 1000, 0).await;
     let err = read.expect_err("a link to another project's table is not read");
     let text = err.to_string();

@@ -10,9 +10,9 @@ use std::time::Duration;
 use domain::{
     ApiKey, ApiKeyStore, BreakingChange, CacheAge, Change, Column, ColumnChange, ColumnType, CompareOp,
     Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationStatus,
-    MaterializationStore, MaterializedFilter, NewEndpoint, PageRequest, PlannedQuery, ProjectAccess,
-    ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredResult, Switch,
-    SyncFrequency, Timestamp, TokenSecret,
+    MaterializationStore, MaterializedFilter, NewEndpoint, NewVersion, PageRequest, PlannedQuery,
+    ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredResult,
+    Switch, SyncFrequency, Timestamp, TokenSecret,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -100,7 +100,7 @@ fn name(raw: &str) -> EndpointName {
 }
 
 fn query(sql: &str) -> Query {
-    Query::from_json(&json!({"kind": "SQLQuery", "query": sql})).unwrap()
+    Query::try_from(&json!({"kind": "SQLQuery", "query": sql})).unwrap()
 }
 
 fn cols(names: &[&str]) -> Vec<Column> {
@@ -127,6 +127,11 @@ fn planned(query: Query, names: &[&str]) -> PlannedQuery {
         tables: vec!["events".into()],
         breaking_changes: vec![],
     }
+}
+
+/// Version 2, decided against version 1.
+fn after_v1(planned: PlannedQuery) -> NewVersion {
+    NewVersion::after(1, planned)
 }
 
 /// Version 2 of `daily` no longer outputs its integer `n`.
@@ -232,8 +237,10 @@ async fn names_are_unique_per_project(store: DieselStore) {
 async fn delete_frees_the_name_and_removes_versions(store: DieselStore) {
     let p = project(&store).await;
     let first = EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
-    let change =
-        EndpointChange { query: Some(planned(query("SELECT 2 AS n"), &["n"])), ..Default::default() };
+    let change = EndpointChange {
+        query: Some(after_v1(planned(query("SELECT 2 AS n"), &["n"]))),
+        ..Default::default()
+    };
     EndpointStore::update(&store, p, &name("daily"), change, T0).await.unwrap();
     EndpointStore::delete(&store, p, &name("daily")).await.unwrap();
     assert!(matches!(EndpointStore::get(&store, p, &name("daily")).await, Err(StoreError::NotFound)));
@@ -262,8 +269,7 @@ async fn settings_changes_keep_the_version(store: DieselStore) {
         sync_frequency: Some(Some(SyncFrequency::OneHour)),
         cache_age: Some(CacheAge::default()),
         derived_from_insight: Some(None),
-        // The same query, so no new version either.
-        query: Some(planned(query("SELECT 1 AS n"), &["n"])),
+        query: None,
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
     assert_eq!(updated.current_version, 1);
@@ -301,8 +307,10 @@ async fn a_version_planned_again_records_its_columns_or_why_it_no_longer_plans(s
 
     // A new version starts with no error; a version or endpoint that is gone is not planned.
     EndpointStore::replan(&store, created.id, 1, Err("broken again".into())).await.unwrap();
-    let change =
-        EndpointChange { query: Some(planned(query("SELECT 2 AS m"), &["m"])), ..Default::default() };
+    let change = EndpointChange {
+        query: Some(after_v1(planned(query("SELECT 2 AS m"), &["m"]))),
+        ..Default::default()
+    };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, T0).await.unwrap();
     assert_eq!((updated.current_version, updated.plan_error), (2, None));
     let v1 = EndpointStore::get_version(&store, p, &name("daily"), 1).await.unwrap();
@@ -318,10 +326,10 @@ async fn query_changes_make_contiguous_versions(store: DieselStore) {
     let change = EndpointChange {
         description: Some("v2 words".into()),
         cache_age: Some(CacheAge::new(Some(0)).unwrap()),
-        query: Some(PlannedQuery {
+        query: Some(after_v1(PlannedQuery {
             breaking_changes: removed_n(),
             ..planned(query("SELECT 2 AS m"), &["m"])
-        }),
+        })),
         ..Default::default()
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
@@ -363,17 +371,39 @@ async fn concurrent_query_changes_stay_contiguous(store: DieselStore) {
         .map(|i| {
             let store = Arc::clone(&store);
             tokio::spawn(async move {
-                let change = EndpointChange {
-                    query: Some(planned(query(&format!("SELECT {} AS n", i + 100)), &["n"])),
-                    ..Default::default()
-                };
-                EndpointStore::update(&*store, p, &name("busy"), change, T0).await
+                // As the domain does: decide the version against the one read, again when another came first.
+                let mut superseded = 0;
+                loop {
+                    let current = EndpointStore::get(&*store, p, &name("busy")).await?.current_version;
+                    let planned = planned(query(&format!("SELECT {} AS n", i + 100)), &["n"]);
+                    let change = EndpointChange {
+                        query: Some(NewVersion::after(current, planned)),
+                        ..Default::default()
+                    };
+                    match EndpointStore::update(&*store, p, &name("busy"), change, T0).await {
+                        Err(StoreError::Superseded { current: now }) => {
+                            assert!(now > current, "superseded by a newer version");
+                            superseded += 1;
+                        }
+                        saved => return saved.map(|_| superseded),
+                    }
+                }
             })
         })
         .collect();
     for task in tasks {
         task.await.unwrap().unwrap();
     }
+
+    // A version decided against one that is no longer current writes nothing.
+    let stale = EndpointChange {
+        description: Some("stale".into()),
+        query: Some(after_v1(planned(query("SELECT 0 AS n"), &["n"]))),
+        ..Default::default()
+    };
+    let err = EndpointStore::update(&*store, p, &name("busy"), stale, T0).await.unwrap_err();
+    assert!(matches!(err, StoreError::Superseded { current } if current == WRITERS + 1), "{err:?}");
+    assert_ne!(EndpointStore::get(&*store, p, &name("busy")).await.unwrap().description, "stale");
     let page =
         EndpointStore::list_versions(&*store, p, &name("busy"), PageRequest { limit: 1000, offset: 0 })
             .await
@@ -625,8 +655,10 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     MaterializationStore::complete(&store, id, claim.token, stored("v1", 1, T0), far).await.unwrap();
 
     // A new version is due at once, though the record's next run is far away.
-    let change =
-        EndpointChange { query: Some(planned(query("SELECT 2 AS n"), &["n"])), ..Default::default() };
+    let change = EndpointChange {
+        query: Some(after_v1(planned(query("SELECT 2 AS n"), &["n"]))),
+        ..Default::default()
+    };
     let updated = EndpointStore::update(&store, p, &name("kpi"), change, T0).await.unwrap();
     assert_eq!(updated.eligibility, Some(eligible()));
     assert_eq!(updated.tables, Some(vec!["events".to_owned()]), "a version keeps the tables it reads");

@@ -4,10 +4,10 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use domain::{
     Change, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointStore, EndpointVersion,
-    NewEndpoint, Page, PageRequest, ProjectId, Replanned, StoreError, Timestamp,
+    NewEndpoint, NewVersion, Page, PageRequest, ProjectId, Replanned, StoreError, Timestamp,
 };
 
-use crate::rows::instant;
+use crate::rows::{instant, version_number};
 use tracing::instrument;
 
 use crate::changes::announce;
@@ -125,10 +125,10 @@ fn apply_change(
     if locked == 0 {
         return Err(DbError::NotFound);
     }
-    let (row, current): (EndpointRow, VersionRow) = current_version_join!()
+    let row: EndpointRow = endpoints::table
         .filter(endpoints::project_id.eq(project))
         .filter(endpoints::name.eq(name))
-        .select((EndpointRow::as_select(), VersionRow::as_select()))
+        .select(EndpointRow::as_select())
         .first(conn)?;
 
     let cache_age = change.cache_age.map(|c| c.configured().map(i64::from));
@@ -139,8 +139,11 @@ fn apply_change(
 
     let mut current_version = row.current_version;
     match change.query {
-        Some(planned) if planned.query.canonical() != canonical_of(&current.query)? => {
-            current_version += 1;
+        Some(version) if i64::from(version.number) != current_version + 1 => {
+            return Err(DbError::Superseded { current: version_number(current_version)? });
+        }
+        Some(NewVersion { number, planned }) => {
+            current_version = i64::from(number);
             diesel::insert_into(endpoint_versions::table)
                 .values(VersionRow {
                     endpoint_id: row.id.clone(),
@@ -158,7 +161,7 @@ fn apply_change(
                 })
                 .execute(conn)?;
         }
-        _ => {
+        None => {
             diesel::update(endpoint_versions::table)
                 .filter(endpoint_versions::endpoint_id.eq(&row.id))
                 .filter(endpoint_versions::version.eq(current_version))
@@ -170,6 +173,7 @@ fn apply_change(
                 .execute(conn)?;
         }
     }
+    // An endpoint that is not materialized has no materialization record.
     let is_materialized = change.is_materialized.unwrap_or(row.is_materialized);
     if !is_materialized {
         diesel::delete(materializations::table.find(&row.id)).execute(conn)?;
@@ -187,13 +191,6 @@ fn apply_change(
         })
         .execute(conn)?;
     load(conn, project, name)
-}
-
-/// Stored queries are canonical already; reparsing guards against rows written by older releases.
-fn canonical_of(stored: &str) -> Result<String, DbError> {
-    let value: serde_json::Value =
-        serde_json::from_str(stored).map_err(|e| DbError::Corrupt(format!("query: {e}")))?;
-    domain::Query::from_json(&value).map(|q| q.canonical()).map_err(|e| DbError::Corrupt(e.detail))
 }
 
 #[async_trait]

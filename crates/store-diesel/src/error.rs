@@ -10,6 +10,8 @@ pub(crate) enum DbError {
     NotFound,
     #[error("version {0} not found")]
     VersionNotFound(u32),
+    #[error("the endpoint moved on to version {current}")]
+    Superseded { current: u32 },
     #[error(transparent)]
     Diesel(#[from] DieselError),
     #[error(transparent)]
@@ -46,6 +48,7 @@ impl From<DbError> for StoreError {
         match err {
             DbError::NotFound | DbError::Diesel(DieselError::NotFound) => StoreError::NotFound,
             DbError::VersionNotFound(v) => StoreError::VersionNotFound(v),
+            DbError::Superseded { current } => StoreError::Superseded { current },
             DbError::Pool(e) => StoreError::Unavailable(Box::new(e)),
             DbError::Diesel(e) if is_unavailable(&e) => StoreError::Unavailable(Box::new(e)),
             other => StoreError::Internal(Box::new(other)),

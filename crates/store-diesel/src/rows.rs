@@ -39,7 +39,7 @@ fn sync_frequency(raw: Option<&str>) -> Result<Option<SyncFrequency>, DbError> {
 fn query(raw: &str) -> Result<Query, DbError> {
     let value: serde_json::Value =
         serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("query: {e}")))?;
-    Query::from_json(&value).map_err(|e| DbError::Corrupt(format!("query: {}", e.detail)))
+    Query::try_from(&value).map_err(|e| DbError::Corrupt(format!("query: {}", e.detail)))
 }
 
 pub(crate) fn columns_text(columns: &[Column]) -> String {

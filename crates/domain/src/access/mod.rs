@@ -6,8 +6,8 @@ mod service;
 mod token;
 
 pub use model::{
-    hash_secret, parse_origin, ApiKey, NewApiKey, Principal, Project, ProjectAccess, ProjectId, Scope,
-    CURRENT_PROJECT, KEY_PREFIX,
+    hash_secret, parse_origin, ApiKey, NewApiKey, Principal, Project, ProjectAccess, ProjectId, ProjectRef,
+    Scope, CURRENT_PROJECT, KEY_PREFIX,
 };
 pub use ports::{ApiKeyStore, ProjectStore};
 #[cfg(any(test, feature = "mocks"))]

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::token::{RunGrant, TokenSecret};
 use crate::clock::Timestamp;
-use crate::error::Invalid;
+use crate::error::{Error, Invalid};
 
 /// A project's id: a positive integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -182,13 +182,51 @@ impl Principal {
         self.grant.as_ref().map_or(self.key_id, |grant| grant.token_id)
     }
 
-    /// Whether it may run the endpoint `name` of its project, as `ApiKeyService::authorize` decides for
-    /// a run: a run token naming it, or a key with `endpoint:read`.
-    pub fn may_run(&self, name: &str) -> bool {
-        match &self.grant {
-            Some(grant) => grant.allows(name),
-            None => self.scopes.iter().any(|scope| scope.grants(Scope::EndpointRead)),
+    /// Checks that it may use scope `needed` in its own project. `runs` names the endpoint when the operation
+    /// runs it (or serves what a caller needs to run it): a run token may do only that, for the endpoints it
+    /// names; a key needs the scope.
+    ///
+    /// # Errors
+    /// [`Error::PermissionDenied`] naming what is missing.
+    pub fn permits(&self, needed: Scope, runs: Option<&str>) -> Result<(), Error> {
+        match (&self.grant, runs) {
+            (Some(_), None) => Err(Error::PermissionDenied(
+                "A run token may only run the endpoints it names and read their OpenAPI documents.".into(),
+            )),
+            (Some(grant), Some(name)) if !grant.allows(name) => Err(Error::PermissionDenied(format!(
+                "This run token does not give access to the endpoint '{name}'."
+            ))),
+            (Some(_), Some(_)) => Ok(()),
+            (None, _) if self.scopes.iter().any(|s| s.grants(needed)) => Ok(()),
+            (None, _) => Err(Error::PermissionDenied(format!("This action needs the scope '{needed}'."))),
         }
+    }
+
+    /// Whether it may run the endpoint `name` of its project (see [`Principal::permits`]).
+    pub fn may_run(&self, name: &str) -> bool {
+        self.permits(Scope::EndpointRead, Some(name)).is_ok()
+    }
+}
+
+/// The project a path names: a project id, or the caller's own (`@current`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectRef {
+    Current,
+    Id(ProjectId),
+}
+
+impl std::str::FromStr for ProjectRef {
+    type Err = Invalid;
+
+    fn from_str(raw: &str) -> Result<Self, Invalid> {
+        if raw == CURRENT_PROJECT {
+            return Ok(Self::Current);
+        }
+        raw.parse::<i64>()
+            .ok()
+            .and_then(|id| ProjectId::new(id).ok())
+            .map(Self::Id)
+            .ok_or_else(|| Invalid::field("project_id", "project_id must be a positive integer or @current."))
     }
 }
 

@@ -11,8 +11,8 @@ use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 use super::model::{
-    hash_secret, looks_like_key, parse_origin, ApiKey, NewApiKey, Principal, ProjectAccess, ProjectId, Scope,
-    SecretHash, CURRENT_PROJECT, KEY_PREFIX, SECRET_BYTES,
+    hash_secret, looks_like_key, parse_origin, ApiKey, NewApiKey, Principal, ProjectAccess, ProjectId,
+    ProjectRef, Scope, SecretHash, KEY_PREFIX, SECRET_BYTES,
 };
 use super::ports::{ApiKeyStore, ProjectStore};
 use super::token::{self, IssuedRunToken, RunTokenRequest, TokenSecret};
@@ -348,26 +348,23 @@ impl ApiKeyService {
         }
     }
 
-    /// Checks that `principal` may use scope `needed` on the project named in a path (`42` or `@current`).
-    /// A run token may only run the endpoints it names and read their OpenAPI documents: `token_endpoint` is
-    /// the endpoint of such an operation, `None` for every other one.
+    /// Checks that `principal` may use scope `needed` on the project a path names, and answers that project.
+    /// `runs` names the endpoint of an operation that runs it (see [`Principal::permits`]).
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a malformed project id; [`Error::PermissionDenied`] for a missing scope, another
-    /// project (existing or not: the two are indistinguishable), or a run token out of its grant.
+    /// [`Error::PermissionDenied`] for a missing scope, another project (existing or not: the two are
+    /// indistinguishable), or a run token out of its grant; [`Error::NotAuthenticated`] for a run token of
+    /// another project.
     pub fn authorize(
         &self,
         principal: &Principal,
-        path_project: &str,
+        project: ProjectRef,
         needed: Scope,
-        token_endpoint: Option<&str>,
+        runs: Option<&str>,
     ) -> Result<ProjectId, Error> {
-        let project = if path_project == CURRENT_PROJECT {
-            principal.project_id
-        } else {
-            path_project.parse::<i64>().ok().and_then(|id| ProjectId::new(id).ok()).ok_or_else(|| {
-                Invalid::field("project_id", "project_id must be a positive integer or @current.")
-            })?
+        let project = match project {
+            ProjectRef::Current => principal.project_id,
+            ProjectRef::Id(id) => id,
         };
         if project != principal.project_id && principal.grant.is_some() {
             return Err(Error::NotAuthenticated("This run token is not valid for this project.".into()));
@@ -377,21 +374,7 @@ impl ApiKeyService {
                 "This credential does not give access to this project.".into(),
             ));
         }
-        if let Some(grant) = &principal.grant {
-            return match token_endpoint {
-                None => Err(Error::PermissionDenied(
-                    "A run token may only run the endpoints it names and read their OpenAPI documents."
-                        .into(),
-                )),
-                Some(name) if !grant.allows(name) => Err(Error::PermissionDenied(format!(
-                    "This run token does not give access to the endpoint '{name}'."
-                ))),
-                Some(_) => Ok(project),
-            };
-        }
-        if !principal.scopes.iter().any(|s| s.grants(needed)) {
-            return Err(Error::PermissionDenied(format!("This action needs the scope '{needed}'.")));
-        }
+        principal.permits(needed, runs)?;
         Ok(project)
     }
 
@@ -627,7 +610,7 @@ mod tests {
         let body =
             serde_json::json!({"endpoints": ["a"], "expires_in_seconds": 10, "fixed_variables": {"t": 1}});
         let issued =
-            svc.issue_run_token(&issuer(), project(1), RunTokenRequest::from_body(&body).unwrap()).await;
+            svc.issue_run_token(&issuer(), project(1), RunTokenRequest::try_from(&body).unwrap()).await;
         let token = issued.unwrap().token;
         let before = reads.load(Ordering::SeqCst);
         for _ in 0..5 {
@@ -648,7 +631,7 @@ mod tests {
         // A rotated secret, announced: every token of the project is refused at once.
         clock.advance(Duration::from_secs(3600));
         let token = svc
-            .issue_run_token(&issuer(), project(1), RunTokenRequest::from_body(&body).unwrap())
+            .issue_run_token(&issuer(), project(1), RunTokenRequest::try_from(&body).unwrap())
             .await
             .unwrap()
             .token;
@@ -701,18 +684,24 @@ mod tests {
             scopes: vec![Scope::EndpointRead],
             grant: Some(Arc::new(grant)),
         };
-        assert_eq!(svc.authorize(&token, "1", Scope::EndpointRead, Some("a")).unwrap(), project(1));
         assert_eq!(
-            svc.authorize(&token, CURRENT_PROJECT, Scope::EndpointRead, Some("a")).unwrap(),
+            svc.authorize(&token, ProjectRef::Id(project(1)), Scope::EndpointRead, Some("a")).unwrap(),
+            project(1)
+        );
+        assert_eq!(
+            svc.authorize(&token, ProjectRef::Current, Scope::EndpointRead, Some("a")).unwrap(),
             project(1)
         );
         for (scope, endpoint) in
             [(Scope::EndpointRead, None), (Scope::EndpointRead, Some("b")), (Scope::TableRead, None)]
         {
-            assert!(matches!(svc.authorize(&token, "1", scope, endpoint), Err(Error::PermissionDenied(_))));
+            assert!(matches!(
+                svc.authorize(&token, ProjectRef::Id(project(1)), scope, endpoint),
+                Err(Error::PermissionDenied(_))
+            ));
         }
         assert!(matches!(
-            svc.authorize(&token, "2", Scope::EndpointRead, Some("a")),
+            svc.authorize(&token, ProjectRef::Id(project(2)), Scope::EndpointRead, Some("a")),
             Err(Error::NotAuthenticated(_))
         ));
         assert!(token.may_run("a") && !token.may_run("b"));
@@ -734,30 +723,36 @@ mod tests {
             "runs need endpoint:read"
         );
         assert!(matches!(
-            svc.authorize(&loader, "1", Scope::EndpointRead, None),
+            svc.authorize(&loader, ProjectRef::Id(project(1)), Scope::EndpointRead, None),
             Err(Error::PermissionDenied(_))
         ));
 
-        assert_eq!(svc.authorize(&reader, "1", Scope::EndpointRead, None).unwrap(), project(1));
-        assert_eq!(svc.authorize(&reader, CURRENT_PROJECT, Scope::EndpointRead, None).unwrap(), project(1));
         assert_eq!(
-            svc.authorize(&writer, "1", Scope::EndpointRead, None).unwrap(),
+            svc.authorize(&reader, ProjectRef::Id(project(1)), Scope::EndpointRead, None).unwrap(),
+            project(1)
+        );
+        assert_eq!(
+            svc.authorize(&reader, ProjectRef::Current, Scope::EndpointRead, None).unwrap(),
+            project(1)
+        );
+        assert_eq!(
+            svc.authorize(&writer, ProjectRef::Id(project(1)), Scope::EndpointRead, None).unwrap(),
             project(1),
             "write implies read"
         );
-        match svc.authorize(&reader, "1", Scope::EndpointWrite, None) {
+        match svc.authorize(&reader, ProjectRef::Id(project(1)), Scope::EndpointWrite, None) {
             Err(Error::PermissionDenied(detail)) => assert!(detail.contains("endpoint:write")),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            svc.authorize(&writer, "2", Scope::EndpointRead, None),
+            svc.authorize(&writer, ProjectRef::Id(project(2)), Scope::EndpointRead, None),
             Err(Error::PermissionDenied(_))
         ));
-        for bad in ["0", "-1", "abc", "1.0", "current"] {
-            assert!(
-                matches!(svc.authorize(&writer, bad, Scope::EndpointRead, None), Err(Error::Invalid(_))),
-                "{bad}"
-            );
+        assert_eq!("@current".parse(), Ok(ProjectRef::Current));
+        assert_eq!("12".parse(), Ok(ProjectRef::Id(project(12))));
+        for bad in ["0", "-1", "abc", "1.0", "current", "", " 1"] {
+            let err = bad.parse::<ProjectRef>().unwrap_err();
+            assert_eq!(err.attr.as_deref(), Some("project_id"), "{bad}");
         }
     }
 

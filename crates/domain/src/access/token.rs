@@ -144,23 +144,31 @@ impl RunTokenRequest {
     pub const MAX_VERSIONS: usize = 100;
     const FIELDS: [&'static str; 5] =
         ["endpoints", "fixed_variables", "expires_in_seconds", "rate_limit_per_sec", "versions"];
+}
+
+/// A request as its body says.
+impl TryFrom<&Value> for RunTokenRequest {
+    type Error = Invalid;
 
     /// # Errors
     /// [`Invalid`] naming the field at fault. Whether the endpoints exist and declare the fixed variables is
     /// checked by the run service, which knows them.
-    pub fn from_body(body: &Value) -> Result<Self, Invalid> {
-        let fields = Fields::new(body, &Self::FIELDS)?;
+    fn try_from(body: &Value) -> Result<Self, Invalid> {
+        let fields = Fields::new(body, &RunTokenRequest::FIELDS)?;
         let endpoints = match fields.get("endpoints") {
             None | Some(Value::Null) => return Err(Invalid::required("endpoints")),
             Some(Value::Array(names)) => names
                 .iter()
                 .map(|name| name.as_str().map(str::to_owned))
                 .collect::<Option<Vec<_>>>()
-                .filter(|names| (1..=Self::MAX_ENDPOINTS).contains(&names.len()))
+                .filter(|names| (1..=RunTokenRequest::MAX_ENDPOINTS).contains(&names.len()))
                 .ok_or_else(|| {
                     Invalid::field(
                         "endpoints",
-                        format!("endpoints must be a list of 1 to {} endpoint names.", Self::MAX_ENDPOINTS),
+                        format!(
+                            "endpoints must be a list of 1 to {} endpoint names.",
+                            RunTokenRequest::MAX_ENDPOINTS
+                        ),
                     )
                 })?,
             Some(_) => {
@@ -172,27 +180,27 @@ impl RunTokenRequest {
         endpoints.dedup();
         let fixed_variables = match fields.get("fixed_variables") {
             None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(map)) if map.len() <= Self::MAX_FIXED_VARIABLES => map.clone(),
+            Some(Value::Object(map)) if map.len() <= RunTokenRequest::MAX_FIXED_VARIABLES => map.clone(),
             Some(_) => {
                 return Err(Invalid::field(
                     "fixed_variables",
                     format!(
                         "fixed_variables must be an object of at most {} NAME: value pairs.",
-                        Self::MAX_FIXED_VARIABLES
+                        RunTokenRequest::MAX_FIXED_VARIABLES
                     ),
                 ))
             }
         };
         let seconds = match fields.get("expires_in_seconds") {
-            None | Some(Value::Null) => Self::DEFAULT_EXPIRES_IN_SECONDS,
+            None | Some(Value::Null) => RunTokenRequest::DEFAULT_EXPIRES_IN_SECONDS,
             Some(value) => integer(value)
-                .filter(|n| (1..=Self::MAX_EXPIRES_IN_SECONDS).contains(n))
+                .filter(|n| (1..=RunTokenRequest::MAX_EXPIRES_IN_SECONDS).contains(n))
                 .ok_or_else(|| {
                     Invalid::field(
                         "expires_in_seconds",
                         format!(
                             "expires_in_seconds must be an integer between 1 and {} (30 days).",
-                            Self::MAX_EXPIRES_IN_SECONDS
+                            RunTokenRequest::MAX_EXPIRES_IN_SECONDS
                         ),
                     )
                 })?,
@@ -382,7 +390,7 @@ mod tests {
     }
 
     fn request(body: Value) -> RunTokenRequest {
-        RunTokenRequest::from_body(&body).unwrap()
+        RunTokenRequest::try_from(&body).unwrap()
     }
 
     fn issued(secret: &TokenSecret) -> IssuedRunToken {
@@ -451,7 +459,7 @@ mod tests {
     #[test]
     fn requests_are_checked_field_by_field() {
         let bad = |body: Value, attr: &str| {
-            let err = RunTokenRequest::from_body(&body).unwrap_err();
+            let err = RunTokenRequest::try_from(&body).unwrap_err();
             assert_eq!(err.attr.as_deref(), Some(attr), "{body}: {err:?}");
         };
         bad(json!({}), "endpoints");
@@ -489,7 +497,7 @@ mod properties {
 
     fn signed(secret: &TokenSecret) -> String {
         let request =
-            RunTokenRequest::from_body(&json!({"endpoints": ["a"], "fixed_variables": {"tenant": 7}}))
+            RunTokenRequest::try_from(&json!({"endpoints": ["a"], "fixed_variables": {"tenant": 7}}))
                 .unwrap();
         sign(secret, ProjectId::new(3).unwrap(), Uuid::nil(), request, T0).unwrap().token
     }

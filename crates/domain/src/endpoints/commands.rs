@@ -79,7 +79,7 @@ impl TryFrom<&Value> for CreateEndpoint {
         };
         let query = match fields.get("query") {
             None | Some(Value::Null) => return Err(Invalid::required("query")),
-            Some(raw) => Query::from_json(raw)?,
+            Some(raw) => Query::try_from(raw)?,
         };
         Ok(Self {
             name,
@@ -122,7 +122,7 @@ impl TryFrom<&Value> for EndpointPatch {
         let query = match fields.get("query") {
             None => None,
             Some(Value::Null) => return Err(Invalid::field("query", "query cannot be null.")),
-            Some(raw) => Some(Query::from_json(raw)?),
+            Some(raw) => Some(Query::try_from(raw)?),
         };
         Ok(Self {
             confirm_breaking: fields.bool(CONFIRM_BREAKING)?.unwrap_or(false),

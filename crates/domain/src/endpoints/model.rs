@@ -253,8 +253,24 @@ pub struct EndpointChange {
     pub is_materialized: Option<bool>,
     pub cache_age: Option<CacheAge>,
     pub sync_frequency: Option<Option<SyncFrequency>>,
-    /// A query to save; the store makes a new version only when its canonical form differs from the current one.
-    pub query: Option<PlannedQuery>,
+    /// A new version to save: the domain made one because the query's canonical form changed.
+    pub query: Option<NewVersion>,
+}
+
+/// The version a changed query becomes. The store saves it only while the endpoint's current version is the one
+/// before it, and answers [`StoreError::Superseded`](crate::StoreError::Superseded) otherwise, so that a new
+/// version is always decided against the version it follows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewVersion {
+    pub number: u32,
+    pub planned: PlannedQuery,
+}
+
+impl NewVersion {
+    /// The version after `current`, with the query planned.
+    pub fn after(current: u32, planned: PlannedQuery) -> Self {
+        Self { number: current + 1, planned }
+    }
 }
 
 /// A query with what planning it told: its output columns, whether it can be materialized, the tables it reads.
@@ -314,8 +330,8 @@ impl EndpointChange {
         *self == Self::default()
     }
 
-    /// The endpoint as it would be after this change at `at`, for a dry run that saves nothing (the store
-    /// applies a change itself, in one transaction). A query makes the next version.
+    /// The endpoint as it would be after this change at `at`: what a dry run answers, and what a store without
+    /// transactions of its own saves.
     pub fn applied_to(self, mut endpoint: Endpoint, at: Timestamp) -> Endpoint {
         let Self {
             description,
@@ -332,9 +348,9 @@ impl EndpointChange {
         endpoint.is_materialized = is_materialized.unwrap_or(endpoint.is_materialized);
         endpoint.cache_age = cache_age.unwrap_or(endpoint.cache_age);
         endpoint.sync_frequency = sync_frequency.unwrap_or(endpoint.sync_frequency);
-        if let Some(planned) = query {
-            endpoint.current_version += 1;
-            endpoint.versions_count = endpoint.current_version;
+        if let Some(NewVersion { number, planned }) = query {
+            endpoint.current_version = number;
+            endpoint.versions_count = number;
             endpoint.query = planned.query;
             endpoint.columns = planned.columns;
             endpoint.eligibility = Some(planned.eligibility);

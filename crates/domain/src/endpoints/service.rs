@@ -8,7 +8,7 @@ use super::commands::{CreateEndpoint, EndpointPatch, CONFIRM_BREAKING};
 use super::executions::ExecutionTracker;
 use super::model::{
     BreakingChange, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
-    PlannedQuery,
+    NewVersion, PlannedQuery,
 };
 use super::ports::{EndpointChanges, EndpointStore};
 use super::settings::{CacheAge, SyncFrequency};
@@ -240,14 +240,23 @@ impl EndpointService {
         name: &EndpointName,
         patch: EndpointPatch,
     ) -> Result<Endpoint, Error> {
-        let (current, change) = self.planned_update(project, name, patch).await?;
-        if change.is_empty() {
-            return self.materialization_attached(current).await;
-        }
-        let materialized = change.is_materialized.unwrap_or(current.is_materialized);
-        let rescheduled = materialized && current.is_materialized && change.sync_frequency.is_some();
-        let at = self.clock.now();
-        let updated = self.store.update(project, name, change, at).await.map_err(|e| name_error(e, name))?;
+        // A new version is decided against the version it follows; when another change saves a version first,
+        // this one is decided again against that one. Every retry follows a change that was saved, so together
+        // they always progress.
+        let (current, updated, at) = loop {
+            let (current, change) = self.planned_update(project, name, patch.clone()).await?;
+            if change.is_empty() {
+                return self.materialization_attached(current).await;
+            }
+            let at = self.clock.now();
+            match self.store.update(project, name, change, at).await {
+                Err(StoreError::Superseded { .. }) => continue,
+                saved => break (current, saved.map_err(|e| name_error(e, name))?, at),
+            }
+        };
+        let rescheduled = updated.is_materialized
+            && current.is_materialized
+            && updated.sync_frequency != current.sync_frequency;
         self.changes.changed(project, name);
         if current.is_materialized && !updated.is_materialized {
             self.drop_stored_results(project, updated.id, name).await;
@@ -318,7 +327,7 @@ impl EndpointService {
                 if !patch.confirm_breaking {
                     self.refuse_unconfirmed_breaks(&current, &planned.breaking_changes)?;
                 }
-                change.query = Some(planned);
+                change.query = Some(NewVersion::after(current.current_version, planned));
             }
         }
         drop_unchanged(&mut change, &current);
@@ -330,7 +339,7 @@ impl EndpointService {
             && (change.is_materialized.is_some() || change.is_active.is_some() || change.query.is_some())
         {
             let eligibility = match &change.query {
-                Some(planned) => planned.eligibility.clone(),
+                Some(version) => version.planned.eligibility.clone(),
                 None => self.eligibility(&current).await?,
             };
             check_materializable(active, &eligibility)?;

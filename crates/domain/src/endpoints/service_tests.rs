@@ -84,7 +84,7 @@ fn body(extra: Value) -> Value {
 }
 
 fn existing() -> Endpoint {
-    let query = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap();
+    let query = Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap();
     saved(NewEndpoint {
         id: Uuid::nil(),
         project_id: project(),
@@ -338,7 +338,9 @@ async fn update_with_a_new_query_plans_it_and_saves_it() {
     store
         .expect_update()
         .withf(|_, _, change, _| {
-            change.query.as_ref().is_some_and(|p| p.query.sql == "SELECT 2 AS n" && p.columns == columns())
+            change.query.as_ref().is_some_and(|v| {
+                v.number == 2 && v.planned.query.sql == "SELECT 2 AS n" && v.planned.columns == columns()
+            })
         })
         .times(1)
         .returning(|_, _, _, _| Ok(existing()));
@@ -348,6 +350,34 @@ async fn update_with_a_new_query_plans_it_and_saves_it() {
         .update_json(project(), "daily", &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}}))
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_new_version_saved_first_by_another_change_makes_this_one_decided_again() {
+    let mut store = MockEndpointStore::new();
+    let mut seq = mockall::Sequence::new();
+    store.expect_get().times(1).in_sequence(&mut seq).returning(|_, _| Ok(existing()));
+    store
+        .expect_update()
+        .withf(|_, _, change, _| change.query.as_ref().is_some_and(|v| v.number == 2))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_, _, _, _| Err(StoreError::Superseded { current: 2 }));
+    let moved_on = || Endpoint { current_version: 2, versions_count: 2, ..existing() };
+    store.expect_get().times(1).in_sequence(&mut seq).returning(move |_, _| Ok(moved_on()));
+    store
+        .expect_update()
+        .withf(|_, _, change, _| change.query.as_ref().is_some_and(|v| v.number == 3))
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(move |_, _, _, _| Ok(Endpoint { current_version: 3, versions_count: 3, ..existing() }));
+    let mut engine = MockQueryEngine::new();
+    engine.expect_describe().times(2).returning(|_, _| Ok(description()));
+    let updated = service(store, engine)
+        .update_json(project(), "daily", &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}}))
+        .await
+        .unwrap();
+    assert_eq!(updated.current_version, 3);
 }
 
 #[tokio::test]
@@ -618,7 +648,9 @@ async fn a_version_records_the_columns_it_removes_or_retypes() {
         let want = expected.clone();
         store
             .expect_update()
-            .withf(move |_, _, change, _| change.query.as_ref().is_some_and(|p| p.breaking_changes == want))
+            .withf(move |_, _, change, _| {
+                change.query.as_ref().is_some_and(|v| v.planned.breaking_changes == want)
+            })
             .times(1)
             .returning(|_, _, _, _| Ok(existing()));
         service(store, engine_outputting(outputs.clone()))
@@ -656,7 +688,9 @@ async fn a_breaking_version_of_an_endpoint_run_this_week_needs_confirming() {
         let mut store = store_ran(ran);
         store
             .expect_update()
-            .withf(|_, _, change, _| change.query.as_ref().is_some_and(|p| p.breaking_changes.len() == 1))
+            .withf(|_, _, change, _| {
+                change.query.as_ref().is_some_and(|v| v.planned.breaking_changes.len() == 1)
+            })
             .times(1)
             .returning(|_, _, _, _| Ok(existing()));
         service(store, breaking())

@@ -41,7 +41,7 @@ fn endpoints(eligibility: Option<Eligibility>) -> MockEndpointStore {
         Ok(EndpointVersion {
             endpoint_id: Uuid::from_u128(1),
             version: v,
-            query: Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap(),
+            query: Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap(),
             description: String::new(),
             columns: vec![],
             cache_age: CacheAge::default(),

@@ -152,7 +152,7 @@ mod tests {
     use super::*;
 
     fn q(vars: Value) -> Query {
-        Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": vars})).unwrap()
+        Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT 1", "variables": vars})).unwrap()
     }
     #[test]
     fn binding_checks_names_requirements_and_types() {

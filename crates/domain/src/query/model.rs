@@ -88,13 +88,15 @@ pub fn scan_placeholders(sql: &str) -> Result<Vec<Placeholder>, String> {
     Ok(found)
 }
 
-impl Query {
+impl TryFrom<&Value> for Query {
+    type Error = Invalid;
+
     /// Parses and validates a query object as a client sends it (`attr`s are relative to `query`).
     ///
     /// # Errors
     /// [`Invalid`] for a non-object, an unknown kind, a missing or empty SQL text, an unknown key, a malformed or
     /// undeclared placeholder, a bad variable declaration or a default that does not fit its type.
-    pub fn from_json(value: &Value) -> Result<Self, Invalid> {
+    fn try_from(value: &Value) -> Result<Self, Invalid> {
         let obj = value.as_object().ok_or_else(|| {
             Invalid::field(
                 "query",
@@ -131,8 +133,10 @@ impl Query {
         query.check_placeholders()?;
         Ok(query)
     }
+}
 
-    /// A SQL query with its variables, checked as [`Query::from_json`] checks a client's: the text is not empty,
+impl Query {
+    /// A SQL query with its variables, checked as [`Query::try_from`] checks a client's: the text is not empty,
     /// every placeholder is declared, and every declaration keeps the rules of one read from a body.
     ///
     /// # Errors
@@ -237,12 +241,12 @@ mod tests {
     use super::*;
 
     fn attr_of(value: Value) -> String {
-        Query::from_json(&value).unwrap_err().attr.unwrap_or_default()
+        Query::try_from(&value).unwrap_err().attr.unwrap_or_default()
     }
 
     #[test]
     fn parses_a_plain_query() {
-        let q = Query::from_json(&json!({"kind": "SQLQuery", "query": "  SELECT 1  "})).unwrap();
+        let q = Query::try_from(&json!({"kind": "SQLQuery", "query": "  SELECT 1  "})).unwrap();
         assert_eq!(q.kind, QueryKind::Sql);
         assert_eq!(q.sql, "SELECT 1");
         assert!(q.variables.is_empty());
@@ -265,8 +269,7 @@ mod tests {
 
     #[test]
     fn undeclared_placeholder_is_refused() {
-        let err =
-            Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.x}"})).unwrap_err();
+        let err = Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT {variables.x}"})).unwrap_err();
         assert_eq!(err.attr.as_deref(), Some("query"));
         assert_eq!(err.code, Violation::UnknownVariable);
     }
@@ -284,7 +287,7 @@ mod tests {
 
     #[test]
     fn hogql_variable_form_is_accepted() {
-        let q = Query::from_json(&json!({"kind": "HogQLQuery",
+        let q = Query::try_from(&json!({"kind": "HogQLQuery",
             "query": "SELECT * FROM events WHERE country = {variables.country}",
             "variables": {"0190-abc": {"variableId": "0190-abc", "code_name": "country", "value": "US"}}}))
         .unwrap();
@@ -298,19 +301,19 @@ mod tests {
 
     #[test]
     fn canonical_form_ignores_key_order_and_declaration_style() {
-        let a = Query::from_json(
+        let a = Query::try_from(
             &json!({"variables": {"b": {"type": "Integer", "default": 1}, "a": {"type": "String"}},
             "query": "SELECT {variables.a}, {variables.b}", "kind": "SQLQuery"}),
         )
         .unwrap();
-        let b = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.a}, {variables.b}",
+        let b = Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT {variables.a}, {variables.b}",
             "variables": {"a": {"required": true, "type": "String"}, "b": {"default": 1, "type": "Integer", "required": false}}}))
         .unwrap();
         assert_eq!(a.canonical(), b.canonical());
-        let c = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.a}, {variables.b}",
+        let c = Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT {variables.a}, {variables.b}",
             "variables": {"a": {"type": "String"}, "b": {"type": "Integer", "default": 2}}}))
         .unwrap();
         assert_ne!(a.canonical(), c.canonical(), "a different default is a different query");
-        assert_eq!(Query::from_json(&a.to_json()).unwrap(), a, "the canonical form parses back");
+        assert_eq!(Query::try_from(&a.to_json()).unwrap(), a, "the canonical form parses back");
     }
 }

@@ -246,7 +246,7 @@ mod tests {
     use super::*;
 
     fn attr_of(value: Value) -> String {
-        Query::from_json(&value).unwrap_err().attr.unwrap_or_default()
+        Query::try_from(&value).unwrap_err().attr.unwrap_or_default()
     }
     #[test]
     fn a_query_built_in_code_keeps_the_rules_of_one_read_from_a_body() {
@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn declarations_are_typed_and_defaults_checked() {
-        let q = Query::from_json(&json!({"kind": "SQLQuery", "query": "SELECT {variables.a}, {variables.b}",
+        let q = Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT {variables.a}, {variables.b}",
             "variables": {"a": {"type": "Integer", "default": 3}, "b": {"type": "Date"}}}))
         .unwrap();
         assert_eq!(q.variables["a"].variable_type, VariableType::Integer);

@@ -11,9 +11,7 @@ use crate::access::{ProjectId, RunGrant};
 use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
 use crate::error::{Error, Invalid, Violation};
-use crate::fields::Fields;
 use crate::query::{QueryResult, ResultFormat};
-use crate::version::VersionNumber;
 
 /// How a run may use cached and materialized results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -144,147 +142,41 @@ impl RunRequest {
         self.fix_variables(&grant.fixed_variables).map_err(Error::from)
     }
 
-    /// Reads a POST body; `query_version` is the `?version=` of the URL (the body's `version` wins), and
-    /// `accepted` the format the client accepts, which the body's `format` overrides.
+    /// The rows a page holds: a JSON page at most [`MAX_LIMIT`](Self::MAX_LIMIT); a page in another format is
+    /// bounded by the service's export limit, which the run checks. `None` is the default page size.
     ///
     /// # Errors
-    /// [`Invalid`] naming the field for unknown fields, wrong types, out-of-range numbers and overrides.
-    pub fn from_body(
-        body: &Value,
-        query_version: Option<&str>,
-        accepted: ResultFormat,
-    ) -> Result<Self, Invalid> {
-        let fields = Fields::new(body, &Self::BODY_FIELDS)?;
-        for key in ["query_override", "filters_override"] {
-            match fields.get(key) {
-                None | Some(Value::Null) => {}
-                Some(Value::Object(map)) if map.is_empty() => {}
-                Some(_) => {
-                    return Err(Invalid::field(
-                        key,
-                        format!(
-                        "{key} is not supported: the saved query is the contract; pass variables instead."
-                    ),
-                    ))
-                }
-            }
+    /// [`Invalid`] (`limit`) out of range.
+    pub fn page_limit(requested: Option<i64>, format: ResultFormat) -> Result<u32, Invalid> {
+        let max = if format == ResultFormat::Json { Self::MAX_LIMIT } else { u32::MAX };
+        match requested {
+            None => Ok(Self::DEFAULT_LIMIT),
+            Some(l) => u32::try_from(l).ok().filter(|l| (1..=max).contains(l)).ok_or_else(|| {
+                Invalid::field("limit", format!("limit must be an integer between 1 and {max}."))
+            }),
         }
-        // A malformed `?version=` is refused even when the body names a version: it is never silently ignored.
-        let query_version = query_version.map(parse_version).transpose()?;
-        let version = match fields.nullable_int("version")?.flatten() {
-            Some(v) => Some(VersionNumber::from_field("version", v)?.get()),
-            None => query_version,
-        };
-        let variables = match fields.get("variables") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(map)) => map.clone(),
-            Some(_) => {
-                return Err(Invalid::field("variables", "variables must be an object of NAME: value."))
-            }
-        };
-        check_count(&variables)?;
-        let refresh = match fields.nullable_string("refresh")?.flatten() {
-            Some(raw) => Refresh::parse(&raw)?,
-            None => Refresh::default(),
-        };
-        let format = match fields.nullable_string("format")?.flatten() {
-            Some(raw) => ResultFormat::parse(&raw)?,
-            None => accepted,
-        };
-        Ok(Self {
-            version,
-            variables,
-            limit: limit(fields.nullable_int("limit")?.flatten(), format)?,
-            offset: offset(fields.nullable_int("offset")?.flatten())?,
-            refresh,
-            client_query_id: fields.nullable_string("client_query_id")?.flatten(),
-            format,
+    }
+
+    /// The rows a page skips; `None` is none.
+    ///
+    /// # Errors
+    /// [`Invalid`] (`offset`) for a negative offset.
+    pub fn page_offset(requested: Option<i64>) -> Result<u64, Invalid> {
+        requested.map_or(Ok(0), |o| {
+            u64::try_from(o).map_err(|_| Invalid::field("offset", "offset must be a non-negative integer."))
         })
     }
 
-    /// Reads GET query parameters: `version`, `limit`, `offset`, `refresh`, `client_query_id`, `format`,
-    /// `variables.NAME=value` and `variables=<JSON object>`; `accepted` is the format the client accepts, which
-    /// `format` overrides.
-    ///
     /// # Errors
-    /// [`Invalid`] naming the parameter.
-    pub fn from_query<K: AsRef<str>, V: AsRef<str>>(
-        params: impl IntoIterator<Item = (K, V)>,
-        accepted: ResultFormat,
-    ) -> Result<Self, Invalid> {
-        let mut request = Self { format: accepted, ..Self::default() };
-        let mut variables = Map::new();
-        let mut raw_limit = None;
-        for (key, value) in params {
-            let value = value.as_ref();
-            match key.as_ref() {
-                "version" => request.version = Some(parse_version(value)?),
-                "limit" => raw_limit = Some(parse_int("limit", value)?),
-                "format" => request.format = ResultFormat::parse(value)?,
-                "offset" => request.offset = offset(Some(parse_int("offset", value)?))?,
-                "refresh" => request.refresh = Refresh::parse(value)?,
-                "client_query_id" => request.client_query_id = Some(value.to_owned()),
-                "variables" => match serde_json::from_str::<Value>(value) {
-                    Ok(Value::Object(map)) => variables.extend(map),
-                    _ => {
-                        return Err(Invalid::field(
-                            "variables",
-                            "variables must be a JSON object of NAME: value.",
-                        ))
-                    }
-                },
-                other => {
-                    if let Some(name) = other.strip_prefix("variables.") {
-                        variables.insert(name.to_owned(), Value::String(value.to_owned()));
-                    }
-                    // Other parameters (cache busters, tracking tags added by proxies) are ignored.
-                }
-            }
+    /// [`Invalid`] (`variables`) for more than [`MAX_VARIABLES`](Self::MAX_VARIABLES) variables.
+    pub fn check_variable_count(variables: &Map<String, Value>) -> Result<(), Invalid> {
+        if variables.len() > Self::MAX_VARIABLES {
+            return Err(Invalid::field(
+                "variables",
+                format!("A run takes at most {} variables.", Self::MAX_VARIABLES),
+            ));
         }
-        check_count(&variables)?;
-        request.variables = variables;
-        request.limit = limit(raw_limit, request.format)?;
-        Ok(request)
-    }
-}
-
-fn check_count(variables: &Map<String, Value>) -> Result<(), Invalid> {
-    if variables.len() > RunRequest::MAX_VARIABLES {
-        return Err(Invalid::field(
-            "variables",
-            format!("A run takes at most {} variables.", RunRequest::MAX_VARIABLES),
-        ));
-    }
-    Ok(())
-}
-
-fn parse_int(attr: &str, raw: &str) -> Result<i64, Invalid> {
-    raw.parse().map_err(|_| Invalid::field(attr, format!("{attr} must be an integer.")))
-}
-
-fn parse_version(raw: &str) -> Result<u32, Invalid> {
-    VersionNumber::parse_field("version", raw).map(VersionNumber::get)
-}
-
-/// A JSON page holds at most `MAX_LIMIT` rows; a page in another format is bounded by the service's export
-/// limit, which the run checks.
-fn limit(raw: Option<i64>, format: ResultFormat) -> Result<u32, Invalid> {
-    let max = if format == ResultFormat::Json { RunRequest::MAX_LIMIT } else { u32::MAX };
-    match raw {
-        None => Ok(RunRequest::DEFAULT_LIMIT),
-        Some(l) => u32::try_from(l)
-            .ok()
-            .filter(|l| (1..=max).contains(l))
-            .ok_or_else(|| Invalid::field("limit", format!("limit must be an integer between 1 and {max}."))),
-    }
-}
-
-fn offset(raw: Option<i64>) -> Result<u64, Invalid> {
-    match raw {
-        None => Ok(0),
-        Some(o) => {
-            u64::try_from(o).map_err(|_| Invalid::field("offset", "offset must be a non-negative integer."))
-        }
+        Ok(())
     }
 }
 
@@ -400,93 +292,21 @@ mod tests {
     }
 
     #[test]
-    fn post_bodies_are_strict() {
-        let ok = RunRequest::from_body(
-            &json!({"variables": {"a": 1}, "version": 2, "limit": 10, "offset": 5, "refresh": "direct",
-                    "client_query_id": "x", "query_override": {}, "filters_override": null}),
-            Some("9"),
-            ResultFormat::Json,
-        )
-        .unwrap();
-        assert_eq!(
-            (ok.version, ok.limit, ok.offset, ok.refresh),
-            (Some(2), 10, 5, Refresh::Direct),
-            "the body's version wins"
-        );
-        assert_eq!(
-            RunRequest::from_body(&json!({}), Some("3"), ResultFormat::Json).unwrap().version,
-            Some(3)
-        );
-        let both = RunRequest::from_body(&json!({"version": 1}), Some("0"), ResultFormat::Json).unwrap_err();
-        assert_eq!(
-            both.attr.as_deref(),
-            Some("version"),
-            "a bad ?version= is refused even beside the body's"
-        );
-        let defaults = RunRequest::from_body(&json!({}), None, ResultFormat::Json).unwrap();
-        assert_eq!((defaults.limit, defaults.offset, defaults.refresh), (100, 0, Refresh::Blocking));
-        // An empty query string asks for what an empty body does.
-        assert_eq!(RunRequest::from_query(Vec::<(&str, &str)>::new(), ResultFormat::Json).unwrap(), defaults);
-        assert_eq!(RunRequest::default(), defaults);
-        let floats = RunRequest::from_body(
-            &json!({"version": 2.0, "limit": 10.0, "offset": 0.0}),
-            None,
-            ResultFormat::Json,
-        )
-        .unwrap();
-        assert_eq!((floats.version, floats.limit, floats.offset), (Some(2), 10, 0), "JSON Schema integers");
-        for (body, attr) in [
-            (json!({"extra": 1}), "extra"),
-            (json!({"limit": 10.5}), "limit"),
-            (json!({"limit": 0}), "limit"),
-            (json!({"limit": 10_001}), "limit"),
-            (json!({"offset": -1}), "offset"),
-            (json!({"version": 0}), "version"),
-            (json!({"version": "1"}), "version"),
-            (json!({"variables": [1]}), "variables"),
-            (json!({"query_override": {"kind": "SQLQuery"}}), "query_override"),
-            (json!({"filters_override": {"date_from": "-7d"}}), "filters_override"),
-            (json!({"refresh": "async"}), "refresh"),
-        ] {
+    fn pages_are_bounded_by_their_format() {
+        assert_eq!(RunRequest::page_limit(None, ResultFormat::Json), Ok(RunRequest::DEFAULT_LIMIT));
+        assert_eq!(RunRequest::page_limit(Some(10_000), ResultFormat::Json), Ok(10_000));
+        for bad in [0, -1, 10_001] {
             assert_eq!(
-                RunRequest::from_body(&body, None, ResultFormat::Json).unwrap_err().attr.as_deref(),
-                Some(attr),
-                "{body}"
+                RunRequest::page_limit(Some(bad), ResultFormat::Json).unwrap_err().attr.as_deref(),
+                Some("limit")
             );
         }
-    }
-
-    #[test]
-    fn query_parameters_carry_variables() {
-        let params = [
-            ("variables.country", "US"),
-            ("variables", r#"{"n": 3}"#),
-            ("limit", "7"),
-            ("version", "2"),
-            ("utm_source", "ignored"),
-        ];
-        let request = RunRequest::from_query(params, ResultFormat::Json).unwrap();
-        assert_eq!(request.variables["country"], json!("US"));
-        assert_eq!(request.variables["n"], json!(3));
-        assert_eq!((request.limit, request.version), (7, Some(2)));
-        let many: Vec<(String, String)> =
-            (0..=RunRequest::MAX_VARIABLES).map(|i| (format!("variables.v{i}"), "1".into())).collect();
-        assert_eq!(
-            RunRequest::from_query(many, ResultFormat::Json).unwrap_err().attr.as_deref(),
-            Some("variables")
-        );
+        assert_eq!(RunRequest::page_limit(Some(1_000_000), ResultFormat::Csv), Ok(1_000_000));
+        assert_eq!(RunRequest::page_offset(None), Ok(0));
+        assert_eq!(RunRequest::page_offset(Some(-1)).unwrap_err().attr.as_deref(), Some("offset"));
         let many: Map<String, Value> =
             (0..=RunRequest::MAX_VARIABLES).map(|i| (format!("v{i}"), json!(1))).collect();
-        let body = json!({"variables": many});
-        assert_eq!(
-            RunRequest::from_body(&body, None, ResultFormat::Json).unwrap_err().attr.as_deref(),
-            Some("variables")
-        );
-        let bad = [("variables", "[1]")];
-        assert_eq!(
-            RunRequest::from_query(bad, ResultFormat::Json).unwrap_err().attr.as_deref(),
-            Some("variables")
-        );
+        assert!(RunRequest::check_variable_count(&many).is_err());
     }
 
     fn computed(version: u32, rows: &str, expires_in: Option<i64>) -> CachedRun {

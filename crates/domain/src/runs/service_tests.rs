@@ -53,7 +53,7 @@ fn project() -> ProjectId {
 }
 
 fn query(sql: &str) -> Query {
-    Query::from_json(
+    Query::try_from(
         &json!({"kind": "SQLQuery", "query": sql, "variables": {"n": {"type": "Integer", "default": 1}}}),
     )
     .unwrap()

@@ -3,6 +3,7 @@
 
 pub(crate) mod endpoints;
 pub(crate) mod materialization;
+pub(crate) mod run_request;
 pub(crate) mod runs;
 pub(crate) mod tables;
 pub(crate) mod tokens;

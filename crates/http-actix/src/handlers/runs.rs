@@ -12,12 +12,12 @@ use domain::{
 };
 use time::format_description::well_known::Rfc3339;
 
-use super::EndpointPath;
+use super::{run_request, EndpointPath};
 use crate::api::requests::{Names, RunBody};
 use crate::api::{LastExecutionTimes, RunAnswer};
 use crate::disconnect::unless_disconnected;
 use crate::error::{ApiError, ErrorBody as Error};
-use crate::extract::{Authorized, AuthorizedJson, EndpointRead};
+use crate::extract::{Authorized, AuthorizedJson, EndpointRead, EndpointRun};
 use crate::operations::AnswerSource;
 use crate::AppState;
 
@@ -41,12 +41,12 @@ fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
 pub(crate) async fn run_get(
     req: HttpRequest,
     state: web::Data<AppState>,
-    caller: Authorized<EndpointRead>,
+    caller: Authorized<EndpointRun>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
     let accepted = accepted(&req);
     // A client that accepts no format a run is written in may still name one with `format` (else 406).
-    let mut request = RunRequest::from_query(params(&req), accepted.unwrap_or(ResultFormat::Json))?;
+    let mut request = run_request::from_query(params(&req), accepted.unwrap_or(ResultFormat::Json))?;
     admit(&caller.caller, &path.name, &mut request)?;
     // Parsed a second time only when the text could name it (`format` spelled out or percent-encoded).
     let query = req.query_string();
@@ -67,13 +67,13 @@ pub(crate) async fn run_get(
 pub(crate) async fn run_post(
     req: HttpRequest,
     state: web::Data<AppState>,
-    caller: AuthorizedJson<EndpointRead>,
+    caller: AuthorizedJson<EndpointRun>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
     let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
     let accepted = accepted(&req);
     let mut request =
-        RunRequest::from_body(&caller.body, version.as_deref(), accepted.unwrap_or(ResultFormat::Json))?;
+        run_request::from_body(&caller.body, version.as_deref(), accepted.unwrap_or(ResultFormat::Json))?;
     admit(&caller.caller, &path.name, &mut request)?;
     let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
     respond(&req, &state, caller.project, path.endpoint()?, request, accepted, explicit).await

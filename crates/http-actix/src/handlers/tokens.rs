@@ -19,7 +19,7 @@ pub(crate) async fn issue(
     state: web::Data<AppState>,
     caller: AuthorizedJson<EndpointWrite>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = RunTokenRequest::from_body(&caller.body)?;
+    let request = RunTokenRequest::try_from(&caller.body)?;
     let issued = state.runs.issue_run_token(&state.keys, &caller.caller, caller.project, request).await?;
     Ok(HttpResponse::Created().json(RunToken::from(issued)))
 }

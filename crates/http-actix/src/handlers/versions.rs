@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::{page_param, EndpointPath, Query};
 use crate::api::{Version, VersionPage};
 use crate::error::{ApiError, ErrorBody as Error};
-use crate::extract::{Authorized, EndpointRead};
+use crate::extract::{Authorized, EndpointRead, EndpointRun};
 use crate::{openapi, AppState};
 
 #[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/versions", operation_id = "list_versions",
@@ -54,7 +54,7 @@ pub(crate) async fn retrieve(
 pub(crate) async fn openapi(
     req: HttpRequest,
     state: web::Data<AppState>,
-    caller: Authorized<EndpointRead>,
+    caller: Authorized<EndpointRun>,
     path: web::Path<EndpointPath>,
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
