@@ -5,9 +5,10 @@
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use crate::materialization::{Eligibility, Rollup};
+use crate::materialization::{Eligibility, StoredColumn};
 use crate::query::{
-    bind, AggregateCall, ColumnType, CompareOp, Query, QueryOutline, VariablePredicate, VariableType,
+    bind, AggregateCall, AggregateKind, ColumnType, CompareOp, Query, QueryOutline, VariablePredicate,
+    VariableType,
 };
 
 /// Any JSON value, nested a few levels.
@@ -86,14 +87,19 @@ fn outline() -> impl Strategy<Value = QueryOutline> {
         .prop_map(|(variable, op, column, (variable_type, column_type), output_column, group_key)| {
             VariablePredicate { variable, variable_type, op, column, column_type, output_column, group_key }
         });
-    let call =
-        (prop_oneof![Just("count"), Just("sum"), Just("avg"), Just("min"), Just("median")], any::<bool>())
-            .prop_map(|(function, distinct)| AggregateCall {
-                text: format!("{function}(x)"),
-                function: function.into(),
-                distinct,
-                ordered: false,
-            });
+    let function = prop_oneof![
+        Just(AggregateKind::Count),
+        Just(AggregateKind::Sum),
+        Just(AggregateKind::Avg),
+        Just(AggregateKind::Min),
+        Just(AggregateKind::Other)
+    ];
+    let call = (function, any::<bool>()).prop_map(|(function, distinct)| AggregateCall {
+        text: format!("{function:?}(x)"),
+        function,
+        distinct,
+        ordered: false,
+    });
     (
         (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
         prop::collection::vec(predicate, 0..4),
@@ -171,19 +177,19 @@ proptest! {
                     // A plain stored result is filtered on the columns the query outputs.
                     None => for filter in &filters {
                         prop_assert!(outline.predicates.iter().any(|p| p.variable == filter.variable
-                            && p.output_column.as_deref() == Some(filter.column.as_str())));
+                            && p.output_column.clone().map(StoredColumn::Output).as_ref() == Some(&filter.column)));
                     },
                     // A rollup is filtered on its stored grouping, and recombines every aggregate.
                     Some(rollup) => {
                         prop_assert!(outline.aggregates && !outline.grouping_sets && !outline.window_functions);
-                        prop_assert!(outline.aggregate_calls.iter().all(|c| c.function != "median"));
+                        prop_assert!(outline.aggregate_calls.iter().all(|c| c.function != AggregateKind::Other));
                         for (filter, predicate) in filters.iter().zip(&outline.predicates) {
                             let stored = match predicate.group_key {
-                                Some(i) => Rollup::key_column(i),
+                                Some(i) => StoredColumn::Key(i),
                                 None => {
                                     let j = rollup.columns.iter().position(|c| c.column == predicate.column);
                                     prop_assert!(j.is_some());
-                                    Rollup::filter_column(j.unwrap_or_default())
+                                    StoredColumn::Filtered(j.unwrap_or_default())
                                 }
                             };
                             prop_assert_eq!(&filter.column, &stored);

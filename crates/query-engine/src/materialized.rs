@@ -23,7 +23,7 @@ use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
     BoundValue, Eligibility, EngineError, Export, MaterializedFilter, MaterializedResults, ProjectId, Query,
-    QueryResult, ResultFormat, VariableType,
+    QueryResult, ResultFormat, StoredColumn, VariableType,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -209,7 +209,7 @@ impl DataFusionEngine {
                      Filter a timestamp with Date variables (stored by day), drop a filtered column's \
                      variable, or raise --max-rollup-rows.",
                     self.limits.rollup_rows,
-                    rollup.grouping().join(", ")
+                    rollup::grouping(rollup).join(", ")
                 )));
             }
         }
@@ -357,10 +357,16 @@ fn filtered(
     let mut conditions = Vec::with_capacity(filters.len());
     let mut values = Vec::with_capacity(filters.len());
     for (i, (filter, value)) in filters.into_iter().enumerate() {
+        let StoredColumn::Output(column) = &filter.column else {
+            return Err(EngineError::Internal(
+                format!("stored result at {location} is a query's rows; a filter names a rollup's column")
+                    .into(),
+            ));
+        };
         let ty = variable_type(&value);
         conditions.push(format!(
             "{} {} CAST(${} AS {})",
-            quoted(&filter.column),
+            quoted(column),
             filter.op.as_sql(),
             i + 1,
             compile::sql_type(ty)

@@ -15,7 +15,9 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::expr::{AggregateFunction, Alias};
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{Aggregate, BinaryExpr, Distinct, Expr, Filter, LogicalPlan, Operator};
-use domain::{AggregateCall, ColumnType, CompareOp, QueryOutline, VariablePredicate, VariableType};
+use domain::{
+    AggregateCall, AggregateKind, ColumnType, CompareOp, QueryOutline, VariablePredicate, VariableType,
+};
 
 use crate::compile::Compiled;
 use crate::types;
@@ -151,17 +153,32 @@ fn text(expr: &Expr) -> String {
     unaliased(expr).schema_name().to_string()
 }
 
+/// The aggregate DataFusion's function of that name computes.
+pub(crate) fn aggregate_kind(name: &str) -> AggregateKind {
+    match name.to_ascii_lowercase().as_str() {
+        "count" => AggregateKind::Count,
+        "sum" => AggregateKind::Sum,
+        "min" => AggregateKind::Min,
+        "max" => AggregateKind::Max,
+        "avg" => AggregateKind::Avg,
+        _ => AggregateKind::Other,
+    }
+}
+
 fn call(expr: &Expr) -> AggregateCall {
     match unaliased(expr) {
         Expr::AggregateFunction(AggregateFunction { func, params }) => AggregateCall {
             text: text(expr),
-            function: func.name().to_lowercase(),
+            function: aggregate_kind(func.name()),
             distinct: params.distinct,
             ordered: !params.order_by.is_empty(),
         },
-        other => {
-            AggregateCall { text: text(other), function: String::new(), distinct: false, ordered: false }
-        }
+        other => AggregateCall {
+            text: text(other),
+            function: AggregateKind::Other,
+            distinct: false,
+            ordered: false,
+        },
     }
 }
 

@@ -22,10 +22,40 @@ use datafusion::logical_expr::{
     cast, col, lit, Aggregate, BinaryExpr, Expr, LogicalPlan, LogicalPlanBuilder, Operator,
 };
 use datafusion::scalar::ScalarValue;
-use domain::{CompareOp, MaterializedFilter, Rollup};
+use domain::{AggregateKind, CompareOp, MaterializedFilter, Rollup, StoredColumn};
 
 use crate::compile::Compiled;
-use crate::outline::{aggregation, simple, spine, unaliased, without_simple};
+use crate::outline::{aggregate_kind, aggregation, simple, spine, unaliased, without_simple};
+
+/// The stored column of the query's `i`th group key.
+fn key_column(i: usize) -> String {
+    format!("k{i}")
+}
+
+/// The stored column of the rollup's `j`th filtered column.
+fn filter_column(j: usize) -> String {
+    format!("f{j}")
+}
+
+/// The stored column a filter compares; `None` for an output column of the query, which a rollup does not
+/// store as such.
+fn stored_column(column: &StoredColumn) -> Option<String> {
+    match column {
+        StoredColumn::Key(i) => Some(key_column(*i)),
+        StoredColumn::Filtered(j) => Some(filter_column(*j)),
+        StoredColumn::Output(_) => None,
+    }
+}
+
+/// What the stored rows are grouped by, for messages: the query's keys, then the filtered columns (a timestamp
+/// stored by day says so).
+pub(crate) fn grouping(rollup: &Rollup) -> Vec<String> {
+    let filtered = rollup.columns.iter().map(|c| match c.day {
+        true => format!("{} (by day)", c.column),
+        false => c.column.clone(),
+    });
+    rollup.keys.iter().cloned().chain(filtered).collect()
+}
 
 /// The stored column of the count that goes with the `m`th aggregate, an average, whose sum is `a{m}`.
 fn count_column(m: usize) -> String {
@@ -69,12 +99,8 @@ pub(crate) fn stored_plan(plan: &LogicalPlan, compiled: &Compiled, rollup: &Roll
         .filter_map(|c| simple(c, compiled))
         .map(|s| (s.column.flat_name(), s.column))
         .collect();
-    let mut groups: Vec<Expr> = aggregate
-        .group_expr
-        .iter()
-        .enumerate()
-        .map(|(i, e)| e.clone().alias(Rollup::key_column(i)))
-        .collect();
+    let mut groups: Vec<Expr> =
+        aggregate.group_expr.iter().enumerate().map(|(i, e)| e.clone().alias(key_column(i))).collect();
     for (j, column) in rollup.columns.iter().enumerate() {
         let found = compared.get(&column.column).ok_or_else(|| internal("lost a filtered column"))?;
         let expr = Expr::Column(found.clone());
@@ -84,12 +110,12 @@ pub(crate) fn stored_plan(plan: &LogicalPlan, compiled: &Compiled, rollup: &Roll
         } else {
             expr
         };
-        groups.push(expr.alias(Rollup::filter_column(j)));
+        groups.push(expr.alias(filter_column(j)));
     }
     let mut partials = Vec::with_capacity(aggregate.aggr_expr.len());
     for (m, expr) in aggregate.aggr_expr.iter().enumerate() {
         let call = function(expr)?;
-        if call.func.name().eq_ignore_ascii_case("avg") {
+        if aggregate_kind(call.func.name()) == AggregateKind::Avg {
             let params = &call.params;
             let with = |func| {
                 Expr::AggregateFunction(AggregateFunction::new_udf(
@@ -129,35 +155,40 @@ pub(crate) fn read_plan(
     filters: Vec<(MaterializedFilter, ScalarValue)>,
 ) -> Result<LogicalPlan> {
     let (above, aggregate) = split(plan)?;
-    let conditions = filters.into_iter().map(|(filter, value)| {
-        Expr::BinaryExpr(BinaryExpr::new(
-            Box::new(col(filter.column)),
+    let mut conditions = Vec::with_capacity(filters.len());
+    for (filter, value) in filters {
+        let column = stored_column(&filter.column).ok_or_else(|| internal("filters an output column"))?;
+        conditions.push(Expr::BinaryExpr(BinaryExpr::new(
+            Box::new(col(column)),
             operator(filter.op),
             Box::new(lit(value)),
-        ))
-    });
+        )));
+    }
     let mut builder = LogicalPlanBuilder::from(stored);
     if let Some(predicate) = conjunction(conditions) {
         builder = builder.filter(predicate)?;
     }
     let keys = aggregate.group_expr.len();
-    let groups: Vec<Expr> = (0..keys).map(|i| col(Rollup::key_column(i))).collect();
+    let groups: Vec<Expr> = (0..keys).map(|i| col(key_column(i))).collect();
     // Each aggregate recombined from its partials: where its value (or an average's sum and count) lands.
     let mut recombined = Vec::with_capacity(aggregate.aggr_expr.len());
     let mut aggregates = Vec::with_capacity(aggregate.aggr_expr.len());
     for (m, expr) in aggregate.aggr_expr.iter().enumerate() {
         let partial = col(aggregate_column(m));
-        let name = function(expr)?.func.name().to_lowercase();
-        recombined.push((name.clone(), keys + aggregates.len()));
-        match name.as_str() {
-            "count" | "sum" => aggregates.push(sum(partial)),
-            "min" => aggregates.push(min(partial)),
-            "max" => aggregates.push(max(partial)),
-            "avg" => {
+        let call = function(expr)?;
+        let kind = aggregate_kind(call.func.name());
+        recombined.push((kind, keys + aggregates.len()));
+        match kind {
+            AggregateKind::Count | AggregateKind::Sum => aggregates.push(sum(partial)),
+            AggregateKind::Min => aggregates.push(min(partial)),
+            AggregateKind::Max => aggregates.push(max(partial)),
+            AggregateKind::Avg => {
                 aggregates.push(sum(partial));
                 aggregates.push(sum(col(count_column(m))));
             }
-            other => return Err(internal(&format!("cannot recombine `{other}`"))),
+            AggregateKind::Other => {
+                return Err(internal(&format!("cannot recombine `{}`", call.func.name())))
+            }
         }
     }
     let again = builder.aggregate(groups, aggregates)?.build()?;
@@ -170,14 +201,14 @@ pub(crate) fn read_plan(
         let value = if i < keys {
             at(i)
         } else {
-            let (name, position) =
+            let (kind, position) =
                 recombined.get(i - keys).ok_or_else(|| internal("has more outputs than aggregates"))?;
-            match name.as_str() {
+            match kind {
                 // A COUNT of no rows is 0, where a SUM of none is NULL.
-                "count" => coalesce(vec![at(*position), lit(0_i64)]),
+                AggregateKind::Count => coalesce(vec![at(*position), lit(0_i64)]),
                 // A decimal sum is divided as a decimal (then cast to the average's scale); anything else in
                 // floating point, as the live average computes it.
-                "avg" => match field.data_type() {
+                AggregateKind::Avg => match field.data_type() {
                     DataType::Decimal128(..) | DataType::Decimal256(..) => at(*position) / at(position + 1),
                     _ => cast(at(*position), DataType::Float64) / cast(at(position + 1), DataType::Float64),
                 },

@@ -11,8 +11,8 @@ use domain::{
     ApiKey, ApiKeyStore, BreakingChange, CacheAge, Change, Column, ColumnChange, ColumnType, CompareOp,
     Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationStatus,
     MaterializationStore, MaterializedFilter, NewEndpoint, NewVersion, PageRequest, PlannedQuery,
-    ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredResult,
-    Switch, SyncFrequency, Timestamp, TokenSecret,
+    ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredColumn,
+    StoredResult, Switch, SyncFrequency, Timestamp, TokenSecret,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -109,7 +109,11 @@ fn cols(names: &[&str]) -> Vec<Column> {
 
 fn eligible() -> Eligibility {
     Eligibility::Eligible {
-        filters: vec![MaterializedFilter { column: "f0".into(), op: CompareOp::GtEq, variable: "v".into() }],
+        filters: vec![MaterializedFilter {
+            column: StoredColumn::Filtered(0),
+            op: CompareOp::GtEq,
+            variable: "v".into(),
+        }],
         // A rollup, so that its grouping is seen to survive the store.
         rollup: Some(Rollup {
             keys: vec!["events.country".into()],

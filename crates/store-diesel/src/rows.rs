@@ -2,8 +2,8 @@
 
 use diesel::prelude::*;
 use domain::{
-    BreakingChange, CacheAge, Column, Eligibility, Endpoint, EndpointName, EndpointVersion, ProjectId, Query,
-    SyncFrequency, Timestamp,
+    BreakingChange, CacheAge, Column, CompareOp, Eligibility, Endpoint, EndpointName, EndpointVersion,
+    MaterializedFilter, ProjectId, Query, Rollup, StoredColumn, SyncFrequency, Timestamp,
 };
 use uuid::Uuid;
 
@@ -51,8 +51,56 @@ pub(crate) fn eligibility_text(eligibility: &Eligibility) -> Option<String> {
 }
 
 fn eligibility(raw: Option<&str>) -> Result<Option<Eligibility>, DbError> {
-    raw.map(|raw| serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("eligibility: {e}"))))
-        .transpose()
+    let Some(raw) = raw else { return Ok(None) };
+    let read =
+        serde_json::from_str(raw).or_else(|err| match serde_json::from_str::<LegacyEligibility>(raw) {
+            Ok(legacy) => legacy.try_into(),
+            Err(_) => Err(format!("eligibility: {err}")),
+        });
+    read.map(Some).map_err(DbError::Corrupt)
+}
+
+/// Eligibility as versions written before filters named their stored column by kind: a filter's `column` is
+/// the query's output column, or in a rollup `k{i}` for its `i`th group key and `f{j}` for its `j`th filtered
+/// column.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum LegacyEligibility {
+    Eligible {
+        filters: Vec<LegacyFilter>,
+        #[serde(default)]
+        rollup: Option<Rollup>,
+    },
+}
+
+#[derive(serde::Deserialize)]
+struct LegacyFilter {
+    column: String,
+    op: CompareOp,
+    variable: String,
+}
+
+impl TryFrom<LegacyEligibility> for Eligibility {
+    type Error = String;
+
+    fn try_from(legacy: LegacyEligibility) -> Result<Self, String> {
+        let LegacyEligibility::Eligible { filters, rollup } = legacy;
+        let position = |raw: &str| raw.parse::<usize>().ok();
+        let filters = filters
+            .into_iter()
+            .map(|LegacyFilter { column, op, variable }| {
+                let stored = match (&rollup, column.split_at_checked(1)) {
+                    (None, _) => Some(StoredColumn::Output(column.clone())),
+                    (Some(_), Some(("k", i))) => position(i).map(StoredColumn::Key),
+                    (Some(_), Some(("f", j))) => position(j).map(StoredColumn::Filtered),
+                    (Some(_), _) => None,
+                };
+                let column = stored.ok_or(format!("eligibility: a rollup's filter names '{column}'"))?;
+                Ok(MaterializedFilter { column, op, variable })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Eligibility::Eligible { filters, rollup })
+    }
 }
 
 pub(crate) fn tables_text(tables: &[String]) -> Option<String> {
@@ -156,5 +204,56 @@ impl VersionRow {
             plan_error: self.plan_error,
             breaking_changes: breaking_changes(&self.breaking_changes)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use domain::{CompareOp, Eligibility, MaterializedFilter, RollupColumn, StoredColumn};
+
+    use super::eligibility;
+
+    #[test]
+    fn eligibility_written_by_earlier_versions_reads_with_the_kind_of_each_filtered_column() {
+        let filter = |column, variable: &str| MaterializedFilter {
+            column,
+            op: CompareOp::GtEq,
+            variable: variable.into(),
+        };
+        let plain = r#"{"eligible":{"filters":[{"column":"k0","op":">=","variable":"v"}]}}"#;
+        assert_eq!(
+            eligibility(Some(plain)).unwrap(),
+            Some(Eligibility::Eligible {
+                filters: vec![filter(StoredColumn::Output("k0".into()), "v")],
+                rollup: None
+            }),
+            "an output column may be named k0"
+        );
+        let rollup = r#"{"eligible":{"filters":[{"column":"f0","op":">=","variable":"since"},
+            {"column":"k1","op":">=","variable":"country"}],
+            "rollup":{"keys":["events.browser","events.country"],
+                      "columns":[{"column":"events.timestamp","day":true}]}}}"#;
+        let Some(Eligibility::Eligible { filters, rollup: Some(rollup) }) =
+            eligibility(Some(rollup)).unwrap()
+        else {
+            panic!("a rollup")
+        };
+        assert_eq!(
+            filters,
+            [filter(StoredColumn::Filtered(0), "since"), filter(StoredColumn::Key(1), "country")]
+        );
+        assert_eq!(rollup.columns, [RollupColumn { column: "events.timestamp".into(), day: true }]);
+        let ineligible = r#"{"ineligible":{"reason":"no"}}"#;
+        assert_eq!(
+            eligibility(Some(ineligible)).unwrap(),
+            Some(Eligibility::Ineligible { reason: "no".into() })
+        );
+        for corrupt in [
+            r#"{"eligible":{"filters":[{"column":"x0","op":">=","variable":"v"}],"rollup":{"keys":[],"columns":[]}}}"#,
+            r#"{"eligible":{"filters":[{"column":"k","op":">=","variable":"v"}],"rollup":{"keys":[],"columns":[]}}}"#,
+            "{}",
+        ] {
+            assert!(eligibility(Some(corrupt)).is_err(), "{corrupt}");
+        }
     }
 }

@@ -7,7 +7,7 @@ mod service;
 
 pub use model::{
     attempt_location, endpoint_location, Claim, Eligibility, MaterializationState, MaterializationStatus,
-    MaterializationView, MaterializedFilter, Rollup, RollupColumn, StoredResult, Switch,
+    MaterializationView, MaterializedFilter, Rollup, RollupColumn, StoredColumn, StoredResult, Switch,
 };
 pub use ports::{MaterializationStore, Materializations, MaterializedResults};
 #[cfg(any(test, feature = "mocks"))]

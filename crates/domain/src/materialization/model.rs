@@ -20,64 +20,49 @@ use uuid::Uuid;
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::endpoints::{Endpoint, EndpointName, SyncFrequency};
-use crate::query::{AggregateCall, ColumnType, CompareOp, QueryOutline, VariablePredicate, VariableType};
+use crate::query::{
+    AggregateCall, AggregateKind, ColumnType, CompareOp, QueryOutline, VariablePredicate, VariableType,
+};
 
 /// A variable predicate as the run applies it to the stored result: `column <op> value of variable`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MaterializedFilter {
-    pub column: String,
+    pub column: StoredColumn,
     pub op: CompareOp,
     pub variable: String,
+}
+
+/// A column of a stored result that a run filters; the engine names how it stores each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoredColumn {
+    /// An output column of the query, by name: the stored result is the query's own rows.
+    Output(String),
+    /// A rollup's `i`th group key of the query ([`Rollup::keys`]).
+    Key(usize),
+    /// A rollup's `j`th filtered column ([`Rollup::columns`]).
+    Filtered(usize),
 }
 
 /// A column a rollup adds to the query's grouping because a variable filters it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RollupColumn {
-    /// The column as the plan names it (`events.timestamp`).
+    /// The column as the engine names it (`events.timestamp`): opaque to the rules, which compare it with the
+    /// columns of other predicates.
     pub column: String,
     /// Stored truncated to the day: every variable comparing it is a `Date` bounding a timestamp with `>=` or
     /// `<`, which a day's start answers exactly.
     pub day: bool,
 }
 
-impl RollupColumn {
-    /// The grouping expression, as shown in the materialization status.
-    pub fn grouping(&self) -> String {
-        if self.day {
-            format!("date_trunc('day', {})", self.column)
-        } else {
-            self.column.clone()
-        }
-    }
-}
-
-/// How a rollup stores a query: grouped by its keys, then by the filtered columns.
-///
-/// The stored result's columns are named by position: `k0, k1, ...` for the query's group keys, `f0, f1, ...`
-/// for [`Rollup::columns`], then the engine's partial aggregates.
+/// How a rollup stores a query: grouped by its keys, then by the filtered columns, with each aggregate's
+/// partial values (how the engine lays that out is its own).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rollup {
-    /// The query's group keys, as the plan writes them.
+    /// The query's group keys, as the engine writes them.
     pub keys: Vec<String>,
     /// The filtered columns added to the grouping.
     pub columns: Vec<RollupColumn>,
-}
-
-impl Rollup {
-    /// The stored column of the query's `i`th group key.
-    pub fn key_column(i: usize) -> String {
-        format!("k{i}")
-    }
-
-    /// The stored column of the `j`th filtered column.
-    pub fn filter_column(j: usize) -> String {
-        format!("f{j}")
-    }
-
-    /// The stored grouping: the keys, then the filtered columns.
-    pub fn grouping(&self) -> Vec<String> {
-        self.keys.iter().cloned().chain(self.columns.iter().map(RollupColumn::grouping)).collect()
-    }
 }
 
 /// Whether a query can be materialized: the filters runs apply (to the rollup's columns when it is one), or the
@@ -95,14 +80,16 @@ pub enum Eligibility {
     },
 }
 
-/// The aggregate functions whose partial results recombine: `count` and `sum` by summing, `min` and `max` by
-/// themselves, `avg` as a sum over a count.
-const RECOMBINABLE: [&str; 5] = ["count", "sum", "min", "max", "avg"];
-
+/// Whether an aggregate's partial results recombine: `count` and `sum` by summing, `min` and `max` by themselves
+/// (with or without DISTINCT), `avg` as a sum over a count.
 fn recombinable(call: &AggregateCall) -> bool {
-    RECOMBINABLE.contains(&call.function.as_str())
-        && !call.ordered
-        && (!call.distinct || matches!(call.function.as_str(), "min" | "max"))
+    use AggregateKind::{Avg, Count, Max, Min, Other, Sum};
+    !call.ordered
+        && match call.function {
+            Count | Sum | Avg => !call.distinct,
+            Min | Max => true,
+            Other => false,
+        }
 }
 
 /// A `Date` variable bounding a timestamp from below (`>=`) or above (`<`): the start of a day, which a
@@ -147,7 +134,7 @@ impl Eligibility {
                 ));
             };
             filters.push(MaterializedFilter {
-                column: column.clone(),
+                column: StoredColumn::Output(column.clone()),
                 op: predicate.op,
                 variable: predicate.variable.clone(),
             });
@@ -200,8 +187,8 @@ impl Eligibility {
             .iter()
             .map(|p| MaterializedFilter {
                 column: match p.group_key {
-                    Some(i) => Rollup::key_column(i),
-                    None => Rollup::filter_column(
+                    Some(i) => StoredColumn::Key(i),
+                    None => StoredColumn::Filtered(
                         columns
                             .iter()
                             .position(|c| c.column == p.column)
@@ -359,8 +346,8 @@ pub struct MaterializationView {
     pub last_materialized_at: Option<Timestamp>,
     pub next_run_at: Option<Timestamp>,
     pub row_count: Option<u64>,
-    /// The stored grouping, when the stored result is a rollup.
-    pub grouping: Option<Vec<String>>,
+    /// The rollup the stored result is, when it is one.
+    pub rollup: Option<Rollup>,
     pub error: Option<String>,
     pub can_materialize: bool,
     pub reason: Option<String>,
@@ -380,7 +367,7 @@ impl MaterializationView {
             last_materialized_at: None,
             next_run_at: None,
             row_count: None,
-            grouping: eligibility.and_then(Eligibility::rollup).map(Rollup::grouping),
+            rollup: eligibility.and_then(Eligibility::rollup).cloned(),
             error: None,
             can_materialize: eligibility.is_some_and(Eligibility::is_eligible) && endpoint.is_active,
             reason: match eligibility {
@@ -426,10 +413,11 @@ mod tests {
         }
     }
 
-    fn call(function: &str, distinct: bool) -> AggregateCall {
+    fn call(function: AggregateKind, distinct: bool) -> AggregateCall {
+        let name = format!("{function:?}").to_lowercase();
         AggregateCall {
-            text: format!("{function}({}t.x)", if distinct { "DISTINCT " } else { "" }),
-            function: function.into(),
+            text: format!("{name}({}t.x)", if distinct { "DISTINCT " } else { "" }),
+            function,
             distinct,
             ordered: false,
         }
@@ -453,7 +441,11 @@ mod tests {
         let filters = Eligibility::decide(&outline);
         assert_eq!(
             filters.filters().unwrap(),
-            &[MaterializedFilter { column: "day".into(), op: CompareOp::GtEq, variable: "since".into() }]
+            &[MaterializedFilter {
+                column: StoredColumn::Output("day".into()),
+                op: CompareOp::GtEq,
+                variable: "since".into()
+            }]
         );
     }
 
@@ -470,7 +462,7 @@ mod tests {
                 QueryOutline {
                     aggregates: true,
                     predicates: vec![predicate("x", None, None)],
-                    aggregate_calls: vec![call("sum", false), call("count", true)],
+                    aggregate_calls: vec![call(AggregateKind::Sum, false), call(AggregateKind::Count, true)],
                     ..QueryOutline::default()
                 },
                 "`count(DISTINCT t.x)` cannot be recombined",
@@ -479,10 +471,10 @@ mod tests {
                 QueryOutline {
                     aggregates: true,
                     predicates: vec![predicate("x", None, None)],
-                    aggregate_calls: vec![call("approx_median", false)],
+                    aggregate_calls: vec![call(AggregateKind::Other, false)],
                     ..QueryOutline::default()
                 },
-                "`approx_median(t.x)` cannot be recombined",
+                "`other(t.x)` cannot be recombined",
             ),
             (
                 QueryOutline {
@@ -538,10 +530,10 @@ mod tests {
             aggregates: true,
             group_keys: vec!["events.country".into()],
             aggregate_calls: vec![
-                call("count", false),
-                call("sum", false),
-                call("avg", false),
-                call("max", true),
+                call(AggregateKind::Count, false),
+                call(AggregateKind::Sum, false),
+                call(AggregateKind::Avg, false),
+                call(AggregateKind::Max, true),
             ],
             predicates: vec![
                 dated("since", CompareOp::GtEq, VariableType::Date),
@@ -553,13 +545,21 @@ mod tests {
         };
         let decided = Eligibility::decide(&outline);
         let rollup = decided.rollup().expect("a rollup");
+        assert_eq!(rollup.keys, ["events.country"]);
         assert_eq!(
-            rollup.grouping(),
-            ["events.country", "date_trunc('day', events.timestamp)", "t.hidden"].map(String::from)
+            rollup.columns,
+            [
+                RollupColumn { column: "events.timestamp".into(), day: true },
+                RollupColumn { column: "t.hidden".into(), day: false }
+            ]
         );
         let filters: Vec<_> =
-            decided.filters().unwrap().iter().map(|f| (f.column.as_str(), f.variable.as_str())).collect();
-        assert_eq!(filters, [("f0", "since"), ("f0", "until"), ("f1", "browser"), ("k0", "country")]);
+            decided.filters().unwrap().iter().map(|f| (f.column.clone(), f.variable.as_str())).collect();
+        use StoredColumn::{Filtered, Key};
+        assert_eq!(
+            filters,
+            [(Filtered(0), "since"), (Filtered(0), "until"), (Filtered(1), "browser"), (Key(0), "country")]
+        );
     }
 
     #[test]
@@ -576,7 +576,8 @@ mod tests {
                 ..QueryOutline::default()
             };
             let decided = Eligibility::decide(&outline);
-            assert_eq!(decided.rollup().unwrap().grouping(), ["events.timestamp"], "{op:?} {ty:?}");
+            let whole = RollupColumn { column: "events.timestamp".into(), day: false };
+            assert_eq!(decided.rollup().unwrap().columns, [whole], "{op:?} {ty:?}");
         }
     }
 
@@ -585,7 +586,7 @@ mod tests {
         let outline = QueryOutline {
             aggregates: true,
             group_keys: vec!["t.day".into()],
-            aggregate_calls: vec![call("count", true)],
+            aggregate_calls: vec![call(AggregateKind::Count, true)],
             predicates: vec![predicate("since", Some("day"), Some(0))],
             ..QueryOutline::default()
         };
@@ -614,14 +615,14 @@ mod tests {
     fn eligibility_round_trips_through_json() {
         let eligible = Eligibility::Eligible {
             filters: vec![MaterializedFilter {
-                column: "c".into(),
+                column: StoredColumn::Output("c".into()),
                 op: CompareOp::NotEq,
                 variable: "v".into(),
             }],
             rollup: None,
         };
         let text = serde_json::to_string(&eligible).unwrap();
-        assert_eq!(text, r#"{"eligible":{"filters":[{"column":"c","op":"!=","variable":"v"}]}}"#);
+        assert_eq!(text, r#"{"eligible":{"filters":[{"column":{"output":"c"},"op":"!=","variable":"v"}]}}"#);
         assert_eq!(serde_json::from_str::<Eligibility>(&text).unwrap(), eligible);
     }
 }

@@ -12,8 +12,8 @@ pub use binding::{bind, coerce, BoundValue};
 pub use export::{Export, ResultFormat};
 pub use model::{is_variable_name, scan_placeholders, Placeholder, Query, QueryKind};
 pub use plan::{
-    AggregateCall, Column, ColumnType, CompareOp, QueryDescription, QueryOutline, QueryResult, Statistics,
-    VariablePredicate,
+    AggregateCall, AggregateKind, Column, ColumnType, CompareOp, QueryDescription, QueryOutline, QueryResult,
+    Statistics, VariablePredicate,
 };
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::MockQueryEngine;

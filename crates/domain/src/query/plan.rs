@@ -113,13 +113,24 @@ pub struct VariablePredicate {
     pub group_key: Option<usize>,
 }
 
+/// An aggregate function, as the materialization rules tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggregateKind {
+    Count,
+    Sum,
+    Min,
+    Max,
+    Avg,
+    /// Any other (a median, a distinct-count estimate, an array aggregation, ...).
+    Other,
+}
+
 /// An aggregate function call of the outermost aggregation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AggregateCall {
-    /// The call as the plan writes it (`count(DISTINCT events.user_id)`).
+    /// The call as the engine writes it (`count(DISTINCT events.user_id)`), for messages.
     pub text: String,
-    /// The function's name, in lower case (`count`, `sum`, `approx_distinct`, ...).
-    pub function: String,
+    pub function: AggregateKind,
     /// `DISTINCT` is applied to its arguments.
     pub distinct: bool,
     /// It has an `ORDER BY` of its own.
@@ -135,7 +146,8 @@ pub struct QueryOutline {
     pub aggregates: bool,
     /// The outermost query computes window functions.
     pub window_functions: bool,
-    /// The outermost aggregation's group keys, as the plan writes them (`events.country`).
+    /// The outermost aggregation's group keys, as the engine writes them (`events.country`): opaque to the
+    /// rules, which only count and show them.
     pub group_keys: Vec<String>,
     /// The outermost aggregation groups by GROUPING SETS, ROLLUP or CUBE.
     pub grouping_sets: bool,

@@ -11,7 +11,7 @@ use super::*;
 use crate::clock::Timestamp;
 use crate::endpoints::{CacheAge, MockEndpointStore};
 use crate::error::Invalid;
-use crate::materialization::{MockMaterializationStore, MockMaterializedResults};
+use crate::materialization::{MockMaterializationStore, MockMaterializedResults, StoredColumn};
 use crate::query::{Column, ColumnType, MockQueryEngine, Query};
 use crate::testing::{self, ManualClock, T0};
 
@@ -631,7 +631,11 @@ mod materialized {
     use crate::query::{CompareOp, ResultFormat};
 
     fn filters() -> Vec<MaterializedFilter> {
-        vec![MaterializedFilter { column: "n".into(), op: CompareOp::Eq, variable: "n".into() }]
+        vec![MaterializedFilter {
+            column: StoredColumn::Output("n".into()),
+            op: CompareOp::Eq,
+            variable: "n".into(),
+        }]
     }
 
     /// `kpi` materialized hourly; version 2 (current) can be materialized.

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use domain::MaterializationView;
+use domain::{MaterializationView, Rollup};
 use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -110,6 +110,16 @@ pub(crate) struct Materialization {
     reason: Option<String>,
 }
 
+/// What a rollup's rows are grouped by, as the status shows it: the query's keys, then the filtered columns (a
+/// timestamp stored by day as the SQL that truncates it).
+fn grouping(rollup: &Rollup) -> Vec<String> {
+    let filtered = rollup.columns.iter().map(|c| match c.day {
+        true => format!("date_trunc('day', {})", c.column),
+        false => c.column.clone(),
+    });
+    rollup.keys.iter().cloned().chain(filtered).collect()
+}
+
 impl From<MaterializationView> for Materialization {
     fn from(view: MaterializationView) -> Self {
         Self {
@@ -121,7 +131,7 @@ impl From<MaterializationView> for Materialization {
             last_materialized_at: view.last_materialized_at,
             next_run_at: view.next_run_at,
             row_count: view.row_count,
-            grouping: view.grouping,
+            grouping: view.rollup.as_ref().map(grouping),
             error: view.error,
             can_materialize: view.can_materialize,
             reason: view.reason,
