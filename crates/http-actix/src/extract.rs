@@ -102,11 +102,7 @@ impl<S: Needs> FromRequest for AuthorizedJson<S> {
         Box::pin(async move {
             let (project, caller) = authorize(&req, S::SCOPE, S::RUNS_ENDPOINT).await?;
             let state = app_state(&req)?;
-            let read = read_json(&req, payload, state.body_limit);
-            let body = tokio::time::timeout(state.client_timeout, read)
-                .await
-                .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??;
-            let body = body.unwrap_or_else(|| Value::Object(Map::new()));
+            let body = read_json(&req, payload, state).await?.unwrap_or_else(|| Value::Object(Map::new()));
             Ok(Self { project, caller, body, scope: PhantomData })
         })
     }
@@ -196,13 +192,13 @@ pub(crate) fn is_json(req: &HttpRequest) -> bool {
         })
 }
 
-/// Reads the body as JSON. An empty body is `None`; anything else must be JSON within `limit` bytes.
+/// Reads the body as JSON (see [`read_body`]). An empty body is `None`; anything else must be JSON.
 pub(crate) async fn read_json(
     req: &HttpRequest,
     payload: Payload,
-    limit: usize,
+    state: &AppState,
 ) -> Result<Option<Value>, ApiError> {
-    let bytes = read_body(req, payload, limit).await?;
+    let bytes = read_body(req, payload, state).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -212,12 +208,21 @@ pub(crate) async fn read_json(
     serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::MalformedJson(e.to_string()))
 }
 
-/// Reads the body whole, refusing it past `limit` bytes (by its declared length first).
+/// Reads the body whole within the client timeout (a client that sends its body a byte at a time is cut off),
+/// refusing it past the body limit.
 pub(crate) async fn read_body(
     req: &HttpRequest,
-    mut payload: Payload,
-    limit: usize,
+    payload: Payload,
+    state: &AppState,
 ) -> Result<web::Bytes, ApiError> {
+    let timeout = state.client_timeout;
+    tokio::time::timeout(timeout, read_within(req, payload, state.body_limit))
+        .await
+        .map_err(|_| ApiError::BodyTimeout { timeout })?
+}
+
+/// Reads the body whole, refusing it past `limit` bytes (by its declared length first).
+async fn read_within(req: &HttpRequest, mut payload: Payload, limit: usize) -> Result<web::Bytes, ApiError> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

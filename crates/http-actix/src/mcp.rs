@@ -83,11 +83,8 @@ pub(crate) async fn serve(
     mcp: web::Data<Mcp>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = authenticate(&req, &state).await?;
-    // The REST API's body timeout: a client that sends its body a byte at a time is cut off.
-    let read = read_body(&req, payload.into_inner(), state.body_limit);
-    let body = tokio::time::timeout(state.client_timeout, read)
-        .await
-        .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??;
+    // The REST API's body limits and timeout.
+    let body = read_body(&req, payload.into_inner(), &state).await?;
     if !is_json(&req) {
         return Err(ApiError::UnsupportedMediaType);
     }

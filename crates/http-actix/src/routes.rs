@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use actix_web::dev::HttpServiceFactory;
-use actix_web::http::header;
+use actix_web::http::{header, Method};
 use actix_web::middleware::{from_fn, DefaultHeaders};
 use actix_web::{guard, web, HttpResponse, Resource};
 use domain::ApiKeyService;
@@ -49,6 +49,18 @@ fn not_allowed(
     move || std::future::ready(Err(ApiError::MethodNotAllowed { allow }))
 }
 
+/// A resource at `$path` named `$name` (the metrics' `route` label) serving each `METHOD => handler`; any other
+/// method is answered 405 with exactly those methods in `Allow`.
+macro_rules! resource {
+    ($path:expr, $name:literal, $first:ident => $handler:expr $(, $method:ident => $more:expr)* $(,)?) => {
+        web::resource($path)
+            .name($name)
+            .route(web::method(Method::$first).to($handler))
+            $(.route(web::method(Method::$method).to($more)))*
+            .default_service(web::to(not_allowed(concat!(stringify!($first) $(, ", ", stringify!($method))*))))
+    };
+}
+
 /// The resources pages may call are registered twice under one name: requests from a page (with `Origin`) go
 /// through the CORS policy ([`from_pages`]); any other is answered without it ([`not_from_pages`]), so API
 /// clients neither pay for CORS nor receive its headers, only `Vary: Origin` (the answer differs for pages).
@@ -66,19 +78,13 @@ fn from_pages(resource: Resource, keys: &Arc<ApiKeyService>) -> impl HttpService
 
 /// A run's resource under one family.
 fn run(prefix: &str) -> Resource {
-    web::resource(format!("{prefix}{FAMILY_REST}/{{name}}/run"))
-        .name("run")
-        .route(web::get().to(runs::run_get))
-        .route(web::post().to(runs::run_post))
-        .default_service(web::to(not_allowed("GET, POST")))
+    let path = format!("{prefix}{FAMILY_REST}/{{name}}/run");
+    resource!(path, "run", GET => runs::run_get, POST => runs::run_post)
 }
 
 /// An endpoint's OpenAPI document, in its family's scope.
 fn endpoint_openapi() -> Resource {
-    web::resource("/{name}/openapi.json")
-        .name("endpoint_openapi")
-        .route(web::get().to(versions::openapi))
-        .default_service(web::to(not_allowed("GET")))
+    resource!("/{name}/openapi.json", "endpoint_openapi", GET => versions::openapi)
 }
 
 pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>) {
@@ -97,11 +103,7 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
                 .service(
                     web::scope(FAMILY_REST)
                         .service(
-                            web::resource("")
-                                .name("endpoints")
-                                .route(web::get().to(endpoints::list))
-                                .route(web::post().to(endpoints::create))
-                                .default_service(web::to(not_allowed("GET, POST"))),
+                            resource!("", "endpoints", GET => endpoints::list, POST => endpoints::create),
                         )
                         // POST looks up last execution times. `last_execution_times` is also a valid endpoint name,
                         // so GET, PATCH and DELETE of this path reach the endpoint that has it; any other method is
@@ -116,98 +118,63 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
                                 .default_service(web::to(not_allowed("GET, POST, PATCH, DELETE"))),
                         )
                         .service(
-                            web::resource("/{name}")
-                                .name("endpoint")
-                                .route(web::get().to(endpoints::retrieve))
-                                .route(web::patch().to(endpoints::update))
-                                .route(web::delete().to(endpoints::delete))
-                                .default_service(web::to(not_allowed("GET, PATCH, DELETE"))),
+                            resource!(
+                                "/{name}",
+                                "endpoint",
+                                GET => endpoints::retrieve,
+                                PATCH => endpoints::update,
+                                DELETE => endpoints::delete
+                            ),
                         )
                         .service(
-                            web::resource("/{name}/materialization_status")
-                                .name("materialization_status")
-                                .route(web::get().to(materialization::status))
-                                .default_service(web::to(not_allowed("GET"))),
+                            resource!(
+                                "/{name}/materialization_status",
+                                "materialization_status",
+                                GET => materialization::status
+                            ),
                         )
                         .service(not_from_pages(endpoint_openapi()))
                         .service(from_pages(endpoint_openapi(), keys))
                         .service(
-                            web::resource("/{name}/versions")
-                                .name("versions")
-                                .route(web::get().to(versions::list))
-                                .default_service(web::to(not_allowed("GET"))),
+                            resource!("/{name}/versions", "versions", GET => versions::list),
                         )
                         .service(
-                            web::resource("/{name}/versions/{version_number}")
-                                .name("version")
-                                .route(web::get().to(versions::retrieve))
-                                .default_service(web::to(not_allowed("GET"))),
+                            resource!("/{name}/versions/{version_number}", "version", GET => versions::retrieve),
                         ),
                 )
                 .service(
-                    web::resource(TOKENS_REST)
-                        .name("run_tokens")
-                        .route(web::post().to(tokens::issue))
-                        .default_service(web::to(not_allowed("POST"))),
+                    resource!(TOKENS_REST, "run_tokens", POST => tokens::issue),
                 )
                 // Each family is one scope: actix-web tries no second scope of the same prefix.
                 .service(
                     web::scope(TABLES_REST)
                         .service(
-                            web::resource("")
-                                .name("tables")
-                                .route(web::get().to(tables::list))
-                                .default_service(web::to(not_allowed("GET"))),
+                            resource!("", "tables", GET => tables::list),
                         )
                         .service(
-                            web::resource("/{table}")
-                                .name("table")
-                                .route(web::get().to(tables::retrieve))
-                                .route(web::put().to(tables::put))
-                                .route(web::delete().to(tables::delete))
-                                .default_service(web::to(not_allowed("GET, PUT, DELETE"))),
+                            resource!(
+                                "/{table}",
+                                "table",
+                                GET => tables::retrieve,
+                                PUT => tables::put,
+                                DELETE => tables::delete
+                            ),
                         )
                         .service(
-                            web::resource("/{table}/rows")
-                                .name("table_rows")
-                                .route(web::post().to(tables::append))
-                                .default_service(web::to(not_allowed("POST"))),
+                            resource!("/{table}/rows", "table_rows", POST => tables::append),
                         )
                         .service(
-                            web::resource("/{table}/preview")
-                                .name("table_preview")
-                                .route(web::post().to(tables::preview))
-                                .default_service(web::to(not_allowed("POST"))),
+                            resource!("/{table}/preview", "table_preview", POST => tables::preview),
                         ),
                 ),
         );
     }
     // The endpoints as MCP tools, for agents (the SDK answers the transport's methods and refuses the others).
-    cfg.service(
-        web::resource("/mcp")
-            .name("mcp")
-            .route(web::post().to(crate::mcp::serve))
-            .default_service(web::to(not_allowed("POST"))),
-    );
+    cfg.service(resource!("/mcp", "mcp", POST => crate::mcp::serve));
     // Operations: no key, so orchestrators and scrapers can reach them.
-    cfg.service(
-        web::resource("/healthz")
-            .name("healthz")
-            .route(web::get().to(operations::healthz))
-            .default_service(web::to(not_allowed("GET"))),
-    );
-    cfg.service(
-        web::resource("/readyz")
-            .name("readyz")
-            .route(web::get().to(operations::readyz))
-            .default_service(web::to(not_allowed("GET"))),
-    );
-    cfg.service(
-        web::resource("/metrics")
-            .name("metrics")
-            .route(web::get().to(operations::metrics))
-            .default_service(web::to(not_allowed("GET"))),
-    );
+    cfg.service(resource!("/healthz", "healthz", GET => operations::healthz));
+    cfg.service(resource!("/readyz", "readyz", GET => operations::readyz));
+    cfg.service(resource!("/metrics", "metrics", GET => operations::metrics));
     // The service's own document and its interactive page (Swagger UI, served from the binary).
     cfg.service(
         utoipa_swagger_ui::SwaggerUi::new("/api/docs/{_:.*}")
@@ -220,18 +187,12 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
         }),
     );
     // The web console: `/` leads to it; every path under /console is its page or one of its files.
-    let read = || guard::Any(guard::Get()).or(guard::Head());
-    cfg.service(
-        web::resource("/")
-            .name("home")
-            .route(web::route().guard(read()).to(console::home))
-            .default_service(web::to(not_allowed("GET, HEAD"))),
-    );
-    cfg.service(
-        web::resource(["/console", "/console/{path:.*}"])
-            .name("console")
-            .route(web::route().guard(read()).to(console::serve))
-            .default_service(web::to(not_allowed("GET, HEAD"))),
-    );
+    cfg.service(resource!("/", "home", GET => console::home, HEAD => console::home));
+    cfg.service(resource!(
+        ["/console", "/console/{path:.*}"],
+        "console",
+        GET => console::serve,
+        HEAD => console::serve
+    ));
     cfg.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::RouteNotFound) }));
 }

@@ -47,60 +47,86 @@ fn scalar_text(value: &Value) -> Option<String> {
     }
 }
 
-/// Binds one value to a type. JSON of the right type is taken as is; a string is parsed (query parameters are
-/// always strings).
+/// How a value of a variable may be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueForm {
+    /// JSON of the type itself: a declared default.
+    Json,
+    /// That, or text that parses as the type (query parameters are always text; a list may be comma-separated):
+    /// a run's value.
+    JsonOrText,
+}
+
+/// Binds one value to a type: the one reader of variable values, for declared defaults and run values alike.
 ///
 /// # Errors
 /// A sentence saying what was expected.
-pub fn coerce(ty: VariableType, value: &Value) -> Result<BoundValue, String> {
+pub fn read_value(ty: VariableType, value: &Value, form: ValueForm) -> Result<BoundValue, String> {
     let text = value.as_str();
-    let bad = || format!("expected {}", expectation(ty));
-    match ty {
-        VariableType::String => text.map(|s| BoundValue::String(s.to_owned())).ok_or_else(bad),
+    // Text read as another type, where the form allows it.
+    let parsed = text.filter(|_| form == ValueForm::JsonOrText).map(str::trim);
+    let bound = match ty {
+        VariableType::String => text.map(|s| BoundValue::String(s.to_owned())),
         VariableType::Number => value
             .as_f64()
-            .or_else(|| text.and_then(|s| s.trim().parse::<f64>().ok()))
+            .or_else(|| parsed.and_then(|s| s.parse::<f64>().ok()))
             .filter(|n| n.is_finite())
-            .map(BoundValue::Number)
-            .ok_or_else(bad),
+            .map(BoundValue::Number),
         VariableType::Integer => crate::fields::integer(value)
-            .or_else(|| text.and_then(|s| s.trim().parse::<i64>().ok()))
-            .map(BoundValue::Integer)
-            .ok_or_else(bad),
-        VariableType::Boolean => match (value, text) {
-            (Value::Bool(b), _) => Ok(BoundValue::Boolean(*b)),
-            (_, Some("true" | "1")) => Ok(BoundValue::Boolean(true)),
-            (_, Some("false" | "0")) => Ok(BoundValue::Boolean(false)),
-            _ => Err(bad()),
+            .or_else(|| parsed.and_then(|s| s.parse::<i64>().ok()))
+            .map(BoundValue::Integer),
+        VariableType::Boolean => match (value, parsed) {
+            (Value::Bool(b), _) => Some(BoundValue::Boolean(*b)),
+            (_, Some("true" | "1")) => Some(BoundValue::Boolean(true)),
+            (_, Some("false" | "0")) => Some(BoundValue::Boolean(false)),
+            _ => None,
         },
         VariableType::Date => text
             .and_then(|s| {
                 time::Date::parse(s, time::macros::format_description!("[year]-[month]-[day]")).ok()
             })
-            .map(BoundValue::Date)
-            .ok_or_else(bad),
+            .map(BoundValue::Date),
         VariableType::DateTime => {
-            text.and_then(|s| Timestamp::parse(s, &Rfc3339).ok()).map(BoundValue::DateTime).ok_or_else(bad)
+            text.and_then(|s| Timestamp::parse(s, &Rfc3339).ok()).map(BoundValue::DateTime)
         }
         VariableType::List => {
-            let items = match value {
-                Value::Array(items) => items.clone(),
-                Value::String(s) => match serde_json::from_str::<Value>(s) {
-                    Ok(Value::Array(items)) => items,
-                    _ => s.split(',').map(|part| Value::from(part.trim())).collect(),
+            let items = match (value, parsed) {
+                (Value::Array(items), _) => Some(items.clone()),
+                (_, Some(s)) => match serde_json::from_str::<Value>(s) {
+                    Ok(Value::Array(items)) => Some(items),
+                    _ => Some(s.split(',').map(|part| Value::from(part.trim())).collect()),
                 },
-                _ => return Err(bad()),
+                _ => None,
             };
-            items.iter().map(scalar_text).collect::<Option<Vec<_>>>().map(BoundValue::List).ok_or_else(bad)
+            items
+                .and_then(|items| items.iter().map(scalar_text).collect::<Option<Vec<_>>>())
+                .map(BoundValue::List)
         }
-    }
+    };
+    bound.ok_or_else(|| format!("expected {}", expectation(ty, form)))
 }
 
-/// What a run's value of the type must be: a declared default's form, or for a list a comma-separated text too.
-fn expectation(ty: VariableType) -> &'static str {
-    match ty {
-        VariableType::List => "an array of strings, numbers or booleans (or a comma-separated list)",
-        other => other.expectation(),
+/// Binds a run's value to a type (see [`read_value`]).
+///
+/// # Errors
+/// A sentence saying what was expected.
+pub fn coerce(ty: VariableType, value: &Value) -> Result<BoundValue, String> {
+    read_value(ty, value, ValueForm::JsonOrText)
+}
+
+/// What a value of the type must be, in the form asked for.
+fn expectation(ty: VariableType, form: ValueForm) -> &'static str {
+    match (ty, form) {
+        (VariableType::String, _) => "a string",
+        (VariableType::Number, _) => "a number",
+        (VariableType::Integer, _) => "an integer (64-bit)",
+        (VariableType::Boolean, _) => "true or false",
+        (VariableType::Date, _) => "a date as YYYY-MM-DD",
+        (VariableType::DateTime, _) => "an RFC 3339 date-time such as 2026-01-31T12:00:00Z",
+        (VariableType::List, ValueForm::Json) => "an array of strings, numbers or booleans",
+        (VariableType::List, ValueForm::JsonOrText) => {
+            "an array of strings, numbers or booleans (or a comma-separated list)"
+        }
     }
 }
 

@@ -8,7 +8,7 @@ mod plan;
 mod ports;
 mod variables;
 
-pub use binding::{bind, coerce, BoundValue};
+pub use binding::{bind, coerce, read_value, BoundValue, ValueForm};
 pub use export::{Export, ResultFormat};
 pub use model::{is_variable_name, scan_placeholders, Placeholder, Query, QueryKind};
 pub use plan::{

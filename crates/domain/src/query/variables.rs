@@ -40,39 +40,12 @@ impl VariableType {
         Self::ALL.into_iter().find(|t| t.as_str() == raw)
     }
 
-    /// Checks that a JSON value is a valid value of this type.
+    /// Checks that a JSON value is a valid value of this type, as a declared default must be.
     ///
     /// # Errors
     /// A sentence saying what was expected.
     pub fn check(self, value: &Value) -> Result<(), String> {
-        let ok = match self {
-            Self::String => value.is_string(),
-            Self::Number => value.as_f64().is_some_and(f64::is_finite),
-            Self::Integer => crate::fields::integer(value).is_some(),
-            Self::Boolean => value.is_boolean(),
-            Self::Date => value.as_str().is_some_and(|s| parse_date(s).is_some()),
-            Self::DateTime => value.as_str().is_some_and(|s| parse_datetime(s).is_some()),
-            Self::List => value
-                .as_array()
-                .is_some_and(|items| items.iter().all(|v| v.is_string() || v.is_number() || v.is_boolean())),
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(format!("expected {}", self.expectation()))
-        }
-    }
-
-    pub(super) fn expectation(self) -> &'static str {
-        match self {
-            Self::String => "a string",
-            Self::Number => "a number",
-            Self::Integer => "an integer (64-bit)",
-            Self::Boolean => "true or false",
-            Self::Date => "a date as YYYY-MM-DD",
-            Self::DateTime => "an RFC 3339 date-time such as 2026-01-31T12:00:00Z",
-            Self::List => "an array of strings, numbers or booleans",
-        }
+        super::binding::read_value(self, value, super::binding::ValueForm::Json).map(|_| ())
     }
 
     /// The type inferred from a value, for the `HogQLQuery` variable form that carries no type.
@@ -91,14 +64,6 @@ impl fmt::Display for VariableType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-fn parse_date(raw: &str) -> Option<time::Date> {
-    time::Date::parse(raw, time::macros::format_description!("[year]-[month]-[day]")).ok()
-}
-
-fn parse_datetime(raw: &str) -> Option<time::OffsetDateTime> {
-    time::OffsetDateTime::parse(raw, &time::format_description::well_known::Rfc3339).ok()
 }
 
 /// One declared variable.

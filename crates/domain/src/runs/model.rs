@@ -100,19 +100,6 @@ impl RunRequest {
     /// The most variables one run may pass (a query declares far fewer; this bounds the work of refusing).
     pub const MAX_VARIABLES: usize = 100;
 
-    /// The fields a POST body may carry.
-    pub const BODY_FIELDS: [&'static str; 9] = [
-        "client_query_id",
-        "format",
-        "filters_override",
-        "query_override",
-        "refresh",
-        "variables",
-        "version",
-        "limit",
-        "offset",
-    ];
-
     /// Sets the variables a run token fixes, so that a run of its holder sees only the tenant's rows. They are
     /// part of the variables from here on, so of the cache key too: two tenants never share an answer.
     ///

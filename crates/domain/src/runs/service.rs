@@ -339,24 +339,24 @@ impl RunService {
         let version = context.version(&endpoint, request.version).await?;
         let variables = bind(&version.query, &request.variables)?;
         let (limit, offset, format) = (request.limit, request.offset, request.format);
-        let reads_stored =
-            endpoint.is_materialized && matches!(request.refresh, Refresh::Blocking | Refresh::ForceCache);
-        let source =
-            if reads_stored { context.stored_source(&endpoint, &version, &variables).await } else { None };
-        let mut exported = None;
-        if let Some((stored, filters)) = source {
-            let results = &self.materializations.results;
-            match results.export(project, &stored.location, filters, limit, offset, format).await {
-                Ok(export) => exported = Some((export, Some(stored.materialized_at))),
-                Err(err) => warn!(endpoint = %endpoint.name, location = %stored.location, error = %err,
-                                  "cannot read the stored result; running live"),
-            }
-        }
-        if exported.is_none() && request.refresh != Refresh::ForceCache {
-            let export =
-                self.engine.export(project, &version.query, &variables, limit, offset, format).await?;
-            exported = Some((export, None));
-        }
+        let results = &self.materializations.results;
+        let exported = context
+            .stored_else_live(
+                &endpoint,
+                &version,
+                &variables,
+                request.refresh,
+                async |stored, filters| {
+                    results.export(project, &stored.location, filters, limit, offset, format).await
+                },
+                async || {
+                    let export =
+                        self.engine.export(project, &version.query, &variables, limit, offset, format);
+                    export.await.map_err(Error::from)
+                },
+            )
+            .await?
+            .map(|(export, stored, _)| (export, stored.map(|s| s.materialized_at)));
         if exported.is_some() {
             self.executions.record(project, &name, self.clock.now());
         }
@@ -379,9 +379,22 @@ impl RunService {
         let context = self.context();
         let version = context.version(endpoint, request.version).await?;
         let variables = bind(&version.query, &request.variables)?;
-        Ok(context.stored(endpoint, &version, &variables, request).await.map(|(result, stored, took)| {
-            context.answer(&version, &variables, result, Some(stored), took, false)
-        }))
+        let (limit, offset) = (request.limit, request.offset);
+        let results = &self.materializations.results;
+        let page = context
+            .stored_else_live(
+                endpoint,
+                &version,
+                &variables,
+                Refresh::ForceCache,
+                async |stored, filters| {
+                    results.read(endpoint.project_id, &stored.location, filters, limit, offset).await
+                },
+                async || Err(Error::Internal("a force_cache run is never answered live".into())),
+            )
+            .await?;
+        Ok(page
+            .map(|(result, stored, took)| context.answer(&version, &variables, result, stored, took, false)))
     }
 
     fn context(&self) -> Context {
@@ -513,27 +526,36 @@ impl Context {
         Some((stored, bound))
     }
 
-    /// The page read from the endpoint's stored result, when it has a fresh one (see
-    /// [`Context::stored_source`]). A read that fails is logged and answered by the live path instead.
-    async fn stored(
+    /// A page from the endpoint's stored result when the run may read one (a `blocking` or `force_cache` run of
+    /// a materialized endpoint) and a fresh one exists (see [`Context::stored_source`]), else from the live
+    /// tables; a stored result that cannot be read is logged and the page computed live. A `force_cache` run is
+    /// never computed live: without a stored page it has none. Answers the page, the stored result it was read
+    /// from, and how long reading or computing it took.
+    async fn stored_else_live<T>(
         &self,
         endpoint: &Endpoint,
         version: &EndpointVersion,
         variables: &BTreeMap<String, BoundValue>,
-        request: &RunRequest,
-    ) -> Option<(QueryResult, StoredResult, Duration)> {
-        let (stored, bound) = self.stored_source(endpoint, version, variables).await?;
-        let started = Instant::now();
-        let results = &self.materializations.results;
-        match results.read(endpoint.project_id, &stored.location, bound, request.limit, request.offset).await
-        {
-            Ok(result) => Some((result, stored, started.elapsed())),
-            Err(err) => {
-                warn!(endpoint = %endpoint.name, location = %stored.location, error = %err,
-                      "cannot read the stored result; running live");
-                None
+        refresh: Refresh,
+        stored: impl AsyncFnOnce(&StoredResult, Vec<(MaterializedFilter, BoundValue)>) -> Result<T, EngineError>,
+        live: impl AsyncFnOnce() -> Result<T, Error>,
+    ) -> Result<Option<(T, Option<StoredResult>, Duration)>, Error> {
+        let reads_stored =
+            endpoint.is_materialized && matches!(refresh, Refresh::Blocking | Refresh::ForceCache);
+        let source = if reads_stored { self.stored_source(endpoint, version, variables).await } else { None };
+        if let Some((result, filters)) = source {
+            let started = Instant::now();
+            match stored(&result, filters).await {
+                Ok(page) => return Ok(Some((page, Some(result), started.elapsed()))),
+                Err(err) => warn!(endpoint = %endpoint.name, location = %result.location, error = %err,
+                                  "cannot read the stored result; running live"),
             }
         }
+        if refresh == Refresh::ForceCache {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        live().await.map(|page| Some((page, None, started.elapsed())))
     }
 
     fn answer(
@@ -574,22 +596,22 @@ async fn compute(
     let definition = context.definition(&key, request.version).await?;
     let Definition { endpoint, version, .. } = &*definition;
     let variables = bind(&version.query, &request.variables)?;
-    let stored = match (request.refresh, endpoint.is_materialized) {
-        (Refresh::Blocking, true) => context.stored(endpoint, version, &variables, &request).await,
-        _ => None,
-    };
-    let (result, stored, query_time) = match stored {
-        Some((result, stored, took)) => (result, Some(stored), took),
-        None => {
-            let started = Instant::now();
-            let result = context
-                .engine
-                .execute(key.project, &version.query, &variables, request.limit, request.offset)
-                .await
-                .map_err(run_error)?;
-            (result, None, started.elapsed())
-        }
-    };
+    let (limit, offset) = (request.limit, request.offset);
+    let results = &context.materializations.results;
+    let (result, stored, query_time) = context
+        .stored_else_live(
+            endpoint,
+            version,
+            &variables,
+            request.refresh,
+            async |stored, filters| results.read(key.project, &stored.location, filters, limit, offset).await,
+            async || {
+                let result = context.engine.execute(key.project, &version.query, &variables, limit, offset);
+                result.await.map_err(run_error)
+            },
+        )
+        .await?
+        .ok_or_else(|| Error::Internal("a run that computes live always has a page".into()))?;
     let cacheable = write_cache && !version.cache_age.effective().is_zero();
     let run = context.answer(version, &variables, result, stored, query_time, cacheable);
     if cacheable {

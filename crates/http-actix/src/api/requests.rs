@@ -140,25 +140,28 @@ pub(crate) fn run_body(variables: RefOr<Schema>) -> ObjectBuilder {
             .max_properties(Some(0))
             .description(Some("Accepted for compatibility: null or {} only."))
     };
-    let mut object = closed(ObjectBuilder::new());
-    for field in RunRequest::BODY_FIELDS {
-        let schema: RefOr<Schema> = match field {
-            "variables" => variables.clone(),
-            "version" => bounded(1, u32::MAX.into())
+    let fields: [(&str, RefOr<Schema>); 9] = [
+        ("client_query_id", ObjectBuilder::new().schema_type(nullable(Type::String)).into()),
+        ("format", names::nullable_result_format().into()),
+        ("filters_override", empty().into()),
+        ("query_override", empty().into()),
+        ("refresh", names::nullable_refresh().into()),
+        ("variables", variables),
+        (
+            "version",
+            bounded(1, u32::MAX.into())
                 .description(Some("The version to run; the current one by default."))
                 .into(),
-            "limit" => bounded(1, RunRequest::MAX_LIMIT.into())
-                .default(Some(RunRequest::DEFAULT_LIMIT.into()))
-                .into(),
-            "offset" => bounded(0, i64::MAX).default(Some(0.into())).into(),
-            "refresh" => names::nullable_refresh().into(),
-            "format" => names::nullable_result_format().into(),
-            "query_override" | "filters_override" => empty().into(),
-            _ => ObjectBuilder::new().schema_type(nullable(Type::String)).into(),
-        };
-        object = object.property(field, schema);
-    }
-    object
+        ),
+        (
+            "limit",
+            bounded(1, RunRequest::MAX_LIMIT.into()).default(Some(RunRequest::DEFAULT_LIMIT.into())).into(),
+        ),
+        ("offset", bounded(0, i64::MAX).default(Some(0.into())).into()),
+    ];
+    fields
+        .into_iter()
+        .fold(closed(ObjectBuilder::new()), |object, (field, schema)| object.property(field, schema))
 }
 
 /// The body of a POST run.

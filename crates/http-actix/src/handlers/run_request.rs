@@ -4,6 +4,19 @@
 use domain::{Fields, Invalid, Refresh, ResultFormat, RunRequest, VersionNumber};
 use serde_json::{Map, Value};
 
+/// The fields a POST body may carry.
+pub(crate) const BODY_FIELDS: [&str; 9] = [
+    "client_query_id",
+    "format",
+    "filters_override",
+    "query_override",
+    "refresh",
+    "variables",
+    "version",
+    "limit",
+    "offset",
+];
+
 /// Reads GET query parameters: `version`, `limit`, `offset`, `refresh`, `client_query_id`, `format`,
 /// `variables.NAME=value` and `variables=<JSON object>`; `accepted` is the format the client accepts, which
 /// `format` overrides. Other parameters (cache busters, tracking tags added by proxies) are ignored.
@@ -58,7 +71,7 @@ pub(crate) fn from_body(
     url_version: Option<&str>,
     accepted: ResultFormat,
 ) -> Result<RunRequest, Invalid> {
-    let fields = Fields::new(body, &RunRequest::BODY_FIELDS)?;
+    let fields = Fields::new(body, &BODY_FIELDS)?;
     for key in ["query_override", "filters_override"] {
         match fields.get(key) {
             None | Some(Value::Null) => {}
@@ -200,6 +213,14 @@ mod tests {
             let attr = from_query([(key, value)], ResultFormat::Json).unwrap_err().attr;
             assert_eq!(attr.as_deref(), Some(key), "{key}={value}");
         }
+    }
+
+    #[test]
+    fn the_documented_body_has_exactly_the_fields_read() {
+        let object = crate::api::requests::run_body(utoipa::openapi::ObjectBuilder::new().into()).build();
+        let documented: std::collections::BTreeSet<&str> =
+            object.properties.keys().map(String::as_str).collect();
+        assert_eq!(documented, BODY_FIELDS.into_iter().collect());
     }
 
     /// A JSON value of any shape, a few levels deep.

@@ -140,10 +140,8 @@ pub(crate) async fn put(
 ) -> Result<HttpResponse, ApiError> {
     let name = path.to_write()?;
     let (table, created) = if crate::extract::is_json(&req) {
-        let read = crate::extract::read_json(&req, payload.into_inner(), state.body_limit);
-        let body = tokio::time::timeout(state.client_timeout, read)
-            .await
-            .map_err(|_| ApiError::BodyTimeout { timeout: state.client_timeout })??
+        let body = crate::extract::read_json(&req, payload.into_inner(), &state)
+            .await?
             .unwrap_or_else(|| serde_json::Value::Object(serde_json::Map::new()));
         let source = ExternalSource::try_from(&body)?;
         state.tables.register(caller.project, &name, source).await?
