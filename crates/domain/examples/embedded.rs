@@ -71,7 +71,7 @@ impl EndpointStore for MemoryStore {
         });
         found.sort_by(|a, b| a.name.cmp(&b.name));
         let total = found.len() as u64;
-        let items = found.into_iter().skip(page.offset as usize).take(page.limit as usize).collect();
+        let items = found.into_iter().skip(usize::try_from(page.offset).unwrap_or(usize::MAX)).take(page.limit as usize).collect();
         Ok(Page { items, total, request: page })
     }
 
@@ -118,7 +118,7 @@ impl EndpointStore for MemoryStore {
         let versions = self.with(|all| all.get(&(project, name.clone())).map(|(_, v)| v.clone()));
         let versions = versions.ok_or(StoreError::NotFound)?;
         let total = versions.len() as u64;
-        let items = versions.into_iter().rev().skip(page.offset as usize).take(page.limit as usize).collect();
+        let items = versions.into_iter().rev().skip(usize::try_from(page.offset).unwrap_or(usize::MAX)).take(page.limit as usize).collect();
         Ok(Page { items, total, request: page })
     }
 

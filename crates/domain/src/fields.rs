@@ -79,7 +79,7 @@ pub fn integer(value: &Value) -> Option<i64> {
     // 2^63 is exact as an f64; every integral f64 in [-2^63, 2^63) converts without loss.
     const LIMIT: f64 = 9_223_372_036_854_775_808.0;
     value.as_i64().or_else(|| {
-        // Integral and in range, checked first: the cast is exact.
+        #[expect(clippy::cast_possible_truncation, reason = "integral and in range, checked first: exact")]
         value.as_f64().filter(|f| f.fract() == 0.0 && (-LIMIT..LIMIT).contains(f)).map(|f| f as i64)
     })
 }

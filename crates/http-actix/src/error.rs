@@ -326,7 +326,12 @@ impl From<Invalid> for ApiError {
 
 /// Whole seconds to wait, at least one.
 fn retry_seconds(wait: std::time::Duration) -> u64 {
-    wait.as_secs_f64().ceil().max(1.0) as u64
+    whole_seconds(wait).max(1)
+}
+
+/// A duration in whole seconds, rounded up.
+pub(crate) fn whole_seconds(wait: std::time::Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }
 
 /// The full cause chain, for the log only.

@@ -69,7 +69,7 @@ impl Budget {
     pub(crate) fn write(&self, headers: &mut HeaderMap) {
         headers.insert(LIMIT, HeaderValue::from(self.limit));
         headers.insert(REMAINING, HeaderValue::from(self.remaining));
-        headers.insert(RESET, HeaderValue::from(self.reset.as_secs_f64().ceil() as u64));
+        headers.insert(RESET, HeaderValue::from(crate::error::whole_seconds(self.reset)));
     }
 }
 

@@ -202,10 +202,10 @@ impl DataFusionEngine {
         while let Some(batch) = stream.next().await {
             let batch = batch.map_err(execute::execution_error)?;
             // The window fetched one row past the page, to tell whether more follow: it is not written.
-            let room = u64::from(limit) - written;
-            let batch = if batch.num_rows() as u64 > room {
+            let room = usize::try_from(u64::from(limit) - written).unwrap_or(usize::MAX);
+            let batch = if batch.num_rows() > room {
                 has_more = true;
-                batch.slice(0, room as usize)
+                batch.slice(0, room)
             } else {
                 batch
             };

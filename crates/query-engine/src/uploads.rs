@@ -400,7 +400,7 @@ impl TableStore for DataFusionEngine {
             rows,
             bytes,
             mode = ?upload.mode,
-            took_ms = started.elapsed().as_millis() as u64,
+            took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "table written from an upload"
         );
         Ok(Written { rows, bytes, created })

@@ -415,7 +415,7 @@ async fn concurrent_query_changes_stay_contiguous(store: DieselStore) {
     let numbers: BTreeSet<u32> = page.items.iter().map(|v| v.version).collect();
     assert_eq!(numbers, (1..=WRITERS + 1).collect::<BTreeSet<_>>(), "versions 1..=13, no gap, no duplicate");
     let sqls: BTreeSet<_> = page.items.iter().map(|v| v.query.sql.clone()).collect();
-    assert_eq!(sqls.len() as u32, WRITERS + 1, "every writer's query was kept");
+    assert_eq!(sqls.len(), WRITERS as usize + 1, "every writer's query was kept");
     let current = EndpointStore::get(&*store, p, &name("busy")).await.unwrap();
     assert_eq!(current.current_version, WRITERS + 1);
 }
