@@ -133,9 +133,9 @@ fail-closed: ## Refuse `unwrap_or_default()` outside tests.
 # before it, never one after it, with one exception: `endpoints` reads `materialization`'s model and ports, never
 # its service (docs/architecture.md says why). Inside the domain a name is imported through its part's path, one
 # part per `use`, so that this check sees every edge.
-DOMAIN_BASE := error.rs clock.rs fields.rs page.rs version.rs kept.rs
+DOMAIN_BASE := error.rs clock.rs fields.rs page.rs version.rs recent.rs
 DOMAIN_PARTS := access query endpoints materialization tables runs changes
-MATERIALIZATION_SERVICE := Materializer|MaterializerDeps|RefreshOutcome|RETRY_AFTER_FAILURE
+MATERIALIZATION_SERVICE := RefreshService|RefreshDeps|RefreshOutcome|RETRY_AFTER_FAILURE
 
 .PHONY: layers
 layers: ## Check that no part of the domain imports a later one.

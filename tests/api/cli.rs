@@ -217,3 +217,12 @@ fn every_setting_is_documented() {
         }
     }
 }
+
+#[test]
+fn demo_events_are_reproducible() {
+    use server::cli::demo_data::events;
+    let a: Vec<_> = events(1000, 7).collect();
+    assert_eq!(a, events(1000, 7).collect::<Vec<_>>());
+    assert_eq!(a.iter().map(|batch| batch.num_rows()).sum::<usize>(), 1000);
+    assert_ne!(a, events(1000, 8).collect::<Vec<_>>());
+}

@@ -11,9 +11,9 @@ use async_trait::async_trait;
 use domain::{
     BoundValue, CacheKey, CachedRun, Claim, Column, ColumnType, CreateEndpoint, Endpoint, EndpointChange,
     EndpointDeps, EndpointFilter, EndpointName, EndpointPatch, EndpointService, EndpointStore,
-    EndpointVersion, EngineError, ExecutionTracker, Export, MaterializationState, MaterializationStore,
-    Materializations, MaterializedFilter, MaterializedResults, NewEndpoint, Page, PageRequest, ProjectId,
-    Query, QueryDescription, QueryEngine, QueryResult, Refresh, Replanned, ResultCache, ResultFormat,
+    EndpointVersion, EngineError, ExecutionTracker, Export, MaterializationPorts, MaterializationRecords,
+    MaterializationState, MaterializedFilter, NewEndpoint, Page, PageRequest, ProjectId, Query,
+    QueryDescription, QueryEngine, QueryResult, Refresh, Replanned, ResultCache, ResultFormat, ResultStorage,
     RunDeps, RunRequest, RunService, Statistics, StoreError, StoredResult, Switch, SystemClock, Timestamp,
     Variable, VariableType, VersionNumber,
 };
@@ -71,7 +71,11 @@ impl EndpointStore for MemoryStore {
         });
         found.sort_by(|a, b| a.name.cmp(&b.name));
         let total = found.len() as u64;
-        let items = found.into_iter().skip(usize::try_from(page.offset).unwrap_or(usize::MAX)).take(page.limit as usize).collect();
+        let items = found
+            .into_iter()
+            .skip(usize::try_from(page.offset).unwrap_or(usize::MAX))
+            .take(page.limit as usize)
+            .collect();
         Ok(Page { items, total, request: page })
     }
 
@@ -118,7 +122,12 @@ impl EndpointStore for MemoryStore {
         let versions = self.with(|all| all.get(&(project, name.clone())).map(|(_, v)| v.clone()));
         let versions = versions.ok_or(StoreError::NotFound)?;
         let total = versions.len() as u64;
-        let items = versions.into_iter().rev().skip(usize::try_from(page.offset).unwrap_or(usize::MAX)).take(page.limit as usize).collect();
+        let items = versions
+            .into_iter()
+            .rev()
+            .skip(usize::try_from(page.offset).unwrap_or(usize::MAX))
+            .take(page.limit as usize)
+            .collect();
         Ok(Page { items, total, request: page })
     }
 
@@ -266,7 +275,7 @@ impl domain::EndpointChanges for ClearCache {
 struct NoMaterializations;
 
 #[async_trait]
-impl MaterializationStore for NoMaterializations {
+impl MaterializationRecords for NoMaterializations {
     async fn get(&self, _: Uuid) -> Result<Option<MaterializationState>, StoreError> {
         Ok(None)
     }
@@ -298,7 +307,7 @@ fn nothing_materialized() -> EngineError {
 }
 
 #[async_trait]
-impl MaterializedResults for NoMaterializations {
+impl ResultStorage for NoMaterializations {
     async fn write(&self, _: ProjectId, _: &Query, _: &str) -> Result<u64, EngineError> {
         Err(nothing_materialized())
     }
@@ -343,7 +352,7 @@ async fn main() -> Result<(), domain::Error> {
     let clock = Arc::new(SystemClock);
     let executions = Arc::new(ExecutionTracker::new(store.clone()));
     let materializations =
-        Materializations { states: Arc::new(NoMaterializations), results: Arc::new(NoMaterializations) };
+        MaterializationPorts { states: Arc::new(NoMaterializations), results: Arc::new(NoMaterializations) };
     let endpoints = EndpointService::new(EndpointDeps {
         store: store.clone(),
         engine: engine.clone(),

@@ -4,7 +4,7 @@
 //! another process (a query changed, an endpoint deactivated or deleted, a key revoked) must be honoured here at
 //! once. Stores that can announce changes (PostgreSQL's `LISTEN`/`NOTIFY`) deliver a [`Change`] per commit; a
 //! channel that drops delivers [`Change::Everything`] until it is back, so nothing kept is trusted longer than
-//! the channel's reconnection interval. Changes made in this process reach [`KeptState`] directly, through the
+//! the channel's reconnection interval. Changes made in this process reach [`Invalidator`] directly, through the
 //! [`EndpointChanges`] port the endpoint service is given.
 
 use std::sync::Arc;
@@ -28,12 +28,12 @@ pub enum Change {
 
 /// What this process keeps in memory, cleared change by change.
 #[derive(Clone)]
-pub struct KeptState {
+pub struct Invalidator {
     cache: Arc<dyn ResultCache>,
     keys: Arc<ApiKeyService>,
 }
 
-impl KeptState {
+impl Invalidator {
     pub fn new(cache: Arc<dyn ResultCache>, keys: Arc<ApiKeyService>) -> Self {
         Self { cache, keys }
     }
@@ -53,7 +53,7 @@ impl KeptState {
     }
 }
 
-impl EndpointChanges for KeptState {
+impl EndpointChanges for Invalidator {
     fn changed(&self, project: ProjectId, name: &EndpointName) {
         self.apply(&Change::Endpoint { project, name: name.clone() });
     }
@@ -66,7 +66,7 @@ mod tests {
 
     use mockall::predicate::eq;
 
-    use super::{Change, KeptState};
+    use super::{Change, Invalidator};
     use crate::access::{ApiKeyService, MockApiKeyStore, MockProjectStore, Scope};
     use crate::endpoints::{EndpointChanges, EndpointName};
     use crate::runs::MockResultCache;
@@ -100,7 +100,7 @@ mod tests {
         cache.expect_invalidate().with(eq(project(3)), eq(name.clone())).times(2).return_const(());
         cache.expect_invalidate_all().times(1).return_const(());
         let (keys, reads) = keys();
-        let kept = KeptState::new(Arc::new(cache), Arc::clone(&keys));
+        let kept = Invalidator::new(Arc::new(cache), Arc::clone(&keys));
         let read_again = |expected: usize| {
             let keys = Arc::clone(&keys);
             let reads = Arc::clone(&reads);

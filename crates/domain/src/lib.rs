@@ -8,7 +8,7 @@
 //! It is laid out in subdomains, each with its model, its ports and its service, and each using only those
 //! before it: `access` (projects, keys, scopes), `query` (the saved SQL, its variables, what the engine tells
 //! of it), `endpoints`, `materialization`, `tables`, `runs`. Beneath them all sit `error`, `clock`, `fields`,
-//! `page`, `version` and `kept` (what is read from the store, kept for a short while); above them `changes`, which clears
+//! `page`, `version` and `recent` (what is read from the store, kept for a short while); above them `changes`, which clears
 //! what a process keeps in memory. One edge goes back: `endpoints` reads `materialization`'s model and ports,
 //! because an endpoint record carries its materialization and deleting an endpoint removes its stored results
 //! (docs/architecture.md). `make lint` checks the order.
@@ -27,10 +27,10 @@ mod clock;
 mod endpoints;
 mod error;
 mod fields;
-mod kept;
 mod materialization;
 mod page;
 mod query;
+mod recent;
 mod runs;
 mod tables;
 #[cfg(any(test, feature = "mocks"))]

@@ -7,8 +7,8 @@ use actix_web::test::{call_service, init_service, read_body_json, TestRequest};
 use domain::testing::{api_key, current_version, endpoint, query};
 use domain::{
     ApiKeyService, Column, ColumnType, EndpointDeps, EndpointService, EndpointVersion, ExecutionTracker,
-    Materializations, MockApiKeyStore, MockClock, MockEndpointChanges, MockEndpointStore,
-    MockMaterializationStore, MockMaterializedResults, MockProjectStore, MockQueryEngine, MockResultCache,
+    MaterializationPorts, MockApiKeyStore, MockClock, MockEndpointChanges, MockEndpointStore,
+    MockMaterializationRecords, MockProjectStore, MockQueryEngine, MockResultCache, MockResultStorage,
     MockTableStore, NewEndpoint, Page, QueryResult, RunDeps, RunService, Scope, StoreError, TableDeps,
     TableService,
 };
@@ -27,10 +27,10 @@ fn sample() -> domain::Endpoint {
 }
 
 /// Materialization ports for endpoints that are not materialized: any call fails the test.
-fn untouched_materializations() -> Materializations {
-    Materializations {
-        states: Arc::new(MockMaterializationStore::new()),
-        results: Arc::new(MockMaterializedResults::new()),
+fn untouched_materializations() -> MaterializationPorts {
+    MaterializationPorts {
+        states: Arc::new(MockMaterializationRecords::new()),
+        results: Arc::new(MockResultStorage::new()),
     }
 }
 

@@ -24,7 +24,7 @@ pub(crate) const CURRENT: &str = "_current";
 
 /// A table a project can query.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableInfo {
+pub struct TableFiles {
     pub name: String,
     /// Where its current files are, for people (`file:///...` or `s3://...`).
     pub location: String,
@@ -63,14 +63,14 @@ pub(crate) fn is_parquet(path: &ObjectPath) -> bool {
 /// What a table's `_current` object says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pointer {
-    pub(crate) target: Target,
+    pub(crate) target: TableContents,
     /// When the table was first written; `None` for a pointer written before this was kept.
     pub(crate) created: Option<domain::Timestamp>,
 }
 
 /// Where a table's rows are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Target {
+pub(crate) enum TableContents {
     /// A version of its own files: `v-{uuid}`.
     Version(String),
     /// An external source, read where it is.
@@ -119,9 +119,9 @@ impl Pointer {
         let created =
             self.created.and_then(|at| at.format(&time::format_description::well_known::Rfc3339).ok());
         match (&self.target, created) {
-            (Target::Version(version), Some(created)) => format!("{version}\n{created}\n"),
-            (Target::Version(version), None) => version.clone(),
-            (Target::Source(source), created) => {
+            (TableContents::Version(version), Some(created)) => format!("{version}\n{created}\n"),
+            (TableContents::Version(version), None) => version.clone(),
+            (TableContents::Source(source), created) => {
                 let record =
                     serde_json::to_string(&SourceRecord::of(source)).expect("a source record is strings");
                 // A pointer written before sources had a creation time has an empty line there.
@@ -138,9 +138,9 @@ impl Pointer {
         });
         let target = if first == EXTERNAL {
             let record: SourceRecord = serde_json::from_str(lines.next()?).ok()?;
-            Target::Source(record.source()?)
+            TableContents::Source(record.source()?)
         } else if is_version_name(first) {
-            Target::Version(first.to_owned())
+            TableContents::Version(first.to_owned())
         } else {
             return None;
         };
@@ -169,8 +169,8 @@ pub(crate) async fn current_version(
     table: &ObjectPath,
 ) -> Result<Option<String>, EngineError> {
     Ok(pointer(storage, table).await?.and_then(|p| match p.target {
-        Target::Version(version) => Some(version),
-        Target::Source(_) => None,
+        TableContents::Version(version) => Some(version),
+        TableContents::Source(_) => None,
     }))
 }
 
@@ -185,10 +185,10 @@ pub(crate) enum Current {
 /// Where a table's rows are, or `None` when there is no such table.
 pub(crate) async fn current(storage: &Storage, table: &ObjectPath) -> Result<Option<Current>, EngineError> {
     match pointer(storage, table).await?.map(|p| p.target) {
-        Some(Target::Version(version)) => {
+        Some(TableContents::Version(version)) => {
             return Ok(Some(Current::Files(table.clone().join(version.as_str()))))
         }
-        Some(Target::Source(source)) => return Ok(Some(Current::External(source))),
+        Some(TableContents::Source(source)) => return Ok(Some(Current::External(source))),
         None => {}
     }
     let legacy = storage.objects(table).await.map_err(unavailable)?;
@@ -217,7 +217,7 @@ pub(crate) async fn list_tables(
 pub(crate) async fn describe_tables(
     storage: &Storage,
     project: ProjectId,
-) -> Result<Vec<TableInfo>, EngineError> {
+) -> Result<Vec<TableFiles>, EngineError> {
     let mut described = Vec::new();
     for (name, current) in list_tables(storage, project).await? {
         let info = match current {
@@ -229,7 +229,7 @@ pub(crate) async fn describe_tables(
                     .into_iter()
                     .filter(|o| is_parquet(&o.location))
                     .collect();
-                TableInfo {
+                TableFiles {
                     name,
                     location: format!("{}/{files}/", storage.location()),
                     files: parquet.len() as u64,
@@ -238,7 +238,7 @@ pub(crate) async fn describe_tables(
             }
             // Read where they are: their size is the source's business.
             Current::External(ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. }) => {
-                TableInfo { name, location: crate::sources::shown_raw(&url), files: 0, bytes: 0 }
+                TableFiles { name, location: crate::sources::shown_raw(&url), files: 0, bytes: 0 }
             }
         };
         described.push(info);

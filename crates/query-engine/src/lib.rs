@@ -6,16 +6,15 @@
 //! Variables are compiled to engine placeholders and bound as typed values, never pasted into SQL text.
 //! This crate knows nothing of HTTP or of the store.
 
-mod cache;
 mod catalog;
 mod compile;
 mod confined;
-pub mod demo;
 #[cfg(feature = "ballista")]
 pub mod distributed;
 mod execute;
 mod export;
 mod fair;
+pub mod imports;
 mod materialized;
 mod memory;
 mod messages;
@@ -28,9 +27,8 @@ mod rollup;
 mod runtime;
 mod sources;
 mod storage;
-pub mod tables;
+mod table_store;
 mod types;
-mod uploads;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,8 +43,7 @@ use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use domain::{EngineError, Export, ProjectId, Query, QueryDescription, QueryEngine, ResultFormat};
 use tracing::instrument;
 
-pub use cache::MemoryResultCache;
-pub use catalog::TableInfo;
+pub use catalog::TableFiles;
 pub use execute::EngineLimits;
 pub use metrics::EngineMetrics;
 pub use storage::{Storage, StorageError};
@@ -61,7 +58,7 @@ pub struct DataFusionEngine {
     slots: Arc<execute::Slots>,
     runtime: Arc<runtime::EngineRuntime>,
     metrics: EngineMetrics,
-    table_locks: Arc<uploads::TableLocks>,
+    table_locks: Arc<table_store::TableLocks>,
     /// Stored results prepared to answer runs (see `materialized`).
     prepared: materialized::PreparedResults,
     /// The footers and statistics of the files queries read, shared by every query's runtime.
@@ -160,7 +157,7 @@ impl DataFusionEngine {
     ///
     /// # Errors
     /// [`EngineError::Internal`] when the storage cannot be read.
-    pub async fn tables(&self, project: ProjectId) -> Result<Vec<TableInfo>, EngineError> {
+    pub async fn tables(&self, project: ProjectId) -> Result<Vec<TableFiles>, EngineError> {
         catalog::describe_tables(&self.storage, project).await
     }
 
@@ -478,6 +475,10 @@ impl QueryEngine for DataFusionEngine {
     }
 }
 
+/// The demo project's `events` generator, which lives with the CLI's `demo` command, for realistic test tables.
+#[cfg(test)]
+#[path = "../../server/src/cli/demo_data.rs"]
+mod demo;
 #[cfg(test)]
 mod export_tests;
 #[cfg(test)]
@@ -485,6 +486,6 @@ mod materialization_tests;
 #[cfg(test)]
 mod storage_tests;
 #[cfg(test)]
-mod tests;
+mod table_store_tests;
 #[cfg(test)]
-mod uploads_tests;
+mod tests;

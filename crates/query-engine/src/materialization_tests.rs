@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use domain::{
-    attempt_location, BoundValue, CompareOp, Eligibility, MaterializedFilter, MaterializedResults,
-    QueryEngine, ResultFormat,
+    attempt_location, BoundValue, CompareOp, Eligibility, MaterializedFilter, QueryEngine, ResultFormat,
+    ResultStorage,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -39,7 +39,7 @@ async fn demo_on(dir: Option<std::path::PathBuf>) -> Demo {
         Some(dir) => Storage::local(dir).unwrap(),
         None => Storage::from_store(Arc::new(object_store::memory::InMemory::new()), "memory:///"),
     };
-    tables::write_table(
+    imports::write_table(
         &storage,
         project(),
         "events",
@@ -258,7 +258,7 @@ async fn materialized_answers_as_live(engine: &DataFusionEngine, seed: u64) {
         };
         assert!(!filters.is_empty());
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        let stored = MaterializedResults::write(engine, project(), &q, &at).await.unwrap();
+        let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
         assert!(stored > 0);
         for round in 0..40 {
             let variables = (case.draw)(&mut rng);
@@ -273,9 +273,9 @@ async fn materialized_answers_as_live(engine: &DataFusionEngine, seed: u64) {
             read.statistics = live.statistics;
             assert_eq!(read, live, "{} with {variables:?}, limit {limit}, offset {offset}", case.sql);
         }
-        MaterializedResults::remove(engine, project(), &at).await.unwrap();
+        ResultStorage::remove(engine, project(), &at).await.unwrap();
     }
-    assert!(MaterializedResults::locations(engine).await.unwrap().is_empty(), "every location was removed");
+    assert!(ResultStorage::locations(engine).await.unwrap().is_empty(), "every location was removed");
 }
 
 fn date(rng: &mut StdRng) -> time::Date {
@@ -399,7 +399,7 @@ async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64, rounds: us
             panic!("{} is a rollup: {decided:?}", case.sql)
         };
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        let stored = MaterializedResults::write(engine, project(), &q, &at).await.unwrap();
+        let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
         assert!(
             stored > 0 && stored <= 20_000,
             "{stored} rows stored, grouped by {:?}",
@@ -423,12 +423,11 @@ async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64, rounds: us
         // An export of a rollup is the same page.
         let variables = (case.draw)(&mut rng);
         let bound = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
-        let export = MaterializedResults::export(engine, project(), &at, bound, 100, 0, ResultFormat::Csv)
-            .await
-            .unwrap();
+        let export =
+            ResultStorage::export(engine, project(), &at, bound, 100, 0, ResultFormat::Csv).await.unwrap();
         let live = engine.execute(project(), &q, &variables, 100, 0).await.unwrap();
         assert_eq!((export.rows, &export.columns), (live.row_count as u64, &live.columns), "{}", case.sql);
-        MaterializedResults::remove(engine, project(), &at).await.unwrap();
+        ResultStorage::remove(engine, project(), &at).await.unwrap();
     }
     assert!(compared > 10 * rounds, "the answers compared hold rows ({compared})");
 }
@@ -442,24 +441,24 @@ async fn a_rollup_past_its_row_limit_is_refused_saying_why() {
         json!({"before": {"type": "DateTime", "default": "2026-02-01T00:00:00Z"}}),
     );
     let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-    let refused = MaterializedResults::write(&engine, project(), &q, &at).await;
+    let refused = ResultStorage::write(&engine, project(), &q, &at).await;
     assert!(
         matches!(&refused, Err(EngineError::InvalidQuery(reason))
             if reason.contains("more than 100 rows, grouped by events.country, events.timestamp")),
         "{refused:?}"
     );
-    assert!(MaterializedResults::locations(&engine).await.unwrap().is_empty(), "nothing is left of it");
+    assert!(ResultStorage::locations(&engine).await.unwrap().is_empty(), "nothing is left of it");
     // By day, the same totals fit.
     let by_day = query(
         "SELECT country, count(*) AS n FROM events WHERE timestamp >= {variables.since} GROUP BY country",
         json!({"since": {"type": "Date", "default": "2026-02-01"}}),
     );
-    assert!(MaterializedResults::write(&engine, project(), &by_day, &at)
+    assert!(ResultStorage::write(&engine, project(), &by_day, &at)
         .await
         .is_err_and(|e| e.to_string().contains("more than 100")));
     let few =
         query("SELECT count(*) AS n FROM events WHERE country = {variables.c}", json!({"c": string_var()}));
-    assert_eq!(MaterializedResults::write(&engine, project(), &few, &at).await.unwrap(), 10);
+    assert_eq!(ResultStorage::write(&engine, project(), &few, &at).await.unwrap(), 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,7 +475,7 @@ async fn a_page_exported_from_a_stored_result_equals_the_live_page() {
             panic!("{} can be materialized", case.sql)
         };
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        MaterializedResults::write(engine, project(), &q, &at).await.unwrap();
+        ResultStorage::write(engine, project(), &q, &at).await.unwrap();
         for format in [ResultFormat::Csv, ResultFormat::NdJson] {
             for _ in 0..5 {
                 let variables = (case.draw)(&mut rng);
@@ -485,10 +484,9 @@ async fn a_page_exported_from_a_stored_result_equals_the_live_page() {
                     .await
                     .unwrap();
                 let bound = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
-                let stored =
-                    MaterializedResults::export(engine, project(), &at, bound, limit, offset, format)
-                        .await
-                        .unwrap();
+                let stored = ResultStorage::export(engine, project(), &at, bound, limit, offset, format)
+                    .await
+                    .unwrap();
                 rows += live.rows;
                 assert_eq!(
                     (&stored.digest, stored.bytes, stored.rows, stored.has_more),
@@ -499,7 +497,7 @@ async fn a_page_exported_from_a_stored_result_equals_the_live_page() {
                 assert_eq!(stored.columns, live.columns);
             }
         }
-        MaterializedResults::remove(engine, project(), &at).await.unwrap();
+        ResultStorage::remove(engine, project(), &at).await.unwrap();
     }
     assert!(rows > 100, "the pages compared hold rows ({rows})");
 }
@@ -519,23 +517,23 @@ async fn locations_are_listed_and_removed(demo: &Demo) {
     let endpoint = Uuid::new_v4();
     let first = attempt_location(endpoint, 1, Uuid::new_v4());
     let second = attempt_location(endpoint, 2, Uuid::new_v4());
-    assert_eq!(MaterializedResults::write(engine, project(), &q, &first).await.unwrap(), 10);
-    MaterializedResults::write(engine, project(), &q, &second).await.unwrap();
+    assert_eq!(ResultStorage::write(engine, project(), &q, &first).await.unwrap(), 10);
+    ResultStorage::write(engine, project(), &q, &second).await.unwrap();
     let mut found: Vec<String> =
-        MaterializedResults::locations(engine).await.unwrap().into_iter().map(|(_, l)| l).collect();
+        ResultStorage::locations(engine).await.unwrap().into_iter().map(|(_, l)| l).collect();
     found.sort();
     let mut expected = vec![first.clone(), second.clone()];
     expected.sort();
     assert_eq!(found, expected);
 
-    MaterializedResults::remove(engine, project(), &first).await.unwrap();
-    assert_eq!(MaterializedResults::locations(engine).await.unwrap(), vec![(project(), second.clone())]);
-    MaterializedResults::remove(engine, project(), &endpoint.to_string()).await.unwrap();
-    assert!(MaterializedResults::locations(engine).await.unwrap().is_empty());
+    ResultStorage::remove(engine, project(), &first).await.unwrap();
+    assert_eq!(ResultStorage::locations(engine).await.unwrap(), vec![(project(), second.clone())]);
+    ResultStorage::remove(engine, project(), &endpoint.to_string()).await.unwrap();
+    assert!(ResultStorage::locations(engine).await.unwrap().is_empty());
     // Removing what is gone succeeds; a location that could leave the project's directory is refused.
-    MaterializedResults::remove(engine, project(), &first).await.unwrap();
-    assert!(MaterializedResults::remove(engine, project(), "../../tables").await.is_err());
-    assert!(MaterializedResults::write(engine, project(), &q, "x/../../y").await.is_err());
+    ResultStorage::remove(engine, project(), &first).await.unwrap();
+    assert!(ResultStorage::remove(engine, project(), "../../tables").await.is_err());
+    assert!(ResultStorage::write(engine, project(), &q, "x/../../y").await.is_err());
 }
 
 #[tokio::test]
@@ -546,10 +544,10 @@ async fn a_failed_write_leaves_nothing_behind() {
     let limited =
         query("SELECT country FROM events WHERE country = {variables.c} LIMIT 3", json!({"c": string_var()}));
     assert!(matches!(
-        MaterializedResults::write(engine, project(), &limited, &at).await,
+        ResultStorage::write(engine, project(), &limited, &at).await,
         Err(EngineError::InvalidQuery(reason)) if reason.contains("LIMIT")
     ));
     let failing = query("SELECT CAST(event AS INT) AS n FROM events", json!({}));
-    assert!(MaterializedResults::write(engine, project(), &failing, &at).await.is_err());
-    assert!(MaterializedResults::locations(engine).await.unwrap().is_empty());
+    assert!(ResultStorage::write(engine, project(), &failing, &at).await.is_err());
+    assert!(ResultStorage::locations(engine).await.unwrap().is_empty());
 }

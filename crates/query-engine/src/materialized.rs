@@ -22,8 +22,8 @@ use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
-    BoundValue, Eligibility, EngineError, Export, MaterializedFilter, MaterializedResults, ProjectId, Query,
-    QueryResult, ResultFormat, StoredColumn, VariableType,
+    BoundValue, Eligibility, EngineError, Export, MaterializedFilter, ProjectId, Query, QueryResult,
+    ResultFormat, ResultStorage, StoredColumn, VariableType,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -413,7 +413,7 @@ impl DataFusionEngine {
 }
 
 #[async_trait]
-impl MaterializedResults for DataFusionEngine {
+impl ResultStorage for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project, location))]
     async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<u64, EngineError> {
         compile::check_size(&query.sql)?;

@@ -28,7 +28,7 @@ use crate::storage::Storage;
 pub(crate) type Named = Vec<(String, Option<Current>)>;
 
 /// A plan and what it was planned against.
-struct Kept {
+struct KeptPlan {
     tables: Named,
     plan: LogicalPlan,
 }
@@ -36,7 +36,7 @@ struct Kept {
 /// The kept plans, shared by the engine's clones.
 #[derive(Clone)]
 pub(crate) struct Plans {
-    entries: Cache<(ProjectId, String), Arc<Kept>>,
+    entries: Cache<(ProjectId, String), Arc<KeptPlan>>,
 }
 
 impl std::fmt::Debug for Plans {
@@ -57,7 +57,7 @@ impl Plans {
         let entries = Cache::builder()
             .max_capacity(Self::CAPACITY_BYTES)
             // A plan grows with its query: each expression in the SQL is a node or two.
-            .weigher(|(_, sql): &(ProjectId, String), _: &Arc<Kept>| {
+            .weigher(|(_, sql): &(ProjectId, String), _: &Arc<KeptPlan>| {
                 u32::try_from(Self::PLAN_BYTES + 8 * sql.len()).unwrap_or(u32::MAX)
             })
             .time_to_idle(Self::IDLE)
@@ -89,6 +89,6 @@ impl Plans {
         if tables.iter().any(|(_, current)| matches!(current, Some(Current::External(_)))) {
             return;
         }
-        self.entries.insert((project, sql.to_owned()), Arc::new(Kept { tables, plan: plan.clone() }));
+        self.entries.insert((project, sql.to_owned()), Arc::new(KeptPlan { tables, plan: plan.clone() }));
     }
 }

@@ -338,16 +338,16 @@ async fn imports_csv_and_ndjson_atomically() {
     std::fs::write(&csv, "id,name\n1,a\n2,b\n").unwrap();
     let ndjson = dir.join("more.ndjson");
     std::fs::write(&ndjson, "{\"id\": 3, \"name\": \"c\"}\n").unwrap();
-    let noop = |_: tables::ImportProgress| {};
+    let noop = |_: imports::ImportProgress| {};
     let storage = Storage::local(&dir).unwrap();
     let seen = std::sync::Mutex::new(Vec::new());
-    let report = tables::import_files(
+    let report = imports::import_files(
         &storage,
         project(1),
         "things",
         std::slice::from_ref(&csv),
         None,
-        tables::ImportMode::Replace,
+        imports::ImportMode::Replace,
         &|progress| seen.lock().unwrap().push(progress),
     )
     .await
@@ -357,9 +357,17 @@ async fn imports_csv_and_ndjson_atomically() {
     let last = *seen.lock().unwrap().last().expect("progress was reported");
     assert_eq!(last.rows, 2);
     assert!((16..=32).contains(&last.bytes_read), "{last:?}");
-    tables::import_files(&storage, project(1), "things", &[ndjson], None, tables::ImportMode::Append, &noop)
-        .await
-        .unwrap();
+    imports::import_files(
+        &storage,
+        project(1),
+        "things",
+        &[ndjson],
+        None,
+        imports::ImportMode::Append,
+        &noop,
+    )
+    .await
+    .unwrap();
     let engine = engine_on(storage.clone()).await;
     let q = query("SELECT sum(id) AS s, count(*) AS n FROM things", json!({}));
     let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
@@ -368,31 +376,31 @@ async fn imports_csv_and_ndjson_atomically() {
     // A malformed file fails and leaves the table as it was, with no staging files visible.
     let broken = dir.join("broken.csv");
     std::fs::write(&broken, "id,name\n1,a,extra,fields\n\"unterminated\n").unwrap();
-    assert!(tables::import_files(
+    assert!(imports::import_files(
         &storage,
         project(1),
         "things",
         &[broken],
         None,
-        tables::ImportMode::Replace,
+        imports::ImportMode::Replace,
         &noop
     )
     .await
     .is_err());
     let mismatch = dir.join("other.csv");
     std::fs::write(&mismatch, "x\n1\n").unwrap();
-    let err = tables::import_files(
+    let err = imports::import_files(
         &storage,
         project(1),
         "things",
         &[mismatch],
         None,
-        tables::ImportMode::Append,
+        imports::ImportMode::Append,
         &noop,
     )
     .await
     .unwrap_err();
-    assert!(matches!(err, tables::ImportError::SchemaMismatch { .. }), "{err:?}");
+    assert!(matches!(err, imports::ImportError::SchemaMismatch { .. }), "{err:?}");
     let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
     assert_eq!(result.rows_json, r#"[{"s":6,"n":3}]"#);
     // What is left is the table's pointer and its one version: the failed imports removed their files.
@@ -406,27 +414,18 @@ async fn imports_csv_and_ndjson_atomically() {
     assert_eq!(leftovers[0], "_current");
     assert!(catalog::is_version_name(&leftovers[1]), "{leftovers:?}");
     assert!(matches!(
-        tables::import_files(
+        imports::import_files(
             &storage,
             project(1),
             "Bad-Name",
             &[csv],
             None,
-            tables::ImportMode::Replace,
+            imports::ImportMode::Replace,
             &noop
         )
         .await,
-        Err(tables::ImportError::InvalidTableName(_))
+        Err(imports::ImportError::InvalidTableName(_))
     ));
-}
-
-#[tokio::test]
-async fn demo_events_are_reproducible() {
-    let a: Vec<_> = demo::events(1000, 7).collect();
-    let b: Vec<_> = demo::events(1000, 7).collect();
-    assert_eq!(a, b);
-    assert_eq!(a.iter().map(RecordBatch::num_rows).sum::<usize>(), 1000);
-    assert_ne!(a, demo::events(1000, 8).collect::<Vec<_>>());
 }
 
 #[tokio::test]

@@ -4,12 +4,13 @@ use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Arc;
 
+use cache_moka::MemoryResultCache;
 use domain::{
-    ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, KeptState, Materializations,
-    Materializer, MaterializerDeps, ResultCache, RunDeps, RunService, SystemClock, TableDeps, TableService,
+    ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, Invalidator, MaterializationPorts,
+    RefreshDeps, RefreshService, ResultCache, RunDeps, RunService, SystemClock, TableDeps, TableService,
 };
 use http_actix::AppState;
-use query_engine::{DataFusionEngine, MemoryResultCache};
+use query_engine::DataFusionEngine;
 use store_diesel::{Backend, ChangeListener, Database, DatabaseConfig, DieselStore};
 
 use crate::config::Config;
@@ -41,9 +42,9 @@ pub struct Services {
     pub tables: Arc<TableService>,
     pub executions: Arc<ExecutionTracker>,
     pub engine: Arc<DataFusionEngine>,
-    pub materializer: Arc<Materializer>,
+    pub materializer: Arc<RefreshService>,
     /// What this process keeps from the store in memory, for changes other processes announce.
-    pub kept: KeptState,
+    pub kept: Invalidator,
 }
 
 impl Services {
@@ -67,12 +68,12 @@ impl Services {
             Arc::new(engine(DataFusionEngine::new(storage).with_limits(config.limits.clone()), config)?);
         let cache: Arc<dyn ResultCache> = Arc::new(MemoryResultCache::new(config.cache_bytes));
         let executions = Arc::new(ExecutionTracker::new(store.clone()));
-        let materializations = Materializations { states: store.clone(), results: engine.clone() };
+        let materializations = MaterializationPorts { states: store.clone(), results: engine.clone() };
         let keys = Arc::new(
             ApiKeyService::new(store.clone(), store.clone(), clock.clone())
                 .with_key_cache_ttl(config.key_cache_ttl),
         );
-        let kept = KeptState::new(cache.clone(), keys.clone());
+        let kept = Invalidator::new(cache.clone(), keys.clone());
         let changes = Arc::new(kept.clone());
         let tables = Arc::new(TableService::new(TableDeps {
             tables: engine.clone(),
@@ -97,7 +98,7 @@ impl Services {
             materializations,
             export_limit: config.export_limit,
         }));
-        let materializer = Arc::new(Materializer::new(MaterializerDeps {
+        let materializer = Arc::new(RefreshService::new(RefreshDeps {
             endpoints: store.clone(),
             states: store.clone(),
             engine: engine.clone(),
@@ -130,7 +131,7 @@ pub struct Application {
     executions: Arc<ExecutionTracker>,
     keys: Arc<ApiKeyService>,
     flush_interval: std::time::Duration,
-    materializer: Arc<Materializer>,
+    materializer: Arc<RefreshService>,
     worker: crate::worker::WorkerConfig,
     worker_metrics: crate::operations::WorkerMetrics,
     rate_limits: Arc<http_actix::RateLimits>,

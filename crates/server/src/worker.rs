@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use domain::{Claim, Materializer, RefreshOutcome};
+use domain::{Claim, RefreshOutcome, RefreshService};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
@@ -31,7 +31,7 @@ impl Default for WorkerConfig {
 
 /// Runs until `stop` turns true, then gives back the claims still running and returns.
 pub async fn run(
-    materializer: Arc<Materializer>,
+    materializer: Arc<RefreshService>,
     config: WorkerConfig,
     metrics: WorkerMetrics,
     mut stop: watch::Receiver<bool>,
@@ -87,7 +87,7 @@ pub async fn run(
 /// One refresh, with its lease renewed every third of its length. A lost lease or a stop drops the work (which
 /// cancels the engine's part) and removes what it wrote.
 async fn refresh(
-    materializer: Arc<Materializer>,
+    materializer: Arc<RefreshService>,
     claim: Claim,
     metrics: WorkerMetrics,
     mut stop: watch::Receiver<bool>,

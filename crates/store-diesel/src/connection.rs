@@ -45,12 +45,12 @@ impl DatabaseConfig {
 
 /// What the manager connects to: the backend and its native connection string.
 #[derive(Debug, Clone)]
-struct Target {
+struct DatabaseAddress {
     backend: Backend,
     address: String,
 }
 
-impl Target {
+impl DatabaseAddress {
     fn parse(url: &str) -> Result<Self, String> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return Ok(Self { backend: Backend::Postgres, address: url.to_owned() });
@@ -69,7 +69,7 @@ impl Target {
 /// Opens connections for the pool, with the SQLite settings every connection needs.
 #[derive(Debug)]
 struct Manager {
-    target: Target,
+    target: DatabaseAddress,
 }
 
 /// SQLite settings applied to each new connection: WAL so readers never wait for the writer, foreign keys for
@@ -141,7 +141,7 @@ impl Database {
     /// # Errors
     /// [`StoreError::Unavailable`] when the database cannot be reached; `Internal` for a bad URL.
     pub fn connect(config: &DatabaseConfig) -> Result<Self, StoreError> {
-        let target = Target::parse(&config.url).map_err(|e| StoreError::Internal(e.into()))?;
+        let target = DatabaseAddress::parse(&config.url).map_err(|e| StoreError::Internal(e.into()))?;
         if target.backend == Backend::Sqlite {
             if let Some(dir) = Path::new(&target.address).parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
@@ -236,11 +236,11 @@ mod tests {
 
     #[test]
     fn urls_select_the_backend() {
-        assert_eq!(Target::parse("sqlite://data/x.db").unwrap().address, "data/x.db");
-        assert_eq!(Target::parse("sqlite:x.db").unwrap().backend, Backend::Sqlite);
-        assert_eq!(Target::parse("postgres://u@h/db").unwrap().backend, Backend::Postgres);
-        assert_eq!(Target::parse("postgresql://u@h/db").unwrap().backend, Backend::Postgres);
-        assert!(Target::parse("mysql://h/db").is_err());
-        assert!(Target::parse("sqlite://").is_err());
+        assert_eq!(DatabaseAddress::parse("sqlite://data/x.db").unwrap().address, "data/x.db");
+        assert_eq!(DatabaseAddress::parse("sqlite:x.db").unwrap().backend, Backend::Sqlite);
+        assert_eq!(DatabaseAddress::parse("postgres://u@h/db").unwrap().backend, Backend::Postgres);
+        assert_eq!(DatabaseAddress::parse("postgresql://u@h/db").unwrap().backend, Backend::Postgres);
+        assert!(DatabaseAddress::parse("mysql://h/db").is_err());
+        assert!(DatabaseAddress::parse("sqlite://").is_err());
     }
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use domain::{
     ApiKey, ApiKeyStore, BreakingChange, CacheAge, Change, Column, ColumnChange, ColumnType, CompareOp,
-    Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationStatus,
-    MaterializationStore, MaterializedFilter, NewEndpoint, NewVersion, PageRequest, PlannedQuery,
+    Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationRecords,
+    MaterializationStatus, MaterializedFilter, NewEndpoint, NewVersion, PageRequest, PlannedQuery,
     ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredColumn,
     StoredResult, Switch, SyncFrequency, Timestamp, TokenSecret,
 };
@@ -521,7 +521,7 @@ async fn materialized(store: &DieselStore, p: ProjectId, raw_name: &str) -> Uuid
 
 async fn claims_of(store: &DieselStore, p: ProjectId, now: Timestamp) -> Vec<domain::Claim> {
     let lease = now + Duration::from_secs(60);
-    let claims = MaterializationStore::claim_due(store, now, lease, 1000).await.unwrap();
+    let claims = MaterializationRecords::claim_due(store, now, lease, 1000).await.unwrap();
     claims.into_iter().filter(|c| c.project == p).collect()
 }
 
@@ -552,7 +552,7 @@ async fn materialization_claims_are_exclusive(store: DieselStore) {
     assert!(claims_of(&store, p, T0).await.is_empty(), "leased records are not due");
     for claim in &won {
         let at = T0 + Duration::from_secs(1);
-        let switch = MaterializationStore::complete(
+        let switch = MaterializationRecords::complete(
             &store,
             claim.endpoint_id,
             claim.token,
@@ -570,7 +570,7 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
     let p = project(&store).await;
     let id = materialized(&store, p, "kpi").await;
     let first = claims_of(&store, p, T0).await.pop().expect("a new materialized endpoint is due");
-    let record = MaterializationStore::get(&store, id).await.unwrap().unwrap();
+    let record = MaterializationRecords::get(&store, id).await.unwrap().unwrap();
     assert_eq!(
         (record.status, record.version, record.result.clone()),
         (MaterializationStatus::Running, 1, None)
@@ -579,18 +579,19 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
 
     // Renewal keeps the lease past its first expiry; a stranger's token renews nothing.
     let t1 = T0 + Duration::from_secs(50);
-    assert!(MaterializationStore::renew(&store, id, first.token, t1 + Duration::from_secs(60))
+    assert!(MaterializationRecords::renew(&store, id, first.token, t1 + Duration::from_secs(60))
         .await
         .unwrap());
-    assert!(!MaterializationStore::renew(&store, id, Uuid::new_v4(), t1).await.unwrap());
+    assert!(!MaterializationRecords::renew(&store, id, Uuid::new_v4(), t1).await.unwrap());
     assert!(claims_of(&store, p, T0 + Duration::from_secs(90)).await.is_empty());
 
     let done = T0 + Duration::from_secs(100);
     let next = done + Duration::from_secs(3600);
-    let switch =
-        MaterializationStore::complete(&store, id, first.token, stored("one", 1, done), next).await.unwrap();
+    let switch = MaterializationRecords::complete(&store, id, first.token, stored("one", 1, done), next)
+        .await
+        .unwrap();
     assert_eq!(switch, Switch::Switched { replaced: None });
-    let record = MaterializationStore::get(&store, id).await.unwrap().unwrap();
+    let record = MaterializationRecords::get(&store, id).await.unwrap().unwrap();
     assert_eq!(record.status, MaterializationStatus::Completed);
     assert_eq!(record.result, Some(stored("one", 1, done)));
     assert_eq!((record.next_run_at, record.lease), (next, None));
@@ -599,8 +600,8 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
     // Due again: the new result replaces the old one, which is handed back for removal.
     let second = claims_of(&store, p, next).await.pop().expect("due at its next run");
     assert_ne!(second.token, first.token);
-    assert!(!MaterializationStore::fail(&store, id, first.token, "late".into(), next).await.unwrap());
-    let switch = MaterializationStore::complete(
+    assert!(!MaterializationRecords::fail(&store, id, first.token, "late".into(), next).await.unwrap());
+    let switch = MaterializationRecords::complete(
         &store,
         id,
         second.token,
@@ -623,10 +624,12 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
         (None, Some(crashed_files.as_str()))
     );
     assert_eq!(
-        MaterializationStore::complete(&store, id, crashed.token, stored("stale", 1, t2), t2).await.unwrap(),
+        MaterializationRecords::complete(&store, id, crashed.token, stored("stale", 1, t2), t2)
+            .await
+            .unwrap(),
         Switch::Lost
     );
-    assert!(MaterializationStore::fail(
+    assert!(MaterializationRecords::fail(
         &store,
         id,
         retry.token,
@@ -635,17 +638,17 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
     )
     .await
     .unwrap());
-    let record = MaterializationStore::get(&store, id).await.unwrap().unwrap();
+    let record = MaterializationRecords::get(&store, id).await.unwrap().unwrap();
     assert_eq!((record.status, record.error.as_deref()), (MaterializationStatus::Failed, Some("boom")));
     assert_eq!(record.result, Some(stored("two", 1, next)), "a failure keeps the previous result");
 
     // Rescheduling makes it due at once.
-    MaterializationStore::reschedule(&store, id, t2).await.unwrap();
+    MaterializationRecords::reschedule(&store, id, t2).await.unwrap();
     let again = claims_of(&store, p, t2 + Duration::from_secs(1)).await.pop().expect("rescheduled");
     let far = t2 + Duration::from_secs(86_400 * 365);
-    MaterializationStore::complete(&store, id, again.token, stored("three", 1, t2), far).await.unwrap();
+    MaterializationRecords::complete(&store, id, again.token, stored("three", 1, t2), far).await.unwrap();
     assert_eq!(
-        MaterializationStore::all(&store).await.unwrap().iter().filter(|r| r.endpoint_id == id).count(),
+        MaterializationRecords::all(&store).await.unwrap().iter().filter(|r| r.endpoint_id == id).count(),
         1
     );
 }
@@ -656,7 +659,7 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     let id = materialized(&store, p, "kpi").await;
     let claim = claims_of(&store, p, T0).await.pop().unwrap();
     let far = T0 + Duration::from_secs(86_400);
-    MaterializationStore::complete(&store, id, claim.token, stored("v1", 1, T0), far).await.unwrap();
+    MaterializationRecords::complete(&store, id, claim.token, stored("v1", 1, T0), far).await.unwrap();
 
     // A new version is due at once, though the record's next run is far away.
     let change = EndpointChange {
@@ -669,9 +672,9 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     let claim = claims_of(&store, p, T0).await.pop().expect("the new version is due");
     assert_eq!(claim.version, 2);
     let switch =
-        MaterializationStore::complete(&store, id, claim.token, stored("v2", 2, T0), far).await.unwrap();
+        MaterializationRecords::complete(&store, id, claim.token, stored("v2", 2, T0), far).await.unwrap();
     assert_eq!(switch, Switch::Switched { replaced: Some("v1".into()) });
-    assert_eq!(MaterializationStore::get_many(&store, vec![id, Uuid::new_v4()]).await.unwrap().len(), 1);
+    assert_eq!(MaterializationRecords::get_many(&store, vec![id, Uuid::new_v4()]).await.unwrap().len(), 1);
 
     // An inactive endpoint is never due.
     let inactive = materialized(&store, p, "off").await;
@@ -683,7 +686,7 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     let change =
         EndpointChange { is_materialized: Some(false), sync_frequency: Some(None), ..Default::default() };
     EndpointStore::update(&store, p, &name("kpi"), change, T0).await.unwrap();
-    assert_eq!(MaterializationStore::get(&store, id).await.unwrap(), None);
+    assert_eq!(MaterializationRecords::get(&store, id).await.unwrap(), None);
     let again = EndpointChange {
         is_materialized: Some(true),
         sync_frequency: Some(Some(SyncFrequency::OneHour)),
@@ -692,9 +695,9 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     EndpointStore::update(&store, p, &name("kpi"), again, T0).await.unwrap();
     let claim = claims_of(&store, p, T0).await.pop().expect("turned on again");
     assert_eq!(EndpointStore::delete(&store, p, &name("kpi")).await.unwrap(), id);
-    assert_eq!(MaterializationStore::get(&store, id).await.unwrap(), None);
+    assert_eq!(MaterializationRecords::get(&store, id).await.unwrap(), None);
     let lost =
-        MaterializationStore::complete(&store, id, claim.token, stored("v3", 2, T0), far).await.unwrap();
+        MaterializationRecords::complete(&store, id, claim.token, stored("v3", 2, T0), far).await.unwrap();
     assert_eq!(lost, Switch::Lost, "a refresh of a deleted endpoint switches nothing");
     EndpointStore::delete(&store, p, &name("off")).await.unwrap();
 }

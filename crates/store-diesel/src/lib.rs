@@ -1,4 +1,4 @@
-//! The store adapter: the domain's `EndpointStore`, `MaterializationStore`, `ProjectStore` and `ApiKeyStore` ports on diesel 2 with an
+//! The store adapter: the domain's `EndpointStore`, `MaterializationRecords`, `ProjectStore` and `ApiKeyStore` ports on diesel 2 with an
 //! r2d2 pool, over SQLite (the embedded default) or PostgreSQL through one code path.
 //!
 //! It owns the schema, the embedded migrations of both backends and the translation of database errors into

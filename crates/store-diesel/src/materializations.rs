@@ -1,4 +1,4 @@
-//! `MaterializationStore` on diesel: one record per materialized endpoint, claimed by compare-and-set on its
+//! `MaterializationRecords` on diesel: one record per materialized endpoint, claimed by compare-and-set on its
 //! `revision`, so that of several workers (in one process or many sharing the database) exactly one wins each
 //! claim.
 
@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use domain::{
-    attempt_location, Claim, EndpointName, MaterializationState, MaterializationStatus, MaterializationStore,
-    ProjectId, StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
+    attempt_location, Claim, EndpointName, MaterializationRecords, MaterializationState,
+    MaterializationStatus, ProjectId, StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
 };
 use tracing::instrument;
 use uuid::Uuid;
@@ -192,7 +192,7 @@ fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
 }
 
 #[async_trait]
-impl MaterializationStore for DieselStore {
+impl MaterializationRecords for DieselStore {
     #[instrument(skip_all, fields(endpoint = %endpoint_id))]
     async fn get(&self, endpoint_id: Uuid) -> Result<Option<MaterializationState>, StoreError> {
         Ok(self

@@ -18,7 +18,7 @@ use super::ports::{ApiKeyStore, ProjectStore};
 use super::token::{self, IssuedRunToken, RunTokenRequest, TokenSecret};
 use crate::clock::{Clock, Timestamp};
 use crate::error::{Error, Invalid, StoreError};
-use crate::kept::Kept;
+use crate::recent::RecentReads;
 
 /// Issues, checks and revokes API keys and run tokens.
 pub struct ApiKeyService {
@@ -26,15 +26,15 @@ pub struct ApiKeyService {
     projects: Arc<dyn ProjectStore>,
     clock: Arc<dyn Clock>,
     /// Keys found, by the hash of their secret.
-    cache: Kept<String, ApiKey>,
+    cache: RecentReads<String, ApiKey>,
     /// Projects' token secrets and allowed origins.
-    access: Kept<ProjectId, ProjectAccess>,
+    access: RecentReads<ProjectId, ProjectAccess>,
     /// Run tokens verified, by their whole text, as the caller each one is.
-    tokens: Kept<Box<str>, Principal>,
+    tokens: RecentReads<Box<str>, Principal>,
     /// Hashes of secrets the store did not know, and projects it did not have: a flood of unknown credentials
     /// reads the store once per credential (or claimed project) per [`Self::UNKNOWN_TTL`], not once per request.
-    unknown_keys: Kept<String, ()>,
-    unknown_projects: Kept<ProjectId, ()>,
+    unknown_keys: RecentReads<String, ()>,
+    unknown_projects: RecentReads<ProjectId, ()>,
     /// When each key was last used, since the last flush.
     usage: Mutex<HashMap<Uuid, Timestamp, foldhash::fast::RandomState>>,
 }
@@ -46,11 +46,11 @@ impl ApiKeyService {
             keys,
             projects,
             clock,
-            cache: Kept::new(ttl, 100_000),
-            access: Kept::new(ttl, 100_000),
-            tokens: Kept::new(ttl, 20_000),
-            unknown_keys: Kept::new(Self::UNKNOWN_TTL, 100_000),
-            unknown_projects: Kept::new(Self::UNKNOWN_TTL, 100_000),
+            cache: RecentReads::new(ttl, 100_000),
+            access: RecentReads::new(ttl, 100_000),
+            tokens: RecentReads::new(ttl, 20_000),
+            unknown_keys: RecentReads::new(Self::UNKNOWN_TTL, 100_000),
+            unknown_projects: RecentReads::new(Self::UNKNOWN_TTL, 100_000),
             usage: Mutex::default(),
         }
     }

@@ -258,7 +258,7 @@ pub struct EndpointChange {
 }
 
 /// The version a changed query becomes. The store saves it only while the endpoint's current version is the one
-/// before it, and answers [`StoreError::Superseded`](crate::StoreError::Superseded) otherwise, so that a new
+/// before it, and answers [`StoreError::Superseded`](crate::error::StoreError::Superseded) otherwise, so that a new
 /// version is always decided against the version it follows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewVersion {

@@ -15,7 +15,7 @@ use super::settings::{CacheAge, SyncFrequency};
 use crate::access::ProjectId;
 use crate::clock::Clock;
 use crate::error::{Error, Invalid, StoreError};
-use crate::materialization::{endpoint_location, Eligibility, MaterializationView, Materializations};
+use crate::materialization::{endpoint_location, Eligibility, MaterializationPorts, MaterializationView};
 use crate::page::{Page, PageRequest};
 use crate::query::QueryEngine;
 use crate::version::VersionNumber;
@@ -30,7 +30,7 @@ pub struct EndpointDeps {
     pub engine: Arc<dyn QueryEngine>,
     pub clock: Arc<dyn Clock>,
     /// Records are read for the status; stored results go with the endpoint or its materialization.
-    pub materializations: Materializations,
+    pub materializations: MaterializationPorts,
     /// Runs not yet written to the store show in the record; a deleted endpoint's are dropped.
     pub executions: Arc<ExecutionTracker>,
     /// Told of each update and delete, so this process's cached runs of the endpoint go at once.
@@ -42,7 +42,7 @@ pub struct EndpointService {
     store: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
     clock: Arc<dyn Clock>,
-    materializations: Materializations,
+    materializations: MaterializationPorts,
     executions: Arc<ExecutionTracker>,
     changes: Arc<dyn EndpointChanges>,
 }

@@ -9,7 +9,7 @@ use super::*;
 use crate::clock::{MockClock, Timestamp};
 use crate::endpoints::{CacheAge, EndpointFilter};
 use crate::error::EngineError;
-use crate::materialization::{MockMaterializationStore, MockMaterializedResults};
+use crate::materialization::{MockMaterializationRecords, MockResultStorage};
 use crate::query::{Column, ColumnType, MockQueryEngine, Query, QueryDescription, VariableType};
 
 const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
@@ -42,11 +42,11 @@ fn description() -> QueryDescription {
 /// record, stored results removed, changes heard.
 fn deps(store: MockEndpointStore, engine: MockQueryEngine) -> EndpointDeps {
     let store = Arc::new(store);
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     states.expect_get().returning(|_| Ok(None));
     states.expect_get_many().returning(|_| Ok(Vec::new()));
     states.expect_reschedule().returning(|_, _| Ok(()));
-    let mut results = MockMaterializedResults::new();
+    let mut results = MockResultStorage::new();
     results.expect_remove().returning(|_, _| Ok(()));
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
@@ -55,7 +55,7 @@ fn deps(store: MockEndpointStore, engine: MockQueryEngine) -> EndpointDeps {
         store,
         engine: Arc::new(engine),
         clock: clock(),
-        materializations: Materializations { states: Arc::new(states), results: Arc::new(results) },
+        materializations: MaterializationPorts { states: Arc::new(states), results: Arc::new(results) },
         changes: Arc::new(changes),
     }
 }
@@ -494,7 +494,7 @@ mod materialization {
         engine: MockQueryEngine,
         removed: Arc<std::sync::Mutex<Vec<String>>>,
     ) -> EndpointService {
-        let mut results = MockMaterializedResults::new();
+        let mut results = MockResultStorage::new();
         results.expect_remove().returning(move |_, location| {
             removed.lock().unwrap().push(location.to_owned());
             Ok(())
@@ -502,7 +502,7 @@ mod materialization {
         let deps = deps(store, engine);
         let states = Arc::clone(&deps.materializations.states);
         EndpointService::new(EndpointDeps {
-            materializations: Materializations { states, results: Arc::new(results) },
+            materializations: MaterializationPorts { states, results: Arc::new(results) },
             ..deps
         })
     }

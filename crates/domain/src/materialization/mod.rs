@@ -9,7 +9,7 @@ pub use model::{
     attempt_location, endpoint_location, Claim, Eligibility, MaterializationState, MaterializationStatus,
     MaterializationView, MaterializedFilter, Rollup, RollupColumn, StoredColumn, StoredResult, Switch,
 };
-pub use ports::{MaterializationStore, Materializations, MaterializedResults};
+pub use ports::{MaterializationPorts, MaterializationRecords, ResultStorage};
 #[cfg(any(test, feature = "mocks"))]
-pub use ports::{MockMaterializationStore, MockMaterializedResults};
-pub use service::{Materializer, MaterializerDeps, RefreshOutcome, RETRY_AFTER_FAILURE};
+pub use ports::{MockMaterializationRecords, MockResultStorage};
+pub use service::{RefreshDeps, RefreshOutcome, RefreshService, RETRY_AFTER_FAILURE};

@@ -19,7 +19,7 @@ use crate::query::{BoundValue, Export, Query, QueryResult, ResultFormat};
 /// database, and a lease that expires (its worker crashed) can be claimed again.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 #[async_trait]
-pub trait MaterializationStore: Send + Sync {
+pub trait MaterializationRecords: Send + Sync {
     /// # Errors
     /// `Unavailable`, `Internal`.
     async fn get(&self, endpoint_id: Uuid) -> Result<Option<MaterializationState>, StoreError>;
@@ -91,7 +91,7 @@ pub trait MaterializationStore: Send + Sync {
 /// to the project and made by [`attempt_location`](super::attempt_location).
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 #[async_trait]
-pub trait MaterializedResults: Send + Sync {
+pub trait ResultStorage: Send + Sync {
     /// Runs the query with its variable predicates removed and stores every row, in order, at `location`.
     /// Returns the number of rows. A failed write leaves nothing at `location`.
     ///
@@ -113,10 +113,10 @@ pub trait MaterializedResults: Send + Sync {
         offset: u64,
     ) -> Result<QueryResult, EngineError>;
 
-    /// The same page as [`MaterializedResults::read`], written in `format` without holding it in memory.
+    /// The same page as [`ResultStorage::read`], written in `format` without holding it in memory.
     ///
     /// # Errors
-    /// As [`MaterializedResults::read`].
+    /// As [`ResultStorage::read`].
     async fn export(
         &self,
         project: ProjectId,
@@ -143,7 +143,7 @@ pub trait MaterializedResults: Send + Sync {
 
 /// The two ports materialization works through, held together by the services that use them.
 #[derive(Clone)]
-pub struct Materializations {
-    pub states: Arc<dyn MaterializationStore>,
-    pub results: Arc<dyn MaterializedResults>,
+pub struct MaterializationPorts {
+    pub states: Arc<dyn MaterializationRecords>,
+    pub results: Arc<dyn ResultStorage>,
 }

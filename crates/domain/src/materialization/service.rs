@@ -8,7 +8,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::model::{attempt_location, Claim, Eligibility, StoredResult, Switch};
-use super::ports::{MaterializationStore, MaterializedResults};
+use super::ports::{MaterializationRecords, ResultStorage};
 use crate::clock::Clock;
 use crate::endpoints::EndpointStore;
 use crate::error::{Error, Invalid, StoreError};
@@ -32,31 +32,31 @@ pub enum RefreshOutcome {
 }
 
 /// What refreshing works through.
-pub struct MaterializerDeps {
+pub struct RefreshDeps {
     /// Where the claimed version's query is read.
     pub endpoints: Arc<dyn EndpointStore>,
-    pub states: Arc<dyn MaterializationStore>,
+    pub states: Arc<dyn MaterializationRecords>,
     /// Plans a version saved before its eligibility was recorded.
     pub engine: Arc<dyn QueryEngine>,
-    pub results: Arc<dyn MaterializedResults>,
+    pub results: Arc<dyn ResultStorage>,
     pub clock: Arc<dyn Clock>,
     /// How long a claim holds without renewal.
     pub lease: Duration,
 }
 
 /// Refreshes stored results: claims due ones, computes and switches to them, sweeps what nothing refers to.
-pub struct Materializer {
+pub struct RefreshService {
     endpoints: Arc<dyn EndpointStore>,
-    states: Arc<dyn MaterializationStore>,
+    states: Arc<dyn MaterializationRecords>,
     engine: Arc<dyn QueryEngine>,
-    results: Arc<dyn MaterializedResults>,
+    results: Arc<dyn ResultStorage>,
     clock: Arc<dyn Clock>,
     lease: Duration,
 }
 
-impl Materializer {
-    pub fn new(deps: MaterializerDeps) -> Self {
-        let MaterializerDeps { endpoints, states, engine, results, clock, lease } = deps;
+impl RefreshService {
+    pub fn new(deps: RefreshDeps) -> Self {
+        let RefreshDeps { endpoints, states, engine, results, clock, lease } = deps;
         Self { endpoints, states, engine, results, clock, lease }
     }
 

@@ -7,7 +7,7 @@ use time::macros::datetime;
 use uuid::Uuid;
 
 use super::super::model::{MaterializationState, MaterializationStatus};
-use super::super::ports::{MockMaterializationStore, MockMaterializedResults};
+use super::super::ports::{MockMaterializationRecords, MockResultStorage};
 use super::*;
 use crate::access::ProjectId;
 use crate::clock::{MockClock, Timestamp};
@@ -62,8 +62,8 @@ fn eligible() -> Option<Eligibility> {
 }
 
 /// Records what was removed, so each test can say exactly which files went.
-fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockMaterializedResults {
-    let mut results = MockMaterializedResults::new();
+fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockResultStorage {
+    let mut results = MockResultStorage::new();
     results.expect_write().with(always(), always(), eq(target())).returning(move |_, _, _| {
         write.map_err(|()| EngineError::InvalidQuery("Column 'x' not found".into()))
     });
@@ -76,12 +76,12 @@ fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockMate
 
 fn materializer(
     endpoints: MockEndpointStore,
-    states: MockMaterializationStore,
-    results: MockMaterializedResults,
-) -> Materializer {
+    states: MockMaterializationRecords,
+    results: MockResultStorage,
+) -> RefreshService {
     let mut clock = MockClock::new();
     clock.expect_now().return_const(NOW);
-    Materializer::new(MaterializerDeps {
+    RefreshService::new(RefreshDeps {
         endpoints: Arc::new(endpoints),
         states: Arc::new(states),
         engine: Arc::new(MockQueryEngine::new()),
@@ -94,7 +94,7 @@ fn materializer(
 #[tokio::test]
 async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
     let removed = Arc::new(Mutex::new(Vec::new()));
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     states
         .expect_complete()
         .withf(|id, token, result, next| {
@@ -114,7 +114,7 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
 #[tokio::test]
 async fn a_claim_that_took_over_a_crashed_attempt_removes_its_files_first() {
     let removed = Arc::new(Mutex::new(Vec::new()));
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     states.expect_complete().returning(|_, _, _, _| Ok(Switch::Switched { replaced: None }));
     let m = materializer(endpoints(eligible()), states, results(Ok(1), Arc::clone(&removed)));
     let crashed = attempt_location(Uuid::from_u128(1), 3, Uuid::from_u128(8));
@@ -126,7 +126,7 @@ async fn a_claim_that_took_over_a_crashed_attempt_removes_its_files_first() {
 #[tokio::test]
 async fn a_refresh_whose_claim_was_lost_removes_what_it_wrote() {
     let removed = Arc::new(Mutex::new(Vec::new()));
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     states.expect_complete().times(1).returning(|_, _, _, _| Ok(Switch::Lost));
     let m = materializer(endpoints(eligible()), states, results(Ok(5), Arc::clone(&removed)));
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Lost);
@@ -136,7 +136,7 @@ async fn a_refresh_whose_claim_was_lost_removes_what_it_wrote() {
 #[tokio::test]
 async fn a_failed_refresh_is_recorded_and_retried_within_five_minutes() {
     let removed = Arc::new(Mutex::new(Vec::new()));
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     states
         .expect_fail()
         .withf(|_, _, error, next| error.contains("'x' not found") && *next == NOW + RETRY_AFTER_FAILURE)
@@ -150,13 +150,13 @@ async fn a_failed_refresh_is_recorded_and_retried_within_five_minutes() {
 
 #[tokio::test]
 async fn a_query_that_became_ineligible_fails_without_writing() {
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     states
         .expect_fail()
         .withf(|_, _, error, _| error.contains("LIMIT"))
         .times(1)
         .returning(|_, _, _, _| Ok(true));
-    let mut results = MockMaterializedResults::new();
+    let mut results = MockResultStorage::new();
     results.expect_write().never();
     results.expect_remove().returning(|_, _| Ok(()));
     let ineligible = Some(Eligibility::Ineligible { reason: "The query has an outermost LIMIT".into() });
@@ -169,7 +169,7 @@ async fn a_refresh_of_a_deleted_endpoint_is_lost_without_a_record() {
     let removed = Arc::new(Mutex::new(Vec::new()));
     let mut endpoints = MockEndpointStore::new();
     endpoints.expect_get_version().returning(|_, _, _| Err(crate::error::StoreError::NotFound));
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     states.expect_fail().never();
     states.expect_complete().never();
     let m = materializer(endpoints, states, results(Ok(1), Arc::clone(&removed)));
@@ -179,13 +179,13 @@ async fn a_refresh_of_a_deleted_endpoint_is_lost_without_a_record() {
 
 #[tokio::test]
 async fn claims_are_leased_from_now() {
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     states
         .expect_claim_due()
         .with(eq(NOW), eq(NOW + LEASE), eq(2))
         .times(1)
         .returning(|_, _, _| Ok(vec![claim()]));
-    let m = materializer(MockEndpointStore::new(), states, MockMaterializedResults::new());
+    let m = materializer(MockEndpointStore::new(), states, MockResultStorage::new());
     assert_eq!(m.claim(2).await.unwrap(), vec![claim()]);
     assert!(m.claim(0).await.unwrap().is_empty());
 }
@@ -199,7 +199,7 @@ async fn the_sweep_removes_only_locations_no_record_refers_to() {
     let orphan = attempt_location(id, 3, Uuid::from_u128(7));
     let deleted_endpoint = attempt_location(Uuid::from_u128(2), 1, Uuid::from_u128(8));
     let removed = Arc::new(Mutex::new(Vec::new()));
-    let mut results = MockMaterializedResults::new();
+    let mut results = MockResultStorage::new();
     let present = [completed.clone(), running.clone(), orphan.clone(), deleted_endpoint.clone()];
     results.expect_locations().returning(move || Ok(present.iter().map(|l| (project, l.clone())).collect()));
     let sink = Arc::clone(&removed);
@@ -207,7 +207,7 @@ async fn the_sweep_removes_only_locations_no_record_refers_to() {
         sink.lock().unwrap().push(location.to_owned());
         Ok(())
     });
-    let mut states = MockMaterializationStore::new();
+    let mut states = MockMaterializationRecords::new();
     let record = MaterializationState {
         endpoint_id: id,
         version: 3,

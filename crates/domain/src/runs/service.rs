@@ -15,9 +15,9 @@ use crate::access::{ApiKeyService, IssuedRunToken, Principal, ProjectId, RunToke
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
 use crate::error::{EngineError, Error, Invalid, StoreError};
-use crate::kept::Kept;
-use crate::materialization::{Eligibility, Materializations, MaterializedFilter, StoredResult};
+use crate::materialization::{Eligibility, MaterializationPorts, MaterializedFilter, StoredResult};
 use crate::query::{bind, coerce, BoundValue, QueryEngine, QueryResult};
+use crate::recent::RecentReads;
 
 type RunFuture = BoxFuture<'static, Result<Arc<CachedRun>, Arc<Error>>>;
 
@@ -30,7 +30,7 @@ pub struct RunDeps {
     /// Every run is noted here (memory only); the last-execution-times lookup reads it.
     pub executions: Arc<ExecutionTracker>,
     /// `blocking` and `force_cache` runs of materialized endpoints read their stored results.
-    pub materializations: Materializations,
+    pub materializations: MaterializationPorts,
     /// The largest page a run may write in another format than JSON.
     pub export_limit: u32,
 }
@@ -42,13 +42,13 @@ pub struct RunService {
     cache: Arc<dyn ResultCache>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) executions: Arc<ExecutionTracker>,
-    materializations: Materializations,
+    materializations: MaterializationPorts,
     export_limit: u32,
     /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
     /// the engine's work and its concurrency slot), and the next identical request starts afresh.
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
     /// Active endpoints with their current version, as computations read them from the store.
-    definitions: Arc<Kept<(ProjectId, EndpointName), Definition>>,
+    definitions: Arc<RecentReads<(ProjectId, EndpointName), Definition>>,
 }
 
 /// An active endpoint and its current version, read from the store under the endpoint's cache generation: kept
@@ -157,7 +157,7 @@ impl RunService {
             materializations,
             export_limit,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
-            definitions: Arc::new(Kept::new(Self::DEFINITION_TTL, 100_000)),
+            definitions: Arc::new(RecentReads::new(Self::DEFINITION_TTL, 100_000)),
         }
     }
 
@@ -449,8 +449,8 @@ struct Context {
     engine: Arc<dyn QueryEngine>,
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
-    materializations: Materializations,
-    definitions: Arc<Kept<(ProjectId, EndpointName), Definition>>,
+    materializations: MaterializationPorts,
+    definitions: Arc<RecentReads<(ProjectId, EndpointName), Definition>>,
 }
 
 impl Context {

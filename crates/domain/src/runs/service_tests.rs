@@ -11,15 +11,15 @@ use super::*;
 use crate::clock::Timestamp;
 use crate::endpoints::{CacheAge, MockEndpointStore};
 use crate::error::Invalid;
-use crate::materialization::{MockMaterializationStore, MockMaterializedResults, StoredColumn};
+use crate::materialization::{MockMaterializationRecords, MockResultStorage, StoredColumn};
 use crate::query::{Column, ColumnType, MockQueryEngine, Query};
 use crate::testing::{self, ManualClock, T0};
 
 /// Materialization ports for endpoints that are not materialized: any call fails the test.
-fn untouched_materializations() -> Materializations {
-    Materializations {
-        states: Arc::new(MockMaterializationStore::new()),
-        results: Arc::new(MockMaterializedResults::new()),
+fn untouched_materializations() -> MaterializationPorts {
+    MaterializationPorts {
+        states: Arc::new(MockMaterializationRecords::new()),
+        results: Arc::new(MockResultStorage::new()),
     }
 }
 
@@ -658,8 +658,8 @@ mod materialized {
     }
 
     /// A record whose stored result of version 2 was computed at `at`.
-    fn states(at: Timestamp) -> MockMaterializationStore {
-        let mut states = MockMaterializationStore::new();
+    fn states(at: Timestamp) -> MockMaterializationRecords {
+        let mut states = MockMaterializationRecords::new();
         states.expect_get().returning(move |id| {
             Ok(Some(MaterializationState {
                 endpoint_id: id,
@@ -680,8 +680,8 @@ mod materialized {
     }
 
     /// Stored results that answer `[{"n":"stored"}]`, or fail, and count their reads.
-    fn results(fail: bool, reads: Arc<AtomicUsize>) -> MockMaterializedResults {
-        let mut results = MockMaterializedResults::new();
+    fn results(fail: bool, reads: Arc<AtomicUsize>) -> MockResultStorage {
+        let mut results = MockResultStorage::new();
         let exports = Arc::clone(&reads);
         results.expect_read().returning(move |_, location, bound, limit, offset| {
             reads.fetch_add(1, Ordering::SeqCst);
@@ -759,7 +759,7 @@ mod materialized {
             cache: f.cache.clone(),
             clock: f.clock.clone(),
             executions: f.executions.clone(),
-            materializations: Materializations {
+            materializations: MaterializationPorts {
                 states: Arc::new(states(at)),
                 results: Arc::new(results(fail, reads.clone())),
             },

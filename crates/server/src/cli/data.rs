@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Subcommand;
 use domain::{ProjectId, ProjectStore};
 use indicatif::{ProgressBar, ProgressStyle};
-use query_engine::tables::{import_files, FileFormat, ImportMode};
+use query_engine::imports::{import_files, FileFormat, ImportMode};
 use serde_json::{json, Value};
 
 use super::{print_json, CliError};
@@ -120,7 +120,7 @@ pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Re
                 }
             }
             if json {
-                let view = |(project, table): &(ProjectId, query_engine::TableInfo)| {
+                let view = |(project, table): &(ProjectId, query_engine::TableFiles)| {
                     json!({"project_id": project.get(), "table": table.name, "files": table.files,
                            "bytes": table.bytes, "location": table.location})
                 };

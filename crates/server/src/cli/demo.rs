@@ -90,12 +90,12 @@ async fn ensure_events(services: &Services, project: ProjectId, args: &DemoArgs)
         return Ok(false);
     }
     let bar = data::progress("generating events");
-    let written = query_engine::tables::write_table(
+    let written = query_engine::imports::write_table(
         services.engine.storage(),
         project,
         "events",
-        query_engine::demo::events_schema(),
-        query_engine::demo::events(args.rows, args.seed),
+        super::demo_data::events_schema(),
+        super::demo_data::events(args.rows, args.seed),
         &|rows| bar.set_position(rows),
     )
     .await;

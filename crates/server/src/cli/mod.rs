@@ -4,6 +4,7 @@
 mod cluster;
 mod data;
 mod demo;
+pub mod demo_data;
 pub mod file;
 mod key;
 mod migrate;

@@ -11,7 +11,7 @@ use crate::clock::Timestamp;
 /// change made by this process is applied at once (the entry is forgotten or no longer matches), one made by
 /// another process (the CLI, another node) within `ttl`, or at once where the store announces changes. A map of
 /// things that do not exist (unknown keys) is bounded by its size alone: past `max_entries` it starts again.
-pub(crate) struct Kept<K, V> {
+pub(crate) struct RecentReads<K, V> {
     pub(crate) ttl: Duration,
     /// More entries than a deployment has; past it the map starts again rather than grow.
     max_entries: usize,
@@ -20,7 +20,7 @@ pub(crate) struct Kept<K, V> {
     entries: Mutex<HashMap<K, (Arc<V>, Timestamp), foldhash::fast::RandomState>>,
 }
 
-impl<K: Hash + Eq, V> Kept<K, V> {
+impl<K: Hash + Eq, V> RecentReads<K, V> {
     pub(crate) fn new(ttl: Duration, max_entries: usize) -> Self {
         Self { ttl, max_entries, entries: Mutex::default() }
     }

@@ -25,11 +25,12 @@ use tokio::io::AsyncWriteExt;
 use tracing::instrument;
 
 use crate::catalog::{
-    current, empty_session, is_parquet, list_tables, pointer, table_prefix, Current, Pointer, Target, CURRENT,
+    current, empty_session, is_parquet, list_tables, pointer, table_prefix, Current, Pointer, TableContents,
+    CURRENT,
 };
+use crate::imports::{import_staged, remove_versions, FileFormat, ImportMode, StagedError};
 use crate::records::RecordSizes;
 use crate::storage::{unavailable, Storage};
-use crate::tables::{import_staged, remove_versions, FileFormat, ImportMode, StagedError};
 use crate::DataFusionEngine;
 
 /// One lock per table this process writes, so its writes to one table follow each other: a replace never
@@ -287,7 +288,7 @@ async fn register_source(
     let created = current(storage, &prefix).await?.is_none();
     let created_at =
         previous.and_then(|p| p.created).unwrap_or_else(|| domain::Clock::now(&domain::SystemClock));
-    let text = Pointer { target: Target::Source(source), created: Some(created_at) }.text();
+    let text = Pointer { target: TableContents::Source(source), created: Some(created_at) }.text();
     storage.store().put(&prefix.clone().join(CURRENT), PutPayload::from(text)).await.map_err(unavailable)?;
     if let Err(err) = remove_versions(storage, &prefix, None).await {
         // The table reads its source already; the old files go with the next write.

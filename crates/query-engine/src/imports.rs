@@ -23,7 +23,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::catalog::{
     current, current_version, is_parquet, is_table_name, pointer, table_prefix, Current, Pointer,
-    Target as PointerTarget, CURRENT,
+    TableContents, CURRENT,
 };
 use crate::storage::Storage;
 
@@ -242,7 +242,7 @@ fn same_columns(a: &SchemaRef, b: &SchemaRef) -> Result<(), String> {
 }
 
 /// Where an import writes, and how it becomes visible.
-struct Target {
+struct Destination {
     table: ObjectPath,
     /// The prefix the new files go under.
     files: ObjectPath,
@@ -259,7 +259,7 @@ struct Target {
     created_at: Option<domain::Timestamp>,
 }
 
-impl Target {
+impl Destination {
     /// Chooses the target; an append also returns the columns the new files must have.
     async fn choose(
         storage: &Storage,
@@ -338,7 +338,7 @@ impl Target {
         let Some(version) = self.version else { return Ok(()) };
         let pointer = self.table.clone().join(CURRENT);
         let text =
-            Pointer { target: PointerTarget::Version(version.clone()), created: self.created_at }.text();
+            Pointer { target: TableContents::Version(version.clone()), created: self.created_at }.text();
         storage.store().put(&pointer, PutPayload::from(text)).await.map_err(store_error)?;
         if let Err(err) = remove_versions(storage, &self.table, Some(&version)).await {
             // The table is already switched; the old files are removed by the next replace.
@@ -412,7 +412,7 @@ pub async fn import_files(
     let report = &|rows| {
         progress(ImportProgress { rows, bytes_read: bytes_read.load(std::sync::atomic::Ordering::Relaxed) });
     };
-    let (mut target, expected) = Target::choose(storage, &ctx, project, table, mode).await?;
+    let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode).await?;
     match write_files(storage, &ctx, &mut target, table, files, format, expected, report).await {
         Ok(rows) => {
             target.publish(storage).await?;
@@ -429,7 +429,7 @@ pub async fn import_files(
 async fn write_files(
     storage: &Storage,
     ctx: &SessionContext,
-    target: &mut Target,
+    target: &mut Destination,
     table: &str,
     files: &[PathBuf],
     format: Option<FileFormat>,
@@ -481,7 +481,7 @@ pub async fn write_table(
     }
     let ctx =
         crate::catalog::empty_session(storage, None, None).map_err(|e| ImportError::Write(e.to_string()))?;
-    let (mut target, _) = Target::choose(storage, &ctx, project, table, ImportMode::Replace).await?;
+    let (mut target, _) = Destination::choose(storage, &ctx, project, table, ImportMode::Replace).await?;
     let written = async {
         let mut writer = TableWriter::create(storage, target.next_file(0), schema)?;
         for batch in batches {
@@ -535,7 +535,7 @@ pub(crate) async fn import_staged(
         FileFormat::NdJson => ".ndjson",
     };
     for _ in 0..APPEND_ATTEMPTS {
-        let (mut target, expected) = Target::choose(storage, &ctx, project, table, mode)
+        let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode)
             .await
             .map_err(|e| StagedError::Write(e.to_string()))?;
         if mode == ImportMode::Append && expected.is_none() {
@@ -567,7 +567,7 @@ pub(crate) async fn import_staged(
 async fn write_staged(
     storage: &Storage,
     ctx: &SessionContext,
-    target: &mut Target,
+    target: &mut Destination,
     location: &str,
     ext: &str,
     format: FileFormat,
