@@ -1,4 +1,4 @@
-//! `/mcp` (contract section 16): every active endpoint a credential may run, as a Model Context Protocol tool,
+//! `/mcp`: every active endpoint a credential may run, as a Model Context Protocol tool,
 //! over the streamable HTTP transport of the official Rust SDK (`rmcp`), which speaks the protocol; this module
 //! only says what the tools are and runs them.
 //!

@@ -1,8 +1,8 @@
 //! Fair shares of the engine's cores between projects.
 //!
 //! DataFusion runs a query's operators as tasks on the engine's threads, and keeps them busy for as long as the
-//! query has work: on two cores, one project's cross join of two million-row series left another project's
-//! 3 ms query waiting 19 s. Here at most [`FairScheduler::slots`] queries execute at once in the whole process
+//! query has work, so one project's heavy query would hold every core while another project's small one waits
+//! for it to finish. Here at most [`FairScheduler::slots`] queries execute at once in the whole process
 //! (one per core, at least two), each holding a slot for a time slice at most while another query waits:
 //!
 //! - A query takes a [`Ticket`] before it executes. With a slot free it runs at once; otherwise it waits in its

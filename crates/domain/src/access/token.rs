@@ -1,4 +1,4 @@
-//! Run tokens (contract section 15): signed credentials that a customer-facing page may hold. A token may only
+//! Run tokens: signed credentials that a customer-facing page may hold. A token may only
 //! run the endpoints it names and read their OpenAPI documents, with some variables fixed to the tenant's
 //! values, until it expires. It is a JWT signed with HS256 by its project's secret (the `jsonwebtoken` crate
 //! does the encoding, the signature and its checks); its header's `kid` names the project, so that the secret

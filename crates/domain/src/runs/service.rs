@@ -248,7 +248,7 @@ impl RunService {
         }
     }
 
-    /// Issues a run token (contract section 15) once its grant is checked: each endpoint it names is an active
+    /// Issues a run token once its grant is checked: each endpoint it names is an active
     /// endpoint of the project, and each variable it fixes is declared, with a value of its type, by the current
     /// version of every one of them. A version saved later without the variable makes the token's runs of that
     /// endpoint fail (`unknown_variable`) rather than widen.

@@ -1,4 +1,4 @@
-//! Issuing run tokens (contract section 15).
+//! Issuing run tokens.
 
 use actix_web::{web, HttpResponse};
 use domain::RunTokenRequest;
