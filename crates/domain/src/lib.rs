@@ -8,15 +8,20 @@
 //! It is laid out in subdomains, each with its model, its ports and its service, and each using only those
 //! before it: `access` (projects, keys, scopes), `query` (the saved SQL, its variables, what the engine tells
 //! of it), `endpoints`, `materialization`, `tables`, `runs`. Beneath them all sit `error`, `clock`, `fields`,
-//! `page`, `version` and `recent` (what is read from the store, kept for a short while); above them `changes`, which clears
-//! what a process keeps in memory. One edge goes back: `endpoints` reads `materialization`'s model and ports,
+//! `page`, `version` and `recent` (what is read from the store, kept for a short while); above them `changes`,
+//! which clears what a process keeps in memory. One edge goes back: `endpoints` reads `materialization`'s model and ports,
 //! because an endpoint record carries its materialization and deleting an endpoint removes its stored results
 //! (docs/architecture.md). `make lint` checks the order.
 //!
 //! Services take typed commands (`CreateEndpoint`, `EndpointPatch`, `EndpointFilter` with a `PageRequest`,
-//! `VersionNumber`, `RunRequest`) and answer domain values; the interface's JSON bodies become commands through
-//! `TryFrom<&serde_json::Value>`. `examples/embedded.rs` embeds the services with in-memory adapters (a store, a
-//! cache and a small engine) and creates, versions and runs an endpoint: `cargo run -p domain --example embedded`.
+//! `VersionNumber`, `RunRequest`, `ProjectRef`) and answer domain values; adapters read their wire formats into
+//! them (the interface's JSON bodies through `TryFrom<&serde_json::Value>`). The rules are decided here and only
+//! carried out by adapters: a changed query becomes a `NewVersion` the store saves, the engine reports a query's
+//! outline as domain types (`AggregateKind`, opaque key names) and lays out the `StoredColumn`s the rule names,
+//! and `Principal::permits` says who may do what.
+//!
+//! `examples/embedded.rs` embeds the services with in-memory adapters (a store, a cache and a small engine) and
+//! creates, versions and runs an endpoint: `cargo run -p domain --example embedded`.
 //!
 //! Everything public is re-exported here, and adapters name it from here: `domain::Endpoint`, not a
 //! subdomain's path, which stays private.
