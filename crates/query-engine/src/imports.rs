@@ -11,6 +11,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::file_format::options::JsonReadOptions;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::Compression;
 use datafusion::parquet::file::properties::WriterProperties;
@@ -55,6 +56,15 @@ impl FileFormat {
             "csv" => Some(Self::Csv),
             "ndjson" | "jsonl" | "json" => Some(Self::NdJson),
             _ => None,
+        }
+    }
+
+    /// The extension of a staged body of this format, which DataFusion's readers match.
+    pub(crate) fn extension(self) -> &'static str {
+        match self {
+            Self::Parquet => ".parquet",
+            Self::Csv => ".csv",
+            Self::NdJson => ".ndjson",
         }
     }
 
@@ -503,7 +513,7 @@ pub async fn write_table(
 }
 
 /// Why an upload staged in the storage could not be imported. Nothing of it is visible when it fails.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum StagedError {
     /// The body does not read as its format, or does not fit the table; for a person.
     Invalid(String),
@@ -529,11 +539,7 @@ pub(crate) async fn import_staged(
     let ctx =
         crate::catalog::import_session(storage, batch_rows).map_err(|e| StagedError::Write(e.to_string()))?;
     let location = storage.url_of(staged);
-    let ext = match format {
-        FileFormat::Parquet => ".parquet",
-        FileFormat::Csv => ".csv",
-        FileFormat::NdJson => ".ndjson",
-    };
+    let ext = format.extension();
     for _ in 0..APPEND_ATTEMPTS {
         let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode)
             .await
@@ -573,6 +579,28 @@ async fn write_staged(
     format: FileFormat,
     expected: Option<&SchemaRef>,
 ) -> Result<u64, StagedError> {
+    let (schema, mut stream) = read_staged(ctx, location, ext, format, expected).await?;
+    let mut writer = TableWriter::create(storage, target.next_file(0), schema)
+        .map_err(|e| StagedError::Write(e.to_string()))?;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|e| StagedError::Invalid(crate::message(&e)))?;
+        writer.write(&batch).await.map_err(|e| StagedError::Write(e.to_string()))?;
+    }
+    if writer.rows == 0 {
+        return Err(StagedError::Invalid("The body has no rows.".into()));
+    }
+    writer.close().await.map_err(|e| StagedError::Write(e.to_string()))
+}
+
+/// Reads a staged upload as the table's columns when it has them: Parquet must have them, text must name them
+/// (CSV all, in order; NDJSON any of them) and is read as their types.
+async fn read_staged(
+    ctx: &SessionContext,
+    location: &str,
+    ext: &str,
+    format: FileFormat,
+    expected: Option<&SchemaRef>,
+) -> Result<(SchemaRef, SendableRecordBatchStream), StagedError> {
     let invalid = StagedError::Invalid;
     let frame = read_location(ctx, location, ext, format, None).await.map_err(invalid)?;
     let found: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
@@ -605,15 +633,92 @@ async fn write_staged(
         Some(expected) => Arc::clone(expected),
         None => found,
     };
-    let mut stream = frame.execute_stream().await.map_err(|e| invalid(crate::message(&e)))?;
-    let mut writer = TableWriter::create(storage, target.next_file(0), Arc::clone(&schema))
-        .map_err(|e| StagedError::Write(e.to_string()))?;
+    let stream = frame.execute_stream().await.map_err(|e| invalid(crate::message(&e)))?;
+    Ok((schema, stream))
+}
+
+/// One append's body, held in memory until its table's next grouped write (see `appends`).
+pub(crate) struct HeldBody {
+    pub(crate) bytes: bytes::Bytes,
+    pub(crate) format: FileFormat,
+}
+
+/// Appends bodies held in memory to a table as one Parquet file. Each body is read as the table's columns on
+/// its own, so one that does not fit is refused alone; the rows of the others are written together, visible
+/// when the file is complete. Answers each body's rows, or why it was refused, in order; the whole group fails
+/// (with nothing written) when the table does not exist or cannot be written.
+pub(crate) async fn append_held(
+    storage: &Storage,
+    project: ProjectId,
+    table: &str,
+    bodies: &[HeldBody],
+) -> Result<Vec<Result<u64, StagedError>>, StagedError> {
+    let ctx = crate::catalog::import_session(storage, None).map_err(|e| StagedError::Write(e.to_string()))?;
+    let held = Arc::new(object_store::memory::InMemory::new());
+    let root = url::Url::parse("memory://held/").map_err(|e| StagedError::Write(e.to_string()))?;
+    ctx.runtime_env().register_object_store(&root, Arc::clone(&held) as _);
+    for _ in 0..APPEND_ATTEMPTS {
+        let (mut target, expected) = Destination::choose(storage, &ctx, project, table, ImportMode::Append)
+            .await
+            .map_err(|e| StagedError::Write(e.to_string()))?;
+        let Some(expected) = expected else { return Err(StagedError::NoSuchTable) };
+        let mut answers = Vec::with_capacity(bodies.len());
+        let mut batches = Vec::new();
+        for (index, body) in bodies.iter().enumerate() {
+            let ext = body.format.extension();
+            let path = ObjectPath::from(format!("{index}{ext}"));
+            held.put(&path, PutPayload::from(body.bytes.clone())).await.map_err(store_error_staged)?;
+            let location = format!("{root}{index}{ext}");
+            answers.push(collect_body(&ctx, &location, ext, body.format, &expected, &mut batches).await);
+        }
+        if batches.is_empty() {
+            return Ok(answers);
+        }
+        let written = async {
+            let mut writer = TableWriter::create(storage, target.next_file(0), Arc::clone(&expected))?;
+            for batch in &batches {
+                writer.write(batch).await?;
+            }
+            writer.close().await
+        }
+        .await;
+        if let Err(err) = written {
+            target.discard(storage).await;
+            return Err(StagedError::Write(err.to_string()));
+        }
+        if !target.still_current(storage).await.map_err(|e| StagedError::Write(e.to_string()))? {
+            target.discard(storage).await;
+            continue;
+        }
+        return Ok(answers);
+    }
+    Err(StagedError::Write(format!(
+        "table {table} was replaced {APPEND_ATTEMPTS} times while rows were added to it"
+    )))
+}
+
+/// Reads one held body into `batches`; answers its rows, or why it does not fit (its batches then left out).
+async fn collect_body(
+    ctx: &SessionContext,
+    location: &str,
+    ext: &str,
+    format: FileFormat,
+    expected: &SchemaRef,
+    batches: &mut Vec<RecordBatch>,
+) -> Result<u64, StagedError> {
+    let (_, mut stream) = read_staged(ctx, location, ext, format, Some(expected)).await?;
+    let mut read = Vec::new();
     while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(|e| invalid(crate::message(&e)))?;
-        writer.write(&batch).await.map_err(|e| StagedError::Write(e.to_string()))?;
+        read.push(batch.map_err(|e| StagedError::Invalid(crate::message(&e)))?);
     }
-    if writer.rows == 0 {
-        return Err(invalid("The body has no rows.".into()));
+    let rows: usize = read.iter().map(RecordBatch::num_rows).sum();
+    if rows == 0 {
+        return Err(StagedError::Invalid("The body has no rows.".into()));
     }
-    writer.close().await.map_err(|e| StagedError::Write(e.to_string()))
+    batches.extend(read);
+    Ok(rows as u64)
+}
+
+fn store_error_staged(err: object_store::Error) -> StagedError {
+    StagedError::Write(err.to_string())
 }

@@ -6,6 +6,7 @@
 //! Variables are compiled to engine placeholders and bound as typed values, never pasted into SQL text.
 //! This crate knows nothing of HTTP or of the store.
 
+mod appends;
 mod catalog;
 mod compile;
 mod confined;
@@ -59,6 +60,8 @@ pub struct DataFusionEngine {
     runtime: Arc<runtime::EngineRuntime>,
     metrics: EngineMetrics,
     table_locks: Arc<table_store::TableLocks>,
+    /// Appends of small bodies, written together per table (see `appends`).
+    appends: Arc<appends::Appends>,
     /// Stored results prepared to answer runs (see `materialized`).
     prepared: materialized::PreparedResults,
     /// The footers and statistics of the files queries read, shared by every query's runtime.
@@ -90,6 +93,7 @@ impl DataFusionEngine {
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
             table_locks: Arc::default(),
+            appends: Arc::default(),
             prepared: materialized::prepared_results(),
             files: execute::FileCaches::new(),
             plans: plans::Plans::new(),

@@ -53,6 +53,24 @@ impl EngineRuntime {
     }
 }
 
+impl EngineRuntime {
+    /// Runs `work` on the engine's runtime to its end, whether or not its caller still waits for it (work that
+    /// answers other callers too); answers when it has ended.
+    pub(crate) async fn run_detached(
+        &self,
+        work: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), EngineError> {
+        let runtime =
+            self.0.as_ref().ok_or_else(|| EngineError::Unavailable("the query engine has stopped".into()))?;
+        // A dropped handle detaches the task; it is not aborted.
+        match runtime.spawn(work).await {
+            Ok(()) => Ok(()),
+            Err(err) if err.is_panic() => Err(panicked(err.into_panic())),
+            Err(err) => Err(EngineError::Internal(Box::new(err))),
+        }
+    }
+}
+
 /// What a panic in the engine's work means to its caller. Work here only ever reads what a client sent (its
 /// query, its upload) with DataFusion and Arrow, whose kernels panic on some inputs (a string array past 2 GiB,
 /// a corrupt file's impossible lengths): the client's request failed on its own input, so it is told so (400)

@@ -28,7 +28,7 @@ use crate::catalog::{
     current, empty_session, is_parquet, list_tables, pointer, table_prefix, Current, Pointer, TableContents,
     CURRENT,
 };
-use crate::imports::{import_staged, remove_versions, FileFormat, ImportMode, StagedError};
+use crate::imports::{import_staged, remove_versions, FileFormat, HeldBody, ImportMode, StagedError};
 use crate::records::RecordSizes;
 use crate::storage::{unavailable, Storage};
 use crate::DataFusionEngine;
@@ -43,7 +43,7 @@ pub(crate) struct TableLocks {
 type TableLock = Arc<tokio::sync::Mutex<()>>;
 
 impl TableLocks {
-    fn of(&self, project: ProjectId, table: &str) -> TableLock {
+    pub(crate) fn of(&self, project: ProjectId, table: &str) -> TableLock {
         let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
         // Locks nobody holds or waits for are dropped, so the map stays as small as the writes under way.
         locks.retain(|_, lock| Arc::strong_count(lock) > 1);
@@ -87,13 +87,29 @@ struct Staged {
     batch_rows: Option<usize>,
 }
 
-/// Streams the body to a new staging object, alone in its own directory, measuring its records as they pass.
-/// Nothing is left behind on error.
-async fn stage(storage: &Storage, project: ProjectId, upload: &mut Upload) -> Result<Staged, UploadError> {
+/// An append's body up to this size is held in memory and written with the other appends to its table that
+/// arrive meanwhile (`appends`); a larger one, and every replace, is staged and written alone.
+const HELD_BODY_BYTES: u64 = 1 << 20;
+
+/// A body as received: held in memory, or staged in the storage.
+enum Received {
+    Held { chunks: Vec<bytes::Bytes>, bytes: u64 },
+    Staged(Staged),
+}
+
+/// Receives the body, measuring its records as they pass: held in memory while it is at most `hold` bytes,
+/// otherwise streamed to a new staging object, alone in its own directory. Nothing is left behind on error.
+async fn receive(
+    storage: &Storage,
+    project: ProjectId,
+    upload: &mut Upload,
+    hold: u64,
+) -> Result<Received, UploadError> {
     let directory = staging_prefix(project).join(uuid::Uuid::new_v4().to_string());
     let path = directory.clone().join(format!("body.{}", upload.format.as_str()));
-    let mut writer = BufWriter::new(Arc::clone(storage.store()), path.clone());
     let mut records = RecordSizes::of(upload.format);
+    let mut held: Vec<bytes::Bytes> = Vec::new();
+    let mut writer: Option<BufWriter> = None;
     let mut size = 0_u64;
     let failed = loop {
         let Some(chunk) = upload.body.next().await else {
@@ -110,9 +126,30 @@ async fn stage(storage: &Storage, project: ProjectId, upload: &mut Upload) -> Re
         if let Some(Err(too_long)) = records.as_mut().map(|r| r.feed(&chunk)) {
             break Some(UploadError::Invalid(too_long));
         }
-        if let Err(err) = writer.put(chunk).await {
+        if writer.is_none() && size <= hold {
+            held.push(chunk);
+            continue;
+        }
+        let sink = writer.get_or_insert_with(|| BufWriter::new(Arc::clone(storage.store()), path.clone()));
+        let mut put = Ok(());
+        for part in held.drain(..).chain(std::iter::once(chunk)) {
+            put = sink.put(part).await;
+            if put.is_err() {
+                break;
+            }
+        }
+        if let Err(err) = put {
             break Some(UploadError::Engine(unavailable(err)));
         }
+    };
+    let failed = failed.or_else(|| {
+        (size == 0).then(|| UploadError::Invalid("The body is empty: send the table's rows.".into()))
+    });
+    let Some(mut writer) = writer else {
+        return match failed {
+            Some(err) => Err(err),
+            None => Ok(Received::Held { chunks: held, bytes: size }),
+        };
     };
     if let Some(err) = failed {
         if let Err(abort) = writer.abort().await {
@@ -120,14 +157,8 @@ async fn stage(storage: &Storage, project: ProjectId, upload: &mut Upload) -> Re
         }
         return Err(err);
     }
-    if size == 0 {
-        if let Err(abort) = writer.abort().await {
-            tracing::warn!(location = %path, error = %abort, "cannot abort a staged upload");
-        }
-        return Err(UploadError::Invalid("The body is empty: send the table's rows.".into()));
-    }
     writer.shutdown().await.map_err(|e| UploadError::Engine(EngineError::Unavailable(Box::new(e))))?;
-    Ok(Staged { directory, bytes: size, batch_rows: records.map(|r| r.batch_rows()) })
+    Ok(Received::Staged(Staged { directory, bytes: size, batch_rows: records.map(|r| r.batch_rows()) }))
 }
 
 fn instant(meta: &ObjectMeta) -> Timestamp {
@@ -306,6 +337,57 @@ fn table_prefix_of(files: &ObjectPath, name: &TableName) -> ObjectPath {
     ObjectPath::from_iter(parts)
 }
 
+impl DataFusionEngine {
+    /// Imports a staged body into a table (the caller holds the table's lock) and removes it; answers the rows
+    /// and whether the table was created.
+    async fn import(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        (mode, format): (WriteMode, TableFormat),
+        staged: &Staged,
+    ) -> Result<(u64, bool), UploadError> {
+        let mode = match mode {
+            WriteMode::Replace => ImportMode::Replace,
+            WriteMode::Append => ImportMode::Append,
+        };
+        let format = file_format(format);
+        let storage = self.storage.clone();
+        let table = name.as_str().to_owned();
+        let (target, batch_rows) = (staged.directory.clone(), staged.batch_rows);
+        // Reading and writing the rows is the engine's work, on its threads.
+        let imported = self
+            .runtime
+            .run(async move {
+                Ok(import_staged(&storage, project, &table, &target, format, mode, batch_rows).await)
+            })
+            .await;
+        if let Err(err) = self.storage.remove_prefix(&staged.directory).await {
+            tracing::warn!(location = %staged.directory, error = %err, "cannot remove a staged upload");
+        }
+        match imported {
+            Ok(Ok(imported)) => Ok(imported),
+            // The engine failed on the body itself (it panicked reading a malformed file): the body's fault.
+            Err(EngineError::InvalidQuery(reason)) => {
+                Err(UploadError::Invalid(the_body(&reason, &staged.directory)))
+            }
+            Ok(Err(err)) => Err(staged_error(err, Some(&staged.directory))),
+            Err(engine) => Err(UploadError::Engine(engine)),
+        }
+    }
+}
+
+/// An import's failure as the upload's; a reason that names where the body was staged names "the body".
+fn staged_error(err: StagedError, staged: Option<&ObjectPath>) -> UploadError {
+    match err {
+        StagedError::Invalid(reason) => {
+            UploadError::Invalid(staged.map_or_else(|| reason.clone(), |at| the_body(&reason, at)))
+        }
+        StagedError::NoSuchTable => UploadError::NoSuchTable,
+        StagedError::Write(reason) => UploadError::Engine(EngineError::Unavailable(reason.into())),
+    }
+}
+
 #[async_trait]
 impl TableStore for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project))]
@@ -347,8 +429,6 @@ impl TableStore for DataFusionEngine {
         mut upload: Upload,
     ) -> Result<Written, UploadError> {
         let started = std::time::Instant::now();
-        let lock = self.table_locks.of(project, name.as_str());
-        let _held = lock.lock().await;
         let prefix = table_prefix(project, name.as_str());
         if upload.mode == WriteMode::Append
             && matches!(current(&self.storage, &prefix).await?, Some(Current::External(_)))
@@ -361,42 +441,28 @@ impl TableStore for DataFusionEngine {
                 ),
             )));
         }
-        let Staged { directory: staged, bytes, batch_rows } =
-            stage(&self.storage, project, &mut upload).await?;
-        let mode = match upload.mode {
-            WriteMode::Replace => ImportMode::Replace,
-            WriteMode::Append => ImportMode::Append,
+        let hold = match (upload.mode, upload.format) {
+            (WriteMode::Append, TableFormat::Csv | TableFormat::NdJson) => HELD_BODY_BYTES,
+            _ => 0,
         };
-        let format = file_format(upload.format);
-        let storage = self.storage.clone();
-        let table = name.as_str().to_owned();
-        let target = staged.clone();
-        // Reading and writing the rows is the engine's work, on its threads.
-        let imported = match self
-            .runtime
-            .run(async move {
-                Ok(import_staged(&storage, project, &table, &target, format, mode, batch_rows).await)
-            })
-            .await
-        {
-            Ok(Ok(imported)) => Ok(imported),
-            // The engine failed on the body itself (it panicked reading a malformed file): the body's fault.
-            Err(EngineError::InvalidQuery(reason)) => Err(UploadError::Invalid(reason)),
-            Ok(Err(StagedError::Invalid(reason))) => Err(UploadError::Invalid(reason)),
-            Ok(Err(StagedError::NoSuchTable)) => Err(UploadError::NoSuchTable),
-            Ok(Err(StagedError::Write(reason))) => {
-                Err(UploadError::Engine(EngineError::Unavailable(reason.into())))
+        let lock = self.table_locks.of(project, name.as_str());
+        let (rows, bytes, created) = match receive(&self.storage, project, &mut upload, hold).await? {
+            Received::Held { chunks, bytes } => {
+                let body = HeldBody { bytes: chunks.concat().into(), format: file_format(upload.format) };
+                let appended = self
+                    .appends
+                    .append(&self.runtime, &self.storage, lock, project, name.as_str(), body)
+                    .await;
+                let rows = appended.map_err(|err| staged_error(err, None))?;
+                (rows, bytes, false)
             }
-            Err(engine) => Err(UploadError::Engine(engine)),
+            Received::Staged(staged) => {
+                let _held = lock.lock().await;
+                let (rows, created) =
+                    self.import(project, name, (upload.mode, upload.format), &staged).await?;
+                (rows, staged.bytes, created)
+            }
         };
-        if let Err(err) = self.storage.remove_prefix(&staged).await {
-            tracing::warn!(location = %staged, error = %err, "cannot remove a staged upload");
-        }
-        let (rows, created) = imported.map_err(|err| match err {
-            // The staged object's address means nothing to the client: it sent a body.
-            UploadError::Invalid(reason) => UploadError::Invalid(the_body(&reason, &staged)),
-            other => other,
-        })?;
         tracing::info!(
             rows,
             bytes,

@@ -420,3 +420,69 @@ async fn a_malformed_body_is_refused_without_naming_where_the_server_keeps_it() 
     assert!(reason.contains("Row 2") && reason.contains("MiB"), "{reason}");
     nothing_staged(&dir);
 }
+
+/// The Parquet files of the table's current version.
+fn table_files(dir: &std::path::Path) -> usize {
+    let tables = dir.join("projects/1/tables/sales");
+    std::fs::read_dir(&tables)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .flat_map(|version| std::fs::read_dir(version.path()).unwrap().flatten())
+        .filter(|f| f.path().extension().is_some_and(|ext| ext == "parquet"))
+        .count()
+}
+
+#[tokio::test]
+async fn concurrent_appends_share_writes_and_every_row_is_added_once() {
+    let (engine, dir) = engine().await;
+    engine.write(project(), &sales(), csv("country,amount\nUS,0\n")).await.unwrap();
+    let engine = Arc::new(engine);
+    // The table's lock is held while the appends arrive, so all but the first queue behind the first write.
+    let lock = engine.table_locks.of(project(), "sales");
+    let held = lock.lock().await;
+    let appends: Vec<_> = (1..=16)
+        .map(|i| {
+            let engine = Arc::clone(&engine);
+            tokio::spawn(async move {
+                let body = format!("country,amount\nC{i},{i}\nD{i},{i}\n");
+                engine.write(project(), &sales(), append_csv(&body)).await
+            })
+        })
+        .collect();
+    // A body that does not fit is refused alone, whatever it shares a write with.
+    let bad = {
+        let engine = Arc::clone(&engine);
+        tokio::spawn(async move {
+            engine.write(project(), &sales(), append_csv("country,amount\nX,oops\n")).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    drop(held);
+    for append in appends {
+        let written = append.await.unwrap().unwrap();
+        assert_eq!((written.rows, written.created), (2, false));
+    }
+    assert!(invalid(bad.await.unwrap()).contains("oops"), "the bad body is named");
+    let counted =
+        rows(&engine, "SELECT count(*) AS n, count(DISTINCT country) AS c, sum(amount) AS s FROM sales")
+            .await;
+    assert_eq!(counted, json!([{"n": 33, "c": 33, "s": 272}]), "each row once");
+    let files = table_files(&dir);
+    assert!(files <= 3, "16 appends written in {files} files besides the first");
+    nothing_staged(&dir);
+}
+
+#[tokio::test]
+async fn one_clients_appends_are_each_written_at_once() {
+    let (engine, dir) = engine().await;
+    engine.write(project(), &sales(), csv("country,amount\nUS,0\n")).await.unwrap();
+    for i in 1..=3 {
+        engine.write(project(), &sales(), append_csv(&format!("country,amount\nC{i},{i}\n"))).await.unwrap();
+        let counted = rows(&engine, "SELECT count(*) AS n FROM sales").await;
+        assert_eq!(counted, json!([{"n": i + 1}]), "visible once answered");
+    }
+    assert_eq!(table_files(&dir), 4);
+    let missing = engine.write(project(), &TableName::parse("nope").unwrap(), append_csv("a\n1\n")).await;
+    assert!(matches!(missing, Err(UploadError::NoSuchTable)), "{missing:?}");
+}
