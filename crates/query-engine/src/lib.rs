@@ -62,6 +62,8 @@ pub struct DataFusionEngine {
     table_locks: Arc<table_store::TableLocks>,
     /// Appends of small bodies, written together per table (see `appends`).
     appends: Arc<appends::Appends>,
+    /// The rows of table files whose footers were read, for describing tables.
+    file_rows: table_store::FileRows,
     /// Stored results prepared to answer runs (see `materialized`).
     prepared: materialized::PreparedResults,
     /// The footers and statistics of the files queries read, shared by every query's runtime.
@@ -94,6 +96,7 @@ impl DataFusionEngine {
             metrics: EngineMetrics::default(),
             table_locks: Arc::default(),
             appends: Arc::default(),
+            file_rows: table_store::file_rows(),
             prepared: materialized::prepared_results(),
             files: execute::FileCaches::new(),
             plans: plans::Plans::new(),

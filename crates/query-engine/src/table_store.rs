@@ -167,11 +167,16 @@ fn instant(meta: &ObjectMeta) -> Timestamp {
 }
 
 /// A table's record, from the footers of its current Parquet files and the times of its objects.
-async fn describe(storage: &Storage, name: TableName, files: &ObjectPath) -> Result<TableInfo, EngineError> {
+async fn describe(
+    storage: &Storage,
+    rows: &FileRows,
+    name: TableName,
+    files: &ObjectPath,
+) -> Result<TableInfo, EngineError> {
     let prefix = table_prefix_of(files, &name);
     let objects = storage.objects(files).await.map_err(unavailable)?;
     let parquet: Vec<&ObjectMeta> = objects.iter().filter(|o| is_parquet(&o.location)).collect();
-    let (columns, row_count) = footers(storage.store().as_ref(), &parquet).await?;
+    let (columns, row_count) = footers(storage.store().as_ref(), &parquet, Some(rows)).await?;
     let markers = storage.objects(&prefix).await.map_err(unavailable)?;
     let marker = |name: &str| markers.iter().find(|o| o.location.filename() == Some(name)).map(instant);
     let times: Vec<Timestamp> = parquet.iter().map(|m| instant(m)).chain(marker(CURRENT)).collect();
@@ -189,17 +194,37 @@ async fn describe(storage: &Storage, name: TableName, files: &ObjectPath) -> Res
     })
 }
 
-/// The columns (from the first file) and the rows of Parquet files, from their footers.
+/// The rows of each of a table's files this process has read the footer of, by location and size: a table's
+/// file is never changed once written, so describing a table reads only the footers of its new files.
+pub(crate) type FileRows = moka::sync::Cache<(ObjectPath, u64), u64>;
+
+/// Files whose rows are remembered: far more than the tables of a deployment have between compactions.
+pub(crate) fn file_rows() -> FileRows {
+    moka::sync::Cache::new(1_000_000)
+}
+
+/// The columns (from the first file) and the rows of Parquet files, from their footers (or `known`, for files
+/// of the storage whose rows were read before).
 async fn footers(
     store: &dyn object_store::ObjectStore,
     parquet: &[&ObjectMeta],
+    known: Option<&FileRows>,
 ) -> Result<(Vec<TableColumn>, u64), EngineError> {
     let mut columns = Vec::new();
     let mut row_count = 0;
     for (i, meta) in parquet.iter().enumerate() {
+        let key = (meta.location.clone(), meta.size);
+        if let Some(rows) = known.and_then(|known| known.get(&key)).filter(|_| i > 0) {
+            row_count += rows;
+            continue;
+        }
         let footer = DFParquetMetadata::new(store, meta);
         let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
-        row_count += u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
+        let rows = u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
+        if let Some(known) = known {
+            known.insert(key, rows);
+        }
+        row_count += rows;
         if i == 0 {
             let schema = footer.fetch_schema().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
             columns = table_columns(&schema);
@@ -261,7 +286,7 @@ async fn describe_external(
             info.bytes = Some(files.iter().map(|m| m.size).sum());
             if *format == TableFormat::Parquet {
                 let metas: Vec<&ObjectMeta> = files.iter().collect();
-                info.row_count = Some(footers(store.as_ref(), &metas).await?.1);
+                info.row_count = Some(footers(store.as_ref(), &metas, None).await?.1);
             }
             if let Some(latest) = files.iter().map(instant).max() {
                 info.updated_at = info.updated_at.max(latest);
@@ -284,12 +309,13 @@ async fn describe_external(
 /// Where a table's rows are, described.
 async fn describe_current(
     storage: &Storage,
+    rows: &FileRows,
     name: TableName,
     project: ProjectId,
     current: Current,
 ) -> Result<TableInfo, EngineError> {
     match current {
-        Current::Files(files) => describe(storage, name, &files).await,
+        Current::Files(files) => describe(storage, rows, name, &files).await,
         Current::External(source) => {
             let prefix = table_prefix(project, name.as_str());
             describe_external(storage, name, source, &prefix).await
@@ -392,7 +418,7 @@ fn staged_error(err: StagedError, staged: Option<&ObjectPath>) -> UploadError {
 impl TableStore for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project))]
     async fn list(&self, project: ProjectId) -> Result<Vec<TableInfo>, EngineError> {
-        let storage = self.storage.clone();
+        let (storage, rows) = (self.storage.clone(), self.file_rows.clone());
         // On the engine's threads: a database source's connections live there.
         self.runtime
             .run(async move {
@@ -400,7 +426,7 @@ impl TableStore for DataFusionEngine {
                 for (name, current) in list_tables(&storage, project).await? {
                     // Tables the CLI wrote under names the API does not take are left to the CLI.
                     if let Ok(name) = TableName::parse(&name) {
-                        tables.push(describe_current(&storage, name, project, current).await?);
+                        tables.push(describe_current(&storage, &rows, name, project, current).await?);
                     }
                 }
                 Ok(tables)
@@ -410,11 +436,11 @@ impl TableStore for DataFusionEngine {
 
     #[instrument(skip_all, fields(project = %project, table = %name))]
     async fn get(&self, project: ProjectId, name: &TableName) -> Result<Option<TableInfo>, EngineError> {
-        let (storage, name) = (self.storage.clone(), name.clone());
+        let (storage, rows, name) = (self.storage.clone(), self.file_rows.clone(), name.clone());
         self.runtime
             .run(async move {
                 match current(&storage, &table_prefix(project, name.as_str())).await? {
-                    Some(found) => Ok(Some(describe_current(&storage, name, project, found).await?)),
+                    Some(found) => Ok(Some(describe_current(&storage, &rows, name, project, found).await?)),
                     None => Ok(None),
                 }
             })
