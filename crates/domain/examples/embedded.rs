@@ -70,13 +70,7 @@ impl EndpointStore for MemoryStore {
                 .collect()
         });
         found.sort_by(|a, b| a.name.cmp(&b.name));
-        let total = found.len() as u64;
-        let items = found
-            .into_iter()
-            .skip(usize::try_from(page.offset).unwrap_or(usize::MAX))
-            .take(page.limit as usize)
-            .collect();
-        Ok(Page { items, total, request: page })
+        Ok(paged(found, page))
     }
 
     async fn update(
@@ -120,15 +114,9 @@ impl EndpointStore for MemoryStore {
         page: PageRequest,
     ) -> Result<Page<EndpointVersion>, StoreError> {
         let versions = self.with(|all| all.get(&(project, name.clone())).map(|(_, v)| v.clone()));
-        let versions = versions.ok_or(StoreError::NotFound)?;
-        let total = versions.len() as u64;
-        let items = versions
-            .into_iter()
-            .rev()
-            .skip(usize::try_from(page.offset).unwrap_or(usize::MAX))
-            .take(page.limit as usize)
-            .collect();
-        Ok(Page { items, total, request: page })
+        let mut versions = versions.ok_or(StoreError::NotFound)?;
+        versions.reverse();
+        Ok(paged(versions, page))
     }
 
     async fn get_version(
@@ -419,4 +407,12 @@ async fn main() -> Result<(), domain::Error> {
         refused.map(|_| "saved".to_owned()).unwrap_or_else(|e| e.to_string())
     );
     Ok(())
+}
+
+/// The page `page` asks for of all the items.
+fn paged<T>(items: Vec<T>, page: PageRequest) -> Page<T> {
+    let total = items.len() as u64;
+    let skip = usize::try_from(page.offset).unwrap_or(usize::MAX);
+    let items = items.into_iter().skip(skip).take(page.limit as usize).collect();
+    Page { items, total, request: page }
 }

@@ -11,6 +11,7 @@ use crate::access::{ProjectId, RunGrant};
 use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
 use crate::error::{Error, Invalid, Violation};
+use crate::page::PageRequest;
 use crate::query::{QueryResult, ResultFormat};
 
 /// How a run may use cached and materialized results.
@@ -149,9 +150,7 @@ impl RunRequest {
     /// # Errors
     /// [`Invalid`] (`offset`) for a negative offset.
     pub fn page_offset(requested: Option<i64>) -> Result<u64, Invalid> {
-        requested.map_or(Ok(0), |o| {
-            u64::try_from(o).map_err(|_| Invalid::field("offset", "offset must be a non-negative integer."))
-        })
+        requested.map_or(Ok(0), PageRequest::checked_offset)
     }
 
     /// # Errors
