@@ -15,16 +15,27 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use domain::{EngineError, ProjectId};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::imports::{append_held, HeldBody, StagedError};
 use crate::runtime::EngineRuntime;
 use crate::storage::Storage;
 
+/// The most bodies held in memory at once, whatever their number of clients (each at most
+/// `table_store::HELD_BODY_BYTES`): past them an append's body is staged in the storage, as a large one is.
+const HELD_BODIES: usize = 64;
+
 /// The appends of this process, grouped by table.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Appends {
     groups: Mutex<HashMap<(ProjectId, String), Arc<Group>>>,
+    held: Arc<Semaphore>,
+}
+
+impl Default for Appends {
+    fn default() -> Self {
+        Self { groups: Mutex::default(), held: Arc::new(Semaphore::new(HELD_BODIES)) }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -47,6 +58,11 @@ impl std::fmt::Debug for HeldBody {
 }
 
 impl Appends {
+    /// A place for one more body in memory, if there is one; the body may be held while it is kept.
+    pub(crate) fn try_hold(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.held).try_acquire_owned().ok()
+    }
+
     fn group(&self, project: ProjectId, table: &str) -> Arc<Group> {
         let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
         // Groups no append holds are dropped, so the map stays as small as the appends under way.

@@ -467,10 +467,13 @@ impl TableStore for DataFusionEngine {
                 ),
             )));
         }
-        let hold = match (upload.mode, upload.format) {
-            (WriteMode::Append, TableFormat::Csv | TableFormat::NdJson) => HELD_BODY_BYTES,
-            _ => 0,
+        // Only while there is room for it among the bodies held by all clients: a flood of slow appends is
+        // staged in the storage rather than held.
+        let place = match (upload.mode, upload.format) {
+            (WriteMode::Append, TableFormat::Csv | TableFormat::NdJson) => self.appends.try_hold(),
+            _ => None,
         };
+        let hold = if place.is_some() { HELD_BODY_BYTES } else { 0 };
         let lock = self.table_locks.of(project, name.as_str());
         let (rows, bytes, created) = match receive(&self.storage, project, &mut upload, hold).await? {
             Received::Held { chunks, bytes } => {
@@ -479,10 +482,12 @@ impl TableStore for DataFusionEngine {
                     .appends
                     .append(&self.runtime, &self.storage, lock, project, name.as_str(), body)
                     .await;
+                drop(place);
                 let rows = appended.map_err(|err| staged_error(err, None))?;
                 (rows, bytes, false)
             }
             Received::Staged(staged) => {
+                drop(place);
                 let _held = lock.lock().await;
                 let (rows, created) =
                     self.import(project, name, (upload.mode, upload.format), &staged).await?;

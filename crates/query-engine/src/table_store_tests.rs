@@ -486,3 +486,18 @@ async fn one_clients_appends_are_each_written_at_once() {
     let missing = engine.write(project(), &TableName::parse("nope").unwrap(), append_csv("a\n1\n")).await;
     assert!(matches!(missing, Err(UploadError::NoSuchTable)), "{missing:?}");
 }
+
+#[tokio::test]
+async fn appends_past_the_bodies_held_in_memory_are_staged_and_land() {
+    let (engine, dir) = engine().await;
+    engine.write(project(), &sales(), csv("country,amount\nUS,0\n")).await.unwrap();
+    let places: Vec<_> = std::iter::from_fn(|| engine.appends.try_hold()).collect();
+    assert!(!places.is_empty());
+    for i in 1..=2 {
+        engine.write(project(), &sales(), append_csv(&format!("country,amount\nC{i},{i}\n"))).await.unwrap();
+    }
+    assert_eq!(rows(&engine, "SELECT count(*) AS n FROM sales").await, json!([{"n": 3}]));
+    drop(places);
+    assert!(engine.appends.try_hold().is_some(), "the places come back");
+    nothing_staged(&dir);
+}
