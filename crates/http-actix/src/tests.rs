@@ -625,6 +625,8 @@ async fn table_routes_need_table_scopes_and_read_uploads_by_content_type() {
             columns: vec![],
             row_count: Some(1),
             bytes: Some(4),
+            files: Some(1),
+            last_compacted_at: None,
             source: domain::TableSource::Upload,
             created_at: datetime!(2026-11-22 10:00 UTC),
             updated_at: datetime!(2026-11-22 10:00 UTC),

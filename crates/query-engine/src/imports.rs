@@ -23,9 +23,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::catalog::{
-    current, current_version, is_parquet, is_table_name, pointer, table_prefix, Current, Pointer,
-    TableContents, CURRENT,
+    current, is_parquet, is_table_name, pointer, table_prefix, Current, Pointer, TableContents, CURRENT,
 };
+use crate::compaction::{settle, Settled};
 use crate::storage::Storage;
 
 /// Rows per row group of a table's files. Smaller than the writer's default of 1 Mi rows: a scan decodes a
@@ -173,7 +173,11 @@ pub(crate) fn plain(schema: &SchemaRef) -> SchemaRef {
 }
 
 impl TableWriter {
-    fn create(storage: &Storage, path: ObjectPath, schema: SchemaRef) -> Result<Self, ImportError> {
+    pub(crate) fn create(
+        storage: &Storage,
+        path: ObjectPath,
+        schema: SchemaRef,
+    ) -> Result<Self, ImportError> {
         let schema = plain(&schema);
         let props = WriterProperties::builder()
             .set_compression(Compression::UNCOMPRESSED)
@@ -185,7 +189,7 @@ impl TableWriter {
         Ok(Self { writer, schema, rows: 0 })
     }
 
-    async fn write(&mut self, batch: &RecordBatch) -> Result<u64, ImportError> {
+    pub(crate) async fn write(&mut self, batch: &RecordBatch) -> Result<u64, ImportError> {
         let cast;
         let batch = if batch.schema() == self.schema {
             batch
@@ -198,7 +202,7 @@ impl TableWriter {
         Ok(self.rows)
     }
 
-    async fn close(self) -> Result<u64, ImportError> {
+    pub(crate) async fn close(self) -> Result<u64, ImportError> {
         self.writer.close().await.map_err(|e| ImportError::Write(e.to_string()))?;
         Ok(self.rows)
     }
@@ -284,9 +288,9 @@ impl Destination {
             match &existing {
                 Some(Current::Files(files)) => {
                     let schema = existing_schema(storage, ctx, files).await?;
-                    let base = current_version(storage, &prefix)
-                        .await
-                        .map_err(|e| ImportError::Write(e.to_string()))?;
+                    // The version these files are, from the same read of the pointer: a compaction may switch
+                    // the table at any time, and the files must be checked against the version they join.
+                    let base = (files != &prefix).then(|| files.filename().unwrap_or_default().to_owned());
                     let target = Self {
                         table: prefix,
                         files: files.clone(),
@@ -323,16 +327,12 @@ impl Destination {
         Ok((target, None))
     }
 
-    /// Whether an append still adds to the table's current version: a replace that switched the table while
-    /// it wrote has made its files part of a version nobody reads.
-    async fn still_current(&self, storage: &Storage) -> Result<bool, ImportError> {
+    /// Whether an append's files are part of the table now (see `compaction::settle`); a replace's are once
+    /// it is published.
+    async fn settled(&self, storage: &Storage) -> Result<Settled, ImportError> {
         match (&self.version, &self.base) {
-            (None, Some(base)) => Ok(current_version(storage, &self.table)
-                .await
-                .map_err(|e| ImportError::Write(e.to_string()))?
-                .as_ref()
-                == Some(base)),
-            _ => Ok(true),
+            (None, Some(base)) => settle(storage, &self.table, base, &self.written).await,
+            _ => Ok(Settled::Visible),
         }
     }
 
@@ -385,7 +385,7 @@ pub(crate) async fn remove_versions(
     storage.delete(loose).await
 }
 
-fn store_error(err: object_store::Error) -> ImportError {
+pub(crate) fn store_error(err: object_store::Error) -> ImportError {
     ImportError::Write(err.to_string())
 }
 
@@ -422,17 +422,27 @@ pub async fn import_files(
     let report = &|rows| {
         progress(ImportProgress { rows, bytes_read: bytes_read.load(std::sync::atomic::Ordering::Relaxed) });
     };
-    let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode).await?;
-    match write_files(storage, &ctx, &mut target, table, files, format, expected, report).await {
-        Ok(rows) => {
-            target.publish(storage).await?;
-            Ok(ImportReport { table: table.into(), rows, files: files.len() })
-        }
-        Err(err) => {
-            target.discard(storage).await;
-            Err(err)
+    for _ in 0..APPEND_ATTEMPTS {
+        let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode).await?;
+        match write_files(storage, &ctx, &mut target, table, files, format, expected, report).await {
+            Ok(rows) => {
+                if target.settled(storage).await? == Settled::Again {
+                    // Replaced while the rows were written: they go to what the table is now.
+                    target.discard(storage).await;
+                    continue;
+                }
+                target.publish(storage).await?;
+                return Ok(ImportReport { table: table.into(), rows, files: files.len() });
+            }
+            Err(err) => {
+                target.discard(storage).await;
+                return Err(err);
+            }
         }
     }
+    Err(ImportError::Write(format!(
+        "table {table} was replaced {APPEND_ATTEMPTS} times while rows were added to it"
+    )))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -556,7 +566,7 @@ pub(crate) async fn import_staged(
                 return Err(err);
             }
         };
-        if !target.still_current(storage).await.map_err(|e| StagedError::Write(e.to_string()))? {
+        if target.settled(storage).await.map_err(|e| StagedError::Write(e.to_string()))? == Settled::Again {
             target.discard(storage).await;
             continue;
         }
@@ -686,7 +696,7 @@ pub(crate) async fn append_held(
             target.discard(storage).await;
             return Err(StagedError::Write(err.to_string()));
         }
-        if !target.still_current(storage).await.map_err(|e| StagedError::Write(e.to_string()))? {
+        if target.settled(storage).await.map_err(|e| StagedError::Write(e.to_string()))? == Settled::Again {
             target.discard(storage).await;
             continue;
         }

@@ -8,6 +8,7 @@
 
 mod appends;
 mod catalog;
+mod compaction;
 mod compile;
 mod confined;
 #[cfg(feature = "ballista")]
@@ -62,6 +63,8 @@ pub struct DataFusionEngine {
     table_locks: Arc<table_store::TableLocks>,
     /// Appends of small bodies, written together per table (see `appends`).
     appends: Arc<appends::Appends>,
+    /// The tables this process appended to, for compaction.
+    appended: Arc<compaction::Appended>,
     /// The rows of table files whose footers were read, for describing tables.
     file_rows: table_store::FileRows,
     /// Stored results prepared to answer runs (see `materialized`).
@@ -96,6 +99,7 @@ impl DataFusionEngine {
             metrics: EngineMetrics::default(),
             table_locks: Arc::default(),
             appends: Arc::default(),
+            appended: Arc::default(),
             file_rows: table_store::file_rows(),
             prepared: materialized::prepared_results(),
             files: execute::FileCaches::new(),
@@ -482,6 +486,8 @@ impl QueryEngine for DataFusionEngine {
     }
 }
 
+#[cfg(test)]
+mod compaction_tests;
 /// The demo project's `events` generator, which lives with the CLI's `demo` command, for realistic test tables.
 #[cfg(test)]
 #[path = "../../server/src/cli/demo_data.rs"]

@@ -174,6 +174,11 @@ impl Storage {
         format!("{}{prefix}/", self.root_url)
     }
 
+    /// The URL DataFusion reads one object from.
+    pub(crate) fn url_of_object(&self, object: &ObjectPath) -> String {
+        format!("{}{object}", self.root_url)
+    }
+
     /// Makes the storage readable by sessions on `runtime` (local files are already).
     pub(crate) fn register(&self, runtime: &RuntimeEnv) {
         if let Some(store) = &self.engine_store {

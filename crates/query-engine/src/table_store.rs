@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use datafusion::common::TableReference;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use domain::{
-    EngineError, ExternalSource, Invalid, ProjectId, TableColumn, TableFormat, TableInfo, TableName,
-    TableSource, TableStore, Timestamp, Upload, UploadError, WriteMode, Written,
+    Compaction, EngineError, ExternalSource, Invalid, ProjectId, TableColumn, TableFormat, TableInfo,
+    TableName, TableSource, TableStore, Timestamp, Upload, UploadError, WriteMode, Written,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -40,7 +40,7 @@ pub(crate) struct TableLocks {
     locks: Mutex<HashMap<(ProjectId, String), TableLock>>,
 }
 
-type TableLock = Arc<tokio::sync::Mutex<()>>;
+pub(crate) type TableLock = Arc<tokio::sync::Mutex<()>>;
 
 impl TableLocks {
     pub(crate) fn of(&self, project: ProjectId, table: &str) -> TableLock {
@@ -161,7 +161,7 @@ async fn receive(
     Ok(Received::Staged(Staged { directory, bytes: size, batch_rows: records.map(|r| r.batch_rows()) }))
 }
 
-fn instant(meta: &ObjectMeta) -> Timestamp {
+pub(crate) fn instant(meta: &ObjectMeta) -> Timestamp {
     let micros = meta.last_modified.timestamp_micros();
     Timestamp::from_unix_timestamp_nanos(i128::from(micros) * 1_000).unwrap_or(Timestamp::UNIX_EPOCH)
 }
@@ -188,6 +188,8 @@ async fn describe(
         columns,
         row_count: Some(row_count),
         bytes: Some(parquet.iter().map(|m| m.size).sum()),
+        files: Some(parquet.len() as u64),
+        last_compacted_at: crate::compaction::compacted_at(&objects),
         source: TableSource::Upload,
         created_at,
         updated_at,
@@ -203,6 +205,25 @@ pub(crate) fn file_rows() -> FileRows {
     moka::sync::Cache::new(1_000_000)
 }
 
+/// The rows of a Parquet file, from its footer (the first time only, for a file of the storage: `known`).
+pub(crate) async fn rows_of(
+    store: &dyn object_store::ObjectStore,
+    meta: &ObjectMeta,
+    known: Option<&FileRows>,
+) -> Result<u64, EngineError> {
+    let key = (meta.location.clone(), meta.size);
+    if let Some(rows) = known.and_then(|known| known.get(&key)) {
+        return Ok(rows);
+    }
+    let footer = DFParquetMetadata::new(store, meta);
+    let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
+    let rows = u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
+    if let Some(known) = known {
+        known.insert(key, rows);
+    }
+    Ok(rows)
+}
+
 /// The columns (from the first file) and the rows of Parquet files, from their footers (or `known`, for files
 /// of the storage whose rows were read before).
 async fn footers(
@@ -213,22 +234,12 @@ async fn footers(
     let mut columns = Vec::new();
     let mut row_count = 0;
     for (i, meta) in parquet.iter().enumerate() {
-        let key = (meta.location.clone(), meta.size);
-        if let Some(rows) = known.and_then(|known| known.get(&key)).filter(|_| i > 0) {
-            row_count += rows;
-            continue;
-        }
-        let footer = DFParquetMetadata::new(store, meta);
-        let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
-        let rows = u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
-        if let Some(known) = known {
-            known.insert(key, rows);
-        }
-        row_count += rows;
         if i == 0 {
+            let footer = DFParquetMetadata::new(store, meta);
             let schema = footer.fetch_schema().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
             columns = table_columns(&schema);
         }
+        row_count += rows_of(store, meta, known).await?;
     }
     Ok((columns, row_count))
 }
@@ -263,6 +274,8 @@ async fn describe_external(
         columns: Vec::new(),
         row_count: None,
         bytes: None,
+        files: None,
+        last_compacted_at: None,
         source: TableSource::External(source.clone()),
         created_at,
         // A file system's times are coarser than the clock's: never before the table was created.
@@ -284,6 +297,7 @@ async fn describe_external(
                 .await
                 .map_err(|e| EngineError::Unavailable(e.into()))?;
             info.bytes = Some(files.iter().map(|m| m.size).sum());
+            info.files = Some(files.len() as u64);
             if *format == TableFormat::Parquet {
                 let metas: Vec<&ObjectMeta> = files.iter().collect();
                 info.row_count = Some(footers(store.as_ref(), &metas, None).await?.1);
@@ -494,6 +508,9 @@ impl TableStore for DataFusionEngine {
                 (rows, staged.bytes, created)
             }
         };
+        if upload.mode == WriteMode::Append {
+            self.appended.mark(project, name.as_str());
+        }
         tracing::info!(
             rows,
             bytes,
@@ -502,6 +519,27 @@ impl TableStore for DataFusionEngine {
             "table written from an upload"
         );
         Ok(Written { rows, bytes, created })
+    }
+
+    fn appended(&self) -> Vec<(ProjectId, TableName)> {
+        let all = self.appended.all().into_iter();
+        all.filter_map(|(project, table)| Some((project, TableName::parse(&table).ok()?))).collect()
+    }
+
+    #[instrument(skip_all, fields(project = %project, table = %name))]
+    async fn compact(&self, project: ProjectId, name: &TableName) -> Result<Option<Compaction>, EngineError> {
+        // Taken first: an append from now on makes the table a candidate again.
+        self.appended.take(project, name.as_str());
+        let (storage, rows, table) = (self.storage.clone(), self.file_rows.clone(), name.as_str().to_owned());
+        let lock = self.table_locks.of(project, name.as_str());
+        let compacted = self
+            .runtime
+            .run(async move { crate::compaction::compact(&storage, &rows, lock, project, &table).await })
+            .await;
+        if compacted.is_err() {
+            self.appended.mark(project, name.as_str());
+        }
+        compacted
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name))]

@@ -83,21 +83,31 @@ impl Collector for PoolCollector {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RefreshLabels {
+struct OutcomeLabels {
     outcome: &'static str,
 }
 
-/// The materialization worker's metrics.
+/// The background work's metrics: materialization refreshes and table compactions.
 #[derive(Debug, Clone)]
 pub struct WorkerMetrics {
-    refreshes: Family<RefreshLabels, Counter>,
+    refreshes: Family<OutcomeLabels, Counter>,
     lag: Histogram,
+    compactions: Family<OutcomeLabels, Counter>,
+    files_merged: Counter,
+    compaction_seconds: Histogram,
 }
 
 impl Default for WorkerMetrics {
     fn default() -> Self {
-        // 0.1 s to about 1.8 hours.
-        Self { refreshes: Family::default(), lag: Histogram::new(exponential_buckets(0.1, 2.0, 17)) }
+        Self {
+            refreshes: Family::default(),
+            // 0.1 s to about 1.8 hours.
+            lag: Histogram::new(exponential_buckets(0.1, 2.0, 17)),
+            compactions: Family::default(),
+            files_merged: Counter::default(),
+            // 10 ms to about 11 minutes.
+            compaction_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 17)),
+        }
     }
 }
 
@@ -115,6 +125,36 @@ impl WorkerMetrics {
             "How long a refresh waited between falling due and being claimed",
             self.lag.clone(),
         );
+        registry.register(
+            "table_compactions",
+            "Compactions of tables this process appended to, by how they ended: compacted, leased (another \
+             process was compacting the table) or failed; tables with too few small files are not counted",
+            self.compactions.clone(),
+        );
+        registry.register(
+            "table_compaction_files_merged",
+            "Small table files merged into full ones by compactions",
+            self.files_merged.clone(),
+        );
+        registry.register(
+            "table_compaction_seconds",
+            "How long each compaction that merged files took",
+            self.compaction_seconds.clone(),
+        );
+    }
+
+    pub(crate) fn compacted(&self, outcome: &domain::CompactionOutcome, took: std::time::Duration) {
+        let outcome = match outcome {
+            domain::CompactionOutcome::Compacted(done) => {
+                self.files_merged.inc_by(done.files_merged);
+                self.compaction_seconds.observe(took.as_secs_f64());
+                "compacted"
+            }
+            domain::CompactionOutcome::Leased => "leased",
+            domain::CompactionOutcome::Failed(_) => "failed",
+            domain::CompactionOutcome::NothingToDo => return,
+        };
+        self.compactions.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
     pub(crate) fn claimed(&self, waited: std::time::Duration) {
@@ -128,11 +168,11 @@ impl WorkerMetrics {
             Ok(RefreshOutcome::Lost) => "lost",
             Err(_) => "error",
         };
-        self.refreshes.get_or_create(&RefreshLabels { outcome }).inc();
+        self.refreshes.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
     pub(crate) fn released(&self) {
-        self.refreshes.get_or_create(&RefreshLabels { outcome: "released" }).inc();
+        self.refreshes.get_or_create(&OutcomeLabels { outcome: "released" }).inc();
     }
 }
 

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use cache_moka::MemoryResultCache;
 use domain::{
-    ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, Invalidator, MaterializationPorts,
-    RefreshDeps, RefreshService, ResultCache, RunDeps, RunService, SystemClock, TableDeps, TableService,
+    ApiKeyService, CompactionService, EndpointDeps, EndpointService, ExecutionTracker, Invalidator,
+    MaterializationPorts, RefreshDeps, RefreshService, ResultCache, RunDeps, RunService, SystemClock,
+    TableDeps, TableService,
 };
 use http_actix::AppState;
 use query_engine::DataFusionEngine;
@@ -43,6 +44,7 @@ pub struct Services {
     pub executions: Arc<ExecutionTracker>,
     pub engine: Arc<DataFusionEngine>,
     pub materializer: Arc<RefreshService>,
+    pub compactions: Arc<CompactionService>,
     /// What this process keeps from the store in memory, for changes other processes announce.
     pub kept: Invalidator,
 }
@@ -98,6 +100,8 @@ impl Services {
             materializations,
             export_limit: config.export_limit,
         }));
+        let compactions =
+            Arc::new(CompactionService::new(engine.clone(), store.clone(), clock.clone(), config.lease));
         let materializer = Arc::new(RefreshService::new(RefreshDeps {
             endpoints: store.clone(),
             states: store.clone(),
@@ -106,7 +110,19 @@ impl Services {
             clock,
             lease: config.lease,
         }));
-        Ok(Self { database, store, endpoints, runs, keys, tables, executions, engine, materializer, kept })
+        Ok(Self {
+            database,
+            store,
+            endpoints,
+            runs,
+            keys,
+            tables,
+            executions,
+            engine,
+            materializer,
+            compactions,
+            kept,
+        })
     }
 }
 
@@ -133,6 +149,8 @@ pub struct Application {
     flush_interval: std::time::Duration,
     materializer: Arc<RefreshService>,
     worker: crate::worker::WorkerConfig,
+    compactions: Arc<CompactionService>,
+    compaction_interval: Option<std::time::Duration>,
     worker_metrics: crate::operations::WorkerMetrics,
     rate_limits: Arc<http_actix::RateLimits>,
     /// On PostgreSQL: applies the changes other processes announce; stops with the application.
@@ -155,6 +173,7 @@ impl Application {
         let executions = services.executions.clone();
         let keys = services.keys.clone();
         let materializer = services.materializer.clone();
+        let compactions = services.compactions.clone();
         let worker_metrics = crate::operations::WorkerMetrics::default();
         let operations = crate::operations::operations(&services.database, &services.engine, &worker_metrics);
         let rate_limits = Arc::new(http_actix::RateLimits::new(config.rate_limits));
@@ -185,6 +204,8 @@ impl Application {
             flush_interval: config.flush_interval,
             materializer,
             worker: config.worker.clone(),
+            compactions,
+            compaction_interval: config.compaction_interval,
             worker_metrics,
             rate_limits,
             _changes: changes,
@@ -209,6 +230,14 @@ impl Application {
                 self.materializer.clone(),
                 self.worker.clone(),
                 self.worker_metrics.clone(),
+                stop.clone(),
+            ))
+        });
+        let compactor = self.compaction_interval.map(|every| {
+            tokio::spawn(crate::worker::compact(
+                self.compactions.clone(),
+                every,
+                self.worker_metrics.clone(),
                 stop,
             ))
         });
@@ -229,6 +258,11 @@ impl Application {
         if let Some(worker) = worker {
             if let Err(err) = worker.await {
                 tracing::error!(error = %err, "the refresh worker ended abnormally");
+            }
+        }
+        if let Some(compactor) = compactor {
+            if let Err(err) = compactor.await {
+                tracing::error!(error = %err, "the compaction loop ended abnormally");
             }
         }
         // Requests have drained: the last execution times they recorded are written now.

@@ -1,11 +1,15 @@
-//! The materialization worker of `serve`: claims due refreshes (a lease in the store, so processes sharing a
-//! database never refresh the same materialization twice), runs a bounded number at once, renews their leases
-//! while they run, sweeps orphaned files now and then, and gives unfinished claims back when the server stops.
+//! The background work of `serve`.
+//!
+//! The materialization worker claims due refreshes (a lease in the store, so processes sharing a database never
+//! refresh the same materialization twice), runs a bounded number at once, renews their leases while they run,
+//! sweeps orphaned files now and then, and gives unfinished claims back when the server stops.
+//!
+//! The compaction loop merges the small files of the tables this process appended to, one table at a time.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use domain::{Claim, RefreshOutcome, RefreshService};
+use domain::{Claim, CompactionService, RefreshOutcome, RefreshService};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
@@ -123,5 +127,31 @@ async fn refresh(
     metrics.released();
     if let Err(err) = materializer.release(&claim).await {
         warn!(endpoint = %claim.name, error = %err, "could not give a refresh back; its lease will expire");
+    }
+}
+
+/// Every `every`, compacts the tables appended to since the last pass, until `stop` turns true. A compaction
+/// under way when the server stops is cut off; the table is as it was and the next process compacts it.
+pub async fn compact(
+    compactions: Arc<CompactionService>,
+    every: Duration,
+    metrics: WorkerMetrics,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.changed() => return,
+        }
+        for (project, table) in compactions.candidates() {
+            let started = std::time::Instant::now();
+            let outcome = tokio::select! {
+                outcome = compactions.compact(project, &table) => outcome,
+                _ = stop.changed() => return,
+            };
+            metrics.compacted(&outcome, started.elapsed());
+        }
     }
 }

@@ -12,7 +12,7 @@ use domain::{
     Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationRecords,
     MaterializationStatus, MaterializedFilter, NewEndpoint, NewVersion, PageRequest, PlannedQuery,
     ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredColumn,
-    StoredResult, Switch, SyncFrequency, Timestamp, TokenSecret,
+    StoredResult, Switch, SyncFrequency, TableLeases, TableName, Timestamp, TokenSecret,
 };
 use serde_json::json;
 use time::macros::datetime;
@@ -89,6 +89,7 @@ contract!(
     materialization_records_follow_the_lease,
     materialization_follows_the_endpoint,
     a_version_planned_again_records_its_columns_or_why_it_no_longer_plans,
+    table_leases_are_held_by_one_holder_until_released_or_expired,
 );
 
 async fn project(store: &DieselStore) -> ProjectId {
@@ -775,4 +776,44 @@ async fn postgres_announces_committed_changes_to_every_listener() {
 fn sqlite_serves_one_process_and_announces_nothing() {
     let (store, _file) = sqlite_store();
     assert!(store.database().listen_for_changes(|_| {}).is_none());
+}
+
+async fn table_leases_are_held_by_one_holder_until_released_or_expired(store: DieselStore) {
+    let p = project(&store).await;
+    let events = TableName::parse("events").unwrap();
+    let until = T0 + Duration::from_secs(60);
+    // Eight holders race for one free lease: exactly one wins.
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, events) = (store.clone(), events.clone());
+            tokio::spawn(async move {
+                let holder = Uuid::new_v4();
+                (holder, store.claim(p, &events, holder, T0, until).await.unwrap())
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for racer in racers {
+        let (holder, won) = racer.await.unwrap();
+        if won {
+            winners.push(holder);
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    let (holder, other) = (winners[0], Uuid::new_v4());
+    // Another table of the project, and the same table of another project, are leased apart.
+    assert!(store.claim(p, &TableName::parse("orders").unwrap(), other, T0, until).await.unwrap());
+    assert!(store.claim(project(&store).await, &events, other, T0, until).await.unwrap());
+    // Held: refused to others until it expires; renewed by its holder.
+    assert!(!store.claim(p, &events, other, T0 + Duration::from_secs(59), until).await.unwrap());
+    assert!(store.claim(p, &events, holder, T0, until + Duration::from_secs(60)).await.unwrap());
+    assert!(!store.claim(p, &events, other, until, until + Duration::from_secs(60)).await.unwrap());
+    // Released by anyone else: nothing happens; by its holder: free at once.
+    store.release(p, &events, other).await.unwrap();
+    assert!(!store.claim(p, &events, other, T0, until).await.unwrap());
+    store.release(p, &events, holder).await.unwrap();
+    assert!(store.claim(p, &events, other, T0, until).await.unwrap());
+    // Expired (its holder crashed): another takes it.
+    let later = until + Duration::from_secs(1);
+    assert!(store.claim(p, &events, holder, later, later + Duration::from_secs(60)).await.unwrap());
 }

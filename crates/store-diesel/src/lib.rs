@@ -1,5 +1,6 @@
-//! The store adapter: the domain's `EndpointStore`, `MaterializationRecords`, `ProjectStore` and `ApiKeyStore` ports on diesel 2 with an
-//! r2d2 pool, over SQLite (the embedded default) or PostgreSQL through one code path.
+//! The store adapter: the domain's `EndpointStore`, `MaterializationRecords`, `ProjectStore`, `ApiKeyStore` and
+//! `TableLeases` ports on diesel 2 with an r2d2 pool, over SQLite (the embedded default) or PostgreSQL through
+//! one code path.
 //!
 //! It owns the schema, the embedded migrations of both backends and the translation of database errors into
 //! the domain's `StoreError`. It knows nothing of HTTP or of the query engine.
@@ -13,6 +14,7 @@ mod materializations;
 mod projects;
 mod rows;
 mod schema;
+mod tables;
 
 pub use changes::ChangeListener;
 pub use connection::{Backend, Database, DatabaseConfig, PoolState};

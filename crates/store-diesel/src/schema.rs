@@ -77,10 +77,34 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    table_leases (project_id, table_name) {
+        project_id -> BigInt,
+        table_name -> Text,
+        holder -> Text,
+        expires_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    append_keys (project_id, table_name, idempotency_key) {
+        project_id -> BigInt,
+        table_name -> Text,
+        idempotency_key -> Text,
+        body_sha256 -> Text,
+        write_id -> Text,
+        answer -> Nullable<Text>,
+        created_at -> BigInt,
+        updated_at -> BigInt,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     projects,
     api_keys,
     endpoints,
     endpoint_versions,
-    materializations
+    materializations,
+    table_leases,
+    append_keys
 );

@@ -232,9 +232,23 @@ pub struct TableInfo {
     pub row_count: Option<u64>,
     /// The size of its files; `None` for a PostgreSQL table.
     pub bytes: Option<u64>,
+    /// How many files hold its rows; `None` for a PostgreSQL table.
+    pub files: Option<u64>,
+    /// When compaction last merged its small files; `None` if it never has.
+    pub last_compacted_at: Option<Timestamp>,
     pub source: TableSource,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+/// What one compaction of a table did: its small files merged into `files_written`, the files it had and has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compaction {
+    pub files_before: u64,
+    pub files_after: u64,
+    /// The small files merged, and the rows they held.
+    pub files_merged: u64,
+    pub rows_merged: u64,
 }
 
 /// A table with the endpoints whose current version reads it.

@@ -2,9 +2,12 @@
 
 use async_trait::async_trait;
 
-use super::model::{ExternalSource, TableInfo, TableName, Upload, Written};
+use uuid::Uuid;
+
+use super::model::{Compaction, ExternalSource, TableInfo, TableName, Upload, Written};
 use crate::access::ProjectId;
-use crate::error::{EngineError, UploadError};
+use crate::clock::Timestamp;
+use crate::error::{EngineError, StoreError, UploadError};
 
 /// A project's tables. Writes are atomic: a reader (a run, another request) sees a table before a write or
 /// after it, never part of one, and a failed write leaves the table as it was.
@@ -53,4 +56,42 @@ pub trait TableStore: Send + Sync {
     /// # Errors
     /// `Unavailable`, `Internal`.
     async fn delete(&self, project: ProjectId, name: &TableName) -> Result<bool, EngineError>;
+
+    /// The tables this process appended to since it last compacted them: the candidates for compaction.
+    fn appended(&self) -> Vec<(ProjectId, TableName)>;
+
+    /// Merges the table's small files into full ones, if it has enough of them to be worth it, and switches the
+    /// table to the result with one write; `None` when there was nothing to do. The caller holds the table's
+    /// lease ([`TableLeases`]), so one compaction of a table runs at a time across processes. Runs see the
+    /// table before or after, never a row twice or one missing, and appends made meanwhile all land; a
+    /// compaction that fails or is killed leaves the table as it was.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`. A failed table is a candidate again.
+    async fn compact(&self, project: ProjectId, name: &TableName) -> Result<Option<Compaction>, EngineError>;
+}
+
+/// Leases on a table's maintenance, kept where every process sharing the database sees them: a lease is held
+/// by one holder at a time until it expires (its holder crashed) or is released.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait TableLeases: Send + Sync {
+    /// Grants the table's lease to `holder` until `until`, unless another holder's lease runs past `now`.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn claim(
+        &self,
+        project: ProjectId,
+        table: &TableName,
+        holder: Uuid,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives the lease back, if `holder` still holds it.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn release(&self, project: ProjectId, table: &TableName, holder: Uuid) -> Result<(), StoreError>;
 }

@@ -52,6 +52,8 @@ fn info(name: &str) -> TableInfo {
         columns: vec![TableColumn { name: "n".into(), column_type: ColumnType::Integer, nullable: true }],
         row_count: Some(3),
         bytes: Some(100),
+        files: Some(1),
+        last_compacted_at: None,
         source: TableSource::Upload,
         created_at: T0,
         updated_at: T0,

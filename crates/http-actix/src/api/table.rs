@@ -28,6 +28,13 @@ pub(crate) struct Table {
     row_count: Option<u64>,
     /// The size of its files; null for a PostgreSQL table.
     bytes: Option<u64>,
+    /// How many files hold its rows; null for a PostgreSQL table. Compaction keeps it small for a table that
+    /// takes many small appends.
+    files: Option<u64>,
+    /// When compaction last merged the table's small files; null if it never has.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    last_compacted_at: Option<OffsetDateTime>,
     /// How its rows are kept: `parquet` for uploads, the external files' format, or `postgres`.
     #[schema(schema_with = names::table_format)]
     format: &'static str,
@@ -54,6 +61,8 @@ impl From<domain::Table> for Table {
                 .collect(),
             row_count: info.row_count,
             bytes: info.bytes,
+            files: info.files,
+            last_compacted_at: info.last_compacted_at,
             format: info.source.format(),
             source: match info.source {
                 TableSource::Upload => "upload".into(),

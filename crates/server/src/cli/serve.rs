@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// Seconds a refresh claim holds without renewal; a crashed process's refreshes are retried after it.
     #[arg(long, env = "ENDPOINTS_MATERIALIZE_LEASE_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..))]
     pub materialize_lease_secs: u64,
+    /// Milliseconds between compactions of the tables this process appended to (their small files merged into
+    /// full ones); 0 leaves compaction to other processes.
+    #[arg(long, env = "ENDPOINTS_COMPACTION_INTERVAL_MS", default_value_t = 2000)]
+    pub compaction_interval_ms: u64,
     /// Milliseconds a key read from the database is trusted before it is read again: the longest a revocation
     /// made elsewhere (the CLI, another node) waits to take effect; 0 reads the key on every request.
     #[arg(long, env = "ENDPOINTS_KEY_CACHE_MS", default_value_t = 1000)]
@@ -152,6 +156,8 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.worker.parallelism = args.materialize_workers;
     config.worker.poll = Duration::from_millis(args.materialize_poll_ms);
     config.lease = Duration::from_secs(args.materialize_lease_secs);
+    config.compaction_interval =
+        (args.compaction_interval_ms > 0).then(|| Duration::from_millis(args.compaction_interval_ms));
     config.limits.refresh_timeout = Duration::from_secs(args.refresh_timeout_secs);
     config.limits.rollup_rows = args.max_rollup_rows;
     config.key_cache_ttl = Duration::from_millis(args.key_cache_ms);

@@ -1,0 +1,147 @@
+//! Compaction: the tables a process appended to have their small files merged, one compaction of a table at a
+//! time across processes (a lease in the store), so that a table fed by a stream of small appends keeps few,
+//! full files.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+use super::model::{Compaction, TableName};
+use super::ports::{TableLeases, TableStore};
+use crate::access::ProjectId;
+use crate::clock::Clock;
+use crate::error::Error;
+
+/// What happened to one table a pass looked at.
+#[derive(Debug)]
+pub enum CompactionOutcome {
+    /// Its small files were merged.
+    Compacted(Compaction),
+    /// It had too few small files to be worth it.
+    NothingToDo,
+    /// Another process holds its lease (it is compacting it): it stays a candidate.
+    Leased,
+    Failed(Error),
+}
+
+/// Compacts the tables this process appended to.
+pub struct CompactionService {
+    tables: Arc<dyn TableStore>,
+    leases: Arc<dyn TableLeases>,
+    clock: Arc<dyn Clock>,
+    /// How long a lease lasts: longer than a compaction takes, and how long a crashed holder keeps others out.
+    lease: Duration,
+    /// This process, as the holder of the leases it takes.
+    holder: Uuid,
+}
+
+impl CompactionService {
+    pub fn new(
+        tables: Arc<dyn TableStore>,
+        leases: Arc<dyn TableLeases>,
+        clock: Arc<dyn Clock>,
+        lease: Duration,
+    ) -> Self {
+        Self { tables, leases, clock, lease, holder: Uuid::new_v4() }
+    }
+
+    /// The tables appended to since this process last compacted them.
+    pub fn candidates(&self) -> Vec<(ProjectId, TableName)> {
+        self.tables.appended()
+    }
+
+    /// Compacts one table if its lease is free.
+    pub async fn compact(&self, project: ProjectId, table: &TableName) -> CompactionOutcome {
+        let now = self.clock.now();
+        let until = now + self.lease;
+        match self.leases.claim(project, table, self.holder, now, until).await {
+            Ok(true) => {}
+            Ok(false) => return CompactionOutcome::Leased,
+            Err(err) => return CompactionOutcome::Failed(err.into()),
+        }
+        let compacted = self.tables.compact(project, table).await;
+        if let Err(err) = self.leases.release(project, table, self.holder).await {
+            warn!(%project, %table, error = %err, "could not give a table's lease back; it will expire");
+        }
+        match compacted {
+            Ok(Some(done)) => {
+                debug!(%project, %table, ?done, "compacted a table");
+                CompactionOutcome::Compacted(done)
+            }
+            Ok(None) => CompactionOutcome::NothingToDo,
+            Err(err) => {
+                warn!(%project, %table, error = %err, "could not compact a table; will retry");
+                CompactionOutcome::Failed(err.into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::EngineError;
+    use crate::tables::{MockTableLeases, MockTableStore};
+    use crate::testing::{project, ManualClock, T0};
+
+    fn service(tables: MockTableStore, leases: MockTableLeases) -> CompactionService {
+        CompactionService::new(
+            Arc::new(tables),
+            Arc::new(leases),
+            Arc::new(ManualClock::new(T0)),
+            Duration::from_secs(60),
+        )
+    }
+
+    fn events() -> TableName {
+        TableName::parse("events").unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_table_is_compacted_under_its_lease_which_is_then_given_back() {
+        let mut tables = MockTableStore::new();
+        tables.expect_appended().returning(|| vec![(project(1), events())]);
+        let done = Compaction { files_before: 40, files_after: 1, files_merged: 40, rows_merged: 200 };
+        tables.expect_compact().times(1).returning(move |_, _| Ok(Some(done)));
+        let mut leases = MockTableLeases::new();
+        leases
+            .expect_claim()
+            .withf(|project_id, table, _, now, until| {
+                *project_id == project(1)
+                    && table.as_str() == "events"
+                    && *now == T0
+                    && *until == T0 + Duration::from_secs(60)
+            })
+            .times(1)
+            .returning(|_, _, _, _, _| Ok(true));
+        leases.expect_release().times(1).returning(|_, _, _| Ok(()));
+        let service = service(tables, leases);
+        assert_eq!(service.candidates(), vec![(project(1), events())]);
+        let outcome = service.compact(project(1), &events()).await;
+        assert!(matches!(outcome, CompactionOutcome::Compacted(d) if d == done));
+    }
+
+    #[tokio::test]
+    async fn a_table_leased_elsewhere_is_left_alone() {
+        let mut tables = MockTableStore::new();
+        tables.expect_compact().never();
+        let mut leases = MockTableLeases::new();
+        leases.expect_claim().returning(|_, _, _, _, _| Ok(false));
+        leases.expect_release().never();
+        let outcome = service(tables, leases).compact(project(1), &events()).await;
+        assert!(matches!(outcome, CompactionOutcome::Leased));
+    }
+
+    #[tokio::test]
+    async fn a_failed_compaction_gives_its_lease_back_and_says_why() {
+        let mut tables = MockTableStore::new();
+        tables.expect_compact().returning(|_, _| Err(EngineError::Unavailable("disk gone".into())));
+        let mut leases = MockTableLeases::new();
+        leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
+        leases.expect_release().times(1).returning(|_, _, _| Ok(()));
+        let outcome = service(tables, leases).compact(project(1), &events()).await;
+        assert!(matches!(outcome, CompactionOutcome::Failed(Error::Unavailable(_))));
+    }
+}

@@ -1,0 +1,329 @@
+//! Compaction of a table's small files, and how an append knows its file is part of the table.
+//!
+//! A compaction writes a new version (see `catalog`): the current version's small files merged into full ones,
+//! and every other file of it linked in as it is (on a local disk a hard link, on S3 a copy in the bucket).
+//! Then one write of `_current` switches the table to it. Runs read one version or the other, so never a row
+//! twice or one missing.
+//!
+//! Appends (of any process) keep adding files to the current version while it runs. So that none is left
+//! behind, the compaction first *seals* the version it read: it writes `_sealed` there, naming the new version,
+//! and only then lists the files to link. An append, once its file is complete, reads `_current` and then looks
+//! for the seal ([`settle`]):
+//! - the version is still current and not sealed: its file is there for every run, and if a compaction seals the
+//!   version later, that compaction lists (and links) the file;
+//! - the version is current but sealed: a compaction is switching, so the append waits for the switch;
+//! - the version is no longer current and was sealed: the new version either has the file (the compaction
+//!   listed it) or not, and then the append writes its rows again, to the new version;
+//! - the version is no longer current and not sealed: a replace took the table; the append is written again.
+//!
+//! A compaction killed before its switch leaves `_sealed` in the table's current version: the next one (under the
+//! table's lease, so no other is running) removes the version it was writing and the seal, and appends waiting
+//! for the switch go on. Replaced versions are removed a while after the switch ([`GRACE`]), once runs that
+//! started before it have read them.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use datafusion::prelude::ParquetReadOptions;
+use domain::{Compaction, EngineError, ProjectId, Timestamp};
+use futures_util::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
+
+use crate::catalog::{
+    current_version, is_parquet, is_version_name, pointer, table_prefix, Pointer, TableContents, CURRENT,
+};
+use crate::imports::{store_error, ImportError, TableWriter};
+use crate::storage::{unavailable, Storage};
+use crate::table_store::{instant, rows_of, FileRows, TableLock};
+
+/// In a version a compaction replaced (or is replacing): the name of the version that replaces it.
+pub(crate) const SEALED: &str = "_sealed";
+/// In a version a compaction wrote: when, and from which version.
+pub(crate) const COMPACTED: &str = "_compacted";
+
+/// A file with at least this many rows is full (a row group of the table's files) and is kept as it is.
+const FULL_FILE_ROWS: u64 = 128 * 1024;
+/// Merged files close past this many rows, so one compaction of many small files still makes files a run can
+/// read in parallel.
+const MERGED_FILE_ROWS: u64 = 1024 * 1024;
+/// A table is compacted once it has this many small files.
+pub(crate) const MIN_SMALL_FILES: usize = 8;
+/// How long a replaced version stays for the runs that were reading it when the table switched.
+pub(crate) const GRACE: Duration = Duration::from_secs(600);
+/// How often an append whose version is being switched looks again.
+const SETTLE_POLL: Duration = Duration::from_millis(10);
+
+/// The tables this process appended to and has not compacted since.
+#[derive(Debug, Default)]
+pub(crate) struct Appended(Mutex<HashSet<(ProjectId, String)>>);
+
+impl Appended {
+    pub(crate) fn mark(&self, project: ProjectId, table: &str) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert((project, table.to_owned()));
+    }
+
+    pub(crate) fn take(&self, project: ProjectId, table: &str) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&(project, table.to_owned()));
+    }
+
+    pub(crate) fn all(&self) -> Vec<(ProjectId, String)> {
+        let mut all: Vec<_> = self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
+        all.sort();
+        all
+    }
+}
+
+/// Whether an append's files are part of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// They are, for every run from now on.
+    Visible,
+    /// The table moved on without them: write the rows again, to its current version.
+    Again,
+}
+
+/// The version a sealed version's compaction switches to, if it is sealed.
+async fn seal(storage: &Storage, version: &ObjectPath) -> Result<Option<String>, object_store::Error> {
+    match storage.store().get(&version.clone().join(SEALED)).await {
+        Ok(found) => {
+            let bytes = found.bytes().await?;
+            Ok(Some(String::from_utf8_lossy(&bytes).lines().next().unwrap_or("").trim().to_owned()))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the files an append wrote to `base`, a version of `table`, are part of the table (see the module's
+/// comment). Waits while a compaction switches the version.
+pub(crate) async fn settle(
+    storage: &Storage,
+    table: &ObjectPath,
+    base: &str,
+    written: &[ObjectPath],
+) -> Result<Settled, ImportError> {
+    let started = std::time::Instant::now();
+    loop {
+        let current = pointer(storage, table).await.map_err(|e| ImportError::Write(e.to_string()))?;
+        let is_base = matches!(current.map(|p| p.target), Some(TableContents::Version(v)) if v == base);
+        let sealed = seal(storage, &table.clone().join(base)).await.map_err(store_error)?;
+        match (is_base, sealed) {
+            (true, None) => return Ok(Settled::Visible),
+            (false, None) => return Ok(Settled::Again),
+            (false, Some(next)) => {
+                if !is_version_name(&next) {
+                    return Ok(Settled::Again);
+                }
+                let moved = table.clone().join(next.as_str());
+                for file in written {
+                    let Some(name) = file.filename() else { return Ok(Settled::Again) };
+                    match storage.store().head(&moved.clone().join(name)).await {
+                        Ok(_) => {}
+                        Err(object_store::Error::NotFound { .. }) => return Ok(Settled::Again),
+                        Err(e) => return Err(store_error(e)),
+                    }
+                }
+                return Ok(Settled::Visible);
+            }
+            (true, Some(_)) => {
+                if started.elapsed() > GRACE {
+                    return Err(ImportError::Write(format!(
+                        "table {table} is being compacted and did not switch in {} s",
+                        GRACE.as_secs()
+                    )));
+                }
+                tokio::time::sleep(SETTLE_POLL).await;
+            }
+        }
+    }
+}
+
+/// Compacts a table if its current version has [`MIN_SMALL_FILES`] small files; `None` when there was nothing
+/// to do. The caller holds the table's lease; `lock` is this process's lock of the table, held for the switch.
+pub(crate) async fn compact(
+    storage: &Storage,
+    rows: &FileRows,
+    lock: TableLock,
+    project: ProjectId,
+    table: &str,
+) -> Result<Option<Compaction>, EngineError> {
+    let prefix = table_prefix(project, table);
+    let Some(Pointer { target: TableContents::Version(base), created }) = pointer(storage, &prefix).await?
+    else {
+        // A table of files written before versions existed, a source read where it is, or no table.
+        return Ok(None);
+    };
+    remove_replaced(storage, &prefix, &base).await;
+    let version = prefix.clone().join(base.as_str());
+    recover(storage, &prefix, &version).await?;
+    let before = parquet(storage, &version).await?;
+    let mut small = Vec::new();
+    for meta in &before {
+        if rows_of(storage.store().as_ref(), meta, Some(rows)).await? < FULL_FILE_ROWS {
+            small.push(meta.location.clone());
+        }
+    }
+    if small.len() < MIN_SMALL_FILES {
+        return Ok(None);
+    }
+    let next = format!("v-{}", uuid::Uuid::new_v4());
+    let target = prefix.clone().join(next.as_str());
+    let merged = match merge(storage, &small, &target).await {
+        Ok(merged) => merged,
+        Err(err) => {
+            discard(storage, &target).await;
+            return Err(EngineError::Unavailable(err.to_string().into()));
+        }
+    };
+    let now = domain::Clock::now(&domain::SystemClock);
+    let stamp = now.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+    let switched = async {
+        put(storage, &target.clone().join(COMPACTED), format!("{stamp}\n{base}\n")).await?;
+        let _held = lock.lock().await;
+        put(storage, &version.clone().join(SEALED), format!("{next}\n")).await?;
+        let merged_away: HashSet<&ObjectPath> = small.iter().collect();
+        let mut kept = 0_u64;
+        for meta in parquet(storage, &version).await? {
+            if merged_away.contains(&meta.location) {
+                continue;
+            }
+            let Some(name) = meta.location.filename() else { continue };
+            storage.store().copy(&meta.location, &target.clone().join(name)).await.map_err(unavailable)?;
+            kept += 1;
+        }
+        // A replace (of another process, which takes no lease) may have switched the table meanwhile: it wins.
+        if current_version(storage, &prefix).await?.as_deref() != Some(base.as_str()) {
+            return Ok(None);
+        }
+        let text = Pointer { target: TableContents::Version(next.clone()), created }.text();
+        storage
+            .store()
+            .put(&prefix.clone().join(CURRENT), PutPayload::from(text))
+            .await
+            .map_err(unavailable)?;
+        Ok::<_, EngineError>(Some(kept))
+    }
+    .await;
+    match switched {
+        Ok(Some(kept)) => {
+            let done = Compaction {
+                files_before: before.len() as u64,
+                files_after: merged.files + kept,
+                files_merged: small.len() as u64,
+                rows_merged: merged.rows,
+            };
+            tracing::info!(%project, table, ?done, "compacted a table's small files");
+            Ok(Some(done))
+        }
+        Ok(None) => {
+            discard(storage, &target).await;
+            Ok(None)
+        }
+        Err(err) => {
+            // Sealed but not switched: unseal, so that appends waiting for the switch go on.
+            discard(storage, &target).await;
+            if let Err(unseal) = storage.delete(vec![version.clone().join(SEALED)]).await {
+                tracing::warn!(%project, table, error = %unseal, "cannot unseal a table after a failed compaction");
+            }
+            Err(err)
+        }
+    }
+}
+
+async fn put(storage: &Storage, path: &ObjectPath, text: String) -> Result<(), EngineError> {
+    storage.store().put(path, PutPayload::from(text)).await.map(|_| ()).map_err(unavailable)
+}
+
+async fn parquet(storage: &Storage, version: &ObjectPath) -> Result<Vec<ObjectMeta>, EngineError> {
+    let mut files: Vec<ObjectMeta> = storage
+        .objects(version)
+        .await
+        .map_err(unavailable)?
+        .into_iter()
+        .filter(|o| is_parquet(&o.location))
+        .collect();
+    files.sort_by(|a, b| a.location.cmp(&b.location));
+    Ok(files)
+}
+
+async fn discard(storage: &Storage, target: &ObjectPath) {
+    if let Err(err) = storage.remove_prefix(target).await {
+        tracing::warn!(location = %target, error = %err, "cannot remove an unfinished compaction's files");
+    }
+}
+
+/// Undoes a compaction that sealed the current version and never switched (its process was killed): removes the
+/// version it was writing and the seal.
+async fn recover(storage: &Storage, prefix: &ObjectPath, version: &ObjectPath) -> Result<(), EngineError> {
+    let Some(next) = seal(storage, version).await.map_err(unavailable)? else { return Ok(()) };
+    tracing::warn!(table = %prefix, "undoing a compaction that did not finish");
+    if is_version_name(&next) {
+        storage.remove_prefix(&prefix.clone().join(next.as_str())).await.map_err(unavailable)?;
+    }
+    storage.delete(vec![version.clone().join(SEALED)]).await.map_err(unavailable)
+}
+
+/// Removes the versions compactions replaced, and the ones they wrote but never switched to, once [`GRACE`] has
+/// passed since; a version a replace or an import is writing has neither mark and is left to it.
+async fn remove_replaced(storage: &Storage, prefix: &ObjectPath, current: &str) {
+    let Ok(children) = storage.children(prefix).await else { return };
+    let now = domain::Clock::now(&domain::SystemClock);
+    for child in children.into_iter().filter(|c| c != current && is_version_name(c)) {
+        let version = prefix.clone().join(child.as_str());
+        let Ok(objects) = storage.objects(&version).await else { continue };
+        let marked = objects.iter().filter(|o| matches!(o.location.filename(), Some(SEALED | COMPACTED)));
+        if marked.map(instant).max().is_some_and(|at| now - at > GRACE) {
+            if let Err(err) = storage.remove_prefix(&version).await {
+                tracing::warn!(location = %version, error = %err, "cannot remove a replaced table version");
+            }
+        }
+    }
+}
+
+/// What merging wrote.
+struct Merged {
+    files: u64,
+    rows: u64,
+}
+
+/// Reads `small` in order and writes their rows to `target` in files of up to [`MERGED_FILE_ROWS`] rows.
+async fn merge(storage: &Storage, small: &[ObjectPath], target: &ObjectPath) -> Result<Merged, ImportError> {
+    let ctx = crate::catalog::import_session(storage, None).map_err(|e| ImportError::Write(e.to_string()))?;
+    let urls: Vec<String> = small.iter().map(|path| storage.url_of_object(path)).collect();
+    let frame = ctx
+        .read_parquet(urls, ParquetReadOptions::default())
+        .await
+        .map_err(|e| ImportError::Write(crate::message(&e)))?;
+    let schema = Arc::new(frame.schema().as_arrow().clone());
+    let mut stream = frame.execute_stream().await.map_err(|e| ImportError::Write(crate::message(&e)))?;
+    let mut merged = Merged { files: 0, rows: 0 };
+    let mut writer: Option<TableWriter> = None;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|e| ImportError::Write(crate::message(&e)))?;
+        let open = match writer.as_mut() {
+            Some(open) => open,
+            None => {
+                let path = target.clone().join(format!("part-{}-0.parquet", uuid::Uuid::new_v4()));
+                merged.files += 1;
+                writer.insert(TableWriter::create(storage, path, Arc::clone(&schema))?)
+            }
+        };
+        let rows = open.write(&batch).await?;
+        if rows >= MERGED_FILE_ROWS {
+            if let Some(full) = writer.take() {
+                merged.rows += full.close().await?;
+            }
+        }
+    }
+    if let Some(last) = writer {
+        merged.rows += last.close().await?;
+    }
+    Ok(merged)
+}
+
+/// When the table's current version was written by a compaction, from its mark.
+pub(crate) fn compacted_at(objects: &[ObjectMeta]) -> Option<Timestamp> {
+    objects.iter().find(|o| o.location.filename() == Some(COMPACTED)).map(instant)
+}

@@ -1,0 +1,217 @@
+//! Compaction on a real storage: small files merged with every row kept once, appends of other processes during
+//! compactions all landing, and a compaction cut off after sealing undone.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use domain::{ProjectId, QueryEngine, TableFormat, TableName, TableStore, Upload, WriteMode};
+use futures_util::stream;
+use serde_json::{json, Value};
+
+use crate::compaction::{MIN_SMALL_FILES, SEALED};
+use crate::tests::temp_dir;
+use crate::{DataFusionEngine, Storage};
+
+fn project() -> ProjectId {
+    ProjectId::new(1).unwrap()
+}
+
+fn events() -> TableName {
+    TableName::parse("events").unwrap()
+}
+
+fn upload(mode: WriteMode, body: String) -> Upload {
+    let chunks = vec![Ok::<_, std::io::Error>(Bytes::from(body))];
+    Upload { format: TableFormat::Csv, mode, body: Box::pin(stream::iter(chunks)), limit_bytes: 1 << 20 }
+}
+
+/// `count` rows with ids from `first`, as CSV.
+fn ids(first: u64, count: u64) -> String {
+    let mut body = String::from("id,kind\n");
+    for id in first..first + count {
+        body.push_str(&format!("{id},k{}\n", id % 3));
+    }
+    body
+}
+
+async fn counts(engine: &DataFusionEngine) -> (u64, u64) {
+    let query = domain::Query::try_from(
+        &json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n, count(DISTINCT id) AS d FROM events"}),
+    )
+    .unwrap();
+    let result = engine.execute(project(), &query, &BTreeMap::new(), 10, 0).await.unwrap();
+    let rows: Value = serde_json::from_str(&result.rows_json).unwrap();
+    (rows[0]["n"].as_u64().unwrap(), rows[0]["d"].as_u64().unwrap())
+}
+
+fn table_dir(dir: &Path) -> PathBuf {
+    dir.join("projects/1/tables/events")
+}
+
+/// The directory of the table's current version.
+fn current(dir: &Path) -> PathBuf {
+    let pointer = std::fs::read_to_string(table_dir(dir).join("_current")).unwrap();
+    table_dir(dir).join(pointer.lines().next().unwrap())
+}
+
+fn parquet_in(version: &Path) -> usize {
+    std::fs::read_dir(version)
+        .unwrap()
+        .flatten()
+        .filter(|f| f.path().extension().is_some_and(|ext| ext == "parquet"))
+        .count()
+}
+
+/// Two engines on one storage: two processes, each with its own locks and its own appends.
+fn two_nodes() -> (Arc<DataFusionEngine>, Arc<DataFusionEngine>, crate::tests::TempDir) {
+    let dir = temp_dir("qe-compaction");
+    let a = DataFusionEngine::new(Storage::local(&dir).unwrap());
+    let b = DataFusionEngine::new(Storage::local(&dir).unwrap());
+    (Arc::new(a), Arc::new(b), dir)
+}
+
+#[tokio::test]
+async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
+    let (engine, _, dir) = two_nodes();
+    engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
+    assert_eq!(engine.appended(), vec![], "a replace is no candidate");
+    assert!(engine.compact(project(), &events()).await.unwrap().is_none(), "one file: nothing to do");
+    for i in 1..20 {
+        engine.write(project(), &events(), upload(WriteMode::Append, ids(i * 5, 5))).await.unwrap();
+    }
+    assert_eq!(engine.appended(), vec![(project(), events())]);
+    let before = engine.get(project(), &events()).await.unwrap().unwrap();
+    assert_eq!((before.files, before.row_count, before.last_compacted_at), (Some(20), Some(100), None));
+
+    let done = engine.compact(project(), &events()).await.unwrap().expect("20 small files are compacted");
+    assert_eq!((done.files_before, done.files_merged, done.files_after, done.rows_merged), (20, 20, 1, 100));
+    assert_eq!(engine.appended(), vec![], "compacted: no longer a candidate");
+    assert_eq!(parquet_in(&current(&dir)), 1);
+    let after = engine.get(project(), &events()).await.unwrap().unwrap();
+    assert_eq!((after.files, after.row_count, after.columns), (Some(1), Some(100), before.columns));
+    assert!(after.last_compacted_at.is_some());
+    assert_eq!(after.created_at, before.created_at, "the table keeps its creation time");
+    assert_eq!(counts(&engine).await, (100, 100));
+    // The replaced version stays for runs that were reading it, sealed, naming the new one.
+    let versions: Vec<_> =
+        std::fs::read_dir(table_dir(&dir)).unwrap().flatten().filter(|e| e.path().is_dir()).collect();
+    assert_eq!(versions.len(), 2);
+    let old = versions.iter().map(|v| v.path()).find(|v| *v != current(&dir)).unwrap();
+    let sealed = std::fs::read_to_string(old.join(SEALED)).unwrap();
+    assert_eq!(table_dir(&dir).join(sealed.trim()), current(&dir));
+
+    // Appends go on into the new version; a few more small files are not worth a compaction yet.
+    for i in 20..20 + MIN_SMALL_FILES as u64 - 2 {
+        engine.write(project(), &events(), upload(WriteMode::Append, ids(i * 5, 5))).await.unwrap();
+    }
+    assert!(engine.compact(project(), &events()).await.unwrap().is_none());
+    assert_eq!(counts(&engine).await, (130, 130));
+    // A replace takes the table whatever compactions did, and removes their versions.
+    engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 2))).await.unwrap();
+    assert_eq!(counts(&engine).await, (2, 2));
+    let versions =
+        std::fs::read_dir(table_dir(&dir)).unwrap().flatten().filter(|e| e.path().is_dir()).count();
+    assert_eq!(versions, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn appends_of_two_processes_during_compactions_all_land_once_and_runs_never_see_a_row_twice() {
+    let (a, b, dir) = two_nodes();
+    a.write(project(), &events(), upload(WriteMode::Replace, ids(0, 1))).await.unwrap();
+    let acknowledged = Arc::new(AtomicU64::new(1));
+    let next_id = Arc::new(AtomicU64::new(1));
+    // Sixteen writers, half through each process, each appending 25 bodies of 3 rows.
+    let writers: Vec<_> = (0..16)
+        .map(|w| {
+            let engine = if w % 2 == 0 { Arc::clone(&a) } else { Arc::clone(&b) };
+            let (acknowledged, next_id) = (Arc::clone(&acknowledged), Arc::clone(&next_id));
+            tokio::spawn(async move {
+                for _ in 0..25 {
+                    let first = next_id.fetch_add(3, Ordering::SeqCst);
+                    engine
+                        .write(project(), &events(), upload(WriteMode::Append, ids(first, 3)))
+                        .await
+                        .unwrap();
+                    acknowledged.fetch_add(3, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    // Meanwhile each process compacts again and again (one at a time: the table's lease), and runs count: no
+    // row twice, no acknowledged row missing.
+    let lease = Arc::new(tokio::sync::Mutex::new(()));
+    let compactors: Vec<_> = [Arc::clone(&a), Arc::clone(&b)]
+        .into_iter()
+        .map(|engine| {
+            let lease = Arc::clone(&lease);
+            tokio::spawn(async move {
+                let mut compacted = 0;
+                for _ in 0..40 {
+                    let _leased = lease.lock().await;
+                    if engine.compact(project(), &events()).await.unwrap().is_some() {
+                        compacted += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                compacted
+            })
+        })
+        .collect();
+    let reader = {
+        let (a, acknowledged) = (Arc::clone(&a), Arc::clone(&acknowledged));
+        tokio::spawn(async move {
+            for _ in 0..40 {
+                let at_least = acknowledged.load(Ordering::SeqCst);
+                let (n, distinct) = counts(&a).await;
+                assert_eq!(n, distinct, "a run saw a row twice");
+                assert!(n >= at_least, "a run missed acknowledged rows: {n} < {at_least}");
+            }
+        })
+    };
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let mut compactions = 0;
+    for compactor in compactors {
+        compactions += compactor.await.unwrap();
+    }
+    reader.await.unwrap();
+    assert!(compactions > 0, "compactions ran while rows were appended");
+    assert_eq!(counts(&a).await, (1201, 1201));
+    assert_eq!(counts(&b).await, (1201, 1201));
+    while a.compact(project(), &events()).await.unwrap().is_some() {}
+    assert!(parquet_in(&current(&dir)) < MIN_SMALL_FILES + 1, "{} files", parquet_in(&current(&dir)));
+    assert_eq!(counts(&b).await, (1201, 1201));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compaction_cut_off_after_sealing_is_undone_and_the_appends_waiting_for_it_land() {
+    let (a, b, dir) = two_nodes();
+    a.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
+    // What a compaction killed between its seal and its switch leaves: a new version with merged rows, and the
+    // current version sealed, naming it.
+    let abandoned = format!("v-{}", uuid::Uuid::new_v4());
+    std::fs::create_dir_all(table_dir(&dir).join(&abandoned)).unwrap();
+    for file in std::fs::read_dir(current(&dir)).unwrap().flatten() {
+        std::fs::copy(file.path(), table_dir(&dir).join(&abandoned).join(file.file_name())).unwrap();
+    }
+    std::fs::write(current(&dir).join(SEALED), format!("{abandoned}\n")).unwrap();
+    // An append waits for the switch of a sealed version: it is not answered while the seal stands.
+    let waiting = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { b.write(project(), &events(), upload(WriteMode::Append, ids(5, 5))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "an append to a sealed version waits for its switch");
+    // The next compaction (under the table's lease) undoes the cut-off one; the append then lands, once.
+    assert!(a.compact(project(), &events()).await.unwrap().is_none(), "two small files: nothing to merge");
+    let written = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
+    assert_eq!(written.rows, 5);
+    assert!(!table_dir(&dir).join(&abandoned).exists(), "the cut-off compaction's files are removed");
+    assert!(!current(&dir).join(SEALED).exists());
+    assert_eq!(counts(&a).await, (10, 10));
+}

@@ -1,0 +1,2 @@
+DROP TABLE append_keys;
+DROP TABLE table_leases;
