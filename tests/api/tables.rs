@@ -643,3 +643,117 @@ async fn a_tenant_cannot_make_the_server_send_the_operators_password_in_clear() 
     let text = String::from_utf8_lossy(&received);
     assert!(!text.contains("op-secret-pw") && !text.contains("operator"), "{text}");
 }
+
+/// An append with an `Idempotency-Key`.
+async fn append_once(
+    app: &TestApp,
+    path: &str,
+    api_key: &str,
+    idempotency_key: &str,
+    body: &str,
+) -> Response {
+    app.request(Method::POST, path, Some(api_key))
+        .header("Content-Type", "text/csv")
+        .header("Idempotency-Key", idempotency_key)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_append_with_an_idempotency_key_adds_its_rows_once() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/projects/{project}/tables");
+    for table in ["orders", "returns"] {
+        ok_json(upload(&app, Method::PUT, &format!("{tables}/{table}"), &key, "text/csv", ORDERS).await, 201)
+            .await;
+    }
+    let rows = format!("{tables}/orders/rows");
+    let more = "id,country,amount\n4,DE,2\n5,DE,3\n";
+    let first = ok_json(append_once(&app, &rows, &key, "batch-0001", more).await, 200).await;
+    assert_eq!((first["rows_added"].as_u64(), first["table"]["row_count"].as_u64()), (Some(2), Some(5)));
+    // A retry (the answer was lost, say) adds nothing and answers as the first did.
+    for _ in 0..3 {
+        let again = ok_json(append_once(&app, &rows, &key, "batch-0001", more).await, 200).await;
+        assert_eq!(
+            (
+                again["rows_added"].as_u64(),
+                again["bytes_received"].as_u64(),
+                again["table"]["row_count"].as_u64()
+            ),
+            (Some(2), first["bytes_received"].as_u64(), Some(5)),
+            "{again}"
+        );
+    }
+    // The same key with other rows is a conflict, and adds nothing.
+    let other = "id,country,amount\n6,IT,1\n";
+    let conflict =
+        assert_error(append_once(&app, &rows, &key, "batch-0001", other).await, 409, "conflict").await;
+    assert_eq!(conflict["code"], "idempotency_conflict", "{conflict}");
+    // A key is per table: the same key on another table is another append.
+    let returns =
+        ok_json(append_once(&app, &format!("{tables}/returns/rows"), &key, "batch-0001", other).await, 200)
+            .await;
+    assert_eq!(returns["table"]["row_count"], 4);
+    // A body refused (its rows do not fit) frees its key: sent again, fixed, it lands.
+    let bad = "id,country,amount\n7,IT,lots\n";
+    assert_error(append_once(&app, &rows, &key, "batch-0002", bad).await, 400, "validation_error").await;
+    let fixed =
+        ok_json(append_once(&app, &rows, &key, "batch-0002", "id,country,amount\n7,IT,8\n").await, 200).await;
+    assert_eq!(fixed["table"]["row_count"], 6);
+    // Keys outside the rule are refused before anything is read.
+    for bad_key in [String::new(), "k".repeat(129), "two words".into()] {
+        let refused =
+            assert_error(append_once(&app, &rows, &key, &bad_key, more).await, 400, "validation_error").await;
+        assert_eq!(refused["attr"], "Idempotency-Key", "{refused}");
+    }
+    let table = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
+    assert_eq!(table["row_count"], 6, "{table}");
+}
+
+#[tokio::test]
+async fn a_stream_of_small_appends_is_compacted_into_few_files() {
+    let app =
+        spawn_app_tuned(|config| config.compaction_interval = Some(std::time::Duration::from_millis(200)))
+            .await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/projects/{project}/tables");
+    ok_json(upload(&app, Method::PUT, &format!("{tables}/events"), &key, "text/csv", "n\n0\n").await, 201)
+        .await;
+    let body = json!({"name": "total", "cache_age_seconds": 0,
+                      "query": {"kind": "SQLQuery", "query": "SELECT count(*) AS rows, sum(n) AS total FROM events"}});
+    assert_eq!(app.post(&format!("/api/projects/{project}/endpoints/"), &key, &body).await.status(), 201);
+    for i in 1..=40 {
+        let appended = upload(
+            &app,
+            Method::POST,
+            &format!("{tables}/events/rows"),
+            &key,
+            "text/csv",
+            &format!("n\n{i}\n"),
+        )
+        .await;
+        assert_eq!(appended.status(), 200);
+    }
+    let mut table = Value::Null;
+    for _ in 0..100 {
+        table = ok_json(app.get(&format!("{tables}/events"), &key).await, 200).await;
+        if table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string(), "{table}");
+    assert_eq!(table["row_count"], 41);
+    let run = ok_json(
+        app.get(&format!("/api/projects/{project}/endpoints/total/run?refresh=direct"), &key).await,
+        200,
+    )
+    .await;
+    assert_eq!(run["results"][0], json!({"rows": 41, "total": 820}));
+    let metrics =
+        app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("endpoints_table_compactions_total{outcome=\"compacted\"}"), "{metrics}");
+}

@@ -90,6 +90,9 @@ pub enum Error {
     /// The thing is still needed (a table that endpoints read); the detail names by what.
     #[error("{0}")]
     InUse(String),
+    /// An append's `Idempotency-Key` was used with another body, or its first append is still being written.
+    #[error("{0}")]
+    IdempotencyConflict(String),
     /// A new version would break the callers of an endpoint that ran recently, and the
     /// change was not confirmed; nothing was changed. `changes` lists what breaks, as the version record would.
     #[error("{detail}")]

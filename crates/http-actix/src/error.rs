@@ -96,6 +96,9 @@ error_codes! {
     Unique = ("unique", 409, Conflict, "`name` is already used in the project; `attr: name`"),
     InUse = ("in_use", 409, Conflict,
         "a table that the current version of endpoints reads cannot be deleted; the detail names them"),
+    IdempotencyConflict = ("idempotency_conflict", 409, Conflict,
+        "an append's `Idempotency-Key` was used within 24 hours with another body, or the append first sent with \
+         it is still being written (retry shortly); nothing was added"),
     BreakingChange = ("breaking_change", 409, Conflict,
         "a PATCH's new query removes or retypes output columns of an endpoint that ran within the last 7 days; \
          nothing changed, `breaking_changes` lists them; send `confirm_breaking: true` to save it"),
@@ -195,6 +198,7 @@ impl ApiError {
                 Error::NotFound(_) => Code::NotFound,
                 Error::NameTaken(_) => Code::Unique,
                 Error::InUse(_) => Code::InUse,
+                Error::IdempotencyConflict(_) => Code::IdempotencyConflict,
                 Error::BreakingChange { .. } => Code::BreakingChange,
                 Error::PayloadTooLarge { .. } => Code::PayloadTooLarge,
                 Error::QueryInvalid(_) => Code::QueryInvalid,
@@ -226,6 +230,7 @@ impl ApiError {
                 | Error::PermissionDenied(detail)
                 | Error::NotFound(detail)
                 | Error::InUse(detail)
+                | Error::IdempotencyConflict(detail)
                 | Error::BreakingChange { detail, .. } => Cow::Borrowed(detail),
                 Error::QueryInvalid(reason) => Cow::Owned(format!(
                     "The endpoint's query no longer plans against its tables: {}. Change the query or the table.",

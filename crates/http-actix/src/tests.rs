@@ -77,6 +77,8 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
         endpoints: store.clone(),
         engine: engine.clone(),
         changes: changes.clone(),
+        keys: Arc::new(domain::MockAppendKeys::new()),
+        clock: clock.clone(),
     });
     let endpoints = EndpointService::new(EndpointDeps {
         store,

@@ -25,16 +25,18 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::prelude::ParquetReadOptions;
 use domain::{Compaction, EngineError, ProjectId, Timestamp};
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
+use uuid::Uuid;
 
 use crate::catalog::{
     current_version, is_parquet, is_version_name, pointer, table_prefix, Pointer, TableContents, CURRENT,
 };
-use crate::imports::{store_error, ImportError, TableWriter};
+use crate::imports::{store_error, tagged_appends, ImportError, TableWriter, TaggedAppend};
 use crate::storage::{unavailable, Storage};
 use crate::table_store::{instant, rows_of, FileRows, TableLock};
 
@@ -146,8 +148,8 @@ pub(crate) async fn compact(
     storage: &Storage,
     rows: &FileRows,
     lock: TableLock,
-    project: ProjectId,
-    table: &str,
+    (project, table): (ProjectId, &str),
+    keep: &HashSet<Uuid>,
 ) -> Result<Option<Compaction>, EngineError> {
     let prefix = table_prefix(project, table);
     let Some(Pointer { target: TableContents::Version(base), created }) = pointer(storage, &prefix).await?
@@ -161,14 +163,19 @@ pub(crate) async fn compact(
     let before = parquet(storage, &version).await?;
     let mut small = Vec::new();
     for meta in &before {
-        if rows_of(storage.store().as_ref(), meta, Some(rows)).await? < FULL_FILE_ROWS {
-            small.push(meta.location.clone());
+        if rows_of(storage.store().as_ref(), meta, Some(rows)).await? >= FULL_FILE_ROWS {
+            continue;
         }
+        // A file with rows of an append not answered yet keeps its name, so that a retry finds them.
+        if !keep.is_empty() && appends_in(storage, meta).await?.iter().any(|a| keep.contains(&a.write_id)) {
+            continue;
+        }
+        small.push(meta.location.clone());
     }
     if small.len() < MIN_SMALL_FILES {
         return Ok(None);
     }
-    let next = format!("v-{}", uuid::Uuid::new_v4());
+    let next = format!("v-{}", Uuid::new_v4());
     let target = prefix.clone().join(next.as_str());
     let merged = match merge(storage, &small, &target).await {
         Ok(merged) => merged,
@@ -305,7 +312,7 @@ async fn merge(storage: &Storage, small: &[ObjectPath], target: &ObjectPath) -> 
         let open = match writer.as_mut() {
             Some(open) => open,
             None => {
-                let path = target.clone().join(format!("part-{}-0.parquet", uuid::Uuid::new_v4()));
+                let path = target.clone().join(format!("part-{}-0.parquet", Uuid::new_v4()));
                 merged.files += 1;
                 writer.insert(TableWriter::create(storage, path, Arc::clone(&schema))?)
             }
@@ -321,6 +328,30 @@ async fn merge(storage: &Storage, small: &[ObjectPath], target: &ObjectPath) -> 
         merged.rows += last.close().await?;
     }
     Ok(merged)
+}
+
+/// The tagged appends a file's footer lists.
+async fn appends_in(storage: &Storage, meta: &ObjectMeta) -> Result<Vec<TaggedAppend>, EngineError> {
+    let footer = DFParquetMetadata::new(storage.store().as_ref(), meta);
+    let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
+    Ok(tagged_appends(metadata.file_metadata()))
+}
+
+/// The append written under `write_id`, if the table's current version has its rows.
+pub(crate) async fn find_tagged(
+    storage: &Storage,
+    project: ProjectId,
+    table: &str,
+    write_id: Uuid,
+) -> Result<Option<TaggedAppend>, EngineError> {
+    let prefix = table_prefix(project, table);
+    let Some(version) = current_version(storage, &prefix).await? else { return Ok(None) };
+    for meta in parquet(storage, &prefix.clone().join(version.as_str())).await? {
+        if let Some(found) = appends_in(storage, &meta).await?.into_iter().find(|a| a.write_id == write_id) {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
 }
 
 /// When the table's current version was written by a compaction, from its mark.

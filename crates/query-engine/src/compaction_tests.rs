@@ -26,7 +26,13 @@ fn events() -> TableName {
 
 fn upload(mode: WriteMode, body: String) -> Upload {
     let chunks = vec![Ok::<_, std::io::Error>(Bytes::from(body))];
-    Upload { format: TableFormat::Csv, mode, body: Box::pin(stream::iter(chunks)), limit_bytes: 1 << 20 }
+    Upload {
+        format: TableFormat::Csv,
+        mode,
+        body: Box::pin(stream::iter(chunks)),
+        limit_bytes: 1 << 20,
+        tag: None,
+    }
 }
 
 /// `count` rows with ids from `first`, as CSV.
@@ -79,7 +85,10 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     let (engine, _, dir) = two_nodes();
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
     assert_eq!(engine.appended(), vec![], "a replace is no candidate");
-    assert!(engine.compact(project(), &events()).await.unwrap().is_none(), "one file: nothing to do");
+    assert!(
+        engine.compact(project(), &events(), Vec::new()).await.unwrap().is_none(),
+        "one file: nothing to do"
+    );
     for i in 1..20 {
         engine.write(project(), &events(), upload(WriteMode::Append, ids(i * 5, 5))).await.unwrap();
     }
@@ -87,7 +96,11 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     let before = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!((before.files, before.row_count, before.last_compacted_at), (Some(20), Some(100), None));
 
-    let done = engine.compact(project(), &events()).await.unwrap().expect("20 small files are compacted");
+    let done = engine
+        .compact(project(), &events(), Vec::new())
+        .await
+        .unwrap()
+        .expect("20 small files are compacted");
     assert_eq!((done.files_before, done.files_merged, done.files_after, done.rows_merged), (20, 20, 1, 100));
     assert_eq!(engine.appended(), vec![], "compacted: no longer a candidate");
     assert_eq!(parquet_in(&current(&dir)), 1);
@@ -108,7 +121,7 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     for i in 20..20 + MIN_SMALL_FILES as u64 - 2 {
         engine.write(project(), &events(), upload(WriteMode::Append, ids(i * 5, 5))).await.unwrap();
     }
-    assert!(engine.compact(project(), &events()).await.unwrap().is_none());
+    assert!(engine.compact(project(), &events(), Vec::new()).await.unwrap().is_none());
     assert_eq!(counts(&engine).await, (130, 130));
     // A replace takes the table whatever compactions did, and removes their versions.
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 2))).await.unwrap();
@@ -152,7 +165,7 @@ async fn appends_of_two_processes_during_compactions_all_land_once_and_runs_neve
                 let mut compacted = 0;
                 for _ in 0..40 {
                     let _leased = lease.lock().await;
-                    if engine.compact(project(), &events()).await.unwrap().is_some() {
+                    if engine.compact(project(), &events(), Vec::new()).await.unwrap().is_some() {
                         compacted += 1;
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -183,7 +196,7 @@ async fn appends_of_two_processes_during_compactions_all_land_once_and_runs_neve
     assert!(compactions > 0, "compactions ran while rows were appended");
     assert_eq!(counts(&a).await, (1201, 1201));
     assert_eq!(counts(&b).await, (1201, 1201));
-    while a.compact(project(), &events()).await.unwrap().is_some() {}
+    while a.compact(project(), &events(), Vec::new()).await.unwrap().is_some() {}
     assert!(parquet_in(&current(&dir)) < MIN_SMALL_FILES + 1, "{} files", parquet_in(&current(&dir)));
     assert_eq!(counts(&b).await, (1201, 1201));
 }
@@ -208,10 +221,58 @@ async fn a_compaction_cut_off_after_sealing_is_undone_and_the_appends_waiting_fo
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "an append to a sealed version waits for its switch");
     // The next compaction (under the table's lease) undoes the cut-off one; the append then lands, once.
-    assert!(a.compact(project(), &events()).await.unwrap().is_none(), "two small files: nothing to merge");
+    assert!(
+        a.compact(project(), &events(), Vec::new()).await.unwrap().is_none(),
+        "two small files: nothing to merge"
+    );
     let written = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
     assert_eq!(written.rows, 5);
     assert!(!table_dir(&dir).join(&abandoned).exists(), "the cut-off compaction's files are removed");
     assert!(!current(&dir).join(SEALED).exists());
     assert_eq!(counts(&a).await, (10, 10));
+}
+
+fn tagged(body: String, write_id: uuid::Uuid, limit_bytes: u64) -> Upload {
+    let digest = domain::BodyDigest::default();
+    let upload = upload(WriteMode::Append, body);
+    let body = digest.wrap(upload.body);
+    Upload { body, limit_bytes, tag: Some(domain::AppendTag { write_id, digest }), ..upload }
+}
+
+#[tokio::test]
+async fn a_tagged_append_is_found_by_its_write_id_until_a_compaction_not_told_to_keep_it() {
+    let (engine, _, _dir) = two_nodes();
+    engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
+    let (held, kept, merged) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let body = ids(5, 4);
+    let sha = domain::BodyDigest::of(Box::pin(stream::iter(vec![Ok(Bytes::from(body.clone()))])), 1 << 20)
+        .await
+        .unwrap();
+    engine.write(project(), &events(), tagged(body.clone(), held, 1 << 20)).await.unwrap();
+    let found = engine.holds(project(), &events(), held).await.unwrap().expect("found by its id");
+    assert_eq!((found.written.rows, found.written.bytes, found.body_sha256), (4, body.len() as u64, sha));
+    assert!(engine.holds(project(), &events(), uuid::Uuid::new_v4()).await.unwrap().is_none());
+    // A body past what is held in memory is staged, and tagged the same.
+    let big = ids(100, 140_000);
+    let staged = uuid::Uuid::new_v4();
+    engine.write(project(), &events(), tagged(big.clone(), staged, 1 << 30)).await.unwrap();
+    let found = engine.holds(project(), &events(), staged).await.unwrap().expect("a staged append too");
+    assert_eq!((found.written.rows, found.written.bytes), (140_000, big.len() as u64));
+
+    engine.write(project(), &events(), tagged(ids(9, 1), kept, 1 << 20)).await.unwrap();
+    engine.write(project(), &events(), tagged(ids(10, 1), merged, 1 << 20)).await.unwrap();
+    for i in 0..MIN_SMALL_FILES as u64 {
+        engine.write(project(), &events(), upload(WriteMode::Append, ids(200_000 + i, 1))).await.unwrap();
+    }
+    // Appends not answered yet keep their files through a compaction; the others are merged.
+    let done = engine.compact(project(), &events(), vec![held, kept]).await.unwrap().expect("compacted");
+    assert_eq!(done.files_merged, 2 + MIN_SMALL_FILES as u64, "{done:?}");
+    assert!(engine.holds(project(), &events(), held).await.unwrap().is_some());
+    assert!(engine.holds(project(), &events(), kept).await.unwrap().is_some());
+    assert!(
+        engine.holds(project(), &events(), staged).await.unwrap().is_some(),
+        "a full file is never merged"
+    );
+    assert!(engine.holds(project(), &events(), merged).await.unwrap().is_none());
+    assert_eq!(counts(&engine).await, (140_011 + MIN_SMALL_FILES as u64, 140_011 + MIN_SMALL_FILES as u64));
 }

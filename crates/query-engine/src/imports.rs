@@ -14,6 +14,7 @@ use datafusion::datasource::file_format::options::JsonReadOptions;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::Compression;
+use datafusion::parquet::file::metadata::KeyValue;
 use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 use domain::ProjectId;
@@ -200,6 +201,16 @@ impl TableWriter {
         self.writer.write(batch).await.map_err(|e| ImportError::Write(e.to_string()))?;
         self.rows += batch.num_rows() as u64;
         Ok(self.rows)
+    }
+
+    /// Keeps the tagged appends whose rows the file holds in its footer, for [`tagged_appends`].
+    pub(crate) fn tag(&mut self, appends: &[TaggedAppend]) {
+        if appends.is_empty() {
+            return;
+        }
+        if let Ok(text) = serde_json::to_string(appends) {
+            self.writer.append_key_value_metadata(KeyValue::new(APPENDS_KEY.to_owned(), text));
+        }
     }
 
     pub(crate) async fn close(self) -> Result<u64, ImportError> {
@@ -537,6 +548,7 @@ const APPEND_ATTEMPTS: usize = 3;
 
 /// Imports one staged upload, the one object under `staged`, into a table; returns the rows and whether it
 /// created the table.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn import_staged(
     storage: &Storage,
     project: ProjectId,
@@ -545,6 +557,7 @@ pub(crate) async fn import_staged(
     format: FileFormat,
     mode: ImportMode,
     batch_rows: Option<usize>,
+    tag: Option<&TaggedAppend>,
 ) -> Result<(u64, bool), StagedError> {
     let ctx =
         crate::catalog::import_session(storage, batch_rows).map_err(|e| StagedError::Write(e.to_string()))?;
@@ -558,7 +571,7 @@ pub(crate) async fn import_staged(
             return Err(StagedError::NoSuchTable);
         }
         let written =
-            write_staged(storage, &ctx, &mut target, &location, ext, format, expected.as_ref()).await;
+            write_staged(storage, &ctx, &mut target, (&location, ext, format), expected.as_ref(), tag).await;
         let rows = match written {
             Ok(rows) => rows,
             Err(err) => {
@@ -584,10 +597,9 @@ async fn write_staged(
     storage: &Storage,
     ctx: &SessionContext,
     target: &mut Destination,
-    location: &str,
-    ext: &str,
-    format: FileFormat,
+    (location, ext, format): (&str, &str, FileFormat),
     expected: Option<&SchemaRef>,
+    tag: Option<&TaggedAppend>,
 ) -> Result<u64, StagedError> {
     let (schema, mut stream) = read_staged(ctx, location, ext, format, expected).await?;
     let mut writer = TableWriter::create(storage, target.next_file(0), schema)
@@ -598,6 +610,9 @@ async fn write_staged(
     }
     if writer.rows == 0 {
         return Err(StagedError::Invalid("The body has no rows.".into()));
+    }
+    if let Some(tag) = tag {
+        writer.tag(&[TaggedAppend { rows: writer.rows, ..tag.clone() }]);
     }
     writer.close().await.map_err(|e| StagedError::Write(e.to_string()))
 }
@@ -651,6 +666,28 @@ async fn read_staged(
 pub(crate) struct HeldBody {
     pub(crate) bytes: bytes::Bytes,
     pub(crate) format: FileFormat,
+    /// For an append under a key: its write id and the SHA-256 of its body.
+    pub(crate) tag: Option<(uuid::Uuid, String)>,
+}
+
+/// The footer key under which a table file lists the tagged appends whose rows it holds (JSON).
+const APPENDS_KEY: &str = "endpoints.appends";
+
+/// An append made under a key, as a file's footer lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct TaggedAppend {
+    pub(crate) write_id: uuid::Uuid,
+    pub(crate) rows: u64,
+    pub(crate) bytes: u64,
+    pub(crate) body_sha256: String,
+}
+
+/// The tagged appends a table file's footer lists.
+pub(crate) fn tagged_appends(
+    metadata: &datafusion::parquet::file::metadata::FileMetaData,
+) -> Vec<TaggedAppend> {
+    let listed = metadata.key_value_metadata().into_iter().flatten().find(|kv| kv.key == APPENDS_KEY);
+    listed.and_then(|kv| serde_json::from_str(kv.value.as_deref()?).ok()).unwrap_or_default()
 }
 
 /// Appends bodies held in memory to a table as one Parquet file. Each body is read as the table's columns on
@@ -674,12 +711,23 @@ pub(crate) async fn append_held(
         let Some(expected) = expected else { return Err(StagedError::NoSuchTable) };
         let mut answers = Vec::with_capacity(bodies.len());
         let mut batches = Vec::new();
+        let mut tagged = Vec::new();
         for (index, body) in bodies.iter().enumerate() {
             let ext = body.format.extension();
             let path = ObjectPath::from(format!("{index}{ext}"));
             held.put(&path, PutPayload::from(body.bytes.clone())).await.map_err(store_error_staged)?;
             let location = format!("{root}{index}{ext}");
-            answers.push(collect_body(&ctx, &location, ext, body.format, &expected, &mut batches).await);
+            let answer = collect_body(&ctx, &location, ext, body.format, &expected, &mut batches).await;
+            if let (Ok(rows), Some((write_id, body_sha256))) = (&answer, &body.tag) {
+                let bytes = body.bytes.len() as u64;
+                tagged.push(TaggedAppend {
+                    write_id: *write_id,
+                    rows: *rows,
+                    bytes,
+                    body_sha256: body_sha256.clone(),
+                });
+            }
+            answers.push(answer);
         }
         if batches.is_empty() {
             return Ok(answers);
@@ -689,6 +737,7 @@ pub(crate) async fn append_held(
             for batch in &batches {
                 writer.write(batch).await?;
             }
+            writer.tag(&tagged);
             writer.close().await
         }
         .await;

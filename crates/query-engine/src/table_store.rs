@@ -15,7 +15,7 @@ use datafusion::common::TableReference;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use domain::{
     Compaction, EngineError, ExternalSource, Invalid, ProjectId, TableColumn, TableFormat, TableInfo,
-    TableName, TableSource, TableStore, Timestamp, Upload, UploadError, WriteMode, Written,
+    TableName, TableSource, TableStore, TaggedWrite, Timestamp, Upload, UploadError, WriteMode, Written,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -28,7 +28,9 @@ use crate::catalog::{
     current, empty_session, is_parquet, list_tables, pointer, table_prefix, Current, Pointer, TableContents,
     CURRENT,
 };
-use crate::imports::{import_staged, remove_versions, FileFormat, HeldBody, ImportMode, StagedError};
+use crate::imports::{
+    import_staged, remove_versions, FileFormat, HeldBody, ImportMode, StagedError, TaggedAppend,
+};
 use crate::records::RecordSizes;
 use crate::storage::{unavailable, Storage};
 use crate::DataFusionEngine;
@@ -386,6 +388,7 @@ impl DataFusionEngine {
         name: &TableName,
         (mode, format): (WriteMode, TableFormat),
         staged: &Staged,
+        tag: Option<TaggedAppend>,
     ) -> Result<(u64, bool), UploadError> {
         let mode = match mode {
             WriteMode::Replace => ImportMode::Replace,
@@ -399,7 +402,8 @@ impl DataFusionEngine {
         let imported = self
             .runtime
             .run(async move {
-                Ok(import_staged(&storage, project, &table, &target, format, mode, batch_rows).await)
+                let tag = tag.as_ref();
+                Ok(import_staged(&storage, project, &table, &target, format, mode, batch_rows, tag).await)
             })
             .await;
         if let Err(err) = self.storage.remove_prefix(&staged.directory).await {
@@ -491,7 +495,9 @@ impl TableStore for DataFusionEngine {
         let lock = self.table_locks.of(project, name.as_str());
         let (rows, bytes, created) = match receive(&self.storage, project, &mut upload, hold).await? {
             Received::Held { chunks, bytes } => {
-                let body = HeldBody { bytes: chunks.concat().into(), format: file_format(upload.format) };
+                let tag = upload.tag.as_ref().map(|tag| (tag.write_id, tag.digest.hex()));
+                let body =
+                    HeldBody { bytes: chunks.concat().into(), format: file_format(upload.format), tag };
                 let appended = self
                     .appends
                     .append(&self.runtime, &self.storage, lock, project, name.as_str(), body)
@@ -503,8 +509,14 @@ impl TableStore for DataFusionEngine {
             Received::Staged(staged) => {
                 drop(place);
                 let _held = lock.lock().await;
+                let tag = upload.tag.as_ref().map(|tag| TaggedAppend {
+                    write_id: tag.write_id,
+                    rows: 0,
+                    bytes: staged.bytes,
+                    body_sha256: tag.digest.hex(),
+                });
                 let (rows, created) =
-                    self.import(project, name, (upload.mode, upload.format), &staged).await?;
+                    self.import(project, name, (upload.mode, upload.format), &staged, tag).await?;
                 (rows, staged.bytes, created)
             }
         };
@@ -527,19 +539,45 @@ impl TableStore for DataFusionEngine {
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name))]
-    async fn compact(&self, project: ProjectId, name: &TableName) -> Result<Option<Compaction>, EngineError> {
+    async fn compact(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        keep: Vec<uuid::Uuid>,
+    ) -> Result<Option<Compaction>, EngineError> {
         // Taken first: an append from now on makes the table a candidate again.
         self.appended.take(project, name.as_str());
         let (storage, rows, table) = (self.storage.clone(), self.file_rows.clone(), name.as_str().to_owned());
         let lock = self.table_locks.of(project, name.as_str());
-        let compacted = self
-            .runtime
-            .run(async move { crate::compaction::compact(&storage, &rows, lock, project, &table).await })
-            .await;
+        let keep = keep.into_iter().collect();
+        let compacted =
+            self.runtime
+                .run(async move {
+                    crate::compaction::compact(&storage, &rows, lock, (project, &table), &keep).await
+                })
+                .await;
         if compacted.is_err() {
             self.appended.mark(project, name.as_str());
         }
         compacted
+    }
+
+    #[instrument(skip_all, fields(project = %project, table = %name))]
+    async fn holds(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        write_id: uuid::Uuid,
+    ) -> Result<Option<TaggedWrite>, EngineError> {
+        let (storage, table) = (self.storage.clone(), name.as_str().to_owned());
+        let found = self
+            .runtime
+            .run(async move { crate::compaction::find_tagged(&storage, project, &table, write_id).await })
+            .await?;
+        Ok(found.map(|append| TaggedWrite {
+            written: Written { rows: append.rows, bytes: append.bytes, created: false },
+            body_sha256: append.body_sha256,
+        }))
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name))]

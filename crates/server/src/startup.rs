@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use cache_moka::MemoryResultCache;
 use domain::{
-    ApiKeyService, CompactionService, EndpointDeps, EndpointService, ExecutionTracker, Invalidator,
+    ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, Invalidator, MaintenanceDeps,
     MaterializationPorts, RefreshDeps, RefreshService, ResultCache, RunDeps, RunService, SystemClock,
-    TableDeps, TableService,
+    TableDeps, TableMaintenance, TableService,
 };
 use http_actix::AppState;
 use query_engine::DataFusionEngine;
@@ -44,7 +44,7 @@ pub struct Services {
     pub executions: Arc<ExecutionTracker>,
     pub engine: Arc<DataFusionEngine>,
     pub materializer: Arc<RefreshService>,
-    pub compactions: Arc<CompactionService>,
+    pub maintenance: Arc<TableMaintenance>,
     /// What this process keeps from the store in memory, for changes other processes announce.
     pub kept: Invalidator,
 }
@@ -82,6 +82,8 @@ impl Services {
             endpoints: store.clone(),
             engine: engine.clone(),
             changes: changes.clone(),
+            keys: store.clone(),
+            clock: clock.clone(),
         }));
         let endpoints = Arc::new(EndpointService::new(EndpointDeps {
             store: store.clone(),
@@ -100,8 +102,13 @@ impl Services {
             materializations,
             export_limit: config.export_limit,
         }));
-        let compactions =
-            Arc::new(CompactionService::new(engine.clone(), store.clone(), clock.clone(), config.lease));
+        let maintenance = Arc::new(TableMaintenance::new(MaintenanceDeps {
+            tables: engine.clone(),
+            leases: store.clone(),
+            keys: store.clone(),
+            clock: clock.clone(),
+            lease: config.lease,
+        }));
         let materializer = Arc::new(RefreshService::new(RefreshDeps {
             endpoints: store.clone(),
             states: store.clone(),
@@ -120,7 +127,7 @@ impl Services {
             executions,
             engine,
             materializer,
-            compactions,
+            maintenance,
             kept,
         })
     }
@@ -149,7 +156,7 @@ pub struct Application {
     flush_interval: std::time::Duration,
     materializer: Arc<RefreshService>,
     worker: crate::worker::WorkerConfig,
-    compactions: Arc<CompactionService>,
+    maintenance: Arc<TableMaintenance>,
     compaction_interval: Option<std::time::Duration>,
     worker_metrics: crate::operations::WorkerMetrics,
     rate_limits: Arc<http_actix::RateLimits>,
@@ -173,7 +180,7 @@ impl Application {
         let executions = services.executions.clone();
         let keys = services.keys.clone();
         let materializer = services.materializer.clone();
-        let compactions = services.compactions.clone();
+        let maintenance = services.maintenance.clone();
         let worker_metrics = crate::operations::WorkerMetrics::default();
         let operations = crate::operations::operations(&services.database, &services.engine, &worker_metrics);
         let rate_limits = Arc::new(http_actix::RateLimits::new(config.rate_limits));
@@ -204,7 +211,7 @@ impl Application {
             flush_interval: config.flush_interval,
             materializer,
             worker: config.worker.clone(),
-            compactions,
+            maintenance,
             compaction_interval: config.compaction_interval,
             worker_metrics,
             rate_limits,
@@ -234,8 +241,8 @@ impl Application {
             ))
         });
         let compactor = self.compaction_interval.map(|every| {
-            tokio::spawn(crate::worker::compact(
-                self.compactions.clone(),
+            tokio::spawn(crate::worker::maintain_tables(
+                self.maintenance.clone(),
                 every,
                 self.worker_metrics.clone(),
                 stop,

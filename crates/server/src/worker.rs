@@ -4,12 +4,13 @@
 //! refresh the same materialization twice), runs a bounded number at once, renews their leases while they run,
 //! sweeps orphaned files now and then, and gives unfinished claims back when the server stops.
 //!
-//! The compaction loop merges the small files of the tables this process appended to, one table at a time.
+//! The table upkeep loop merges the small files of the tables this process appended to, one table at a time, and
+//! forgets append keys past their window now and then.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use domain::{Claim, CompactionService, RefreshOutcome, RefreshService};
+use domain::{Claim, RefreshOutcome, RefreshService, TableMaintenance};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
@@ -130,28 +131,40 @@ async fn refresh(
     }
 }
 
+/// How often append keys past their window are removed from the store.
+const KEY_SWEEP_EVERY: Duration = Duration::from_secs(600);
+
 /// Every `every`, compacts the tables appended to since the last pass, until `stop` turns true. A compaction
 /// under way when the server stops is cut off; the table is as it was and the next process compacts it.
-pub async fn compact(
-    compactions: Arc<CompactionService>,
+pub async fn maintain_tables(
+    maintenance: Arc<TableMaintenance>,
     every: Duration,
     metrics: WorkerMetrics,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_sweep = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
             _ = stop.changed() => return,
         }
-        for (project, table) in compactions.candidates() {
+        for (project, table) in maintenance.candidates() {
             let started = std::time::Instant::now();
             let outcome = tokio::select! {
-                outcome = compactions.compact(project, &table) => outcome,
+                outcome = maintenance.compact(project, &table) => outcome,
                 _ = stop.changed() => return,
             };
             metrics.compacted(&outcome, started.elapsed());
+        }
+        if tokio::time::Instant::now() >= next_sweep {
+            match maintenance.forget_expired_keys().await {
+                Ok(0) => {}
+                Ok(count) => debug!(count, "forgot append keys past their window"),
+                Err(err) => warn!(error = %err, "could not forget expired append keys; will retry"),
+            }
+            next_sweep = tokio::time::Instant::now() + KEY_SWEEP_EVERY;
         }
     }
 }

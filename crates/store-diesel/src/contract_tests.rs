@@ -14,6 +14,7 @@ use domain::{
     ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredColumn,
     StoredResult, Switch, SyncFrequency, TableLeases, TableName, Timestamp, TokenSecret,
 };
+use domain::{AppendKeyState, AppendKeys, IdempotencyKey, Written};
 use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
@@ -90,6 +91,7 @@ contract!(
     materialization_follows_the_endpoint,
     a_version_planned_again_records_its_columns_or_why_it_no_longer_plans,
     table_leases_are_held_by_one_holder_until_released_or_expired,
+    append_keys_are_claimed_once_answered_and_forgotten,
 );
 
 async fn project(store: &DieselStore) -> ProjectId {
@@ -788,7 +790,7 @@ async fn table_leases_are_held_by_one_holder_until_released_or_expired(store: Di
             let (store, events) = (store.clone(), events.clone());
             tokio::spawn(async move {
                 let holder = Uuid::new_v4();
-                (holder, store.claim(p, &events, holder, T0, until).await.unwrap())
+                (holder, TableLeases::claim(&store, p, &events, holder, T0, until).await.unwrap())
             })
         })
         .collect();
@@ -802,18 +804,106 @@ async fn table_leases_are_held_by_one_holder_until_released_or_expired(store: Di
     assert_eq!(winners.len(), 1, "{winners:?}");
     let (holder, other) = (winners[0], Uuid::new_v4());
     // Another table of the project, and the same table of another project, are leased apart.
-    assert!(store.claim(p, &TableName::parse("orders").unwrap(), other, T0, until).await.unwrap());
-    assert!(store.claim(project(&store).await, &events, other, T0, until).await.unwrap());
+    assert!(TableLeases::claim(&store, p, &TableName::parse("orders").unwrap(), other, T0, until)
+        .await
+        .unwrap());
+    assert!(TableLeases::claim(&store, project(&store).await, &events, other, T0, until).await.unwrap());
     // Held: refused to others until it expires; renewed by its holder.
-    assert!(!store.claim(p, &events, other, T0 + Duration::from_secs(59), until).await.unwrap());
-    assert!(store.claim(p, &events, holder, T0, until + Duration::from_secs(60)).await.unwrap());
-    assert!(!store.claim(p, &events, other, until, until + Duration::from_secs(60)).await.unwrap());
+    assert!(!TableLeases::claim(&store, p, &events, other, T0 + Duration::from_secs(59), until)
+        .await
+        .unwrap());
+    assert!(TableLeases::claim(&store, p, &events, holder, T0, until + Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(!TableLeases::claim(&store, p, &events, other, until, until + Duration::from_secs(60))
+        .await
+        .unwrap());
     // Released by anyone else: nothing happens; by its holder: free at once.
-    store.release(p, &events, other).await.unwrap();
-    assert!(!store.claim(p, &events, other, T0, until).await.unwrap());
-    store.release(p, &events, holder).await.unwrap();
-    assert!(store.claim(p, &events, other, T0, until).await.unwrap());
+    TableLeases::release(&store, p, &events, other).await.unwrap();
+    assert!(!TableLeases::claim(&store, p, &events, other, T0, until).await.unwrap());
+    TableLeases::release(&store, p, &events, holder).await.unwrap();
+    assert!(TableLeases::claim(&store, p, &events, other, T0, until).await.unwrap());
     // Expired (its holder crashed): another takes it.
     let later = until + Duration::from_secs(1);
-    assert!(store.claim(p, &events, holder, later, later + Duration::from_secs(60)).await.unwrap());
+    assert!(TableLeases::claim(&store, p, &events, holder, later, later + Duration::from_secs(60))
+        .await
+        .unwrap());
+}
+
+async fn append_keys_are_claimed_once_answered_and_forgotten(store: DieselStore) {
+    let p = project(&store).await;
+    let events = TableName::parse("events").unwrap();
+    let key = IdempotencyKey::parse("batch-1").unwrap();
+    let expired = T0 - Duration::from_secs(86_400);
+    // Eight appends race for one new key: exactly one claims it, the others see it pending under its id.
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, events, key) = (store.clone(), events.clone(), key.clone());
+            tokio::spawn(async move {
+                let id = Uuid::new_v4();
+                (id, AppendKeys::claim(&store, p, &events, &key, id, T0, expired).await.unwrap())
+            })
+        })
+        .collect();
+    let mut states = Vec::new();
+    for racer in racers {
+        states.push(racer.await.unwrap());
+    }
+    let claimed: Vec<Uuid> =
+        states.iter().filter(|(_, s)| *s == AppendKeyState::Claimed).map(|(id, _)| *id).collect();
+    assert_eq!(claimed.len(), 1, "{states:?}");
+    let first = claimed[0];
+    assert!(states.iter().all(|(_, s)| *s == AppendKeyState::Claimed
+        || *s == AppendKeyState::Pending { write_id: first, since: T0 }));
+    assert_eq!(store.pending(p, &events).await.unwrap(), vec![first]);
+    // The same key on another table is another key.
+    let other = TableName::parse("orders").unwrap();
+    let claim = AppendKeys::claim(&store, p, &other, &key, Uuid::new_v4(), T0, expired).await.unwrap();
+    assert_eq!(claim, AppendKeyState::Claimed);
+
+    // Taken over only from the id it is pending under.
+    let later = T0 + Duration::from_secs(300);
+    let second = Uuid::new_v4();
+    assert!(!store.take_over(p, &events, &key, Uuid::new_v4(), second, later).await.unwrap());
+    assert!(store.take_over(p, &events, &key, first, second, later).await.unwrap());
+    let state = AppendKeys::claim(&store, p, &events, &key, Uuid::new_v4(), later, expired).await.unwrap();
+    assert_eq!(state, AppendKeyState::Pending { write_id: second, since: later });
+
+    // Answered by the id it is pending under only; then every claim gets the answer.
+    let written = Written { rows: 5, bytes: 40, created: false };
+    store.answer(p, &events, &key, first, "stale", written).await.unwrap();
+    store.answer(p, &events, &key, second, "abc123", written).await.unwrap();
+    let state = AppendKeys::claim(&store, p, &events, &key, Uuid::new_v4(), later, expired).await.unwrap();
+    assert_eq!(state, AppendKeyState::Answered { body_sha256: "abc123".into(), written });
+    assert!(store.pending(p, &events).await.unwrap().is_empty());
+    // An answered key is never forgotten by a failed append, nor taken over.
+    store.forget(p, &events, &key, second).await.unwrap();
+    assert!(!store.take_over(p, &events, &key, second, Uuid::new_v4(), later).await.unwrap());
+    assert!(matches!(
+        AppendKeys::claim(&store, p, &events, &key, Uuid::new_v4(), later, expired).await.unwrap(),
+        AppendKeyState::Answered { .. }
+    ));
+
+    // A pending key whose append wrote nothing is forgotten, and free again.
+    let refused = IdempotencyKey::parse("batch-2").unwrap();
+    let id = Uuid::new_v4();
+    assert_eq!(
+        AppendKeys::claim(&store, p, &events, &refused, id, T0, expired).await.unwrap(),
+        AppendKeyState::Claimed
+    );
+    store.forget(p, &events, &refused, id).await.unwrap();
+    let again = AppendKeys::claim(&store, p, &events, &refused, Uuid::new_v4(), T0, expired).await.unwrap();
+    assert_eq!(again, AppendKeyState::Claimed);
+
+    // Past its window a key is new again; the sweep removes what is past it.
+    let next_day = T0 + Duration::from_secs(86_400 + 1);
+    let renewed =
+        AppendKeys::claim(&store, p, &events, &key, Uuid::new_v4(), next_day, T0 + Duration::from_secs(1))
+            .await
+            .unwrap();
+    assert_eq!(renewed, AppendKeyState::Claimed);
+    let removed = store.sweep(T0 + Duration::from_secs(1)).await.unwrap();
+    assert!(removed >= 2, "{removed}");
+    let state = AppendKeys::claim(&store, p, &other, &key, Uuid::new_v4(), next_day, expired).await.unwrap();
+    assert_eq!(state, AppendKeyState::Claimed, "swept");
 }

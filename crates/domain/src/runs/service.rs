@@ -69,6 +69,7 @@ fn unshare(err: &Arc<Error>) -> Error {
         Error::NotFound(d) => Error::NotFound(d.clone()),
         Error::NameTaken(n) => Error::NameTaken(n.clone()),
         Error::InUse(d) => Error::InUse(d.clone()),
+        Error::IdempotencyConflict(d) => Error::IdempotencyConflict(d.clone()),
         Error::BreakingChange { detail, changes } => {
             Error::BreakingChange { detail: detail.clone(), changes: changes.clone() }
         }

@@ -1,6 +1,6 @@
-//! Compaction: the tables a process appended to have their small files merged, one compaction of a table at a
-//! time across processes (a lease in the store), so that a table fed by a stream of small appends keeps few,
-//! full files.
+//! The upkeep of tables fed by appends: the tables a process appended to have their small files merged, one
+//! compaction of a table at a time across processes (a lease in the store), so that a table fed by a stream of
+//! small appends keeps few, full files; and append keys past their window are forgotten.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,8 +8,9 @@ use std::time::Duration;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
+use super::idempotency::IDEMPOTENCY_WINDOW;
 use super::model::{Compaction, TableName};
-use super::ports::{TableLeases, TableStore};
+use super::ports::{AppendKeys, TableLeases, TableStore};
 use crate::access::ProjectId;
 use crate::clock::Clock;
 use crate::error::Error;
@@ -26,10 +27,11 @@ pub enum CompactionOutcome {
     Failed(Error),
 }
 
-/// Compacts the tables this process appended to.
-pub struct CompactionService {
+/// Compacts the tables this process appended to, and forgets expired append keys.
+pub struct TableMaintenance {
     tables: Arc<dyn TableStore>,
     leases: Arc<dyn TableLeases>,
+    keys: Arc<dyn AppendKeys>,
     clock: Arc<dyn Clock>,
     /// How long a lease lasts: longer than a compaction takes, and how long a crashed holder keeps others out.
     lease: Duration,
@@ -37,14 +39,20 @@ pub struct CompactionService {
     holder: Uuid,
 }
 
-impl CompactionService {
-    pub fn new(
-        tables: Arc<dyn TableStore>,
-        leases: Arc<dyn TableLeases>,
-        clock: Arc<dyn Clock>,
-        lease: Duration,
-    ) -> Self {
-        Self { tables, leases, clock, lease, holder: Uuid::new_v4() }
+/// What table upkeep works through.
+pub struct MaintenanceDeps {
+    pub tables: Arc<dyn TableStore>,
+    pub leases: Arc<dyn TableLeases>,
+    pub keys: Arc<dyn AppendKeys>,
+    pub clock: Arc<dyn Clock>,
+    /// How long a lease lasts.
+    pub lease: Duration,
+}
+
+impl TableMaintenance {
+    pub fn new(deps: MaintenanceDeps) -> Self {
+        let MaintenanceDeps { tables, leases, keys, clock, lease } = deps;
+        Self { tables, leases, keys, clock, lease, holder: Uuid::new_v4() }
     }
 
     /// The tables appended to since this process last compacted them.
@@ -61,7 +69,11 @@ impl CompactionService {
             Ok(false) => return CompactionOutcome::Leased,
             Err(err) => return CompactionOutcome::Failed(err.into()),
         }
-        let compacted = self.tables.compact(project, table).await;
+        // The files of appends not answered yet stay as they are, so that their retries can find them.
+        let compacted = match self.keys.pending(project, table).await {
+            Ok(keep) => self.tables.compact(project, table, keep).await.map_err(Error::from),
+            Err(err) => Err(err.into()),
+        };
         if let Err(err) = self.leases.release(project, table, self.holder).await {
             warn!(%project, %table, error = %err, "could not give a table's lease back; it will expire");
         }
@@ -73,9 +85,17 @@ impl CompactionService {
             Ok(None) => CompactionOutcome::NothingToDo,
             Err(err) => {
                 warn!(%project, %table, error = %err, "could not compact a table; will retry");
-                CompactionOutcome::Failed(err.into())
+                CompactionOutcome::Failed(err)
             }
         }
+    }
+
+    /// Forgets the append keys past their window; answers how many.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn forget_expired_keys(&self) -> Result<u64, Error> {
+        Ok(self.keys.sweep(self.clock.now() - IDEMPOTENCY_WINDOW).await?)
     }
 }
 
@@ -83,16 +103,21 @@ impl CompactionService {
 mod tests {
     use super::*;
     use crate::error::EngineError;
-    use crate::tables::{MockTableLeases, MockTableStore};
+    use crate::tables::{MockAppendKeys, MockTableLeases, MockTableStore};
     use crate::testing::{project, ManualClock, T0};
 
-    fn service(tables: MockTableStore, leases: MockTableLeases) -> CompactionService {
-        CompactionService::new(
-            Arc::new(tables),
-            Arc::new(leases),
-            Arc::new(ManualClock::new(T0)),
-            Duration::from_secs(60),
-        )
+    fn service(tables: MockTableStore, leases: MockTableLeases) -> TableMaintenance {
+        let pending = uuid::Uuid::from_u128(7);
+        let mut keys = MockAppendKeys::new();
+        keys.expect_pending().returning(move |_, _| Ok(vec![pending]));
+        keys.expect_sweep().withf(|expired| *expired == T0 - IDEMPOTENCY_WINDOW).returning(|_| Ok(3));
+        TableMaintenance::new(MaintenanceDeps {
+            tables: Arc::new(tables),
+            leases: Arc::new(leases),
+            keys: Arc::new(keys),
+            clock: Arc::new(ManualClock::new(T0)),
+            lease: Duration::from_secs(60),
+        })
     }
 
     fn events() -> TableName {
@@ -104,7 +129,11 @@ mod tests {
         let mut tables = MockTableStore::new();
         tables.expect_appended().returning(|| vec![(project(1), events())]);
         let done = Compaction { files_before: 40, files_after: 1, files_merged: 40, rows_merged: 200 };
-        tables.expect_compact().times(1).returning(move |_, _| Ok(Some(done)));
+        tables
+            .expect_compact()
+            .withf(|_, _, keep| *keep == vec![uuid::Uuid::from_u128(7)])
+            .times(1)
+            .returning(move |_, _, _| Ok(Some(done)));
         let mut leases = MockTableLeases::new();
         leases
             .expect_claim()
@@ -121,6 +150,7 @@ mod tests {
         assert_eq!(service.candidates(), vec![(project(1), events())]);
         let outcome = service.compact(project(1), &events()).await;
         assert!(matches!(outcome, CompactionOutcome::Compacted(d) if d == done));
+        assert_eq!(service.forget_expired_keys().await.unwrap(), 3);
     }
 
     #[tokio::test]
@@ -137,7 +167,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_compaction_gives_its_lease_back_and_says_why() {
         let mut tables = MockTableStore::new();
-        tables.expect_compact().returning(|_, _| Err(EngineError::Unavailable("disk gone".into())));
+        tables.expect_compact().returning(|_, _, _| Err(EngineError::Unavailable("disk gone".into())));
         let mut leases = MockTableLeases::new();
         leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
         leases.expect_release().times(1).returning(|_, _, _| Ok(()));

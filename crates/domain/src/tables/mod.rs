@@ -1,17 +1,20 @@
 //! Tables: a project's data, uploaded over HTTP or with the CLI, that its endpoints' queries read.
 
 mod compaction;
+mod idempotency;
 mod model;
 mod ports;
 mod service;
 
-pub use compaction::{CompactionOutcome, CompactionService};
-
+pub use compaction::{CompactionOutcome, MaintenanceDeps, TableMaintenance};
+pub use idempotency::{
+    AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, TaggedWrite, APPEND_IN_FLIGHT, IDEMPOTENCY_WINDOW,
+};
 pub use model::{
     Compaction, ExternalSource, Table, TableColumn, TableFormat, TableInfo, TableName, TableSource, Upload,
     UploadBody, WriteMode, Written,
 };
+pub use ports::{AppendKeys, TableLeases, TableStore};
 #[cfg(any(test, feature = "mocks"))]
-pub use ports::{MockTableLeases, MockTableStore};
-pub use ports::{TableLeases, TableStore};
+pub use ports::{MockAppendKeys, MockTableLeases, MockTableStore};
 pub use service::{TableDeps, TableService, PREVIEW_ROWS};

@@ -275,6 +275,8 @@ pub struct Upload {
     pub body: UploadBody,
     /// The most bytes the body may have.
     pub limit_bytes: u64,
+    /// For an append under an `Idempotency-Key`: what the engine keeps with its rows.
+    pub tag: Option<super::AppendTag>,
 }
 
 impl fmt::Debug for Upload {

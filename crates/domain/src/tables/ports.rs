@@ -4,6 +4,7 @@ use async_trait::async_trait;
 
 use uuid::Uuid;
 
+use super::idempotency::{AppendKeyState, IdempotencyKey, TaggedWrite};
 use super::model::{Compaction, ExternalSource, TableInfo, TableName, Upload, Written};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
@@ -25,7 +26,8 @@ pub trait TableStore: Send + Sync {
     async fn get(&self, project: ProjectId, name: &TableName) -> Result<Option<TableInfo>, EngineError>;
 
     /// Writes an upload: a replace becomes the table's whole content (creating it), an append adds its rows to
-    /// those of the table (whose columns it must have). Concurrent appends all land.
+    /// those of the table (whose columns it must have). Concurrent appends all land. An append with a tag keeps
+    /// the tag's write id and body digest with its rows, for [`TableStore::holds`].
     ///
     /// # Errors
     /// [`UploadError::Invalid`] for a body that does not read as its format or rows that do not fit the table,
@@ -61,14 +63,31 @@ pub trait TableStore: Send + Sync {
     fn appended(&self) -> Vec<(ProjectId, TableName)>;
 
     /// Merges the table's small files into full ones, if it has enough of them to be worth it, and switches the
-    /// table to the result with one write; `None` when there was nothing to do. The caller holds the table's
-    /// lease ([`TableLeases`]), so one compaction of a table runs at a time across processes. Runs see the
-    /// table before or after, never a row twice or one missing, and appends made meanwhile all land; a
-    /// compaction that fails or is killed leaves the table as it was.
+    /// table to the result with one write; `None` when there was nothing to do. The rows of the tagged appends
+    /// `keep` names stay findable by [`TableStore::holds`]. The caller holds the table's lease
+    /// ([`TableLeases`]), so one compaction of a table runs at a time across processes. Runs see the table
+    /// before or after, never a row twice or one missing, and appends made meanwhile all land; a compaction
+    /// that fails or is killed leaves the table as it was.
     ///
     /// # Errors
     /// `Unavailable`, `Internal`. A failed table is a candidate again.
-    async fn compact(&self, project: ProjectId, name: &TableName) -> Result<Option<Compaction>, EngineError>;
+    async fn compact(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        keep: Vec<Uuid>,
+    ) -> Result<Option<Compaction>, EngineError>;
+
+    /// The append written under `write_id` (see [`TableStore::write`]), if its rows are in the table.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn holds(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        write_id: Uuid,
+    ) -> Result<Option<TaggedWrite>, EngineError>;
 }
 
 /// Leases on a table's maintenance, kept where every process sharing the database sees them: a lease is held
@@ -94,4 +113,76 @@ pub trait TableLeases: Send + Sync {
     /// # Errors
     /// `Unavailable`, `Internal`.
     async fn release(&self, project: ProjectId, table: &TableName, holder: Uuid) -> Result<(), StoreError>;
+}
+
+/// The `Idempotency-Key`s of appends, per table, kept where every process sharing the database sees them.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait AppendKeys: Send + Sync {
+    /// Records the key as pending under `write_id`, if it is new or its record was made before `expired`;
+    /// otherwise answers what the record says.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn claim(
+        &self,
+        project: ProjectId,
+        table: &TableName,
+        key: &IdempotencyKey,
+        write_id: Uuid,
+        now: Timestamp,
+        expired: Timestamp,
+    ) -> Result<AppendKeyState, StoreError>;
+
+    /// Makes a key pending under `write_id` from `from`, if it is still pending under `from`.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn take_over(
+        &self,
+        project: ProjectId,
+        table: &TableName,
+        key: &IdempotencyKey,
+        from: Uuid,
+        write_id: Uuid,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Records the answer of the append pending under `write_id`.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn answer(
+        &self,
+        project: ProjectId,
+        table: &TableName,
+        key: &IdempotencyKey,
+        write_id: Uuid,
+        body_sha256: &str,
+        written: Written,
+    ) -> Result<(), StoreError>;
+
+    /// Forgets a key pending under `write_id` whose append wrote nothing, so that it can be used again.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn forget(
+        &self,
+        project: ProjectId,
+        table: &TableName,
+        key: &IdempotencyKey,
+        write_id: Uuid,
+    ) -> Result<(), StoreError>;
+
+    /// The write ids of the table's pending appends.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn pending(&self, project: ProjectId, table: &TableName) -> Result<Vec<Uuid>, StoreError>;
+
+    /// Removes the records made before `expired`; answers how many.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn sweep(&self, expired: Timestamp) -> Result<u64, StoreError>;
 }

@@ -6,13 +6,17 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
+use super::idempotency::{
+    AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, APPEND_IN_FLIGHT, IDEMPOTENCY_WINDOW,
+};
 use super::model::{ExternalSource, Table, TableInfo, TableName, Upload, WriteMode, Written};
-use super::ports::TableStore;
+use super::ports::{AppendKeys, TableStore};
 use crate::access::ProjectId;
+use crate::clock::Clock;
 use crate::endpoints::{
     Endpoint, EndpointChanges, EndpointFilter, EndpointName, EndpointStore, PlannedQuery,
 };
-use crate::error::{EngineError, Error};
+use crate::error::{EngineError, Error, UploadError};
 use crate::page::{Page, PageRequest};
 use crate::query::{Query, QueryEngine, QueryKind, QueryResult};
 
@@ -25,6 +29,9 @@ pub struct TableDeps {
     pub engine: Arc<dyn QueryEngine>,
     /// Told of every endpoint that reads a table a write changed, so its cached runs go at once.
     pub changes: Arc<dyn EndpointChanges>,
+    /// The `Idempotency-Key`s of appends.
+    pub keys: Arc<dyn AppendKeys>,
+    pub clock: Arc<dyn Clock>,
 }
 
 /// Listing, reading, writing, deleting and previewing a project's tables.
@@ -33,6 +40,8 @@ pub struct TableService {
     endpoints: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
     changes: Arc<dyn EndpointChanges>,
+    keys: Arc<dyn AppendKeys>,
+    clock: Arc<dyn Clock>,
 }
 
 /// The rows a preview shows when the caller does not say.
@@ -44,8 +53,8 @@ fn not_found(name: &TableName) -> Error {
 
 impl TableService {
     pub fn new(deps: TableDeps) -> Self {
-        let TableDeps { tables, endpoints, engine, changes } = deps;
-        Self { tables, endpoints, engine, changes }
+        let TableDeps { tables, endpoints, engine, changes, keys, clock } = deps;
+        Self { tables, endpoints, engine, changes, keys, clock }
     }
 
     /// The tables an endpoint's current version reads, planning it now if they were not recorded. A query that
@@ -125,6 +134,98 @@ impl TableService {
         let replaced = upload.mode == WriteMode::Replace;
         let written = self.tables.write(project, name, upload).await?;
         Ok((self.changed(project, name, replaced).await?, written))
+    }
+
+    /// Appends an upload once under an `Idempotency-Key`: the first append with the key (per table, within
+    /// [`IDEMPOTENCY_WINDOW`]) writes its rows; a retry with the same body adds nothing and gets the first
+    /// append's answer (with the table as it is now). An append cut off before it was answered (its process
+    /// stopped) is found by the retry once [`APPEND_IN_FLIGHT`] has passed: in the table if its rows were
+    /// written, else the retry writes them.
+    ///
+    /// # Errors
+    /// As [`TableService::write`]; [`Error::IdempotencyConflict`] for the key used with another body, or while
+    /// its first append is in flight.
+    pub async fn append_once(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        upload: Upload,
+        key: &IdempotencyKey,
+    ) -> Result<(Table, Written), Error> {
+        let write_id = uuid::Uuid::new_v4();
+        let now = self.clock.now();
+        let state = self.keys.claim(project, name, key, write_id, now, now - IDEMPOTENCY_WINDOW).await?;
+        match state {
+            AppendKeyState::Claimed => self.append_claimed(project, name, upload, key, write_id).await,
+            AppendKeyState::Answered { body_sha256, written } => {
+                Self::same_body(upload, &body_sha256, key).await?;
+                Ok((self.get(project, name).await?, written))
+            }
+            AppendKeyState::Pending { write_id: theirs, since } => {
+                if now - since < APPEND_IN_FLIGHT {
+                    return Err(Error::IdempotencyConflict(format!(
+                        "An append with Idempotency-Key '{}' is still being written; retry in a few seconds.",
+                        key.as_str()
+                    )));
+                }
+                if let Some(found) = self.tables.holds(project, name, theirs).await? {
+                    Self::same_body(upload, &found.body_sha256, key).await?;
+                    self.keys.answer(project, name, key, theirs, &found.body_sha256, found.written).await?;
+                    return Ok((self.get(project, name).await?, found.written));
+                }
+                if !self.keys.take_over(project, name, key, theirs, write_id, now).await? {
+                    return Err(Error::IdempotencyConflict(format!(
+                        "Another append with Idempotency-Key '{}' took it over; retry in a few seconds.",
+                        key.as_str()
+                    )));
+                }
+                self.append_claimed(project, name, upload, key, write_id).await
+            }
+        }
+    }
+
+    /// Writes an append whose key is pending under `write_id`, then records its answer. A failure that wrote
+    /// nothing frees the key; any other leaves it pending, for a retry to resolve.
+    async fn append_claimed(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        mut upload: Upload,
+        key: &IdempotencyKey,
+        write_id: uuid::Uuid,
+    ) -> Result<(Table, Written), Error> {
+        let digest = BodyDigest::default();
+        upload.body = digest.wrap(upload.body);
+        upload.tag = Some(AppendTag { write_id, digest: digest.clone() });
+        let written = match self.tables.write(project, name, upload).await {
+            Ok(written) => written,
+            Err(err) => {
+                let wrote_nothing = !matches!(err, UploadError::Engine(_));
+                if wrote_nothing {
+                    if let Err(forget) = self.keys.forget(project, name, key, write_id).await {
+                        warn!(table = %name, error = %forget, "cannot free the key of an append that failed");
+                    }
+                }
+                return Err(err.into());
+            }
+        };
+        if let Err(err) = self.keys.answer(project, name, key, write_id, &digest.hex(), written).await {
+            // The rows are in: a retry finds them by the write id once the key has been pending long enough.
+            warn!(table = %name, error = %err, "cannot record the answer of an append");
+        }
+        Ok((self.changed(project, name, false).await?, written))
+    }
+
+    /// Refuses a retry whose body is not the one first sent with its key.
+    async fn same_body(upload: Upload, sha256: &str, key: &IdempotencyKey) -> Result<(), Error> {
+        if BodyDigest::of(upload.body, upload.limit_bytes).await? == sha256 {
+            Ok(())
+        } else {
+            Err(Error::IdempotencyConflict(format!(
+                "Idempotency-Key '{}' was used with another body within 24 hours; use a new key for new rows.",
+                key.as_str()
+            )))
+        }
     }
 
     /// Makes a table read an external source where it is (creating it, or replacing what it had), from a body

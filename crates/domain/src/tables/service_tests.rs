@@ -5,7 +5,7 @@ use mockall::predicate::{always, eq};
 use serde_json::json;
 
 use super::super::model::{ExternalSource, TableColumn, TableFormat, TableSource, WriteMode};
-use super::super::ports::MockTableStore;
+use super::super::ports::{MockAppendKeys, MockTableStore};
 use super::*;
 use crate::endpoints::{MockEndpointChanges, MockEndpointStore};
 use crate::error::UploadError;
@@ -110,16 +110,28 @@ fn service_over(
     engine: MockQueryEngine,
     changes: MockEndpointChanges,
 ) -> TableService {
+    service_with_keys(tables, endpoints, engine, changes, MockAppendKeys::new())
+}
+
+fn service_with_keys(
+    tables: MockTableStore,
+    endpoints: MockEndpointStore,
+    engine: MockQueryEngine,
+    changes: MockEndpointChanges,
+    keys: MockAppendKeys,
+) -> TableService {
     TableService::new(TableDeps {
         tables: Arc::new(tables),
         endpoints: Arc::new(endpoints),
         engine: Arc::new(engine),
         changes: Arc::new(changes),
+        keys: Arc::new(keys),
+        clock: Arc::new(crate::testing::ManualClock::new(T0)),
     })
 }
 
 fn upload(mode: WriteMode) -> Upload {
-    Upload { format: TableFormat::Csv, mode, body: Box::pin(stream::empty()), limit_bytes: 1024 }
+    Upload { format: TableFormat::Csv, mode, body: Box::pin(stream::empty()), limit_bytes: 1024, tag: None }
 }
 
 #[tokio::test]
@@ -366,4 +378,190 @@ async fn a_preview_runs_every_column_of_the_table_for_the_first_rows() {
         ));
     }
     assert!(matches!(service.preview_named(project(1), "missing", None).await, Err(Error::NotFound(_))));
+}
+
+mod idempotency {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::tables::{AppendKeyState, IdempotencyKey, TaggedWrite, APPEND_IN_FLIGHT};
+
+    const BODY: &str = "id\n1\n2\n";
+    const WRITTEN: Written = Written { rows: 2, bytes: 7, created: false };
+
+    fn key() -> IdempotencyKey {
+        IdempotencyKey::parse("batch-1").unwrap()
+    }
+
+    fn sales() -> TableName {
+        TableName::parse("sales").unwrap()
+    }
+
+    fn append(body: &'static str) -> Upload {
+        let chunks = vec![Ok::<_, std::io::Error>(Bytes::from_static(body.as_bytes()))];
+        Upload { body: Box::pin(stream::iter(chunks)), ..upload(WriteMode::Append) }
+    }
+
+    fn sha256(body: &str) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(body.as_bytes()))
+    }
+
+    /// A table store whose `get` answers the table; `write` is set by each test.
+    fn tables() -> MockTableStore {
+        let mut tables = MockTableStore::new();
+        tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
+        tables
+    }
+
+    fn keys_answering(state: AppendKeyState) -> MockAppendKeys {
+        let mut keys = MockAppendKeys::new();
+        keys.expect_claim()
+            .withf(|p, table, key, _, now, expired| {
+                *p == project(1)
+                    && table.as_str() == "sales"
+                    && key.as_str() == "batch-1"
+                    && *now == T0
+                    && *expired == T0 - IDEMPOTENCY_WINDOW
+            })
+            .times(1)
+            .return_once(move |_, _, _, _, _, _| Ok(state));
+        keys
+    }
+
+    fn service(tables: MockTableStore, keys: MockAppendKeys) -> TableService {
+        service_with_keys(tables, endpoints(), engine(), MockEndpointChanges::new(), keys)
+    }
+
+    fn conflict(result: Result<(Table, Written), Error>) -> String {
+        match result {
+            Err(Error::IdempotencyConflict(detail)) => detail,
+            other => panic!("expected an idempotency conflict, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_key_writes_the_rows_tagged_and_records_the_answer() {
+        let mut tables = tables();
+        let write_id = Arc::new(Mutex::new(None));
+        let seen = Arc::clone(&write_id);
+        tables.expect_write().times(1).returning(move |_, _, upload| {
+            let tag = upload.tag.expect("an append under a key is tagged");
+            *seen.lock().unwrap() = Some(tag.write_id);
+            // The engine reads the body; the digest follows it.
+            futures_util::FutureExt::now_or_never(BodyDigest::of(upload.body, 1024)).unwrap().unwrap();
+            assert_eq!(tag.digest.hex(), sha256(BODY));
+            Ok(WRITTEN)
+        });
+        let mut keys = keys_answering(AppendKeyState::Claimed);
+        let recorded = Arc::clone(&write_id);
+        keys.expect_answer()
+            .withf(move |_, _, _, id, sha, written| {
+                Some(*id) == *recorded.lock().unwrap() && *sha == sha256(BODY) && *written == WRITTEN
+            })
+            .times(1)
+            .returning(|_, _, _, _, _, _| Ok(()));
+        let mut changes = MockEndpointChanges::new();
+        changes.expect_changed().returning(|_, _| ());
+        let service = service_with_keys(tables, endpoints(), engine(), changes, keys);
+        let (_, written) = service.append_once(project(1), &sales(), append(BODY), &key()).await.unwrap();
+        assert_eq!(written, WRITTEN);
+    }
+
+    #[tokio::test]
+    async fn a_retry_with_the_same_body_writes_nothing_and_gets_the_first_answer() {
+        let mut tables = tables();
+        tables.expect_write().never();
+        let keys = keys_answering(AppendKeyState::Answered { body_sha256: sha256(BODY), written: WRITTEN });
+        let (table, written) =
+            service(tables, keys).append_once(project(1), &sales(), append(BODY), &key()).await.unwrap();
+        assert_eq!((written, table.info.name), (WRITTEN, sales()));
+    }
+
+    #[tokio::test]
+    async fn a_key_used_with_another_body_is_a_conflict() {
+        let mut tables = tables();
+        tables.expect_write().never();
+        let keys = keys_answering(AppendKeyState::Answered { body_sha256: sha256(BODY), written: WRITTEN });
+        let detail = conflict(
+            service(tables, keys).append_once(project(1), &sales(), append("id\n3\n"), &key()).await,
+        );
+        assert!(detail.contains("another body"), "{detail}");
+    }
+
+    #[tokio::test]
+    async fn a_retry_while_the_first_append_is_in_flight_is_told_to_wait() {
+        let mut tables = tables();
+        tables.expect_write().never();
+        tables.expect_holds().never();
+        let since = T0 - APPEND_IN_FLIGHT + Duration::from_secs(1);
+        let keys = keys_answering(AppendKeyState::Pending { write_id: Uuid::from_u128(9), since });
+        let detail =
+            conflict(service(tables, keys).append_once(project(1), &sales(), append(BODY), &key()).await);
+        assert!(detail.contains("still being written"), "{detail}");
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_a_cut_off_append_whose_rows_landed_records_and_gives_their_answer() {
+        let theirs = Uuid::from_u128(9);
+        let mut tables = tables();
+        tables.expect_write().never();
+        tables
+            .expect_holds()
+            .withf(move |_, _, id| *id == theirs)
+            .returning(|_, _, _| Ok(Some(TaggedWrite { written: WRITTEN, body_sha256: sha256(BODY) })));
+        let mut keys =
+            keys_answering(AppendKeyState::Pending { write_id: theirs, since: T0 - APPEND_IN_FLIGHT });
+        keys.expect_answer()
+            .withf(move |_, _, _, id, sha, written| {
+                *id == theirs && *sha == sha256(BODY) && *written == WRITTEN
+            })
+            .times(1)
+            .returning(|_, _, _, _, _, _| Ok(()));
+        let (_, written) =
+            service(tables, keys).append_once(project(1), &sales(), append(BODY), &key()).await.unwrap();
+        assert_eq!(written, WRITTEN);
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_a_cut_off_append_that_wrote_nothing_takes_the_key_over_and_writes() {
+        let theirs = Uuid::from_u128(9);
+        let mut tables = tables();
+        tables.expect_holds().returning(|_, _, _| Ok(None));
+        tables.expect_write().times(1).returning(|_, _, _| Ok(WRITTEN));
+        let mut keys =
+            keys_answering(AppendKeyState::Pending { write_id: theirs, since: T0 - APPEND_IN_FLIGHT });
+        keys.expect_take_over()
+            .withf(move |_, _, _, from, _, _| *from == theirs)
+            .times(1)
+            .returning(|_, _, _, _, _, _| Ok(true));
+        keys.expect_answer().times(1).returning(|_, _, _, _, _, _| Ok(()));
+        let mut changes = MockEndpointChanges::new();
+        changes.expect_changed().returning(|_, _| ());
+        let service = service_with_keys(tables, endpoints(), engine(), changes, keys);
+        let (_, written) = service.append_once(project(1), &sales(), append(BODY), &key()).await.unwrap();
+        assert_eq!(written, WRITTEN);
+    }
+
+    #[tokio::test]
+    async fn a_refused_body_frees_its_key_and_a_storage_failure_keeps_it_pending() {
+        let mut refusing = tables();
+        refusing.expect_write().times(1).returning(|_, _, _| Err(UploadError::Invalid("Row 2: no".into())));
+        let mut keys = keys_answering(AppendKeyState::Claimed);
+        keys.expect_forget().times(1).returning(|_, _, _, _| Ok(()));
+        let refused = service(refusing, keys).append_once(project(1), &sales(), append(BODY), &key()).await;
+        assert!(matches!(refused, Err(Error::Invalid(_))), "{refused:?}");
+
+        let mut failing = tables();
+        failing.expect_write().times(1).returning(|_, _, _| {
+            Err(UploadError::Engine(crate::error::EngineError::Unavailable("disk".into())))
+        });
+        let mut keys = keys_answering(AppendKeyState::Claimed);
+        keys.expect_forget().never();
+        let failed = service(failing, keys).append_once(project(1), &sales(), append(BODY), &key()).await;
+        assert!(matches!(failed, Err(Error::Unavailable(_))), "{failed:?}");
+    }
 }

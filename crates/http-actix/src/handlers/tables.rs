@@ -6,7 +6,7 @@ use std::time::Duration;
 use actix_web::http::header;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use bytes::Bytes;
-use domain::{ExternalSource, TableFormat, TableName, Upload, UploadBody, WriteMode};
+use domain::{ExternalSource, IdempotencyKey, TableFormat, TableName, Upload, UploadBody, WriteMode};
 use futures_util::StreamExt;
 use serde::Deserialize;
 
@@ -90,8 +90,24 @@ fn upload(
     if declared.is_some_and(|len| len > limit) {
         return Err(domain::Error::PayloadTooLarge { limit_bytes: limit }.into());
     }
-    Ok(Upload { format, mode, body: upload_body(payload, state.client_timeout), limit_bytes: limit })
+    Ok(Upload {
+        format,
+        mode,
+        body: upload_body(payload, state.client_timeout),
+        limit_bytes: limit,
+        tag: None,
+    })
 }
+
+/// The append's `Idempotency-Key`, if it sends one.
+fn idempotency_key(req: &HttpRequest) -> Result<Option<IdempotencyKey>, ApiError> {
+    let Some(raw) = req.headers().get(IDEMPOTENCY_KEY) else { return Ok(None) };
+    // Bytes that are not text are not visible characters either: the key's rule refuses them.
+    let raw = String::from_utf8_lossy(raw.as_bytes());
+    Ok(Some(IdempotencyKey::parse(&raw).map_err(domain::Error::from)?))
+}
+
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 use super::Query;
 
@@ -159,11 +175,16 @@ pub(crate) async fn put(
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/tables/{table}/rows", operation_id = "append_rows",
-    params(("project_id" = String, Path), ("table" = String, Path)),
+    params(("project_id" = String, Path), ("table" = String, Path),
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 128 visible ASCII characters naming this \
+            append: a retry with the same key and body within 24 hours adds nothing and answers as the first did")),
     request_body(description = "Rows with the table's columns: CSV with a header row, NDJSON, or a Parquet file",
         content((String = "text/csv"), (String = "application/x-ndjson"), ("application/vnd.apache.parquet"))),
     responses((status = 200, body = Appended), (status = 400, body = Error), (status = 401, body = Error),
-              (status = 403, body = Error), (status = 404, body = Error), (status = 413, body = Error), (status = 415, body = Error)))]
+              (status = 403, body = Error), (status = 404, body = Error),
+              (status = 409, body = Error, description = "The Idempotency-Key was used with another body, or its \
+                  first append is still being written"),
+              (status = 413, body = Error), (status = 415, body = Error)))]
 pub(crate) async fn append(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -172,8 +193,12 @@ pub(crate) async fn append(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let name = path.to_write()?;
+    let key = idempotency_key(&req)?;
     let upload = upload(&req, &state, payload, WriteMode::Append)?;
-    let (table, written) = state.tables.write(caller.project, &name, upload).await?;
+    let (table, written) = match &key {
+        Some(key) => state.tables.append_once(caller.project, &name, upload, key).await?,
+        None => state.tables.write(caller.project, &name, upload).await?,
+    };
     Ok(HttpResponse::Ok().json(Appended::of(table, written)))
 }
 
