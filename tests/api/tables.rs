@@ -757,3 +757,98 @@ async fn a_stream_of_small_appends_is_compacted_into_few_files() {
         app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("endpoints_table_compactions_total{outcome=\"compacted\"}"), "{metrics}");
 }
+
+#[tokio::test]
+async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/projects/{project}/tables");
+    ok_json(upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", ORDERS).await, 201)
+        .await;
+    let rows = format!("{tables}/orders/rows");
+    let body = "{\"id\": 4, \"country\": \"DE\", \"amount\": 2}\n\
+                {\"id\": \"five\", \"country\": \"IT\", \"amount\": 1}\n\
+                {\"id\": 6, \"country\": \"ES\", \"amount\": 3, \"colour\": \"red\"}\n\
+                {\"id\": 7, \"amount\": 8}\n";
+    // Without quarantine one bad row refuses the body, as before, and adds nothing.
+    assert_error(
+        upload(&app, Method::POST, &rows, &key, "application/x-ndjson", body).await,
+        400,
+        "validation_error",
+    )
+    .await;
+    let quarantined = ok_json(
+        upload(
+            &app,
+            Method::POST,
+            &format!("{rows}?on_error=quarantine"),
+            &key,
+            "application/x-ndjson",
+            body,
+        )
+        .await,
+        200,
+    )
+    .await;
+    assert_eq!(
+        (quarantined["rows_added"].as_u64(), quarantined["rows_quarantined"].as_u64()),
+        (Some(2), Some(2)),
+        "{quarantined}"
+    );
+    assert_eq!(quarantined["table"]["row_count"], 5);
+    // The bad rows are a table of the project, read like any other.
+    let sql = "SELECT line, raw, error <> '' AS why, received_at IS NOT NULL AS at FROM orders_quarantine ORDER BY line";
+    let endpoint =
+        json!({"name": "bad_rows", "cache_age_seconds": 0, "query": {"kind": "SQLQuery", "query": sql}});
+    assert_eq!(app.post(&format!("/api/projects/{project}/endpoints/"), &key, &endpoint).await.status(), 201);
+    let run =
+        ok_json(app.get(&format!("/api/projects/{project}/endpoints/bad_rows/run"), &key).await, 200).await;
+    assert_eq!(
+        run["results"],
+        json!([
+            {"line": 2, "raw": "{\"id\": \"five\", \"country\": \"IT\", \"amount\": 1}", "why": true, "at": true},
+            {"line": 3, "raw": "{\"id\": 6, \"country\": \"ES\", \"amount\": 3, \"colour\": \"red\"}", "why": true, "at": true},
+        ]),
+        "{run}"
+    );
+    let table = ok_json(app.get(&format!("{tables}/orders_quarantine"), &key).await, 200).await;
+    let columns: Vec<&str> =
+        table["columns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(columns, ["received_at", "line", "raw", "error"]);
+    // A CSV body too, and a second quarantine adds to the table; the endpoint over it sees them at once.
+    let csv = "id,country,amount\n8,PT,1\n9,PT,lots\n";
+    let second = ok_json(
+        upload(&app, Method::POST, &format!("{rows}?on_error=quarantine"), &key, "text/csv", csv).await,
+        200,
+    )
+    .await;
+    assert_eq!((second["rows_added"].as_u64(), second["rows_quarantined"].as_u64()), (Some(1), Some(1)));
+    let run =
+        ok_json(app.get(&format!("/api/projects/{project}/endpoints/bad_rows/run"), &key).await, 200).await;
+    assert_eq!(run["results"].as_array().unwrap().len(), 3, "{run}");
+    // What quarantine cannot take is refused, naming on_error.
+    let bogus = assert_error(
+        upload(&app, Method::POST, &format!("{rows}?on_error=skip"), &key, "text/csv", csv).await,
+        400,
+        "validation_error",
+    )
+    .await;
+    assert_eq!(bogus["attr"], "on_error");
+    let wrong_header = assert_error(
+        upload(
+            &app,
+            Method::POST,
+            &format!("{rows}?on_error=quarantine"),
+            &key,
+            "text/csv",
+            "id,amount\n1,2\n",
+        )
+        .await,
+        400,
+        "validation_error",
+    )
+    .await;
+    assert!(wrong_header["detail"].as_str().unwrap().contains("the body has [id, amount]"), "{wrong_header}");
+    let table = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
+    assert_eq!(table["row_count"], 6, "{table}");
+}

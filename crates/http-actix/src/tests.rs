@@ -619,7 +619,7 @@ async fn table_routes_need_table_scopes_and_read_uploads_by_content_type() {
             (name.as_str(), upload.format, upload.mode),
             ("sales", domain::TableFormat::Csv, domain::WriteMode::Replace)
         );
-        Ok(domain::Written { rows: 1, bytes: 4, created: true })
+        Ok(domain::Written { rows: 1, bytes: 4, created: true, rows_quarantined: 0 })
     });
     tables.expect_get().returning(|_, name| {
         Ok(Some(domain::TableInfo {

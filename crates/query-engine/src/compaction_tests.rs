@@ -32,6 +32,7 @@ fn upload(mode: WriteMode, body: String) -> Upload {
         body: Box::pin(stream::iter(chunks)),
         limit_bytes: 1 << 20,
         tag: None,
+        quarantine: false,
     }
 }
 

@@ -245,6 +245,25 @@ async fn existing_schema(
     Ok(Arc::new(frame.schema().as_arrow().clone()))
 }
 
+/// The columns of a table of files; `None` when there is no such table.
+pub(crate) async fn table_schema(
+    storage: &Storage,
+    project: ProjectId,
+    table: &str,
+) -> Result<Option<SchemaRef>, StagedError> {
+    let ctx = crate::catalog::import_session(storage, None).map_err(|e| StagedError::Write(e.to_string()))?;
+    match current(storage, &table_prefix(project, table))
+        .await
+        .map_err(|e| StagedError::Write(e.to_string()))?
+    {
+        Some(Current::Files(files)) => existing_schema(storage, &ctx, &files)
+            .await
+            .map(Some)
+            .map_err(|e| StagedError::Write(e.to_string())),
+        Some(Current::External(_)) | None => Ok(None),
+    }
+}
+
 /// String and binary types compare by meaning: Parquet reads strings back as views.
 fn logical(data_type: &DataType) -> &DataType {
     match data_type {

@@ -24,6 +24,7 @@ mod metrics;
 mod outline;
 mod plans;
 mod progress;
+mod quarantine;
 mod records;
 mod rollup;
 mod runtime;

@@ -29,8 +29,9 @@ use crate::catalog::{
     CURRENT,
 };
 use crate::imports::{
-    import_staged, remove_versions, FileFormat, HeldBody, ImportMode, StagedError, TaggedAppend,
+    import_staged, remove_versions, table_schema, FileFormat, HeldBody, ImportMode, StagedError, TaggedAppend,
 };
+use crate::quarantine::QUARANTINE_BODY_BYTES;
 use crate::records::RecordSizes;
 use crate::storage::{unavailable, Storage};
 use crate::DataFusionEngine;
@@ -380,6 +381,103 @@ fn table_prefix_of(files: &ObjectPath, name: &TableName) -> ObjectPath {
 }
 
 impl DataFusionEngine {
+    /// Appends the records of a body that fit the table, and writes the others to its quarantine table.
+    async fn append_quarantining(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        mut upload: Upload,
+    ) -> Result<Written, UploadError> {
+        let refused = |reason: String| UploadError::Rejected(Invalid::field("on_error", reason));
+        let format = match upload.format {
+            TableFormat::Csv => FileFormat::Csv,
+            TableFormat::NdJson => FileFormat::NdJson,
+            TableFormat::Parquet => return Err(refused(
+                "on_error=quarantine takes CSV and NDJSON bodies: a Parquet body's columns fit the table or \
+                     not, as a whole."
+                    .into(),
+            )),
+        };
+        let quarantine_name = format!("{name}{}", Written::QUARANTINE_SUFFIX);
+        let quarantine = TableName::parse(&quarantine_name).map_err(|_| {
+            refused(format!(
+                "Table '{name}' has too long a name for its quarantine table ({} characters at most).",
+                TableName::MAX_LEN
+            ))
+        })?;
+        upload.limit_bytes = upload.limit_bytes.min(QUARANTINE_BODY_BYTES);
+        let Received::Held { chunks, bytes } =
+            receive(&self.storage, project, &mut upload, QUARANTINE_BODY_BYTES).await?
+        else {
+            return Err(UploadError::Engine(EngineError::Internal("a quarantined body was staged".into())));
+        };
+        let body: bytes::Bytes = chunks.concat().into();
+        let (storage, table) = (self.storage.clone(), name.as_str().to_owned());
+        let sorted = self
+            .runtime
+            .run(async move {
+                let schema = table_schema(&storage, project, &table).await;
+                Ok(schema.map(|found| found.map(|schema| crate::quarantine::sort(&body, format, &schema))))
+            })
+            .await
+            .map_err(UploadError::Engine)?;
+        let sorted = match sorted.map_err(|err| staged_error(err, None))? {
+            Some(Ok(sorted)) => sorted,
+            Some(Err(reason)) => return Err(UploadError::Invalid(reason)),
+            None => return Err(UploadError::NoSuchTable),
+        };
+        let mut rows = 0;
+        if sorted.good_rows > 0 {
+            let tag = upload.tag.as_ref().map(|tag| (tag.write_id, tag.digest.hex()));
+            let body = HeldBody { bytes: sorted.good, format, tag };
+            let lock = self.table_locks.of(project, name.as_str());
+            rows = self
+                .appends
+                .append(&self.runtime, &self.storage, lock, project, name.as_str(), body)
+                .await
+                .map_err(|err| staged_error(err, None))?;
+            self.appended.mark(project, name.as_str());
+        }
+        if !sorted.bad.is_empty() {
+            let now = domain::Clock::now(&domain::SystemClock);
+            let received_at = i64::try_from(now.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX);
+            let parquet = crate::quarantine::quarantine_body(&sorted.bad, received_at)
+                .map_err(|e| UploadError::Engine(EngineError::Internal(e.into())))?;
+            self.set_aside(project, &quarantine, parquet).await?;
+        }
+        Ok(Written { rows, bytes, created: false, rows_quarantined: sorted.bad.len() as u64 })
+    }
+
+    /// Adds rows (a Parquet body of its columns) to a quarantine table, creating it the first time.
+    async fn set_aside(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        parquet: bytes::Bytes,
+    ) -> Result<(), UploadError> {
+        let lock = self.table_locks.of(project, name.as_str());
+        let _held = lock.lock().await;
+        let exists = current(&self.storage, &table_prefix(project, name.as_str())).await?.is_some();
+        let mode = if exists { WriteMode::Append } else { WriteMode::Replace };
+        let limit_bytes = parquet.len() as u64;
+        let mut upload = Upload {
+            format: TableFormat::Parquet,
+            mode,
+            body: Box::pin(futures_util::stream::iter([Ok(parquet)])),
+            limit_bytes,
+            tag: None,
+            quarantine: false,
+        };
+        let Received::Staged(staged) = receive(&self.storage, project, &mut upload, 0).await? else {
+            return Err(UploadError::Engine(EngineError::Internal(
+                "quarantined rows were not staged".into(),
+            )));
+        };
+        self.import(project, name, (mode, TableFormat::Parquet), &staged, None).await?;
+        self.appended.mark(project, name.as_str());
+        Ok(())
+    }
+
     /// Imports a staged body into a table (the caller holds the table's lock) and removes it; answers the rows
     /// and whether the table was created.
     async fn import(
@@ -485,6 +583,9 @@ impl TableStore for DataFusionEngine {
                 ),
             )));
         }
+        if upload.quarantine {
+            return self.append_quarantining(project, name, upload).await;
+        }
         // Only while there is room for it among the bodies held by all clients: a flood of slow appends is
         // staged in the storage rather than held.
         let place = match (upload.mode, upload.format) {
@@ -530,7 +631,7 @@ impl TableStore for DataFusionEngine {
             took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "table written from an upload"
         );
-        Ok(Written { rows, bytes, created })
+        Ok(Written { rows, bytes, created, rows_quarantined: 0 })
     }
 
     fn appended(&self) -> Vec<(ProjectId, TableName)> {
@@ -575,7 +676,7 @@ impl TableStore for DataFusionEngine {
             .run(async move { crate::compaction::find_tagged(&storage, project, &table, write_id).await })
             .await?;
         Ok(found.map(|append| TaggedWrite {
-            written: Written { rows: append.rows, bytes: append.bytes, created: false },
+            written: Written { rows: append.rows, bytes: append.bytes, created: false, rows_quarantined: 0 },
             body_sha256: append.body_sha256,
         }))
     }

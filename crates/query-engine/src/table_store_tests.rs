@@ -30,7 +30,14 @@ fn sales() -> TableName {
 fn upload(format: TableFormat, mode: WriteMode, body: &[u8]) -> Upload {
     let chunks: Vec<Result<Bytes, std::io::Error>> =
         body.chunks(7).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
-    Upload { format, mode, body: Box::pin(stream::iter(chunks)), limit_bytes: 1 << 20, tag: None }
+    Upload {
+        format,
+        mode,
+        body: Box::pin(stream::iter(chunks)),
+        limit_bytes: 1 << 20,
+        tag: None,
+        quarantine: false,
+    }
 }
 
 fn csv(body: &str) -> Upload {
@@ -164,6 +171,7 @@ async fn a_failed_upload_leaves_the_table_as_it_was_and_nothing_staged() {
         ])),
         limit_bytes: 1 << 20,
         tag: None,
+        quarantine: false,
     };
     assert!(matches!(engine.write(project(), &sales(), cut).await, Err(UploadError::CutOff(_))));
 
@@ -415,8 +423,14 @@ async fn a_malformed_body_is_refused_without_naming_where_the_server_keeps_it() 
     let chunks: Vec<Result<Bytes, std::io::Error>> =
         huge.chunks(1 << 20).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
     let body = Box::pin(stream::iter(chunks));
-    let huge =
-        Upload { format: TableFormat::Csv, mode: WriteMode::Replace, body, limit_bytes: 1 << 30, tag: None };
+    let huge = Upload {
+        format: TableFormat::Csv,
+        mode: WriteMode::Replace,
+        body,
+        limit_bytes: 1 << 30,
+        tag: None,
+        quarantine: false,
+    };
     let result = engine.write(project(), &sales(), huge).await;
     let Err(UploadError::Invalid(reason)) = result else { panic!("{result:?}") };
     assert!(reason.contains("Row 2") && reason.contains("MiB"), "{reason}");

@@ -870,7 +870,7 @@ async fn append_keys_are_claimed_once_answered_and_forgotten(store: DieselStore)
     assert_eq!(state, AppendKeyState::Pending { write_id: second, since: later });
 
     // Answered by the id it is pending under only; then every claim gets the answer.
-    let written = Written { rows: 5, bytes: 40, created: false };
+    let written = Written { rows: 5, bytes: 40, created: false, rows_quarantined: 0 };
     store.answer(p, &events, &key, first, "stale", written).await.unwrap();
     store.answer(p, &events, &key, second, "abc123", written).await.unwrap();
     let state = AppendKeys::claim(&store, p, &events, &key, Uuid::new_v4(), later, expired).await.unwrap();

@@ -100,6 +100,8 @@ struct KeyRow {
 struct Answer {
     rows: u64,
     bytes: u64,
+    #[serde(default)]
+    quarantined: u64,
 }
 
 impl KeyRow {
@@ -110,7 +112,12 @@ impl KeyRow {
                     .map_err(|e| DbError::Corrupt(format!("append key answer {text}: {e}")))?;
                 Ok(AppendKeyState::Answered {
                     body_sha256: self.body_sha256,
-                    written: Written { rows: answer.rows, bytes: answer.bytes, created: false },
+                    written: Written {
+                        rows: answer.rows,
+                        bytes: answer.bytes,
+                        created: false,
+                        rows_quarantined: answer.quarantined,
+                    },
                 })
             }
             None => Ok(AppendKeyState::Pending {
@@ -242,8 +249,12 @@ impl AppendKeys for DieselStore {
     ) -> Result<(), StoreError> {
         let (project, table, key) = (project.get(), table.as_str().to_owned(), key.as_str().to_owned());
         let (write_id, sha) = (write_id.to_string(), body_sha256.to_owned());
-        let answer = serde_json::to_string(&Answer { rows: written.rows, bytes: written.bytes })
-            .map_err(|e| StoreError::Internal(Box::new(e)))?;
+        let answer = serde_json::to_string(&Answer {
+            rows: written.rows,
+            bytes: written.bytes,
+            quarantined: written.rows_quarantined,
+        })
+        .map_err(|e| StoreError::Internal(Box::new(e)))?;
         self.db
             .run(move |conn| {
                 diesel::update(key_row!(project, &table, &key).filter(append_keys::write_id.eq(&write_id)))

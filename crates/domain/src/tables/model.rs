@@ -277,6 +277,26 @@ pub struct Upload {
     pub limit_bytes: u64,
     /// For an append under an `Idempotency-Key`: what the engine keeps with its rows.
     pub tag: Option<super::AppendTag>,
+    /// For an append: rows that do not fit the table go to its quarantine table instead of refusing the body.
+    pub quarantine: bool,
+}
+
+impl Upload {
+    /// Whether an append's `on_error` asks for quarantine: `fail` (or nothing) refuses a body with a row that
+    /// does not fit, `quarantine` sets such rows aside.
+    ///
+    /// # Errors
+    /// [`Invalid`] (attr `on_error`) for any other value.
+    pub fn quarantines(on_error: Option<&str>) -> Result<bool, Invalid> {
+        match on_error {
+            None | Some("fail") => Ok(false),
+            Some("quarantine") => Ok(true),
+            Some(other) => Err(Invalid::field(
+                "on_error",
+                format!("on_error is 'fail' (the default) or 'quarantine', not '{other}'."),
+            )),
+        }
+    }
 }
 
 impl fmt::Debug for Upload {
@@ -285,6 +305,7 @@ impl fmt::Debug for Upload {
             .field("format", &self.format)
             .field("mode", &self.mode)
             .field("limit_bytes", &self.limit_bytes)
+            .field("quarantine", &self.quarantine)
             .finish_non_exhaustive()
     }
 }
@@ -298,6 +319,14 @@ pub struct Written {
     pub bytes: u64,
     /// Whether it created the table (a replace of a table that did not exist).
     pub created: bool,
+    /// Rows that did not fit the table, written to its quarantine table instead (an append with
+    /// [`Upload::quarantine`]).
+    pub rows_quarantined: u64,
+}
+
+impl Written {
+    /// The suffix of a table's quarantine table: `events` sets its bad rows aside in `events_quarantine`.
+    pub const QUARANTINE_SUFFIX: &'static str = "_quarantine";
 }
 
 #[cfg(test)]

@@ -44,6 +44,27 @@ pub struct TableService {
     clock: Arc<dyn Clock>,
 }
 
+/// How a write changed a table, for what it makes stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    /// Rows added: the table's readers' cached runs go.
+    Appended,
+    /// Rows added and others set aside: the quarantine table's readers' runs go too.
+    Quarantined,
+    /// New content, maybe new columns: its readers are planned again.
+    Replaced,
+}
+
+impl Change {
+    fn of(replaced: bool, written: &Written) -> Self {
+        match (replaced, written.rows_quarantined) {
+            (true, _) => Self::Replaced,
+            (false, 0) => Self::Appended,
+            (false, _) => Self::Quarantined,
+        }
+    }
+}
+
 /// The rows a preview shows when the caller does not say.
 pub const PREVIEW_ROWS: u32 = 20;
 
@@ -133,7 +154,7 @@ impl TableService {
     ) -> Result<(Table, Written), Error> {
         let replaced = upload.mode == WriteMode::Replace;
         let written = self.tables.write(project, name, upload).await?;
-        Ok((self.changed(project, name, replaced).await?, written))
+        Ok((self.changed(project, name, Change::of(replaced, &written)).await?, written))
     }
 
     /// Appends an upload once under an `Idempotency-Key`: the first append with the key (per table, within
@@ -213,7 +234,7 @@ impl TableService {
             // The rows are in: a retry finds them by the write id once the key has been pending long enough.
             warn!(table = %name, error = %err, "cannot record the answer of an append");
         }
-        Ok((self.changed(project, name, false).await?, written))
+        Ok((self.changed(project, name, Change::of(false, &written)).await?, written))
     }
 
     /// Refuses a retry whose body is not the one first sent with its key.
@@ -242,25 +263,33 @@ impl TableService {
         source: ExternalSource,
     ) -> Result<(Table, bool), Error> {
         let created = self.tables.register(project, name, source).await?;
-        Ok((self.changed(project, name, true).await?, created))
+        Ok((self.changed(project, name, Change::Replaced).await?, created))
     }
 
     /// After a write: plans the table's readers again when it was replaced, makes their cached runs stale here
     /// and on other processes, and returns the table as it now is.
-    async fn changed(&self, project: ProjectId, name: &TableName, replaced: bool) -> Result<Table, Error> {
+    async fn changed(&self, project: ProjectId, name: &TableName, how: Change) -> Result<Table, Error> {
         let readers = self.readers(project).await?;
         let used_by = Self::used_by(&readers, name);
-        for endpoint in &used_by {
-            if replaced {
+        let mut stale = used_by.clone();
+        if how == Change::Quarantined {
+            if let Ok(quarantine) = TableName::parse(&format!("{name}{}", Written::QUARANTINE_SUFFIX)) {
+                stale.extend(
+                    Self::used_by(&readers, &quarantine).into_iter().filter(|e| !used_by.contains(e)),
+                );
+            }
+        }
+        for endpoint in &stale {
+            if how == Change::Replaced {
                 self.replan(project, endpoint).await;
             }
             self.changes.changed(project, endpoint);
         }
         // The table is written whatever happens now: a process that missed this keeps stale runs only until
         // their cache age runs out.
-        if used_by.is_empty() {
+        if stale.is_empty() {
             // Nobody to tell.
-        } else if let Err(err) = self.endpoints.announce(project, used_by.clone()).await {
+        } else if let Err(err) = self.endpoints.announce(project, stale).await {
             warn!(table = %name, error = %err, "cannot tell other processes that a table's readers changed");
         }
         let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name))?;

@@ -131,7 +131,14 @@ fn service_with_keys(
 }
 
 fn upload(mode: WriteMode) -> Upload {
-    Upload { format: TableFormat::Csv, mode, body: Box::pin(stream::empty()), limit_bytes: 1024, tag: None }
+    Upload {
+        format: TableFormat::Csv,
+        mode,
+        body: Box::pin(stream::empty()),
+        limit_bytes: 1024,
+        tag: None,
+        quarantine: false,
+    }
 }
 
 #[tokio::test]
@@ -141,7 +148,7 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
         .expect_write()
         .with(eq(project(1)), eq(TableName::parse("sales").unwrap()), always())
         .times(1)
-        .returning(|_, _, _| Ok(Written { rows: 2, bytes: 10, created: false }));
+        .returning(|_, _, _| Ok(Written { rows: 2, bytes: 10, created: false, rows_quarantined: 0 }));
     tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
     let told = Arc::new(Mutex::new(Vec::new()));
     let mut changes = MockEndpointChanges::new();
@@ -160,7 +167,9 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
 #[tokio::test]
 async fn a_replace_plans_its_readers_again_and_records_what_that_told() {
     let mut tables = MockTableStore::new();
-    tables.expect_write().returning(|_, _, _| Ok(Written { rows: 2, bytes: 10, created: false }));
+    tables
+        .expect_write()
+        .returning(|_, _, _| Ok(Written { rows: 2, bytes: 10, created: false, rows_quarantined: 0 }));
     tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
     let mut store = readers();
     store.expect_get().returning(|_, name| {
@@ -390,7 +399,7 @@ mod idempotency {
     use crate::tables::{AppendKeyState, IdempotencyKey, TaggedWrite, APPEND_IN_FLIGHT};
 
     const BODY: &str = "id\n1\n2\n";
-    const WRITTEN: Written = Written { rows: 2, bytes: 7, created: false };
+    const WRITTEN: Written = Written { rows: 2, bytes: 7, created: false, rows_quarantined: 0 };
 
     fn key() -> IdempotencyKey {
         IdempotencyKey::parse("batch-1").unwrap()

@@ -80,8 +80,10 @@ impl From<domain::Table> for Table {
 /// Rows added to a table.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Appended {
-    /// The rows the body held.
+    /// The rows added to the table.
     rows_added: u64,
+    /// The rows set aside in the table's quarantine table (`on_error=quarantine`); 0 otherwise.
+    rows_quarantined: u64,
     /// The size of the body.
     bytes_received: u64,
     /// The table after the append.
@@ -90,7 +92,12 @@ pub(crate) struct Appended {
 
 impl Appended {
     pub(crate) fn of(table: domain::Table, written: domain::Written) -> Self {
-        Self { rows_added: written.rows, bytes_received: written.bytes, table: table.into() }
+        Self {
+            rows_added: written.rows,
+            rows_quarantined: written.rows_quarantined,
+            bytes_received: written.bytes,
+            table: table.into(),
+        }
     }
 }
 

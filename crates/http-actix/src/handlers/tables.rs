@@ -96,6 +96,7 @@ fn upload(
         body: upload_body(payload, state.client_timeout),
         limit_bytes: limit,
         tag: None,
+        quarantine: false,
     })
 }
 
@@ -176,6 +177,9 @@ pub(crate) async fn put(
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/tables/{table}/rows", operation_id = "append_rows",
     params(("project_id" = String, Path), ("table" = String, Path),
+        ("on_error" = Option<String>, Query, description = "`fail` (the default): a row that does not fit the table \
+            refuses the body. `quarantine`: such rows go to the table `{table}_quarantine` and the others are added \
+            (CSV and NDJSON bodies, up to 16 MiB)"),
         ("Idempotency-Key" = Option<String>, Header, description = "1 to 128 visible ASCII characters naming this \
             append: a retry with the same key and body within 24 hours adds nothing and answers as the first did")),
     request_body(description = "Rows with the table's columns: CSV with a header row, NDJSON, or a Parquet file",
@@ -190,11 +194,13 @@ pub(crate) async fn append(
     state: web::Data<AppState>,
     caller: Authorized<TableWrite>,
     path: web::Path<TablePath>,
+    query: Query,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let name = path.to_write()?;
     let key = idempotency_key(&req)?;
-    let upload = upload(&req, &state, payload, WriteMode::Append)?;
+    let quarantine = Upload::quarantines(query.get("on_error").map(String::as_str))?;
+    let upload = Upload { quarantine, ..upload(&req, &state, payload, WriteMode::Append)? };
     let (table, written) = match &key {
         Some(key) => state.tables.append_once(caller.project, &name, upload, key).await?,
         None => state.tables.write(caller.project, &name, upload).await?,
