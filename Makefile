@@ -244,6 +244,16 @@ bench-isolation: deps ## Scenario 9 of make bench alone (fairness between projec
 	cargo build --release --locked -p server --features bench,ballista --bins
 	python3 tests/bench/bench.py --only isolation
 
+.PHONY: bench-appends
+bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (streaming appends, compaction) into docs/benchmarks.md.
+	@command -v wrk >/dev/null || { echo "Installing wrk"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
+	  $(VENV)/bin/pip install -q '$(DUCKDB)'
+	@mkdir -p target
+	cargo build --release --locked -p server --features bench,ballista --bins
+	$(VENV)/bin/python tests/bench/bench.py --only appends --duckdb-python $(VENV)/bin/python
+
 .PHONY: soak
 soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180), checked at the end, into docs/benchmarks.md.
 	@mkdir -p target

@@ -423,3 +423,127 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     assert_eq!(answer["endpoint_materialized"], true, "{answer}");
     assert_eq!(answer["results"].as_array().map(Vec::len), Some(2), "the previous result's rows: {answer}");
 }
+
+/// An append of `rows` ids from `first`, as NDJSON.
+fn ids_body(first: u64, rows: u64) -> String {
+    (first..first + rows).map(|id| format!("{{\"id\": {id}}}\n")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_during_appends_and_compactions_then_retries_with_their_keys_lose_and_repeat_no_row() {
+    let app = crate::helpers::spawn_app().await;
+    let project = app.create_project();
+    let (_, key) = app.create_key(project, &["table:write", "table:read", "endpoint:write"]);
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
+    app.stop().await.unwrap();
+    // Compactions every 50 ms, so that the kill may come in the middle of one, under leases of 3 s (the killed
+    // process's lease on the table runs out soon after the restart); a retry may take over an append cut off a
+    // second after it started.
+    let args = [
+        "--materialize-workers",
+        "0",
+        "--compaction-interval-ms",
+        "50",
+        "--append-in-flight-secs",
+        "1",
+        "--materialize-lease-secs",
+        "3",
+        "--rate-limit-key-per-sec",
+        "0",
+        "--rate-limit-project-per-sec",
+        "0",
+    ];
+    let mut server = crate::helpers::serve_process(&data_dir, &args).await;
+    let tables = format!("{}/api/projects/{project}/tables", server.address);
+    let client = reqwest::Client::new();
+    let created = client
+        .put(format!("{tables}/events"))
+        .bearer_auth(&key)
+        .header("Content-Type", "application/x-ndjson")
+        .body(ids_body(0, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    // Eight writers append 5 rows at a time under keys of their own; each remembers what was acknowledged and
+    // what was sent without an answer.
+    let acknowledged = Arc::new(Mutex::new(Vec::<(String, u64)>::new()));
+    let unanswered = Arc::new(Mutex::new(Vec::<(String, u64)>::new()));
+    let mut writers = Vec::new();
+    for writer in 0..8_u64 {
+        let (rows, key) = (format!("{tables}/events/rows"), key.clone());
+        let (acknowledged, unanswered) = (Arc::clone(&acknowledged), Arc::clone(&unanswered));
+        writers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            for n in 0_u64.. {
+                let (name, first) = (format!("w{writer}-{n}"), 1 + writer * 1_000_000 + n * 5);
+                let sent = client
+                    .post(&rows)
+                    .bearer_auth(&key)
+                    .header("Content-Type", "application/x-ndjson")
+                    .header("Idempotency-Key", &name)
+                    .body(ids_body(first, 5))
+                    .send()
+                    .await;
+                match sent {
+                    Ok(response) if response.status() == 200 => acknowledged.lock().await.push((name, first)),
+                    _ => {
+                        unanswered.lock().await.push((name, first));
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    server.child.kill().unwrap(); // SIGKILL, mid-append
+    server.child.wait().unwrap();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().await.clone();
+    let unanswered = unanswered.lock().await.clone();
+    assert!(acknowledged.len() >= 40, "the writers got going: {}", acknowledged.len());
+
+    let server = crate::helpers::serve_process(&data_dir, &args).await;
+    let tables = format!("{}/api/projects/{project}/tables", server.address);
+    // Every append sent without an answer is retried with its key, and a few acknowledged ones too.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let retried: Vec<&(String, u64)> = unanswered.iter().chain(acknowledged.iter().take(5)).collect();
+    for (name, first) in &retried {
+        let answer = client
+            .post(format!("{tables}/events/rows"))
+            .bearer_auth(&key)
+            .header("Content-Type", "application/x-ndjson")
+            .header("Idempotency-Key", name.as_str())
+            .body(ids_body(*first, 5))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status();
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!((status.as_u16(), body["rows_added"].as_u64()), (200, Some(5)), "{name}: {body}");
+    }
+    // Each acknowledged or retried append is in the table once: 1 + 5 rows each, every id once.
+    let expected = 1 + 5 * (acknowledged.len() + unanswered.len()) as u64;
+    let mut table = Value::Null;
+    for _ in 0..100 {
+        table = get_json(&client, &format!("{tables}/events"), &key).await;
+        if table["files"].as_u64() < Some(12) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(table["row_count"].as_u64(), Some(expected), "{table}");
+    assert!(table["files"].as_u64() < Some(12), "compacted after the restart: {table}");
+    let endpoints = format!("{}/api/projects/{project}/endpoints", server.address);
+    let count = endpoint_body("count", "SELECT count(*) AS n, count(DISTINCT id) AS d FROM events");
+    let created = client.post(format!("{endpoints}/")).bearer_auth(&key).json(&count).send().await.unwrap();
+    assert_eq!(created.status(), 201);
+    let run = get_json(&client, &format!("{endpoints}/count/run?refresh=direct"), &key).await;
+    assert_eq!(run["results"][0], serde_json::json!({"n": expected, "d": expected}), "no row lost or twice");
+    let ids: std::collections::BTreeSet<u64> = (0..1)
+        .chain(acknowledged.iter().chain(unanswered.iter()).flat_map(|(_, first)| *first..*first + 5))
+        .collect();
+    assert_eq!(ids.len() as u64, expected, "the ids sent are distinct");
+}

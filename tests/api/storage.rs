@@ -349,3 +349,109 @@ async fn external_files_are_read_in_the_storages_bucket_and_in_allowed_ones() {
     let listing = listing.text().await.unwrap();
     assert!(listing.contains("<Key>exports/events.ndjson</Key>"), "{listing}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_nodes_on_postgresql_append_to_one_table_in_a_bucket_and_every_row_lands_once() {
+    let moto = Moto::start().await;
+    let database_url = crate::helpers::postgres_url();
+    let dir = Dir(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let with_database = |args: &[&str]| -> Vec<String> {
+        ["--database-url", database_url.as_str()].iter().chain(args).map(|a| (*a).to_owned()).collect()
+    };
+    let cli = |args: &[&str]| {
+        let args = with_database(args);
+        moto.cli(&dir.0, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    cli(&["migrate"]);
+    let project = cli(&["project", "create", "--name", "Stream"])["id"].as_i64().unwrap();
+    let scopes = [
+        "key",
+        "create",
+        "--project",
+        &project.to_string(),
+        "--scope",
+        "table:write",
+        "--scope",
+        "endpoint:write",
+    ];
+    let key = cli(&scopes)["key"].as_str().unwrap().to_owned();
+    // Both nodes compact every 100 ms: they take turns through the table's lease.
+    let args =
+        ["--materialize-workers", "0", "--compaction-interval-ms", "100", "--rate-limit-key-per-sec", "0"];
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let mut command = moto.endpoints();
+        command.arg("--database-url").arg(&database_url).stderr(Stdio::null());
+        nodes.push(serve_command(command, &dir.0, &args).await);
+    }
+    let tables: Vec<String> =
+        nodes.iter().map(|n| format!("{}/api/projects/{project}/tables/events", n.address)).collect();
+    let client = reqwest::Client::new();
+    let put = |body: String| {
+        client
+            .put(&tables[0])
+            .bearer_auth(&key)
+            .header("Content-Type", "application/x-ndjson")
+            .body(body)
+            .send()
+    };
+    assert_eq!(put("{\"id\": 0}\n".into()).await.unwrap().status(), 201);
+    // Eight writers, their appends alternating between the nodes, each under a key; a retry of each through
+    // the other node adds nothing.
+    let mut writers = Vec::new();
+    for writer in 0..8_u64 {
+        let (client, tables, key) = (client.clone(), tables.clone(), key.clone());
+        writers.push(tokio::spawn(async move {
+            for n in 0..15_usize {
+                let first = 1 + writer * 1000 + n as u64 * 3;
+                let body: String = (first..first + 3).map(|id| format!("{{\"id\": {id}}}\n")).collect();
+                for node in [n % 2, (n + 1) % 2] {
+                    let answer = client
+                        .post(format!("{}/rows", tables[node]))
+                        .bearer_auth(&key)
+                        .header("Content-Type", "application/x-ndjson")
+                        .header("Idempotency-Key", format!("w{writer}-{n}"))
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(answer.status(), 200, "{}", answer.text().await.unwrap());
+                }
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let expected = 1 + 8 * 15 * 3;
+    let endpoints = format!("{}/api/projects/{project}/endpoints", nodes[1].address);
+    let count =
+        crate::helpers::endpoint_body("count", "SELECT count(*) AS n, count(DISTINCT id) AS d FROM events");
+    let created = client.post(format!("{endpoints}/")).bearer_auth(&key).json(&count).send().await.unwrap();
+    assert_eq!(created.status(), 201);
+    for node in &nodes {
+        let url = format!("{}/api/projects/{project}/endpoints/count/run?refresh=direct", node.address);
+        let run = crate::helpers::get_json(&client, &url, &key).await;
+        assert_eq!(run["results"][0], json!({"n": expected, "d": expected}), "{run}");
+    }
+    // Compaction merged the small files in the bucket, and the table still has every row once.
+    let mut table = Value::Null;
+    for _ in 0..100 {
+        table = crate::helpers::get_json(&client, &tables[1], &key).await;
+        if table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string(), "{table}");
+    assert_eq!(table["row_count"], expected);
+    assert!(moto
+        .keys(&format!("projects/{project}/tables/events/"))
+        .await
+        .iter()
+        .any(|k| k.ends_with("/_compacted")));
+    let url = format!("{}/api/projects/{project}/endpoints/count/run?refresh=direct", nodes[0].address);
+    let run = crate::helpers::get_json(&client, &url, &key).await;
+    assert_eq!(run["results"][0], json!({"n": expected, "d": expected}), "{run}");
+}

@@ -20,7 +20,13 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
      of two million-row series), against the same query idle (p95); and a valid key's cached runs during a flood
      of made-up keys from another address, against the same runs without it (p99).
 
-`--only isolation` runs scenario 9 alone (on a small data directory of its own) and replaces only its section.
+  10. streaming appends: 5-row NDJSON appends to one table from 1 and 16 connections (wrk), against each other;
+     500-row appends from 16 connections against DuckDB's `COPY` of the same NDJSON rows to Parquet in process;
+     after 10,000 small appends and compaction, the table's files and a live GROUP BY over it against the same
+     rows written at once.
+
+`--only isolation` and `--only appends` run scenario 9 or 10 alone (on a small data directory of its own) and
+replace only its section.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md (older runs are in git).
 """
@@ -169,7 +175,7 @@ def parse_latency(text):
 
 
 def wrk(url, key, seconds, connections=64, script=None, script_args=(), close=False):
-    command = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-H", f"Authorization: Bearer {key}",
+    command = ["wrk", f"-t{min(2, connections)}", f"-c{connections}", f"-d{seconds}s", "--latency", "-H", f"Authorization: Bearer {key}",
                "-H", "Content-Type: application/json"]
     if close:
         # Keep-alive off: every request on a new connection.
@@ -676,22 +682,188 @@ def isolation_section(f):
 ISOLATION_MARKER = "<!-- scenario 9, written by make bench -->"
 
 
-def write_isolation(args, figures):
-    """Replaces the isolation section (between its marker and the next) in the benchmarks page."""
-    section = isolation_section(figures)
+def write_section(args, marker, section):
+    """Replaces a section (between its marker and the next) in the benchmarks page; a new one goes before the
+    newest run's report."""
     text = open(args.out).read() if os.path.exists(args.out) else "# Benchmarks\n"
-    if ISOLATION_MARKER in text:
-        before, after = text.split(ISOLATION_MARKER, 1)
-        rest = after.split(ISOLATION_MARKER, 1)[1] if ISOLATION_MARKER in after else ""
-        text = before + ISOLATION_MARKER + "\n" + section + ISOLATION_MARKER + rest
+    if marker in text:
+        before, after = text.split(marker, 1)
+        rest = after.split(marker, 1)[1] if marker in after else ""
+        text = before + marker + "\n" + section + marker + rest
     else:
-        marker = "<!-- the newest run, written by make bench; older runs are in git -->"
-        head, tail = (text.split(marker, 1) + [""])[:2] if marker in text else (text, None)
-        block = ISOLATION_MARKER + "\n" + section + ISOLATION_MARKER + "\n\n"
-        text = head + block + (marker + tail if tail is not None else "")
+        newest = "<!-- the newest run, written by make bench; older runs are in git -->"
+        head, tail = (text.split(newest, 1) + [""])[:2] if newest in text else (text, None)
+        block = marker + "\n" + section + marker + "\n\n"
+        text = head + block + (newest + tail if tail is not None else "")
     with open(args.out, "w") as f_out:
         f_out.write(text)
     print(section)
+
+
+def write_isolation(args, figures):
+    write_section(args, ISOLATION_MARKER, isolation_section(figures))
+
+
+APPENDS_MARKER = "<!-- scenario 10, written by make bench -->"
+APPEND_SQL = "SELECT country, count(*) AS events, round(sum(revenue), 2) AS revenue FROM {table} GROUP BY country ORDER BY country"
+COUNTRIES = ("DE", "FR", "US", "GB", "IT", "ES", "NL", "PL")
+
+
+def append_rows(first, count):
+    """`count` NDJSON events from id `first`."""
+    return "".join(
+        json.dumps({"id": i, "country": COUNTRIES[i % len(COUNTRIES)], "browser": "Edge" if i % 3 else "Firefox",
+                    "revenue": round((i % 1000) * 0.37, 2), "at": f"2026-03-{1 + i % 28:02d}T{i % 24:02d}:00:00"})
+        + "\n" for i in range(first, first + count))
+
+
+def post_script(path, body):
+    """A wrk script that POSTs `body` as NDJSON."""
+    with open(path, "w") as f:
+        f.write('wrk.method = "POST"\n')
+        f.write(f"wrk.body = {json.dumps(body)}\n")
+        f.write('wrk.headers["Content-Type"] = "application/x-ndjson"\n')
+    return path
+
+
+def put_rows(app, key, table, body, content_type="application/x-ndjson"):
+    req = urllib.request.Request(f"{app.base}/api/projects/1/tables/{table}", data=body.encode(), method="PUT")
+    req.add_header("Authorization", f"Bearer {key}")
+    req.add_header("Content-Type", content_type)
+    with urllib.request.urlopen(req, timeout=600) as response:
+        return json.loads(response.read())
+
+
+def table_record(app, key, table):
+    req = urllib.request.Request(f"{app.base}/api/projects/1/tables/{table}")
+    req.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(req, timeout=60) as response:
+        return json.loads(response.read())
+
+
+# DuckDB's side of scenario 10: the same NDJSON rows to Parquet in process; argv = source, target, rounds.
+DUCKDB_COPY_NDJSON = """
+import duckdb, json, statistics, sys, time
+source, target, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+runs = []
+for _ in range(rounds):
+    con = duckdb.connect()
+    t = time.perf_counter()
+    con.sql(f"COPY (SELECT * FROM read_json('{source}', format = 'newline_delimited')) TO '{target}' (FORMAT parquet)")
+    runs.append((time.perf_counter() - t) * 1000)
+    con.close()
+print(json.dumps({"median_ms": statistics.median(runs)}))
+"""
+
+
+def appends(args, root):
+    """Scenario 10: streaming appends, their throughput by connections, and a table after many of them."""
+    data_dir = os.path.join(root, "appends")
+    os.makedirs(data_dir)
+    app = Endpoints(args.bin_dir, data_dir)
+    app.cli("migrate")
+    app.cli("project", "create", "--name", "stream")
+    key = app.cli("key", "create", "--project", "1", "--scope", "endpoint:write", "--scope", "table:write")["key"]
+    app.key = key
+    app.start("--materialize-workers", "0")
+    figures = {"rounds": args.rounds}
+    put_rows(app, key, "stream", append_rows(0, 5))
+    put_rows(app, key, "batches", append_rows(0, 5))
+    small = post_script(os.path.join(root, "append-5.lua"), append_rows(5, 5))
+    big = post_script(os.path.join(root, "append-500.lua"), append_rows(5, 500))
+    stream_url = f"{app.base}/api/projects/1/tables/stream/rows"
+    seconds = max(args.seconds, 5)
+    figures["one"] = wrk_rounds(stream_url, key, seconds, args.rounds, connections=1, script=small)
+    figures["sixteen"] = wrk_rounds(stream_url, key, seconds, args.rounds, connections=16, script=small)
+    log(f"appends of 5 rows: {figures['one']['rps']:.0f}/s from 1 connection (p99 {figures['one']['p99']:.1f} ms), "
+        f"{figures['sixteen']['rps']:.0f}/s from 16 (p99 {figures['sixteen']['p99']:.1f} ms)")
+    batches = wrk_rounds(f"{app.base}/api/projects/1/tables/batches/rows", key, seconds, args.rounds,
+                         connections=16, script=big)
+    figures["batch_rows_per_s"] = batches["rps"] * 500
+    figures["batch_p99"] = batches["p99"]
+    if args.duckdb_python:
+        source = os.path.join(root, "batch.ndjson")
+        with open(source, "w") as f:
+            for n in range(200):
+                f.write(append_rows(n * 500, 500))
+        out = subprocess.run([args.duckdb_python, "-c", DUCKDB_COPY_NDJSON, source, os.path.join(root, "batch.parquet"),
+                              str(max(args.rounds, 3))], check=True, capture_output=True, text=True).stdout
+        figures["duckdb_rows_per_s"] = 100_000 / (json.loads(out.strip().splitlines()[-1])["median_ms"] / 1000)
+    log(f"appends of 500 rows from 16 connections: {figures['batch_rows_per_s']:,.0f} rows/s"
+        + (f" against DuckDB's COPY {figures['duckdb_rows_per_s']:,.0f} rows/s" if "duckdb_rows_per_s" in figures else ""))
+
+    # At least 10,000 small appends in all, then compaction, then the table against the same rows written at once.
+    for _ in range(20):
+        appended = table_record(app, key, "stream")["row_count"] // 5 - 1
+        if appended >= 10_000:
+            break
+        wrk(stream_url, key, seconds, connections=16, script=small)
+    figures["appends"] = appended
+    deadline = time.time() + 60
+    record = table_record(app, key, "stream")
+    while time.time() < deadline:
+        time.sleep(1)
+        record = table_record(app, key, "stream")
+        if record["files"] <= 16:
+            break
+    figures["files"], figures["rows"] = record["files"], record["row_count"]
+    app.request("POST", "/api/projects/1/endpoints/", {"name": "all-stream", "query": {"kind": "SQLQuery", "query": "SELECT * FROM stream"}})
+    csv_rows = urllib.request.Request(f"{app.base}/api/projects/1/endpoints/all-stream/run?refresh=direct&format=csv&limit={record['row_count']}")
+    csv_rows.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(csv_rows, timeout=600) as response:
+        put_rows(app, key, "stream_once", response.read().decode(), "text/csv")
+    for table in ("stream", "stream_once"):
+        app.request("POST", "/api/projects/1/endpoints/", {"name": f"by-country-{table.replace('_', '-')}",
+                    "cache_age_seconds": 0, "query": {"kind": "SQLQuery", "query": APPEND_SQL.format(table=table)}})
+    streamed_path = "/api/projects/1/endpoints/by-country-stream/run?refresh=direct"
+    once_path = "/api/projects/1/endpoints/by-country-stream-once/run?refresh=direct"
+    app.timed(streamed_path, 3)
+    app.timed(once_path, 3)
+    streamed, answers = [], []
+    once = []
+    for _ in range(3):
+        ms, got = app.timed(streamed_path, 10)
+        streamed.append(ms)
+        answers.append(got[0]["results"])
+        once.append(app.timed(once_path, 10)[0])
+    _, expected = app.timed(once_path, 1)
+    assert same_rows(answers[0], expected[0]["results"]), "the streamed table answers as the one written at once"
+    figures["streamed_ms"], figures["once_ms"] = statistics.median(streamed), statistics.median(once)
+    log(f"after {appended:,} appends: {figures['files']} files, a live GROUP BY {figures['streamed_ms']:.1f} ms "
+        f"against {figures['once_ms']:.1f} ms over the same rows written at once")
+    app.stop()
+    return figures
+
+
+def appends_section(f):
+    one, sixteen = f["one"], f["sixteen"]
+    scale = sixteen["rps"] / one["rps"]
+    live = f["streamed_ms"] / f["once_ms"]
+    duckdb = f.get("duckdb_rows_per_s")
+    batch_ratio = f["batch_rows_per_s"] / duckdb if duckdb else None
+    lines = [
+        f"**Streaming appends** (scenario 10, {datetime.date.today().isoformat()}; release build, local storage, "
+        f"SQLite, wrk posting NDJSON bodies to one table; each figure the median of {f['rounds']} rounds).",
+        "",
+        "| Measure | Figure | Baseline | Ratio | Target |",
+        "|---|---|---|---|---|",
+        f"| 5-row appends, 16 connections | {sixteen['rps']:,.0f}/s (p50 {sixteen['p50']:.1f} ms, p99 "
+        f"{sixteen['p99']:.1f} ms) | 1 connection: {one['rps']:,.0f}/s (p99 {one['p99']:.1f} ms) | {scale:.1f}x | "
+        f">= 1,000/s: {check(sixteen['rps'] >= 1000)}; p99 < 50 ms: {check(sixteen['p99'] < 50)}; >= 8x: "
+        f"{check(scale >= 8)} |",
+        f"| 500-row appends, 16 connections | {f['batch_rows_per_s']:,.0f} rows/s (p99 {f['batch_p99']:.1f} ms) | "
+        + (f"DuckDB `COPY` of the same NDJSON rows to Parquet in process: {duckdb:,.0f} rows/s | {batch_ratio:.2f}x | "
+           f">= 0.5x: {check(batch_ratio >= 0.5)} |" if duckdb else "(no DuckDB) | | |"),
+        f"| after {f['appends']:,} small appends and compaction | {f['files']} files ({f['rows']:,} rows); a live "
+        f"GROUP BY {f['streamed_ms']:.1f} ms | the same rows written at once: {f['once_ms']:.1f} ms | {live:.2f}x | "
+        f"<= 64 files: {check(f['files'] <= 64)}; <= 1.2x: {check(live <= 1.2)} |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_appends(args, figures):
+    write_section(args, APPENDS_MARKER, appends_section(figures))
 
 
 def machine():
@@ -731,13 +903,16 @@ def main():
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
     parser.add_argument("--duckdb-python", default=None)
     parser.add_argument("--out", default="docs/benchmarks.md")
-    parser.add_argument("--only", choices=["isolation"], default=None)
+    parser.add_argument("--only", choices=["isolation", "appends"], default=None)
     args = parser.parse_args()
     began = time.perf_counter()
     root = tempfile.mkdtemp(prefix="endpoints-bench-", dir=os.path.abspath("target"))
-    if args.only == "isolation":
+    if args.only:
         try:
-            write_isolation(args, isolation(args, root))
+            if args.only == "isolation":
+                write_isolation(args, isolation(args, root))
+            else:
+                write_appends(args, appends(args, root))
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return
@@ -897,6 +1072,7 @@ def main():
                                                    args.seconds, args.rounds)
             log(f"CRUD on {name}: " + ", ".join(f"{k} {v['rps']:.0f}/s" for k, v in figures["crud"][name].items()))
         isolated = isolation(args, root)
+        streamed = appends(args, root)
     finally:
         for app in list(locals().get("apps", {}).values()) + list(locals().get("backends", {}).values()):
             app.stop()
@@ -904,6 +1080,7 @@ def main():
     figures["seconds"] = time.perf_counter() - began
     write_report(args, figures)
     write_isolation(args, isolated)
+    write_appends(args, streamed)
 
 
 def write_report(args, f):

@@ -79,6 +79,7 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
         changes: changes.clone(),
         keys: Arc::new(domain::MockAppendKeys::new()),
         clock: clock.clone(),
+        append_in_flight: domain::APPEND_IN_FLIGHT,
     });
     let endpoints = EndpointService::new(EndpointDeps {
         store,

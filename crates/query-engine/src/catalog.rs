@@ -1,19 +1,22 @@
 //! A project's tables: one DataFusion session per request, holding only that project's tables.
 //!
 //! A table is `projects/{id}/tables/{table}/` in the storage. Its rows are the Parquet files of the version
-//! its `_current` object names (`v-{uuid}/`), so a replace becomes visible at once, by one write of that
-//! object, on a local disk and on S3 alike. A table without `_current` (written before versions existed) is
-//! the Parquet files directly under its prefix.
+//! its `_current` object names (`v-{uuid}/`), and the full files compactions wrote (`full/`) that the same
+//! object lists, so a replace or a compaction becomes visible at once, by one write of that object, on a local
+//! disk and on S3 alike. A table without `_current` (written before versions existed) is the Parquet files
+//! directly under its prefix.
 
 use std::sync::Arc;
 
 use datafusion::common::TableReference;
+use datafusion::datasource::file_format::options::ReadOptions;
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::ParquetReadOptions;
 use domain::{EngineError, ExternalSource, ProjectId};
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectStoreExt;
+use object_store::{ObjectMeta, ObjectStoreExt};
 
 use crate::sources::Unreadable;
 use crate::storage::{unavailable, Storage};
@@ -21,6 +24,10 @@ use crate::storage::{unavailable, Storage};
 /// The object naming a table's current version on its first line, and on its second, when it has one, when the
 /// table was first written (RFC 3339; replaces carry it over).
 pub(crate) const CURRENT: &str = "_current";
+
+/// The directory of a table's full files: written by compactions, part of the table once `_current` lists
+/// them, and never rewritten or copied by later compactions.
+pub(crate) const FULL: &str = "full";
 
 /// A table a project can query.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +73,14 @@ pub(crate) struct Pointer {
     pub(crate) target: TableContents,
     /// When the table was first written; `None` for a pointer written before this was kept.
     pub(crate) created: Option<domain::Timestamp>,
+    /// For a version: the names of the full files (in `full/`) that hold rows of the table besides the
+    /// version's own, one per line after the creation time.
+    pub(crate) full: Vec<String>,
+}
+
+/// A full file's name as a pointer lists it: a Parquet file's name, never a path.
+fn is_full_file_name(name: &str) -> bool {
+    name.ends_with(".parquet") && !name.contains('/') && !name.starts_with('.')
 }
 
 /// Where a table's rows are.
@@ -119,6 +134,14 @@ impl Pointer {
         let created =
             self.created.and_then(|at| at.format(&time::format_description::well_known::Rfc3339).ok());
         match (&self.target, created) {
+            (TableContents::Version(version), created) if !self.full.is_empty() => {
+                let mut text = format!("{version}\n{}\n", created.as_deref().unwrap_or(""));
+                for name in &self.full {
+                    text.push_str(name);
+                    text.push('\n');
+                }
+                text
+            }
             (TableContents::Version(version), Some(created)) => format!("{version}\n{created}\n"),
             (TableContents::Version(version), None) => version.clone(),
             (TableContents::Source(source), created) => {
@@ -136,15 +159,22 @@ impl Pointer {
         let created = lines.next().and_then(|line| {
             domain::Timestamp::parse(line, &time::format_description::well_known::Rfc3339).ok()
         });
+        let mut full = Vec::new();
         let target = if first == EXTERNAL {
             let record: SourceRecord = serde_json::from_str(lines.next()?).ok()?;
             TableContents::Source(record.source()?)
         } else if is_version_name(first) {
+            for name in lines.filter(|line| !line.is_empty()) {
+                if !is_full_file_name(name) {
+                    return None;
+                }
+                full.push(name.to_owned());
+            }
             TableContents::Version(first.to_owned())
         } else {
             return None;
         };
-        Some(Self { target, created })
+        Some(Self { target, created, full })
     }
 }
 
@@ -177,22 +207,60 @@ pub(crate) async fn current_version(
 /// Where a table's rows are now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Current {
-    /// The prefix holding its current files.
-    Files(ObjectPath),
+    Files(TableVersion),
     External(ExternalSource),
+}
+
+/// The files of a table's current version: those under its directory, and the full files its pointer lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableVersion {
+    pub(crate) dir: ObjectPath,
+    pub(crate) full: Vec<ObjectPath>,
+}
+
+impl TableVersion {
+    /// The version's name (`v-{uuid}`), `None` for a table written before versions existed.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.dir.filename().filter(|name| is_version_name(name))
+    }
+
+    /// Its Parquet files: the directory's, then the full files.
+    pub(crate) async fn files(&self, storage: &Storage) -> Result<Vec<ObjectMeta>, object_store::Error> {
+        let mut files: Vec<ObjectMeta> =
+            storage.objects(&self.dir).await?.into_iter().filter(|o| is_parquet(&o.location)).collect();
+        files.extend(self.full_files(storage).await?);
+        Ok(files)
+    }
+
+    /// Its full files, with their sizes and times (one listing of `full/`).
+    pub(crate) async fn full_files(&self, storage: &Storage) -> Result<Vec<ObjectMeta>, object_store::Error> {
+        let Some(first) = self.full.first() else { return Ok(Vec::new()) };
+        let parts: Vec<_> = first.parts().collect();
+        let dir = ObjectPath::from_iter(parts[..parts.len().saturating_sub(1)].iter().cloned());
+        let listed = storage.objects(&dir).await?;
+        Ok(listed.into_iter().filter(|o| self.full.contains(&o.location)).collect())
+    }
 }
 
 /// Where a table's rows are, or `None` when there is no such table.
 pub(crate) async fn current(storage: &Storage, table: &ObjectPath) -> Result<Option<Current>, EngineError> {
-    match pointer(storage, table).await?.map(|p| p.target) {
-        Some(TableContents::Version(version)) => {
-            return Ok(Some(Current::Files(table.clone().join(version.as_str()))))
+    match pointer(storage, table).await? {
+        Some(Pointer { target: TableContents::Version(version), full, .. }) => {
+            let dir = table.clone().join(version.as_str());
+            let full = full.iter().map(|name| table.clone().join(FULL).join(name.as_str())).collect();
+            return Ok(Some(Current::Files(TableVersion { dir, full })));
         }
-        Some(TableContents::Source(source)) => return Ok(Some(Current::External(source))),
+        Some(Pointer { target: TableContents::Source(source), .. }) => {
+            return Ok(Some(Current::External(source)))
+        }
         None => {}
     }
     let legacy = storage.objects(table).await.map_err(unavailable)?;
-    Ok(legacy.iter().any(|o| is_parquet(&o.location)).then(|| Current::Files(table.clone())))
+    let dir = table.clone();
+    Ok(legacy
+        .iter()
+        .any(|o| is_parquet(&o.location))
+        .then(|| Current::Files(TableVersion { dir, full: Vec::new() })))
 }
 
 /// Each table of the project, by name, with where its rows are.
@@ -221,17 +289,11 @@ pub(crate) async fn describe_tables(
     let mut described = Vec::new();
     for (name, current) in list_tables(storage, project).await? {
         let info = match current {
-            Current::Files(files) => {
-                let parquet: Vec<_> = storage
-                    .objects(&files)
-                    .await
-                    .map_err(unavailable)?
-                    .into_iter()
-                    .filter(|o| is_parquet(&o.location))
-                    .collect();
+            Current::Files(version) => {
+                let parquet = version.files(storage).await.map_err(unavailable)?;
                 TableFiles {
                     name,
-                    location: format!("{}/{files}/", storage.location()),
+                    location: format!("{}/{}/", storage.location(), version.dir),
                     files: parquet.len() as u64,
                     bytes: parquet.iter().map(|o| o.size).sum(),
                 }
@@ -341,10 +403,32 @@ pub(crate) async fn register(
     current: &Current,
 ) -> Result<(), EngineError> {
     match current {
-        Current::Files(files) => {
+        Current::Files(version) if version.full.is_empty() => {
             let table = TableReference::bare(name);
-            ctx.register_parquet(table, storage.url_of(files), ParquetReadOptions::default())
+            ctx.register_parquet(table, storage.url_of(&version.dir), ParquetReadOptions::default())
                 .await
+                .map_err(crate::execute::storage_error)
+        }
+        // The version's directory and each full file: one table of several paths, read as a directory is.
+        Current::Files(version) => {
+            let mut urls = vec![storage.url_of(&version.dir)];
+            urls.extend(version.full.iter().map(|file| storage.url_of_object(file)));
+            let paths = urls
+                .iter()
+                .map(ListingTableUrl::parse)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(crate::execute::storage_error)?;
+            let state = ctx.state();
+            let options = ParquetReadOptions::default()
+                .to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
+            let config = ListingTableConfig::new_with_multi_paths(paths)
+                .with_listing_options(options)
+                .infer_schema(&state)
+                .await
+                .map_err(crate::execute::storage_error)?;
+            let table = ListingTable::try_new(config).map_err(crate::execute::storage_error)?;
+            ctx.register_table(TableReference::bare(name), Arc::new(table))
+                .map(|_| ())
                 .map_err(crate::execute::storage_error)
         }
         Current::External(source) => storage

@@ -34,7 +34,8 @@ use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
 use uuid::Uuid;
 
 use crate::catalog::{
-    current_version, is_parquet, is_version_name, pointer, table_prefix, Pointer, TableContents, CURRENT,
+    current, current_version, is_parquet, is_version_name, pointer, table_prefix, Current, Pointer,
+    TableContents, CURRENT, FULL,
 };
 use crate::imports::{store_error, tagged_appends, ImportError, TableWriter, TaggedAppend};
 use crate::storage::{unavailable, Storage};
@@ -144,6 +145,10 @@ pub(crate) async fn settle(
 
 /// Compacts a table if its current version has [`MIN_SMALL_FILES`] small files; `None` when there was nothing
 /// to do. The caller holds the table's lease; `lock` is this process's lock of the table, held for the switch.
+///
+/// The small files are merged; merged files of [`FULL_FILE_ROWS`] rows or more, and files appended that full,
+/// become full files (`full/`, listed by the pointer) that no later compaction reads or copies again. The new
+/// version's directory holds the rest: the last merged file if it is small, and the files no merge may take.
 pub(crate) async fn compact(
     storage: &Storage,
     rows: &FileRows,
@@ -152,18 +157,20 @@ pub(crate) async fn compact(
     keep: &HashSet<Uuid>,
 ) -> Result<Option<Compaction>, EngineError> {
     let prefix = table_prefix(project, table);
-    let Some(Pointer { target: TableContents::Version(base), created }) = pointer(storage, &prefix).await?
+    let Some(Pointer { target: TableContents::Version(base), created, full }) =
+        pointer(storage, &prefix).await?
     else {
         // A table of files written before versions existed, a source read where it is, or no table.
         return Ok(None);
     };
-    remove_replaced(storage, &prefix, &base).await;
+    remove_replaced(storage, &prefix, &base, &full).await;
     let version = prefix.clone().join(base.as_str());
     recover(storage, &prefix, &version).await?;
     let before = parquet(storage, &version).await?;
-    let mut small = Vec::new();
+    let (mut small, mut whole) = (Vec::new(), Vec::new());
     for meta in &before {
         if rows_of(storage.store().as_ref(), meta, Some(rows)).await? >= FULL_FILE_ROWS {
+            whole.push(meta.location.clone());
             continue;
         }
         // A file with rows of an append not answered yet keeps its name, so that a retry finds them.
@@ -177,11 +184,40 @@ pub(crate) async fn compact(
     }
     let next = format!("v-{}", Uuid::new_v4());
     let target = prefix.clone().join(next.as_str());
-    let merged = match merge(storage, &small, &target).await {
+    let full_dir = prefix.clone().join(FULL);
+    let mut written = Vec::new();
+    let merged = async {
+        let merged = merge(storage, &small, &target)
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string().into()))?;
+        // Full files leave the version for good: merged ones now, appended ones by name.
+        let mut promoted = Vec::new();
+        for (file, file_rows) in &merged.files {
+            let Some(name) = file.filename() else { continue };
+            if *file_rows >= FULL_FILE_ROWS {
+                let to = full_dir.clone().join(name);
+                storage.store().copy(file, &to).await.map_err(unavailable)?;
+                written.push(to);
+                storage.delete(vec![file.clone()]).await.map_err(unavailable)?;
+                promoted.push(name.to_owned());
+            }
+        }
+        for file in &whole {
+            let Some(name) = file.filename() else { continue };
+            let to = full_dir.clone().join(name);
+            storage.store().copy(file, &to).await.map_err(unavailable)?;
+            written.push(to);
+            promoted.push(name.to_owned());
+        }
+        Ok::<_, EngineError>((merged, promoted))
+    }
+    .await;
+    let (merged, promoted) = match merged {
         Ok(merged) => merged,
         Err(err) => {
             discard(storage, &target).await;
-            return Err(EngineError::Unavailable(err.to_string().into()));
+            discard_files(storage, written).await;
+            return Err(err);
         }
     };
     let now = domain::Clock::now(&domain::SystemClock);
@@ -190,10 +226,10 @@ pub(crate) async fn compact(
         put(storage, &target.clone().join(COMPACTED), format!("{stamp}\n{base}\n")).await?;
         let _held = lock.lock().await;
         put(storage, &version.clone().join(SEALED), format!("{next}\n")).await?;
-        let merged_away: HashSet<&ObjectPath> = small.iter().collect();
+        let gone: HashSet<&ObjectPath> = small.iter().chain(&whole).collect();
         let mut kept = 0_u64;
         for meta in parquet(storage, &version).await? {
-            if merged_away.contains(&meta.location) {
+            if gone.contains(&meta.location) {
                 continue;
             }
             let Some(name) = meta.location.filename() else { continue };
@@ -204,20 +240,23 @@ pub(crate) async fn compact(
         if current_version(storage, &prefix).await?.as_deref() != Some(base.as_str()) {
             return Ok(None);
         }
-        let text = Pointer { target: TableContents::Version(next.clone()), created }.text();
+        let full: Vec<String> = full.iter().cloned().chain(promoted.iter().cloned()).collect();
+        let files = full.len() as u64;
+        let text = Pointer { target: TableContents::Version(next.clone()), created, full }.text();
         storage
             .store()
             .put(&prefix.clone().join(CURRENT), PutPayload::from(text))
             .await
             .map_err(unavailable)?;
-        Ok::<_, EngineError>(Some(kept))
+        Ok::<_, EngineError>(Some(files + kept))
     }
     .await;
     match switched {
         Ok(Some(kept)) => {
+            let small_merged = merged.files.iter().filter(|(_, rows)| *rows < FULL_FILE_ROWS).count() as u64;
             let done = Compaction {
-                files_before: before.len() as u64,
-                files_after: merged.files + kept,
+                files_before: before.len() as u64 + full.len() as u64,
+                files_after: small_merged + kept,
                 files_merged: small.len() as u64,
                 rows_merged: merged.rows,
             };
@@ -226,16 +265,24 @@ pub(crate) async fn compact(
         }
         Ok(None) => {
             discard(storage, &target).await;
+            discard_files(storage, written).await;
             Ok(None)
         }
         Err(err) => {
             // Sealed but not switched: unseal, so that appends waiting for the switch go on.
             discard(storage, &target).await;
+            discard_files(storage, written).await;
             if let Err(unseal) = storage.delete(vec![version.clone().join(SEALED)]).await {
                 tracing::warn!(%project, table, error = %unseal, "cannot unseal a table after a failed compaction");
             }
             Err(err)
         }
+    }
+}
+
+async fn discard_files(storage: &Storage, files: Vec<ObjectPath>) {
+    if let Err(err) = storage.delete(files).await {
+        tracing::warn!(error = %err, "cannot remove an unfinished compaction's full files");
     }
 }
 
@@ -272,9 +319,10 @@ async fn recover(storage: &Storage, prefix: &ObjectPath, version: &ObjectPath) -
     storage.delete(vec![version.clone().join(SEALED)]).await.map_err(unavailable)
 }
 
-/// Removes the versions compactions replaced, and the ones they wrote but never switched to, once [`GRACE`] has
-/// passed since; a version a replace or an import is writing has neither mark and is left to it.
-async fn remove_replaced(storage: &Storage, prefix: &ObjectPath, current: &str) {
+/// Removes the versions compactions replaced, the ones they wrote but never switched to, and full files no
+/// pointer lists (a compaction that stopped before its switch wrote them), once [`GRACE`] has passed since; a
+/// version a replace or an import is writing has no mark and is left to it.
+async fn remove_replaced(storage: &Storage, prefix: &ObjectPath, current: &str, full: &[String]) {
     let Ok(children) = storage.children(prefix).await else { return };
     let now = domain::Clock::now(&domain::SystemClock);
     for child in children.into_iter().filter(|c| c != current && is_version_name(c)) {
@@ -287,11 +335,21 @@ async fn remove_replaced(storage: &Storage, prefix: &ObjectPath, current: &str) 
             }
         }
     }
+    let Ok(written) = storage.objects(&prefix.clone().join(FULL)).await else { return };
+    let orphans: Vec<ObjectPath> = written
+        .into_iter()
+        .filter(|o| o.location.filename().is_some_and(|name| !full.iter().any(|f| f == name)))
+        .filter(|o| now - instant(o) > GRACE)
+        .map(|o| o.location)
+        .collect();
+    if !orphans.is_empty() {
+        discard_files(storage, orphans).await;
+    }
 }
 
-/// What merging wrote.
+/// What merging wrote: each file and its rows.
 struct Merged {
-    files: u64,
+    files: Vec<(ObjectPath, u64)>,
     rows: u64,
 }
 
@@ -305,27 +363,30 @@ async fn merge(storage: &Storage, small: &[ObjectPath], target: &ObjectPath) -> 
         .map_err(|e| ImportError::Write(crate::message(&e)))?;
     let schema = Arc::new(frame.schema().as_arrow().clone());
     let mut stream = frame.execute_stream().await.map_err(|e| ImportError::Write(crate::message(&e)))?;
-    let mut merged = Merged { files: 0, rows: 0 };
-    let mut writer: Option<TableWriter> = None;
+    let mut merged = Merged { files: Vec::new(), rows: 0 };
+    let mut writer: Option<(ObjectPath, TableWriter)> = None;
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(|e| ImportError::Write(crate::message(&e)))?;
-        let open = match writer.as_mut() {
+        let (_, open) = match writer.as_mut() {
             Some(open) => open,
             None => {
                 let path = target.clone().join(format!("part-{}-0.parquet", Uuid::new_v4()));
-                merged.files += 1;
-                writer.insert(TableWriter::create(storage, path, Arc::clone(&schema))?)
+                let opened = TableWriter::create(storage, path.clone(), Arc::clone(&schema))?;
+                writer.insert((path, opened))
             }
         };
-        let rows = open.write(&batch).await?;
-        if rows >= MERGED_FILE_ROWS {
-            if let Some(full) = writer.take() {
-                merged.rows += full.close().await?;
+        if open.write(&batch).await? >= MERGED_FILE_ROWS {
+            if let Some((path, full)) = writer.take() {
+                let rows = full.close().await?;
+                merged.rows += rows;
+                merged.files.push((path, rows));
             }
         }
     }
-    if let Some(last) = writer {
-        merged.rows += last.close().await?;
+    if let Some((path, last)) = writer {
+        let rows = last.close().await?;
+        merged.rows += rows;
+        merged.files.push((path, rows));
     }
     Ok(merged)
 }
@@ -345,8 +406,8 @@ pub(crate) async fn find_tagged(
     write_id: Uuid,
 ) -> Result<Option<TaggedAppend>, EngineError> {
     let prefix = table_prefix(project, table);
-    let Some(version) = current_version(storage, &prefix).await? else { return Ok(None) };
-    for meta in parquet(storage, &prefix.clone().join(version.as_str())).await? {
+    let Some(Current::Files(version)) = current(storage, &prefix).await? else { return Ok(None) };
+    for meta in version.files(storage).await.map_err(unavailable)? {
         if let Some(found) = appends_in(storage, &meta).await?.into_iter().find(|a| a.write_id == write_id) {
             return Ok(Some(found));
         }

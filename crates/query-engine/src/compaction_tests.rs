@@ -277,3 +277,51 @@ async fn a_tagged_append_is_found_by_its_write_id_until_a_compaction_not_told_to
     assert!(engine.holds(project(), &events(), merged).await.unwrap().is_none());
     assert_eq!(counts(&engine).await, (140_011 + MIN_SMALL_FILES as u64, 140_011 + MIN_SMALL_FILES as u64));
 }
+
+#[tokio::test]
+async fn full_files_leave_the_version_once_and_later_compactions_never_copy_them() {
+    let (engine, _, dir) = two_nodes();
+    engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
+    // A big append (a full file as written) and small ones.
+    let big = Upload { limit_bytes: 1 << 30, ..upload(WriteMode::Append, ids(5, 140_000)) };
+    engine.write(project(), &events(), big).await.unwrap();
+    let mut next = 140_005;
+    let mut small_appends = |engine: Arc<DataFusionEngine>, count: u64| {
+        let first = next;
+        next += count;
+        async move {
+            for id in first..first + count {
+                engine.write(project(), &events(), upload(WriteMode::Append, ids(id, 1))).await.unwrap();
+            }
+        }
+    };
+    small_appends(Arc::clone(&engine), MIN_SMALL_FILES as u64).await;
+    engine.compact(project(), &events(), Vec::new()).await.unwrap().expect("compacted");
+    let full_dir = table_dir(&dir).join("full");
+    let full: Vec<_> = std::fs::read_dir(&full_dir).unwrap().flatten().map(|f| f.path()).collect();
+    assert_eq!(full.len(), 1, "the big file is a full file: {full:?}");
+    let pointer = std::fs::read_to_string(table_dir(&dir).join("_current")).unwrap();
+    assert!(pointer.contains(full[0].file_name().unwrap().to_str().unwrap()), "{pointer}");
+    assert_eq!(parquet_in(&current(&dir)), 1, "the version holds the merged small files only");
+    let record = engine.get(project(), &events()).await.unwrap().unwrap();
+    assert_eq!((record.files, record.row_count), (Some(2), Some(140_005 + MIN_SMALL_FILES as u64)));
+    assert_eq!(counts(&engine).await, (140_005 + MIN_SMALL_FILES as u64, 140_005 + MIN_SMALL_FILES as u64));
+
+    // Another round: the full file is neither merged nor copied; appends still land in the version.
+    let modified = std::fs::metadata(&full[0]).unwrap().modified().unwrap();
+    small_appends(Arc::clone(&engine), MIN_SMALL_FILES as u64).await;
+    let done = engine.compact(project(), &events(), Vec::new()).await.unwrap().expect("compacted again");
+    assert_eq!(done.files_merged, 1 + MIN_SMALL_FILES as u64, "{done:?}");
+    assert_eq!(std::fs::read_dir(&full_dir).unwrap().count(), 1);
+    assert_eq!(std::fs::metadata(&full[0]).unwrap().modified().unwrap(), modified);
+    assert_eq!(parquet_in(&current(&dir)), 1);
+    let total = 140_005 + 2 * MIN_SMALL_FILES as u64;
+    assert_eq!(counts(&engine).await, (total, total));
+    let found = engine.get(project(), &events()).await.unwrap().unwrap();
+    assert_eq!((found.files, found.row_count), (Some(2), Some(total)));
+
+    // A replace takes the table whole: the full files go with the rest.
+    engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 2))).await.unwrap();
+    assert_eq!(counts(&engine).await, (2, 2));
+    assert!(!full_dir.exists(), "a replace removes the full files");
+}

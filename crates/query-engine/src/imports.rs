@@ -11,6 +11,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::file_format::options::JsonReadOptions;
+use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::Compression;
@@ -24,7 +25,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::catalog::{
-    current, is_parquet, is_table_name, pointer, table_prefix, Current, Pointer, TableContents, CURRENT,
+    current, is_parquet, is_table_name, pointer, table_prefix, Current, Pointer, TableContents, TableVersion,
+    CURRENT,
 };
 use crate::compaction::{settle, Settled};
 use crate::storage::Storage;
@@ -236,13 +238,35 @@ pub(crate) fn cast_to(
 async fn existing_schema(
     storage: &Storage,
     ctx: &SessionContext,
-    files: &ObjectPath,
+    version: &TableVersion,
 ) -> Result<SchemaRef, ImportError> {
-    let frame = ctx
-        .read_parquet(storage.url_of(files), ParquetReadOptions::default())
-        .await
-        .map_err(|e| ImportError::Read { path: PathBuf::from(files.as_ref()), reason: crate::message(&e) })?;
-    Ok(Arc::new(frame.schema().as_arrow().clone()))
+    if let Some(known) = storage.version_schemas().get(&version.dir) {
+        return Ok(known);
+    }
+    let listed = storage.objects(&version.dir).await.map_err(store_error)?;
+    let mut first = listed.into_iter().find(|o| is_parquet(&o.location));
+    if first.is_none() {
+        if let Some(full) = version.full.first() {
+            first = Some(storage.store().head(full).await.map_err(store_error)?);
+        }
+    }
+    let schema = match first {
+        Some(first) => {
+            let footer = DFParquetMetadata::new(storage.store().as_ref(), &first);
+            Arc::new(footer.fetch_schema().await.map_err(|e| ImportError::Write(e.to_string()))?)
+        }
+        // No file to read the columns from: the engine says why as it would for a run.
+        None => {
+            let files = &version.dir;
+            let frame =
+                ctx.read_parquet(storage.url_of(files), ParquetReadOptions::default()).await.map_err(
+                    |e| ImportError::Read { path: PathBuf::from(files.as_ref()), reason: crate::message(&e) },
+                )?;
+            Arc::new(frame.schema().as_arrow().clone())
+        }
+    };
+    storage.version_schemas().insert(version.dir.clone(), Arc::clone(&schema));
+    Ok(schema)
 }
 
 /// The columns of a table of files; `None` when there is no such table.
@@ -256,7 +280,7 @@ pub(crate) async fn table_schema(
         .await
         .map_err(|e| StagedError::Write(e.to_string()))?
     {
-        Some(Current::Files(files)) => existing_schema(storage, &ctx, &files)
+        Some(Current::Files(version)) => existing_schema(storage, &ctx, &version)
             .await
             .map(Some)
             .map_err(|e| StagedError::Write(e.to_string())),
@@ -316,14 +340,14 @@ impl Destination {
         let existing = current(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?;
         if mode == ImportMode::Append {
             match &existing {
-                Some(Current::Files(files)) => {
-                    let schema = existing_schema(storage, ctx, files).await?;
-                    // The version these files are, from the same read of the pointer: a compaction may switch
+                Some(Current::Files(version)) => {
+                    let schema = existing_schema(storage, ctx, version).await?;
+                    // The version these files join, from the same read of the pointer: a compaction may switch
                     // the table at any time, and the files must be checked against the version they join.
-                    let base = (files != &prefix).then(|| files.filename().unwrap_or_default().to_owned());
+                    let base = version.name().map(str::to_owned);
                     let target = Self {
                         table: prefix,
-                        files: files.clone(),
+                        files: version.dir.clone(),
                         version: None,
                         written: Vec::new(),
                         base,
@@ -377,8 +401,12 @@ impl Destination {
     async fn publish(self, storage: &Storage) -> Result<(), ImportError> {
         let Some(version) = self.version else { return Ok(()) };
         let pointer = self.table.clone().join(CURRENT);
-        let text =
-            Pointer { target: TableContents::Version(version.clone()), created: self.created_at }.text();
+        let text = Pointer {
+            target: TableContents::Version(version.clone()),
+            created: self.created_at,
+            full: Vec::new(),
+        }
+        .text();
         storage.store().put(&pointer, PutPayload::from(text)).await.map_err(store_error)?;
         if let Err(err) = remove_versions(storage, &self.table, Some(&version)).await {
             // The table is already switched; the old files are removed by the next replace.

@@ -49,6 +49,16 @@ pub struct Storage {
     local_root: Option<PathBuf>,
     /// What else tables may read: external files and databases.
     sources: Arc<Sources>,
+    /// The columns of table versions read so far, by the version's prefix: a version's files all have the
+    /// columns of its first (an append must have them), so an append reads them once, not from every file.
+    schemas: VersionSchemas,
+}
+
+/// The columns of table versions, by prefix.
+pub(crate) type VersionSchemas = moka::sync::Cache<ObjectPath, datafusion::arrow::datatypes::SchemaRef>;
+
+fn version_schemas() -> VersionSchemas {
+    moka::sync::Cache::new(10_000)
 }
 
 impl Storage {
@@ -72,6 +82,7 @@ impl Storage {
             engine_store: None,
             local_root: Some(root),
             sources: Arc::default(),
+            schemas: version_schemas(),
         })
     }
 
@@ -111,6 +122,7 @@ impl Storage {
                     engine_store: Some(s3),
                     local_root: None,
                     sources: Arc::default(),
+                    schemas: version_schemas(),
                 })
             }
             _ => Err(StorageError::Unsupported(raw.into())),
@@ -130,6 +142,7 @@ impl Storage {
             engine_store: Some(store),
             local_root: None,
             sources: Arc::default(),
+            schemas: version_schemas(),
         }
     }
 
@@ -167,6 +180,10 @@ impl Storage {
 
     pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
+    }
+
+    pub(crate) fn version_schemas(&self) -> &VersionSchemas {
+        &self.schemas
     }
 
     /// The URL DataFusion reads the objects under `prefix` from (a directory-like URL, ending in `/`).

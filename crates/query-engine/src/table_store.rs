@@ -26,7 +26,7 @@ use tracing::instrument;
 
 use crate::catalog::{
     current, empty_session, is_parquet, list_tables, pointer, table_prefix, Current, Pointer, TableContents,
-    CURRENT,
+    TableVersion, CURRENT,
 };
 use crate::imports::{
     import_staged, remove_versions, table_schema, FileFormat, HeldBody, ImportMode, StagedError, TaggedAppend,
@@ -174,11 +174,12 @@ async fn describe(
     storage: &Storage,
     rows: &FileRows,
     name: TableName,
-    files: &ObjectPath,
+    version: &TableVersion,
 ) -> Result<TableInfo, EngineError> {
-    let prefix = table_prefix_of(files, &name);
-    let objects = storage.objects(files).await.map_err(unavailable)?;
-    let parquet: Vec<&ObjectMeta> = objects.iter().filter(|o| is_parquet(&o.location)).collect();
+    let prefix = table_prefix_of(&version.dir, &name);
+    let objects = storage.objects(&version.dir).await.map_err(unavailable)?;
+    let full = version.full_files(storage).await.map_err(unavailable)?;
+    let parquet: Vec<&ObjectMeta> = objects.iter().filter(|o| is_parquet(&o.location)).chain(&full).collect();
     let (columns, row_count) = footers(storage.store().as_ref(), &parquet, Some(rows)).await?;
     let markers = storage.objects(&prefix).await.map_err(unavailable)?;
     let marker = |name: &str| markers.iter().find(|o| o.location.filename() == Some(name)).map(instant);
@@ -332,7 +333,7 @@ async fn describe_current(
     current: Current,
 ) -> Result<TableInfo, EngineError> {
     match current {
-        Current::Files(files) => describe(storage, rows, name, &files).await,
+        Current::Files(version) => describe(storage, rows, name, &version).await,
         Current::External(source) => {
             let prefix = table_prefix(project, name.as_str());
             describe_external(storage, name, source, &prefix).await
@@ -362,7 +363,8 @@ async fn register_source(
     let created = current(storage, &prefix).await?.is_none();
     let created_at =
         previous.and_then(|p| p.created).unwrap_or_else(|| domain::Clock::now(&domain::SystemClock));
-    let text = Pointer { target: TableContents::Source(source), created: Some(created_at) }.text();
+    let text =
+        Pointer { target: TableContents::Source(source), created: Some(created_at), full: Vec::new() }.text();
     storage.store().put(&prefix.clone().join(CURRENT), PutPayload::from(text)).await.map_err(unavailable)?;
     if let Err(err) = remove_versions(storage, &prefix, None).await {
         // The table reads its source already; the old files go with the next write.

@@ -32,6 +32,8 @@ pub struct Config {
     pub lease: std::time::Duration,
     /// How often the tables this process appended to are compacted; `None` leaves it to other processes.
     pub compaction_interval: Option<std::time::Duration>,
+    /// How long an append under an `Idempotency-Key` may be in flight before a retry takes it for cut off.
+    pub append_in_flight: std::time::Duration,
     /// How long a key read from the database is trusted before it is read again.
     pub key_cache_ttl: std::time::Duration,
     /// How long a client has to send a request's head, and then its body (slow-client protection).
@@ -61,7 +63,8 @@ impl Config {
             flush_interval: std::time::Duration::from_secs(5),
             worker: crate::worker::WorkerConfig::default(),
             lease: std::time::Duration::from_secs(60),
-            compaction_interval: Some(std::time::Duration::from_secs(2)),
+            compaction_interval: Some(std::time::Duration::from_millis(500)),
+            append_in_flight: domain::APPEND_IN_FLIGHT,
             key_cache_ttl: domain::ApiKeyService::KEY_CACHE_TTL,
             client_timeout: http_actix::DEFAULT_CLIENT_TIMEOUT,
             rate_limits: http_actix::RateLimitConfig::default(),

@@ -84,6 +84,7 @@ impl Services {
             changes: changes.clone(),
             keys: store.clone(),
             clock: clock.clone(),
+            append_in_flight: config.append_in_flight,
         }));
         let endpoints = Arc::new(EndpointService::new(EndpointDeps {
             store: store.clone(),

@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use super::idempotency::{
-    AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, APPEND_IN_FLIGHT, IDEMPOTENCY_WINDOW,
-};
+use super::idempotency::{AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, IDEMPOTENCY_WINDOW};
 use super::model::{ExternalSource, Table, TableInfo, TableName, Upload, WriteMode, Written};
 use super::ports::{AppendKeys, TableStore};
 use crate::access::ProjectId;
@@ -32,6 +30,9 @@ pub struct TableDeps {
     /// The `Idempotency-Key`s of appends.
     pub keys: Arc<dyn AppendKeys>,
     pub clock: Arc<dyn Clock>,
+    /// How long an append under a key may be in flight before a retry takes it for cut off
+    /// ([`APPEND_IN_FLIGHT`](super::APPEND_IN_FLIGHT) by default).
+    pub append_in_flight: std::time::Duration,
 }
 
 /// Listing, reading, writing, deleting and previewing a project's tables.
@@ -42,6 +43,7 @@ pub struct TableService {
     changes: Arc<dyn EndpointChanges>,
     keys: Arc<dyn AppendKeys>,
     clock: Arc<dyn Clock>,
+    append_in_flight: std::time::Duration,
 }
 
 /// How a write changed a table, for what it makes stale.
@@ -74,8 +76,8 @@ fn not_found(name: &TableName) -> Error {
 
 impl TableService {
     pub fn new(deps: TableDeps) -> Self {
-        let TableDeps { tables, endpoints, engine, changes, keys, clock } = deps;
-        Self { tables, endpoints, engine, changes, keys, clock }
+        let TableDeps { tables, endpoints, engine, changes, keys, clock, append_in_flight } = deps;
+        Self { tables, endpoints, engine, changes, keys, clock, append_in_flight }
     }
 
     /// The tables an endpoint's current version reads, planning it now if they were not recorded. A query that
@@ -160,8 +162,8 @@ impl TableService {
     /// Appends an upload once under an `Idempotency-Key`: the first append with the key (per table, within
     /// [`IDEMPOTENCY_WINDOW`]) writes its rows; a retry with the same body adds nothing and gets the first
     /// append's answer (with the table as it is now). An append cut off before it was answered (its process
-    /// stopped) is found by the retry once [`APPEND_IN_FLIGHT`] has passed: in the table if its rows were
-    /// written, else the retry writes them.
+    /// stopped) is found by a retry once it has been in flight too long (`append_in_flight`): in the table if
+    /// its rows were written, else the retry writes them.
     ///
     /// # Errors
     /// As [`TableService::write`]; [`Error::IdempotencyConflict`] for the key used with another body, or while
@@ -183,7 +185,7 @@ impl TableService {
                 Ok((self.get(project, name).await?, written))
             }
             AppendKeyState::Pending { write_id: theirs, since } => {
-                if now - since < APPEND_IN_FLIGHT {
+                if now - since < self.append_in_flight {
                     return Err(Error::IdempotencyConflict(format!(
                         "An append with Idempotency-Key '{}' is still being written; retry in a few seconds.",
                         key.as_str()

@@ -127,6 +127,7 @@ fn service_with_keys(
         changes: Arc::new(changes),
         keys: Arc::new(keys),
         clock: Arc::new(crate::testing::ManualClock::new(T0)),
+        append_in_flight: crate::tables::APPEND_IN_FLIGHT,
     })
 }
 

@@ -77,8 +77,12 @@ pub struct ServeArgs {
     pub materialize_lease_secs: u64,
     /// Milliseconds between compactions of the tables this process appended to (their small files merged into
     /// full ones); 0 leaves compaction to other processes.
-    #[arg(long, env = "ENDPOINTS_COMPACTION_INTERVAL_MS", default_value_t = 2000)]
+    #[arg(long, env = "ENDPOINTS_COMPACTION_INTERVAL_MS", default_value_t = 500)]
     pub compaction_interval_ms: u64,
+    /// Seconds an append under an `Idempotency-Key` may be in flight: a retry meanwhile gets 409, a retry after
+    /// it finds the rows of an append cut off by a crash, or writes them. Longer than an append can take.
+    #[arg(long, env = "ENDPOINTS_APPEND_IN_FLIGHT_SECS", default_value_t = 120, value_parser = positive())]
+    pub append_in_flight_secs: u64,
     /// Milliseconds a key read from the database is trusted before it is read again: the longest a revocation
     /// made elsewhere (the CLI, another node) waits to take effect; 0 reads the key on every request.
     #[arg(long, env = "ENDPOINTS_KEY_CACHE_MS", default_value_t = 1000)]
@@ -156,6 +160,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.worker.parallelism = args.materialize_workers;
     config.worker.poll = Duration::from_millis(args.materialize_poll_ms);
     config.lease = Duration::from_secs(args.materialize_lease_secs);
+    config.append_in_flight = Duration::from_secs(args.append_in_flight_secs);
     config.compaction_interval =
         (args.compaction_interval_ms > 0).then(|| Duration::from_millis(args.compaction_interval_ms));
     config.limits.refresh_timeout = Duration::from_secs(args.refresh_timeout_secs);
