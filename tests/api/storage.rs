@@ -82,8 +82,7 @@ impl Moto {
     /// A fresh data directory (for the SQLite file) with a project, a read-write key, and the `sales` table
     /// imported into the bucket; returns the directory, the project and the key.
     pub(crate) fn project_with_sales(&self) -> (Dir, i64, String) {
-        let dir = Dir(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
-        std::fs::create_dir_all(&dir.0).unwrap();
+        let dir = Dir::fresh();
         let project = self.cli(&dir.0, &["project", "create", "--name", "S3"])["id"].as_i64().unwrap();
         let scope = ["key", "create", "--project", &project.to_string(), "--scope", "endpoint:write"];
         let key = self.cli(&dir.0, &scope)["key"].as_str().unwrap().to_owned();
@@ -111,6 +110,15 @@ impl Moto {
 }
 
 pub(crate) struct Dir(pub(crate) PathBuf);
+
+impl Dir {
+    /// A new, empty data directory (for the SQLite file).
+    pub(crate) fn fresh() -> Self {
+        let dir = Self(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        dir
+    }
+}
 
 impl Drop for Dir {
     fn drop(&mut self) {
@@ -283,8 +291,7 @@ async fn external_files_are_read_in_the_storages_bucket_and_in_allowed_ones() {
     put_object("lake/exports/events.ndjson".into(), "{\"event\":\"click\"}\n{\"event\":\"view\"}\n").await;
     put_object("lake/private/secrets.ndjson".into(), "{\"secret\":\"x\"}\n").await;
 
-    let dir = Dir(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = Dir::fresh();
     let project = moto.cli(&dir.0, &["project", "create", "--name", "Lake"])["id"].as_i64().unwrap();
     let scopes = [
         "key",
@@ -354,8 +361,7 @@ async fn external_files_are_read_in_the_storages_bucket_and_in_allowed_ones() {
 async fn two_nodes_on_postgresql_append_to_one_table_in_a_bucket_and_every_row_lands_once() {
     let moto = Moto::start().await;
     let database_url = crate::helpers::postgres_url();
-    let dir = Dir(std::env::temp_dir().join(format!("endpoints-s3-{}", uuid::Uuid::new_v4())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = Dir::fresh();
     let with_database = |args: &[&str]| -> Vec<String> {
         ["--database-url", database_url.as_str()].iter().chain(args).map(|a| (*a).to_owned()).collect()
     };

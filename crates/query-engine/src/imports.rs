@@ -760,11 +760,19 @@ pub(crate) async fn append_held(
         let mut batches = Vec::new();
         let mut tagged = Vec::new();
         for (index, body) in bodies.iter().enumerate() {
-            let ext = body.format.extension();
-            let path = ObjectPath::from(format!("{index}{ext}"));
-            held.put(&path, PutPayload::from(body.bytes.clone())).await.map_err(store_error_staged)?;
-            let location = format!("{root}{index}{ext}");
-            let answer = collect_body(&ctx, &location, ext, body.format, &expected, &mut batches).await;
+            let answer = match decode_held(&body.bytes, body.format, &expected) {
+                Some(read) => Ok(keep_rows(read, &mut batches)),
+                // Not rows of the table as read directly: the engine's reader reads it, or says why not.
+                None => {
+                    let ext = body.format.extension();
+                    let path = ObjectPath::from(format!("{index}{ext}"));
+                    held.put(&path, PutPayload::from(body.bytes.clone()))
+                        .await
+                        .map_err(store_error_staged)?;
+                    let location = format!("{root}{index}{ext}");
+                    collect_body(&ctx, &location, ext, body.format, &expected, &mut batches).await
+                }
+            };
             if let (Ok(rows), Some((write_id, body_sha256))) = (&answer, &body.tag) {
                 let bytes = body.bytes.len() as u64;
                 tagged.push(TaggedAppend {
@@ -803,6 +811,39 @@ pub(crate) async fn append_held(
     )))
 }
 
+/// A held body's rows read directly as the table's columns, by the Arrow readers the engine's own reader uses:
+/// CSV whose header names the columns in order, or NDJSON with no other key. `None` when the body is not that
+/// (or has no rows): the engine's reader then reads it the usual way, or says why it cannot.
+fn decode_held(bytes: &[u8], format: FileFormat, expected: &SchemaRef) -> Option<Vec<RecordBatch>> {
+    let schema = plain(expected);
+    let read = match format {
+        FileFormat::NdJson => {
+            let decoder = arrow_json::ReaderBuilder::new(Arc::clone(&schema)).with_strict_mode(true);
+            decoder.build(std::io::Cursor::new(bytes)).ok()?.collect::<Result<Vec<_>, _>>().ok()?
+        }
+        FileFormat::Csv => {
+            let mut header = csv::ReaderBuilder::new().has_headers(false).from_reader(bytes);
+            let names = header.byte_records().next()?.ok()?;
+            let same = names.len() == schema.fields().len()
+                && names.iter().zip(schema.fields()).all(|(name, field)| name == field.name().as_bytes());
+            if !same {
+                return None;
+            }
+            let reader = datafusion::arrow::csv::ReaderBuilder::new(Arc::clone(&schema)).with_header(true);
+            reader.build(std::io::Cursor::new(bytes)).ok()?.collect::<Result<Vec<_>, _>>().ok()?
+        }
+        FileFormat::Parquet => return None,
+    };
+    (read.iter().any(|batch| batch.num_rows() > 0)).then_some(read)
+}
+
+/// Adds a body's batches to the group's; answers its rows.
+fn keep_rows(read: Vec<RecordBatch>, batches: &mut Vec<RecordBatch>) -> u64 {
+    let rows: usize = read.iter().map(RecordBatch::num_rows).sum();
+    batches.extend(read);
+    rows as u64
+}
+
 /// Reads one held body into `batches`; answers its rows, or why it does not fit (its batches then left out).
 async fn collect_body(
     ctx: &SessionContext,
@@ -817,12 +858,10 @@ async fn collect_body(
     while let Some(batch) = stream.next().await {
         read.push(batch.map_err(|e| StagedError::Invalid(crate::message(&e)))?);
     }
-    let rows: usize = read.iter().map(RecordBatch::num_rows).sum();
-    if rows == 0 {
+    if read.iter().all(|batch| batch.num_rows() == 0) {
         return Err(StagedError::Invalid("The body has no rows.".into()));
     }
-    batches.extend(read);
-    Ok(rows as u64)
+    Ok(keep_rows(read, batches))
 }
 
 fn store_error_staged(err: object_store::Error) -> StagedError {

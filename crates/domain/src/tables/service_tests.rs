@@ -446,6 +446,14 @@ mod idempotency {
         service_with_keys(tables, endpoints(), engine(), MockEndpointChanges::new(), keys)
     }
 
+    /// An append of `BODY` under the key that writes (its readers told), and what it wrote.
+    async fn appended(tables: MockTableStore, keys: MockAppendKeys) -> Written {
+        let mut changes = MockEndpointChanges::new();
+        changes.expect_changed().returning(|_, _| ());
+        let service = service_with_keys(tables, endpoints(), engine(), changes, keys);
+        service.append_once(project(1), &sales(), append(BODY), &key()).await.unwrap().1
+    }
+
     fn conflict(result: Result<(Table, Written), Error>) -> String {
         match result {
             Err(Error::IdempotencyConflict(detail)) => detail,
@@ -474,11 +482,7 @@ mod idempotency {
             })
             .times(1)
             .returning(|_, _, _, _, _, _| Ok(()));
-        let mut changes = MockEndpointChanges::new();
-        changes.expect_changed().returning(|_, _| ());
-        let service = service_with_keys(tables, endpoints(), engine(), changes, keys);
-        let (_, written) = service.append_once(project(1), &sales(), append(BODY), &key()).await.unwrap();
-        assert_eq!(written, WRITTEN);
+        assert_eq!(appended(tables, keys).await, WRITTEN);
     }
 
     #[tokio::test]
@@ -549,11 +553,7 @@ mod idempotency {
             .times(1)
             .returning(|_, _, _, _, _, _| Ok(true));
         keys.expect_answer().times(1).returning(|_, _, _, _, _, _| Ok(()));
-        let mut changes = MockEndpointChanges::new();
-        changes.expect_changed().returning(|_, _| ());
-        let service = service_with_keys(tables, endpoints(), engine(), changes, keys);
-        let (_, written) = service.append_once(project(1), &sales(), append(BODY), &key()).await.unwrap();
-        assert_eq!(written, WRITTEN);
+        assert_eq!(appended(tables, keys).await, WRITTEN);
     }
 
     #[tokio::test]
