@@ -221,7 +221,10 @@ pub(crate) async fn compact(
         }
     };
     let now = domain::Clock::now(&domain::SystemClock);
-    let stamp = now.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+    // For people reading the storage; the record's time is the mark's own.
+    let stamp = now
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| now.unix_timestamp().to_string());
     let switched = async {
         put(storage, &target.clone().join(COMPACTED), format!("{stamp}\n{base}\n")).await?;
         let _held = lock.lock().await;

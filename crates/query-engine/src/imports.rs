@@ -734,7 +734,8 @@ pub(crate) fn tagged_appends(
     metadata: &datafusion::parquet::file::metadata::FileMetaData,
 ) -> Vec<TaggedAppend> {
     let listed = metadata.key_value_metadata().into_iter().flatten().find(|kv| kv.key == APPENDS_KEY);
-    listed.and_then(|kv| serde_json::from_str(kv.value.as_deref()?).ok()).unwrap_or_default()
+    // A file written without the key (or by another writer) lists no tagged append.
+    listed.and_then(|kv| serde_json::from_str(kv.value.as_deref()?).ok()).unwrap_or_else(Vec::new)
 }
 
 /// Appends bodies held in memory to a table as one Parquet file. Each body is read as the table's columns on
