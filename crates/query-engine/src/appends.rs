@@ -25,16 +25,25 @@ use crate::storage::Storage;
 /// `table_store::HELD_BODY_BYTES`): past them an append's body is staged in the storage, as a large one is.
 const HELD_BODIES: usize = 64;
 
+/// The most appends that quarantine bad rows sorting their bodies at once (each held whole in memory, up to
+/// `quarantine::QUARANTINE_BODY_BYTES`); others wait for a turn.
+const SORTING_BODIES: usize = 4;
+
 /// The appends of this process, grouped by table.
 #[derive(Debug)]
 pub(crate) struct Appends {
     groups: Mutex<HashMap<(ProjectId, String), Arc<Group>>>,
     held: Arc<Semaphore>,
+    sorting: Arc<Semaphore>,
 }
 
 impl Default for Appends {
     fn default() -> Self {
-        Self { groups: Mutex::default(), held: Arc::new(Semaphore::new(HELD_BODIES)) }
+        Self {
+            groups: Mutex::default(),
+            held: Arc::new(Semaphore::new(HELD_BODIES)),
+            sorting: Arc::new(Semaphore::new(SORTING_BODIES)),
+        }
     }
 }
 
@@ -61,6 +70,11 @@ impl Appends {
     /// A place for one more body in memory, if there is one; the body may be held while it is kept.
     pub(crate) fn try_hold(&self) -> Option<OwnedSemaphorePermit> {
         Arc::clone(&self.held).try_acquire_owned().ok()
+    }
+
+    /// A turn to hold and sort a body whose bad rows are set aside, once one is free.
+    pub(crate) async fn sort_turn(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.sorting).acquire_owned().await.ok()
     }
 
     fn group(&self, project: ProjectId, table: &str) -> Arc<Group> {

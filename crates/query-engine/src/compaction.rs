@@ -13,7 +13,8 @@
 //!   version later, that compaction lists (and links) the file;
 //! - the version is current but sealed: a compaction is switching, so the append waits for the switch;
 //! - the version is no longer current and was sealed: the new version either has the file (the compaction
-//!   listed it) or not, and then the append writes its rows again, to the new version;
+//!   listed it) or not, and then the append writes its rows again, to the new version (leaving the file with
+//!   the old version, which runs that started before the switch may still be reading);
 //! - the version is no longer current and not sealed: a replace took the table; the append is written again.
 //!
 //! A compaction killed before its switch leaves `_sealed` in the table's current version: the next one (under the
@@ -83,8 +84,12 @@ impl Appended {
 pub(crate) enum Settled {
     /// They are, for every run from now on.
     Visible,
-    /// The table moved on without them: write the rows again, to its current version.
-    Again,
+    /// A compaction moved the table on without them: write the rows again, to its current version. The files
+    /// stay where they are, with the version they joined (runs that started before the switch may be reading
+    /// them), and go with it.
+    Moved,
+    /// A replace took the table: write the rows again; the files can go.
+    Replaced,
 }
 
 /// The version a sealed version's compaction switches to, if it is sealed.
@@ -114,17 +119,17 @@ pub(crate) async fn settle(
         let sealed = seal(storage, &table.clone().join(base)).await.map_err(store_error)?;
         match (is_base, sealed) {
             (true, None) => return Ok(Settled::Visible),
-            (false, None) => return Ok(Settled::Again),
+            (false, None) => return Ok(Settled::Replaced),
             (false, Some(next)) => {
                 if !is_version_name(&next) {
-                    return Ok(Settled::Again);
+                    return Ok(Settled::Replaced);
                 }
                 let moved = table.clone().join(next.as_str());
                 for file in written {
-                    let Some(name) = file.filename() else { return Ok(Settled::Again) };
+                    let Some(name) = file.filename() else { return Ok(Settled::Moved) };
                     match storage.store().head(&moved.clone().join(name)).await {
                         Ok(_) => {}
-                        Err(object_store::Error::NotFound { .. }) => return Ok(Settled::Again),
+                        Err(object_store::Error::NotFound { .. }) => return Ok(Settled::Moved),
                         Err(e) => return Err(store_error(e)),
                     }
                 }

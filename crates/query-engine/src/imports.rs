@@ -484,10 +484,14 @@ pub async fn import_files(
         let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode).await?;
         match write_files(storage, &ctx, &mut target, table, files, format, expected, report).await {
             Ok(rows) => {
-                if target.settled(storage).await? == Settled::Again {
-                    // Replaced while the rows were written: they go to what the table is now.
-                    target.discard(storage).await;
-                    continue;
+                match target.settled(storage).await? {
+                    Settled::Visible => {}
+                    // The table moved on while the rows were written: they go to what the table is now.
+                    Settled::Moved => continue,
+                    Settled::Replaced => {
+                        target.discard(storage).await;
+                        continue;
+                    }
                 }
                 target.publish(storage).await?;
                 return Ok(ImportReport { table: table.into(), rows, files: files.len() });
@@ -626,9 +630,13 @@ pub(crate) async fn import_staged(
                 return Err(err);
             }
         };
-        if target.settled(storage).await.map_err(|e| StagedError::Write(e.to_string()))? == Settled::Again {
-            target.discard(storage).await;
-            continue;
+        match target.settled(storage).await.map_err(|e| StagedError::Write(e.to_string()))? {
+            Settled::Visible => {}
+            Settled::Moved => continue,
+            Settled::Replaced => {
+                target.discard(storage).await;
+                continue;
+            }
         }
         let created = target.created;
         target.publish(storage).await.map_err(|e| StagedError::Write(e.to_string()))?;
@@ -801,9 +809,13 @@ pub(crate) async fn append_held(
             target.discard(storage).await;
             return Err(StagedError::Write(err.to_string()));
         }
-        if target.settled(storage).await.map_err(|e| StagedError::Write(e.to_string()))? == Settled::Again {
-            target.discard(storage).await;
-            continue;
+        match target.settled(storage).await.map_err(|e| StagedError::Write(e.to_string()))? {
+            Settled::Visible => {}
+            Settled::Moved => continue,
+            Settled::Replaced => {
+                target.discard(storage).await;
+                continue;
+            }
         }
         return Ok(answers);
     }

@@ -408,6 +408,8 @@ impl DataFusionEngine {
             ))
         })?;
         upload.limit_bytes = upload.limit_bytes.min(QUARANTINE_BODY_BYTES);
+        // Bodies held whole are bounded in number, whoever sends them.
+        let _turn = self.appends.sort_turn().await;
         let Received::Held { chunks, bytes } =
             receive(&self.storage, project, &mut upload, QUARANTINE_BODY_BYTES).await?
         else {
