@@ -22,9 +22,9 @@
 //! for the switch go on. Replaced versions are removed a while after the switch ([`GRACE`]), once runs that
 //! started before it have read them.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::prelude::ParquetReadOptions;
@@ -59,21 +59,43 @@ pub(crate) const GRACE: Duration = Duration::from_secs(600);
 /// How often an append whose version is being switched looks again.
 const SETTLE_POLL: Duration = Duration::from_millis(10);
 
-/// The tables this process appended to and has not compacted since.
+/// The tables this process appended to and has not compacted since, and when it last looked for what their
+/// compactions replaced.
 #[derive(Debug, Default)]
-pub(crate) struct Appended(Mutex<HashSet<(ProjectId, String)>>);
+pub(crate) struct Appended {
+    tables: Mutex<HashSet<(ProjectId, String)>>,
+    swept: Mutex<HashMap<(ProjectId, String), Instant>>,
+}
+
+/// How often a table's replaced versions are looked for: listing them costs one listing each.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 impl Appended {
+    /// Whether it is time to look for what the table's compactions replaced (and then not again for a while).
+    pub(crate) fn sweep_due(&self, project: ProjectId, table: &str) -> bool {
+        let mut swept = self.swept.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        swept.retain(|_, at| now.duration_since(*at) < SWEEP_EVERY);
+        match swept.entry((project, table.to_owned())) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(free) => {
+                free.insert(now);
+                true
+            }
+        }
+    }
+
     pub(crate) fn mark(&self, project: ProjectId, table: &str) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert((project, table.to_owned()));
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner).insert((project, table.to_owned()));
     }
 
     pub(crate) fn take(&self, project: ProjectId, table: &str) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&(project, table.to_owned()));
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner).remove(&(project, table.to_owned()));
     }
 
     pub(crate) fn all(&self) -> Vec<(ProjectId, String)> {
-        let mut all: Vec<_> = self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
+        let mut all: Vec<_> =
+            self.tables.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect();
         all.sort();
         all
     }
@@ -149,7 +171,8 @@ pub(crate) async fn settle(
 }
 
 /// Compacts a table if its current version has [`MIN_SMALL_FILES`] small files; `None` when there was nothing
-/// to do. The caller holds the table's lease; `lock` is this process's lock of the table, held for the switch.
+/// to do. The caller holds the table's lease; `lock` is this process's lock of the table, held for the switch;
+/// with `sweep`, what earlier compactions replaced is removed first once [`GRACE`] has passed.
 ///
 /// The small files are merged; merged files of [`FULL_FILE_ROWS`] rows or more, and files appended that full,
 /// become full files (`full/`, listed by the pointer) that no later compaction reads or copies again. The new
@@ -160,6 +183,7 @@ pub(crate) async fn compact(
     lock: TableLock,
     (project, table): (ProjectId, &str),
     keep: &HashSet<Uuid>,
+    sweep: bool,
 ) -> Result<Option<Compaction>, EngineError> {
     let prefix = table_prefix(project, table);
     let Some(Pointer { target: TableContents::Version(base), created, full }) =
@@ -168,7 +192,9 @@ pub(crate) async fn compact(
         // A table of files written before versions existed, a source read where it is, or no table.
         return Ok(None);
     };
-    remove_replaced(storage, &prefix, &base, &full).await;
+    if sweep {
+        remove_replaced(storage, &prefix, &base, &full).await;
+    }
     let version = prefix.clone().join(base.as_str());
     recover(storage, &prefix, &version).await?;
     let before = parquet(storage, &version).await?;

@@ -181,9 +181,14 @@ async fn describe(
     let full = version.full_files(storage).await.map_err(unavailable)?;
     let parquet: Vec<&ObjectMeta> = objects.iter().filter(|o| is_parquet(&o.location)).chain(&full).collect();
     let (columns, row_count) = footers(storage.store().as_ref(), &parquet, Some(rows)).await?;
-    let markers = storage.objects(&prefix).await.map_err(unavailable)?;
-    let marker = |name: &str| markers.iter().find(|o| o.location.filename() == Some(name)).map(instant);
-    let times: Vec<Timestamp> = parquet.iter().map(|m| instant(m)).chain(marker(CURRENT)).collect();
+    // The pointer's own time (a replace or a compaction switched then), not a listing of the table's prefix,
+    // which holds every version a compaction replaced until they are removed.
+    let switched = match storage.store().head(&prefix.clone().join(CURRENT)).await {
+        Ok(meta) => Some(instant(&meta)),
+        Err(object_store::Error::NotFound { .. }) => None,
+        Err(err) => return Err(unavailable(err)),
+    };
+    let times: Vec<Timestamp> = parquet.iter().map(|m| instant(m)).chain(switched).collect();
     let updated_at = times.iter().max().copied().unwrap_or(Timestamp::UNIX_EPOCH);
     let kept = pointer(storage, &prefix).await?.and_then(|p| p.created);
     let created_at = kept.or_else(|| times.iter().min().copied()).unwrap_or(updated_at);
@@ -655,12 +660,13 @@ impl TableStore for DataFusionEngine {
         let (storage, rows, table) = (self.storage.clone(), self.file_rows.clone(), name.as_str().to_owned());
         let lock = self.table_locks.of(project, name.as_str());
         let keep = keep.into_iter().collect();
-        let compacted =
-            self.runtime
-                .run(async move {
-                    crate::compaction::compact(&storage, &rows, lock, (project, &table), &keep).await
-                })
-                .await;
+        let sweep = self.appended.sweep_due(project, name.as_str());
+        let compacted = self
+            .runtime
+            .run(async move {
+                crate::compaction::compact(&storage, &rows, lock, (project, &table), &keep, sweep).await
+            })
+            .await;
         if compacted.is_err() {
             self.appended.mark(project, name.as_str());
         }
