@@ -180,9 +180,20 @@ impl Pointer {
 
 /// The table's `_current` pointer, if it has one.
 pub(crate) async fn pointer(storage: &Storage, table: &ObjectPath) -> Result<Option<Pointer>, EngineError> {
+    Ok(pointed(storage, table).await?.map(|(pointer, _)| pointer))
+}
+
+/// The table's `_current` pointer, if it has one, with when it was written.
+async fn pointed(
+    storage: &Storage,
+    table: &ObjectPath,
+) -> Result<Option<(Pointer, ObjectMeta)>, EngineError> {
     let pointer = table.clone().join(CURRENT);
-    let bytes = match storage.store().get(&pointer).await {
-        Ok(found) => found.bytes().await.map_err(unavailable)?,
+    let (bytes, meta) = match storage.store().get(&pointer).await {
+        Ok(found) => {
+            let meta = found.meta.clone();
+            (found.bytes().await.map_err(unavailable)?, meta)
+        }
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(unavailable(e)),
     };
@@ -190,7 +201,8 @@ pub(crate) async fn pointer(storage: &Storage, table: &ObjectPath) -> Result<Opt
         EngineError::Internal(format!("{pointer} does not name a table version or source: {first:?}").into())
     };
     let text = std::str::from_utf8(&bytes).map_err(|_| unreadable("(not UTF-8)"))?;
-    Pointer::parse(text).map(Some).ok_or_else(|| unreadable(text.lines().next().unwrap_or("")))
+    let parsed = Pointer::parse(text).ok_or_else(|| unreadable(text.lines().next().unwrap_or("")))?;
+    Ok(Some((parsed, meta)))
 }
 
 /// The version `_current` names, if the table has one of its own files.
@@ -216,6 +228,10 @@ pub(crate) enum Current {
 pub(crate) struct TableVersion {
     pub(crate) dir: ObjectPath,
     pub(crate) full: Vec<ObjectPath>,
+    /// When the table was first written, as the pointer keeps it.
+    pub(crate) created: Option<domain::Timestamp>,
+    /// When the pointer was written (a replace or a compaction switched the table then).
+    pub(crate) switched: Option<domain::Timestamp>,
 }
 
 impl TableVersion {
@@ -244,13 +260,14 @@ impl TableVersion {
 
 /// Where a table's rows are, or `None` when there is no such table.
 pub(crate) async fn current(storage: &Storage, table: &ObjectPath) -> Result<Option<Current>, EngineError> {
-    match pointer(storage, table).await? {
-        Some(Pointer { target: TableContents::Version(version), full, .. }) => {
+    match pointed(storage, table).await? {
+        Some((Pointer { target: TableContents::Version(version), full, created }, meta)) => {
             let dir = table.clone().join(version.as_str());
             let full = full.iter().map(|name| table.clone().join(FULL).join(name.as_str())).collect();
-            return Ok(Some(Current::Files(TableVersion { dir, full })));
+            let switched = Some(crate::table_store::instant(&meta));
+            return Ok(Some(Current::Files(TableVersion { dir, full, created, switched })));
         }
-        Some(Pointer { target: TableContents::Source(source), .. }) => {
+        Some((Pointer { target: TableContents::Source(source), .. }, _)) => {
             return Ok(Some(Current::External(source)))
         }
         None => {}
@@ -260,7 +277,7 @@ pub(crate) async fn current(storage: &Storage, table: &ObjectPath) -> Result<Opt
     Ok(legacy
         .iter()
         .any(|o| is_parquet(&o.location))
-        .then(|| Current::Files(TableVersion { dir, full: Vec::new() })))
+        .then(|| Current::Files(TableVersion { dir, full: Vec::new(), created: None, switched: None })))
 }
 
 /// Each table of the project, by name, with where its rows are.

@@ -284,7 +284,8 @@ pub(crate) async fn table_schema(
             .await
             .map(Some)
             .map_err(|e| StagedError::Write(e.to_string())),
-        Some(Current::External(_)) | None => Ok(None),
+        Some(Current::External(_)) => Err(StagedError::External),
+        None => Ok(None),
     }
 }
 
@@ -591,7 +592,18 @@ pub(crate) enum StagedError {
     Invalid(String),
     /// An append to a table that does not exist.
     NoSuchTable,
+    /// An append to a table that reads an external source where it is.
+    External,
     Write(String),
+}
+
+impl From<ImportError> for StagedError {
+    fn from(err: ImportError) -> Self {
+        match err {
+            ImportError::External(_) => Self::External,
+            other => Self::Write(other.to_string()),
+        }
+    }
 }
 
 /// How many times an append is written again when a concurrent replace switched the table under it.
@@ -615,9 +627,7 @@ pub(crate) async fn import_staged(
     let location = storage.url_of(staged);
     let ext = format.extension();
     for _ in 0..APPEND_ATTEMPTS {
-        let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode)
-            .await
-            .map_err(|e| StagedError::Write(e.to_string()))?;
+        let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode).await?;
         if mode == ImportMode::Append && expected.is_none() {
             return Err(StagedError::NoSuchTable);
         }
@@ -761,9 +771,8 @@ pub(crate) async fn append_held(
     let root = url::Url::parse("memory://held/").map_err(|e| StagedError::Write(e.to_string()))?;
     ctx.runtime_env().register_object_store(&root, Arc::clone(&held) as _);
     for _ in 0..APPEND_ATTEMPTS {
-        let (mut target, expected) = Destination::choose(storage, &ctx, project, table, ImportMode::Append)
-            .await
-            .map_err(|e| StagedError::Write(e.to_string()))?;
+        let (mut target, expected) =
+            Destination::choose(storage, &ctx, project, table, ImportMode::Append).await?;
         let Some(expected) = expected else { return Err(StagedError::NoSuchTable) };
         let mut answers = Vec::with_capacity(bodies.len());
         let mut batches = Vec::new();

@@ -176,22 +176,14 @@ async fn describe(
     name: TableName,
     version: &TableVersion,
 ) -> Result<TableInfo, EngineError> {
-    let prefix = table_prefix_of(&version.dir, &name);
     let objects = storage.objects(&version.dir).await.map_err(unavailable)?;
     let full = version.full_files(storage).await.map_err(unavailable)?;
     let parquet: Vec<&ObjectMeta> = objects.iter().filter(|o| is_parquet(&o.location)).chain(&full).collect();
     let (columns, row_count) = footers(storage.store().as_ref(), &parquet, Some(rows)).await?;
-    // The pointer's own time (a replace or a compaction switched then), not a listing of the table's prefix,
-    // which holds every version a compaction replaced until they are removed.
-    let switched = match storage.store().head(&prefix.clone().join(CURRENT)).await {
-        Ok(meta) => Some(instant(&meta)),
-        Err(object_store::Error::NotFound { .. }) => None,
-        Err(err) => return Err(unavailable(err)),
-    };
-    let times: Vec<Timestamp> = parquet.iter().map(|m| instant(m)).chain(switched).collect();
+    // The pointer's own time (a replace or a compaction switched the table then), as read with it.
+    let times: Vec<Timestamp> = parquet.iter().map(|m| instant(m)).chain(version.switched).collect();
     let updated_at = times.iter().max().copied().unwrap_or(Timestamp::UNIX_EPOCH);
-    let kept = pointer(storage, &prefix).await?.and_then(|p| p.created);
-    let created_at = kept.or_else(|| times.iter().min().copied()).unwrap_or(updated_at);
+    let created_at = version.created.or_else(|| times.iter().min().copied()).unwrap_or(updated_at);
     Ok(TableInfo {
         name,
         columns,
@@ -378,15 +370,6 @@ async fn register_source(
     Ok(created)
 }
 
-/// The table's own prefix, whatever version `files` is.
-fn table_prefix_of(files: &ObjectPath, name: &TableName) -> ObjectPath {
-    let mut parts: Vec<_> = files.parts().collect();
-    while parts.last().is_some_and(|p| p.as_ref() != name.as_str()) {
-        parts.pop();
-    }
-    ObjectPath::from_iter(parts)
-}
-
 impl DataFusionEngine {
     /// Appends the records of a body that fit the table, and writes the others to its quarantine table.
     async fn append_quarantining(
@@ -535,6 +518,10 @@ fn staged_error(err: StagedError, staged: Option<&ObjectPath>) -> UploadError {
             UploadError::Invalid(staged.map_or_else(|| reason.clone(), |at| the_body(&reason, at)))
         }
         StagedError::NoSuchTable => UploadError::NoSuchTable,
+        StagedError::External => UploadError::Rejected(Invalid::field(
+            "table",
+            "The table reads an external source where it is: add the rows there, or replace the table with PUT.",
+        )),
         StagedError::Write(reason) => UploadError::Engine(EngineError::Unavailable(reason.into())),
     }
 }
@@ -580,18 +567,6 @@ impl TableStore for DataFusionEngine {
         mut upload: Upload,
     ) -> Result<Written, UploadError> {
         let started = std::time::Instant::now();
-        let prefix = table_prefix(project, name.as_str());
-        if upload.mode == WriteMode::Append
-            && matches!(current(&self.storage, &prefix).await?, Some(Current::External(_)))
-        {
-            return Err(UploadError::Rejected(Invalid::field(
-                "table",
-                format!(
-                    "Table '{name}' reads an external source where it is: add the rows there, or replace the \
-                     table with PUT."
-                ),
-            )));
-        }
         if upload.quarantine {
             return self.append_quarantining(project, name, upload).await;
         }
