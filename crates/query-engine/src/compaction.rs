@@ -1,9 +1,10 @@
 //! Compaction of a table's small files, and how an append knows its file is part of the table.
 //!
-//! A compaction writes a new version (see `catalog`): the current version's small files merged into full ones,
-//! and every other file of it linked in as it is (on a local disk a hard link, on S3 a copy in the bucket).
-//! Then one write of `_current` switches the table to it. Runs read one version or the other, so never a row
-//! twice or one missing.
+//! A compaction writes a new version (see `catalog`): the current version's small files merged, its full files
+//! (merged or appended so) moved to the table's `full/` directory, which the pointer lists and no later
+//! compaction reads or copies, and the files no merge may take linked in as they are (on a local disk a hard
+//! link, on S3 a copy in the bucket). Then one write of `_current` switches the table to it. Runs read one
+//! version or the other, so never a row twice or one missing.
 //!
 //! Appends (of any process) keep adding files to the current version while it runs. So that none is left
 //! behind, the compaction first *seals* the version it read: it writes `_sealed` there, naming the new version,
@@ -47,7 +48,8 @@ pub(crate) const SEALED: &str = "_sealed";
 /// In a version a compaction wrote: when, and from which version.
 pub(crate) const COMPACTED: &str = "_compacted";
 
-/// A file with at least this many rows is full (a row group of the table's files) and is kept as it is.
+/// A file with at least this many rows is full (a row group of the table's files): it moves to `full/` and is
+/// never merged again.
 const FULL_FILE_ROWS: u64 = 128 * 1024;
 /// Merged files close past this many rows, so one compaction of many small files still makes files a run can
 /// read in parallel.
