@@ -417,6 +417,21 @@ impl Destination {
     }
 
     /// Removes what a failed import wrote; the table's content is untouched.
+    /// Whether an append's files are part of the table now; when not, its rows are to be written again to what
+    /// the table is now (the files stay with a version a compaction replaced, and go with a replaced table's).
+    async fn landed(&self, storage: &Storage) -> Result<bool, ImportError> {
+        match self.settled(storage).await? {
+            Settled::Visible => Ok(true),
+            Settled::Moved => Ok(false),
+            Settled::Replaced => {
+                if let Err(err) = storage.delete(self.written.clone()).await {
+                    tracing::warn!(table = %self.table, error = %err, "cannot remove an append's files");
+                }
+                Ok(false)
+            }
+        }
+    }
+
     async fn discard(self, storage: &Storage) {
         let removed = match &self.version {
             Some(_) => storage.remove_prefix(&self.files).await,
@@ -485,14 +500,9 @@ pub async fn import_files(
         let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode).await?;
         match write_files(storage, &ctx, &mut target, table, files, format, expected, report).await {
             Ok(rows) => {
-                match target.settled(storage).await? {
-                    Settled::Visible => {}
-                    // The table moved on while the rows were written: they go to what the table is now.
-                    Settled::Moved => continue,
-                    Settled::Replaced => {
-                        target.discard(storage).await;
-                        continue;
-                    }
+                // The table moved on while the rows were written: they go to what the table is now.
+                if !target.landed(storage).await? {
+                    continue;
                 }
                 target.publish(storage).await?;
                 return Ok(ImportReport { table: table.into(), rows, files: files.len() });
@@ -640,13 +650,8 @@ pub(crate) async fn import_staged(
                 return Err(err);
             }
         };
-        match target.settled(storage).await.map_err(|e| StagedError::Write(e.to_string()))? {
-            Settled::Visible => {}
-            Settled::Moved => continue,
-            Settled::Replaced => {
-                target.discard(storage).await;
-                continue;
-            }
+        if !target.landed(storage).await? {
+            continue;
         }
         let created = target.created;
         target.publish(storage).await.map_err(|e| StagedError::Write(e.to_string()))?;
@@ -818,13 +823,8 @@ pub(crate) async fn append_held(
             target.discard(storage).await;
             return Err(StagedError::Write(err.to_string()));
         }
-        match target.settled(storage).await.map_err(|e| StagedError::Write(e.to_string()))? {
-            Settled::Visible => {}
-            Settled::Moved => continue,
-            Settled::Replaced => {
-                target.discard(storage).await;
-                continue;
-            }
+        if !target.landed(storage).await? {
+            continue;
         }
         return Ok(answers);
     }
