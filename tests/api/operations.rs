@@ -131,7 +131,7 @@ async fn json_logs_carry_the_request_id_and_never_the_key() {
     assert_eq!(warning["request_id"], "probe-7", "{warning}");
     assert_eq!(warning["method"], "GET", "{warning}");
     assert_eq!(warning["path"], "/readyz", "{warning}");
-    // Each upload is logged with its size, rows and time.
+    // Each replace is logged with its size, rows and time (appends only at debug: a stream is many).
     let upload = lines
         .iter()
         .find(|l| l["fields"]["message"] == "table written from an upload")
