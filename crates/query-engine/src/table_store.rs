@@ -378,23 +378,8 @@ impl DataFusionEngine {
         name: &TableName,
         mut upload: Upload,
     ) -> Result<Written, UploadError> {
-        let refused = |reason: String| UploadError::Rejected(Invalid::field("on_error", reason));
-        let format = match upload.format {
-            TableFormat::Csv => FileFormat::Csv,
-            TableFormat::NdJson => FileFormat::NdJson,
-            TableFormat::Parquet => return Err(refused(
-                "on_error=quarantine takes CSV and NDJSON bodies: a Parquet body's columns fit the table or \
-                     not, as a whole."
-                    .into(),
-            )),
-        };
-        let quarantine_name = format!("{name}{}", Written::QUARANTINE_SUFFIX);
-        let quarantine = TableName::parse(&quarantine_name).map_err(|_| {
-            refused(format!(
-                "Table '{name}' has too long a name for its quarantine table ({} characters at most).",
-                TableName::MAX_LEN
-            ))
-        })?;
+        let quarantine = upload.quarantine_table(name).map_err(UploadError::Rejected)?;
+        let format = file_format(upload.format);
         upload.limit_bytes = upload.limit_bytes.min(QUARANTINE_BODY_BYTES);
         // Bodies held whole are bounded in number, whoever sends them.
         let _turn = self.appends.sort_turn().await;

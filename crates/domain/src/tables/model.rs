@@ -19,6 +19,25 @@ use crate::query::ColumnType;
 pub struct TableName(String);
 
 impl TableName {
+    /// The suffix of a table's quarantine table: `events` sets its bad rows aside in `events_quarantine`.
+    pub const QUARANTINE_SUFFIX: &'static str = "_quarantine";
+
+    /// The table appends to this one set their bad rows aside in (`?on_error=quarantine`).
+    ///
+    /// # Errors
+    /// [`Invalid`] (attr `on_error`) when that name would be longer than a table's may be.
+    pub fn quarantine(&self) -> Result<TableName, Invalid> {
+        TableName::parse(&format!("{self}{}", Self::QUARANTINE_SUFFIX)).map_err(|_| {
+            Invalid::field(
+                "on_error",
+                format!(
+                    "Table '{self}' has too long a name for its quarantine table ({} characters at most).",
+                    Self::MAX_LEN
+                ),
+            )
+        })
+    }
+
     pub const MAX_LEN: usize = 63;
 
     /// The rule [`TableName::is_valid`] checks, as a regular expression for documents that describe names.
@@ -282,6 +301,22 @@ pub struct Upload {
 }
 
 impl Upload {
+    /// Where this append sets its bad rows aside: `name`'s quarantine table. Quarantine reads text records one
+    /// by one, so it takes CSV and NDJSON bodies.
+    ///
+    /// # Errors
+    /// [`Invalid`] (attr `on_error`) for a Parquet body, or a table whose quarantine table's name is too long.
+    pub fn quarantine_table(&self, name: &TableName) -> Result<TableName, Invalid> {
+        if self.format == TableFormat::Parquet {
+            return Err(Invalid::field(
+                "on_error",
+                "on_error=quarantine takes CSV and NDJSON bodies: a Parquet body's columns fit the table or not, \
+                 as a whole.",
+            ));
+        }
+        name.quarantine()
+    }
+
     /// Whether an append's `on_error` asks for quarantine: `fail` (or nothing) refuses a body with a row that
     /// does not fit, `quarantine` sets such rows aside.
     ///
@@ -324,14 +359,30 @@ pub struct Written {
     pub rows_quarantined: u64,
 }
 
-impl Written {
-    /// The suffix of a table's quarantine table: `events` sets its bad rows aside in `events_quarantine`.
-    pub const QUARANTINE_SUFFIX: &'static str = "_quarantine";
-}
-
 #[cfg(test)]
 mod tests {
-    use super::TableName;
+    use super::{TableFormat, TableName, Upload, WriteMode};
+
+    #[test]
+    fn an_append_quarantines_text_into_its_tables_quarantine_table() {
+        let upload = |format| Upload {
+            format,
+            mode: WriteMode::Append,
+            body: Box::pin(futures_util::stream::empty()),
+            limit_bytes: 1,
+            tag: None,
+            quarantine: true,
+        };
+        let events = TableName::parse("events").unwrap();
+        for format in [TableFormat::Csv, TableFormat::NdJson] {
+            assert_eq!(upload(format).quarantine_table(&events).unwrap().as_str(), "events_quarantine");
+        }
+        let parquet = upload(TableFormat::Parquet).quarantine_table(&events).unwrap_err();
+        assert_eq!(parquet.attr.as_deref(), Some("on_error"));
+        let longest = TableName::parse(&"t".repeat(TableName::MAX_LEN)).unwrap();
+        let too_long = upload(TableFormat::Csv).quarantine_table(&longest).unwrap_err();
+        assert!(too_long.detail.contains("too long"), "{}", too_long.detail);
+    }
 
     #[test]
     fn names_follow_the_rule() {

@@ -275,7 +275,7 @@ impl TableService {
         let used_by = Self::used_by(&readers, name);
         let mut stale = used_by.clone();
         if how == Change::Quarantined {
-            if let Ok(quarantine) = TableName::parse(&format!("{name}{}", Written::QUARANTINE_SUFFIX)) {
+            if let Ok(quarantine) = name.quarantine() {
                 stale.extend(
                     Self::used_by(&readers, &quarantine).into_iter().filter(|e| !used_by.contains(e)),
                 );
