@@ -194,7 +194,9 @@ impl TableService {
                 if let Some(found) = self.tables.holds(project, name, theirs).await? {
                     Self::same_body(upload, &found.body_sha256, key).await?;
                     self.keys.answer(project, name, key, theirs, &found.body_sha256, found.written).await?;
-                    return Ok((self.get(project, name).await?, found.written));
+                    // The append that wrote them may have stopped before it made its readers' runs stale.
+                    let table = self.changed(project, name, Change::of(false, &found.written)).await?;
+                    return Ok((table, found.written));
                 }
                 if !self.keys.take_over(project, name, key, theirs, write_id, now).await? {
                     return Err(Error::IdempotencyConflict(format!(

@@ -535,9 +535,15 @@ mod idempotency {
             })
             .times(1)
             .returning(|_, _, _, _, _, _| Ok(()));
-        let (_, written) =
-            service(tables, keys).append_once(project(1), &sales(), append(BODY), &key()).await.unwrap();
+        // The cut-off append may not have made its readers' cached runs stale: the retry does.
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let mut changes = MockEndpointChanges::new();
+        let seen = Arc::clone(&told);
+        changes.expect_changed().returning(move |_, name| seen.lock().unwrap().push(name.to_string()));
+        let service = service_with_keys(tables, endpoints(), engine(), changes, keys);
+        let (_, written) = service.append_once(project(1), &sales(), append(BODY), &key()).await.unwrap();
         assert_eq!(written, WRITTEN);
+        assert!(told.lock().unwrap().contains(&"sales_by_day".to_owned()), "{told:?}");
     }
 
     #[tokio::test]
