@@ -78,13 +78,12 @@ impl Appended {
         let mut swept = self.swept.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         swept.retain(|_, at| now.duration_since(*at) < SWEEP_EVERY);
-        match swept.entry((project, table.to_owned())) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
-            std::collections::hash_map::Entry::Vacant(free) => {
-                free.insert(now);
-                true
-            }
+        let key = (project, table.to_owned());
+        if swept.contains_key(&key) {
+            return false;
         }
+        swept.insert(key, now);
+        true
     }
 
     pub(crate) fn mark(&self, project: ProjectId, table: &str) {
