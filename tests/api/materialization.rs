@@ -511,3 +511,131 @@ async fn a_refresh_killed_mid_way_is_retried_after_its_lease() {
     assert_eq!(files.len(), 1, "only the retry's result is stored: {files:?}");
     drop(restarted);
 }
+
+/// Appends `csv` (with the header of `sales`) to the project's `sales` table.
+async fn append_sales(app: &TestApp, project: i64, key: &str, csv: &str) {
+    let response = app
+        .request(reqwest::Method::POST, &format!("/api/projects/{project}/tables/sales/rows"), Some(key))
+        .header("Content-Type", "text/csv")
+        .body(format!("id,country,amount,quantity,day,at,vip\n{csv}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+}
+
+/// The answer of a run and its `X-Data-As-Of` header.
+async fn run_with_as_of(app: &TestApp, project: i64, key: &str, name: &str, body: &Value) -> (Value, String) {
+    let response = app.post(&format!("/api/projects/{project}/endpoints/{name}/run"), key, body).await;
+    assert_eq!(response.status(), 200, "run failed");
+    let header = response.headers()["x-data-as-of"].to_str().unwrap().to_owned();
+    (response.json().await.unwrap(), header)
+}
+
+#[tokio::test]
+async fn appended_rows_reach_stored_results_within_their_freshness() {
+    let app = spawn_app_tuned(quick_worker).await;
+    let (project, key) = project_with_sales(&app);
+    let (_, writer) = app.create_key(project, &["table:write"]);
+    // freshness_seconds is validated, defaults to 60 and changes with a PATCH.
+    for bad in [json!(0), json!(86_401), json!("5"), json!(1.5)] {
+        let body = json!({"name": "bad", "freshness_seconds": bad, "query": by_country(BY_COUNTRY)});
+        let response = app.post(&format!("/api/projects/{project}/endpoints"), &key, &body).await;
+        assert_eq!(
+            assert_error(response, 400, "validation_error").await["attr"],
+            "freshness_seconds",
+            "{bad}"
+        );
+    }
+    let plain = json!({"name": "plain", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
+    assert_eq!(app.create_endpoint(project, &key, &plain).await["freshness_seconds"], 60);
+    let totals = json!({"kind": "SQLQuery", "query": TOTALS, "variables": {
+        "since": {"type": "Date", "default": "2026-01-01"},
+        "until": {"type": "Date", "default": "2026-02-01"},
+        "not": {"type": "String", "default": "ZZ"},
+    }});
+    for (name, sql) in [("by_country", by_country(BY_COUNTRY)), ("totals", totals)] {
+        let body = json!({"name": name, "is_materialized": true, "freshness_seconds": 1, "query": sql});
+        assert_eq!(app.create_endpoint(project, &key, &body).await["freshness_seconds"], 1);
+    }
+    let patched = app
+        .patch(&format!("/api/projects/{project}/endpoints/plain"), &key, &json!({"freshness_seconds": 3}))
+        .await;
+    assert_eq!(patched.json::<Value>().await.unwrap()["freshness_seconds"], 3);
+    let variables = [
+        ("by_country", json!({"from": "A", "vip": true})),
+        ("totals", json!({"since": "2026-01-01", "until": "2027-01-01", "not": "XX"})),
+    ];
+    for (name, _) in &variables {
+        let done = wait_for(&app, project, &key, name, "Completed", 1).await;
+        assert_eq!((done["full_refreshes"].as_u64(), done["appended_since"].as_str()), (Some(1), None));
+    }
+
+    for round in 0..3 {
+        let appended_at = Instant::now();
+        let id = 100 + round;
+        append_sales(
+            &app,
+            project,
+            &writer,
+            &format!("{id},US,1000,{id},2026-02-01,2026-02-01T10:00:00,true\n"),
+        )
+        .await;
+        let pending = status(&app, project, &key, "by_country").await;
+        assert!(pending["appended_since"].is_string(), "{pending}");
+        for (name, vars) in &variables {
+            let live = run(&app, project, &key, name, &json!({"variables": vars, "refresh": "direct"})).await;
+            // Within freshness_seconds (1) and a second of work, a blocking run is answered from a stored result
+            // that has the appended row, equal to the live answer.
+            let (stored, as_of) = loop {
+                let body = json!({"variables": vars});
+                let (answer, header) = run_with_as_of(&app, project, &key, name, &body).await;
+                if answer["endpoint_materialized"] == true && answer["results"] == live["results"] {
+                    break (answer, header);
+                }
+                assert!(
+                    appended_at.elapsed() < Duration::from_secs(2),
+                    "{name}: round {round} not fresh after 2 s: {answer} vs {live}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            assert_eq!(stored["data_as_of"].as_str(), Some(as_of.as_str()));
+            let as_of =
+                time::OffsetDateTime::parse(&as_of, &time::format_description::well_known::Rfc3339).unwrap();
+            let materialized_at = time::OffsetDateTime::parse(
+                stored["endpoint_materialized_at"].as_str().unwrap(),
+                &time::format_description::well_known::Rfc3339,
+            )
+            .unwrap();
+            assert!(as_of <= materialized_at, "data as of when its refresh began reading: {stored}");
+        }
+    }
+    let done = status(&app, project, &key, "by_country").await;
+    assert_eq!(done["full_refreshes"], 4, "{done}");
+
+    // A run that takes no data older than 0 seconds is computed live, and says so.
+    let (bounded, _) = run_with_as_of(
+        &app,
+        project,
+        &key,
+        "by_country",
+        &json!({"variables": variables[0].1, "max_staleness_seconds": 0}),
+    )
+    .await;
+    assert_eq!(
+        (bounded["endpoint_materialized"].as_bool(), bounded["is_cached"].as_bool()),
+        (Some(false), Some(false))
+    );
+    let path = format!("/api/projects/{project}/endpoints/by_country/run?max_staleness_seconds=-1");
+    let refused = assert_error(app.get(&path, &key).await, 400, "validation_error").await;
+    assert_eq!(refused["attr"], "max_staleness_seconds");
+    let csv = app
+        .get(
+            &format!("/api/projects/{project}/endpoints/by_country/run?format=csv&max_staleness_seconds=0"),
+            &key,
+        )
+        .await;
+    assert_eq!(csv.status(), 200);
+    assert_eq!(csv.headers()["x-endpoint-materialized"], "false");
+    assert!(csv.headers().contains_key("x-data-as-of"));
+}

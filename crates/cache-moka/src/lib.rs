@@ -106,9 +106,11 @@ mod tests {
             query_time: std::time::Duration::ZERO,
             endpoint_materialized: false,
             materialized_at: None,
+            data_as_of: at,
             variables: serde_json::Value::Null,
             rendered: std::sync::OnceLock::new(),
             tag: std::sync::OnceLock::new(),
+            as_of: std::sync::OnceLock::new(),
         })
     }
 

@@ -285,6 +285,9 @@ impl MaterializationRecords for NoMaterializations {
     async fn reschedule(&self, _: Uuid, _: Timestamp) -> Result<(), StoreError> {
         Ok(())
     }
+    async fn appended(&self, _: Vec<Uuid>, _: Timestamp) -> Result<(), StoreError> {
+        Ok(())
+    }
     async fn all(&self) -> Result<Vec<MaterializationState>, StoreError> {
         Ok(Vec::new())
     }

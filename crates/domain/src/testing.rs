@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::access::{hash_secret, ApiKey, ProjectId, Scope};
 use crate::clock::{Clock, Timestamp};
-use crate::endpoints::{CacheAge, Endpoint, EndpointName, EndpointVersion};
+use crate::endpoints::{CacheAge, Endpoint, EndpointName, EndpointVersion, Freshness};
 use crate::materialization::Eligibility;
 use crate::query::Query;
 
@@ -76,6 +76,7 @@ pub fn endpoint(name: &str, query: Query) -> Endpoint {
         is_materialized: false,
         cache_age: CacheAge::default(),
         sync_frequency: None,
+        freshness: Freshness::default(),
         current_version: 1,
         versions_count: 1,
         columns: Vec::new(),

@@ -77,6 +77,7 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
         endpoints: store.clone(),
         engine: engine.clone(),
         changes: changes.clone(),
+        materializations: untouched_materializations().states,
         keys: Arc::new(domain::MockAppendKeys::new()),
         clock: clock.clone(),
         append_in_flight: domain::APPEND_IN_FLIGHT,

@@ -77,11 +77,13 @@ impl Services {
         );
         let kept = Invalidator::new(cache.clone(), keys.clone());
         let changes = Arc::new(kept.clone());
+        let changes_for_refreshes: Arc<dyn domain::EndpointChanges> = changes.clone();
         let tables = Arc::new(TableService::new(TableDeps {
             tables: engine.clone(),
             endpoints: store.clone(),
             engine: engine.clone(),
             changes: changes.clone(),
+            materializations: store.clone(),
             keys: store.clone(),
             clock: clock.clone(),
             append_in_flight: config.append_in_flight,
@@ -116,6 +118,7 @@ impl Services {
             engine: engine.clone(),
             results: engine.clone(),
             clock,
+            changes: changes_for_refreshes,
             lease: config.lease,
         }));
         Ok(Self {

@@ -30,7 +30,7 @@ pub struct WorkerConfig {
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        Self { parallelism: 2, poll: Duration::from_secs(5), sweep_every: Duration::from_secs(600) }
+        Self { parallelism: 2, poll: Duration::from_millis(500), sweep_every: Duration::from_secs(600) }
     }
 }
 

@@ -14,7 +14,7 @@ use domain::{
     ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredColumn,
     StoredResult, Switch, SyncFrequency, TableLeases, TableName, Timestamp, TokenSecret,
 };
-use domain::{AppendKeyState, AppendKeys, IdempotencyKey, Written};
+use domain::{AppendKeyState, AppendKeys, Freshness, IdempotencyKey, Written};
 use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
@@ -87,6 +87,7 @@ contract!(
     list_filters_searches_and_pages,
     keys_are_found_by_hash_and_revoked,
     materialization_claims_are_exclusive,
+    appends_make_a_materialization_due_within_its_freshness,
     materialization_records_follow_the_lease,
     materialization_follows_the_endpoint,
     a_version_planned_again_records_its_columns_or_why_it_no_longer_plans,
@@ -166,6 +167,7 @@ fn new_endpoint(project: ProjectId, raw_name: &str) -> NewEndpoint {
         is_materialized: false,
         cache_age: CacheAge::new(Some(60)).unwrap(),
         sync_frequency: None,
+        freshness: Freshness::default(),
         created_at: T0,
     }
 }
@@ -276,10 +278,12 @@ async fn settings_changes_keep_the_version(store: DieselStore) {
         sync_frequency: Some(Some(SyncFrequency::OneHour)),
         cache_age: Some(CacheAge::default()),
         derived_from_insight: Some(None),
+        freshness: Some(Freshness::new(Some(5)).unwrap()),
         query: None,
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
     assert_eq!(updated.current_version, 1);
+    assert_eq!(updated.freshness.configured(), Some(5));
     assert_eq!(updated.description, "new words");
     assert!(!updated.is_active && updated.is_materialized);
     assert_eq!(updated.sync_frequency, Some(SyncFrequency::OneHour));
@@ -529,7 +533,7 @@ async fn claims_of(store: &DieselStore, p: ProjectId, now: Timestamp) -> Vec<dom
 }
 
 fn stored(location: &str, version: u32, at: Timestamp) -> StoredResult {
-    StoredResult { version, location: location.into(), row_count: 7, materialized_at: at }
+    StoredResult { version, location: location.into(), row_count: 7, materialized_at: at, data_as_of: at }
 }
 
 async fn materialization_claims_are_exclusive(store: DieselStore) {
@@ -654,6 +658,59 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
         MaterializationRecords::all(&store).await.unwrap().iter().filter(|r| r.endpoint_id == id).count(),
         1
     );
+}
+
+async fn appends_make_a_materialization_due_within_its_freshness(store: DieselStore) {
+    let _serial = CLAIMING.lock().await;
+    let p = project(&store).await;
+    let new = NewEndpoint {
+        is_materialized: true,
+        sync_frequency: Some(SyncFrequency::OneDay),
+        freshness: Freshness::new(Some(10)).unwrap(),
+        ..new_endpoint(p, "fresh")
+    };
+    let id = EndpointStore::insert(&store, new).await.unwrap().id;
+    let secs = Duration::from_secs;
+    // Appends before the first refresh leave nothing pending: that refresh is due anyway.
+    MaterializationRecords::appended(&store, vec![id], T0).await.unwrap();
+    let first = claims_of(&store, p, T0).await.pop().expect("a first refresh");
+    let far = T0 + secs(86_400);
+    let done = MaterializationRecords::complete(&store, id, first.token, stored("one", 1, T0), far);
+    assert_eq!(done.await.unwrap(), Switch::Switched { replaced: None });
+    assert!(claims_of(&store, p, T0 + secs(60)).await.is_empty(), "nothing appended, not due");
+
+    // The first append pending makes the refresh due its freshness later; later ones do not move it.
+    let t1 = T0 + secs(100);
+    MaterializationRecords::appended(&store, vec![id, Uuid::new_v4()], t1).await.unwrap();
+    MaterializationRecords::appended(&store, vec![id], t1 + secs(5)).await.unwrap();
+    let record = MaterializationRecords::get(&store, id).await.unwrap().unwrap();
+    assert_eq!(record.appended_since, Some(t1));
+    assert_eq!(record.due_at(Freshness::new(Some(10)).unwrap()), t1 + secs(10));
+    assert!(claims_of(&store, p, t1 + secs(9)).await.is_empty(), "not before its freshness");
+    let second = claims_of(&store, p, t1 + secs(10)).await.pop().expect("due at its freshness");
+    let record = MaterializationRecords::get(&store, id).await.unwrap().unwrap();
+    assert_eq!(record.appended_since, None, "the refresh reads after its claim: it includes them");
+
+    // An append while it runs stays pending after it completes, and the refresh counts.
+    let t2 = t1 + secs(11);
+    MaterializationRecords::appended(&store, vec![id], t2).await.unwrap();
+    let done =
+        MaterializationRecords::complete(&store, id, second.token, stored("two", 1, t1 + secs(10)), far);
+    assert_eq!(done.await.unwrap(), Switch::Switched { replaced: Some("one".into()) });
+    let record = MaterializationRecords::get(&store, id).await.unwrap().unwrap();
+    assert_eq!((record.appended_since, record.full_refreshes), (Some(t2), 2), "{record:?}");
+    assert_eq!(record.result.map(|r| r.data_as_of), Some(t1 + secs(10)));
+
+    // A failed refresh waits for its retry time, appends pending or not.
+    let third = claims_of(&store, p, t2 + secs(10)).await.pop().expect("due again");
+    MaterializationRecords::appended(&store, vec![id], t2 + secs(11)).await.unwrap();
+    let retry = t2 + secs(300);
+    assert!(MaterializationRecords::fail(&store, id, third.token, "boom".into(), retry).await.unwrap());
+    assert!(claims_of(&store, p, t2 + secs(60)).await.is_empty(), "a failure is not retried at once");
+    let fourth = claims_of(&store, p, retry).await.pop().expect("retried at its time");
+    let done = MaterializationRecords::complete(&store, id, fourth.token, stored("four", 1, retry), far);
+    done.await.unwrap();
+    assert!(claims_of(&store, p, retry + secs(3600)).await.is_empty(), "left not due");
 }
 
 async fn materialization_follows_the_endpoint(store: DieselStore) {

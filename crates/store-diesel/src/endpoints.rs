@@ -95,6 +95,7 @@ struct EndpointUpdate {
     is_materialized: bool,
     cache_age_seconds: Option<Option<i64>>,
     sync_frequency: Option<Option<String>>,
+    freshness_seconds: Option<Option<i64>>,
     current_version: i64,
     updated_at: i64,
 }
@@ -186,6 +187,7 @@ fn apply_change(
             is_materialized,
             cache_age_seconds: cache_age,
             sync_frequency,
+            freshness_seconds: change.freshness.map(|f| f.configured().map(i64::from)),
             current_version,
             updated_at: at,
         })
@@ -214,6 +216,7 @@ impl EndpointStore for DieselStore {
             created_at: at,
             updated_at: at,
             last_executed_at: None,
+            freshness_seconds: endpoint.freshness.configured().map(i64::from),
         };
         let version = VersionRow {
             endpoint_id: row.id.clone(),

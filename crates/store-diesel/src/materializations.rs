@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use domain::{
-    attempt_location, Claim, EndpointName, MaterializationRecords, MaterializationState,
+    attempt_location, Claim, EndpointName, Freshness, MaterializationRecords, MaterializationState,
     MaterializationStatus, ProjectId, StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
 };
 use tracing::instrument;
@@ -33,6 +33,9 @@ struct MaterializationRow {
     lease_token: Option<String>,
     lease_expires_at: Option<i64>,
     revision: i64,
+    appended_since: Option<i64>,
+    result_data_as_of: Option<i64>,
+    full_refreshes: i64,
 }
 
 impl MaterializationRow {
@@ -44,6 +47,7 @@ impl MaterializationRow {
                 location,
                 row_count: u64::try_from(rows).unwrap_or(0),
                 materialized_at: instant(at)?,
+                data_as_of: instant(self.result_data_as_of.unwrap_or(at))?,
             }),
             _ => None,
         };
@@ -60,6 +64,8 @@ impl MaterializationRow {
             error: self.error,
             result,
             lease,
+            appended_since: self.appended_since.map(instant).transpose()?,
+            full_refreshes: u64::try_from(self.full_refreshes).unwrap_or(0),
         })
     }
 }
@@ -83,6 +89,11 @@ struct Candidate {
 
 fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>, DbError> {
     let running = MaterializationStatus::Running.as_str();
+    let failed = MaterializationStatus::Failed.as_str();
+    // When pending appends make a refresh due: `freshness_seconds` after the first of them.
+    let fresh_by = materializations::appended_since.nullable()
+        + (coalesce(endpoints::freshness_seconds, i64::from(Freshness::DEFAULT_SECONDS)) * 1_000_000_i64)
+            .nullable();
     Ok(endpoints::table
         .left_join(materializations::table.on(materializations::endpoint_id.eq(endpoints::id)))
         .filter(endpoints::is_materialized.eq(true))
@@ -99,7 +110,14 @@ fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>,
                 .or(materializations::status
                     .nullable()
                     .eq(running)
-                    .and(materializations::lease_expires_at.le(now))),
+                    .and(materializations::lease_expires_at.le(now)))
+                // Appends waiting past their freshness; a failed refresh still waits for its retry.
+                .or(materializations::status.nullable().ne(running).and(fresh_by.le(now)).and(
+                    materializations::status
+                        .nullable()
+                        .ne(failed)
+                        .or(materializations::next_run_at.nullable().le(now)),
+                )),
         )
         // Oldest due first; an endpoint without a record (NULL) is due since it was turned on, so it goes first.
         .order(coalesce(materializations::next_run_at.nullable(), 0_i64).asc())
@@ -144,6 +162,9 @@ fn claim_one(
                 lease_token: Some(token.to_string()),
                 lease_expires_at: Some(lease_until),
                 revision: 1,
+                appended_since: None,
+                result_data_as_of: None,
+                full_refreshes: 0,
             };
             match diesel::insert_into(materializations::table).values(&row).execute(conn) {
                 Ok(n) => Ok(n == 1),
@@ -160,6 +181,8 @@ fn claim_one(
                     materializations::lease_token.eq(Some(token.to_string())),
                     materializations::lease_expires_at.eq(Some(lease_until)),
                     materializations::revision.eq(revision + 1),
+                    // The refresh reads the tables after this: it includes every append recorded before it.
+                    materializations::appended_since.eq(None::<i64>),
                 ))
                 .execute(conn)?;
             Ok(claimed == 1)
@@ -302,11 +325,14 @@ impl MaterializationRecords for DieselStore {
                             materializations::result_row_count
                                 .eq(Some(i64::try_from(result.row_count).unwrap_or(i64::MAX))),
                             materializations::result_at.eq(Some(micros(result.materialized_at))),
+                            materializations::result_data_as_of.eq(Some(micros(result.data_as_of))),
                             materializations::next_run_at.eq(micros(next_run_at)),
                             materializations::lease_token.eq(None::<String>),
                             materializations::lease_expires_at.eq(None::<i64>),
+                            materializations::full_refreshes.eq(materializations::full_refreshes + 1),
                         ))
                         .execute(conn)?;
+
                     Ok(Switch::Switched { replaced: replaced.filter(|old| *old != result.location) })
                 })
             })
@@ -350,6 +376,24 @@ impl MaterializationRecords for DieselStore {
                         materializations::next_run_at.eq(micros(at)),
                         materializations::revision.eq(materializations::revision + 1),
                     ))
+                    .execute(conn)?;
+                Ok(())
+            })
+            .await?)
+    }
+
+    #[instrument(skip_all, fields(count = endpoint_ids.len()))]
+    async fn appended(&self, endpoint_ids: Vec<Uuid>, at: Timestamp) -> Result<(), StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                let ids: Vec<String> = endpoint_ids.iter().map(Uuid::to_string).collect();
+                // Only records with nothing pending change: the first pending append keeps the time the
+                // refresh is due by.
+                diesel::update(materializations::table)
+                    .filter(materializations::endpoint_id.eq_any(&ids))
+                    .filter(materializations::appended_since.is_null())
+                    .set(materializations::appended_since.eq(Some(micros(at))))
                     .execute(conn)?;
                 Ok(())
             })

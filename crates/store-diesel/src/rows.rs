@@ -3,7 +3,7 @@
 use diesel::prelude::*;
 use domain::{
     BreakingChange, CacheAge, Column, CompareOp, Eligibility, Endpoint, EndpointName, EndpointVersion,
-    MaterializedFilter, ProjectId, Query, Rollup, StoredColumn, SyncFrequency, Timestamp,
+    Freshness, MaterializedFilter, ProjectId, Query, Rollup, StoredColumn, SyncFrequency, Timestamp,
 };
 use uuid::Uuid;
 
@@ -139,6 +139,7 @@ pub(crate) struct EndpointRow {
     pub created_at: i64,
     pub updated_at: i64,
     pub last_executed_at: Option<i64>,
+    pub freshness_seconds: Option<i64>,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Insertable)]
@@ -172,6 +173,7 @@ impl EndpointRow {
             is_materialized: self.is_materialized,
             cache_age: cache_age(self.cache_age_seconds)?,
             sync_frequency: sync_frequency(self.sync_frequency.as_deref())?,
+            freshness: Freshness::new(self.freshness_seconds).map_err(|e| DbError::Corrupt(e.detail))?,
             current_version: version_number(self.current_version)?,
             // Versions are never deleted one by one and are numbered from 1 without gaps.
             versions_count: version_number(self.current_version)?,

@@ -40,6 +40,7 @@ diesel::table! {
         created_at -> BigInt,
         updated_at -> BigInt,
         last_executed_at -> Nullable<BigInt>,
+        freshness_seconds -> Nullable<BigInt>,
     }
 }
 
@@ -74,6 +75,9 @@ diesel::table! {
         lease_token -> Nullable<Text>,
         lease_expires_at -> Nullable<BigInt>,
         revision -> BigInt,
+        appended_since -> Nullable<BigInt>,
+        result_data_as_of -> Nullable<BigInt>,
+        full_refreshes -> BigInt,
     }
 }
 

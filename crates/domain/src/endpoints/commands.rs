@@ -6,13 +6,13 @@
 use serde_json::Value;
 
 use super::model::EndpointName;
-use super::settings::{CacheAge, SyncFrequency};
+use super::settings::{CacheAge, Freshness, SyncFrequency};
 use crate::error::Invalid;
 use crate::fields::Fields;
 use crate::query::Query;
 
 /// The fields a create or update body may carry.
-pub const ENDPOINT_FIELDS: [&str; 8] = [
+pub const ENDPOINT_FIELDS: [&str; 9] = [
     "name",
     "description",
     "query",
@@ -21,6 +21,7 @@ pub const ENDPOINT_FIELDS: [&str; 8] = [
     "is_materialized",
     "cache_age_seconds",
     "sync_frequency",
+    "freshness_seconds",
 ];
 
 /// The update field that confirms a change breaking the callers of an endpoint that ran recently.
@@ -38,7 +39,7 @@ const UPDATE_FIELDS: [&str; ENDPOINT_FIELDS.len() + 1] = {
 };
 
 /// A new endpoint as a caller describes it. `None` takes the default: no description, active, not materialized,
-/// the default cache age, and the default sync frequency once materialized.
+/// the default cache age and freshness, and the default sync frequency once materialized.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreateEndpoint {
     pub name: EndpointName,
@@ -49,6 +50,7 @@ pub struct CreateEndpoint {
     pub is_materialized: Option<bool>,
     pub cache_age: Option<CacheAge>,
     pub sync_frequency: Option<SyncFrequency>,
+    pub freshness: Option<Freshness>,
 }
 
 impl CreateEndpoint {
@@ -63,6 +65,7 @@ impl CreateEndpoint {
             is_materialized: None,
             cache_age: None,
             sync_frequency: None,
+            freshness: None,
         }
     }
 }
@@ -90,6 +93,7 @@ impl TryFrom<&Value> for CreateEndpoint {
             derived_from_insight: fields.nullable_string("derived_from_insight")?.flatten(),
             is_active: fields.bool("is_active")?,
             cache_age: cache_age_field(&fields)?,
+            freshness: freshness_field(&fields)?,
         })
     }
 }
@@ -107,6 +111,8 @@ pub struct EndpointPatch {
     pub cache_age: Option<CacheAge>,
     /// `Some(None)` asks for the default frequency of a materialized endpoint.
     pub sync_frequency: Option<Option<SyncFrequency>>,
+    /// `Some(Freshness::DEFAULT)` (an explicit null) goes back to the default.
+    pub freshness: Option<Freshness>,
     /// A query to save; it makes a new version only when its canonical form differs from the current one.
     pub query: Option<Query>,
     /// Saves a new version that breaks the callers of an endpoint that ran recently.
@@ -133,6 +139,7 @@ impl TryFrom<&Value> for EndpointPatch {
             is_materialized: fields.bool("is_materialized")?,
             cache_age: cache_age_field(&fields)?,
             sync_frequency: sync_frequency_field(&fields)?,
+            freshness: freshness_field(&fields)?,
             query,
         })
     }
@@ -147,6 +154,10 @@ fn sync_frequency_field(fields: &Fields<'_>) -> Result<Option<Option<SyncFrequen
 
 fn cache_age_field(fields: &Fields<'_>) -> Result<Option<CacheAge>, Invalid> {
     fields.nullable_int("cache_age_seconds")?.map(CacheAge::new).transpose()
+}
+
+fn freshness_field(fields: &Fields<'_>) -> Result<Option<Freshness>, Invalid> {
+    fields.nullable_int("freshness_seconds")?.map(Freshness::new).transpose()
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::settings::{CacheAge, SyncFrequency};
+use super::settings::{CacheAge, Freshness, SyncFrequency};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::{Error, Invalid};
@@ -84,6 +84,8 @@ pub struct Endpoint {
     pub cache_age: CacheAge,
     /// Stored only while the endpoint is materialized.
     pub sync_frequency: Option<SyncFrequency>,
+    /// How soon appended rows reach the stored result.
+    pub freshness: Freshness,
     pub current_version: u32,
     pub versions_count: u32,
     /// Output columns of the current version.
@@ -241,6 +243,7 @@ pub struct NewEndpoint {
     pub is_materialized: bool,
     pub cache_age: CacheAge,
     pub sync_frequency: Option<SyncFrequency>,
+    pub freshness: Freshness,
     pub created_at: Timestamp,
 }
 
@@ -253,6 +256,7 @@ pub struct EndpointChange {
     pub is_materialized: Option<bool>,
     pub cache_age: Option<CacheAge>,
     pub sync_frequency: Option<Option<SyncFrequency>>,
+    pub freshness: Option<Freshness>,
     /// A new version to save: the domain made one because the query's canonical form changed.
     pub query: Option<NewVersion>,
 }
@@ -311,6 +315,7 @@ impl NewEndpoint {
             is_materialized: self.is_materialized,
             cache_age: self.cache_age,
             sync_frequency: self.sync_frequency,
+            freshness: self.freshness,
             current_version: 1,
             versions_count: 1,
             columns: self.columns,
@@ -340,6 +345,7 @@ impl EndpointChange {
             is_materialized,
             cache_age,
             sync_frequency,
+            freshness,
             query,
         } = self;
         endpoint.description = description.unwrap_or(endpoint.description);
@@ -348,6 +354,7 @@ impl EndpointChange {
         endpoint.is_materialized = is_materialized.unwrap_or(endpoint.is_materialized);
         endpoint.cache_age = cache_age.unwrap_or(endpoint.cache_age);
         endpoint.sync_frequency = sync_frequency.unwrap_or(endpoint.sync_frequency);
+        endpoint.freshness = freshness.unwrap_or(endpoint.freshness);
         if let Some(NewVersion { number, planned }) = query {
             endpoint.current_version = number;
             endpoint.versions_count = number;

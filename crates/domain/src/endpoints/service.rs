@@ -11,7 +11,7 @@ use super::model::{
     NewVersion, PlannedQuery,
 };
 use super::ports::{EndpointChanges, EndpointStore};
-use super::settings::{CacheAge, SyncFrequency};
+use super::settings::{CacheAge, Freshness, SyncFrequency};
 use crate::access::ProjectId;
 use crate::clock::Clock;
 use crate::error::{Error, Invalid, StoreError};
@@ -188,6 +188,7 @@ impl EndpointService {
             is_materialized,
             cache_age: command.cache_age.unwrap_or(CacheAge::DEFAULT),
             sync_frequency,
+            freshness: command.freshness.unwrap_or(Freshness::DEFAULT),
             created_at: self.clock.now(),
         };
         let description = self.engine.describe(project, &endpoint.query).await?;
@@ -310,6 +311,7 @@ impl EndpointService {
             is_materialized: patch.is_materialized,
             cache_age: patch.cache_age,
             sync_frequency: None,
+            freshness: patch.freshness,
             query: None,
         };
         let materialized = change.is_materialized.unwrap_or(current.is_materialized);
@@ -455,6 +457,9 @@ fn drop_unchanged(change: &mut EndpointChange, current: &Endpoint) {
     }
     if change.sync_frequency == Some(current.sync_frequency) {
         change.sync_frequency = None;
+    }
+    if change.freshness == Some(current.freshness) {
+        change.freshness = None;
     }
 }
 

@@ -1,4 +1,5 @@
-//! Per-endpoint settings: how long cached results live and how often a materialization refreshes.
+//! Per-endpoint settings: how long cached results live, how often a materialization refreshes, and how soon
+//! appended rows reach it.
 
 use std::fmt;
 use std::time::Duration;
@@ -41,6 +42,57 @@ impl CacheAge {
     /// The age in force: the configured value or the default. Zero means never serve from cache.
     pub fn effective(self) -> Duration {
         Duration::from_secs(u64::from(self.0.unwrap_or(Self::DEFAULT_SECONDS)))
+    }
+}
+
+/// `freshness_seconds`: how soon after an append a materialized endpoint's stored result includes the appended
+/// rows. `None` means the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Freshness(Option<u32>);
+
+impl Freshness {
+    /// No freshness of its own: appended rows are included within the default.
+    pub const DEFAULT: Self = Self(None);
+    pub const DEFAULT_SECONDS: u32 = 60;
+    pub const MIN_SECONDS: u32 = 1;
+    /// A day: an endpoint that may lag more than that has its `sync_frequency`.
+    pub const MAX_SECONDS: u32 = 86_400;
+
+    /// # Errors
+    /// [`Invalid`] on `freshness_seconds` outside `1..=86400`.
+    pub fn new(seconds: Option<i64>) -> Result<Self, Invalid> {
+        match seconds {
+            None => Ok(Self(None)),
+            Some(s) => u32::try_from(s)
+                .ok()
+                .filter(|s| (Self::MIN_SECONDS..=Self::MAX_SECONDS).contains(s))
+                .map(|s| Self(Some(s)))
+                .ok_or_else(|| {
+                    Invalid::field(
+                        "freshness_seconds",
+                        format!(
+                            "freshness_seconds must be an integer between {} and {}.",
+                            Self::MIN_SECONDS,
+                            Self::MAX_SECONDS
+                        ),
+                    )
+                }),
+        }
+    }
+
+    /// The configured value, `None` when the default applies.
+    pub fn configured(self) -> Option<u32> {
+        self.0
+    }
+
+    /// The freshness in force, in seconds: the configured value or the default.
+    pub fn seconds(self) -> u32 {
+        self.0.unwrap_or(Self::DEFAULT_SECONDS)
+    }
+
+    /// The freshness in force.
+    pub fn effective(self) -> Duration {
+        Duration::from_secs(u64::from(self.seconds()))
     }
 }
 
@@ -126,6 +178,20 @@ impl fmt::Display for SyncFrequency {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn freshness_bounds() {
+        assert_eq!(Freshness::new(None).unwrap().effective(), Duration::from_secs(60));
+        assert_eq!(Freshness::new(Some(1)).unwrap().seconds(), 1);
+        assert_eq!(Freshness::new(Some(86_400)).unwrap().configured(), Some(86_400));
+        for bad in [0, -1, 86_401, i64::MAX] {
+            assert_eq!(
+                Freshness::new(Some(bad)).unwrap_err().attr.as_deref(),
+                Some("freshness_seconds"),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn cache_age_bounds() {

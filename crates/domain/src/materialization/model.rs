@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
-use crate::endpoints::{Endpoint, EndpointName, SyncFrequency};
+use crate::endpoints::{Endpoint, EndpointName, Freshness, SyncFrequency};
 use crate::query::{
     AggregateCall, AggregateKind, ColumnType, CompareOp, QueryOutline, VariablePredicate, VariableType,
 };
@@ -281,6 +281,9 @@ pub struct StoredResult {
     pub location: String,
     pub row_count: u64,
     pub materialized_at: Timestamp,
+    /// The time up to which appended rows are in it: a refresh includes every append answered before it began
+    /// reading the tables.
+    pub data_as_of: Timestamp,
 }
 
 /// The materialization record of one endpoint, as the store keeps it.
@@ -297,6 +300,22 @@ pub struct MaterializationState {
     pub result: Option<StoredResult>,
     /// The running attempt's token and lease.
     pub lease: Option<(Uuid, Timestamp)>,
+    /// Since when rows appended to a table the query reads (or a replace of one) are not in the result: the
+    /// refresh that includes them is due `freshness_seconds` after it. `None` when nothing is pending.
+    pub appended_since: Option<Timestamp>,
+    /// Refreshes completed, for this record's whole life.
+    pub full_refreshes: u64,
+}
+
+impl MaterializationState {
+    /// When the next refresh is due: at the next scheduled run, or `freshness` after the first append it does
+    /// not include, whichever comes first.
+    pub fn due_at(&self, freshness: Freshness) -> Timestamp {
+        match self.appended_since {
+            Some(since) => self.next_run_at.min(since + freshness.effective()),
+            None => self.next_run_at,
+        }
+    }
 }
 
 /// A refresh a worker has claimed: it holds the lease until `lease_until` (renewable).
@@ -346,6 +365,14 @@ pub struct MaterializationView {
     pub last_materialized_at: Option<Timestamp>,
     pub next_run_at: Option<Timestamp>,
     pub row_count: Option<u64>,
+    /// How soon appended rows reach the stored result.
+    pub freshness: Freshness,
+    /// The time up to which appended rows are in the stored result.
+    pub data_as_of: Option<Timestamp>,
+    /// Since when appended rows wait for the stored result; `None` when none do.
+    pub appended_since: Option<Timestamp>,
+    /// Refreshes completed.
+    pub full_refreshes: u64,
     /// The rollup the stored result is, when it is one.
     pub rollup: Option<Rollup>,
     pub error: Option<String>,
@@ -367,6 +394,10 @@ impl MaterializationView {
             last_materialized_at: None,
             next_run_at: None,
             row_count: None,
+            freshness: endpoint.freshness,
+            data_as_of: None,
+            appended_since: None,
+            full_refreshes: 0,
             rollup: eligibility.and_then(Eligibility::rollup).cloned(),
             error: None,
             can_materialize: eligibility.is_some_and(Eligibility::is_eligible) && endpoint.is_active,
@@ -387,11 +418,14 @@ impl MaterializationView {
             return view;
         };
         view.status = state.status;
-        view.next_run_at = Some(state.next_run_at);
+        view.next_run_at = Some(state.due_at(endpoint.freshness));
         view.error = state.error.clone();
+        view.full_refreshes = state.full_refreshes;
         if let Some(result) = state.result.as_ref().filter(|r| r.version == endpoint.current_version) {
             view.last_materialized_at = Some(result.materialized_at);
             view.row_count = Some(result.row_count);
+            view.data_as_of = Some(result.data_as_of);
+            view.appended_since = state.appended_since;
         }
         view
     }

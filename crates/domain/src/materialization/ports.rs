@@ -31,8 +31,8 @@ pub trait MaterializationRecords: Send + Sync {
     async fn get_many(&self, endpoint_ids: Vec<Uuid>) -> Result<Vec<MaterializationState>, StoreError>;
 
     /// Claims up to `max` refreshes that are due at `now`: active materialized endpoints whose current version
-    /// has no record yet, whose record is for an older version, whose next run has come, or whose running
-    /// attempt's lease has expired. Each is marked Running with a new token, leased until `lease_until`.
+    /// has no record yet, whose record is for an older version, whose next run has come, whose pending appends
+    /// are `freshness_seconds` old, or whose running attempt's lease has expired. Each is marked Running with a new token, leased until `lease_until`.
     ///
     /// # Errors
     /// `Unavailable`, `Internal`.
@@ -49,7 +49,8 @@ pub trait MaterializationRecords: Send + Sync {
     /// `Unavailable`, `Internal`.
     async fn renew(&self, endpoint_id: Uuid, token: Uuid, until: Timestamp) -> Result<bool, StoreError>;
 
-    /// Switches runs to a completed result, if the claim is still held.
+    /// Switches runs to a completed result, if the claim is still held, and counts a full refresh. Appends
+    /// recorded since the claim stay pending.
     ///
     /// # Errors
     /// `Unavailable`, `Internal`.
@@ -60,6 +61,14 @@ pub trait MaterializationRecords: Send + Sync {
         result: StoredResult,
         next_run_at: Timestamp,
     ) -> Result<Switch, StoreError>;
+
+    /// Records that rows were appended at `at` to a table these endpoints read (or that one was replaced):
+    /// each record with no pending appends gets `at` as the time they are pending since, which makes its
+    /// refresh due `freshness_seconds` later. Endpoints without a record have their first refresh due already.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn appended(&self, endpoint_ids: Vec<Uuid>, at: Timestamp) -> Result<(), StoreError>;
 
     /// Records a failed attempt, if the claim is still held; the previous result stays readable.
     ///

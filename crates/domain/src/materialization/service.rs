@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::model::{attempt_location, Claim, Eligibility, StoredResult, Switch};
 use super::ports::{MaterializationRecords, ResultStorage};
 use crate::clock::Clock;
-use crate::endpoints::EndpointStore;
+use crate::endpoints::{EndpointChanges, EndpointStore};
 use crate::error::{Error, Invalid, StoreError};
 use crate::query::QueryEngine;
 
@@ -40,6 +40,8 @@ pub struct RefreshDeps {
     pub engine: Arc<dyn QueryEngine>,
     pub results: Arc<dyn ResultStorage>,
     pub clock: Arc<dyn Clock>,
+    /// Told of every endpoint whose stored result was switched, so runs cached from the one before go.
+    pub changes: Arc<dyn EndpointChanges>,
     /// How long a claim holds without renewal.
     pub lease: Duration,
 }
@@ -51,13 +53,14 @@ pub struct RefreshService {
     engine: Arc<dyn QueryEngine>,
     results: Arc<dyn ResultStorage>,
     clock: Arc<dyn Clock>,
+    changes: Arc<dyn EndpointChanges>,
     lease: Duration,
 }
 
 impl RefreshService {
     pub fn new(deps: RefreshDeps) -> Self {
-        let RefreshDeps { endpoints, states, engine, results, clock, lease } = deps;
-        Self { endpoints, states, engine, results, clock, lease }
+        let RefreshDeps { endpoints, states, engine, results, clock, changes, lease } = deps;
+        Self { endpoints, states, engine, results, clock, changes, lease }
     }
 
     /// How long a claim holds without renewal.
@@ -107,6 +110,8 @@ impl RefreshService {
             self.remove_quietly(claim, abandoned).await;
         }
         let target = attempt_location(claim.endpoint_id, claim.version, claim.token);
+        // Every append answered before the tables are read is in the result.
+        let data_as_of = self.clock.now();
         let rows = match self.compute(claim, &target).await {
             Ok(rows) => rows,
             Err(Error::NotFound(_)) => {
@@ -126,11 +131,17 @@ impl RefreshService {
             }
         };
         let at = self.clock.now();
-        let result =
-            StoredResult { version: claim.version, location: target, row_count: rows, materialized_at: at };
+        let result = StoredResult {
+            version: claim.version,
+            location: target,
+            row_count: rows,
+            materialized_at: at,
+            data_as_of,
+        };
         let next = at + claim.sync_frequency.period();
         match self.states.complete(claim.endpoint_id, claim.token, result, next).await {
             Ok(Switch::Switched { replaced }) => {
+                self.switched(claim).await;
                 if let Some(old) = replaced {
                     self.remove_quietly(claim, &old).await;
                 }
@@ -165,6 +176,15 @@ impl RefreshService {
             return Err(Error::Invalid(Invalid::field("is_materialized", reason)));
         }
         Ok(self.results.write(claim.project, &version.query, target).await?)
+    }
+
+    /// Makes the runs cached from the result before stale, here and on the other processes (which otherwise keep
+    /// them until their cache age runs out).
+    async fn switched(&self, claim: &Claim) {
+        self.changes.changed(claim.project, &claim.name);
+        if let Err(err) = self.endpoints.announce(claim.project, vec![claim.name.clone()]).await {
+            warn!(endpoint = %claim.name, error = %err, "cannot tell other processes of a new stored result");
+        }
     }
 
     /// Removes what an attempt wrote (there may be nothing).

@@ -11,7 +11,9 @@ use super::super::ports::{MockMaterializationRecords, MockResultStorage};
 use super::*;
 use crate::access::ProjectId;
 use crate::clock::{MockClock, Timestamp};
-use crate::endpoints::{CacheAge, EndpointName, EndpointVersion, MockEndpointStore, SyncFrequency};
+use crate::endpoints::{
+    CacheAge, EndpointName, EndpointVersion, MockEndpointChanges, MockEndpointStore, SyncFrequency,
+};
 use crate::error::EngineError;
 use crate::query::{MockQueryEngine, Query};
 
@@ -75,9 +77,21 @@ fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockResu
 }
 
 fn materializer(
+    mut endpoints: MockEndpointStore,
+    states: MockMaterializationRecords,
+    results: MockResultStorage,
+) -> RefreshService {
+    endpoints.expect_announce().returning(|_, _| Ok(()));
+    let mut changes = MockEndpointChanges::new();
+    changes.expect_changed().return_const(());
+    materializer_telling(endpoints, states, results, changes)
+}
+
+fn materializer_telling(
     endpoints: MockEndpointStore,
     states: MockMaterializationRecords,
     results: MockResultStorage,
+    changes: MockEndpointChanges,
 ) -> RefreshService {
     let mut clock = MockClock::new();
     clock.expect_now().return_const(NOW);
@@ -87,6 +101,7 @@ fn materializer(
         engine: Arc::new(MockQueryEngine::new()),
         results: Arc::new(results),
         clock: Arc::new(clock),
+        changes: Arc::new(changes),
         lease: LEASE,
     })
 }
@@ -101,12 +116,28 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
             *id == Uuid::from_u128(1)
                 && *token == Uuid::from_u128(9)
                 && *result
-                    == StoredResult { version: 3, location: target(), row_count: 42, materialized_at: NOW }
+                    == StoredResult {
+                        version: 3,
+                        location: target(),
+                        row_count: 42,
+                        materialized_at: NOW,
+                        data_as_of: NOW,
+                    }
                 && *next == NOW + Duration::from_secs(3600)
         })
         .times(1)
         .returning(|_, _, _, _| Ok(Switch::Switched { replaced: Some("old".into()) }));
-    let m = materializer(endpoints(eligible()), states, results(Ok(42), Arc::clone(&removed)));
+    // Runs cached from the replaced result go, here and on the other processes.
+    let mut store = endpoints(eligible());
+    let kpi = EndpointName::parse("kpi").unwrap();
+    store
+        .expect_announce()
+        .with(eq(ProjectId::new(4).unwrap()), eq(vec![kpi.clone()]))
+        .times(1)
+        .returning(|_, _| Ok(()));
+    let mut changes = MockEndpointChanges::new();
+    changes.expect_changed().with(eq(ProjectId::new(4).unwrap()), eq(kpi)).times(1).return_const(());
+    let m = materializer_telling(store, states, results(Ok(42), Arc::clone(&removed)), changes);
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
     assert_eq!(*removed.lock().unwrap(), vec!["old".to_owned()]);
 }
@@ -214,8 +245,16 @@ async fn the_sweep_removes_only_locations_no_record_refers_to() {
         status: MaterializationStatus::Running,
         next_run_at: NOW,
         error: None,
-        result: Some(StoredResult { version: 2, location: completed, row_count: 1, materialized_at: NOW }),
+        result: Some(StoredResult {
+            version: 2,
+            location: completed,
+            row_count: 1,
+            materialized_at: NOW,
+            data_as_of: NOW,
+        }),
         lease: Some((Uuid::from_u128(6), NOW + LEASE)),
+        appended_since: None,
+        full_refreshes: 1,
     };
     states.expect_all().returning(move || Ok(vec![record.clone()]));
     let m = materializer(MockEndpointStore::new(), states, results);

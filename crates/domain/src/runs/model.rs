@@ -72,6 +72,9 @@ pub struct RunRequest {
     pub client_query_id: Option<String>,
     /// How the rows are written: the request's `format`, else what the client accepts.
     pub format: ResultFormat,
+    /// The oldest data the caller takes: a cached or stored answer whose `data_as_of` is older than this is not
+    /// served (a `blocking` run computes live instead). `None` takes any that is otherwise fresh.
+    pub max_staleness: Option<Duration>,
 }
 
 /// No version named (the current one), no variables, the first page of the default size, a cached answer when
@@ -86,6 +89,7 @@ impl Default for RunRequest {
             refresh: Refresh::default(),
             client_query_id: None,
             format: ResultFormat::Json,
+            max_staleness: None,
         }
     }
 }
@@ -100,6 +104,38 @@ impl RunRequest {
 
     /// The most variables one run may pass (a query declares far fewer; this bounds the work of refusing).
     pub const MAX_VARIABLES: usize = 100;
+
+    /// The largest `max_staleness_seconds`: a year.
+    pub const MAX_STALENESS_SECONDS: i64 = 366 * 86_400;
+
+    /// `max_staleness_seconds` as sent; `None` when it was not.
+    ///
+    /// # Errors
+    /// [`Invalid`] (`max_staleness_seconds`) outside `0..=31622400`.
+    pub fn max_staleness(requested: Option<i64>) -> Result<Option<Duration>, Invalid> {
+        requested
+            .map(|seconds| {
+                u64::try_from(seconds)
+                    .ok()
+                    .filter(|s| i64::try_from(*s).is_ok_and(|s| s <= Self::MAX_STALENESS_SECONDS))
+                    .map(Duration::from_secs)
+                    .ok_or_else(|| {
+                        Invalid::field(
+                            "max_staleness_seconds",
+                            format!(
+                                "max_staleness_seconds must be an integer between 0 and {}.",
+                                Self::MAX_STALENESS_SECONDS
+                            ),
+                        )
+                    })
+            })
+            .transpose()
+    }
+
+    /// Whether data as of `data_as_of` is recent enough for this request at `now`.
+    pub fn takes(&self, data_as_of: Timestamp, now: Timestamp) -> bool {
+        self.max_staleness.is_none_or(|most| data_as_of + most >= now)
+    }
 
     /// Sets the variables a run token fixes, so that a run of its holder sees only the tenant's rows. They are
     /// part of the variables from here on, so of the cache key too: two tenants never share an answer.
@@ -190,6 +226,9 @@ pub struct CachedRun {
     pub endpoint_materialized: bool,
     /// When the stored result the answer was read from was computed.
     pub materialized_at: Option<Timestamp>,
+    /// The time up to which appended rows are in the answer: when a live computation began reading, or the
+    /// stored result's own.
+    pub data_as_of: Timestamp,
     /// The bound variables, defaults included.
     pub variables: serde_json::Value,
     /// The serialized form of the fields above, written by the adapter that first answers with this run and
@@ -197,6 +236,8 @@ pub struct CachedRun {
     pub rendered: std::sync::OnceLock<Vec<u8>>,
     /// The entity tag, made at the first answer that needs it (see [`CachedRun::etag`]).
     pub tag: std::sync::OnceLock<String>,
+    /// `data_as_of` in RFC 3339, written at the first answer that needs it (see [`CachedRun::as_of_text`]).
+    pub as_of: std::sync::OnceLock<String>,
 }
 
 impl CachedRun {
@@ -215,6 +256,16 @@ impl CachedRun {
             }
             digest.update(self.result.rows_json.as_bytes());
             hex::encode(&digest.finalize()[..16])
+        })
+    }
+
+    /// `data_as_of` in RFC 3339 (UTC), formatted once for every answer with this run.
+    pub fn as_of_text(&self) -> &str {
+        self.as_of.get_or_init(|| {
+            self.data_as_of
+                .to_offset(time::UtcOffset::UTC)
+                .format(&time::format_description::well_known::Rfc3339)
+                .expect("a time a clock tells, in UTC, is one RFC 3339 writes")
         })
     }
 
@@ -258,6 +309,8 @@ pub struct Exported {
     pub export: Option<crate::query::Export>,
     /// When the stored result the page was read from was computed; `None` for a live page.
     pub materialized_at: Option<Timestamp>,
+    /// The time up to which appended rows are in the page; `None` when there is no page.
+    pub data_as_of: Option<Timestamp>,
     pub execution_id: Uuid,
 }
 
@@ -275,6 +328,26 @@ mod tests {
         for bad in ["async", "lazy_async", "force_async", "sometimes"] {
             assert_eq!(Refresh::parse(bad).unwrap_err().attr.as_deref(), Some("refresh"), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_request_takes_data_no_older_than_its_max_staleness() {
+        let now = time::macros::datetime!(2026-11-22 10:00:45 UTC);
+        let at = |ago: i64| now - time::Duration::seconds(ago);
+        let any = RunRequest::default();
+        assert!(any.takes(at(86_400 * 30), now));
+        let ten = RunRequest { max_staleness: RunRequest::max_staleness(Some(10)).unwrap(), ..any.clone() };
+        assert!(ten.takes(at(10), now) && ten.takes(at(0), now));
+        assert!(!ten.takes(at(11), now));
+        let zero = RunRequest { max_staleness: RunRequest::max_staleness(Some(0)).unwrap(), ..any };
+        assert!(zero.takes(now, now) && !zero.takes(at(1), now));
+        for bad in [-1, RunRequest::MAX_STALENESS_SECONDS + 1, i64::MIN] {
+            assert_eq!(
+                RunRequest::max_staleness(Some(bad)).unwrap_err().attr.as_deref(),
+                Some("max_staleness_seconds")
+            );
+        }
+        assert_eq!(RunRequest::max_staleness(None), Ok(None));
     }
 
     #[test]
@@ -315,9 +388,11 @@ mod tests {
             query_time: Duration::ZERO,
             endpoint_materialized: false,
             materialized_at: None,
+            data_as_of: at,
             variables: Value::Null,
             rendered: std::sync::OnceLock::new(),
             tag: std::sync::OnceLock::new(),
+            as_of: std::sync::OnceLock::new(),
         }
     }
 

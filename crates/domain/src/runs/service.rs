@@ -184,7 +184,10 @@ impl RunService {
         let now = self.clock.now();
         let reads_cache = matches!(request.refresh, Refresh::Blocking | Refresh::ForceCache);
         if reads_cache {
-            if let Some(hit) = self.cache.get(&key).filter(|hit| hit.expires_at.is_some_and(|at| at > now)) {
+            let fresh = |hit: &Arc<CachedRun>| {
+                hit.expires_at.is_some_and(|at| at > now) && request.takes(hit.data_as_of, now)
+            };
+            if let Some(hit) = self.cache.get(&key).filter(fresh) {
                 self.executions.record(project, &key.name, now);
                 // A hit answers with the key's own name: no copy of it on this path.
                 return Ok(self.outcome(key.name, Some(hit), true, &request, started, now));
@@ -214,6 +217,11 @@ impl RunService {
                 let now = self.clock.now();
                 self.executions.record(project, &endpoint_name, now);
                 return Ok(self.outcome(endpoint_name, Some(run), false, &request, started, now));
+            }
+            // A caller with its own bound on staleness does not share a computation that may have taken an older
+            // stored result.
+            Refresh::Blocking if request.max_staleness.is_some() => {
+                compute(self.context(), key, request.clone(), true).await?
             }
             Refresh::Blocking => self.coalesced(key, &request).await?,
             Refresh::ForceBlocking | Refresh::Direct => {
@@ -341,12 +349,13 @@ impl RunService {
         let variables = bind(&version.query, &request.variables)?;
         let (limit, offset, format) = (request.limit, request.offset, request.format);
         let results = &self.materializations.results;
+        let started_at = self.clock.now();
         let exported = context
             .stored_else_live(
                 &endpoint,
                 &version,
                 &variables,
-                request.refresh,
+                &request,
                 async |stored, filters| {
                     results.export(project, &stored.location, filters, limit, offset, format).await
                 },
@@ -356,17 +365,17 @@ impl RunService {
                     export.await.map_err(Error::from)
                 },
             )
-            .await?
-            .map(|(export, stored, _)| (export, stored.map(|s| s.materialized_at)));
+            .await?;
         if exported.is_some() {
             self.executions.record(project, &name, self.clock.now());
         }
-        let (export, materialized_at) = exported.map_or((None, None), |(e, at)| (Some(e), at));
+        let (export, stored) = exported.map_or((None, None), |(e, stored, _)| (Some(e), stored));
         Ok(Exported {
             name,
             version: version.version,
+            data_as_of: export.as_ref().map(|_| stored.as_ref().map_or(started_at, |s| s.data_as_of)),
             export,
-            materialized_at,
+            materialized_at: stored.map(|s| s.materialized_at),
             execution_id: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
         })
     }
@@ -387,15 +396,15 @@ impl RunService {
                 endpoint,
                 &version,
                 &variables,
-                Refresh::ForceCache,
+                request,
                 async |stored, filters| {
                     results.read(endpoint.project_id, &stored.location, filters, limit, offset).await
                 },
                 async || Err(Error::Internal("a force_cache run is never answered live".into())),
             )
             .await?;
-        Ok(page
-            .map(|(result, stored, took)| context.answer(&version, &variables, result, stored, took, false)))
+        let now = self.clock.now();
+        Ok(page.map(|page| context.answer(&version, &variables, page, false, now)))
     }
 
     fn context(&self) -> Context {
@@ -494,12 +503,13 @@ impl Context {
     }
 
     /// The endpoint's stored result and the filters that select a run's rows in it, when a result of this
-    /// version is complete and not older than one sync period.
+    /// version is complete, not older than one sync period, and recent enough for the request.
     async fn stored_source(
         &self,
         endpoint: &Endpoint,
         version: &EndpointVersion,
         variables: &BTreeMap<String, BoundValue>,
+        request: &RunRequest,
     ) -> Option<(StoredResult, Vec<(MaterializedFilter, BoundValue)>)> {
         let period = endpoint.sync_frequency?.period();
         let state = match self.materializations.states.get(endpoint.id).await {
@@ -509,9 +519,12 @@ impl Context {
                 return None;
             }
         };
-        let stored = state
-            .result
-            .filter(|r| r.version == version.version && r.materialized_at + period >= self.clock.now())?;
+        let now = self.clock.now();
+        let stored = state.result.filter(|r| {
+            r.version == version.version
+                && r.materialized_at + period >= now
+                && request.takes(r.data_as_of, now)
+        })?;
         let eligibility = match &version.eligibility {
             Some(eligibility) => eligibility.clone(),
             // A version saved before eligibility was recorded: plan it now.
@@ -537,13 +550,15 @@ impl Context {
         endpoint: &Endpoint,
         version: &EndpointVersion,
         variables: &BTreeMap<String, BoundValue>,
-        refresh: Refresh,
+        request: &RunRequest,
         stored: impl AsyncFnOnce(&StoredResult, Vec<(MaterializedFilter, BoundValue)>) -> Result<T, EngineError>,
         live: impl AsyncFnOnce() -> Result<T, Error>,
     ) -> Result<Option<(T, Option<StoredResult>, Duration)>, Error> {
+        let refresh = request.refresh;
         let reads_stored =
             endpoint.is_materialized && matches!(refresh, Refresh::Blocking | Refresh::ForceCache);
-        let source = if reads_stored { self.stored_source(endpoint, version, variables).await } else { None };
+        let source =
+            if reads_stored { self.stored_source(endpoint, version, variables, request).await } else { None };
         if let Some((result, filters)) = source {
             let started = Instant::now();
             match stored(&result, filters).await {
@@ -559,14 +574,15 @@ impl Context {
         live().await.map(|page| Some((page, None, started.elapsed())))
     }
 
+    /// A computed run from a page as [`Context::stored_else_live`] answers it; a live one (no stored result)
+    /// has the data as of `started_at`.
     fn answer(
         &self,
         version: &EndpointVersion,
         variables: &BTreeMap<String, BoundValue>,
-        result: QueryResult,
-        stored: Option<StoredResult>,
-        query_time: Duration,
+        (result, stored, query_time): (QueryResult, Option<StoredResult>, Duration),
         cacheable: bool,
+        started_at: Timestamp,
     ) -> Arc<CachedRun> {
         let computed_at = self.clock.now();
         let age = version.cache_age.effective();
@@ -578,12 +594,14 @@ impl Context {
             expires_at: cacheable.then(|| computed_at + age),
             query_time,
             endpoint_materialized: stored.is_some(),
+            data_as_of: stored.as_ref().map_or(started_at, |s| s.data_as_of),
             materialized_at: stored.map(|s| s.materialized_at),
             variables: Value::Object(
                 variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>(),
             ),
             rendered: std::sync::OnceLock::new(),
             tag: std::sync::OnceLock::new(),
+            as_of: std::sync::OnceLock::new(),
         })
     }
 }
@@ -599,12 +617,14 @@ async fn compute(
     let variables = bind(&version.query, &request.variables)?;
     let (limit, offset) = (request.limit, request.offset);
     let results = &context.materializations.results;
-    let (result, stored, query_time) = context
+    // A live computation includes every append answered before it starts reading.
+    let started_at = context.clock.now();
+    let page = context
         .stored_else_live(
             endpoint,
             version,
             &variables,
-            request.refresh,
+            &request,
             async |stored, filters| results.read(key.project, &stored.location, filters, limit, offset).await,
             async || {
                 let result = context.engine.execute(key.project, &version.query, &variables, limit, offset);
@@ -614,7 +634,7 @@ async fn compute(
         .await?
         .ok_or_else(|| Error::Internal("a run that computes live always has a page".into()))?;
     let cacheable = write_cache && !version.cache_age.effective().is_zero();
-    let run = context.answer(version, &variables, result, stored, query_time, cacheable);
+    let run = context.answer(version, &variables, page, cacheable, started_at);
     if cacheable {
         context.cache.put(key, Arc::clone(&run));
     }

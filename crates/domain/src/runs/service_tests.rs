@@ -181,6 +181,7 @@ fn request(refresh: Refresh, vars: serde_json::Value) -> RunRequest {
         refresh,
         client_query_id: None,
         format: crate::query::ResultFormat::Json,
+        max_staleness: None,
     }
 }
 
@@ -672,8 +673,11 @@ mod materialized {
                     location: "loc".into(),
                     row_count: 3,
                     materialized_at: at,
+                    data_as_of: at,
                 }),
                 lease: None,
+                appended_since: None,
+                full_refreshes: 1,
             }))
         });
         states
@@ -814,6 +818,48 @@ mod materialized {
             "force_cache with nothing cached and nothing fresh stored answers no rows"
         );
         assert_eq!(reads.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn every_answer_says_how_fresh_its_data_is_and_a_run_can_bound_it() {
+        let (f, reads) = service(T0, false);
+        f.clock.advance(Duration::from_secs(30));
+        let run = |refresh, max: Option<i64>| {
+            let mut request = request(refresh, json!({"n": 5}));
+            request.max_staleness = RunRequest::max_staleness(max).unwrap();
+            f.service.run(project(), named("kpi"), request)
+        };
+        // A stored answer has the stored result's data; a live one, the data as of its start.
+        let stored = run(Refresh::Blocking, None).await.unwrap();
+        assert_eq!((rows(&stored), stored.run.as_ref().unwrap().data_as_of), (r#"[{"n":"stored"}]"#, T0));
+        let live = run(Refresh::Direct, None).await.unwrap();
+        assert_eq!(live.run.as_ref().unwrap().data_as_of, T0 + Duration::from_secs(30));
+        // The cached stored answer is 30 seconds old: a run that takes 60 gets it, one that takes 10 does not.
+        let cached = run(Refresh::Blocking, Some(60)).await.unwrap();
+        assert!(cached.is_cached);
+        let bounded = run(Refresh::Blocking, Some(10)).await.unwrap();
+        assert!(!bounded.is_cached && !bounded.endpoint_materialized, "computed live");
+        assert_eq!(
+            (rows(&bounded), bounded.run.as_ref().unwrap().data_as_of),
+            (r#"[{"n":10}]"#, T0 + Duration::from_secs(30))
+        );
+        // That live answer replaced the cached one, so the next bounded run is answered from the cache.
+        assert!(run(Refresh::Blocking, Some(10)).await.unwrap().is_cached);
+        // force_cache never computes: with nothing recent enough it has no rows.
+        f.cache.invalidate(project(), &EndpointName::parse("kpi").unwrap());
+        assert!(run(Refresh::ForceCache, Some(10)).await.unwrap().run.is_none());
+        assert!(run(Refresh::ForceCache, Some(30)).await.unwrap().run.is_some());
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (2, 2));
+        // An export says so too.
+        let mut csv = export(Refresh::Blocking);
+        csv.max_staleness = RunRequest::max_staleness(Some(10)).unwrap();
+        let exported = f.service.export(project(), named("kpi"), csv).await.unwrap();
+        assert_eq!(
+            (exported.materialized_at, exported.data_as_of),
+            (None, Some(T0 + Duration::from_secs(30)))
+        );
+        let exported = f.service.export(project(), named("kpi"), export(Refresh::Blocking)).await.unwrap();
+        assert_eq!((exported.materialized_at, exported.data_as_of), (Some(T0), Some(T0)));
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ use crate::endpoints::{
     Endpoint, EndpointChanges, EndpointFilter, EndpointName, EndpointStore, PlannedQuery,
 };
 use crate::error::{EngineError, Error, UploadError};
+use crate::materialization::MaterializationRecords;
 use crate::page::{Page, PageRequest};
 use crate::query::{Query, QueryEngine, QueryKind, QueryResult};
 
@@ -27,6 +28,9 @@ pub struct TableDeps {
     pub engine: Arc<dyn QueryEngine>,
     /// Told of every endpoint that reads a table a write changed, so its cached runs go at once.
     pub changes: Arc<dyn EndpointChanges>,
+    /// Told of every materialized endpoint that reads a table a write changed, so its stored result follows
+    /// within its `freshness_seconds`.
+    pub materializations: Arc<dyn MaterializationRecords>,
     /// The `Idempotency-Key`s of appends.
     pub keys: Arc<dyn AppendKeys>,
     pub clock: Arc<dyn Clock>,
@@ -41,9 +45,19 @@ pub struct TableService {
     endpoints: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
     changes: Arc<dyn EndpointChanges>,
+    materializations: Arc<dyn MaterializationRecords>,
     keys: Arc<dyn AppendKeys>,
     clock: Arc<dyn Clock>,
     append_in_flight: std::time::Duration,
+}
+
+/// An endpoint of a project and the tables its current version reads.
+struct Reader {
+    name: EndpointName,
+    id: uuid::Uuid,
+    /// Materialized and active: its stored result follows the tables it reads.
+    refreshed: bool,
+    tables: Vec<String>,
 }
 
 /// How a write changed a table, for what it makes stale.
@@ -76,8 +90,9 @@ fn not_found(name: &TableName) -> Error {
 
 impl TableService {
     pub fn new(deps: TableDeps) -> Self {
-        let TableDeps { tables, endpoints, engine, changes, keys, clock, append_in_flight } = deps;
-        Self { tables, endpoints, engine, changes, keys, clock, append_in_flight }
+        let TableDeps { tables, endpoints, engine, changes, materializations, keys, clock, append_in_flight } =
+            deps;
+        Self { tables, endpoints, engine, changes, materializations, keys, clock, append_in_flight }
     }
 
     /// The tables an endpoint's current version reads, planning it now if they were not recorded. A query that
@@ -94,13 +109,18 @@ impl TableService {
     }
 
     /// Every endpoint of the project with the tables its current version reads.
-    async fn readers(&self, project: ProjectId) -> Result<Vec<(EndpointName, Vec<String>)>, Error> {
+    async fn readers(&self, project: ProjectId) -> Result<Vec<Reader>, Error> {
         let mut readers = Vec::new();
         let mut page = PageRequest { limit: PageRequest::MAX_LIMIT, offset: 0 };
         loop {
             let found = self.endpoints.list(project, &EndpointFilter::default(), page).await?;
             for endpoint in &found.items {
-                readers.push((endpoint.name.clone(), self.tables_of(endpoint).await));
+                readers.push(Reader {
+                    name: endpoint.name.clone(),
+                    id: endpoint.id,
+                    refreshed: endpoint.is_materialized && endpoint.is_active,
+                    tables: self.tables_of(endpoint).await,
+                });
             }
             if !found.has_next() {
                 return Ok(readers);
@@ -109,12 +129,12 @@ impl TableService {
         }
     }
 
-    fn used_by(readers: &[(EndpointName, Vec<String>)], table: &TableName) -> Vec<EndpointName> {
-        readers
-            .iter()
-            .filter(|(_, tables)| tables.iter().any(|t| t == table.as_str()))
-            .map(|(n, _)| n.clone())
-            .collect()
+    fn readers_of<'r>(readers: &'r [Reader], table: &TableName) -> Vec<&'r Reader> {
+        readers.iter().filter(|r| r.tables.iter().any(|t| t == table.as_str())).collect()
+    }
+
+    fn used_by(readers: &[Reader], table: &TableName) -> Vec<EndpointName> {
+        Self::readers_of(readers, table).into_iter().map(|r| r.name.clone()).collect()
     }
 
     /// The project's tables by name, a page of them.
@@ -271,18 +291,26 @@ impl TableService {
     }
 
     /// After a write: plans the table's readers again when it was replaced, makes their cached runs stale here
-    /// and on other processes, and returns the table as it now is.
+    /// and on other processes, makes the stored results of the materialized ones due within their freshness,
+    /// and returns the table as it now is.
     async fn changed(&self, project: ProjectId, name: &TableName, how: Change) -> Result<Table, Error> {
+        let at = self.clock.now();
         let readers = self.readers(project).await?;
         let used_by = Self::used_by(&readers, name);
-        let mut stale = used_by.clone();
+        let mut changed = Self::readers_of(&readers, name);
         if how == Change::Quarantined {
             if let Ok(quarantine) = name.quarantine() {
-                stale.extend(
-                    Self::used_by(&readers, &quarantine).into_iter().filter(|e| !used_by.contains(e)),
-                );
+                let more = Self::readers_of(&readers, &quarantine);
+                changed.extend(more.into_iter().filter(|r| !used_by.contains(&r.name)));
             }
         }
+        let refreshed: Vec<uuid::Uuid> = changed.iter().filter(|r| r.refreshed).map(|r| r.id).collect();
+        // Recorded before the write is answered: an append answered is never left out of a stored result for
+        // longer than its freshness, whichever process refreshes it.
+        if !refreshed.is_empty() {
+            self.materializations.appended(refreshed, at).await?;
+        }
+        let stale: Vec<EndpointName> = changed.into_iter().map(|r| r.name.clone()).collect();
         for endpoint in &stale {
             if how == Change::Replaced {
                 self.replan(project, endpoint).await;

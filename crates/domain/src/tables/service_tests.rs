@@ -8,7 +8,8 @@ use super::super::model::{ExternalSource, TableColumn, TableFormat, TableSource,
 use super::super::ports::{MockAppendKeys, MockTableStore};
 use super::*;
 use crate::endpoints::{MockEndpointChanges, MockEndpointStore};
-use crate::error::UploadError;
+use crate::error::{StoreError, UploadError};
+use crate::materialization::MockMaterializationRecords;
 use crate::query::{ColumnType, MockQueryEngine, QueryDescription};
 use crate::testing::{endpoint, project, query, T0};
 
@@ -67,8 +68,11 @@ fn endpoints() -> MockEndpointStore {
     store
 }
 
-/// `sales_by_day` reads `sales` (recorded), `legacy` reads `sales` too (not recorded: planned on demand), and
-/// `other` reads `events`.
+/// The id of `sales_by_day`, the one materialized reader.
+const MATERIALIZED: uuid::Uuid = uuid::Uuid::from_u128(7);
+
+/// `sales_by_day` reads `sales` (recorded) and is materialized, `legacy` reads `sales` too (not recorded:
+/// planned on demand), and `other` reads `events`.
 fn readers() -> MockEndpointStore {
     let mut store = MockEndpointStore::new();
     store.expect_list().returning(|_, _, page| {
@@ -82,7 +86,7 @@ fn readers() -> MockEndpointStore {
             )
         };
         let items = vec![
-            reads("sales_by_day", Some(&["sales"])),
+            Endpoint { id: MATERIALIZED, is_materialized: true, ..reads("sales_by_day", Some(&["sales"])) },
             reads("legacy", None),
             reads("other", Some(&["events"])),
         ];
@@ -120,11 +124,25 @@ fn service_with_keys(
     changes: MockEndpointChanges,
     keys: MockAppendKeys,
 ) -> TableService {
+    let mut materializations = MockMaterializationRecords::new();
+    materializations.expect_appended().returning(|_, _| Ok(()));
+    service_with(tables, endpoints, engine, changes, keys, materializations)
+}
+
+fn service_with(
+    tables: MockTableStore,
+    endpoints: MockEndpointStore,
+    engine: MockQueryEngine,
+    changes: MockEndpointChanges,
+    keys: MockAppendKeys,
+    materializations: MockMaterializationRecords,
+) -> TableService {
     TableService::new(TableDeps {
         tables: Arc::new(tables),
         endpoints: Arc::new(endpoints),
         engine: Arc::new(engine),
         changes: Arc::new(changes),
+        materializations: Arc::new(materializations),
         keys: Arc::new(keys),
         clock: Arc::new(crate::testing::ManualClock::new(T0)),
         append_in_flight: crate::tables::APPEND_IN_FLIGHT,
@@ -163,6 +181,52 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     let readers = vec!["sales_by_day".to_owned(), "legacy".to_owned()];
     assert_eq!(*told.lock().unwrap(), readers);
     assert_eq!(table.used_by.iter().map(|n| n.to_string()).collect::<Vec<_>>(), readers);
+}
+
+#[tokio::test]
+async fn a_write_makes_its_materialized_readers_due_within_their_freshness_before_it_is_answered() {
+    for mode in [WriteMode::Append, WriteMode::Replace] {
+        let mut tables = MockTableStore::new();
+        tables
+            .expect_write()
+            .returning(|_, _, _| Ok(Written { rows: 2, bytes: 10, created: false, rows_quarantined: 0 }));
+        tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
+        let mut materializations = MockMaterializationRecords::new();
+        // Only the materialized reader, at the time of the write.
+        materializations
+            .expect_appended()
+            .with(eq(vec![MATERIALIZED]), eq(T0))
+            .times(1)
+            .returning(|_, _| Ok(()));
+        let mut store = endpoints();
+        store.expect_get().returning(|_, name| {
+            Ok(endpoint(name.as_str(), query(json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"}))))
+        });
+        store.expect_replan().returning(|_, _, _| Ok(true));
+        let mut engine = MockQueryEngine::new();
+        engine.expect_describe().returning(|_, _| {
+            Ok(QueryDescription { tables: vec!["sales".into()], ..QueryDescription::default() })
+        });
+        let mut changes = MockEndpointChanges::new();
+        changes.expect_changed().return_const(());
+        let service = service_with(tables, store, engine, changes, MockAppendKeys::new(), materializations);
+        service.write_named(project(1), "sales", upload(mode)).await.unwrap();
+    }
+    // A write to a table no materialized endpoint reads records nothing; one that cannot be recorded fails, so
+    // that an answered append is never left out of a stored result.
+    let mut tables = MockTableStore::new();
+    tables
+        .expect_write()
+        .returning(|_, _, _| Ok(Written { rows: 2, bytes: 10, created: false, rows_quarantined: 0 }));
+    tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
+    let mut materializations = MockMaterializationRecords::new();
+    materializations.expect_appended().times(1).returning(|_, _| Err(StoreError::Unavailable("down".into())));
+    let mut changes = MockEndpointChanges::new();
+    changes.expect_changed().return_const(());
+    let service =
+        service_with(tables, endpoints(), engine(), changes, MockAppendKeys::new(), materializations);
+    service.write_named(project(1), "events", upload(WriteMode::Append)).await.unwrap();
+    assert!(service.write_named(project(1), "sales", upload(WriteMode::Append)).await.is_err());
 }
 
 #[tokio::test]

@@ -95,6 +95,20 @@ pub(crate) struct Materialization {
     /// Rows of the stored result of this version.
     #[schema(required = true)]
     row_count: Option<u64>,
+    /// Seconds within which appended rows reach the stored result.
+    freshness_seconds: u32,
+    /// The time up to which appended rows are in the stored result of this version: when its refresh began
+    /// reading the tables.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    data_as_of: Option<OffsetDateTime>,
+    /// Since when rows appended to a table the query reads wait for the stored result; null when none wait.
+    /// The refresh that includes them is due `freshness_seconds` later (`next_run_at`).
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    appended_since: Option<OffsetDateTime>,
+    /// Refreshes completed, each computing the whole result.
+    full_refreshes: u64,
     /// When the query is stored as a rollup, what the stored rows are grouped by: the query's group keys, then
     /// the columns its variables filter (a timestamp bounded by `Date` variables as `date_trunc('day', ...)`);
     /// null when the stored result is the query's own rows (or it cannot be materialized).
@@ -131,6 +145,10 @@ impl From<MaterializationView> for Materialization {
             last_materialized_at: view.last_materialized_at,
             next_run_at: view.next_run_at,
             row_count: view.row_count,
+            freshness_seconds: view.freshness.seconds(),
+            data_as_of: view.data_as_of,
+            appended_since: view.appended_since,
+            full_refreshes: view.full_refreshes,
             grouping: view.rollup.as_ref().map(grouping),
             error: view.error,
             can_materialize: view.can_materialize,
@@ -156,6 +174,9 @@ pub(crate) struct Endpoint {
     /// How often the stored result refreshes; set only while materialized.
     #[schema(schema_with = names::nullable_sync_frequency, required = true)]
     sync_frequency: Option<&'static str>,
+    /// Seconds within which rows appended to a table the query reads reach the stored result, once
+    /// materialized (60 unless set).
+    freshness_seconds: u32,
     current_version: u32,
     versions_count: u32,
     /// The output columns of the current version; null while it does not plan (`plan_error`).
@@ -191,6 +212,7 @@ impl From<domain::Endpoint> for Endpoint {
             is_materialized: e.is_materialized,
             cache_age_seconds: e.cache_age.configured(),
             sync_frequency: e.sync_frequency.map(domain::SyncFrequency::as_str),
+            freshness_seconds: e.freshness.seconds(),
             current_version: e.current_version,
             versions_count: e.versions_count,
             columns: e.plan_error.is_none().then(|| columns(e.columns)),

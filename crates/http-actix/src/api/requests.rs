@@ -4,7 +4,9 @@
 
 use std::borrow::Cow;
 
-use domain::{CacheAge, RunRequest, RunTokenRequest, CONFIRM_BREAKING, ENDPOINT_FIELDS, MAX_NAMES};
+use domain::{
+    CacheAge, Freshness, RunRequest, RunTokenRequest, CONFIRM_BREAKING, ENDPOINT_FIELDS, MAX_NAMES,
+};
 use utoipa::openapi::schema::{AdditionalProperties, ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
@@ -81,6 +83,16 @@ fn endpoint_fields() -> ObjectBuilder {
                 )))
                 .into(),
             "sync_frequency" => names::nullable_sync_frequency().into(),
+            "freshness_seconds" => ObjectBuilder::new()
+                .schema_type(nullable(Type::Integer))
+                .minimum(Some(Freshness::MIN_SECONDS))
+                .maximum(Some(Freshness::MAX_SECONDS))
+                .description(Some(format!(
+                    "Seconds within which rows appended to a table the query reads reach the stored result of \
+                     a materialized endpoint; null for the default ({}).",
+                    Freshness::DEFAULT_SECONDS
+                )))
+                .into(),
             "is_active" | "is_materialized" => {
                 ObjectBuilder::new().schema_type(nullable(Type::Boolean)).into()
             }
@@ -140,7 +152,7 @@ pub(crate) fn run_body(variables: RefOr<Schema>) -> ObjectBuilder {
             .max_properties(Some(0))
             .description(Some("Accepted for compatibility: null or {} only."))
     };
-    let fields: [(&str, RefOr<Schema>); 9] = [
+    let fields: [(&str, RefOr<Schema>); 10] = [
         ("client_query_id", ObjectBuilder::new().schema_type(nullable(Type::String)).into()),
         ("format", names::nullable_result_format().into()),
         ("filters_override", empty().into()),
@@ -158,6 +170,15 @@ pub(crate) fn run_body(variables: RefOr<Schema>) -> ObjectBuilder {
             bounded(1, RunRequest::MAX_LIMIT.into()).default(Some(RunRequest::DEFAULT_LIMIT.into())).into(),
         ),
         ("offset", bounded(0, i64::MAX).default(Some(0.into())).into()),
+        (
+            "max_staleness_seconds",
+            bounded(0, RunRequest::MAX_STALENESS_SECONDS)
+                .description(Some(
+                    "The oldest data taken, in seconds: a cached or stored answer whose `data_as_of` is older \
+                     is not served (the run computes live instead; `force_cache` answers no rows).",
+                ))
+                .into(),
+        ),
     ];
     fields
         .into_iter()

@@ -83,6 +83,11 @@ struct Computed<'a> {
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
     endpoint_materialized_at: Option<OffsetDateTime>,
+    /// The time up to which appended rows are in the answer: when its computation began reading the tables,
+    /// or the stored result's own; null when there is no result. Also the `X-Data-As-Of` header.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    data_as_of: Option<OffsetDateTime>,
     /// The version that ran; null when nothing was cached for `force_cache`.
     #[schema(required = true)]
     endpoint_version: Option<u32>,
@@ -136,6 +141,7 @@ impl Computed<'_> {
             columns: result.map_or_else(Vec::new, |r| r.column_names()),
             endpoint_materialized: run.is_some_and(|r| r.endpoint_materialized),
             endpoint_materialized_at: run.and_then(|r| r.materialized_at),
+            data_as_of: run.map(|r| r.data_as_of),
             endpoint_version: run.map(|r| r.version),
             endpoint_version_created_at: run.map(|r| r.version_created_at),
             has_more: result.is_some_and(|r| r.has_more),
@@ -306,9 +312,11 @@ mod tests {
             query_time: Duration::from_millis(7),
             endpoint_materialized: false,
             materialized_at: None,
+            data_as_of: at - Duration::from_secs(1),
             variables: json!({}),
             rendered: std::sync::OnceLock::new(),
             tag: std::sync::OnceLock::new(),
+            as_of: std::sync::OnceLock::new(),
         });
         let first = write(&outcome(Some(Arc::clone(&run)), false, None));
         assert!(run.rendered.get().is_some(), "the first answer keeps the run's fields");
@@ -328,6 +336,7 @@ mod tests {
                 "columns": ["n\"x"],
                 "endpoint_materialized": false,
                 "endpoint_materialized_at": null,
+                "data_as_of": "2026-11-22T09:59:59Z",
                 "endpoint_version": 3,
                 "endpoint_version_created_at": "2026-11-22T10:00:00Z",
                 "hasMore": true,

@@ -5,7 +5,7 @@ use domain::{Fields, Invalid, Refresh, ResultFormat, RunRequest, VersionNumber};
 use serde_json::{Map, Value};
 
 /// The fields a POST body may carry.
-pub(crate) const BODY_FIELDS: [&str; 9] = [
+pub(crate) const BODY_FIELDS: [&str; 10] = [
     "client_query_id",
     "format",
     "filters_override",
@@ -15,10 +15,11 @@ pub(crate) const BODY_FIELDS: [&str; 9] = [
     "version",
     "limit",
     "offset",
+    "max_staleness_seconds",
 ];
 
 /// Reads GET query parameters: `version`, `limit`, `offset`, `refresh`, `client_query_id`, `format`,
-/// `variables.NAME=value` and `variables=<JSON object>`; `accepted` is the format the client accepts, which
+/// `max_staleness_seconds`, `variables.NAME=value` and `variables=<JSON object>`; `accepted` is the format the client accepts, which
 /// `format` overrides. Other parameters (cache busters, tracking tags added by proxies) are ignored.
 ///
 /// # Errors
@@ -39,6 +40,10 @@ pub(crate) fn from_query<K: AsRef<str>, V: AsRef<str>>(
             "offset" => request.offset = RunRequest::page_offset(Some(integer("offset", value)?))?,
             "refresh" => request.refresh = Refresh::parse(value)?,
             "client_query_id" => request.client_query_id = Some(value.to_owned()),
+            "max_staleness_seconds" => {
+                let seconds = integer("max_staleness_seconds", value)?;
+                request.max_staleness = RunRequest::max_staleness(Some(seconds))?;
+            }
             "variables" => match serde_json::from_str::<Value>(value) {
                 Ok(Value::Object(map)) => variables.extend(map),
                 _ => {
@@ -114,6 +119,7 @@ pub(crate) fn from_body(
         refresh,
         client_query_id: fields.nullable_string("client_query_id")?.flatten(),
         format,
+        max_staleness: RunRequest::max_staleness(fields.nullable_int("max_staleness_seconds")?.flatten())?,
     })
 }
 
@@ -162,6 +168,8 @@ mod tests {
             from_body(&json!({"version": 2.0, "limit": 10.0, "offset": 0.0}), None, ResultFormat::Json)
                 .unwrap();
         assert_eq!((floats.version, floats.limit, floats.offset), (Some(2), 10, 0), "JSON Schema integers");
+        let bounded = from_body(&json!({"max_staleness_seconds": 30}), None, ResultFormat::Json).unwrap();
+        assert_eq!(bounded.max_staleness, Some(std::time::Duration::from_secs(30)));
         let csv = from_body(&json!({"format": "csv", "limit": 50_000}), None, ResultFormat::Json).unwrap();
         assert_eq!((csv.format, csv.limit), (ResultFormat::Csv, 50_000), "other formats page past 10,000");
         for (body, attr) in [
@@ -177,6 +185,8 @@ mod tests {
             (json!({"filters_override": {"date_from": "-7d"}}), "filters_override"),
             (json!({"refresh": "async"}), "refresh"),
             (json!({"format": "xml"}), "format"),
+            (json!({"max_staleness_seconds": -1}), "max_staleness_seconds"),
+            (json!({"max_staleness_seconds": "10"}), "max_staleness_seconds"),
         ] {
             assert_eq!(
                 from_body(&body, None, ResultFormat::Json).unwrap_err().attr.as_deref(),
@@ -209,7 +219,16 @@ mod tests {
             from_body(&body, None, ResultFormat::Json).unwrap_err().attr.as_deref(),
             Some("variables")
         );
-        for (key, value) in [("variables", "[1]"), ("limit", "x"), ("offset", "-1"), ("version", "v2")] {
+        let bounded = from_query([("max_staleness_seconds", "0")], ResultFormat::Json).unwrap();
+        assert_eq!(bounded.max_staleness, Some(std::time::Duration::ZERO));
+        for (key, value) in [
+            ("variables", "[1]"),
+            ("limit", "x"),
+            ("offset", "-1"),
+            ("version", "v2"),
+            ("max_staleness_seconds", "-5"),
+            ("max_staleness_seconds", "soon"),
+        ] {
             let attr = from_query([(key, value)], ResultFormat::Json).unwrap_err().attr;
             assert_eq!(attr.as_deref(), Some(key), "{key}={value}");
         }

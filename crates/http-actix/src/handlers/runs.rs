@@ -157,7 +157,7 @@ fn held(req: &HttpRequest, tag: &str) -> bool {
 /// A page in another format than JSON: what JSON says in its body goes in headers. Such a page is never cached,
 /// by this service or (`max-age=0`) by the client. A `force_cache` run with nothing stored has no page: 204.
 fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpResponse {
-    let Exported { name, version, export, materialized_at, execution_id } = exported;
+    let Exported { name, version, export, materialized_at, data_as_of, execution_id } = exported;
     // Never kept: `private, max-age=0`.
     let keep = (header::CACHE_CONTROL, keep_for(std::time::Duration::ZERO));
     let mut response = match &export {
@@ -194,6 +194,9 @@ fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpR
     if let Some(at) = materialized_at.and_then(|at| at.format(&Rfc3339).ok()) {
         response.insert_header(("X-Endpoint-Materialized-At", at));
     }
+    if let Some(at) = data_as_of.and_then(|at| at.format(&Rfc3339).ok()) {
+        response.insert_header((DATA_AS_OF, at));
+    }
     match export {
         Some(export) => response.body(SizedStream::new(export.bytes, export.body)),
         None => response.finish(),
@@ -223,9 +226,15 @@ fn answer(req: &HttpRequest, outcome: &RunOutcome) -> HttpResponse {
     if let Some(tag) = tag.and_then(strong_tag) {
         headers.insert(header::ETAG, tag);
     }
+    if let Some(as_of) = outcome.run.as_deref().and_then(|run| HeaderValue::from_str(run.as_of_text()).ok()) {
+        headers.insert(DATA_AS_OF, as_of);
+    }
     headers.insert(header::CACHE_CONTROL, keep);
     response
 }
+
+/// The time up to which appended rows are in an answer.
+const DATA_AS_OF: header::HeaderName = header::HeaderName::from_static("x-data-as-of");
 
 /// `Cache-Control: private, max-age=N` for an answer the cache still serves for `fresh_for`.
 fn keep_for(fresh_for: std::time::Duration) -> HeaderValue {

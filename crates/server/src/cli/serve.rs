@@ -69,8 +69,9 @@ pub struct ServeArgs {
     /// Materialization refreshes this process runs at once; 0 leaves refreshing to other processes.
     #[arg(long, env = "ENDPOINTS_MATERIALIZE_WORKERS", default_value_t = 2)]
     pub materialize_workers: usize,
-    /// Milliseconds between looks for due materialization refreshes.
-    #[arg(long, env = "ENDPOINTS_MATERIALIZE_POLL_MS", default_value_t = 5000, value_parser = positive())]
+    /// Milliseconds between looks for due materialization refreshes (appends make them due within the
+    /// endpoint's `freshness_seconds`, 1 at least).
+    #[arg(long, env = "ENDPOINTS_MATERIALIZE_POLL_MS", default_value_t = 500, value_parser = positive())]
     pub materialize_poll_ms: u64,
     /// Seconds a refresh claim holds without renewal; a crashed process's refreshes are retried after it.
     #[arg(long, env = "ENDPOINTS_MATERIALIZE_LEASE_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..))]
