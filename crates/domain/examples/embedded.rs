@@ -302,6 +302,16 @@ impl ResultStorage for NoMaterializations {
     async fn write(&self, _: ProjectId, _: &Query, _: &str) -> Result<u64, EngineError> {
         Err(nothing_materialized())
     }
+    async fn fold(
+        &self,
+        _: ProjectId,
+        _: &Query,
+        _: &str,
+        _: &str,
+        _: &domain::AppendedRows,
+    ) -> Result<u64, EngineError> {
+        Err(nothing_materialized())
+    }
     async fn read(
         &self,
         _: ProjectId,

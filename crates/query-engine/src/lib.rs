@@ -16,6 +16,7 @@ pub mod distributed;
 mod execute;
 mod export;
 mod fair;
+mod fold;
 pub mod imports;
 mod materialized;
 mod memory;

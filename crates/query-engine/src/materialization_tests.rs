@@ -551,3 +551,214 @@ async fn a_failed_write_leaves_nothing_behind() {
     assert!(ResultStorage::write(engine, project(), &failing, &at).await.is_err());
     assert!(ResultStorage::locations(engine).await.unwrap().is_empty());
 }
+
+/// The table's files as paths relative to the project.
+async fn table_files(engine: &DataFusionEngine, table: &str) -> std::collections::BTreeSet<String> {
+    let prefix = catalog::table_prefix(project(), table);
+    let Some(catalog::Current::Files(version)) = catalog::current(engine.storage(), &prefix).await.unwrap()
+    else {
+        panic!("{table} has files")
+    };
+    let base = format!("projects/{}/", project());
+    version
+        .files(engine.storage())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|meta| meta.location.to_string().strip_prefix(&base).unwrap().to_owned())
+        .collect()
+}
+
+/// Appends `rows` demo events (drawn from `seed`) as one Parquet body, and returns the files the append added.
+async fn append_events(engine: &DataFusionEngine, rows: usize, seed: u64) -> Vec<String> {
+    let before = table_files(engine, "events").await;
+    let mut body = Vec::new();
+    let mut writer =
+        datafusion::parquet::arrow::ArrowWriter::try_new(&mut body, demo::events_schema(), None).unwrap();
+    for batch in demo::events(rows, seed) {
+        writer.write(&batch).unwrap();
+    }
+    writer.close().unwrap();
+    let upload = domain::Upload {
+        format: domain::TableFormat::Parquet,
+        mode: domain::WriteMode::Append,
+        body: Box::pin(futures_util::stream::iter([Ok(bytes::Bytes::from(body))])),
+        limit_bytes: 1 << 24,
+        tag: None,
+        quarantine: false,
+    };
+    let events = domain::TableName::parse("events").unwrap();
+    assert_eq!(
+        domain::TableStore::write(engine, project(), &events, upload).await.unwrap().rows,
+        rows as u64
+    );
+    table_files(engine, "events").await.difference(&before).cloned().collect()
+}
+
+/// A small dimension table `regions(country, region)` for joins.
+async fn regions(engine: &DataFusionEngine) {
+    use datafusion::arrow::array::{RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("country", DataType::Utf8, false),
+        Field::new("region", DataType::Utf8, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(StringArray::from(vec!["US", "DE", "NL", "JP", "FR", "GB"])),
+            Arc::new(StringArray::from(vec!["Americas", "Europe", "Europe", "Asia", "Europe", "Europe"])),
+        ],
+    )
+    .unwrap();
+    imports::write_table(engine.storage(), project(), "regions", schema, std::iter::once(batch), &|_| ())
+        .await
+        .unwrap();
+}
+
+/// Endpoints whose stored results follow appended rows: every rollup of the invariant test, one joined with a
+/// table that does not change, and rows (without an ORDER BY: their order is not defined, so they are compared
+/// sorted).
+fn foldable_cases() -> Vec<(Case, bool)> {
+    let mut cases: Vec<(Case, bool)> = rollup_cases().into_iter().map(|case| (case, true)).collect();
+    cases.push((
+        Case {
+            sql: "SELECT r.region, count(*) AS n, sum(e.revenue) AS total, max(e.timestamp) AS last \
+                  FROM events e JOIN regions r ON e.country = r.country \
+                  WHERE e.timestamp >= {variables.since} AND e.timestamp < {variables.until} \
+                  GROUP BY r.region ORDER BY r.region",
+            variables: json!({"since": {"type": "Date", "default": "2026-01-01"}, "until": {"type": "Date", "default": "2026-02-01"}}),
+            draw: range,
+        },
+        true,
+    ));
+    cases.push((
+        Case {
+            sql: "SELECT timestamp, distinct_id, country, revenue, revenue * 2 AS double FROM events \
+                  WHERE revenue >= {variables.min} AND country = {variables.country} AND event = 'purchase'",
+            variables: json!({"min": {"type": "Number", "default": 0}, "country": string_var()}),
+            draw: |rng| {
+                BTreeMap::from([
+                    ("min".into(), BoundValue::Number(f64::from(rng.random_range(0_u32..25_000)) / 100.0)),
+                    ("country".into(), BoundValue::String(pick(rng, &COUNTRIES))),
+                ])
+            },
+        },
+        false,
+    ));
+    cases
+}
+
+/// The rows of an answer as JSON, sorted when their order is not the query's.
+fn rows_of_answer(result: &domain::QueryResult, ordered: bool) -> serde_json::Value {
+    let mut rows: Vec<serde_json::Value> = serde_json::from_str(&result.rows_json).unwrap();
+    if !ordered {
+        rows.sort_by_key(|row| row.to_string());
+    }
+    serde_json::Value::Array(rows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
+    let demo = demo().await;
+    let engine = &demo.1;
+    regions(engine).await;
+    let mut rng = StdRng::seed_from_u64(36);
+    let mut compared = 0;
+    for (case, ordered) in foldable_cases() {
+        let q = query(case.sql, case.variables.clone());
+        let decided = eligibility(engine, case.sql, case.variables.clone()).await;
+        let filters = decided.filters().unwrap_or_else(|| panic!("{}: {decided:?}", case.sql)).to_vec();
+        let mut at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+        // Appends of random sizes, folded one after the other: each fold's result equals a full refresh of the
+        // table as it then is, and the live answer.
+        for round in 0..4 {
+            let rows = [1, 7, 300, 2_000][round];
+            let files = append_events(engine, rows, rng.random()).await;
+            assert!(!files.is_empty());
+            let appended = domain::AppendedRows { table: "events".into(), files };
+            let folded = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+            let added = engine.fold(project(), &q, &at, &folded, &appended).await.unwrap();
+            assert!(added <= rows as u64 * 4, "{added} rows added for {rows} appended: {}", case.sql);
+            let full = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+            ResultStorage::write(engine, project(), &q, &full).await.unwrap();
+            for _ in 0..6 {
+                let variables = (case.draw)(&mut rng);
+                let bound: Vec<_> =
+                    filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
+                let live = engine.execute(project(), &q, &variables, 10_000, 0).await.unwrap();
+                let context = format!("{} after {} appends, with {variables:?}", case.sql, round + 1);
+                for (name, location) in [("folded", &folded), ("refreshed", &full)] {
+                    let read = engine.read(project(), location, bound.clone(), 10_000, 0).await.unwrap();
+                    assert_eq!(
+                        (&read.columns, read.row_count),
+                        (&live.columns, live.row_count),
+                        "{name}: {context}"
+                    );
+                    let (read_rows, live_rows) =
+                        (rows_of_answer(&read, ordered), rows_of_answer(&live, ordered));
+                    assert!(close(&read_rows, &live_rows), "{name}: {context}:\n{read_rows}\n{live_rows}");
+                }
+                compared += live.row_count;
+            }
+            ResultStorage::remove(engine, project(), &full).await.unwrap();
+            // The result folded from stays as it was (runs may be reading it) until it is removed.
+            ResultStorage::remove(engine, project(), &at).await.unwrap();
+            at = folded;
+        }
+        ResultStorage::remove(engine, project(), &at).await.unwrap();
+    }
+    assert!(compared > 500, "the answers compared hold rows ({compared})");
+    assert!(ResultStorage::locations(engine).await.unwrap().is_empty(), "every location was removed");
+}
+
+#[tokio::test]
+async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_nothing() {
+    let demo = demo().await;
+    let engine = &demo.1;
+    let vars = json!({"c": string_var()});
+    let cases = [
+        (
+            "SELECT country, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY country",
+            "an aggregation",
+        ),
+        ("SELECT country, revenue FROM events WHERE country = {variables.c} ORDER BY revenue", "an ORDER BY"),
+        ("SELECT DISTINCT country, browser FROM events WHERE country = {variables.c}", "DISTINCT"),
+        (
+            "SELECT a.country, count(*) AS n FROM events a JOIN events b ON a.distinct_id = b.distinct_id \
+             WHERE a.browser = {variables.c} GROUP BY a.country",
+            "reads `events` 2 times",
+        ),
+        (
+            "SELECT country, count(*) AS n FROM events WHERE browser = {variables.c} \
+             AND distinct_id IN (SELECT distinct_id FROM events WHERE event = 'purchase') GROUP BY country",
+            "reads `events` 2 times",
+        ),
+    ];
+    let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    let files = append_events(engine, 5, 1).await;
+    for (sql, reason) in cases {
+        let q = query(sql, vars.clone());
+        ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+        let to = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        let appended = domain::AppendedRows { table: "events".into(), files: files.clone() };
+        match engine.fold(project(), &q, &at, &to, &appended).await {
+            Err(EngineError::InvalidQuery(detail)) => assert!(detail.contains(reason), "{sql}: {detail}"),
+            other => panic!("{sql}: {other:?}"),
+        }
+        ResultStorage::remove(engine, project(), &at).await.unwrap();
+        assert!(ResultStorage::locations(engine).await.unwrap().is_empty(), "{sql}: nothing at {to}");
+    }
+    // Files outside the project's tables are never read.
+    let q = query("SELECT count(*) AS n FROM events WHERE browser = {variables.c}", vars);
+    ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+    for file in
+        ["../2/tables/events/x.parquet", "materializations/x.parquet", "/etc/passwd", "tables/events/x.csv"]
+    {
+        let appended = domain::AppendedRows { table: "events".into(), files: vec![file.into()] };
+        let to = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        let refused = engine.fold(project(), &q, &at, &to, &appended).await;
+        assert!(matches!(refused, Err(EngineError::Internal(_))), "{file}: {refused:?}");
+    }
+}

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, MemTable, TableProvider};
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
@@ -22,8 +23,8 @@ use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
-    BoundValue, Eligibility, EngineError, Export, MaterializedFilter, ProjectId, Query, QueryResult,
-    ResultFormat, ResultStorage, StoredColumn, VariableType,
+    AppendedRows, BoundValue, Eligibility, EngineError, Export, MaterializedFilter, ProjectId, Query,
+    QueryResult, ResultFormat, ResultStorage, StoredColumn, VariableType,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -33,7 +34,7 @@ use uuid::Uuid;
 
 use crate::compile::{self, Compiled};
 use crate::storage::{unavailable, Storage};
-use crate::{catalog, execute, message, outline, rollup, DataFusionEngine};
+use crate::{catalog, execute, fold, message, outline, rollup, DataFusionEngine};
 
 const TABLE: &str = "materialized";
 
@@ -129,6 +130,8 @@ pub(crate) fn prepared_results() -> PreparedResults {
 struct ResultWriter {
     writer: AsyncArrowWriter<BufWriter>,
     schema: SchemaRef,
+    /// The position of the first row: the rows of the parts before this one.
+    first: u64,
     rows: u64,
 }
 
@@ -147,12 +150,18 @@ impl ResultWriter {
         let sink = BufWriter::new(Arc::clone(storage.store()), path);
         let writer = AsyncArrowWriter::try_new(sink, Arc::clone(&schema), Some(props))
             .map_err(|e| EngineError::Internal(Box::new(e)))?;
-        Ok(Self { writer, schema, rows: 0 })
+        Ok(Self { writer, schema, first: 0, rows: 0 })
+    }
+
+    /// Positions start at `first`: the part follows parts of that many rows.
+    fn after(self, first: u64) -> Self {
+        Self { first, ..self }
     }
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<(), EngineError> {
         let n = batch.num_rows() as u64;
-        let positions: ArrayRef = Arc::new(UInt64Array::from_iter_values(self.rows..self.rows + n));
+        let start = self.first + self.rows;
+        let positions: ArrayRef = Arc::new(UInt64Array::from_iter_values(start..start + n));
         let mut columns = batch.columns().to_vec();
         columns.push(positions);
         let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)
@@ -212,6 +221,55 @@ impl DataFusionEngine {
                     rollup::grouping(rollup).join(", ")
                 )));
             }
+        }
+        writer.finish().await
+    }
+
+    /// Folds appended rows into the stored result at `from`, writing the new result at `to` (see
+    /// [`crate::fold`]): the old parts copied, and one part more with what the appended rows add.
+    async fn fold_here(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        from: &ObjectPath,
+        to: &ObjectPath,
+        appended: &AppendedRows,
+    ) -> Result<u64, EngineError> {
+        let compiled = compile::compile(query);
+        let (ctx, unbound) = self.live_plan(project, &compiled).await?;
+        let outline =
+            outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
+        let eligibility = Eligibility::decide(&outline);
+        if let Some(reason) = eligibility.reason() {
+            return Err(EngineError::InvalidQuery(reason.to_owned()));
+        }
+        let rollup = eligibility.rollup();
+        let (stored, metadata) = match rollup {
+            Some(rollup) => (
+                rollup::stored_plan(&unbound, &compiled, rollup),
+                HashMap::from([(ROLLUP_QUERY.to_owned(), query.to_json().to_string())]),
+            ),
+            None => (outline::without_variable_predicates(unbound, &compiled), HashMap::new()),
+        };
+        let stored = stored.map_err(|e| EngineError::Internal(Box::new(e)))?;
+        if let Some(reason) = fold::unfoldable(&stored, &appended.table, rollup.is_some()) {
+            return Err(EngineError::InvalidQuery(format!(
+                "The stored result cannot follow appended rows: {reason}."
+            )));
+        }
+        let schema = scanned_schema(&stored, &appended.table)
+            .ok_or_else(|| EngineError::Internal("a foldable plan scans its table".into()))?;
+        let source = fold::appended_source(&self.storage, &ctx, project, appended, &schema).await?;
+        let plan = fold::over_appended(stored, &appended.table, &source)
+            .map_err(|e| EngineError::Internal(Box::new(e)))?;
+        let (parts, rows) = fold::copy_parts(&self.storage, from, to).await?;
+        let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+        let (mut stream, _held) = self.execute_fairly(project, frame).await?;
+        let path = to.clone().join(fold::part_name(parts));
+        let mut writer =
+            ResultWriter::create(&self.storage, path, stream.schema().as_ref(), metadata)?.after(rows);
+        while let Some(batch) = stream.next().await {
+            writer.write(&batch.map_err(execute::execution_error)?).await?;
         }
         writer.finish().await
     }
@@ -333,6 +391,21 @@ impl DataFusionEngine {
     }
 }
 
+/// The columns of `table` as a plan scans it (all of them, before its projection).
+fn scanned_schema(plan: &LogicalPlan, table: &str) -> Option<Schema> {
+    let mut found = None;
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            if scan.table_name.table() == table {
+                found = Some(scan.source.schema().as_ref().clone());
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
 /// The position column of a stored result: its last.
 fn ordinal<'a>(schema: &'a Schema, location: &str) -> Result<&'a Field, EngineError> {
     schema
@@ -429,6 +502,30 @@ impl ResultStorage for DataFusionEngine {
             }
         }
         written
+    }
+
+    #[instrument(skip_all, fields(project = %project, from, to, table = %appended.table))]
+    async fn fold(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        from: &str,
+        to: &str,
+        appended: &AppendedRows,
+    ) -> Result<u64, EngineError> {
+        compile::check_size(&query.sql)?;
+        let (from, target) = (resolve(project, from)?, resolve(project, to)?);
+        let (engine, query, appended, into) = (self.clone(), query.clone(), appended.clone(), target.clone());
+        let limit = self.limits.refresh_timeout;
+        let work =
+            self.runtime.run(async move { engine.fold_here(project, &query, &from, &into, &appended).await });
+        let folded = tokio::time::timeout(limit, work).await.unwrap_or(Err(EngineError::Timeout(limit)));
+        if folded.is_err() {
+            if let Err(err) = self.storage.remove_prefix(&target).await {
+                tracing::warn!(location = to, error = %err, "cannot remove a failed fold's files");
+            }
+        }
+        folded
     }
 
     #[instrument(skip_all, fields(project = %project, location, limit, offset))]

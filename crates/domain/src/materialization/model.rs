@@ -343,6 +343,14 @@ pub enum Switch {
     Lost,
 }
 
+/// Rows appended to one table since a stored result was computed: the Parquet files that hold them (and nothing
+/// else), as paths relative to the project's storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendedRows {
+    pub table: String,
+    pub files: Vec<String>,
+}
+
 /// The directory of one endpoint's stored results, relative to its project.
 pub fn endpoint_location(endpoint_id: Uuid) -> String {
     endpoint_id.to_string()

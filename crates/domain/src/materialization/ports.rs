@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::model::{Claim, MaterializationState, MaterializedFilter, StoredResult, Switch};
+use super::model::{AppendedRows, Claim, MaterializationState, MaterializedFilter, StoredResult, Switch};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::{EngineError, StoreError};
@@ -108,6 +108,25 @@ pub trait ResultStorage: Send + Sync {
     /// [`EngineError::InvalidQuery`] when the query no longer plans or cannot be materialized;
     /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`]; `Unavailable`, `Internal` (including I/O).
     async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<u64, EngineError>;
+
+    /// Folds rows appended to a table into the stored result at `from`, as a new result at `to` that nothing
+    /// reads yet: the query over the appended rows alone (its variable predicates removed), added after a stored
+    /// result of rows, or as more partial aggregates of a rollup (which runs aggregate again). The result at
+    /// `from` is left as it is. Returns the rows the new result adds. A failed fold leaves nothing at `to`.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidQuery`] with the reason when the query cannot follow appended rows (it reads the
+    /// table more than once, or under an aggregation, a sort, DISTINCT, a window, a limit, a union, an outer
+    /// join or a subquery): a full refresh computes it instead. [`EngineError::Timeout`],
+    /// [`EngineError::MemoryLimit`]; `Unavailable` when a file is gone; `Internal` on I/O.
+    async fn fold(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        from: &str,
+        to: &str,
+        appended: &AppendedRows,
+    ) -> Result<u64, EngineError>;
 
     /// The page `offset..offset+limit` of the stored rows that pass every filter, in stored order.
     ///
