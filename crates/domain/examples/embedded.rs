@@ -276,7 +276,14 @@ impl MaterializationRecords for NoMaterializations {
     async fn renew(&self, _: Uuid, _: Uuid, _: Timestamp) -> Result<bool, StoreError> {
         Ok(false)
     }
-    async fn complete(&self, _: Uuid, _: Uuid, _: StoredResult, _: Timestamp) -> Result<Switch, StoreError> {
+    async fn complete(
+        &self,
+        _: Uuid,
+        _: Uuid,
+        _: StoredResult,
+        _: Timestamp,
+        _: Option<u64>,
+    ) -> Result<Switch, StoreError> {
         Err(StoreError::NotFound)
     }
     async fn fail(&self, _: Uuid, _: Uuid, _: String, _: Timestamp) -> Result<bool, StoreError> {
@@ -299,7 +306,7 @@ fn nothing_materialized() -> EngineError {
 
 #[async_trait]
 impl ResultStorage for NoMaterializations {
-    async fn write(&self, _: ProjectId, _: &Query, _: &str) -> Result<u64, EngineError> {
+    async fn write(&self, _: ProjectId, _: &Query, _: &str) -> Result<domain::Stored, EngineError> {
         Err(nothing_materialized())
     }
     async fn fold(
@@ -308,8 +315,8 @@ impl ResultStorage for NoMaterializations {
         _: &Query,
         _: &str,
         _: &str,
-        _: &domain::AppendedRows,
-    ) -> Result<u64, EngineError> {
+        _: &domain::Coverage,
+    ) -> Result<domain::Stored, EngineError> {
         Err(nothing_materialized())
     }
     async fn read(

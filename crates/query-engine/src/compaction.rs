@@ -23,7 +23,7 @@
 //! for the switch go on. Replaced versions are removed a while after the switch ([`GRACE`]), once runs that
 //! started before it have read them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -262,6 +262,11 @@ pub(crate) async fn compact(
         let _held = lock.lock().await;
         put(storage, &version.clone().join(SEALED), format!("{next}\n")).await?;
         let gone: HashSet<&ObjectPath> = small.iter().chain(&whole).collect();
+        let mut lineage = Lineage::default();
+        lineage.taken.extend(gone.iter().filter_map(|path| path.filename().map(str::to_owned)));
+        lineage
+            .brought
+            .extend(merged.files.iter().filter_map(|(path, _)| path.filename().map(str::to_owned)));
         let mut kept = 0_u64;
         for meta in parquet(storage, &version).await? {
             if gone.contains(&meta.location) {
@@ -269,8 +274,12 @@ pub(crate) async fn compact(
             }
             let Some(name) = meta.location.filename() else { continue };
             storage.store().copy(&meta.location, &target.clone().join(name)).await.map_err(unavailable)?;
+            lineage.taken.insert(name.to_owned());
+            lineage.brought.insert(name.to_owned());
             kept += 1;
         }
+        // What the version holds of which, for stored results that follow the table (`fold`).
+        put(storage, &target.clone().join(COMPACTED), lineage.text(&stamp, &base)).await?;
         // A replace (of another process, which takes no lease) may have switched the table meanwhile: it wins.
         if current_version(storage, &prefix).await?.as_deref() != Some(base.as_str()) {
             return Ok(None);
@@ -431,6 +440,61 @@ async fn appends_in(storage: &Storage, meta: &ObjectMeta) -> Result<Vec<TaggedAp
     let footer = DFParquetMetadata::new(storage.store().as_ref(), meta);
     let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
     Ok(tagged_appends(metadata.file_metadata()))
+}
+
+/// What a compaction's version holds: the files of the version before it that it took (merged, moved to
+/// `full/`, or linked as they are: every file the table had there, which a run of the version before read or
+/// will read), and the files it brought into its own directory (merged, and linked). The files of its directory it
+/// did not bring are the appends made to it. Written in its `_compacted` mark, after the time and the version
+/// before, one `taken NAME` or `brought NAME` line each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Lineage {
+    pub(crate) base: String,
+    pub(crate) taken: BTreeSet<String>,
+    pub(crate) brought: BTreeSet<String>,
+}
+
+impl Lineage {
+    fn text(&self, stamp: &str, base: &str) -> String {
+        let mut text = format!("{stamp}\n{base}\n");
+        for name in &self.taken {
+            text.push_str(&format!("taken {name}\n"));
+        }
+        for name in &self.brought {
+            text.push_str(&format!("brought {name}\n"));
+        }
+        text
+    }
+
+    /// The lineage a mark says; `None` for a mark written before marks said it (or none at all).
+    fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.lines();
+        let _stamp = lines.next()?;
+        let base = lines.next().filter(|b| is_version_name(b))?.to_owned();
+        let mut lineage = Self { base, ..Self::default() };
+        for line in lines {
+            match line.split_once(' ') {
+                Some(("taken", name)) => lineage.taken.insert(name.to_owned()),
+                Some(("brought", name)) => lineage.brought.insert(name.to_owned()),
+                _ => return None,
+            };
+        }
+        // Every compaction takes files: a mark without any is an older one.
+        (!lineage.taken.is_empty()).then_some(lineage)
+    }
+}
+
+/// The lineage of a version a compaction wrote, from its mark; `None` when it has none that says it (a replace
+/// wrote it, a compaction of an earlier release, or it is gone).
+pub(crate) async fn lineage(storage: &Storage, version: &ObjectPath) -> Result<Option<Lineage>, EngineError> {
+    match storage.store().get(&version.clone().join(COMPACTED)).await {
+        Ok(found) => {
+            let bytes = found.bytes().await.map_err(unavailable)?;
+            Ok(std::str::from_utf8(&bytes).ok().and_then(Lineage::parse))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(unavailable(e)),
+    }
 }
 
 /// The append written under `write_id`, if the table's current version has its rows.

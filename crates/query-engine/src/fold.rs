@@ -17,22 +17,42 @@
 
 use std::sync::Arc;
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use datafusion::arrow::datatypes::Schema;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::empty::EmptyTable;
 use datafusion::datasource::provider_as_source;
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::{JoinType, LogicalPlan, TableScan, TableSource};
 use datafusion::prelude::ParquetReadOptions;
-use domain::{AppendedRows, EngineError, ProjectId};
+use domain::{Coverage, EngineError, ProjectId};
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStoreExt;
 
+use crate::catalog::{current, is_parquet, table_prefix, Current};
+use crate::compaction::{lineage, Lineage};
 use crate::storage::{unavailable, Storage};
 use crate::table_store::rows_of;
 
 /// The name of the `n`th part of a stored result.
 pub(crate) fn part_name(n: usize) -> String {
     format!("part-{n}.parquet")
+}
+
+/// The tables a plan scans, in its subqueries too, each once, with the columns of the first scan's source.
+pub(crate) fn scanned(plan: &LogicalPlan) -> BTreeMap<String, Schema> {
+    let mut found = BTreeMap::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            found
+                .entry(scan.table_name.table().to_owned())
+                .or_insert_with(|| scan.source.schema().as_ref().clone());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
 }
 
 /// How many scans of `table` a plan has, in its subqueries too.
@@ -104,15 +124,11 @@ pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> O
     }
 }
 
-/// The plan with its scans of `table` reading `appended` instead: the same columns, projection and filters.
-pub(crate) fn over_appended(
-    plan: LogicalPlan,
-    table: &str,
-    appended: &Arc<dyn TableSource>,
-) -> DfResult<LogicalPlan> {
+/// The plan with its scans of `table` reading `files` instead: the same columns, projection and filters.
+pub(crate) fn reading(plan: LogicalPlan, table: &str, files: &Arc<dyn TableSource>) -> DfResult<LogicalPlan> {
     plan.transform_up_with_subqueries(|node| match node {
         LogicalPlan::TableScan(scan) if scan.table_name.table() == table => {
-            let scan = TableScan { source: Arc::clone(appended), ..scan };
+            let scan = TableScan { source: Arc::clone(files), ..scan };
             Ok(Transformed::yes(LogicalPlan::TableScan(scan)))
         }
         other => Ok(Transformed::no(other)),
@@ -120,30 +136,77 @@ pub(crate) fn over_appended(
     .map(|t| t.data)
 }
 
-/// The appended files of a project as a table source with `schema` (the table's): paths are relative to the
-/// project, and nothing outside its `tables/` is read.
-pub(crate) async fn appended_source(
+/// What of its tables a stored result holds (`domain::Coverage`, as JSON): for each table of files it read, the
+/// version it read and the files of that version's directory it read (the full files a version lists are only
+/// ever rows of earlier versions).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Covered {
+    pub(crate) tables: BTreeMap<String, Read>,
+}
+
+/// What a stored result read of one table.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Read {
+    pub(crate) version: String,
+    pub(crate) files: BTreeSet<String>,
+}
+
+impl Covered {
+    pub(crate) fn coverage(&self) -> Coverage {
+        Coverage(serde_json::to_string(self).expect("names and sets of names serialize"))
+    }
+
+    pub(crate) fn of(coverage: &Coverage) -> Result<Self, EngineError> {
+        serde_json::from_str(&coverage.0).map_err(|e| {
+            EngineError::InvalidQuery(format!("the stored result's coverage does not read: {e}"))
+        })
+    }
+}
+
+/// A table's files as a run reads them now: the version, the files of its directory, and the full files.
+pub(crate) struct Listed {
+    pub(crate) version: String,
+    pub(crate) dir: ObjectPath,
+    pub(crate) names: BTreeSet<String>,
+    pub(crate) full: Vec<ObjectPath>,
+}
+
+/// The table's files now, or `None` when it is not a table of files of this layout (an external source).
+pub(crate) async fn listed(
+    storage: &Storage,
+    project: ProjectId,
+    table: &str,
+) -> Result<Option<Listed>, EngineError> {
+    let Some(Current::Files(version)) = current(storage, &table_prefix(project, table)).await? else {
+        return Ok(None);
+    };
+    let Some(name) = version.name().map(str::to_owned) else { return Ok(None) };
+    let names = parquet_names(storage, &version.dir).await?;
+    Ok(Some(Listed { version: name, dir: version.dir, names, full: version.full }))
+}
+
+async fn parquet_names(storage: &Storage, dir: &ObjectPath) -> Result<BTreeSet<String>, EngineError> {
+    Ok(storage
+        .objects(dir)
+        .await
+        .map_err(unavailable)?
+        .into_iter()
+        .filter(|o| is_parquet(&o.location))
+        .filter_map(|o| o.location.filename().map(str::to_owned))
+        .collect())
+}
+
+/// Exactly these files, read with the table's `schema`, as a table source.
+pub(crate) async fn files_source(
     storage: &Storage,
     ctx: &datafusion::prelude::SessionContext,
-    project: ProjectId,
-    appended: &AppendedRows,
-    schema: &datafusion::arrow::datatypes::Schema,
+    files: &[ObjectPath],
+    schema: &Schema,
 ) -> Result<Arc<dyn TableSource>, EngineError> {
-    let bad =
-        |file: &str| EngineError::Internal(format!("not an appended file of the project: {file:?}").into());
-    let base = ObjectPath::from_iter(["projects", &project.to_string()]);
-    let mut urls = Vec::with_capacity(appended.files.len());
-    for file in &appended.files {
-        let path = ObjectPath::parse(file).map_err(|_| bad(file))?;
-        let mut parts = path.parts();
-        let inside = parts.next().is_some_and(|first| first.as_ref() == "tables")
-            && file.ends_with(".parquet")
-            && !file.split('/').any(|part| part == ".." || part.is_empty());
-        if !inside {
-            return Err(bad(file));
-        }
-        urls.push(storage.url_of_object(&ObjectPath::from(format!("{base}/{path}"))));
+    if files.is_empty() {
+        return Ok(provider_as_source(Arc::new(EmptyTable::new(Arc::new(schema.clone())))));
     }
+    let urls: Vec<String> = files.iter().map(|path| storage.url_of_object(path)).collect();
     let frame = ctx
         .read_parquet(urls, ParquetReadOptions::default().schema(schema))
         .await
@@ -151,8 +214,91 @@ pub(crate) async fn appended_source(
     Ok(provider_as_source(frame.into_view()))
 }
 
+/// The rows appended to `table` since a stored result read `read` of it: the files that hold them, and the
+/// table's files as it now is (what the result holds once they are folded in). `Err` says why they cannot be
+/// told: the table was replaced, or its history since is not known (a version gone, or written by an earlier
+/// release), or a file the result read never became part of the table.
+///
+/// Every file of a version's directory is an append to it, or was brought into it by the compaction that wrote
+/// it (merged or linked), which its lineage says; the compaction after it took every file the version had (see
+/// `compaction::Lineage`). So the rows appended since are: the files of the version read that its successor
+/// took and the result did not read, the appends to each version after it (what its successor took of them),
+/// and the appends to the current version.
+pub(crate) async fn appended_since(
+    storage: &Storage,
+    project: ProjectId,
+    table: &str,
+    read: &Read,
+) -> Result<Result<(Vec<ObjectPath>, Listed), String>, EngineError> {
+    let Some(now) = listed(storage, project, table).await? else {
+        return Ok(Err(format!("`{table}` is not a table of files")));
+    };
+    let prefix = table_prefix(project, table);
+    if now.version == read.version {
+        if !read.files.is_subset(&now.names) {
+            return Ok(Err(format!("files of `{table}` the stored result read are gone")));
+        }
+        let files =
+            now.names.difference(&read.files).map(|name| now.dir.clone().join(name.as_str())).collect();
+        return Ok(Ok((files, now)));
+    }
+    // Back from the current version to the one read, through the lineage of each compaction.
+    let mut chain: Vec<(String, Lineage)> = Vec::new();
+    let mut at = now.version.clone();
+    loop {
+        if chain.len() >= MAX_VERSIONS {
+            return Ok(Err(format!("`{table}` was compacted more than {MAX_VERSIONS} times since")));
+        }
+        let Some(lineage) = lineage(storage, &prefix.clone().join(at.as_str())).await? else {
+            return Ok(Err(format!(
+                "the history of `{table}` since the stored result is not known (replaced)"
+            )));
+        };
+        let base = lineage.base.clone();
+        chain.push((at, lineage));
+        if base == read.version {
+            break;
+        }
+        at = base;
+    }
+    let mut files = Vec::new();
+    let (_, first) = chain.last().expect("the loop pushes before it breaks");
+    if !read.files.is_subset(&first.taken) {
+        return Ok(Err(format!(
+            "a file of `{table}` the stored result read was written again by its append"
+        )));
+    }
+    let read_dir = prefix.clone().join(read.version.as_str());
+    files.extend(first.taken.difference(&read.files).map(|name| read_dir.clone().join(name.as_str())));
+    for i in 1..chain.len() {
+        let (version, own) = &chain[i];
+        let taken = &chain[i - 1].1.taken;
+        let dir = prefix.clone().join(version.as_str());
+        files.extend(
+            taken
+                .iter()
+                .filter(|name| !own.brought.contains(*name))
+                .map(|name| dir.clone().join(name.as_str())),
+        );
+    }
+    let brought = &chain[0].1.brought;
+    files.extend(
+        now.names
+            .iter()
+            .filter(|name| !brought.contains(*name))
+            .map(|name| now.dir.clone().join(name.as_str())),
+    );
+    Ok(Ok((files, now)))
+}
+
+/// How many compactions back a fold follows a table; past that, a full refresh is cheaper than reading their marks.
+const MAX_VERSIONS: usize = 1_000;
+
+/// The most parts a stored result may have: past it, a full refresh writes it again as one.
+pub(crate) const MAX_PARTS: usize = 32;
+
 /// The parts of the stored result at `from`, copied to `to` (a hard link on a local disk, a copy in the bucket on
-/// S3), with the rows they hold. Returns how many parts there are and their rows.
+/// S3), with the rows they hold. Returns how many parts there are and their rows; refuses past [`MAX_PARTS`].
 pub(crate) async fn copy_parts(
     storage: &Storage,
     from: &ObjectPath,
@@ -169,6 +315,12 @@ pub(crate) async fn copy_parts(
     }
     if parts.is_empty() {
         return Err(EngineError::Unavailable(format!("the stored result at {from} has no files").into()));
+    }
+    if parts.len() >= MAX_PARTS {
+        return Err(EngineError::InvalidQuery(format!(
+            "the stored result has {} parts; a full refresh writes it again as one",
+            parts.len()
+        )));
     }
     let mut rows = 0;
     for (meta, name) in &parts {

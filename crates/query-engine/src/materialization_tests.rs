@@ -258,7 +258,7 @@ async fn materialized_answers_as_live(engine: &DataFusionEngine, seed: u64) {
         };
         assert!(!filters.is_empty());
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+        let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap().rows;
         assert!(stored > 0);
         for round in 0..40 {
             let variables = (case.draw)(&mut rng);
@@ -399,7 +399,7 @@ async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64, rounds: us
             panic!("{} is a rollup: {decided:?}", case.sql)
         };
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+        let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap().rows;
         assert!(
             stored > 0 && stored <= 20_000,
             "{stored} rows stored, grouped by {:?}",
@@ -458,7 +458,7 @@ async fn a_rollup_past_its_row_limit_is_refused_saying_why() {
         .is_err_and(|e| e.to_string().contains("more than 100")));
     let few =
         query("SELECT count(*) AS n FROM events WHERE country = {variables.c}", json!({"c": string_var()}));
-    assert_eq!(ResultStorage::write(&engine, project(), &few, &at).await.unwrap(), 10);
+    assert_eq!(ResultStorage::write(&engine, project(), &few, &at).await.unwrap().rows, 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,7 +517,7 @@ async fn locations_are_listed_and_removed(demo: &Demo) {
     let endpoint = Uuid::new_v4();
     let first = attempt_location(endpoint, 1, Uuid::new_v4());
     let second = attempt_location(endpoint, 2, Uuid::new_v4());
-    assert_eq!(ResultStorage::write(engine, project(), &q, &first).await.unwrap(), 10);
+    assert_eq!(ResultStorage::write(engine, project(), &q, &first).await.unwrap().rows, 10);
     ResultStorage::write(engine, project(), &q, &second).await.unwrap();
     let mut found: Vec<String> =
         ResultStorage::locations(engine).await.unwrap().into_iter().map(|(_, l)| l).collect();
@@ -658,65 +658,112 @@ fn rows_of_answer(result: &domain::QueryResult, ordered: bool) -> serde_json::Va
     serde_json::Value::Array(rows)
 }
 
+/// Compares the stored result at each location with the live answer, for a few variable sets.
+async fn answers_as_live(
+    engine: &DataFusionEngine,
+    case: &Case,
+    ordered: bool,
+    locations: &[(&str, &str)],
+    rng: &mut StdRng,
+    context: &str,
+) -> usize {
+    let q = query(case.sql, case.variables.clone());
+    let decided = eligibility(engine, case.sql, case.variables.clone()).await;
+    let filters = decided.filters().unwrap_or_else(|| panic!("{}: {decided:?}", case.sql)).to_vec();
+    let mut compared = 0;
+    for _ in 0..5 {
+        let variables = (case.draw)(rng);
+        let bound: Vec<_> = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
+        let live = engine.execute(project(), &q, &variables, 10_000, 0).await.unwrap();
+        for (name, location) in locations {
+            let read = engine.read(project(), location, bound.clone(), 10_000, 0).await.unwrap();
+            let context = format!("{name}: {} {context}, with {variables:?}", case.sql);
+            assert_eq!((&read.columns, read.row_count), (&live.columns, live.row_count), "{context}");
+            let (read_rows, live_rows) = (rows_of_answer(&read, ordered), rows_of_answer(&live, ordered));
+            assert!(close(&read_rows, &live_rows), "{context}:\n{read_rows}\n{live_rows}");
+        }
+        compared += live.row_count;
+    }
+    compared
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
     let demo = demo().await;
     let engine = &demo.1;
     regions(engine).await;
+    let events = domain::TableName::parse("events").unwrap();
     let mut rng = StdRng::seed_from_u64(36);
-    let mut compared = 0;
+    let (mut compared, mut compactions) = (0, 0);
     for (case, ordered) in foldable_cases() {
         let q = query(case.sql, case.variables.clone());
-        let decided = eligibility(engine, case.sql, case.variables.clone()).await;
-        let filters = decided.filters().unwrap_or_else(|| panic!("{}: {decided:?}", case.sql)).to_vec();
         let mut at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        ResultStorage::write(engine, project(), &q, &at).await.unwrap();
-        // Appends of random sizes, folded one after the other: each fold's result equals a full refresh of the
+        let mut coverage = ResultStorage::write(engine, project(), &q, &at).await.unwrap().coverage.unwrap();
+        // Appends of random sizes, folded one after the other, with compactions of the table between them
+        // (which merge what was folded with what was not): each fold's result equals a full refresh of the
         // table as it then is, and the live answer.
-        for round in 0..4 {
-            let rows = [1, 7, 300, 2_000][round];
-            let files = append_events(engine, rows, rng.random()).await;
-            assert!(!files.is_empty());
-            let appended = domain::AppendedRows { table: "events".into(), files };
+        for round in 0..6 {
+            let mut appended = 0;
+            for batch in 0..rng.random_range(1..12) {
+                let rows = [1, 7, 300, 2_000][rng.random_range(0..4)];
+                append_events(engine, rows, rng.random()).await;
+                appended += rows as u64;
+                if rng.random_bool(0.3) || (round == 2 && batch == 0) {
+                    while domain::TableStore::compact(engine, project(), &events, Vec::new())
+                        .await
+                        .unwrap()
+                        .is_some()
+                    {
+                        compactions += 1;
+                    }
+                }
+            }
             let folded = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-            let added = engine.fold(project(), &q, &at, &folded, &appended).await.unwrap();
-            assert!(added <= rows as u64 * 4, "{added} rows added for {rows} appended: {}", case.sql);
+            let stored = engine.fold(project(), &q, &at, &folded, &coverage).await.unwrap();
+            assert!(
+                stored.rows <= appended * 4,
+                "{} rows added for {appended} appended: {}",
+                stored.rows,
+                case.sql
+            );
             let full = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
             ResultStorage::write(engine, project(), &q, &full).await.unwrap();
-            for _ in 0..6 {
-                let variables = (case.draw)(&mut rng);
-                let bound: Vec<_> =
-                    filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
-                let live = engine.execute(project(), &q, &variables, 10_000, 0).await.unwrap();
-                let context = format!("{} after {} appends, with {variables:?}", case.sql, round + 1);
-                for (name, location) in [("folded", &folded), ("refreshed", &full)] {
-                    let read = engine.read(project(), location, bound.clone(), 10_000, 0).await.unwrap();
-                    assert_eq!(
-                        (&read.columns, read.row_count),
-                        (&live.columns, live.row_count),
-                        "{name}: {context}"
-                    );
-                    let (read_rows, live_rows) =
-                        (rows_of_answer(&read, ordered), rows_of_answer(&live, ordered));
-                    assert!(close(&read_rows, &live_rows), "{name}: {context}:\n{read_rows}\n{live_rows}");
-                }
-                compared += live.row_count;
-            }
+            let locations = [("folded", folded.as_str()), ("refreshed", full.as_str())];
+            let context = format!("after round {round}");
+            compared += answers_as_live(engine, &case, ordered, &locations, &mut rng, &context).await;
             ResultStorage::remove(engine, project(), &full).await.unwrap();
             // The result folded from stays as it was (runs may be reading it) until it is removed.
             ResultStorage::remove(engine, project(), &at).await.unwrap();
-            at = folded;
+            (at, coverage) = (folded, stored.coverage.unwrap());
         }
+        // Nothing appended: the fold adds nothing.
+        let again = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        assert_eq!(engine.fold(project(), &q, &at, &again, &coverage).await.unwrap().rows, 0);
+        ResultStorage::remove(engine, project(), &again).await.unwrap();
         ResultStorage::remove(engine, project(), &at).await.unwrap();
     }
     assert!(compared > 500, "the answers compared hold rows ({compared})");
+    assert!(compactions > 10, "folds followed the table through compactions ({compactions})");
     assert!(ResultStorage::locations(engine).await.unwrap().is_empty(), "every location was removed");
+}
+
+/// Whether folding from `coverage` is refused with a reason that says `why`, leaving nothing behind.
+async fn refused(engine: &DataFusionEngine, q: &Query, at: &str, coverage: &domain::Coverage, why: &str) {
+    let to = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    match engine.fold(project(), q, at, &to, coverage).await {
+        Err(EngineError::InvalidQuery(detail)) => assert!(detail.contains(why), "{}: {detail}", q.sql),
+        other => panic!("{}: {other:?}", q.sql),
+    }
+    let left: Vec<String> =
+        ResultStorage::locations(engine).await.unwrap().into_iter().map(|(_, l)| l).collect();
+    assert_eq!(left, [at.to_owned()], "nothing at {to}");
 }
 
 #[tokio::test]
 async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_nothing() {
     let demo = demo().await;
     let engine = &demo.1;
+    regions(engine).await;
     let vars = json!({"c": string_var()});
     let cases = [
         (
@@ -735,30 +782,42 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
              AND distinct_id IN (SELECT distinct_id FROM events WHERE event = 'purchase') GROUP BY country",
             "reads `events` 2 times",
         ),
+        (
+            "SELECT r.region, count(*) AS n FROM events e LEFT JOIN regions r ON e.country = r.country \
+             WHERE e.browser = {variables.c} GROUP BY r.region",
+            "Left join",
+        ),
     ];
     let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-    let files = append_events(engine, 5, 1).await;
     for (sql, reason) in cases {
         let q = query(sql, vars.clone());
-        ResultStorage::write(engine, project(), &q, &at).await.unwrap();
-        let to = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        let appended = domain::AppendedRows { table: "events".into(), files: files.clone() };
-        match engine.fold(project(), &q, &at, &to, &appended).await {
-            Err(EngineError::InvalidQuery(detail)) => assert!(detail.contains(reason), "{sql}: {detail}"),
-            other => panic!("{sql}: {other:?}"),
-        }
+        let coverage = ResultStorage::write(engine, project(), &q, &at).await.unwrap().coverage.unwrap();
+        append_events(engine, 5, 1).await;
+        refused(engine, &q, &at, &coverage, reason).await;
         ResultStorage::remove(engine, project(), &at).await.unwrap();
-        assert!(ResultStorage::locations(engine).await.unwrap().is_empty(), "{sql}: nothing at {to}");
     }
-    // Files outside the project's tables are never read.
-    let q = query("SELECT count(*) AS n FROM events WHERE browser = {variables.c}", vars);
-    ResultStorage::write(engine, project(), &q, &at).await.unwrap();
-    for file in
-        ["../2/tables/events/x.parquet", "materializations/x.parquet", "/etc/passwd", "tables/events/x.csv"]
-    {
-        let appended = domain::AppendedRows { table: "events".into(), files: vec![file.into()] };
-        let to = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        let refused = engine.fold(project(), &q, &at, &to, &appended).await;
-        assert!(matches!(refused, Err(EngineError::Internal(_))), "{file}: {refused:?}");
-    }
+    // Two tables changed, or one replaced: refreshed in full.
+    let joined = "SELECT r.region, count(*) AS n FROM events e JOIN regions r ON e.country = r.country \
+                  WHERE e.browser = {variables.c} GROUP BY r.region";
+    let q = query(joined, vars.clone());
+    let coverage = ResultStorage::write(engine, project(), &q, &at).await.unwrap().coverage.unwrap();
+    append_events(engine, 5, 2).await;
+    regions(engine).await;
+    refused(engine, &q, &at, &coverage, "replaced").await;
+    let coverage = ResultStorage::write(engine, project(), &q, &at).await.unwrap().coverage.unwrap();
+    append_events(engine, 5, 3).await;
+    let upload = domain::Upload {
+        format: domain::TableFormat::Csv,
+        mode: domain::WriteMode::Append,
+        body: Box::pin(futures_util::stream::iter([Ok(bytes::Bytes::from("country,region\nIT,Europe\n"))])),
+        limit_bytes: 1 << 20,
+        tag: None,
+        quarantine: false,
+    };
+    let regions_table = domain::TableName::parse("regions").unwrap();
+    domain::TableStore::write(engine, project(), &regions_table, upload).await.unwrap();
+    refused(engine, &q, &at, &coverage, "changed").await;
+    // A coverage that does not read is refused too.
+    refused(engine, &q, &at, &domain::Coverage("{".into()), "coverage").await;
+    ResultStorage::remove(engine, project(), &at).await.unwrap();
 }

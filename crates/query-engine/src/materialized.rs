@@ -13,7 +13,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, MemTable, TableProvider};
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
@@ -23,8 +22,8 @@ use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
-    AppendedRows, BoundValue, Eligibility, EngineError, Export, MaterializedFilter, ProjectId, Query,
-    QueryResult, ResultFormat, ResultStorage, StoredColumn, VariableType,
+    BoundValue, Coverage, Eligibility, EngineError, Export, MaterializedFilter, ProjectId, Query,
+    QueryResult, ResultFormat, ResultStorage, Rollup, Stored, StoredColumn, VariableType,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -178,12 +177,13 @@ impl ResultWriter {
 }
 
 impl DataFusionEngine {
-    async fn write_here(
+    /// The plan whose rows a stored result of `query` holds (its variable predicates removed; for a rollup,
+    /// regrouped with partial aggregates), in a session of its tables, with the rollup and the file metadata.
+    async fn stored_plan_of(
         &self,
         project: ProjectId,
         query: &Query,
-        prefix: &ObjectPath,
-    ) -> Result<u64, EngineError> {
+    ) -> Result<(SessionContext, LogicalPlan, Option<Rollup>, HashMap<String, String>), EngineError> {
         let compiled = compile::compile(query);
         let (ctx, unbound) = self.live_plan(project, &compiled).await?;
         let outline =
@@ -192,8 +192,8 @@ impl DataFusionEngine {
         if let Some(reason) = eligibility.reason() {
             return Err(EngineError::InvalidQuery(reason.to_owned()));
         }
-        let rollup = eligibility.rollup();
-        let (plan, metadata) = match rollup {
+        let rollup = eligibility.rollup().cloned();
+        let (plan, metadata) = match &rollup {
             Some(rollup) => (
                 rollup::stored_plan(&unbound, &compiled, rollup),
                 HashMap::from([(ROLLUP_QUERY.to_owned(), query.to_json().to_string())]),
@@ -201,18 +201,57 @@ impl DataFusionEngine {
             None => (outline::without_variable_predicates(unbound, &compiled), HashMap::new()),
         };
         let plan = plan.map_err(|e| EngineError::Internal(Box::new(e)))?;
+        Ok((ctx, plan, rollup, metadata))
+    }
+
+    /// The plan reading exactly the files its tables have now, and what it reads of them: `None` when one of
+    /// them is not a table of files (an external source), or the plan runs on a cluster (whose executors list
+    /// the files themselves), so that a fold cannot tell what the result holds.
+    async fn pinned(
+        &self,
+        project: ProjectId,
+        ctx: &SessionContext,
+        mut plan: LogicalPlan,
+    ) -> Result<(LogicalPlan, Option<fold::Covered>), EngineError> {
+        if self.scheduler().is_some() {
+            return Ok((plan, None));
+        }
+        let mut covered = fold::Covered::default();
+        for (table, schema) in fold::scanned(&plan) {
+            let Some(listed) = fold::listed(&self.storage, project, &table).await? else {
+                return Ok((plan, None));
+            };
+            let mut files: Vec<ObjectPath> =
+                listed.names.iter().map(|name| listed.dir.clone().join(name.as_str())).collect();
+            files.extend(listed.full.iter().cloned());
+            let source = fold::files_source(&self.storage, ctx, &files, &schema).await?;
+            plan = fold::reading(plan, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
+            covered.tables.insert(table, fold::Read { version: listed.version, files: listed.names });
+        }
+        Ok((plan, Some(covered)))
+    }
+
+    async fn write_here(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        prefix: &ObjectPath,
+    ) -> Result<Stored, EngineError> {
+        let (ctx, plan, rollup, metadata) = self.stored_plan_of(project, query).await?;
+        // The files are listed once, so that the result says exactly which rows it holds.
+        let (plan, covered) = self.pinned(project, &ctx, plan).await?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         // A refresh takes its turns on the cores as the project's runs do.
         let (mut stream, _held) = self.execute_fairly(project, frame).await?;
         let mut writer = ResultWriter::create(
             &self.storage,
-            prefix.clone().join("part-0.parquet"),
+            prefix.clone().join(fold::part_name(0)),
             stream.schema().as_ref(),
             metadata,
         )?;
         while let Some(batch) = stream.next().await {
             writer.write(&batch.map_err(execute::execution_error)?).await?;
-            if let Some(rollup) = rollup.filter(|_| writer.rows > self.limits.rollup_rows) {
+            if let Some(rollup) = rollup.as_ref().filter(|_| writer.rows > self.limits.rollup_rows) {
                 return Err(EngineError::InvalidQuery(format!(
                     "The rollup would store more than {} rows, grouped by {}: too fine to be worth storing. \
                      Filter a timestamp with Date variables (stored by day), drop a filtered column's \
@@ -222,10 +261,10 @@ impl DataFusionEngine {
                 )));
             }
         }
-        writer.finish().await
+        Ok(Stored { rows: writer.finish().await?, coverage: covered.map(|c| c.coverage()) })
     }
 
-    /// Folds appended rows into the stored result at `from`, writing the new result at `to` (see
+    /// Folds the rows appended since the stored result at `from` into a new result at `to` (see
     /// [`crate::fold`]): the old parts copied, and one part more with what the appended rows add.
     async fn fold_here(
         &self,
@@ -233,36 +272,39 @@ impl DataFusionEngine {
         query: &Query,
         from: &ObjectPath,
         to: &ObjectPath,
-        appended: &AppendedRows,
-    ) -> Result<u64, EngineError> {
-        let compiled = compile::compile(query);
-        let (ctx, unbound) = self.live_plan(project, &compiled).await?;
-        let outline =
-            outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
-        let eligibility = Eligibility::decide(&outline);
-        if let Some(reason) = eligibility.reason() {
-            return Err(EngineError::InvalidQuery(reason.to_owned()));
-        }
-        let rollup = eligibility.rollup();
-        let (stored, metadata) = match rollup {
-            Some(rollup) => (
-                rollup::stored_plan(&unbound, &compiled, rollup),
-                HashMap::from([(ROLLUP_QUERY.to_owned(), query.to_json().to_string())]),
-            ),
-            None => (outline::without_variable_predicates(unbound, &compiled), HashMap::new()),
+        coverage: &Coverage,
+    ) -> Result<Stored, EngineError> {
+        let refuse = |reason: String| {
+            EngineError::InvalidQuery(format!("The stored result cannot follow the appended rows: {reason}."))
         };
-        let stored = stored.map_err(|e| EngineError::Internal(Box::new(e)))?;
-        if let Some(reason) = fold::unfoldable(&stored, &appended.table, rollup.is_some()) {
-            return Err(EngineError::InvalidQuery(format!(
-                "The stored result cannot follow appended rows: {reason}."
-            )));
+        let mut covered = fold::Covered::of(coverage)?;
+        let (ctx, stored, rollup, metadata) = self.stored_plan_of(project, query).await?;
+        let scanned = fold::scanned(&stored);
+        if scanned.keys().any(|table| !covered.tables.contains_key(table)) {
+            return Err(refuse("it reads a table the stored result did not".into()));
         }
-        let schema = scanned_schema(&stored, &appended.table)
-            .ok_or_else(|| EngineError::Internal("a foldable plan scans its table".into()))?;
-        let source = fold::appended_source(&self.storage, &ctx, project, appended, &schema).await?;
-        let plan = fold::over_appended(stored, &appended.table, &source)
-            .map_err(|e| EngineError::Internal(Box::new(e)))?;
+        let mut changed = Vec::new();
+        for (table, schema) in scanned {
+            let read = &covered.tables[&table];
+            let (files, now) =
+                fold::appended_since(&self.storage, project, &table, read).await?.map_err(refuse)?;
+            let moved = now.version != read.version;
+            if !files.is_empty() || moved {
+                changed.push((table, schema, files, now));
+            }
+        }
         let (parts, rows) = fold::copy_parts(&self.storage, from, to).await?;
+        let Some((table, schema, files, now)) = changed.pop() else {
+            return Ok(Stored { rows: 0, coverage: Some(covered.coverage()) });
+        };
+        if let Some((other, ..)) = changed.first() {
+            return Err(refuse(format!("both `{table}` and `{other}` changed")));
+        }
+        if let Some(reason) = fold::unfoldable(&stored, &table, rollup.is_some()) {
+            return Err(refuse(reason));
+        }
+        let source = fold::files_source(&self.storage, &ctx, &files, &schema).await?;
+        let plan = fold::reading(stored, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         let (mut stream, _held) = self.execute_fairly(project, frame).await?;
         let path = to.clone().join(fold::part_name(parts));
@@ -271,7 +313,9 @@ impl DataFusionEngine {
         while let Some(batch) = stream.next().await {
             writer.write(&batch.map_err(execute::execution_error)?).await?;
         }
-        writer.finish().await
+        let added = writer.finish().await?;
+        covered.tables.insert(table, fold::Read { version: now.version, files: now.names });
+        Ok(Stored { rows: added, coverage: Some(covered.coverage()) })
     }
 
     /// A session and the plan of the page `offset..offset+limit` of the stored result at `prefix`: its rows
@@ -391,21 +435,6 @@ impl DataFusionEngine {
     }
 }
 
-/// The columns of `table` as a plan scans it (all of them, before its projection).
-fn scanned_schema(plan: &LogicalPlan, table: &str) -> Option<Schema> {
-    let mut found = None;
-    let _ = plan.apply_with_subqueries(|node| {
-        if let LogicalPlan::TableScan(scan) = node {
-            if scan.table_name.table() == table {
-                found = Some(scan.source.schema().as_ref().clone());
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
-}
-
 /// The position column of a stored result: its last.
 fn ordinal<'a>(schema: &'a Schema, location: &str) -> Result<&'a Field, EngineError> {
     schema
@@ -488,7 +517,7 @@ impl DataFusionEngine {
 #[async_trait]
 impl ResultStorage for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project, location))]
-    async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<u64, EngineError> {
+    async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<Stored, EngineError> {
         compile::check_size(&query.sql)?;
         let prefix = resolve(project, location)?;
         let (engine, query, target) = (self.clone(), query.clone(), prefix.clone());
@@ -504,21 +533,21 @@ impl ResultStorage for DataFusionEngine {
         written
     }
 
-    #[instrument(skip_all, fields(project = %project, from, to, table = %appended.table))]
+    #[instrument(skip_all, fields(project = %project, from, to))]
     async fn fold(
         &self,
         project: ProjectId,
         query: &Query,
         from: &str,
         to: &str,
-        appended: &AppendedRows,
-    ) -> Result<u64, EngineError> {
+        coverage: &Coverage,
+    ) -> Result<Stored, EngineError> {
         compile::check_size(&query.sql)?;
         let (from, target) = (resolve(project, from)?, resolve(project, to)?);
-        let (engine, query, appended, into) = (self.clone(), query.clone(), appended.clone(), target.clone());
+        let (engine, query, coverage, into) = (self.clone(), query.clone(), coverage.clone(), target.clone());
         let limit = self.limits.refresh_timeout;
         let work =
-            self.runtime.run(async move { engine.fold_here(project, &query, &from, &into, &appended).await });
+            self.runtime.run(async move { engine.fold_here(project, &query, &from, &into, &coverage).await });
         let folded = tokio::time::timeout(limit, work).await.unwrap_or(Err(EngineError::Timeout(limit)));
         if folded.is_err() {
             if let Err(err) = self.storage.remove_prefix(&target).await {

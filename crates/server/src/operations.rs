@@ -164,6 +164,7 @@ impl WorkerMetrics {
     pub(crate) fn ended(&self, outcome: &Result<RefreshOutcome, domain::Error>) {
         let outcome = match outcome {
             Ok(RefreshOutcome::Completed { .. }) => "completed",
+            Ok(RefreshOutcome::Folded { .. }) => "folded",
             Ok(RefreshOutcome::Failed { .. }) => "failed",
             Ok(RefreshOutcome::Lost) => "lost",
             Err(_) => "error",

@@ -106,6 +106,9 @@ async fn refresh(
                 metrics.ended(&outcome);
                 match outcome {
                     Ok(RefreshOutcome::Completed { rows }) => debug!(endpoint = %claim.name, rows, "refreshed"),
+                    Ok(RefreshOutcome::Folded { added, rows }) => {
+                        debug!(endpoint = %claim.name, added, rows, "appended rows folded in");
+                    }
                     Ok(RefreshOutcome::Failed { .. }) => {}
                     Ok(RefreshOutcome::Lost) => info!(endpoint = %claim.name, "refresh abandoned: the endpoint changed"),
                     Err(err) => warn!(endpoint = %claim.name, error = %err, "could not record a refresh"),

@@ -533,7 +533,14 @@ async fn claims_of(store: &DieselStore, p: ProjectId, now: Timestamp) -> Vec<dom
 }
 
 fn stored(location: &str, version: u32, at: Timestamp) -> StoredResult {
-    StoredResult { version, location: location.into(), row_count: 7, materialized_at: at, data_as_of: at }
+    StoredResult {
+        version,
+        location: location.into(),
+        row_count: 7,
+        materialized_at: at,
+        data_as_of: at,
+        coverage: Some(domain::Coverage(format!("read for {location}"))),
+    }
 }
 
 async fn materialization_claims_are_exclusive(store: DieselStore) {
@@ -565,6 +572,7 @@ async fn materialization_claims_are_exclusive(store: DieselStore) {
             claim.token,
             stored("x", 1, at),
             at + Duration::from_secs(3600),
+            None,
         )
         .await
         .unwrap();
@@ -594,9 +602,10 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
 
     let done = T0 + Duration::from_secs(100);
     let next = done + Duration::from_secs(3600);
-    let switch = MaterializationRecords::complete(&store, id, first.token, stored("one", 1, done), next)
-        .await
-        .unwrap();
+    let switch =
+        MaterializationRecords::complete(&store, id, first.token, stored("one", 1, done), next, None)
+            .await
+            .unwrap();
     assert_eq!(switch, Switch::Switched { replaced: None });
     let record = MaterializationRecords::get(&store, id).await.unwrap().unwrap();
     assert_eq!(record.status, MaterializationStatus::Completed);
@@ -614,6 +623,7 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
         second.token,
         stored("two", 1, next),
         next + Duration::from_secs(3600),
+        None,
     )
     .await
     .unwrap();
@@ -631,7 +641,7 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
         (None, Some(crashed_files.as_str()))
     );
     assert_eq!(
-        MaterializationRecords::complete(&store, id, crashed.token, stored("stale", 1, t2), t2)
+        MaterializationRecords::complete(&store, id, crashed.token, stored("stale", 1, t2), t2, None)
             .await
             .unwrap(),
         Switch::Lost
@@ -653,7 +663,9 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
     MaterializationRecords::reschedule(&store, id, t2).await.unwrap();
     let again = claims_of(&store, p, t2 + Duration::from_secs(1)).await.pop().expect("rescheduled");
     let far = t2 + Duration::from_secs(86_400 * 365);
-    MaterializationRecords::complete(&store, id, again.token, stored("three", 1, t2), far).await.unwrap();
+    MaterializationRecords::complete(&store, id, again.token, stored("three", 1, t2), far, None)
+        .await
+        .unwrap();
     assert_eq!(
         MaterializationRecords::all(&store).await.unwrap().iter().filter(|r| r.endpoint_id == id).count(),
         1
@@ -675,7 +687,7 @@ async fn appends_make_a_materialization_due_within_its_freshness(store: DieselSt
     MaterializationRecords::appended(&store, vec![id], T0).await.unwrap();
     let first = claims_of(&store, p, T0).await.pop().expect("a first refresh");
     let far = T0 + secs(86_400);
-    let done = MaterializationRecords::complete(&store, id, first.token, stored("one", 1, T0), far);
+    let done = MaterializationRecords::complete(&store, id, first.token, stored("one", 1, T0), far, None);
     assert_eq!(done.await.unwrap(), Switch::Switched { replaced: None });
     assert!(claims_of(&store, p, T0 + secs(60)).await.is_empty(), "nothing appended, not due");
 
@@ -694,12 +706,20 @@ async fn appends_make_a_materialization_due_within_its_freshness(store: DieselSt
     // An append while it runs stays pending after it completes, and the refresh counts.
     let t2 = t1 + secs(11);
     MaterializationRecords::appended(&store, vec![id], t2).await.unwrap();
-    let done =
-        MaterializationRecords::complete(&store, id, second.token, stored("two", 1, t1 + secs(10)), far);
+    let done = MaterializationRecords::complete(
+        &store,
+        id,
+        second.token,
+        stored("two", 1, t1 + secs(10)),
+        far,
+        Some(3),
+    );
     assert_eq!(done.await.unwrap(), Switch::Switched { replaced: Some("one".into()) });
     let record = MaterializationRecords::get(&store, id).await.unwrap().unwrap();
-    assert_eq!((record.appended_since, record.full_refreshes), (Some(t2), 2), "{record:?}");
-    assert_eq!(record.result.map(|r| r.data_as_of), Some(t1 + secs(10)));
+    assert_eq!((record.appended_since, record.full_refreshes), (Some(t2), 1), "{record:?}");
+    // A fold counts its rows, not a refresh; the result keeps what the engine said of its tables.
+    assert_eq!((record.last_folded_at, record.rows_folded), (Some(t1 + secs(10)), 3));
+    assert_eq!(record.result, Some(stored("two", 1, t1 + secs(10))));
 
     // A failed refresh waits for its retry time, appends pending or not.
     let third = claims_of(&store, p, t2 + secs(10)).await.pop().expect("due again");
@@ -708,7 +728,8 @@ async fn appends_make_a_materialization_due_within_its_freshness(store: DieselSt
     assert!(MaterializationRecords::fail(&store, id, third.token, "boom".into(), retry).await.unwrap());
     assert!(claims_of(&store, p, t2 + secs(60)).await.is_empty(), "a failure is not retried at once");
     let fourth = claims_of(&store, p, retry).await.pop().expect("retried at its time");
-    let done = MaterializationRecords::complete(&store, id, fourth.token, stored("four", 1, retry), far);
+    let done =
+        MaterializationRecords::complete(&store, id, fourth.token, stored("four", 1, retry), far, None);
     done.await.unwrap();
     assert!(claims_of(&store, p, retry + secs(3600)).await.is_empty(), "left not due");
 }
@@ -719,7 +740,7 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     let id = materialized(&store, p, "kpi").await;
     let claim = claims_of(&store, p, T0).await.pop().unwrap();
     let far = T0 + Duration::from_secs(86_400);
-    MaterializationRecords::complete(&store, id, claim.token, stored("v1", 1, T0), far).await.unwrap();
+    MaterializationRecords::complete(&store, id, claim.token, stored("v1", 1, T0), far, None).await.unwrap();
 
     // A new version is due at once, though the record's next run is far away.
     let change = EndpointChange {
@@ -731,8 +752,9 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     assert_eq!(updated.tables, Some(vec!["events".to_owned()]), "a version keeps the tables it reads");
     let claim = claims_of(&store, p, T0).await.pop().expect("the new version is due");
     assert_eq!(claim.version, 2);
-    let switch =
-        MaterializationRecords::complete(&store, id, claim.token, stored("v2", 2, T0), far).await.unwrap();
+    let switch = MaterializationRecords::complete(&store, id, claim.token, stored("v2", 2, T0), far, None)
+        .await
+        .unwrap();
     assert_eq!(switch, Switch::Switched { replaced: Some("v1".into()) });
     assert_eq!(MaterializationRecords::get_many(&store, vec![id, Uuid::new_v4()]).await.unwrap().len(), 1);
 
@@ -756,8 +778,9 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
     let claim = claims_of(&store, p, T0).await.pop().expect("turned on again");
     assert_eq!(EndpointStore::delete(&store, p, &name("kpi")).await.unwrap(), id);
     assert_eq!(MaterializationRecords::get(&store, id).await.unwrap(), None);
-    let lost =
-        MaterializationRecords::complete(&store, id, claim.token, stored("v3", 2, T0), far).await.unwrap();
+    let lost = MaterializationRecords::complete(&store, id, claim.token, stored("v3", 2, T0), far, None)
+        .await
+        .unwrap();
     assert_eq!(lost, Switch::Lost, "a refresh of a deleted endpoint switches nothing");
     EndpointStore::delete(&store, p, &name("off")).await.unwrap();
 }

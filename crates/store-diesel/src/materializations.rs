@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use domain::{
-    attempt_location, Claim, EndpointName, Freshness, MaterializationRecords, MaterializationState,
+    attempt_location, Claim, Coverage, EndpointName, Freshness, MaterializationRecords, MaterializationState,
     MaterializationStatus, ProjectId, StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
 };
 use tracing::instrument;
@@ -36,6 +36,9 @@ struct MaterializationRow {
     appended_since: Option<i64>,
     result_data_as_of: Option<i64>,
     full_refreshes: i64,
+    result_coverage: Option<String>,
+    last_folded_at: Option<i64>,
+    rows_folded: i64,
 }
 
 impl MaterializationRow {
@@ -48,6 +51,7 @@ impl MaterializationRow {
                 row_count: u64::try_from(rows).unwrap_or(0),
                 materialized_at: instant(at)?,
                 data_as_of: instant(self.result_data_as_of.unwrap_or(at))?,
+                coverage: self.result_coverage.map(Coverage),
             }),
             _ => None,
         };
@@ -66,6 +70,8 @@ impl MaterializationRow {
             lease,
             appended_since: self.appended_since.map(instant).transpose()?,
             full_refreshes: u64::try_from(self.full_refreshes).unwrap_or(0),
+            last_folded_at: self.last_folded_at.map(instant).transpose()?,
+            rows_folded: u64::try_from(self.rows_folded).unwrap_or(0),
         })
     }
 }
@@ -165,6 +171,9 @@ fn claim_one(
                 appended_since: None,
                 result_data_as_of: None,
                 full_refreshes: 0,
+                result_coverage: None,
+                last_folded_at: None,
+                rows_folded: 0,
             };
             match diesel::insert_into(materializations::table).values(&row).execute(conn) {
                 Ok(n) => Ok(n == 1),
@@ -298,6 +307,7 @@ impl MaterializationRecords for DieselStore {
         token: Uuid,
         result: StoredResult,
         next_run_at: Timestamp,
+        folded: Option<u64>,
     ) -> Result<Switch, StoreError> {
         Ok(self
             .db
@@ -326,12 +336,27 @@ impl MaterializationRecords for DieselStore {
                                 .eq(Some(i64::try_from(result.row_count).unwrap_or(i64::MAX))),
                             materializations::result_at.eq(Some(micros(result.materialized_at))),
                             materializations::result_data_as_of.eq(Some(micros(result.data_as_of))),
+                            materializations::result_coverage
+                                .eq(result.coverage.as_ref().map(|c| c.0.clone())),
                             materializations::next_run_at.eq(micros(next_run_at)),
                             materializations::lease_token.eq(None::<String>),
                             materializations::lease_expires_at.eq(None::<i64>),
-                            materializations::full_refreshes.eq(materializations::full_refreshes + 1),
                         ))
                         .execute(conn)?;
+                    let counted = diesel::update(materializations::table.find(&id));
+                    match folded {
+                        Some(rows) => counted
+                            .set((
+                                materializations::last_folded_at.eq(Some(micros(result.materialized_at))),
+                                materializations::rows_folded
+                                    .eq(materializations::rows_folded
+                                        + i64::try_from(rows).unwrap_or(i64::MAX)),
+                            ))
+                            .execute(conn)?,
+                        None => counted
+                            .set(materializations::full_refreshes.eq(materializations::full_refreshes + 1))
+                            .execute(conn)?,
+                    };
 
                     Ok(Switch::Switched { replaced: replaced.filter(|old| *old != result.location) })
                 })

@@ -78,6 +78,9 @@ diesel::table! {
         appended_since -> Nullable<BigInt>,
         result_data_as_of -> Nullable<BigInt>,
         full_refreshes -> BigInt,
+        result_coverage -> Nullable<Text>,
+        last_folded_at -> Nullable<BigInt>,
+        rows_folded -> BigInt,
     }
 }
 

@@ -6,9 +6,9 @@ mod ports;
 mod service;
 
 pub use model::{
-    attempt_location, endpoint_location, AppendedRows, Claim, Eligibility, MaterializationState,
-    MaterializationStatus, MaterializationView, MaterializedFilter, Rollup, RollupColumn, StoredColumn,
-    StoredResult, Switch,
+    attempt_location, endpoint_location, Claim, Coverage, Eligibility, MaterializationState,
+    MaterializationStatus, MaterializationView, MaterializedFilter, Rollup, RollupColumn, Stored,
+    StoredColumn, StoredResult, Switch,
 };
 pub use ports::{MaterializationPorts, MaterializationRecords, ResultStorage};
 #[cfg(any(test, feature = "mocks"))]

@@ -284,6 +284,8 @@ pub struct StoredResult {
     /// The time up to which appended rows are in it: a refresh includes every append answered before it began
     /// reading the tables.
     pub data_as_of: Timestamp,
+    /// What of its tables it holds, for folding appended rows into it.
+    pub coverage: Option<Coverage>,
 }
 
 /// The materialization record of one endpoint, as the store keeps it.
@@ -305,6 +307,10 @@ pub struct MaterializationState {
     pub appended_since: Option<Timestamp>,
     /// Refreshes completed, for this record's whole life.
     pub full_refreshes: u64,
+    /// When appended rows were last folded into the result.
+    pub last_folded_at: Option<Timestamp>,
+    /// Rows folded into results, for this record's whole life.
+    pub rows_folded: u64,
 }
 
 impl MaterializationState {
@@ -343,12 +349,17 @@ pub enum Switch {
     Lost,
 }
 
-/// Rows appended to one table since a stored result was computed: the Parquet files that hold them (and nothing
-/// else), as paths relative to the project's storage.
+/// What of its tables a stored result holds, as the engine that wrote it says it (opaque to the rules): a fold
+/// starts from it to find the rows appended since.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppendedRows {
-    pub table: String,
-    pub files: Vec<String>,
+pub struct Coverage(pub String);
+
+/// A stored result written: its rows (for a fold, the rows it added), and what of its tables it holds, when the
+/// engine can tell (a result it cannot tell of is refreshed in full after every change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub rows: u64,
+    pub coverage: Option<Coverage>,
 }
 
 /// The directory of one endpoint's stored results, relative to its project.
@@ -381,6 +392,10 @@ pub struct MaterializationView {
     pub appended_since: Option<Timestamp>,
     /// Refreshes completed.
     pub full_refreshes: u64,
+    /// When appended rows were last folded into the stored result.
+    pub last_folded_at: Option<Timestamp>,
+    /// Rows folded into stored results.
+    pub rows_folded: u64,
     /// The rollup the stored result is, when it is one.
     pub rollup: Option<Rollup>,
     pub error: Option<String>,
@@ -406,6 +421,8 @@ impl MaterializationView {
             data_as_of: None,
             appended_since: None,
             full_refreshes: 0,
+            last_folded_at: None,
+            rows_folded: 0,
             rollup: eligibility.and_then(Eligibility::rollup).cloned(),
             error: None,
             can_materialize: eligibility.is_some_and(Eligibility::is_eligible) && endpoint.is_active,
@@ -429,6 +446,8 @@ impl MaterializationView {
         view.next_run_at = Some(state.due_at(endpoint.freshness));
         view.error = state.error.clone();
         view.full_refreshes = state.full_refreshes;
+        view.last_folded_at = state.last_folded_at;
+        view.rows_folded = state.rows_folded;
         if let Some(result) = state.result.as_ref().filter(|r| r.version == endpoint.current_version) {
             view.last_materialized_at = Some(result.materialized_at);
             view.row_count = Some(result.row_count);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::model::{AppendedRows, Claim, MaterializationState, MaterializedFilter, StoredResult, Switch};
+use super::model::{Claim, Coverage, MaterializationState, MaterializedFilter, Stored, StoredResult, Switch};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::{EngineError, StoreError};
@@ -49,8 +49,8 @@ pub trait MaterializationRecords: Send + Sync {
     /// `Unavailable`, `Internal`.
     async fn renew(&self, endpoint_id: Uuid, token: Uuid, until: Timestamp) -> Result<bool, StoreError>;
 
-    /// Switches runs to a completed result, if the claim is still held, and counts a full refresh. Appends
-    /// recorded since the claim stay pending.
+    /// Switches runs to a completed result, if the claim is still held, and counts it: a full refresh, or a fold
+    /// that `folded` rows into the previous result. Appends recorded since the claim stay pending.
     ///
     /// # Errors
     /// `Unavailable`, `Internal`.
@@ -60,6 +60,7 @@ pub trait MaterializationRecords: Send + Sync {
         token: Uuid,
         result: StoredResult,
         next_run_at: Timestamp,
+        folded: Option<u64>,
     ) -> Result<Switch, StoreError>;
 
     /// Records that rows were appended at `at` to a table these endpoints read (or that one was replaced):
@@ -102,31 +103,34 @@ pub trait MaterializationRecords: Send + Sync {
 #[async_trait]
 pub trait ResultStorage: Send + Sync {
     /// Runs the query with its variable predicates removed and stores every row, in order, at `location`.
-    /// Returns the number of rows. A failed write leaves nothing at `location`.
+    /// Returns the number of rows, and what of the tables it read. A failed write leaves nothing at
+    /// `location`.
     ///
     /// # Errors
     /// [`EngineError::InvalidQuery`] when the query no longer plans or cannot be materialized;
     /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`]; `Unavailable`, `Internal` (including I/O).
-    async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<u64, EngineError>;
+    async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<Stored, EngineError>;
 
-    /// Folds rows appended to a table into the stored result at `from`, as a new result at `to` that nothing
-    /// reads yet: the query over the appended rows alone (its variable predicates removed), added after a stored
-    /// result of rows, or as more partial aggregates of a rollup (which runs aggregate again). The result at
-    /// `from` is left as it is. Returns the rows the new result adds. A failed fold leaves nothing at `to`.
+    /// Folds the rows appended to the query's tables since the stored result at `from` (which holds
+    /// `coverage` of them) into a new result at `to` that nothing reads yet: the query over the appended rows
+    /// alone (its variable predicates removed), added after a stored result of rows, or as more partial
+    /// aggregates of a rollup (which runs aggregate again). The result at `from` is left as it is. Returns the
+    /// rows the new result adds and what of the tables it holds. A failed fold leaves nothing at `to`.
     ///
     /// # Errors
-    /// [`EngineError::InvalidQuery`] with the reason when the query cannot follow appended rows (it reads the
-    /// table more than once, or under an aggregation, a sort, DISTINCT, a window, a limit, a union, an outer
-    /// join or a subquery): a full refresh computes it instead. [`EngineError::Timeout`],
-    /// [`EngineError::MemoryLimit`]; `Unavailable` when a file is gone; `Internal` on I/O.
+    /// [`EngineError::InvalidQuery`] with the reason when the rows appended cannot be folded in, and a full
+    /// refresh is needed: the query reads the table more than once, or under an aggregation, a sort, DISTINCT,
+    /// a window, a limit, a union, an outer join or a subquery; more than one table changed; a table was
+    /// replaced or its history since is not known. [`EngineError::Timeout`], [`EngineError::MemoryLimit`];
+    /// `Unavailable` when a file is gone; `Internal` on I/O.
     async fn fold(
         &self,
         project: ProjectId,
         query: &Query,
         from: &str,
         to: &str,
-        appended: &AppendedRows,
-    ) -> Result<u64, EngineError>;
+        coverage: &Coverage,
+    ) -> Result<Stored, EngineError>;
 
     /// The page `offset..offset+limit` of the stored rows that pass every filter, in stored order.
     ///

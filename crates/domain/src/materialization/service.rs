@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use super::model::{attempt_location, Claim, Eligibility, StoredResult, Switch};
+use super::model::{attempt_location, Claim, Coverage, Eligibility, Stored, StoredResult, Switch};
 use super::ports::{MaterializationRecords, ResultStorage};
 use crate::clock::Clock;
 use crate::endpoints::{EndpointChanges, EndpointStore};
@@ -20,7 +20,13 @@ pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
 /// What one refresh came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RefreshOutcome {
+    /// The whole result was computed again.
     Completed {
+        rows: u64,
+    },
+    /// The rows appended since the previous result were folded into it: `added` rows more, `rows` in all.
+    Folded {
+        added: u64,
         rows: u64,
     },
     Failed {
@@ -112,8 +118,8 @@ impl RefreshService {
         let target = attempt_location(claim.endpoint_id, claim.version, claim.token);
         // Every append answered before the tables are read is in the result.
         let data_as_of = self.clock.now();
-        let rows = match self.compute(claim, &target).await {
-            Ok(rows) => rows,
+        let (stored, folded) = match self.compute(claim, &target).await {
+            Ok(computed) => computed,
             Err(Error::NotFound(_)) => {
                 self.discard(claim).await;
                 return Ok(RefreshOutcome::Lost);
@@ -131,22 +137,33 @@ impl RefreshService {
             }
         };
         let at = self.clock.now();
+        let rows = folded.map_or(stored.rows, |before| before + stored.rows);
         let result = StoredResult {
             version: claim.version,
             location: target,
             row_count: rows,
             materialized_at: at,
             data_as_of,
+            coverage: stored.coverage,
         };
         let next = at + claim.sync_frequency.period();
-        match self.states.complete(claim.endpoint_id, claim.token, result, next).await {
+        let added = folded.map(|_| stored.rows);
+        match self.states.complete(claim.endpoint_id, claim.token, result, next, added).await {
             Ok(Switch::Switched { replaced }) => {
                 self.switched(claim).await;
                 if let Some(old) = replaced {
                     self.remove_quietly(claim, &old).await;
                 }
-                info!(endpoint = %claim.name, project = %claim.project, rows, "materialization completed");
-                Ok(RefreshOutcome::Completed { rows })
+                Ok(match added {
+                    Some(added) => {
+                        debug!(endpoint = %claim.name, project = %claim.project, added, rows, "appended rows folded in");
+                        RefreshOutcome::Folded { added, rows }
+                    }
+                    None => {
+                        info!(endpoint = %claim.name, project = %claim.project, rows, "materialization completed");
+                        RefreshOutcome::Completed { rows }
+                    }
+                })
             }
             Ok(Switch::Lost) => {
                 self.discard(claim).await;
@@ -159,7 +176,9 @@ impl RefreshService {
         }
     }
 
-    async fn compute(&self, claim: &Claim, target: &str) -> Result<u64, Error> {
+    /// The claimed version's result at `target`: the previous result with the rows appended since folded in when
+    /// it can be (then also the previous result's rows), else computed in full.
+    async fn compute(&self, claim: &Claim, target: &str) -> Result<(Stored, Option<u64>), Error> {
         let version = self.endpoints.get_version(claim.project, &claim.name, claim.version).await.map_err(
             |e| match e {
                 StoreError::NotFound | StoreError::VersionNotFound(_) => {
@@ -175,7 +194,33 @@ impl RefreshService {
         if let Some(reason) = eligibility.reason() {
             return Err(Error::Invalid(Invalid::field("is_materialized", reason)));
         }
-        Ok(self.results.write(claim.project, &version.query, target).await?)
+        if let Some((previous, coverage)) = self.previous(claim).await {
+            let folded =
+                self.results.fold(claim.project, &version.query, &previous.location, target, &coverage);
+            match folded.await {
+                Ok(stored) => return Ok((stored, Some(previous.row_count))),
+                // A failed fold leaves nothing at the target: the full refresh writes there.
+                Err(err) => {
+                    debug!(endpoint = %claim.name, project = %claim.project, reason = %err, "refreshing in full")
+                }
+            }
+        }
+        Ok((self.results.write(claim.project, &version.query, target).await?, None))
+    }
+
+    /// The claimed version's current result, if the engine told what of its tables it holds (so that the rows
+    /// appended since can be folded into it).
+    async fn previous(&self, claim: &Claim) -> Option<(StoredResult, Coverage)> {
+        let state = match self.states.get(claim.endpoint_id).await {
+            Ok(state) => state?,
+            Err(err) => {
+                warn!(endpoint = %claim.name, error = %err, "cannot read the materialization record; refreshing in full");
+                return None;
+            }
+        };
+        let result = state.result.filter(|r| r.version == claim.version)?;
+        let coverage = result.coverage.clone()?;
+        Some((result, coverage))
     }
 
     /// Makes the runs cached from the result before stale, here and on the other processes (which otherwise keep

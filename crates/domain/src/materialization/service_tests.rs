@@ -67,7 +67,9 @@ fn eligible() -> Option<Eligibility> {
 fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockResultStorage {
     let mut results = MockResultStorage::new();
     results.expect_write().with(always(), always(), eq(target())).returning(move |_, _, _| {
-        write.map_err(|()| EngineError::InvalidQuery("Column 'x' not found".into()))
+        write
+            .map(|rows| Stored { rows, coverage: Some(Coverage("full".into())) })
+            .map_err(|()| EngineError::InvalidQuery("Column 'x' not found".into()))
     });
     results.expect_remove().returning(move |_, location| {
         removed.lock().unwrap().push(location.to_owned());
@@ -89,12 +91,14 @@ fn materializer(
 
 fn materializer_telling(
     endpoints: MockEndpointStore,
-    states: MockMaterializationRecords,
+    mut states: MockMaterializationRecords,
     results: MockResultStorage,
     changes: MockEndpointChanges,
 ) -> RefreshService {
     let mut clock = MockClock::new();
     clock.expect_now().return_const(NOW);
+    // No result to fold into unless a test says so.
+    states.expect_get().returning(|_| Ok(None));
     RefreshService::new(RefreshDeps {
         endpoints: Arc::new(endpoints),
         states: Arc::new(states),
@@ -112,7 +116,7 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
     let mut states = MockMaterializationRecords::new();
     states
         .expect_complete()
-        .withf(|id, token, result, next| {
+        .withf(|id, token, result, next, folded| {
             *id == Uuid::from_u128(1)
                 && *token == Uuid::from_u128(9)
                 && *result
@@ -122,11 +126,13 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
                         row_count: 42,
                         materialized_at: NOW,
                         data_as_of: NOW,
+                        coverage: Some(Coverage("full".into())),
                     }
                 && *next == NOW + Duration::from_secs(3600)
+                && folded.is_none()
         })
         .times(1)
-        .returning(|_, _, _, _| Ok(Switch::Switched { replaced: Some("old".into()) }));
+        .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: Some("old".into()) }));
     // Runs cached from the replaced result go, here and on the other processes.
     let mut store = endpoints(eligible());
     let kpi = EndpointName::parse("kpi").unwrap();
@@ -146,7 +152,7 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
 async fn a_claim_that_took_over_a_crashed_attempt_removes_its_files_first() {
     let removed = Arc::new(Mutex::new(Vec::new()));
     let mut states = MockMaterializationRecords::new();
-    states.expect_complete().returning(|_, _, _, _| Ok(Switch::Switched { replaced: None }));
+    states.expect_complete().returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: None }));
     let m = materializer(endpoints(eligible()), states, results(Ok(1), Arc::clone(&removed)));
     let crashed = attempt_location(Uuid::from_u128(1), 3, Uuid::from_u128(8));
     let claim = Claim { abandoned: Some(crashed.clone()), ..claim() };
@@ -158,7 +164,7 @@ async fn a_claim_that_took_over_a_crashed_attempt_removes_its_files_first() {
 async fn a_refresh_whose_claim_was_lost_removes_what_it_wrote() {
     let removed = Arc::new(Mutex::new(Vec::new()));
     let mut states = MockMaterializationRecords::new();
-    states.expect_complete().times(1).returning(|_, _, _, _| Ok(Switch::Lost));
+    states.expect_complete().times(1).returning(|_, _, _, _, _| Ok(Switch::Lost));
     let m = materializer(endpoints(eligible()), states, results(Ok(5), Arc::clone(&removed)));
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Lost);
     assert_eq!(*removed.lock().unwrap(), vec![target()]);
@@ -251,10 +257,13 @@ async fn the_sweep_removes_only_locations_no_record_refers_to() {
             row_count: 1,
             materialized_at: NOW,
             data_as_of: NOW,
+            coverage: None,
         }),
         lease: Some((Uuid::from_u128(6), NOW + LEASE)),
         appended_since: None,
         full_refreshes: 1,
+        last_folded_at: None,
+        rows_folded: 0,
     };
     states.expect_all().returning(move || Ok(vec![record.clone()]));
     let m = materializer(MockEndpointStore::new(), states, results);
@@ -276,4 +285,80 @@ fn a_storage_failure_is_reported_by_its_kind_and_other_failures_without_internal
     assert_eq!(super::failure_text(&wrapped), "The result could not be stored: file too large.");
     let other = Error::Internal("/secret/path: parquet footer is corrupt".into());
     assert_eq!(super::failure_text(&other), "The refresh failed with an internal error; see the server log.");
+}
+
+/// A record whose completed result of version 3 holds 40 rows and says what of its tables it read.
+fn with_result(states: &mut MockMaterializationRecords) {
+    states.expect_get().returning(|id| {
+        Ok(Some(MaterializationState {
+            endpoint_id: id,
+            version: 3,
+            status: MaterializationStatus::Running,
+            next_run_at: NOW,
+            error: None,
+            result: Some(StoredResult {
+                version: 3,
+                location: "previous".into(),
+                row_count: 40,
+                materialized_at: NOW,
+                data_as_of: NOW,
+                coverage: Some(Coverage("read".into())),
+            }),
+            lease: Some((Uuid::from_u128(9), NOW + LEASE)),
+            appended_since: None,
+            full_refreshes: 1,
+            last_folded_at: None,
+            rows_folded: 0,
+        }))
+    });
+}
+
+#[tokio::test]
+async fn rows_appended_since_the_result_are_folded_into_it() {
+    let mut states = MockMaterializationRecords::new();
+    with_result(&mut states);
+    states
+        .expect_complete()
+        .withf(|_, _, result, _, folded| {
+            (result.row_count, &result.location, result.coverage.as_ref(), *folded)
+                == (45, &target(), Some(&Coverage("folded".into())), Some(5))
+        })
+        .times(1)
+        .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: Some("previous".into()) }));
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let mut results = MockResultStorage::new();
+    results
+        .expect_fold()
+        .withf(|_, _, from, to, coverage| {
+            (from, to, coverage) == ("previous", target().as_str(), &Coverage("read".into()))
+        })
+        .times(1)
+        .returning(|_, _, _, _, _| Ok(Stored { rows: 5, coverage: Some(Coverage("folded".into())) }));
+    results.expect_write().never();
+    let sink = Arc::clone(&removed);
+    results.expect_remove().returning(move |_, location| {
+        sink.lock().unwrap().push(location.to_owned());
+        Ok(())
+    });
+    let m = materializer(endpoints(eligible()), states, results);
+    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Folded { added: 5, rows: 45 });
+    assert_eq!(*removed.lock().unwrap(), vec!["previous".to_owned()]);
+}
+
+#[tokio::test]
+async fn rows_that_cannot_be_folded_in_are_refreshed_in_full() {
+    let mut states = MockMaterializationRecords::new();
+    with_result(&mut states);
+    states
+        .expect_complete()
+        .withf(|_, _, result, _, folded| (result.row_count, *folded) == (42, None))
+        .times(1)
+        .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: None }));
+    let mut results = results(Ok(42), Arc::new(Mutex::new(Vec::new())));
+    results
+        .expect_fold()
+        .times(1)
+        .returning(|_, _, _, _, _| Err(EngineError::InvalidQuery("both tables changed".into())));
+    let m = materializer(endpoints(eligible()), states, results);
+    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
 }

@@ -674,10 +674,13 @@ mod materialized {
                     row_count: 3,
                     materialized_at: at,
                     data_as_of: at,
+                    coverage: None,
                 }),
                 lease: None,
                 appended_since: None,
                 full_refreshes: 1,
+                last_folded_at: None,
+                rows_folded: 0,
             }))
         });
         states

@@ -109,6 +109,13 @@ pub(crate) struct Materialization {
     appended_since: Option<OffsetDateTime>,
     /// Refreshes completed, each computing the whole result.
     full_refreshes: u64,
+    /// When rows appended since the result before were last folded into the stored result (without computing
+    /// it again).
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    last_folded_at: Option<OffsetDateTime>,
+    /// Rows folds added to the stored results.
+    rows_folded: u64,
     /// When the query is stored as a rollup, what the stored rows are grouped by: the query's group keys, then
     /// the columns its variables filter (a timestamp bounded by `Date` variables as `date_trunc('day', ...)`);
     /// null when the stored result is the query's own rows (or it cannot be materialized).
@@ -149,6 +156,8 @@ impl From<MaterializationView> for Materialization {
             data_as_of: view.data_as_of,
             appended_since: view.appended_since,
             full_refreshes: view.full_refreshes,
+            last_folded_at: view.last_folded_at,
+            rows_folded: view.rows_folded,
             grouping: view.rollup.as_ref().map(grouping),
             error: view.error,
             can_materialize: view.can_materialize,
