@@ -254,6 +254,12 @@ bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (strea
 	cargo build --release --locked -p server --features bench,ballista --bins
 	$(VENV)/bin/python tests/bench/bench.py --only appends --duckdb-python $(VENV)/bin/python
 
+.PHONY: bench-fresh
+bench-fresh: deps ## Scenario 11 of make bench alone (folds against full refreshes, materialized runs while rows stream in; BENCH_ROWS events) into docs/benchmarks.md.
+	@mkdir -p target
+	cargo build --release --locked -p server --features bench,ballista --bins
+	python3 tests/bench/bench.py --only fresh --rows $(BENCH_ROWS)
+
 .PHONY: soak
 soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180), checked at the end, into docs/benchmarks.md.
 	@mkdir -p target

@@ -547,3 +547,81 @@ async fn sigkill_during_appends_and_compactions_then_retries_with_their_keys_los
         .collect();
     assert_eq!(ids.len() as u64, expected, "the ids sent are distinct");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_killed_mid_way_is_done_again_after_its_lease_and_equals_the_live_answer() {
+    let app = crate::helpers::spawn_app().await;
+    let (project, key) = crate::helpers::project_with_sales(&app);
+    // A rollup (its variable filters a column it does not output), with appended rows due within a second.
+    let body = serde_json::json!({
+        "name": "by-vip", "is_materialized": true, "freshness_seconds": 1, "cache_age_seconds": 0,
+        "query": {"kind": "SQLQuery",
+                  "query": "SELECT vip, count(*) AS orders, sum(quantity) AS items, max(amount) AS top FROM sales \
+                            WHERE country != {variables.not} GROUP BY vip ORDER BY vip",
+                  "variables": {"not": {"type": "String", "default": "C1"}}},
+    });
+    let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
+    let status_path = format!("/api/projects/{project}/endpoints/by-vip/materialization_status");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.get(&status_path, &key).await.json::<Value>().await.unwrap()["status"] != "Completed" {
+        assert!(Instant::now() < deadline, "the first refresh completes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.stop().await.unwrap();
+    // Enough appended rows that folding them takes a while; the import says the endpoint's result is behind.
+    let big = data_dir.join("big.csv");
+    std::fs::write(&big, many_sales(2_000_000)).unwrap();
+    let import = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"))
+        .arg("--data-dir")
+        .arg(data_dir.as_os_str())
+        .args(["data", "import", "--project", &project.to_string(), "--table", "sales", "--append"])
+        .arg(&big)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(import.status.success(), "{}", String::from_utf8_lossy(&import.stderr));
+
+    let worker = ["--materialize-poll-ms", "50", "--materialize-lease-secs", "3", "--workers", "1"];
+    let client = reqwest::Client::new();
+    let doomed = crate::helpers::serve_process(&data_dir, &worker).await;
+    let status_url = |server: &crate::helpers::ServeProcess| format!("{}{status_path}", server.address);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = get_json(&client, &status_url(&doomed), &key).await;
+        if now["status"] == "Running" {
+            break;
+        }
+        assert_eq!(now["rows_folded"], 0, "the fold finished before it could be killed: {now}");
+        assert!(Instant::now() < deadline, "the fold never started: {now}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(doomed); // SIGKILL while folding: no chance to give the claim back.
+
+    let restarted = crate::helpers::serve_process(&data_dir, &worker).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let done = loop {
+        let now = get_json(&client, &status_url(&restarted), &key).await;
+        if now["status"] == "Completed" && now["rows_folded"].as_u64() > Some(0) {
+            break now;
+        }
+        assert!(now["status"] != "Failed", "{now}");
+        assert!(Instant::now() < deadline, "the fold was never done again: {now}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Folded again from the same result, not computed in full; and only that result is stored.
+    assert_eq!(done["full_refreshes"], 1, "{done}");
+    let stored = data_dir.join("projects").join(project.to_string()).join("materializations").join(&id);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(&stored).unwrap().count() != 1 {
+        assert!(Instant::now() < deadline, "the killed fold's files are removed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let run = format!("{}/api/projects/{project}/endpoints/by-vip/run?variables.not=C5", restarted.address);
+    let stored = get_json(&client, &run, &key).await;
+    let live = get_json(&client, &format!("{run}&refresh=direct"), &key).await;
+    assert_eq!(stored["endpoint_materialized"], true, "{stored}");
+    assert_eq!(stored["results"], live["results"], "the folded result equals the live answer");
+    let orders: u64 = live["results"].as_array().unwrap().iter().map(|row| row["orders"].as_u64().unwrap()).sum();
+    assert_eq!(orders, 6 + 2_000_000 - 20_619, "every appended row but country C5's, once");
+}

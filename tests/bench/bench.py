@@ -25,8 +25,12 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
      after 10,000 small appends and compaction, the table's files and a live GROUP BY over it against the same
      rows written at once.
 
-`--only isolation` and `--only appends` run scenario 9 or 10 alone (on a small data directory of its own) and
-replace only its section.
+  11. fresh materializations: a rollup of the events table (10,000,000 rows) refreshed in full against the
+     rows of one 1,000-row append folded into it (the refresh worker's own timings, from /metrics); and its
+     materialized runs against live runs while rows stream in at 100 appends a second.
+
+`--only isolation`, `--only appends` and `--only fresh` run scenario 9, 10 or 11 alone (the first two on a small
+data directory of their own, the third on `--rows` events) and replace only its section.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md (older runs are in git).
 """
@@ -874,6 +878,173 @@ def write_appends(args, figures):
     write_section(args, APPENDS_MARKER, appends_section(figures))
 
 
+FRESH_MARKER = "<!-- scenario 11, written by make bench -->"
+FRESH_SQL = ("SELECT country, count(*) AS events, round(sum(revenue), 2) AS revenue FROM events "
+             "WHERE timestamp >= {variables.since} GROUP BY country ORDER BY events DESC")
+FRESH_RUN = "/api/projects/1/endpoints/{name}/run?variables.since=2026-03-01"
+
+
+def event_rows(first, count):
+    """`count` NDJSON rows of the demo's events table, from id `first`, in March 2026."""
+    return "".join(
+        json.dumps({"timestamp": f"2026-03-{1 + i % 28:02d}T{i % 24:02d}:{i % 60:02d}:00", "event": "purchase",
+                    "distinct_id": f"fresh-{i}", "country": COUNTRIES[i % len(COUNTRIES)],
+                    "browser": "Firefox", "revenue": round((i % 1000) * 0.37, 2)}) + "\n"
+        for i in range(first, first + count))
+
+
+def post_rows(app, key, table, body):
+    req = urllib.request.Request(f"{app.base}/api/projects/1/tables/{table}/rows", data=body.encode(), method="POST")
+    req.add_header("Authorization", f"Bearer {key}")
+    req.add_header("Content-Type", "application/x-ndjson")
+    with urllib.request.urlopen(req, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def refresh_timings(app):
+    """The refresh worker's (count, total seconds) by outcome, from /metrics."""
+    with urllib.request.urlopen(app.base + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        match = re.match(r'endpoints_materialization_refresh_seconds_(sum|count)\{outcome="(\w+)"\} (\S+)', line)
+        if match:
+            kind, outcome, value = match.groups()
+            found.setdefault(outcome, [0, 0.0])[0 if kind == "count" else 1] = float(value)
+    return found
+
+
+def status_of(app, name):
+    return json.loads(app.request("GET", f"/api/projects/1/endpoints/{name}/materialization_status"))
+
+
+def wait_until(what, check, seconds=600, pause=0.05):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(pause)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def timed_outcome(app, outcome, action):
+    """Runs `action`, then waits for one more refresh that ended with `outcome`; its seconds."""
+    before = refresh_timings(app).get(outcome, [0, 0.0])
+    action()
+    after = wait_until(f"a {outcome} refresh",
+                       lambda: (lambda t: t if t.get(outcome, [0])[0] > before[0] else None)(refresh_timings(app)))
+    count, total = after[outcome]
+    return (total - before[1]) / (count - before[0])
+
+
+def fresh(args, app, writer):
+    """Scenario 11: a fold of appended rows into a rollup of the events table against its full refresh, and
+    materialized runs while rows stream in. `app` serves the main dataset with its refresh worker on."""
+    figures = {"rows": args.rows}
+    # Only this scenario's endpoint refreshes meanwhile.
+    for name in ("events-by-country", "country-daily"):
+        app.request("PATCH", f"/api/projects/1/endpoints/{name}", {"is_materialized": False})
+    body = {"name": "fresh-by-country", "is_materialized": True, "freshness_seconds": 1, "cache_age_seconds": 0,
+            "query": {"kind": "SQLQuery", "query": FRESH_SQL,
+                      "variables": {"since": {"type": "Date", "default": "2026-01-01"}}}}
+    full = []
+    for round_ in range(max(args.rounds, 3)):
+        def create():
+            app.request("DELETE", "/api/projects/1/endpoints/fresh-by-country") if round_ else None
+            app.request("POST", "/api/projects/1/endpoints/", body)
+        full.append(timed_outcome(app, "completed", create))
+    wait_until("the first result", lambda: status_of(app, "fresh-by-country")["status"] == "Completed")
+    figures["full_ms"] = statistics.median(full) * 1000
+    stored_rows = status_of(app, "fresh-by-country")["row_count"]
+    log(f"full refresh of the rollup over {args.rows:,} events: {figures['full_ms']:.0f} ms ({stored_rows} rows stored)")
+
+    # Folds of one 1,000-row append each; the answer after each equals the live one.
+    folds, delays, first = [], [], 0
+    for _ in range(max(args.rounds, 5)):
+        appended = []
+        def append():
+            appended.append(time.time())
+            post_rows(app, writer, "events", event_rows(first, 1000))
+        folds.append(timed_outcome(app, "folded", append))
+        delays.append(time.time() - appended[0])
+        first += 1000
+        stored = json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country")))
+        live = json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country") + "&refresh=direct"))
+        assert stored["endpoint_materialized"] and same_rows(stored["results"], live["results"]), "folded != live"
+    figures["fold_ms"] = statistics.median(folds) * 1000
+    figures["fold_delay_s"] = statistics.median(delays)
+    log(f"fold of 1,000 appended rows: {figures['fold_ms']:.1f} ms against a full refresh of {figures['full_ms']:.0f} ms; "
+        f"appended to folded in {figures['fold_delay_s']:.2f} s")
+
+    # Materialized against live runs while 5-row appends stream in at 100 a second.
+    streaming = {"on": True, "appends": 0, "first": first}
+    def stream():
+        started = time.time()
+        while streaming["on"]:
+            post_rows(app, writer, "events", event_rows(streaming["first"], 5))
+            streaming["first"] += 5
+            streaming["appends"] += 1
+            pause = started + streaming["appends"] / 100 - time.time()
+            if pause > 0:
+                time.sleep(pause)
+    thread = threading.Thread(target=stream, daemon=True)
+    began = time.time()
+    thread.start()
+    try:
+        time.sleep(2)
+        mat_ms, mat = app.timed(FRESH_RUN.format(name="fresh-by-country"), args.live_rounds * 20)
+        live_ms, _ = app.timed(FRESH_RUN.format(name="fresh-by-country") + "&refresh=direct", args.live_rounds)
+        assert all(a["endpoint_materialized"] for a in mat), "a run was not answered from the stored result"
+    finally:
+        streaming["on"] = False
+        thread.join()
+    figures["appends_per_s"] = streaming["appends"] / (time.time() - began)
+    figures["mat_ms"], figures["live_ms"] = mat_ms, live_ms
+    # Once the stream stops, the stored result catches up within its freshness and equals the live answer.
+    stopped = time.time()
+    live = json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country") + "&refresh=direct"))
+    wait_until("the stream folded in", lambda: same_rows(
+        json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country")))["results"], live["results"]), 30)
+    figures["caught_up_s"] = time.time() - stopped
+    status = status_of(app, "fresh-by-country")
+    figures["full_refreshes"], figures["rows_folded"] = status["full_refreshes"], status["rows_folded"]
+    log(f"while streaming {figures['appends_per_s']:.0f} appends/s: materialized {mat_ms:.2f} ms against live "
+        f"{live_ms:.1f} ms; caught up {figures['caught_up_s']:.1f} s after the stream stopped; "
+        f"{status['full_refreshes']} full refreshes, {status['rows_folded']:,} rows folded")
+    return figures
+
+
+def fresh_section(f):
+    fold = f["full_ms"] / f["fold_ms"]
+    speedup = f["live_ms"] / f["mat_ms"]
+    lines = [
+        f"**Fresh materializations** (scenario 11, {datetime.date.today().isoformat()}; release build, local storage, "
+        f"SQLite; the demo's events table of {f['rows']:,} rows; a rollup by country and day with "
+        "`freshness_seconds: 1`; the refresh worker's own timings from `/metrics`).",
+        "",
+        "| Measure | Figure | Baseline | Ratio | Target |",
+        "|---|---|---|---|---|",
+        f"| fold of one 1,000-row append into the rollup | {f['fold_ms']:.1f} ms (appended to folded in "
+        f"{f['fold_delay_s']:.2f} s) | its full refresh: {f['full_ms']:,.0f} ms | {fold:,.0f}x | >= 100x: {check(fold >= 100)} |",
+        f"| materialized run while 5-row appends stream in at {f['appends_per_s']:.0f}/s | {f['mat_ms']:.2f} ms | "
+        f"the live run (`refresh=direct`): {f['live_ms']:.1f} ms | {speedup:.0f}x | >= 50x: {check(speedup >= 50)} |",
+        "",
+        f"After the stream stopped the stored result equalled the live answer within {f['caught_up_s']:.1f} s; the "
+        f"endpoint had {f['full_refreshes']} full refresh{'es' if f['full_refreshes'] != 1 else ''} (its first) "
+        f"and {f['rows_folded']:,} rows folded in. How to read it: the first row is what one refresh costs the "
+        "worker when rows were appended, folded against computed again; the second is what callers see while "
+        "the table changes every 10 ms (each run reads the stored rollup and aggregates it again; each fold "
+        "switches it).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_fresh(args, figures):
+    write_section(args, FRESH_MARKER, fresh_section(figures))
+
+
 def machine():
     model = "unknown CPU"
     try:
@@ -911,7 +1082,7 @@ def main():
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
     parser.add_argument("--duckdb-python", default=None)
     parser.add_argument("--out", default="docs/benchmarks.md")
-    parser.add_argument("--only", choices=["isolation", "appends"], default=None)
+    parser.add_argument("--only", choices=["isolation", "appends", "fresh"], default=None)
     args = parser.parse_args()
     began = time.perf_counter()
     root = tempfile.mkdtemp(prefix="endpoints-bench-", dir=os.path.abspath("target"))
@@ -919,6 +1090,14 @@ def main():
         try:
             if args.only == "isolation":
                 write_isolation(args, isolation(args, root))
+            elif args.only == "fresh":
+                app = make_dataset(args.bin_dir, root, args.rows)
+                writer = app.cli("key", "create", "--project", "1", "--scope", "table:write")["key"]
+                app.start()
+                try:
+                    write_fresh(args, fresh(args, app, writer))
+                finally:
+                    app.stop()
             else:
                 write_appends(args, appends(args, root))
         finally:
@@ -1042,6 +1221,10 @@ def main():
             app.request("PATCH", f"/api/projects/1/endpoints/{name}", {"cache_age_seconds": None})
             log(f"{name} materialized: {mat_ms:.2f} ms against live {direct_ms:.1f} ms ({status['row_count']} rows stored)")
 
+        # 11. Fresh materializations (it appends to the events table: after every scenario that reads it but 4).
+        writer = main_app.cli("key", "create", "--project", "1", "--scope", "table:write")["key"]
+        fresh_figures = fresh(args, app, writer)
+
         # 4. Cached-run throughput by number of endpoints in the store.
         by_count = {}
         for total in (1000, 100_000):
@@ -1089,6 +1272,7 @@ def main():
     write_report(args, figures)
     write_isolation(args, isolated)
     write_appends(args, streamed)
+    write_fresh(args, fresh_figures)
 
 
 def write_report(args, f):

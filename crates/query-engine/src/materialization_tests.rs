@@ -675,8 +675,11 @@ async fn answers_as_live(
         let variables = (case.draw)(rng);
         let bound: Vec<_> = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
         let live = engine.execute(project(), &q, &variables, 10_000, 0).await.unwrap();
-        for (name, location) in locations {
-            let read = engine.read(project(), location, bound.clone(), 10_000, 0).await.unwrap();
+        // Read as a prepared result held in memory, and from its files (as on Ballista, or past the limit).
+        let from_files =
+            engine.clone().with_limits(EngineLimits { stored_rows_in_memory: 0, ..EngineLimits::default() });
+        for ((name, location), reader) in locations.iter().flat_map(|l| [(l, engine), (l, &from_files)]) {
+            let read = reader.read(project(), location, bound.clone(), 10_000, 0).await.unwrap();
             let context = format!("{name}: {} {context}, with {variables:?}", case.sql);
             assert_eq!((&read.columns, read.row_count), (&live.columns, live.row_count), "{context}");
             let (read_rows, live_rows) = (rows_of_answer(&read, ordered), rows_of_answer(&live, ordered));

@@ -91,6 +91,7 @@ struct OutcomeLabels {
 #[derive(Debug, Clone)]
 pub struct WorkerMetrics {
     refreshes: Family<OutcomeLabels, Counter>,
+    refresh_seconds: Family<OutcomeLabels, Histogram>,
     lag: Histogram,
     compactions: Family<OutcomeLabels, Counter>,
     files_merged: Counter,
@@ -101,6 +102,8 @@ impl Default for WorkerMetrics {
     fn default() -> Self {
         Self {
             refreshes: Family::default(),
+            // 1 ms to about 9 hours.
+            refresh_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 25))),
             // 0.1 s to about 1.8 hours.
             lag: Histogram::new(exponential_buckets(0.1, 2.0, 17)),
             compactions: Family::default(),
@@ -115,10 +118,17 @@ impl WorkerMetrics {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "materialization_refreshes",
-            "Materialization refreshes by how they ended: completed, failed (the query), lost (the endpoint \
+            "Materialization refreshes by how they ended: completed (computed in full), folded (the rows \
+             appended since folded into the result before), failed (the query), lost (the endpoint \
              changed or the lease passed on while computing), released (the server stopped, or a lease renewal \
              found the claim gone) or error (the store)",
             self.refreshes.clone(),
+        );
+        registry.register(
+            "materialization_refresh_seconds",
+            "How long refreshes took, by how they ended: completed (computed in full) or folded (the rows \
+             appended since folded into the result before), failed, lost",
+            self.refresh_seconds.clone(),
         );
         registry.register(
             "materialization_lag_seconds",
@@ -161,7 +171,7 @@ impl WorkerMetrics {
         self.lag.observe(waited.as_secs_f64());
     }
 
-    pub(crate) fn ended(&self, outcome: &Result<RefreshOutcome, domain::Error>) {
+    pub(crate) fn ended(&self, outcome: &Result<RefreshOutcome, domain::Error>, took: std::time::Duration) {
         let outcome = match outcome {
             Ok(RefreshOutcome::Completed { .. }) => "completed",
             Ok(RefreshOutcome::Folded { .. }) => "folded",
@@ -170,6 +180,7 @@ impl WorkerMetrics {
             Err(_) => "error",
         };
         self.refreshes.get_or_create(&OutcomeLabels { outcome }).inc();
+        self.refresh_seconds.get_or_create(&OutcomeLabels { outcome }).observe(took.as_secs_f64());
     }
 
     pub(crate) fn released(&self) {

@@ -97,13 +97,14 @@ async fn refresh(
     metrics: WorkerMetrics,
     mut stop: watch::Receiver<bool>,
 ) {
+    let started = std::time::Instant::now();
     let mut work = Box::pin(materializer.refresh(&claim));
     let mut beat = tokio::time::interval(materializer.lease() / 3);
     beat.tick().await;
     loop {
         tokio::select! {
             outcome = &mut work => {
-                metrics.ended(&outcome);
+                metrics.ended(&outcome, started.elapsed());
                 match outcome {
                     Ok(RefreshOutcome::Completed { rows }) => debug!(endpoint = %claim.name, rows, "refreshed"),
                     Ok(RefreshOutcome::Folded { added, rows }) => {

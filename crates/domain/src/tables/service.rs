@@ -290,6 +290,16 @@ impl TableService {
         Ok((self.changed(project, name, Change::Replaced).await?, created))
     }
 
+    /// After rows were written to a table outside this service (a bulk import straight into the storage): what a
+    /// write through it does next, as for a replace or an append.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the table is not there; store and engine failures.
+    pub async fn imported(&self, project: ProjectId, name: &TableName, replaced: bool) -> Result<Table, Error> {
+        let how = if replaced { Change::Replaced } else { Change::Appended };
+        self.changed(project, name, how).await
+    }
+
     /// After a write: plans the table's readers again when it was replaced, makes their cached runs stale here
     /// and on other processes, makes the stored results of the materialized ones due within their freshness,
     /// and returns the table as it now is.

@@ -91,6 +91,12 @@ pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Re
                 .map_err(|e| CliError::Usage(e.to_string()));
             bar.finish_and_clear();
             let report = report?;
+            // As an upload through the API: the readers' cached runs go, their stored results follow.
+            if let Ok(name) = domain::TableName::parse(&report.table) {
+                if let Err(err) = services.tables.imported(project, &name, !append).await {
+                    tracing::warn!(table = %name, error = %err, "cannot tell the table's readers of the import");
+                }
+            }
             if json {
                 print_json(
                     &json!({"project_id": project.get(), "table": report.table, "rows": report.rows, "files": report.files}),
