@@ -622,6 +622,7 @@ async fn a_fold_killed_mid_way_is_done_again_after_its_lease_and_equals_the_live
     let live = get_json(&client, &format!("{run}&refresh=direct"), &key).await;
     assert_eq!(stored["endpoint_materialized"], true, "{stored}");
     assert_eq!(stored["results"], live["results"], "the folded result equals the live answer");
-    let orders: u64 = live["results"].as_array().unwrap().iter().map(|row| row["orders"].as_u64().unwrap()).sum();
+    let orders: u64 =
+        live["results"].as_array().unwrap().iter().map(|row| row["orders"].as_u64().unwrap()).sum();
     assert_eq!(orders, 6 + 2_000_000 - 20_619, "every appended row but country C5's, once");
 }

@@ -313,9 +313,8 @@ impl ResultStorage for NoMaterializations {
         &self,
         _: ProjectId,
         _: &Query,
+        _: &StoredResult,
         _: &str,
-        _: &str,
-        _: &domain::Coverage,
     ) -> Result<domain::Stored, EngineError> {
         Err(nothing_materialized())
     }

@@ -34,7 +34,6 @@ use object_store::ObjectStoreExt;
 use crate::catalog::{current, is_parquet, table_prefix, Current};
 use crate::compaction::{lineage, Lineage};
 use crate::storage::{unavailable, Storage};
-use crate::table_store::rows_of;
 
 /// The name of the `n`th part of a stored result.
 pub(crate) fn part_name(n: usize) -> String {
@@ -171,6 +170,14 @@ pub(crate) struct Listed {
     pub(crate) full: Vec<ObjectPath>,
 }
 
+impl Listed {
+    /// Every file of the table as listed: its directory's, then the full files.
+    pub(crate) fn files(&self) -> Vec<ObjectPath> {
+        let own = self.names.iter().map(|name| self.dir.clone().join(name.as_str()));
+        own.chain(self.full.iter().cloned()).collect()
+    }
+}
+
 /// The table's files now, or `None` when it is not a table of files of this layout (an external source).
 pub(crate) async fn listed(
     storage: &Storage,
@@ -303,7 +310,7 @@ pub(crate) async fn copy_parts(
     storage: &Storage,
     from: &ObjectPath,
     to: &ObjectPath,
-) -> Result<(usize, u64), EngineError> {
+) -> Result<usize, EngineError> {
     let mut listed = storage.store().list(Some(from));
     let mut parts = Vec::new();
     while let Some(meta) = listed.next().await {
@@ -322,10 +329,8 @@ pub(crate) async fn copy_parts(
             parts.len()
         )));
     }
-    let mut rows = 0;
     for (meta, name) in &parts {
-        rows += rows_of(storage.store().as_ref(), meta, None).await?;
         storage.store().copy(&meta.location, &to.clone().join(name.as_str())).await.map_err(unavailable)?;
     }
-    Ok((parts.len(), rows))
+    Ok(parts.len())
 }

@@ -700,8 +700,8 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
     let (mut compared, mut compactions) = (0, 0);
     for (case, ordered) in foldable_cases() {
         let q = query(case.sql, case.variables.clone());
-        let mut at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        let mut coverage = ResultStorage::write(engine, project(), &q, &at).await.unwrap().coverage.unwrap();
+        let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        let mut result = stored_at(&at, 0, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
         // Appends of random sizes, folded one after the other, with compactions of the table between them
         // (which merge what was folded with what was not): each fold's result equals a full refresh of the
         // table as it then is, and the live answer.
@@ -722,7 +722,7 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
                 }
             }
             let folded = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-            let stored = engine.fold(project(), &q, &at, &folded, &coverage).await.unwrap();
+            let stored = engine.fold(project(), &q, &result, &folded).await.unwrap();
             assert!(
                 stored.rows <= appended * 4,
                 "{} rows added for {appended} appended: {}",
@@ -736,30 +736,44 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
             compared += answers_as_live(engine, &case, ordered, &locations, &mut rng, &context).await;
             ResultStorage::remove(engine, project(), &full).await.unwrap();
             // The result folded from stays as it was (runs may be reading it) until it is removed.
-            ResultStorage::remove(engine, project(), &at).await.unwrap();
-            (at, coverage) = (folded, stored.coverage.unwrap());
+            ResultStorage::remove(engine, project(), &result.location).await.unwrap();
+            result = stored_at(&folded, result.row_count, stored);
         }
         // Nothing appended: the fold adds nothing.
         let again = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        assert_eq!(engine.fold(project(), &q, &at, &again, &coverage).await.unwrap().rows, 0);
+        assert_eq!(engine.fold(project(), &q, &result, &again).await.unwrap().rows, 0);
         ResultStorage::remove(engine, project(), &again).await.unwrap();
-        ResultStorage::remove(engine, project(), &at).await.unwrap();
+        ResultStorage::remove(engine, project(), &result.location).await.unwrap();
     }
     assert!(compared > 500, "the answers compared hold rows ({compared})");
     assert!(compactions > 10, "folds followed the table through compactions ({compactions})");
     assert!(ResultStorage::locations(engine).await.unwrap().is_empty(), "every location was removed");
 }
 
-/// Whether folding from `coverage` is refused with a reason that says `why`, leaving nothing behind.
-async fn refused(engine: &DataFusionEngine, q: &Query, at: &str, coverage: &domain::Coverage, why: &str) {
+/// The stored result written at `location` (`stored`, after `before` rows of earlier parts), as a record keeps
+/// it.
+fn stored_at(location: &str, before: u64, stored: domain::Stored) -> domain::StoredResult {
+    let at = time::OffsetDateTime::UNIX_EPOCH;
+    domain::StoredResult {
+        version: 1,
+        location: location.into(),
+        row_count: before + stored.rows,
+        materialized_at: at,
+        data_as_of: at,
+        coverage: stored.coverage,
+    }
+}
+
+/// Whether folding into `from` is refused with a reason that says `why`, leaving nothing behind.
+async fn refused(engine: &DataFusionEngine, q: &Query, from: &domain::StoredResult, why: &str) {
     let to = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-    match engine.fold(project(), q, at, &to, coverage).await {
+    match engine.fold(project(), q, from, &to).await {
         Err(EngineError::InvalidQuery(detail)) => assert!(detail.contains(why), "{}: {detail}", q.sql),
         other => panic!("{}: {other:?}", q.sql),
     }
     let left: Vec<String> =
         ResultStorage::locations(engine).await.unwrap().into_iter().map(|(_, l)| l).collect();
-    assert_eq!(left, [at.to_owned()], "nothing at {to}");
+    assert_eq!(left, [from.location.clone()], "nothing at {to}");
 }
 
 #[tokio::test]
@@ -794,20 +808,20 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
     let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
     for (sql, reason) in cases {
         let q = query(sql, vars.clone());
-        let coverage = ResultStorage::write(engine, project(), &q, &at).await.unwrap().coverage.unwrap();
+        let result = stored_at(&at, 0, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
         append_events(engine, 5, 1).await;
-        refused(engine, &q, &at, &coverage, reason).await;
+        refused(engine, &q, &result, reason).await;
         ResultStorage::remove(engine, project(), &at).await.unwrap();
     }
     // Two tables changed, or one replaced: refreshed in full.
     let joined = "SELECT r.region, count(*) AS n FROM events e JOIN regions r ON e.country = r.country \
                   WHERE e.browser = {variables.c} GROUP BY r.region";
     let q = query(joined, vars.clone());
-    let coverage = ResultStorage::write(engine, project(), &q, &at).await.unwrap().coverage.unwrap();
+    let result = stored_at(&at, 0, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
     append_events(engine, 5, 2).await;
     regions(engine).await;
-    refused(engine, &q, &at, &coverage, "replaced").await;
-    let coverage = ResultStorage::write(engine, project(), &q, &at).await.unwrap().coverage.unwrap();
+    refused(engine, &q, &result, "replaced").await;
+    let result = stored_at(&at, 0, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
     append_events(engine, 5, 3).await;
     let upload = domain::Upload {
         format: domain::TableFormat::Csv,
@@ -819,8 +833,10 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
     };
     let regions_table = domain::TableName::parse("regions").unwrap();
     domain::TableStore::write(engine, project(), &regions_table, upload).await.unwrap();
-    refused(engine, &q, &at, &coverage, "changed").await;
-    // A coverage that does not read is refused too.
-    refused(engine, &q, &at, &domain::Coverage("{".into()), "coverage").await;
+    refused(engine, &q, &result, "changed").await;
+    // A result that does not say what it holds, or says it in a way that does not read, is refreshed in full.
+    refused(engine, &q, &domain::StoredResult { coverage: None, ..result.clone() }, "does not say").await;
+    let unreadable = Some(domain::Coverage("{".into()));
+    refused(engine, &q, &domain::StoredResult { coverage: unreadable, ..result }, "coverage").await;
     ResultStorage::remove(engine, project(), &at).await.unwrap();
 }

@@ -23,7 +23,7 @@ use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
     BoundValue, Coverage, Eligibility, EngineError, Export, MaterializedFilter, ProjectId, Query,
-    QueryResult, ResultFormat, ResultStorage, Rollup, Stored, StoredColumn, VariableType,
+    QueryResult, ResultFormat, ResultStorage, Rollup, Stored, StoredColumn, StoredResult, VariableType,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -221,10 +221,7 @@ impl DataFusionEngine {
             let Some(listed) = fold::listed(&self.storage, project, &table).await? else {
                 return Ok((plan, None));
             };
-            let mut files: Vec<ObjectPath> =
-                listed.names.iter().map(|name| listed.dir.clone().join(name.as_str())).collect();
-            files.extend(listed.full.iter().cloned());
-            let source = fold::files_source(&self.storage, ctx, &files, &schema).await?;
+            let source = fold::files_source(&self.storage, ctx, &listed.files(), &schema).await?;
             plan = fold::reading(plan, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
             covered.tables.insert(table, fold::Read { version: listed.version, files: listed.names });
         }
@@ -264,15 +261,15 @@ impl DataFusionEngine {
         Ok(Stored { rows: writer.finish().await?, coverage: covered.map(|c| c.coverage()) })
     }
 
-    /// Folds the rows appended since the stored result at `from` into a new result at `to` (see
-    /// [`crate::fold`]): the old parts copied, and one part more with what the appended rows add.
+    /// Folds the rows appended since the stored result at `from` (of `rows` rows, holding `coverage` of its
+    /// tables) into a new result at `to` (see [`crate::fold`]): the old parts linked, and one part more with what
+    /// the appended rows add.
     async fn fold_here(
         &self,
         project: ProjectId,
         query: &Query,
-        from: &ObjectPath,
+        (from, rows, coverage): (&ObjectPath, u64, &Coverage),
         to: &ObjectPath,
-        coverage: &Coverage,
     ) -> Result<Stored, EngineError> {
         let refuse = |reason: String| {
             EngineError::InvalidQuery(format!("The stored result cannot follow the appended rows: {reason}."))
@@ -283,17 +280,18 @@ impl DataFusionEngine {
         if scanned.keys().any(|table| !covered.tables.contains_key(table)) {
             return Err(refuse("it reads a table the stored result did not".into()));
         }
-        let mut changed = Vec::new();
+        let (mut changed, mut unchanged) = (Vec::new(), Vec::new());
         for (table, schema) in scanned {
             let read = &covered.tables[&table];
             let (files, now) =
                 fold::appended_since(&self.storage, project, &table, read).await?.map_err(refuse)?;
-            let moved = now.version != read.version;
-            if !files.is_empty() || moved {
+            if files.is_empty() && now.version == read.version {
+                unchanged.push((table, schema, now));
+            } else {
                 changed.push((table, schema, files, now));
             }
         }
-        let (parts, rows) = fold::copy_parts(&self.storage, from, to).await?;
+        let parts = fold::copy_parts(&self.storage, from, to).await?;
         let Some((table, schema, files, now)) = changed.pop() else {
             return Ok(Stored { rows: 0, coverage: Some(covered.coverage()) });
         };
@@ -303,9 +301,22 @@ impl DataFusionEngine {
         if let Some(reason) = fold::unfoldable(&stored, &table, rollup.is_some()) {
             return Err(refuse(reason));
         }
+        // The appended rows, joined with the other tables as the result read them (rows appended to one of them
+        // from now on are the next fold's).
         let source = fold::files_source(&self.storage, &ctx, &files, &schema).await?;
-        let plan = fold::reading(stored, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
-        let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+        let mut plan =
+            fold::reading(stored, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
+        for (other, schema, listed) in unchanged {
+            let source = fold::files_source(&self.storage, &ctx, &listed.files(), &schema).await?;
+            plan = fold::reading(plan, &other, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
+        }
+        // Its sources are the plan's own: a session of one partition runs it, as the appended rows are few.
+        let small = catalog::small_session(
+            &self.storage,
+            Some(execute::runtime(&self.limits, &self.files, &self.memory)?),
+            self.scheduler(),
+        )?;
+        let frame = small.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         let (mut stream, _held) = self.execute_fairly(project, frame).await?;
         let path = to.clone().join(fold::part_name(parts));
         let mut writer =
@@ -533,21 +544,24 @@ impl ResultStorage for DataFusionEngine {
         written
     }
 
-    #[instrument(skip_all, fields(project = %project, from, to))]
+    #[instrument(skip_all, fields(project = %project, from = %from.location, to))]
     async fn fold(
         &self,
         project: ProjectId,
         query: &Query,
-        from: &str,
+        from: &StoredResult,
         to: &str,
-        coverage: &Coverage,
     ) -> Result<Stored, EngineError> {
         compile::check_size(&query.sql)?;
-        let (from, target) = (resolve(project, from)?, resolve(project, to)?);
-        let (engine, query, coverage, into) = (self.clone(), query.clone(), coverage.clone(), target.clone());
+        let Some(coverage) = from.coverage.clone() else {
+            return Err(EngineError::InvalidQuery("the stored result does not say what it holds".into()));
+        };
+        let (source, target) = (resolve(project, &from.location)?, resolve(project, to)?);
+        let (engine, query, into, rows) = (self.clone(), query.clone(), target.clone(), from.row_count);
         let limit = self.limits.refresh_timeout;
-        let work =
-            self.runtime.run(async move { engine.fold_here(project, &query, &from, &into, &coverage).await });
+        let work = self
+            .runtime
+            .run(async move { engine.fold_here(project, &query, (&source, rows, &coverage), &into).await });
         let folded = tokio::time::timeout(limit, work).await.unwrap_or(Err(EngineError::Timeout(limit)));
         if folded.is_err() {
             if let Err(err) = self.storage.remove_prefix(&target).await {

@@ -103,7 +103,9 @@ impl Default for WorkerMetrics {
         Self {
             refreshes: Family::default(),
             // 1 ms to about 9 hours.
-            refresh_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 25))),
+            refresh_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 25))
+            }),
             // 0.1 s to about 1.8 hours.
             lag: Histogram::new(exponential_buckets(0.1, 2.0, 17)),
             compactions: Family::default(),

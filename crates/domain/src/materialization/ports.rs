@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::model::{Claim, Coverage, MaterializationState, MaterializedFilter, Stored, StoredResult, Switch};
+use super::model::{Claim, MaterializationState, MaterializedFilter, Stored, StoredResult, Switch};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::{EngineError, StoreError};
@@ -111,25 +111,25 @@ pub trait ResultStorage: Send + Sync {
     /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`]; `Unavailable`, `Internal` (including I/O).
     async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<Stored, EngineError>;
 
-    /// Folds the rows appended to the query's tables since the stored result at `from` (which holds
-    /// `coverage` of them) into a new result at `to` that nothing reads yet: the query over the appended rows
-    /// alone (its variable predicates removed), added after a stored result of rows, or as more partial
-    /// aggregates of a rollup (which runs aggregate again). The result at `from` is left as it is. Returns the
-    /// rows the new result adds and what of the tables it holds. A failed fold leaves nothing at `to`.
+    /// Folds the rows appended to the query's tables since the stored result `from` (what of them it holds is
+    /// its coverage) into a new result at `to` that nothing reads yet: the query over the appended rows alone
+    /// (its variable predicates removed), added after a stored result of rows, or as more partial aggregates of
+    /// a rollup (which runs aggregate again). The result `from` is left as it is. Returns the rows the new
+    /// result adds and what of the tables it holds. A failed fold leaves nothing at `to`.
     ///
     /// # Errors
     /// [`EngineError::InvalidQuery`] with the reason when the rows appended cannot be folded in, and a full
-    /// refresh is needed: the query reads the table more than once, or under an aggregation, a sort, DISTINCT,
-    /// a window, a limit, a union, an outer join or a subquery; more than one table changed; a table was
-    /// replaced or its history since is not known. [`EngineError::Timeout`], [`EngineError::MemoryLimit`];
-    /// `Unavailable` when a file is gone; `Internal` on I/O.
+    /// refresh is needed: `from` has no coverage; the query reads the table more than once, or under an
+    /// aggregation, a sort, DISTINCT, a window, a limit, a union, an outer join or a subquery; more than one
+    /// table changed; a table was replaced or its history since is not known; the result has too many parts.
+    /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`]; `Unavailable` when a file is gone; `Internal` on
+    /// I/O.
     async fn fold(
         &self,
         project: ProjectId,
         query: &Query,
-        from: &str,
+        from: &StoredResult,
         to: &str,
-        coverage: &Coverage,
     ) -> Result<Stored, EngineError>;
 
     /// The page `offset..offset+limit` of the stored rows that pass every filter, in stored order.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use super::model::{attempt_location, Claim, Coverage, Eligibility, Stored, StoredResult, Switch};
+use super::model::{attempt_location, Claim, Eligibility, Stored, StoredResult, Switch};
 use super::ports::{MaterializationRecords, ResultStorage};
 use crate::clock::Clock;
 use crate::endpoints::{EndpointChanges, EndpointStore};
@@ -194,9 +194,8 @@ impl RefreshService {
         if let Some(reason) = eligibility.reason() {
             return Err(Error::Invalid(Invalid::field("is_materialized", reason)));
         }
-        if let Some((previous, coverage)) = self.previous(claim).await {
-            let folded =
-                self.results.fold(claim.project, &version.query, &previous.location, target, &coverage);
+        if let Some(previous) = self.previous(claim).await {
+            let folded = self.results.fold(claim.project, &version.query, &previous, target);
             match folded.await {
                 Ok(stored) => return Ok((stored, Some(previous.row_count))),
                 // A failed fold leaves nothing at the target: the full refresh writes there.
@@ -210,7 +209,7 @@ impl RefreshService {
 
     /// The claimed version's current result, if the engine told what of its tables it holds (so that the rows
     /// appended since can be folded into it).
-    async fn previous(&self, claim: &Claim) -> Option<(StoredResult, Coverage)> {
+    async fn previous(&self, claim: &Claim) -> Option<StoredResult> {
         let state = match self.states.get(claim.endpoint_id).await {
             Ok(state) => state?,
             Err(err) => {
@@ -218,9 +217,7 @@ impl RefreshService {
                 return None;
             }
         };
-        let result = state.result.filter(|r| r.version == claim.version)?;
-        let coverage = result.coverage.clone()?;
-        Some((result, coverage))
+        state.result.filter(|r| r.version == claim.version && r.coverage.is_some())
     }
 
     /// Makes the runs cached from the result before stale, here and on the other processes (which otherwise keep

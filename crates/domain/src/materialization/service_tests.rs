@@ -6,7 +6,7 @@ use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
 
-use super::super::model::{MaterializationState, MaterializationStatus};
+use super::super::model::{Coverage, MaterializationState, MaterializationStatus};
 use super::super::ports::{MockMaterializationRecords, MockResultStorage};
 use super::*;
 use crate::access::ProjectId;
@@ -329,11 +329,13 @@ async fn rows_appended_since_the_result_are_folded_into_it() {
     let mut results = MockResultStorage::new();
     results
         .expect_fold()
-        .withf(|_, _, from, to, coverage| {
-            (from, to, coverage) == ("previous", target().as_str(), &Coverage("read".into()))
+        .withf(|_, _, from, to| {
+            let read = Coverage("read".into());
+            (from.location.as_str(), from.coverage.as_ref(), to)
+                == ("previous", Some(&read), target().as_str())
         })
         .times(1)
-        .returning(|_, _, _, _, _| Ok(Stored { rows: 5, coverage: Some(Coverage("folded".into())) }));
+        .returning(|_, _, _, _| Ok(Stored { rows: 5, coverage: Some(Coverage("folded".into())) }));
     results.expect_write().never();
     let sink = Arc::clone(&removed);
     results.expect_remove().returning(move |_, location| {
@@ -358,7 +360,7 @@ async fn rows_that_cannot_be_folded_in_are_refreshed_in_full() {
     results
         .expect_fold()
         .times(1)
-        .returning(|_, _, _, _, _| Err(EngineError::InvalidQuery("both tables changed".into())));
+        .returning(|_, _, _, _| Err(EngineError::InvalidQuery("both tables changed".into())));
     let m = materializer(endpoints(eligible()), states, results);
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
 }

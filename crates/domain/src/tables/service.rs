@@ -295,7 +295,12 @@ impl TableService {
     ///
     /// # Errors
     /// [`Error::NotFound`] when the table is not there; store and engine failures.
-    pub async fn imported(&self, project: ProjectId, name: &TableName, replaced: bool) -> Result<Table, Error> {
+    pub async fn imported(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        replaced: bool,
+    ) -> Result<Table, Error> {
         let how = if replaced { Change::Replaced } else { Change::Appended };
         self.changed(project, name, how).await
     }
