@@ -773,7 +773,7 @@ async fn refused(engine: &DataFusionEngine, q: &Query, from: &domain::StoredResu
     }
     let left: Vec<String> =
         ResultStorage::locations(engine).await.unwrap().into_iter().map(|(_, l)| l).collect();
-    assert_eq!(left, [from.location.clone()], "nothing at {to}");
+    assert_eq!(left, std::slice::from_ref(&from.location), "nothing at {to}");
 }
 
 #[tokio::test]
