@@ -977,7 +977,11 @@ def fresh(args, app, writer):
     log(f"fold of 1,000 appended rows: {figures['fold_ms']:.1f} ms against a full refresh of {figures['full_ms']:.0f} ms; "
         f"appended to folded in {figures['fold_delay_s']:.2f} s")
 
-    # Materialized against live runs while 5-row appends stream in at 100 a second.
+    # Materialized against live runs while 5-row appends stream in at 100 a second: the rollup (folded) and
+    # `country-daily`, whose aggregation is stored as its final rows (refreshed in full), both due within 1 s.
+    app.request("PATCH", "/api/projects/1/endpoints/country-daily",
+                {"is_materialized": True, "freshness_seconds": 1, "cache_age_seconds": 0})
+    wait_until("country-daily stored", lambda: status_of(app, "country-daily")["status"] == "Completed")
     streaming = {"on": True, "appends": 0, "first": first}
     def stream():
         started = time.time()
@@ -993,14 +997,18 @@ def fresh(args, app, writer):
     thread.start()
     try:
         time.sleep(2)
-        mat_ms, mat = app.timed(FRESH_RUN.format(name="fresh-by-country"), args.live_rounds * 20)
-        live_ms, _ = app.timed(FRESH_RUN.format(name="fresh-by-country") + "&refresh=direct", args.live_rounds)
-        assert all(a["endpoint_materialized"] for a in mat), "a run was not answered from the stored result"
+        for key, path in (("rollup", FRESH_RUN.format(name="fresh-by-country")), ("rows", MATERIALIZED_PATH)):
+            mat_ms, mat = app.timed(path, args.live_rounds * 20)
+            live_ms, _ = app.timed(path + "&refresh=direct", args.live_rounds)
+            stored = sum(1 for a in mat if a["endpoint_materialized"])
+            figures[f"{key}_mat_ms"], figures[f"{key}_live_ms"] = mat_ms, live_ms
+            figures[f"{key}_stored"] = stored / len(mat)
     finally:
         streaming["on"] = False
         thread.join()
     figures["appends_per_s"] = streaming["appends"] / (time.time() - began)
-    figures["mat_ms"], figures["live_ms"] = mat_ms, live_ms
+    figures["mat_ms"], figures["live_ms"] = figures["rollup_mat_ms"], figures["rollup_live_ms"]
+    assert figures["rollup_stored"] == 1, "a run of the rollup was not answered from its stored result"
     # Once the stream stops, the stored result catches up within its freshness and equals the live answer.
     stopped = time.time()
     live = json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country") + "&refresh=direct"))
@@ -1009,15 +1017,18 @@ def fresh(args, app, writer):
     figures["caught_up_s"] = time.time() - stopped
     status = status_of(app, "fresh-by-country")
     figures["full_refreshes"], figures["rows_folded"] = status["full_refreshes"], status["rows_folded"]
-    log(f"while streaming {figures['appends_per_s']:.0f} appends/s: materialized {mat_ms:.2f} ms against live "
-        f"{live_ms:.1f} ms; caught up {figures['caught_up_s']:.1f} s after the stream stopped; "
-        f"{status['full_refreshes']} full refreshes, {status['rows_folded']:,} rows folded")
+    log(f"while streaming {figures['appends_per_s']:.0f} appends/s: the rollup materialized {figures['rollup_mat_ms']:.2f} ms "
+        f"against live {figures['rollup_live_ms']:.1f} ms, country-daily {figures['rows_mat_ms']:.2f} ms against "
+        f"{figures['rows_live_ms']:.1f} ms ({figures['rows_stored']:.0%} from its stored result); caught up "
+        f"{figures['caught_up_s']:.1f} s after the stream stopped; {status['full_refreshes']} full refreshes, "
+        f"{status['rows_folded']:,} rows folded")
     return figures
 
 
 def fresh_section(f):
     fold = f["full_ms"] / f["fold_ms"]
-    speedup = f["live_ms"] / f["mat_ms"]
+    speedup = f["rollup_live_ms"] / f["rollup_mat_ms"]
+    rows_speedup = f["rows_live_ms"] / f["rows_mat_ms"]
     lines = [
         f"**Fresh materializations** (scenario 11, {datetime.date.today().isoformat()}; release build, local storage, "
         f"SQLite; the demo's events table of {f['rows']:,} rows; a rollup by country and day with "
@@ -1027,15 +1038,19 @@ def fresh_section(f):
         "|---|---|---|---|---|",
         f"| fold of one 1,000-row append into the rollup | {f['fold_ms']:.1f} ms (appended to folded in "
         f"{f['fold_delay_s']:.2f} s) | its full refresh: {f['full_ms']:,.0f} ms | {fold:,.0f}x | >= 100x: {check(fold >= 100)} |",
-        f"| materialized run while 5-row appends stream in at {f['appends_per_s']:.0f}/s | {f['mat_ms']:.2f} ms | "
-        f"the live run (`refresh=direct`): {f['live_ms']:.1f} ms | {speedup:.0f}x | >= 50x: {check(speedup >= 50)} |",
+        f"| the rollup's materialized run while 5-row appends stream in at {f['appends_per_s']:.0f}/s (folded) | "
+        f"{f['rollup_mat_ms']:.2f} ms | the live run (`refresh=direct`): {f['rollup_live_ms']:.1f} ms | {speedup:.0f}x | "
+        f">= 50x: {check(speedup >= 50)} |",
+        f"| `country-daily`'s materialized run meanwhile (refreshed in full, `freshness_seconds: 1`; "
+        f"{f['rows_stored']:.0%} of runs from its stored result) | {f['rows_mat_ms']:.2f} ms | the live run: "
+        f"{f['rows_live_ms']:.1f} ms | {rows_speedup:.0f}x | >= 50x: {check(rows_speedup >= 50)} |",
         "",
         f"After the stream stopped the stored result equalled the live answer within {f['caught_up_s']:.1f} s; the "
         f"endpoint had {f['full_refreshes']} full refresh{'es' if f['full_refreshes'] != 1 else ''} (its first) "
         f"and {f['rows_folded']:,} rows folded in. How to read it: the first row is what one refresh costs the "
         "worker when rows were appended, folded against computed again; the second is what callers see while "
-        "the table changes every 10 ms (each run reads the stored rollup and aggregates it again; each fold "
-        "switches it).",
+        "the table changes every 10 ms, with the cache off (each run reads the stored result; a rollup's is "
+        "aggregated again per run); with the cache on, runs between two folds are answered from it.",
         "",
     ]
     return "\n".join(lines)
