@@ -228,6 +228,12 @@ def materialize(page):
     # Its variable filters an output group key: the rows themselves are stored, not a rollup.
     expect(page.get_by_test_id("rollup-grouping")).to_have_count(0)
     expect(page.get_by_test_id("sync-frequency")).to_have_value("24hour")
+    expect(page.get_by_test_id("freshness")).to_have_value("60")
+    expect(page.get_by_test_id("refresh-counts")).to_have_text("1 full, 0 appended rows folded in")
+    # The freshness is a setting of the endpoint, saved at once.
+    page.get_by_test_id("freshness").select_option("5")
+    expect(page.get_by_test_id("freshness")).to_have_value("5")
+    expect(page.get_by_test_id("freshness")).to_be_enabled()
     accessible(page, "materialization")
     shot(page, "07-materialization")
     page.get_by_test_id("tab-run").click()

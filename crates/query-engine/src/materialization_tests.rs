@@ -696,7 +696,8 @@ async fn never_folded_on_a_cluster(engine: &DataFusionEngine) -> bool {
     if std::env::var("TEST_ENGINE").as_deref() != Ok("ballista") {
         return false;
     }
-    let q = query("SELECT count(*) AS n FROM events WHERE browser = {variables.c}", json!({"c": string_var()}));
+    let q =
+        query("SELECT count(*) AS n FROM events WHERE browser = {variables.c}", json!({"c": string_var()}));
     let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
     let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
     assert_eq!(stored.coverage, None);
