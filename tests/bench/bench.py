@@ -880,7 +880,7 @@ def write_appends(args, figures):
 
 FRESH_MARKER = "<!-- scenario 11, written by make bench -->"
 FRESH_SQL = ("SELECT country, count(*) AS events, round(sum(revenue), 2) AS revenue FROM events "
-             "WHERE timestamp >= {variables.since} GROUP BY country ORDER BY events DESC")
+             "WHERE timestamp >= {variables.since} GROUP BY country ORDER BY events DESC, country")
 FRESH_RUN = "/api/projects/1/endpoints/{name}/run?variables.since=2026-03-01"
 
 
@@ -996,7 +996,7 @@ def fresh(args, app, writer):
     began = time.time()
     thread.start()
     try:
-        time.sleep(2)
+        time.sleep(float(os.environ.get("BENCH_FRESH_WARMUP", "2")))
         for key, path in (("rollup", FRESH_RUN.format(name="fresh-by-country")), ("rows", MATERIALIZED_PATH)):
             mat_ms, mat = app.timed(path, args.live_rounds * 20)
             live_ms, _ = app.timed(path + "&refresh=direct", args.live_rounds)
@@ -1012,8 +1012,13 @@ def fresh(args, app, writer):
     # Once the stream stops, the stored result catches up within its freshness and equals the live answer.
     stopped = time.time()
     live = json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country") + "&refresh=direct"))
-    wait_until("the stream folded in", lambda: same_rows(
-        json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country")))["results"], live["results"]), 30)
+    try:
+        wait_until("the stream folded in", lambda: same_rows(
+            json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country")))["results"], live["results"]), 30)
+    except RuntimeError:
+        stored = json.loads(app.request("GET", FRESH_RUN.format(name="fresh-by-country")))
+        log(f"stored: {stored}\nlive: {live}\nstatus: {status_of(app, 'fresh-by-country')}")
+        raise
     figures["caught_up_s"] = time.time() - stopped
     status = status_of(app, "fresh-by-country")
     figures["full_refreshes"], figures["rows_folded"] = status["full_refreshes"], status["rows_folded"]
