@@ -390,15 +390,7 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     let first = status().await["last_materialized_at"].clone();
 
     // The table grows past what fits; a changed frequency makes the endpoint due at once.
-    let import = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"))
-        .arg("--data-dir")
-        .arg(data_dir.as_os_str())
-        .args(["data", "import", "--project", &project.to_string(), "--table", "sales", "--append"])
-        .arg(&big)
-        .env_remove("DATABASE_URL")
-        .output()
-        .unwrap();
-    assert!(import.status.success(), "{}", String::from_utf8_lossy(&import.stderr));
+    append_with_the_cli(&data_dir, project, &big);
     let patched = client
         .patch(&base)
         .bearer_auth(&key)
@@ -422,6 +414,19 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     let answer = get_json(&client, &format!("{base}/run?variables.country=US"), &key).await;
     assert_eq!(answer["endpoint_materialized"], true, "{answer}");
     assert_eq!(answer["results"].as_array().map(Vec::len), Some(2), "the previous result's rows: {answer}");
+}
+
+/// `endpoints data import --append` of a file into the project's `sales` table.
+fn append_with_the_cli(data_dir: &std::path::Path, project: i64, file: &std::path::Path) {
+    let import = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"))
+        .arg("--data-dir")
+        .arg(data_dir.as_os_str())
+        .args(["data", "import", "--project", &project.to_string(), "--table", "sales", "--append"])
+        .arg(file)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(import.status.success(), "{}", String::from_utf8_lossy(&import.stderr));
 }
 
 /// An append of `rows` ids from `first`, as NDJSON.
@@ -572,15 +577,7 @@ async fn a_fold_killed_mid_way_is_done_again_after_its_lease_and_equals_the_live
     // Enough appended rows that folding them takes a while; the import says the endpoint's result is behind.
     let big = data_dir.join("big.csv");
     std::fs::write(&big, many_sales(2_000_000)).unwrap();
-    let import = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"))
-        .arg("--data-dir")
-        .arg(data_dir.as_os_str())
-        .args(["data", "import", "--project", &project.to_string(), "--table", "sales", "--append"])
-        .arg(&big)
-        .env_remove("DATABASE_URL")
-        .output()
-        .unwrap();
-    assert!(import.status.success(), "{}", String::from_utf8_lossy(&import.stderr));
+    append_with_the_cli(&data_dir, project, &big);
 
     let worker = ["--materialize-poll-ms", "50", "--materialize-lease-secs", "3", "--workers", "1"];
     let client = reqwest::Client::new();

@@ -312,7 +312,13 @@ def fill_endpoints(data_dir, total):
         id_ = str(uuid.uuid4())
         rows.append((id_, 1, f"filler-{i:06d}", "", None, True, False, None, None, 1, now, now, None))
         versions.append((id_, 1, query, "", columns, None, None, now, eligibility))
-    db.executemany("INSERT INTO endpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+    # Columns named, so that columns added later (with their defaults) do not shift the values.
+    db.executemany(
+        "INSERT INTO endpoints (id, project_id, name, description, derived_from_insight, is_active, is_materialized,"
+        " cache_age_seconds, sync_frequency, current_version, created_at, updated_at, last_executed_at)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        rows,
+    )
     db.executemany(
         "INSERT INTO endpoint_versions (endpoint_id, version, query, description, output_columns, cache_age_seconds,"
         " sync_frequency, created_at, eligibility) VALUES (?,?,?,?,?,?,?,?,?)",

@@ -15,9 +15,8 @@
 //! Anything else (the table read twice, under an aggregation, a sort, DISTINCT, a window, a limit, a union, an
 //! outer join or a subquery) is refused with the reason, and a full refresh computes the result instead.
 
-use std::sync::Arc;
-
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use datafusion::arrow::datatypes::Schema;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -54,28 +53,17 @@ pub(crate) fn scanned(plan: &LogicalPlan) -> BTreeMap<String, Schema> {
     found
 }
 
-/// How many scans of `table` a plan has, in its subqueries too.
-fn scans(plan: &LogicalPlan, table: &str) -> usize {
+/// How many scans of `table` a plan has, in its subqueries too or not.
+fn scans(plan: &LogicalPlan, table: &str, subqueries: bool) -> usize {
     let mut found = 0;
+    let mut count = |node: &LogicalPlan| {
+        if matches!(node, LogicalPlan::TableScan(scan) if scan.table_name.table() == table) {
+            found += 1;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    };
     // Visiting a plan that is already built cannot fail.
-    let _ = plan.apply_with_subqueries(|node| {
-        if matches!(node, LogicalPlan::TableScan(scan) if scan.table_name.table() == table) {
-            found += 1;
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
-}
-
-/// How many scans of `table` a plan has outside its subqueries.
-fn direct_scans(plan: &LogicalPlan, table: &str) -> usize {
-    let mut found = 0;
-    let _ = plan.apply(|node| {
-        if matches!(node, LogicalPlan::TableScan(scan) if scan.table_name.table() == table) {
-            found += 1;
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
+    let _ = if subqueries { plan.apply_with_subqueries(&mut count) } else { plan.apply(&mut count) };
     found
 }
 
@@ -83,7 +71,7 @@ fn direct_scans(plan: &LogicalPlan, table: &str) -> usize {
 /// once, along projections, filters, aliases and inner joins. `aggregated` is a rollup's plan, whose outermost
 /// node is the aggregation the path leads to.
 pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<String> {
-    let reads = scans(plan, table);
+    let reads = scans(plan, table, true);
     if reads != 1 {
         return Some(format!("the query reads `{table}` {reads} times; a fold follows a table read once"));
     }
@@ -95,7 +83,7 @@ pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> O
     loop {
         let children = node.inputs();
         let reading: Vec<&LogicalPlan> =
-            children.iter().copied().filter(|child| direct_scans(child, table) > 0).collect();
+            children.iter().copied().filter(|child| scans(child, table, false) > 0).collect();
         match node {
             LogicalPlan::TableScan(_) => return None,
             LogicalPlan::Projection(_) | LogicalPlan::Filter(_) | LogicalPlan::SubqueryAlias(_) => {}

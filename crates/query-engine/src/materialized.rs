@@ -285,13 +285,19 @@ impl DataFusionEngine {
             let read = &covered.tables[&table];
             let (files, now) =
                 fold::appended_since(&self.storage, project, &table, read).await?.map_err(refuse)?;
-            if files.is_empty() && now.version == read.version {
+            // A table compacted since, without rows appended, holds the same rows in other files.
+            if files.is_empty() {
                 unchanged.push((table, schema, now));
             } else {
                 changed.push((table, schema, files, now));
             }
         }
         let parts = fold::copy_parts(&self.storage, from, to).await?;
+        for (table, _, now) in &unchanged {
+            covered
+                .tables
+                .insert(table.clone(), fold::Read { version: now.version.clone(), files: now.names.clone() });
+        }
         let Some((table, schema, files, now)) = changed.pop() else {
             return Ok(Stored { rows: 0, coverage: Some(covered.coverage()) });
         };
