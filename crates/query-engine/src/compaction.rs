@@ -334,7 +334,8 @@ async fn put(storage: &Storage, path: &ObjectPath, text: String) -> Result<(), E
     storage.store().put(path, PutPayload::from(text)).await.map(|_| ()).map_err(unavailable)
 }
 
-async fn parquet(storage: &Storage, version: &ObjectPath) -> Result<Vec<ObjectMeta>, EngineError> {
+/// The Parquet files of a version's directory, in name order.
+pub(crate) async fn parquet(storage: &Storage, version: &ObjectPath) -> Result<Vec<ObjectMeta>, EngineError> {
     let mut files: Vec<ObjectMeta> = storage
         .objects(version)
         .await

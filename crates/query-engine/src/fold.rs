@@ -30,8 +30,8 @@ use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStoreExt;
 
-use crate::catalog::{current, is_parquet, table_prefix, Current};
-use crate::compaction::{lineage, Lineage};
+use crate::catalog::{current, table_prefix, Current};
+use crate::compaction::{lineage, parquet, Lineage};
 use crate::storage::{unavailable, Storage};
 
 /// The name of the `n`th part of a stored result.
@@ -181,14 +181,8 @@ pub(crate) async fn listed(
 }
 
 async fn parquet_names(storage: &Storage, dir: &ObjectPath) -> Result<BTreeSet<String>, EngineError> {
-    Ok(storage
-        .objects(dir)
-        .await
-        .map_err(unavailable)?
-        .into_iter()
-        .filter(|o| is_parquet(&o.location))
-        .filter_map(|o| o.location.filename().map(str::to_owned))
-        .collect())
+    let files = parquet(storage, dir).await?;
+    Ok(files.iter().filter_map(|o| o.location.filename().map(str::to_owned)).collect())
 }
 
 /// Exactly these files, read with the table's `schema`, as a table source.
