@@ -129,6 +129,34 @@ pub enum Error {
 }
 
 impl Error {
+    /// The stable code and HTTP status the error is answered with (the HTTP adapter answers the same; a test
+    /// there holds them together), for records kept of failures that no request answered (a refresh's).
+    pub fn code_and_status(&self) -> (&'static str, u16) {
+        match self {
+            Self::Invalid(invalid) => match invalid.code {
+                Violation::Invalid => ("invalid", 400),
+                Violation::Required => ("required", 400),
+                Violation::UnknownVariable => ("unknown_variable", 400),
+                Violation::FixedVariable => ("fixed_variable", 400),
+            },
+            Self::NotAuthenticated(_) => ("not_authenticated", 401),
+            Self::PermissionDenied(_) => ("permission_denied", 403),
+            Self::NotFound(_) => ("not_found", 404),
+            Self::NameTaken(_) => ("unique", 409),
+            Self::InUse(_) => ("in_use", 409),
+            Self::IdempotencyConflict(_) => ("idempotency_conflict", 409),
+            Self::BreakingChange { .. } => ("breaking_change", 409),
+            Self::PayloadTooLarge { .. } => ("payload_too_large", 413),
+            Self::QueryInvalid(_) => ("query_invalid", 400),
+            Self::QueryTimeout(_) => ("query_timeout", 400),
+            Self::QueryMemoryLimit(_) => ("query_memory_limit", 400),
+            Self::ResultTooLarge { .. } => ("result_too_large", 400),
+            Self::Throttled { .. } => ("throttled", 429),
+            Self::Unavailable(_) => ("unavailable", 503),
+            Self::Internal(_) => ("error", 500),
+        }
+    }
+
     /// No endpoint of that name in the caller's project.
     pub fn endpoint_not_found(name: &str) -> Self {
         Self::NotFound(format!("No endpoint named '{name}' in this project."))

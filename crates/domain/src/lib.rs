@@ -7,7 +7,7 @@
 //!
 //! It is laid out in subdomains, each with its model, its ports and its service, and each using only those
 //! before it: `access` (projects, keys, scopes), `query` (the saved SQL, its variables, what the engine tells
-//! of it), `endpoints`, `materialization`, `tables`, `runs`. Beneath them all sit `error`, `clock`, `fields`,
+//! of it), `logs` (the record of runs and refreshes), `endpoints`, `materialization`, `tables`, `runs`. Beneath them all sit `error`, `clock`, `fields`,
 //! `page`, `version` and `recent` (what is read from the store, kept for a short while); above them `changes`,
 //! which clears what a process keeps in memory. One edge goes back: `endpoints` reads `materialization`'s model and ports,
 //! because an endpoint record carries its materialization and deleting an endpoint removes its stored results
@@ -32,6 +32,7 @@ mod clock;
 mod endpoints;
 mod error;
 mod fields;
+mod logs;
 mod materialization;
 mod page;
 mod query;
@@ -48,6 +49,7 @@ pub use clock::*;
 pub use endpoints::*;
 pub use error::*;
 pub use fields::*;
+pub use logs::*;
 pub use materialization::*;
 pub use page::*;
 pub use query::*;

@@ -430,6 +430,39 @@ mod tests {
         assert_eq!(names.len(), Code::ALL.len(), "each code once");
     }
 
+    /// The domain says a failure's code and status for records of failures no request answered (a refresh's
+    /// log record): they are the ones its answer would have.
+    #[test]
+    fn the_domain_names_each_failure_as_it_is_answered() {
+        use domain::{Invalid, Violation};
+        let errors = vec![
+            Error::Invalid(Invalid::field("x", "bad")),
+            Error::Invalid(Invalid::required("x")),
+            Error::Invalid(Invalid::new("x", Violation::UnknownVariable, "?")),
+            Error::Invalid(Invalid::new("x", Violation::FixedVariable, "?")),
+            Error::NotAuthenticated(String::new()),
+            Error::PermissionDenied(String::new()),
+            Error::NotFound(String::new()),
+            Error::NameTaken(String::new()),
+            Error::InUse(String::new()),
+            Error::IdempotencyConflict(String::new()),
+            Error::BreakingChange { detail: String::new(), changes: serde_json::Value::Null },
+            Error::PayloadTooLarge { limit_bytes: 1 },
+            Error::QueryInvalid(String::new()),
+            Error::QueryTimeout(std::time::Duration::ZERO),
+            Error::QueryMemoryLimit(String::new()),
+            Error::ResultTooLarge { limit_bytes: 1 },
+            Error::Throttled { retry_after: std::time::Duration::ZERO },
+            Error::Unavailable("down".into()),
+            Error::Internal("bug".into()),
+        ];
+        for error in errors {
+            let (code, status) = error.code_and_status();
+            let answered = ApiError::from(error).code();
+            assert_eq!((code, status), (answered.as_str(), answered.status().as_u16()));
+        }
+    }
+
     /// The documentation's error table is this table: a code added, removed or changed here without the
     /// documentation fails.
     #[test]

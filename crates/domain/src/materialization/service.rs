@@ -12,7 +12,9 @@ use super::ports::{MaterializationRecords, ResultStorage};
 use crate::clock::Clock;
 use crate::endpoints::{EndpointChanges, EndpointStore};
 use crate::error::{Error, Invalid, StoreError};
+use crate::logs::{LogKind, LogRecord, NoRunLog, RunLog};
 use crate::query::QueryEngine;
+use uuid::Uuid;
 
 /// How long a failed refresh waits before it is tried again, at most (a shorter sync frequency wins).
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
@@ -61,12 +63,20 @@ pub struct RefreshService {
     clock: Arc<dyn Clock>,
     changes: Arc<dyn EndpointChanges>,
     lease: Duration,
+    log: Arc<dyn RunLog>,
 }
 
 impl RefreshService {
     pub fn new(deps: RefreshDeps) -> Self {
         let RefreshDeps { endpoints, states, engine, results, clock, changes, lease } = deps;
-        Self { endpoints, states, engine, results, clock, changes, lease }
+        Self { endpoints, states, engine, results, clock, changes, lease, log: Arc::new(NoRunLog) }
+    }
+
+    /// Records each refresh that completes, folds or fails in `log` (none are by default).
+    #[must_use]
+    pub fn with_log(mut self, log: Arc<dyn RunLog>) -> Self {
+        self.log = log;
+        self
     }
 
     /// How long a claim holds without renewal.
@@ -112,6 +122,44 @@ impl RefreshService {
     /// # Errors
     /// Store failures while recording the outcome.
     pub async fn refresh(&self, claim: &Claim) -> Result<RefreshOutcome, Error> {
+        let at = self.clock.now();
+        let started = std::time::Instant::now();
+        let mut failure = None;
+        let outcome = self.refresh_logged(claim, &mut failure).await;
+        let (status, code, rows) = match (&outcome, failure) {
+            (Ok(RefreshOutcome::Completed { rows } | RefreshOutcome::Folded { rows, .. }), _) => {
+                (200, None, Some(*rows))
+            }
+            (Ok(RefreshOutcome::Failed { .. }), Some((code, status))) => (status, Some(code), None),
+            // Lost claims did nothing a team needs to see; failures to record are the worker's to report.
+            _ => return outcome,
+        };
+        self.log.record(LogRecord {
+            id: Uuid::new_v4(),
+            at,
+            project: claim.project,
+            endpoint: claim.name.as_str().to_owned(),
+            version: Some(claim.version),
+            kind: LogKind::Refresh,
+            status,
+            code: code.map(str::to_owned),
+            duration: started.elapsed(),
+            rows,
+            bytes_read: None,
+            source: None,
+            credential: None,
+            transport: None,
+            request_id: None,
+        });
+        outcome
+    }
+
+    /// [`Self::refresh`], saying in `failure` the code and status of what a failed refresh failed with.
+    async fn refresh_logged(
+        &self,
+        claim: &Claim,
+        failure: &mut Option<(&'static str, u16)>,
+    ) -> Result<RefreshOutcome, Error> {
         if let Some(abandoned) = &claim.abandoned {
             self.remove_quietly(claim, abandoned).await;
         }
@@ -126,6 +174,7 @@ impl RefreshService {
             }
             Err(err) => {
                 self.discard(claim).await;
+                *failure = Some(err.code_and_status());
                 let error = failure_text(&err);
                 let frequency = claim.sync_frequency.period().min(RETRY_AFTER_FAILURE);
                 let held = self

@@ -364,3 +364,43 @@ async fn rows_that_cannot_be_folded_in_are_refreshed_in_full() {
     let m = materializer(endpoints(eligible()), states, results);
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
 }
+
+/// A log that keeps what it is given.
+fn kept_log() -> (Arc<Mutex<Vec<crate::logs::LogRecord>>>, crate::logs::MockRunLog) {
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let mut log = crate::logs::MockRunLog::new();
+    let into = Arc::clone(&kept);
+    log.expect_record().returning(move |record| into.lock().unwrap().push(record));
+    (kept, log)
+}
+
+#[tokio::test]
+async fn completed_and_failed_refreshes_are_logged_and_lost_ones_are_not() {
+    let (kept, log) = kept_log();
+    let log: Arc<dyn RunLog> = Arc::new(log);
+    let mut states = MockMaterializationRecords::new();
+    states.expect_complete().times(1).returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: None }));
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let m = materializer(endpoints(eligible()), states, results(Ok(42), Arc::clone(&removed)))
+        .with_log(Arc::clone(&log));
+    m.refresh(&claim()).await.unwrap();
+    let mut states = MockMaterializationRecords::new();
+    states.expect_fail().returning(|_, _, _, _| Ok(true));
+    let m = materializer(endpoints(eligible()), states, results(Err(()), Arc::clone(&removed)))
+        .with_log(Arc::clone(&log));
+    m.refresh(&claim()).await.unwrap();
+    let mut states = MockMaterializationRecords::new();
+    states.expect_complete().returning(|_, _, _, _, _| Ok(Switch::Lost));
+    let m = materializer(endpoints(eligible()), states, results(Ok(5), removed)).with_log(log);
+    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Lost);
+
+    let kept = kept.lock().unwrap();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let (done, failed) = (&kept[0], &kept[1]);
+    assert_eq!(
+        (done.kind, done.status, done.rows, done.code.as_deref()),
+        (crate::logs::LogKind::Refresh, 200, Some(42), None)
+    );
+    assert_eq!((done.endpoint.as_str(), done.version, done.at, done.transport), ("kpi", Some(3), NOW, None));
+    assert_eq!((failed.status, failed.code.as_deref(), failed.rows), (400, Some("invalid"), None));
+}

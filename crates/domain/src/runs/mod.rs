@@ -2,11 +2,13 @@
 //! answers from stored results, and the last-execution-times lookup.
 
 mod last_executions;
+mod logs;
 mod model;
 mod ports;
 mod service;
 
 pub use last_executions::{six_months_before, LastExecutions, LastExecutionsRequest, MAX_NAMES};
+pub use logs::LogService;
 pub use model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::MockResultCache;

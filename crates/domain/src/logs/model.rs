@@ -1,0 +1,543 @@
+//! What a log record says, how its readers filter and page it, and how usage is computed from it.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::access::ProjectId;
+use crate::clock::Timestamp;
+use crate::error::Invalid;
+
+/// What was done: an endpoint run, or a refresh of its stored result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LogKind {
+    Run,
+    Refresh,
+}
+
+/// Where a run's answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LogSource {
+    /// The result cache.
+    Cache,
+    /// The endpoint's stored result.
+    Materialized,
+    /// Computed for the request.
+    Live,
+}
+
+/// How a run was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    Rest,
+    Mcp,
+}
+
+macro_rules! named {
+    ($kind:ident, $attr:literal, $($variant:ident => $name:literal),+) => {
+        impl $kind {
+            pub const ALL: [Self; [$($name),+].len()] = [$(Self::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $name),+ }
+            }
+
+            /// # Errors
+            /// [`Invalid`] naming the field for any other word.
+            pub fn parse(raw: &str) -> Result<Self, Invalid> {
+                Self::ALL.into_iter().find(|known| known.as_str() == raw).ok_or_else(|| {
+                    let names: Vec<_> = Self::ALL.iter().map(|known| known.as_str()).collect();
+                    Invalid::field($attr, format!("{} must be one of: {}.", $attr, names.join(", ")))
+                })
+            }
+        }
+    };
+}
+
+named!(LogKind, "kind", Run => "run", Refresh => "refresh");
+named!(LogSource, "source", Cache => "cache", Materialized => "materialized", Live => "live");
+named!(Transport, "transport", Rest => "rest", Mcp => "mcp");
+
+/// One run or refresh. It never holds a variable's value: only what identifies the run and how it went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogRecord {
+    pub id: Uuid,
+    /// When the request (or refresh) began.
+    pub at: Timestamp,
+    pub project: ProjectId,
+    pub endpoint: String,
+    /// The version that ran; `None` when the run failed before one was chosen.
+    pub version: Option<u32>,
+    pub kind: LogKind,
+    /// The HTTP status the run was answered with (a refresh: 200, or the status its failure would have).
+    pub status: u16,
+    /// The error code of a failure (`query_timeout`, `rate_limited`, ...).
+    pub code: Option<String>,
+    pub duration: Duration,
+    /// Rows answered (a refresh: rows stored).
+    pub rows: Option<u64>,
+    /// Bytes the engine read from storage; `None` when nothing was computed or the engine cannot tell.
+    pub bytes_read: Option<u64>,
+    pub source: Option<LogSource>,
+    /// The key's label, or the run token's id.
+    pub credential: Option<String>,
+    /// `None` for a refresh.
+    pub transport: Option<Transport>,
+    /// The request's id (`X-Request-Id`), for a run.
+    pub request_id: Option<String>,
+}
+
+impl LogRecord {
+    /// Whether it counts as an error in usage: a status of 400 or more.
+    pub fn is_error(&self) -> bool {
+        self.status >= 400
+    }
+
+    /// Its duration in milliseconds, as records show it.
+    pub fn duration_ms(&self) -> f64 {
+        self.duration.as_secs_f64() * 1000.0
+    }
+}
+
+/// Which statuses a listing keeps: one status, or every success or every error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusFilter {
+    Exactly(u16),
+    /// Below 400.
+    Ok,
+    /// 400 and above.
+    Error,
+}
+
+impl StatusFilter {
+    /// # Errors
+    /// [`Invalid`] (attr `status`) for anything but `ok`, `error` or a status from 100 to 599.
+    pub fn parse(raw: &str) -> Result<Self, Invalid> {
+        match raw {
+            "ok" => Ok(Self::Ok),
+            "error" => Ok(Self::Error),
+            other => other
+                .parse::<u16>()
+                .ok()
+                .filter(|status| (100..=599).contains(status))
+                .map(Self::Exactly)
+                .ok_or_else(|| {
+                    Invalid::field("status", "status must be ok, error or an HTTP status from 100 to 599.")
+                }),
+        }
+    }
+
+    pub fn keeps(self, status: u16) -> bool {
+        match self {
+            Self::Exactly(wanted) => status == wanted,
+            Self::Ok => status < 400,
+            Self::Error => status >= 400,
+        }
+    }
+}
+
+/// Where a listing goes on: below the last record of the page before (newest first, ties by id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogCursor {
+    pub at: Timestamp,
+    pub id: Uuid,
+}
+
+impl LogCursor {
+    pub fn after(record: &LogRecord) -> Self {
+        Self { at: record.at, id: record.id }
+    }
+
+    /// The cursor as the `next` of a page: the instant in microseconds and the id.
+    pub fn text(&self) -> String {
+        format!("{}.{}", self.at.unix_timestamp_nanos() / 1000, self.id.simple())
+    }
+
+    /// # Errors
+    /// [`Invalid`] (attr `cursor`) for text no page gave.
+    pub fn parse(raw: &str) -> Result<Self, Invalid> {
+        let invalid = || Invalid::field("cursor", "cursor must be the `next` of a page of this listing.");
+        let (micros, id) = raw.split_once('.').ok_or_else(invalid)?;
+        let micros: i128 = micros.parse().map_err(|_| invalid())?;
+        let at = Timestamp::from_unix_timestamp_nanos(micros * 1000).map_err(|_| invalid())?;
+        let id = Uuid::try_parse(id).map_err(|_| invalid())?;
+        Ok(Self { at, id })
+    }
+
+    /// Whether a record comes after this cursor in the listing's order.
+    pub fn precedes(&self, record: &LogRecord) -> bool {
+        record.at < self.at || (record.at == self.at && record.id < self.id)
+    }
+}
+
+/// A listing of one endpoint's records: newest first, within `since..until`, one kind and some statuses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogFilter {
+    pub since: Option<Timestamp>,
+    pub until: Option<Timestamp>,
+    pub kind: Option<LogKind>,
+    pub status: Option<StatusFilter>,
+    pub limit: u32,
+    pub cursor: Option<LogCursor>,
+}
+
+impl LogFilter {
+    pub const DEFAULT_LIMIT: u32 = 100;
+    pub const MAX_LIMIT: u32 = 1000;
+
+    /// Whether a record is in the listing (the cursor included); `since` is inclusive, `until` not.
+    pub fn keeps(&self, record: &LogRecord) -> bool {
+        self.since.is_none_or(|since| record.at >= since)
+            && self.until.is_none_or(|until| record.at < until)
+            && self.kind.is_none_or(|kind| record.kind == kind)
+            && self.status.is_none_or(|status| status.keeps(record.status))
+            && self.cursor.is_none_or(|cursor| cursor.precedes(record))
+    }
+}
+
+/// One page of a listing; `next` continues it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogPage {
+    pub records: Vec<LogRecord>,
+    pub next: Option<LogCursor>,
+}
+
+impl LogPage {
+    /// The page of `found`, which holds up to `limit + 1` records in the listing's order: the one past the
+    /// limit says there is more.
+    pub fn of(mut found: Vec<LogRecord>, limit: u32) -> Self {
+        let limit = usize::try_from(limit).expect("a page's limit is at most 1000");
+        let next = (found.len() > limit).then(|| LogCursor::after(&found[limit - 1]));
+        found.truncate(limit);
+        Self { records: found, next }
+    }
+}
+
+/// The width of a usage bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interval {
+    Minute,
+    Hour,
+    Day,
+}
+
+named!(Interval, "interval", Minute => "minute", Hour => "hour", Day => "day");
+
+impl Interval {
+    pub fn seconds(self) -> i64 {
+        match self {
+            Self::Minute => 60,
+            Self::Hour => 3600,
+            Self::Day => 86_400,
+        }
+    }
+
+    /// The range a usage query covers when it names no `since`: an hour of minutes, a day of hours, 30 days.
+    pub fn default_span(self) -> time::Duration {
+        match self {
+            Self::Minute => time::Duration::hours(1),
+            Self::Hour => time::Duration::days(1),
+            Self::Day => time::Duration::days(30),
+        }
+    }
+
+    /// The start of the bucket `at` falls in.
+    pub fn floor(self, at: Timestamp) -> Timestamp {
+        let seconds = at.unix_timestamp();
+        let start = seconds - seconds.rem_euclid(self.seconds());
+        Timestamp::from_unix_timestamp(start).expect("a bucket starts no earlier than an instant it holds")
+    }
+}
+
+/// Usage of one endpoint's runs in `since..until`, in buckets of `interval`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageQuery {
+    pub since: Timestamp,
+    pub until: Timestamp,
+    pub interval: Interval,
+}
+
+impl UsageQuery {
+    /// The most buckets one answer holds (a week of minutes).
+    pub const MAX_BUCKETS: i64 = 7 * 24 * 60;
+
+    /// The query for the range and interval asked for, `until` defaulting to `now` and `since` to the
+    /// interval's default span before it.
+    ///
+    /// # Errors
+    /// [`Invalid`] when `since` is not before `until`, or the range holds more than [`Self::MAX_BUCKETS`].
+    pub fn new(
+        since: Option<Timestamp>,
+        until: Option<Timestamp>,
+        interval: Option<Interval>,
+        now: Timestamp,
+    ) -> Result<Self, Invalid> {
+        let interval = interval.unwrap_or(Interval::Hour);
+        let until = until.unwrap_or(now);
+        let since = since.unwrap_or(until - interval.default_span());
+        if since >= until {
+            return Err(Invalid::field("since", "since must be before until."));
+        }
+        let buckets = (interval.floor(until - time::Duration::MICROSECOND) - interval.floor(since))
+            .whole_seconds()
+            / interval.seconds()
+            + 1;
+        if buckets > Self::MAX_BUCKETS {
+            return Err(Invalid::field(
+                "interval",
+                format!(
+                    "The range holds {buckets} buckets of a {}; at most {} are answered: choose a wider interval \
+                     or a shorter range.",
+                    interval.as_str(),
+                    Self::MAX_BUCKETS
+                ),
+            ));
+        }
+        Ok(Self { since, until, interval })
+    }
+
+    /// The starts of its buckets, oldest first.
+    fn starts(&self) -> impl Iterator<Item = Timestamp> + '_ {
+        let step = time::Duration::seconds(self.interval.seconds());
+        std::iter::successors(Some(self.interval.floor(self.since)), move |start| Some(*start + step))
+            .take_while(|start| *start < self.until)
+    }
+}
+
+/// What usage needs of one run's record.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UsageSample {
+    pub at: Timestamp,
+    pub status: u16,
+    pub source: Option<LogSource>,
+    pub duration_ms: f64,
+    pub rows: Option<u64>,
+    pub bytes_read: Option<u64>,
+}
+
+/// One bucket of usage: counts and sums, and latency percentiles over its runs (`None` when it has none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageBucket {
+    pub start: Timestamp,
+    pub requests: u64,
+    pub errors: u64,
+    pub cache_hits: u64,
+    pub p50_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub rows: u64,
+    pub bytes_read: u64,
+}
+
+/// Usage buckets filled one sample at a time; percentiles are exact (nearest rank) over every sample.
+#[derive(Debug)]
+pub struct UsageAccumulator {
+    query: UsageQuery,
+    first: Timestamp,
+    buckets: Vec<(UsageBucket, Vec<f32>)>,
+}
+
+impl UsageAccumulator {
+    pub fn new(query: UsageQuery) -> Self {
+        let buckets = query
+            .starts()
+            .map(|start| {
+                let bucket = UsageBucket {
+                    start,
+                    requests: 0,
+                    errors: 0,
+                    cache_hits: 0,
+                    p50_ms: None,
+                    p95_ms: None,
+                    p99_ms: None,
+                    rows: 0,
+                    bytes_read: 0,
+                };
+                (bucket, Vec::new())
+            })
+            .collect();
+        Self { first: query.interval.floor(query.since), query, buckets }
+    }
+
+    /// Counts one run; a sample outside the query's range is left out.
+    pub fn add(&mut self, sample: &UsageSample) {
+        if sample.at < self.query.since || sample.at >= self.query.until {
+            return;
+        }
+        let index = (sample.at - self.first).whole_seconds() / self.query.interval.seconds();
+        let Some((bucket, durations)) = usize::try_from(index).ok().and_then(|i| self.buckets.get_mut(i))
+        else {
+            return;
+        };
+        bucket.requests += 1;
+        bucket.errors += u64::from(sample.status >= 400);
+        bucket.cache_hits += u64::from(sample.source == Some(LogSource::Cache));
+        bucket.rows += sample.rows.unwrap_or(0);
+        bucket.bytes_read += sample.bytes_read.unwrap_or(0);
+        // Milliseconds to a microsecond's precision fit an f32 for any duration a run can have.
+        #[allow(clippy::cast_possible_truncation)]
+        durations.push(sample.duration_ms as f32);
+    }
+
+    pub fn finish(self) -> Vec<UsageBucket> {
+        self.buckets
+            .into_iter()
+            .map(|(mut bucket, mut durations)| {
+                durations.sort_unstable_by(f32::total_cmp);
+                let rank = |q: f64| nearest_rank(&durations, q).map(f64::from);
+                (bucket.p50_ms, bucket.p95_ms, bucket.p99_ms) = (rank(0.50), rank(0.95), rank(0.99));
+                bucket
+            })
+            .collect()
+    }
+}
+
+/// The `q` quantile of sorted values by the nearest-rank rule: the smallest value with at least `q` of them
+/// at or below it.
+fn nearest_rank(sorted: &[f32], q: f64) -> Option<f32> {
+    if sorted.is_empty() {
+        return None;
+    }
+    // At most a week of a bucket's runs: the count is exact in an f64.
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_unix_timestamp(1_800_000_000 + seconds).unwrap()
+    }
+
+    fn record(seconds: i64, id: u128, status: u16) -> LogRecord {
+        LogRecord {
+            id: Uuid::from_u128(id),
+            at: at(seconds),
+            project: ProjectId::new(1).unwrap(),
+            endpoint: "e".into(),
+            version: Some(1),
+            kind: LogKind::Run,
+            status,
+            code: None,
+            duration: Duration::from_millis(3),
+            rows: Some(1),
+            bytes_read: None,
+            source: Some(LogSource::Live),
+            credential: None,
+            transport: Some(Transport::Rest),
+            request_id: None,
+        }
+    }
+
+    #[test]
+    fn words_read_back_and_others_name_their_field() {
+        for kind in LogKind::ALL {
+            assert_eq!(LogKind::parse(kind.as_str()).unwrap(), kind);
+        }
+        assert_eq!(Interval::parse("day").unwrap(), Interval::Day);
+        assert_eq!(Interval::parse("week").unwrap_err().attr.as_deref(), Some("interval"));
+        assert_eq!(LogKind::parse("Run").unwrap_err().attr.as_deref(), Some("kind"));
+        assert_eq!(StatusFilter::parse("429").unwrap(), StatusFilter::Exactly(429));
+        for bad in ["99", "600", "4xx", "", "-1"] {
+            assert_eq!(StatusFilter::parse(bad).unwrap_err().attr.as_deref(), Some("status"), "{bad}");
+        }
+        assert!(
+            StatusFilter::Error.keeps(429) && !StatusFilter::Error.keeps(200) && StatusFilter::Ok.keeps(304)
+        );
+    }
+
+    #[test]
+    fn a_cursor_reads_back_and_continues_below_its_record() {
+        let cursor = LogCursor::after(&record(5, 7, 200));
+        assert_eq!(LogCursor::parse(&cursor.text()).unwrap(), cursor);
+        for bad in
+            ["", "1", "x.y", "1.not-a-uuid", "99999999999999999999999999.00000000000000000000000000000001"]
+        {
+            assert_eq!(LogCursor::parse(bad).unwrap_err().attr.as_deref(), Some("cursor"), "{bad}");
+        }
+        assert!(cursor.precedes(&record(4, 9, 200)));
+        assert!(cursor.precedes(&record(5, 6, 200)));
+        assert!(!cursor.precedes(&record(5, 7, 200)) && !cursor.precedes(&record(5, 8, 200)));
+    }
+
+    #[test]
+    fn a_page_holds_its_limit_and_says_where_the_next_begins() {
+        let found: Vec<_> = (0..4).rev().map(|i| record(i, 1, 200)).collect();
+        let page = LogPage::of(found.clone(), 3);
+        assert_eq!(page.records, found[..3]);
+        assert_eq!(page.next, Some(LogCursor::after(&found[2])));
+        assert_eq!(LogPage::of(found[..3].to_vec(), 3).next, None);
+        let filter = LogFilter {
+            since: Some(at(1)),
+            until: Some(at(3)),
+            kind: Some(LogKind::Run),
+            status: Some(StatusFilter::Error),
+            limit: 10,
+            cursor: None,
+        };
+        assert!(filter.keeps(&record(1, 1, 500)) && filter.keeps(&record(2, 1, 429)));
+        assert!(!filter.keeps(&record(3, 1, 500)) && !filter.keeps(&record(0, 1, 500)));
+        assert!(!filter.keeps(&record(2, 1, 200)));
+    }
+
+    #[test]
+    fn usage_buckets_count_and_rank_their_runs() {
+        let query = UsageQuery::new(Some(at(0)), Some(at(180)), Some(Interval::Minute), at(0)).unwrap();
+        let mut usage = UsageAccumulator::new(query);
+        // 100 runs of 1..=100 ms in the first minute, one error and one cache hit among them; none in the second.
+        for ms in 1..=100_u16 {
+            usage.add(&UsageSample {
+                at: at(i64::from(ms % 60)),
+                status: if ms == 7 { 500 } else { 200 },
+                source: Some(if ms == 8 { LogSource::Cache } else { LogSource::Live }),
+                duration_ms: f64::from(ms),
+                rows: Some(2),
+                bytes_read: Some(10),
+            });
+        }
+        let sample = |seconds, ms| UsageSample {
+            at: at(seconds),
+            status: 200,
+            source: None,
+            duration_ms: ms,
+            rows: None,
+            bytes_read: None,
+        };
+        usage.add(&sample(130, 4.5));
+        // Outside the range: left out.
+        usage.add(&sample(180, 1.0));
+        usage.add(&sample(-1, 1.0));
+        let buckets = usage.finish();
+        assert_eq!(buckets.iter().map(|b| b.start).collect::<Vec<_>>(), [at(0), at(60), at(120)]);
+        let first = &buckets[0];
+        assert_eq!(
+            (first.requests, first.errors, first.cache_hits, first.rows, first.bytes_read),
+            (100, 1, 1, 200, 1000)
+        );
+        assert_eq!((first.p50_ms, first.p95_ms, first.p99_ms), (Some(50.0), Some(95.0), Some(99.0)));
+        assert_eq!((buckets[1].requests, buckets[1].p50_ms), (0, None));
+        assert_eq!((buckets[2].requests, buckets[2].p99_ms), (1, Some(4.5)));
+    }
+
+    #[test]
+    fn a_usage_query_takes_defaults_and_refuses_what_it_cannot_answer() {
+        let now = at(10_000);
+        let query = UsageQuery::new(None, None, None, now).unwrap();
+        assert_eq!(
+            (query.since, query.until, query.interval),
+            (now - time::Duration::days(1), now, Interval::Hour)
+        );
+        assert_eq!(
+            UsageQuery::new(Some(now), Some(now), None, now).unwrap_err().attr.as_deref(),
+            Some("since")
+        );
+        let year = UsageQuery::new(Some(now - time::Duration::days(365)), None, Some(Interval::Minute), now);
+        assert_eq!(year.unwrap_err().attr.as_deref(), Some("interval"));
+        assert!(
+            UsageQuery::new(Some(now - time::Duration::days(365)), None, Some(Interval::Day), now).is_ok()
+        );
+    }
+}

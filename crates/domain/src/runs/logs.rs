@@ -1,0 +1,65 @@
+//! Reading an endpoint's run log: a listing of its records and its usage, for callers who may read it.
+
+use std::sync::Arc;
+
+use crate::access::ProjectId;
+use crate::clock::{Clock, Timestamp};
+use crate::endpoints::{EndpointName, EndpointStore};
+use crate::error::{Error, StoreError};
+use crate::logs::{Interval, LogFilter, LogPage, RunLog, UsageBucket, UsageQuery};
+
+/// Reads endpoints' run logs. Records are kept by endpoint name: an endpoint deleted and created again under
+/// its name shows the records of both.
+pub struct LogService {
+    store: Arc<dyn EndpointStore>,
+    log: Arc<dyn RunLog>,
+    clock: Arc<dyn Clock>,
+}
+
+impl LogService {
+    pub fn new(store: Arc<dyn EndpointStore>, log: Arc<dyn RunLog>, clock: Arc<dyn Clock>) -> Self {
+        Self { store, log, clock }
+    }
+
+    /// One page of the endpoint's records that `filter` keeps, newest first.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for no such endpoint; store and engine failures.
+    pub async fn records(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        filter: &LogFilter,
+    ) -> Result<LogPage, Error> {
+        self.exists(project, name).await?;
+        let found = self.log.records(project, name.as_str(), filter).await?;
+        Ok(LogPage::of(found, filter.limit))
+    }
+
+    /// The endpoint's usage in buckets of `interval` over `since..until` (the last day by hours when not said).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a range the buckets cannot answer; [`Error::NotFound`] for no such endpoint; store
+    /// and engine failures.
+    pub async fn usage(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        since: Option<Timestamp>,
+        until: Option<Timestamp>,
+        interval: Option<Interval>,
+    ) -> Result<(UsageQuery, Vec<UsageBucket>), Error> {
+        let query = UsageQuery::new(since, until, interval, self.clock.now())?;
+        self.exists(project, name).await?;
+        let buckets = self.log.usage(project, name.as_str(), &query).await?;
+        Ok((query, buckets))
+    }
+
+    async fn exists(&self, project: ProjectId, name: &EndpointName) -> Result<(), Error> {
+        match self.store.get(project, name).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::NotFound) => Err(Error::endpoint_not_found(name.as_str())),
+            Err(other) => Err(other.into()),
+        }
+    }
+}
