@@ -50,10 +50,12 @@ pub(crate) fn table_prefix(project: ProjectId, table: &str) -> ObjectPath {
 
 /// Table names are SQL identifiers, so a prefix with any other name is not a table: the API's rule
 /// ([`domain::TableName`]), or lower case starting with `_`, which the CLI has always taken too.
+/// `_logs` is the project's run log ([`crate::run_log`]), never a table.
 pub(crate) fn is_table_name(name: &str) -> bool {
     let mut chars = name.chars();
     domain::TableName::is_valid(name)
         || (name.len() <= 63
+            && name != crate::run_log::LOGS_TABLE
             && chars.next() == Some('_')
             && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
 }
@@ -385,12 +387,14 @@ fn session_with(
 /// Registers in `ctx` the project's tables that `statement` names, so it sees those and has no way to reach
 /// other files, and returns each name looked up with what it found. Only those are registered: a query pays
 /// for the tables it reads, and an external source that cannot be read fails only the queries that read it.
-/// Names of common table expressions are among the names, which is harmless: they name no table.
+/// Names of common table expressions are among the names, which is harmless: they name no table. `_logs`
+/// registers the project's run log within `log_retention` (and is not among the names returned).
 pub(crate) async fn register_named(
     storage: &Storage,
     ctx: &SessionContext,
     project: ProjectId,
     statement: &datafusion::sql::parser::Statement,
+    log_retention: std::time::Duration,
 ) -> Result<crate::plans::Named, EngineError> {
     // Resolved through the lock: a copy of the session's state costs more than the walk.
     let references = ctx.state_ref().read().resolve_table_references(statement);
@@ -400,6 +404,9 @@ pub(crate) async fn register_named(
     named.sort_unstable();
     named.dedup();
     // Each named table's own pointer, not a listing of every table: only names a table can have are looked up.
+    if named.contains(&crate::run_log::LOGS_TABLE) {
+        crate::run_log::register(storage, ctx, project, log_retention).await?;
+    }
     let mut found = Vec::with_capacity(named.len());
     for name in named.into_iter().filter(|name| is_table_name(name)) {
         let current = current(storage, &table_prefix(project, name)).await?;

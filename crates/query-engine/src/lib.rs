@@ -28,6 +28,7 @@ mod progress;
 mod quarantine;
 mod records;
 mod rollup;
+mod run_log;
 mod runtime;
 mod sources;
 mod storage;
@@ -50,6 +51,7 @@ use tracing::instrument;
 pub use catalog::TableFiles;
 pub use execute::EngineLimits;
 pub use metrics::EngineMetrics;
+pub use run_log::{LogSettings, ParquetRunLog, GRACE as LOG_MERGE_GRACE, LOGS_TABLE};
 pub use storage::{Storage, StorageError};
 
 /// DataFusion behind the `QueryEngine` port.
@@ -79,6 +81,8 @@ pub struct DataFusionEngine {
     memory: Arc<GreedyMemoryPool>,
     /// The turns of every project's queries on the engine's cores.
     fair: Arc<fair::FairScheduler>,
+    /// How far back `_logs` reads.
+    log_retention: std::time::Duration,
 }
 
 /// The engine's error text for a person: no backtrace, no internal prefix noise.
@@ -106,7 +110,15 @@ impl DataFusionEngine {
             prepared: materialized::prepared_results(),
             files: execute::FileCaches::new(),
             plans: plans::Plans::new(),
+            log_retention: LogSettings::default().retention,
         }
+    }
+
+    /// The same engine, its queries' `_logs` reading records within `retention` (as the run log keeps them).
+    #[must_use]
+    pub fn with_log_retention(mut self, retention: std::time::Duration) -> Self {
+        self.log_retention = retention;
+        self
     }
 
     /// The same engine, its live queries running under `limits`.
@@ -349,9 +361,11 @@ impl DataFusionEngine {
             }
         }
         let statement = parse(&ctx, compiled)?;
-        let tables = catalog::register_named(&self.storage, &ctx, project, &statement).await?;
+        let tables =
+            catalog::register_named(&self.storage, &ctx, project, &statement, self.log_retention).await?;
         let plan = self.plan_unbound(&ctx, statement).await?;
-        if keeps {
+        // A plan of the run log reads the files it had when planned: planned again each time.
+        if keeps && !ctx.table_exist(run_log::LOGS_TABLE).unwrap_or(true) {
             self.metrics.planned(false);
             self.plans.keep(project, &compiled.sql, tables, &plan);
         }
@@ -366,7 +380,7 @@ impl DataFusionEngine {
     ) -> Result<(datafusion::prelude::SessionContext, DfStatement), EngineError> {
         let ctx = catalog::empty_session(&self.storage, None, self.scheduler())?;
         let statement = parse(&ctx, compiled)?;
-        catalog::register_named(&self.storage, &ctx, project, &statement).await?;
+        catalog::register_named(&self.storage, &ctx, project, &statement, self.log_retention).await?;
         Ok((ctx, statement))
     }
 
@@ -498,6 +512,8 @@ mod demo;
 mod export_tests;
 #[cfg(test)]
 mod materialization_tests;
+#[cfg(test)]
+mod run_log_tests;
 #[cfg(test)]
 mod storage_tests;
 #[cfg(test)]

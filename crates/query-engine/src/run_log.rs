@@ -1,0 +1,693 @@
+//! The run log on the storage: each project's records as Parquet files per hour, written in batches by every
+//! node, read back with DataFusion (a listing, usage, and the read-only table `_logs`).
+//!
+//! A record is taken into memory ([`ParquetRunLog::record`], a push under a lock) and written with the others
+//! by [`ParquetRunLog::flush`], which the server calls on a timer: one file per project and hour per flush,
+//! `projects/{id}/logs/{YYYY-MM-DDTHH}/{node}_{first}_{last}.parquet`, its rows sorted by endpoint and time so
+//! that a reader of one endpoint skips the row groups of others. `node` is drawn once per process, and
+//! `first..=last` are the flush numbers the file holds: a flush writes one (`first == last`), and
+//! [`ParquetRunLog::maintain`] merges a node's files of an hour into one holding all their numbers. A reader
+//! lists the hour, and leaves out each file whose numbers another file of its node holds, so a merge is seen
+//! whole or not at all; the files merged are deleted only after [`GRACE`], longer than a query may run. Only a
+//! node writes and merges its own files, so nodes never race; flushes and merges of a node take turns.
+//!
+//! Retention: readers leave out records older than it, and whole hours past it are deleted by any node.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray, TimestampMicrosecondArray, UInt16Array,
+    UInt32Array, UInt64Array,
+};
+use datafusion::arrow::datatypes::{
+    DataType, Field, Float64Type, Schema, SchemaRef, TimeUnit, TimestampMicrosecondType, UInt16Type,
+    UInt32Type, UInt64Type,
+};
+use datafusion::common::DFSchema;
+use datafusion::common::ScalarValue;
+use datafusion::dataframe::DataFrame;
+use datafusion::logical_expr::{col, lit, EmptyRelation, Expr, LogicalPlan, SortExpr};
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use domain::{
+    EngineError, LogFilter, LogKind, LogRecord, LogSource, ProjectId, RunLog, StatusFilter, Timestamp,
+    Transport, UsageAccumulator, UsageBucket, UsageQuery, UsageSample,
+};
+use futures_util::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use time::macros::format_description;
+use uuid::Uuid;
+
+use crate::storage::{unavailable, Storage};
+
+/// The name a project's queries read its log by.
+pub const LOGS_TABLE: &str = "_logs";
+
+/// How long merged files stay after the file that holds their records appears: longer than any query runs
+/// (a reader that listed them before still reads them whole).
+pub const GRACE: Duration = Duration::from_secs(120);
+
+/// A node merges its files of an hour once it has written this many there.
+const MERGE_AT: usize = 8;
+
+/// An hour is closed (no node writes to it any more) this long after it ends.
+const CLOSED_AFTER: Duration = Duration::from_secs(300);
+
+/// How often hours past the retention are looked for (a listing of every project's log).
+const PRUNE_EVERY: time::Duration = time::Duration::minutes(10);
+
+/// The log's columns, as files hold them and `_logs` shows them.
+static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let text = |name: &str, nullable| Field::new(name, DataType::Utf8, nullable);
+    Arc::new(Schema::new(vec![
+        text("id", false),
+        Field::new("at", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
+        text("endpoint", false),
+        Field::new("version", DataType::UInt32, true),
+        text("kind", false),
+        Field::new("status", DataType::UInt16, false),
+        text("code", true),
+        Field::new("duration_ms", DataType::Float64, false),
+        Field::new("rows", DataType::UInt64, true),
+        Field::new("bytes_read", DataType::UInt64, true),
+        text("source", true),
+        text("credential", true),
+        text("transport", true),
+        text("request_id", true),
+    ]))
+});
+
+/// What the log is kept for, and how much it holds in memory.
+#[derive(Debug, Clone, Copy)]
+pub struct LogSettings {
+    /// Records older than this are left out and deleted (by the hour).
+    pub retention: Duration,
+    /// Records held between flushes at most; more are dropped and counted.
+    pub buffered: usize,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self { retention: Duration::from_secs(30 * 86_400), buffered: 200_000 }
+    }
+}
+
+/// The run log of every project, on the engine's storage. Clones share it.
+#[derive(Debug, Clone)]
+pub struct ParquetRunLog {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    storage: Storage,
+    settings: LogSettings,
+    /// This process's name in file names.
+    node: String,
+    buffer: Mutex<Vec<LogRecord>>,
+    /// Flushes and merges take turns; the hours this node wrote, with its files there since its last merge.
+    turn: tokio::sync::Mutex<HashMap<(ProjectId, Timestamp), HourFiles>>,
+    next: AtomicU64,
+    /// When hours past the retention were last looked for.
+    pruned: Mutex<Option<Timestamp>>,
+    written: Counter,
+    dropped: Counter,
+    failed: Counter,
+}
+
+impl ParquetRunLog {
+    pub fn new(storage: Storage, settings: LogSettings) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                storage,
+                settings,
+                node: Uuid::new_v4().simple().to_string(),
+                buffer: Mutex::new(Vec::new()),
+                turn: tokio::sync::Mutex::default(),
+                next: AtomicU64::new(0),
+                pruned: Mutex::new(None),
+                written: Counter::default(),
+                dropped: Counter::default(),
+                failed: Counter::default(),
+            }),
+        }
+    }
+
+    /// Exposes what was written, dropped and failed in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        let inner = &self.inner;
+        registry.register(
+            "endpoints_log_records_written",
+            "Run log records written to the storage",
+            inner.written.clone(),
+        );
+        registry.register(
+            "endpoints_log_records_dropped",
+            "Run log records dropped because the buffer was full (the storage could not keep up)",
+            inner.dropped.clone(),
+        );
+        registry.register(
+            "endpoints_log_flush_failures",
+            "Run log flushes that failed (retried at the next)",
+            inner.failed.clone(),
+        );
+    }
+
+    fn buffer(&self) -> std::sync::MutexGuard<'_, Vec<LogRecord>> {
+        self.inner.buffer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes every record taken so far, one file per project and hour. Records a failed write held are
+    /// taken back, to be written by the next flush (as many as the buffer holds).
+    ///
+    /// # Errors
+    /// The storage's failure.
+    pub async fn flush(&self) -> Result<u64, EngineError> {
+        let mut written_to = self.inner.turn.lock().await;
+        let taken = std::mem::take(&mut *self.buffer());
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        let mut groups: BTreeMap<(ProjectId, Timestamp), Vec<LogRecord>> = BTreeMap::new();
+        for record in taken {
+            groups.entry((record.project, hour_of(record.at))).or_default().push(record);
+        }
+        let mut count = 0;
+        let mut groups = groups.into_iter();
+        while let Some(((project, hour), mut records)) = groups.next() {
+            records.sort_by(|a, b| a.endpoint.cmp(&b.endpoint).then(a.at.cmp(&b.at)));
+            let number = self.inner.next.fetch_add(1, Ordering::Relaxed);
+            let path = hour_prefix(project, hour).join(file_name(&self.inner.node, number, number));
+            let written = match batch(&records).and_then(|batch| parquet(&[batch])) {
+                Ok(bytes) => {
+                    self.inner.storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)
+                }
+                Err(err) => Err(err),
+            };
+            if let Err(err) = written {
+                self.inner.failed.inc();
+                let mut back: Vec<LogRecord> = records;
+                back.extend(groups.flat_map(|(_, records)| records));
+                self.take_back(back);
+                return Err(err);
+            }
+            count += records.len() as u64;
+            written_to
+                .entry((project, hour))
+                .or_insert(HourFiles { flushed: 0, merged_left: false })
+                .flushed += 1;
+        }
+        self.inner.written.inc_by(count);
+        Ok(count)
+    }
+
+    /// Puts records a flush could not write back in front of those taken since, up to the buffer's size.
+    fn take_back(&self, mut records: Vec<LogRecord>) {
+        let mut buffer = self.buffer();
+        let room = self.inner.settings.buffered.saturating_sub(buffer.len());
+        if records.len() > room {
+            self.inner.dropped.inc_by((records.len() - room) as u64);
+            records.truncate(room);
+        }
+        records.append(&mut buffer);
+        *buffer = records;
+    }
+
+    /// Merges this node's files of an hour once it wrote [`MERGE_AT`] there (or the hour closed), deletes the
+    /// files merged before [`GRACE`], and deletes the hours past the retention of every project.
+    ///
+    /// # Errors
+    /// The storage's failure; what was not done is tried again at the next call.
+    pub async fn maintain(&self, now: Timestamp) -> Result<(), EngineError> {
+        let mut written_to = self.inner.turn.lock().await;
+        let due: Vec<_> = written_to
+            .iter()
+            .filter(|((_, hour), hour_files)| hour_files.due(*hour, now))
+            .map(|(key, _)| *key)
+            .collect();
+        for (project, hour) in due {
+            let merged_left = self.merge(project, hour, now).await?;
+            if closed(hour, now) && !merged_left {
+                written_to.remove(&(project, hour));
+            } else {
+                written_to.insert((project, hour), HourFiles { flushed: 0, merged_left });
+            }
+        }
+        drop(written_to);
+        let prune = {
+            let mut pruned = self.inner.pruned.lock().unwrap_or_else(PoisonError::into_inner);
+            let due = pruned.is_none_or(|at| now - at >= PRUNE_EVERY);
+            if due {
+                *pruned = Some(now);
+            }
+            due
+        };
+        if prune {
+            self.prune(now).await?;
+        }
+        Ok(())
+    }
+
+    /// Merges this node's visible files of the hour into one, and deletes its files that were merged before
+    /// the grace; says whether files merged within the grace are left.
+    async fn merge(&self, project: ProjectId, hour: Timestamp, now: Timestamp) -> Result<bool, EngineError> {
+        let storage = &self.inner.storage;
+        let prefix = hour_prefix(project, hour);
+        let listed = storage.objects(&prefix).await.map_err(unavailable)?;
+        let (visible, covered) = split(listed);
+        let own: Vec<_> = visible.iter().filter(|file| file.node == self.inner.node).collect();
+        if own.len() > 1 {
+            let first = own.iter().map(|file| file.first).min().expect("more than one file");
+            let last = own.iter().map(|file| file.last).max().expect("more than one file");
+            let ctx = crate::catalog::empty_session(storage, None, None)?;
+            let urls = own.iter().map(|file| storage.url_of_object(&file.meta.location)).collect();
+            let frame = read(&ctx, urls)
+                .await?
+                .sort(vec![col("endpoint").sort(true, false), col("at").sort(true, false)]);
+            let batches = frame
+                .map_err(crate::execute::storage_error)?
+                .collect()
+                .await
+                .map_err(crate::execute::storage_error)?;
+            let bytes = parquet(&batches)?;
+            let path = prefix.join(file_name(&self.inner.node, first, last));
+            storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)?;
+        }
+        let (gone, left): (Vec<_>, Vec<_>) = covered
+            .into_iter()
+            .filter(|file| file.node == self.inner.node)
+            .partition(|file| age(&file.meta, now) > GRACE);
+        storage
+            .delete(gone.into_iter().map(|file| file.meta.location).collect())
+            .await
+            .map_err(unavailable)?;
+        // A merge made now leaves what it merged for the grace.
+        Ok(!left.is_empty() || own.len() > 1)
+    }
+
+    /// Deletes the hours of every project that ended before the retention.
+    async fn prune(&self, now: Timestamp) -> Result<(), EngineError> {
+        let storage = &self.inner.storage;
+        let cutoff = now - self.inner.settings.retention;
+        let projects = storage.children(&ObjectPath::from("projects")).await.map_err(unavailable)?;
+        for project in projects {
+            let logs = ObjectPath::from_iter(["projects", project.as_str(), "logs"]);
+            for hour in storage.children(&logs).await.map_err(unavailable)? {
+                let ended = parse_hour(&hour).map(|start| start + time::Duration::HOUR);
+                if ended.is_some_and(|ended| ended <= cutoff) {
+                    storage.remove_prefix(&logs.clone().join(hour.as_str())).await.map_err(unavailable)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The files of the project's log a reader reads for records in `since..until`, within the retention.
+    async fn files(
+        &self,
+        project: ProjectId,
+        since: Option<Timestamp>,
+        until: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<Vec<String>, EngineError> {
+        visible_files(&self.inner.storage, project, since.max(Some(self.cutoff(now))), until).await
+    }
+
+    fn cutoff(&self, now: Timestamp) -> Timestamp {
+        now - self.inner.settings.retention
+    }
+
+    /// The project's records within the retention and `since..until`, as a frame (none: `None`).
+    async fn frame(
+        &self,
+        project: ProjectId,
+        endpoint: &str,
+        since: Option<Timestamp>,
+        until: Option<Timestamp>,
+    ) -> Result<Option<DataFrame>, EngineError> {
+        let now = Timestamp::now_utc();
+        let since = since.max(Some(self.cutoff(now)));
+        let urls = self.files(project, since, until, now).await?;
+        if urls.is_empty() {
+            return Ok(None);
+        }
+        let ctx = crate::catalog::empty_session(&self.inner.storage, None, None)?;
+        let mut filter = col("endpoint").eq(lit(endpoint));
+        if let Some(since) = since {
+            filter = filter.and(col("at").gt_eq(instant(since)));
+        }
+        if let Some(until) = until {
+            filter = filter.and(col("at").lt(instant(until)));
+        }
+        read(&ctx, urls).await?.filter(filter).map(Some).map_err(crate::execute::storage_error)
+    }
+}
+
+#[async_trait::async_trait]
+impl RunLog for ParquetRunLog {
+    fn record(&self, record: LogRecord) {
+        let mut buffer = self.buffer();
+        if buffer.len() < self.inner.settings.buffered {
+            buffer.push(record);
+        } else {
+            drop(buffer);
+            self.inner.dropped.inc();
+        }
+    }
+
+    async fn records(
+        &self,
+        project: ProjectId,
+        endpoint: &str,
+        filter: &LogFilter,
+    ) -> Result<Vec<LogRecord>, EngineError> {
+        let until = match (filter.until, filter.cursor) {
+            // Records at the cursor's instant are still to come (after its id).
+            (until, Some(cursor)) => {
+                Some(until.map_or(cursor.at, |until| until.min(cursor.at)) + time::Duration::MICROSECOND)
+            }
+            (until, None) => until,
+        };
+        let Some(mut frame) = self.frame(project, endpoint, filter.since, until).await? else {
+            return Ok(Vec::new());
+        };
+        let err = crate::execute::storage_error;
+        if let Some(kind) = filter.kind {
+            frame = frame.filter(col("kind").eq(lit(kind.as_str()))).map_err(err)?;
+        }
+        if let Some(status) = filter.status {
+            let status_is = match status {
+                StatusFilter::Exactly(status) => col("status").eq(lit(status)),
+                StatusFilter::Ok => col("status").lt(lit(400_u16)),
+                StatusFilter::Error => col("status").gt_eq(lit(400_u16)),
+            };
+            frame = frame.filter(status_is).map_err(err)?;
+        }
+        if let Some(cursor) = filter.cursor {
+            let at = instant(cursor.at);
+            let id = lit(cursor.id.to_string());
+            frame = frame
+                .filter(col("at").lt(at.clone()).or(col("at").eq(at).and(col("id").lt(id))))
+                .map_err(err)?;
+        }
+        let newest_first: Vec<SortExpr> = vec![col("at").sort(false, false), col("id").sort(false, false)];
+        let wanted = usize::try_from(filter.limit).expect("a page's limit is at most 1000") + 1;
+        let batches = frame.sort(newest_first).and_then(|f| f.limit(0, Some(wanted))).map_err(err)?;
+        let batches = batches.collect().await.map_err(err)?;
+        let mut found = Vec::with_capacity(wanted);
+        for batch in &batches {
+            records_of(project, batch, &mut found)?;
+        }
+        Ok(found)
+    }
+
+    async fn usage(
+        &self,
+        project: ProjectId,
+        endpoint: &str,
+        query: &UsageQuery,
+    ) -> Result<Vec<UsageBucket>, EngineError> {
+        let mut usage = UsageAccumulator::new(*query);
+        let Some(frame) = self.frame(project, endpoint, Some(query.since), Some(query.until)).await? else {
+            return Ok(usage.finish());
+        };
+        let err = crate::execute::storage_error;
+        let columns = ["at", "status", "source", "duration_ms", "rows", "bytes_read"];
+        let frame =
+            frame.filter(col("kind").eq(lit(LogKind::Run.as_str()))).and_then(|f| f.select_columns(&columns));
+        let mut stream = frame.map_err(err)?.execute_stream().await.map_err(err)?;
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(err)?;
+            let at = batch.column(0).as_primitive::<TimestampMicrosecondType>();
+            let status = batch.column(1).as_primitive::<UInt16Type>();
+            let source = batch.column(2).as_string::<i32>();
+            let duration = batch.column(3).as_primitive::<Float64Type>();
+            let rows = batch.column(4).as_primitive::<UInt64Type>();
+            let bytes = batch.column(5).as_primitive::<UInt64Type>();
+            for i in 0..batch.num_rows() {
+                usage.add(&UsageSample {
+                    at: from_micros(at.value(i))?,
+                    status: status.value(i),
+                    source: source.is_valid(i).then(|| LogSource::parse(source.value(i)).ok()).flatten(),
+                    duration_ms: duration.value(i),
+                    rows: rows.is_valid(i).then(|| rows.value(i)),
+                    bytes_read: bytes.is_valid(i).then(|| bytes.value(i)),
+                });
+            }
+        }
+        Ok(usage.finish())
+    }
+}
+
+/// Registers the project's log as the read-only table `_logs` in `ctx`: its records within `retention`.
+pub(crate) async fn register(
+    storage: &Storage,
+    ctx: &SessionContext,
+    project: ProjectId,
+    retention: Duration,
+) -> Result<(), EngineError> {
+    let err = crate::execute::storage_error;
+    let cutoff = Timestamp::now_utc() - retention;
+    let urls = visible_files(storage, project, Some(cutoff), None).await?;
+    let frame = if urls.is_empty() {
+        // No rows of the log's columns (a relation a cluster's scheduler can be sent, as a table in memory is not).
+        let schema = DFSchema::try_from(SCHEMA.as_ref().clone()).map_err(err)?;
+        let empty =
+            LogicalPlan::EmptyRelation(EmptyRelation { produce_one_row: false, schema: Arc::new(schema) });
+        DataFrame::new(ctx.state(), empty)
+    } else {
+        read(ctx, urls).await?
+    };
+    let view = frame.filter(col("at").gt_eq(instant(cutoff))).map_err(err)?.into_view();
+    ctx.register_table(LOGS_TABLE, view).map(|_| ()).map_err(err)
+}
+
+/// The files a reader of the project's records in `since..until` reads: those of the hours the range
+/// touches, without the ones merged into another.
+async fn visible_files(
+    storage: &Storage,
+    project: ProjectId,
+    since: Option<Timestamp>,
+    until: Option<Timestamp>,
+) -> Result<Vec<String>, EngineError> {
+    let logs = logs_prefix(project);
+    let mut urls = Vec::new();
+    for name in storage.children(&logs).await.map_err(unavailable)? {
+        let Some(hour) = parse_hour(&name) else { continue };
+        let after = since.is_some_and(|since| hour + time::Duration::HOUR <= since);
+        let before = until.is_some_and(|until| hour >= until);
+        if after || before {
+            continue;
+        }
+        let listed = storage.objects(&logs.clone().join(name.as_str())).await.map_err(unavailable)?;
+        urls.extend(split(listed).0.into_iter().map(|file| storage.url_of_object(&file.meta.location)));
+    }
+    Ok(urls)
+}
+
+/// A frame over log files.
+async fn read(ctx: &SessionContext, urls: Vec<String>) -> Result<DataFrame, EngineError> {
+    let options = ParquetReadOptions::default().schema(&SCHEMA);
+    ctx.read_parquet(urls, options).await.map_err(crate::execute::storage_error)
+}
+
+fn logs_prefix(project: ProjectId) -> ObjectPath {
+    ObjectPath::from_iter(["projects", &project.to_string(), "logs"])
+}
+
+fn hour_prefix(project: ProjectId, hour: Timestamp) -> ObjectPath {
+    let name = hour.format(format_description!("[year]-[month]-[day]T[hour]")).expect("an hour formats");
+    logs_prefix(project).join(name)
+}
+
+fn parse_hour(name: &str) -> Option<Timestamp> {
+    let (date, hour) = name.split_once('T')?;
+    let date = time::Date::parse(date, format_description!("[year]-[month]-[day]")).ok()?;
+    let hour: u8 = hour.parse().ok().filter(|h| *h < 24 && hour.len() == 2)?;
+    Some(date.with_hms(hour, 0, 0).ok()?.assume_utc())
+}
+
+fn hour_of(at: Timestamp) -> Timestamp {
+    at.replace_time(time::Time::from_hms(at.hour(), 0, 0).expect("an hour of a day"))
+}
+
+/// What a node knows of its files in an hour it wrote to.
+#[derive(Debug, Clone, Copy)]
+struct HourFiles {
+    /// Files flushed there since its last merge.
+    flushed: usize,
+    /// Whether files it merged are still there (deleted after the grace).
+    merged_left: bool,
+}
+
+impl HourFiles {
+    fn due(self, hour: Timestamp, now: Timestamp) -> bool {
+        self.flushed >= MERGE_AT || (self.flushed > 0 && closed(hour, now)) || self.merged_left
+    }
+}
+
+fn closed(hour: Timestamp, now: Timestamp) -> bool {
+    hour + time::Duration::HOUR + CLOSED_AFTER <= now
+}
+
+fn age(meta: &ObjectMeta, now: Timestamp) -> Duration {
+    let modified = crate::table_store::instant(meta);
+    Duration::try_from(now - modified).unwrap_or(Duration::ZERO)
+}
+
+fn file_name(node: &str, first: u64, last: u64) -> String {
+    format!("{node}_{first:016x}_{last:016x}.parquet")
+}
+
+/// A log file and what its name says.
+#[derive(Debug)]
+struct LogFile {
+    meta: ObjectMeta,
+    node: String,
+    first: u64,
+    last: u64,
+}
+
+impl LogFile {
+    fn of(meta: ObjectMeta) -> Option<Self> {
+        let name = meta.location.filename()?.strip_suffix(".parquet")?;
+        let mut parts = name.rsplitn(3, '_');
+        let last = u64::from_str_radix(parts.next()?, 16).ok()?;
+        let first = u64::from_str_radix(parts.next()?, 16).ok()?;
+        let node = parts.next()?.to_owned();
+        (first <= last).then_some(Self { meta, node, first, last })
+    }
+
+    /// Whether `other` holds this file's records (and more).
+    fn within(&self, other: &Self) -> bool {
+        self.node == other.node
+            && other.first <= self.first
+            && self.last <= other.last
+            && (other.first, other.last) != (self.first, self.last)
+    }
+}
+
+/// An hour's files: those to read, and those merged into one of them.
+fn split(listed: Vec<ObjectMeta>) -> (Vec<LogFile>, Vec<LogFile>) {
+    let files: Vec<LogFile> = listed.into_iter().filter_map(LogFile::of).collect();
+    let merged = |file: &LogFile| files.iter().any(|other| file.within(other));
+    let covered: Vec<bool> = files.iter().map(merged).collect();
+    let mut visible = Vec::new();
+    let mut gone = Vec::new();
+    for (file, covered) in files.into_iter().zip(covered) {
+        if covered {
+            gone.push(file)
+        } else {
+            visible.push(file)
+        }
+    }
+    (visible, gone)
+}
+
+fn instant(at: Timestamp) -> Expr {
+    let micros =
+        i64::try_from(at.unix_timestamp_nanos() / 1000).expect("a timestamp within the years 0..9999");
+    lit(ScalarValue::TimestampMicrosecond(Some(micros), Some("UTC".into())))
+}
+
+fn from_micros(micros: i64) -> Result<Timestamp, EngineError> {
+    Timestamp::from_unix_timestamp_nanos(i128::from(micros) * 1000)
+        .map_err(|e| EngineError::Internal(format!("a log record's time: {e}").into()))
+}
+
+/// Records as one batch of the log's columns.
+fn batch(records: &[LogRecord]) -> Result<RecordBatch, EngineError> {
+    let text = |f: &dyn Fn(&LogRecord) -> Option<&str>| -> ArrayRef {
+        Arc::new(records.iter().map(f).collect::<StringArray>())
+    };
+    let micros = |at: Timestamp| i64::try_from(at.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX);
+    let ids: Vec<String> = records.iter().map(|r| r.id.to_string()).collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(ids)),
+        Arc::new(
+            TimestampMicrosecondArray::from_iter_values(records.iter().map(|r| micros(r.at)))
+                .with_timezone("UTC"),
+        ),
+        text(&|r| Some(r.endpoint.as_str())),
+        Arc::new(records.iter().map(|r| r.version).collect::<UInt32Array>()),
+        text(&|r| Some(r.kind.as_str())),
+        Arc::new(UInt16Array::from_iter_values(records.iter().map(|r| r.status))),
+        text(&|r| r.code.as_deref()),
+        Arc::new(Float64Array::from_iter_values(records.iter().map(LogRecord::duration_ms))),
+        Arc::new(records.iter().map(|r| r.rows).collect::<UInt64Array>()),
+        Arc::new(records.iter().map(|r| r.bytes_read).collect::<UInt64Array>()),
+        text(&|r| r.source.map(LogSource::as_str)),
+        text(&|r| r.credential.as_deref()),
+        text(&|r| r.transport.map(Transport::as_str)),
+        text(&|r| r.request_id.as_deref()),
+    ];
+    RecordBatch::try_new(SCHEMA.clone(), columns).map_err(|e| EngineError::Internal(Box::new(e)))
+}
+
+/// Batches as the bytes of one Parquet file (zstd; statistics per page, for pruning by endpoint and time).
+fn parquet(batches: &[RecordBatch]) -> Result<Vec<u8>, EngineError> {
+    let internal = |e: datafusion::parquet::errors::ParquetError| EngineError::Internal(Box::new(e));
+    let properties = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_max_row_group_row_count(Some(64 * 1024))
+        .build();
+    let mut bytes = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut bytes, SCHEMA.clone(), Some(properties)).map_err(internal)?;
+    for batch in batches {
+        writer.write(batch).map_err(internal)?;
+    }
+    writer.close().map_err(internal)?;
+    Ok(bytes)
+}
+
+/// The records of a batch of every column, in the project.
+fn records_of(project: ProjectId, batch: &RecordBatch, into: &mut Vec<LogRecord>) -> Result<(), EngineError> {
+    let text = |i: usize| batch.column(i).as_string::<i32>();
+    let (id, endpoint, kind, code, source, credential, transport, request) =
+        (text(0), text(2), text(4), text(6), text(10), text(11), text(12), text(13));
+    let at = batch.column(1).as_primitive::<TimestampMicrosecondType>();
+    let version = batch.column(3).as_primitive::<UInt32Type>();
+    let status = batch.column(5).as_primitive::<UInt16Type>();
+    let duration = batch.column(7).as_primitive::<Float64Type>();
+    let rows = batch.column(8).as_primitive::<UInt64Type>();
+    let bytes = batch.column(9).as_primitive::<UInt64Type>();
+    let optional = |column: &StringArray, i: usize| column.is_valid(i).then(|| column.value(i).to_owned());
+    let broken =
+        |what: &str| EngineError::Internal(format!("a log record's {what} does not read back").into());
+    for i in 0..batch.num_rows() {
+        into.push(LogRecord {
+            id: Uuid::try_parse(id.value(i)).map_err(|_| broken("id"))?,
+            at: from_micros(at.value(i))?,
+            project,
+            endpoint: endpoint.value(i).to_owned(),
+            version: version.is_valid(i).then(|| version.value(i)),
+            kind: LogKind::parse(kind.value(i)).map_err(|_| broken("kind"))?,
+            status: status.value(i),
+            code: optional(code, i),
+            duration: Duration::try_from_secs_f64(duration.value(i) / 1000.0).unwrap_or(Duration::ZERO),
+            rows: rows.is_valid(i).then(|| rows.value(i)),
+            bytes_read: bytes.is_valid(i).then(|| bytes.value(i)),
+            source: source
+                .is_valid(i)
+                .then(|| LogSource::parse(source.value(i)))
+                .transpose()
+                .map_err(|_| broken("source"))?,
+            credential: optional(credential, i),
+            transport: transport
+                .is_valid(i)
+                .then(|| Transport::parse(transport.value(i)))
+                .transpose()
+                .map_err(|_| broken("transport"))?,
+            request_id: optional(request, i),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+use std::time::Duration;
+
+use domain::{
+    Interval, LogFilter, LogKind, LogRecord, LogSource, RunLog, StatusFilter, Timestamp, Transport,
+    UsageQuery,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::run_log::{LogSettings, ParquetRunLog};
+use super::tests::{engine_on, query, temp_dir};
+use super::*;
+
+fn project(id: i64) -> ProjectId {
+    ProjectId::new(id).unwrap()
+}
+
+fn record(project_id: i64, endpoint: &str, at: Timestamp, n: u64) -> LogRecord {
+    LogRecord {
+        id: Uuid::new_v4(),
+        at,
+        project: project(project_id),
+        endpoint: endpoint.into(),
+        version: Some(2),
+        kind: if n % 10 == 9 { LogKind::Refresh } else { LogKind::Run },
+        status: if n % 7 == 3 { 429 } else { 200 },
+        code: (n % 7 == 3).then(|| "rate_limited".into()),
+        duration: Duration::from_micros(1000 + n * 10),
+        rows: Some(n),
+        bytes_read: Some(100),
+        source: Some(if n % 2 == 0 { LogSource::Cache } else { LogSource::Live }),
+        credential: Some("ci key".into()),
+        transport: Some(if n % 3 == 0 { Transport::Mcp } else { Transport::Rest }),
+        request_id: Some(format!("req-{n}")),
+    }
+}
+
+fn all(limit: u32) -> LogFilter {
+    LogFilter { since: None, until: None, kind: None, status: None, limit, cursor: None }
+}
+
+fn now() -> Timestamp {
+    let now = Timestamp::now_utc();
+    now.replace_nanosecond(now.nanosecond() / 1000 * 1000).unwrap()
+}
+
+/// Records go to the storage at each flush, read back whole and newest first, page by page, filtered; many
+/// flushes merged read the same; two projects never see each other's.
+#[tokio::test]
+async fn records_read_back_whole_paged_filtered_and_merged_per_project() {
+    let dir = temp_dir("run-log");
+    let storage = Storage::local(&dir).unwrap();
+    let log = ParquetRunLog::new(storage.clone(), LogSettings::default());
+    let start = now() - time::Duration::seconds(100);
+    let mut written = Vec::new();
+    // Twelve flushes of five records each for project 1 (across two endpoints), and one for project 2.
+    for flush in 0..12_u64 {
+        for i in 0..5 {
+            let n = flush * 5 + i;
+            let r = record(
+                1,
+                if n % 4 == 0 { "other" } else { "kpi" },
+                start + time::Duration::seconds(n as i64),
+                n,
+            );
+            written.push(r.clone());
+            log.record(r);
+        }
+        log.record(record(2, "kpi", start, 1000 + flush));
+        log.flush().await.unwrap();
+    }
+    let mut kpi: Vec<_> = written.iter().filter(|r| r.endpoint == "kpi").cloned().collect();
+    kpi.sort_by(|a, b| b.at.cmp(&a.at).then(b.id.cmp(&a.id)));
+
+    let read = |filter: LogFilter| {
+        let log = log.clone();
+        async move { log.records(project(1), "kpi", &filter).await.unwrap() }
+    };
+    assert_eq!(read(all(1000)).await, kpi, "whole, newest first");
+    // Paged by the cursor: every record once.
+    let mut paged = Vec::new();
+    let mut filter = all(7);
+    loop {
+        let page = domain::LogPage::of(read(filter.clone()).await, 7);
+        paged.extend(page.records);
+        match page.next {
+            Some(next) => filter.cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(paged, kpi);
+    let errors =
+        read(LogFilter { status: Some(StatusFilter::Error), kind: Some(LogKind::Run), ..all(1000) }).await;
+    let expected: Vec<_> =
+        kpi.iter().filter(|r| r.status >= 400 && r.kind == LogKind::Run).cloned().collect();
+    assert!(!expected.is_empty());
+    assert_eq!(errors, expected);
+    let window = LogFilter {
+        since: Some(start + time::Duration::seconds(10)),
+        until: Some(start + time::Duration::seconds(20)),
+        ..all(1000)
+    };
+    let expected: Vec<_> = kpi.iter().filter(|r| window.keeps(r)).cloned().collect();
+    assert_eq!(read(window).await, expected);
+
+    // Twelve flushes are more than a merge waits for: one file of this node's per hour now, read the same.
+    let hours = std::fs::read_dir(dir.join("projects/1/logs")).unwrap().count();
+    let files = || -> usize {
+        std::fs::read_dir(dir.join("projects/1/logs"))
+            .unwrap()
+            .map(|hour| std::fs::read_dir(hour.unwrap().path()).unwrap().count())
+            .sum()
+    };
+    let flushed = files();
+    assert!(flushed >= 12, "{flushed}");
+    log.maintain(now()).await.unwrap();
+    assert_eq!(read(all(1000)).await, kpi, "merged files read once");
+    assert_eq!(files(), flushed + hours, "one merged file per hour beside the flushed ones, until the grace");
+    // After the grace, the merged ones are deleted and the records stay.
+    log.maintain(now() + LOG_MERGE_GRACE + time::Duration::SECOND).await.unwrap();
+    assert_eq!(files(), hours);
+    assert_eq!(read(all(1000)).await, kpi);
+
+    // Project 2 sees its own records only, and none of project 1's endpoint of the same name.
+    let other = log.records(project(2), "kpi", &all(1000)).await.unwrap();
+    assert_eq!(other.len(), 12);
+    assert!(other.iter().all(|r| r.rows.unwrap() >= 1000 && r.project == project(2)));
+
+    // Usage: runs only, by minute, with exact percentiles.
+    let since = start - time::Duration::minutes(1);
+    let query =
+        UsageQuery::new(Some(since), Some(now() + time::Duration::SECOND), Some(Interval::Minute), now())
+            .unwrap();
+    let buckets = log.usage(project(1), "kpi", &query).await.unwrap();
+    let runs: Vec<_> = kpi.iter().filter(|r| r.kind == LogKind::Run).collect();
+    assert_eq!(buckets.iter().map(|b| b.requests).sum::<u64>(), runs.len() as u64);
+    assert_eq!(
+        buckets.iter().map(|b| b.errors).sum::<u64>(),
+        runs.iter().filter(|r| r.status >= 400).count() as u64
+    );
+    assert_eq!(
+        buckets.iter().map(|b| b.cache_hits).sum::<u64>(),
+        runs.iter().filter(|r| r.source == Some(LogSource::Cache)).count() as u64
+    );
+    let mut expected = domain::UsageAccumulator::new(query);
+    for r in &runs {
+        expected.add(&domain::UsageSample {
+            at: r.at,
+            status: r.status,
+            source: r.source,
+            duration_ms: r.duration_ms(),
+            rows: r.rows,
+            bytes_read: r.bytes_read,
+        });
+    }
+    assert_eq!(buckets, expected.finish());
+}
+
+/// `_logs` is a table of the project's own records in SQL, never listed among its tables; records past the
+/// retention are in none of the readings, and their hours are deleted.
+#[tokio::test]
+async fn logs_are_a_table_of_the_projects_own_records_within_the_retention() {
+    let dir = temp_dir("run-log-sql");
+    let storage = Storage::local(&dir).unwrap();
+    let retention = Duration::from_secs(3600);
+    let log = ParquetRunLog::new(storage.clone(), LogSettings { retention, ..LogSettings::default() });
+    let engine = engine_on(storage.clone()).await.with_log_retention(retention);
+    let sql =
+        query("SELECT endpoint, count(*) AS runs FROM _logs GROUP BY endpoint ORDER BY endpoint", json!({}));
+    // No records yet: an empty table, not an error.
+    let empty = engine.execute(project(1), &sql, &Default::default(), 10, 0).await.unwrap();
+    assert_eq!(empty.rows_json, "[]");
+
+    let now = now();
+    for n in 0..3 {
+        log.record(record(1, "kpi", now - time::Duration::seconds(5), n));
+    }
+    log.record(record(1, "old", now - time::Duration::hours(3), 7));
+    log.record(record(2, "secret", now, 8));
+    log.flush().await.unwrap();
+    let rows = engine.execute(project(1), &sql, &Default::default(), 10, 0).await.unwrap().rows_json;
+    assert_eq!(
+        rows, r#"[{"endpoint":"kpi","runs":3}]"#,
+        "the old record is past the retention; project 2's is not here"
+    );
+    let two = engine.execute(project(2), &sql, &Default::default(), 10, 0).await.unwrap().rows_json;
+    assert_eq!(two, r#"[{"endpoint":"secret","runs":1}]"#);
+    assert!(log.records(project(1), "old", &all(10)).await.unwrap().is_empty());
+    let tables = engine.tables(project(1)).await.unwrap();
+    assert!(tables.iter().all(|t| t.name != "_logs"), "{tables:?}");
+
+    // The old hour is deleted; the current one stays.
+    let hours = || std::fs::read_dir(dir.join("projects/1/logs")).unwrap().count();
+    assert_eq!(hours(), 2);
+    log.maintain(now).await.unwrap();
+    assert_eq!(hours(), 1);
+    assert_eq!(log.records(project(1), "kpi", &all(10)).await.unwrap().len(), 3);
+}
