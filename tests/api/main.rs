@@ -14,6 +14,7 @@ mod errors;
 mod faults;
 mod helpers;
 mod isolation;
+mod logs;
 mod materialization;
 mod openapi;
 mod operations;

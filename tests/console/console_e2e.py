@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "openapi"))
 
@@ -241,6 +242,41 @@ def materialize(page):
     expect(page.get_by_test_id("run-source")).to_contain_text("materialized")
 
 
+def logs_and_usage(page):
+    """The runs so far (live, cached, materialized) and the refresh, in the Logs and Usage tabs."""
+    page.get_by_test_id("tab-logs").click()
+    rows = page.get_by_test_id("log-row")
+    # Records are written within a second: refresh until they are there.
+    deadline = time.time() + 15
+    while rows.count() < 6 and time.time() < deadline:
+        time.sleep(0.5)
+        page.get_by_test_id("log-refresh").click()
+        page.wait_for_timeout(300)
+    assert rows.count() >= 6, f"{rows.count()} log rows"
+    table = page.get_by_test_id("log-list")
+    expect(table).to_contain_text("cache")
+    expect(table).to_contain_text("materialized")
+    # The country asked for ("GB") is a variable's value: never shown.
+    expect(table).not_to_contain_text("GB")
+    page.get_by_test_id("log-kind").select_option("refresh")
+    expect(rows.first).to_contain_text("refresh")
+    for i in range(rows.count()):
+        expect(rows.nth(i)).to_contain_text("refresh")
+    page.get_by_test_id("log-kind").select_option("")
+    expect(rows.first).to_be_visible()
+    accessible(page, "logs")
+    shot(page, "07b-logs")
+    page.get_by_test_id("tab-usage").click()
+    expect(page.get_by_test_id("usage-chart").locator("canvas")).to_be_visible()
+    requests = int(page.get_by_test_id("usage-requests").inner_text().replace(",", ""))
+    assert requests >= 5, requests
+    expect(page.get_by_test_id("usage-errors")).to_contain_text("0 (0.0%)")
+    page.get_by_test_id("usage-interval").select_option("hour")
+    expect(page.get_by_test_id("usage-chart").locator("canvas")).to_be_visible()
+    accessible(page, "usage")
+    shot(page, "07c-usage")
+
+
 def share(page, base):
     page.get_by_test_id("tab-share").click()
     expect(page.get_by_test_id("curl")).to_contain_text(f"{base}/api/projects/")
@@ -345,6 +381,7 @@ def main():
                 ("run, page and chart", lambda: run_page_and_chart(page)),
                 ("a second version and its diff", lambda: second_version_and_diff(page)),
                 ("materialize", lambda: materialize(page)),
+                ("logs and usage", lambda: logs_and_usage(page)),
                 ("share", lambda: share(page, base)),
                 ("tables", lambda: tables(page, work)),
                 ("a 429", lambda: throttled(page)),

@@ -2,8 +2,8 @@
 
 export const BASE = '/console';
 
-export type Tab = 'run' | 'versions' | 'materialization' | 'share';
-export const TABS: Tab[] = ['run', 'versions', 'materialization', 'share'];
+export type Tab = 'run' | 'versions' | 'materialization' | 'logs' | 'usage' | 'share';
+export const TABS: Tab[] = ['run', 'versions', 'materialization', 'logs', 'usage', 'share'];
 
 export type Route =
   | { page: 'endpoints' }

@@ -360,6 +360,8 @@ impl ResponseError for ApiError {
         let code = self.code();
         self.log_server_error();
         let mut response = HttpResponse::build(code.status());
+        // For the run log, which the request middleware writes.
+        response.extensions_mut().insert(crate::run_log::AnsweredCode(code.as_str()));
         match self {
             ApiError::Domain(Error::NotAuthenticated(_)) => {
                 response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));

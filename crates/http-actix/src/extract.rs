@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::run_log::RunCaller;
 use crate::AppState;
 
 /// A scope a handler needs, as a type.
@@ -163,6 +164,9 @@ async fn authorize(
 ) -> Result<(ProjectId, Principal), ApiError> {
     let state = app_state(req)?;
     let principal = authenticate(req, state).await?;
+    if runs_endpoint {
+        note_run_caller(req, &principal);
+    }
     // Before authorization, so probing other projects spends the caller's budget too.
     match state.rate_limits.take(&principal) {
         Ok(Some(budget)) => {
@@ -179,6 +183,20 @@ async fn authorize(
     let runs = if runs_endpoint { req.match_info().get("name") } else { None };
     let project = state.keys.authorize(&principal, project, scope, runs)?;
     Ok((project, principal))
+}
+
+/// Leaves the caller of a run in the request's extensions for the run log, when it is of the project the path
+/// names (so that a refusal past this point, a rate limit or a missing scope, is logged in that project too).
+fn note_run_caller(req: &HttpRequest, principal: &Principal) {
+    let own = match req.match_info().get("project_id").map(str::parse::<ProjectRef>) {
+        Some(Ok(ProjectRef::Current)) => true,
+        Some(Ok(ProjectRef::Id(id))) => id == principal.project_id,
+        _ => false,
+    };
+    if own {
+        req.extensions_mut()
+            .insert(RunCaller { project: principal.project_id, credential: principal.logged_as() });
+    }
 }
 
 pub(crate) fn is_json(req: &HttpRequest) -> bool {

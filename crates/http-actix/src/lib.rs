@@ -19,6 +19,7 @@ mod operations;
 mod rate_limit;
 mod request_context;
 mod routes;
+mod run_log;
 mod service_doc;
 
 use std::sync::Arc;
@@ -27,13 +28,14 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::middleware::from_fn;
 use actix_web::{web, App};
-use domain::{ApiKeyService, EndpointService, RunService, TableService};
+use domain::{ApiKeyService, EndpointService, LogService, RunService, TableService};
 
 pub use disconnect::on_connect;
 pub use error::{ApiError, Code, ErrorType};
 pub use operations::{Metrics, Operations, ReadinessCheck};
 pub use rate_limit::{Rate, RateLimitConfig, RateLimits};
 pub use request_context::RequestContext;
+pub use run_log::EndpointMetrics;
 
 /// Largest accepted request body.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
@@ -51,6 +53,8 @@ pub struct AppState {
     pub runs: Arc<RunService>,
     pub keys: Arc<ApiKeyService>,
     pub tables: Arc<TableService>,
+    /// Where runs are logged, and their logs read.
+    pub logs: Arc<LogService>,
     pub body_limit: usize,
     /// Largest upload of a table's rows (413 past it).
     pub upload_limit: u64,
@@ -69,12 +73,14 @@ impl AppState {
         runs: Arc<RunService>,
         keys: Arc<ApiKeyService>,
         tables: Arc<TableService>,
+        logs: Arc<LogService>,
     ) -> Self {
         Self {
             endpoints,
             runs,
             keys,
             tables,
+            logs,
             body_limit: DEFAULT_BODY_LIMIT,
             upload_limit: DEFAULT_UPLOAD_LIMIT,
             client_timeout: DEFAULT_CLIENT_TIMEOUT,

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use domain::{
-    ApiKeyService, Endpoint, EndpointFilter, EndpointName, EndpointService, Invalid, PageRequest, Principal,
-    ProjectRef, RunRequest, RunService, Scope,
+    ApiKeyService, Endpoint, EndpointFilter, EndpointName, EndpointService, Invalid, LogService, PageRequest,
+    Principal, ProjectRef, RunRequest, RunService, Scope, Transport,
 };
 use http_body_util::{BodyExt, Full};
 use rmcp::model::{
@@ -37,6 +37,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::extract::{authenticate, is_json, read_body};
 use crate::rate_limit::RateLimits;
+use crate::run_log::{endpoint_of, Answered, RunCaller, RunNote};
 use crate::{openapi, AppState};
 
 /// The prefix of every tool's name: `run_<endpoint name>`.
@@ -57,6 +58,8 @@ impl Mcp {
             runs: Arc::clone(&state.runs),
             keys: Arc::clone(&state.keys),
             rate_limits: Arc::clone(&state.rate_limits),
+            logs: Arc::clone(&state.logs),
+            operations: Arc::clone(&state.operations),
         };
         // Every request carries its bearer credential and is checked before the SDK sees it, so the SDK's
         // defence against DNS rebinding (for unauthenticated local servers: loopback hosts only) is not needed,
@@ -176,6 +179,8 @@ struct EndpointTools {
     runs: Arc<RunService>,
     keys: Arc<ApiKeyService>,
     rate_limits: Arc<RateLimits>,
+    logs: Arc<LogService>,
+    operations: Arc<crate::Operations>,
 }
 
 /// The authenticated caller of this request, put there by [`serve`].
@@ -257,6 +262,7 @@ impl EndpointTools {
         caller: &Principal,
         name: &str,
         arguments: Map<String, Value>,
+        note: &mut Option<RunNote>,
     ) -> Result<Value, ApiError> {
         self.take_request(caller)?;
         let project = self.keys.authorize(caller, ProjectRef::Current, Scope::EndpointRead, Some(name))?;
@@ -265,6 +271,7 @@ impl EndpointTools {
             request.admit(grant, name)?;
         }
         let outcome = self.runs.run(project, EndpointName::from_path(name)?, request).await?;
+        *note = Some(RunNote::of(&outcome));
         let (rows, has_more) = match outcome.run.as_deref() {
             Some(run) => {
                 (serde_json::from_str(&run.result.rows_json).map_err(internal)?, run.result.has_more)
@@ -317,7 +324,29 @@ impl ServerHandler for EndpointTools {
         };
         // A tool called without arguments runs with no variables.
         let arguments = request.arguments.unwrap_or_else(Map::new);
-        Ok(match self.call(&caller, name, arguments).await {
+        let started = std::time::Instant::now();
+        let mut note = None;
+        let called = self.call(&caller, name, arguments, &mut note).await;
+        if let Some(endpoint) = endpoint_of(name) {
+            let (status, code) = match &called {
+                Ok(_) => (200, None),
+                Err(err) => (err.code().status().as_u16(), Some(err.code().as_str())),
+            };
+            let request_id =
+                crate::request_context::RequestContext::current(|request| request.id().to_owned());
+            Answered {
+                caller: &RunCaller { project: caller.project_id, credential: caller.logged_as() },
+                endpoint,
+                transport: Transport::Mcp,
+                status,
+                code,
+                took: started.elapsed(),
+                note,
+                request_id,
+            }
+            .log(&self.logs, &self.operations.metrics.endpoints);
+        }
+        Ok(match called {
             Ok(page) => {
                 let mut result = CallToolResult::success(vec![ContentBlock::text(page.to_string())]);
                 result.structured_content = Some(page);

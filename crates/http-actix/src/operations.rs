@@ -65,6 +65,8 @@ pub struct Metrics {
     requests: Family<RequestLabels, Histogram, fn() -> Histogram>,
     /// Run answers by source, in `AnswerSource` order, made once so counting one is a single atomic add.
     answers: [Counter; 4],
+    /// Runs and their latency per endpoint.
+    pub(crate) endpoints: crate::run_log::EndpointMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -99,7 +101,9 @@ impl Metrics {
         );
         let answers = ["cache", "live", "materialized", "none"]
             .map(|source| answers_family.get_or_create(&AnswerLabels { source }).clone());
-        Self { registry, requests, answers }
+        let endpoints = crate::run_log::EndpointMetrics::default();
+        endpoints.register(&mut registry);
+        Self { registry, requests, answers, endpoints }
     }
 
     pub(crate) fn observe_request(

@@ -305,6 +305,7 @@ mod tests {
             project_id: ProjectId::new(project).unwrap(),
             scopes: vec![Scope::EndpointRead],
             grant: None,
+            label: Arc::from("test"),
         }
     }
 

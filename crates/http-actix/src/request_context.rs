@@ -10,7 +10,8 @@
 //! logs nothing pays next to nothing for it (which `tracing-actix-web`'s span per request does not allow).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -20,8 +21,11 @@ use actix_web::middleware::Next;
 use actix_web::web;
 use actix_web::HttpMessage;
 
+use domain::Transport;
+
 use crate::rate_limit::Budget;
 use crate::routes::ROUTE_NAMES;
+use crate::run_log::{Answered, AnsweredCode, RunCaller, RunNote};
 use crate::AppState;
 
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -102,18 +106,22 @@ pub(crate) async fn request_context(
     let context = RequestContext { method: req.method().clone(), uri: req.uri().clone(), id };
     crate::normalize::trim_slashes(&mut req);
     let started = std::time::Instant::now();
-    let metrics = req.app_data::<web::Data<AppState>>().map(|state| Arc::clone(&state.operations));
+    let state = req.app_data::<web::Data<AppState>>().cloned();
     let mut serving = std::pin::pin!(CURRENT.scope(context, next.call(req)));
     let result = serving.as_mut().await;
     let id = serving.as_mut().take_value().map(|context| context.id);
     let mut response = result?;
-    if let Some(operations) = metrics {
+    if let Some(state) = state {
+        let took = started.elapsed();
         let request = response.request();
         let route = request
             .match_name()
             .and_then(|name| ROUTE_NAMES.iter().find(|known| **known == name).copied())
             .unwrap_or(if response.status() == StatusCode::NOT_FOUND { "unmatched" } else { "other" });
-        operations.metrics.observe_request(route, request.method(), response.status(), started.elapsed());
+        state.operations.metrics.observe_request(route, request.method(), response.status(), took);
+        if route == "run" {
+            log_run(&state, &response, took, id.as_ref());
+        }
     }
     let budget = response.request().extensions().get::<Budget>().copied();
     if let Some(budget) = budget {
@@ -123,6 +131,32 @@ pub(crate) async fn request_context(
         response.headers_mut().insert(REQUEST_ID, id);
     }
     Ok(response)
+}
+
+/// Logs a run answered over REST, when its caller is of the project it addresses.
+fn log_run(
+    state: &AppState,
+    response: &ServiceResponse<impl MessageBody>,
+    took: Duration,
+    id: Option<&HeaderValue>,
+) {
+    let request = response.request();
+    let extensions = request.extensions();
+    let Some(caller) = extensions.get::<RunCaller>() else { return };
+    let Some(endpoint) = request.match_info().get("name").and_then(crate::run_log::endpoint_of) else {
+        return;
+    };
+    Answered {
+        caller,
+        endpoint,
+        transport: Transport::Rest,
+        status: response.status().as_u16(),
+        code: response.response().extensions().get::<AnsweredCode>().map(|code| code.0),
+        took,
+        note: extensions.get::<RunNote>().copied(),
+        request_id: id.and_then(|id| id.to_str().ok()).map(str::to_owned),
+    }
+    .log(&state.logs, &state.operations.metrics.endpoints);
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use actix_web::{guard, web, HttpResponse, Resource};
 use domain::ApiKeyService;
 
 use crate::error::ApiError;
-use crate::handlers::{endpoints, materialization, runs, tables, tokens, versions};
+use crate::handlers::{endpoints, logs, materialization, runs, tables, tokens, versions};
 use crate::{console, cors, operations};
 
 /// Each family's static prefix is matched by a string comparison before its dynamic part is tried.
@@ -20,12 +20,14 @@ const TOKENS_REST: &str = "/{project_id}/run_tokens";
 
 /// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
 /// not a different operation.
-pub(crate) const ROUTE_NAMES: [&str; 19] = [
+pub(crate) const ROUTE_NAMES: [&str; 21] = [
     "run",
     "endpoints",
     "last_execution_times",
     "endpoint",
     "materialization_status",
+    "endpoint_logs",
+    "endpoint_usage",
     "endpoint_openapi",
     "versions",
     "version",
@@ -133,6 +135,8 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
                                 GET => materialization::status
                             ),
                         )
+                        .service(resource!("/{name}/logs", "endpoint_logs", GET => logs::list))
+                        .service(resource!("/{name}/usage", "endpoint_usage", GET => logs::usage))
                         .service(not_from_pages(endpoint_openapi()))
                         .service(from_pages(endpoint_openapi(), keys))
                         .service(

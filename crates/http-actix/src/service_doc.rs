@@ -10,7 +10,8 @@ use utoipa::{Modify, OpenApi};
 
 use crate::api::requests::{EndpointCreate, EndpointUpdate, Names, RunBody, RunTokenBody};
 use crate::api::{
-    names, Endpoint, EndpointPage, LastExecutionTimes, RunAnswer, RunToken, Version, VersionPage,
+    names, Endpoint, EndpointPage, LastExecutionTimes, LogList, RunAnswer, RunToken, Usage, Version,
+    VersionPage,
 };
 use crate::error::ErrorBody as Error;
 use crate::handlers;
@@ -33,14 +34,14 @@ impl Modify for BearerAuth {
         handlers::endpoints::list, handlers::endpoints::create, handlers::endpoints::retrieve,
         handlers::endpoints::update, handlers::endpoints::delete,
         handlers::runs::run_get, handlers::runs::run_post, handlers::versions::openapi,
-        handlers::materialization::status, handlers::versions::list, handlers::versions::retrieve,
+        handlers::materialization::status, handlers::logs::list, handlers::logs::usage, handlers::versions::list, handlers::versions::retrieve,
         handlers::runs::last_execution_times,
         handlers::tables::list, handlers::tables::retrieve, handlers::tables::put, handlers::tables::append,
         handlers::tables::delete, handlers::tables::preview, handlers::tokens::issue,
     ),
     components(schemas(
         Error, Endpoint, EndpointCreate, EndpointUpdate, EndpointPage, Version, VersionPage, RunBody, RunAnswer,
-        Names, LastExecutionTimes, RunTokenBody, RunToken,
+        Names, LastExecutionTimes, RunTokenBody, RunToken, LogList, Usage,
     )),
     modifiers(&BearerAuth)
 )]

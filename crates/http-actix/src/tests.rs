@@ -93,7 +93,17 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
     AppState {
         body_limit: 256,
         upload_limit: 64,
-        ..AppState::new(Arc::new(endpoints), Arc::new(runs), Arc::new(keys), Arc::new(tables))
+        ..AppState::new(
+            Arc::new(endpoints),
+            Arc::new(runs),
+            Arc::new(keys),
+            Arc::new(tables),
+            Arc::new(domain::LogService::new(
+                Arc::new(MockEndpointStore::new()),
+                Arc::new(domain::NoRunLog),
+                Arc::new(domain::SystemClock),
+            )),
+        )
     }
 }
 

@@ -145,17 +145,17 @@ impl ParquetRunLog {
     pub fn register(&self, registry: &mut Registry) {
         let inner = &self.inner;
         registry.register(
-            "endpoints_log_records_written",
+            "log_records_written",
             "Run log records written to the storage",
             inner.written.clone(),
         );
         registry.register(
-            "endpoints_log_records_dropped",
+            "log_records_dropped",
             "Run log records dropped because the buffer was full (the storage could not keep up)",
             inner.dropped.clone(),
         );
         registry.register(
-            "endpoints_log_flush_failures",
+            "log_flush_failures",
             "Run log flushes that failed (retried at the next)",
             inner.failed.clone(),
         );

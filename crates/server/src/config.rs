@@ -46,6 +46,26 @@ pub struct Config {
     pub export_limit: u32,
     /// Request rate limits per key and per project; off unless set (`serve` sets its defaults).
     pub rate_limits: http_actix::RateLimitConfig,
+    /// The run log; `None` keeps none.
+    pub run_log: Option<RunLogConfig>,
+}
+
+/// How the run log is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLogConfig {
+    /// How long records are kept.
+    pub retention: std::time::Duration,
+    /// How often buffered records are written.
+    pub flush_interval: std::time::Duration,
+}
+
+impl Default for RunLogConfig {
+    fn default() -> Self {
+        Self {
+            retention: query_engine::LogSettings::default().retention,
+            flush_interval: std::time::Duration::from_secs(1),
+        }
+    }
 }
 
 impl Config {
@@ -71,6 +91,7 @@ impl Config {
             upload_limit: http_actix::DEFAULT_UPLOAD_LIMIT,
             export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
             allowed_sources: Vec::new(),
+            run_log: Some(RunLogConfig::default()),
         }
     }
 

@@ -191,9 +191,17 @@ impl WorkerMetrics {
 }
 
 /// Readiness checks and one registry holding every adapter's metrics.
-pub fn operations(database: &Database, engine: &Arc<DataFusionEngine>, worker: &WorkerMetrics) -> Operations {
+pub fn operations(
+    database: &Database,
+    engine: &Arc<DataFusionEngine>,
+    worker: &WorkerMetrics,
+    run_log: Option<&query_engine::ParquetRunLog>,
+) -> Operations {
     let mut registry = Registry::with_prefix("endpoints");
     engine.metrics().register(&mut registry);
+    if let Some(log) = run_log {
+        log.register(&mut registry);
+    }
     worker.register(&mut registry);
     registry.register_collector(Box::new(PoolCollector(database.clone())));
     Operations {

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use cache_moka::MemoryResultCache;
 use domain::{
-    ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, Invalidator, MaintenanceDeps,
-    MaterializationPorts, RefreshDeps, RefreshService, ResultCache, RunDeps, RunService, SystemClock,
-    TableDeps, TableMaintenance, TableService,
+    ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, Invalidator, LogService, MaintenanceDeps,
+    MaterializationPorts, NoRunLog, RefreshDeps, RefreshService, ResultCache, RunDeps, RunLog, RunService,
+    SystemClock, TableDeps, TableMaintenance, TableService,
 };
 use http_actix::AppState;
-use query_engine::DataFusionEngine;
+use query_engine::{DataFusionEngine, LogSettings, ParquetRunLog};
 use store_diesel::{Backend, ChangeListener, Database, DatabaseConfig, DieselStore};
 
 use crate::config::Config;
@@ -47,6 +47,10 @@ pub struct Services {
     pub maintenance: Arc<TableMaintenance>,
     /// What this process keeps from the store in memory, for changes other processes announce.
     pub kept: Invalidator,
+    /// Where runs and refreshes are logged, and their logs read.
+    pub logs: Arc<LogService>,
+    /// The run log this process writes, when it keeps one: flushed and maintained by `serve`.
+    pub run_log: Option<ParquetRunLog>,
 }
 
 impl Services {
@@ -66,8 +70,19 @@ impl Services {
         let store = Arc::new(DieselStore::new(database.clone()));
         let clock = Arc::new(SystemClock);
         let storage = config.storage().map_err(StartupError::Storage)?;
-        let engine =
-            Arc::new(engine(DataFusionEngine::new(storage).with_limits(config.limits.clone()), config)?);
+        let run_log = config.run_log.map(|log| {
+            let settings = LogSettings { retention: log.retention, ..LogSettings::default() };
+            ParquetRunLog::new(storage.clone(), settings)
+        });
+        let log_retention = config.run_log.map_or(std::time::Duration::ZERO, |log| log.retention);
+        let embedded = DataFusionEngine::new(storage)
+            .with_limits(config.limits.clone())
+            .with_log_retention(log_retention);
+        let engine = Arc::new(engine(embedded, config)?);
+        let logged: Arc<dyn RunLog> = match &run_log {
+            Some(log) => Arc::new(log.clone()),
+            None => Arc::new(NoRunLog),
+        };
         let cache: Arc<dyn ResultCache> = Arc::new(MemoryResultCache::new(config.cache_bytes));
         let executions = Arc::new(ExecutionTracker::new(store.clone()));
         let materializations = MaterializationPorts { states: store.clone(), results: engine.clone() };
@@ -112,15 +127,19 @@ impl Services {
             clock: clock.clone(),
             lease: config.lease,
         }));
-        let materializer = Arc::new(RefreshService::new(RefreshDeps {
-            endpoints: store.clone(),
-            states: store.clone(),
-            engine: engine.clone(),
-            results: engine.clone(),
-            clock,
-            changes: changes_for_refreshes,
-            lease: config.lease,
-        }));
+        let materializer = Arc::new(
+            RefreshService::new(RefreshDeps {
+                endpoints: store.clone(),
+                states: store.clone(),
+                engine: engine.clone(),
+                results: engine.clone(),
+                clock: clock.clone(),
+                changes: changes_for_refreshes,
+                lease: config.lease,
+            })
+            .with_log(Arc::clone(&logged)),
+        );
+        let logs = Arc::new(LogService::new(store.clone(), logged, clock));
         Ok(Self {
             database,
             store,
@@ -133,6 +152,8 @@ impl Services {
             materializer,
             maintenance,
             kept,
+            logs,
+            run_log,
         })
     }
 }
@@ -164,6 +185,8 @@ pub struct Application {
     compaction_interval: Option<std::time::Duration>,
     worker_metrics: crate::operations::WorkerMetrics,
     rate_limits: Arc<http_actix::RateLimits>,
+    /// The run log this process writes, and how.
+    run_log: Option<(ParquetRunLog, crate::config::RunLogConfig)>,
     /// On PostgreSQL: applies the changes other processes announce; stops with the application.
     _changes: Option<ChangeListener>,
 }
@@ -186,14 +209,20 @@ impl Application {
         let materializer = services.materializer.clone();
         let maintenance = services.maintenance.clone();
         let worker_metrics = crate::operations::WorkerMetrics::default();
-        let operations = crate::operations::operations(&services.database, &services.engine, &worker_metrics);
+        let operations = crate::operations::operations(
+            &services.database,
+            &services.engine,
+            &worker_metrics,
+            services.run_log.as_ref(),
+        );
+        let run_log = services.run_log.clone().zip(config.run_log);
         let rate_limits = Arc::new(http_actix::RateLimits::new(config.rate_limits));
         let kept = services.kept.clone();
         let changes = services.database.listen_for_changes(move |change| kept.apply(&change));
         let state = AppState {
             client_timeout: config.client_timeout,
             upload_limit: config.upload_limit,
-            ..AppState::new(services.endpoints, services.runs, services.keys, services.tables)
+            ..AppState::new(services.endpoints, services.runs, services.keys, services.tables, services.logs)
                 .with_operations(operations)
                 .with_rate_limits(Arc::clone(&rate_limits))
         };
@@ -219,6 +248,7 @@ impl Application {
             compaction_interval: config.compaction_interval,
             worker_metrics,
             rate_limits,
+            run_log,
             _changes: changes,
         })
     }
@@ -235,6 +265,8 @@ impl Application {
         let flusher =
             tokio::spawn(flush_periodically(self.executions.clone(), self.keys.clone(), self.flush_interval));
         let shrinker = tokio::spawn(shrink_rate_limits(Arc::clone(&self.rate_limits)));
+        let logger =
+            self.run_log.clone().map(|(log, config)| tokio::spawn(write_run_log(log, config.flush_interval)));
         let (stop_worker, stop) = tokio::sync::watch::channel(false);
         let worker = (self.worker.parallelism > 0).then(|| {
             tokio::spawn(crate::worker::run(
@@ -265,6 +297,9 @@ impl Application {
         };
         flusher.abort();
         shrinker.abort();
+        if let Some(logger) = logger {
+            logger.abort();
+        }
         let _ = stop_worker.send(true);
         if let Some(worker) = worker {
             if let Err(err) = worker.await {
@@ -283,7 +318,35 @@ impl Application {
         if let Err(err) = self.keys.flush_usage().await {
             tracing::error!(error = %err, "could not write when keys were last used at shutdown");
         }
+        // And the run log records of those requests and of the refreshes that finished.
+        if let Some((log, _)) = &self.run_log {
+            if let Err(err) = log.flush().await {
+                tracing::error!(error = %err, "could not write the run log at shutdown");
+            }
+        }
         result
+    }
+}
+
+/// Writes the run log's buffered records every `every`, and merges and prunes its files every ten seconds.
+async fn write_run_log(log: ParquetRunLog, every: std::time::Duration) {
+    const MAINTAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut maintained = std::time::Instant::now();
+    loop {
+        ticks.tick().await;
+        match log.flush().await {
+            Ok(0) => {}
+            Ok(count) => tracing::debug!(count, "wrote run log records"),
+            Err(err) => tracing::warn!(error = %err, "could not write the run log; will retry"),
+        }
+        if maintained.elapsed() >= MAINTAIN_EVERY {
+            maintained = std::time::Instant::now();
+            if let Err(err) = log.maintain(domain::Timestamp::now_utc()).await {
+                tracing::warn!(error = %err, "could not merge or prune the run log; will retry");
+            }
+        }
     }
 }
 

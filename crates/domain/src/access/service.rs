@@ -180,7 +180,14 @@ impl ApiKeyService {
         if !key.is_usable_at(now) {
             return Err(Error::NotAuthenticated("The API key has been revoked or has expired.".into()));
         }
-        Ok(Principal { key_id: key.id, project_id: key.project_id, scopes: key.scopes.clone(), grant: None })
+        Ok(Principal {
+            key_id: key.id,
+            project_id: key.project_id,
+            scopes: key.scopes.clone(),
+            grant: None,
+            // A key without a label is told apart by its prefix.
+            label: Arc::from(if key.label.is_empty() { key.prefix.as_str() } else { key.label.as_str() }),
+        })
     }
 
     async fn run_token(&self, token: &str, now: Timestamp) -> Result<Principal, Error> {
@@ -200,6 +207,7 @@ impl ApiKeyService {
                     project_id: project,
                     scopes: vec![Scope::EndpointRead],
                     grant: Some(Arc::new(grant)),
+                    label: Arc::from(""),
                 });
                 self.tokens.put(token.into(), &principal, now);
                 principal
@@ -600,6 +608,7 @@ mod tests {
             project_id: project(1),
             scopes: vec![Scope::EndpointWrite],
             grant: None,
+            label: Arc::from("test"),
         }
     }
 
@@ -683,6 +692,7 @@ mod tests {
             project_id: project(1),
             scopes: vec![Scope::EndpointRead],
             grant: Some(Arc::new(grant)),
+            label: Arc::from("test"),
         };
         assert_eq!(
             svc.authorize(&token, ProjectRef::Id(project(1)), Scope::EndpointRead, Some("a")).unwrap(),
@@ -715,6 +725,7 @@ mod tests {
             project_id: project(1),
             scopes: vec![Scope::EndpointRead],
             grant: None,
+            label: Arc::from("test"),
         };
         let writer = Principal { scopes: vec![Scope::EndpointWrite], ..reader.clone() };
         let loader = Principal { scopes: vec![Scope::TableWrite], ..reader.clone() };

@@ -6,7 +6,7 @@ use crate::access::ProjectId;
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{EndpointName, EndpointStore};
 use crate::error::{Error, StoreError};
-use crate::logs::{Interval, LogFilter, LogPage, RunLog, UsageBucket, UsageQuery};
+use crate::logs::{Interval, LogFilter, LogPage, LogRecord, RunLog, UsageBucket, UsageQuery};
 
 /// Reads endpoints' run logs. Records are kept by endpoint name: an endpoint deleted and created again under
 /// its name shows the records of both.
@@ -19,6 +19,11 @@ pub struct LogService {
 impl LogService {
     pub fn new(store: Arc<dyn EndpointStore>, log: Arc<dyn RunLog>, clock: Arc<dyn Clock>) -> Self {
         Self { store, log, clock }
+    }
+
+    /// Takes a record of a run to be written (never blocks).
+    pub fn record(&self, record: LogRecord) {
+        self.log.record(record);
     }
 
     /// One page of the endpoint's records that `filter` keeps, newest first.

@@ -5,6 +5,7 @@
 
 mod endpoint;
 mod last_executions;
+mod log;
 pub(crate) mod names;
 mod page;
 pub(crate) mod requests;
@@ -14,6 +15,7 @@ mod token;
 
 pub(crate) use endpoint::{BreakingChange, Endpoint, Materialization, Version};
 pub(crate) use last_executions::LastExecutionTimes;
+pub(crate) use log::{LogList, Usage};
 pub(crate) use page::{EndpointPage, TablePage, VersionPage};
 pub(crate) use run::RunAnswer;
 pub(crate) use table::{Appended, Preview, Table};

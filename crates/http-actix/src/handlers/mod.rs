@@ -2,6 +2,7 @@
 //! extractors, calls one domain service method and answers with one body type of `api`.
 
 pub(crate) mod endpoints;
+pub(crate) mod logs;
 pub(crate) mod materialization;
 pub(crate) mod run_request;
 pub(crate) mod runs;

@@ -19,6 +19,7 @@ use crate::disconnect::unless_disconnected;
 use crate::error::{ApiError, ErrorBody as Error};
 use crate::extract::{Authorized, AuthorizedJson, EndpointRead, EndpointRun};
 use crate::operations::AnswerSource;
+use crate::run_log::RunNote;
 use crate::AppState;
 
 /// The query string's pairs, borrowed from the request where nothing needs decoding.
@@ -133,7 +134,9 @@ async fn respond(
     match unless_disconnected(req, state.runs.export(project, name, request)).await {
         Some(exported) => {
             state.operations.metrics.count_answer(AnswerSource::Live);
-            Ok(written(req, exported?, format))
+            let exported = exported?;
+            req.extensions_mut().insert(RunNote::of_export(&exported));
+            Ok(written(req, exported, format))
         }
         None => {
             tracing::info!(path = req.path(), "client disconnected; run cancelled");
@@ -273,6 +276,7 @@ async fn run(
                 Some(_) if outcome.endpoint_materialized => AnswerSource::Materialized,
                 Some(_) => AnswerSource::Live,
             });
+            req.extensions_mut().insert(RunNote::of(&outcome));
             Ok(outcome)
         }
         None => {

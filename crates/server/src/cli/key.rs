@@ -24,7 +24,7 @@ pub enum KeyCommand {
         #[arg(long, default_value = "")]
         label: String,
         /// Lifetime such as 90d, 12h, 30m or "1h 30m"; without it the key does not expire.
-        #[arg(long, value_parser = lifetime)]
+        #[arg(long, value_parser = super::positive_duration)]
         expires_in: Option<std::time::Duration>,
     },
     /// List keys (never their secrets).
@@ -51,15 +51,6 @@ fn view(key: &ApiKey) -> Value {
         "revoked_at": key.revoked_at.map(rfc3339),
         "last_used_at": key.last_used_at.map(rfc3339),
     })
-}
-
-/// A key's lifetime: a positive human duration (`humantime`: 90d, 12h, 30m, 45s, "1h 30m").
-fn lifetime(raw: &str) -> Result<std::time::Duration, String> {
-    match humantime::parse_duration(raw) {
-        Ok(duration) if duration.is_zero() => Err("the lifetime must be positive".into()),
-        Ok(duration) => Ok(duration),
-        Err(err) => Err(format!("{err}; write a duration such as 90d, 12h or 30m")),
-    }
 }
 
 fn project_id(raw: i64) -> Result<ProjectId, CliError> {

@@ -158,3 +158,12 @@ fn rfc3339(at: domain::Timestamp) -> String {
     at.format(&time::format_description::well_known::Rfc3339)
         .expect("stored times are within years 0 to 9999")
 }
+
+/// A positive human duration (`humantime`: 90d, 12h, 30m, 45s, "1h 30m"), as flags take lifetimes and periods.
+pub(crate) fn positive_duration(raw: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(raw) {
+        Ok(duration) if duration.is_zero() => Err("the duration must be positive".into()),
+        Ok(duration) => Ok(duration),
+        Err(err) => Err(format!("{err}; write a duration such as 90d, 12h or 30m")),
+    }
+}

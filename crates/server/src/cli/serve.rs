@@ -109,6 +109,16 @@ pub struct ServeArgs {
     /// client addresses, where every client shares one).
     #[arg(long, env = "ENDPOINTS_AUTH_FAILURES_PER_SEC", default_value_t = 10)]
     pub auth_failures_per_sec: u32,
+    /// How long the run log keeps records (humantime: 30d, 12h); older ones are left out and deleted by the
+    /// hour.
+    #[arg(long, env = "ENDPOINTS_LOG_RETENTION", default_value = "30d", value_parser = super::positive_duration)]
+    pub log_retention: Duration,
+    /// How often the run log's buffered records are written to the storage, in milliseconds.
+    #[arg(long, env = "ENDPOINTS_LOG_FLUSH_MS", default_value_t = 1000, value_parser = positive())]
+    pub log_flush_ms: u64,
+    /// Keep no run log: runs and refreshes are not recorded, and the logs, usage and `_logs` are empty.
+    #[arg(long, env = "ENDPOINTS_NO_RUN_LOG")]
+    pub no_run_log: bool,
 }
 
 /// A whole number of at least one.
@@ -175,6 +185,10 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
         per_project: rate(args.rate_limit_project_per_sec),
         failed_auth_per_address: rate(args.auth_failures_per_sec),
     };
+    config.run_log = (!args.no_run_log).then(|| crate::config::RunLogConfig {
+        retention: args.log_retention,
+        flush_interval: Duration::from_millis(args.log_flush_ms),
+    });
     let app = Application::build(&config)?;
     app.run_until(shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -1,0 +1,243 @@
+//! Each run answered here is logged (contract section 19): over REST by the request middleware, once the answer
+//! is known, from what authentication and the handler left in the request's extensions; over MCP by the tool
+//! call. A record names the caller's credential and the request, never a variable's value.
+//!
+//! A run is logged once its caller is known to be of the project it addresses: a request that is not
+//! authenticated, or whose credential belongs to another project, is in no project's log (anyone could write
+//! there otherwise).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use domain::{
+    EndpointName, Exported, LogKind, LogRecord, LogService, LogSource, ProjectId, RunOutcome, Timestamp,
+    Transport,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// The caller of a run route, once it is known to be of the project the path names.
+#[derive(Debug, Clone)]
+pub(crate) struct RunCaller {
+    pub(crate) project: ProjectId,
+    pub(crate) credential: String,
+}
+
+/// What the run handler tells of the run it answered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunNote {
+    pub(crate) version: Option<u32>,
+    pub(crate) rows: u64,
+    pub(crate) bytes_read: Option<u64>,
+    pub(crate) source: Option<LogSource>,
+}
+
+impl RunNote {
+    pub(crate) fn of(outcome: &RunOutcome) -> Self {
+        match outcome.run.as_deref() {
+            // `force_cache` with nothing stored: nothing was read or answered.
+            None => Self { version: None, rows: 0, bytes_read: None, source: None },
+            Some(run) => {
+                let (source, bytes_read) = if outcome.is_cached {
+                    // A cache hit read nothing.
+                    (LogSource::Cache, None)
+                } else if outcome.endpoint_materialized {
+                    (LogSource::Materialized, run.result.statistics.bytes_read)
+                } else {
+                    (LogSource::Live, run.result.statistics.bytes_read)
+                };
+                Self {
+                    version: Some(run.version),
+                    rows: run.result.row_count as u64,
+                    bytes_read,
+                    source: Some(source),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn of_export(exported: &Exported) -> Self {
+        Self {
+            version: Some(exported.version),
+            rows: exported.export.as_ref().map_or(0, |export| export.rows),
+            bytes_read: None,
+            source: Some(if exported.materialized_at.is_some() {
+                LogSource::Materialized
+            } else {
+                LogSource::Live
+            }),
+        }
+    }
+}
+
+/// The error code an error answer carried, left in the response's extensions for the log.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AnsweredCode(pub(crate) &'static str);
+
+/// A run as it is logged.
+pub(crate) struct Answered<'a> {
+    pub(crate) caller: &'a RunCaller,
+    pub(crate) endpoint: &'a str,
+    pub(crate) transport: Transport,
+    pub(crate) status: u16,
+    pub(crate) code: Option<&'static str>,
+    pub(crate) took: Duration,
+    pub(crate) note: Option<RunNote>,
+    pub(crate) request_id: Option<String>,
+}
+
+impl Answered<'_> {
+    /// Logs the run, and counts it in the endpoint's metrics.
+    pub(crate) fn log(self, logs: &LogService, metrics: &EndpointMetrics) {
+        let at = Timestamp::now_utc() - self.took;
+        // Microseconds, as the log keeps them.
+        let at = at.replace_nanosecond(at.nanosecond() / 1000 * 1000).unwrap_or(at);
+        metrics.observe(self.caller.project, self.endpoint, self.status, self.took);
+        let note = self.note;
+        logs.record(LogRecord {
+            id: uuid::Uuid::new_v4(),
+            at,
+            project: self.caller.project,
+            endpoint: self.endpoint.to_owned(),
+            version: note.and_then(|note| note.version),
+            kind: LogKind::Run,
+            status: self.status,
+            code: self.code.map(str::to_owned),
+            duration: self.took,
+            rows: note.map(|note| note.rows),
+            bytes_read: note.and_then(|note| note.bytes_read),
+            source: note.and_then(|note| note.source),
+            credential: Some(self.caller.credential.clone()),
+            transport: Some(self.transport),
+            request_id: self.request_id,
+        });
+    }
+}
+
+/// An endpoint name as a path carries it, when it can be one (others name no endpoint and are not logged).
+pub(crate) fn endpoint_of(raw: &str) -> Option<&str> {
+    EndpointName::is_valid(raw).then_some(raw)
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    project: String,
+    endpoint: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    project: String,
+    endpoint: String,
+    outcome: &'static str,
+}
+
+/// Runs and their latency per endpoint in `/metrics`, for at most [`EndpointMetrics::DEFAULT_CAP`] endpoints
+/// (or the cap given): runs of endpoints past it are counted under `project="_other", endpoint="_other"`, so a
+/// project creating endpoints cannot make the metrics grow without bound.
+pub struct EndpointMetrics {
+    cap: usize,
+    known: Mutex<HashMap<ProjectId, HashSet<String>>>,
+    runs: Family<OutcomeLabels, Counter>,
+    latency: Family<EndpointLabels, Histogram, fn() -> Histogram>,
+}
+
+impl std::fmt::Debug for EndpointMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointMetrics").field("cap", &self.cap).finish_non_exhaustive()
+    }
+}
+
+/// 0.1 ms to about 13 s.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+const OTHER: &str = "_other";
+
+impl EndpointMetrics {
+    pub const DEFAULT_CAP: usize = 1000;
+
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            known: Mutex::default(),
+            runs: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+        }
+    }
+
+    /// Exposes the metrics in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "endpoint_runs",
+            "Runs per endpoint (project and endpoint labels, capped; past the cap under _other) by outcome: ok or error",
+            self.runs.clone(),
+        );
+        registry.register(
+            "endpoint_run_duration_seconds",
+            "How long runs took per endpoint (capped as endpoint_runs is)",
+            self.latency.clone(),
+        );
+    }
+
+    fn observe(&self, project: ProjectId, endpoint: &str, status: u16, took: Duration) {
+        let counted = {
+            let mut known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if known.get(&project).is_some_and(|names| names.contains(endpoint)) {
+                true
+            } else if known.values().map(HashSet::len).sum::<usize>() < self.cap {
+                known.entry(project).or_default().insert(endpoint.to_owned());
+                true
+            } else {
+                false
+            }
+        };
+        let (project, endpoint) =
+            if counted { (project.to_string(), endpoint.to_owned()) } else { (OTHER.into(), OTHER.into()) };
+        let outcome = if status >= 400 { "error" } else { "ok" };
+        let labels = EndpointLabels { project, endpoint };
+        self.latency.get_or_create(&labels).observe(took.as_secs_f64());
+        let EndpointLabels { project, endpoint } = labels;
+        self.runs.get_or_create(&OutcomeLabels { project, endpoint, outcome }).inc();
+    }
+}
+
+impl Default for EndpointMetrics {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_CAP)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_past_the_cap_are_counted_together() {
+        let metrics = EndpointMetrics::new(2);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let project = ProjectId::new(3).unwrap();
+        for name in ["a", "b", "a", "c", "d"] {
+            metrics.observe(project, name, 200, Duration::from_millis(2));
+        }
+        metrics.observe(project, "b", 500, Duration::from_millis(2));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let runs = |labels: &str| {
+            text.lines()
+                .find(|line| line.starts_with("endpoint_runs_total{") && line.contains(labels))
+                .and_then(|line| line.rsplit(' ').next())
+                .map(str::to_owned)
+        };
+        assert_eq!(runs(r#"project="3",endpoint="a",outcome="ok""#).as_deref(), Some("2"), "{text}");
+        assert_eq!(runs(r#"project="3",endpoint="b",outcome="error""#).as_deref(), Some("1"));
+        assert_eq!(runs(r#"project="_other",endpoint="_other",outcome="ok""#).as_deref(), Some("2"));
+        assert!(!text.contains(r#"endpoint="c""#) && !text.contains(r#"endpoint="d""#));
+    }
+}
