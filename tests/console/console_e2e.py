@@ -271,10 +271,11 @@ def logs_and_usage(page):
     requests = int(page.get_by_test_id("usage-requests").inner_text().replace(",", ""))
     assert requests >= 5, requests
     expect(page.get_by_test_id("usage-errors")).to_contain_text("0 (0.0%)")
+    shot(page, "07c-usage-by-minute")
     page.get_by_test_id("usage-interval").select_option("hour")
     expect(page.get_by_test_id("usage-chart").locator("canvas")).to_be_visible()
     accessible(page, "usage")
-    shot(page, "07c-usage")
+    shot(page, "07d-usage-by-hour")
 
 
 def share(page, base):

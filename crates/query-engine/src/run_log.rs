@@ -185,7 +185,7 @@ impl ParquetRunLog {
         while let Some(((project, hour), mut records)) = groups.next() {
             records.sort_by(|a, b| a.endpoint.cmp(&b.endpoint).then(a.at.cmp(&b.at)));
             let number = self.inner.next.fetch_add(1, Ordering::Relaxed);
-            let path = hour_prefix(project, hour).join(file_name(&self.inner.node, number, number));
+            let path = hour_prefix(project, hour).join(file_name(&self.inner.node, 0, number, number));
             let written = match batch(&records).and_then(|batch| parquet(&[batch])) {
                 Ok(bytes) => {
                     self.inner.storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)
@@ -256,41 +256,75 @@ impl ParquetRunLog {
         Ok(())
     }
 
-    /// Merges this node's visible files of the hour into one, and deletes its files that were merged before
-    /// the grace; says whether files merged within the grace are left.
+    /// Merges this node's files of the hour by levels, and deletes its files that were merged before the grace;
+    /// says whether files merged within the grace are left.
+    ///
+    /// A flush writes a file of level 0; [`MERGE_AT`] files of one level that end the node's files (in flush
+    /// order) become one of the next level, so a record is written again once per level (a handful, whatever
+    /// the traffic) rather than at every merge, and an hour keeps fewer than [`MERGE_AT`] files per level. A
+    /// closed hour's files become one.
     async fn merge(&self, project: ProjectId, hour: Timestamp, now: Timestamp) -> Result<bool, EngineError> {
         let storage = &self.inner.storage;
         let prefix = hour_prefix(project, hour);
         let listed = storage.objects(&prefix).await.map_err(unavailable)?;
         let (visible, covered) = split(listed);
-        let own: Vec<_> = visible.iter().filter(|file| file.node == self.inner.node).collect();
-        if own.len() > 1 {
-            let first = own.iter().map(|file| file.first).min().expect("more than one file");
-            let last = own.iter().map(|file| file.last).max().expect("more than one file");
-            let ctx = crate::catalog::empty_session(storage, None, None)?;
-            let urls = own.iter().map(|file| storage.url_of_object(&file.meta.location)).collect();
-            let frame = read(&ctx, urls)
-                .await?
-                .sort(vec![col("endpoint").sort(true, false), col("at").sort(true, false)]);
-            let batches = frame
-                .map_err(crate::execute::storage_error)?
-                .collect()
-                .await
-                .map_err(crate::execute::storage_error)?;
-            let bytes = parquet(&batches)?;
-            let path = prefix.join(file_name(&self.inner.node, first, last));
-            storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)?;
+        let mut own: Vec<LogFile> = visible.into_iter().filter(|file| file.node == self.inner.node).collect();
+        own.sort_by_key(|file| file.first);
+        let mut merged = false;
+        loop {
+            let Some(level) = own.last().map(|file| file.level) else { break };
+            let run = own.iter().rev().take_while(|file| file.level == level).count();
+            let whole = closed(hour, now) && own.len() > 1;
+            let take = if whole {
+                own.len()
+            } else if run >= MERGE_AT {
+                run
+            } else {
+                break;
+            };
+            let parts = own.split_off(own.len() - take);
+            let level = parts.iter().map(|file| file.level).max().map_or(0, |top| top + 1);
+            own.push(self.merge_files(&prefix, &parts, level).await?);
+            merged = true;
         }
         let (gone, left): (Vec<_>, Vec<_>) = covered
             .into_iter()
             .filter(|file| file.node == self.inner.node)
-            .partition(|file| age(&file.meta, now) > GRACE);
-        storage
-            .delete(gone.into_iter().map(|file| file.meta.location).collect())
-            .await
-            .map_err(unavailable)?;
+            .partition(|file| age(file.modified, now) > GRACE);
+        storage.delete(gone.into_iter().map(|file| file.location).collect()).await.map_err(unavailable)?;
         // A merge made now leaves what it merged for the grace.
-        Ok(!left.is_empty() || own.len() > 1)
+        Ok(!left.is_empty() || merged)
+    }
+
+    /// Writes `parts` (consecutive files of this node in an hour) as one file of `level` holding their
+    /// numbers, its rows sorted by endpoint and time.
+    async fn merge_files(
+        &self,
+        prefix: &ObjectPath,
+        parts: &[LogFile],
+        level: u32,
+    ) -> Result<LogFile, EngineError> {
+        let storage = &self.inner.storage;
+        let err = crate::execute::storage_error;
+        let first = parts.iter().map(|file| file.first).min().expect("a merge of files");
+        let last = parts.iter().map(|file| file.last).max().expect("a merge of files");
+        let ctx = crate::catalog::empty_session(storage, None, None)?;
+        let urls = parts.iter().map(|file| storage.url_of_object(&file.location)).collect();
+        let sorted = read(&ctx, urls)
+            .await?
+            .sort(vec![col("endpoint").sort(true, false), col("at").sort(true, false)]);
+        let batches = sorted.map_err(err)?.collect().await.map_err(err)?;
+        let bytes = parquet(&batches)?;
+        let path = prefix.clone().join(file_name(&self.inner.node, level, first, last));
+        storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)?;
+        Ok(LogFile {
+            location: path,
+            modified: Timestamp::now_utc(),
+            node: self.inner.node.clone(),
+            level,
+            first,
+            last,
+        })
     }
 
     /// Deletes the hours of every project that ended before the retention.
@@ -488,7 +522,7 @@ async fn visible_files(
             continue;
         }
         let listed = storage.objects(&logs.clone().join(name.as_str())).await.map_err(unavailable)?;
-        urls.extend(split(listed).0.into_iter().map(|file| storage.url_of_object(&file.meta.location)));
+        urls.extend(split(listed).0.into_iter().map(|file| storage.url_of_object(&file.location)));
     }
     Ok(urls)
 }
@@ -538,32 +572,38 @@ fn closed(hour: Timestamp, now: Timestamp) -> bool {
     hour + time::Duration::HOUR + CLOSED_AFTER <= now
 }
 
-fn age(meta: &ObjectMeta, now: Timestamp) -> Duration {
-    let modified = crate::table_store::instant(meta);
+fn age(modified: Timestamp, now: Timestamp) -> Duration {
     Duration::try_from(now - modified).unwrap_or(Duration::ZERO)
 }
 
-fn file_name(node: &str, first: u64, last: u64) -> String {
-    format!("{node}_{first:016x}_{last:016x}.parquet")
+/// `{node}_{level}_{first}_{last}.parquet`, the numbers in hexadecimal.
+fn file_name(node: &str, level: u32, first: u64, last: u64) -> String {
+    format!("{node}_{level}_{first:016x}_{last:016x}.parquet")
 }
 
 /// A log file and what its name says.
 #[derive(Debug)]
 struct LogFile {
-    meta: ObjectMeta,
+    location: ObjectPath,
+    /// When it was written.
+    modified: Timestamp,
     node: String,
+    /// How many merges its records went through: 0 for a flush's file.
+    level: u32,
     first: u64,
     last: u64,
 }
 
 impl LogFile {
     fn of(meta: ObjectMeta) -> Option<Self> {
-        let name = meta.location.filename()?.strip_suffix(".parquet")?;
-        let mut parts = name.rsplitn(3, '_');
+        let name = meta.location.filename()?.strip_suffix(".parquet")?.to_owned();
+        let mut parts = name.rsplitn(4, '_');
         let last = u64::from_str_radix(parts.next()?, 16).ok()?;
         let first = u64::from_str_radix(parts.next()?, 16).ok()?;
+        let level = parts.next()?.parse().ok()?;
         let node = parts.next()?.to_owned();
-        (first <= last).then_some(Self { meta, node, first, last })
+        let modified = crate::table_store::instant(&meta);
+        (first <= last).then_some(Self { location: meta.location, modified, node, level, first, last })
     }
 
     /// Whether `other` holds this file's records (and more).

@@ -35,6 +35,17 @@ fn record(project_id: i64, endpoint: &str, at: Timestamp, n: u64) -> LogRecord {
     }
 }
 
+/// `start`, or a start before it, so that `seconds` from it stay in one hour (merges are per hour).
+fn within_one_hour(start: Timestamp, seconds: i64) -> Timestamp {
+    let end = start + time::Duration::seconds(seconds);
+    if end.hour() == start.hour() {
+        start
+    } else {
+        end.replace_time(time::Time::MIDNIGHT) + time::Duration::hours(i64::from(end.hour()))
+            - time::Duration::seconds(seconds + 1)
+    }
+}
+
 fn all(limit: u32) -> LogFilter {
     LogFilter { since: None, until: None, kind: None, status: None, limit, cursor: None }
 }
@@ -51,7 +62,7 @@ async fn records_read_back_whole_paged_filtered_and_merged_per_project() {
     let dir = temp_dir("run-log");
     let storage = Storage::local(&dir).unwrap();
     let log = ParquetRunLog::new(storage.clone(), LogSettings::default());
-    let start = now() - time::Duration::seconds(100);
+    let start = within_one_hour(now() - time::Duration::seconds(100), 60);
     let mut written = Vec::new();
     // Twelve flushes of five records each for project 1 (across two endpoints), and one for project 2.
     for flush in 0..12_u64 {
@@ -195,4 +206,44 @@ async fn logs_are_a_table_of_the_projects_own_records_within_the_retention() {
     log.maintain(now).await.unwrap();
     assert_eq!(hours(), 1);
     assert_eq!(log.records(project(1), "kpi", &all(10)).await.unwrap().len(), 3);
+}
+
+/// Merges go by levels: eight flushed files become one, eight of those one more, and the records read the same
+/// at every step; a record is written again once per level, and an hour keeps a few files.
+#[tokio::test]
+async fn merges_go_by_levels_and_lose_nothing() {
+    let dir = temp_dir("run-log-levels");
+    let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), LogSettings::default());
+    // Ahead of now, so that the hour never closes while the test runs (a closed hour is merged whole).
+    let start = within_one_hour(now() + time::Duration::minutes(10), 130);
+    let files = || -> Vec<String> {
+        let hours: Vec<_> = std::fs::read_dir(dir.join("projects/1/logs")).unwrap().collect();
+        assert_eq!(hours.len(), 1);
+        let mut names: Vec<_> = std::fs::read_dir(hours[0].as_ref().unwrap().path())
+            .unwrap()
+            .map(|f| f.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let level = |name: &str| name.split('_').nth(1).unwrap().to_owned();
+    let mut n = 0;
+    for round in 1..=8 {
+        for _ in 0..8 {
+            log.record(record(1, "kpi", start + time::Duration::seconds(n as i64), n));
+            n += 1;
+            log.flush().await.unwrap();
+        }
+        // Past the grace: the merged files go at once, and what is left is what readers read.
+        log.maintain(now() + LOG_MERGE_GRACE + time::Duration::SECOND).await.unwrap();
+        log.maintain(now() + LOG_MERGE_GRACE * 2).await.unwrap();
+        let names = files();
+        let levels: Vec<_> = names.iter().map(|name| level(name)).collect();
+        if round < 8 {
+            assert_eq!(levels, vec!["1".to_owned(); round], "{names:?}");
+        } else {
+            assert_eq!(levels, ["2"], "eight files of level 1 became one of level 2: {names:?}");
+        }
+        assert_eq!(log.records(project(1), "kpi", &all(1000)).await.unwrap().len() as u64, n);
+    }
 }
