@@ -254,6 +254,12 @@ bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (strea
 	cargo build --release --locked -p server --features bench,ballista --bins
 	$(VENV)/bin/python tests/bench/bench.py --only appends --duckdb-python $(VENV)/bin/python
 
+.PHONY: bench-logs
+bench-logs: deps ## Scenario 12 of make bench alone (cached runs with the run log on and off, usage over a million records) into docs/benchmarks.md.
+	@mkdir -p target
+	cargo build --release --locked -p server --features bench,ballista --bins
+	python3 tests/bench/bench.py --only logs --rows $(BENCH_ROWS)
+
 .PHONY: bench-fresh
 bench-fresh: deps ## Scenario 11 of make bench alone (folds against full refreshes, materialized runs while rows stream in; BENCH_ROWS events) into docs/benchmarks.md.
 	@mkdir -p target

@@ -29,7 +29,10 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
      rows of one 1,000-row append folded into it (the refresh worker's own timings, from /metrics); and its
      materialized runs against live runs while rows stream in at 100 appends a second.
 
-`--only isolation`, `--only appends` and `--only fresh` run scenario 9, 10 or 11 alone (the first two on a small
+  12. run logs: cached runs with the run log on against off, then `usage`, `logs` and SQL over `_logs` once the
+     log holds a million records of the endpoint.
+
+`--only isolation`, `--only appends`, `--only fresh` and `--only logs` run scenario 9, 10, 11 or 12 alone (the first two on a small
 data directory of their own, the third on `--rows` events) and replace only its section.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md (older runs are in git).
@@ -1071,6 +1074,89 @@ def write_fresh(args, figures):
     write_section(args, FRESH_MARKER, fresh_section(figures))
 
 
+LOGS_MARKER = "<!-- scenario 12, written by make bench -->"
+# Scenario 12 loads the cached run until the run log holds at least this many records.
+LOG_RECORDS = 1_000_000
+
+
+def log_records(app):
+    """Records the run log holds for events-by-country, by SQL over `_logs`."""
+    path = "/api/projects/1/endpoints/log-count/run?refresh=direct"
+    return json.loads(app.request("GET", path))["results"][0]["n"]
+
+
+def run_logs(args, app):
+    """Scenario 12: cached runs with the run log on against off (alternating, so a slow spell lands on both), then
+    the usage of the endpoint over a million of its own records."""
+    quiet = ("--materialize-workers", "0")
+    app.stop()
+    on, off = [], []
+    for _ in range(args.rounds):
+        for logging, figures in ((("--no-run-log",), off), ((), on)):
+            app.start(*quiet, *logging)
+            try:
+                app.request("GET", LIVE_PATH)
+                figures.append(wrk(app.base + LIVE_PATH, app.key, args.seconds))
+            finally:
+                app.stop()
+    app.start(*quiet)
+    try:
+        app.request("POST", "/api/projects/1/endpoints", {"name": "log-count", "query": {"kind": "SQLQuery",
+                    "query": "SELECT count(*) AS n FROM _logs WHERE endpoint = 'events-by-country'"}})
+        time.sleep(2)
+        records, loaded = log_records(app), 0
+        while records < LOG_RECORDS:
+            wrk(app.base + LIVE_PATH, app.key, 15)
+            time.sleep(2)
+            records = log_records(app)
+            log(f"run log: {records:,} records")
+        count_ms, _ = app.timed("/api/projects/1/endpoints/log-count/run?refresh=direct", args.live_rounds)
+        usage = {}
+        for interval in ("minute", "hour"):
+            path = f"/api/projects/1/endpoints/events-by-country/usage?interval={interval}"
+            usage[interval], answers = app.timed(path, args.live_rounds * 2)
+            counted = sum(b["requests"] for b in answers[-1]["buckets"])
+            assert counted >= LOG_RECORDS, f"usage by {interval} counted {counted:,} runs"
+        logs_ms, _ = app.timed("/api/projects/1/endpoints/events-by-country/logs?limit=100", args.live_rounds * 2)
+        hours = os.path.join(app.data_dir, "projects", "1", "logs")
+        files = sum(len(os.listdir(os.path.join(hours, h))) for h in os.listdir(hours))
+    finally:
+        app.stop()
+    return {"on": median_of(on), "off": median_of(off), "records": records, "usage_minute_ms": usage["minute"],
+            "usage_hour_ms": usage["hour"], "count_ms": count_ms, "logs_ms": logs_ms, "files": files}
+
+
+def logs_section(f):
+    ratio = f["on"]["rps"] / f["off"]["rps"]
+    lines = [
+        f"**Run logs** (scenario 12, {datetime.date.today().isoformat()}; release build, local storage, SQLite; the "
+        "cached run of scenario 1 at 64 connections, the server started alternately with and without its run log; "
+        "then loaded until the log held a million records of that endpoint).",
+        "",
+        "| Measure | Figure | Baseline | Ratio | Target |",
+        "|---|---|---|---|---|",
+        f"| cached runs with the run log on | {f['on']['rps']:,.0f} req/s (p99 {f['on']['p99']:.2f} ms) | "
+        f"with `--no-run-log`: {f['off']['rps']:,.0f} req/s (p99 {f['off']['p99']:.2f} ms) | {ratio:.2f}x | "
+        f">= 0.95x: {check(ratio >= 0.95)} |",
+        f"| `usage?interval=minute` over {f['records']:,} records | {f['usage_minute_ms']:.1f} ms | | | < 100 ms: "
+        f"{check(f['usage_minute_ms'] < 100)} |",
+        f"| `usage` (by hour, a day) over the same | {f['usage_hour_ms']:.1f} ms | | | < 100 ms: "
+        f"{check(f['usage_hour_ms'] < 100)} |",
+        f"| `logs?limit=100` (newest first) | {f['logs_ms']:.1f} ms | | | |",
+        f"| `SELECT count(*) FROM _logs WHERE endpoint = ...` | {f['count_ms']:.1f} ms | | | |",
+        "",
+        f"The log's files after the load: {f['files']} (merged by levels per node and hour). How to read it: the "
+        "first row is what logging costs the hot path (a record taken into memory per run; written every second "
+        "off the request's path); the others are what a team's reads of a busy endpoint's log cost.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_logs(args, figures):
+    write_section(args, LOGS_MARKER, logs_section(figures))
+
+
 def machine():
     model = "unknown CPU"
     try:
@@ -1108,7 +1194,7 @@ def main():
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
     parser.add_argument("--duckdb-python", default=None)
     parser.add_argument("--out", default="docs/benchmarks.md")
-    parser.add_argument("--only", choices=["isolation", "appends", "fresh"], default=None)
+    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs"], default=None)
     args = parser.parse_args()
     began = time.perf_counter()
     root = tempfile.mkdtemp(prefix="endpoints-bench-", dir=os.path.abspath("target"))
@@ -1116,6 +1202,9 @@ def main():
         try:
             if args.only == "isolation":
                 write_isolation(args, isolation(args, root))
+            elif args.only == "logs":
+                app = make_dataset(args.bin_dir, root, args.rows)
+                write_logs(args, run_logs(args, app))
             elif args.only == "fresh":
                 app = make_dataset(args.bin_dir, root, args.rows)
                 writer = app.cli("key", "create", "--project", "1", "--scope", "table:write")["key"]
@@ -1290,6 +1379,7 @@ def main():
             log(f"CRUD on {name}: " + ", ".join(f"{k} {v['rps']:.0f}/s" for k, v in figures["crud"][name].items()))
         isolated = isolation(args, root)
         streamed = appends(args, root)
+        logged = run_logs(args, main_app)
     finally:
         for app in list(locals().get("apps", {}).values()) + list(locals().get("backends", {}).values()):
             app.stop()
@@ -1299,6 +1389,7 @@ def main():
     write_isolation(args, isolated)
     write_appends(args, streamed)
     write_fresh(args, fresh_figures)
+    write_logs(args, logged)
 
 
 def write_report(args, f):

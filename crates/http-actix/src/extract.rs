@@ -194,8 +194,10 @@ fn note_run_caller(req: &HttpRequest, principal: &Principal) {
         _ => false,
     };
     if own {
-        req.extensions_mut()
-            .insert(RunCaller { project: principal.project_id, credential: principal.logged_as() });
+        req.extensions_mut().insert(RunCaller {
+            project: principal.project_id,
+            credential: std::sync::Arc::clone(&principal.label),
+        });
     }
 }
 

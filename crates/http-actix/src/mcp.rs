@@ -335,7 +335,7 @@ impl ServerHandler for EndpointTools {
             let request_id =
                 crate::request_context::RequestContext::current(|request| request.id().to_owned());
             Answered {
-                caller: &RunCaller { project: caller.project_id, credential: caller.logged_as() },
+                caller: &RunCaller { project: caller.project_id, credential: Arc::clone(&caller.label) },
                 endpoint,
                 transport: Transport::Mcp,
                 status,

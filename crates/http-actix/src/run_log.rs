@@ -6,8 +6,8 @@
 //! authenticated, or whose credential belongs to another project, is in no project's log (anyone could write
 //! there otherwise).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use domain::{
@@ -24,7 +24,7 @@ use prometheus_client::registry::Registry;
 #[derive(Debug, Clone)]
 pub(crate) struct RunCaller {
     pub(crate) project: ProjectId,
-    pub(crate) credential: String,
+    pub(crate) credential: Arc<str>,
 }
 
 /// What the run handler tells of the run it answered.
@@ -99,7 +99,8 @@ impl Answered<'_> {
         metrics.observe(self.caller.project, self.endpoint, self.status, self.took);
         let note = self.note;
         logs.record(LogRecord {
-            id: uuid::Uuid::new_v4(),
+            // A random (version 4) id from the thread's generator: no system call per run.
+            id: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
             at,
             project: self.caller.project,
             endpoint: self.endpoint.to_owned(),
@@ -141,9 +142,25 @@ struct OutcomeLabels {
 /// project creating endpoints cannot make the metrics grow without bound.
 pub struct EndpointMetrics {
     cap: usize,
-    known: Mutex<HashMap<ProjectId, HashSet<String>>>,
+    /// Each counted endpoint's series, found without building its labels again.
+    known: Mutex<Known>,
+    other: Series,
     runs: Family<OutcomeLabels, Counter>,
     latency: Family<EndpointLabels, Histogram, fn() -> Histogram>,
+}
+
+#[derive(Default)]
+struct Known {
+    endpoints: HashMap<ProjectId, HashMap<Box<str>, Series>>,
+    count: usize,
+}
+
+/// One endpoint's series (shared with the families that encode them).
+#[derive(Clone)]
+struct Series {
+    latency: Histogram,
+    ok: Counter,
+    error: Counter,
 }
 
 impl std::fmt::Debug for EndpointMetrics {
@@ -163,12 +180,10 @@ impl EndpointMetrics {
     pub const DEFAULT_CAP: usize = 1000;
 
     pub fn new(cap: usize) -> Self {
-        Self {
-            cap,
-            known: Mutex::default(),
-            runs: Family::default(),
-            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
-        }
+        let runs = Family::default();
+        let latency = Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let other = series(&runs, &latency, OTHER.into(), OTHER.into());
+        Self { cap, known: Mutex::default(), other, runs, latency }
     }
 
     /// Exposes the metrics in `registry`.
@@ -186,25 +201,36 @@ impl EndpointMetrics {
     }
 
     fn observe(&self, project: ProjectId, endpoint: &str, status: u16, took: Duration) {
-        let counted = {
-            let mut known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if known.get(&project).is_some_and(|names| names.contains(endpoint)) {
-                true
-            } else if known.values().map(HashSet::len).sum::<usize>() < self.cap {
-                known.entry(project).or_default().insert(endpoint.to_owned());
-                true
-            } else {
-                false
+        let mut known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let known = &mut *known;
+        let found = known.endpoints.get(&project).and_then(|names| names.get(endpoint));
+        let series = match found {
+            Some(series) => series,
+            None if known.count < self.cap => {
+                known.count += 1;
+                let made = series(&self.runs, &self.latency, project.to_string(), endpoint.to_owned());
+                known.endpoints.entry(project).or_default().entry(endpoint.into()).or_insert(made)
             }
+            None => &self.other,
         };
-        let (project, endpoint) =
-            if counted { (project.to_string(), endpoint.to_owned()) } else { (OTHER.into(), OTHER.into()) };
-        let outcome = if status >= 400 { "error" } else { "ok" };
-        let labels = EndpointLabels { project, endpoint };
-        self.latency.get_or_create(&labels).observe(took.as_secs_f64());
-        let EndpointLabels { project, endpoint } = labels;
-        self.runs.get_or_create(&OutcomeLabels { project, endpoint, outcome }).inc();
+        series.latency.observe(took.as_secs_f64());
+        if status >= 400 { &series.error } else { &series.ok }.inc();
     }
+}
+
+/// The series of one endpoint, made in the families.
+fn series(
+    runs: &Family<OutcomeLabels, Counter>,
+    latency: &Family<EndpointLabels, Histogram, fn() -> Histogram>,
+    project: String,
+    endpoint: String,
+) -> Series {
+    let outcome = |outcome| OutcomeLabels { project: project.clone(), endpoint: endpoint.clone(), outcome };
+    // One statement each: a family's guard lives to the end of its statement, and the next may need to write.
+    let ok = runs.get_or_create(&outcome("ok")).clone();
+    let error = runs.get_or_create(&outcome("error")).clone();
+    let latency = latency.get_or_create(&EndpointLabels { project, endpoint }).clone();
+    Series { latency, ok, error }
 }
 
 impl Default for EndpointMetrics {
@@ -239,5 +265,7 @@ mod tests {
         assert_eq!(runs(r#"project="3",endpoint="b",outcome="error""#).as_deref(), Some("1"));
         assert_eq!(runs(r#"project="_other",endpoint="_other",outcome="ok""#).as_deref(), Some("2"));
         assert!(!text.contains(r#"endpoint="c""#) && !text.contains(r#"endpoint="d""#));
+        // An endpoint's error series exists from its first run (0 until it fails).
+        assert_eq!(runs(r#"project="3",endpoint="a",outcome="error""#).as_deref(), Some("0"));
     }
 }

@@ -3,10 +3,11 @@
 //!
 //! A record is taken into memory ([`ParquetRunLog::record`], a push under a lock) and written with the others
 //! by [`ParquetRunLog::flush`], which the server calls on a timer: one file per project and hour per flush,
-//! `projects/{id}/logs/{YYYY-MM-DDTHH}/{node}_{first}_{last}.parquet`, its rows sorted by endpoint and time so
-//! that a reader of one endpoint skips the row groups of others. `node` is drawn once per process, and
-//! `first..=last` are the flush numbers the file holds: a flush writes one (`first == last`), and
-//! [`ParquetRunLog::maintain`] merges a node's files of an hour into one holding all their numbers. A reader
+//! `projects/{id}/logs/{YYYY-MM-DDTHH}/{node}_{level}_{first}_{last}.parquet`, its rows sorted by endpoint and
+//! time so that a reader of one endpoint skips the row groups of others. `node` is drawn once per process, and
+//! `first..=last` are the flush numbers the file holds: a flush writes one of level 0 (`first == last`), and
+//! [`ParquetRunLog::maintain`] merges a node's newest files of an hour, [`MERGE_AT`] of one level, into one of
+//! the next level holding all their numbers (a closed hour's into one). A reader
 //! lists the hour, and leaves out each file whose numbers another file of its node holds, so a merge is seen
 //! whole or not at all; the files merged are deleted only after [`GRACE`], longer than a query may run. Only a
 //! node writes and merges its own files, so nodes never race; flushes and merges of a node take turns.
@@ -32,11 +33,12 @@ use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::{col, lit, EmptyRelation, Expr, LogicalPlan, SortExpr};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
-use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+use datafusion::parquet::schema::types::ColumnPath;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use domain::{
-    EngineError, LogFilter, LogKind, LogRecord, LogSource, ProjectId, RunLog, StatusFilter, Timestamp,
-    Transport, UsageAccumulator, UsageBucket, UsageQuery, UsageSample,
+    unix_micros, EngineError, LogFilter, LogKind, LogRecord, LogSource, ProjectId, RunLog, StatusFilter,
+    Timestamp, Transport, UsageAccumulator, UsageBucket, UsageQuery, UsageSample,
 };
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
@@ -182,11 +184,19 @@ impl ParquetRunLog {
         }
         let mut count = 0;
         let mut groups = groups.into_iter();
-        while let Some(((project, hour), mut records)) = groups.next() {
-            records.sort_by(|a, b| a.endpoint.cmp(&b.endpoint).then(a.at.cmp(&b.at)));
+        while let Some(((project, hour), records)) = groups.next() {
             let number = self.inner.next.fetch_add(1, Ordering::Relaxed);
             let path = hour_prefix(project, hour).join(file_name(&self.inner.node, 0, number, number));
-            let written = match batch(&records).and_then(|batch| parquet(&[batch])) {
+            // Sorting and encoding are CPU work: off the runtime's threads.
+            let (records, encoded) = tokio::task::spawn_blocking(move || {
+                let mut records = records;
+                records.sort_by(|a, b| a.endpoint.cmp(&b.endpoint).then(a.at.cmp(&b.at)));
+                let encoded = batch(&records).and_then(|batch| parquet(&[batch], 0));
+                (records, encoded)
+            })
+            .await
+            .map_err(|e| EngineError::Internal(Box::new(e)))?;
+            let written = match encoded {
                 Ok(bytes) => {
                     self.inner.storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)
                 }
@@ -310,11 +320,9 @@ impl ParquetRunLog {
         let last = parts.iter().map(|file| file.last).max().expect("a merge of files");
         let ctx = crate::catalog::empty_session(storage, None, None)?;
         let urls = parts.iter().map(|file| storage.url_of_object(&file.location)).collect();
-        let sorted = read(&ctx, urls)
-            .await?
-            .sort(vec![col("endpoint").sort(true, false), col("at").sort(true, false)]);
+        let sorted = read_sorted(&ctx, urls).await?.sort(file_order());
         let batches = sorted.map_err(err)?.collect().await.map_err(err)?;
-        let bytes = parquet(&batches)?;
+        let bytes = parquet(&batches, level)?;
         let path = prefix.clone().join(file_name(&self.inner.node, level, first, last));
         storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)?;
         Ok(LogFile {
@@ -406,7 +414,8 @@ impl RunLog for ParquetRunLog {
         let until = match (filter.until, filter.cursor) {
             // Records at the cursor's instant are still to come (after its id).
             (until, Some(cursor)) => {
-                Some(until.map_or(cursor.at, |until| until.min(cursor.at)) + time::Duration::MICROSECOND)
+                let at = until.map_or(cursor.at, |until| until.min(cursor.at));
+                Some(at.checked_add(time::Duration::MICROSECOND).unwrap_or(at))
             }
             (until, None) => until,
         };
@@ -432,8 +441,24 @@ impl RunLog for ParquetRunLog {
                 .filter(col("at").lt(at.clone()).or(col("at").eq(at).and(col("id").lt(id))))
                 .map_err(err)?;
         }
-        let newest_first: Vec<SortExpr> = vec![col("at").sort(false, false), col("id").sort(false, false)];
         let wanted = usize::try_from(filter.limit).expect("a page's limit is at most 1000") + 1;
+        // The page's oldest instant first, from the time column alone; then whole records from that instant on,
+        // which the files' row-group statistics mostly skip (a busy endpoint's page is its last second).
+        let newest =
+            frame.clone().select_columns(&["at"]).and_then(|f| f.sort(vec![col("at").sort(false, false)]));
+        let times =
+            newest.and_then(|f| f.limit(0, Some(wanted))).map_err(err)?.collect().await.map_err(err)?;
+        let oldest = times
+            .iter()
+            .flat_map(|b| b.column(0).as_primitive::<TimestampMicrosecondType>().values().iter())
+            .min();
+        if let Some(oldest) =
+            oldest.filter(|_| times.iter().map(RecordBatch::num_rows).sum::<usize>() == wanted)
+        {
+            let at = lit(ScalarValue::TimestampMicrosecond(Some(*oldest), Some("UTC".into())));
+            frame = frame.filter(col("at").gt_eq(at)).map_err(err)?;
+        }
+        let newest_first: Vec<SortExpr> = vec![col("at").sort(false, false), col("id").sort(false, false)];
         let batches = frame.sort(newest_first).and_then(|f| f.limit(0, Some(wanted))).map_err(err)?;
         let batches = batches.collect().await.map_err(err)?;
         let mut found = Vec::with_capacity(wanted);
@@ -468,7 +493,7 @@ impl RunLog for ParquetRunLog {
             let bytes = batch.column(5).as_primitive::<UInt64Type>();
             for i in 0..batch.num_rows() {
                 usage.add(&UsageSample {
-                    at: from_micros(at.value(i))?,
+                    at_micros: at.value(i),
                     status: status.value(i),
                     source: source.is_valid(i).then(|| LogSource::parse(source.value(i)).ok()).flatten(),
                     duration_ms: duration.value(i),
@@ -525,6 +550,18 @@ async fn visible_files(
         urls.extend(split(listed).0.into_iter().map(|file| storage.url_of_object(&file.location)));
     }
     Ok(urls)
+}
+
+/// The order of every log file's rows.
+fn file_order() -> Vec<SortExpr> {
+    vec![col("endpoint").sort(true, false), col("at").sort(true, false)]
+}
+
+/// A frame over log files that knows each is sorted by [`file_order`], so a merge of them in that order is a
+/// streaming merge rather than a sort.
+async fn read_sorted(ctx: &SessionContext, urls: Vec<String>) -> Result<DataFrame, EngineError> {
+    let options = ParquetReadOptions::default().schema(&SCHEMA).file_sort_order(vec![file_order()]);
+    ctx.read_parquet(urls, options).await.map_err(crate::execute::storage_error)
 }
 
 /// A frame over log files.
@@ -633,9 +670,7 @@ fn split(listed: Vec<ObjectMeta>) -> (Vec<LogFile>, Vec<LogFile>) {
 }
 
 fn instant(at: Timestamp) -> Expr {
-    let micros =
-        i64::try_from(at.unix_timestamp_nanos() / 1000).expect("a timestamp within the years 0..9999");
-    lit(ScalarValue::TimestampMicrosecond(Some(micros), Some("UTC".into())))
+    lit(ScalarValue::TimestampMicrosecond(Some(unix_micros(at)), Some("UTC".into())))
 }
 
 fn from_micros(micros: i64) -> Result<Timestamp, EngineError> {
@@ -648,12 +683,11 @@ fn batch(records: &[LogRecord]) -> Result<RecordBatch, EngineError> {
     let text = |f: &dyn Fn(&LogRecord) -> Option<&str>| -> ArrayRef {
         Arc::new(records.iter().map(f).collect::<StringArray>())
     };
-    let micros = |at: Timestamp| i64::try_from(at.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX);
     let ids: Vec<String> = records.iter().map(|r| r.id.to_string()).collect();
     let columns: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from_iter_values(ids)),
         Arc::new(
-            TimestampMicrosecondArray::from_iter_values(records.iter().map(|r| micros(r.at)))
+            TimestampMicrosecondArray::from_iter_values(records.iter().map(|r| unix_micros(r.at)))
                 .with_timezone("UTC"),
         ),
         text(&|r| Some(r.endpoint.as_str())),
@@ -672,13 +706,21 @@ fn batch(records: &[LogRecord]) -> Result<RecordBatch, EngineError> {
     RecordBatch::try_new(SCHEMA.clone(), columns).map_err(|e| EngineError::Internal(Box::new(e)))
 }
 
-/// Batches as the bytes of one Parquet file (zstd; statistics per page, for pruning by endpoint and time).
-fn parquet(batches: &[RecordBatch]) -> Result<Vec<u8>, EngineError> {
+/// Batches as the bytes of one Parquet file, with statistics for pruning by endpoint and time. A flush's file
+/// (level 0) is written fast (LZ4) on the serving machine every second; merged ones small (zstd). The ids are
+/// random: no dictionary and no statistics are tried on them.
+fn parquet(batches: &[RecordBatch], level: u32) -> Result<Vec<u8>, EngineError> {
     let internal = |e: datafusion::parquet::errors::ParquetError| EngineError::Internal(Box::new(e));
-    let properties = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .set_max_row_group_row_count(Some(64 * 1024))
-        .build();
+    let compression = if level == 0 { Compression::LZ4_RAW } else { Compression::ZSTD(ZstdLevel::default()) };
+    let mut properties =
+        WriterProperties::builder().set_compression(compression).set_max_row_group_row_count(Some(64 * 1024));
+    for random in ["id", "request_id"] {
+        let column = ColumnPath::from(random);
+        properties = properties
+            .set_column_dictionary_enabled(column.clone(), false)
+            .set_column_statistics_enabled(column, EnabledStatistics::None);
+    }
+    let properties = properties.build();
     let mut bytes = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut bytes, SCHEMA.clone(), Some(properties)).map_err(internal)?;
     for batch in batches {
@@ -720,7 +762,7 @@ fn records_of(project: ProjectId, batch: &RecordBatch, into: &mut Vec<LogRecord>
                 .then(|| LogSource::parse(source.value(i)))
                 .transpose()
                 .map_err(|_| broken("source"))?,
-            credential: optional(credential, i),
+            credential: credential.is_valid(i).then(|| Arc::from(credential.value(i))),
             transport: transport
                 .is_valid(i)
                 .then(|| Transport::parse(transport.value(i)))

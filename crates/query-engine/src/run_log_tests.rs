@@ -156,7 +156,7 @@ async fn records_read_back_whole_paged_filtered_and_merged_per_project() {
     let mut expected = domain::UsageAccumulator::new(query);
     for r in &runs {
         expected.add(&domain::UsageSample {
-            at: r.at,
+            at_micros: domain::unix_micros(r.at),
             status: r.status,
             source: r.source,
             duration_ms: r.duration_ms(),

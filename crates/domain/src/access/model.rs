@@ -174,19 +174,12 @@ pub struct Principal {
     pub scopes: Vec<Scope>,
     /// A run token's grant: what it may run, and with which variables fixed.
     pub grant: Option<Arc<RunGrant>>,
-    /// The key's label, or its prefix when it has none (for a run token: empty).
+    /// How a log record names the caller: the key's label (its prefix when it has none), or the run token's
+    /// id. Shared, so that recording a run copies no text.
     pub label: Arc<str>,
 }
 
 impl Principal {
-    /// How a log record names the caller: the key's label (or prefix), or the run token's id.
-    pub fn logged_as(&self) -> String {
-        match &self.grant {
-            Some(grant) => grant.token_id.to_string(),
-            None => self.label.to_string(),
-        }
-    }
-
     /// The credential itself, for its rate-limit bucket: the key, or the run token.
     pub fn credential_id(&self) -> Uuid {
         self.grant.as_ref().map_or(self.key_id, |grant| grant.token_id)

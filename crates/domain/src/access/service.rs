@@ -206,8 +206,8 @@ impl ApiKeyService {
                     key_id: issuer,
                     project_id: project,
                     scopes: vec![Scope::EndpointRead],
+                    label: Arc::from(grant.token_id.to_string()),
                     grant: Some(Arc::new(grant)),
-                    label: Arc::from(""),
                 });
                 self.tokens.put(token.into(), &principal, now);
                 principal

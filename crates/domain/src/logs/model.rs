@@ -1,5 +1,6 @@
 //! What a log record says, how its readers filter and page it, and how usage is computed from it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -79,8 +80,8 @@ pub struct LogRecord {
     /// Bytes the engine read from storage; `None` when nothing was computed or the engine cannot tell.
     pub bytes_read: Option<u64>,
     pub source: Option<LogSource>,
-    /// The key's label, or the run token's id.
-    pub credential: Option<String>,
+    /// The key's label (its prefix when it has none), or the run token's id.
+    pub credential: Option<Arc<str>>,
     /// `None` for a refresh.
     pub transport: Option<Transport>,
     /// The request's id (`X-Request-Id`), for a run.
@@ -159,7 +160,8 @@ impl LogCursor {
         let invalid = || Invalid::field("cursor", "cursor must be the `next` of a page of this listing.");
         let (micros, id) = raw.split_once('.').ok_or_else(invalid)?;
         let micros: i128 = micros.parse().map_err(|_| invalid())?;
-        let at = Timestamp::from_unix_timestamp_nanos(micros * 1000).map_err(|_| invalid())?;
+        let nanos = micros.checked_mul(1000).ok_or_else(invalid)?;
+        let at = Timestamp::from_unix_timestamp_nanos(nanos).map_err(|_| invalid())?;
         let id = Uuid::try_parse(id).map_err(|_| invalid())?;
         Ok(Self { at, id })
     }
@@ -274,14 +276,17 @@ impl UsageQuery {
     ) -> Result<Self, Invalid> {
         let interval = interval.unwrap_or(Interval::Hour);
         let until = until.unwrap_or(now);
-        let since = since.unwrap_or(until - interval.default_span());
+        let since = match since {
+            Some(since) => since,
+            None => until
+                .checked_sub(interval.default_span())
+                .ok_or_else(|| Invalid::field("until", "until is out of range."))?,
+        };
         if since >= until {
             return Err(Invalid::field("since", "since must be before until."));
         }
-        let buckets = (interval.floor(until - time::Duration::MICROSECOND) - interval.floor(since))
-            .whole_seconds()
-            / interval.seconds()
-            + 1;
+        let last = until.checked_sub(time::Duration::MICROSECOND).unwrap_or(until);
+        let buckets = (interval.floor(last) - interval.floor(since)).whole_seconds() / interval.seconds() + 1;
         if buckets > Self::MAX_BUCKETS {
             return Err(Invalid::field(
                 "interval",
@@ -299,7 +304,7 @@ impl UsageQuery {
     /// The starts of its buckets, oldest first.
     fn starts(&self) -> impl Iterator<Item = Timestamp> + '_ {
         let step = time::Duration::seconds(self.interval.seconds());
-        std::iter::successors(Some(self.interval.floor(self.since)), move |start| Some(*start + step))
+        std::iter::successors(Some(self.interval.floor(self.since)), move |start| start.checked_add(step))
             .take_while(|start| *start < self.until)
     }
 }
@@ -307,7 +312,8 @@ impl UsageQuery {
 /// What usage needs of one run's record.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UsageSample {
-    pub at: Timestamp,
+    /// When the run began, in microseconds since the Unix epoch (as the log keeps it: usage reads millions).
+    pub at_micros: i64,
     pub status: u16,
     pub source: Option<LogSource>,
     pub duration_ms: f64,
@@ -333,7 +339,8 @@ pub struct UsageBucket {
 #[derive(Debug)]
 pub struct UsageAccumulator {
     query: UsageQuery,
-    first: Timestamp,
+    /// `since`, `until` and the first bucket's start, in microseconds.
+    range: (i64, i64, i64),
     buckets: Vec<(UsageBucket, Vec<f32>)>,
 }
 
@@ -356,15 +363,18 @@ impl UsageAccumulator {
                 (bucket, Vec::new())
             })
             .collect();
-        Self { first: query.interval.floor(query.since), query, buckets }
+        let first = query.interval.floor(query.since);
+        let range = (unix_micros(query.since), unix_micros(query.until), unix_micros(first));
+        Self { range, query, buckets }
     }
 
     /// Counts one run; a sample outside the query's range is left out.
     pub fn add(&mut self, sample: &UsageSample) {
-        if sample.at < self.query.since || sample.at >= self.query.until {
+        let at = sample.at_micros;
+        if at < self.range.0 || at >= self.range.1 {
             return;
         }
-        let index = (sample.at - self.first).whole_seconds() / self.query.interval.seconds();
+        let index = (at - self.range.2) / (self.query.interval.seconds() * 1_000_000);
         let Some((bucket, durations)) = usize::try_from(index).ok().and_then(|i| self.buckets.get_mut(i))
         else {
             return;
@@ -390,6 +400,12 @@ impl UsageAccumulator {
             })
             .collect()
     }
+}
+
+/// An instant in microseconds since the Unix epoch (every instant of years -9999 to 9999 fits).
+pub fn unix_micros(at: Timestamp) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1000)
+        .expect("an instant of years -9999 to 9999 in microseconds")
 }
 
 /// The `q` quantile of sorted values by the nearest-rank rule: the smallest value with at least `q` of them
@@ -453,9 +469,15 @@ mod tests {
     fn a_cursor_reads_back_and_continues_below_its_record() {
         let cursor = LogCursor::after(&record(5, 7, 200));
         assert_eq!(LogCursor::parse(&cursor.text()).unwrap(), cursor);
-        for bad in
-            ["", "1", "x.y", "1.not-a-uuid", "99999999999999999999999999.00000000000000000000000000000001"]
-        {
+        let huge = format!("{}.00000000000000000000000000000001", "9".repeat(38));
+        for bad in [
+            "",
+            "1",
+            "x.y",
+            "1.not-a-uuid",
+            "99999999999999999999999999.00000000000000000000000000000001",
+            &huge,
+        ] {
             assert_eq!(LogCursor::parse(bad).unwrap_err().attr.as_deref(), Some("cursor"), "{bad}");
         }
         assert!(cursor.precedes(&record(4, 9, 200)));
@@ -490,7 +512,7 @@ mod tests {
         // 100 runs of 1..=100 ms in the first minute, one error and one cache hit among them; none in the second.
         for ms in 1..=100_u16 {
             usage.add(&UsageSample {
-                at: at(i64::from(ms % 60)),
+                at_micros: unix_micros(at(i64::from(ms % 60))),
                 status: if ms == 7 { 500 } else { 200 },
                 source: Some(if ms == 8 { LogSource::Cache } else { LogSource::Live }),
                 duration_ms: f64::from(ms),
@@ -499,7 +521,7 @@ mod tests {
             });
         }
         let sample = |seconds, ms| UsageSample {
-            at: at(seconds),
+            at_micros: unix_micros(at(seconds)),
             status: 200,
             source: None,
             duration_ms: ms,
@@ -539,5 +561,11 @@ mod tests {
         assert!(
             UsageQuery::new(Some(now - time::Duration::days(365)), None, Some(Interval::Day), now).is_ok()
         );
+        // The last instants a time can name: the buckets end there, without overflowing.
+        let end = time::macros::datetime!(9999-12-31 23:59:59.999999 UTC);
+        let query = UsageQuery::new(None, Some(end), Some(Interval::Hour), now).unwrap();
+        assert_eq!(UsageAccumulator::new(query).finish().len(), 25);
+        let first = time::macros::datetime!(-9999-01-01 0:00 UTC);
+        assert!(UsageQuery::new(None, Some(first), Some(Interval::Day), now).is_err());
     }
 }

@@ -88,7 +88,7 @@ impl From<LogRecord> for LogEntry {
                 domain::LogSource::Materialized => LogSourceName::Materialized,
                 domain::LogSource::Live => LogSourceName::Live,
             }),
-            credential: record.credential,
+            credential: record.credential.map(|credential| credential.to_string()),
             transport: record.transport.map(|transport| match transport {
                 domain::Transport::Rest => TransportName::Rest,
                 domain::Transport::Mcp => TransportName::Mcp,
