@@ -281,8 +281,7 @@ impl ParquetRunLog {
         let mut own: Vec<LogFile> = visible.into_iter().filter(|file| file.node == self.inner.node).collect();
         own.sort_by_key(|file| file.first);
         let mut merged = false;
-        loop {
-            let Some(level) = own.last().map(|file| file.level) else { break };
+        while let Some(level) = own.last().map(|file| file.level) {
             let run = own.iter().rev().take_while(|file| file.level == level).count();
             let whole = closed(hour, now) && own.len() > 1;
             let take = if whole {
