@@ -461,3 +461,42 @@ async fn two_nodes_on_postgresql_append_to_one_table_in_a_bucket_and_every_row_l
     let run = crate::helpers::get_json(&client, &url, &key).await;
     assert_eq!(run["results"][0], json!({"n": expected, "d": expected}), "{run}");
 }
+
+#[tokio::test]
+async fn run_logs_live_in_the_bucket() {
+    let moto = Moto::start().await;
+    let (dir, project, key) = moto.project_with_sales();
+    let mut command = moto.endpoints();
+    command.stderr(Stdio::null());
+    let server = serve_command(command, &dir.0, &["--log-flush-ms", "100", "--workers", "1"]).await;
+    let base = format!("/api/projects/{project}/endpoints");
+    let body = crate::helpers::endpoint_body("total", "SELECT count(*) AS n FROM sales");
+    assert_eq!(call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(body)).await.0, 201);
+    for _ in 0..3 {
+        assert_eq!(
+            call(&server, reqwest::Method::GET, &format!("{base}/total/run"), &key, None).await.0,
+            200
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let logged = loop {
+        let (status, page) =
+            call(&server, reqwest::Method::GET, &format!("{base}/total/logs"), &key, None).await;
+        assert_eq!(status, 200, "{page}");
+        if page["results"].as_array().unwrap().len() >= 3 || Instant::now() > deadline {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(logged["results"].as_array().unwrap().len(), 3, "{logged}");
+    // The records are Parquet files in the bucket, under the project's prefix.
+    let files = moto.keys(&format!("projects/{project}/logs/")).await;
+    assert!(!files.is_empty() && files.iter().all(|k| k.ends_with(".parquet")), "{files:?}");
+    // And the project's `_logs` reads them there.
+    let count =
+        crate::helpers::endpoint_body("runs", "SELECT count(*) AS n FROM _logs WHERE endpoint = 'total'");
+    assert_eq!(call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(count)).await.0, 201);
+    let (_, runs) =
+        call(&server, reqwest::Method::GET, &format!("{base}/runs/run?refresh=direct"), &key, None).await;
+    assert_eq!(runs["results"], json!([{"n": 3}]), "{runs}");
+}
