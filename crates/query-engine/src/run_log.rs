@@ -174,7 +174,13 @@ impl ParquetRunLog {
     /// The storage's failure.
     pub async fn flush(&self) -> Result<u64, EngineError> {
         let mut written_to = self.inner.turn.lock().await;
-        let taken = std::mem::take(&mut *self.buffer());
+        // The next second's records likely number as many: room for them now, so the buffer does not grow (and
+        // copy itself) under the requests' lock.
+        let taken = {
+            let mut buffer = self.buffer();
+            let room = buffer.len().min(self.inner.settings.buffered);
+            std::mem::replace(&mut *buffer, Vec::with_capacity(room))
+        };
         if taken.is_empty() {
             return Ok(0);
         }
