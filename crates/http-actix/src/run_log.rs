@@ -99,8 +99,7 @@ impl Answered<'_> {
         metrics.observe(self.caller.project, self.endpoint, self.status, self.took);
         let note = self.note;
         logs.record(LogRecord {
-            // A random (version 4) id from the thread's generator: no system call per run.
-            id: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
+            id: record_id(),
             at,
             project: self.caller.project,
             endpoint: self.endpoint.to_owned(),
@@ -117,6 +116,17 @@ impl Answered<'_> {
             request_id: self.request_id,
         });
     }
+}
+
+/// A record's id: a UUID of version 8 (its bits are the service's) holding 64 random bits drawn once per process
+/// and a counter, so ids are unique across processes and nodes without a random draw per run, and a process's
+/// ids follow its runs' order.
+fn record_id() -> uuid::Uuid {
+    static PROCESS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(rand::random);
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let next = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let bits = (u128::from(*PROCESS) << 64) | u128::from(next);
+    uuid::Builder::from_custom_bytes(bits.to_be_bytes()).into_uuid()
 }
 
 /// An endpoint name as a path carries it, when it can be one (others name no endpoint and are not logged).
@@ -242,6 +252,13 @@ impl Default for EndpointMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_ids_are_unique_version_8_uuids_in_order() {
+        let ids: Vec<_> = (0..1000).map(|_| record_id()).collect();
+        assert!(ids.iter().all(|id| id.get_version_num() == 8));
+        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "a process's ids follow each other");
+    }
 
     #[test]
     fn endpoints_past_the_cap_are_counted_together() {

@@ -20,8 +20,8 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray, TimestampMicrosecondArray, UInt16Array,
-    UInt32Array, UInt64Array,
+    Array, ArrayRef, AsArray, Float64Array, RecordBatch, StringArray, StringBuilder,
+    TimestampMicrosecondArray, UInt16Array, UInt32Array, UInt64Array,
 };
 use datafusion::arrow::datatypes::{
     DataType, Field, Float64Type, Schema, SchemaRef, TimeUnit, TimestampMicrosecondType, UInt16Type,
@@ -62,6 +62,18 @@ const MERGE_AT: usize = 8;
 
 /// An hour is closed (no node writes to it any more) this long after it ends.
 const CLOSED_AFTER: Duration = Duration::from_secs(300);
+
+/// Buffers of records taken: each thread that records uses one, so request threads do not wait on each other.
+const SHARDS: usize = 8;
+
+/// The buffer the current thread records into: a number each thread draws once.
+fn shard() -> usize {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static SHARD: usize = usize::try_from(NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS as u64).expect("below SHARDS");
+    }
+    SHARD.with(|shard| *shard)
+}
 
 /// How often hours past the retention are looked for (a listing of every project's log).
 const PRUNE_EVERY: time::Duration = time::Duration::minutes(10);
@@ -114,7 +126,8 @@ struct Inner {
     settings: LogSettings,
     /// This process's name in file names.
     node: String,
-    buffer: Mutex<Vec<LogRecord>>,
+    /// Records taken and not yet written, in one buffer per recording thread (see [`shard`]).
+    buffers: [Mutex<Vec<LogRecord>>; SHARDS],
     /// Flushes and merges take turns; the hours this node wrote, with its files there since its last merge.
     turn: tokio::sync::Mutex<HashMap<(ProjectId, Timestamp), HourFiles>>,
     next: AtomicU64,
@@ -132,7 +145,7 @@ impl ParquetRunLog {
                 storage,
                 settings,
                 node: Uuid::new_v4().simple().to_string(),
-                buffer: Mutex::new(Vec::new()),
+                buffers: std::array::from_fn(|_| Mutex::new(Vec::new())),
                 turn: tokio::sync::Mutex::default(),
                 next: AtomicU64::new(0),
                 pruned: Mutex::new(None),
@@ -163,8 +176,13 @@ impl ParquetRunLog {
         );
     }
 
-    fn buffer(&self) -> std::sync::MutexGuard<'_, Vec<LogRecord>> {
-        self.inner.buffer.lock().unwrap_or_else(PoisonError::into_inner)
+    fn buffer(&self, shard: usize) -> std::sync::MutexGuard<'_, Vec<LogRecord>> {
+        self.inner.buffers[shard].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The records one buffer holds at most.
+    fn shard_room(&self) -> usize {
+        self.inner.settings.buffered.div_ceil(SHARDS)
     }
 
     /// Writes every record taken so far, one file per project and hour. Records a failed write held are
@@ -174,13 +192,14 @@ impl ParquetRunLog {
     /// The storage's failure.
     pub async fn flush(&self) -> Result<u64, EngineError> {
         let mut written_to = self.inner.turn.lock().await;
-        // The next second's records likely number as many: room for them now, so the buffer does not grow (and
-        // copy itself) under the requests' lock.
-        let taken = {
-            let mut buffer = self.buffer();
-            let room = buffer.len().min(self.inner.settings.buffered);
-            std::mem::replace(&mut *buffer, Vec::with_capacity(room))
-        };
+        // The next second's records likely number as many: room for them now, so a buffer does not grow (and
+        // copy itself) under its lock.
+        let mut taken = Vec::new();
+        for shard in 0..SHARDS {
+            let mut buffer = self.buffer(shard);
+            let room = buffer.len().min(self.shard_room());
+            taken.append(&mut std::mem::replace(&mut *buffer, Vec::with_capacity(room)));
+        }
         if taken.is_empty() {
             return Ok(0);
         }
@@ -226,15 +245,19 @@ impl ParquetRunLog {
     }
 
     /// Puts records a flush could not write back in front of those taken since, up to the buffer's size.
-    fn take_back(&self, mut records: Vec<LogRecord>) {
-        let mut buffer = self.buffer();
-        let room = self.inner.settings.buffered.saturating_sub(buffer.len());
-        if records.len() > room {
-            self.inner.dropped.inc_by((records.len() - room) as u64);
-            records.truncate(room);
+    fn take_back(&self, records: Vec<LogRecord>) {
+        let mut records = records.into_iter();
+        for shard in 0..SHARDS {
+            let mut buffer = self.buffer(shard);
+            let room = self.shard_room().saturating_sub(buffer.len());
+            let mut back: Vec<LogRecord> = records.by_ref().take(room).collect();
+            back.append(&mut buffer);
+            *buffer = back;
         }
-        records.append(&mut buffer);
-        *buffer = records;
+        let lost = records.count();
+        if lost > 0 {
+            self.inner.dropped.inc_by(lost as u64);
+        }
     }
 
     /// Merges this node's files of an hour once it wrote [`MERGE_AT`] there (or the hour closed), deletes the
@@ -401,8 +424,8 @@ impl ParquetRunLog {
 #[async_trait::async_trait]
 impl RunLog for ParquetRunLog {
     fn record(&self, record: LogRecord) {
-        let mut buffer = self.buffer();
-        if buffer.len() < self.inner.settings.buffered {
+        let mut buffer = self.buffer(shard());
+        if buffer.len() < self.shard_room() {
             buffer.push(record);
         } else {
             drop(buffer);
@@ -688,9 +711,14 @@ fn batch(records: &[LogRecord]) -> Result<RecordBatch, EngineError> {
     let text = |f: &dyn Fn(&LogRecord) -> Option<&str>| -> ArrayRef {
         Arc::new(records.iter().map(f).collect::<StringArray>())
     };
-    let ids: Vec<String> = records.iter().map(|r| r.id.to_string()).collect();
+    // Written in place, without a string per id.
+    let mut ids = StringBuilder::with_capacity(records.len(), records.len() * uuid::fmt::Hyphenated::LENGTH);
+    let mut text_id = [0_u8; uuid::fmt::Hyphenated::LENGTH];
+    for record in records {
+        ids.append_value(record.id.hyphenated().encode_lower(&mut text_id));
+    }
     let columns: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(ids)),
+        Arc::new(ids.finish()),
         Arc::new(
             TimestampMicrosecondArray::from_iter_values(records.iter().map(|r| unix_micros(r.at)))
                 .with_timezone("UTC"),
