@@ -50,14 +50,18 @@ pub(crate) fn table_prefix(project: ProjectId, table: &str) -> ObjectPath {
 
 /// Table names are SQL identifiers, so a prefix with any other name is not a table: the API's rule
 /// ([`domain::TableName`]), or lower case starting with `_`, which the CLI has always taken too.
-/// `_logs` is the project's run log ([`crate::run_log`]), never a table.
 pub(crate) fn is_table_name(name: &str) -> bool {
     let mut chars = name.chars();
     domain::TableName::is_valid(name)
         || (name.len() <= 63
-            && name != crate::run_log::LOGS_TABLE
             && chars.next() == Some('_')
             && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+}
+
+/// A name for a new table: a table name other than `_logs`, which is the project's run log ([`crate::run_log`]).
+/// (A table written under that name before the run log existed is still read, listed and queried as before.)
+pub(crate) fn is_new_table_name(name: &str) -> bool {
+    is_table_name(name) && name != crate::run_log::LOGS_TABLE
 }
 
 /// A version's name: `v-` and a UUID, so a `_current` object can never point outside its table.
@@ -404,14 +408,16 @@ pub(crate) async fn register_named(
     named.sort_unstable();
     named.dedup();
     // Each named table's own pointer, not a listing of every table: only names a table can have are looked up.
-    if named.contains(&crate::run_log::LOGS_TABLE) {
-        crate::run_log::register(storage, ctx, project, log_retention).await?;
-    }
     let mut found = Vec::with_capacity(named.len());
     for name in named.into_iter().filter(|name| is_table_name(name)) {
         let current = current(storage, &table_prefix(project, name)).await?;
-        if let Some(current) = &current {
-            register(storage, ctx, name, current).await?;
+        match &current {
+            Some(current) => register(storage, ctx, name, current).await?,
+            // A table written under the name before the run log took it stays that project's `_logs`.
+            None if name == crate::run_log::LOGS_TABLE => {
+                crate::run_log::register(storage, ctx, project, log_retention).await?;
+            }
+            None => {}
         }
         found.push((name.to_owned(), current));
     }

@@ -25,8 +25,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::catalog::{
-    current, is_parquet, is_table_name, pointer, table_prefix, Current, Pointer, TableContents, TableVersion,
-    CURRENT,
+    current, is_new_table_name, is_parquet, pointer, table_prefix, Current, Pointer, TableContents,
+    TableVersion, CURRENT,
 };
 use crate::compaction::{settle, Settled};
 use crate::storage::Storage;
@@ -484,7 +484,7 @@ pub async fn import_files(
     mode: ImportMode,
     progress: &(dyn Fn(ImportProgress) + Sync),
 ) -> Result<ImportReport, ImportError> {
-    if !is_table_name(table) {
+    if !is_new_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
     let ctx =
@@ -569,7 +569,7 @@ pub async fn write_table(
     batches: impl Iterator<Item = RecordBatch>,
     progress: &dyn Fn(u64),
 ) -> Result<u64, ImportError> {
-    if !is_table_name(table) {
+    if !is_new_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
     let ctx =

@@ -247,3 +247,33 @@ async fn merges_go_by_levels_and_lose_nothing() {
         assert_eq!(log.records(project(1), "kpi", &all(1000)).await.unwrap().len() as u64, n);
     }
 }
+
+/// A table written under the name `_logs` before the run log existed stays that project's `_logs` (its rows
+/// are kept and read as they were); no new table may take the name.
+#[tokio::test]
+async fn a_table_named_logs_from_before_stays_and_no_new_one_takes_the_name() {
+    let dir = temp_dir("run-log-legacy");
+    let legacy = dir.join("projects/3/tables/_logs");
+    std::fs::create_dir_all(&legacy).unwrap();
+    super::tests::write_events(&legacy.join("part-0.parquet"), &[("US", 10), ("FR", 20)]);
+    let storage = Storage::local(&dir).unwrap();
+    let engine = engine_on(storage.clone()).await;
+    let sum = query("SELECT sum(revenue) AS total FROM _logs", json!({}));
+    let rows = engine.execute(project(3), &sum, &Default::default(), 10, 0).await.unwrap().rows_json;
+    assert_eq!(rows, r#"[{"total":30}]"#);
+    assert!(engine.tables(project(3)).await.unwrap().iter().any(|t| t.name == "_logs"));
+
+    let csv = dir.join("rows.csv");
+    std::fs::write(&csv, "a\n1\n").unwrap();
+    let imported = crate::imports::import_files(
+        &storage,
+        project(1),
+        "_logs",
+        &[csv],
+        None,
+        crate::imports::ImportMode::Replace,
+        &|_| {},
+    )
+    .await;
+    assert!(matches!(imported, Err(crate::imports::ImportError::InvalidTableName(_))), "{imported:?}");
+}

@@ -50,7 +50,7 @@ pub(crate) async fn engine_with_events() -> (DataFusionEngine, TempDir) {
 }
 
 /// Writes `events(country, revenue)` rows as one Parquet file at `path`.
-fn write_events(path: &std::path::Path, rows: &[(&str, i64)]) {
+pub(crate) fn write_events(path: &std::path::Path, rows: &[(&str, i64)]) {
     let schema = Arc::new(Schema::new(vec![
         Field::new("country", DataType::Utf8, false),
         Field::new("revenue", DataType::Int64, false),
