@@ -111,10 +111,31 @@ fn describe_parameters(path: &str, operation: &mut utoipa::openapi::path::Operat
                 parameter.schema = Some(names::result_format().into());
                 continue;
             }
+            "since" | "until" => ObjectBuilder::new().schema_type(Type::String).format(Some(
+                utoipa::openapi::schema::SchemaFormat::KnownFormat(
+                    utoipa::openapi::schema::KnownFormat::DateTime,
+                ),
+            )),
+            "kind" => words(&domain::LogKind::ALL.map(domain::LogKind::as_str)),
+            "interval" => words(&domain::Interval::ALL.map(domain::Interval::as_str)),
+            "status" => {
+                ObjectBuilder::new().schema_type(Type::String).pattern(Some("^(ok|error|[1-5][0-9]{2})$"))
+            }
+            // A page's `next`: microseconds since 1970 (within three centuries of it) and an id.
+            "cursor" => {
+                ObjectBuilder::new().schema_type(Type::String).pattern(Some(r"^-?[0-9]{1,16}\.[0-9a-f]{32}$"))
+            }
             _ => continue,
         };
         parameter.schema = Some(schema.into());
     }
+}
+
+/// A string that is one of `words`.
+fn words(words: &[&str]) -> utoipa::openapi::schema::ObjectBuilder {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(words.iter().copied()))
 }
 
 /// An update and a POST run take an empty body as `{}`: the body is optional.

@@ -264,10 +264,12 @@ impl UsageQuery {
     pub const MAX_BUCKETS: i64 = 7 * 24 * 60;
 
     /// The query for the range and interval asked for, `until` defaulting to `now` and `since` to the
-    /// interval's default span before it.
+    /// interval's default span before it. A range of more than [`Self::MAX_BUCKETS`] buckets is answered for its
+    /// newest ones (`since` moves up, and says so in the answer); an empty range (`since` at or after `until`)
+    /// has no bucket.
     ///
     /// # Errors
-    /// [`Invalid`] when `since` is not before `until`, or the range holds more than [`Self::MAX_BUCKETS`].
+    /// [`Invalid`] (attr `until`) when no span fits before `until`.
     pub fn new(
         since: Option<Timestamp>,
         until: Option<Timestamp>,
@@ -276,36 +278,26 @@ impl UsageQuery {
     ) -> Result<Self, Invalid> {
         let interval = interval.unwrap_or(Interval::Hour);
         let until = until.unwrap_or(now);
+        let out_of_range = || Invalid::field("until", "until is out of range.");
         let since = match since {
             Some(since) => since,
-            None => until
-                .checked_sub(interval.default_span())
-                .ok_or_else(|| Invalid::field("until", "until is out of range."))?,
+            None => until.checked_sub(interval.default_span()).ok_or_else(out_of_range)?,
         };
-        if since >= until {
-            return Err(Invalid::field("since", "since must be before until."));
-        }
         let last = until.checked_sub(time::Duration::MICROSECOND).unwrap_or(until);
-        let buckets = (interval.floor(last) - interval.floor(since)).whole_seconds() / interval.seconds() + 1;
-        if buckets > Self::MAX_BUCKETS {
-            return Err(Invalid::field(
-                "interval",
-                format!(
-                    "The range holds {buckets} buckets of a {}; at most {} are answered: choose a wider interval \
-                     or a shorter range.",
-                    interval.as_str(),
-                    Self::MAX_BUCKETS
-                ),
-            ));
-        }
+        let span = time::Duration::seconds(interval.seconds() * (Self::MAX_BUCKETS - 1));
+        let since = match interval.floor(last).checked_sub(span) {
+            Some(widest) => since.max(widest),
+            None => since,
+        };
         Ok(Self { since, until, interval })
     }
 
     /// The starts of its buckets, oldest first.
     fn starts(&self) -> impl Iterator<Item = Timestamp> + '_ {
         let step = time::Duration::seconds(self.interval.seconds());
+        let empty = self.since >= self.until;
         std::iter::successors(Some(self.interval.floor(self.since)), move |start| start.checked_add(step))
-            .take_while(|start| *start < self.until)
+            .take_while(move |start| !empty && *start < self.until)
     }
 }
 
@@ -545,22 +537,27 @@ mod tests {
     }
 
     #[test]
-    fn a_usage_query_takes_defaults_and_refuses_what_it_cannot_answer() {
+    fn a_usage_query_takes_defaults_and_answers_the_newest_buckets_of_a_wide_range() {
         let now = at(10_000);
         let query = UsageQuery::new(None, None, None, now).unwrap();
         assert_eq!(
             (query.since, query.until, query.interval),
             (now - time::Duration::days(1), now, Interval::Hour)
         );
-        assert_eq!(
-            UsageQuery::new(Some(now), Some(now), None, now).unwrap_err().attr.as_deref(),
-            Some("since")
-        );
-        let year = UsageQuery::new(Some(now - time::Duration::days(365)), None, Some(Interval::Minute), now);
-        assert_eq!(year.unwrap_err().attr.as_deref(), Some("interval"));
-        assert!(
-            UsageQuery::new(Some(now - time::Duration::days(365)), None, Some(Interval::Day), now).is_ok()
-        );
+        // Nothing between: no bucket.
+        let empty = UsageQuery::new(Some(now), Some(now - time::Duration::HOUR), None, now).unwrap();
+        assert!(UsageAccumulator::new(empty).finish().is_empty());
+        // A year of minutes: the newest week of them.
+        let year = UsageQuery::new(Some(now - time::Duration::days(365)), None, Some(Interval::Minute), now)
+            .unwrap();
+        let buckets = UsageAccumulator::new(year).finish();
+        assert_eq!(buckets.len() as i64, UsageQuery::MAX_BUCKETS);
+        assert_eq!(buckets.last().unwrap().start, Interval::Minute.floor(now));
+        let week = time::Duration::minutes(UsageQuery::MAX_BUCKETS - 1);
+        assert_eq!(year.since, Interval::Minute.floor(now) - week);
+        let days =
+            UsageQuery::new(Some(now - time::Duration::days(365)), None, Some(Interval::Day), now).unwrap();
+        assert_eq!(days.since, now - time::Duration::days(365));
         // The last instants a time can name: the buckets end there, without overflowing.
         let end = time::macros::datetime!(9999-12-31 23:59:59.999999 UTC);
         let query = UsageQuery::new(None, Some(end), Some(Interval::Hour), now).unwrap();

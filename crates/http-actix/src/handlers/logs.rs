@@ -44,7 +44,7 @@ pub(crate) async fn usage(
     path: web::Path<EndpointPath>,
     query: Query,
 ) -> Result<HttpResponse, ApiError> {
-    let interval = query.get("interval").map(|raw| Interval::parse(raw)).transpose()?;
+    let interval = param(&query, "interval").map(Interval::parse).transpose()?;
     let (since, until) = (instant(&query, "since")?, instant(&query, "until")?);
     let name = path.endpoint()?;
     let (asked, buckets) = state.logs.usage(caller.project, &name, since, until, interval).await?;
@@ -53,7 +53,7 @@ pub(crate) async fn usage(
 
 /// The listing a query string asks for.
 fn filter(query: &Query) -> Result<LogFilter, Invalid> {
-    let limit = match query.get("limit") {
+    let limit = match param(query, "limit") {
         None => LogFilter::DEFAULT_LIMIT,
         Some(raw) => {
             raw.parse::<u32>().ok().filter(|limit| (1..=LogFilter::MAX_LIMIT).contains(limit)).ok_or_else(
@@ -69,17 +69,21 @@ fn filter(query: &Query) -> Result<LogFilter, Invalid> {
     Ok(LogFilter {
         since: instant(query, "since")?,
         until: instant(query, "until")?,
-        kind: query.get("kind").map(|raw| LogKind::parse(raw)).transpose()?,
-        status: query.get("status").map(|raw| StatusFilter::parse(raw)).transpose()?,
+        kind: param(query, "kind").map(LogKind::parse).transpose()?,
+        status: param(query, "status").map(StatusFilter::parse).transpose()?,
         limit,
-        cursor: query.get("cursor").map(|raw| LogCursor::parse(raw)).transpose()?,
+        cursor: param(query, "cursor").map(LogCursor::parse).transpose()?,
     })
+}
+
+/// A parameter of the query string; an empty one is no value (`kind=` filters nothing, as `search=` does).
+fn param<'a>(query: &'a Query, key: &str) -> Option<&'a str> {
+    query.get(key).map(String::as_str).filter(|raw| !raw.is_empty())
 }
 
 /// An RFC 3339 instant of the query string.
 fn instant(query: &Query, key: &str) -> Result<Option<Timestamp>, Invalid> {
-    query
-        .get(key)
+    param(query, key)
         .map(|raw| {
             Timestamp::parse(raw, &Rfc3339).map_err(|_| {
                 Invalid::field(key, format!("{key} must be an RFC 3339 time, as 2026-11-26T10:00:00Z."))
