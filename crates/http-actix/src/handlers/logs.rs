@@ -76,9 +76,10 @@ fn filter(query: &Query) -> Result<LogFilter, Invalid> {
     })
 }
 
-/// A parameter of the query string; an empty one is no value (`kind=` filters nothing, as `search=` does).
+/// A parameter of the query string. An empty one is a value, refused as any other that is not one of its
+/// words or forms (the schema says so: `kind=` is neither `run` nor `refresh`).
 fn param<'a>(query: &'a Query, key: &str) -> Option<&'a str> {
-    query.get(key).map(String::as_str).filter(|raw| !raw.is_empty())
+    query.get(key).map(String::as_str)
 }
 
 /// An RFC 3339 instant of the query string.
