@@ -31,7 +31,7 @@ use datafusion::common::DFSchema;
 use datafusion::common::ScalarValue;
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::{col, lit, EmptyRelation, Expr, LogicalPlan, SortExpr};
-use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use datafusion::parquet::schema::types::ColumnPath;
@@ -41,6 +41,7 @@ use domain::{
     Timestamp, Transport, UsageAccumulator, UsageBucket, UsageQuery, UsageSample,
 };
 use futures_util::StreamExt;
+use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
 use prometheus_client::metrics::counter::Counter;
@@ -349,10 +350,17 @@ impl ParquetRunLog {
         let ctx = crate::catalog::empty_session(storage, None, None)?;
         let urls = parts.iter().map(|file| storage.url_of_object(&file.location)).collect();
         let sorted = read_sorted(&ctx, urls).await?.sort(file_order());
-        let batches = sorted.map_err(err)?.collect().await.map_err(err)?;
-        let bytes = parquet(&batches, level)?;
+        let mut rows = sorted.map_err(err)?.execute_stream().await.map_err(err)?;
+        // Streamed, merged batch by batch into the file as it is uploaded: a merge holds a few batches in
+        // memory, whatever the files' size. The file appears whole when the writer closes, or not at all.
         let path = prefix.clone().join(file_name(&self.inner.node, level, first, last));
-        storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)?;
+        let sink = BufWriter::new(Arc::clone(storage.store()), path.clone());
+        let mut writer =
+            AsyncArrowWriter::try_new(sink, SCHEMA.clone(), Some(properties(level))).map_err(internal)?;
+        while let Some(batch) = rows.next().await {
+            writer.write(&batch.map_err(err)?).await.map_err(internal)?;
+        }
+        writer.close().await.map_err(internal)?;
         Ok(LogFile {
             location: path,
             modified: Timestamp::now_utc(),
@@ -739,11 +747,26 @@ fn batch(records: &[LogRecord]) -> Result<RecordBatch, EngineError> {
     RecordBatch::try_new(SCHEMA.clone(), columns).map_err(|e| EngineError::Internal(Box::new(e)))
 }
 
-/// Batches as the bytes of one Parquet file, with statistics for pruning by endpoint and time. A flush's file
-/// (level 0) is written fast (LZ4) on the serving machine every second; merged ones small (zstd). The ids are
-/// random: no dictionary and no statistics are tried on them.
+/// Batches as the bytes of one Parquet file of `level` (a flush's, held in memory: a second of records).
 fn parquet(batches: &[RecordBatch], level: u32) -> Result<Vec<u8>, EngineError> {
-    let internal = |e: datafusion::parquet::errors::ParquetError| EngineError::Internal(Box::new(e));
+    let mut bytes = Vec::new();
+    let mut writer =
+        ArrowWriter::try_new(&mut bytes, SCHEMA.clone(), Some(properties(level))).map_err(internal)?;
+    for batch in batches {
+        writer.write(batch).map_err(internal)?;
+    }
+    writer.close().map_err(internal)?;
+    Ok(bytes)
+}
+
+fn internal(e: datafusion::parquet::errors::ParquetError) -> EngineError {
+    EngineError::Internal(Box::new(e))
+}
+
+/// How a file of `level` is written, with statistics for pruning by endpoint and time. A flush's file (level 0)
+/// is written fast (LZ4) on the serving machine every second; merged ones small (zstd). The ids are random
+/// enough that no dictionary and no statistics are tried on them.
+fn properties(level: u32) -> WriterProperties {
     let compression = if level == 0 { Compression::LZ4_RAW } else { Compression::ZSTD(ZstdLevel::default()) };
     let mut properties =
         WriterProperties::builder().set_compression(compression).set_max_row_group_row_count(Some(64 * 1024));
@@ -753,14 +776,7 @@ fn parquet(batches: &[RecordBatch], level: u32) -> Result<Vec<u8>, EngineError> 
             .set_column_dictionary_enabled(column.clone(), false)
             .set_column_statistics_enabled(column, EnabledStatistics::None);
     }
-    let properties = properties.build();
-    let mut bytes = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut bytes, SCHEMA.clone(), Some(properties)).map_err(internal)?;
-    for batch in batches {
-        writer.write(batch).map_err(internal)?;
-    }
-    writer.close().map_err(internal)?;
-    Ok(bytes)
+    properties.build()
 }
 
 /// The records of a batch of every column, in the project.
