@@ -164,8 +164,11 @@ async fn authorize(
 ) -> Result<(ProjectId, Principal), ApiError> {
     let state = app_state(req)?;
     let principal = authenticate(req, state).await?;
-    if runs_endpoint {
-        note_run_caller(req, &principal);
+    // Every route these extractors serve names a project; one that did not would be nothing to authorize.
+    let project =
+        req.match_info().get("project_id").ok_or(ApiError::RouteNotFound).map(str::parse::<ProjectRef>);
+    if let (true, Ok(Ok(project))) = (runs_endpoint, &project) {
+        note_run_caller(req, &principal, *project);
     }
     // Before authorization, so probing other projects spends the caller's budget too.
     match state.rate_limits.take(&principal) {
@@ -178,8 +181,7 @@ async fn authorize(
             return Err(ApiError::RateLimited { scope: exceeded.scope, retry_after: exceeded.retry_after });
         }
     }
-    // Every route these extractors serve names a project; one that did not would be nothing to authorize.
-    let project: ProjectRef = req.match_info().get("project_id").ok_or(ApiError::RouteNotFound)?.parse()?;
+    let project = project??;
     let runs = if runs_endpoint { req.match_info().get("name") } else { None };
     let project = state.keys.authorize(&principal, project, scope, runs)?;
     Ok((project, principal))
@@ -187,13 +189,8 @@ async fn authorize(
 
 /// Leaves the caller of a run in the request's extensions for the run log, when it is of the project the path
 /// names (so that a refusal past this point, a rate limit or a missing scope, is logged in that project too).
-fn note_run_caller(req: &HttpRequest, principal: &Principal) {
-    let own = match req.match_info().get("project_id").map(str::parse::<ProjectRef>) {
-        Some(Ok(ProjectRef::Current)) => true,
-        Some(Ok(ProjectRef::Id(id))) => id == principal.project_id,
-        _ => false,
-    };
-    if own {
+fn note_run_caller(req: &HttpRequest, principal: &Principal, project: ProjectRef) {
+    if project.resolve(principal) == principal.project_id {
         req.extensions_mut().insert(RunCaller {
             project: principal.project_id,
             credential: std::sync::Arc::clone(&principal.label),

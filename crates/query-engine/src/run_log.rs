@@ -40,7 +40,7 @@ use domain::{
     unix_micros, EngineError, LogFilter, LogKind, LogRecord, LogSource, ProjectId, RunLog, StatusFilter,
     Timestamp, Transport, UsageAccumulator, UsageBucket, UsageQuery, UsageSample,
 };
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
@@ -349,7 +349,7 @@ impl ParquetRunLog {
         let last = parts.iter().map(|file| file.last).max().expect("a merge of files");
         let ctx = crate::catalog::empty_session(storage, None, None)?;
         let urls = parts.iter().map(|file| storage.url_of_object(&file.location)).collect();
-        let sorted = read_sorted(&ctx, urls).await?.sort(file_order());
+        let sorted = read(&ctx, urls).await?.sort(file_order());
         let mut rows = sorted.map_err(err)?.execute_stream().await.map_err(err)?;
         // Streamed, merged batch by batch into the file as it is uploaded: a merge holds a few batches in
         // memory, whatever the files' size. The file appears whole when the writer closes, or not at all.
@@ -376,8 +376,8 @@ impl ParquetRunLog {
         let storage = &self.inner.storage;
         let cutoff = now - self.inner.settings.retention;
         let projects = storage.children(&ObjectPath::from("projects")).await.map_err(unavailable)?;
-        for project in projects {
-            let logs = ObjectPath::from_iter(["projects", project.as_str(), "logs"]);
+        for project in projects.iter().filter_map(|id| ProjectId::new(id.parse().ok()?).ok()) {
+            let logs = logs_prefix(project);
             for hour in storage.children(&logs).await.map_err(unavailable)? {
                 let ended = parse_hour(&hour).map(|start| start + time::Duration::HOUR);
                 if ended.is_some_and(|ended| ended <= cutoff) {
@@ -388,21 +388,6 @@ impl ParquetRunLog {
         Ok(())
     }
 
-    /// The files of the project's log a reader reads for records in `since..until`, within the retention.
-    async fn files(
-        &self,
-        project: ProjectId,
-        since: Option<Timestamp>,
-        until: Option<Timestamp>,
-        now: Timestamp,
-    ) -> Result<Vec<String>, EngineError> {
-        visible_files(&self.inner.storage, project, since.max(Some(self.cutoff(now))), until).await
-    }
-
-    fn cutoff(&self, now: Timestamp) -> Timestamp {
-        now - self.inner.settings.retention
-    }
-
     /// The project's records within the retention and `since..until`, as a frame (none: `None`).
     async fn frame(
         &self,
@@ -411,9 +396,8 @@ impl ParquetRunLog {
         since: Option<Timestamp>,
         until: Option<Timestamp>,
     ) -> Result<Option<DataFrame>, EngineError> {
-        let now = Timestamp::now_utc();
-        let since = since.max(Some(self.cutoff(now)));
-        let urls = self.files(project, since, until, now).await?;
+        let since = since.max(Some(Timestamp::now_utc() - self.inner.settings.retention));
+        let urls = visible_files(&self.inner.storage, project, since, until).await?;
         if urls.is_empty() {
             return Ok(None);
         }
@@ -566,7 +550,8 @@ pub(crate) async fn register(
 }
 
 /// The files a reader of the project's records in `since..until` reads: those of the hours the range
-/// touches, without the ones merged into another.
+/// touches, without the ones merged into another. One listing of the project's log (pages of a thousand on
+/// S3), not one per hour: a query of `_logs` over 30 days costs a few requests, not 720.
 async fn visible_files(
     storage: &Storage,
     project: ProjectId,
@@ -574,18 +559,30 @@ async fn visible_files(
     until: Option<Timestamp>,
 ) -> Result<Vec<String>, EngineError> {
     let logs = logs_prefix(project);
-    let mut urls = Vec::new();
-    for name in storage.children(&logs).await.map_err(unavailable)? {
-        let Some(hour) = parse_hour(&name) else { continue };
+    let listed: Vec<ObjectMeta> =
+        storage.store().list(Some(&logs)).try_collect().await.map_err(unavailable)?;
+    let mut hours: BTreeMap<Timestamp, Vec<ObjectMeta>> = BTreeMap::new();
+    for object in listed {
+        // `{logs}/{hour}/{file}`: anything else is not a log file.
+        let hour = {
+            let mut parts = object.location.prefix_match(&logs).into_iter().flatten();
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(hour), Some(_), None) => parse_hour(hour.as_ref()),
+                _ => None,
+            }
+        };
+        let Some(hour) = hour else { continue };
         let after = since.is_some_and(|since| hour + time::Duration::HOUR <= since);
         let before = until.is_some_and(|until| hour >= until);
-        if after || before {
-            continue;
+        if !(after || before) {
+            hours.entry(hour).or_default().push(object);
         }
-        let listed = storage.objects(&logs.clone().join(name.as_str())).await.map_err(unavailable)?;
-        urls.extend(split(listed).0.into_iter().map(|file| storage.url_of_object(&file.location)));
     }
-    Ok(urls)
+    Ok(hours
+        .into_values()
+        .flat_map(|files| split(files).0)
+        .map(|file| storage.url_of_object(&file.location))
+        .collect())
 }
 
 /// The order of every log file's rows.
@@ -593,16 +590,10 @@ fn file_order() -> Vec<SortExpr> {
     vec![col("endpoint").sort(true, false), col("at").sort(true, false)]
 }
 
-/// A frame over log files that knows each is sorted by [`file_order`], so a merge of them in that order is a
-/// streaming merge rather than a sort.
-async fn read_sorted(ctx: &SessionContext, urls: Vec<String>) -> Result<DataFrame, EngineError> {
-    let options = ParquetReadOptions::default().schema(&SCHEMA).file_sort_order(vec![file_order()]);
-    ctx.read_parquet(urls, options).await.map_err(crate::execute::storage_error)
-}
-
-/// A frame over log files.
+/// A frame over log files, which knows each is sorted by [`file_order`] (so a merge of them in that order is a
+/// streaming merge rather than a sort).
 async fn read(ctx: &SessionContext, urls: Vec<String>) -> Result<DataFrame, EngineError> {
-    let options = ParquetReadOptions::default().schema(&SCHEMA);
+    let options = ParquetReadOptions::default().schema(&SCHEMA).file_sort_order(vec![file_order()]);
     ctx.read_parquet(urls, options).await.map_err(crate::execute::storage_error)
 }
 

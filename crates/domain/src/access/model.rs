@@ -218,6 +218,16 @@ pub enum ProjectRef {
     Id(ProjectId),
 }
 
+impl ProjectRef {
+    /// The project it names for `caller`: `@current` is the caller's own.
+    pub fn resolve(self, caller: &Principal) -> ProjectId {
+        match self {
+            Self::Current => caller.project_id,
+            Self::Id(id) => id,
+        }
+    }
+}
+
 impl std::str::FromStr for ProjectRef {
     type Err = Invalid;
 

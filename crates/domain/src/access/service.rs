@@ -370,10 +370,7 @@ impl ApiKeyService {
         needed: Scope,
         runs: Option<&str>,
     ) -> Result<ProjectId, Error> {
-        let project = match project {
-            ProjectRef::Current => principal.project_id,
-            ProjectRef::Id(id) => id,
-        };
+        let project = project.resolve(principal);
         if project != principal.project_id && principal.grant.is_some() {
             return Err(Error::NotAuthenticated("This run token is not valid for this project.".into()));
         }
