@@ -352,6 +352,13 @@ pub(crate) fn small_session(
     session_with(storage, runtime, scheduler, SessionConfig::new().with_target_partitions(1))
 }
 
+/// An [`empty_session`] for merging `files` sorted files into one: a partition per file (never a file split
+/// across partitions, nor two in one), so that each partition is in the files' order.
+pub(crate) fn merge_session(storage: &Storage, files: usize) -> Result<SessionContext, EngineError> {
+    let config = SessionConfig::new().with_target_partitions(files.max(1)).with_repartition_file_scans(false);
+    session_with(storage, None, None, config)
+}
+
 /// An [`empty_session`] for importing a staged upload, reading `batch_rows` rows at a time when its records
 /// are large (see `records`).
 pub(crate) fn import_session(

@@ -7,7 +7,10 @@
 //! time so that a reader of one endpoint skips the row groups of others. `node` is drawn once per process, and
 //! `first..=last` are the flush numbers the file holds: a flush writes one of level 0 (`first == last`), and
 //! [`ParquetRunLog::maintain`] merges a node's newest files of an hour, [`MERGE_AT`] of one level, into one of
-//! the next level holding all their numbers (a closed hour's into one). A reader
+//! the next level holding all their numbers (a closed hour's into one), until a file reaches
+//! [`LogSettings::full_file`]: a full file is never merged again, so a merge reads a bounded amount whatever the
+//! traffic. Merges run on a thread of their own at the lowest scheduling priority: they take the cores queries
+//! leave idle, never a query's. A reader
 //! lists the hour, and leaves out each file whose numbers another file of its node holds, so a merge is seen
 //! whole or not at all; the files merged are deleted only after [`GRACE`], longer than a query may run. Only a
 //! node writes and merges its own files, so nodes never race; flushes and merges of a node take turns.
@@ -107,11 +110,13 @@ pub struct LogSettings {
     pub retention: Duration,
     /// Records held between flushes at most; more are dropped and counted.
     pub buffered: usize,
+    /// A file of at least this many bytes is full: it is never merged again (about five million records).
+    pub full_file: u64,
 }
 
 impl Default for LogSettings {
     fn default() -> Self {
-        Self { retention: Duration::from_secs(30 * 86_400), buffered: 200_000 }
+        Self { retention: Duration::from_secs(30 * 86_400), buffered: 200_000, full_file: 128 << 20 }
     }
 }
 
@@ -137,6 +142,35 @@ struct Inner {
     written: Counter,
     dropped: Counter,
     failed: Counter,
+    /// The runtime merges run on (see [`merge_runtime`]), made at the first merge.
+    merges: std::sync::OnceLock<tokio::runtime::Runtime>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Dropped from anywhere, an async context included: its thread is left to stop on its own.
+        if let Some(runtime) = self.merges.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// One worker thread at the lowest priority (and its blocking threads, for file I/O, likewise): a merge reads,
+/// merges and compresses on it alone, so it takes at most one core, and only what queries leave idle.
+fn merge_runtime() -> Result<tokio::runtime::Runtime, EngineError> {
+    use thread_priority::{set_current_thread_priority, ThreadPriority};
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(2)
+        .thread_name("run-log-merge")
+        .on_thread_start(|| {
+            if let Err(err) = set_current_thread_priority(ThreadPriority::Min) {
+                tracing::warn!(error = %err, "could not lower the priority of the run log's merges");
+            }
+        })
+        .enable_all()
+        .build()
+        .map_err(|err| EngineError::Internal(format!("the run log's merge thread: {err}").into()))
 }
 
 impl ParquetRunLog {
@@ -153,6 +187,7 @@ impl ParquetRunLog {
                 written: Counter::default(),
                 dropped: Counter::default(),
                 failed: Counter::default(),
+                merges: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -267,21 +302,10 @@ impl ParquetRunLog {
     /// # Errors
     /// The storage's failure; what was not done is tried again at the next call.
     pub async fn maintain(&self, now: Timestamp) -> Result<(), EngineError> {
-        let mut written_to = self.inner.turn.lock().await;
-        let due: Vec<_> = written_to
-            .iter()
-            .filter(|((_, hour), hour_files)| hour_files.due(*hour, now))
-            .map(|(key, _)| *key)
-            .collect();
-        for (project, hour) in due {
-            let merged_left = self.merge(project, hour, now).await?;
-            if closed(hour, now) && !merged_left {
-                written_to.remove(&(project, hour));
-            } else {
-                written_to.insert((project, hour), HourFiles { flushed: 0, merged_left });
-            }
-        }
-        drop(written_to);
+        let log = self.clone();
+        self.merges()?.spawn(async move { log.merge_due(now).await }).await.map_err(|err| {
+            EngineError::Internal(format!("the run log's merges ended abnormally: {err}").into())
+        })??;
         let prune = {
             let mut pruned = self.inner.pruned.lock().unwrap_or_else(PoisonError::into_inner);
             let due = pruned.is_none_or(|at| now - at >= PRUNE_EVERY);
@@ -296,13 +320,44 @@ impl ParquetRunLog {
         Ok(())
     }
 
+    /// The merge runtime's handle, the runtime made at the first call.
+    fn merges(&self) -> Result<tokio::runtime::Handle, EngineError> {
+        if let Some(runtime) = self.inner.merges.get() {
+            return Ok(runtime.handle().clone());
+        }
+        if let Err(made_twice) = self.inner.merges.set(merge_runtime()?) {
+            made_twice.shutdown_background();
+        }
+        Ok(self.inner.merges.get().expect("set just above").handle().clone())
+    }
+
+    /// Merges the hours this node wrote to that are due (see [`HourFiles::due`]), on the merge runtime.
+    async fn merge_due(&self, now: Timestamp) -> Result<(), EngineError> {
+        let mut written_to = self.inner.turn.lock().await;
+        let due: Vec<_> = written_to
+            .iter()
+            .filter(|((_, hour), hour_files)| hour_files.due(*hour, now))
+            .map(|(key, _)| *key)
+            .collect();
+        for (project, hour) in due {
+            let merged_left = self.merge(project, hour, now).await?;
+            if closed(hour, now) && !merged_left {
+                written_to.remove(&(project, hour));
+            } else {
+                written_to.insert((project, hour), HourFiles { flushed: 0, merged_left });
+            }
+        }
+        Ok(())
+    }
+
     /// Merges this node's files of the hour by levels, and deletes its files that were merged before the grace;
     /// says whether files merged within the grace are left.
     ///
     /// A flush writes a file of level 0; [`MERGE_AT`] files of one level that end the node's files (in flush
     /// order) become one of the next level, so a record is written again once per level (a handful, whatever
     /// the traffic) rather than at every merge, and an hour keeps fewer than [`MERGE_AT`] files per level. A
-    /// closed hour's files become one.
+    /// closed hour's files become one. Only the files after the node's last full one are merged (a merge holds
+    /// consecutive numbers, so one never goes around a full file).
     async fn merge(&self, project: ProjectId, hour: Timestamp, now: Timestamp) -> Result<bool, EngineError> {
         let storage = &self.inner.storage;
         let prefix = hour_prefix(project, hour);
@@ -310,8 +365,10 @@ impl ParquetRunLog {
         let (visible, covered) = split(listed);
         let mut own: Vec<LogFile> = visible.into_iter().filter(|file| file.node == self.inner.node).collect();
         own.sort_by_key(|file| file.first);
+        let full = |file: &LogFile| file.size >= self.inner.settings.full_file;
+        let mut own = own.split_off(own.iter().rposition(full).map_or(0, |last_full| last_full + 1));
         let mut merged = false;
-        while let Some(level) = own.last().map(|file| file.level) {
+        while let Some(level) = own.last().filter(|file| !full(file)).map(|file| file.level) {
             let run = own.iter().rev().take_while(|file| file.level == level).count();
             let whole = closed(hour, now) && own.len() > 1;
             let take = if whole {
@@ -347,7 +404,8 @@ impl ParquetRunLog {
         let err = crate::execute::storage_error;
         let first = parts.iter().map(|file| file.first).min().expect("a merge of files");
         let last = parts.iter().map(|file| file.last).max().expect("a merge of files");
-        let ctx = crate::catalog::empty_session(storage, None, None)?;
+        // A partition per file, each in order: a streaming merge of them, whatever their ranges.
+        let ctx = crate::catalog::merge_session(storage, parts.len())?;
         let urls = parts.iter().map(|file| storage.url_of_object(&file.location)).collect();
         let sorted = read(&ctx, urls).await?.sort(file_order());
         let mut rows = sorted.map_err(err)?.execute_stream().await.map_err(err)?;
@@ -360,9 +418,11 @@ impl ParquetRunLog {
         while let Some(batch) = rows.next().await {
             writer.write(&batch.map_err(err)?).await.map_err(internal)?;
         }
+        let size = writer.bytes_written() as u64;
         writer.close().await.map_err(internal)?;
         Ok(LogFile {
             location: path,
+            size,
             modified: Timestamp::now_utc(),
             node: self.inner.node.clone(),
             level,
@@ -590,8 +650,8 @@ fn file_order() -> Vec<SortExpr> {
     vec![col("endpoint").sort(true, false), col("at").sort(true, false)]
 }
 
-/// A frame over log files, which knows each is sorted by [`file_order`] (so a merge of them in that order is a
-/// streaming merge rather than a sort).
+/// A frame over log files, which knows each is sorted by [`file_order`] (DataFusion puts files whose ranges
+/// overlap in partitions of their own, so that a merge in that order is a streaming merge rather than a sort).
 async fn read(ctx: &SessionContext, urls: Vec<String>) -> Result<DataFrame, EngineError> {
     let options = ParquetReadOptions::default().schema(&SCHEMA).file_sort_order(vec![file_order()]);
     ctx.read_parquet(urls, options).await.map_err(crate::execute::storage_error)
@@ -651,6 +711,8 @@ struct LogFile {
     location: ObjectPath,
     /// When it was written.
     modified: Timestamp,
+    /// Its bytes.
+    size: u64,
     node: String,
     /// How many merges its records went through: 0 for a flush's file.
     level: u32,
@@ -667,7 +729,8 @@ impl LogFile {
         let level = parts.next()?.parse().ok()?;
         let node = parts.next()?.to_owned();
         let modified = crate::table_store::instant(&meta);
-        (first <= last).then_some(Self { location: meta.location, modified, node, level, first, last })
+        let size = meta.size;
+        (first <= last).then_some(Self { location: meta.location, modified, size, node, level, first, last })
     }
 
     /// Whether `other` holds this file's records (and more).

@@ -208,44 +208,126 @@ async fn logs_are_a_table_of_the_projects_own_records_within_the_retention() {
     assert_eq!(log.records(project(1), "kpi", &all(10)).await.unwrap().len(), 3);
 }
 
+/// The names of the log files of project 1's only hour, sorted.
+fn hour_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let hours: Vec<_> = std::fs::read_dir(dir.join("projects/1/logs")).unwrap().collect();
+    assert_eq!(hours.len(), 1);
+    let mut files: Vec<_> =
+        std::fs::read_dir(hours[0].as_ref().unwrap().path()).unwrap().map(|f| f.unwrap().path()).collect();
+    files.sort();
+    files
+}
+
+fn level(file: &std::path::Path) -> String {
+    file.file_name().unwrap().to_str().unwrap().split('_').nth(1).unwrap().to_owned()
+}
+
+/// A file's rows, as (endpoint, at) pairs in the file's order.
+fn rows_of(file: &std::path::Path) -> Vec<(String, i64)> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::TimestampMicrosecondType;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file).unwrap()).unwrap();
+    let mut rows = Vec::new();
+    for batch in reader.build().unwrap() {
+        let batch = batch.unwrap();
+        let endpoint = batch.column_by_name("endpoint").unwrap().as_string::<i32>();
+        let at = batch.column_by_name("at").unwrap().as_primitive::<TimestampMicrosecondType>();
+        rows.extend((0..batch.num_rows()).map(|i| (endpoint.value(i).to_owned(), at.value(i))));
+    }
+    rows
+}
+
 /// Merges go by levels: eight flushed files become one, eight of those one more, and the records read the same
-/// at every step; a record is written again once per level, and an hour keeps a few files.
+/// at every step; a record is written again once per level, an hour keeps a few files, and every file's rows
+/// are in order (by endpoint, then time) however many files were merged into it.
 #[tokio::test]
 async fn merges_go_by_levels_and_lose_nothing() {
     let dir = temp_dir("run-log-levels");
     let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), LogSettings::default());
     // Ahead of now, so that the hour never closes while the test runs (a closed hour is merged whole).
     let start = within_one_hour(now() + time::Duration::minutes(10), 130);
-    let files = || -> Vec<String> {
-        let hours: Vec<_> = std::fs::read_dir(dir.join("projects/1/logs")).unwrap().collect();
-        assert_eq!(hours.len(), 1);
-        let mut names: Vec<_> = std::fs::read_dir(hours[0].as_ref().unwrap().path())
-            .unwrap()
-            .map(|f| f.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        names
-    };
-    let level = |name: &str| name.split('_').nth(1).unwrap().to_owned();
     let mut n = 0;
     for round in 1..=8 {
         for _ in 0..8 {
+            // Two endpoints in every flush: a file's rows are "alpha"'s, then "kpi"'s.
             log.record(record(1, "kpi", start + time::Duration::seconds(n as i64), n));
+            log.record(record(1, "alpha", start + time::Duration::seconds(n as i64), n));
             n += 1;
             log.flush().await.unwrap();
         }
         // Past the grace: the merged files go at once, and what is left is what readers read.
         log.maintain(now() + LOG_MERGE_GRACE + time::Duration::SECOND).await.unwrap();
         log.maintain(now() + LOG_MERGE_GRACE * 2).await.unwrap();
-        let names = files();
-        let levels: Vec<_> = names.iter().map(|name| level(name)).collect();
+        let files = hour_files(&dir);
+        let levels: Vec<_> = files.iter().map(|file| level(file)).collect();
         if round < 8 {
-            assert_eq!(levels, vec!["1".to_owned(); round], "{names:?}");
+            assert_eq!(levels, vec!["1".to_owned(); round], "{files:?}");
         } else {
-            assert_eq!(levels, ["2"], "eight files of level 1 became one of level 2: {names:?}");
+            assert_eq!(levels, ["2"], "eight files of level 1 became one of level 2: {files:?}");
+        }
+        for file in &files {
+            let rows = rows_of(file);
+            assert!(rows.is_sorted(), "{file:?} is not sorted by endpoint and time: {rows:?}");
         }
         assert_eq!(log.records(project(1), "kpi", &all(1000)).await.unwrap().len() as u64, n);
+        assert_eq!(log.records(project(1), "alpha", &all(1000)).await.unwrap().len() as u64, n);
     }
+}
+
+/// A file of [`LogSettings::full_file`] bytes or more is never merged again: flushes keep merging into files
+/// of the first level, each full, and none of the next; a closed hour's whole merge leaves them too.
+#[tokio::test]
+async fn full_files_are_merged_no_more() {
+    let burst = |log: &ParquetRunLog, start: Timestamp, flush: u64| {
+        for i in 0..400 {
+            log.record(record(1, "kpi", start + time::Duration::milliseconds((flush * 400 + i) as i64), i));
+        }
+    };
+    let start = within_one_hour(now() + time::Duration::minutes(10), 130);
+    // One flush's file on its own, to size the test by: a merge of eight is more than one and a half of them.
+    let sizing = temp_dir("run-log-full-sizing");
+    let one = ParquetRunLog::new(Storage::local(&sizing).unwrap(), LogSettings::default());
+    burst(&one, start, 0);
+    one.flush().await.unwrap();
+    let flushed = std::fs::metadata(&hour_files(&sizing)[0]).unwrap().len();
+    let dir = temp_dir("run-log-full");
+    let settings = LogSettings { full_file: flushed * 3 / 2, ..LogSettings::default() };
+    let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), settings);
+    for flush in 0..64 {
+        burst(&log, start, flush);
+        log.flush().await.unwrap();
+        if flush % 8 == 7 {
+            log.maintain(now() + LOG_MERGE_GRACE * 2).await.unwrap();
+        }
+    }
+    log.maintain(now() + LOG_MERGE_GRACE * 3).await.unwrap();
+    let files = hour_files(&dir);
+    let levels: Vec<_> = files.iter().map(|file| level(file)).collect();
+    assert_eq!(levels, vec!["1".to_owned(); 8], "{files:?}");
+    assert!(files.iter().all(|file| std::fs::metadata(file).unwrap().len() >= settings.full_file));
+    // The hour closed: nothing to merge into one, as every file is full.
+    log.maintain(start + time::Duration::hours(2)).await.unwrap();
+    log.maintain(start + time::Duration::hours(2) + LOG_MERGE_GRACE * 2).await.unwrap();
+    assert_eq!(hour_files(&dir).len(), 8);
+    let since = start - time::Duration::HOUR;
+    let query = UsageQuery::new(Some(since), Some(start + time::Duration::HOUR), Some(Interval::Hour), now());
+    let usage = log.usage(project(1), "kpi", &query.unwrap()).await.unwrap();
+    // Every record once (a tenth of them refreshes, which usage leaves out).
+    assert_eq!(usage.iter().map(|bucket| bucket.requests).sum::<u64>(), 64 * 360);
+    // Merges ran on their own thread at the lowest priority (nice 19).
+    let merge_threads: Vec<i32> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| {
+            let task = task.ok()?.path();
+            let name = std::fs::read_to_string(task.join("comm")).ok()?;
+            let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+            // The fields after the name: the nice value is the 19th of the line, the 17th of these.
+            let nice = stat.rsplit_once(") ")?.1.split_whitespace().nth(16)?.parse().ok()?;
+            (name.trim() == "run-log-merge").then_some(nice)
+        })
+        .collect();
+    assert!(!merge_threads.is_empty() && merge_threads.iter().all(|nice| *nice == 19), "{merge_threads:?}");
 }
 
 /// A table written under the name `_logs` before the run log existed stays that project's `_logs` (its rows
