@@ -4,6 +4,7 @@
 // A failed step of a test fails the test: its helpers unwrap as its test functions do.
 #![allow(clippy::unwrap_used)]
 
+mod as_code;
 mod auth;
 mod cli;
 mod console;

@@ -2,6 +2,7 @@
 
 #[cfg(feature = "ballista")]
 mod cluster;
+pub mod code;
 mod data;
 mod demo;
 pub mod demo_data;
@@ -72,6 +73,14 @@ pub enum Command {
     /// SIGTERM.
     #[cfg(feature = "ballista")]
     Cluster(cluster::ClusterArgs),
+    /// Write a project's endpoints into a folder, one YAML file each (endpoints as code; docs/as-code.md).
+    Pull(code::Target),
+    /// Show how a server's endpoints differ from the folder's; exit 1 when they do.
+    Diff(code::Target),
+    /// Make a server's endpoints what the folder says: the plan, then each change (stops at the first error).
+    Push(code::PushArgs),
+    /// Run the folder's test cases against a server; exit 1 when one fails.
+    Test(code::TestArgs),
 }
 
 impl Cli {
@@ -131,6 +140,10 @@ pub async fn run(cli: Cli) -> ExitCode {
     crate::telemetry::init(cli.log_json);
     let config = cli.config();
     let result = match cli.command {
+        Command::Pull(target) => return code::exit(code::pull(target).await),
+        Command::Diff(target) => return code::exit(code::diff(target).await),
+        Command::Push(args) => return code::exit(code::push(args).await),
+        Command::Test(args) => return code::exit(code::test(args).await),
         Command::Serve(args) => serve::run(config, args).await,
         Command::Migrate => migrate::run(&config, cli.json),
         Command::Project(command) => project::run(&config, command, cli.json).await,

@@ -1,0 +1,270 @@
+//! The one client of a server's public API that `pull`, `diff`, `push` and `test` share: the endpoint list, a
+//! create and an update (each also as a dry run), a delete and a run, with the key as a bearer token.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use url::Url;
+
+/// How long one request may take before the command gives up on the server.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A server's endpoints of one project, through its API.
+#[derive(Debug)]
+pub struct Api {
+    http: reqwest::Client,
+    /// `{url}/api/projects/{project}/endpoints/`
+    endpoints: Url,
+    key: String,
+}
+
+/// What went wrong talking to the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("could not reach the server at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// The server's error answer, as its JSON body says it.
+    #[error("{status} {code}: {detail}")]
+    Api { status: u16, code: String, detail: String, breaking_changes: Vec<BreakingChange> },
+    #[error("the server answered what this command does not understand ({0}); is it an endpoints server?")]
+    Unexpected(String),
+}
+
+impl ClientError {
+    /// The server's error code (`breaking_change`, `not_found`, ...), for an error answer.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// An output column a new version would remove (`to` null) or retype, as the server's check lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BreakingChange {
+    pub column: String,
+    pub change: String,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+impl std::fmt::Display for BreakingChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.from, &self.to) {
+            (Some(from), Some(to)) => write!(f, "column {} {} ({from} -> {to})", self.column, self.change),
+            _ => write!(f, "column {} {}", self.column, self.change),
+        }
+    }
+}
+
+/// An endpoint as the server answers it: the fields a file holds, and its version.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RemoteEndpoint {
+    pub name: String,
+    pub description: String,
+    pub query: RemoteQuery,
+    pub is_active: bool,
+    pub is_materialized: bool,
+    pub cache_age_seconds: Option<u32>,
+    pub sync_frequency: Option<String>,
+    pub freshness_seconds: u32,
+    pub current_version: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RemoteQuery {
+    pub query: String,
+    #[serde(default)]
+    pub variables: BTreeMap<String, RemoteVariable>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RemoteVariable {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub default: Option<Value>,
+    pub required: bool,
+    pub description: Option<String>,
+}
+
+/// A run's answer: its columns in order and its rows, one object per row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RunAnswer {
+    pub columns: Vec<String>,
+    pub results: Vec<serde_json::Map<String, Value>>,
+}
+
+#[derive(Deserialize)]
+struct Page {
+    next: Option<String>,
+    results: Vec<RemoteEndpoint>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    code: String,
+    detail: String,
+    #[serde(default)]
+    breaking_changes: Vec<BreakingChange>,
+}
+
+impl Api {
+    /// A client of project `project`'s endpoints on the server at `url` (its root: `https://host[:port]`).
+    ///
+    /// # Errors
+    /// A URL that is not http(s), or a client that cannot be built.
+    pub fn new(url: &Url, project: i64, key: &str) -> Result<Self, ClientError> {
+        if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
+            return Err(ClientError::Unreachable {
+                url: url.to_string(),
+                reason: "the URL must be http:// or https://".into(),
+            });
+        }
+        let mut endpoints = url.clone();
+        endpoints.path_segments_mut().expect("an http(s) URL is a base").pop_if_empty().extend([
+            "api",
+            "projects",
+            &project.to_string(),
+            "endpoints",
+            "",
+        ]);
+        let http = reqwest::Client::builder()
+            .timeout(TIMEOUT)
+            .user_agent(concat!("endpoints-cli/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|err| ClientError::Unreachable { url: url.to_string(), reason: err.to_string() })?;
+        Ok(Self { http, endpoints, key: key.to_owned() })
+    }
+
+    /// Every endpoint of the project, page after page, by name.
+    pub async fn list(&self) -> Result<Vec<RemoteEndpoint>, ClientError> {
+        let mut url = self.endpoints.clone();
+        url.query_pairs_mut().append_pair("limit", "100");
+        let mut all = Vec::new();
+        loop {
+            let page: Page = self.send(Method::GET, url, None).await?;
+            all.extend(page.results);
+            match page.next {
+                Some(next) => {
+                    url =
+                        Url::parse(&next).map_err(|_| ClientError::Unexpected(format!("next page {next}")))?
+                }
+                None => break,
+            }
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    /// Creates an endpoint from `body`, or with `dry_run` answers the endpoint it would make.
+    pub async fn create(&self, body: &Value, dry_run: bool) -> Result<RemoteEndpoint, ClientError> {
+        let mut url = self.endpoints.clone();
+        url.path_segments_mut().expect("a base").pop_if_empty();
+        if dry_run {
+            url.query_pairs_mut().append_pair("dry_run", "true");
+        }
+        self.send(Method::POST, url, Some(body)).await
+    }
+
+    /// Updates endpoint `name` to `body`, or with `dry_run` answers the endpoint as it would be.
+    pub async fn update(
+        &self,
+        name: &str,
+        body: &Value,
+        dry_run: bool,
+    ) -> Result<RemoteEndpoint, ClientError> {
+        let mut url = self.endpoint(name);
+        if dry_run {
+            url.query_pairs_mut().append_pair("dry_run", "true");
+        }
+        self.send(Method::PATCH, url, Some(body)).await
+    }
+
+    pub async fn delete(&self, name: &str) -> Result<(), ClientError> {
+        let response = self.request(Method::DELETE, self.endpoint(name), None).await?;
+        Self::check(response).await.map(drop)
+    }
+
+    /// Runs endpoint `name` with `variables`, computed now (`refresh=direct`), never from a cache.
+    pub async fn run(&self, name: &str, variables: &Value) -> Result<RunAnswer, ClientError> {
+        let mut url = self.endpoint(name);
+        url.path_segments_mut().expect("a base").push("run");
+        let body = json!({"variables": variables, "refresh": "direct"});
+        self.send(Method::POST, url, Some(&body)).await
+    }
+
+    fn endpoint(&self, name: &str) -> Url {
+        let mut url = self.endpoints.clone();
+        url.path_segments_mut().expect("a base").pop_if_empty().push(name);
+        url
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&Value>,
+    ) -> Result<T, ClientError> {
+        let response = Self::check(self.request(method, url, body).await?).await?;
+        let bytes = response.bytes().await.map_err(|err| ClientError::Unexpected(err.to_string()))?;
+        serde_json::from_slice(&bytes).map_err(|err| ClientError::Unexpected(err.to_string()))
+    }
+
+    async fn request(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&Value>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let shown = url.to_string();
+        let mut request = self.http.request(method, url).bearer_auth(&self.key);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        request.send().await.map_err(|err| ClientError::Unreachable { url: shown, reason: cause(&err) })
+    }
+
+    /// The response when it succeeded; its error body as [`ClientError::Api`] otherwise.
+    async fn check(response: reqwest::Response) -> Result<reqwest::Response, ClientError> {
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let bytes = response.bytes().await.unwrap_or_default();
+        match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(body) => Err(ClientError::Api {
+                status: status.as_u16(),
+                code: body.code,
+                detail: body.detail,
+                breaking_changes: body.breaking_changes,
+            }),
+            Err(_) => Err(ClientError::Api {
+                status: status.as_u16(),
+                code: status.canonical_reason().unwrap_or("error").to_lowercase().replace(' ', "_"),
+                detail: if status == StatusCode::NOT_FOUND {
+                    "not found: is the URL the server's root?".into()
+                } else {
+                    String::from_utf8_lossy(&bytes).chars().take(200).collect()
+                },
+                breaking_changes: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// A request's failure with its causes (a refused connection says so only in its source).
+fn cause(err: &reqwest::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
