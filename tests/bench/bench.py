@@ -1104,26 +1104,34 @@ def run_logs(args, app):
         app.request("POST", "/api/projects/1/endpoints", {"name": "log-count", "query": {"kind": "SQLQuery",
                     "query": "SELECT count(*) AS n FROM _logs WHERE endpoint = 'events-by-country'"}})
         time.sleep(2)
-        records, loaded = log_records(app), 0
-        while records < LOG_RECORDS:
+        # A million new records (the earlier scenarios' are in the log too, in the full run): the target's usage
+        # reads those, from when the load began; the whole log's is reported beside it.
+        before = log_records(app)
+        began = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        records = before
+        while records - before < LOG_RECORDS:
             wrk(app.base + LIVE_PATH, app.key, 15)
             time.sleep(2)
             records = log_records(app)
             log(f"run log: {records:,} records")
         count_ms, _ = app.timed("/api/projects/1/endpoints/log-count/run?refresh=direct", args.live_rounds)
-        usage = {}
-        for interval in ("minute", "hour"):
-            path = f"/api/projects/1/endpoints/events-by-country/usage?interval={interval}"
-            usage[interval], answers = app.timed(path, args.live_rounds * 2)
+        usage, loaded = {}, 0
+        for name, query in (("minute", f"interval=minute&since={began}"), ("hour", f"interval=hour&since={began}"),
+                            ("all", "interval=hour&since=2000-01-01T00:00:00Z")):
+            path = f"/api/projects/1/endpoints/events-by-country/usage?{query}"
+            usage[name], answers = app.timed(path, args.live_rounds * 2)
             counted = sum(b["requests"] for b in answers[-1]["buckets"])
-            assert counted >= LOG_RECORDS, f"usage by {interval} counted {counted:,} runs"
+            assert counted >= LOG_RECORDS, f"usage by {name} counted {counted:,} runs"
+            if name == "minute":
+                loaded = counted
         logs_ms, _ = app.timed("/api/projects/1/endpoints/events-by-country/logs?limit=100", args.live_rounds * 2)
         hours = os.path.join(app.data_dir, "projects", "1", "logs")
         files = sum(len(os.listdir(os.path.join(hours, h))) for h in os.listdir(hours))
     finally:
         app.stop()
-    return {"on": median_of(on), "off": median_of(off), "records": records, "usage_minute_ms": usage["minute"],
-            "usage_hour_ms": usage["hour"], "count_ms": count_ms, "logs_ms": logs_ms, "files": files}
+    return {"on": median_of(on), "off": median_of(off), "records": records, "loaded": loaded,
+            "usage_minute_ms": usage["minute"], "usage_hour_ms": usage["hour"], "usage_all_ms": usage["all"],
+            "count_ms": count_ms, "logs_ms": logs_ms, "files": files}
 
 
 def logs_section(f):
@@ -1138,10 +1146,12 @@ def logs_section(f):
         f"| cached runs with the run log on | {f['on']['rps']:,.0f} req/s (p99 {f['on']['p99']:.2f} ms) | "
         f"with `--no-run-log`: {f['off']['rps']:,.0f} req/s (p99 {f['off']['p99']:.2f} ms) | {ratio:.2f}x | "
         f">= 0.95x: {check(ratio >= 0.95)} |",
-        f"| `usage?interval=minute` over {f['records']:,} records | {f['usage_minute_ms']:.1f} ms | | | < 100 ms: "
-        f"{check(f['usage_minute_ms'] < 100)} |",
-        f"| `usage` (by hour, a day) over the same | {f['usage_hour_ms']:.1f} ms | | | < 100 ms: "
+        f"| `usage?interval=minute` over the {f['loaded']:,} runs since the load began | "
+        f"{f['usage_minute_ms']:.1f} ms | | | < 100 ms: {check(f['usage_minute_ms'] < 100)} |",
+        f"| `usage?interval=hour` over the same | {f['usage_hour_ms']:.1f} ms | | | < 100 ms: "
         f"{check(f['usage_hour_ms'] < 100)} |",
+        f"| `usage?interval=hour` over the whole log ({f['records']:,} records) | {f['usage_all_ms']:.1f} ms | | | "
+        "none (linear in the records read) |",
         f"| `logs?limit=100` (newest first) | {f['logs_ms']:.1f} ms | | | |",
         f"| `SELECT count(*) FROM _logs WHERE endpoint = ...` | {f['count_ms']:.1f} ms | | | |",
         "",
