@@ -1139,7 +1139,7 @@ def logs_section(f):
     lines = [
         f"**Run logs** (scenario 12, {datetime.date.today().isoformat()}; release build, local storage, SQLite; the "
         "cached run of scenario 1 at 64 connections, the server started alternately with and without its run log; "
-        "then loaded until the log held a million records of that endpoint).",
+        "then loaded with a million more runs of that endpoint).",
         "",
         "| Measure | Figure | Baseline | Ratio | Target |",
         "|---|---|---|---|---|",
