@@ -4,7 +4,7 @@ Starts the real `endpoints` binary over a fresh data directory (see `live_server
 need care in every format (quotes, commas and newlines in text, nulls, dates, timestamps, booleans, large and
 negative numbers), and runs one endpoint as JSON, then as CSV (Python's `csv`), NDJSON (`json`, line by line),
 Parquet and Arrow IPC stream (`pyarrow`), under both route families and through each way of asking for a format
-(`?format=`, the body's `format`, `Accept`). Each answer's rows must equal the JSON rows, and its headers the JSON
+(`?format=`, the body's `format`, `Accept`, and the export operation `.../run/{format}` by POST and GET). Each answer's rows must equal the JSON rows, and its headers the JSON
 answer's fields. Also checked: `ETag`/`If-None-Match` (304), `Cache-Control`, 406 for a format the service does
 not write, the export cap (`--max-export-rows`) and a page that has more rows. Run by `make test`
 (`make formats-check`).
@@ -151,6 +151,11 @@ def check_format(family, key, fmt, how, expected, limit):
     run = f"{family}/things-export/run"
     if how == "query":
         status, headers, body = fetch(f"{run}?format={fmt}&limit={limit}&variables.from_id=1", key)
+    elif how == "export":
+        # The export operation: the format in the path (what a generated client calls).
+        status, headers, body = fetch(f"{run}/{fmt}", key, {"limit": limit, "variables": {"from_id": 1}})
+    elif how == "export-get":
+        status, headers, body = fetch(f"{run}/{fmt}?limit={limit}&variables.from_id=1", key)
     elif how == "body":
         status, headers, body = fetch(run, key, {"format": fmt, "limit": limit, "variables": {"from_id": 1}})
     else:
@@ -198,7 +203,7 @@ def main():
                 kinds = [kind for _, kind in expected["types"]]
                 assert {"date", "datetime", "decimal", "boolean", "float"} <= set(kinds), kinds
                 for fmt in READERS:
-                    for how in ("query", "body", "accept"):
+                    for how in ("query", "body", "accept", "export", "export-get"):
                         checked += check_format(family, key, fmt, how, expected, limit)
 
             # What no format fits is refused before anything runs; an explicit format wins over Accept.
@@ -209,6 +214,13 @@ def main():
             assert status == 200 and headers["Content-Type"].startswith("text/csv"), status
             status, _, body = fetch(f"{run}?format=xml", key)
             assert status == 400 and json.loads(body)["attr"] == "format", (status, body)
+            # An export's path names its format: another one besides is refused, an unknown one is no route.
+            status, _, body = fetch(f"{run}/csv", key, {"format": "json"})
+            assert status == 400 and json.loads(body)["attr"] == "format", (status, body)
+            status, _, body = fetch(f"{run}/csv?format=parquet", key)
+            assert status == 400 and json.loads(body)["attr"] == "format", (status, body)
+            status, _, body = fetch(f"{run}/xml", key)
+            assert status == 404, (status, body)
             # Past the export cap (or JSON's 10,000 rows) is a 400 on the limit.
             status, _, body = fetch(f"{run}?format=csv&limit={EXPORT_CAP + 1}", key)
             assert status == 400 and json.loads(body)["attr"] == "limit", (status, body)
@@ -218,7 +230,7 @@ def main():
             assert status == 200 and headers["ETag"] and "max-age=" in headers["Cache-Control"], headers
             status, _, body = fetch(f"{run}?limit=5", key, headers=[("If-None-Match", headers["ETag"])])
             assert (status, body) == (304, b""), status
-        print(f"formats: {checked} rows read back in 4 formats, 3 ways of asking, 2 families, all equal to JSON")
+        print(f"formats: {checked} rows read back in 4 formats, 5 ways of asking, 2 families, all equal to JSON")
 
 
 if __name__ == "__main__":

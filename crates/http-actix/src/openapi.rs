@@ -22,7 +22,7 @@ use utoipa::openapi::schema::{ArrayBuilder, KnownFormat, ObjectBuilder, SchemaFo
 use utoipa::openapi::RefOr;
 use utoipa::PartialSchema;
 
-use crate::api::requests::run_body;
+use crate::api::requests::{run_body, BodyOf};
 use crate::api::{names, RunAnswer};
 use crate::error::ErrorBody;
 
@@ -178,10 +178,10 @@ pub(crate) fn row_schema(columns: &[Column]) -> Value {
     serde_json::to_value(row_object(columns).build()).unwrap_or_else(|_| Value::Object(Map::new()))
 }
 
-/// The run request with this version's variables typed, closed to any other, required when one is.
-fn run_request_schema(version: &EndpointVersion) -> Schema {
+/// The run (or export) request with this version's variables typed, closed to any other, required when one is.
+fn run_request_schema(version: &EndpointVersion, of: BodyOf) -> Schema {
     let object = variables_object(&version.query.variables, |_| false);
-    let mut body = run_body(object.into());
+    let mut body = run_body(object.into(), of);
     if any_required(version) {
         body = body.required("variables");
     }
@@ -217,27 +217,27 @@ fn page_content(binary: bool) -> MediaType {
     MediaType { schema: Some(ReferenceOr::Item(openapi_3_0(schema))), ..MediaType::default() }
 }
 
-fn responses() -> Responses {
+/// The answers of a run: its JSON (`format` `None`), or its page written in `format` (an export). A run's 200
+/// is JSON only, so that a generated client types its answer as the endpoint's rows.
+fn responses(format: Option<ResultFormat>) -> Responses {
     let mut responses = IndexMap::new();
-    let mut content = json_content(component("RunResult"));
-    for format in ResultFormat::ALL.into_iter().filter(|f| *f != ResultFormat::Json) {
-        content.insert(format.media_type().into(), page_content(format.is_binary()));
-    }
+    let (content, description) = match format {
+        None => (
+            json_content(component("RunResult")),
+            "The page of rows, with the run's version, X-Has-More, X-Is-Cached and X-Execution-Id in headers too.",
+        ),
+        Some(format) => (
+            IndexMap::from([(format.media_type().to_owned(), page_content(format.is_binary()))]),
+            "The page of rows written in the format (streamed), with the run's version, X-Has-More and \
+             X-Execution-Id in headers.",
+        ),
+    };
     responses.insert(
         StatusCode::Code(200),
-        ReferenceOr::Item(Response {
-            description:
-                "The page of rows: JSON, or the format asked for by Accept or format, with the run's \
-                          version, X-Has-More, X-Is-Cached and X-Execution-Id in headers."
-                    .into(),
-            content,
-            ..Response::default()
-        }),
+        ReferenceOr::Item(Response { description: description.into(), content, ..Response::default() }),
     );
-    for (code, description) in [
-        (204, "refresh=force_cache found no fresh stored result for a page in a format other than JSON."),
-        (304, "If-None-Match holds the answer's ETag."),
-    ] {
+    let no_page = format.map(|_| (204, "refresh=force_cache found no fresh stored result."));
+    for (code, description) in no_page.into_iter().chain([(304, "If-None-Match holds the answer's ETag.")]) {
         responses.insert(
             StatusCode::Code(code),
             ReferenceOr::Item(Response { description: description.into(), ..Response::default() }),
@@ -248,7 +248,6 @@ fn responses() -> Responses {
         (401, "Missing, unknown, revoked or expired API key."),
         (403, "The key lacks endpoint:read or belongs to another project."),
         (404, "No such active endpoint or version."),
-        (406, "Accept names no format a run is written in, and no format is given."),
         (429, "Too many live queries for this project; see Retry-After."),
     ] {
         responses.insert(
@@ -361,7 +360,7 @@ pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url:
         operation_id: Some(format!("{}_get", operation_id(name))),
         summary: Some(format!("Run {name} (variables in the query string)")),
         parameters: query_parameters(version),
-        responses: responses(),
+        responses: responses(None),
         security: Some(security.clone()),
         ..Operation::default()
     };
@@ -375,16 +374,39 @@ pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url:
             required: any_required(version),
             ..RequestBody::default()
         })),
-        responses: responses(),
+        responses: responses(None),
         security: Some(security.clone()),
         ..Operation::default()
     };
     let path = format!("/api/projects/{}/endpoints/{name}/run", endpoint.project_id);
+    // Each export its own operation (`export_<name>_csv`, ...): a generator types each answer as what it is.
+    let exports: Vec<(String, Operation)> = ResultFormat::ALL
+        .into_iter()
+        .filter(|format| *format != ResultFormat::Json)
+        .map(|format| {
+            let export = Operation {
+                operation_id: Some(format!("export_{}_{}", name.replace('-', "_"), format.as_str())),
+                summary: Some(format!("Run {name}, the page written as {}", format.as_str())),
+                request_body: Some(ReferenceOr::Item(RequestBody {
+                    content: json_content(component("ExportRequest")),
+                    required: any_required(version),
+                    ..RequestBody::default()
+                })),
+                responses: responses(Some(format)),
+                security: Some(security.clone()),
+                ..Operation::default()
+            };
+            (format!("{path}/{}", format.as_str()), export)
+        })
+        .collect();
     let mut paths = Paths::default();
     paths.paths.insert(
         path,
         ReferenceOr::Item(PathItem { get: Some(get), post: Some(post), ..PathItem::default() }),
     );
+    for (path, export) in exports {
+        paths.paths.insert(path, ReferenceOr::Item(PathItem { post: Some(export), ..PathItem::default() }));
+    }
 
     let mut components = Components::default();
     components.security_schemes.insert(
@@ -398,7 +420,12 @@ pub(crate) fn document(endpoint: &Endpoint, version: &EndpointVersion, base_url:
             extensions: IndexMap::new(),
         }),
     );
-    components.schemas.insert("RunRequest".into(), ReferenceOr::Item(run_request_schema(version)));
+    components
+        .schemas
+        .insert("RunRequest".into(), ReferenceOr::Item(run_request_schema(version, BodyOf::Run)));
+    components
+        .schemas
+        .insert("ExportRequest".into(), ReferenceOr::Item(run_request_schema(version, BodyOf::Export)));
     components.schemas.insert("RunResult".into(), ReferenceOr::Item(run_response_schema(version)));
     components.schemas.insert("Error".into(), ReferenceOr::Item(openapi_3_0(ErrorBody::schema())));
 

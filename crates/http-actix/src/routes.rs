@@ -84,6 +84,13 @@ fn run(prefix: &str) -> Resource {
     resource!(path, "run", GET => runs::run_get, POST => runs::run_post)
 }
 
+/// A run written in a format other than JSON (`csv`, `ndjson`, `parquet`, `arrow`): its own operation, so that
+/// a generated client's run answers JSON only. Named as a run (metrics, the run log): it is one.
+fn export(prefix: &str) -> Resource {
+    let path = format!("{prefix}{FAMILY_REST}/{{name}}/run/{{format:csv|ndjson|parquet|arrow}}");
+    resource!(path, "run", GET => runs::export_get, POST => runs::export_post)
+}
+
 /// An endpoint's OpenAPI document, in its family's scope.
 fn endpoint_openapi() -> Resource {
     resource!("/{name}/openapi.json", "endpoint_openapi", GET => versions::openapi)
@@ -98,6 +105,10 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
     }
     for prefix in FAMILY_PREFIXES {
         cfg.service(from_pages(run(prefix), keys));
+    }
+    for prefix in FAMILY_PREFIXES {
+        cfg.service(not_from_pages(export(prefix)));
+        cfg.service(from_pages(export(prefix), keys));
     }
     for prefix in FAMILY_PREFIXES {
         cfg.service(

@@ -8,7 +8,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::OpenApi as Document;
 use utoipa::{Modify, OpenApi};
 
-use crate::api::requests::{EndpointCreate, EndpointUpdate, Names, RunBody, RunTokenBody};
+use crate::api::requests::{EndpointCreate, EndpointUpdate, ExportBody, Names, RunBody, RunTokenBody};
 use crate::api::{
     names, Endpoint, EndpointPage, LastExecutionTimes, LogList, RunAnswer, RunToken, Usage, Version,
     VersionPage,
@@ -33,14 +33,15 @@ impl Modify for BearerAuth {
     paths(
         handlers::endpoints::list, handlers::endpoints::create, handlers::endpoints::retrieve,
         handlers::endpoints::update, handlers::endpoints::delete,
-        handlers::runs::run_get, handlers::runs::run_post, handlers::versions::openapi,
+        handlers::runs::run_get, handlers::runs::run_post, handlers::runs::export_get, handlers::runs::export_post,
+        handlers::versions::openapi,
         handlers::materialization::status, handlers::logs::list, handlers::logs::usage, handlers::versions::list, handlers::versions::retrieve,
         handlers::runs::last_execution_times,
         handlers::tables::list, handlers::tables::retrieve, handlers::tables::put, handlers::tables::append,
         handlers::tables::delete, handlers::tables::preview, handlers::tokens::issue,
     ),
     components(schemas(
-        Error, Endpoint, EndpointCreate, EndpointUpdate, EndpointPage, Version, VersionPage, RunBody, RunAnswer,
+        Error, Endpoint, EndpointCreate, EndpointUpdate, EndpointPage, Version, VersionPage, RunBody, ExportBody, RunAnswer,
         Names, LastExecutionTimes, RunTokenBody, RunToken, LogList, Usage,
     )),
     modifiers(&BearerAuth)

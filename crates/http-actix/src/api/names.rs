@@ -64,8 +64,15 @@ pub(crate) fn column_change() -> Object {
 }
 
 /// A body may send `"format": null` for JSON or what `Accept` asks for.
-pub(crate) fn nullable_result_format() -> Object {
-    one_of(names(ResultFormat::ALL.map(ResultFormat::as_str)), true)
+/// A run's documented format: JSON (the others are exports').
+pub(crate) fn nullable_json_format() -> Object {
+    one_of(names([ResultFormat::Json.as_str()]), true)
+}
+
+/// The formats of an export: every one but JSON.
+pub(crate) fn export_format() -> Object {
+    let exported = ResultFormat::ALL.into_iter().filter(|format| *format != ResultFormat::Json);
+    one_of(names(exported.map(ResultFormat::as_str)), false)
 }
 
 pub(crate) fn result_format() -> Object {

@@ -139,9 +139,26 @@ impl ToSchema for EndpointUpdate {
     }
 }
 
+/// Which operation a run's body is for: a run, whose answer is JSON (its `format` documented as `json` only,
+/// so that a generated client's answer is the JSON body), or an export, whose format is in its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyOf {
+    Run,
+    Export,
+}
+
+/// `format` of a run as documented: JSON. The other formats are the export operations'; a run still takes them
+/// (`format`, `Accept`) for clients that are not generated.
+pub(crate) fn json_format() -> ObjectBuilder {
+    ObjectBuilder::from(names::nullable_json_format()).description(Some(
+        "json, the default. The other formats are the export operation's (`.../run/{format}`); this field and \
+         Accept still take them, for clients that are not generated.",
+    ))
+}
+
 /// The body of a run, every field the domain reads, with `variables` as given: free-form for the service,
-/// typed in an endpoint's document.
-pub(crate) fn run_body(variables: RefOr<Schema>) -> ObjectBuilder {
+/// typed in an endpoint's document. An export's has no `format` (its path names it).
+pub(crate) fn run_body(variables: RefOr<Schema>, of: BodyOf) -> ObjectBuilder {
     let bounded = |min: i64, max: i64| {
         ObjectBuilder::new().schema_type(nullable(Type::Integer)).minimum(Some(min)).maximum(Some(max))
     };
@@ -154,7 +171,7 @@ pub(crate) fn run_body(variables: RefOr<Schema>) -> ObjectBuilder {
     };
     let fields: [(&str, RefOr<Schema>); 10] = [
         ("client_query_id", ObjectBuilder::new().schema_type(nullable(Type::String)).into()),
-        ("format", names::nullable_result_format().into()),
+        ("format", json_format().into()),
         ("filters_override", empty().into()),
         ("query_override", empty().into()),
         ("refresh", names::nullable_refresh().into()),
@@ -182,7 +199,16 @@ pub(crate) fn run_body(variables: RefOr<Schema>) -> ObjectBuilder {
     ];
     fields
         .into_iter()
+        .filter(|(field, _)| of == BodyOf::Run || *field != "format")
         .fold(closed(ObjectBuilder::new()), |object, (field, schema)| object.property(field, schema))
+}
+
+fn any_variables() -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(nullable(Type::Object))
+        .max_properties(Some(RunRequest::MAX_VARIABLES))
+        .description(Some("Values by variable name."))
+        .into()
 }
 
 /// The body of a POST run.
@@ -190,11 +216,7 @@ pub(crate) struct RunBody;
 
 impl PartialSchema for RunBody {
     fn schema() -> RefOr<Schema> {
-        let variables = ObjectBuilder::new()
-            .schema_type(nullable(Type::Object))
-            .max_properties(Some(RunRequest::MAX_VARIABLES))
-            .description(Some("Values by variable name."));
-        run_body(variables.into()).into()
+        run_body(any_variables(), BodyOf::Run).into()
     }
 }
 
@@ -203,6 +225,43 @@ impl ToSchema for RunBody {
         Cow::Borrowed("RunRequest")
     }
 }
+
+/// The body of a POST export.
+pub(crate) struct ExportBody;
+
+impl PartialSchema for ExportBody {
+    fn schema() -> RefOr<Schema> {
+        run_body(any_variables(), BodyOf::Export).into()
+    }
+}
+
+impl ToSchema for ExportBody {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ExportRequest")
+    }
+}
+
+/// `format` of a GET run, as a query parameter: JSON (see [`json_format`]).
+pub(crate) struct JsonFormat;
+
+impl PartialSchema for JsonFormat {
+    fn schema() -> RefOr<Schema> {
+        json_format().into()
+    }
+}
+
+impl ToSchema for JsonFormat {}
+
+/// `{format}` of an export's path.
+pub(crate) struct ExportFormat;
+
+impl PartialSchema for ExportFormat {
+    fn schema() -> RefOr<Schema> {
+        names::export_format().into()
+    }
+}
+
+impl ToSchema for ExportFormat {}
 
 /// The names whose last execution times are asked for.
 pub(crate) struct Names;

@@ -236,10 +236,17 @@ mod tests {
 
     #[test]
     fn the_documented_body_has_exactly_the_fields_read() {
-        let object = crate::api::requests::run_body(utoipa::openapi::ObjectBuilder::new().into()).build();
+        use crate::api::requests::{run_body, BodyOf};
+        let object = run_body(utoipa::openapi::ObjectBuilder::new().into(), BodyOf::Run).build();
         let documented: std::collections::BTreeSet<&str> =
             object.properties.keys().map(String::as_str).collect();
         assert_eq!(documented, BODY_FIELDS.into_iter().collect());
+        // An export's is the same but `format`, which its path names.
+        let export = run_body(utoipa::openapi::ObjectBuilder::new().into(), BodyOf::Export).build();
+        let mut exported: std::collections::BTreeSet<&str> =
+            export.properties.keys().map(String::as_str).collect();
+        exported.insert("format");
+        assert_eq!(exported, documented);
     }
 
     /// A JSON value of any shape, a few levels deep.

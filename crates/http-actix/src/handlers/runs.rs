@@ -13,7 +13,7 @@ use domain::{
 use time::format_description::well_known::Rfc3339;
 
 use super::{run_request, EndpointPath};
-use crate::api::requests::{Names, RunBody};
+use crate::api::requests::{ExportBody, ExportFormat, JsonFormat, Names, RunBody};
 use crate::api::{LastExecutionTimes, RunAnswer};
 use crate::disconnect::unless_disconnected;
 use crate::error::{ApiError, ErrorBody as Error};
@@ -30,12 +30,10 @@ fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
 #[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint_get",
     params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query), ("limit" = Option<i64>, Query),
            ("offset" = Option<i64>, Query), ("refresh" = Option<String>, Query), ("client_query_id" = Option<String>, Query),
-           ("format" = Option<String>, Query, description = "json (default), csv, ndjson, parquet or arrow; overrides Accept"),
+           ("format" = Option<JsonFormat>, Query),
            ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
-    responses((status = 200, description = "The run: JSON, or the page in the format asked for, its run's fields in X- headers",
-               content((RunAnswer = "application/json"), (String = "text/csv"), (String = "application/x-ndjson"),
-                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))),
-              (status = 204, description = "refresh=force_cache found no fresh stored result for a page in a format other than JSON"),
+    responses((status = 200, description = "The run as JSON. The same run in another format is the export operation \
+               (`.../run/{format}`); `format` or `Accept` here also switch it, for clients that are not generated", body = RunAnswer),
               (status = 304, description = "If-None-Match holds the answer's ETag"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
               (status = 404, body = Error), (status = 406, body = Error), (status = 429, body = Error)))]
@@ -58,10 +56,8 @@ pub(crate) async fn run_get(
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
     params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query)), request_body = RunBody,
-    responses((status = 200, description = "The run: JSON, or the page in the format asked for, its run's fields in X- headers",
-               content((RunAnswer = "application/json"), (String = "text/csv"), (String = "application/x-ndjson"),
-                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))),
-              (status = 204, description = "refresh=force_cache found no fresh stored result for a page in a format other than JSON"),
+    responses((status = 200, description = "The run as JSON. The same run in another format is the export operation \
+               (`.../run/{format}`); `format` or `Accept` here also switch it, for clients that are not generated", body = RunAnswer),
               (status = 304, description = "If-None-Match holds the answer's ETag"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
               (status = 404, body = Error), (status = 406, body = Error), (status = 429, body = Error)))]
@@ -78,6 +74,73 @@ pub(crate) async fn run_post(
     admit(&caller.caller, &path.name, &mut request)?;
     let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
     respond(&req, &state, caller.project, path.endpoint()?, request, accepted, explicit).await
+}
+
+/// The format an export's path names (the route admits only these).
+fn export_format(req: &HttpRequest) -> Result<ResultFormat, ApiError> {
+    let format = ResultFormat::parse(req.match_info().query("format"))?;
+    debug_assert!(format != ResultFormat::Json, "the route admits no json");
+    Ok(format)
+}
+
+/// An export names its format in the path; a `format` given besides must be the same.
+fn one_format(request: &RunRequest, format: ResultFormat) -> Result<(), ApiError> {
+    if request.format == format {
+        return Ok(());
+    }
+    let detail = format!("format is {} by the path; leave it out, or run .../run for JSON.", format.as_str());
+    Err(domain::Invalid::field("format", detail).into())
+}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/endpoints/{name}/run/{format}", operation_id = "export_endpoint_get",
+    params(("project_id" = String, Path), ("name" = String, Path),
+           ("format" = ExportFormat, Path),
+           ("version" = Option<i64>, Query), ("limit" = Option<i64>, Query),
+           ("offset" = Option<i64>, Query), ("refresh" = Option<String>, Query), ("client_query_id" = Option<String>, Query),
+           ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
+    responses((status = 200, description = "The page written in the format, its run's fields in X- headers (streamed)",
+               content((String = "text/csv"), (String = "application/x-ndjson"),
+                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))),
+              (status = 204, description = "refresh=force_cache found no fresh stored result"),
+              (status = 304, description = "If-None-Match holds the answer's ETag"),
+              (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 429, body = Error)))]
+pub(crate) async fn export_get(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    caller: Authorized<EndpointRun>,
+    path: web::Path<EndpointPath>,
+) -> Result<HttpResponse, ApiError> {
+    let format = export_format(&req)?;
+    let mut request = run_request::from_query(params(&req), format)?;
+    one_format(&request, format)?;
+    admit(&caller.caller, &path.name, &mut request)?;
+    respond(&req, &state, caller.project, path.endpoint()?, request, Some(format), true).await
+}
+
+#[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run/{format}", operation_id = "export_endpoint",
+    params(("project_id" = String, Path), ("name" = String, Path),
+           ("format" = ExportFormat, Path), ("version" = Option<i64>, Query)),
+    request_body = ExportBody,
+    responses((status = 200, description = "The page written in the format, its run's fields in X- headers (streamed)",
+               content((String = "text/csv"), (String = "application/x-ndjson"),
+                       ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))),
+              (status = 204, description = "refresh=force_cache found no fresh stored result"),
+              (status = 304, description = "If-None-Match holds the answer's ETag"),
+              (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
+              (status = 404, body = Error), (status = 429, body = Error)))]
+pub(crate) async fn export_post(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    caller: AuthorizedJson<EndpointRun>,
+    path: web::Path<EndpointPath>,
+) -> Result<HttpResponse, ApiError> {
+    let format = export_format(&req)?;
+    let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
+    let mut request = run_request::from_body(&caller.body, version.as_deref(), format)?;
+    one_format(&request, format)?;
+    admit(&caller.caller, &path.name, &mut request)?;
+    respond(&req, &state, caller.project, path.endpoint()?, request, Some(format), true).await
 }
 
 /// A run token's grant applied to its holder's request: the current version unless it was issued for the one
