@@ -133,7 +133,7 @@ fail-closed: ## Refuse `unwrap_or_default()` outside tests.
 # before it, never one after it, with one exception: `endpoints` reads `materialization`'s model and ports, never
 # its service (docs/architecture.md says why). Inside the domain a name is imported through its part's path, one
 # part per `use`, so that this check sees every edge.
-DOMAIN_BASE := error.rs clock.rs fields.rs page.rs version.rs recent.rs
+DOMAIN_BASE := error.rs clock.rs fields.rs page.rs version.rs recent.rs propagation.rs
 DOMAIN_PARTS := access query logs endpoints materialization tables runs changes
 MATERIALIZATION_SERVICE := RefreshService|RefreshDeps|RefreshOutcome|RETRY_AFTER_FAILURE
 

@@ -159,3 +159,68 @@ async fn a_node_that_loses_the_change_channel_stops_trusting_its_cache() {
     proxy.restore();
     client.until(&b, "kpi", |status, answer| status == 200 && value(answer) == Some(2)).await;
 }
+
+/// `psql -Atc SQL` on the test database: one line per row.
+fn psql(url: &str, sql: &str) -> String {
+    let output = Command::new("psql").arg(url).args(["-Atc", sql]).output().expect("psql runs");
+    assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// Read your writes on every node: once a write through A is answered, the very next request on B sees it, with
+/// no retry: a new query 100 times in a row (B held the version before in its cache each time), deletes, and key
+/// revocations through the CLI (another process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_is_seen_on_every_node_as_soon_as_it_is_answered() {
+    let setup = spawn_app_on_postgres_tuned(|_| {}).await;
+    let (project, key) = setup.project_with_key();
+    let url = postgres_url();
+    let (a, b) = (node(&setup.data_dir, &url).await, node(&setup.data_dir, &url).await);
+    let client = Client { http: reqwest::Client::new(), key, project };
+    let (status, _) =
+        client.send(client.http.post(client.url(&a, "/")).json(&endpoint_body("kpi", "SELECT 0 AS n"))).await;
+    assert_eq!(status, 201);
+    // Both nodes' heartbeats are in (each writes one as its listener connects, then every second).
+    let started = Instant::now();
+    let live =
+        || psql(&url, "SELECT count(*) FROM endpoints_nodes WHERE seen_at > now() - interval '5 seconds'");
+    while live().parse::<u32>().unwrap() < 3 {
+        assert!(started.elapsed() < Duration::from_secs(5), "the nodes' heartbeats are not in");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    client.run(&b, "kpi").await;
+    assert_eq!(client.run(&b, "kpi").await.1["is_cached"], true);
+
+    for i in 1..=100 {
+        client
+            .patch(&a, "kpi", json!({"query": {"kind": "SQLQuery", "query": format!("SELECT {i} AS n")}}))
+            .await;
+        let (status, answer) = client.run(&b, "kpi").await;
+        assert_eq!((status, value(&answer)), (StatusCode::OK, Some(i)), "round {i}: {answer}");
+        assert_eq!(answer["endpoint_version"], i + 1, "round {i}");
+    }
+
+    for i in 0..30 {
+        let name = format!("gone-{i}");
+        let body = endpoint_body(&name, "SELECT 1 AS n");
+        assert_eq!(client.send(client.http.post(client.url(&a, "/")).json(&body)).await.0, 201);
+        client.run(&b, &name).await;
+        assert_eq!(client.run(&b, &name).await.1["is_cached"], true, "{name} is cached on B");
+        assert_eq!(client.send(client.http.delete(client.url(&a, &format!("/{name}")))).await.0, 204);
+        let (status, answer) = client.run(&b, &name).await;
+        assert_eq!(status, 404, "{name} still runs on B: {answer}");
+    }
+
+    // Keys revoked by the CLI: the command returns once no node accepts the key (nodes trust keys for ten minutes).
+    for round in 0..5 {
+        let (id, secret) = setup.create_key(project, &["endpoint:read"]);
+        let revoked = Client { http: client.http.clone(), key: secret, project };
+        for node in [&a, &b] {
+            assert_eq!(revoked.send(revoked.http.get(revoked.url(node, "/"))).await.0, 200, "round {round}");
+        }
+        setup.cli(&["key", "revoke", &id]);
+        for node in [&a, &b] {
+            assert_eq!(revoked.send(revoked.http.get(revoked.url(node, "/"))).await.0, 401, "round {round}");
+        }
+    }
+}

@@ -230,8 +230,24 @@ def wrk_together(urls, key, seconds, connections=64):
             "failed": sum(r["failed"] for r in results)}
 
 
+WRITES = 100
+
+
+def write_latency(node):
+    """p50 and p99 in ms of WRITES sequential PATCHes (a description: settings only) through `node`: each is
+    answered once every other live node applied it (read your writes on every node)."""
+    times = []
+    for i in range(WRITES):
+        started = time.perf_counter()
+        node.request("PATCH", "/api/projects/1/endpoints/crud-probe", {"description": f"write {i}"})
+        times.append((time.perf_counter() - started) * 1000)
+    times.sort()
+    return {"p50": statistics.median(times), "p99": times[int(len(times) * 0.99) - 1]}
+
+
 def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
-    """Cached-run throughput of 1, 2 and 3 `serve` nodes on one PostgreSQL database, each loaded by its own wrk."""
+    """Cached-run throughput of 1, 2 and 3 `serve` nodes on one PostgreSQL database, each loaded by its own wrk;
+    and the latency of a write through the first while the others listen."""
     path = "/api/projects/1/endpoints/crud-probe/run"
     figures = {}
     for count in (1, 2, 3):
@@ -245,10 +261,13 @@ def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
                 node.request("GET", path)
             figures[count] = median_of([wrk_together([n.base + path for n in nodes], key, seconds)
                                         for _ in range(rounds)])
+            time.sleep(2)  # every node's heartbeat is in
+            figures[count]["write"] = write_latency(nodes[0])
         finally:
             for node in nodes:
                 node.stop()
-        log(f"cached on {count} node(s): {figures[count]['rps']:.0f} req/s")
+        log(f"cached on {count} node(s): {figures[count]['rps']:.0f} req/s; a write "
+            f"p50 {figures[count]['write']['p50']:.1f} ms, p99 {figures[count]['write']['p99']:.1f} ms")
     return figures
 
 
@@ -1477,9 +1496,15 @@ def write_report(args, f):
         one = f["nodes"][1]["rps"]
         lines += ["", f"**Several nodes on one PostgreSQL** (cached run; one wrk per node, 64 connections split between "
                   f"them; each node's workers are the {os.cpu_count()} cores split between the nodes, all on this one "
-                  "machine).", "", "| Nodes | Cached run | Against one node |", "|---|---|---|"]
+                  "machine). A write is a PATCH of the endpoint's description through the first node, "
+                  f"{WRITES} in a row, each answered once every other node applied it (read your writes on every "
+                  "node); with one node there is no other to wait for.", "",
+                  "| Nodes | Cached run | Against one node | A write through the first node |", "|---|---|---|---|"]
         for count, r in f["nodes"].items():
-            lines.append(f"| {count} | {r['rps']:,.0f} req/s, p99 {r['p99']:.2f} ms | {r['rps'] / one:.2f}x |")
+            w = r.get("write", {"p50": 0, "p99": 0})
+            added = f" (+{w['p50'] - f['nodes'][1]['write']['p50']:.1f} ms)" if count > 1 and "write" in r else ""
+            lines.append(f"| {count} | {r['rps']:,.0f} req/s, p99 {r['p99']:.2f} ms | {r['rps'] / one:.2f}x | "
+                         f"p50 {w['p50']:.1f} ms{added}, p99 {w['p99']:.1f} ms |")
     if f.get("io"):
         io = f["io"]
         upload_ratio = io["duckdb_import_ms"] / io["upload_ms"]

@@ -250,13 +250,16 @@ impl ResultCache for MemoryCache {
     }
 }
 
-/// Tells the cache of every change the endpoint rules make.
+/// Tells the cache of every change the endpoint rules make. One process: nothing to wait for on others.
 struct ClearCache(Arc<MemoryCache>);
 
+#[async_trait]
 impl domain::EndpointChanges for ClearCache {
     fn changed(&self, project: ProjectId, name: &EndpointName) {
         self.0.invalidate(project, name);
     }
+
+    async fn settled(&self) {}
 }
 
 /// No endpoint here is materialized: no records, no stored results.

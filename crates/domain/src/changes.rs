@@ -6,11 +6,18 @@
 //! channel that drops delivers [`Change::Everything`] until it is back, so nothing kept is trusted longer than
 //! the channel's reconnection interval. Changes made in this process reach [`Invalidator`] directly, through the
 //! [`EndpointChanges`] port the endpoint service is given.
+//!
+//! Read your writes on every process: a writer waits, before it answers, until every other live process has
+//! applied its change ([`Propagation::settle`]); a process that does not acknowledge within the store's bound is
+//! counted out and told to distrust everything it keeps, as when its channel drops.
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+
 use crate::access::{ApiKeyService, ProjectId};
 use crate::endpoints::{EndpointChanges, EndpointName};
+use crate::propagation::{NoPropagation, Propagation};
 use crate::runs::ResultCache;
 
 /// A change made by some process that every process keeping the changed thing in memory must honour at once.
@@ -31,11 +38,19 @@ pub enum Change {
 pub struct Invalidator {
     cache: Arc<dyn ResultCache>,
     keys: Arc<ApiKeyService>,
+    propagation: Arc<dyn Propagation>,
 }
 
 impl Invalidator {
     pub fn new(cache: Arc<dyn ResultCache>, keys: Arc<ApiKeyService>) -> Self {
-        Self { cache, keys }
+        Self { cache, keys, propagation: Arc::new(NoPropagation) }
+    }
+
+    /// Changes saved here are waited for on the other processes through `propagation`.
+    #[must_use]
+    pub fn with_propagation(mut self, propagation: Arc<dyn Propagation>) -> Self {
+        self.propagation = propagation;
+        self
     }
 
     /// Forgets what `change` makes stale: the endpoint's cached runs, the keys read, a project's token secret,
@@ -53,9 +68,14 @@ impl Invalidator {
     }
 }
 
+#[async_trait]
 impl EndpointChanges for Invalidator {
     fn changed(&self, project: ProjectId, name: &EndpointName) {
         self.apply(&Change::Endpoint { project, name: name.clone() });
+    }
+
+    async fn settled(&self) {
+        self.propagation.settle().await;
     }
 }
 

@@ -8,7 +8,8 @@
 //! It is laid out in subdomains, each with its model, its ports and its service, and each using only those
 //! before it: `access` (projects, keys, scopes), `query` (the saved SQL, its variables, what the engine tells
 //! of it), `logs` (the record of runs and refreshes), `endpoints`, `materialization`, `tables`, `runs`. Beneath them all sit `error`, `clock`, `fields`,
-//! `page`, `version` and `recent` (what is read from the store, kept for a short while); above them `changes`,
+//! `page`, `version`, `recent` (what is read from the store, kept for a short while) and `propagation` (how a
+//! change saved here is waited for on the other processes); above them `changes`,
 //! which clears what a process keeps in memory. One edge goes back: `endpoints` reads `materialization`'s model and ports,
 //! because an endpoint record carries its materialization and deleting an endpoint removes its stored results
 //! (docs/architecture.md). `make lint` checks the order.
@@ -35,6 +36,7 @@ mod fields;
 mod logs;
 mod materialization;
 mod page;
+mod propagation;
 mod query;
 mod recent;
 mod runs;
@@ -52,6 +54,7 @@ pub use fields::*;
 pub use logs::*;
 pub use materialization::*;
 pub use page::*;
+pub use propagation::*;
 pub use query::*;
 pub use runs::*;
 pub use tables::*;

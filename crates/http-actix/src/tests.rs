@@ -71,6 +71,7 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
     });
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
+    changes.expect_settled().return_const(());
     let changes = Arc::new(changes);
     let tables = TableService::new(TableDeps {
         tables: Arc::new(tables),

@@ -86,11 +86,14 @@ impl Services {
         let cache: Arc<dyn ResultCache> = Arc::new(MemoryResultCache::new(config.cache_bytes));
         let executions = Arc::new(ExecutionTracker::new(store.clone()));
         let materializations = MaterializationPorts { states: store.clone(), results: engine.clone() };
+        // A write (an update, a delete, a revocation) is answered once every other process applied it.
+        let propagation = database.propagation();
         let keys = Arc::new(
             ApiKeyService::new(store.clone(), store.clone(), clock.clone())
-                .with_key_cache_ttl(config.key_cache_ttl),
+                .with_key_cache_ttl(config.key_cache_ttl)
+                .with_propagation(propagation.clone()),
         );
-        let kept = Invalidator::new(cache.clone(), keys.clone());
+        let kept = Invalidator::new(cache.clone(), keys.clone()).with_propagation(propagation);
         let changes = Arc::new(kept.clone());
         let changes_for_refreshes: Arc<dyn domain::EndpointChanges> = changes.clone();
         let tables = Arc::new(TableService::new(TableDeps {

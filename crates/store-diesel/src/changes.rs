@@ -5,25 +5,40 @@
 //! [`Change::Everything`] at once and again at every failed reconnection, and once more when it is back (it may
 //! have missed changes in between), so a process never trusts what it keeps longer than the reconnection
 //! interval while the channel is down.
+//!
+//! Read your writes on every process ([`PgPropagation`]): every listening process writes a heartbeat to
+//! `endpoints_nodes` each second. A writer, once its change is committed, sends a barrier on the channel and
+//! waits for each live process's acknowledgement on [`ACKS`]: PostgreSQL delivers notifications in commit order
+//! and a listener applies them one after the other, so a listener that acknowledges the barrier has applied the
+//! change before it. A process that does not acknowledge within [`ACK_WITHIN`] is counted out: its next
+//! heartbeat reads that, and it forgets everything it keeps ([`Change::Everything`]).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
-use diesel::sql_types::Text;
-use diesel::{Connection, PgConnection, RunQueryDsl};
-use domain::{Change, EndpointName, ProjectId};
+use diesel::sql_types::{Array, Bool, Double, Nullable, Text};
+use diesel::{Connection, PgConnection, QueryableByName, RunQueryDsl};
+use domain::{Change, EndpointName, ProjectId, Propagation};
 
-use crate::connection::AnyConnection;
+use crate::connection::{AnyConnection, Database};
 use crate::error::DbError;
 
 /// The channel every process listens on.
 const CHANNEL: &str = "endpoints_changes";
+/// The channel acknowledgements of barriers go back on (listened to only by a writer waiting for them).
+const ACKS: &str = "endpoints_acks";
 /// How often the listener looks for delivered notifications: the delay a change takes to reach other processes.
-const POLL: Duration = Duration::from_millis(20);
-/// How often the listener checks that its connection is alive (a dead peer sends no error on its own).
-const HEARTBEAT: Duration = Duration::from_secs(2);
+const POLL: Duration = Duration::from_millis(5);
+/// How often the listener writes its heartbeat, which also checks that its connection is alive (a dead peer
+/// sends no error on its own).
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// A process whose heartbeat is older than this is not waited for.
+const LIVE_WITHIN: Duration = Duration::from_secs(5);
+/// How long a writer waits for a live process's acknowledgement before counting it out.
+pub const ACK_WITHIN: Duration = Duration::from_secs(2);
 /// How long the listener waits between reconnection attempts.
 const RECONNECT: Duration = Duration::from_secs(1);
 /// libpq settings of the listening connection, so that a peer that vanishes without closing the connection (a
@@ -102,16 +117,17 @@ pub struct ChangeListener {
 }
 
 impl ChangeListener {
-    /// Listens on the PostgreSQL database at `url`, calling `on_change` for every change announced (its own
-    /// included) and with [`Change::Everything`] whenever changes may have been missed.
-    pub(crate) fn spawn(url: &str, on_change: impl Fn(Change) + Send + 'static) -> Self {
+    /// Listens on the PostgreSQL database at `url` as process `node`, calling `on_change` for every change
+    /// announced (its own included) and with [`Change::Everything`] whenever changes may have been missed, and
+    /// acknowledging barriers.
+    pub(crate) fn spawn(url: &str, node: String, on_change: impl Fn(Change) + Send + 'static) -> Self {
         let url = listening_url(url);
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         // Detached: the thread ends on its own once told to stop.
         if let Err(err) = std::thread::Builder::new()
             .name("change-listener".into())
-            .spawn(move || listen(&url, &stopping, &on_change))
+            .spawn(move || listen(&url, &node, &stopping, &on_change))
         {
             tracing::error!(error = %err, "cannot start the change listener; cached state will not follow other processes");
         }
@@ -125,7 +141,7 @@ impl Drop for ChangeListener {
     }
 }
 
-fn listen(url: &str, stop: &AtomicBool, on_change: &dyn Fn(Change)) {
+fn listen(url: &str, node: &str, stop: &AtomicBool, on_change: &dyn Fn(Change)) {
     let mut was_connected = true;
     while !stop.load(Ordering::Acquire) {
         match PgConnection::establish(url).and_then(|mut conn| {
@@ -140,11 +156,17 @@ fn listen(url: &str, stop: &AtomicBool, on_change: &dyn Fn(Change)) {
                     tracing::info!("change listener reconnected");
                 }
                 was_connected = true;
-                let reason = follow(&mut conn, stop, on_change);
+                let reason = follow(&mut conn, node, stop, on_change);
                 if let Some(reason) = reason {
                     tracing::warn!(error = %reason, "change listener lost its connection; reconnecting");
                     on_change(Change::Everything);
                     was_connected = false;
+                } else if let Err(err) = diesel::sql_query("DELETE FROM endpoints_nodes WHERE id = $1")
+                    .bind::<Text, _>(node)
+                    .execute(&mut conn)
+                {
+                    // Stopping: writers stop waiting for this process within seconds anyway.
+                    tracing::debug!(error = %err, "could not remove this process from endpoints_nodes");
                 }
             }
             Err(err) => {
@@ -159,25 +181,165 @@ fn listen(url: &str, stop: &AtomicBool, on_change: &dyn Fn(Change)) {
     }
 }
 
-/// Delivers notifications until the connection fails (its error) or the listener stops (`None`).
-fn follow(conn: &mut PgConnection, stop: &AtomicBool, on_change: &dyn Fn(Change)) -> Option<String> {
-    let mut checked = Instant::now();
+/// Delivers notifications and acknowledges barriers until the connection fails (its error) or the listener
+/// stops (`None`); writes the heartbeat, and forgets everything when a writer counted this process out.
+fn follow(
+    conn: &mut PgConnection,
+    node: &str,
+    stop: &AtomicBool,
+    on_change: &dyn Fn(Change),
+) -> Option<String> {
+    let mut beat = None::<Instant>;
     while !stop.load(Ordering::Acquire) {
+        if beat.is_none_or(|at| at.elapsed() >= HEARTBEAT) {
+            match heartbeat(conn, node) {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::warn!("this process was counted out by a writer it did not answer in time; forgetting what it keeps");
+                    on_change(Change::Everything);
+                }
+                Err(err) => return Some(err.to_string()),
+            }
+            beat = Some(Instant::now());
+        }
+        // Taken first (an acknowledgement is sent on the same connection); a broken connection yields errors
+        // without end, so the first one ends the listening.
+        let mut delivered = Vec::new();
         for notification in conn.notifications_iter() {
             match notification {
-                Ok(n) => on_change(parse(&n.payload)),
+                Ok(n) => delivered.push(n.payload),
                 Err(err) => return Some(err.to_string()),
             }
         }
-        if checked.elapsed() >= HEARTBEAT {
-            if let Err(err) = conn.batch_execute("SELECT 1") {
-                return Some(err.to_string());
+        for payload in delivered {
+            match payload.strip_prefix("barrier:") {
+                // Every change committed before the barrier was delivered, and applied, before it.
+                Some(token) => {
+                    let ack = diesel::sql_query("SELECT pg_notify($1, $2)")
+                        .bind::<Text, _>(ACKS)
+                        .bind::<Text, _>(format!("{token}:{node}"))
+                        .execute(conn);
+                    if let Err(err) = ack {
+                        return Some(err.to_string());
+                    }
+                }
+                None => on_change(parse(&payload)),
             }
-            checked = Instant::now();
         }
         std::thread::sleep(POLL);
     }
     None
+}
+
+#[derive(QueryableByName)]
+struct Beat {
+    #[diesel(sql_type = Nullable<Bool>)]
+    was_out: Option<bool>,
+}
+
+/// Records that `node` is alive; says whether a writer had counted it out since its last heartbeat.
+fn heartbeat(conn: &mut PgConnection, node: &str) -> Result<bool, diesel::result::Error> {
+    let beat: Beat = diesel::sql_query(
+        "WITH old AS (SELECT counted_out FROM endpoints_nodes WHERE id = $1) \
+         INSERT INTO endpoints_nodes (id, seen_at) VALUES ($1, now()) \
+         ON CONFLICT (id) DO UPDATE SET seen_at = now(), counted_out = FALSE \
+         RETURNING (SELECT counted_out FROM old) AS was_out",
+    )
+    .bind::<Text, _>(node)
+    .get_result(conn)?;
+    Ok(beat.was_out == Some(true))
+}
+
+#[derive(QueryableByName)]
+struct Node {
+    #[diesel(sql_type = Text)]
+    id: String,
+}
+
+/// Waits until every live process but `node` acknowledged a barrier sent after the changes committed so far,
+/// or [`ACK_WITHIN`] passed; counts out and returns the processes that did not acknowledge.
+fn barrier(conn: &mut PgConnection, node: &str) -> Result<Vec<String>, diesel::result::Error> {
+    let live: Vec<Node> = diesel::sql_query(
+        "SELECT id FROM endpoints_nodes WHERE seen_at > now() - make_interval(secs => $1) AND id <> $2",
+    )
+    .bind::<Double, _>(LIVE_WITHIN.as_secs_f64())
+    .bind::<Text, _>(node)
+    .load(conn)?;
+    if live.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut waiting: HashSet<String> = live.into_iter().map(|node| node.id).collect();
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    conn.batch_execute(&format!("LISTEN {ACKS}"))?;
+    diesel::sql_query("SELECT pg_notify($1, $2)")
+        .bind::<Text, _>(CHANNEL)
+        .bind::<Text, _>(format!("barrier:{token}"))
+        .execute(conn)?;
+    let deadline = Instant::now() + ACK_WITHIN;
+    while !waiting.is_empty() && Instant::now() < deadline {
+        for notification in conn.notifications_iter() {
+            let payload = notification?.payload;
+            if let Some((acked, from)) = payload.split_once(':') {
+                if acked == token {
+                    waiting.remove(from);
+                }
+            }
+        }
+        if !waiting.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    conn.batch_execute(&format!("UNLISTEN {ACKS}"))?;
+    let out: Vec<String> = waiting.into_iter().collect();
+    if !out.is_empty() {
+        diesel::sql_query("UPDATE endpoints_nodes SET counted_out = TRUE WHERE id = ANY($1)")
+            .bind::<Array<Text>, _>(&out)
+            .execute(conn)?;
+    }
+    Ok(out)
+}
+
+/// Read your writes on every process of a PostgreSQL database (see the module's documentation): a writer's
+/// [`Propagation::settle`] sends a barrier and waits for every other live process's acknowledgement.
+pub struct PgPropagation {
+    db: Database,
+    /// This process's name in `endpoints_nodes` (not waited for: it applied its own changes already).
+    node: String,
+}
+
+impl PgPropagation {
+    pub(crate) fn new(db: Database, node: String) -> Self {
+        Self { db, node }
+    }
+}
+
+#[async_trait::async_trait]
+impl Propagation for PgPropagation {
+    async fn settle(&self) {
+        let (db, node) = (self.db.clone(), self.node.clone());
+        let waited = tokio::task::spawn_blocking(move || {
+            db.on_connection(|conn| match conn {
+                AnyConnection::Postgresql(conn) => barrier(conn, &node).map_err(|err| err.to_string()),
+                AnyConnection::Sqlite(_) => Ok(Vec::new()),
+            })?
+        })
+        .await;
+        match waited {
+            Ok(Ok(out)) if out.is_empty() => {}
+            Ok(Ok(out)) => tracing::warn!(
+                nodes = ?out,
+                "processes did not acknowledge a change within {} s: counted out, they forget what they keep",
+                ACK_WITHIN.as_secs()
+            ),
+            // The change is saved; other processes still apply it as it is delivered.
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "could not wait for other processes to apply a change")
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "waiting for other processes to apply a change ended abnormally")
+            }
+        }
+    }
 }
 
 fn sleep_unless_stopped(total: Duration, stop: &AtomicBool) {

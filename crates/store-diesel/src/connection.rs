@@ -127,6 +127,8 @@ pub struct Database {
     backend: Backend,
     /// The native connection string (for the change listener's own connection).
     address: String,
+    /// This process's name among the processes serving the database (`endpoints_nodes`).
+    node: String,
 }
 
 impl std::fmt::Debug for Database {
@@ -158,7 +160,7 @@ impl Database {
             .build_unchecked(Manager { target });
         // Fail fast when the database is unreachable, with the driver's own reason.
         pool.get().map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-        Ok(Self { pool, backend, address })
+        Ok(Self { pool, backend, address, node: uuid::Uuid::new_v4().simple().to_string() })
     }
 
     pub fn backend(&self) -> Backend {
@@ -171,7 +173,32 @@ impl Database {
         &self,
         on_change: impl Fn(domain::Change) + Send + 'static,
     ) -> Option<crate::ChangeListener> {
-        (self.backend == Backend::Postgres).then(|| crate::ChangeListener::spawn(&self.address, on_change))
+        (self.backend == Backend::Postgres)
+            .then(|| crate::ChangeListener::spawn(&self.address, self.node.clone(), on_change))
+    }
+
+    /// This process's name among the processes serving the database.
+    #[cfg(test)]
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Runs `work` on a connection of the pool, on this thread (a blocking one).
+    pub(crate) fn on_connection<T>(&self, work: impl FnOnce(&mut AnyConnection) -> T) -> Result<T, String> {
+        let mut conn = self.pool.get().map_err(|err| err.to_string())?;
+        Ok(work(&mut conn))
+    }
+
+    /// How a change saved by this process is waited for on the others before it is answered: on PostgreSQL,
+    /// every other process listening for changes acknowledges it (or is counted out); on SQLite, which serves
+    /// one process, nothing.
+    pub fn propagation(&self) -> std::sync::Arc<dyn domain::Propagation> {
+        match self.backend {
+            Backend::Postgres => {
+                std::sync::Arc::new(crate::changes::PgPropagation::new(self.clone(), self.node.clone()))
+            }
+            Backend::Sqlite => std::sync::Arc::new(domain::NoPropagation),
+        }
     }
 
     /// Applies every pending migration of this backend and returns the versions applied.

@@ -987,3 +987,89 @@ async fn append_keys_are_claimed_once_answered_and_forgotten(store: DieselStore)
     let state = AppendKeys::claim(&store, p, &other, &key, Uuid::new_v4(), next_day, expired).await.unwrap();
     assert_eq!(state, AppendKeyState::Claimed, "swept");
 }
+
+/// `sql` on a connection of `store`'s PostgreSQL database: its text column `value` of each row (a change is
+/// written `WITH done AS (... RETURNING x) SELECT x AS value FROM done`).
+fn pg_rows(store: &DieselStore, sql: &str) -> Vec<String> {
+    use diesel::sql_types::Text;
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+        value: Option<String>,
+    }
+    store
+        .database()
+        .on_connection(|conn| match conn {
+            crate::connection::AnyConnection::Postgresql(conn) => {
+                let rows: Vec<Row> = diesel::RunQueryDsl::load(diesel::sql_query(sql), conn).unwrap();
+                rows.into_iter().map(|row| row.value.unwrap_or_default()).collect()
+            }
+            crate::connection::AnyConnection::Sqlite(_) => unreachable!("a PostgreSQL store"),
+        })
+        .unwrap()
+}
+
+/// Read your writes across processes: a writer's `settle` returns once every listening process has applied
+/// the change (it is already delivered to the listener when `settle` returns); a process that beats but never
+/// acknowledges is waited for at most the bound and counted out; a listener counted out forgets everything at
+/// its next heartbeat, and clears its mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_writers_wait_for_every_listener_and_count_out_the_silent() {
+    let writer = postgres_store();
+    let other = postgres_store();
+    let (sender, changes) = std::sync::mpsc::channel();
+    let _listener = other
+        .database()
+        .listen_for_changes(move |change| {
+            let _ = sender.send(change);
+        })
+        .expect("PostgreSQL announces changes");
+    assert_eq!(wait_for(&changes, |_| true), Change::Everything);
+    let node = other.database().node().to_owned();
+    let beat = format!("SELECT counted_out::text AS value FROM endpoints_nodes WHERE id = '{node}'");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while pg_rows(&writer, &beat) != ["false"] {
+        assert!(std::time::Instant::now() < deadline, "the listener's heartbeat is not in");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let p = project(&writer).await;
+    EndpointStore::insert(&writer, new_endpoint(p, "seen")).await.unwrap();
+    let propagation = writer.database().propagation();
+    for round in 0..20 {
+        let change = EndpointChange { description: Some(format!("round {round}")), ..Default::default() };
+        EndpointStore::update(&writer, p, &name("seen"), change, T0).await.unwrap();
+        propagation.settle().await;
+        // Applied (delivered to the listener's callback) before `settle` returned: no waiting here.
+        let applied: Vec<Change> = changes.try_iter().collect();
+        let ours = Change::Endpoint { project: p, name: name("seen") };
+        assert!(applied.contains(&ours), "round {round}: {applied:?}");
+    }
+
+    // A process that beats but never acknowledges: waited for the bound, then counted out.
+    let ghost = format!("ghost-{}", Uuid::new_v4().simple());
+    let made = "INSERT INTO endpoints_nodes (id, seen_at) VALUES";
+    pg_rows(
+        &writer,
+        &format!("WITH done AS ({made} ('{ghost}', now()) RETURNING id) SELECT id AS value FROM done"),
+    );
+    let began = std::time::Instant::now();
+    propagation.settle().await;
+    let waited = began.elapsed();
+    let out = pg_rows(
+        &writer,
+        &format!("SELECT counted_out::text AS value FROM endpoints_nodes WHERE id = '{ghost}'"),
+    );
+    let gone = format!("DELETE FROM endpoints_nodes WHERE id = '{ghost}' RETURNING id");
+    pg_rows(&writer, &format!("WITH done AS ({gone}) SELECT id AS value FROM done"));
+    assert!(waited >= crate::changes::ACK_WITHIN && waited < crate::changes::ACK_WITHIN * 2, "{waited:?}");
+    assert_eq!(out, ["true"]);
+
+    // The listener counted out: it forgets everything at its next heartbeat, and clears the mark.
+    let _ = changes.try_iter().count();
+    let mark = format!("UPDATE endpoints_nodes SET counted_out = TRUE WHERE id = '{node}' RETURNING id");
+    pg_rows(&writer, &format!("WITH done AS ({mark}) SELECT id AS value FROM done"));
+    assert_eq!(wait_for(&changes, |change| *change == Change::Everything), Change::Everything);
+    assert_eq!(pg_rows(&writer, &beat), ["false"]);
+    EndpointStore::delete(&writer, p, &name("seen")).await.unwrap();
+}

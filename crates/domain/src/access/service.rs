@@ -18,6 +18,7 @@ use super::ports::{ApiKeyStore, ProjectStore};
 use super::token::{self, IssuedRunToken, RunTokenRequest, TokenSecret};
 use crate::clock::{Clock, Timestamp};
 use crate::error::{Error, Invalid, StoreError};
+use crate::propagation::{NoPropagation, Propagation};
 use crate::recent::RecentReads;
 
 /// Issues, checks and revokes API keys and run tokens.
@@ -37,6 +38,8 @@ pub struct ApiKeyService {
     unknown_projects: RecentReads<ProjectId, ()>,
     /// When each key was last used, since the last flush.
     usage: Mutex<HashMap<Uuid, Timestamp, foldhash::fast::RandomState>>,
+    /// A revocation is waited for on the other processes before it returns.
+    propagation: Arc<dyn Propagation>,
 }
 
 impl ApiKeyService {
@@ -52,6 +55,7 @@ impl ApiKeyService {
             unknown_keys: RecentReads::new(Self::UNKNOWN_TTL, 100_000),
             unknown_projects: RecentReads::new(Self::UNKNOWN_TTL, 100_000),
             usage: Mutex::default(),
+            propagation: Arc::new(NoPropagation),
         }
     }
 
@@ -64,6 +68,13 @@ impl ApiKeyService {
     /// among them (a secret is random, and unknown until it is issued), and a project created meanwhile is
     /// announced (`forget_project`) or has no token of its own yet.
     pub const UNKNOWN_TTL: Duration = Duration::from_secs(60);
+
+    /// Revocations are waited for on the other processes through `propagation`.
+    #[must_use]
+    pub fn with_propagation(mut self, propagation: Arc<dyn Propagation>) -> Self {
+        self.propagation = propagation;
+        self
+    }
 
     /// Trusts what was read from the store for `ttl` (zero reads the store on every request).
     #[must_use]
@@ -388,6 +399,8 @@ impl ApiKeyService {
     pub async fn revoke(&self, id: Uuid) -> Result<(), Error> {
         self.keys.revoke(id, self.clock.now()).await?;
         self.cache.retain(|_, key| key.id != id);
+        // Answered once no process accepts the key any more.
+        self.propagation.settle().await;
         Ok(())
     }
 
@@ -782,5 +795,18 @@ mod tests {
             assert_eq!(scope.as_str().parse::<Scope>().unwrap(), scope);
         }
         assert!("table:admin".parse::<Scope>().unwrap_err().detail.contains("table:write"));
+    }
+
+    /// A revocation is answered once every other process has applied it (it waits on the propagation).
+    #[tokio::test]
+    async fn a_revocation_waits_until_every_process_applied_it() {
+        let mut keys = MockApiKeyStore::new();
+        let mut order = mockall::Sequence::new();
+        keys.expect_revoke().times(1).in_sequence(&mut order).returning(|_, _| Ok(()));
+        let mut propagation = crate::propagation::MockPropagation::new();
+        propagation.expect_settle().times(1).in_sequence(&mut order).return_const(());
+        let svc = ApiKeyService::new(Arc::new(keys), Arc::new(MockProjectStore::new()), clock())
+            .with_propagation(Arc::new(propagation));
+        svc.revoke(Uuid::nil()).await.unwrap();
     }
 }

@@ -125,7 +125,13 @@ pub trait EndpointStore: Send + Sync {
 /// here as soon as it is saved, so nothing kept outlives it. Changes made by other processes arrive through the
 /// store's announcements instead.
 #[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
 pub trait EndpointChanges: Send + Sync {
     /// The endpoint was updated (its query, settings or activation) or deleted.
     fn changed(&self, project: ProjectId, name: &EndpointName);
+
+    /// Returns once every other process serving the store has applied the changes saved here so far (or was
+    /// counted out, and distrusts what it keeps): what a writer waits for before it answers, so that the next
+    /// request on any process sees the change.
+    async fn settled(&self);
 }

@@ -259,6 +259,7 @@ impl EndpointService {
             && current.is_materialized
             && updated.sync_frequency != current.sync_frequency;
         self.changes.changed(project, name);
+        self.changes.settled().await;
         if current.is_materialized && !updated.is_materialized {
             self.drop_stored_results(project, updated.id, name).await;
         } else if rescheduled {
@@ -376,6 +377,7 @@ impl EndpointService {
     pub async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<(), Error> {
         let id = self.store.delete(project, name).await.map_err(|e| name_error(e, name))?;
         self.changes.changed(project, name);
+        self.changes.settled().await;
         self.executions.forget(project, name);
         // A refresh running now finds its claim gone at its next lease renewal (or when it finishes), stops and
         // removes what it wrote.

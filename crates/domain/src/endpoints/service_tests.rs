@@ -50,6 +50,7 @@ fn deps(store: MockEndpointStore, engine: MockQueryEngine) -> EndpointDeps {
     results.expect_remove().returning(|_, _| Ok(()));
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
+    changes.expect_settled().return_const(());
     EndpointDeps {
         executions: Arc::new(ExecutionTracker::new(store.clone())),
         store,
@@ -451,6 +452,8 @@ async fn list_passes_paging_and_filters_to_the_store() {
     svc.list(project(), &filter, PageRequest { limit: 5, offset: 10 }).await.unwrap();
 }
 
+/// Each saved change clears what this process keeps, then waits until every other process applied it (read your
+/// writes on every node): in that order, before the call returns.
 #[tokio::test]
 async fn every_saved_update_and_delete_is_told_to_what_this_process_keeps() {
     let mut store = MockEndpointStore::new();
@@ -462,7 +465,16 @@ async fn every_saved_update_and_delete_is_told_to_what_this_process_keeps() {
     store.expect_delete().times(1).returning(|_, _| Ok(Uuid::nil()));
     let mut changes = MockEndpointChanges::new();
     let daily = EndpointName::parse("daily").unwrap();
-    changes.expect_changed().with(eq(project()), eq(daily)).times(2).return_const(());
+    let mut order = mockall::Sequence::new();
+    for _ in 0..2 {
+        changes
+            .expect_changed()
+            .with(eq(project()), eq(daily.clone()))
+            .times(1)
+            .in_sequence(&mut order)
+            .return_const(());
+        changes.expect_settled().times(1).in_sequence(&mut order).return_const(());
+    }
     let service = EndpointService::new(EndpointDeps {
         changes: Arc::new(changes),
         ..deps(store, MockQueryEngine::new())

@@ -235,7 +235,8 @@ impl Api {
         if status.is_success() {
             return Ok(response);
         }
-        let bytes = response.bytes().await.unwrap_or_default();
+        // An error answer whose body cannot be read is described by its status alone.
+        let bytes = response.bytes().await.map_or_else(|_| Vec::new(), |body| body.to_vec());
         match serde_json::from_slice::<ErrorBody>(&bytes) {
             Ok(body) => Err(ClientError::Api {
                 status: status.as_u16(),

@@ -1,0 +1,1 @@
+DROP TABLE endpoints_nodes;
