@@ -259,8 +259,10 @@ struct Node {
 /// Waits until every live process but `node` acknowledged a barrier sent after the changes committed so far,
 /// or [`ACK_WITHIN`] passed; counts out and returns the processes that did not acknowledge.
 fn barrier(conn: &mut PgConnection, node: &str) -> Result<Vec<String>, diesel::result::Error> {
+    // A node counted out already is not waited for again: it forgets everything at its next heartbeat.
     let live: Vec<Node> = diesel::sql_query(
-        "SELECT id FROM endpoints_nodes WHERE seen_at > now() - make_interval(secs => $1) AND id <> $2",
+        "SELECT id FROM endpoints_nodes \
+         WHERE seen_at > now() - make_interval(secs => $1) AND id <> $2 AND NOT counted_out",
     )
     .bind::<Double, _>(LIVE_WITHIN.as_secs_f64())
     .bind::<Text, _>(node)
