@@ -217,12 +217,74 @@ impl DataFusionEngine {
     }
 }
 
-/// `plan` with its placeholders bound to `values`.
+/// `plan` with its placeholders bound to `values`, and each `column IN {variables.LIST}` made an `IN` list of the
+/// bound values (see [`inline_lists`]).
 fn bind(
     plan: datafusion::logical_expr::LogicalPlan,
     values: Vec<datafusion::scalar::ScalarValue>,
 ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
-    plan.with_param_values(values).map_err(|e| EngineError::InvalidQuery(message(&e)))
+    let bound = plan.with_param_values(values).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
+    inline_lists(bound).map_err(|e| EngineError::InvalidQuery(message(&e)))
+}
+
+/// A `List` variable is written `column IN (SELECT UNNEST(CAST($n AS VARCHAR[])))` (see `compile`): a subquery
+/// that the optimizer would turn into a semi join, whose build side may be the whole table. Once the values are
+/// bound, each such subquery becomes an `IN` list of them: a hash set probed per row, which also prunes files
+/// and row groups by their statistics, as the same query with the values written in its SQL does.
+pub(crate) fn inline_lists(
+    plan: datafusion::logical_expr::LogicalPlan,
+) -> datafusion::error::Result<datafusion::logical_expr::LogicalPlan> {
+    use datafusion::common::tree_node::{Transformed, TreeNode};
+    use datafusion::logical_expr::expr::{InList, InSubquery};
+    use datafusion::logical_expr::Expr;
+    let inlined = plan.transform_up_with_subqueries(|node| {
+        node.map_expressions(|expr| {
+            expr.transform_up(|expr| match expr {
+                Expr::InSubquery(InSubquery { expr, subquery, negated }) => {
+                    match listed_values(&subquery.subquery) {
+                        Some(list) => Ok(Transformed::yes(Expr::InList(InList::new(expr, list, negated)))),
+                        None => Ok(Transformed::no(Expr::InSubquery(InSubquery { expr, subquery, negated }))),
+                    }
+                }
+                other => Ok(Transformed::no(other)),
+            })
+        })
+    })?;
+    Ok(inlined.data)
+}
+
+/// The bound values of a `List` variable, when `subquery` is exactly the unnest `compile` writes for one
+/// (`Projection <- Unnest <- Projection(the bound list) <- one empty row`); `None` for any other subquery.
+fn listed_values(
+    subquery: &datafusion::logical_expr::LogicalPlan,
+) -> Option<Vec<datafusion::logical_expr::Expr>> {
+    use datafusion::arrow::array::Array;
+    use datafusion::logical_expr::{Expr, LogicalPlan};
+    let LogicalPlan::Projection(outer) = subquery else { return None };
+    let LogicalPlan::Unnest(unnest) = outer.input.as_ref() else { return None };
+    let LogicalPlan::Projection(inner) = unnest.input.as_ref() else { return None };
+    let LogicalPlan::EmptyRelation(empty) = inner.input.as_ref() else { return None };
+    if !empty.produce_one_row || inner.expr.len() != 1 || outer.expr.len() != 1 {
+        return None;
+    }
+    let mut value = &inner.expr[0];
+    loop {
+        match value {
+            Expr::Alias(alias) => value = &alias.expr,
+            Expr::Cast(cast) => value = &cast.expr,
+            _ => break,
+        }
+    }
+    let Expr::Literal(datafusion::scalar::ScalarValue::List(array), _) = value else { return None };
+    if array.len() != 1 || array.is_null(0) {
+        return None;
+    }
+    let values = array.value(0);
+    (0..values.len())
+        .map(|i| {
+            datafusion::scalar::ScalarValue::try_from_array(&values, i).ok().map(|v| Expr::Literal(v, None))
+        })
+        .collect()
 }
 
 /// Parses compiled SQL with `ctx`'s settings: one read-only statement (SELECT, WITH ... SELECT or VALUES). Once

@@ -203,6 +203,65 @@ fn bound(pairs: &[(&str, domain::BoundValue)]) -> std::collections::BTreeMap<Str
     pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect()
 }
 
+/// A `List` variable runs as an `IN` list of its values (a hash set probed per row, statistics pruning), never
+/// as a subquery joined to the table: the bound plan has no subquery left, and the answers are the same query's
+/// with the values written in its SQL, `NOT IN`, an empty list and values with quotes included.
+#[tokio::test]
+async fn a_list_variable_runs_as_an_in_list_of_its_values() {
+    let (engine, _dir) = engine_with_events().await;
+    let list = |values: &[&str]| {
+        bound(&[("c", domain::BoundValue::List(values.iter().map(|v| (*v).to_owned()).collect()))])
+    };
+    let run = |sql: &str| {
+        let q = query(sql, json!({"c": {"type": "List"}}));
+        let engine = &engine;
+        async move { (engine, q) }
+    };
+    for (sql, values, expected) in [
+        (
+            "SELECT country FROM events WHERE country IN {variables.c} ORDER BY 1",
+            vec!["US", "DE"],
+            r#"[{"country":"US"}]"#,
+        ),
+        (
+            "SELECT country FROM events WHERE country IN {variables.c} ORDER BY 1",
+            vec!["US", "FR"],
+            r#"[{"country":"FR"},{"country":"US"}]"#,
+        ),
+        (
+            "SELECT country FROM events WHERE country NOT IN {variables.c} ORDER BY 1",
+            vec!["US"],
+            r#"[{"country":"FR"}]"#,
+        ),
+        ("SELECT country FROM events WHERE country IN {variables.c} ORDER BY 1", vec![], "[]"),
+        (
+            "SELECT country FROM events WHERE country IN {variables.c} ORDER BY 1",
+            vec!["O'Brien", "US"],
+            r#"[{"country":"US"}]"#,
+        ),
+    ] {
+        let (engine, q) = run(sql).await;
+        let rows = engine.execute(project(1), &q, &list(&values), 10, 0).await.unwrap().rows_json;
+        assert_eq!(rows, expected, "{sql} with {values:?}");
+    }
+
+    // The bound plan: an IN list, no subquery (which the optimizer would make a join).
+    let ctx = datafusion::prelude::SessionContext::new();
+    let sql = "SELECT c FROM (VALUES ('US'), ('FR')) t(c) WHERE c IN (SELECT UNNEST(CAST($1 AS VARCHAR[])))";
+    let plan = ctx.state().create_logical_plan(sql).await.unwrap();
+    let value = datafusion::scalar::ScalarValue::List(datafusion::scalar::ScalarValue::new_list_nullable(
+        &[datafusion::scalar::ScalarValue::Utf8(Some("US".into()))],
+        &DataType::Utf8,
+    ));
+    let bound_plan = crate::bind(plan, vec![value]).unwrap();
+    let shown = bound_plan.display_indent().to_string();
+    assert!(!shown.contains("<subquery>") && shown.contains(r#"IN ([Utf8("US")])"#), "{shown}");
+    // Any other subquery is left as it is.
+    let other = "SELECT c FROM (VALUES ('US')) t(c) WHERE c IN (SELECT c FROM (VALUES ('US')) u(c))";
+    let plan = ctx.state().create_logical_plan(other).await.unwrap();
+    assert!(crate::inline_lists(plan).unwrap().display_indent().to_string().contains("<subquery>"));
+}
+
 #[tokio::test]
 async fn executes_with_bound_variables_and_pages() {
     let (engine, _dir) = engine_with_events().await;
