@@ -355,3 +355,18 @@ proptest::proptest! {
         proptest::prop_assert_eq!(read, file, "{}", text);
     }
 }
+
+/// `pull` reads every page of the project's endpoints (a hundred a page).
+#[tokio::test]
+async fn pull_reads_every_page() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_sales(&app);
+    for i in 0..205 {
+        let body = endpoint_body(&format!("e-{i:03}"), "SELECT 1 AS one");
+        let created = app.request(Method::POST, &format!("/api/projects/{project}/endpoints"), Some(&key));
+        assert_eq!(created.json(&body).send().await.unwrap().status(), 201);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pulled = status(&code(&app, project, &key, dir.path(), &["pull"]).await, 0);
+    assert!(pulled.contains("pulled 205 endpoint(s), 205 file(s) written"), "{pulled}");
+}

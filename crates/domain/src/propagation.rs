@@ -12,7 +12,8 @@ use async_trait::async_trait;
 #[async_trait]
 pub trait Propagation: Send + Sync {
     /// Returns once every other live process has applied the changes saved here so far, or was counted out
-    /// (it then distrusts what it keeps). Never fails: a store that cannot tell counts every process out.
+    /// (it then distrusts what it keeps). Never fails: the change is saved; when the store cannot be reached to
+    /// wait, the other processes have lost their channel to it too, and distrust what they keep for that.
     async fn settle(&self);
 }
 

@@ -239,6 +239,12 @@ async fn a_list_variable_runs_as_an_in_list_of_its_values() {
             vec!["O'Brien", "US"],
             r#"[{"country":"US"}]"#,
         ),
+        // A list is matched against a column of any type, as its text.
+        (
+            "SELECT country FROM events WHERE revenue IN {variables.c} ORDER BY 1",
+            vec!["20", "30"],
+            r#"[{"country":"FR"}]"#,
+        ),
     ] {
         let (engine, q) = run(sql).await;
         let rows = engine.execute(project(1), &q, &list(&values), 10, 0).await.unwrap().rows_json;

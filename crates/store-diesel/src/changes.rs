@@ -270,9 +270,28 @@ fn barrier(conn: &mut PgConnection, node: &str) -> Result<Vec<String>, diesel::r
     if live.is_empty() {
         return Ok(Vec::new());
     }
-    let mut waiting: HashSet<String> = live.into_iter().map(|node| node.id).collect();
-    let token = uuid::Uuid::new_v4().simple().to_string();
+    let waiting: HashSet<String> = live.into_iter().map(|node| node.id).collect();
     conn.batch_execute(&format!("LISTEN {ACKS}"))?;
+    // The pooled connection stops listening whatever happened, so no later user of it gathers acknowledgements.
+    let waited = await_acks(conn, waiting);
+    let unlistened = conn.batch_execute(&format!("UNLISTEN {ACKS}"));
+    let out: Vec<String> = waited?.into_iter().collect();
+    unlistened?;
+    if !out.is_empty() {
+        diesel::sql_query("UPDATE endpoints_nodes SET counted_out = TRUE WHERE id = ANY($1)")
+            .bind::<Array<Text>, _>(&out)
+            .execute(conn)?;
+    }
+    Ok(out)
+}
+
+/// Sends a barrier and waits, at most [`ACK_WITHIN`], for each of `waiting` to acknowledge it; returns those that
+/// did not.
+fn await_acks(
+    conn: &mut PgConnection,
+    mut waiting: HashSet<String>,
+) -> Result<HashSet<String>, diesel::result::Error> {
+    let token = uuid::Uuid::new_v4().simple().to_string();
     diesel::sql_query("SELECT pg_notify($1, $2)")
         .bind::<Text, _>(CHANNEL)
         .bind::<Text, _>(format!("barrier:{token}"))
@@ -291,14 +310,7 @@ fn barrier(conn: &mut PgConnection, node: &str) -> Result<Vec<String>, diesel::r
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    conn.batch_execute(&format!("UNLISTEN {ACKS}"))?;
-    let out: Vec<String> = waiting.into_iter().collect();
-    if !out.is_empty() {
-        diesel::sql_query("UPDATE endpoints_nodes SET counted_out = TRUE WHERE id = ANY($1)")
-            .bind::<Array<Text>, _>(&out)
-            .execute(conn)?;
-    }
-    Ok(out)
+    Ok(waiting)
 }
 
 /// Read your writes on every process of a PostgreSQL database (see the module's documentation): a writer's

@@ -141,20 +141,22 @@ impl Api {
         Ok(Self { http, endpoints, key: key.to_owned() })
     }
 
-    /// Every endpoint of the project, page after page, by name.
+    /// Every endpoint of the project, page after page, by name. Pages are asked for by offset on the URL the
+    /// command was given (never by the page's `next` link: the key goes only where it was meant to, and a proxy
+    /// that rewrites hosts or schemes changes nothing).
     pub async fn list(&self) -> Result<Vec<RemoteEndpoint>, ClientError> {
-        let mut url = self.endpoints.clone();
-        url.query_pairs_mut().append_pair("limit", "100");
+        const PAGE: usize = 100;
         let mut all = Vec::new();
         loop {
+            let mut url = self.endpoints.clone();
+            url.query_pairs_mut()
+                .append_pair("limit", &PAGE.to_string())
+                .append_pair("offset", &all.len().to_string());
             let page: Page = self.send(Method::GET, url, None).await?;
+            let last = page.next.is_none() || page.results.is_empty();
             all.extend(page.results);
-            match page.next {
-                Some(next) => {
-                    url =
-                        Url::parse(&next).map_err(|_| ClientError::Unexpected(format!("next page {next}")))?
-                }
-                None => break,
+            if last {
+                break;
             }
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
