@@ -271,6 +271,14 @@ bench-fresh: deps ## Scenario 11 of make bench alone (folds against full refresh
 	cargo build --release --locked -p server --features bench,ballista --bins
 	python3 tests/bench/bench.py --only fresh --rows $(BENCH_ROWS)
 
+.PHONY: bench-shapes
+bench-shapes: deps $(VENV)/bin/python ## Scenario 13 of make bench alone (a mix of query shapes against DuckDB at BENCH_ROWS/10 and BENCH_ROWS events) into docs/benchmarks.md.
+	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
+	  $(VENV)/bin/pip install -q '$(DUCKDB)'
+	@mkdir -p target
+	cargo build --release --locked -p server --features bench,ballista --bins
+	$(VENV)/bin/python tests/bench/bench.py --only shapes --rows $(BENCH_ROWS) --duckdb-python $(VENV)/bin/python
+
 .PHONY: soak
 soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180), checked at the end, into docs/benchmarks.md.
 	@mkdir -p target

@@ -41,6 +41,7 @@ The results replace the run section at the end of docs/benchmarks.md (older runs
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -54,6 +55,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 
@@ -297,9 +299,9 @@ def median_of(rounds):
     return dict(pick, failed=sum(r["failed"] for r in rounds))
 
 
-def events_dir(data_dir):
-    """The directory of the current version of the demo project's events table."""
-    table_dir = os.path.join(data_dir, "projects", "1", "tables", "events")
+def events_dir(data_dir, table="events"):
+    """The directory of the current version of a table of the demo project (`events` unless named)."""
+    table_dir = os.path.join(data_dir, "projects", "1", "tables", table)
     with open(os.path.join(table_dir, "_current"), encoding="utf-8") as pointer:
         # The pointer's first line names the table's current version (the second, when it was written).
         return os.path.join(table_dir, pointer.readline().strip())
@@ -1186,6 +1188,233 @@ def write_logs(args, figures):
     write_section(args, LOGS_MARKER, logs_section(figures))
 
 
+SHAPES_MARKER = "<!-- scenario 13, written by make bench -->"
+# The dimension table the join shape reads: the demo's ten countries, with a region each.
+COUNTRIES_CSV = ("code,region,name\nUS,Americas,United States\nGB,Europe,United Kingdom\nDE,Europe,Germany\n"
+                 "FR,Europe,France\nIN,Asia,India\nBR,Americas,Brazil\nJP,Asia,Japan\nCA,Americas,Canada\n"
+                 "ES,Europe,Spain\nNL,Europe,Netherlands\n")
+# Scenario 13: shapes endpoints have, each as an endpoint (name, what it is, SQL, variables as (type, value)).
+# DuckDB runs the same SQL with the values written in it as literals.
+SHAPES = [
+    ("filter-group", "equality on a string column, GROUP BY another",
+     "SELECT browser, count(*) AS events, round(sum(revenue), 2) AS revenue FROM events "
+     "WHERE country = {variables.country} GROUP BY browser ORDER BY events DESC",
+     {"country": ("String", "DE")}),
+    ("in-list", "`IN` a `List` variable's three values, GROUP BY",
+     "SELECT country, count(*) AS events FROM events WHERE country IN {variables.countries} "
+     "GROUP BY country ORDER BY events DESC",
+     {"countries": ("List", ["DE", "FR", "JP"])}),
+    ("in-literals", "the same `IN` list written in the SQL",
+     "SELECT country, count(*) AS events FROM events WHERE country IN ('DE', 'FR', 'JP') "
+     "GROUP BY country ORDER BY events DESC", {}),
+    ("join-dimension", "join with a 10-row dimension table, GROUP BY its column",
+     "SELECT c.region, count(*) AS events, round(sum(e.revenue), 2) AS revenue FROM events e "
+     "JOIN countries c ON e.country = c.code WHERE e.event = {variables.event} GROUP BY c.region "
+     "ORDER BY events DESC", {"event": ("String", "purchase")}),
+    ("daily", "a month's date range, `date_trunc` GROUP BY",
+     "SELECT CAST(date_trunc('day', timestamp) AS DATE) AS day, count(*) AS events, round(sum(revenue), 2) AS revenue "
+     "FROM events WHERE timestamp >= {variables.since} AND timestamp < {variables.until} GROUP BY 1 ORDER BY 1",
+     {"since": ("Date", "2026-02-01"), "until": ("Date", "2026-03-01")}),
+    ("point-lookup", "one user's newest events (string key, ORDER BY, LIMIT)",
+     "SELECT timestamp, event, country, revenue FROM events WHERE distinct_id = {variables.user} "
+     "ORDER BY timestamp DESC LIMIT 20", {"user": ("String", "user_04242")}),
+    ("top-n", "top 10 of 50,000 users by revenue (GROUP BY, ORDER BY the sum, LIMIT)",
+     "SELECT distinct_id, round(sum(revenue), 2) AS spent FROM events WHERE event = 'purchase' "
+     "GROUP BY distinct_id ORDER BY spent DESC, distinct_id LIMIT 10", {}),
+    ("prefix", "`LIKE` a prefix, count",
+     "SELECT count(*) AS events FROM events WHERE distinct_id LIKE {variables.pattern}",
+     {"pattern": ("String", "user_012%")}),
+    ("distinct", "`count(DISTINCT)` of users by country",
+     "SELECT country, count(DISTINCT distinct_id) AS users FROM events GROUP BY country ORDER BY users DESC, country",
+     {}),
+    ("scenario-2", "scenario 2's query (a date filter, GROUP BY country)",
+     "SELECT country, count(*) AS events, round(sum(revenue), 2) AS revenue FROM events "
+     "WHERE timestamp >= {variables.since} GROUP BY country ORDER BY events DESC",
+     {"since": ("Date", "2026-03-01")}),
+]
+# Runs of each shape per batch, and batches (ours and DuckDB's alternate, so a slow spell lands on both).
+SHAPE_ROUNDS, SHAPE_BATCHES = 5, 2
+
+# DuckDB's side of scenario 13, in its own process: argv = events glob, countries glob, rounds, then the shapes'
+# SQL as JSON; prints each shape's median ms and rows. One connection, each shape's first run left out.
+DUCKDB_SHAPES = """
+import duckdb, json, statistics, sys, time
+events, countries, rounds, shapes = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+con = duckdb.connect()
+con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{events}')")
+con.execute(f"CREATE VIEW countries AS SELECT * FROM read_parquet('{countries}')")
+out = {}
+for name, sql in shapes.items():
+    rows = con.sql(sql).fetchall()
+    runs = []
+    for _ in range(rounds):
+        t = time.perf_counter(); rows = con.sql(sql).fetchall(); runs.append((time.perf_counter() - t) * 1000)
+    out[name] = {"median_ms": statistics.median(runs), "runs_ms": runs, "rows": len(rows)}
+print(json.dumps(out))
+"""
+
+
+def sql_literal(kind, value):
+    """A variable's value as DuckDB reads it in SQL."""
+    quote = lambda text: "'" + str(text).replace("'", "''") + "'"
+    if kind == "List":
+        return "(" + ", ".join(quote(v) for v in value) + ")"
+    if kind == "Date":
+        return f"DATE {quote(value)}"
+    return quote(value) if kind == "String" else str(value)
+
+
+def shape_path(name, variables, **extra):
+    params = {f"variables.{k}": ",".join(v) if kind == "List" else v for k, (kind, v) in variables.items()}
+    query = urllib.parse.urlencode({**params, "refresh": "direct", **extra})
+    return f"/api/projects/1/endpoints/{name}/run?{query}"
+
+
+def table_glob(data_dir, table):
+    """The Parquet files of a table that was written at once (appends and compactions add files elsewhere)."""
+    return os.path.join(events_dir(data_dir, table), "*.parquet")
+
+
+def prepare_shapes(app, root):
+    """Creates the shapes' endpoints and the `countries` table on a dataset (its server running)."""
+    writer = app.cli("key", "create", "--project", "1", "--scope", "table:write")["key"]
+    path = os.path.join(root, "countries.csv")
+    with open(path, "w") as f:
+        f.write(COUNTRIES_CSV)
+    upload(app, "countries", path, writer)
+    for name, _, sql, variables in SHAPES:
+        declared = {k: {"type": kind} for k, (kind, _) in variables.items()}
+        app.request("POST", "/api/projects/1/endpoints/", {
+            "name": name, "cache_age_seconds": 0,
+            "query": {"kind": "SQLQuery", "query": sql, "variables": declared}})
+
+
+def run_shapes(args, app):
+    """Scenario 13 on one dataset: each shape's live run (HTTP, `refresh=direct`) against DuckDB on the same
+    Parquet files, batches alternating."""
+    ours = {name: [] for name, *_ in SHAPES}
+    theirs = {name: [] for name, *_ in SHAPES}
+    answers, duck_rows = {}, {}
+    duck_sql = {}
+    for name, _, sql, variables in SHAPES:
+        for k, (kind, value) in variables.items():
+            sql = sql.replace("{variables." + k + "}", sql_literal(kind, value))
+        duck_sql[name] = sql
+    for name, _, _, variables in SHAPES:
+        app.timed(shape_path(name, variables), 1)  # planned once, as a published endpoint's runs are
+    for _ in range(SHAPE_BATCHES):
+        for name, _, _, variables in SHAPES:
+            ms, answered = app.timed(shape_path(name, variables), SHAPE_ROUNDS)
+            ours[name].append(ms)
+            answers[name] = answered[-1]
+        if args.duckdb_python:
+            out = subprocess.run(
+                [args.duckdb_python, "-c", DUCKDB_SHAPES, table_glob(app.data_dir, "events"),
+                 table_glob(app.data_dir, "countries"), str(SHAPE_ROUNDS), json.dumps(duck_sql)],
+                check=True, capture_output=True, text=True).stdout
+            for name, figure in json.loads(out.strip().splitlines()[-1]).items():
+                theirs[name] += figure["runs_ms"]
+                duck_rows[name] = figure["rows"]
+    figures = {}
+    for name, *_ in SHAPES:
+        rows = len(answers[name]["results"])
+        assert name not in duck_rows or duck_rows[name] == rows, f"{name}: {rows} rows, DuckDB {duck_rows[name]}"
+        figures[name] = {"ms": statistics.median(ours[name]), "rows": rows,
+                         "query_ms": answers[name]["timings"]["query_ms"],
+                         "duckdb_ms": statistics.median(theirs[name]) if theirs[name] else None}
+        log(f"shape {name}: {figures[name]['ms']:.1f} ms, DuckDB {figures[name]['duckdb_ms'] or 0:.1f} ms")
+    return figures
+
+
+def list_memory(args, app):
+    """The `IN` list from a `List` variable against the same list written in the SQL, on a server whose queries
+    run in 16 partitions: time and the server's peak RSS of each (servers started afresh, alternately)."""
+    figures = {"in-list": {"ms": [], "mb": []}, "in-literals": {"ms": [], "mb": []}}
+    variables = dict((name, v) for name, _, _, v in SHAPES)
+    for _ in range(SHAPE_BATCHES):
+        for name in figures:
+            app.start("--materialize-workers", "0", "--query-partitions", "16")
+            try:
+                with PeakRss(app.process.pid) as peak:
+                    ms, _ = app.timed(shape_path(name, variables[name]), SHAPE_ROUNDS)
+                figures[name]["ms"].append(ms)
+                figures[name]["mb"].append(peak.peak)
+            finally:
+                app.stop()
+    return {name: {"ms": statistics.median(f["ms"]), "mb": max(f["mb"])} for name, f in figures.items()}
+
+
+def shapes(args, root, apps):
+    """Scenario 13 on each of `apps` (datasets by size): the shape mix, and at the largest the `IN` list's memory."""
+    figures = {"sizes": {}}
+    for rows, app in sorted(apps.items()):
+        app.start("--materialize-workers", "0")
+        try:
+            prepare_shapes(app, root)
+            figures["sizes"][rows] = run_shapes(args, app)
+        finally:
+            app.stop()
+    figures["list_memory"] = list_memory(args, apps[max(apps)])
+    figures["largest"] = max(apps)
+    return figures
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def shapes_section(f):
+    sizes = sorted(f["sizes"])
+    lines = [
+        f"**Query shapes** (scenario 13, {datetime.date.today().isoformat()}; release build, local storage; each "
+        "shape an endpoint run live over HTTP (`refresh=direct`, planned once before), against DuckDB in process "
+        "on the same Parquet files with the same SQL, values written as literals; medians of "
+        f"{SHAPE_BATCHES * SHAPE_ROUNDS} runs, batches alternating).",
+        "",
+        "| Shape | " + " | ".join(f"{n:,} events: ours / DuckDB" for n in sizes) + " | Target |",
+        "|---|" + "---|" * len(sizes) + "---|",
+    ]
+    worst = {}
+    for name, what, *_ in SHAPES:
+        cells = []
+        for n in sizes:
+            s = f["sizes"][n][name]
+            ratio = s["ms"] / s["duckdb_ms"] if s["duckdb_ms"] else None
+            worst[name] = max(worst.get(name, 0), ratio or 0)
+            cells.append(f"{s['ms']:.1f} / {s['duckdb_ms'] or 0:.1f} ms = **{ratio:.2f}x**" if ratio else f"{s['ms']:.1f} ms")
+        lines.append(f"| `{name}`: {what} | " + " | ".join(cells) + f" | <= 1.3x: {check(worst[name] <= 1.3)} |")
+    means = []
+    for n in sizes:
+        means.append(geomean([f["sizes"][n][name]["ms"] / f["sizes"][n][name]["duckdb_ms"]
+                              for name, *_ in SHAPES if f["sizes"][n][name]["duckdb_ms"]]))
+    lines.append("| geometric mean | " + " | ".join(f"**{m:.2f}x**" if m else "" for m in means)
+                 + f" | <= 1.0x: {check(all(m is not None and m <= 1.0 for m in means))} |")
+    literal = f["sizes"][f["largest"]]["in-literals"]["ms"]
+    listed = f["sizes"][f["largest"]]["in-list"]["ms"]
+    m = f["list_memory"]
+    lines += [
+        "",
+        "| `IN` from a `List` variable against the literals | Time | Server peak RSS | Target |",
+        "|---|---|---|---|",
+        f"| {f['largest']:,} events, default partitions | {listed:.1f} ms against {literal:.1f} ms = "
+        f"{listed / literal:.2f}x | | <= 1.1x: {check(listed / literal <= 1.1)} |",
+        f"| {f['largest']:,} events, `--query-partitions 16` | {m['in-list']['ms']:.1f} ms against "
+        f"{m['in-literals']['ms']:.1f} ms = {m['in-list']['ms'] / m['in-literals']['ms']:.2f}x | "
+        f"{m['in-list']['mb']:.0f} MB against {m['in-literals']['mb']:.0f} MB | no more memory: "
+        f"{check(m['in-list']['mb'] <= m['in-literals']['mb'] * 1.05 + 5)} |",
+        "",
+        "How to read it: our side is a client's whole run (HTTP, binding the variables, planning the physical plan, "
+        "JSON); DuckDB's is `fetchall()` on a warm connection. The geometric mean is over every shape of a size.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_shapes(args, figures):
+    write_section(args, SHAPES_MARKER, shapes_section(figures))
+
+
 def machine():
     model = "unknown CPU"
     try:
@@ -1223,7 +1452,7 @@ def main():
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
     parser.add_argument("--duckdb-python", default=None)
     parser.add_argument("--out", default="docs/benchmarks.md")
-    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs"], default=None)
+    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes"], default=None)
     args = parser.parse_args()
     began = time.perf_counter()
     root = tempfile.mkdtemp(prefix="endpoints-bench-", dir=os.path.abspath("target"))
@@ -1231,6 +1460,10 @@ def main():
         try:
             if args.only == "isolation":
                 write_isolation(args, isolation(args, root))
+            elif args.only == "shapes":
+                small = max(args.rows // 10, 1000)
+                write_shapes(args, shapes(args, root, {n: make_dataset(args.bin_dir, root, n)
+                                                       for n in sorted({small, args.rows})}))
             elif args.only == "logs":
                 app = make_dataset(args.bin_dir, root, args.rows)
                 write_logs(args, run_logs(args, app))
@@ -1339,8 +1572,11 @@ def main():
             figures["ballista_ms"] = ballista_ms
             log(f"live on Ballista (2 executors): {ballista_ms:.1f} ms against embedded {live_ms:.1f} ms")
 
-        # 8. Data in and out, on the main dataset's events table.
+        # 13. Query shapes against DuckDB, while the events tables are as generated (scenario 11 appends).
         app.stop()
+        shaped = shapes(args, root, {n: apps[n] for n in (min(rows), max(rows))})
+
+        # 8. Data in and out, on the main dataset's events table.
         figures["io"] = data_in_and_out(args, main_app, root, table_dir)
 
         # 3. Materialized against live: a server with its worker on stores `country-daily` (its rows, filtered by
@@ -1424,6 +1660,7 @@ def main():
     write_appends(args, streamed)
     write_fresh(args, fresh_figures)
     write_logs(args, logged)
+    write_shapes(args, shaped)
 
 
 def write_report(args, f):

@@ -341,6 +341,21 @@ pub(crate) fn empty_session(
     session_with(storage, runtime, scheduler, SessionConfig::new())
 }
 
+/// An [`empty_session`] for live queries, split into `partitions` (one per core when `None`).
+pub(crate) fn live_session(
+    storage: &Storage,
+    runtime: Option<Arc<RuntimeEnv>>,
+    scheduler: Option<&str>,
+    partitions: Option<std::num::NonZeroUsize>,
+) -> Result<SessionContext, EngineError> {
+    let config = SessionConfig::new();
+    let config = match partitions {
+        Some(partitions) => config.with_target_partitions(partitions.get()),
+        None => config,
+    };
+    session_with(storage, runtime, scheduler, config)
+}
+
 /// An [`empty_session`] for reading a few rows (a stored result held in memory): its queries run as one
 /// partition, since splitting a few thousand rows across the cores (and merging them again) costs more than it
 /// saves.

@@ -54,6 +54,9 @@ pub struct EngineLimits {
     /// Stored results (rollups or not) of at most this many rows are held decoded once read, so that a run
     /// reads no file.
     pub stored_rows_in_memory: usize,
+    /// Partitions a live query's plan is split into (its scans, aggregations and joins run that many streams
+    /// at once); `None`: one per core, DataFusion's default.
+    pub partitions: Option<std::num::NonZeroUsize>,
 }
 
 impl Default for EngineLimits {
@@ -69,6 +72,7 @@ impl Default for EngineLimits {
             export_bytes: 256 * 1024 * 1024,
             rollup_rows: 10_000_000,
             stored_rows_in_memory: 100_000,
+            partitions: None,
         }
     }
 }

@@ -413,7 +413,7 @@ impl DataFusionEngine {
     ) -> Result<(datafusion::prelude::SessionContext, datafusion::logical_expr::LogicalPlan), EngineError>
     {
         let runtime = Some(execute::runtime(&self.limits, &self.files, &self.memory)?);
-        let ctx = catalog::empty_session(&self.storage, runtime, self.scheduler())?;
+        let ctx = catalog::live_session(&self.storage, runtime, self.scheduler(), self.limits.partitions)?;
         // A cluster's session plans for its scheduler: its plans are not kept.
         let keeps = self.scheduler().is_none();
         if keeps {
@@ -440,7 +440,7 @@ impl DataFusionEngine {
         project: ProjectId,
         compiled: &compile::Compiled,
     ) -> Result<(datafusion::prelude::SessionContext, DfStatement), EngineError> {
-        let ctx = catalog::empty_session(&self.storage, None, self.scheduler())?;
+        let ctx = catalog::live_session(&self.storage, None, self.scheduler(), self.limits.partitions)?;
         let statement = parse(&ctx, compiled)?;
         catalog::register_named(&self.storage, &ctx, project, &statement, self.log_retention).await?;
         Ok((ctx, statement))

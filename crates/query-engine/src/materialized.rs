@@ -367,10 +367,11 @@ impl DataFusionEngine {
         // Rows held in memory are few: one partition reads them. A file may hold millions: every core does.
         let ctx = match prepared.rows {
             Some(_) => ctx,
-            None => catalog::empty_session(
+            None => catalog::live_session(
                 &self.storage,
                 Some(execute::runtime(&self.limits, &self.files, &self.memory)?),
                 self.scheduler(),
+                self.limits.partitions,
             )?,
         };
         if let Some(RolledUp { query, scan }) = &prepared.rollup {

@@ -49,8 +49,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let ctx = SessionContext::new_with_config_rt(config, runtime);
         ctx.register_parquet("events", &format!("{table_dir}/"), ParquetReadOptions::default()).await?;
+        // `BENCH_DATAFUSION_TABLES="name=dir,..."`: more tables the SQL reads (a join's other side).
+        for table in std::env::var("BENCH_DATAFUSION_TABLES").unwrap_or_else(|_| String::new()).split(',') {
+            if let Some((name, dir)) = table.split_once('=') {
+                ctx.register_parquet(name.trim(), &format!("{}/", dir.trim()), ParquetReadOptions::default())
+                    .await?;
+            }
+        }
         let batches = ctx.sql(sql).await?.collect().await?;
         rows = batches.iter().map(|b| b.num_rows()).sum::<usize>();
+        // `BENCH_DATAFUSION_PRINT=1`: the answer on stderr (with `EXPLAIN ANALYZE ...`, where the time goes).
+        if std::env::var_os("BENCH_DATAFUSION_PRINT").is_some() {
+            eprintln!("{}", datafusion::arrow::util::pretty::pretty_format_batches(&batches)?);
+        }
         runs_ms.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     let mut sorted = runs_ms.clone();
