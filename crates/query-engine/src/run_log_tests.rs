@@ -359,3 +359,33 @@ async fn a_table_named_logs_from_before_stays_and_no_new_one_takes_the_name() {
     .await;
     assert!(matches!(imported, Err(crate::imports::ImportError::InvalidTableName(_))), "{imported:?}");
 }
+
+/// A flush that cannot write one project's file writes the others' and keeps that project's records for the
+/// next flush, which writes them once the storage takes them: none lost, none twice.
+#[tokio::test]
+async fn a_failed_flush_keeps_what_it_could_not_write_for_the_next() {
+    let dir = temp_dir("run-log-fail");
+    let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), LogSettings::default());
+    let start = within_one_hour(now() - time::Duration::seconds(100), 10);
+    let (ones, twos): (Vec<_>, Vec<_>) = (0..6_u64)
+        .map(|n| record(if n < 3 { 1 } else { 2 }, "kpi", start + time::Duration::seconds(n as i64), n))
+        .partition(|r| r.project == project(1));
+    // A file where project 2's log directory would be: its files cannot be written.
+    std::fs::create_dir_all(dir.join("projects/2")).unwrap();
+    std::fs::write(dir.join("projects/2/logs"), b"in the way").unwrap();
+    for r in ones.iter().chain(&twos) {
+        log.record(r.clone());
+    }
+    assert!(log.flush().await.is_err(), "project 2's file cannot be written");
+    let newest_first = |records: &[LogRecord]| {
+        let mut records = records.to_vec();
+        records.sort_by(|a, b| b.at.cmp(&a.at).then(b.id.cmp(&a.id)));
+        records
+    };
+    assert_eq!(log.records(project(1), "kpi", &all(100)).await.unwrap(), newest_first(&ones));
+
+    std::fs::remove_file(dir.join("projects/2/logs")).unwrap();
+    assert_eq!(log.flush().await.unwrap(), 3, "only the records kept back");
+    assert_eq!(log.records(project(2), "kpi", &all(100)).await.unwrap(), newest_first(&twos));
+    assert_eq!(log.records(project(1), "kpi", &all(100)).await.unwrap(), newest_first(&ones), "once");
+}
