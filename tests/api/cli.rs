@@ -188,6 +188,8 @@ fn limits_are_checked_where_they_are_read() {
         ("--flush-secs", "0"),
         ("--materialize-lease-secs", "2"),
         ("--pool-size", "0"),
+        ("--query-partitions", "0"),
+        ("--query-partitions", "1025"),
     ] {
         let err =
             parse("", &["endpoints", "serve", flag, value]).err().unwrap_or_else(|| panic!("{flag} {value}"));

@@ -28,9 +28,10 @@ pub struct ServeArgs {
     #[arg(long, env = "ENDPOINTS_QUERY_MEMORY_MB", default_value_t = 512, value_parser = positive_usize())]
     pub query_memory_mb: usize,
     /// Partitions a query's plan is split into: its scans, aggregations and joins run that many streams at once
-    /// (default: one per core). More than the cores only helps a machine whose storage is slower than its CPUs.
-    #[arg(long, env = "ENDPOINTS_QUERY_PARTITIONS", value_parser = clap::value_parser!(std::num::NonZeroUsize))]
-    pub query_partitions: Option<std::num::NonZeroUsize>,
+    /// (default: one per core; 1 to 1024). More than the cores only helps a machine whose storage is slower than
+    /// its CPUs.
+    #[arg(long, env = "ENDPOINTS_QUERY_PARTITIONS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub query_partitions: Option<u16>,
     /// Memory the whole process stays under (`2GiB`, `1500MiB`): queries together get what the result cache
     /// (--cache-mb) and the process's own 256 MiB leave (at least one query's worth); a query that needs memory
     /// other queries hold gets 429 with Retry-After.
@@ -163,7 +164,8 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.pool_size = args.pool_size;
     config.limits.query_timeout = Duration::from_secs(args.query_timeout_secs);
     config.limits.memory_limit = args.query_memory_mb.saturating_mul(1024 * 1024);
-    config.limits.partitions = args.query_partitions;
+    config.limits.partitions =
+        args.query_partitions.and_then(|n| std::num::NonZeroUsize::new(usize::from(n)));
     config.limits.server_memory = queries_memory(args.max_memory, args.cache_mb, args.query_memory_mb);
     config.limits.result_bytes = args.max_result_mb.saturating_mul(1024 * 1024);
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
