@@ -164,16 +164,17 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
     let data_dir = dir.0.as_path();
     let import = |file: &Path| moto.import(data_dir, project, file);
 
-    // The table is in the bucket, as a version its `_current` object names; nothing is on the local disk.
+    // The table is a Delta table in the bucket (its log's first commit, by a conditional put, and its file);
+    // nothing is on the local disk.
     let table = format!("projects/{project}/tables/sales/");
     let first = moto.keys(&table).await;
     assert_eq!(first.len(), 2, "{first:?}");
-    assert_eq!(first[0], format!("{table}_current"));
-    assert!(first[1].starts_with(&format!("{table}v-")) && first[1].ends_with(".parquet"), "{first:?}");
+    assert_eq!(first[0], format!("{table}_delta_log/00000000000000000000.json"));
+    assert!(first[1].starts_with(&format!("{table}part-")) && first[1].ends_with(".parquet"), "{first:?}");
     assert!(!data_dir.join("projects").exists());
     let listed = moto.cli(data_dir, &["data", "list", "--project", &project.to_string()]);
     let location = listed[0]["location"].as_str().unwrap();
-    assert!(location.starts_with(&format!("s3://{BUCKET}/{PREFIX}/{table}v-")), "{listed}");
+    assert_eq!(location, format!("s3://{BUCKET}/{PREFIX}/{table}"), "{listed}");
     assert_eq!(listed[0]["files"], 1);
 
     let worker = ["--materialize-poll-ms", "50", "--materialize-lease-secs", "3", "--workers", "1"];
@@ -228,14 +229,16 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
     let answer = call(&server, reqwest::Method::GET, &run, &key, None).await.1;
     assert_eq!(answer["results"], json!([{"country": "US", "orders": 2}]));
 
-    // A replace while serving: the next live run sees the new rows, and the old version is gone.
+    // A replace while serving (a commit of the CLI's process): the next live run here sees the new rows; the old
+    // file stays for readers of the older version until a vacuum.
     let fewer = data_dir.join("fewer.csv");
     std::fs::write(&fewer, SALES.lines().take(3).collect::<Vec<_>>().join("\n")).unwrap();
     assert_eq!(import(&fewer)["rows"], 2);
     assert_eq!(run_total().await.1["results"], json!([{"n": 2, "q": 3}]));
     let second = moto.keys(&table).await;
-    assert_eq!(second.len(), 2, "{second:?}");
-    assert_ne!(second[1], first[1]);
+    assert_eq!(second.len(), 4, "{second:?}");
+    assert_eq!(second[1], format!("{table}_delta_log/00000000000000000001.json"));
+    assert!(second.contains(&first[1]), "{second:?}");
 
     // Deleting the endpoint removes its stored result from the bucket.
     assert_eq!(
@@ -452,11 +455,10 @@ async fn two_nodes_on_postgresql_append_to_one_table_in_a_bucket_and_every_row_l
     }
     assert!(table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string(), "{table}");
     assert_eq!(table["row_count"], expected);
-    assert!(moto
-        .keys(&format!("projects/{project}/tables/events/"))
-        .await
-        .iter()
-        .any(|k| k.ends_with("/_compacted")));
+    // The compaction's merged files, committed to the table's Delta log in the bucket.
+    let keys = moto.keys(&format!("projects/{project}/tables/events/")).await;
+    assert!(keys.iter().any(|k| k.contains("/compacted-")), "{keys:?}");
+    assert!(keys.iter().any(|k| k.contains("/_delta_log/")), "{keys:?}");
     let url = format!("{}/api/projects/{project}/endpoints/count/run?refresh=direct", nodes[0].address);
     let run = crate::helpers::get_json(&client, &url, &key).await;
     assert_eq!(run["results"][0], json!({"n": expected, "d": expected}), "{run}");

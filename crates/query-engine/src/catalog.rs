@@ -1,11 +1,12 @@
 //! A project's tables: one DataFusion session per request, holding only that project's tables.
 //!
-//! A table is `projects/{id}/tables/{table}/` in the storage. Its rows are the Parquet files of the version
-//! its `_current` object names (`v-{uuid}/`), and the full files compactions wrote (`full/`) that the same
-//! object lists, so a replace or a compaction becomes visible at once, by one write of that object, on a local
-//! disk and on S3 alike. A table without `_current` (written before versions existed) is the Parquet files
-//! directly under its prefix.
+//! A table is a Delta table at `projects/{id}/tables/{table}/` in the storage (see `tables_delta`): its rows are
+//! the Parquet files of its newest version, which one commit of its log switches, on a local disk and on S3
+//! alike. Two properties of a version say what else it may be: a table that reads an external source where it
+//! is (`endpoints.source`, the source as JSON, and no files), and a table deleted (`endpoints.deleted`), which
+//! is no table until a replace writes it again.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::common::TableReference;
@@ -16,24 +17,22 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::ParquetReadOptions;
 use domain::{EngineError, ExternalSource, ProjectId};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectMeta, ObjectStoreExt};
+use object_store::ObjectMeta;
+use tables_delta::{CommitError, DataFile, Snapshot};
 
 use crate::sources::Unreadable;
 use crate::storage::{unavailable, Storage};
 
-/// The object naming a table's current version on its first line, and on its second, when it has one, when the
-/// table was first written (RFC 3339; replaces carry it over).
-pub(crate) const CURRENT: &str = "_current";
-
-/// The directory of a table's full files: written by compactions, part of the table once `_current` lists
-/// them, and never rewritten or copied by later compactions.
-pub(crate) const FULL: &str = "full";
+/// The property of a table version that reads an external source: the source as JSON.
+pub(crate) const SOURCE: &str = "endpoints.source";
+/// The property of a table version that says the table was deleted.
+pub(crate) const DELETED: &str = "endpoints.deleted";
 
 /// A table a project can query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableFiles {
     pub name: String,
-    /// Where its current files are, for people (`file:///...` or `s3://...`).
+    /// Where it is, for people (`file:///...` or `s3://...`).
     pub location: String,
     /// Its Parquet files and their total size.
     pub files: u64,
@@ -64,46 +63,9 @@ pub(crate) fn is_new_table_name(name: &str) -> bool {
     is_table_name(name) && name != crate::run_log::LOGS_TABLE
 }
 
-/// A version's name: `v-` and a UUID, so a `_current` object can never point outside its table.
-pub(crate) fn is_version_name(name: &str) -> bool {
-    name.strip_prefix("v-").is_some_and(|id| uuid::Uuid::parse_str(id).is_ok())
-}
-
-pub(crate) fn is_parquet(path: &ObjectPath) -> bool {
-    path.extension() == Some("parquet")
-}
-
-/// What a table's `_current` object says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Pointer {
-    pub(crate) target: TableContents,
-    /// When the table was first written; `None` for a pointer written before this was kept.
-    pub(crate) created: Option<domain::Timestamp>,
-    /// For a version: the names of the full files (in `full/`) that hold rows of the table besides the
-    /// version's own, one per line after the creation time.
-    pub(crate) full: Vec<String>,
-}
-
-/// A full file's name as a pointer lists it: a Parquet file's name, never a path.
-fn is_full_file_name(name: &str) -> bool {
-    name.ends_with(".parquet") && !name.contains('/') && !name.starts_with('.')
-}
-
-/// Where a table's rows are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TableContents {
-    /// A version of its own files: `v-{uuid}`.
-    Version(String),
-    /// An external source, read where it is.
-    Source(ExternalSource),
-}
-
-/// The first line of the pointer of a table that reads an external source; its third is the source as JSON.
-const EXTERNAL: &str = "external";
-
-/// An external source as a pointer keeps it.
+/// An external source as a table's property keeps it.
 #[derive(serde::Serialize, serde::Deserialize)]
-struct SourceRecord {
+pub(crate) struct SourceRecord {
     url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     format: Option<String>,
@@ -112,7 +74,7 @@ struct SourceRecord {
 }
 
 impl SourceRecord {
-    fn of(source: &ExternalSource) -> Self {
+    pub(crate) fn of(source: &ExternalSource) -> Self {
         match source {
             ExternalSource::Files { url, format } => {
                 Self { url: url.clone(), format: Some(format.as_str().into()), table: None }
@@ -123,7 +85,7 @@ impl SourceRecord {
         }
     }
 
-    fn source(self) -> Option<ExternalSource> {
+    pub(crate) fn source(self) -> Option<ExternalSource> {
         match (self.format, self.table) {
             (Some(format), None) => {
                 let format = domain::TableFormat::ALL.into_iter().find(|f| f.as_str() == format)?;
@@ -133,157 +95,69 @@ impl SourceRecord {
             _ => None,
         }
     }
-}
 
-impl Pointer {
-    pub(crate) fn text(&self) -> String {
-        let created =
-            self.created.and_then(|at| at.format(&time::format_description::well_known::Rfc3339).ok());
-        match (&self.target, created) {
-            (TableContents::Version(version), created) if !self.full.is_empty() => {
-                let mut text = format!("{version}\n{}\n", created.as_deref().unwrap_or(""));
-                for name in &self.full {
-                    text.push_str(name);
-                    text.push('\n');
-                }
-                text
-            }
-            (TableContents::Version(version), Some(created)) => format!("{version}\n{created}\n"),
-            (TableContents::Version(version), None) => version.clone(),
-            (TableContents::Source(source), created) => {
-                let record =
-                    serde_json::to_string(&SourceRecord::of(source)).expect("a source record is strings");
-                // A pointer written before sources had a creation time has an empty line there.
-                format!("{EXTERNAL}\n{}\n{record}\n", created.as_deref().unwrap_or(""))
-            }
-        }
+    /// The properties of a table version that reads `source`.
+    pub(crate) fn properties(source: &ExternalSource) -> HashMap<String, String> {
+        let record = serde_json::to_string(&Self::of(source)).expect("a source record is strings");
+        HashMap::from([(SOURCE.to_owned(), record)])
     }
-
-    fn parse(text: &str) -> Option<Self> {
-        let mut lines = text.lines().map(str::trim);
-        let first = lines.next()?;
-        let created = lines.next().and_then(|line| {
-            domain::Timestamp::parse(line, &time::format_description::well_known::Rfc3339).ok()
-        });
-        let mut full = Vec::new();
-        let target = if first == EXTERNAL {
-            let record: SourceRecord = serde_json::from_str(lines.next()?).ok()?;
-            TableContents::Source(record.source()?)
-        } else if is_version_name(first) {
-            for name in lines.filter(|line| !line.is_empty()) {
-                if !is_full_file_name(name) {
-                    return None;
-                }
-                full.push(name.to_owned());
-            }
-            TableContents::Version(first.to_owned())
-        } else {
-            return None;
-        };
-        Some(Self { target, created, full })
-    }
-}
-
-/// The table's `_current` pointer, if it has one.
-pub(crate) async fn pointer(storage: &Storage, table: &ObjectPath) -> Result<Option<Pointer>, EngineError> {
-    Ok(pointed(storage, table).await?.map(|(pointer, _)| pointer))
-}
-
-/// The table's `_current` pointer, if it has one, with when it was written.
-async fn pointed(
-    storage: &Storage,
-    table: &ObjectPath,
-) -> Result<Option<(Pointer, ObjectMeta)>, EngineError> {
-    let pointer = table.clone().join(CURRENT);
-    let (bytes, meta) = match storage.store().get(&pointer).await {
-        Ok(found) => {
-            let meta = found.meta.clone();
-            (found.bytes().await.map_err(unavailable)?, meta)
-        }
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(unavailable(e)),
-    };
-    let unreadable = |first: &str| {
-        EngineError::Internal(format!("{pointer} does not name a table version or source: {first:?}").into())
-    };
-    let text = std::str::from_utf8(&bytes).map_err(|_| unreadable("(not UTF-8)"))?;
-    let parsed = Pointer::parse(text).ok_or_else(|| unreadable(text.lines().next().unwrap_or("")))?;
-    Ok(Some((parsed, meta)))
-}
-
-/// The version `_current` names, if the table has one of its own files.
-pub(crate) async fn current_version(
-    storage: &Storage,
-    table: &ObjectPath,
-) -> Result<Option<String>, EngineError> {
-    Ok(pointer(storage, table).await?.and_then(|p| match p.target {
-        TableContents::Version(version) => Some(version),
-        TableContents::Source(_) => None,
-    }))
 }
 
 /// Where a table's rows are now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) enum Current {
-    Files(TableVersion),
-    External(ExternalSource),
+    /// The Parquet files of a version of the table.
+    Files(Arc<Snapshot>),
+    /// An external source, read where it is, since the version that registered it.
+    External { source: ExternalSource, since: Arc<Snapshot> },
 }
 
-/// The files of a table's current version: those under its directory, and the full files its pointer lists.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TableVersion {
-    pub(crate) dir: ObjectPath,
-    pub(crate) full: Vec<ObjectPath>,
-    /// When the table was first written, as the pointer keeps it.
-    pub(crate) created: Option<domain::Timestamp>,
-    /// When the pointer was written (a replace or a compaction switched the table then).
-    pub(crate) switched: Option<domain::Timestamp>,
+impl PartialEq for Current {
+    /// The same version of the same table reads the same rows.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Files(a), Self::Files(b)) => {
+                Arc::ptr_eq(a, b) || (a.version == b.version && a.files == b.files)
+            }
+            (Self::External { source: a, since: x }, Self::External { source: b, since: y }) => {
+                a == b && x.version == y.version
+            }
+            _ => false,
+        }
+    }
 }
 
-impl TableVersion {
-    /// The version's name (`v-{uuid}`), `None` for a table written before versions existed.
-    pub(crate) fn name(&self) -> Option<&str> {
-        self.dir.filename().filter(|name| is_version_name(name))
-    }
+/// A table's file as the engine's readers take it.
+pub(crate) fn object_meta(file: &DataFile) -> ObjectMeta {
+    let last_modified = chrono::DateTime::from_timestamp_millis(file.modified_ms).unwrap_or_default();
+    ObjectMeta { location: file.location.clone(), last_modified, size: file.size, e_tag: None, version: None }
+}
 
-    /// Its Parquet files: the directory's, then the full files.
-    pub(crate) async fn files(&self, storage: &Storage) -> Result<Vec<ObjectMeta>, object_store::Error> {
-        let mut files: Vec<ObjectMeta> =
-            storage.objects(&self.dir).await?.into_iter().filter(|o| is_parquet(&o.location)).collect();
-        files.extend(self.full_files(storage).await?);
-        Ok(files)
-    }
-
-    /// Its full files, with their sizes and times (one listing of `full/`).
-    pub(crate) async fn full_files(&self, storage: &Storage) -> Result<Vec<ObjectMeta>, object_store::Error> {
-        let Some(first) = self.full.first() else { return Ok(Vec::new()) };
-        let parts: Vec<_> = first.parts().collect();
-        let dir = ObjectPath::from_iter(parts[..parts.len().saturating_sub(1)].iter().cloned());
-        let listed = storage.objects(&dir).await?;
-        Ok(listed.into_iter().filter(|o| self.full.contains(&o.location)).collect())
+pub(crate) fn table_error(err: CommitError) -> EngineError {
+    match err {
+        CommitError::Storage { .. } => EngineError::Unavailable(Box::new(err)),
+        other => EngineError::Internal(Box::new(other)),
     }
 }
 
 /// Where a table's rows are, or `None` when there is no such table.
 pub(crate) async fn current(storage: &Storage, table: &ObjectPath) -> Result<Option<Current>, EngineError> {
-    match pointed(storage, table).await? {
-        Some((Pointer { target: TableContents::Version(version), full, created }, meta)) => {
-            let dir = table.clone().join(version.as_str());
-            let full = full.iter().map(|name| table.clone().join(FULL).join(name.as_str())).collect();
-            let switched = Some(crate::table_store::instant(&meta));
-            return Ok(Some(Current::Files(TableVersion { dir, full, created, switched })));
-        }
-        Some((Pointer { target: TableContents::Source(source), .. }, _)) => {
-            return Ok(Some(Current::External(source)))
-        }
-        None => {}
+    let Some(snapshot) = storage.tables().snapshot(table).await.map_err(table_error)? else {
+        return Ok(None);
+    };
+    Ok(state_of(snapshot))
+}
+
+/// What a version of a table says the table is.
+pub(crate) fn state_of(snapshot: Arc<Snapshot>) -> Option<Current> {
+    if snapshot.properties.contains_key(DELETED) {
+        return None;
     }
-    let legacy = storage.objects(table).await.map_err(unavailable)?;
-    let dir = table.clone();
-    Ok(legacy
-        .iter()
-        .any(|o| is_parquet(&o.location))
-        .then(|| Current::Files(TableVersion { dir, full: Vec::new(), created: None, switched: None })))
+    if let Some(record) = snapshot.properties.get(SOURCE) {
+        let source = serde_json::from_str::<SourceRecord>(record).ok().and_then(SourceRecord::source)?;
+        return Some(Current::External { source, since: snapshot });
+    }
+    Some(Current::Files(snapshot))
 }
 
 /// Each table of the project, by name, with where its rows are.
@@ -312,19 +186,15 @@ pub(crate) async fn describe_tables(
     let mut described = Vec::new();
     for (name, current) in list_tables(storage, project).await? {
         let info = match current {
-            Current::Files(version) => {
-                let parquet = version.files(storage).await.map_err(unavailable)?;
-                TableFiles {
-                    name,
-                    location: format!("{}/{}/", storage.location(), version.dir),
-                    files: parquet.len() as u64,
-                    bytes: parquet.iter().map(|o| o.size).sum(),
-                }
+            Current::Files(snapshot) => {
+                let location = storage.url_of(&table_prefix(project, &name));
+                TableFiles { name, location, files: snapshot.files.len() as u64, bytes: snapshot.bytes() }
             }
             // Read where they are: their size is the source's business.
-            Current::External(ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. }) => {
-                TableFiles { name, location: crate::sources::shown_raw(&url), files: 0, bytes: 0 }
-            }
+            Current::External {
+                source: ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. },
+                ..
+            } => TableFiles { name, location: crate::sources::shown_raw(&url), files: 0, bytes: 0 },
         };
         described.push(info);
     }
@@ -455,35 +325,13 @@ pub(crate) async fn register(
     current: &Current,
 ) -> Result<(), EngineError> {
     match current {
-        Current::Files(version) if version.full.is_empty() => {
-            let table = TableReference::bare(name);
-            ctx.register_parquet(table, storage.url_of(&version.dir), ParquetReadOptions::default())
-                .await
-                .map_err(crate::execute::storage_error)
-        }
-        // The version's directory and each full file: one table of several paths, read as a directory is.
-        Current::Files(version) => {
-            let mut urls = vec![storage.url_of(&version.dir)];
-            urls.extend(version.full.iter().map(|file| storage.url_of_object(file)));
-            let paths = urls
-                .iter()
-                .map(ListingTableUrl::parse)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(crate::execute::storage_error)?;
-            let state = ctx.state();
-            let options = ParquetReadOptions::default()
-                .to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
-            let config = ListingTableConfig::new_with_multi_paths(paths)
-                .with_listing_options(options)
-                .infer_schema(&state)
-                .await
-                .map_err(crate::execute::storage_error)?;
-            let table = ListingTable::try_new(config).map_err(crate::execute::storage_error)?;
-            ctx.register_table(TableReference::bare(name), Arc::new(table))
+        Current::Files(snapshot) => {
+            let table = snapshot_table(storage, ctx, snapshot).await?;
+            ctx.register_table(TableReference::bare(name), table)
                 .map(|_| ())
                 .map_err(crate::execute::storage_error)
         }
-        Current::External(source) => storage
+        Current::External { source, .. } => storage
             .sources()
             .register(ctx, name, source, storage.bucket().as_ref(), &storage.projects_url())
             .await
@@ -492,4 +340,38 @@ pub(crate) async fn register(
                 Unreadable::Failed(why) => EngineError::Unavailable(format!("table {name}: {why}").into()),
             }),
     }
+}
+
+/// A table reading exactly the files of `snapshot`, with the columns of its files (read from its first file's
+/// footer once per process: every file of a table has its columns).
+pub(crate) async fn snapshot_table(
+    storage: &Storage,
+    ctx: &SessionContext,
+    snapshot: &Snapshot,
+) -> Result<Arc<dyn datafusion::catalog::TableProvider>, EngineError> {
+    let Some(first) = snapshot.files.first() else {
+        let empty = datafusion::datasource::empty::EmptyTable::new(Arc::clone(&snapshot.schema));
+        return Ok(Arc::new(empty));
+    };
+    let paths = snapshot
+        .files
+        .iter()
+        .map(|file| ListingTableUrl::parse(storage.url_of_object(&file.location)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(crate::execute::storage_error)?;
+    let options =
+        ParquetReadOptions::default().to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
+    let config = ListingTableConfig::new_with_multi_paths(paths).with_listing_options(options);
+    let config = match storage.scanned_schemas().get(&first.location) {
+        Some(schema) => config.with_schema(schema),
+        None => {
+            let config = config.infer_schema(&ctx.state()).await.map_err(crate::execute::storage_error)?;
+            if let Some(schema) = config.file_schema.clone() {
+                storage.scanned_schemas().insert(first.location.clone(), schema);
+            }
+            config
+        }
+    };
+    let table = ListingTable::try_new(config).map_err(crate::execute::storage_error)?;
+    Ok(Arc::new(table))
 }

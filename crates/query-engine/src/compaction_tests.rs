@@ -1,5 +1,5 @@
-//! Compaction on a real storage: small files merged with every row kept once, appends of other processes during
-//! compactions all landing, and a compaction cut off after sealing undone.
+//! Compaction on a real storage: small files merged with every row kept once by an `OPTIMIZE` commit, appends of
+//! other processes during compactions all landing, and a compaction cut off before its commit changing nothing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,7 +12,7 @@ use domain::{ProjectId, QueryEngine, TableFormat, TableName, TableStore, Upload,
 use futures_util::stream;
 use serde_json::{json, Value};
 
-use crate::compaction::{MIN_SMALL_FILES, SEALED};
+use crate::compaction::MIN_SMALL_FILES;
 use crate::tests::temp_dir;
 use crate::{DataFusionEngine, Storage};
 
@@ -59,18 +59,31 @@ fn table_dir(dir: &Path) -> PathBuf {
     dir.join("projects/1/tables/events")
 }
 
-/// The directory of the table's current version.
-fn current(dir: &Path) -> PathBuf {
-    let pointer = std::fs::read_to_string(table_dir(dir).join("_current")).unwrap();
-    table_dir(dir).join(pointer.lines().next().unwrap())
+/// The files of the table's newest version, as its Delta log says.
+async fn files_of(engine: &DataFusionEngine) -> Vec<String> {
+    let prefix = object_store::path::Path::from("projects/1/tables/events");
+    let snapshot = engine.storage().tables().snapshot(&prefix).await.unwrap().expect("a table");
+    let mut names: Vec<String> =
+        snapshot.files.iter().map(|f| f.location.filename().unwrap().to_owned()).collect();
+    names.sort();
+    names
 }
 
-fn parquet_in(version: &Path) -> usize {
-    std::fs::read_dir(version)
+fn parquet_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .filter(|f| f.path().extension().is_some_and(|ext| ext == "parquet"))
         .count()
+}
+
+/// The operations of the table's commits, newest first.
+async fn operations(engine: &DataFusionEngine) -> Vec<String> {
+    let prefix = object_store::path::Path::from("projects/1/tables/events");
+    let tables = engine.storage().tables();
+    let newest = tables.snapshot(&prefix).await.unwrap().expect("a table").version;
+    let commits = tables.commits(&prefix, newest + 1, 100).await.unwrap();
+    commits.into_iter().map(|c| c.operation).collect()
 }
 
 /// Two engines on one storage: two processes, each with its own locks and its own appends.
@@ -104,19 +117,16 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
         .expect("20 small files are compacted");
     assert_eq!((done.files_before, done.files_merged, done.files_after, done.rows_merged), (20, 20, 1, 100));
     assert_eq!(engine.appended(), vec![], "compacted: no longer a candidate");
-    assert_eq!(parquet_in(&current(&dir)), 1);
+    assert_eq!(files_of(&engine).await.len(), 1);
+    assert!(files_of(&engine).await[0].starts_with("compacted-"));
+    assert_eq!(operations(&engine).await[0], "OPTIMIZE");
     let after = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!((after.files, after.row_count, after.columns), (Some(1), Some(100), before.columns));
     assert!(after.last_compacted_at.is_some());
     assert_eq!(after.created_at, before.created_at, "the table keeps its creation time");
     assert_eq!(counts(&engine).await, (100, 100));
-    // The replaced version stays for runs that were reading it, sealed, naming the new one.
-    let versions: Vec<_> =
-        std::fs::read_dir(table_dir(&dir)).unwrap().flatten().filter(|e| e.path().is_dir()).collect();
-    assert_eq!(versions.len(), 2);
-    let old = versions.iter().map(|v| v.path()).find(|v| *v != current(&dir)).unwrap();
-    let sealed = std::fs::read_to_string(old.join(SEALED)).unwrap();
-    assert_eq!(table_dir(&dir).join(sealed.trim()), current(&dir));
+    // The merged small files stay for runs (and readers of older versions) until a vacuum past the retention.
+    assert_eq!(parquet_in(&table_dir(&dir)), 21);
 
     // Appends go on into the new version; a few more small files are not worth a compaction yet.
     for i in 20..20 + MIN_SMALL_FILES as u64 - 2 {
@@ -124,12 +134,11 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     }
     assert!(engine.compact(project(), &events(), Vec::new()).await.unwrap().is_none());
     assert_eq!(counts(&engine).await, (130, 130));
-    // A replace takes the table whatever compactions did, and removes their versions.
+    // A replace takes the table whatever compactions did.
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 2))).await.unwrap();
     assert_eq!(counts(&engine).await, (2, 2));
-    let versions =
-        std::fs::read_dir(table_dir(&dir)).unwrap().flatten().filter(|e| e.path().is_dir()).count();
-    assert_eq!(versions, 1);
+    assert_eq!(files_of(&engine).await.len(), 1);
+    assert_eq!(&operations(&engine).await[..2], ["WRITE", "WRITE"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -198,39 +207,32 @@ async fn appends_of_two_processes_during_compactions_all_land_once_and_runs_neve
     assert_eq!(counts(&a).await, (1201, 1201));
     assert_eq!(counts(&b).await, (1201, 1201));
     while a.compact(project(), &events(), Vec::new()).await.unwrap().is_some() {}
-    assert!(parquet_in(&current(&dir)) < MIN_SMALL_FILES + 1, "{} files", parquet_in(&current(&dir)));
+    let files = files_of(&a).await.len();
+    assert!(files < MIN_SMALL_FILES + 1, "{files} files");
     assert_eq!(counts(&b).await, (1201, 1201));
+    assert!(table_dir(&dir).join("_delta_log").is_dir());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_compaction_cut_off_after_sealing_is_undone_and_the_appends_waiting_for_it_land() {
+async fn a_compaction_cut_off_before_its_commit_changes_nothing_and_appends_never_wait() {
     let (a, b, dir) = two_nodes();
     a.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
-    // What a compaction killed between its seal and its switch leaves: a new version with merged rows, and the
-    // current version sealed, naming it.
-    let abandoned = format!("v-{}", uuid::Uuid::new_v4());
-    std::fs::create_dir_all(table_dir(&dir).join(&abandoned)).unwrap();
-    for file in std::fs::read_dir(current(&dir)).unwrap().flatten() {
-        std::fs::copy(file.path(), table_dir(&dir).join(&abandoned).join(file.file_name())).unwrap();
-    }
-    std::fs::write(current(&dir).join(SEALED), format!("{abandoned}\n")).unwrap();
-    // An append waits for the switch of a sealed version: it is not answered while the seal stands.
-    let waiting = {
-        let b = Arc::clone(&b);
-        tokio::spawn(async move { b.write(project(), &events(), upload(WriteMode::Append, ids(5, 5))).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "an append to a sealed version waits for its switch");
-    // The next compaction (under the table's lease) undoes the cut-off one; the append then lands, once.
-    assert!(
-        a.compact(project(), &events(), Vec::new()).await.unwrap().is_none(),
-        "two small files: nothing to merge"
-    );
-    let written = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
+    // What a compaction killed before its commit leaves: a merged file beside the table's, in no version.
+    let only = files_of(&a).await.remove(0);
+    std::fs::copy(table_dir(&dir).join(&only), table_dir(&dir).join("compacted-cut-off.parquet")).unwrap();
+    assert_eq!(counts(&a).await, (5, 5), "a file no commit added is never read");
+    // Appends of either process go on at once, and land once.
+    let written = tokio::time::timeout(
+        Duration::from_secs(10),
+        b.write(project(), &events(), upload(WriteMode::Append, ids(5, 5))),
+    )
+    .await
+    .expect("an append never waits for a compaction")
+    .unwrap();
     assert_eq!(written.rows, 5);
-    assert!(!table_dir(&dir).join(&abandoned).exists(), "the cut-off compaction's files are removed");
-    assert!(!current(&dir).join(SEALED).exists());
     assert_eq!(counts(&a).await, (10, 10));
+    assert!(a.compact(project(), &events(), Vec::new()).await.unwrap().is_none(), "two small files");
+    assert_eq!(files_of(&b).await.len(), 2);
 }
 
 fn tagged(body: String, write_id: uuid::Uuid, limit_bytes: u64) -> Upload {
@@ -279,12 +281,13 @@ async fn a_tagged_append_is_found_by_its_write_id_until_a_compaction_not_told_to
 }
 
 #[tokio::test]
-async fn full_files_leave_the_version_once_and_later_compactions_never_copy_them() {
-    let (engine, _, dir) = two_nodes();
+async fn full_files_are_never_merged_and_a_replace_takes_the_whole_table() {
+    let (engine, _, _dir) = two_nodes();
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
     // A big append (a full file as written) and small ones.
     let big = Upload { limit_bytes: 1 << 30, ..upload(WriteMode::Append, ids(5, 140_000)) };
     engine.write(project(), &events(), big).await.unwrap();
+    let full = files_of(&engine).await;
     let mut next = 140_005;
     let mut small_appends = |engine: Arc<DataFusionEngine>, count: u64| {
         let first = next;
@@ -296,32 +299,32 @@ async fn full_files_leave_the_version_once_and_later_compactions_never_copy_them
         }
     };
     small_appends(Arc::clone(&engine), MIN_SMALL_FILES as u64).await;
-    engine.compact(project(), &events(), Vec::new()).await.unwrap().expect("compacted");
-    let full_dir = table_dir(&dir).join("full");
-    let full: Vec<_> = std::fs::read_dir(&full_dir).unwrap().flatten().map(|f| f.path()).collect();
-    assert_eq!(full.len(), 1, "the big file is a full file: {full:?}");
-    let pointer = std::fs::read_to_string(table_dir(&dir).join("_current")).unwrap();
-    assert!(pointer.contains(full[0].file_name().unwrap().to_str().unwrap()), "{pointer}");
-    assert_eq!(parquet_in(&current(&dir)), 1, "the version holds the merged small files only");
+    let done = engine.compact(project(), &events(), Vec::new()).await.unwrap().expect("compacted");
+    assert_eq!(
+        done.files_merged,
+        1 + MIN_SMALL_FILES as u64,
+        "the first small file and the appends: {done:?}"
+    );
+    let files = files_of(&engine).await;
+    assert_eq!(files.len(), 2, "{files:?}");
+    let kept: Vec<_> = full.iter().filter(|name| files.contains(name)).collect();
+    assert_eq!(kept.len(), 1, "the big file stays as it was written: {files:?}");
     let record = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!((record.files, record.row_count), (Some(2), Some(140_005 + MIN_SMALL_FILES as u64)));
     assert_eq!(counts(&engine).await, (140_005 + MIN_SMALL_FILES as u64, 140_005 + MIN_SMALL_FILES as u64));
 
-    // Another round: the full file is neither merged nor copied; appends still land in the version.
-    let modified = std::fs::metadata(&full[0]).unwrap().modified().unwrap();
+    // Another round: the full file is not merged again.
     small_appends(Arc::clone(&engine), MIN_SMALL_FILES as u64).await;
     let done = engine.compact(project(), &events(), Vec::new()).await.unwrap().expect("compacted again");
     assert_eq!(done.files_merged, 1 + MIN_SMALL_FILES as u64, "{done:?}");
-    assert_eq!(std::fs::read_dir(&full_dir).unwrap().count(), 1);
-    assert_eq!(std::fs::metadata(&full[0]).unwrap().modified().unwrap(), modified);
-    assert_eq!(parquet_in(&current(&dir)), 1);
+    assert!(files_of(&engine).await.contains(kept[0]));
     let total = 140_005 + 2 * MIN_SMALL_FILES as u64;
     assert_eq!(counts(&engine).await, (total, total));
     let found = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!((found.files, found.row_count), (Some(2), Some(total)));
 
-    // A replace takes the table whole: the full files go with the rest.
+    // A replace takes the table whole.
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 2))).await.unwrap();
     assert_eq!(counts(&engine).await, (2, 2));
-    assert!(!full_dir.exists(), "a replace removes the full files");
+    assert_eq!(files_of(&engine).await.len(), 1);
 }

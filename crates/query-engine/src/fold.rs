@@ -30,8 +30,9 @@ use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStoreExt;
 
-use crate::catalog::{current, table_prefix, Current};
-use crate::compaction::{lineage, parquet, Lineage};
+use tables_delta::{Changes, Snapshot};
+
+use crate::catalog::{current, table_error, table_prefix, Current};
 use crate::storage::{unavailable, Storage};
 
 /// The name of the `n`th part of a stored result.
@@ -124,8 +125,8 @@ pub(crate) fn reading(plan: LogicalPlan, table: &str, files: &Arc<dyn TableSourc
 }
 
 /// What of its tables a stored result holds (`domain::Coverage`, as JSON): for each table of files it read, the
-/// version it read and the files of that version's directory it read (the full files a version lists are only
-/// ever rows of earlier versions).
+/// version of the table's Delta log it read. (`files` is what results of earlier releases kept, which named
+/// versions of another layout: such a result is computed again in full.)
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Covered {
     pub(crate) tables: BTreeMap<String, Read>,
@@ -135,7 +136,15 @@ pub(crate) struct Covered {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Read {
     pub(crate) version: String,
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) files: BTreeSet<String>,
+}
+
+impl Read {
+    /// What a result reading `snapshot` holds of its table.
+    pub(crate) fn of(snapshot: &Snapshot) -> Self {
+        Self { version: snapshot.version.to_string(), files: BTreeSet::new() }
+    }
 }
 
 impl Covered {
@@ -150,39 +159,16 @@ impl Covered {
     }
 }
 
-/// A table's files as a run reads them now: the version, the files of its directory, and the full files.
-pub(crate) struct Listed {
-    pub(crate) version: String,
-    pub(crate) dir: ObjectPath,
-    pub(crate) names: BTreeSet<String>,
-    pub(crate) full: Vec<ObjectPath>,
-}
-
-impl Listed {
-    /// Every file of the table as listed: its directory's, then the full files.
-    pub(crate) fn files(&self) -> Vec<ObjectPath> {
-        let own = self.names.iter().map(|name| self.dir.clone().join(name.as_str()));
-        own.chain(self.full.iter().cloned()).collect()
-    }
-}
-
-/// The table's files now, or `None` when it is not a table of files of this layout (an external source).
+/// The table's newest version, or `None` when it is not a table of files (an external source).
 pub(crate) async fn listed(
     storage: &Storage,
     project: ProjectId,
     table: &str,
-) -> Result<Option<Listed>, EngineError> {
-    let Some(Current::Files(version)) = current(storage, &table_prefix(project, table)).await? else {
-        return Ok(None);
-    };
-    let Some(name) = version.name().map(str::to_owned) else { return Ok(None) };
-    let names = parquet_names(storage, &version.dir).await?;
-    Ok(Some(Listed { version: name, dir: version.dir, names, full: version.full }))
-}
-
-async fn parquet_names(storage: &Storage, dir: &ObjectPath) -> Result<BTreeSet<String>, EngineError> {
-    let files = parquet(storage, dir).await?;
-    Ok(files.iter().filter_map(|o| o.location.filename().map(str::to_owned)).collect())
+) -> Result<Option<Arc<Snapshot>>, EngineError> {
+    match current(storage, &table_prefix(project, table)).await? {
+        Some(Current::Files(snapshot)) => Ok(Some(snapshot)),
+        _ => Ok(None),
+    }
 }
 
 /// Exactly these files, read with the table's `schema`, as a table source.
@@ -203,85 +189,45 @@ pub(crate) async fn files_source(
     Ok(provider_as_source(frame.into_view()))
 }
 
-/// The rows appended to `table` since a stored result read `read` of it: the files that hold them, and the
-/// table's files as it now is (what the result holds once they are folded in). `Err` says why they cannot be
-/// told: the table was replaced, or its history since is not known (a version gone, or written by an earlier
-/// release), or a file the result read never became part of the table.
-///
-/// Every file of a version's directory is an append to it, or was brought into it by the compaction that wrote
-/// it (merged or linked), which its lineage says; the compaction after it took every file the version had (see
-/// `compaction::Lineage`). So the rows appended since are: the files of the version read that its successor
-/// took and the result did not read, the appends to each version after it (what its successor took of them),
-/// and the appends to the current version.
+/// The files of a version, for [`files_source`].
+pub(crate) fn locations(snapshot: &Snapshot) -> Vec<ObjectPath> {
+    snapshot.files.iter().map(|f| f.location.clone()).collect()
+}
+
+/// The rows appended to `table` since a stored result read version `read` of it: the files that hold them, and
+/// the table's newest version (what the result holds once they are folded in), from the table's Delta log.
+/// `Err` says why they cannot be told: the table was replaced (or rows removed), or the result read a version
+/// of an earlier release's layout.
 pub(crate) async fn appended_since(
     storage: &Storage,
     project: ProjectId,
     table: &str,
     read: &Read,
-) -> Result<Result<(Vec<ObjectPath>, Listed), String>, EngineError> {
+) -> Result<Result<(Vec<ObjectPath>, Arc<Snapshot>), String>, EngineError> {
     let Some(now) = listed(storage, project, table).await? else {
         return Ok(Err(format!("`{table}` is not a table of files")));
     };
+    let Ok(version) = read.version.parse::<u64>() else {
+        return Ok(Err(format!("the stored result read `{table}` as an earlier release kept it")));
+    };
+    if version == now.version {
+        return Ok(Ok((Vec::new(), now)));
+    }
+    if version > now.version {
+        return Ok(Err(format!("`{table}` is older than the stored result (written again)")));
+    }
+    if now.version - version > MAX_VERSIONS {
+        return Ok(Err(format!("`{table}` has more than {MAX_VERSIONS} versions since")));
+    }
     let prefix = table_prefix(project, table);
-    if now.version == read.version {
-        if !read.files.is_subset(&now.names) {
-            return Ok(Err(format!("files of `{table}` the stored result read are gone")));
-        }
-        let files =
-            now.names.difference(&read.files).map(|name| now.dir.clone().join(name.as_str())).collect();
-        return Ok(Ok((files, now)));
+    match storage.tables().changes_since(&prefix, version, now.version).await.map_err(table_error)? {
+        Changes::Appended(files) => Ok(Ok((files.into_iter().map(|f| f.location).collect(), now))),
+        Changes::Rewritten => Ok(Err(format!("`{table}` was replaced since the stored result"))),
     }
-    // Back from the current version to the one read, through the lineage of each compaction.
-    let mut chain: Vec<(String, Lineage)> = Vec::new();
-    let mut at = now.version.clone();
-    loop {
-        if chain.len() >= MAX_VERSIONS {
-            return Ok(Err(format!("`{table}` was compacted more than {MAX_VERSIONS} times since")));
-        }
-        let Some(lineage) = lineage(storage, &prefix.clone().join(at.as_str())).await? else {
-            return Ok(Err(format!(
-                "the history of `{table}` since the stored result is not known (replaced)"
-            )));
-        };
-        let base = lineage.base.clone();
-        chain.push((at, lineage));
-        if base == read.version {
-            break;
-        }
-        at = base;
-    }
-    let mut files = Vec::new();
-    let (_, first) = chain.last().expect("the loop pushes before it breaks");
-    if !read.files.is_subset(&first.taken) {
-        return Ok(Err(format!(
-            "a file of `{table}` the stored result read was written again by its append"
-        )));
-    }
-    let read_dir = prefix.clone().join(read.version.as_str());
-    files.extend(first.taken.difference(&read.files).map(|name| read_dir.clone().join(name.as_str())));
-    for i in 1..chain.len() {
-        let (version, own) = &chain[i];
-        let taken = &chain[i - 1].1.taken;
-        let dir = prefix.clone().join(version.as_str());
-        files.extend(
-            taken
-                .iter()
-                .filter(|name| !own.brought.contains(*name))
-                .map(|name| dir.clone().join(name.as_str())),
-        );
-    }
-    let brought = &chain[0].1.brought;
-    files.extend(
-        now.names
-            .iter()
-            .filter(|name| !brought.contains(*name))
-            .map(|name| now.dir.clone().join(name.as_str())),
-    );
-    Ok(Ok((files, now)))
 }
 
-/// How many compactions back a fold follows a table; past that, a full refresh is cheaper than reading their marks.
-const MAX_VERSIONS: usize = 1_000;
+/// How many versions back a fold follows a table; past that, a full refresh is cheaper than reading their commits.
+const MAX_VERSIONS: u64 = 1_000;
 
 /// The most parts a stored result may have: past it, a full refresh writes it again as one.
 pub(crate) const MAX_PARTS: usize = 32;

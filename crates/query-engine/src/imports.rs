@@ -1,8 +1,7 @@
 //! Loading data into a project's tables: files in Parquet, CSV (with a header) or NDJSON become Parquet files
-//! under `projects/{id}/tables/{table}/` in the storage (see `catalog` for the layout). A replace writes a new
-//! version that nothing reads until the table's `_current` object names it; an append adds files to the current
-//! version, each visible only once complete. A failed import removes what it wrote and leaves the table as it
-//! was.
+//! under `projects/{id}/tables/{table}/` in the storage, which one commit of the table's Delta log makes part of
+//! it (see `catalog`): a replace's files become the whole table, an append's join it. Nothing reads a file before
+//! its commit; a failed import removes what it wrote and leaves the table as it was.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,11 +23,11 @@ use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::catalog::{
-    current, is_new_table_name, is_parquet, pointer, table_prefix, Current, Pointer, TableContents,
-    TableVersion, CURRENT,
-};
-use crate::compaction::{settle, Settled};
+use std::collections::HashMap;
+
+use tables_delta::{CommitError, NewFile, Snapshot};
+
+use crate::catalog::{current, is_new_table_name, object_meta, table_prefix, Current};
 use crate::storage::Storage;
 
 /// Rows per row group of a table's files. Smaller than the writer's default of 1 Mi rows: a scan decodes a
@@ -215,6 +214,11 @@ impl TableWriter {
         }
     }
 
+    /// The columns of the file, as written.
+    pub(crate) fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
     pub(crate) async fn close(self) -> Result<u64, ImportError> {
         self.writer.close().await.map_err(|e| ImportError::Write(e.to_string()))?;
         Ok(self.rows)
@@ -235,37 +239,20 @@ pub(crate) fn cast_to(
     RecordBatch::try_new(Arc::clone(schema), columns)
 }
 
-async fn existing_schema(
+/// The columns of a table's files: those of its first file (every file of a table has them), read once per
+/// process; the log's columns for a table without files.
+pub(crate) async fn existing_schema(
     storage: &Storage,
-    ctx: &SessionContext,
-    version: &TableVersion,
+    snapshot: &Snapshot,
 ) -> Result<SchemaRef, ImportError> {
-    if let Some(known) = storage.version_schemas().get(&version.dir) {
+    let Some(first) = snapshot.files.first() else { return Ok(Arc::clone(&snapshot.schema)) };
+    if let Some(known) = storage.version_schemas().get(&first.location) {
         return Ok(known);
     }
-    let listed = storage.objects(&version.dir).await.map_err(store_error)?;
-    let mut first = listed.into_iter().find(|o| is_parquet(&o.location));
-    if first.is_none() {
-        if let Some(full) = version.full.first() {
-            first = Some(storage.store().head(full).await.map_err(store_error)?);
-        }
-    }
-    let schema = match first {
-        Some(first) => {
-            let footer = DFParquetMetadata::new(storage.store().as_ref(), &first);
-            Arc::new(footer.fetch_schema().await.map_err(|e| ImportError::Write(e.to_string()))?)
-        }
-        // No file to read the columns from: the engine says why as it would for a run.
-        None => {
-            let files = &version.dir;
-            let frame =
-                ctx.read_parquet(storage.url_of(files), ParquetReadOptions::default()).await.map_err(
-                    |e| ImportError::Read { path: PathBuf::from(files.as_ref()), reason: crate::message(&e) },
-                )?;
-            Arc::new(frame.schema().as_arrow().clone())
-        }
-    };
-    storage.version_schemas().insert(version.dir.clone(), Arc::clone(&schema));
+    let meta = object_meta(first);
+    let footer = DFParquetMetadata::new(storage.store().as_ref(), &meta);
+    let schema = Arc::new(footer.fetch_schema().await.map_err(|e| ImportError::Write(e.to_string()))?);
+    storage.version_schemas().insert(first.location.clone(), Arc::clone(&schema));
     Ok(schema)
 }
 
@@ -275,16 +262,14 @@ pub(crate) async fn table_schema(
     project: ProjectId,
     table: &str,
 ) -> Result<Option<SchemaRef>, StagedError> {
-    let ctx = crate::catalog::import_session(storage, None).map_err(|e| StagedError::Write(e.to_string()))?;
     match current(storage, &table_prefix(project, table))
         .await
         .map_err(|e| StagedError::Write(e.to_string()))?
     {
-        Some(Current::Files(version)) => existing_schema(storage, &ctx, &version)
-            .await
-            .map(Some)
-            .map_err(|e| StagedError::Write(e.to_string())),
-        Some(Current::External(_)) => Err(StagedError::External),
+        Some(Current::Files(snapshot)) => {
+            existing_schema(storage, &snapshot).await.map(Some).map_err(|e| StagedError::Write(e.to_string()))
+        }
+        Some(Current::External { .. }) => Err(StagedError::External),
         None => Ok(None),
     }
 }
@@ -310,153 +295,110 @@ fn same_columns(a: &SchemaRef, b: &SchemaRef) -> Result<(), String> {
     }
 }
 
-/// Where an import writes, and how it becomes visible.
+/// Where an import writes, and the commit that makes it part of the table.
 struct Destination {
     table: ObjectPath,
-    /// The prefix the new files go under.
-    files: ObjectPath,
-    /// A new version that `_current` switches to at the end (a replace), or `None` when the files join the
-    /// table's current ones one by one (an append).
-    version: Option<String>,
+    mode: ImportMode,
     /// Files written so far, for removal if the import fails.
     written: Vec<ObjectPath>,
-    /// For an append, the version it adds to (`None` for a table written before versions existed).
-    base: Option<String>,
+    /// Files complete: their rows, and the columns they were written with.
+    done: Vec<(ObjectPath, u64, SchemaRef)>,
     /// Whether the table had no rows before (a replace that creates it).
     created: bool,
-    /// When the table was first written, as its pointer says (a replace keeps it).
-    created_at: Option<domain::Timestamp>,
+    /// For an append, the version of the table whose columns its files have.
+    read: u64,
+}
+
+/// What an import's commit did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Published {
+    /// The files are part of the table; whether the import created it.
+    Done { created: bool },
+    /// A replace with other columns landed first: the rows are to be written again, to the table as it is now.
+    Again,
 }
 
 impl Destination {
     /// Chooses the target; an append also returns the columns the new files must have.
     async fn choose(
         storage: &Storage,
-        ctx: &SessionContext,
         project: ProjectId,
         table: &str,
         mode: ImportMode,
     ) -> Result<(Self, Option<SchemaRef>), ImportError> {
         let prefix = table_prefix(project, table);
         let existing = current(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?;
-        if mode == ImportMode::Append {
-            match &existing {
-                Some(Current::Files(version)) => {
-                    let schema = existing_schema(storage, ctx, version).await?;
-                    // The version these files join, from the same read of the pointer: a compaction may switch
-                    // the table at any time, and the files must be checked against the version they join.
-                    let base = version.name().map(str::to_owned);
-                    let target = Self {
-                        table: prefix,
-                        files: version.dir.clone(),
-                        version: None,
-                        written: Vec::new(),
-                        base,
-                        created: false,
-                        created_at: None,
-                    };
-                    return Ok((target, Some(schema)));
-                }
-                Some(Current::External(_)) => return Err(ImportError::External(table.into())),
-                None => {}
+        let (expected, read) = match (mode, &existing) {
+            (ImportMode::Append, Some(Current::Files(snapshot))) => {
+                (Some(existing_schema(storage, snapshot).await?), snapshot.version)
             }
-        }
+            (ImportMode::Append, Some(Current::External { .. })) => {
+                return Err(ImportError::External(table.into()))
+            }
+            _ => (None, 0),
+        };
         let created = existing.is_none();
-        let previous = pointer(storage, &prefix).await.map_err(|e| ImportError::Write(e.to_string()))?;
-        let created_at = match previous.and_then(|p| p.created) {
-            Some(at) => Some(at),
-            // A new table is created now; one whose pointer did not keep it, now is the best estimate left.
-            None => Some(domain::Clock::now(&domain::SystemClock)),
-        };
-        let version = format!("v-{}", uuid::Uuid::new_v4());
-        let files = prefix.clone().join(version.as_str());
-        let target = Self {
-            table: prefix,
-            files,
-            version: Some(version),
-            written: Vec::new(),
-            base: None,
-            created,
-            created_at,
-        };
-        Ok((target, None))
-    }
-
-    /// Whether an append's files are part of the table now (see `compaction::settle`); a replace's are once
-    /// it is published.
-    async fn settled(&self, storage: &Storage) -> Result<Settled, ImportError> {
-        match (&self.version, &self.base) {
-            (None, Some(base)) => settle(storage, &self.table, base, &self.written).await,
-            _ => Ok(Settled::Visible),
-        }
+        let target = Self { table: prefix, mode, written: Vec::new(), done: Vec::new(), created, read };
+        Ok((target, expected))
     }
 
     fn next_file(&mut self, index: usize) -> ObjectPath {
-        let path = self.files.clone().join(format!("part-{}-{index}.parquet", uuid::Uuid::new_v4()));
+        let path = self.table.clone().join(format!("part-{}-{index}.parquet", uuid::Uuid::new_v4()));
         self.written.push(path.clone());
         path
     }
 
-    /// Makes a replace visible by switching `_current`, then removes every other version (and files written
-    /// before versions existed). An append's files are visible already.
-    async fn publish(self, storage: &Storage) -> Result<(), ImportError> {
-        let Some(version) = self.version else { return Ok(()) };
-        let pointer = self.table.clone().join(CURRENT);
-        let text = Pointer {
-            target: TableContents::Version(version.clone()),
-            created: self.created_at,
-            full: Vec::new(),
+    /// Records a file written completely, with its rows and columns.
+    fn closed(&mut self, rows: u64, schema: SchemaRef) {
+        if let Some(path) = self.written.last() {
+            self.done.push((path.clone(), rows, schema));
         }
-        .text();
-        storage.store().put(&pointer, PutPayload::from(text)).await.map_err(store_error)?;
-        if let Err(err) = remove_versions(storage, &self.table, Some(&version)).await {
-            // The table is already switched; the old files are removed by the next replace.
-            tracing::warn!(table = %self.table, error = %err, "cannot remove a replaced table's old files");
-        }
-        Ok(())
     }
 
-    /// Removes what a failed import wrote; the table's content is untouched.
-    /// Whether an append's files are part of the table now; when not, its rows are to be written again to what
-    /// the table is now (the files stay with a version a compaction replaced, and go with a replaced table's).
-    async fn landed(&self, storage: &Storage) -> Result<bool, ImportError> {
-        match self.settled(storage).await? {
-            Settled::Visible => Ok(true),
-            Settled::Moved => Ok(false),
-            Settled::Replaced => {
-                if let Err(err) = storage.delete(self.written.clone()).await {
-                    tracing::warn!(table = %self.table, error = %err, "cannot remove an append's files");
-                }
-                Ok(false)
+    /// Commits the files: an append adds them, a replace makes them the table (creating it).
+    async fn publish(
+        &self,
+        storage: &Storage,
+        note: HashMap<String, serde_json::Value>,
+    ) -> Result<Published, ImportError> {
+        let mut files = Vec::with_capacity(self.done.len());
+        for (path, rows, _) in &self.done {
+            let meta = storage.store().head(path).await.map_err(store_error)?;
+            files.push(NewFile {
+                location: path.clone(),
+                size: meta.size,
+                rows: *rows,
+                modified_ms: meta.last_modified.timestamp_millis(),
+            });
+        }
+        let tables = storage.tables();
+        match self.mode {
+            ImportMode::Append => match tables.append(&self.table, self.read, &files, note).await {
+                Ok(_) => Ok(Published::Done { created: false }),
+                Err(CommitError::Replaced(_) | CommitError::NoTable(_)) => Ok(Published::Again),
+                Err(err) => Err(ImportError::Write(err.to_string())),
+            },
+            ImportMode::Replace => {
+                let Some((_, _, schema)) = self.done.first() else {
+                    return Err(ImportError::Write("a replace wrote no file".into()));
+                };
+                let created_ms = self.created.then(|| chrono::Utc::now().timestamp_millis());
+                let schema = plain(schema);
+                tables
+                    .replace(&self.table, &schema, &files, &HashMap::new(), created_ms)
+                    .await
+                    .map_err(|err| ImportError::Write(err.to_string()))?;
+                Ok(Published::Done { created: self.created })
             }
         }
     }
 
-    async fn discard(self, storage: &Storage) {
-        let removed = match &self.version {
-            Some(_) => storage.remove_prefix(&self.files).await,
-            None => storage.delete(self.written).await,
-        };
-        if let Err(err) = removed {
+    /// Removes what a failed import wrote; the table's content is untouched.
+    async fn discard(&self, storage: &Storage) {
+        if let Err(err) = storage.delete(self.written.clone()).await {
             tracing::warn!(table = %self.table, error = %err, "cannot remove a failed import's files");
         }
     }
-}
-
-/// Removes every version of a table but `keep` (including what failed or killed imports left) and the files of
-/// a table written before versions existed.
-pub(crate) async fn remove_versions(
-    storage: &Storage,
-    table: &ObjectPath,
-    keep: Option<&str>,
-) -> Result<(), object_store::Error> {
-    for child in storage.children(table).await? {
-        if Some(child.as_str()) != keep {
-            storage.remove_prefix(&table.clone().join(child.as_str())).await?;
-        }
-    }
-    let loose = storage.objects(table).await?.into_iter().map(|o| o.location).filter(is_parquet).collect();
-    storage.delete(loose).await
 }
 
 pub(crate) fn store_error(err: object_store::Error) -> ImportError {
@@ -497,20 +439,21 @@ pub async fn import_files(
         progress(ImportProgress { rows, bytes_read: bytes_read.load(std::sync::atomic::Ordering::Relaxed) });
     };
     for _ in 0..APPEND_ATTEMPTS {
-        let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode).await?;
-        match write_files(storage, &ctx, &mut target, table, files, format, expected, report).await {
-            Ok(rows) => {
-                // The table moved on while the rows were written: they go to what the table is now.
-                if !target.landed(storage).await? {
-                    continue;
-                }
-                target.publish(storage).await?;
-                return Ok(ImportReport { table: table.into(), rows, files: files.len() });
-            }
+        let (mut target, expected) = Destination::choose(storage, project, table, mode).await?;
+        let rows = match write_files(storage, &ctx, &mut target, table, files, format, expected, report).await
+        {
+            Ok(rows) => rows,
             Err(err) => {
                 target.discard(storage).await;
                 return Err(err);
             }
+        };
+        match target.publish(storage, HashMap::new()).await? {
+            Published::Done { .. } => {
+                return Ok(ImportReport { table: table.into(), rows, files: files.len() })
+            }
+            // The table was replaced while the rows were written: they go to what the table is now.
+            Published::Again => target.discard(storage).await,
         }
     }
     Err(ImportError::Write(format!(
@@ -552,7 +495,10 @@ async fn write_files(
                 batch.map_err(|e| ImportError::Read { path: path.clone(), reason: crate::message(&e) })?;
             progress(rows + writer.write(&batch).await?);
         }
-        rows += writer.close().await?;
+        let columns = writer.schema();
+        let file_rows = writer.close().await?;
+        target.closed(file_rows, columns);
+        rows += file_rows;
     }
     Ok(rows)
 }
@@ -572,20 +518,21 @@ pub async fn write_table(
     if !is_new_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
-    let ctx =
-        crate::catalog::empty_session(storage, None, None).map_err(|e| ImportError::Write(e.to_string()))?;
-    let (mut target, _) = Destination::choose(storage, &ctx, project, table, ImportMode::Replace).await?;
+    let (mut target, _) = Destination::choose(storage, project, table, ImportMode::Replace).await?;
     let written = async {
         let mut writer = TableWriter::create(storage, target.next_file(0), schema)?;
         for batch in batches {
             progress(writer.write(&batch).await?);
         }
-        writer.close().await
+        let columns = writer.schema();
+        let rows = writer.close().await?;
+        target.closed(rows, columns);
+        Ok(rows)
     }
     .await;
     match written {
         Ok(rows) => {
-            target.publish(storage).await?;
+            target.publish(storage, HashMap::new()).await?;
             Ok(rows)
         }
         Err(err) => {
@@ -637,7 +584,7 @@ pub(crate) async fn import_staged(
     let location = storage.url_of(staged);
     let ext = format.extension();
     for _ in 0..APPEND_ATTEMPTS {
-        let (mut target, expected) = Destination::choose(storage, &ctx, project, table, mode).await?;
+        let (mut target, expected) = Destination::choose(storage, project, table, mode).await?;
         if mode == ImportMode::Append && expected.is_none() {
             return Err(StagedError::NoSuchTable);
         }
@@ -650,12 +597,11 @@ pub(crate) async fn import_staged(
                 return Err(err);
             }
         };
-        if !target.landed(storage).await? {
-            continue;
+        let note = tag.map(|tag| appends_note(&[TaggedAppend { rows, ..tag.clone() }])).unwrap_or_default();
+        match target.publish(storage, note).await.map_err(|e| StagedError::Write(e.to_string()))? {
+            Published::Done { created } => return Ok((rows, created)),
+            Published::Again => target.discard(storage).await,
         }
-        let created = target.created;
-        target.publish(storage).await.map_err(|e| StagedError::Write(e.to_string()))?;
-        return Ok((rows, created));
     }
     Err(StagedError::Write(format!(
         "table {table} was replaced {APPEND_ATTEMPTS} times while rows were added to it"
@@ -684,7 +630,10 @@ async fn write_staged(
     if let Some(tag) = tag {
         writer.tag(&[TaggedAppend { rows: writer.rows, ..tag.clone() }]);
     }
-    writer.close().await.map_err(|e| StagedError::Write(e.to_string()))
+    let columns = writer.schema();
+    let rows = writer.close().await.map_err(|e| StagedError::Write(e.to_string()))?;
+    target.closed(rows, columns);
+    Ok(rows)
 }
 
 /// Reads a staged upload as the table's columns when it has them: Parquet must have them, text must name them
@@ -752,6 +701,16 @@ pub(crate) struct TaggedAppend {
     pub(crate) body_sha256: String,
 }
 
+/// A commit's note of the tagged appends it adds (application metadata of the Delta commit, for people and
+/// other readers of the log; the files' footers are what `holds` reads).
+pub(crate) fn appends_note(appends: &[TaggedAppend]) -> HashMap<String, serde_json::Value> {
+    if appends.is_empty() {
+        return HashMap::new();
+    }
+    let ids: Vec<String> = appends.iter().map(|a| a.write_id.to_string()).collect();
+    HashMap::from([(APPENDS_KEY.to_owned(), serde_json::Value::from(ids))])
+}
+
 /// The tagged appends a table file's footer lists.
 pub(crate) fn tagged_appends(
     metadata: &datafusion::parquet::file::metadata::FileMetaData,
@@ -776,8 +735,7 @@ pub(crate) async fn append_held(
     let root = url::Url::parse("memory://held/").map_err(|e| StagedError::Write(e.to_string()))?;
     ctx.runtime_env().register_object_store(&root, Arc::clone(&held) as _);
     for _ in 0..APPEND_ATTEMPTS {
-        let (mut target, expected) =
-            Destination::choose(storage, &ctx, project, table, ImportMode::Append).await?;
+        let (mut target, expected) = Destination::choose(storage, project, table, ImportMode::Append).await?;
         let Some(expected) = expected else { return Err(StagedError::NoSuchTable) };
         let mut answers = Vec::with_capacity(bodies.len());
         let mut batches = Vec::new();
@@ -816,17 +774,24 @@ pub(crate) async fn append_held(
                 writer.write(batch).await?;
             }
             writer.tag(&tagged);
-            writer.close().await
+            let columns = writer.schema();
+            let rows = writer.close().await?;
+            target.closed(rows, columns);
+            Ok::<_, ImportError>(())
         }
         .await;
         if let Err(err) = written {
             target.discard(storage).await;
             return Err(StagedError::Write(err.to_string()));
         }
-        if !target.landed(storage).await? {
-            continue;
+        match target
+            .publish(storage, appends_note(&tagged))
+            .await
+            .map_err(|e| StagedError::Write(e.to_string()))?
+        {
+            Published::Done { .. } => return Ok(answers),
+            Published::Again => target.discard(storage).await,
         }
-        return Ok(answers);
     }
     Err(StagedError::Write(format!(
         "table {table} was replaced {APPEND_ATTEMPTS} times while rows were added to it"

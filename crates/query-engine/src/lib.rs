@@ -34,6 +34,7 @@ mod sources;
 mod storage;
 mod table_store;
 mod types;
+mod upgrade;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,6 +54,7 @@ pub use execute::EngineLimits;
 pub use metrics::EngineMetrics;
 pub use run_log::{LogSettings, ParquetRunLog, GRACE as LOG_MERGE_GRACE, LOGS_TABLE};
 pub use storage::{Storage, StorageError};
+pub use upgrade::TablesUpgraded;
 
 /// DataFusion behind the `QueryEngine` port.
 #[derive(Debug, Clone)]
@@ -184,6 +186,16 @@ impl DataFusionEngine {
     /// [`EngineError::Internal`] when the storage cannot be read.
     pub async fn tables(&self, project: ProjectId) -> Result<Vec<TableFiles>, EngineError> {
         catalog::describe_tables(&self.storage, project).await
+    }
+
+    /// Converts every table an earlier release wrote into a Delta table, in place (`migrate`; see `upgrade`).
+    ///
+    /// # Errors
+    /// `Unavailable` when the storage cannot be read or written; `Internal` for a table whose pointer names
+    /// nothing.
+    pub async fn upgrade_tables(&self) -> Result<TablesUpgraded, EngineError> {
+        let storage = self.storage.clone();
+        self.runtime.run(async move { upgrade::upgrade(&storage).await }).await
     }
 
     /// Plans a parsed statement in `ctx`, `values` bound to its parameters.

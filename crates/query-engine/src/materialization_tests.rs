@@ -555,17 +555,15 @@ async fn a_failed_write_leaves_nothing_behind() {
 /// The table's files as paths relative to the project.
 async fn table_files(engine: &DataFusionEngine, table: &str) -> std::collections::BTreeSet<String> {
     let prefix = catalog::table_prefix(project(), table);
-    let Some(catalog::Current::Files(version)) = catalog::current(engine.storage(), &prefix).await.unwrap()
+    let Some(catalog::Current::Files(snapshot)) = catalog::current(engine.storage(), &prefix).await.unwrap()
     else {
         panic!("{table} has files")
     };
     let base = format!("projects/{}/", project());
-    version
-        .files(engine.storage())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|meta| meta.location.to_string().strip_prefix(&base).unwrap().to_owned())
+    snapshot
+        .files
+        .iter()
+        .map(|file| file.location.to_string().strip_prefix(&base).unwrap().to_owned())
         .collect()
 }
 

@@ -221,9 +221,9 @@ impl DataFusionEngine {
             let Some(listed) = fold::listed(&self.storage, project, &table).await? else {
                 return Ok((plan, None));
             };
-            let source = fold::files_source(&self.storage, ctx, &listed.files(), &schema).await?;
+            let source = fold::files_source(&self.storage, ctx, &fold::locations(&listed), &schema).await?;
             plan = fold::reading(plan, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
-            covered.tables.insert(table, fold::Read { version: listed.version, files: listed.names });
+            covered.tables.insert(table, fold::Read::of(&listed));
         }
         Ok((plan, Some(covered)))
     }
@@ -294,9 +294,7 @@ impl DataFusionEngine {
         }
         let parts = fold::copy_parts(&self.storage, from, to).await?;
         for (table, _, now) in &unchanged {
-            covered
-                .tables
-                .insert(table.clone(), fold::Read { version: now.version.clone(), files: now.names.clone() });
+            covered.tables.insert(table.clone(), fold::Read::of(now));
         }
         let Some((table, schema, files, now)) = changed.pop() else {
             return Ok(Stored { rows: 0, coverage: Some(covered.coverage()) });
@@ -313,7 +311,7 @@ impl DataFusionEngine {
         let mut plan =
             fold::reading(stored, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
         for (other, schema, listed) in unchanged {
-            let source = fold::files_source(&self.storage, &ctx, &listed.files(), &schema).await?;
+            let source = fold::files_source(&self.storage, &ctx, &fold::locations(&listed), &schema).await?;
             plan = fold::reading(plan, &other, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
         }
         // Its sources are the plan's own: a session of one partition runs it, as the appended rows are few.
@@ -331,7 +329,7 @@ impl DataFusionEngine {
             writer.write(&batch.map_err(execute::execution_error)?).await?;
         }
         let added = writer.finish().await?;
-        covered.tables.insert(table, fold::Read { version: now.version, files: now.names });
+        covered.tables.insert(table, fold::Read::of(&now));
         Ok(Stored { rows: added, coverage: Some(covered.coverage()) })
     }
 

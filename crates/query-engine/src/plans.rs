@@ -86,7 +86,7 @@ impl Plans {
 
     /// Keeps `plan` of `sql` in the project, planned against `tables`; not when it reads an external source.
     pub(crate) fn keep(&self, project: ProjectId, sql: &str, tables: Named, plan: &LogicalPlan) {
-        if tables.iter().any(|(_, current)| matches!(current, Some(Current::External(_)))) {
+        if tables.iter().any(|(_, current)| matches!(current, Some(Current::External { .. }))) {
             return;
         }
         self.entries.insert((project, sql.to_owned()), Arc::new(KeptPlan { tables, plan: plan.clone() }));

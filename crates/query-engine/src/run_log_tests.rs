@@ -340,6 +340,7 @@ async fn a_table_named_logs_from_before_stays_and_no_new_one_takes_the_name() {
     super::tests::write_events(&legacy.join("part-0.parquet"), &[("US", 10), ("FR", 20)]);
     let storage = Storage::local(&dir).unwrap();
     let engine = engine_on(storage.clone()).await;
+    assert_eq!(engine.upgrade_tables().await.unwrap().converted, vec!["3/_logs".to_owned()]);
     let sum = query("SELECT sum(revenue) AS total FROM _logs", json!({}));
     let rows = engine.execute(project(3), &sum, &Default::default(), 10, 0).await.unwrap().rows_json;
     assert_eq!(rows, r#"[{"total":30}]"#);

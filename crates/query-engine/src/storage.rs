@@ -21,6 +21,7 @@ use object_store::{ListResult, ObjectMeta, ObjectStore, RetryConfig};
 use url::Url;
 
 use crate::sources::Sources;
+use tables_delta::DeltaTables;
 
 /// Why a storage location cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +50,14 @@ pub struct Storage {
     local_root: Option<PathBuf>,
     /// What else tables may read: external files and databases.
     sources: Arc<Sources>,
-    /// The columns of table versions read so far, by the version's prefix: a version's files all have the
-    /// columns of its first (an append must have them), so an append reads them once, not from every file.
+    /// The columns of table files read so far, by the location of a table's first file: every file of a table
+    /// has the columns of its first (an append must have them), so they are read once, not from every file.
     schemas: VersionSchemas,
+    /// The columns of tables as the engine's scans read them (strings as views), by the same key: what a table
+    /// of those files is registered with, without reading a footer per run.
+    scanned: VersionSchemas,
+    /// The project tables, as Delta tables, with the snapshot of each this process read.
+    tables: Arc<DeltaTables>,
 }
 
 /// The columns of table versions, by prefix.
@@ -76,13 +82,18 @@ impl Storage {
             .with_automatic_cleanup(true);
         let root_url = Url::from_directory_path(&root)
             .map_err(|()| StorageError::Unsupported(root.display().to_string()))?;
+        let store: Arc<dyn ObjectStore> = Arc::new(store);
+        // The Delta kernel reads a local table's log by its URL's path, from the file system's root.
+        let tables = DeltaTables::new(Arc::clone(&store), Arc::new(LocalFileSystem::new()), root_url.clone());
         Ok(Self {
-            store: Arc::new(store),
+            store,
             root_url,
             engine_store: None,
             local_root: Some(root),
             sources: Arc::default(),
             schemas: version_schemas(),
+            scanned: version_schemas(),
+            tables: Arc::new(tables),
         })
     }
 
@@ -116,6 +127,7 @@ impl Storage {
                     (Arc::new(PrefixStore::new(Arc::clone(&s3), prefix)), format!("s3://{bucket}/{prefix}/"))
                 };
                 let root_url = Url::parse(&root).map_err(|_| StorageError::Unsupported(raw.into()))?;
+                let tables = DeltaTables::new(Arc::clone(&store), Arc::clone(&s3), root_url.clone());
                 Ok(Self {
                     store,
                     root_url,
@@ -123,6 +135,8 @@ impl Storage {
                     local_root: None,
                     sources: Arc::default(),
                     schemas: version_schemas(),
+                    scanned: version_schemas(),
+                    tables: Arc::new(tables),
                 })
             }
             _ => Err(StorageError::Unsupported(raw.into())),
@@ -136,6 +150,7 @@ impl Storage {
     /// When `root_url` is not a URL.
     pub fn from_store(store: Arc<dyn ObjectStore>, root_url: &str) -> Self {
         let root_url = Url::parse(root_url).expect("a storage root is a URL");
+        let tables = DeltaTables::new(Arc::clone(&store), Arc::clone(&store), root_url.clone());
         Self {
             store: Arc::clone(&store),
             root_url,
@@ -143,6 +158,8 @@ impl Storage {
             local_root: None,
             sources: Arc::default(),
             schemas: version_schemas(),
+            scanned: version_schemas(),
+            tables: Arc::new(tables),
         }
     }
 
@@ -182,8 +199,18 @@ impl Storage {
         &self.store
     }
 
+    /// The project tables, as Delta tables.
+    pub(crate) fn tables(&self) -> &DeltaTables {
+        &self.tables
+    }
+
     pub(crate) fn version_schemas(&self) -> &VersionSchemas {
         &self.schemas
+    }
+
+    /// The columns of tables as scans read them, by the location of a table's first file.
+    pub(crate) fn scanned_schemas(&self) -> &VersionSchemas {
+        &self.scanned
     }
 
     /// The URL DataFusion reads the objects under `prefix` from (a directory-like URL, ending in `/`).

@@ -1,5 +1,5 @@
-//! Tables on an object store with no directories and no rename (an in-memory store, as S3 is): versions switched
-//! by `_current`, appends, failed imports, tables written before versions, and what `--storage` accepts.
+//! Tables on an object store with no directories and no rename (an in-memory store, as S3 is): Delta commits of
+//! replaces and appends, failed imports, tables of earlier releases converted, and what `--storage` accepts.
 
 use std::path::PathBuf;
 
@@ -67,7 +67,7 @@ async fn total(engine: &DataFusionEngine) -> String {
 }
 
 #[tokio::test]
-async fn a_replace_switches_the_pointer_and_removes_the_old_version() {
+async fn a_replace_commits_a_new_version_and_an_append_adds_to_it() {
     let (storage, store) = memory();
     let engine = crate::tests::engine_on(storage.clone()).await;
     let inputs = Inputs::new();
@@ -77,30 +77,25 @@ async fn a_replace_switches_the_pointer_and_removes_the_old_version() {
     assert_eq!(import(&storage, &first, ImportMode::Replace).await.unwrap(), 2);
     let before = objects(&store).await;
     assert_eq!(before.len(), 2, "{before:?}");
-    assert_eq!(before[0], "projects/7/tables/things/_current");
-    assert!(before[1].starts_with("projects/7/tables/things/v-") && before[1].ends_with(".parquet"));
+    assert_eq!(before[0], "projects/7/tables/things/_delta_log/00000000000000000000.json");
+    assert!(before[1].starts_with("projects/7/tables/things/part-") && before[1].ends_with(".parquet"));
     assert_eq!(total(&engine).await, r#"[{"n":2,"s":3}]"#);
 
     import(&storage, &second, ImportMode::Replace).await.unwrap();
     assert_eq!(total(&engine).await, r#"[{"n":1,"s":10}]"#);
     let after = objects(&store).await;
-    assert_eq!(after.len(), 2, "the replaced version is removed: {after:?}");
-    assert_ne!(after[1], before[1]);
+    assert_eq!(after.len(), 4, "the replaced file stays for older versions until a vacuum: {after:?}");
 
-    // An append joins the current version, and a failed append leaves it as it was.
+    // An append joins the newest version, and a failed append leaves it as it was.
     import(&storage, &first, ImportMode::Append).await.unwrap();
     assert_eq!(total(&engine).await, r#"[{"n":3,"s":13}]"#);
     let other = inputs.file("other.csv", "x\n1\n");
     let err = import(&storage, &other, ImportMode::Append).await.unwrap_err();
     assert!(matches!(err, ImportError::SchemaMismatch { .. }), "{err:?}");
-    assert_eq!(objects(&store).await.len(), 3);
+    assert_eq!(objects(&store).await.len(), 6);
     let tables = engine.tables(project()).await.unwrap();
     assert_eq!((tables[0].name.as_str(), tables[0].files), ("things", 2));
-    assert!(
-        tables[0].location.starts_with("memory:///projects/7/tables/things/v-"),
-        "{}",
-        tables[0].location
-    );
+    assert_eq!(tables[0].location, "memory:///projects/7/tables/things/");
 }
 
 #[tokio::test]
@@ -119,20 +114,23 @@ async fn a_kept_plan_answers_until_a_table_it_names_is_replaced_or_gone() {
     assert_eq!(total(&engine).await, r#"[{"n":2,"s":3}]"#);
     assert_eq!(engine.metrics().plans(), (1, 1), "the same SQL over the same tables is not planned again");
 
-    // An append's file is read by the kept plan: files are listed when a run is planned physically.
+    // A new version (an append's) is planned again: the plan reads the files of the version it was made for.
     import(&storage, &first, ImportMode::Append).await.unwrap();
     assert_eq!(total(&engine).await, r#"[{"n":4,"s":6}]"#);
-    assert_eq!(engine.metrics().plans(), (2, 1));
-
-    // A replace switches the pointer: the next run plans against the new version.
-    import(&storage, &second, ImportMode::Replace).await.unwrap();
-    assert_eq!(total(&engine).await, r#"[{"n":1,"s":10}]"#);
+    assert_eq!(engine.metrics().plans(), (1, 2));
+    assert_eq!(total(&engine).await, r#"[{"n":4,"s":6}]"#);
     assert_eq!(engine.metrics().plans(), (2, 2));
 
-    // Gone (as another node would delete it): the next run says the table is unknown, it does not read a plan.
-    for object in objects(&store).await {
-        store.delete(&object_store::path::Path::from(object.as_str())).await.unwrap();
-    }
+    // A replace: the next run plans against the new version.
+    import(&storage, &second, ImportMode::Replace).await.unwrap();
+    assert_eq!(total(&engine).await, r#"[{"n":1,"s":10}]"#);
+    assert_eq!(engine.metrics().plans(), (2, 3));
+
+    // Deleted through another node: the next run here says the table is unknown, it does not read a plan.
+    let other =
+        DataFusionEngine::new(Storage::from_store(Arc::clone(&store) as Arc<dyn ObjectStore>, "memory:///"));
+    let things = domain::TableName::parse("things").unwrap();
+    assert!(domain::TableStore::delete(&other, project(), &things).await.unwrap());
     let q = Query::try_from(
         &json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n, sum(id) AS s FROM things"}),
     )
@@ -160,45 +158,95 @@ async fn a_failed_replace_leaves_the_table_and_no_objects_behind() {
     assert_eq!(total(&engine).await, r#"[{"n":1,"s":1}]"#);
 }
 
-#[tokio::test]
-async fn a_table_written_before_versions_is_read_appended_and_replaced() {
-    let (storage, store) = memory();
-    let engine = crate::tests::engine_on(storage.clone()).await;
-    let inputs = Inputs::new();
-    let first = inputs.file("first.csv", "id,name\n1,a\n");
-    // Write a versioned table, then move its file to where tables used to keep them.
-    import(&storage, &first, ImportMode::Replace).await.unwrap();
-    let written = objects(&store).await;
-    let legacy = object_store::path::Path::from("projects/7/tables/things/part-old.parquet");
-    store.copy(&object_store::path::Path::from(written[1].as_str()), &legacy).await.unwrap();
-    store.delete(&object_store::path::Path::from(written[1].as_str())).await.unwrap();
-    store.delete(&object_store::path::Path::from(written[0].as_str())).await.unwrap();
-    assert_eq!(total(&engine).await, r#"[{"n":1,"s":1}]"#);
-
-    import(&storage, &first, ImportMode::Append).await.unwrap();
-    assert_eq!(total(&engine).await, r#"[{"n":2,"s":2}]"#);
-    let second = inputs.file("second.csv", "id,name\n5,e\n");
-    import(&storage, &second, ImportMode::Replace).await.unwrap();
-    assert_eq!(total(&engine).await, r#"[{"n":1,"s":5}]"#);
-    let after = objects(&store).await;
-    assert_eq!(after.len(), 2, "the loose files are gone: {after:?}");
-    assert!(after[1].starts_with("projects/7/tables/things/v-"), "{after:?}");
+/// Writes a table as an earlier release kept it: `files` (Parquet of `id, name`) under `folder` of the table, and a
+/// `_current` pointer with `pointer` as its text when given.
+async fn legacy(store: &InMemory, folder: &str, files: &[(&str, &[i64])], pointer: Option<&str>) {
+    let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
+        datafusion::arrow::datatypes::Field::new("id", datafusion::arrow::datatypes::DataType::Int64, true),
+        datafusion::arrow::datatypes::Field::new("name", datafusion::arrow::datatypes::DataType::Utf8, true),
+    ]));
+    for (name, ids) in files {
+        let names: datafusion::arrow::array::StringArray = ids.iter().map(|_| Some("n")).collect();
+        let columns: Vec<datafusion::arrow::array::ArrayRef> =
+            vec![Arc::new(datafusion::arrow::array::Int64Array::from(ids.to_vec())), Arc::new(names)];
+        let batch = datafusion::arrow::array::RecordBatch::try_new(Arc::clone(&schema), columns).unwrap();
+        let mut bytes = Vec::new();
+        let mut writer =
+            datafusion::parquet::arrow::ArrowWriter::try_new(&mut bytes, Arc::clone(&schema), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let path = format!("projects/7/tables/things/{folder}{name}");
+        store.put(&object_store::path::Path::from(path.as_str()), PutPayload::from(bytes)).await.unwrap();
+    }
+    if let Some(text) = pointer {
+        let path = object_store::path::Path::from("projects/7/tables/things/_current");
+        store.put(&path, PutPayload::from(text.to_owned())).await.unwrap();
+    }
 }
 
 #[tokio::test]
-async fn a_pointer_that_names_no_version_is_an_error_not_a_path() {
+async fn tables_of_every_earlier_layout_become_delta_tables_with_the_same_rows() {
+    let version = "v-6f1c3d5e-8b5a-4a2e-9a53-5b2d1f7e9c01";
+    // The first layout (loose files), a version, and a version with the full files of compactions.
+    type Files<'a> = Vec<(&'a str, &'a str, &'a [i64])>;
+    let layouts: Vec<(Files, Option<String>)> = vec![
+        (vec![("", "part-0.parquet", &[1, 2]), ("", "part-1.parquet", &[3])], None),
+        (vec![(version, "/p.parquet", &[1, 2, 3])], Some(format!("{version}\n2025-11-26T10:00:00Z\n"))),
+        (
+            vec![(version, "/p.parquet", &[1]), ("full", "/f-1.parquet", &[2, 3]), (version, "/old", &[])],
+            Some(format!("{version}\n2025-11-26T10:00:00Z\nf-1.parquet\n")),
+        ),
+    ];
+    for (files, pointer) in layouts {
+        let (storage, store) = memory();
+        for (folder, name, ids) in &files {
+            if !ids.is_empty() {
+                legacy(&store, folder, &[(name, ids)], None).await;
+            }
+        }
+        // A version nothing names (a replace cut off long ago): not part of the table.
+        legacy(&store, "v-00000000-0000-0000-0000-000000000000/", &[("x.parquet", &[100])], None).await;
+        if let Some(text) = &pointer {
+            legacy(&store, "", &[], Some(text)).await;
+        }
+        let engine = crate::tests::engine_on(storage.clone()).await;
+        let upgraded = engine.upgrade_tables().await.unwrap();
+        assert_eq!(upgraded.converted, vec!["7/things".to_owned()], "{pointer:?}");
+        assert_eq!(total(&engine).await, r#"[{"n":3,"s":6}]"#, "{pointer:?}");
+        let left = objects(&store).await;
+        assert!(!left.iter().any(|o| o.ends_with("_current") || o.contains("v-0000")), "{left:?}");
+        if pointer.is_some() {
+            let things = domain::TableName::parse("things").unwrap();
+            let record = domain::TableStore::get(&engine, project(), &things).await.unwrap().unwrap();
+            assert_eq!(
+                record.created_at.unix_timestamp(),
+                1_764_151_200,
+                "the table keeps its creation time"
+            );
+        }
+        // Converted once: `migrate` again changes nothing; appends and replaces work on the Delta table.
+        assert!(engine.upgrade_tables().await.unwrap().converted.is_empty());
+        let inputs = Inputs::new();
+        let more = inputs.file("more.csv", "id,name\n4,d\n");
+        import(&storage, &more, ImportMode::Append).await.unwrap();
+        assert_eq!(total(&engine).await, r#"[{"n":4,"s":10}]"#);
+        import(&storage, &more, ImportMode::Replace).await.unwrap();
+        assert_eq!(total(&engine).await, r#"[{"n":1,"s":4}]"#);
+    }
+}
+
+#[tokio::test]
+async fn an_earlier_pointer_that_names_no_version_is_an_error_not_a_path() {
     let (storage, store) = memory();
     let engine = crate::tests::engine_on(storage).await;
-    let pointer = object_store::path::Path::from("projects/7/tables/things/_current");
-    store.put(&pointer, PutPayload::from("../../../8/tables/secret")).await.unwrap();
+    legacy(&store, "", &[], Some("../../../8/tables/secret")).await;
+    let err = engine.upgrade_tables().await.unwrap_err();
+    assert!(matches!(err, EngineError::Internal(_)), "{err:?}");
+    // It is no table: nothing reads anything it names.
     let q =
         Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n FROM things"})).unwrap();
     let err = engine.execute(project(), &q, &Default::default(), 10, 0).await.unwrap_err();
-    assert!(matches!(err, EngineError::Internal(_)), "{err:?}");
-    // Only the queries that read the table fail: its pointer is read for the tables a query names.
-    let q = Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS one"})).unwrap();
-    let answer = engine.execute(project(), &q, &Default::default(), 10, 0).await.unwrap();
-    assert_eq!(answer.rows_json, r#"[{"one":1}]"#);
+    assert!(matches!(err, EngineError::InvalidQuery(ref m) if m.contains("things")), "{err:?}");
 }
 
 #[test]

@@ -20,16 +20,17 @@ use domain::{
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
+use object_store::ObjectMeta;
+use tables_delta::Snapshot;
 use tokio::io::AsyncWriteExt;
 use tracing::instrument;
 
 use crate::catalog::{
-    current, empty_session, is_parquet, list_tables, pointer, table_prefix, Current, Pointer, TableContents,
-    TableVersion, CURRENT,
+    current, empty_session, list_tables, object_meta, state_of, table_error, table_prefix, Current,
+    SourceRecord, DELETED,
 };
 use crate::imports::{
-    import_staged, remove_versions, table_schema, FileFormat, HeldBody, ImportMode, StagedError, TaggedAppend,
+    import_staged, table_schema, FileFormat, HeldBody, ImportMode, StagedError, TaggedAppend,
 };
 use crate::quarantine::QUARANTINE_BODY_BYTES;
 use crate::records::RecordSizes;
@@ -169,28 +170,41 @@ pub(crate) fn instant(meta: &ObjectMeta) -> Timestamp {
     Timestamp::from_unix_timestamp_nanos(i128::from(micros) * 1_000).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
-/// A table's record, from the footers of its current Parquet files and the times of its objects.
+/// When a time of the Delta log (milliseconds since the Unix epoch) was.
+pub(crate) fn instant_ms(ms: i64) -> Timestamp {
+    Timestamp::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// A table's record, from its version in the log (files, sizes, rows, times) and its first file's columns.
 async fn describe(
     storage: &Storage,
     rows: &FileRows,
     name: TableName,
-    version: &TableVersion,
+    snapshot: &Snapshot,
 ) -> Result<TableInfo, EngineError> {
-    let objects = storage.objects(&version.dir).await.map_err(unavailable)?;
-    let full = version.full_files(storage).await.map_err(unavailable)?;
-    let parquet: Vec<&ObjectMeta> = objects.iter().filter(|o| is_parquet(&o.location)).chain(&full).collect();
-    let (columns, row_count) = footers(storage.store().as_ref(), &parquet, Some(rows)).await?;
-    // The pointer's own time (a replace or a compaction switched the table then), as read with it.
-    let times: Vec<Timestamp> = parquet.iter().map(|m| instant(m)).chain(version.switched).collect();
-    let updated_at = times.iter().max().copied().unwrap_or(Timestamp::UNIX_EPOCH);
-    let created_at = version.created.or_else(|| times.iter().min().copied()).unwrap_or(updated_at);
+    let columns = match crate::imports::existing_schema(storage, snapshot).await {
+        Ok(schema) => table_columns(&schema),
+        Err(err) => return Err(EngineError::Internal(err.to_string().into())),
+    };
+    // Rows the log does not state (a file another writer added without statistics) are read from footers.
+    let mut row_count = 0;
+    for file in &snapshot.files {
+        row_count += match file.rows {
+            Some(rows) => rows,
+            None => rows_of(storage.store().as_ref(), &object_meta(file), Some(rows)).await?,
+        };
+    }
+    let committed_at = instant_ms(snapshot.committed_ms);
+    let created_at = snapshot.created_ms.map_or(committed_at, instant_ms);
+    // A file system's times are coarser than the clock's: never before the table was created.
+    let updated_at = committed_at.max(created_at);
     Ok(TableInfo {
         name,
         columns,
         row_count: Some(row_count),
-        bytes: Some(parquet.iter().map(|m| m.size).sum()),
-        files: Some(parquet.len() as u64),
-        last_compacted_at: crate::compaction::compacted_at(&objects),
+        bytes: Some(snapshot.bytes()),
+        files: Some(snapshot.files.len() as u64),
+        last_compacted_at: crate::compaction::compacted_at(snapshot),
         source: TableSource::Upload,
         created_at,
         updated_at,
@@ -265,11 +279,10 @@ async fn describe_external(
     storage: &Storage,
     name: TableName,
     source: ExternalSource,
-    prefix: &ObjectPath,
+    since: &Snapshot,
 ) -> Result<TableInfo, EngineError> {
-    let pointed = storage.store().head(&prefix.clone().join(CURRENT)).await.map_err(unavailable)?;
-    let registered_at = instant(&pointed);
-    let created_at = pointer(storage, prefix).await?.and_then(|p| p.created).unwrap_or(registered_at);
+    let registered_at = instant_ms(since.committed_ms);
+    let created_at = since.created_ms.map_or(registered_at, instant_ms);
     let mut info = TableInfo {
         name,
         columns: Vec::new(),
@@ -284,7 +297,7 @@ async fn describe_external(
     };
     let ctx = empty_session(storage, None, None)?;
     let read = async {
-        let current = Current::External(source.clone());
+        let current = Current::External { source: source.clone(), since: Arc::new(since.clone()) };
         crate::catalog::register(storage, &ctx, info.name.as_str(), &current).await?;
         let provider = ctx
             .table_provider(TableReference::bare(info.name.as_str()))
@@ -326,20 +339,17 @@ async fn describe_current(
     storage: &Storage,
     rows: &FileRows,
     name: TableName,
-    project: ProjectId,
     current: Current,
 ) -> Result<TableInfo, EngineError> {
     match current {
-        Current::Files(version) => describe(storage, rows, name, &version).await,
-        Current::External(source) => {
-            let prefix = table_prefix(project, name.as_str());
-            describe_external(storage, name, source, &prefix).await
-        }
+        Current::Files(snapshot) => describe(storage, rows, name, &snapshot).await,
+        Current::External { source, since } => describe_external(storage, name, source, &since).await,
     }
 }
 
-/// Makes a table read `source`: checked allowed and readable (a files source has files), then one write of the
-/// table's `_current` switches it, and its own files (if it had any) go. Returns whether it created the table.
+/// Makes a table read `source`: checked allowed and readable (a files source has files), then one commit of the
+/// table's log switches it (its own files leave the table, and go with the next vacuum). Returns whether it
+/// created the table.
 async fn register_source(
     storage: &Storage,
     project: ProjectId,
@@ -355,18 +365,19 @@ async fn register_source(
         .register(&ctx, name, &source, storage.bucket().as_ref(), &storage.projects_url())
         .await
         .map_err(refused)?;
+    let provider = ctx
+        .table_provider(TableReference::bare(name))
+        .await
+        .map_err(|e| UploadError::Engine(EngineError::Internal(Box::new(e))))?;
     let prefix = table_prefix(project, name);
-    let previous = pointer(storage, &prefix).await?;
     let created = current(storage, &prefix).await?.is_none();
-    let created_at =
-        previous.and_then(|p| p.created).unwrap_or_else(|| domain::Clock::now(&domain::SystemClock));
-    let text =
-        Pointer { target: TableContents::Source(source), created: Some(created_at), full: Vec::new() }.text();
-    storage.store().put(&prefix.clone().join(CURRENT), PutPayload::from(text)).await.map_err(unavailable)?;
-    if let Err(err) = remove_versions(storage, &prefix, None).await {
-        // The table reads its source already; the old files go with the next write.
-        tracing::warn!(table = name, error = %err, "cannot remove the files of a table that now reads a source");
-    }
+    let schema = crate::imports::plain(&provider.schema());
+    let created_ms = created.then(|| chrono::Utc::now().timestamp_millis());
+    storage
+        .tables()
+        .replace(&prefix, &schema, &[], &SourceRecord::properties(&source), created_ms)
+        .await
+        .map_err(|e| UploadError::Engine(table_error(e)))?;
     Ok(created)
 }
 
@@ -523,7 +534,7 @@ impl TableStore for DataFusionEngine {
                 for (name, current) in list_tables(&storage, project).await? {
                     // Tables the CLI wrote under names the API does not take are left to the CLI.
                     if let Ok(name) = TableName::parse(&name) {
-                        tables.push(describe_current(&storage, &rows, name, project, current).await?);
+                        tables.push(describe_current(&storage, &rows, name, current).await?);
                     }
                 }
                 Ok(tables)
@@ -537,7 +548,7 @@ impl TableStore for DataFusionEngine {
         self.runtime
             .run(async move {
                 match current(&storage, &table_prefix(project, name.as_str())).await? {
-                    Some(found) => Ok(Some(describe_current(&storage, &rows, name, project, found).await?)),
+                    Some(found) => Ok(Some(describe_current(&storage, &rows, name, found).await?)),
                     None => Ok(None),
                 }
             })
@@ -676,8 +687,15 @@ impl TableStore for DataFusionEngine {
         let lock = self.table_locks.of(project, name.as_str());
         let _held = lock.lock().await;
         let prefix = table_prefix(project, name.as_str());
-        let existed = current(&self.storage, &prefix).await?.is_some();
-        self.storage.remove_prefix(&prefix).await.map_err(unavailable)?;
-        Ok(existed)
+        let tables = self.storage.tables();
+        let Some(snapshot) = tables.snapshot(&prefix).await.map_err(table_error)? else { return Ok(false) };
+        if state_of(Arc::clone(&snapshot)).is_none() {
+            return Ok(false);
+        }
+        // One commit that leaves the table without files, marked deleted: every process sees it at its next
+        // read, and a later replace writes the table again. The files go with the vacuum after the retention.
+        let deleted = HashMap::from([(DELETED.to_owned(), "true".to_owned())]);
+        tables.replace(&prefix, &snapshot.schema, &[], &deleted, None).await.map_err(table_error)?;
+        Ok(true)
     }
 }

@@ -46,7 +46,11 @@ pub(crate) async fn engine_with_events() -> (DataFusionEngine, TempDir) {
     let table = dir.join("projects/1/tables/events");
     std::fs::create_dir_all(&table).unwrap();
     write_events(&table.join("part-0.parquet"), &[("US", 10), ("FR", 20)]);
-    (engine_on(Storage::local(&dir).unwrap()).await, dir)
+    let engine = engine_on(Storage::local(&dir).unwrap()).await;
+    // Made a Delta table in place, as `migrate` does with what an earlier release wrote.
+    let upgraded = engine.upgrade_tables().await.unwrap();
+    assert_eq!(upgraded.converted, vec!["1/events".to_owned()]);
+    (engine, dir)
 }
 
 /// Writes `events(country, revenue)` rows as one Parquet file at `path`.
@@ -313,6 +317,7 @@ async fn a_list_variable_needs_no_more_memory_than_its_literals_at_ten_million_r
     }
     let limits = EngineLimits { partitions: std::num::NonZeroUsize::new(16), ..EngineLimits::default() };
     let engine = DataFusionEngine::new(Storage::local(&dir).unwrap()).with_limits(limits);
+    engine.upgrade_tables().await.unwrap();
     let sql = "SELECT country, count(*) AS n, sum(revenue) AS r FROM events WHERE country IN {values} \
                GROUP BY country ORDER BY country";
     let listed = query(&sql.replace("{values}", "{variables.c}"), json!({"c": {"type": "List"}}));
@@ -538,16 +543,17 @@ async fn imports_csv_and_ndjson_atomically() {
     assert!(matches!(err, imports::ImportError::SchemaMismatch { .. }), "{err:?}");
     let result = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
     assert_eq!(result.rows_json, r#"[{"s":6,"n":3}]"#);
-    // What is left is the table's pointer and its one version: the failed imports removed their files.
+    // What is left is the table's log and its two files (the replace's and the append's): the failed imports
+    // removed theirs.
     let mut leftovers: Vec<_> = std::fs::read_dir(dir.join("projects/1/tables/things"))
         .unwrap()
         .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     leftovers.sort();
-    assert_eq!(leftovers.len(), 2, "{leftovers:?}");
-    assert_eq!(leftovers[0], "_current");
-    assert!(catalog::is_version_name(&leftovers[1]), "{leftovers:?}");
+    assert_eq!(leftovers.len(), 3, "{leftovers:?}");
+    assert_eq!(leftovers[0], "_delta_log");
+    assert!(leftovers[1..].iter().all(|name| name.ends_with(".parquet")), "{leftovers:?}");
     assert!(matches!(
         imports::import_files(
             &storage,

@@ -145,7 +145,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Push(args) => return code::exit(code::push(args).await),
         Command::Test(args) => return code::exit(code::test(args).await),
         Command::Serve(args) => serve::run(config, args).await,
-        Command::Migrate => migrate::run(&config, cli.json),
+        Command::Migrate => migrate::run(&config, cli.json).await,
         Command::Project(command) => project::run(&config, command, cli.json).await,
         Command::Key(command) => key::run(&config, command, cli.json).await,
         Command::Data(command) => data::run(&config, command, cli.json).await,

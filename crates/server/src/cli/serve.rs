@@ -196,6 +196,9 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
         retention: args.log_retention,
         flush_interval: Duration::from_millis(args.log_flush_ms),
     });
+    // Tables an earlier release wrote are read as Delta tables from now on (as `migrate` does; nothing to do
+    // when every table is one already).
+    super::migrate::upgrade_tables(&config).await?;
     let app = Application::build(&config)?;
     app.run_until(shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -1,0 +1,114 @@
+//! A table's history as its log keeps it: the commits (for people), and what was appended since a version (for
+//! stored results that fold appended rows).
+
+use deltalake::kernel::Action;
+use deltalake::logstore::get_actions;
+use object_store::path::Path as ObjectPath;
+
+use crate::{CommitError, DataFile, DeltaTables, ROWS_ADDED, ROWS_REMOVED};
+
+/// One commit of a table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub version: u64,
+    /// When it was committed, in milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    /// The Delta operation: `WRITE`, `OPTIMIZE`, `CREATE TABLE`, ...
+    pub operation: String,
+    pub rows_added: Option<u64>,
+    pub rows_removed: Option<u64>,
+}
+
+/// What became of a table since a version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changes {
+    /// Only rows were added, in these files (files a compaction rewrote are not among them: their rows were
+    /// there before).
+    Appended(Vec<DataFile>),
+    /// Rows were removed or the columns changed (a replace): what was read from the older version is stale.
+    Rewritten,
+}
+
+impl DeltaTables {
+    pub(crate) async fn actions(
+        &self,
+        table: &ObjectPath,
+        version: u64,
+    ) -> Result<Option<Vec<Action>>, CommitError> {
+        let log = self.log_store(table);
+        let Some(bytes) = log.read_commit_entry(version).await.map_err(|e| CommitError::storage(table, e))?
+        else {
+            return Ok(None);
+        };
+        get_actions(version, &bytes).map(Some).map_err(|e| CommitError::storage(table, e))
+    }
+
+    /// The table's commits before version `before`, newest first, at most `limit` of them; commits whose log
+    /// entry is gone (past the log's retention) end the list.
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`].
+    pub async fn commits(
+        &self,
+        table: &ObjectPath,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<Commit>, CommitError> {
+        let mut commits = Vec::new();
+        for version in (0..before).rev().take(limit) {
+            let Some(actions) = self.actions(table, version).await? else { break };
+            let info = actions.into_iter().find_map(|action| match action {
+                Action::CommitInfo(info) => Some(info),
+                _ => None,
+            });
+            let count =
+                |key: &str| info.as_ref().and_then(|i| i.info.get(key)).and_then(serde_json::Value::as_u64);
+            commits.push(Commit {
+                version,
+                at_ms: info.as_ref().and_then(|i| i.in_commit_timestamp.or(i.timestamp)).unwrap_or(0),
+                // A commit of another writer that says no operation is shown as an empty one.
+                operation: info.as_ref().and_then(|i| i.operation.clone()).unwrap_or_else(String::new),
+                rows_added: count(ROWS_ADDED),
+                rows_removed: count(ROWS_REMOVED),
+            });
+        }
+        Ok(commits)
+    }
+
+    /// What became of the table after `version` up to `until`: the files appended, or that it was rewritten.
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`] (also when a commit in between is no longer in the log).
+    pub async fn changes_since(
+        &self,
+        table: &ObjectPath,
+        version: u64,
+        until: u64,
+    ) -> Result<Changes, CommitError> {
+        let mut appended = Vec::new();
+        for at in version + 1..=until {
+            let Some(actions) = self.actions(table, at).await? else {
+                return Err(CommitError::storage(table, format!("version {at} is no longer in the log")));
+            };
+            for action in actions {
+                match action {
+                    Action::Add(add) if add.data_change => {
+                        let path = ObjectPath::parse(&add.path)
+                            .unwrap_or_else(|_| ObjectPath::from(add.path.as_str()));
+                        let rows = add.get_stats().ok().flatten().map(|s| s.num_records.unsigned_abs());
+                        appended.push(DataFile {
+                            location: ObjectPath::from_iter(table.parts().chain(path.parts())),
+                            size: u64::try_from(add.size).unwrap_or(0),
+                            rows,
+                            modified_ms: add.modification_time,
+                        });
+                    }
+                    Action::Remove(remove) if remove.data_change => return Ok(Changes::Rewritten),
+                    Action::Metadata(_) | Action::Protocol(_) => return Ok(Changes::Rewritten),
+                    _ => {}
+                }
+            }
+        }
+        Ok(Changes::Appended(appended))
+    }
+}

@@ -1,0 +1,484 @@
+//! A project's tables as Delta Lake tables, through delta-rs (`deltalake`).
+//!
+//! A table is a Delta table at its prefix of the storage (`projects/{id}/tables/{name}/`, holding `_delta_log/`
+//! beside its Parquet files), so any Delta reader given read access to the storage reads exactly the files a
+//! run reads. Every write is one commit of the log, written with the storage's own put-if-absent (an atomic
+//! create on a local disk, `If-None-Match` on S3): two writers on two nodes never lose each other's commit.
+//!
+//! - An append ([`DeltaTables::append`]), or a group of appends written together, adds its files. Appends never
+//!   conflict with each other or with a compaction; one that a replace with other columns overtook is refused
+//!   ([`CommitError::Replaced`]) and is written again by its caller, to the table as it is now.
+//! - A replace ([`DeltaTables::replace`]) removes exactly the files of the version it read and adds its own, with
+//!   the new columns. When any commit landed after that read it reads the table again and removes those too, so
+//!   a replace never leaves a row of the table it replaced.
+//! - A compaction ([`DeltaTables::rewrite`]) removes the small files it merged and adds the merged ones without
+//!   changing the data (`dataChange: false`, an `OPTIMIZE` commit); it is refused when a replace took its files.
+//!
+//! Each process keeps every table's snapshot ([`Snapshot`]) and moves it forward only when the log has a newer
+//! commit: a read costs one existence check of the next commit's file, as the pointer files it replaces did.
+
+mod changes;
+mod snapshot;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use datafusion::arrow::datatypes::Schema;
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel as _;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
+use deltalake::kernel::{Action, Add, Remove, StructType};
+use deltalake::logstore::{default_logstore, LogStoreRef, StorageConfig};
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::{DeltaTable, DeltaTableError};
+use object_store::path::Path as ObjectPath;
+use object_store::prefix::PrefixStore;
+use object_store::{ObjectStore, ObjectStoreExt};
+use url::Url;
+
+pub use changes::{Changes, Commit};
+pub use snapshot::{DataFile, Snapshot};
+
+/// Why a table could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// There is no table at the prefix (an append's, or a compaction's).
+    #[error("there is no table at {0}")]
+    NoTable(String),
+    /// A replace with other columns landed first: the files written for the old columns are not added.
+    #[error("table {0} was replaced while rows were added to it")]
+    Replaced(String),
+    /// The files a compaction merged are no longer the table's (a replace took them).
+    #[error("table {0} changed while it was compacted")]
+    Conflict(String),
+    /// The storage or the log could not be read or written.
+    #[error("table {table}: {source}")]
+    Storage { table: String, source: Box<dyn std::error::Error + Send + Sync> },
+}
+
+impl CommitError {
+    fn storage(table: &ObjectPath, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Storage { table: table.to_string(), source: source.into() }
+    }
+}
+
+/// A Parquet file written under a table's prefix, to be added by a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewFile {
+    /// Its location from the storage's root, under the table's prefix.
+    pub location: ObjectPath,
+    pub size: u64,
+    pub rows: u64,
+    /// When it was written, in milliseconds since the Unix epoch.
+    pub modified_ms: i64,
+}
+
+/// How many times a replace reads the table again when other commits keep landing before its own.
+const REPLACE_ATTEMPTS: usize = 64;
+
+/// The application metadata key of a commit's row counts (for the table's versions).
+pub(crate) const ROWS_ADDED: &str = "endpoints.rowsAdded";
+pub(crate) const ROWS_REMOVED: &str = "endpoints.rowsRemoved";
+
+/// The project tables of one storage, as Delta tables, with the snapshot of each kept per process.
+#[derive(Debug)]
+pub struct DeltaTables {
+    /// The storage's objects from its root (`root`): where the engine reads and writes.
+    store: Arc<dyn ObjectStore>,
+    /// The objects addressed by the path of their URL (a local disk's `/`, an S3 bucket): how the Delta
+    /// kernel reads the log it is given by URL.
+    url_store: Arc<dyn ObjectStore>,
+    /// The storage root's URL, ending in `/`.
+    root: Url,
+    kept: Mutex<HashMap<ObjectPath, Arc<Kept>>>,
+}
+
+/// One table as this process keeps it.
+#[derive(Debug)]
+struct Kept {
+    /// The table, moved forward under this lock.
+    table: tokio::sync::Mutex<DeltaTable>,
+    /// Its newest snapshot read.
+    snapshot: Mutex<Option<Arc<Snapshot>>>,
+}
+
+impl DeltaTables {
+    /// The tables under `root`: `store` addresses objects from the root, `url_store` by their URL's path.
+    pub fn new(store: Arc<dyn ObjectStore>, url_store: Arc<dyn ObjectStore>, root: Url) -> Self {
+        Self { store, url_store, root, kept: Mutex::default() }
+    }
+
+    /// The table's location as a URL, ending in `/`.
+    pub fn url_of(&self, table: &ObjectPath) -> Url {
+        // A prefix of the storage is a valid relative URL: its parts are percent-encoded by `ObjectPath`.
+        self.root.join(&format!("{table}/")).unwrap_or_else(|_| self.root.clone())
+    }
+
+    fn log_store(&self, table: &ObjectPath) -> LogStoreRef {
+        let location = self.url_of(table);
+        let prefixed: Arc<dyn ObjectStore> =
+            Arc::new(PrefixStore::new(Arc::clone(&self.store), table.clone()));
+        default_logstore(prefixed, Arc::clone(&self.url_store), &location, &StorageConfig::default())
+    }
+
+    fn kept(&self, table: &ObjectPath) -> Arc<Kept> {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(kept.entry(table.clone()).or_insert_with(|| {
+            Arc::new(Kept {
+                table: tokio::sync::Mutex::new(DeltaTable::new(self.log_store(table))),
+                snapshot: Mutex::new(None),
+            })
+        }))
+    }
+
+    /// Forgets what this process keeps of the table (after it was deleted).
+    pub fn forget(&self, table: &ObjectPath) {
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner).remove(table);
+    }
+
+    /// Whether the prefix holds a Delta table (a commit in its log).
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`].
+    pub async fn exists(&self, table: &ObjectPath) -> Result<bool, CommitError> {
+        self.log_store(table).is_delta_table_location().await.map_err(|e| CommitError::storage(table, e))
+    }
+
+    /// The table's newest snapshot, `None` when the prefix holds no Delta table. One existence check of the
+    /// next commit when this process read the table before; the log's new commits when there are some.
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`].
+    pub async fn snapshot(&self, table: &ObjectPath) -> Result<Option<Arc<Snapshot>>, CommitError> {
+        let kept = self.kept(table);
+        let known = kept.snapshot.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(known) = known {
+            let next = table.clone().join("_delta_log").join(format!("{:020}.json", known.version + 1));
+            match self.store.head(&next).await {
+                Err(object_store::Error::NotFound { .. }) => return Ok(Some(known)),
+                Err(e) => return Err(CommitError::storage(table, e)),
+                Ok(_) => {}
+            }
+        }
+        self.refresh(table, &kept).await
+    }
+
+    /// Reads the table's log forward from what this process knows of it.
+    async fn refresh(&self, table: &ObjectPath, kept: &Kept) -> Result<Option<Arc<Snapshot>>, CommitError> {
+        let mut delta = kept.table.lock().await;
+        if delta.version().is_none() && !self.exists(table).await? {
+            return Ok(None);
+        }
+        delta.update_incremental(None).await.map_err(|e| CommitError::storage(table, e))?;
+        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+        let known = kept.snapshot.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(known) = known.filter(|known| known.version == state.version()) {
+            return Ok(Some(known));
+        }
+        let fresh = Arc::new(Snapshot::of(table, state).map_err(|e| CommitError::storage(table, e))?);
+        *kept.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&fresh));
+        Ok(Some(fresh))
+    }
+
+    /// The table as it was at `at_ms` (milliseconds since the Unix epoch): its newest version committed at or
+    /// before then, `None` when the table has no version that old (or no table is there).
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`].
+    pub async fn snapshot_at(&self, table: &ObjectPath, at_ms: i64) -> Result<Option<Snapshot>, CommitError> {
+        if !self.exists(table).await? {
+            return Ok(None);
+        }
+        let Some(at) = chrono::DateTime::from_timestamp_millis(at_ms) else { return Ok(None) };
+        let mut delta = DeltaTable::new(self.log_store(table));
+        // A binary search of the commits by their times.
+        delta.load_with_datetime(at).await.map_err(|e| CommitError::storage(table, e))?;
+        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+        let snapshot = Snapshot::of(table, state).map_err(|e| CommitError::storage(table, e))?;
+        // Earlier than its oldest version the log keeps: the search stops at that version.
+        Ok((snapshot.committed_ms <= at_ms).then_some(snapshot))
+    }
+
+    /// The table at one of its versions.
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`] (also for a version the log no longer has).
+    pub async fn snapshot_of_version(
+        &self,
+        table: &ObjectPath,
+        version: u64,
+    ) -> Result<Snapshot, CommitError> {
+        let mut delta = DeltaTable::new(self.log_store(table));
+        delta.load_version(version).await.map_err(|e| CommitError::storage(table, e))?;
+        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+        Snapshot::of(table, state).map_err(|e| CommitError::storage(table, e))
+    }
+
+    /// Adds `files`, written for the table's version `read` (its columns), in one commit; answers the version it
+    /// made. `note` goes with the commit (application metadata, shown by the table's versions).
+    ///
+    /// # Errors
+    /// [`CommitError::NoTable`]; [`CommitError::Replaced`] when a commit since `read` changed the table's columns
+    /// or properties (nothing was added: write the rows again); [`CommitError::Storage`].
+    pub async fn append(
+        &self,
+        table: &ObjectPath,
+        read: u64,
+        files: &[NewFile],
+        note: HashMap<String, serde_json::Value>,
+    ) -> Result<u64, CommitError> {
+        let kept = self.kept(table);
+        let Some(latest) = self.snapshot(table).await? else {
+            return Err(CommitError::NoTable(table.to_string()));
+        };
+        // Commits since the version the files were written for: any that changed the metadata took the table.
+        for version in read + 1..=latest.version {
+            let Some(actions) = self.actions(table, version).await? else {
+                return Err(CommitError::Replaced(table.to_string()));
+            };
+            if actions.iter().any(|a| matches!(a, Action::Metadata(_) | Action::Protocol(_))) {
+                return Err(CommitError::Replaced(table.to_string()));
+            }
+        }
+        let delta = kept.table.lock().await;
+        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+        let actions = adds(table, files, true)?;
+        let rows: u64 = files.iter().map(|f| f.rows).sum();
+        let mut note = note;
+        note.insert(ROWS_ADDED.into(), rows.into());
+        let operation = DeltaOperation::Write { mode: SaveMode::Append, partition_by: None, predicate: None };
+        // Commits landing from here on are checked by the commit itself: a metadata change is a conflict.
+        let committed = CommitBuilder::from(commit_properties())
+            .with_actions(actions)
+            .with_app_metadata(note)
+            .build(Some(state), delta.log_store(), operation)
+            .await;
+        drop(delta);
+        match committed {
+            Ok(done) => Ok(done.version()),
+            Err(DeltaTableError::Transaction { source: TransactionError::CommitConflict(_) }) => {
+                Err(CommitError::Replaced(table.to_string()))
+            }
+            Err(e) => Err(CommitError::storage(table, e)),
+        }
+    }
+
+    /// Makes `files`, with columns `schema`, the table's whole content in one commit, creating the table when
+    /// there is none; answers the version and whether there was no Delta table before. `properties` become the
+    /// table's (its metadata's configuration, replacing the ones it had). With `created_ms` the table is created
+    /// anew then (a new metadata: a table converted from an earlier layout keeps its time, one written again
+    /// after it was deleted is created now); without, it keeps its metadata's id and creation time.
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`].
+    pub async fn replace(
+        &self,
+        table: &ObjectPath,
+        schema: &Schema,
+        files: &[NewFile],
+        properties: &HashMap<String, String>,
+        created_ms: Option<i64>,
+    ) -> Result<(u64, bool), CommitError> {
+        let kernel: StructType =
+            (&snapshot::loggable(schema)).try_into_kernel().map_err(|e| CommitError::storage(table, e))?;
+        let rows: u64 = files.iter().map(|f| f.rows).sum();
+        let kept = self.kept(table);
+        for _ in 0..REPLACE_ATTEMPTS {
+            let current = self.refresh(table, &kept).await?;
+            let delta = kept.table.lock().await;
+            let mut note = HashMap::from([(ROWS_ADDED.to_owned(), serde_json::Value::from(rows))]);
+            let (actions, state, operation) = match &current {
+                None => {
+                    let metadata = snapshot::metadata(&kernel, None, properties, created_ms)
+                        .map_err(|e| CommitError::storage(table, e))?;
+                    let protocol = snapshot::protocol(&kernel);
+                    let mut actions = vec![Action::Protocol(protocol), Action::Metadata(metadata)];
+                    actions.extend(adds(table, files, true)?);
+                    let operation = DeltaOperation::Write {
+                        mode: SaveMode::ErrorIfExists,
+                        partition_by: None,
+                        predicate: None,
+                    };
+                    (actions, None, operation)
+                }
+                Some(current) => {
+                    let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+                    let mut actions = Vec::new();
+                    // Columns that need a table feature the table does not have yet bring it.
+                    if snapshot::needs_timestamp_ntz(&kernel) && state.protocol().min_reader_version() < 3 {
+                        actions.push(Action::Protocol(snapshot::protocol(&kernel)));
+                    }
+                    let anew = created_ms.is_some();
+                    if anew || *state.snapshot().schema() != kernel || current.properties != *properties {
+                        let metadata =
+                            snapshot::metadata(&kernel, Some(state.metadata()), properties, created_ms)
+                                .map_err(|e| CommitError::storage(table, e))?;
+                        actions.push(Action::Metadata(metadata));
+                    }
+                    let now = now_ms();
+                    actions.extend(current.files.iter().map(|file| remove(table, file, true, now)));
+                    actions.extend(adds(table, files, true)?);
+                    let removed: u64 = current.files.iter().filter_map(|f| f.rows).sum();
+                    note.insert(ROWS_REMOVED.into(), removed.into());
+                    let operation = DeltaOperation::Write {
+                        mode: SaveMode::Overwrite,
+                        partition_by: None,
+                        predicate: None,
+                    };
+                    (actions, Some(state), operation)
+                }
+            };
+            // No retry inside the commit: a commit that landed after the read may have added files this one
+            // must remove, so the table is read again instead.
+            let committed = CommitBuilder::from(commit_properties())
+                .with_actions(actions)
+                .with_app_metadata(note)
+                .with_max_retries(0)
+                .build(state.map(|s| s as _), delta.log_store(), operation)
+                .await;
+            drop(delta);
+            match committed {
+                Ok(done) => return Ok((done.version(), current.is_none())),
+                Err(DeltaTableError::Transaction {
+                    source:
+                        TransactionError::VersionAlreadyExists(_)
+                        | TransactionError::MaxCommitAttempts(_)
+                        | TransactionError::CommitConflict(_),
+                }) => continue,
+                Err(e) => return Err(CommitError::storage(table, e)),
+            }
+        }
+        Err(CommitError::storage(table, format!("other writes kept landing first {REPLACE_ATTEMPTS} times")))
+    }
+
+    /// Replaces the table's files `removed` (of the snapshot at `read_version`) by `added`, which hold the same
+    /// rows (an `OPTIMIZE` commit: `dataChange` false). Commits landed since that add files are kept.
+    ///
+    /// # Errors
+    /// [`CommitError::Conflict`] when a replace removed some of `removed` since (nothing changed);
+    /// [`CommitError::NoTable`]; [`CommitError::Storage`].
+    pub async fn rewrite(
+        &self,
+        table: &ObjectPath,
+        removed: &[DataFile],
+        added: &[NewFile],
+    ) -> Result<u64, CommitError> {
+        let kept = self.kept(table);
+        let Some(latest) = self.refresh(table, &kept).await? else {
+            return Err(CommitError::NoTable(table.to_string()));
+        };
+        // Every file merged must still be the table's (a replace since took them); commits landing from here on
+        // are checked by the commit itself.
+        let present: std::collections::HashSet<&ObjectPath> =
+            latest.files.iter().map(|f| &f.location).collect();
+        if removed.iter().any(|file| !present.contains(&file.location)) {
+            return Err(CommitError::Conflict(table.to_string()));
+        }
+        let delta = kept.table.lock().await;
+        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+        let now = now_ms();
+        let mut actions: Vec<Action> = removed.iter().map(|file| remove(table, file, false, now)).collect();
+        actions.extend(adds(table, added, false)?);
+        let target_size = added.iter().map(|f| f.size).max().unwrap_or(0);
+        let operation = DeltaOperation::Optimize {
+            predicate: None,
+            target_size: i64::try_from(target_size).unwrap_or(i64::MAX),
+        };
+        let committed = CommitBuilder::from(commit_properties())
+            .with_actions(actions)
+            .build(Some(state), delta.log_store(), operation)
+            .await;
+        drop(delta);
+        match committed {
+            Ok(done) => Ok(done.version()),
+            Err(DeltaTableError::Transaction { source: TransactionError::CommitConflict(_) }) => {
+                Err(CommitError::Conflict(table.to_string()))
+            }
+            Err(e) => Err(CommitError::storage(table, e)),
+        }
+    }
+
+    /// Removes the files no version newer than `retention` reads (a vacuum); answers how many it removed.
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`].
+    pub async fn vacuum(
+        &self,
+        table: &ObjectPath,
+        retention: std::time::Duration,
+    ) -> Result<usize, CommitError> {
+        let kept = self.kept(table);
+        if self.refresh(table, &kept).await?.is_none() {
+            return Ok(0);
+        }
+        let delta = kept.table.lock().await.clone();
+        let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+        let (_, metrics) = delta
+            .vacuum()
+            .with_retention_period(retention)
+            .with_enforce_retention_duration(false)
+            .await
+            .map_err(|e| CommitError::storage(table, e))?;
+        Ok(metrics.files_deleted.len())
+    }
+}
+
+/// Checkpoints as the table's interval says (every 100 commits by default), so that opening a table reads one
+/// checkpoint and the commits after it.
+fn commit_properties() -> CommitProperties {
+    CommitProperties::default().with_create_checkpoint(true)
+}
+
+pub(crate) fn now_ms() -> i64 {
+    // A clock before 1970 is taken as 1970.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(std::time::Duration::ZERO);
+    i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A file's path as the log keeps it: relative to the table's root.
+fn relative<'a>(
+    table: &ObjectPath,
+    location: &'a ObjectPath,
+) -> Option<Vec<object_store::path::PathPart<'a>>> {
+    location.prefix_match(table).map(Iterator::collect)
+}
+
+fn adds(table: &ObjectPath, files: &[NewFile], data_change: bool) -> Result<Vec<Action>, CommitError> {
+    files
+        .iter()
+        .map(|file| {
+            let Some(parts) = relative(table, &file.location).filter(|parts| !parts.is_empty()) else {
+                return Err(CommitError::storage(
+                    table,
+                    format!("{} is not a file of the table", file.location),
+                ));
+            };
+            let path = ObjectPath::from_iter(parts);
+            Ok(Action::Add(Add {
+                path: path.to_string(),
+                size: i64::try_from(file.size).unwrap_or(i64::MAX),
+                modification_time: file.modified_ms,
+                data_change,
+                stats: Some(serde_json::json!({ "numRecords": file.rows }).to_string()),
+                ..Add::default()
+            }))
+        })
+        .collect()
+}
+
+fn remove(table: &ObjectPath, file: &DataFile, data_change: bool, now: i64) -> Action {
+    let path = relative(table, &file.location).map_or_else(|| file.location.clone(), ObjectPath::from_iter);
+    Action::Remove(Remove {
+        path: path.to_string(),
+        data_change,
+        deletion_timestamp: Some(now),
+        extended_file_metadata: Some(true),
+        partition_values: Some(HashMap::new()),
+        size: Some(i64::try_from(file.size).unwrap_or(i64::MAX)),
+        ..Remove::default()
+    })
+}
+
+#[cfg(test)]
+mod tests;

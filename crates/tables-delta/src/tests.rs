@@ -1,0 +1,296 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use super::*;
+
+/// A storage root in a temporary directory, and the tables of as many "nodes" as asked (each keeps its own
+/// snapshots, as two processes do).
+struct Root {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn ObjectStore>,
+    nodes: Vec<DeltaTables>,
+}
+
+fn root(nodes: usize) -> Root {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = std::fs::canonicalize(dir.path()).expect("its path");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(&path).expect("a local store"));
+    let url = Url::from_directory_path(&path).expect("its URL");
+    let nodes = (0..nodes)
+        .map(|_| DeltaTables::new(Arc::clone(&store), Arc::new(LocalFileSystem::new()), url.clone()))
+        .collect();
+    Root { _dir: dir, store, nodes }
+}
+
+fn table() -> ObjectPath {
+    ObjectPath::from("projects/1/tables/events")
+}
+
+fn schema(columns: &[&str]) -> Schema {
+    Schema::new(columns.iter().map(|name| Field::new(*name, DataType::Int64, true)).collect::<Vec<_>>())
+}
+
+/// Writes a Parquet file of `values` (one column per name) under the table, as the engine does.
+async fn file(store: &Arc<dyn ObjectStore>, columns: &[&str], values: &[i64]) -> NewFile {
+    let schema = Arc::new(schema(columns));
+    let arrays = columns.iter().map(|_| Arc::new(Int64Array::from(values.to_vec())) as _).collect();
+    let batch = RecordBatch::try_new(Arc::clone(&schema), arrays).expect("a batch");
+    let mut bytes = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut bytes, schema, None).expect("a writer");
+    writer.write(&batch).expect("written");
+    writer.close().expect("closed");
+    let location = table().join(format!("part-{}.parquet", uuid::Uuid::new_v4()));
+    let size = bytes.len() as u64;
+    store.put(&location, PutPayload::from(bytes)).await.expect("stored");
+    NewFile { location, size, rows: values.len() as u64, modified_ms: now_ms() }
+}
+
+fn note() -> HashMap<String, serde_json::Value> {
+    HashMap::new()
+}
+
+#[tokio::test]
+async fn a_replace_creates_the_table_and_appends_add_to_it_as_commits() {
+    let root = root(1);
+    let tables = &root.nodes[0];
+    assert!(tables.snapshot(&table()).await.expect("read").is_none());
+    let first = file(&root.store, &["a"], &[1, 2, 3]).await;
+    let (version, created) = tables
+        .replace(&table(), &schema(&["a"]), std::slice::from_ref(&first), &HashMap::new(), None)
+        .await
+        .expect("created");
+    assert_eq!((version, created), (0, true));
+    let second = file(&root.store, &["a"], &[4]).await;
+    assert_eq!(tables.append(&table(), 0, std::slice::from_ref(&second), note()).await.expect("appended"), 1);
+
+    let snapshot = tables.snapshot(&table()).await.expect("read").expect("a table");
+    assert_eq!(snapshot.version, 1);
+    assert_eq!(snapshot.rows(), Some(4));
+    let mut locations: Vec<_> = snapshot.files.iter().map(|f| f.location.clone()).collect();
+    locations.sort();
+    let mut expected = vec![first.location, second.location];
+    expected.sort();
+    assert_eq!(locations, expected);
+    assert_eq!(snapshot.schema.as_ref(), &schema(&["a"]));
+
+    let commits = tables.commits(&table(), snapshot.version + 1, 10).await.expect("history");
+    assert_eq!(commits.iter().map(|c| c.version).collect::<Vec<_>>(), vec![1, 0]);
+    assert_eq!(commits[0].rows_added, Some(1));
+    assert_eq!(commits[1].rows_added, Some(3));
+    assert_eq!(commits[0].operation, "WRITE");
+    // The log is a Delta log any reader finds.
+    let log = root.store.head(&table().join("_delta_log").join("00000000000000000001.json")).await;
+    assert!(log.is_ok());
+}
+
+#[tokio::test]
+async fn concurrent_appends_of_two_nodes_all_land_exactly_once() {
+    let root = root(2);
+    let first = file(&root.store, &["a"], &[0]).await;
+    root.nodes[0].replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    let mut files = Vec::new();
+    for i in 1..=40 {
+        files.push(file(&root.store, &["a"], &[i]).await);
+    }
+    let appends = files.iter().enumerate().map(|(i, f)| {
+        let tables = &root.nodes[i % 2];
+        async move { tables.append(&table(), 0, std::slice::from_ref(f), note()).await }
+    });
+    let versions = futures_util::future::join_all(appends).await;
+    let mut versions: Vec<u64> = versions.into_iter().map(|v| v.expect("appended")).collect();
+    versions.sort_unstable();
+    assert_eq!(versions, (1..=40).collect::<Vec<u64>>(), "each append is a commit of its own");
+    for node in &root.nodes {
+        let snapshot = node.snapshot(&table()).await.expect("read").expect("a table");
+        assert_eq!(snapshot.version, 40);
+        assert_eq!(snapshot.rows(), Some(41));
+    }
+}
+
+#[tokio::test]
+async fn a_replace_removes_what_another_node_appended_after_it_read_the_table() {
+    let root = root(2);
+    let (a, b) = (&root.nodes[0], &root.nodes[1]);
+    let first = file(&root.store, &["a"], &[1]).await;
+    a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    // Node a knows version 0; node b appends behind its back.
+    assert_eq!(a.snapshot(&table()).await.expect("read").expect("table").version, 0);
+    let appended = file(&root.store, &["a"], &[2]).await;
+    b.append(&table(), 0, &[appended], note()).await.expect("appended");
+    let replacing = file(&root.store, &["a"], &[7, 8]).await;
+    let (_, created) = a
+        .replace(&table(), &schema(&["a"]), std::slice::from_ref(&replacing), &HashMap::new(), None)
+        .await
+        .expect("replaced");
+    assert!(!created);
+    for node in [a, b] {
+        let snapshot = node.snapshot(&table()).await.expect("read").expect("table");
+        assert_eq!(
+            snapshot.files.iter().map(|f| f.location.clone()).collect::<Vec<_>>(),
+            vec![replacing.location.clone()]
+        );
+    }
+    let commits = b.commits(&table(), 3, 1).await.expect("history");
+    assert_eq!(commits[0].rows_removed, Some(2));
+}
+
+#[tokio::test]
+async fn an_append_overtaken_by_a_replace_with_other_columns_is_refused() {
+    let root = root(2);
+    let (a, b) = (&root.nodes[0], &root.nodes[1]);
+    let first = file(&root.store, &["a"], &[1]).await;
+    a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    let read = b.snapshot(&table()).await.expect("read").expect("a table").version;
+    let other = file(&root.store, &["b"], &[1]).await;
+    a.replace(&table(), &schema(&["b"]), &[other], &HashMap::new(), None).await.expect("replaced");
+    // b still keeps version 0 with column a, but its append's commit sees the new columns.
+    let late = file(&root.store, &["a"], &[5]).await;
+    let refused = b.append(&table(), read, &[late], note()).await;
+    assert!(matches!(refused, Err(CommitError::Replaced(_))), "{refused:?}");
+    let snapshot = b.snapshot(&table()).await.expect("read").expect("table");
+    assert_eq!(snapshot.schema.as_ref(), &schema(&["b"]));
+    assert_eq!(snapshot.rows(), Some(1));
+}
+
+#[tokio::test]
+async fn a_compaction_keeps_concurrent_appends_and_yields_to_a_replace() {
+    let root = root(2);
+    let (a, b) = (&root.nodes[0], &root.nodes[1]);
+    let first = file(&root.store, &["a"], &[1]).await;
+    a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    a.append(&table(), 0, &[file(&root.store, &["a"], &[2]).await], note()).await.expect("appended");
+    let read = a.snapshot(&table()).await.expect("read").expect("table");
+    // Node b appends while a merges what it read.
+    let late = file(&root.store, &["a"], &[3]).await;
+    b.append(&table(), read.version, std::slice::from_ref(&late), note()).await.expect("appended");
+    let merged = file(&root.store, &["a"], &[1, 2]).await;
+    let version = a.rewrite(&table(), &read.files, std::slice::from_ref(&merged)).await.expect("compacted");
+    let snapshot = b.snapshot(&table()).await.expect("read").expect("table");
+    assert_eq!(snapshot.version, version);
+    let mut locations: Vec<_> = snapshot.files.iter().map(|f| f.location.clone()).collect();
+    locations.sort();
+    let mut expected = vec![merged.location, late.location];
+    expected.sort();
+    assert_eq!(locations, expected);
+    assert_eq!(snapshot.rows(), Some(3));
+    // A compaction is no change of the data: a fold after it sees only the append.
+    match a.changes_since(&table(), read.version, version).await.expect("changes") {
+        Changes::Appended(files) => {
+            assert_eq!(files.iter().map(|f| f.rows).collect::<Vec<_>>(), vec![Some(1)])
+        }
+        Changes::Rewritten => panic!("a compaction and an append are no rewrite"),
+    }
+
+    // A compaction of files a replace took away changes nothing.
+    let read = a.snapshot(&table()).await.expect("read").expect("table");
+    b.replace(&table(), &schema(&["a"]), &[file(&root.store, &["a"], &[9]).await], &HashMap::new(), None)
+        .await
+        .expect("replaced");
+    let merged = file(&root.store, &["a"], &[1, 2, 3]).await;
+    let refused = a.rewrite(&table(), &read.files, &[merged]).await;
+    assert!(matches!(refused, Err(CommitError::Conflict(_))), "{refused:?}");
+    assert_eq!(a.snapshot(&table()).await.expect("read").expect("table").rows(), Some(1));
+    let now = a.snapshot(&table()).await.expect("read").expect("table").version;
+    assert_eq!(a.changes_since(&table(), read.version, now).await.expect("changes"), Changes::Rewritten);
+}
+
+#[tokio::test]
+async fn a_table_is_read_as_of_a_time_and_not_before_its_first_version() {
+    let root = root(1);
+    let tables = &root.nodes[0];
+    let first = file(&root.store, &["a"], &[1]).await;
+    tables.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    let v0 = tables.snapshot(&table()).await.expect("read").expect("table");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    tables.append(&table(), 0, &[file(&root.store, &["a"], &[2]).await], note()).await.expect("appended");
+    let v1 = tables.snapshot(&table()).await.expect("read").expect("table");
+    assert!(v1.committed_ms > v0.committed_ms);
+
+    let then = tables.snapshot_at(&table(), v0.committed_ms).await.expect("read").expect("version 0");
+    assert_eq!((then.version, then.rows()), (0, Some(1)));
+    let now = tables.snapshot_at(&table(), v1.committed_ms + 1).await.expect("read").expect("version 1");
+    assert_eq!((now.version, now.rows()), (1, Some(2)));
+    assert!(tables.snapshot_at(&table(), v0.committed_ms - 1).await.expect("read").is_none());
+}
+
+#[tokio::test]
+async fn files_in_folders_of_an_earlier_layout_become_a_table_in_place() {
+    let root = root(1);
+    let tables = &root.nodes[0];
+    let mut kept = file(&root.store, &["a"], &[1, 2]).await;
+    let moved = table().join("v-00000000-0000-0000-0000-000000000001").join("part-0.parquet");
+    root.store.rename(&kept.location, &moved).await.expect("moved");
+    kept.location = moved;
+    let created = Some(1_700_000_000_000);
+    tables
+        .replace(&table(), &schema(&["a"]), std::slice::from_ref(&kept), &HashMap::new(), created)
+        .await
+        .expect("converted");
+    let snapshot = tables.snapshot(&table()).await.expect("read").expect("table");
+    assert_eq!(snapshot.files.iter().map(|f| f.location.clone()).collect::<Vec<_>>(), vec![kept.location]);
+    assert_eq!(snapshot.created_ms, created);
+}
+
+#[tokio::test]
+async fn a_vacuum_removes_only_files_no_version_reads() {
+    let root = root(1);
+    let tables = &root.nodes[0];
+    let old = file(&root.store, &["a"], &[1]).await;
+    tables
+        .replace(&table(), &schema(&["a"]), std::slice::from_ref(&old), &HashMap::new(), None)
+        .await
+        .expect("created");
+    let new = file(&root.store, &["a"], &[2]).await;
+    tables
+        .replace(&table(), &schema(&["a"]), std::slice::from_ref(&new), &HashMap::new(), None)
+        .await
+        .expect("replaced");
+    assert_eq!(tables.vacuum(&table(), std::time::Duration::from_secs(3600)).await.expect("vacuumed"), 0);
+    assert_eq!(tables.vacuum(&table(), std::time::Duration::ZERO).await.expect("vacuumed"), 1);
+    assert!(root.store.head(&old.location).await.is_err());
+    assert!(root.store.head(&new.location).await.is_ok());
+}
+
+#[tokio::test]
+async fn timestamps_without_a_time_zone_bring_their_table_feature() {
+    use datafusion::arrow::datatypes::TimeUnit;
+    let root = root(1);
+    let tables = &root.nodes[0];
+    let first = file(&root.store, &["a"], &[1]).await;
+    tables.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    let naive = Schema::new(vec![Field::new("at", DataType::Timestamp(TimeUnit::Microsecond, None), true)]);
+    tables.replace(&table(), &naive, &[], &HashMap::new(), None).await.expect("replaced");
+    let snapshot = tables.snapshot(&table()).await.expect("read").expect("table");
+    assert_eq!(snapshot.schema.as_ref(), &naive);
+    let log =
+        root.store.get(&table().join("_delta_log").join("00000000000000000001.json")).await.expect("log");
+    let text = String::from_utf8(log.bytes().await.expect("read").to_vec()).expect("text");
+    assert!(text.contains("\"readerFeatures\":[\"timestampNtz\"]"), "{text}");
+}
+
+#[tokio::test]
+async fn properties_of_a_version_are_kept_until_a_replace_sets_others() {
+    let root = root(2);
+    let (a, b) = (&root.nodes[0], &root.nodes[1]);
+    let first = file(&root.store, &["a"], &[1]).await;
+    a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), Some(1_000)).await.expect("created");
+    let marked = HashMap::from([("endpoints.deleted".to_owned(), "true".to_owned())]);
+    a.replace(&table(), &schema(&["a"]), &[], &marked, None).await.expect("marked");
+    let seen = b.snapshot(&table()).await.expect("read").expect("table");
+    assert_eq!((seen.properties.clone(), seen.files.len(), seen.created_ms), (marked, 0, Some(1_000)));
+    let again = file(&root.store, &["a"], &[2]).await;
+    a.replace(&table(), &schema(&["a"]), &[again], &HashMap::new(), Some(2_000))
+        .await
+        .expect("written again");
+    let seen = b.snapshot(&table()).await.expect("read").expect("table");
+    assert!(seen.properties.is_empty());
+    assert_eq!((seen.rows(), seen.created_ms), (Some(1), Some(2_000)));
+}
