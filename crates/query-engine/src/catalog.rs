@@ -129,7 +129,9 @@ impl PartialEq for Current {
 
 /// A table's file as the engine's readers take it.
 pub(crate) fn object_meta(file: &DataFile) -> ObjectMeta {
-    let last_modified = chrono::DateTime::from_timestamp_millis(file.modified_ms).unwrap_or_default();
+    // A time past what a date holds is taken as the epoch: it only decides whether cached footers are reused.
+    let last_modified =
+        chrono::DateTime::from_timestamp_millis(file.modified_ms).unwrap_or(chrono::DateTime::UNIX_EPOCH);
     ObjectMeta { location: file.location.clone(), last_modified, size: file.size, e_tag: None, version: None }
 }
 

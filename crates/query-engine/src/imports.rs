@@ -597,7 +597,7 @@ pub(crate) async fn import_staged(
                 return Err(err);
             }
         };
-        let note = tag.map(|tag| appends_note(&[TaggedAppend { rows, ..tag.clone() }])).unwrap_or_default();
+        let note = tag.map_or_else(HashMap::new, |tag| appends_note(&[TaggedAppend { rows, ..tag.clone() }]));
         match target.publish(storage, note).await.map_err(|e| StagedError::Write(e.to_string()))? {
             Published::Done { created } => return Ok((rows, created)),
             Published::Again => target.discard(storage).await,
