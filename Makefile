@@ -171,7 +171,7 @@ test: deps console lint ## Everything CI checks: lint, then every test (SQLite, 
 	@engine=$$(cargo test $(CHECKED) --lib --no-run 2>&1 | grep -o 'target/debug/deps/query_engine-[0-9a-f]*' | head -1); \
 	[ -n "$$engine" ] || { echo "the engine's test binary was not found"; exit 1; }; \
 	cd crates/query-engine && TEST_ENGINE=ballista $(CURDIR)/$$engine
-	@$(MAKE) --no-print-directory openapi-check client-check ts-client-check formats-check mcp-check schemathesis-check console-check
+	@$(MAKE) --no-print-directory openapi-check client-check ts-client-check formats-check delta-check mcp-check schemathesis-check console-check
 
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
 OPENAPI_CLIENT := openapi-python-client==0.29.1
@@ -181,6 +181,7 @@ PYARROW := pyarrow==22.0.0
 MOTO := moto[server]==5.2.5
 PLAYWRIGHT := playwright==1.65.2
 MCP := mcp==2.3.0
+DELTALAKE := deltalake==1.6.6
 ST_MAX_EXAMPLES ?= 10
 
 $(VENV)/bin/python:
@@ -215,6 +216,12 @@ formats-check: $(VENV)/bin/python ## Read a run back as CSV, NDJSON, Parquet and
 	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
 	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/formats_check.py
+
+.PHONY: delta-check
+delta-check: $(VENV)/bin/python ## Every table the API wrote (appended, compacted, quarantined, replaced) read by the `deltalake` Python package: the rows a run returns.
+	@$(VENV)/bin/python -c 'import deltalake, pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(DELTALAKE)' '$(PYARROW)'
+	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
+	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/delta_check.py
 
 .PHONY: mcp-check
 mcp-check: $(VENV)/bin/python ## `/mcp` with the official MCP Python SDK as the client: tools listed and called with keys and a run token.

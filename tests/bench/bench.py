@@ -300,11 +300,9 @@ def median_of(rounds):
 
 
 def events_dir(data_dir, table="events"):
-    """The directory of the current version of a table of the demo project (`events` unless named)."""
-    table_dir = os.path.join(data_dir, "projects", "1", "tables", table)
-    with open(os.path.join(table_dir, "_current"), encoding="utf-8") as pointer:
-        # The pointer's first line names the table's current version (the second, when it was written).
-        return os.path.join(table_dir, pointer.readline().strip())
+    """The directory of a table of the demo project (`events` unless named): a Delta table, whose Parquet files
+    are directly in it. For a table written once (and never replaced) they are exactly its newest version's."""
+    return os.path.join(data_dir, "projects", "1", "tables", table)
 
 
 def wrk_rounds(url, key, seconds, rounds, **kwargs):
