@@ -852,3 +852,76 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
     let table = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
     assert_eq!(table["row_count"], 6, "{table}");
 }
+
+/// A table's versions are the commits of its Delta log: each replace, append and compaction, newest first,
+/// paged, readable with a `table:read` key, and gone with the table.
+#[tokio::test]
+async fn a_tables_versions_list_its_commits_newest_first_under_both_families() {
+    let app = spawn_app().await;
+    for family in FAMILIES {
+        let (project, key) = project_with_writer(&app);
+        let (_, reader) = app.create_key(project, &["table:read"]);
+        let table = format!("{family}/{project}/tables/orders");
+        ok_json(upload(&app, Method::PUT, &table, &key, "text/csv", ORDERS).await, 201).await;
+        let rows = "id,country,amount\n4,DE,1\n5,DE,2\n";
+        for _ in 0..2 {
+            ok_json(upload(&app, Method::POST, &format!("{table}/rows"), &key, "text/csv", rows).await, 200)
+                .await;
+        }
+        ok_json(
+            upload(&app, Method::PUT, &table, &key, "text/csv", "id,country,amount\n9,US,1\n").await,
+            200,
+        )
+        .await;
+
+        let versions = ok_json(app.get(&format!("{table}/versions"), &reader).await, 200).await;
+        assert_eq!(versions["count"], 4, "{versions}");
+        let listed: Vec<(u64, &str, Option<u64>, Option<u64>)> = versions["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                let at = v["at"].as_str().unwrap();
+                assert!(
+                    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).is_ok()
+                );
+                (
+                    v["version"].as_u64().unwrap(),
+                    v["operation"].as_str().unwrap(),
+                    v["rows_added"].as_u64(),
+                    v["rows_removed"].as_u64(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                (3, "WRITE", Some(1), Some(7)),
+                (2, "WRITE", Some(2), None),
+                (1, "WRITE", Some(2), None),
+                (0, "WRITE", Some(3), None)
+            ],
+            "{versions}"
+        );
+        let first = ok_json(app.get(&format!("{table}/versions?limit=1"), &reader).await, 200).await;
+        assert_eq!(first["results"][0]["version"], 3);
+        assert!(first["next"].as_str().unwrap().contains("offset=1"), "{first}");
+        let last = ok_json(app.get(&format!("{table}/versions?limit=1&offset=3"), &reader).await, 200).await;
+        assert_eq!((last["results"][0]["version"].as_u64(), last["next"].as_str()), (Some(0), None));
+        assert_error(app.get(&format!("{table}/versions?limit=0"), &reader).await, 400, "validation_error")
+            .await;
+
+        assert_error(
+            app.get(&format!("{family}/{project}/tables/nope/versions"), &reader).await,
+            404,
+            "not_found",
+        )
+        .await;
+        let (_, endpoint_only) = app.create_key(project, &["endpoint:read"]);
+        assert_error(app.get(&format!("{table}/versions"), &endpoint_only).await, 403, "permission_denied")
+            .await;
+        let deleted = app.request(Method::DELETE, &table, Some(&key)).send().await.unwrap();
+        assert_eq!(deleted.status(), 204);
+        assert_error(app.get(&format!("{table}/versions"), &reader).await, 404, "not_found").await;
+    }
+}

@@ -20,7 +20,7 @@ const TOKENS_REST: &str = "/{project_id}/run_tokens";
 
 /// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
 /// not a different operation.
-pub(crate) const ROUTE_NAMES: [&str; 21] = [
+pub(crate) const ROUTE_NAMES: [&str; 22] = [
     "run",
     "endpoints",
     "last_execution_times",
@@ -34,6 +34,7 @@ pub(crate) const ROUTE_NAMES: [&str; 21] = [
     "tables",
     "table",
     "table_rows",
+    "table_versions",
     "table_preview",
     "run_tokens",
     "mcp",
@@ -177,6 +178,9 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
                         )
                         .service(
                             resource!("/{table}/rows", "table_rows", POST => tables::append),
+                        )
+                        .service(
+                            resource!("/{table}/versions", "table_versions", GET => tables::versions),
                         )
                         .service(
                             resource!("/{table}/preview", "table_preview", POST => tables::preview),

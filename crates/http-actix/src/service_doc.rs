@@ -38,7 +38,7 @@ impl Modify for BearerAuth {
         handlers::materialization::status, handlers::logs::list, handlers::logs::usage, handlers::versions::list, handlers::versions::retrieve,
         handlers::runs::last_execution_times,
         handlers::tables::list, handlers::tables::retrieve, handlers::tables::put, handlers::tables::append,
-        handlers::tables::delete, handlers::tables::preview, handlers::tokens::issue,
+        handlers::tables::delete, handlers::tables::preview, handlers::tables::versions, handlers::tokens::issue,
     ),
     components(schemas(
         Error, Endpoint, EndpointCreate, EndpointUpdate, EndpointPage, Version, VersionPage, RunBody, ExportBody, RunAnswer,

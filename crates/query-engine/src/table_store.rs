@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use datafusion::common::TableReference;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use domain::{
-    Compaction, EngineError, ExternalSource, Invalid, ProjectId, TableColumn, TableFormat, TableInfo,
-    TableName, TableSource, TableStore, TaggedWrite, Timestamp, Upload, UploadError, WriteMode, Written,
+    Compaction, EngineError, ExternalSource, Invalid, Page, PageRequest, ProjectId, TableColumn, TableCommit,
+    TableFormat, TableInfo, TableName, TableSource, TableStore, TaggedWrite, Timestamp, Upload, UploadError,
+    WriteMode, Written,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -553,6 +554,37 @@ impl TableStore for DataFusionEngine {
                 }
             })
             .await
+    }
+
+    #[instrument(skip_all, fields(project = %project, table = %name))]
+    async fn versions(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        request: PageRequest,
+    ) -> Result<Option<Page<TableCommit>>, EngineError> {
+        let prefix = table_prefix(project, name.as_str());
+        let tables = self.storage.tables();
+        let Some(newest) = tables.snapshot(&prefix).await.map_err(table_error)? else { return Ok(None) };
+        if state_of(Arc::clone(&newest)).is_none() {
+            return Ok(None);
+        }
+        // Versions are numbered from 0 without gaps: the newest says how many there are.
+        let total = newest.version + 1;
+        let before = total.saturating_sub(request.offset);
+        let limit = usize::try_from(request.limit).unwrap_or(usize::MAX);
+        let commits = tables.commits(&prefix, before, limit).await.map_err(table_error)?;
+        let items = commits
+            .into_iter()
+            .map(|commit| TableCommit {
+                version: commit.version,
+                at: instant_ms(commit.at_ms),
+                operation: commit.operation,
+                rows_added: commit.rows_added,
+                rows_removed: commit.rows_removed,
+            })
+            .collect();
+        Ok(Some(Page { items, total, request }))
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name, format = upload.format.as_str()))]

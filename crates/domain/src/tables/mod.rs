@@ -11,8 +11,8 @@ pub use idempotency::{
     AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, TaggedWrite, APPEND_IN_FLIGHT, IDEMPOTENCY_WINDOW,
 };
 pub use model::{
-    Compaction, ExternalSource, Table, TableColumn, TableFormat, TableInfo, TableName, TableSource, Upload,
-    UploadBody, WriteMode, Written,
+    Compaction, ExternalSource, Table, TableColumn, TableCommit, TableFormat, TableInfo, TableName,
+    TableSource, Upload, UploadBody, WriteMode, Written,
 };
 pub use ports::{AppendKeys, TableLeases, TableStore};
 #[cfg(any(test, feature = "mocks"))]

@@ -260,6 +260,21 @@ pub struct TableInfo {
     pub updated_at: Timestamp,
 }
 
+/// One commit of a table's log (a table's version): what changed it and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCommit {
+    /// The table's version this commit made (0 for the first).
+    pub version: u64,
+    pub at: Timestamp,
+    /// What made it, as the log names it: `WRITE` (a replace or an append), `OPTIMIZE` (a compaction), `CREATE
+    /// TABLE`, or another writer's operation.
+    pub operation: String,
+    /// Rows it added and removed, where the log says (a compaction adds and removes none: the same rows in
+    /// fewer files).
+    pub rows_added: Option<u64>,
+    pub rows_removed: Option<u64>,
+}
+
 /// What one compaction of a table did: its small files merged into `files_written`, the files it had and has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Compaction {

@@ -5,10 +5,11 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::idempotency::{AppendKeyState, IdempotencyKey, TaggedWrite};
-use super::model::{Compaction, ExternalSource, TableInfo, TableName, Upload, Written};
+use super::model::{Compaction, ExternalSource, TableCommit, TableInfo, TableName, Upload, Written};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::{EngineError, StoreError, UploadError};
+use crate::page::{Page, PageRequest};
 
 /// A project's tables. Writes are atomic: a reader (a run, another request) sees a table before a write or
 /// after it, never part of one, and a failed write leaves the table as it was.
@@ -24,6 +25,17 @@ pub trait TableStore: Send + Sync {
     /// # Errors
     /// `Unavailable`, `Internal`.
     async fn get(&self, project: ProjectId, name: &TableName) -> Result<Option<TableInfo>, EngineError>;
+
+    /// The table's commits, newest first, paged; `None` when there is no such table.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn versions(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        request: PageRequest,
+    ) -> Result<Option<Page<TableCommit>>, EngineError>;
 
     /// Writes an upload: a replace becomes the table's whole content (creating it), an append adds its rows to
     /// those of the table (whose columns it must have). Concurrent appends all land. An append with a tag keeps

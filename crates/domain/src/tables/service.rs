@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::idempotency::{AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, IDEMPOTENCY_WINDOW};
-use super::model::{ExternalSource, Table, TableInfo, TableName, Upload, WriteMode, Written};
+use super::model::{ExternalSource, Table, TableCommit, TableInfo, TableName, Upload, WriteMode, Written};
 use super::ports::{AppendKeys, TableStore};
 use crate::access::ProjectId;
 use crate::clock::Clock;
@@ -160,6 +160,19 @@ impl TableService {
         let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name))?;
         let readers = self.readers(project).await?;
         Ok(Table { used_by: Self::used_by(&readers, name), info })
+    }
+
+    /// The table's versions (the commits of its log), newest first.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; engine failures.
+    pub async fn versions(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        request: PageRequest,
+    ) -> Result<Page<TableCommit>, Error> {
+        Ok(self.tables.versions(project, name, request).await?.ok_or_else(|| not_found(name))?)
     }
 
     /// Writes an upload into a table, and makes the cached runs of every endpoint that reads it stale.

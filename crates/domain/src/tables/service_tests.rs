@@ -645,3 +645,28 @@ mod idempotency {
         assert!(matches!(failed, Err(Error::Unavailable(_))), "{failed:?}");
     }
 }
+
+#[tokio::test]
+async fn a_tables_versions_are_its_stores_and_a_missing_table_is_not_found() {
+    let mut tables = MockTableStore::new();
+    let commit = crate::tables::TableCommit {
+        version: 0,
+        at: T0,
+        operation: "WRITE".into(),
+        rows_added: Some(2),
+        rows_removed: None,
+    };
+    let listed = commit.clone();
+    tables
+        .expect_versions()
+        .with(eq(project(1)), eq(TableName::parse("sales").unwrap()), always())
+        .returning(move |_, _, request| Ok(Some(Page { items: vec![listed.clone()], total: 1, request })));
+    tables.expect_versions().returning(|_, _, _| Ok(None));
+    let service = service(tables, engine(), MockEndpointChanges::new());
+    let page =
+        service.versions(project(1), &TableName::parse("sales").unwrap(), PageRequest::default()).await;
+    assert_eq!(page.unwrap().items, vec![commit]);
+    let missing =
+        service.versions(project(1), &TableName::parse("other").unwrap(), PageRequest::default()).await;
+    assert!(matches!(missing, Err(Error::NotFound(_))), "{missing:?}");
+}

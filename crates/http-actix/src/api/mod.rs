@@ -16,7 +16,7 @@ mod token;
 pub(crate) use endpoint::{BreakingChange, Endpoint, Materialization, Version};
 pub(crate) use last_executions::LastExecutionTimes;
 pub(crate) use log::{LogList, Usage};
-pub(crate) use page::{EndpointPage, TablePage, VersionPage};
+pub(crate) use page::{EndpointPage, TablePage, TableVersionPage, VersionPage};
 pub(crate) use run::RunAnswer;
 pub(crate) use table::{Appended, Preview, Table};
 pub(crate) use token::RunToken;

@@ -6,7 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::endpoint::{Endpoint, Version};
-use super::table::Table;
+use super::table::{Table, TableVersion};
 
 /// Declares a page of `$item`s: the same shape for every list, one type (and schema name) each.
 macro_rules! page {
@@ -48,6 +48,10 @@ page!(
 page!(
     /// A page of a project's tables, ordered by name.
     TablePage of Table
+);
+page!(
+    /// A page of a table's versions (the commits of its Delta log), newest first.
+    TableVersionPage of TableVersion
 );
 
 fn links<T>(req: &HttpRequest, page: &domain::Page<T>) -> (Option<String>, Option<String>) {

@@ -49,6 +49,31 @@ pub(crate) struct Table {
     used_by: Vec<String>,
 }
 
+/// One version of a table: a commit of its Delta log.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TableVersion {
+    /// The version this commit made, from 0.
+    version: u64,
+    /// When it was committed.
+    #[serde(with = "time::serde::rfc3339")]
+    at: OffsetDateTime,
+    /// What made it: `WRITE` (a replace or an append), `OPTIMIZE` (a compaction), or another writer's operation.
+    operation: String,
+    /// Rows it added; null where the log does not say.
+    #[schema(required = true)]
+    rows_added: Option<u64>,
+    /// Rows it removed (a replace removes the table's rows); null where the log does not say.
+    #[schema(required = true)]
+    rows_removed: Option<u64>,
+}
+
+impl From<domain::TableCommit> for TableVersion {
+    fn from(commit: domain::TableCommit) -> Self {
+        let domain::TableCommit { version, at, operation, rows_added, rows_removed } = commit;
+        Self { version, at, operation, rows_added, rows_removed }
+    }
+}
+
 impl From<domain::Table> for Table {
     fn from(table: domain::Table) -> Self {
         let info = table.info;

@@ -10,7 +10,7 @@ use domain::{ExternalSource, IdempotencyKey, TableFormat, TableName, Upload, Upl
 use futures_util::StreamExt;
 use serde::Deserialize;
 
-use crate::api::{Appended, Preview, Table, TablePage};
+use crate::api::{Appended, Preview, Table, TablePage, TableVersionPage};
 use crate::error::{ApiError, ErrorBody as Error};
 use crate::extract::{Authorized, AuthorizedJson, TableRead, TableWrite};
 use crate::AppState;
@@ -124,6 +124,21 @@ pub(crate) async fn list(
     let page = super::page_param(&query)?;
     let page = state.tables.list(caller.project, page).await?;
     Ok(HttpResponse::Ok().json(TablePage::of(&req, page)))
+}
+
+#[utoipa::path(get, path = "/api/projects/{project_id}/tables/{table}/versions", operation_id = "list_table_versions",
+    params(("project_id" = String, Path), ("table" = String, Path), ("limit" = Option<i64>, Query), ("offset" = Option<i64>, Query)),
+    responses((status = 200, body = TableVersionPage), (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error), (status = 404, body = Error)))]
+pub(crate) async fn versions(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    caller: Authorized<TableRead>,
+    path: web::Path<TablePath>,
+    query: Query,
+) -> Result<HttpResponse, ApiError> {
+    let page = super::page_param(&query)?;
+    let versions = state.tables.versions(caller.project, &path.existing()?, page).await?;
+    Ok(HttpResponse::Ok().json(TableVersionPage::of(&req, versions)))
 }
 
 #[utoipa::path(get, path = "/api/projects/{project_id}/tables/{table}", operation_id = "get_table",
