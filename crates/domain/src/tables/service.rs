@@ -172,7 +172,7 @@ impl TableService {
         name: &TableName,
         request: PageRequest,
     ) -> Result<Page<TableCommit>, Error> {
-        Ok(self.tables.versions(project, name, request).await?.ok_or_else(|| not_found(name))?)
+        self.tables.versions(project, name, request).await?.ok_or_else(|| not_found(name))
     }
 
     /// Writes an upload into a table, and makes the cached runs of every endpoint that reads it stale.
