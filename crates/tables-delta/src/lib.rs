@@ -29,6 +29,7 @@ use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, Transactio
 use deltalake::kernel::{Action, Add, Remove, StructType};
 use deltalake::logstore::{default_logstore, LogStoreRef, StorageConfig};
 use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::table::state::DeltaTableState;
 use deltalake::{DeltaTable, DeltaTableError};
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
@@ -95,10 +96,27 @@ pub struct DeltaTables {
 /// One table as this process keeps it.
 #[derive(Debug)]
 struct Kept {
-    /// The table, moved forward under this lock.
-    table: tokio::sync::Mutex<DeltaTable>,
+    log: LogStoreRef,
+    /// The table's state (its files, from the log), moved forward under this lock: by reading the commits after
+    /// it, or to the state a commit of this process left.
+    state: tokio::sync::Mutex<Option<DeltaTableState>>,
     /// Its newest snapshot read.
     snapshot: Mutex<Option<Arc<Snapshot>>>,
+}
+
+impl Kept {
+    /// Takes the state a commit of this process left (the log is not read again for it).
+    fn adopt(
+        &self,
+        table: &ObjectPath,
+        state: &mut Option<DeltaTableState>,
+        done: DeltaTableState,
+    ) -> Result<(), CommitError> {
+        let fresh = Arc::new(Snapshot::of(table, &done).map_err(|e| CommitError::storage(table, e))?);
+        *state = Some(done);
+        *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = Some(fresh);
+        Ok(())
+    }
 }
 
 impl DeltaTables {
@@ -124,7 +142,8 @@ impl DeltaTables {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(kept.entry(table.clone()).or_insert_with(|| {
             Arc::new(Kept {
-                table: tokio::sync::Mutex::new(DeltaTable::new(self.log_store(table))),
+                log: self.log_store(table),
+                state: tokio::sync::Mutex::new(None),
                 snapshot: Mutex::new(None),
             })
         }))
@@ -164,12 +183,20 @@ impl DeltaTables {
 
     /// Reads the table's log forward from what this process knows of it.
     async fn refresh(&self, table: &ObjectPath, kept: &Kept) -> Result<Option<Arc<Snapshot>>, CommitError> {
-        let mut delta = kept.table.lock().await;
-        if delta.version().is_none() && !self.exists(table).await? {
-            return Ok(None);
+        let mut guard = kept.state.lock().await;
+        match guard.as_mut() {
+            Some(state) => {
+                state.update(kept.log.as_ref(), None).await.map_err(|e| CommitError::storage(table, e))?
+            }
+            None => {
+                if !self.exists(table).await? {
+                    return Ok(None);
+                }
+                let read = DeltaTableState::try_new(kept.log.as_ref(), None).await;
+                *guard = Some(read.map_err(|e| CommitError::storage(table, e))?);
+            }
         }
-        delta.update_incremental(None).await.map_err(|e| CommitError::storage(table, e))?;
-        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+        let state = guard.as_ref().expect("the state was read above");
         let known = kept.snapshot.lock().unwrap_or_else(PoisonError::into_inner).clone();
         if let Some(known) = known.filter(|known| known.version == state.version()) {
             return Ok(Some(known));
@@ -227,11 +254,14 @@ impl DeltaTables {
         note: HashMap<String, serde_json::Value>,
     ) -> Result<u64, CommitError> {
         let kept = self.kept(table);
-        let Some(latest) = self.snapshot(table).await? else {
+        if self.snapshot(table).await?.is_none() {
             return Err(CommitError::NoTable(table.to_string()));
-        };
-        // Commits since the version the files were written for: any that changed the metadata took the table.
-        for version in read + 1..=latest.version {
+        }
+        let mut guard = kept.state.lock().await;
+        let Some(state) = guard.as_ref() else { return Err(CommitError::NoTable(table.to_string())) };
+        // Commits since the version the files were written for, up to the state the commit is based on: any
+        // that changed the metadata took the table. Those after it are checked by the commit itself.
+        for version in read + 1..=state.version() {
             let Some(actions) = self.actions(table, version).await? else {
                 return Err(CommitError::Replaced(table.to_string()));
             };
@@ -239,8 +269,6 @@ impl DeltaTables {
                 return Err(CommitError::Replaced(table.to_string()));
             }
         }
-        let delta = kept.table.lock().await;
-        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
         let actions = adds(table, files, true)?;
         let rows: u64 = files.iter().map(|f| f.rows).sum();
         let mut note = note;
@@ -250,11 +278,14 @@ impl DeltaTables {
         let committed = CommitBuilder::from(commit_properties())
             .with_actions(actions)
             .with_app_metadata(note)
-            .build(Some(state), delta.log_store(), operation)
+            .build(Some(state), Arc::clone(&kept.log), operation)
             .await;
-        drop(delta);
         match committed {
-            Ok(done) => Ok(done.version()),
+            Ok(done) => {
+                let version = done.version();
+                kept.adopt(table, &mut guard, done.snapshot)?;
+                Ok(version)
+            }
             Err(DeltaTableError::Transaction { source: TransactionError::CommitConflict(_) }) => {
                 Err(CommitError::Replaced(table.to_string()))
             }
@@ -284,7 +315,7 @@ impl DeltaTables {
         let kept = self.kept(table);
         for _ in 0..REPLACE_ATTEMPTS {
             let current = self.refresh(table, &kept).await?;
-            let delta = kept.table.lock().await;
+            let mut guard = kept.state.lock().await;
             let mut note = HashMap::from([(ROWS_ADDED.to_owned(), serde_json::Value::from(rows))]);
             let (actions, state, operation) = match &current {
                 None => {
@@ -301,7 +332,7 @@ impl DeltaTables {
                     (actions, None, operation)
                 }
                 Some(current) => {
-                    let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+                    let Some(state) = guard.as_ref() else { continue };
                     let mut actions = Vec::new();
                     // Columns that need a table feature the table does not have yet bring it.
                     if snapshot::needs_timestamp_ntz(&kernel) && state.protocol().min_reader_version() < 3 {
@@ -333,11 +364,14 @@ impl DeltaTables {
                 .with_actions(actions)
                 .with_app_metadata(note)
                 .with_max_retries(0)
-                .build(state.map(|s| s as _), delta.log_store(), operation)
+                .build(state.map(|s| s as _), Arc::clone(&kept.log), operation)
                 .await;
-            drop(delta);
             match committed {
-                Ok(done) => return Ok((done.version(), current.is_none())),
+                Ok(done) => {
+                    let version = done.version();
+                    kept.adopt(table, &mut guard, done.snapshot)?;
+                    return Ok((version, current.is_none()));
+                }
                 Err(DeltaTableError::Transaction {
                     source:
                         TransactionError::VersionAlreadyExists(_)
@@ -373,8 +407,8 @@ impl DeltaTables {
         if removed.iter().any(|file| !present.contains(&file.location)) {
             return Err(CommitError::Conflict(table.to_string()));
         }
-        let delta = kept.table.lock().await;
-        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+        let mut guard = kept.state.lock().await;
+        let Some(state) = guard.as_ref() else { return Err(CommitError::NoTable(table.to_string())) };
         let now = now_ms();
         let mut actions: Vec<Action> = removed.iter().map(|file| remove(table, file, false, now)).collect();
         actions.extend(adds(table, added, false)?);
@@ -385,11 +419,14 @@ impl DeltaTables {
         };
         let committed = CommitBuilder::from(commit_properties())
             .with_actions(actions)
-            .build(Some(state), delta.log_store(), operation)
+            .build(Some(state), Arc::clone(&kept.log), operation)
             .await;
-        drop(delta);
         match committed {
-            Ok(done) => Ok(done.version()),
+            Ok(done) => {
+                let version = done.version();
+                kept.adopt(table, &mut guard, done.snapshot)?;
+                Ok(version)
+            }
             Err(DeltaTableError::Transaction { source: TransactionError::CommitConflict(_) }) => {
                 Err(CommitError::Conflict(table.to_string()))
             }
@@ -410,7 +447,8 @@ impl DeltaTables {
         if self.refresh(table, &kept).await?.is_none() {
             return Ok(0);
         }
-        let delta = kept.table.lock().await.clone();
+        let mut delta = DeltaTable::new(Arc::clone(&kept.log));
+        delta.load().await.map_err(|e| CommitError::storage(table, e))?;
         let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
         let (_, metrics) = delta
             .vacuum()
