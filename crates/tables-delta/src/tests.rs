@@ -294,3 +294,26 @@ async fn properties_of_a_version_are_kept_until_a_replace_sets_others() {
     assert!(seen.properties.is_empty());
     assert_eq!((seen.rows(), seen.created_ms), (Some(1), Some(2_000)));
 }
+
+#[tokio::test]
+async fn commits_are_checkpointed_so_another_process_opens_the_table_from_the_checkpoint() {
+    let root = root(2);
+    let (a, b) = (&root.nodes[0], &root.nodes[1]);
+    let first = file(&root.store, &["a"], &[0]).await;
+    a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    for i in 1..=120_u64 {
+        let appended = file(&root.store, &["a"], &[i64::try_from(i).expect("small")]).await;
+        a.append(&table(), i - 1, &[appended], note()).await.expect("appended");
+    }
+    let log = table().join("_delta_log");
+    // Delta checkpoints every 100 commits: the state after the 100th commit (version 99).
+    let checkpoint = log.clone().join("00000000000000000099.checkpoint.parquet");
+    assert!(root.store.head(&checkpoint).await.is_ok(), "a checkpoint at version 99");
+    assert!(root.store.head(&log.clone().join("_last_checkpoint")).await.is_ok());
+    // The commits before the checkpoint are not needed to open the table: without them it opens the same.
+    for version in 0..99_u64 {
+        root.store.delete(&log.clone().join(format!("{version:020}.json"))).await.expect("removed");
+    }
+    let opened = b.snapshot(&table()).await.expect("read").expect("a table");
+    assert_eq!((opened.version, opened.rows(), opened.files.len()), (120, Some(121), 121));
+}
