@@ -25,4 +25,5 @@ mod storage;
 mod tables;
 mod telemetry;
 mod tokens;
+mod upgrade;
 mod versions;
