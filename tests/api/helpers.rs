@@ -131,7 +131,12 @@ async fn spawn_with(
         address: String::new(),
         data_dir: data_dir.clone(),
         database_url: database_url.clone(),
-        client: reqwest::Client::new(),
+        // Idle connections are dropped before the server's keep-alive (5 s) closes them: a request after a long
+        // pause (a CLI import under load) would otherwise go out on a connection the server is closing.
+        client: reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(2))
+            .build()
+            .expect("a client with no TLS settings builds"),
         shutdown: None,
         stopped: None,
         remove_dir: false,

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use datafusion::arrow::datatypes::Schema;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel as _;
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference, TransactionError};
 use deltalake::kernel::{Action, Add, Remove, StructType};
 use deltalake::logstore::{default_logstore, LogStoreRef, StorageConfig};
 use deltalake::protocol::{DeltaOperation, SaveMode};
@@ -104,7 +104,39 @@ struct Kept {
     snapshot: Mutex<Option<Arc<Snapshot>>>,
 }
 
+/// Why a commit did not land.
+enum Failed {
+    /// Another commit landed first and this one is not to be made on top of it (or the retries ran out).
+    Conflict,
+    Error(CommitError),
+}
+
 impl Kept {
+    /// Commits onto the state `guard` keeps (none: the table's first commit), and keeps the state it leaves.
+    async fn commit(
+        &self,
+        table: &ObjectPath,
+        guard: &mut Option<DeltaTableState>,
+        builder: CommitBuilder,
+        operation: DeltaOperation,
+    ) -> Result<u64, Failed> {
+        let read = guard.as_ref().map(|state| state as &dyn TableReference);
+        match builder.build(read, Arc::clone(&self.log), operation).await {
+            Ok(done) => {
+                let version = done.version();
+                self.adopt(table, guard, done.snapshot).map_err(Failed::Error)?;
+                Ok(version)
+            }
+            Err(DeltaTableError::Transaction {
+                source:
+                    TransactionError::CommitConflict(_)
+                    | TransactionError::VersionAlreadyExists(_)
+                    | TransactionError::MaxCommitAttempts(_),
+            }) => Err(Failed::Conflict),
+            Err(err) => Err(Failed::Error(CommitError::storage(table, err))),
+        }
+    }
+
     /// Takes the state a commit of this process left (the log is not read again for it).
     fn adopt(
         &self,
@@ -275,21 +307,11 @@ impl DeltaTables {
         note.insert(ROWS_ADDED.into(), rows.into());
         let operation = DeltaOperation::Write { mode: SaveMode::Append, partition_by: None, predicate: None };
         // Commits landing from here on are checked by the commit itself: a metadata change is a conflict.
-        let committed = CommitBuilder::from(commit_properties())
-            .with_actions(actions)
-            .with_app_metadata(note)
-            .build(Some(state), Arc::clone(&kept.log), operation)
-            .await;
-        match committed {
-            Ok(done) => {
-                let version = done.version();
-                kept.adopt(table, &mut guard, done.snapshot)?;
-                Ok(version)
-            }
-            Err(DeltaTableError::Transaction { source: TransactionError::CommitConflict(_) }) => {
-                Err(CommitError::Replaced(table.to_string()))
-            }
-            Err(e) => Err(CommitError::storage(table, e)),
+        let builder = CommitBuilder::from(commit_properties()).with_actions(actions).with_app_metadata(note);
+        match kept.commit(table, &mut guard, builder, operation).await {
+            Ok(version) => Ok(version),
+            Err(Failed::Conflict) => Err(CommitError::Replaced(table.to_string())),
+            Err(Failed::Error(err)) => Err(err),
         }
     }
 
@@ -316,8 +338,12 @@ impl DeltaTables {
         for _ in 0..REPLACE_ATTEMPTS {
             let current = self.refresh(table, &kept).await?;
             let mut guard = kept.state.lock().await;
+            // The files to remove are those of the state the commit is made on: read again if it moved since.
+            if guard.as_ref().map(DeltaTableState::version) != current.as_ref().map(|c| c.version) {
+                continue;
+            }
             let mut note = HashMap::from([(ROWS_ADDED.to_owned(), serde_json::Value::from(rows))]);
-            let (actions, state, operation) = match &current {
+            let (actions, operation) = match &current {
                 None => {
                     let metadata = snapshot::metadata(&kernel, None, properties, created_ms)
                         .map_err(|e| CommitError::storage(table, e))?;
@@ -329,7 +355,7 @@ impl DeltaTables {
                         partition_by: None,
                         predicate: None,
                     };
-                    (actions, None, operation)
+                    (actions, operation)
                 }
                 Some(current) => {
                     let Some(state) = guard.as_ref() else { continue };
@@ -355,30 +381,19 @@ impl DeltaTables {
                         partition_by: None,
                         predicate: None,
                     };
-                    (actions, Some(state), operation)
+                    (actions, operation)
                 }
             };
             // No retry inside the commit: a commit that landed after the read may have added files this one
             // must remove, so the table is read again instead.
-            let committed = CommitBuilder::from(commit_properties())
+            let builder = CommitBuilder::from(commit_properties())
                 .with_actions(actions)
                 .with_app_metadata(note)
-                .with_max_retries(0)
-                .build(state.map(|s| s as _), Arc::clone(&kept.log), operation)
-                .await;
-            match committed {
-                Ok(done) => {
-                    let version = done.version();
-                    kept.adopt(table, &mut guard, done.snapshot)?;
-                    return Ok((version, current.is_none()));
-                }
-                Err(DeltaTableError::Transaction {
-                    source:
-                        TransactionError::VersionAlreadyExists(_)
-                        | TransactionError::MaxCommitAttempts(_)
-                        | TransactionError::CommitConflict(_),
-                }) => continue,
-                Err(e) => return Err(CommitError::storage(table, e)),
+                .with_max_retries(0);
+            match kept.commit(table, &mut guard, builder, operation).await {
+                Ok(version) => return Ok((version, current.is_none())),
+                Err(Failed::Conflict) => continue,
+                Err(Failed::Error(err)) => return Err(err),
             }
         }
         Err(CommitError::storage(table, format!("other writes kept landing first {REPLACE_ATTEMPTS} times")))
@@ -397,18 +412,19 @@ impl DeltaTables {
         added: &[NewFile],
     ) -> Result<u64, CommitError> {
         let kept = self.kept(table);
-        let Some(latest) = self.refresh(table, &kept).await? else {
+        if self.refresh(table, &kept).await?.is_none() {
             return Err(CommitError::NoTable(table.to_string()));
-        };
-        // Every file merged must still be the table's (a replace since took them); commits landing from here on
-        // are checked by the commit itself.
+        }
+        let mut guard = kept.state.lock().await;
+        let Some(state) = guard.as_ref() else { return Err(CommitError::NoTable(table.to_string())) };
+        // Every file merged must still be the table's in the state the commit is made on (a replace since took
+        // them); commits landing after it are checked by the commit itself.
+        let latest = Snapshot::of(table, state).map_err(|e| CommitError::storage(table, e))?;
         let present: std::collections::HashSet<&ObjectPath> =
             latest.files.iter().map(|f| &f.location).collect();
         if removed.iter().any(|file| !present.contains(&file.location)) {
             return Err(CommitError::Conflict(table.to_string()));
         }
-        let mut guard = kept.state.lock().await;
-        let Some(state) = guard.as_ref() else { return Err(CommitError::NoTable(table.to_string())) };
         let now = now_ms();
         let mut actions: Vec<Action> = removed.iter().map(|file| remove(table, file, false, now)).collect();
         actions.extend(adds(table, added, false)?);
@@ -417,20 +433,11 @@ impl DeltaTables {
             predicate: None,
             target_size: i64::try_from(target_size).unwrap_or(i64::MAX),
         };
-        let committed = CommitBuilder::from(commit_properties())
-            .with_actions(actions)
-            .build(Some(state), Arc::clone(&kept.log), operation)
-            .await;
-        match committed {
-            Ok(done) => {
-                let version = done.version();
-                kept.adopt(table, &mut guard, done.snapshot)?;
-                Ok(version)
-            }
-            Err(DeltaTableError::Transaction { source: TransactionError::CommitConflict(_) }) => {
-                Err(CommitError::Conflict(table.to_string()))
-            }
-            Err(e) => Err(CommitError::storage(table, e)),
+        let builder = CommitBuilder::from(commit_properties()).with_actions(actions);
+        match kept.commit(table, &mut guard, builder, operation).await {
+            Ok(version) => Ok(version),
+            Err(Failed::Conflict) => Err(CommitError::Conflict(table.to_string())),
+            Err(Failed::Error(err)) => Err(err),
         }
     }
 
