@@ -1,7 +1,7 @@
 //! A table's history as its log keeps it: the commits (for people), and what was appended since a version (for
 //! stored results that fold appended rows).
 
-use deltalake::kernel::Action;
+use deltalake::kernel::{Action, Add};
 use deltalake::logstore::get_actions;
 use object_store::path::Path as ObjectPath;
 
@@ -29,13 +29,29 @@ pub enum Changes {
     Rewritten,
 }
 
+/// The location from the storage's root of a file the table's log names by `path` (relative to the table).
+pub(crate) fn location(table: &ObjectPath, path: &str) -> ObjectPath {
+    let path = ObjectPath::parse(path).unwrap_or_else(|_| ObjectPath::from(path));
+    ObjectPath::from_iter(table.parts().chain(path.parts()))
+}
+
+/// A file an `add` action of the table's log adds.
+pub(crate) fn data_file(table: &ObjectPath, add: &Add) -> DataFile {
+    DataFile {
+        location: location(table, &add.path),
+        size: u64::try_from(add.size).unwrap_or(0),
+        rows: add.get_stats().ok().flatten().map(|s| s.num_records.unsigned_abs()),
+        modified_ms: add.modification_time,
+    }
+}
+
 impl DeltaTables {
     pub(crate) async fn actions(
         &self,
         table: &ObjectPath,
         version: u64,
     ) -> Result<Option<Vec<Action>>, CommitError> {
-        let log = self.log_store(table);
+        let log = &self.kept(table).log;
         let Some(bytes) = log.read_commit_entry(version).await.map_err(|e| CommitError::storage(table, e))?
         else {
             return Ok(None);
@@ -92,17 +108,7 @@ impl DeltaTables {
             };
             for action in actions {
                 match action {
-                    Action::Add(add) if add.data_change => {
-                        let path = ObjectPath::parse(&add.path)
-                            .unwrap_or_else(|_| ObjectPath::from(add.path.as_str()));
-                        let rows = add.get_stats().ok().flatten().map(|s| s.num_records.unsigned_abs());
-                        appended.push(DataFile {
-                            location: ObjectPath::from_iter(table.parts().chain(path.parts())),
-                            size: u64::try_from(add.size).unwrap_or(0),
-                            rows,
-                            modified_ms: add.modification_time,
-                        });
-                    }
+                    Action::Add(add) if add.data_change => appended.push(data_file(table, &add)),
                     Action::Remove(remove) if remove.data_change => return Ok(Changes::Rewritten),
                     Action::Metadata(_) | Action::Protocol(_) => return Ok(Changes::Rewritten),
                     _ => {}

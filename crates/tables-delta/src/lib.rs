@@ -18,6 +18,7 @@
 //! commit: a read costs one existence check of the next commit's file, as the pointer files it replaces did.
 
 mod changes;
+mod log;
 mod snapshot;
 
 use std::collections::HashMap;
@@ -25,9 +26,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use datafusion::arrow::datatypes::Schema;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel as _;
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference, TransactionError};
+use deltalake::kernel::transaction::{
+    CommitBuilder, CommitData, CommitProperties, TableReference, TransactionError,
+};
 use deltalake::kernel::{Action, Add, Remove, StructType};
-use deltalake::logstore::{default_logstore, LogStoreRef, StorageConfig};
+use deltalake::logstore::{default_logstore, CommitOrBytes, LogStoreRef, StorageConfig};
+use deltalake::protocol::checkpoints::{cleanup_expired_logs_for, create_checkpoint};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::state::DeltaTableState;
 use deltalake::{DeltaTable, DeltaTableError};
@@ -76,6 +80,17 @@ pub struct NewFile {
 /// How many times a replace reads the table again when other commits keep landing before its own.
 const REPLACE_ATTEMPTS: usize = 64;
 
+/// How many times an append follows other commits landing before its own.
+const APPEND_ATTEMPTS: usize = 64;
+
+/// Every how many commits a checkpoint is written (Delta's default `delta.checkpointInterval`); also the most
+/// commits a snapshot follows one by one before the log is read from its newest checkpoint instead.
+const CHECKPOINT_INTERVAL: u64 = 100;
+
+/// How long a snapshot known to be the table's newest is followed by existence checks of the next commit;
+/// after that the table is read from its log afresh.
+const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// The application metadata key of a commit's row counts (for the table's versions).
 pub(crate) const ROWS_ADDED: &str = "endpoints.rowsAdded";
 pub(crate) const ROWS_REMOVED: &str = "endpoints.rowsRemoved";
@@ -97,11 +112,14 @@ pub struct DeltaTables {
 #[derive(Debug)]
 struct Kept {
     log: LogStoreRef,
-    /// The table's state (its files, from the log), moved forward under this lock: by reading the commits after
-    /// it, or to the state a commit of this process left.
+    /// The table's state as delta-rs reads it (its files, from the log), on which replaces and compactions are
+    /// committed; moved forward under this lock by reading the commits after it (appends do not move it: they
+    /// keep `snapshot` instead), or to the state a replace or compaction of this process left.
     state: tokio::sync::Mutex<Option<DeltaTableState>>,
-    /// Its newest snapshot read.
-    snapshot: Mutex<Option<Arc<Snapshot>>>,
+    /// Taken by an append for its commit.
+    appending: tokio::sync::Mutex<()>,
+    /// Its newest snapshot read or made, and when it was last known to be the newest.
+    snapshot: Mutex<Option<(Arc<Snapshot>, std::time::Instant)>>,
 }
 
 /// Why a commit did not land.
@@ -137,6 +155,30 @@ impl Kept {
         }
     }
 
+    /// The newest snapshot this process read or made.
+    fn newest(&self) -> Option<Arc<Snapshot>> {
+        self.snapshot.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|(s, _)| Arc::clone(s))
+    }
+
+    /// The newest snapshot, when it was known to be the newest within [`RECHECK_AFTER`]: only then is the
+    /// commit after it sure to be in the log if it was made (the log's clean-up removes commits older than the
+    /// table's retention, days). Then the table is read afresh from the log.
+    fn checked_newest(&self) -> Option<Arc<Snapshot>> {
+        let kept = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.as_ref().filter(|(_, at)| at.elapsed() < RECHECK_AFTER).map(|(s, _)| Arc::clone(s))
+    }
+
+    /// Keeps `snapshot` when it is newer than the one kept, as known to be the newest now; answers the newest.
+    fn advance(&self, snapshot: Arc<Snapshot>) -> Arc<Snapshot> {
+        let mut kept = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
+        let newest = match kept.as_ref() {
+            Some((newer, _)) if newer.version >= snapshot.version => Arc::clone(newer),
+            _ => snapshot,
+        };
+        *kept = Some((Arc::clone(&newest), std::time::Instant::now()));
+        newest
+    }
+
     /// Takes the state a commit of this process left (the log is not read again for it).
     fn adopt(
         &self,
@@ -146,7 +188,7 @@ impl Kept {
     ) -> Result<(), CommitError> {
         let fresh = Arc::new(Snapshot::of(table, &done).map_err(|e| CommitError::storage(table, e))?);
         *state = Some(done);
-        *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = Some(fresh);
+        self.advance(fresh);
         Ok(())
     }
 }
@@ -167,7 +209,12 @@ impl DeltaTables {
         let location = self.url_of(table);
         let prefixed: Arc<dyn ObjectStore> =
             Arc::new(PrefixStore::new(Arc::clone(&self.store), table.clone()));
-        default_logstore(prefixed, Arc::clone(&self.url_store), &location, &StorageConfig::default())
+        log::ProbedLog::new(default_logstore(
+            prefixed,
+            Arc::clone(&self.url_store),
+            &location,
+            &StorageConfig::default(),
+        ))
     }
 
     fn kept(&self, table: &ObjectPath) -> Arc<Kept> {
@@ -176,6 +223,7 @@ impl DeltaTables {
             Arc::new(Kept {
                 log: self.log_store(table),
                 state: tokio::sync::Mutex::new(None),
+                appending: tokio::sync::Mutex::new(()),
                 snapshot: Mutex::new(None),
             })
         }))
@@ -201,7 +249,7 @@ impl DeltaTables {
     /// [`CommitError::Storage`].
     pub async fn snapshot(&self, table: &ObjectPath) -> Result<Option<Arc<Snapshot>>, CommitError> {
         let kept = self.kept(table);
-        let known = kept.snapshot.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let known = kept.checked_newest();
         if let Some(known) = known {
             let next = table.clone().join("_delta_log").join(format!("{:020}.json", known.version + 1));
             match self.store.head(&next).await {
@@ -209,33 +257,68 @@ impl DeltaTables {
                 Err(e) => return Err(CommitError::storage(table, e)),
                 Ok(_) => {}
             }
+            let latest =
+                kept.log.get_latest_version(known.version).await.map_err(|e| CommitError::storage(table, e))?;
+            if let Some(followed) = self.follow(table, &known, latest).await? {
+                return Ok(Some(kept.advance(Arc::new(followed))));
+            }
         }
         self.refresh(table, &kept).await
     }
 
-    /// Reads the table's log forward from what this process knows of it.
+    /// `base` moved to version `to` by the commits after it, when they only added and removed files (`None`
+    /// when one changed the columns or properties, or is no longer in the log: the log is read in full then).
+    /// Each commit is read once; the files of the version are not listed again.
+    async fn follow(&self, table: &ObjectPath, base: &Snapshot, to: u64) -> Result<Option<Snapshot>, CommitError> {
+        if to.saturating_sub(base.version) > CHECKPOINT_INTERVAL {
+            return Ok(None);
+        }
+        let mut next = base.clone();
+        for version in base.version + 1..=to {
+            let Some(actions) = self.actions(table, version).await? else { return Ok(None) };
+            let mut removed = std::collections::HashSet::new();
+            for action in actions {
+                match action {
+                    Action::Add(add) => next.files.push(changes::data_file(table, &add)),
+                    Action::Remove(gone) => {
+                        removed.insert(changes::location(table, &gone.path));
+                    }
+                    Action::Metadata(_) | Action::Protocol(_) => return Ok(None),
+                    Action::CommitInfo(info) => {
+                        next.committed_ms = info.in_commit_timestamp.or(info.timestamp).unwrap_or(next.committed_ms);
+                    }
+                    _ => {}
+                }
+            }
+            if !removed.is_empty() {
+                next.files.retain(|file| !removed.contains(&file.location));
+            }
+            next.version = version;
+        }
+        Ok(Some(next))
+    }
+
+    /// Reads the table's log forward from what this process knows of it, or afresh from its newest checkpoint
+    /// when that fails (the commits after the state it knows were cleaned up, or it knows none).
     async fn refresh(&self, table: &ObjectPath, kept: &Kept) -> Result<Option<Arc<Snapshot>>, CommitError> {
         let mut guard = kept.state.lock().await;
-        match guard.as_mut() {
-            Some(state) => {
-                state.update(kept.log.as_ref(), None).await.map_err(|e| CommitError::storage(table, e))?
+        let followed = match guard.as_mut() {
+            Some(state) => state.update(kept.log.as_ref(), None).await.is_ok(),
+            None => false,
+        };
+        if !followed {
+            if !self.exists(table).await? {
+                return Ok(None);
             }
-            None => {
-                if !self.exists(table).await? {
-                    return Ok(None);
-                }
-                let read = DeltaTableState::try_new(kept.log.as_ref(), None).await;
-                *guard = Some(read.map_err(|e| CommitError::storage(table, e))?);
-            }
+            let read = DeltaTableState::try_new(kept.log.as_ref(), None).await;
+            *guard = Some(read.map_err(|e| CommitError::storage(table, e))?);
         }
         let state = guard.as_ref().expect("the state was read above");
-        let known = kept.snapshot.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        if let Some(known) = known.filter(|known| known.version == state.version()) {
-            return Ok(Some(known));
+        if let Some(known) = kept.newest().filter(|known| known.version == state.version()) {
+            return Ok(Some(kept.advance(known)));
         }
         let fresh = Arc::new(Snapshot::of(table, state).map_err(|e| CommitError::storage(table, e))?);
-        *kept.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&fresh));
-        Ok(Some(fresh))
+        Ok(Some(kept.advance(fresh)))
     }
 
     /// The table as it was at `at_ms` (milliseconds since the Unix epoch): its newest version committed at or
@@ -289,11 +372,13 @@ impl DeltaTables {
         if self.snapshot(table).await?.is_none() {
             return Err(CommitError::NoTable(table.to_string()));
         }
-        let mut guard = kept.state.lock().await;
-        let Some(state) = guard.as_ref() else { return Err(CommitError::NoTable(table.to_string())) };
-        // Commits since the version the files were written for, up to the state the commit is based on: any
-        // that changed the metadata took the table. Those after it are checked by the commit itself.
-        for version in read + 1..=state.version() {
+        // One append of this process at a time (a replace or compaction reading the log in full, under the
+        // state's lock, does not hold appends up); the newest snapshot once it is this one's turn.
+        let _turn = kept.appending.lock().await;
+        let Some(mut base) = kept.newest() else { return Err(CommitError::NoTable(table.to_string())) };
+        // Commits since the version the files were written for, up to the snapshot the commit is based on: any
+        // that changed the metadata took the table. Those after it are followed below.
+        for version in read + 1..=base.version {
             let Some(actions) = self.actions(table, version).await? else {
                 return Err(CommitError::Replaced(table.to_string()));
             };
@@ -301,18 +386,65 @@ impl DeltaTables {
                 return Err(CommitError::Replaced(table.to_string()));
             }
         }
-        let actions = adds(table, files, true)?;
         let rows: u64 = files.iter().map(|f| f.rows).sum();
         let mut note = note;
         note.insert(ROWS_ADDED.into(), rows.into());
         let operation = DeltaOperation::Write { mode: SaveMode::Append, partition_by: None, predicate: None };
-        // Commits landing from here on are checked by the commit itself: a metadata change is a conflict.
-        let builder = CommitBuilder::from(commit_properties()).with_actions(actions).with_app_metadata(note);
-        match kept.commit(table, &mut guard, builder, operation).await {
-            Ok(version) => Ok(version),
-            Err(Failed::Conflict) => Err(CommitError::Replaced(table.to_string())),
-            Err(Failed::Error(err)) => Err(err),
+        let commit = CommitData::new(adds(table, files, true)?, operation, note, Vec::new());
+        let bytes = commit.get_bytes().map_err(|e| CommitError::storage(table, e))?;
+        let committed_ms = commit_time(&commit.actions).unwrap_or_else(now_ms);
+        for _ in 0..APPEND_ATTEMPTS {
+            let latest =
+                kept.log.get_latest_version(base.version).await.map_err(|e| CommitError::storage(table, e))?;
+            if latest > base.version {
+                // Commits of other processes: followed when they only add and remove files.
+                let Some(followed) = self.follow(table, &base, latest).await? else {
+                    return Err(CommitError::Replaced(table.to_string()));
+                };
+                base = Arc::new(followed);
+            }
+            let version = base.version + 1;
+            let entry = CommitOrBytes::LogBytes(bytes.clone());
+            match kept.log.write_commit_entry(version, entry, uuid::Uuid::new_v4()).await {
+                Ok(()) => {
+                    let mut next = Snapshot::clone(&base);
+                    next.version = version;
+                    next.committed_ms = committed_ms;
+                    next.files.extend(files.iter().map(|f| DataFile {
+                        location: f.location.clone(),
+                        size: f.size,
+                        rows: Some(f.rows),
+                        modified_ms: f.modified_ms,
+                    }));
+                    kept.advance(Arc::new(next));
+                    self.checkpoint_after(table, &kept, version);
+                    return Ok(version);
+                }
+                Err(TransactionError::VersionAlreadyExists(_)) => {}
+                Err(err) => return Err(CommitError::storage(table, err)),
+            }
         }
+        Err(CommitError::storage(table, format!("other writes kept landing first {APPEND_ATTEMPTS} times")))
+    }
+
+    /// Writes the table's checkpoint at `version` when the version is one of the interval's (every 100th
+    /// commit), in the background: a checkpoint reads every file of the table, which an append does not wait
+    /// for. Another node writing the same checkpoint writes the same content.
+    fn checkpoint_after(&self, table: &ObjectPath, kept: &Kept, version: u64) {
+        if !(version + 1).is_multiple_of(CHECKPOINT_INTERVAL) {
+            return;
+        }
+        let (log, table) = (Arc::clone(&kept.log), table.clone());
+        tokio::spawn(async move {
+            let mut delta = DeltaTable::new(log);
+            let written = match delta.load_version(version).await {
+                Ok(()) => create_checkpoint(&delta, None).await,
+                Err(err) => Err(err),
+            };
+            if let Err(err) = written {
+                tracing::warn!(%table, version, error = %err, "the table's checkpoint was not written");
+            }
+        });
     }
 
     /// Makes `files`, with columns `schema`, the table's whole content in one commit, creating the table when
@@ -441,7 +573,9 @@ impl DeltaTables {
         }
     }
 
-    /// Removes the files no version newer than `retention` reads (a vacuum); answers how many it removed.
+    /// Removes the files no version newer than `retention` reads (a vacuum), and the log's commits older than
+    /// `retention` that a checkpoint made unnecessary; answers how many data files it removed. (Commits do not
+    /// clean the log up themselves: that lists the whole log, on every commit.)
     ///
     /// # Errors
     /// [`CommitError::Storage`].
@@ -456,11 +590,16 @@ impl DeltaTables {
         }
         let mut delta = DeltaTable::new(Arc::clone(&kept.log));
         delta.load().await.map_err(|e| CommitError::storage(table, e))?;
+        let Some(version) = delta.version() else { return Ok(0) };
         let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
         let (_, metrics) = delta
             .vacuum()
             .with_retention_period(retention)
             .with_enforce_retention_duration(false)
+            .await
+            .map_err(|e| CommitError::storage(table, e))?;
+        let cutoff = now_ms().saturating_sub(retention.num_milliseconds());
+        cleanup_expired_logs_for(version, kept.log.as_ref(), cutoff, None)
             .await
             .map_err(|e| CommitError::storage(table, e))?;
         Ok(metrics.files_deleted.len())
@@ -470,7 +609,15 @@ impl DeltaTables {
 /// Checkpoints as the table's interval says (every 100 commits by default), so that opening a table reads one
 /// checkpoint and the commits after it.
 fn commit_properties() -> CommitProperties {
-    CommitProperties::default().with_create_checkpoint(true)
+    CommitProperties::default().with_create_checkpoint(true).with_cleanup_expired_logs(Some(false))
+}
+
+/// When a commit of `actions` says it was made.
+fn commit_time(actions: &[Action]) -> Option<i64> {
+    actions.iter().find_map(|action| match action {
+        Action::CommitInfo(info) => info.in_commit_timestamp.or(info.timestamp),
+        _ => None,
+    })
 }
 
 pub(crate) fn now_ms() -> i64 {

@@ -93,7 +93,7 @@ async fn a_replace_creates_the_table_and_appends_add_to_it_as_commits() {
 
 #[tokio::test]
 async fn concurrent_appends_of_two_nodes_all_land_exactly_once() {
-    let root = root(2);
+    let root = root(3);
     let first = file(&root.store, &["a"], &[0]).await;
     root.nodes[0].replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
     let mut files = Vec::new();
@@ -108,10 +108,18 @@ async fn concurrent_appends_of_two_nodes_all_land_exactly_once() {
     let mut versions: Vec<u64> = versions.into_iter().map(|v| v.expect("appended")).collect();
     versions.sort_unstable();
     assert_eq!(versions, (1..=40).collect::<Vec<u64>>(), "each append is a commit of its own");
-    for node in &root.nodes {
+    // Each node followed the other's commits one by one; a third reads the log afresh: the same files.
+    let fresh = root.nodes[2].snapshot(&table()).await.expect("read").expect("a table");
+    let mut expected: Vec<_> = fresh.files.iter().map(|f| (f.location.clone(), f.rows)).collect();
+    expected.sort();
+    assert_eq!((fresh.version, expected.len()), (40, 41));
+    for node in &root.nodes[..2] {
         let snapshot = node.snapshot(&table()).await.expect("read").expect("a table");
         assert_eq!(snapshot.version, 40);
         assert_eq!(snapshot.rows(), Some(41));
+        let mut files: Vec<_> = snapshot.files.iter().map(|f| (f.location.clone(), f.rows)).collect();
+        files.sort();
+        assert_eq!(files, expected);
     }
 }
 
@@ -307,7 +315,13 @@ async fn commits_are_checkpointed_so_another_process_opens_the_table_from_the_ch
     }
     let log = table().join("_delta_log");
     // Delta checkpoints every 100 commits: the state after the 100th commit (version 99).
+    // It is written in the background, after the commit returned.
     let checkpoint = log.clone().join("00000000000000000099.checkpoint.parquet");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while root.store.head(&log.clone().join("_last_checkpoint")).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint was written");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert!(root.store.head(&checkpoint).await.is_ok(), "a checkpoint at version 99");
     assert!(root.store.head(&log.clone().join("_last_checkpoint")).await.is_ok());
     // The commits before the checkpoint are not needed to open the table: without them it opens the same.
@@ -316,4 +330,28 @@ async fn commits_are_checkpointed_so_another_process_opens_the_table_from_the_ch
     }
     let opened = b.snapshot(&table()).await.expect("read").expect("a table");
     assert_eq!((opened.version, opened.rows(), opened.files.len()), (120, Some(121), 121));
+}
+
+#[tokio::test]
+async fn the_newest_version_is_found_from_any_version_before_it_even_past_a_clean_up() {
+    let root = root(1);
+    let tables = &root.nodes[0];
+    let first = file(&root.store, &["a"], &[0]).await;
+    tables.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    for i in 1..=37_u64 {
+        let appended = file(&root.store, &["a"], &[i64::try_from(i).expect("small")]).await;
+        tables.append(&table(), i - 1, &[appended], note()).await.expect("appended");
+    }
+    let log = tables.log_store(&table());
+    for start in 0..=37 {
+        assert_eq!(log.get_latest_version(start).await.expect("found"), 37, "from version {start}");
+    }
+    // From a version a clean-up removed, the log is listed as delta-rs does (which refuses a version it no
+    // longer has): the version before a gap is never taken for the newest.
+    for version in 0..10_u64 {
+        let entry = table().join("_delta_log").join(format!("{version:020}.json"));
+        root.store.delete(&entry).await.expect("removed");
+    }
+    assert!(log.get_latest_version(3).await.is_err());
+    assert_eq!(log.get_latest_version(10).await.expect("found"), 37);
 }
