@@ -80,8 +80,8 @@ pub struct NewFile {
 /// How many times a replace reads the table again when other commits keep landing before its own.
 const REPLACE_ATTEMPTS: usize = 64;
 
-/// How many times an append follows other commits landing before its own.
-const APPEND_ATTEMPTS: usize = 64;
+/// How many times an append or a compaction follows other commits landing before its own.
+const COMMIT_ATTEMPTS: usize = 64;
 
 /// Every how many commits a checkpoint is written (Delta's default `delta.checkpointInterval`); also the most
 /// commits a snapshot follows one by one before the log is read from its newest checkpoint instead.
@@ -116,7 +116,7 @@ struct Kept {
     /// committed; moved forward under this lock by reading the commits after it (appends do not move it: they
     /// keep `snapshot` instead), or to the state a replace or compaction of this process left.
     state: tokio::sync::Mutex<Option<DeltaTableState>>,
-    /// Taken by an append for its commit.
+    /// Taken by an append or a compaction for its commit.
     appending: tokio::sync::Mutex<()>,
     /// Its newest snapshot read or made, and when it was last known to be the newest.
     snapshot: Mutex<Option<(Arc<Snapshot>, std::time::Instant)>>,
@@ -276,24 +276,10 @@ impl DeltaTables {
         let mut next = base.clone();
         for version in base.version + 1..=to {
             let Some(actions) = self.actions(table, version).await? else { return Ok(None) };
-            let mut removed = std::collections::HashSet::new();
-            for action in actions {
-                match action {
-                    Action::Add(add) => next.files.push(changes::data_file(table, &add)),
-                    Action::Remove(gone) => {
-                        removed.insert(changes::location(table, &gone.path));
-                    }
-                    Action::Metadata(_) | Action::Protocol(_) => return Ok(None),
-                    Action::CommitInfo(info) => {
-                        next.committed_ms = info.in_commit_timestamp.or(info.timestamp).unwrap_or(next.committed_ms);
-                    }
-                    _ => {}
-                }
+            if actions.iter().any(|a| matches!(a, Action::Metadata(_) | Action::Protocol(_))) {
+                return Ok(None);
             }
-            if !removed.is_empty() {
-                next.files.retain(|file| !removed.contains(&file.location));
-            }
-            next.version = version;
+            apply(table, &mut next, version, &actions);
         }
         Ok(Some(next))
     }
@@ -375,7 +361,7 @@ impl DeltaTables {
         // One append of this process at a time (a replace or compaction reading the log in full, under the
         // state's lock, does not hold appends up); the newest snapshot once it is this one's turn.
         let _turn = kept.appending.lock().await;
-        let Some(mut base) = kept.newest() else { return Err(CommitError::NoTable(table.to_string())) };
+        let Some(base) = kept.newest() else { return Err(CommitError::NoTable(table.to_string())) };
         // Commits since the version the files were written for, up to the snapshot the commit is based on: any
         // that changed the metadata took the table. Those after it are followed below.
         for version in read + 1..=base.version {
@@ -391,40 +377,57 @@ impl DeltaTables {
         note.insert(ROWS_ADDED.into(), rows.into());
         let operation = DeltaOperation::Write { mode: SaveMode::Append, partition_by: None, predicate: None };
         let commit = CommitData::new(adds(table, files, true)?, operation, note, Vec::new());
+        // Appends of other nodes landing first are followed; nothing they can do is in the way of this one.
+        let landed = self.commit_next(table, &kept, base, &commit, |_| Ok(()), CommitError::Replaced).await?;
+        Ok(landed)
+    }
+
+    /// Makes `commit`, which adds and removes files only, the version after `base`, by a put-if-absent of its log
+    /// entry; when another commit took that version, the commits since are followed one by one and `admit` is
+    /// asked whether this one still holds on top of them (a change of columns or properties among them is
+    /// `refused`). Keeps the snapshot it leaves, built from `base` and the commit's actions (the log is not read
+    /// again), and answers its version.
+    async fn commit_next(
+        &self,
+        table: &ObjectPath,
+        kept: &Kept,
+        mut base: Arc<Snapshot>,
+        commit: &CommitData,
+        admit: impl Fn(&Snapshot) -> Result<(), CommitError>,
+        refused: fn(String) -> CommitError,
+    ) -> Result<u64, CommitError> {
+        if let Some(reason) = &base.unwritable {
+            return Err(CommitError::storage(table, reason.clone()));
+        }
+        admit(&base)?;
         let bytes = commit.get_bytes().map_err(|e| CommitError::storage(table, e))?;
-        let committed_ms = commit_time(&commit.actions).unwrap_or_else(now_ms);
-        for _ in 0..APPEND_ATTEMPTS {
-            let latest =
-                kept.log.get_latest_version(base.version).await.map_err(|e| CommitError::storage(table, e))?;
-            if latest > base.version {
-                // Commits of other processes: followed when they only add and remove files.
-                let Some(followed) = self.follow(table, &base, latest).await? else {
-                    return Err(CommitError::Replaced(table.to_string()));
-                };
-                base = Arc::new(followed);
-            }
+        for _ in 0..COMMIT_ATTEMPTS {
             let version = base.version + 1;
             let entry = CommitOrBytes::LogBytes(bytes.clone());
             match kept.log.write_commit_entry(version, entry, uuid::Uuid::new_v4()).await {
                 Ok(()) => {
                     let mut next = Snapshot::clone(&base);
-                    next.version = version;
-                    next.committed_ms = committed_ms;
-                    next.files.extend(files.iter().map(|f| DataFile {
-                        location: f.location.clone(),
-                        size: f.size,
-                        rows: Some(f.rows),
-                        modified_ms: f.modified_ms,
-                    }));
+                    apply(table, &mut next, version, &commit.actions);
                     kept.advance(Arc::new(next));
-                    self.checkpoint_after(table, &kept, version);
+                    self.checkpoint_after(table, kept, version);
                     return Ok(version);
                 }
-                Err(TransactionError::VersionAlreadyExists(_)) => {}
+                Err(TransactionError::VersionAlreadyExists(_)) => {
+                    let latest = kept
+                        .log
+                        .get_latest_version(version)
+                        .await
+                        .map_err(|e| CommitError::storage(table, e))?;
+                    let Some(followed) = self.follow(table, &base, latest).await? else {
+                        return Err(refused(table.to_string()));
+                    };
+                    base = kept.advance(Arc::new(followed));
+                    admit(&base)?;
+                }
                 Err(err) => return Err(CommitError::storage(table, err)),
             }
         }
-        Err(CommitError::storage(table, format!("other writes kept landing first {APPEND_ATTEMPTS} times")))
+        Err(CommitError::storage(table, format!("other writes kept landing first {COMMIT_ATTEMPTS} times")))
     }
 
     /// Writes the table's checkpoint at `version` when the version is one of the interval's (every 100th
@@ -544,19 +547,12 @@ impl DeltaTables {
         added: &[NewFile],
     ) -> Result<u64, CommitError> {
         let kept = self.kept(table);
-        if self.refresh(table, &kept).await?.is_none() {
+        if self.snapshot(table).await?.is_none() {
             return Err(CommitError::NoTable(table.to_string()));
         }
-        let mut guard = kept.state.lock().await;
-        let Some(state) = guard.as_ref() else { return Err(CommitError::NoTable(table.to_string())) };
-        // Every file merged must still be the table's in the state the commit is made on (a replace since took
-        // them); commits landing after it are checked by the commit itself.
-        let latest = Snapshot::of(table, state).map_err(|e| CommitError::storage(table, e))?;
-        let present: std::collections::HashSet<&ObjectPath> =
-            latest.files.iter().map(|f| &f.location).collect();
-        if removed.iter().any(|file| !present.contains(&file.location)) {
-            return Err(CommitError::Conflict(table.to_string()));
-        }
+        // In turn with this process's appends.
+        let _turn = kept.appending.lock().await;
+        let Some(base) = kept.newest() else { return Err(CommitError::NoTable(table.to_string())) };
         let now = now_ms();
         let mut actions: Vec<Action> = removed.iter().map(|file| remove(table, file, false, now)).collect();
         actions.extend(adds(table, added, false)?);
@@ -565,12 +561,19 @@ impl DeltaTables {
             predicate: None,
             target_size: i64::try_from(target_size).unwrap_or(i64::MAX),
         };
-        let builder = CommitBuilder::from(commit_properties()).with_actions(actions);
-        match kept.commit(table, &mut guard, builder, operation).await {
-            Ok(version) => Ok(version),
-            Err(Failed::Conflict) => Err(CommitError::Conflict(table.to_string())),
-            Err(Failed::Error(err)) => Err(err),
-        }
+        let commit = CommitData::new(actions, operation, HashMap::new(), Vec::new());
+        // Every file merged must still be the table's in the version the commit follows (a replace since took
+        // them); appends landing first are kept.
+        let still_there = |version: &Snapshot| {
+            let present: std::collections::HashSet<&ObjectPath> =
+                version.files.iter().map(|f| &f.location).collect();
+            if removed.iter().all(|file| present.contains(&file.location)) {
+                Ok(())
+            } else {
+                Err(CommitError::Conflict(table.to_string()))
+            }
+        };
+        self.commit_next(table, &kept, base, &commit, still_there, CommitError::Conflict).await
     }
 
     /// Removes the files no version newer than `retention` reads (a vacuum), and the log's commits older than
@@ -612,12 +615,25 @@ fn commit_properties() -> CommitProperties {
     CommitProperties::default().with_create_checkpoint(true).with_cleanup_expired_logs(Some(false))
 }
 
-/// When a commit of `actions` says it was made.
-fn commit_time(actions: &[Action]) -> Option<i64> {
-    actions.iter().find_map(|action| match action {
-        Action::CommitInfo(info) => info.in_commit_timestamp.or(info.timestamp),
-        _ => None,
-    })
+/// Moves `snapshot` to `version` by a commit of `actions` that adds and removes files only.
+fn apply(table: &ObjectPath, snapshot: &mut Snapshot, version: u64, actions: &[Action]) {
+    let mut removed = std::collections::HashSet::new();
+    for action in actions {
+        match action {
+            Action::Add(add) => snapshot.files.push(changes::data_file(table, add)),
+            Action::Remove(gone) => {
+                removed.insert(changes::location(table, &gone.path));
+            }
+            Action::CommitInfo(info) => {
+                snapshot.committed_ms = info.in_commit_timestamp.or(info.timestamp).unwrap_or(snapshot.committed_ms);
+            }
+            _ => {}
+        }
+    }
+    if !removed.is_empty() {
+        snapshot.files.retain(|file| !removed.contains(&file.location));
+    }
+    snapshot.version = version;
 }
 
 pub(crate) fn now_ms() -> i64 {

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use deltalake::kernel::transaction::PROTOCOL;
 use deltalake::kernel::{Metadata, Protocol, StructType};
 use deltalake::table::state::DeltaTableState;
 use object_store::path::Path as ObjectPath;
@@ -34,6 +35,8 @@ pub struct Snapshot {
     pub created_ms: Option<i64>,
     /// Its properties (the metadata's configuration).
     pub properties: HashMap<String, String>,
+    /// Why delta-rs may not write to the table (a table feature of another writer it does not support).
+    pub(crate) unwritable: Option<String>,
 }
 
 impl Snapshot {
@@ -59,6 +62,7 @@ impl Snapshot {
             committed_ms: state.version_timestamp(version).unwrap_or(0),
             created_ms: state.metadata().created_time(),
             properties: state.metadata().configuration().clone(),
+            unwritable: PROTOCOL.can_write_to(state).err().map(|err| err.to_string()),
         })
     }
 
