@@ -34,8 +34,6 @@ const FULL_FILE_ROWS: u64 = 128 * 1024;
 const MERGED_FILE_ROWS: u64 = 1024 * 1024;
 /// A table is compacted once it has this many small files.
 pub(crate) const MIN_SMALL_FILES: usize = 8;
-/// How long files no version reads stay for the runs and readers of older versions (`--table-retention`).
-pub(crate) const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The name merged files start with: the record's `last_compacted_at` is the newest of them.
 const COMPACTED: &str = "compacted-";
 
@@ -81,7 +79,7 @@ impl Appended {
 
 /// Compacts a table if its newest version has [`MIN_SMALL_FILES`] small files; `None` when there was nothing to
 /// do, or a replace took the files meanwhile. The caller holds the table's lease; with `sweep`, files no version
-/// within [`RETENTION`] reads are removed first (a vacuum).
+/// within the table retention reads are removed first (a vacuum).
 ///
 /// Files with rows of an append not answered yet (`keep`) keep their names, so that a retry finds them.
 pub(crate) async fn compact(
@@ -94,7 +92,7 @@ pub(crate) async fn compact(
 ) -> Result<Option<Compaction>, EngineError> {
     let prefix = table_prefix(project, table);
     if sweep {
-        match storage.tables().vacuum(&prefix, RETENTION).await {
+        match storage.tables().vacuum(&prefix, storage.table_retention()).await {
             Ok(0) => {}
             Ok(removed) => tracing::info!(%project, table, removed, "vacuumed a table's unread files"),
             Err(err) => tracing::warn!(%project, table, error = %err, "cannot vacuum a table"),

@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use datafusion::execution::runtime_env::RuntimeEnv;
 use domain::EngineError;
@@ -58,6 +59,16 @@ pub struct Storage {
     scanned: VersionSchemas,
     /// The project tables, as Delta tables, with the snapshot of each this process read.
     tables: Arc<DeltaTables>,
+    /// How long files no version reads any more, and commits a checkpoint made unnecessary, are kept for
+    /// readers of older versions (`--table-retention`).
+    retention: Duration,
+}
+
+impl Storage {
+    /// The table retention unless one is set: a week.
+    pub const DEFAULT_TABLE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+    /// The shortest table retention: a run or a reader of the version before a compaction has this long.
+    pub const MIN_TABLE_RETENTION: Duration = Duration::from_secs(3600);
 }
 
 /// The columns of table versions, by prefix.
@@ -94,6 +105,7 @@ impl Storage {
             schemas: version_schemas(),
             scanned: version_schemas(),
             tables: Arc::new(tables),
+            retention: Self::DEFAULT_TABLE_RETENTION,
         })
     }
 
@@ -137,6 +149,7 @@ impl Storage {
                     schemas: version_schemas(),
                     scanned: version_schemas(),
                     tables: Arc::new(tables),
+            retention: Self::DEFAULT_TABLE_RETENTION,
                 })
             }
             _ => Err(StorageError::Unsupported(raw.into())),
@@ -160,6 +173,7 @@ impl Storage {
             schemas: version_schemas(),
             scanned: version_schemas(),
             tables: Arc::new(tables),
+            retention: Self::DEFAULT_TABLE_RETENTION,
         }
     }
 
@@ -172,6 +186,17 @@ impl Storage {
         self.sources =
             Arc::new(Sources::allowing(prefixes, self.local_root.as_deref()).map_err(StorageError::Source)?);
         Ok(self)
+    }
+
+    /// The same storage, keeping what no version reads any more for `retention` (at least an hour).
+    #[must_use]
+    pub fn retaining_tables_for(mut self, retention: Duration) -> Self {
+        self.retention = retention.max(Self::MIN_TABLE_RETENTION);
+        self
+    }
+
+    pub(crate) fn table_retention(&self) -> Duration {
+        self.retention
     }
 
     pub(crate) fn sources(&self) -> &Sources {

@@ -42,6 +42,8 @@ pub struct Config {
     pub upload_limit: u64,
     /// Prefixes of external sources tables may read besides the storage's bucket (`--allow-source`).
     pub allowed_sources: Vec<String>,
+    /// How long table files no version reads any more are kept (`--table-retention`).
+    pub table_retention: std::time::Duration,
     /// The largest page a run may write as CSV, NDJSON, Parquet or Arrow, in rows.
     pub export_limit: u32,
     /// Request rate limits per key and per project; off unless set (`serve` sets its defaults).
@@ -91,6 +93,7 @@ impl Config {
             upload_limit: http_actix::DEFAULT_UPLOAD_LIMIT,
             export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
             allowed_sources: Vec::new(),
+            table_retention: query_engine::Storage::DEFAULT_TABLE_RETENTION,
             run_log: Some(RunLogConfig::default()),
         }
     }
@@ -104,7 +107,7 @@ impl Config {
             Some(location) => query_engine::Storage::open(location)?,
             None => query_engine::Storage::local(&self.data_dir)?,
         };
-        storage.allowing_sources(&self.allowed_sources)
+        Ok(storage.allowing_sources(&self.allowed_sources)?.retaining_tables_for(self.table_retention))
     }
 
     /// The database URL in force.

@@ -62,6 +62,10 @@ pub struct ServeArgs {
         value_name = "PREFIX"
     )]
     pub allow_sources: Vec<String>,
+    /// How long table files no version reads any more (after a replace or a compaction), and log entries a
+    /// checkpoint made unnecessary, are kept for readers of older versions (humantime: 7d, 36h; at least 1h).
+    #[arg(long, env = "ENDPOINTS_TABLE_RETENTION", default_value = "7d", value_parser = table_retention)]
+    pub table_retention: Duration,
     /// Live queries one project may run at once (429 with Retry-After beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_QUERIES_PER_PROJECT", default_value_t = 4, value_parser = positive_usize())]
     pub max_queries_per_project: usize,
@@ -126,6 +130,15 @@ pub struct ServeArgs {
     pub no_run_log: bool,
 }
 
+/// A table retention: a duration of at least an hour.
+fn table_retention(raw: &str) -> Result<Duration, String> {
+    let retention = super::positive_duration(raw)?;
+    if retention < query_engine::Storage::MIN_TABLE_RETENTION {
+        return Err("the table retention is at least 1h: readers of a version before a compaction need it".into());
+    }
+    Ok(retention)
+}
+
 /// A whole number of at least one.
 fn positive() -> RangedU64ValueParser<u64> {
     RangedU64ValueParser::new().range(1..)
@@ -173,6 +186,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.export_limit = args.max_export_rows;
     config.limits.export_bytes = args.max_export_bytes.as_u64();
     config.allowed_sources = args.allow_sources;
+    config.table_retention = args.table_retention;
     config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
     config.flush_interval = Duration::from_secs(args.flush_secs);
     config.worker.parallelism = args.materialize_workers;
