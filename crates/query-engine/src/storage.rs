@@ -149,7 +149,7 @@ impl Storage {
                     schemas: version_schemas(),
                     scanned: version_schemas(),
                     tables: Arc::new(tables),
-            retention: Self::DEFAULT_TABLE_RETENTION,
+                    retention: Self::DEFAULT_TABLE_RETENTION,
                 })
             }
             _ => Err(StorageError::Unsupported(raw.into())),

@@ -209,7 +209,7 @@ impl DeltaTables {
         let location = self.url_of(table);
         let prefixed: Arc<dyn ObjectStore> =
             Arc::new(PrefixStore::new(Arc::clone(&self.store), table.clone()));
-        log::ProbedLog::new(default_logstore(
+        log::ProbedLog::wrapping(default_logstore(
             prefixed,
             Arc::clone(&self.url_store),
             &location,
@@ -257,8 +257,11 @@ impl DeltaTables {
                 Err(e) => return Err(CommitError::storage(table, e)),
                 Ok(_) => {}
             }
-            let latest =
-                kept.log.get_latest_version(known.version).await.map_err(|e| CommitError::storage(table, e))?;
+            let latest = kept
+                .log
+                .get_latest_version(known.version)
+                .await
+                .map_err(|e| CommitError::storage(table, e))?;
             if let Some(followed) = self.follow(table, &known, latest).await? {
                 return Ok(Some(kept.advance(Arc::new(followed))));
             }
@@ -269,7 +272,12 @@ impl DeltaTables {
     /// `base` moved to version `to` by the commits after it, when they only added and removed files (`None`
     /// when one changed the columns or properties, or is no longer in the log: the log is read in full then).
     /// Each commit is read once; the files of the version are not listed again.
-    async fn follow(&self, table: &ObjectPath, base: &Snapshot, to: u64) -> Result<Option<Snapshot>, CommitError> {
+    async fn follow(
+        &self,
+        table: &ObjectPath,
+        base: &Snapshot,
+        to: u64,
+    ) -> Result<Option<Snapshot>, CommitError> {
         if to.saturating_sub(base.version) > CHECKPOINT_INTERVAL {
             return Ok(None);
         }
@@ -434,7 +442,7 @@ impl DeltaTables {
     /// commit), in the background: a checkpoint reads every file of the table, which an append does not wait
     /// for. Another node writing the same checkpoint writes the same content.
     fn checkpoint_after(&self, table: &ObjectPath, kept: &Kept, version: u64) {
-        if !(version + 1).is_multiple_of(CHECKPOINT_INTERVAL) {
+        if (version + 1) % CHECKPOINT_INTERVAL != 0 {
             return;
         }
         let (log, table) = (Arc::clone(&kept.log), table.clone());
@@ -625,7 +633,8 @@ fn apply(table: &ObjectPath, snapshot: &mut Snapshot, version: u64, actions: &[A
                 removed.insert(changes::location(table, &gone.path));
             }
             Action::CommitInfo(info) => {
-                snapshot.committed_ms = info.in_commit_timestamp.or(info.timestamp).unwrap_or(snapshot.committed_ms);
+                snapshot.committed_ms =
+                    info.in_commit_timestamp.or(info.timestamp).unwrap_or(snapshot.committed_ms);
             }
             _ => {}
         }

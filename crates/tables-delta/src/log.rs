@@ -26,7 +26,7 @@ pub(crate) struct ProbedLog {
 }
 
 impl ProbedLog {
-    pub(crate) fn new(inner: LogStoreRef) -> LogStoreRef {
+    pub(crate) fn wrapping(inner: LogStoreRef) -> LogStoreRef {
         Arc::new(Self { inner })
     }
 
@@ -76,7 +76,11 @@ impl LogStore for ProbedLog {
     /// a commit it keeps, so every commit after a kept one exists up to the newest.
     async fn get_latest_version(&self, start: Version) -> DeltaResult<Version> {
         if !self.has(start + 1).await? {
-            return if self.has(start).await? { Ok(start) } else { self.inner.get_latest_version(start).await };
+            return if self.has(start).await? {
+                Ok(start)
+            } else {
+                self.inner.get_latest_version(start).await
+            };
         }
         // `known` exists; `missing` does not (once found).
         let (mut known, mut step) = (start + 1, 1);

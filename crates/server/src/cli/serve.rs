@@ -134,7 +134,9 @@ pub struct ServeArgs {
 fn table_retention(raw: &str) -> Result<Duration, String> {
     let retention = super::positive_duration(raw)?;
     if retention < query_engine::Storage::MIN_TABLE_RETENTION {
-        return Err("the table retention is at least 1h: readers of a version before a compaction need it".into());
+        return Err(
+            "the table retention is at least 1h: readers of a version before a compaction need it".into()
+        );
     }
     Ok(retention)
 }
