@@ -138,6 +138,7 @@ pub(crate) fn object_meta(file: &DataFile) -> ObjectMeta {
 pub(crate) fn table_error(err: CommitError) -> EngineError {
     match err {
         CommitError::Storage { .. } => EngineError::Unavailable(Box::new(err)),
+        CommitError::Columns { reason, .. } => EngineError::InvalidQuery(reason),
         other => EngineError::Internal(Box::new(other)),
     }
 }

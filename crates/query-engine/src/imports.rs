@@ -97,6 +97,9 @@ pub enum ImportError {
     SchemaMismatch { path: PathBuf, table: String, reason: String },
     #[error("table '{0}' reads an external source where it is: add rows there, or replace the table with an import")]
     External(String),
+    /// Columns a table cannot have; the text says which.
+    #[error("{0}")]
+    Columns(String),
     #[error("cannot write the table: {0}")]
     Write(String),
 }
@@ -384,10 +387,12 @@ impl Destination {
                 };
                 let created_ms = self.created.then(|| chrono::Utc::now().timestamp_millis());
                 let schema = plain(schema);
-                tables
-                    .replace(&self.table, &schema, &files, &HashMap::new(), created_ms)
-                    .await
-                    .map_err(|err| ImportError::Write(err.to_string()))?;
+                tables.replace(&self.table, &schema, &files, &HashMap::new(), created_ms).await.map_err(
+                    |err| match err {
+                        CommitError::Columns { reason, .. } => ImportError::Columns(reason),
+                        other => ImportError::Write(other.to_string()),
+                    },
+                )?;
                 Ok(Published::Done { created: self.created })
             }
         }
@@ -558,6 +563,7 @@ impl From<ImportError> for StagedError {
     fn from(err: ImportError) -> Self {
         match err {
             ImportError::External(_) => Self::External,
+            ImportError::Columns(reason) => Self::Invalid(reason),
             other => Self::Write(other.to_string()),
         }
     }
@@ -598,7 +604,7 @@ pub(crate) async fn import_staged(
             }
         };
         let note = tag.map_or_else(HashMap::new, |tag| appends_note(&[TaggedAppend { rows, ..tag.clone() }]));
-        match target.publish(storage, note).await.map_err(|e| StagedError::Write(e.to_string()))? {
+        match target.publish(storage, note).await.map_err(StagedError::from)? {
             Published::Done { created } => return Ok((rows, created)),
             Published::Again => target.discard(storage).await,
         }

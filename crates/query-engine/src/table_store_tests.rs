@@ -148,6 +148,27 @@ async fn a_parquet_upload_keeps_its_types() {
 }
 
 #[tokio::test]
+async fn a_parquet_upload_with_columns_a_delta_table_cannot_have_is_refused_saying_which() {
+    let (engine, dir) = engine().await;
+    let schema = Arc::new(Schema::new(vec![Field::new("amount", DataType::Decimal256(40, 2), true)]));
+    let amounts =
+        datafusion::arrow::array::Decimal256Array::from(vec![None::<datafusion::arrow::datatypes::i256>])
+            .with_precision_and_scale(40, 2)
+            .unwrap();
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(amounts)]).unwrap();
+    let mut bytes = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut bytes, schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let refused =
+        engine.write(project(), &sales(), upload(TableFormat::Parquet, WriteMode::Replace, &bytes)).await;
+    let reason = invalid(refused);
+    assert!(reason.contains("Decimal256(40, 2)") && !reason.contains("projects/"), "{reason}");
+    assert!(TableStore::get(&engine, project(), &sales()).await.unwrap().is_none());
+    nothing_staged(&dir);
+}
+
+#[tokio::test]
 async fn a_failed_upload_leaves_the_table_as_it_was_and_nothing_staged() {
     let (engine, dir) = engine().await;
     engine.write(project(), &sales(), csv("country,amount\nUS,1.5\n")).await.unwrap();

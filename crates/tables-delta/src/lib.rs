@@ -55,6 +55,10 @@ pub enum CommitError {
     /// The files a compaction merged are no longer the table's (a replace took them).
     #[error("table {0} changed while it was compacted")]
     Conflict(String),
+    /// The columns cannot be a Delta table's (a type the protocol has no counterpart for, such as a decimal of
+    /// more than 38 digits).
+    #[error("table {table}: {reason}")]
+    Columns { table: String, reason: String },
     /// The storage or the log could not be read or written.
     #[error("table {table}: {source}")]
     Storage { table: String, source: Box<dyn std::error::Error + Send + Sync> },
@@ -474,8 +478,15 @@ impl DeltaTables {
         properties: &HashMap<String, String>,
         created_ms: Option<i64>,
     ) -> Result<(u64, bool), CommitError> {
-        let kernel: StructType =
-            (&snapshot::loggable(schema)).try_into_kernel().map_err(|e| CommitError::storage(table, e))?;
+        let kernel: StructType = (&snapshot::loggable(schema)).try_into_kernel().map_err(|err| {
+            // The kernel's message, without the backtrace it carries on the following lines.
+            let text = err.to_string();
+            let reason = text.lines().next().unwrap_or_default();
+            CommitError::Columns {
+                table: table.to_string(),
+                reason: format!("the columns cannot be a Delta table's: {}", reason.trim()),
+            }
+        })?;
         let rows: u64 = files.iter().map(|f| f.rows).sum();
         let kept = self.kept(table);
         for _ in 0..REPLACE_ATTEMPTS {

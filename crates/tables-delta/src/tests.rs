@@ -355,3 +355,21 @@ async fn the_newest_version_is_found_from_any_version_before_it_even_past_a_clea
     assert!(log.get_latest_version(3).await.is_err());
     assert_eq!(log.get_latest_version(10).await.expect("found"), 37);
 }
+
+#[tokio::test]
+async fn columns_a_delta_table_cannot_have_are_refused_saying_which() {
+    let root = root(1);
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("amount", DataType::Decimal256(40, 2), true),
+    ]);
+    let refused = root.nodes[0].replace(&table(), &schema, &[], &HashMap::new(), None).await;
+    match refused {
+        Err(CommitError::Columns { reason, .. }) => {
+            assert!(reason.contains("Decimal256(40, 2)"), "{reason}");
+            assert!(!reason.contains('\n'), "one line, no backtrace: {reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(root.nodes[0].snapshot(&table()).await.expect("read").is_none(), "nothing was committed");
+}
