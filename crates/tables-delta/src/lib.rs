@@ -91,6 +91,9 @@ const COMMIT_ATTEMPTS: usize = 64;
 /// commits a snapshot follows one by one before the log is read from its newest checkpoint instead.
 const CHECKPOINT_INTERVAL: u64 = 100;
 
+/// How many tables a process keeps before it forgets those not read within [`RECHECK_AFTER`].
+const KEPT_TABLES: usize = 1024;
+
 /// How long a snapshot known to be the table's newest is followed by existence checks of the next commit;
 /// after that the table is read from its log afresh.
 const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -223,6 +226,10 @@ impl DeltaTables {
 
     fn kept(&self, table: &ObjectPath) -> Arc<Kept> {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() >= KEPT_TABLES && !kept.contains_key(table) {
+            // Tables not read for a while, and not in use now, are read afresh when they are read again.
+            kept.retain(|_, table| Arc::strong_count(table) > 1 || table.checked_newest().is_some());
+        }
         Arc::clone(kept.entry(table.clone()).or_insert_with(|| {
             Arc::new(Kept {
                 log: self.log_store(table),
@@ -231,11 +238,6 @@ impl DeltaTables {
                 snapshot: Mutex::new(None),
             })
         }))
-    }
-
-    /// Forgets what this process keeps of the table (after it was deleted).
-    pub fn forget(&self, table: &ObjectPath) {
-        self.kept.lock().unwrap_or_else(PoisonError::into_inner).remove(table);
     }
 
     /// Whether the prefix holds a Delta table (a commit in its log).

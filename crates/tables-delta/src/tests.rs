@@ -373,3 +373,18 @@ async fn columns_a_delta_table_cannot_have_are_refused_saying_which() {
     }
     assert!(root.nodes[0].snapshot(&table()).await.expect("read").is_none(), "nothing was committed");
 }
+
+#[tokio::test]
+async fn a_process_keeps_a_bounded_number_of_tables_it_does_not_use() {
+    let root = root(1);
+    let tables = &root.nodes[0];
+    let first = file(&root.store, &["a"], &[1]).await;
+    tables.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    for i in 0..KEPT_TABLES + 100 {
+        let missing = ObjectPath::from(format!("projects/2/tables/t{i}"));
+        assert!(tables.snapshot(&missing).await.expect("read").is_none());
+    }
+    let kept = tables.kept.lock().expect("not poisoned");
+    assert!(kept.len() <= KEPT_TABLES, "{} tables kept", kept.len());
+    assert!(kept.contains_key(&table()), "a table read within the hour is kept");
+}
