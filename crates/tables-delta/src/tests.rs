@@ -388,3 +388,22 @@ async fn a_process_keeps_a_bounded_number_of_tables_it_does_not_use() {
     assert!(kept.len() <= KEPT_TABLES, "{} tables kept", kept.len());
     assert!(kept.contains_key(&table()), "a table read within the hour is kept");
 }
+
+#[tokio::test]
+async fn a_node_far_behind_another_reads_the_log_instead_of_following_each_commit() {
+    let root = root(2);
+    let (a, b) = (&root.nodes[0], &root.nodes[1]);
+    let first = file(&root.store, &["a"], &[0]).await;
+    a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    assert_eq!(b.snapshot(&table()).await.expect("read").expect("table").version, 0);
+    let far = CHECKPOINT_INTERVAL + 20;
+    for i in 1..=far {
+        let appended = file(&root.store, &["a"], &[i64::try_from(i).expect("small")]).await;
+        a.append(&table(), i - 1, &[appended], note()).await.expect("appended");
+    }
+    let seen = b.snapshot(&table()).await.expect("read").expect("table");
+    assert_eq!((seen.version, seen.rows(), seen.files.len()), (far, Some(far + 1), 121));
+    // And b's own append lands after them.
+    let last = file(&root.store, &["a"], &[7]).await;
+    assert_eq!(b.append(&table(), far, &[last], note()).await.expect("appended"), far + 1);
+}
