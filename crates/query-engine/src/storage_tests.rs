@@ -236,6 +236,27 @@ async fn tables_of_every_earlier_layout_become_delta_tables_with_the_same_rows()
 }
 
 #[tokio::test]
+async fn two_nodes_starting_together_convert_a_table_once() {
+    let version = "v-6f1c3d5e-8b5a-4a2e-9a53-5b2d1f7e9c01";
+    let store = Arc::new(InMemory::new());
+    legacy(&store, version, &[("/p.parquet", &[1, 2, 3])], None).await;
+    legacy(&store, "", &[], Some(&format!("{version}\n2025-11-26T10:00:00Z\n"))).await;
+    // Two processes: each its own storage (and kept snapshots) on the one store.
+    let node = || Storage::from_store(Arc::clone(&store) as Arc<dyn ObjectStore>, "memory:///");
+    let (a, b) = (crate::tests::engine_on(node()).await, crate::tests::engine_on(node()).await);
+    let (first, second) = futures_util::future::join(a.upgrade_tables(), b.upgrade_tables()).await;
+    let converted = [first.unwrap().converted, second.unwrap().converted].concat();
+    assert_eq!(converted, vec!["7/things".to_owned()], "converted by one of them");
+    assert_eq!(total(&a).await, r#"[{"n":3,"s":6}]"#);
+    let log: Vec<String> = objects(&store)
+        .await
+        .into_iter()
+        .filter(|o| o.contains("_delta_log/") && o.ends_with(".json"))
+        .collect();
+    assert_eq!(log.len(), 1, "one commit: {log:?}");
+}
+
+#[tokio::test]
 async fn an_earlier_pointer_that_names_no_version_is_an_error_not_a_path() {
     let (storage, store) = memory();
     let engine = crate::tests::engine_on(storage).await;

@@ -149,7 +149,10 @@ async fn convert(storage: &Storage, prefix: &ObjectPath) -> Result<bool, EngineE
         added.push(NewFile { location: meta.location.clone(), size: meta.size, rows, modified_ms });
     }
     let created_ms = created_ms.or_else(|| Some(chrono::Utc::now().timestamp_millis()));
-    tables.replace(prefix, &schema, &added, &properties, created_ms).await.map_err(table_error)?;
+    // Created only if no other process (a node starting at the same time) converted it meanwhile.
+    if tables.create(prefix, &schema, &added, &properties, created_ms).await.map_err(table_error)?.is_none() {
+        return Ok(false);
+    }
     // The table is a Delta table now; what the earlier layout kept beside its files goes.
     let named: Vec<&ObjectPath> = added.iter().map(|f| &f.location).collect();
     remove_leftovers(storage, prefix, &named).await;

@@ -487,6 +487,36 @@ impl DeltaTables {
         properties: &HashMap<String, String>,
         created_ms: Option<i64>,
     ) -> Result<(u64, bool), CommitError> {
+        let written = self.write_whole(table, (schema, files, properties), created_ms, false).await?;
+        Ok(written.expect("a replace commits over a table that is there"))
+    }
+
+    /// Creates the table with `files`, as [`DeltaTables::replace`] does when there is none; `None` (nothing
+    /// committed) when there is a table already, also one another node created meanwhile. How one table is
+    /// converted from an earlier layout exactly once by nodes starting together.
+    ///
+    /// # Errors
+    /// [`CommitError::Columns`], [`CommitError::Storage`].
+    pub async fn create(
+        &self,
+        table: &ObjectPath,
+        schema: &Schema,
+        files: &[NewFile],
+        properties: &HashMap<String, String>,
+        created_ms: Option<i64>,
+    ) -> Result<Option<u64>, CommitError> {
+        let written = self.write_whole(table, (schema, files, properties), created_ms, true).await?;
+        Ok(written.map(|(version, _)| version))
+    }
+
+    /// A replace, or with `only_new` a creation that leaves a table that is there as it is (`None`).
+    async fn write_whole(
+        &self,
+        table: &ObjectPath,
+        (schema, files, properties): (&Schema, &[NewFile], &HashMap<String, String>),
+        created_ms: Option<i64>,
+        only_new: bool,
+    ) -> Result<Option<(u64, bool)>, CommitError> {
         let kernel: StructType = (&snapshot::loggable(schema)).try_into_kernel().map_err(|err| {
             // The kernel's message, without the backtrace it carries on the following lines.
             let text = err.to_string();
@@ -520,6 +550,7 @@ impl DeltaTables {
                     };
                     (actions, operation)
                 }
+                Some(_) if only_new => return Ok(None),
                 Some(current) => {
                     let Some(state) = guard.as_ref() else { continue };
                     let mut actions = Vec::new();
@@ -554,7 +585,7 @@ impl DeltaTables {
                 .with_app_metadata(note)
                 .with_max_retries(0);
             match kept.commit(table, &mut guard, builder, operation).await {
-                Ok(version) => return Ok((version, current.is_none())),
+                Ok(version) => return Ok(Some((version, current.is_none()))),
                 Err(Failed::Conflict) => continue,
                 Err(Failed::Error(err)) => return Err(err),
             }
