@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use domain::{Claim, RefreshOutcome, RefreshService, TableMaintenance};
+use domain::{Claim, CompactionOutcome, RefreshOutcome, RefreshService, TableMaintenance};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
@@ -135,6 +135,34 @@ async fn refresh(
     }
 }
 
+/// One compaction, with the table's lease renewed every third of its length while it runs (a large merge can
+/// take longer than a lease). A lease another process took meanwhile drops the compaction: nothing it wrote is
+/// committed (its files are left to the vacuum). `None` when the server stops.
+async fn compact_renewing(
+    maintenance: &TableMaintenance,
+    project: domain::ProjectId,
+    table: &domain::TableName,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<CompactionOutcome> {
+    let mut work = std::pin::pin!(maintenance.compact(project, table));
+    let mut beat = tokio::time::interval(maintenance.lease() / 3);
+    beat.tick().await;
+    loop {
+        tokio::select! {
+            outcome = &mut work => return Some(outcome),
+            _ = beat.tick() => match maintenance.renew(project, table).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    info!(%project, %table, "compaction abandoned: its lease passed to another process");
+                    return Some(CompactionOutcome::Leased);
+                }
+                Err(err) => warn!(%project, %table, error = %err, "could not renew a table's lease; retrying"),
+            },
+            _ = stop.changed() => return None,
+        }
+    }
+}
+
 /// How often append keys past their window are removed from the store.
 const KEY_SWEEP_EVERY: Duration = Duration::from_secs(600);
 
@@ -156,9 +184,8 @@ pub async fn maintain_tables(
         }
         for (project, table) in maintenance.candidates() {
             let started = std::time::Instant::now();
-            let outcome = tokio::select! {
-                outcome = maintenance.compact(project, &table) => outcome,
-                _ = stop.changed() => return,
+            let Some(outcome) = compact_renewing(&maintenance, project, &table, &mut stop).await else {
+                return;
             };
             metrics.compacted(&outcome, started.elapsed());
         }

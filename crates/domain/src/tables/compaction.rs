@@ -90,6 +90,21 @@ impl TableMaintenance {
         }
     }
 
+    /// How long a lease lasts: a compaction running longer renews it ([`TableMaintenance::renew`]) every third.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Extends this process's lease on the table by a lease's length; `false` when another process holds it
+    /// (this one's expired meanwhile): the compaction under way is then to be abandoned.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn renew(&self, project: ProjectId, table: &TableName) -> Result<bool, Error> {
+        let now = self.clock.now();
+        Ok(self.leases.claim(project, table, self.holder, now, now + self.lease).await?)
+    }
+
     /// Forgets the append keys past their window; answers how many.
     ///
     /// # Errors
@@ -151,6 +166,35 @@ mod tests {
         let outcome = service.compact(project(1), &events()).await;
         assert!(matches!(outcome, CompactionOutcome::Compacted(d) if d == done));
         assert_eq!(service.forget_expired_keys().await.unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_renewal_extends_the_compactions_own_lease_and_says_when_another_took_it() {
+        let mut tables = MockTableStore::new();
+        tables.expect_compact().returning(|_, _, _| Ok(None));
+        let holders = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&holders);
+        let mut leases = MockTableLeases::new();
+        leases
+            .expect_claim()
+            .withf(|_, table, _, now, until| {
+                table.as_str() == "events" && *now == T0 && *until == T0 + Duration::from_secs(60)
+            })
+            .times(3)
+            .returning(move |_, _, holder, _, _| {
+                let mut holders = seen.lock().unwrap();
+                holders.push(holder);
+                // The third claim finds the lease taken by another process.
+                Ok(holders.len() < 3)
+            });
+        leases.expect_release().returning(|_, _, _| Ok(()));
+        let service = service(tables, leases);
+        assert!(matches!(service.compact(project(1), &events()).await, CompactionOutcome::NothingToDo));
+        assert!(service.renew(project(1), &events()).await.unwrap());
+        assert!(!service.renew(project(1), &events()).await.unwrap());
+        let holders = holders.lock().unwrap();
+        assert!(holders.iter().all(|h| *h == holders[0]), "renewed as the holder that claimed it");
+        assert_eq!(service.lease(), Duration::from_secs(60));
     }
 
     #[tokio::test]
