@@ -263,9 +263,10 @@ impl DeltaTables {
                 Err(e) => return Err(CommitError::storage(table, e)),
                 Ok(_) => {}
             }
+            // From the commit just found: it is not asked for again.
             let latest = kept
                 .log
-                .get_latest_version(known.version)
+                .get_latest_version(known.version + 1)
                 .await
                 .map_err(|e| CommitError::storage(table, e))?;
             if let Some(followed) = self.follow(table, &known, latest).await? {
@@ -478,7 +479,7 @@ impl DeltaTables {
     /// after it was deleted is created now); without, it keeps its metadata's id and creation time.
     ///
     /// # Errors
-    /// [`CommitError::Storage`].
+    /// [`CommitError::Columns`], [`CommitError::Storage`].
     pub async fn replace(
         &self,
         table: &ObjectPath,
