@@ -20,6 +20,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::ObjectMeta;
 use tables_delta::{CommitError, DataFile, Snapshot};
 
+use crate::snapshot_scan::SnapshotScan;
 use crate::sources::Unreadable;
 use crate::storage::{unavailable, Storage};
 
@@ -346,7 +347,8 @@ pub(crate) async fn register(
 }
 
 /// A table reading exactly the files of `snapshot`, with the columns of its files (read from its first file's
-/// footer once per process: every file of a table has its columns).
+/// footer once per process: every file of a table has its columns). Here it is a scan of the files the log
+/// names ([`SnapshotScan`]); a cluster's session ships a list of the files' URLs to its scheduler instead.
 pub(crate) async fn snapshot_table(
     storage: &Storage,
     ctx: &SessionContext,
@@ -356,25 +358,63 @@ pub(crate) async fn snapshot_table(
         let empty = datafusion::datasource::empty::EmptyTable::new(Arc::clone(&snapshot.schema));
         return Ok(Arc::new(empty));
     };
+    let options =
+        ParquetReadOptions::default().to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
+    #[cfg(feature = "ballista")]
+    if crate::distributed::plans_for_cluster(ctx) {
+        return listed_table(storage, ctx, snapshot, options).await;
+    }
+    let schema = match storage.scanned_schemas().get(&first.location) {
+        Some(schema) => schema,
+        None => {
+            let store = ctx
+                .runtime_env()
+                .object_store(storage.engine_store_url())
+                .map_err(crate::execute::storage_error)?;
+            let meta = [engine_meta(storage, first)];
+            let schema = options
+                .format
+                .infer_schema(&ctx.state(), &store, &meta)
+                .await
+                .map_err(crate::execute::storage_error)?;
+            storage.scanned_schemas().insert(first.location.clone(), Arc::clone(&schema));
+            schema
+        }
+    };
+    let files = snapshot.files.iter().map(|file| engine_meta(storage, file)).collect();
+    Ok(Arc::new(SnapshotScan::new(schema, storage.engine_store_url().clone(), files, options.format)))
+}
+
+/// A file of a snapshot as the engine's object store names it, with the size and time the log gives.
+fn engine_meta(storage: &Storage, file: &DataFile) -> ObjectMeta {
+    ObjectMeta {
+        location: storage.engine_path(&file.location),
+        last_modified: chrono::DateTime::from_timestamp_millis(file.modified_ms)
+            .unwrap_or(chrono::DateTime::UNIX_EPOCH),
+        size: file.size,
+        e_tag: None,
+        version: None,
+    }
+}
+
+/// `snapshot` as a table of its files' URLs, which a cluster's scheduler can ship to its executors.
+async fn listed_table(
+    storage: &Storage,
+    ctx: &SessionContext,
+    snapshot: &Snapshot,
+    options: datafusion::datasource::listing::ListingOptions,
+) -> Result<Arc<dyn datafusion::catalog::TableProvider>, EngineError> {
     let paths = snapshot
         .files
         .iter()
         .map(|file| ListingTableUrl::parse(storage.url_of_object(&file.location)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(crate::execute::storage_error)?;
-    let options =
-        ParquetReadOptions::default().to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
-    let config = ListingTableConfig::new_with_multi_paths(paths).with_listing_options(options);
-    let config = match storage.scanned_schemas().get(&first.location) {
-        Some(schema) => config.with_schema(schema),
-        None => {
-            let config = config.infer_schema(&ctx.state()).await.map_err(crate::execute::storage_error)?;
-            if let Some(schema) = config.file_schema.clone() {
-                storage.scanned_schemas().insert(first.location.clone(), schema);
-            }
-            config
-        }
-    };
+    let config = ListingTableConfig::new_with_multi_paths(paths)
+        .with_listing_options(options)
+        .infer_schema(&ctx.state())
+        .await
+        .map_err(crate::execute::storage_error)?;
     let table = ListingTable::try_new(config).map_err(crate::execute::storage_error)?;
     Ok(Arc::new(table))
 }

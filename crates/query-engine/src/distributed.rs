@@ -50,6 +50,13 @@ pub(crate) fn is_unreachable(err: &DataFusionError) -> bool {
     ["tonic::transport::Error", "transport error", "code: Unavailable"].iter().any(|sign| text.contains(sign))
 }
 
+/// Whether `ctx` plans for a cluster's scheduler (a session of [`session`]).
+pub(crate) fn plans_for_cluster(ctx: &SessionContext) -> bool {
+    let state = ctx.state_ref();
+    let state = state.read();
+    state.config().options().extensions.get::<ballista_core::config::BallistaConfig>().is_some()
+}
+
 /// A session state that reads the storage, with Ballista's configuration.
 fn state(storage: &Storage, runtime: Arc<RuntimeEnv>) -> SessionState {
     storage.register(&runtime);

@@ -30,6 +30,7 @@ mod records;
 mod rollup;
 mod run_log;
 mod runtime;
+mod snapshot_scan;
 mod sources;
 mod storage;
 mod table_store;

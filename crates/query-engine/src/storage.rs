@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use domain::EngineError;
 use futures_util::{StreamExt, TryStreamExt};
@@ -44,6 +45,10 @@ pub struct Storage {
     store: Arc<dyn ObjectStore>,
     /// The root's URL, ending in `/`: `file:///var/lib/endpoints/` or `s3://bucket/prefix/`.
     root_url: Url,
+    /// The root as DataFusion's object stores address it: the store's URL (`file:///`, `s3://bucket`) and the
+    /// root's path in it.
+    engine_url: ObjectStoreUrl,
+    engine_root: ObjectPath,
     /// What DataFusion reads the root URL's scheme and host through; `None` for local files, which every
     /// DataFusion session reads already.
     engine_store: Option<Arc<dyn ObjectStore>>,
@@ -74,6 +79,17 @@ impl Storage {
 /// The columns of table versions, by prefix.
 pub(crate) type VersionSchemas = moka::sync::Cache<ObjectPath, datafusion::arrow::datatypes::SchemaRef>;
 
+/// The object store URL of `root` (its scheme and host), which DataFusion finds the store by.
+fn engine_url(root: &Url) -> ObjectStoreUrl {
+    let base = &root[..url::Position::BeforePath];
+    ObjectStoreUrl::parse(base).unwrap_or_else(|_| ObjectStoreUrl::local_filesystem())
+}
+
+/// The path of `root` in its object store (`var/lib/endpoints`, `prefix`).
+fn engine_root(root: &Url) -> Result<ObjectPath, StorageError> {
+    ObjectPath::from_url_path(root.path()).map_err(|_| StorageError::Unsupported(root.to_string()))
+}
+
 fn version_schemas() -> VersionSchemas {
     moka::sync::Cache::new(10_000)
 }
@@ -98,6 +114,8 @@ impl Storage {
         let tables = DeltaTables::new(Arc::clone(&store), Arc::new(LocalFileSystem::new()), root_url.clone());
         Ok(Self {
             store,
+            engine_url: engine_url(&root_url),
+            engine_root: engine_root(&root_url)?,
             root_url,
             engine_store: None,
             local_root: Some(root),
@@ -142,6 +160,8 @@ impl Storage {
                 let tables = DeltaTables::new(Arc::clone(&store), Arc::clone(&s3), root_url.clone());
                 Ok(Self {
                     store,
+                    engine_url: engine_url(&root_url),
+                    engine_root: engine_root(&root_url)?,
                     root_url,
                     engine_store: Some(s3),
                     local_root: None,
@@ -166,6 +186,8 @@ impl Storage {
         let tables = DeltaTables::new(Arc::clone(&store), Arc::clone(&store), root_url.clone());
         Self {
             store: Arc::clone(&store),
+            engine_url: engine_url(&root_url),
+            engine_root: engine_root(&root_url).expect("a storage root's path is an object path"),
             root_url,
             engine_store: Some(store),
             local_root: None,
@@ -246,6 +268,16 @@ impl Storage {
     /// The URL DataFusion reads one object from.
     pub(crate) fn url_of_object(&self, object: &ObjectPath) -> String {
         format!("{}{object}", self.root_url)
+    }
+
+    /// The object store DataFusion reads the storage's objects from (`file://`, `s3://bucket`).
+    pub(crate) fn engine_store_url(&self) -> &ObjectStoreUrl {
+        &self.engine_url
+    }
+
+    /// Where `object` is in the [`Self::engine_store_url`] store: under the root's own path.
+    pub(crate) fn engine_path(&self, object: &ObjectPath) -> ObjectPath {
+        ObjectPath::from_iter(self.engine_root.parts().chain(object.parts()))
     }
 
     /// Makes the storage readable by sessions on `runtime` (local files are already).

@@ -98,6 +98,119 @@ async fn a_replace_commits_a_new_version_and_an_append_adds_to_it() {
     assert_eq!(tables[0].location, "memory:///projects/7/tables/things/");
 }
 
+/// An in-memory store that notes what it was asked about: the paths of `HEAD`s, and the prefixes listed.
+#[derive(Debug, Default)]
+struct Asked {
+    inner: InMemory,
+    heads: std::sync::Mutex<Vec<String>>,
+    listed: std::sync::Mutex<Vec<String>>,
+}
+
+impl Asked {
+    fn take(&self) -> (Vec<String>, Vec<String>) {
+        let heads = std::mem::take(&mut *self.heads.lock().unwrap());
+        (heads, std::mem::take(&mut *self.listed.lock().unwrap()))
+    }
+}
+
+impl std::fmt::Display for Asked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Asked({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Asked {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        if options.head {
+            self.heads.lock().unwrap().push(location.to_string());
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures_util::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.listed.lock().unwrap().push(prefix.map(ToString::to_string).unwrap_or_default());
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.listed.lock().unwrap().push(prefix.map(ToString::to_string).unwrap_or_default());
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[tokio::test]
+async fn a_run_reads_the_files_the_log_names_without_listing_or_asking_about_each() {
+    let store = Arc::new(Asked::default());
+    let storage = Storage::from_store(Arc::clone(&store) as Arc<dyn ObjectStore>, "memory:///");
+    let engine = crate::tests::engine_on(storage.clone()).await;
+    let inputs = Inputs::new();
+    let rows = inputs.file("rows.csv", "id,name\n1,a\n2,b\n");
+    import(&storage, &rows, ImportMode::Replace).await.unwrap();
+    for _ in 0..3 {
+        import(&storage, &rows, ImportMode::Append).await.unwrap();
+    }
+    assert_eq!(total(&engine).await, r#"[{"n":8,"s":12}]"#);
+    store.take();
+
+    // A new session and a new scan each time (a changing SQL text is never a kept plan).
+    for run in 0..3 {
+        let sql = format!("SELECT count(*) AS n, sum(id) + {run} AS s FROM things");
+        let q = Query::try_from(&json!({"kind": "SQLQuery", "query": sql})).unwrap();
+        engine.execute(project(), &q, &Default::default(), 10, 0).await.unwrap();
+    }
+    let (heads, listed) = store.take();
+    assert_eq!(listed, Vec::<String>::new(), "nothing is listed");
+    if engine.scheduler().is_none() {
+        // The one question per run is whether the log has a commit after the version this node knows.
+        let next = "projects/7/tables/things/_delta_log/00000000000000000004.json";
+        assert_eq!(heads, vec![next; 3], "no file of the table is asked about");
+    }
+}
+
 #[tokio::test]
 async fn a_kept_plan_answers_until_a_table_it_names_is_replaced_or_gone() {
     let (storage, store) = memory();

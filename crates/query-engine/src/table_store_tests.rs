@@ -27,7 +27,7 @@ fn sales() -> TableName {
 }
 
 /// An upload of `body` in chunks of 7 bytes, so rows cross chunk boundaries.
-fn upload(format: TableFormat, mode: WriteMode, body: &[u8]) -> Upload {
+pub(crate) fn upload(format: TableFormat, mode: WriteMode, body: &[u8]) -> Upload {
     let chunks: Vec<Result<Bytes, std::io::Error>> =
         body.chunks(7).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
     Upload {

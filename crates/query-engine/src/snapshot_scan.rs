@@ -1,0 +1,149 @@
+//! A table version as DataFusion reads it on this node: exactly the files its Delta log names, with the sizes
+//! and times the log gives, so that a scan neither lists the storage nor asks it about each file (a `HEAD` per
+//! file per run on S3). Each file's statistics come from its footer once per process (DataFusion's shared
+//! statistics cache), as for any table of files.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::Statistics;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
+use datafusion::datasource::TableType;
+use datafusion::execution::cache::cache_manager::CachedFileMetadata;
+use datafusion::execution::cache::{SchemaFingerprint, TableScopedPath};
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_datasource::compute_all_files_statistics;
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::ObjectMeta;
+
+/// The files of one table version, read as one table of `schema`.
+#[derive(Debug)]
+pub(crate) struct SnapshotScan {
+    schema: SchemaRef,
+    fingerprint: Arc<SchemaFingerprint>,
+    store: ObjectStoreUrl,
+    files: Vec<ObjectMeta>,
+    format: Arc<dyn FileFormat>,
+}
+
+impl SnapshotScan {
+    /// `files` are paths in the object store `store` names, with the sizes and modification times of the log;
+    /// `format` reads them with the session's options.
+    pub(crate) fn new(
+        schema: SchemaRef,
+        store: ObjectStoreUrl,
+        files: Vec<ObjectMeta>,
+        format: Arc<dyn FileFormat>,
+    ) -> Self {
+        let fingerprint = Arc::new(SchemaFingerprint::from_schema(&schema));
+        Self { schema, fingerprint, store, files, format }
+    }
+
+    /// `file` with its statistics: kept from an earlier scan of the same file and columns, else read from its
+    /// footer (itself cached) and kept.
+    async fn with_statistics(
+        &self,
+        state: &dyn Session,
+        store: &Arc<dyn object_store::ObjectStore>,
+        file: &ObjectMeta,
+    ) -> datafusion::common::Result<PartitionedFile> {
+        let cache = state.runtime_env().cache_manager.get_file_statistic_cache();
+        let key = TableScopedPath { table: None, path: file.location.clone() };
+        let kept = cache.as_ref().and_then(|cache| cache.get(&key));
+        let (statistics, ordering) = match kept.filter(|kept| kept.is_valid_for(file, &self.fingerprint)) {
+            Some(kept) => (kept.statistics, kept.ordering),
+            None => {
+                let read = self
+                    .format
+                    .infer_stats_and_ordering(state, store, Arc::clone(&self.schema), file)
+                    .await?;
+                let statistics = Arc::new(read.statistics);
+                if let Some(cache) = &cache {
+                    let entry = CachedFileMetadata::new(
+                        file.clone(),
+                        Arc::clone(&self.fingerprint),
+                        Arc::clone(&statistics),
+                        read.ordering.clone(),
+                    );
+                    cache.put(&key, entry);
+                }
+                (statistics, read.ordering)
+            }
+        };
+        Ok(PartitionedFile::new_from_meta(file.clone()).with_statistics(statistics).with_ordering(ordering))
+    }
+}
+
+#[async_trait]
+impl TableProvider for SnapshotScan {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    /// Filters reach the Parquet reader (row groups, pages and rows) through the physical plan; the rows they
+    /// let through are filtered again above the scan.
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> datafusion::common::Result<Vec<TableProviderFilterPushDown>> {
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        if self.files.is_empty() {
+            let schema = datafusion::common::project_schema(&self.schema, projection)?;
+            return Ok(Arc::new(EmptyExec::new(schema)));
+        }
+        let options = state.config_options();
+        let collect = options.execution.collect_statistics;
+        let files = if collect {
+            let store = state.runtime_env().object_store(&self.store)?;
+            futures_util::stream::iter(0..self.files.len())
+                .map(|at| self.with_statistics(state, &store, &self.files[at]))
+                .buffered(options.execution.meta_fetch_concurrency.get())
+                .try_collect::<Vec<_>>()
+                .await?
+        } else {
+            let unknown = Arc::new(Statistics::new_unknown(&self.schema));
+            let file = |meta: &ObjectMeta| {
+                PartitionedFile::new_from_meta(meta.clone()).with_statistics(Arc::clone(&unknown))
+            };
+            self.files.iter().map(file).collect()
+        };
+        let ordering = common_ordering(&files);
+        let groups = FileGroup::new(files).split_files(state.config().target_partitions());
+        let (groups, statistics) = compute_all_files_statistics(groups, self.schema(), collect, false)?;
+        let source = self.format.file_source(self.schema().into());
+        let config = FileScanConfigBuilder::new(self.store.clone(), source)
+            .with_file_groups(groups)
+            .with_statistics(statistics)
+            .with_projection_indices(projection.cloned())?
+            .with_limit(limit)
+            .with_output_ordering(ordering.into_iter().collect())
+            .build();
+        self.format.create_physical_plan(state, config).await
+    }
+}
+
+/// The order every file says its rows are in, when they all say the same one.
+fn common_ordering(files: &[PartitionedFile]) -> Option<datafusion::physical_expr::LexOrdering> {
+    let first = files.first()?.ordering.clone()?;
+    files.iter().all(|file| file.ordering.as_ref() == Some(&first)).then_some(first)
+}
