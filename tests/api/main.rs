@@ -21,6 +21,7 @@ mod openapi;
 mod operations;
 mod runs;
 mod scaling;
+mod snapshots;
 mod storage;
 mod tables;
 mod telemetry;

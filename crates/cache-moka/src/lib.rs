@@ -100,6 +100,7 @@ mod tests {
                 row_count: 0,
                 has_more: false,
                 statistics: domain::Statistics::default(),
+                read: Vec::new(),
             },
             computed_at: at,
             expires_at: Some(at + time::Duration::minutes(5)),

@@ -203,6 +203,7 @@ impl QueryEngine for TinyEngine {
             row_count: 1,
             has_more: false,
             statistics: Statistics::default(),
+            read: Vec::new(),
         })
     }
 
@@ -379,6 +380,7 @@ async fn main() -> Result<(), domain::Error> {
         executions,
         materializations,
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
+        cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
     });
 
     let project = ProjectId::new(1)?;

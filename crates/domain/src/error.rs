@@ -120,6 +120,9 @@ pub enum Error {
     /// be retried after `retry_after`.
     #[error("Too many queries of this project are running; retry after {retry_after:?}.")]
     Throttled { retry_after: std::time::Duration },
+    /// A run's `cursor` pinned versions of tables that are no longer kept, or is older than the cursors live.
+    #[error("{0}")]
+    CursorExpired(String),
     /// A dependency (database, engine) is down.
     #[error("a dependency is unavailable")]
     Unavailable(#[source] BoxError),
@@ -152,6 +155,7 @@ impl Error {
             Self::QueryMemoryLimit(_) => ("query_memory_limit", 400),
             Self::ResultTooLarge { .. } => ("result_too_large", 400),
             Self::Throttled { .. } => ("throttled", 429),
+            Self::CursorExpired(_) => ("cursor_expired", 410),
             Self::Unavailable(_) => ("unavailable", 503),
             Self::Internal(_) => ("error", 500),
         }
@@ -205,6 +209,9 @@ pub enum EngineError {
     /// Too many queries of the project are running; try again after the given time.
     #[error("too many concurrent queries")]
     Busy { retry_after: std::time::Duration },
+    /// A table has no version at the time asked for, or the version asked for is no longer kept.
+    #[error("{0}")]
+    NoSuchVersion(String),
     #[error("engine unavailable")]
     Unavailable(#[source] BoxError),
     #[error("engine failure")]
@@ -281,6 +288,7 @@ impl From<EngineError> for Error {
             EngineError::MemoryLimit(reason) => Error::QueryMemoryLimit(reason),
             EngineError::ResultTooLarge { limit_bytes } => Error::ResultTooLarge { limit_bytes },
             EngineError::Busy { retry_after } => Error::Throttled { retry_after },
+            EngineError::NoSuchVersion(reason) => Error::Invalid(Invalid::field("as_of", reason)),
             EngineError::Unavailable(source) => Error::Unavailable(source),
             EngineError::Internal(source) => Error::Internal(source),
         }

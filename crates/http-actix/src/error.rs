@@ -102,6 +102,9 @@ error_codes! {
     BreakingChange = ("breaking_change", 409, Conflict,
         "a PATCH's new query removes or retypes output columns of an endpoint that ran within the last 7 days; \
          nothing changed, `breaking_changes` lists them; send `confirm_breaking: true` to save it"),
+    CursorExpired = ("cursor_expired", 410, NotFound,
+        "a run's `cursor` is older than `--cursor-ttl` (1 hour), or pinned table versions that are no longer kept; \
+         run again without it for a new first page; `attr: cursor`"),
     PayloadTooLarge = ("payload_too_large", 413, ValidationError,
         "the body is over its limit: 1 MiB of JSON, or `--max-upload-mb` (1 GiB) of a table's rows"),
     UnsupportedMediaType = ("unsupported_media_type", 415, ValidationError,
@@ -206,6 +209,7 @@ impl ApiError {
                 Error::QueryMemoryLimit(_) => Code::QueryMemoryLimit,
                 Error::ResultTooLarge { .. } => Code::ResultTooLarge,
                 Error::Throttled { .. } => Code::Throttled,
+                Error::CursorExpired(_) => Code::CursorExpired,
                 Error::Unavailable(_) => Code::Unavailable,
                 Error::Internal(_) => Code::Error,
             },
@@ -231,6 +235,7 @@ impl ApiError {
                 | Error::NotFound(detail)
                 | Error::InUse(detail)
                 | Error::IdempotencyConflict(detail)
+                | Error::CursorExpired(detail)
                 | Error::BreakingChange { detail, .. } => Cow::Borrowed(detail),
                 Error::QueryInvalid(reason) => Cow::Owned(format!(
                     "The endpoint's query no longer plans against its tables: {}. Change the query or the table.",
@@ -305,6 +310,7 @@ impl ApiError {
             ApiError::Domain(Error::Invalid(invalid)) => invalid.attr.as_deref(),
             ApiError::Domain(Error::NameTaken(_)) => Some("name"),
             ApiError::Domain(Error::ResultTooLarge { .. }) => Some("limit"),
+            ApiError::Domain(Error::CursorExpired(_)) => Some("cursor"),
             ApiError::Domain(Error::QueryInvalid(_) | Error::BreakingChange { .. }) => Some("query"),
             _ => None,
         }
@@ -455,6 +461,7 @@ mod tests {
             Error::QueryMemoryLimit(String::new()),
             Error::ResultTooLarge { limit_bytes: 1 },
             Error::Throttled { retry_after: std::time::Duration::ZERO },
+            Error::CursorExpired(String::new()),
             Error::Unavailable("down".into()),
             Error::Internal("bug".into()),
         ];

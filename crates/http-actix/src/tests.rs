@@ -68,6 +68,7 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
         executions: executions.clone(),
         materializations: untouched_materializations(),
         export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
+        cursor_ttl: domain::RunService::DEFAULT_CURSOR_TTL,
     });
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
@@ -354,6 +355,7 @@ fn engine_for_runs() -> MockQueryEngine {
             row_count: 1,
             has_more: false,
             statistics: domain::Statistics::default(),
+            read: Vec::new(),
         })
     });
     engine

@@ -15,7 +15,7 @@ use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingT
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::ParquetReadOptions;
-use domain::{EngineError, ExternalSource, ProjectId};
+use domain::{EngineError, ExternalSource, ProjectId, ReadAt, TableVersion};
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectMeta;
 use tables_delta::{CommitError, DataFile, Snapshot};
@@ -295,6 +295,7 @@ pub(crate) async fn register_named(
     project: ProjectId,
     statement: &datafusion::sql::parser::Statement,
     log_retention: std::time::Duration,
+    at: &ReadAt,
 ) -> Result<crate::plans::Named, EngineError> {
     // Resolved through the lock: a copy of the session's state costs more than the walk.
     let references = ctx.state_ref().read().resolve_table_references(statement);
@@ -306,7 +307,7 @@ pub(crate) async fn register_named(
     // Each named table's own pointer, not a listing of every table: only names a table can have are looked up.
     let mut found = Vec::with_capacity(named.len());
     for name in named.into_iter().filter(|name| is_table_name(name)) {
-        let current = current(storage, &table_prefix(project, name)).await?;
+        let current = lookup(storage, project, name, at).await?;
         match &current {
             Some(current) => register(storage, ctx, name, current).await?,
             // A table written under the name before the run log took it stays that project's `_logs`.
@@ -318,6 +319,66 @@ pub(crate) async fn register_named(
         found.push((name.to_owned(), current));
     }
     Ok(found)
+}
+
+/// Where the table `name` of the project has its rows at the version `at` says; `None` when it had no such
+/// table then.
+///
+/// # Errors
+/// [`EngineError::NoSuchVersion`] when the table has no version that old, or `as_of` is before the table
+/// retention (what no version reads any more is removed after it), or a pinned version is no longer kept.
+async fn lookup(
+    storage: &Storage,
+    project: ProjectId,
+    name: &str,
+    at: &ReadAt,
+) -> Result<Option<Current>, EngineError> {
+    let table = table_prefix(project, name);
+    match at {
+        ReadAt::Newest => current(storage, &table).await,
+        ReadAt::AsOf(time) => {
+            let retention = storage.table_retention();
+            if std::time::SystemTime::from(*time) + retention < std::time::SystemTime::now() {
+                let kept = humantime::format_duration(retention);
+                return Err(EngineError::NoSuchVersion(format!(
+                    "as_of is earlier than the table retention ({kept}): earlier versions are not kept."
+                )));
+            }
+            let millis = i64::try_from(time.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MIN);
+            match storage.tables().snapshot_at(&table, millis).await.map_err(table_error)? {
+                Some(snapshot) => Ok(state_of(Arc::new(snapshot))),
+                None if storage.tables().exists(&table).await.map_err(table_error)? => {
+                    Err(EngineError::NoSuchVersion(format!(
+                        "table {name} has no version committed at or before as_of: it was created later."
+                    )))
+                }
+                None => Ok(None),
+            }
+        }
+        ReadAt::Pinned(versions) => {
+            let Some(pinned) = versions.iter().find(|pinned| pinned.table == name) else { return Ok(None) };
+            let snapshot = storage.pinned_snapshot(&table, pinned.version).await.map_err(|err| {
+                EngineError::NoSuchVersion(format!(
+                    "version {} of table {name} is no longer kept: {err}",
+                    pinned.version
+                ))
+            })?;
+            Ok(state_of(snapshot))
+        }
+    }
+}
+
+/// The version of each of the project's tables in `named`, as a cursor pins them.
+pub(crate) fn versions_read(named: &crate::plans::Named) -> Vec<TableVersion> {
+    let version = |current: &Current| match current {
+        Current::Files(snapshot) | Current::External { since: snapshot, .. } => snapshot.version,
+    };
+    named
+        .iter()
+        .filter_map(|(name, current)| {
+            current.as_ref().map(|current| TableVersion { table: name.clone(), version: version(current) })
+        })
+        .collect()
 }
 
 /// Registers one table in `ctx`, as it is spelled (`"Sales"` in SQL finds `Sales`; a parsed name would fold to

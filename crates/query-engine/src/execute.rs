@@ -319,7 +319,7 @@ pub(crate) fn result(
     statistics: Statistics,
 ) -> Result<QueryResult, EngineError> {
     let (rows_json, row_count, has_more) = to_json(batches, limit, max_bytes)?;
-    Ok(QueryResult { columns, rows_json, row_count, has_more, statistics })
+    Ok(QueryResult { columns, rows_json, row_count, has_more, statistics, read: Vec::new() })
 }
 
 /// What an executed plan read, from the metrics of its leaves (the scans): the rows they produced and the bytes

@@ -47,7 +47,7 @@ use datafusion::execution::memory_pool::GreedyMemoryPool;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
-use domain::{EngineError, Export, ProjectId, Query, QueryDescription, QueryEngine, ResultFormat};
+use domain::{EngineError, Export, ProjectId, Query, QueryDescription, QueryEngine, ReadAt, ResultFormat};
 use tracing::instrument;
 
 pub use catalog::TableFiles;
@@ -408,43 +408,66 @@ impl DataFusionEngine {
         variables: &BTreeMap<String, domain::BoundValue>,
         limit: u32,
         offset: u64,
+        at: &ReadAt,
     ) -> Result<domain::QueryResult, EngineError> {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
         let started = std::time::Instant::now();
-        let (ctx, unbound) = self.live_plan(project, &compiled).await?;
-        self.run_plan(project, &ctx, bind(unbound, values)?, limit, offset, started).await
+        let (ctx, unbound, read) = self.plan_at(project, &compiled, at).await?;
+        let mut result = self.run_plan(project, &ctx, bind(unbound, values)?, limit, offset, started).await?;
+        result.read = read;
+        Ok(result)
     }
 
-    /// A session for running `compiled` live (under the engine's memory limit, here or on the cluster), and
-    /// its plan before its variables are bound: kept from an earlier run while the tables it names are where
-    /// they were ([`plans`]), else planned in the session, which then sees those tables.
+    /// A session for running `compiled` live over the newest version of each table, and its plan before its
+    /// variables are bound (see [`Self::plan_at`]).
     async fn live_plan(
         &self,
         project: ProjectId,
         compiled: &compile::Compiled,
     ) -> Result<(datafusion::prelude::SessionContext, datafusion::logical_expr::LogicalPlan), EngineError>
     {
+        self.plan_at(project, compiled, &ReadAt::Newest).await.map(|(ctx, plan, _)| (ctx, plan))
+    }
+
+    /// A session for running `compiled` live (under the engine's memory limit, here or on the cluster) over the
+    /// versions of its tables `at` says, its plan before its variables are bound, and the versions it reads.
+    /// A plan of the newest versions is kept from an earlier run while the tables it names are where they were
+    /// ([`plans`]), else planned in the session, which then sees those tables.
+    async fn plan_at(
+        &self,
+        project: ProjectId,
+        compiled: &compile::Compiled,
+        at: &ReadAt,
+    ) -> Result<
+        (
+            datafusion::prelude::SessionContext,
+            datafusion::logical_expr::LogicalPlan,
+            Vec<domain::TableVersion>,
+        ),
+        EngineError,
+    > {
         let runtime = Some(execute::runtime(&self.limits, &self.files, &self.memory)?);
         let ctx = catalog::live_session(&self.storage, runtime, self.scheduler(), self.limits.partitions)?;
-        // A cluster's session plans for its scheduler: its plans are not kept.
-        let keeps = self.scheduler().is_none();
+        // A cluster's session plans for its scheduler: its plans are not kept; nor are plans of earlier versions.
+        let keeps = self.scheduler().is_none() && at.is_newest();
         if keeps {
-            if let Some(plan) = self.plans.current(&self.storage, project, &compiled.sql).await? {
+            if let Some((plan, tables)) = self.plans.current(&self.storage, project, &compiled.sql).await? {
                 self.metrics.planned(true);
-                return Ok((ctx, plan));
+                return Ok((ctx, plan, catalog::versions_read(&tables)));
             }
         }
         let statement = parse(&ctx, compiled)?;
         let tables =
-            catalog::register_named(&self.storage, &ctx, project, &statement, self.log_retention).await?;
+            catalog::register_named(&self.storage, &ctx, project, &statement, self.log_retention, at).await?;
         let plan = self.plan_unbound(&ctx, statement).await?;
+        let read = catalog::versions_read(&tables);
         // A plan of the run log reads the files it had when planned: planned again each time.
         if keeps && !ctx.table_exist(run_log::LOGS_TABLE).unwrap_or(true) {
             self.metrics.planned(false);
             self.plans.keep(project, &compiled.sql, tables, &plan);
         }
-        Ok((ctx, plan))
+        Ok((ctx, plan, read))
     }
 
     /// A session that sees the project's tables `compiled` names, and its parsed statement.
@@ -455,7 +478,15 @@ impl DataFusionEngine {
     ) -> Result<(datafusion::prelude::SessionContext, DfStatement), EngineError> {
         let ctx = catalog::live_session(&self.storage, None, self.scheduler(), self.limits.partitions)?;
         let statement = parse(&ctx, compiled)?;
-        catalog::register_named(&self.storage, &ctx, project, &statement, self.log_retention).await?;
+        catalog::register_named(
+            &self.storage,
+            &ctx,
+            project,
+            &statement,
+            self.log_retention,
+            &ReadAt::Newest,
+        )
+        .await?;
         Ok((ctx, statement))
     }
 
@@ -539,7 +570,6 @@ impl QueryEngine for DataFusionEngine {
         self.within_time(work).await.map_err(|e| compile::compile(query).explain(e))
     }
 
-    #[instrument(skip_all, fields(project = %project, limit, offset))]
     async fn execute(
         &self,
         project: ProjectId,
@@ -548,9 +578,22 @@ impl QueryEngine for DataFusionEngine {
         limit: u32,
         offset: u64,
     ) -> Result<domain::QueryResult, EngineError> {
-        let (owned, variables) = (query.clone(), variables.clone());
+        self.execute_at(project, query, variables, limit, offset, &ReadAt::Newest).await
+    }
+
+    #[instrument(skip_all, fields(project = %project, limit, offset))]
+    async fn execute_at(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, domain::BoundValue>,
+        limit: u32,
+        offset: u64,
+        at: &ReadAt,
+    ) -> Result<domain::QueryResult, EngineError> {
+        let (owned, variables, at) = (query.clone(), variables.clone(), at.clone());
         self.live(project, &query.sql, move |engine| async move {
-            engine.execute_here(project, &owned, &variables, limit, offset).await
+            engine.execute_here(project, &owned, &variables, limit, offset, &at).await
         })
         .await
         .map(|(result, _slot)| result)

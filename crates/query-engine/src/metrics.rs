@@ -36,6 +36,7 @@ fn outcome<T>(result: &Result<T, EngineError>) -> &'static str {
         Err(EngineError::MemoryLimit(_)) => "memory_limit",
         Err(EngineError::ResultTooLarge { .. }) => "result_too_large",
         Err(EngineError::Busy { .. }) => "busy",
+        Err(EngineError::NoSuchVersion(_)) => "no_such_version",
         Err(EngineError::Unavailable(_) | EngineError::Internal(_)) => "error",
     }
 }

@@ -65,7 +65,8 @@ impl Plans {
         Self { entries }
     }
 
-    /// The plan kept for `sql` in the project, when every table it names is where it was when it was planned.
+    /// The plan kept for `sql` in the project, and the tables it reads, when every table it names is where it
+    /// was when it was planned.
     ///
     /// # Errors
     /// The storage's, when a pointer cannot be read (as registering the tables would fail).
@@ -74,14 +75,14 @@ impl Plans {
         storage: &Storage,
         project: ProjectId,
         sql: &str,
-    ) -> Result<Option<LogicalPlan>, EngineError> {
+    ) -> Result<Option<(LogicalPlan, Named)>, EngineError> {
         let Some(kept) = self.entries.get(&(project, sql.to_owned())) else { return Ok(None) };
         for (name, was) in &kept.tables {
             if catalog::current(storage, &catalog::table_prefix(project, name)).await? != *was {
                 return Ok(None);
             }
         }
-        Ok(Some(kept.plan.clone()))
+        Ok(Some((kept.plan.clone(), kept.tables.clone())))
     }
 
     /// Keeps `plan` of `sql` in the project, planned against `tables`; not when it reads an external source.

@@ -64,6 +64,8 @@ pub struct Storage {
     scanned: VersionSchemas,
     /// The project tables, as Delta tables, with the snapshot of each this process read.
     tables: Arc<DeltaTables>,
+    /// Earlier versions of tables that cursors pinned, by table and version.
+    pinned: moka::sync::Cache<(ObjectPath, u64), Arc<tables_delta::Snapshot>>,
     /// How long files no version reads any more, and commits a checkpoint made unnecessary, are kept for
     /// readers of older versions (`--table-retention`).
     retention: Duration,
@@ -88,6 +90,11 @@ fn engine_url(root: &Url) -> ObjectStoreUrl {
 /// The path of `root` in its object store (`var/lib/endpoints`, `prefix`).
 fn engine_root(root: &Url) -> Result<ObjectPath, StorageError> {
     ObjectPath::from_url_path(root.path()).map_err(|_| StorageError::Unsupported(root.to_string()))
+}
+
+/// Room for the versions pinned by the cursors of a few hundred tables at once.
+fn pinned_snapshots() -> moka::sync::Cache<(ObjectPath, u64), Arc<tables_delta::Snapshot>> {
+    moka::sync::Cache::new(256)
 }
 
 fn version_schemas() -> VersionSchemas {
@@ -123,6 +130,7 @@ impl Storage {
             schemas: version_schemas(),
             scanned: version_schemas(),
             tables: Arc::new(tables),
+            pinned: pinned_snapshots(),
             retention: Self::DEFAULT_TABLE_RETENTION,
         })
     }
@@ -169,6 +177,7 @@ impl Storage {
                     schemas: version_schemas(),
                     scanned: version_schemas(),
                     tables: Arc::new(tables),
+                    pinned: pinned_snapshots(),
                     retention: Self::DEFAULT_TABLE_RETENTION,
                 })
             }
@@ -195,6 +204,7 @@ impl Storage {
             schemas: version_schemas(),
             scanned: version_schemas(),
             tables: Arc::new(tables),
+            pinned: pinned_snapshots(),
             retention: Self::DEFAULT_TABLE_RETENTION,
         }
     }
@@ -247,6 +257,22 @@ impl Storage {
     }
 
     /// The project tables, as Delta tables.
+    /// The table at `version`, as a cursor pinned it: versions never change, so each is read from the log once
+    /// while it is among the most recently pinned.
+    pub(crate) async fn pinned_snapshot(
+        &self,
+        table: &ObjectPath,
+        version: u64,
+    ) -> Result<Arc<tables_delta::Snapshot>, tables_delta::CommitError> {
+        let key = (table.clone(), version);
+        if let Some(kept) = self.pinned.get(&key) {
+            return Ok(kept);
+        }
+        let snapshot = Arc::new(self.tables.snapshot_of_version(table, version).await?);
+        self.pinned.insert(key, Arc::clone(&snapshot));
+        Ok(snapshot)
+    }
+
     pub(crate) fn tables(&self) -> &DeltaTables {
         &self.tables
     }

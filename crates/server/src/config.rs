@@ -44,6 +44,8 @@ pub struct Config {
     pub allowed_sources: Vec<String>,
     /// How long table files no version reads any more are kept (`--table-retention`).
     pub table_retention: std::time::Duration,
+    /// How long a run's `next` cursor may be followed (`--cursor-ttl`).
+    pub cursor_ttl: std::time::Duration,
     /// The largest page a run may write as CSV, NDJSON, Parquet or Arrow, in rows.
     pub export_limit: u32,
     /// Request rate limits per key and per project; off unless set (`serve` sets its defaults).
@@ -94,6 +96,7 @@ impl Config {
             export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
             allowed_sources: Vec::new(),
             table_retention: query_engine::Storage::DEFAULT_TABLE_RETENTION,
+            cursor_ttl: domain::RunService::DEFAULT_CURSOR_TTL,
             run_log: Some(RunLogConfig::default()),
         }
     }

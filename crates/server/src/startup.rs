@@ -122,6 +122,7 @@ impl Services {
             executions: executions.clone(),
             materializations,
             export_limit: config.export_limit,
+            cursor_ttl: config.cursor_ttl,
         }));
         let maintenance = Arc::new(TableMaintenance::new(MaintenanceDeps {
             tables: engine.clone(),

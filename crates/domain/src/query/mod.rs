@@ -6,6 +6,7 @@ mod export;
 mod model;
 mod plan;
 mod ports;
+mod snapshot;
 mod variables;
 
 pub use binding::{bind, coerce, read_value, BoundValue, ValueForm};
@@ -18,4 +19,5 @@ pub use plan::{
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::MockQueryEngine;
 pub use ports::QueryEngine;
+pub use snapshot::{ReadAt, TableVersion};
 pub use variables::{Variable, VariableType};

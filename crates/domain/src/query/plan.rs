@@ -170,6 +170,9 @@ pub struct QueryResult {
     pub has_more: bool,
     /// What computing the page read and took.
     pub statistics: Statistics,
+    /// The version of each of the project's tables it read (none for a stored result or an engine that does not
+    /// say): what a cursor pins.
+    pub read: Vec<super::TableVersion>,
 }
 
 /// What computing a result read and how long it took, from the engine's metrics.

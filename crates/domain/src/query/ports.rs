@@ -8,6 +8,7 @@ use super::binding::BoundValue;
 use super::export::{Export, ResultFormat};
 use super::model::Query;
 use super::plan::{QueryDescription, QueryResult};
+use super::snapshot::ReadAt;
 use crate::access::ProjectId;
 use crate::error::EngineError;
 
@@ -37,6 +38,29 @@ pub trait QueryEngine: Send + Sync {
         limit: u32,
         offset: u64,
     ) -> Result<QueryResult, EngineError>;
+
+    /// Runs the query like [`QueryEngine::execute`], reading each table at the version `at` says. An engine that
+    /// keeps no versions reads only the newest.
+    ///
+    /// # Errors
+    /// As [`QueryEngine::execute`]; [`EngineError::NoSuchVersion`] when a table has no version at that time, or
+    /// the pinned one is no longer kept.
+    async fn execute_at(
+        &self,
+        project: ProjectId,
+        query: &Query,
+        variables: &BTreeMap<String, BoundValue>,
+        limit: u32,
+        offset: u64,
+        at: &ReadAt,
+    ) -> Result<QueryResult, EngineError> {
+        match at {
+            ReadAt::Newest => self.execute(project, query, variables, limit, offset).await,
+            _ => {
+                Err(EngineError::NoSuchVersion("this engine reads only the newest version of tables".into()))
+            }
+        }
+    }
 
     /// Runs the query like [`QueryEngine::execute`] and writes the page `offset..offset+limit` of its rows in
     /// `format`, without holding them in memory.

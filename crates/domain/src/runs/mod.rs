@@ -1,12 +1,14 @@
 //! Runs: the run request and its refresh modes, the result cache, coalescing of identical computations,
 //! answers from stored results, and the last-execution-times lookup.
 
+mod cursor;
 mod last_executions;
 mod logs;
 mod model;
 mod ports;
 mod service;
 
+pub use cursor::Cursor;
 pub use last_executions::{six_months_before, LastExecutions, LastExecutionsRequest, MAX_NAMES};
 pub use logs::LogService;
 pub use model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};

@@ -12,7 +12,7 @@ use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
 use crate::error::{Error, Invalid, Violation};
 use crate::page::PageRequest;
-use crate::query::{QueryResult, ResultFormat};
+use crate::query::{QueryResult, ReadAt, ResultFormat};
 
 /// How a run may use cached and materialized results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,6 +75,13 @@ pub struct RunRequest {
     /// The oldest data the caller takes: a cached or stored answer whose `data_as_of` is older than this is not
     /// served (a `blocking` run computes live instead). `None` takes any that is otherwise fresh.
     pub max_staleness: Option<Duration>,
+    /// Read every table at its newest version committed at or before this time (`as_of`); a cursor's page is
+    /// as of its first page's time.
+    pub as_of: Option<Timestamp>,
+    /// The next page of an earlier run, as its answer's `next` gave it.
+    pub cursor: Option<String>,
+    /// That cursor, read: set by the run service (see [`RunRequest::follow`]).
+    pub followed: Option<super::Cursor>,
 }
 
 /// No version named (the current one), no variables, the first page of the default size, a cached answer when
@@ -90,6 +97,9 @@ impl Default for RunRequest {
             client_query_id: None,
             format: ResultFormat::Json,
             max_staleness: None,
+            as_of: None,
+            cursor: None,
+            followed: None,
         }
     }
 }
@@ -130,6 +140,55 @@ impl RunRequest {
                     })
             })
             .transpose()
+    }
+
+    /// `as_of` as sent: an RFC 3339 time.
+    ///
+    /// # Errors
+    /// [`Invalid`] (`as_of`) for anything else.
+    pub fn as_of(raw: Option<&str>) -> Result<Option<Timestamp>, Invalid> {
+        raw.map(|raw| {
+            Timestamp::parse(raw, &time::format_description::well_known::Rfc3339).map_err(|_| {
+                Invalid::field("as_of", "as_of must be an RFC 3339 time, such as 2026-11-27T09:30:00Z.")
+            })
+        })
+        .transpose()
+    }
+
+    /// Which version of each table the run reads.
+    pub fn read_at(&self) -> ReadAt {
+        match (&self.followed, self.as_of) {
+            (Some(cursor), _) => ReadAt::Pinned(cursor.pinned.clone()),
+            (None, Some(at)) => ReadAt::AsOf(at),
+            (None, None) => ReadAt::Newest,
+        }
+    }
+
+    /// The time its data is as of when it reads earlier versions: its cursor's first page's, or `as_of`.
+    pub fn pinned_as_of(&self) -> Option<Timestamp> {
+        self.followed.as_ref().map(|cursor| cursor.data_as_of).or(self.as_of)
+    }
+
+    /// Takes the page a cursor (already read, see [`super::Cursor::read`]) asks for: its offset and versions.
+    ///
+    /// # Errors
+    /// [`Invalid`] (`offset`, `as_of`) when the request also says where to start or which versions to read.
+    pub fn follow(&mut self, cursor: super::Cursor) -> Result<(), Invalid> {
+        if self.offset != 0 {
+            return Err(Invalid::field(
+                "offset",
+                "Send either offset or cursor: the cursor says where its page starts.",
+            ));
+        }
+        if self.as_of.is_some() {
+            return Err(Invalid::field(
+                "as_of",
+                "Send either as_of or cursor: a cursor's pages are as of its first.",
+            ));
+        }
+        self.offset = cursor.offset;
+        self.followed = Some(cursor);
+        Ok(())
     }
 
     /// Whether data as of `data_as_of` is recent enough for this request at `now`.
@@ -297,6 +356,8 @@ pub struct RunOutcome {
     pub total: Duration,
     /// How long a client may keep the answer: what the cache has left of it.
     pub fresh_for: Duration,
+    /// The cursor of the next page, when rows follow this one.
+    pub next: Option<String>,
 }
 
 /// A run written in another format than JSON.
@@ -382,6 +443,7 @@ mod tests {
                 row_count: 1,
                 has_more: false,
                 statistics: crate::query::Statistics::default(),
+                read: Vec::new(),
             },
             computed_at: at,
             expires_at: expires_in.map(|s| at + time::Duration::seconds(s)),

@@ -9,6 +9,7 @@ use futures_util::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use serde_json::{Map, Value};
 use tracing::warn;
 
+use super::cursor::{Cursor, RunOf};
 use super::model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};
 use super::ports::ResultCache;
 use crate::access::{ApiKeyService, IssuedRunToken, Principal, ProjectId, RunTokenRequest};
@@ -16,7 +17,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
 use crate::error::{EngineError, Error, Invalid, StoreError};
 use crate::materialization::{Eligibility, MaterializationPorts, MaterializedFilter, StoredResult};
-use crate::query::{bind, coerce, BoundValue, QueryEngine, QueryResult};
+use crate::query::{bind, coerce, BoundValue, QueryEngine, QueryResult, ReadAt};
 use crate::recent::RecentReads;
 
 type RunFuture = BoxFuture<'static, Result<Arc<CachedRun>, Arc<Error>>>;
@@ -33,6 +34,8 @@ pub struct RunDeps {
     pub materializations: MaterializationPorts,
     /// The largest page a run may write in another format than JSON.
     pub export_limit: u32,
+    /// How long a run's `next` cursor may be followed.
+    pub cursor_ttl: Duration,
 }
 
 /// Runs endpoints.
@@ -44,6 +47,7 @@ pub struct RunService {
     pub(super) executions: Arc<ExecutionTracker>,
     materializations: MaterializationPorts,
     export_limit: u32,
+    cursor_ttl: Duration,
     /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
     /// the engine's work and its concurrency slot), and the next identical request starts afresh.
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
@@ -79,6 +83,7 @@ fn unshare(err: &Arc<Error>) -> Error {
         Error::QueryMemoryLimit(d) => Error::QueryMemoryLimit(d.clone()),
         Error::ResultTooLarge { limit_bytes } => Error::ResultTooLarge { limit_bytes: *limit_bytes },
         Error::Throttled { retry_after } => Error::Throttled { retry_after: *retry_after },
+        Error::CursorExpired(d) => Error::CursorExpired(d.clone()),
         Error::Unavailable(_) => Error::Unavailable(Box::new(SharedCause(Arc::clone(err)))),
         Error::Internal(_) => Error::Internal(Box::new(SharedCause(Arc::clone(err)))),
     }
@@ -118,7 +123,36 @@ fn request_key(request: &RunRequest) -> String {
     serde_json::to_writer(&mut key, &request.offset).expect("a Vec takes every write");
     key.extend_from_slice(b";vars=");
     serde_json::to_writer(&mut key, &request.variables).expect("a Vec takes every write");
+    // Earlier versions of the tables: another answer.
+    match request.read_at() {
+        ReadAt::Newest => {}
+        ReadAt::AsOf(at) => {
+            key.extend_from_slice(b";as_of=");
+            serde_json::to_writer(&mut key, &at.unix_timestamp_nanos()).expect("a Vec takes every write");
+        }
+        ReadAt::Pinned(versions) => {
+            key.extend_from_slice(b";pinned=");
+            serde_json::to_writer(&mut key, &versions).expect("a Vec takes every write");
+        }
+    }
     String::from_utf8(key).expect("JSON and ASCII are UTF-8")
+}
+
+/// Bound variables as a run's answer (and its cursor's digest) gives them.
+fn bound_json(variables: &BTreeMap<String, BoundValue>) -> Value {
+    Value::Object(variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>())
+}
+
+/// An engine failure of a run that reads `at`: a version no longer kept is the cursor's expiry, a time with no
+/// version a bad `as_of`.
+fn pinned_error(err: EngineError, at: &ReadAt) -> Error {
+    match (err, at) {
+        (EngineError::NoSuchVersion(reason), ReadAt::Pinned(_)) => Error::CursorExpired(format!(
+            "The cursor's snapshot is no longer kept ({}); run again without it for a new first page.",
+            reason.trim_end_matches('.')
+        )),
+        (err, _) => run_error(err),
+    }
 }
 
 /// An engine failure of a run: a saved query that no longer plans is `query_invalid`, not a bad request field.
@@ -148,7 +182,8 @@ fn not_found(name: &str) -> Error {
 
 impl RunService {
     pub fn new(deps: RunDeps) -> Self {
-        let RunDeps { store, engine, cache, clock, executions, materializations, export_limit } = deps;
+        let RunDeps { store, engine, cache, clock, executions, materializations, export_limit, cursor_ttl } =
+            deps;
         Self {
             store,
             engine,
@@ -157,6 +192,7 @@ impl RunService {
             executions,
             materializations,
             export_limit,
+            cursor_ttl,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
             definitions: Arc::new(RecentReads::new(Self::DEFINITION_TTL, 100_000)),
         }
@@ -166,6 +202,9 @@ impl RunService {
     /// it again, when no change says otherwise: the most a change made by a process that does not announce
     /// changes (the CLI on SQLite) waits to take effect here.
     pub const DEFINITION_TTL: Duration = Duration::from_secs(1);
+
+    /// How long a `next` cursor may be followed, unless the service says otherwise (`--cursor-ttl`).
+    pub const DEFAULT_CURSOR_TTL: Duration = Duration::from_secs(3600);
 
     /// Runs an endpoint. A fresh cached result is served without touching the store or the engine.
     ///
@@ -179,6 +218,8 @@ impl RunService {
         request: RunRequest,
     ) -> Result<RunOutcome, Error> {
         let started = Instant::now();
+        let mut request = request;
+        self.pin(&mut request)?;
         let generation = self.cache.generation(project, &name);
         let key = CacheKey { project, name, generation, request: request_key(&request) };
         let now = self.clock.now();
@@ -190,7 +231,7 @@ impl RunService {
             if let Some(hit) = self.cache.get(&key).filter(fresh) {
                 self.executions.record(project, &key.name, now);
                 // A hit answers with the key's own name: no copy of it on this path.
-                return Ok(self.outcome(key.name, Some(hit), true, &request, started, now));
+                return Ok(self.outcome(project, key.name, Some(hit), true, &request, started, now));
             }
         }
         let endpoint_name = key.name.clone();
@@ -212,11 +253,11 @@ impl RunService {
                     None
                 };
                 let Some(run) = stored else {
-                    return Ok(self.outcome(endpoint_name, None, false, &request, started, now));
+                    return Ok(self.outcome(project, endpoint_name, None, false, &request, started, now));
                 };
                 let now = self.clock.now();
                 self.executions.record(project, &endpoint_name, now);
-                return Ok(self.outcome(endpoint_name, Some(run), false, &request, started, now));
+                return Ok(self.outcome(project, endpoint_name, Some(run), false, &request, started, now));
             }
             // A caller with its own bound on staleness does not share a computation that may have taken an older
             // stored result.
@@ -230,11 +271,48 @@ impl RunService {
         };
         let now = self.clock.now();
         self.executions.record(project, &endpoint_name, now);
-        Ok(self.outcome(endpoint_name, Some(run), false, &request, started, now))
+        Ok(self.outcome(project, endpoint_name, Some(run), false, &request, started, now))
     }
 
+    /// Reads the request's cursor, if it has one, and takes the page it asks for; checks `as_of`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] (`cursor`, `offset`, `as_of`); [`Error::CursorExpired`].
+    fn pin(&self, request: &mut RunRequest) -> Result<(), Error> {
+        let now = self.clock.now();
+        if let Some(raw) = request.cursor.take() {
+            let cursor = Cursor::read(&raw, now, self.cursor_ttl)?;
+            request.follow(cursor)?;
+        }
+        if request.as_of.is_some_and(|at| at > now) {
+            return Err(Error::Invalid(crate::error::Invalid::field(
+                "as_of",
+                "as_of is in the future: send a time that has passed, or none for the newest data.",
+            )));
+        }
+        Ok(())
+    }
+
+    /// The cursor of the page after `run`'s, when rows follow it. A stored result's pages have none: they page
+    /// by `offset` (the stored result is itself one snapshot until its next refresh).
+    fn next(
+        &self,
+        project: ProjectId,
+        name: &EndpointName,
+        run: Option<&CachedRun>,
+        request: &RunRequest,
+        now: Timestamp,
+    ) -> Option<String> {
+        let run = run.filter(|run| run.result.has_more && !run.endpoint_materialized)?;
+        let of = RunOf { project, endpoint: name.as_str(), version: run.version, variables: &run.variables };
+        let offset = request.offset + run.result.row_count as u64;
+        Some(Cursor::issue(of, offset, &run.result.read, run.data_as_of, now))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn outcome(
         &self,
+        project: ProjectId,
         name: EndpointName,
         run: Option<Arc<CachedRun>>,
         is_cached: bool,
@@ -243,6 +321,7 @@ impl RunService {
         now: Timestamp,
     ) -> RunOutcome {
         RunOutcome {
+            next: self.next(project, &name, run.as_deref(), request, now),
             fresh_for: run.as_ref().map_or(Duration::ZERO, |r| r.fresh_for(now)),
             name,
             endpoint_materialized: run.as_ref().is_some_and(|r| r.endpoint_materialized),
@@ -342,6 +421,16 @@ impl RunService {
                 ),
             )
             .into());
+        }
+        // Pages of other formats are written from the newest data as they stream; they page by `offset`.
+        for (attr, sent) in [("as_of", request.as_of.is_some()), ("cursor", request.cursor.is_some())] {
+            if sent {
+                return Err(Invalid::field(
+                    attr,
+                    format!("{attr} is for JSON runs; a page in another format reads the newest data (use offset)."),
+                )
+                .into());
+            }
         }
         let endpoint = self.active_endpoint(project, &name).await?;
         let context = self.context();
@@ -555,8 +644,10 @@ impl Context {
         live: impl AsyncFnOnce() -> Result<T, Error>,
     ) -> Result<Option<(T, Option<StoredResult>, Duration)>, Error> {
         let refresh = request.refresh;
-        let reads_stored =
-            endpoint.is_materialized && matches!(refresh, Refresh::Blocking | Refresh::ForceCache);
+        // A stored result holds the newest data it was refreshed with: earlier versions are read live.
+        let reads_stored = endpoint.is_materialized
+            && matches!(refresh, Refresh::Blocking | Refresh::ForceCache)
+            && request.read_at().is_newest();
         let source =
             if reads_stored { self.stored_source(endpoint, version, variables, request).await } else { None };
         if let Some((result, filters)) = source {
@@ -596,9 +687,7 @@ impl Context {
             endpoint_materialized: stored.is_some(),
             data_as_of: stored.as_ref().map_or(started_at, |s| s.data_as_of),
             materialized_at: stored.map(|s| s.materialized_at),
-            variables: Value::Object(
-                variables.iter().map(|(k, v)| (k.clone(), v.to_json())).collect::<Map<_, _>>(),
-            ),
+            variables: bound_json(variables),
             rendered: std::sync::OnceLock::new(),
             tag: std::sync::OnceLock::new(),
             as_of: std::sync::OnceLock::new(),
@@ -615,10 +704,20 @@ async fn compute(
     let definition = context.definition(&key, request.version).await?;
     let Definition { endpoint, version, .. } = &*definition;
     let variables = bind(&version.query, &request.variables)?;
+    if let Some(cursor) = &request.followed {
+        cursor.check(RunOf {
+            project: key.project,
+            endpoint: key.name.as_str(),
+            version: version.version,
+            variables: &bound_json(&variables),
+        })?;
+    }
     let (limit, offset) = (request.limit, request.offset);
     let results = &context.materializations.results;
-    // A live computation includes every append answered before it starts reading.
-    let started_at = context.clock.now();
+    // A live computation includes every append answered before it starts reading; one of earlier versions
+    // has the data of their time.
+    let started_at = request.pinned_as_of().unwrap_or_else(|| context.clock.now());
+    let at = request.read_at();
     let page = context
         .stored_else_live(
             endpoint,
@@ -627,8 +726,14 @@ async fn compute(
             &request,
             async |stored, filters| results.read(key.project, &stored.location, filters, limit, offset).await,
             async || {
-                let result = context.engine.execute(key.project, &version.query, &variables, limit, offset);
-                result.await.map_err(run_error)
+                let engine = &context.engine;
+                let result = match &at {
+                    ReadAt::Newest => {
+                        engine.execute(key.project, &version.query, &variables, limit, offset).await
+                    }
+                    at => engine.execute_at(key.project, &version.query, &variables, limit, offset, at).await,
+                };
+                result.map_err(|err| pinned_error(err, &at))
             },
         )
         .await?

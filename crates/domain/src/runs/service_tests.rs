@@ -124,6 +124,7 @@ fn engine(runs: Arc<AtomicUsize>) -> MockQueryEngine {
             row_count: 1,
             has_more: false,
             statistics: crate::query::Statistics::default(),
+            read: Vec::new(),
         })
     });
     let exports = runs_for_exports;
@@ -168,6 +169,7 @@ fn fixture(store: MockEndpointStore) -> Fixture {
         executions: executions.clone(),
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
+        cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
     });
     Fixture { service, cache, clock, runs, executions }
 }
@@ -182,6 +184,9 @@ fn request(refresh: Refresh, vars: serde_json::Value) -> RunRequest {
         client_query_id: None,
         format: crate::query::ResultFormat::Json,
         max_staleness: None,
+        as_of: None,
+        cursor: None,
+        followed: None,
     }
 }
 
@@ -270,6 +275,7 @@ async fn a_cache_hit_touches_neither_store_nor_engine() {
         executions: f.executions.clone(),
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
+        cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
     });
     let hit = strict.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     assert!(hit.is_cached);
@@ -397,6 +403,7 @@ async fn a_query_the_engine_no_longer_plans_is_query_invalid() {
         executions: f.executions.clone(),
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
+        cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
     });
     let err = f
         .service
@@ -418,6 +425,7 @@ async fn exports_are_bounded_by_the_export_limit_and_record_their_run() {
         executions: f.executions.clone(),
         materializations: untouched_materializations(),
         export_limit: 500,
+        cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
     });
     let csv = |limit| RunRequest {
         limit,
@@ -463,6 +471,7 @@ impl QueryEngine for SlowEngine {
             row_count: 0,
             has_more: false,
             statistics: crate::query::Statistics::default(),
+            read: Vec::new(),
         })
     }
 
@@ -506,6 +515,7 @@ fn slow_service() -> (Arc<RunService>, Arc<AtomicUsize>) {
         executions: Arc::new(ExecutionTracker::new(store)),
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
+        cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
     });
     (Arc::new(service), runs)
 }
@@ -703,6 +713,7 @@ mod materialized {
                 row_count: 1,
                 has_more: false,
                 statistics: crate::query::Statistics::default(),
+                read: Vec::new(),
             })
         });
         results.expect_export().returning(move |_, location, bound, limit, offset, format| {
@@ -771,6 +782,7 @@ mod materialized {
                 results: Arc::new(results(fail, reads.clone())),
             },
             export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
+            cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
         });
         (f, reads)
     }

@@ -439,6 +439,7 @@ async fn a_preview_runs_every_column_of_the_table_for_the_first_rows() {
             row_count: 0,
             has_more: false,
             statistics: crate::query::Statistics::default(),
+            read: Vec::new(),
         })
     });
     let service = service(tables, engine, MockEndpointChanges::new());

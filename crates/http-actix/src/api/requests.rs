@@ -169,7 +169,7 @@ pub(crate) fn run_body(variables: RefOr<Schema>, of: BodyOf) -> ObjectBuilder {
             .max_properties(Some(0))
             .description(Some("Accepted for compatibility: null or {} only."))
     };
-    let fields: [(&str, RefOr<Schema>); 10] = [
+    let fields: [(&str, RefOr<Schema>); 12] = [
         ("client_query_id", ObjectBuilder::new().schema_type(nullable(Type::String)).into()),
         ("format", json_format().into()),
         ("filters_override", empty().into()),
@@ -193,6 +193,29 @@ pub(crate) fn run_body(variables: RefOr<Schema>, of: BodyOf) -> ObjectBuilder {
                 .description(Some(
                     "The oldest data taken, in seconds: a cached or stored answer whose `data_as_of` is older \
                      is not served (the run computes live instead; `force_cache` answers no rows).",
+                ))
+                .into(),
+        ),
+        (
+            "as_of",
+            ObjectBuilder::new()
+                .schema_type(nullable(Type::String))
+                .format(Some(utoipa::openapi::schema::SchemaFormat::KnownFormat(
+                    utoipa::openapi::schema::KnownFormat::DateTime,
+                )))
+                .description(Some(
+                    "Read every table as it was at this RFC 3339 time: its newest version committed at or before \
+                     it, within the table retention (7 days by default). The answer's `data_as_of` is this time.",
+                ))
+                .into(),
+        ),
+        (
+            "cursor",
+            ObjectBuilder::new()
+                .schema_type(nullable(Type::String))
+                .description(Some(
+                    "The `next` of an earlier answer: the page after it, of the same snapshot of the tables. Send \
+                     the same variables (and version, if it named one) without `offset` or `as_of`.",
                 ))
                 .into(),
         ),

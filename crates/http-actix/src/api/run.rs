@@ -38,6 +38,11 @@ struct PerRequest<'a> {
     is_cached: bool,
     limit: u32,
     name: &'a str,
+    /// The cursor of the next page, when rows follow this one (null otherwise, and for a page of a stored
+    /// result, which pages by `offset`): send it as `cursor`, with the same variables, for the next page of the
+    /// same snapshot of the tables, while rows are appended or compacted. Valid for `--cursor-ttl` (1 hour).
+    #[schema(required = true)]
+    next: Option<&'a str>,
     offset: u64,
     #[schema(inline)]
     timings: Timings,
@@ -58,6 +63,8 @@ impl PerRequest<'_> {
         serde_json::to_writer(&mut *body, &self.limit).expect("a Vec takes every write");
         body.extend_from_slice(b",\"name\":");
         serde_json::to_writer(&mut *body, self.name).expect("a Vec takes every write");
+        body.extend_from_slice(b",\"next\":");
+        serde_json::to_writer(&mut *body, &self.next).expect("a Vec takes every write");
         body.extend_from_slice(b",\"offset\":");
         serde_json::to_writer(&mut *body, &self.offset).expect("a Vec takes every write");
         body.extend_from_slice(b",\"timings\":{\"query_ms\":");
@@ -184,6 +191,7 @@ impl<'a> RunAnswer<'a> {
             is_cached: outcome.is_cached,
             limit: outcome.limit,
             name: outcome.name.as_str(),
+            next: outcome.next.as_deref(),
             offset: outcome.offset,
             timings: Timings { query_ms, total_ms: millis(outcome.total) },
         };
@@ -275,6 +283,7 @@ mod tests {
             offset: 20,
             total: Duration::from_micros(1500),
             fresh_for: Duration::ZERO,
+            next: None,
         }
     }
 
@@ -306,6 +315,7 @@ mod tests {
                     bytes_read: Some(34_567),
                     elapsed: Duration::from_micros(6_500),
                 },
+                read: Vec::new(),
             },
             computed_at: at,
             expires_at: Some(at + Duration::from_secs(60)),
@@ -330,6 +340,7 @@ mod tests {
                 "is_cached": true,
                 "limit": 10,
                 "name": "sales",
+                "next": null,
                 "offset": 20,
                 "timings": {"query_ms": 0.0, "total_ms": 1.5},
                 "cache_expires_at": "2026-11-22T10:01:00Z",
@@ -386,6 +397,7 @@ mod tests {
                 is_cached,
                 limit: u32::MAX,
                 name: "a_b-c",
+                next: client_query_id.map(|_| "eyJwIjoxfQ"),
                 offset: u64::MAX,
                 timings: Timings { query_ms, total_ms: 12.5 },
             };

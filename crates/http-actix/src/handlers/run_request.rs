@@ -5,7 +5,7 @@ use domain::{Fields, Invalid, Refresh, ResultFormat, RunRequest, VersionNumber};
 use serde_json::{Map, Value};
 
 /// The fields a POST body may carry.
-pub(crate) const BODY_FIELDS: [&str; 10] = [
+pub(crate) const BODY_FIELDS: [&str; 12] = [
     "client_query_id",
     "format",
     "filters_override",
@@ -16,10 +16,12 @@ pub(crate) const BODY_FIELDS: [&str; 10] = [
     "limit",
     "offset",
     "max_staleness_seconds",
+    "as_of",
+    "cursor",
 ];
 
 /// Reads GET query parameters: `version`, `limit`, `offset`, `refresh`, `client_query_id`, `format`,
-/// `max_staleness_seconds`, `variables.NAME=value` and `variables=<JSON object>`; `accepted` is the format the client accepts, which
+/// `max_staleness_seconds`, `as_of`, `cursor`, `variables.NAME=value` and `variables=<JSON object>`; `accepted` is the format the client accepts, which
 /// `format` overrides. Other parameters (cache busters, tracking tags added by proxies) are ignored.
 ///
 /// # Errors
@@ -40,6 +42,8 @@ pub(crate) fn from_query<K: AsRef<str>, V: AsRef<str>>(
             "offset" => request.offset = RunRequest::page_offset(Some(integer("offset", value)?))?,
             "refresh" => request.refresh = Refresh::parse(value)?,
             "client_query_id" => request.client_query_id = Some(value.to_owned()),
+            "as_of" => request.as_of = RunRequest::as_of(Some(value))?,
+            "cursor" => request.cursor = Some(value.to_owned()),
             "max_staleness_seconds" => {
                 let seconds = integer("max_staleness_seconds", value)?;
                 request.max_staleness = RunRequest::max_staleness(Some(seconds))?;
@@ -120,6 +124,9 @@ pub(crate) fn from_body(
         client_query_id: fields.nullable_string("client_query_id")?.flatten(),
         format,
         max_staleness: RunRequest::max_staleness(fields.nullable_int("max_staleness_seconds")?.flatten())?,
+        as_of: RunRequest::as_of(fields.nullable_string("as_of")?.flatten().as_deref())?,
+        cursor: fields.nullable_string("cursor")?.flatten(),
+        followed: None,
     })
 }
 
@@ -168,6 +175,14 @@ mod tests {
             from_body(&json!({"version": 2.0, "limit": 10.0, "offset": 0.0}), None, ResultFormat::Json)
                 .unwrap();
         assert_eq!((floats.version, floats.limit, floats.offset), (Some(2), 10, 0), "JSON Schema integers");
+        let pinned = from_body(
+            &json!({"as_of": "2026-11-27T09:30:00+01:00", "cursor": "abc"}),
+            None,
+            ResultFormat::Json,
+        )
+        .unwrap();
+        assert_eq!(pinned.as_of.map(|at| at.unix_timestamp()), Some(1_795_768_200));
+        assert_eq!(pinned.cursor.as_deref(), Some("abc"));
         let bounded = from_body(&json!({"max_staleness_seconds": 30}), None, ResultFormat::Json).unwrap();
         assert_eq!(bounded.max_staleness, Some(std::time::Duration::from_secs(30)));
         let csv = from_body(&json!({"format": "csv", "limit": 50_000}), None, ResultFormat::Json).unwrap();
@@ -187,6 +202,9 @@ mod tests {
             (json!({"format": "xml"}), "format"),
             (json!({"max_staleness_seconds": -1}), "max_staleness_seconds"),
             (json!({"max_staleness_seconds": "10"}), "max_staleness_seconds"),
+            (json!({"as_of": "yesterday"}), "as_of"),
+            (json!({"as_of": 1_700_000_000}), "as_of"),
+            (json!({"cursor": 5}), "cursor"),
         ] {
             assert_eq!(
                 from_body(&body, None, ResultFormat::Json).unwrap_err().attr.as_deref(),
@@ -228,6 +246,7 @@ mod tests {
             ("version", "v2"),
             ("max_staleness_seconds", "-5"),
             ("max_staleness_seconds", "soon"),
+            ("as_of", "2026-13-01T00:00:00Z"),
         ] {
             let attr = from_query([(key, value)], ResultFormat::Json).unwrap_err().attr;
             assert_eq!(attr.as_deref(), Some(key), "{key}={value}");

@@ -31,12 +31,15 @@ fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
     params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query), ("limit" = Option<i64>, Query),
            ("offset" = Option<i64>, Query), ("refresh" = Option<String>, Query), ("client_query_id" = Option<String>, Query),
            ("format" = Option<JsonFormat>, Query),
+           ("as_of" = Option<String>, Query, description = "Read every table as it was at this RFC 3339 time"),
+           ("cursor" = Option<String>, Query, description = "The `next` of an earlier answer: the page after it, of the same snapshot"),
            ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
     responses((status = 200, description = "The run as JSON. The same run in another format is the export operation \
                (`.../run/{format}`); `format` or `Accept` here also switch it, for clients that are not generated", body = RunAnswer),
               (status = 304, description = "If-None-Match holds the answer's ETag"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
-              (status = 404, body = Error), (status = 406, body = Error), (status = 429, body = Error)))]
+              (status = 404, body = Error), (status = 406, body = Error), (status = 410, body = Error),
+              (status = 429, body = Error)))]
 pub(crate) async fn run_get(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -60,7 +63,8 @@ pub(crate) async fn run_get(
                (`.../run/{format}`); `format` or `Accept` here also switch it, for clients that are not generated", body = RunAnswer),
               (status = 304, description = "If-None-Match holds the answer's ETag"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
-              (status = 404, body = Error), (status = 406, body = Error), (status = 429, body = Error)))]
+              (status = 404, body = Error), (status = 406, body = Error), (status = 410, body = Error),
+              (status = 429, body = Error)))]
 pub(crate) async fn run_post(
     req: HttpRequest,
     state: web::Data<AppState>,

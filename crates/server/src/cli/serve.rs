@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// checkpoint made unnecessary, are kept for readers of older versions (humantime: 7d, 36h; at least 1h).
     #[arg(long, env = "ENDPOINTS_TABLE_RETENTION", default_value = "7d", value_parser = table_retention)]
     pub table_retention: Duration,
+    /// How long a run's `next` cursor may be followed (humantime: 1h, 30m; at most the table retention, whose
+    /// vacuum removes the files of the versions it pins).
+    #[arg(long, env = "ENDPOINTS_CURSOR_TTL", default_value = "1h", value_parser = super::positive_duration)]
+    pub cursor_ttl: Duration,
     /// Live queries one project may run at once (429 with Retry-After beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_QUERIES_PER_PROJECT", default_value_t = 4, value_parser = positive_usize())]
     pub max_queries_per_project: usize,
@@ -189,6 +193,15 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.limits.export_bytes = args.max_export_bytes.as_u64();
     config.allowed_sources = args.allow_sources;
     config.table_retention = args.table_retention;
+    if args.cursor_ttl > args.table_retention {
+        return Err(CliError::Usage(format!(
+            "--cursor-ttl ({}) is longer than --table-retention ({}): a cursor's versions would be removed before it \
+             expires",
+            humantime::format_duration(args.cursor_ttl),
+            humantime::format_duration(args.table_retention)
+        )));
+    }
+    config.cursor_ttl = args.cursor_ttl;
     config.cache_bytes = args.cache_mb.saturating_mul(1024 * 1024);
     config.flush_interval = Duration::from_secs(args.flush_secs);
     config.worker.parallelism = args.materialize_workers;
