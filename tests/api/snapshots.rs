@@ -17,6 +17,18 @@ async fn write(app: &TestApp, method: Method, path: &str, key: &str, ndjson: &st
     assert!(response.status().is_success(), "{}", response.text().await.unwrap());
 }
 
+/// The rows of the first test's table: ids 2, 4, ..., 10.
+const FIVE: &str = "{\"id\": 2}\n{\"id\": 4}\n{\"id\": 6}\n{\"id\": 8}\n{\"id\": 10}\n";
+
+/// A project, a key that writes endpoints and tables, and its table `items` of `rows`, by the table's path.
+async fn project_with_items(app: &TestApp, rows: &str) -> (i64, String, String) {
+    let project = app.create_project();
+    let (_, key) = app.create_key(project, &["endpoint:write", "table:write"]);
+    let table = format!("/api/projects/{project}/tables/items");
+    write(app, Method::PUT, &table, &key, rows).await;
+    (project, key, table)
+}
+
 fn ids(answer: &Value) -> Vec<i64> {
     answer["results"].as_array().unwrap().iter().map(|row| row["id"].as_i64().unwrap()).collect()
 }
@@ -32,17 +44,7 @@ async fn run(app: &TestApp, path: &str, key: &str, body: Value) -> Value {
 #[tokio::test]
 async fn a_cursor_pages_one_snapshot_while_rows_are_appended_and_refuses_another_run() {
     let app = spawn_app().await;
-    let project = app.create_project();
-    let (_, key) = app.create_key(project, &["endpoint:write", "table:write"]);
-    let table = format!("/api/projects/{project}/tables/items");
-    write(
-        &app,
-        Method::PUT,
-        &table,
-        &key,
-        "{\"id\": 2}\n{\"id\": 4}\n{\"id\": 6}\n{\"id\": 8}\n{\"id\": 10}\n",
-    )
-    .await;
+    let (project, key, table) = project_with_items(&app, FIVE).await;
     let sql = "SELECT id FROM items WHERE id >= {variables.low} ORDER BY id";
     let mut body = endpoint_body("listing", sql);
     body["query"]["variables"] = json!({"low": {"type": "Integer", "default": 0}});
@@ -91,10 +93,7 @@ async fn a_cursor_pages_one_snapshot_while_rows_are_appended_and_refuses_another
         .await;
         assert!(error["detail"].as_str().unwrap().contains("another endpoint"), "{error}");
         // Another project's key with the same endpoint name: the cursor is not its project's.
-        let stranger = app.create_project();
-        let (_, theirs) = app.create_key(stranger, &["endpoint:write", "table:write"]);
-        write(&app, Method::PUT, &format!("/api/projects/{stranger}/tables/items"), &theirs, "{\"id\": 1}\n")
-            .await;
+        let (stranger, theirs, _) = project_with_items(&app, "{\"id\": 1}\n").await;
         app.create_endpoint(stranger, &theirs, &body).await;
         let error = assert_error(
             app.post(
@@ -109,24 +108,14 @@ async fn a_cursor_pages_one_snapshot_while_rows_are_appended_and_refuses_another
         .await;
         assert_eq!(error["attr"], "cursor");
         // Start again for the next family, from the table as it was.
-        write(
-            &app,
-            Method::PUT,
-            &table,
-            &key,
-            "{\"id\": 2}\n{\"id\": 4}\n{\"id\": 6}\n{\"id\": 8}\n{\"id\": 10}\n",
-        )
-        .await;
+        write(&app, Method::PUT, &table, &key, FIVE).await;
     }
 }
 
 #[tokio::test]
 async fn as_of_reads_the_tables_as_they_were_and_refuses_times_without_a_version() {
     let app = spawn_app().await;
-    let project = app.create_project();
-    let (_, key) = app.create_key(project, &["endpoint:write", "table:write"]);
-    let table = format!("/api/projects/{project}/tables/items");
-    write(&app, Method::PUT, &table, &key, "{\"id\": 1}\n").await;
+    let (project, key, table) = project_with_items(&app, "{\"id\": 1}\n").await;
     app.create_endpoint(project, &key, &endpoint_body("total", "SELECT sum(id) AS id FROM items")).await;
     let path = format!("/api/projects/{project}/endpoints/total/run");
     let before_append = run(&app, &path, &key, json!({"refresh": "direct"})).await;

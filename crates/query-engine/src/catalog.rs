@@ -357,12 +357,13 @@ async fn lookup(
         }
         ReadAt::Pinned(versions) => {
             let Some(pinned) = versions.iter().find(|pinned| pinned.table == name) else { return Ok(None) };
-            let snapshot = storage.pinned_snapshot(&table, pinned.version).await.map_err(|err| {
-                EngineError::NoSuchVersion(format!(
-                    "version {} of table {name} is no longer kept: {err}",
-                    pinned.version
-                ))
-            })?;
+            let snapshot =
+                storage.pinned_snapshot(&table, pinned.version).await.map_err(|err| match err {
+                    CommitError::NoVersion { version, .. } => EngineError::NoSuchVersion(format!(
+                        "version {version} of table {name} is no longer kept"
+                    )),
+                    other => table_error(other),
+                })?;
             Ok(state_of(snapshot))
         }
     }

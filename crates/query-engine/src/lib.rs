@@ -452,9 +452,9 @@ impl DataFusionEngine {
         // A cluster's session plans for its scheduler: its plans are not kept; nor are plans of earlier versions.
         let keeps = self.scheduler().is_none() && at.is_newest();
         if keeps {
-            if let Some((plan, tables)) = self.plans.current(&self.storage, project, &compiled.sql).await? {
+            if let Some((plan, read)) = self.plans.current(&self.storage, project, &compiled.sql).await? {
                 self.metrics.planned(true);
-                return Ok((ctx, plan, catalog::versions_read(&tables)));
+                return Ok((ctx, plan, read));
             }
         }
         let statement = parse(&ctx, compiled)?;

@@ -31,6 +31,8 @@ pub(crate) type Named = Vec<(String, Option<Current>)>;
 struct KeptPlan {
     tables: Named,
     plan: LogicalPlan,
+    /// The versions of the tables it reads, as an answer gives them.
+    read: Vec<domain::TableVersion>,
 }
 
 /// The kept plans, shared by the engine's clones.
@@ -65,7 +67,7 @@ impl Plans {
         Self { entries }
     }
 
-    /// The plan kept for `sql` in the project, and the tables it reads, when every table it names is where it
+    /// The plan kept for `sql` in the project, and the versions of the tables it reads, when every table it names is where it
     /// was when it was planned.
     ///
     /// # Errors
@@ -75,14 +77,14 @@ impl Plans {
         storage: &Storage,
         project: ProjectId,
         sql: &str,
-    ) -> Result<Option<(LogicalPlan, Named)>, EngineError> {
+    ) -> Result<Option<(LogicalPlan, Vec<domain::TableVersion>)>, EngineError> {
         let Some(kept) = self.entries.get(&(project, sql.to_owned())) else { return Ok(None) };
         for (name, was) in &kept.tables {
             if catalog::current(storage, &catalog::table_prefix(project, name)).await? != *was {
                 return Ok(None);
             }
         }
-        Ok(Some((kept.plan.clone(), kept.tables.clone())))
+        Ok(Some((kept.plan.clone(), kept.read.clone())))
     }
 
     /// Keeps `plan` of `sql` in the project, planned against `tables`; not when it reads an external source.
@@ -90,6 +92,8 @@ impl Plans {
         if tables.iter().any(|(_, current)| matches!(current, Some(Current::External { .. }))) {
             return;
         }
-        self.entries.insert((project, sql.to_owned()), Arc::new(KeptPlan { tables, plan: plan.clone() }));
+        let read = catalog::versions_read(&tables);
+        self.entries
+            .insert((project, sql.to_owned()), Arc::new(KeptPlan { tables, plan: plan.clone(), read }));
     }
 }

@@ -92,9 +92,16 @@ fn engine_root(root: &Url) -> Result<ObjectPath, StorageError> {
     ObjectPath::from_url_path(root.path()).map_err(|_| StorageError::Unsupported(root.to_string()))
 }
 
-/// Room for the versions pinned by the cursors of a few hundred tables at once.
+/// Room for the versions pinned by cursors, weighed by their files (a few hundred bytes each): about 64 MiB
+/// whatever the tables' sizes, so that cursors of versions of a table of many files cannot fill the memory.
 fn pinned_snapshots() -> moka::sync::Cache<(ObjectPath, u64), Arc<tables_delta::Snapshot>> {
-    moka::sync::Cache::new(256)
+    const FILES: u64 = 256 * 1024;
+    moka::sync::Cache::builder()
+        .weigher(|_: &(ObjectPath, u64), snapshot: &Arc<tables_delta::Snapshot>| {
+            u32::try_from(snapshot.files.len() + 1).unwrap_or(u32::MAX)
+        })
+        .max_capacity(FILES)
+        .build()
 }
 
 fn version_schemas() -> VersionSchemas {
@@ -256,7 +263,6 @@ impl Storage {
         &self.store
     }
 
-    /// The project tables, as Delta tables.
     /// The table at `version`, as a cursor pinned it: versions never change, so each is read from the log once
     /// while it is among the most recently pinned.
     pub(crate) async fn pinned_snapshot(
@@ -273,6 +279,7 @@ impl Storage {
         Ok(snapshot)
     }
 
+    /// The project tables, as Delta tables.
     pub(crate) fn tables(&self) -> &DeltaTables {
         &self.tables
     }

@@ -55,6 +55,9 @@ pub enum CommitError {
     /// The files a compaction merged are no longer the table's (a replace took them).
     #[error("table {0} changed while it was compacted")]
     Conflict(String),
+    /// The version asked for is not in the table's log: never made, or cleaned up after the retention.
+    #[error("table {table} has no version {version} in its log")]
+    NoVersion { table: String, version: u64 },
     /// The columns cannot be a Delta table's (a type the protocol has no counterpart for, such as a decimal of
     /// more than 38 digits).
     #[error("table {table}: {reason}")]
@@ -344,14 +347,21 @@ impl DeltaTables {
     /// The table at one of its versions.
     ///
     /// # Errors
-    /// [`CommitError::Storage`] (also for a version the log no longer has).
+    /// [`CommitError::NoVersion`] for a version the log does not have (any more); [`CommitError::Storage`].
     pub async fn snapshot_of_version(
         &self,
         table: &ObjectPath,
         version: u64,
     ) -> Result<Snapshot, CommitError> {
-        let mut delta = DeltaTable::new(self.log_store(table));
-        delta.load_version(version).await.map_err(|e| CommitError::storage(table, e))?;
+        let log = self.log_store(table);
+        let mut delta = DeltaTable::new(Arc::clone(&log));
+        if let Err(err) = delta.load_version(version).await {
+            // A storage that cannot be read is not a version that is gone: only the log's answer tells them apart.
+            return Err(match log.read_commit_entry(version).await {
+                Ok(None) => CommitError::NoVersion { table: table.to_string(), version },
+                Ok(Some(_)) | Err(_) => CommitError::storage(table, err),
+            });
+        }
         let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
         Snapshot::of(table, state).map_err(|e| CommitError::storage(table, e))
     }

@@ -227,6 +227,11 @@ async fn a_table_is_read_as_of_a_time_and_not_before_its_first_version() {
     let now = tables.snapshot_at(&table(), v1.committed_ms + 1).await.expect("read").expect("version 1");
     assert_eq!((now.version, now.rows()), (1, Some(2)));
     assert!(tables.snapshot_at(&table(), v0.committed_ms - 1).await.expect("read").is_none());
+
+    // By number, as a cursor pins it: a version the log does not have is said to be gone, not a storage failure.
+    assert_eq!(tables.snapshot_of_version(&table(), 0).await.expect("version 0").rows(), Some(1));
+    let missing = tables.snapshot_of_version(&table(), 7).await.unwrap_err();
+    assert!(matches!(missing, CommitError::NoVersion { version: 7, .. }), "{missing:?}");
 }
 
 #[tokio::test]

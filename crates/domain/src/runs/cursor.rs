@@ -145,6 +145,12 @@ impl Cursor {
         })
     }
 
+    /// What identifies the run it continues (the version and the digest of project, endpoint and variables), for
+    /// a cache key.
+    pub(crate) fn run_key(&self) -> String {
+        format!("{}:{}", self.version, self.digest)
+    }
+
     /// Checks that the cursor continues `run`.
     ///
     /// # Errors

@@ -135,6 +135,12 @@ fn request_key(request: &RunRequest) -> String {
             serde_json::to_writer(&mut key, &versions).expect("a Vec takes every write");
         }
     }
+    // A cursor's run it continues: an answer is cached only once a computation checked the cursor against its
+    // run, so a cursor of another run never meets that answer in the cache.
+    if let Some(cursor) = &request.followed {
+        key.extend_from_slice(b";run=");
+        key.extend_from_slice(cursor.run_key().as_bytes());
+    }
     String::from_utf8(key).expect("JSON and ASCII are UTF-8")
 }
 
@@ -279,6 +285,9 @@ impl RunService {
     /// # Errors
     /// [`Error::Invalid`] (`cursor`, `offset`, `as_of`); [`Error::CursorExpired`].
     fn pin(&self, request: &mut RunRequest) -> Result<(), Error> {
+        if request.cursor.is_none() && request.as_of.is_none() {
+            return Ok(());
+        }
         let now = self.clock.now();
         if let Some(raw) = request.cursor.take() {
             let cursor = Cursor::read(&raw, now, self.cursor_ttl)?;
