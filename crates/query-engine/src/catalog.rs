@@ -338,7 +338,8 @@ async fn lookup(
         ReadAt::Newest => current(storage, &table).await,
         ReadAt::AsOf(time) => {
             let retention = storage.table_retention();
-            if std::time::SystemTime::from(*time) + retention < std::time::SystemTime::now() {
+            let kept_until = std::time::SystemTime::from(*time).checked_add(retention);
+            if kept_until.is_some_and(|until| until < std::time::SystemTime::now()) {
                 let kept = humantime::format_duration(retention);
                 return Err(EngineError::NoSuchVersion(format!(
                     "as_of is earlier than the table retention ({kept}): earlier versions are not kept."

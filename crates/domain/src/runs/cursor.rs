@@ -21,6 +21,9 @@ use crate::query::TableVersion;
 /// The longest cursor read: a cursor names a few tables; anything longer was not made here.
 const MAX_CURSOR_BYTES: usize = 8 * 1024;
 
+/// How far apart the clocks of the service's nodes may be: a cursor issued by one is read by another.
+const CLOCK_SKEW: Duration = Duration::from_secs(300);
+
 /// The most tables a cursor pins (a query names far fewer).
 const MAX_PINNED: usize = 256;
 
@@ -128,7 +131,12 @@ impl Cursor {
         if written.t.len() > MAX_PINNED {
             return Err(not_a_cursor());
         }
-        if issued + ttl < now {
+        // Issued later than now (beyond the skew of two nodes' clocks): made up, not issued here.
+        if issued - now > CLOCK_SKEW {
+            return Err(not_a_cursor());
+        }
+        // Differences, not sums: a made-up time at the end of the calendar must not overflow.
+        if now - issued > ttl {
             let ttl = humantime::format_duration(ttl);
             return Err(Error::CursorExpired(format!(
                 "The cursor is older than the {ttl} cursors are kept for; run again without it for a new first page."
@@ -219,9 +227,31 @@ mod tests {
         let ttl = Duration::from_secs(3600);
         assert!(Cursor::read(&raw, at(3600), ttl).is_ok());
         assert!(matches!(Cursor::read(&raw, at(3601), ttl), Err(Error::CursorExpired(_))));
-        for junk in
-            ["", "abc", "!!!!", &"A".repeat(MAX_CURSOR_BYTES + 1), &URL_SAFE_NO_PAD.encode(b"{\"p\":1}")]
-        {
+        // Issued at the end of the calendar, or an hour from now: made up (and no arithmetic overflows).
+        let forged = |issued: i64| {
+            let written = Written {
+                p: 3,
+                e: "sales".into(),
+                v: 1,
+                h: String::new(),
+                t: Vec::new(),
+                o: 0,
+                i: issued,
+                d: 0,
+            };
+            URL_SAFE_NO_PAD.encode(serde_json::to_vec(&written).unwrap())
+        };
+        let end_of_calendar = forged(253_402_300_799);
+        let later = forged(at(3600).unix_timestamp());
+        for junk in [
+            "",
+            "abc",
+            "!!!!",
+            &"A".repeat(MAX_CURSOR_BYTES + 1),
+            &URL_SAFE_NO_PAD.encode(b"{\"p\":1}"),
+            &end_of_calendar,
+            &later,
+        ] {
             match Cursor::read(junk, at(0), ttl) {
                 Err(Error::Invalid(invalid)) => assert_eq!(invalid.attr.as_deref(), Some("cursor")),
                 other => panic!("{junk}: {other:?}"),
