@@ -7,7 +7,8 @@ small bodies (group commits), appends with `?on_error=quarantine` so that bad li
 waits for a compaction (an `OPTIMIZE` commit) and replaces another table twice. Each table is then opened with
 `deltalake.DeltaTable` at its place in the data directory, and its rows are compared with `SELECT *` run live
 through an endpoint; its history must show the service's operations and the record's `files` the version's file
-count. Run by `make test` (`make delta-check`).
+count. Last, a Delta table the `deltalake` package writes (partitioned, outside the data directory) is registered
+as a source (`"format": "delta"`), and its next version is served. Run by `make test` (`make delta-check`).
 """
 
 import datetime
@@ -19,6 +20,7 @@ import urllib.error
 import urllib.request
 
 import deltalake
+import pyarrow
 
 from live_server import live_server, request
 
@@ -100,9 +102,38 @@ def wait_for_compaction(base, project, key, table):
     raise SystemExit(f"{table} was never compacted: {record}")
 
 
+def orders(first, count):
+    """Rows `first..first+count` of a lake's orders table, partitioned by region."""
+    ids = list(range(first, first + count))
+    return pyarrow.table({
+        "id": pyarrow.array(ids, pyarrow.int64()),
+        "region": [("eu", "us", "apac")[i % 3] for i in ids],
+        "amount": [i * 2.5 for i in ids],
+    })
+
+
+def check_delta_source(base, project, key, lake):
+    """A team's Delta table, written by the `deltalake` package, served as a source and followed."""
+    path = os.path.join(lake, "orders")
+    deltalake.write_deltalake(path, orders(1, 30), partition_by=["region"])
+    body = json.dumps({"source": {"url": f"file://{path}", "format": "delta"}})
+    record = upload(base, project, key, "orders", body, "application/json")
+    assert record["format"] == "delta" and record["row_count"] == 30, record
+    theirs = deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+    same_rows("orders (a Delta source)", run_all(base, project, key, "orders"), theirs, "id")
+    # The writer's next version is what the next run reads (the server checks at every run here).
+    deltalake.write_deltalake(path, orders(31, 5), mode="append", partition_by=["region"])
+    theirs = deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+    ours = run_all(base, project, key, "orders")
+    same_rows("orders (its next version)", ours, theirs, "id")
+    assert len(ours) == 35, len(ours)
+
+
 def main():
-    with tempfile.TemporaryDirectory() as work, live_server(
-        work, SALES, serve_args=("--compaction-interval-ms", "200")
+    with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as lake, live_server(
+        work, SALES,
+        serve_args=("--compaction-interval-ms", "200", "--allow-source", f"file://{lake}/",
+                    "--source-refresh-secs", "0"),
     ) as (base, project, key):
         data_dir = os.path.join(work, "data")
         ndjson = "application/x-ndjson"
@@ -136,7 +167,8 @@ def main():
         things, delta = read_delta(data_dir, project, "things")
         same_rows("things (replaced)", run_all(base, project, key, "things"), things, "b")
         assert delta.version() == 1 and [f.name for f in delta.schema().fields] == ["b", "c"], delta.schema()
-        print("delta: 5 passed, 0 failed")
+        check_delta_source(base, project, key, lake)
+        print("delta: 7 passed, 0 failed")
 
 
 if __name__ == "__main__":

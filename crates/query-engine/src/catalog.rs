@@ -80,6 +80,9 @@ impl SourceRecord {
             ExternalSource::Files { url, format } => {
                 Self { url: url.clone(), format: Some(format.as_str().into()), table: None }
             }
+            ExternalSource::Delta { url } => {
+                Self { url: url.clone(), format: Some(ExternalSource::DELTA.into()), table: None }
+            }
             ExternalSource::Postgres { url, table } => {
                 Self { url: url.clone(), format: None, table: Some(table.clone()) }
             }
@@ -88,6 +91,7 @@ impl SourceRecord {
 
     pub(crate) fn source(self) -> Option<ExternalSource> {
         match (self.format, self.table) {
+            (Some(format), None) if format == ExternalSource::DELTA => Some(ExternalSource::Delta { url: self.url }),
             (Some(format), None) => {
                 let format = domain::TableFormat::ALL.into_iter().find(|f| f.as_str() == format)?;
                 Some(ExternalSource::Files { url: self.url, format })
@@ -195,10 +199,9 @@ pub(crate) async fn describe_tables(
                 TableFiles { name, location, files: snapshot.files.len() as u64, bytes: snapshot.bytes() }
             }
             // Read where they are: their size is the source's business.
-            Current::External {
-                source: ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. },
-                ..
-            } => TableFiles { name, location: crate::sources::shown_raw(&url), files: 0, bytes: 0 },
+            Current::External { source, .. } => {
+                TableFiles { name, location: crate::sources::shown_raw(source.url()), files: 0, bytes: 0 }
+            }
         };
         described.push(info);
     }

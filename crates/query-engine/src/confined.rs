@@ -44,10 +44,31 @@ impl Confinement {
     /// The canonical path of `path`, when it exists and resolves inside an allowed folder and outside the data
     /// directory; else why not, in words for the tenant (which never name where a link leads).
     pub(crate) fn resolve(&self, path: &Path) -> std::result::Result<PathBuf, String> {
-        let real = std::fs::canonicalize(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!("{} does not exist.", path.display()),
-            _ => format!("cannot read {}.", path.display()),
-        })?;
+        self.resolve_or_missing(path).map_err(Unresolved::into_reason)
+    }
+
+    /// [`Confinement::resolve`], telling a file that is not there in a folder that may be read
+    /// ([`Unresolved::Missing`], as a store answers "not found") from one that may not be read at all: readers
+    /// of a table format ask for files that may not exist (Delta's `_last_checkpoint`).
+    fn resolve_or_missing(&self, path: &Path) -> std::result::Result<PathBuf, Unresolved> {
+        let real = match std::fs::canonicalize(path) {
+            Ok(real) => real,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let missing = format!("{} does not exist.", path.display());
+                // Only where its folder may be read: elsewhere, whether a file exists is not told either.
+                return match path.parent().map(|folder| self.resolve_or_missing(folder)) {
+                    Some(Ok(_)) => Err(Unresolved::Missing(missing)),
+                    _ => Err(Unresolved::Refused(missing)),
+                };
+            }
+            Err(_) => return Err(Unresolved::Refused(format!("cannot read {}.", path.display()))),
+        };
+        self.check(path, real).map_err(Unresolved::Refused)
+    }
+
+    /// `real` (the canonical form of `path`), when it is inside an allowed folder and outside the data
+    /// directory.
+    fn check(&self, path: &Path, real: PathBuf) -> std::result::Result<PathBuf, String> {
         if self.refused.as_ref().is_some_and(|data| real.starts_with(data)) {
             return Err(format!(
                 "{} is in the server's data directory (every project's tables and results), which is not a \
@@ -69,6 +90,22 @@ impl Confinement {
             ));
         }
         Ok(real)
+    }
+}
+
+/// Why a path is not read.
+enum Unresolved {
+    /// Nothing is there, in a folder that may be read.
+    Missing(String),
+    /// It may not be read (or it is not there, in a folder that may not be read).
+    Refused(String),
+}
+
+impl Unresolved {
+    fn into_reason(self) -> String {
+        match self {
+            Self::Missing(why) | Self::Refused(why) => why,
+        }
     }
 }
 
@@ -99,10 +136,13 @@ impl ConfinedFiles {
         let path = files.path_to_filesystem(location)?;
         let confinement = Arc::clone(confinement);
         let shown = location.to_string();
-        let real = tokio::task::spawn_blocking(move || confinement.resolve(&path))
+        let real = tokio::task::spawn_blocking(move || confinement.resolve_or_missing(&path))
             .await
             .map_err(|e| object_store::Error::Generic { store: "ConfinedFiles", source: Box::new(e) })?
-            .map_err(|why| object_store::Error::PermissionDenied { path: shown, source: why.into() })?;
+            .map_err(|unresolved| match unresolved {
+                Unresolved::Missing(why) => object_store::Error::NotFound { path: shown, source: why.into() },
+                Unresolved::Refused(why) => object_store::Error::PermissionDenied { path: shown, source: why.into() },
+            })?;
         Ok(ObjectPath::from_absolute_path(real)?)
     }
 

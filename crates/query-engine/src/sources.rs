@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use datafusion::catalog::TableProvider;
 use datafusion::common::TableReference;
@@ -31,6 +32,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
 use secrecy::SecretString;
+use tables_delta::{CommitError, ExternalTable};
 use tokio::sync::OnceCell;
 use url::Url;
 
@@ -50,6 +52,18 @@ pub(crate) enum Unreadable {
     Failed(String),
 }
 
+/// Whether an error of delta-rs comes from a file the confined store refused.
+fn refused_store(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(err) = cause {
+        if matches!(err.downcast_ref::<object_store::Error>(), Some(object_store::Error::PermissionDenied { .. })) {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
+}
+
 /// Whether a DataFusion error comes from a file the confined store refused.
 fn refused_file(err: &datafusion::error::DataFusionError) -> bool {
     matches!(
@@ -59,8 +73,8 @@ fn refused_file(err: &datafusion::error::DataFusionError) -> bool {
     )
 }
 
-/// The prefixes the operator allowed, and the clients of the buckets, folders and databases tables read.
-#[derive(Default)]
+/// The prefixes the operator allowed, and the clients of the buckets, folders, Delta tables and databases
+/// tables read.
 pub(crate) struct Sources {
     /// Normalised ([`normalise`]), but for databases, which are compared as given.
     allowed: Vec<Url>,
@@ -72,6 +86,27 @@ pub(crate) struct Sources {
     buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
     /// Connection pools, by database URL (with its credentials); each made once, by the first query.
     pools: Mutex<HashMap<String, Arc<OnceCell<Arc<PostgresConnectionPool>>>>>,
+    /// External Delta tables, by URL (as checked), each read once and then followed.
+    delta: Mutex<HashMap<String, Arc<ExternalTable>>>,
+    /// How often an external Delta table is checked for a newer version.
+    delta_refresh: Duration,
+}
+
+/// How many external Delta tables a process keeps read; past it, those no query holds are read afresh.
+const KEPT_DELTA_TABLES: usize = 256;
+
+impl Default for Sources {
+    fn default() -> Self {
+        Self {
+            allowed: Vec::new(),
+            confinement: Confinement::default(),
+            files: std::sync::OnceLock::new(),
+            buckets: Mutex::default(),
+            pools: Mutex::default(),
+            delta: Mutex::default(),
+            delta_refresh: crate::Storage::DEFAULT_SOURCE_REFRESH,
+        }
+    }
 }
 
 impl std::fmt::Debug for Sources {
@@ -404,6 +439,12 @@ impl Sources {
                 };
                 registered.map_err(|e| unreadable(raw, &url, &e))
             }
+            ExternalSource::Delta { url: raw } => {
+                let (provider, _) = self.delta_table(ctx, raw, storage_bucket, storage_projects).await?;
+                ctx.register_table(table, provider)
+                    .map(|_| ())
+                    .map_err(|e| Unreadable::Failed(crate::message(&e)))
+            }
             ExternalSource::Postgres { url, table: remote } => {
                 let url = self.check(url, storage_bucket, storage_projects).map_err(Unreadable::Refused)?;
                 let provider = self.postgres_table(&url, remote).await.map_err(Unreadable::Failed)?;
@@ -412,6 +453,69 @@ impl Sources {
                     .map_err(|e| Unreadable::Failed(crate::message(&e)))
             }
         }
+    }
+
+    /// The same sources, checking an external Delta table for a newer version at most once per `every`.
+    pub(crate) fn refreshing_delta_every(mut self, every: Duration) -> Self {
+        self.delta_refresh = every;
+        self
+    }
+
+    /// The Delta table at the folder `raw` names, once allowed: a provider reading its newest version (within
+    /// the refresh interval), and that version's files. The table is read with the store `ctx` reads its folder
+    /// with, so a local table's files are confined as any source's are.
+    ///
+    /// # Errors
+    /// Why the table cannot be read: not allowed, not a Delta table, a reader feature this server lacks, or the
+    /// storage failing.
+    pub(crate) async fn delta_table(
+        &self,
+        ctx: &SessionContext,
+        raw: &str,
+        storage_bucket: Option<&Url>,
+        storage_projects: &Url,
+    ) -> Result<(Arc<dyn TableProvider>, tables_delta::Snapshot), Unreadable> {
+        // A Delta table is a folder, however the URL ends.
+        let folder = if raw.ends_with('/') { raw.to_owned() } else { format!("{raw}/") };
+        let url = self.check(&folder, storage_bucket, storage_projects).map_err(Unreadable::Refused)?;
+        self.register_store(ctx, &url, storage_bucket).map_err(Unreadable::Failed)?;
+        let cannot = |why: String| format!("cannot read the Delta table {}: {why}", shown_raw(raw));
+        let table = {
+            let mut kept = self.delta.lock().unwrap_or_else(PoisonError::into_inner);
+            match kept.get(url.as_str()) {
+                Some(table) => Arc::clone(table),
+                None => {
+                    let root = datafusion::execution::object_store::ObjectStoreUrl::parse(
+                        &url[..url::Position::BeforePath],
+                    )
+                    .map_err(|e| Unreadable::Failed(cannot(crate::message(&e))))?;
+                    let store = ctx
+                        .runtime_env()
+                        .object_store(&root)
+                        .map_err(|e| Unreadable::Failed(cannot(crate::message(&e))))?;
+                    let table = ExternalTable::new(store, &url, self.delta_refresh)
+                        .map_err(|e| Unreadable::Failed(cannot(e.to_string())))?;
+                    if kept.len() >= KEPT_DELTA_TABLES {
+                        kept.retain(|_, table| Arc::strong_count(table) > 1);
+                    }
+                    let table = Arc::new(table);
+                    kept.insert(url.to_string(), Arc::clone(&table));
+                    table
+                }
+            }
+        };
+        table.read().await.map_err(|err| {
+            // The server's own spelling of the folder (a confined path) is never shown.
+            let why = err.to_string().replace(url.as_str(), raw);
+            match err {
+                CommitError::NoTable(_) => Unreadable::Refused(cannot("no Delta table is there (no _delta_log/)".into())),
+                CommitError::Columns { reason, .. } => Unreadable::Refused(cannot(reason)),
+                CommitError::Storage { source, .. } if refused_store(source.as_ref()) => {
+                    Unreadable::Refused(cannot(first_line(&source.to_string()).to_owned()))
+                }
+                _ => Unreadable::Failed(cannot(why)),
+            }
+        })
     }
 
     async fn postgres_table(&self, url: &Url, table: &str) -> Result<Arc<dyn TableProvider>, Refusal> {

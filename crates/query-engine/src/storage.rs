@@ -216,14 +216,20 @@ impl Storage {
         }
     }
 
+    /// How often an external Delta table is checked for a newer version unless the operator says
+    /// (`--source-refresh-secs`).
+    pub const DEFAULT_SOURCE_REFRESH: Duration = Duration::from_secs(10);
+
     /// The same storage, its tables also reading the external sources under `prefixes` (`--allow-source`:
-    /// `s3://bucket/prefix/`, `file:///dir/`, `postgres://host/db`), besides files of its own bucket.
+    /// `s3://bucket/prefix/`, `file:///dir/`, `postgres://host/db`), besides files of its own bucket; an
+    /// external Delta table is checked for a newer version at most once per `delta_refresh`
+    /// (`--source-refresh-secs`).
     ///
     /// # Errors
     /// [`StorageError::Source`] for a prefix that is not such a URL.
-    pub fn allowing_sources(mut self, prefixes: &[String]) -> Result<Self, StorageError> {
-        self.sources =
-            Arc::new(Sources::allowing(prefixes, self.local_root.as_deref()).map_err(StorageError::Source)?);
+    pub fn allowing_sources(mut self, prefixes: &[String], delta_refresh: Duration) -> Result<Self, StorageError> {
+        let sources = Sources::allowing(prefixes, self.local_root.as_deref()).map_err(StorageError::Source)?;
+        self.sources = Arc::new(sources.refreshing_delta_every(delta_refresh));
         Ok(self)
     }
 

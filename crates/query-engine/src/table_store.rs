@@ -321,17 +321,24 @@ async fn describe_external(
                 info.updated_at = info.updated_at.max(latest);
             }
         }
+        if let ExternalSource::Delta { url } = &source {
+            let (_, snapshot) = storage
+                .sources()
+                .delta_table(&ctx, url, storage.bucket().as_ref(), &storage.projects_url())
+                .await
+                .map_err(|e| EngineError::Unavailable(e.into()))?;
+            info.row_count = snapshot.rows();
+            info.bytes = Some(snapshot.bytes());
+            info.files = Some(snapshot.files.len() as u64);
+            info.updated_at = info.updated_at.max(instant_ms(snapshot.committed_ms));
+        }
         Ok::<_, EngineError>(())
     };
     if let Err(err) = read.await {
         tracing::warn!(table = %info.name, error = %err, "cannot read a table's external source");
     }
     // The record shows where the rows are, never a password.
-    if let TableSource::External(ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. }) =
-        &mut info.source
-    {
-        *url = crate::sources::shown_raw(url);
-    }
+    info.source = TableSource::External(source.shown_as(crate::sources::shown_raw));
     Ok(info)
 }
 

@@ -257,9 +257,17 @@ async fn tables_are_listed_by_name_and_deleted() {
 
 /// An engine on a local storage that allows `file://{lake}/` as a source.
 async fn engine_allowing(lake: &std::path::Path) -> (DataFusionEngine, crate::tests::TempDir) {
+    engine_refreshing(lake, std::time::Duration::ZERO)
+}
+
+/// [`engine_allowing`], checking external Delta tables for new versions at most once per `refresh`.
+fn engine_refreshing(
+    lake: &std::path::Path,
+    refresh: std::time::Duration,
+) -> (DataFusionEngine, crate::tests::TempDir) {
     let dir = temp_dir("qe-sources");
     let allowed = format!("file://{}/", lake.display());
-    let storage = Storage::local(&dir).unwrap().allowing_sources(&[allowed]).unwrap();
+    let storage = Storage::local(&dir).unwrap().allowing_sources(&[allowed], refresh).unwrap();
     (DataFusionEngine::new(storage), dir)
 }
 
@@ -318,6 +326,47 @@ async fn a_table_reads_files_where_they_are_and_follows_them() {
     assert!(TableStore::delete(&engine, project(), &sales()).await.unwrap());
     assert_eq!(TableStore::get(&engine, project(), &sales()).await.unwrap(), None);
     assert!(orders.join("2026-01.csv").exists() && orders.join("2026-02.csv").exists());
+}
+
+#[tokio::test]
+async fn a_delta_table_is_a_source_read_at_its_newest_version_within_the_refresh_interval() {
+    // The lake's table is a Delta table another writer keeps: here, another service's storage.
+    let lake = temp_dir("qe-lake");
+    let writer = DataFusionEngine::new(Storage::local(&lake).unwrap());
+    writer.write(project(), &sales(), csv("country,amount\nUS,1.5\nFR,2\n")).await.unwrap();
+    let table = format!("file://{}/projects/{}/tables/sales", lake.display(), project());
+    let delta = || domain::ExternalSource::Delta { url: table.clone() };
+    let total = "SELECT count(*) AS n, sum(amount) AS total FROM sales";
+
+    let (following, _dir) = engine_allowing(&lake).await;
+    assert!(following.register(project(), &sales(), delta()).await.unwrap());
+    let info = TableStore::get(&following, project(), &sales()).await.unwrap().unwrap();
+    assert_eq!((info.source.format(), info.row_count, info.files), ("delta", Some(2), Some(1)), "{info:?}");
+    assert_eq!(info.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["country", "amount"]);
+    assert_eq!(rows(&following, total).await, json!([{"n": 2, "total": 3.5}]));
+
+    // Checked at most once an hour, the table is read at the version it was first read at.
+    let (hourly, _other) = engine_refreshing(&lake, std::time::Duration::from_secs(3600));
+    hourly.register(project(), &sales(), delta()).await.unwrap();
+    assert_eq!(rows(&hourly, total).await, json!([{"n": 2, "total": 3.5}]));
+
+    writer.write(project(), &sales(), append_csv("country,amount\nDE,4.5\n")).await.unwrap();
+    assert_eq!(rows(&following, total).await, json!([{"n": 3, "total": 8.0}]), "the new version is read");
+    assert_eq!(rows(&hourly, total).await, json!([{"n": 2, "total": 3.5}]), "not checked again yet");
+
+    // Its rows are the lake's: an append is refused, and nothing is written there.
+    let append = following.write(project(), &sales(), append_csv("country,amount\nIT,1\n")).await;
+    assert!(matches!(append, Err(UploadError::Rejected(_))), "{append:?}");
+    assert_eq!(rows(&writer, total).await, json!([{"n": 3, "total": 8.0}]));
+
+    // A folder that is not a Delta table, and one outside the allowed prefix, are refused when registered.
+    std::fs::create_dir_all(lake.join("plain")).unwrap();
+    let plain = domain::ExternalSource::Delta { url: format!("file://{}/plain/", lake.display()) };
+    let err = rejected(following.register(project(), &TableName::parse("plain").unwrap(), plain).await);
+    assert!(err.contains("no Delta table is there"), "{err}");
+    let outside = domain::ExternalSource::Delta { url: "file:///etc/".into() };
+    let err = rejected(following.register(project(), &TableName::parse("etc").unwrap(), outside).await);
+    assert!(err.contains("not under a source this server allows"), "{err}");
 }
 
 #[tokio::test]

@@ -42,6 +42,8 @@ pub struct Config {
     pub upload_limit: u64,
     /// Prefixes of external sources tables may read besides the storage's bucket (`--allow-source`).
     pub allowed_sources: Vec<String>,
+    /// How often an external Delta table is checked for a newer version (`--source-refresh-secs`).
+    pub source_refresh: std::time::Duration,
     /// How long table files no version reads any more are kept (`--table-retention`).
     pub table_retention: std::time::Duration,
     /// How long a run's `next` cursor may be followed (`--cursor-ttl`).
@@ -95,6 +97,7 @@ impl Config {
             upload_limit: http_actix::DEFAULT_UPLOAD_LIMIT,
             export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
             allowed_sources: Vec::new(),
+            source_refresh: query_engine::Storage::DEFAULT_SOURCE_REFRESH,
             table_retention: query_engine::Storage::DEFAULT_TABLE_RETENTION,
             cursor_ttl: domain::RunService::DEFAULT_CURSOR_TTL,
             run_log: Some(RunLogConfig::default()),
@@ -110,7 +113,9 @@ impl Config {
             Some(location) => query_engine::Storage::open(location)?,
             None => query_engine::Storage::local(&self.data_dir)?,
         };
-        Ok(storage.allowing_sources(&self.allowed_sources)?.retaining_tables_for(self.table_retention))
+        Ok(storage
+            .allowing_sources(&self.allowed_sources, self.source_refresh)?
+            .retaining_tables_for(self.table_retention))
     }
 
     /// The database URL in force.

@@ -18,6 +18,7 @@
 //! commit: a read costs one existence check of the next commit's file, as the pointer files it replaces did.
 
 mod changes;
+mod external;
 mod log;
 mod snapshot;
 
@@ -41,6 +42,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
 pub use changes::{Changes, Commit};
+pub use external::ExternalTable;
 pub use snapshot::{DataFile, Snapshot};
 
 /// Why a table could not be read or written.

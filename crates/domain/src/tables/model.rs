@@ -118,6 +118,8 @@ pub struct TableColumn {
 pub enum ExternalSource {
     /// Every file of `format` under `url` when it ends in `/` (a prefix), else the one file `url` names.
     Files { url: String, format: TableFormat },
+    /// The Delta Lake table at `url` (its folder, holding `_delta_log/`), read at its newest version.
+    Delta { url: String },
     /// The table `table` (`name` or `schema.name`) of the PostgreSQL database `url` names
     /// (`postgres://[user[:password]@]host[:port]/database[?sslmode=...]`).
     Postgres { url: String, table: String },
@@ -129,6 +131,7 @@ impl fmt::Debug for ExternalSource {
             Self::Files { format, .. } => {
                 f.debug_struct("Files").field("format", format).finish_non_exhaustive()
             }
+            Self::Delta { .. } => f.debug_struct("Delta").finish_non_exhaustive(),
             Self::Postgres { table, .. } => {
                 f.debug_struct("Postgres").field("table", table).finish_non_exhaustive()
             }
@@ -139,6 +142,28 @@ impl fmt::Debug for ExternalSource {
 impl ExternalSource {
     /// The fields of `source` in a request body.
     pub const FIELDS: [&'static str; 3] = ["url", "format", "table"];
+
+    /// The `format` of a Delta table.
+    pub const DELTA: &'static str = "delta";
+
+    /// Every `format` a source of files may name: the files' own, or `delta` for a Delta table.
+    pub const FORMATS: [&'static str; 4] = ["csv", "ndjson", "parquet", Self::DELTA];
+
+    /// Where the source is: a prefix, a file, a Delta table's folder or a database.
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Files { url, .. } | Self::Delta { url } | Self::Postgres { url, .. } => url,
+        }
+    }
+
+    /// The same source, its URL as `shown` shows it (without a password, for a record people read).
+    #[must_use]
+    pub fn shown_as(mut self, shown: impl FnOnce(&str) -> String) -> Self {
+        match &mut self {
+            Self::Files { url, .. } | Self::Delta { url } | Self::Postgres { url, .. } => *url = shown(url),
+        }
+        self
+    }
 
     /// The URL schemes of PostgreSQL databases.
     pub const POSTGRES_SCHEMES: [&'static str; 2] = ["postgres", "postgresql"];
@@ -178,8 +203,11 @@ impl ExternalSource {
             ));
         }
         let format = format.ok_or_else(|| Invalid::required("format"))?;
+        if format == Self::DELTA {
+            return Ok(Self::Delta { url });
+        }
         let format = TableFormat::ALL.into_iter().find(|f| f.as_str() == format).ok_or_else(|| {
-            Invalid::field("format", format!("Unknown format '{format}': use parquet, csv or ndjson."))
+            Invalid::field("format", format!("Unknown format '{format}': use parquet, csv, ndjson or delta."))
         })?;
         Ok(Self::Files { url, format })
     }
@@ -229,13 +257,14 @@ pub enum TableSource {
 
 impl TableSource {
     /// Every value of [`TableSource::format`].
-    pub const FORMATS: [&'static str; 4] = ["csv", "ndjson", "parquet", "postgres"];
+    pub const FORMATS: [&'static str; 5] = ["csv", "ndjson", "parquet", "delta", "postgres"];
 
     /// How the rows are kept: `parquet` for uploads, the files' format, or `postgres`.
     pub fn format(&self) -> &'static str {
         match self {
             Self::Upload => TableFormat::Parquet.as_str(),
             Self::External(ExternalSource::Files { format, .. }) => format.as_str(),
+            Self::External(ExternalSource::Delta { .. }) => ExternalSource::DELTA,
             Self::External(ExternalSource::Postgres { .. }) => "postgres",
         }
     }

@@ -79,9 +79,9 @@ pub(crate) fn result_format() -> Object {
     one_of(names(ResultFormat::ALL.map(ResultFormat::as_str)), false)
 }
 
-/// The formats of external files.
+/// The formats of external files, and `delta` for a Delta table.
 pub(crate) fn file_format() -> Object {
-    one_of(names(domain::TableFormat::ALL.map(domain::TableFormat::as_str)), false)
+    one_of(names(domain::ExternalSource::FORMATS), false)
 }
 
 pub(crate) fn table_format() -> Object {

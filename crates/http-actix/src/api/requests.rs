@@ -326,7 +326,8 @@ impl PartialSchema for TableSourceBody {
             ObjectBuilder::new()
                 .description(Some(
                     "Files: s3://bucket/prefix/ (every file of the format under it) or one file's URL, with \
-                     format. A PostgreSQL table: postgres://host/database with table ('name' or 'schema.name').",
+                     format. A Delta Lake table: its folder's URL with format delta. A PostgreSQL table: \
+                     postgres://host/database with table ('name' or 'schema.name').",
                 ))
                 .property(url, ObjectBuilder::new().schema_type(Type::String).min_length(Some(1)))
                 .required(url)

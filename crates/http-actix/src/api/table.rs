@@ -1,6 +1,6 @@
 //! A table record, the answer of an append, and a table's preview.
 
-use domain::{ExternalSource, QueryResult, TableSource};
+use domain::{QueryResult, TableSource};
 use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -91,9 +91,7 @@ impl From<domain::Table> for Table {
             format: info.source.format(),
             source: match info.source {
                 TableSource::Upload => "upload".into(),
-                TableSource::External(
-                    ExternalSource::Files { url, .. } | ExternalSource::Postgres { url, .. },
-                ) => url,
+                TableSource::External(source) => source.url().to_owned(),
             },
             created_at: info.created_at,
             updated_at: info.updated_at,

@@ -62,6 +62,9 @@ pub struct ServeArgs {
         value_name = "PREFIX"
     )]
     pub allow_sources: Vec<String>,
+    /// Seconds between checks of an external Delta table for a newer version (0: at every run).
+    #[arg(long, env = "ENDPOINTS_SOURCE_REFRESH_SECS", default_value_t = 10)]
+    pub source_refresh_secs: u64,
     /// How long table files no version reads any more (after a replace or a compaction), and log entries a
     /// checkpoint made unnecessary, are kept for readers of older versions (humantime: 7d, 36h; at least 1h).
     #[arg(long, env = "ENDPOINTS_TABLE_RETENTION", default_value = "7d", value_parser = table_retention)]
@@ -192,6 +195,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.export_limit = args.max_export_rows;
     config.limits.export_bytes = args.max_export_bytes.as_u64();
     config.allowed_sources = args.allow_sources;
+    config.source_refresh = Duration::from_secs(args.source_refresh_secs);
     config.table_retention = args.table_retention;
     if args.cursor_ttl > args.table_retention {
         return Err(CliError::Usage(format!(
