@@ -440,6 +440,14 @@ impl Sources {
                 registered.map_err(|e| unreadable(raw, &url, &e))
             }
             ExternalSource::Delta { url: raw } => {
+                #[cfg(feature = "ballista")]
+                if crate::distributed::plans_for_cluster(ctx) {
+                    return Err(Unreadable::Refused(format!(
+                        "{} is a Delta source, which a Ballista cluster does not read: serve it from an \
+                         embedded engine.",
+                        shown_raw(raw)
+                    )));
+                }
                 let (provider, _) = self.delta_table(ctx, raw, storage_bucket, storage_projects).await?;
                 ctx.register_table(table, provider)
                     .map(|_| ())
