@@ -339,8 +339,19 @@ pub async fn serve_process(data_dir: &std::path::Path, args: &[&str]) -> ServePr
 
 /// `serve_process` from a prepared command (for example one with a file size limit, or one whose logs a test
 /// reads: output not redirected by the command is discarded).
-pub async fn serve_command(mut command: Command, data_dir: &std::path::Path, args: &[&str]) -> ServeProcess {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+pub async fn serve_command(command: Command, data_dir: &std::path::Path, args: &[&str]) -> ServeProcess {
+    serve_command_on(command, data_dir, None, args).await
+}
+
+/// [`serve_command`] on `port` (a free one when `None`).
+pub async fn serve_command_on(
+    mut command: Command,
+    data_dir: &std::path::Path,
+    port: Option<u16>,
+    args: &[&str],
+) -> ServeProcess {
+    let port = port
+        .unwrap_or_else(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
     let child = command
         .arg("--data-dir")
         .arg(data_dir)

@@ -23,6 +23,7 @@ mod runs;
 mod scaling;
 mod snapshots;
 mod storage;
+mod stress;
 mod tables;
 mod telemetry;
 mod tokens;

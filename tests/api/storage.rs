@@ -50,6 +50,11 @@ impl Moto {
         moto
     }
 
+    /// The server's address (`http://127.0.0.1:PORT`).
+    pub(crate) fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     /// The keys in the bucket under `prefix`, sorted.
     pub(crate) async fn keys(&self, prefix: &str) -> Vec<String> {
         let url = format!("{}/{BUCKET}?list-type=2&prefix={PREFIX}/{prefix}", self.endpoint);

@@ -91,7 +91,9 @@ impl SourceRecord {
 
     pub(crate) fn source(self) -> Option<ExternalSource> {
         match (self.format, self.table) {
-            (Some(format), None) if format == ExternalSource::DELTA => Some(ExternalSource::Delta { url: self.url }),
+            (Some(format), None) if format == ExternalSource::DELTA => {
+                Some(ExternalSource::Delta { url: self.url })
+            }
             (Some(format), None) => {
                 let format = domain::TableFormat::ALL.into_iter().find(|f| f.as_str() == format)?;
                 Some(ExternalSource::Files { url: self.url, format })

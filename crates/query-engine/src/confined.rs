@@ -141,7 +141,9 @@ impl ConfinedFiles {
             .map_err(|e| object_store::Error::Generic { store: "ConfinedFiles", source: Box::new(e) })?
             .map_err(|unresolved| match unresolved {
                 Unresolved::Missing(why) => object_store::Error::NotFound { path: shown, source: why.into() },
-                Unresolved::Refused(why) => object_store::Error::PermissionDenied { path: shown, source: why.into() },
+                Unresolved::Refused(why) => {
+                    object_store::Error::PermissionDenied { path: shown, source: why.into() }
+                }
             })?;
         Ok(ObjectPath::from_absolute_path(real)?)
     }

@@ -56,7 +56,10 @@ pub(crate) enum Unreadable {
 fn refused_store(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(err);
     while let Some(err) = cause {
-        if matches!(err.downcast_ref::<object_store::Error>(), Some(object_store::Error::PermissionDenied { .. })) {
+        if matches!(
+            err.downcast_ref::<object_store::Error>(),
+            Some(object_store::Error::PermissionDenied { .. })
+        ) {
             return true;
         }
         cause = err.source();
@@ -516,7 +519,9 @@ impl Sources {
             // The server's own spelling of the folder (a confined path) is never shown.
             let why = err.to_string().replace(url.as_str(), raw);
             match err {
-                CommitError::NoTable(_) => Unreadable::Refused(cannot("no Delta table is there (no _delta_log/)".into())),
+                CommitError::NoTable(_) => {
+                    Unreadable::Refused(cannot("no Delta table is there (no _delta_log/)".into()))
+                }
                 CommitError::Columns { reason, .. } => Unreadable::Refused(cannot(reason)),
                 CommitError::Storage { source, .. } if refused_store(source.as_ref()) => {
                     Unreadable::Refused(cannot(first_line(&source.to_string()).to_owned()))

@@ -227,8 +227,13 @@ impl Storage {
     ///
     /// # Errors
     /// [`StorageError::Source`] for a prefix that is not such a URL.
-    pub fn allowing_sources(mut self, prefixes: &[String], delta_refresh: Duration) -> Result<Self, StorageError> {
-        let sources = Sources::allowing(prefixes, self.local_root.as_deref()).map_err(StorageError::Source)?;
+    pub fn allowing_sources(
+        mut self,
+        prefixes: &[String],
+        delta_refresh: Duration,
+    ) -> Result<Self, StorageError> {
+        let sources =
+            Sources::allowing(prefixes, self.local_root.as_deref()).map_err(StorageError::Source)?;
         self.sources = Arc::new(sources.refreshing_delta_every(delta_refresh));
         Ok(self)
     }

@@ -50,7 +50,8 @@ impl ExternalTable {
     /// needs reader features delta-rs does not have; [`CommitError::Storage`].
     pub async fn read(&self) -> Result<(Arc<dyn TableProvider>, Snapshot), CommitError> {
         let name = self.path.to_string();
-        let storage = |e: deltalake::DeltaTableError| CommitError::Storage { table: name.clone(), source: e.into() };
+        let storage =
+            |e: deltalake::DeltaTableError| CommitError::Storage { table: name.clone(), source: e.into() };
         let mut guard = self.table.lock().await;
         let (table, checked) = &mut *guard;
         if checked.is_none_or(|at| at.elapsed() >= self.refresh) {
@@ -66,10 +67,10 @@ impl ExternalTable {
             reason: format!("this Delta table cannot be read here: {e}"),
         })?;
         let snapshot = Snapshot::of(&self.path, state).map_err(&storage)?;
-        let provider = table.table_provider().await.map_err(|e| CommitError::Storage {
-            table: name.clone(),
-            source: e.into(),
-        })?;
+        let provider = table
+            .table_provider()
+            .await
+            .map_err(|e| CommitError::Storage { table: name.clone(), source: e.into() })?;
         Ok((provider, snapshot))
     }
 }

@@ -326,7 +326,8 @@ async fn registering_a_source_replaces_the_table_and_stales_its_readers() {
 fn a_source_body_is_files_with_a_format_a_delta_table_or_a_postgres_table() {
     let files = ExternalSource::try_from(&json!({"source": {"url": "s3://b/p/", "format": "csv"}})).unwrap();
     assert_eq!(files, ExternalSource::Files { url: "s3://b/p/".into(), format: TableFormat::Csv });
-    let delta = ExternalSource::try_from(&json!({"source": {"url": "s3://b/orders", "format": "delta"}})).unwrap();
+    let delta =
+        ExternalSource::try_from(&json!({"source": {"url": "s3://b/orders", "format": "delta"}})).unwrap();
     assert_eq!(delta, ExternalSource::Delta { url: "s3://b/orders".into() });
     assert_eq!(TableSource::External(delta).format(), "delta");
     for scheme in ["postgres", "postgresql", "POSTGRES"] {
