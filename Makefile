@@ -119,6 +119,7 @@ lint: deps ## Format check, clippy with -D warnings, and the dependency-directio
 	if [ -n "$$leak" ]; then echo "crates/domain depends on framework crates: $$leak"; exit 1; fi; \
 	echo "dependency direction: crates/domain depends on no framework crate"
 	@$(MAKE) --no-print-directory layers fail-closed
+	@python3 tests/lint/import_cycles.py crates/*/src
 
 # Outside tests a default is named where it is taken (`unwrap_or(SyncFrequency::DEFAULT)`, `unwrap_or("")`), so that
 # a reader sees what an absent value becomes; clippy's `unwrap_used` refuses `.unwrap()` (Cargo.toml).

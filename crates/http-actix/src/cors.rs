@@ -22,7 +22,7 @@ use actix_web::web;
 use domain::{ApiKeyService, ProjectId, ProjectRef};
 
 use crate::error::ApiError;
-use crate::routes::FAMILY_PREFIXES;
+use crate::paths::FAMILY_PREFIXES;
 use crate::AppState;
 
 /// What a page may read of an answer besides the simple headers: the run's fields that formats other than

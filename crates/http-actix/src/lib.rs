@@ -16,6 +16,7 @@ mod mcp;
 mod normalize;
 mod openapi;
 mod operations;
+mod paths;
 mod rate_limit;
 mod request_context;
 mod routes;

@@ -23,8 +23,8 @@ use actix_web::HttpMessage;
 
 use domain::Transport;
 
+use crate::paths::ROUTE_NAMES;
 use crate::rate_limit::Budget;
-use crate::routes::ROUTE_NAMES;
 use crate::run_log::{Answered, AnsweredCode, RunCaller, RunNote};
 use crate::AppState;
 

@@ -10,40 +10,12 @@ use domain::ApiKeyService;
 
 use crate::error::ApiError;
 use crate::handlers::{endpoints, logs, materialization, runs, tables, tokens, versions};
+use crate::paths::FAMILY_PREFIXES;
 use crate::{console, cors, operations};
 
-/// Each family's static prefix is matched by a string comparison before its dynamic part is tried.
-pub(crate) const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projects"];
 const FAMILY_REST: &str = "/{project_id}/endpoints";
 const TABLES_REST: &str = "/{project_id}/tables";
 const TOKENS_REST: &str = "/{project_id}/run_tokens";
-
-/// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
-/// not a different operation.
-pub(crate) const ROUTE_NAMES: [&str; 22] = [
-    "run",
-    "endpoints",
-    "last_execution_times",
-    "endpoint",
-    "materialization_status",
-    "endpoint_logs",
-    "endpoint_usage",
-    "endpoint_openapi",
-    "versions",
-    "version",
-    "tables",
-    "table",
-    "table_rows",
-    "table_versions",
-    "table_preview",
-    "run_tokens",
-    "mcp",
-    "healthz",
-    "readyz",
-    "metrics",
-    "home",
-    "console",
-];
 
 /// A resource's fallback for methods it does not serve: 405 with `Allow`.
 fn not_allowed(

@@ -12,7 +12,7 @@ use domain::{ProjectId, QueryEngine, TableFormat, TableName, TableStore, Upload,
 use futures_util::stream;
 use serde_json::{json, Value};
 
-use crate::compaction::MIN_SMALL_FILES;
+use crate::tables::compaction::MIN_SMALL_FILES;
 use crate::tests::temp_dir;
 use crate::{DataFusionEngine, Storage};
 

@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
 use crate::compile;
-use crate::imports::{cast_to, plain};
+use crate::tables::imports::{cast_to, plain};
 use crate::{execute, types, DataFusionEngine};
 
 /// Rows per Parquet row group: what the writer holds in memory before it writes them out.

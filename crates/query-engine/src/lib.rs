@@ -6,36 +6,24 @@
 //! Variables are compiled to engine placeholders and bound as typed values, never pasted into SQL text.
 //! This crate knows nothing of HTTP or of the store.
 
-mod appends;
-mod catalog;
-mod compaction;
 mod compile;
-mod confined;
 #[cfg(feature = "ballista")]
 pub mod distributed;
 mod execute;
 mod export;
 mod fair;
-mod fold;
-pub mod imports;
-mod materialized;
 mod memory;
 mod messages;
 mod metrics;
-mod outline;
 mod plans;
 mod progress;
-mod quarantine;
-mod records;
-mod rollup;
 mod run_log;
 mod runtime;
 mod snapshot_scan;
-mod sources;
 mod storage;
-mod table_store;
+mod stored;
+pub mod tables;
 mod types;
-mod upgrade;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,6 +37,9 @@ use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use domain::{EngineError, Export, ProjectId, Query, QueryDescription, QueryEngine, ReadAt, ResultFormat};
 use tracing::instrument;
+
+use crate::stored::{materialized, outline};
+use crate::tables::{appends, catalog, compaction, files, upgrade};
 
 pub use catalog::TableFiles;
 pub use execute::EngineLimits;
@@ -67,13 +58,13 @@ pub struct DataFusionEngine {
     slots: Arc<execute::Slots>,
     runtime: Arc<runtime::EngineRuntime>,
     metrics: EngineMetrics,
-    table_locks: Arc<table_store::TableLocks>,
+    table_locks: Arc<files::TableLocks>,
     /// Appends of small bodies, written together per table (see `appends`).
     appends: Arc<appends::Appends>,
     /// The tables this process appended to, for compaction.
     appended: Arc<compaction::Appended>,
     /// The rows of table files whose footers were read, for describing tables.
-    file_rows: table_store::FileRows,
+    file_rows: files::FileRows,
     /// Stored results prepared to answer runs (see `materialized`).
     prepared: materialized::PreparedResults,
     /// The footers and statistics of the files queries read, shared by every query's runtime.
@@ -109,7 +100,7 @@ impl DataFusionEngine {
             table_locks: Arc::default(),
             appends: Arc::default(),
             appended: Arc::default(),
-            file_rows: table_store::file_rows(),
+            file_rows: files::file_rows(),
             prepared: materialized::prepared_results(),
             files: execute::FileCaches::new(),
             plans: plans::Plans::new(),
@@ -458,8 +449,7 @@ impl DataFusionEngine {
             }
         }
         let statement = parse(&ctx, compiled)?;
-        let tables =
-            catalog::register_named(&self.storage, &ctx, project, &statement, self.log_retention, at).await?;
+        let tables = self.register_named(&ctx, project, &statement, at).await?;
         let plan = self.plan_unbound(&ctx, statement).await?;
         let read = catalog::versions_read(&tables);
         // A plan of the run log reads the files it had when planned: planned again each time.
@@ -478,16 +468,25 @@ impl DataFusionEngine {
     ) -> Result<(datafusion::prelude::SessionContext, DfStatement), EngineError> {
         let ctx = catalog::live_session(&self.storage, None, self.scheduler(), self.limits.partitions)?;
         let statement = parse(&ctx, compiled)?;
-        catalog::register_named(
-            &self.storage,
-            &ctx,
-            project,
-            &statement,
-            self.log_retention,
-            &ReadAt::Newest,
-        )
-        .await?;
+        self.register_named(&ctx, project, &statement, &ReadAt::Newest).await?;
         Ok((ctx, statement))
+    }
+
+    /// Registers the tables `statement` names in `ctx` (`catalog::register_named`), and the project's run log
+    /// when it names `_logs` and no table of the project has that name (one written before the run log took it
+    /// stays that project's `_logs`).
+    async fn register_named(
+        &self,
+        ctx: &datafusion::prelude::SessionContext,
+        project: ProjectId,
+        statement: &DfStatement,
+        at: &ReadAt,
+    ) -> Result<catalog::Named, EngineError> {
+        let tables = catalog::register_named(&self.storage, ctx, project, statement, at).await?;
+        if tables.iter().any(|(name, current)| current.is_none() && name == run_log::LOGS_TABLE) {
+            run_log::register(&self.storage, ctx, project, self.log_retention).await?;
+        }
+        Ok(tables)
     }
 
     /// Runs a planned query for the page `offset..offset+limit` of its rows; `started` is when its planning

@@ -1,6 +1,7 @@
 //! Materialization on real DataFusion: the facts read from plans, and the invariant that a stored result read
 //! with the run's variables answers exactly what the live query answers.
 
+use crate::tables::imports;
 use std::collections::BTreeMap;
 
 use domain::{
@@ -125,7 +126,7 @@ async fn plans_tell_which_queries_can_be_materialized() {
     for (sql, grouping) in rollups {
         let decided = eligibility(e, sql, vars.clone()).await;
         assert_eq!(
-            decided.rollup().map(crate::rollup::grouping),
+            decided.rollup().map(crate::stored::rollup::grouping),
             Some(grouping.iter().map(|g| g.to_string()).collect()),
             "{sql}: {decided:?}"
         );
@@ -407,7 +408,7 @@ async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64, rounds: us
         assert!(
             stored > 0 && stored <= 20_000,
             "{stored} rows stored, grouped by {:?}",
-            crate::rollup::grouping(rollup)
+            crate::stored::rollup::grouping(rollup)
         );
         for round in 0..rounds {
             let variables = (case.draw)(&mut rng);

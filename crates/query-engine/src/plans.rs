@@ -20,12 +20,8 @@ use datafusion::logical_expr::LogicalPlan;
 use domain::{EngineError, ProjectId};
 use moka::sync::Cache;
 
-use crate::catalog::{self, Current};
 use crate::storage::Storage;
-
-/// Each name a query gives a table, with where that table's rows were when the query was planned (`None`: no
-/// such table then, as for the name of a common table expression).
-pub(crate) type Named = Vec<(String, Option<Current>)>;
+use crate::tables::catalog::{self, Current, Named};
 
 /// A plan and what it was planned against.
 struct KeptPlan {

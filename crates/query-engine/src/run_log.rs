@@ -53,9 +53,7 @@ use time::macros::format_description;
 use uuid::Uuid;
 
 use crate::storage::{unavailable, Storage};
-
-/// The name a project's queries read its log by.
-pub const LOGS_TABLE: &str = "_logs";
+pub use crate::tables::catalog::LOGS_TABLE;
 
 /// How long merged files stay after the file that holds their records appears: longer than any query runs
 /// (a reader that listed them before still reads them whole).
@@ -406,7 +404,7 @@ impl ParquetRunLog {
         let first = parts.iter().map(|file| file.first).min().expect("a merge of files");
         let last = parts.iter().map(|file| file.last).max().expect("a merge of files");
         // A partition per file, each in order: a streaming merge of them, whatever their ranges.
-        let ctx = crate::catalog::merge_session(storage, parts.len())?;
+        let ctx = crate::tables::catalog::merge_session(storage, parts.len())?;
         let urls = parts.iter().map(|file| storage.url_of_object(&file.location)).collect();
         let sorted = read(&ctx, urls).await?.sort(file_order());
         let mut rows = sorted.map_err(err)?.execute_stream().await.map_err(err)?;
@@ -462,7 +460,7 @@ impl ParquetRunLog {
         if urls.is_empty() {
             return Ok(None);
         }
-        let ctx = crate::catalog::empty_session(&self.inner.storage, None, None)?;
+        let ctx = crate::tables::catalog::empty_session(&self.inner.storage, None, None)?;
         let mut filter = col("endpoint").eq(lit(endpoint));
         if let Some(since) = since {
             filter = filter.and(col("at").gt_eq(instant(since)));
@@ -729,7 +727,7 @@ impl LogFile {
         let first = u64::from_str_radix(parts.next()?, 16).ok()?;
         let level = parts.next()?.parse().ok()?;
         let node = parts.next()?.to_owned();
-        let modified = crate::table_store::instant(&meta);
+        let modified = crate::tables::files::instant(&meta);
         let size = meta.size;
         (first <= last).then_some(Self { location: meta.location, modified, size, node, level, first, last })
     }

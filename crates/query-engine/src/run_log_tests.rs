@@ -348,17 +348,20 @@ async fn a_table_named_logs_from_before_stays_and_no_new_one_takes_the_name() {
 
     let csv = dir.join("rows.csv");
     std::fs::write(&csv, "a\n1\n").unwrap();
-    let imported = crate::imports::import_files(
+    let imported = crate::tables::imports::import_files(
         &storage,
         project(1),
         "_logs",
         &[csv],
         None,
-        crate::imports::ImportMode::Replace,
+        crate::tables::imports::ImportMode::Replace,
         &|_| {},
     )
     .await;
-    assert!(matches!(imported, Err(crate::imports::ImportError::InvalidTableName(_))), "{imported:?}");
+    assert!(
+        matches!(imported, Err(crate::tables::imports::ImportError::InvalidTableName(_))),
+        "{imported:?}"
+    );
 }
 
 /// A flush that cannot write one project's file writes the others' and keeps that project's records for the

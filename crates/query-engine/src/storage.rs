@@ -19,10 +19,10 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
-use object_store::{ListResult, ObjectMeta, ObjectStore, RetryConfig};
+use object_store::{ListResult, ObjectMeta, ObjectStore};
 use url::Url;
 
-use crate::sources::Sources;
+use crate::tables::sources::Sources;
 use tables_delta::DeltaTables;
 
 /// Why a storage location cannot be used.
@@ -161,7 +161,7 @@ impl Storage {
                 let s3: Arc<dyn ObjectStore> = Arc::new(
                     AmazonS3Builder::from_env()
                         .with_bucket_name(bucket)
-                        .with_retry(retries())
+                        .with_retry(crate::tables::sources::retries())
                         .build()
                         .map_err(|e| StorageError::Store { url: raw.into(), source: e })?,
                 );
@@ -420,14 +420,4 @@ impl Storage {
 /// reached is.
 pub(crate) fn unavailable(err: object_store::Error) -> EngineError {
     EngineError::Unavailable(Box::new(err))
-}
-
-/// How long the S3 client keeps retrying a failed request: an unreachable storage is reported within about a
-/// second instead of after the client's default of three minutes.
-pub(crate) fn retries() -> RetryConfig {
-    RetryConfig {
-        max_retries: 3,
-        retry_timeout: std::time::Duration::from_secs(10),
-        ..RetryConfig::default()
-    }
 }

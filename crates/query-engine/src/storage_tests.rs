@@ -10,7 +10,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde_json::json;
 
 use super::*;
-use crate::imports::{import_files, ImportError, ImportMode};
+use crate::tables::imports::{import_files, ImportError, ImportMode};
 
 fn project() -> ProjectId {
     ProjectId::new(7).unwrap()

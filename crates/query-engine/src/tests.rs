@@ -1,3 +1,4 @@
+use crate::tables::imports;
 use std::path::PathBuf;
 use std::sync::Arc;
 

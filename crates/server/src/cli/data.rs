@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Subcommand;
 use domain::{ProjectId, ProjectStore};
 use indicatif::{ProgressBar, ProgressStyle};
-use query_engine::imports::{import_files, FileFormat, ImportMode};
+use query_engine::tables::imports::{import_files, FileFormat, ImportMode};
 use serde_json::{json, Value};
 
 use super::{print_json, CliError};

@@ -90,7 +90,7 @@ async fn ensure_events(services: &Services, project: ProjectId, args: &DemoArgs)
         return Ok(false);
     }
     let bar = data::progress("generating events");
-    let written = query_engine::imports::write_table(
+    let written = query_engine::tables::imports::write_table(
         services.engine.storage(),
         project,
         "events",

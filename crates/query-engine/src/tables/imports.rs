@@ -27,8 +27,8 @@ use std::collections::HashMap;
 
 use tables_delta::{CommitError, NewFile, Snapshot};
 
-use crate::catalog::{current, is_new_table_name, object_meta, table_prefix, Current};
 use crate::storage::Storage;
+use crate::tables::catalog::{current, is_new_table_name, object_meta, table_prefix, Current};
 
 /// Rows per row group of a table's files. Smaller than the writer's default of 1 Mi rows: a scan decodes a
 /// row group at a time (and one ahead), so this bounds what an export or a run holds in memory, row-group
@@ -434,8 +434,8 @@ pub async fn import_files(
     if !is_new_table_name(table) {
         return Err(ImportError::InvalidTableName(table.into()));
     }
-    let ctx =
-        crate::catalog::empty_session(storage, None, None).map_err(|e| ImportError::Write(e.to_string()))?;
+    let ctx = crate::tables::catalog::empty_session(storage, None, None)
+        .map_err(|e| ImportError::Write(e.to_string()))?;
     // The files are read through a file system that counts the bytes.
     let (counting, bytes_read) = crate::progress::CountingFiles::new();
     let local = url::Url::parse("file:///").map_err(|e| ImportError::Write(e.to_string()))?;
@@ -585,8 +585,8 @@ pub(crate) async fn import_staged(
     batch_rows: Option<usize>,
     tag: Option<&TaggedAppend>,
 ) -> Result<(u64, bool), StagedError> {
-    let ctx =
-        crate::catalog::import_session(storage, batch_rows).map_err(|e| StagedError::Write(e.to_string()))?;
+    let ctx = crate::tables::catalog::import_session(storage, batch_rows)
+        .map_err(|e| StagedError::Write(e.to_string()))?;
     let location = storage.url_of(staged);
     let ext = format.extension();
     for _ in 0..APPEND_ATTEMPTS {
@@ -736,7 +736,8 @@ pub(crate) async fn append_held(
     table: &str,
     bodies: &[HeldBody],
 ) -> Result<Vec<Result<u64, StagedError>>, StagedError> {
-    let ctx = crate::catalog::import_session(storage, None).map_err(|e| StagedError::Write(e.to_string()))?;
+    let ctx = crate::tables::catalog::import_session(storage, None)
+        .map_err(|e| StagedError::Write(e.to_string()))?;
     let held = Arc::new(object_store::memory::InMemory::new());
     let root = url::Url::parse("memory://held/").map_err(|e| StagedError::Write(e.to_string()))?;
     ctx.runtime_env().register_object_store(&root, Arc::clone(&held) as _);

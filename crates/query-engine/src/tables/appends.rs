@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use domain::{EngineError, ProjectId};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::imports::{append_held, HeldBody, StagedError};
 use crate::runtime::EngineRuntime;
 use crate::storage::Storage;
+use crate::tables::imports::{append_held, HeldBody, StagedError};
 
 /// The most bodies held in memory at once, whatever their number of clients (each at most
 /// `table_store::HELD_BODY_BYTES`): past them an append's body is staged in the storage, as a large one is.

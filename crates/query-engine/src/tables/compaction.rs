@@ -22,10 +22,10 @@ use object_store::{ObjectMeta, ObjectStoreExt};
 use tables_delta::{CommitError, DataFile, NewFile, Snapshot};
 use uuid::Uuid;
 
-use crate::catalog::{current, object_meta, table_error, table_prefix, Current};
-use crate::imports::{tagged_appends, ImportError, TableWriter, TaggedAppend};
 use crate::storage::{unavailable, Storage};
-use crate::table_store::{instant_ms, rows_of, FileRows, TableLock};
+use crate::tables::catalog::{current, object_meta, table_error, table_prefix, Current};
+use crate::tables::files::{instant_ms, rows_of, FileRows, TableLock};
+use crate::tables::imports::{tagged_appends, ImportError, TableWriter, TaggedAppend};
 
 /// A file with at least this many rows is full (a row group of the table's files): it is never merged again.
 const FULL_FILE_ROWS: u64 = 128 * 1024;
@@ -163,7 +163,8 @@ struct Merged {
 
 /// Reads `small` in order and writes their rows under `target` in files of up to [`MERGED_FILE_ROWS`] rows.
 async fn merge(storage: &Storage, small: &[ObjectPath], target: &ObjectPath) -> Result<Merged, ImportError> {
-    let ctx = crate::catalog::import_session(storage, None).map_err(|e| ImportError::Write(e.to_string()))?;
+    let ctx = crate::tables::catalog::import_session(storage, None)
+        .map_err(|e| ImportError::Write(e.to_string()))?;
     let urls: Vec<String> = small.iter().map(|path| storage.url_of_object(path)).collect();
     let frame = ctx
         .read_parquet(urls, ParquetReadOptions::default())

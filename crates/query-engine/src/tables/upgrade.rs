@@ -21,8 +21,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use tables_delta::NewFile;
 
-use crate::catalog::{is_table_name, table_error, tables_prefix, SourceRecord};
 use crate::storage::{unavailable, Storage};
+use crate::tables::catalog::{is_table_name, table_error, tables_prefix, SourceRecord};
 
 /// The object naming an earlier release's table version.
 const CURRENT: &str = "_current";
@@ -142,7 +142,7 @@ async fn convert(storage: &Storage, prefix: &ObjectPath) -> Result<bool, EngineE
         let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
         if i == 0 {
             let read = footer.fetch_schema().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
-            schema = crate::imports::plain(&Arc::new(read)).as_ref().clone();
+            schema = crate::tables::imports::plain(&Arc::new(read)).as_ref().clone();
         }
         let rows = u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
         let modified_ms = meta.last_modified.timestamp_millis();

@@ -12,7 +12,7 @@ use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, T
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::parquet::arrow::ArrowWriter;
 
-use crate::imports::{plain, FileFormat};
+use crate::tables::imports::{plain, FileFormat};
 
 /// The largest body an append that quarantines takes: it is held in memory while its records are sorted.
 pub(crate) const QUARANTINE_BODY_BYTES: u64 = 16 * 1024 * 1024;

@@ -32,8 +32,8 @@ use object_store::ObjectStoreExt;
 
 use tables_delta::{Changes, Snapshot};
 
-use crate::catalog::{current, table_error, table_prefix, Current};
 use crate::storage::{unavailable, Storage};
+use crate::tables::catalog::{current, table_error, table_prefix, Current};
 
 /// The name of the `n`th part of a stored result.
 pub(crate) fn part_name(n: usize) -> String {

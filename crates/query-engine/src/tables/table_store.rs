@@ -3,20 +3,20 @@
 //! An upload is streamed, as it arrives, to a staging object (`projects/{id}/staging/{uuid}/body.{ext}`) whose bytes
 //! are counted against the limit, so a body of any size needs a buffer's worth of memory. Once the body is
 //! whole, the staged object is read like a file the CLI imports and written as the table's Parquet: a replace
-//! as a new version that one write of `_current` switches to, an append as one more file of the current version
-//! that appears whole when it closes. The staged object is removed either way. A body that is cut off, too
+//! as an overwrite commit of the table's Delta log, an append as a commit adding its file (with others of a
+//! group commit). The staged object is removed either way. A body that is cut off, too
 //! large or malformed, or rows that do not fit the table, leave the table as it was.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::common::TableReference;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use domain::{
     Compaction, EngineError, ExternalSource, Invalid, Page, PageRequest, ProjectId, TableColumn, TableCommit,
-    TableFormat, TableInfo, TableName, TableSource, TableStore, TaggedWrite, Timestamp, Upload, UploadError,
-    WriteMode, Written,
+    TableFormat, TableInfo, TableName, TableSource, TableStore, TaggedWrite, Upload, UploadError, WriteMode,
+    Written,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -26,35 +26,18 @@ use tables_delta::Snapshot;
 use tokio::io::AsyncWriteExt;
 use tracing::instrument;
 
-use crate::catalog::{
+use crate::storage::{unavailable, Storage};
+use crate::tables::catalog::{
     current, empty_session, list_tables, object_meta, state_of, table_error, table_prefix, Current,
     SourceRecord, DELETED,
 };
-use crate::imports::{
+use crate::tables::files::{instant, instant_ms, rows_of, FileRows};
+use crate::tables::imports::{
     import_staged, table_schema, FileFormat, HeldBody, ImportMode, StagedError, TaggedAppend,
 };
-use crate::quarantine::QUARANTINE_BODY_BYTES;
-use crate::records::RecordSizes;
-use crate::storage::{unavailable, Storage};
+use crate::tables::quarantine::QUARANTINE_BODY_BYTES;
+use crate::tables::records::RecordSizes;
 use crate::DataFusionEngine;
-
-/// One lock per table this process writes, so its writes to one table follow each other: a replace never
-/// removes the version an append of this process is adding to.
-#[derive(Debug, Default)]
-pub(crate) struct TableLocks {
-    locks: Mutex<HashMap<(ProjectId, String), TableLock>>,
-}
-
-pub(crate) type TableLock = Arc<tokio::sync::Mutex<()>>;
-
-impl TableLocks {
-    pub(crate) fn of(&self, project: ProjectId, table: &str) -> TableLock {
-        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
-        // Locks nobody holds or waits for are dropped, so the map stays as small as the writes under way.
-        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-        Arc::clone(locks.entry((project, table.to_owned())).or_default())
-    }
-}
 
 fn staging_prefix(project: ProjectId) -> ObjectPath {
     ObjectPath::from_iter(["projects", &project.to_string(), "staging"])
@@ -166,16 +149,6 @@ async fn receive(
     Ok(Received::Staged(Staged { directory, bytes: size, batch_rows: records.map(|r| r.batch_rows()) }))
 }
 
-pub(crate) fn instant(meta: &ObjectMeta) -> Timestamp {
-    let micros = meta.last_modified.timestamp_micros();
-    Timestamp::from_unix_timestamp_nanos(i128::from(micros) * 1_000).unwrap_or(Timestamp::UNIX_EPOCH)
-}
-
-/// When a time of the Delta log (milliseconds since the Unix epoch) was.
-pub(crate) fn instant_ms(ms: i64) -> Timestamp {
-    Timestamp::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).unwrap_or(Timestamp::UNIX_EPOCH)
-}
-
 /// A table's record, from its version in the log (files, sizes, rows, times) and its first file's columns.
 async fn describe(
     storage: &Storage,
@@ -183,7 +156,7 @@ async fn describe(
     name: TableName,
     snapshot: &Snapshot,
 ) -> Result<TableInfo, EngineError> {
-    let columns = match crate::imports::existing_schema(storage, snapshot).await {
+    let columns = match crate::tables::imports::existing_schema(storage, snapshot).await {
         Ok(schema) => table_columns(&schema),
         Err(err) => return Err(EngineError::Internal(err.to_string().into())),
     };
@@ -205,39 +178,11 @@ async fn describe(
         row_count: Some(row_count),
         bytes: Some(snapshot.bytes()),
         files: Some(snapshot.files.len() as u64),
-        last_compacted_at: crate::compaction::compacted_at(snapshot),
+        last_compacted_at: crate::tables::compaction::compacted_at(snapshot),
         source: TableSource::Upload,
         created_at,
         updated_at,
     })
-}
-
-/// The rows of each of a table's files this process has read the footer of, by location and size: a table's
-/// file is never changed once written, so describing a table reads only the footers of its new files.
-pub(crate) type FileRows = moka::sync::Cache<(ObjectPath, u64), u64>;
-
-/// Files whose rows are remembered: far more than the tables of a deployment have between compactions.
-pub(crate) fn file_rows() -> FileRows {
-    moka::sync::Cache::new(1_000_000)
-}
-
-/// The rows of a Parquet file, from its footer (the first time only, for a file of the storage: `known`).
-pub(crate) async fn rows_of(
-    store: &dyn object_store::ObjectStore,
-    meta: &ObjectMeta,
-    known: Option<&FileRows>,
-) -> Result<u64, EngineError> {
-    let key = (meta.location.clone(), meta.size);
-    if let Some(rows) = known.and_then(|known| known.get(&key)) {
-        return Ok(rows);
-    }
-    let footer = DFParquetMetadata::new(store, meta);
-    let metadata = footer.fetch_metadata().await.map_err(|e| EngineError::Internal(Box::new(e)))?;
-    let rows = u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0);
-    if let Some(known) = known {
-        known.insert(key, rows);
-    }
-    Ok(rows)
 }
 
 /// The columns (from the first file) and the rows of Parquet files, from their footers (or `known`, for files
@@ -299,7 +244,7 @@ async fn describe_external(
     let ctx = empty_session(storage, None, None)?;
     let read = async {
         let current = Current::External { source: source.clone(), since: Arc::new(since.clone()) };
-        crate::catalog::register(storage, &ctx, info.name.as_str(), &current).await?;
+        crate::tables::catalog::register(storage, &ctx, info.name.as_str(), &current).await?;
         let provider = ctx
             .table_provider(TableReference::bare(info.name.as_str()))
             .await
@@ -338,7 +283,7 @@ async fn describe_external(
         tracing::warn!(table = %info.name, error = %err, "cannot read a table's external source");
     }
     // The record shows where the rows are, never a password.
-    info.source = TableSource::External(source.shown_as(crate::sources::shown_raw));
+    info.source = TableSource::External(source.shown_as(crate::tables::sources::shown_raw));
     Ok(info)
 }
 
@@ -364,7 +309,7 @@ async fn register_source(
     name: &str,
     source: ExternalSource,
 ) -> Result<bool, UploadError> {
-    let refused = |reason: crate::sources::Unreadable| {
+    let refused = |reason: crate::tables::sources::Unreadable| {
         UploadError::Rejected(Invalid::field("source", reason.to_string()))
     };
     let ctx = empty_session(storage, None, None)?;
@@ -379,7 +324,7 @@ async fn register_source(
         .map_err(|e| UploadError::Engine(EngineError::Internal(Box::new(e))))?;
     let prefix = table_prefix(project, name);
     let created = current(storage, &prefix).await?.is_none();
-    let schema = crate::imports::plain(&provider.schema());
+    let schema = crate::tables::imports::plain(&provider.schema());
     let created_ms = created.then(|| chrono::Utc::now().timestamp_millis());
     storage
         .tables()
@@ -413,7 +358,8 @@ impl DataFusionEngine {
             .runtime
             .run(async move {
                 let schema = table_schema(&storage, project, &table).await;
-                Ok(schema.map(|found| found.map(|schema| crate::quarantine::sort(&body, format, &schema))))
+                Ok(schema
+                    .map(|found| found.map(|schema| crate::tables::quarantine::sort(&body, format, &schema))))
             })
             .await
             .map_err(UploadError::Engine)?;
@@ -437,7 +383,7 @@ impl DataFusionEngine {
         if !sorted.bad.is_empty() {
             let now = domain::Clock::now(&domain::SystemClock);
             let received_at = i64::try_from(now.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX);
-            let parquet = crate::quarantine::quarantine_body(&sorted.bad, received_at)
+            let parquet = crate::tables::quarantine::quarantine_body(&sorted.bad, received_at)
                 .map_err(|e| UploadError::Engine(EngineError::Internal(e.into())))?;
             self.set_aside(project, &quarantine, parquet).await?;
         }
@@ -672,7 +618,8 @@ impl TableStore for DataFusionEngine {
         let compacted = self
             .runtime
             .run(async move {
-                crate::compaction::compact(&storage, &rows, lock, (project, &table), &keep, sweep).await
+                crate::tables::compaction::compact(&storage, &rows, lock, (project, &table), &keep, sweep)
+                    .await
             })
             .await;
         if compacted.is_err() {
@@ -689,10 +636,12 @@ impl TableStore for DataFusionEngine {
         write_id: uuid::Uuid,
     ) -> Result<Option<TaggedWrite>, EngineError> {
         let (storage, table) = (self.storage.clone(), name.as_str().to_owned());
-        let found = self
-            .runtime
-            .run(async move { crate::compaction::find_tagged(&storage, project, &table, write_id).await })
-            .await?;
+        let found =
+            self.runtime
+                .run(async move {
+                    crate::tables::compaction::find_tagged(&storage, project, &table, write_id).await
+                })
+                .await?;
         Ok(found.map(|append| TaggedWrite {
             written: Written { rows: append.rows, bytes: append.bytes, created: false, rows_quarantined: 0 },
             body_sha256: append.body_sha256,

@@ -33,7 +33,9 @@ use uuid::Uuid;
 
 use crate::compile::{self, Compiled};
 use crate::storage::{unavailable, Storage};
-use crate::{catalog, execute, fold, message, outline, rollup, DataFusionEngine};
+use crate::stored::{fold, outline, rollup};
+use crate::tables::catalog;
+use crate::{execute, message, DataFusionEngine};
 
 const TABLE: &str = "materialized";
 
@@ -262,7 +264,7 @@ impl DataFusionEngine {
     }
 
     /// Folds the rows appended since the stored result at `from` (of `rows` rows, holding `coverage` of its
-    /// tables) into a new result at `to` (see [`crate::fold`]): the old parts linked, and one part more with what
+    /// tables) into a new result at `to` (see [`crate::stored::fold`]): the old parts linked, and one part more with what
     /// the appended rows add.
     async fn fold_here(
         &self,

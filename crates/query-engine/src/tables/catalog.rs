@@ -21,8 +21,8 @@ use object_store::ObjectMeta;
 use tables_delta::{CommitError, DataFile, Snapshot};
 
 use crate::snapshot_scan::SnapshotScan;
-use crate::sources::Unreadable;
 use crate::storage::{unavailable, Storage};
+use crate::tables::sources::Unreadable;
 
 /// The property of a table version that reads an external source: the source as JSON.
 pub(crate) const SOURCE: &str = "endpoints.source";
@@ -61,8 +61,15 @@ pub(crate) fn is_table_name(name: &str) -> bool {
 /// A name for a new table: a table name other than `_logs`, which is the project's run log ([`crate::run_log`]).
 /// (A table written under that name before the run log existed is still read, listed and queried as before.)
 pub(crate) fn is_new_table_name(name: &str) -> bool {
-    is_table_name(name) && name != crate::run_log::LOGS_TABLE
+    is_table_name(name) && name != LOGS_TABLE
 }
+
+/// Each name a query gives a table, with where that table's rows were when the query was planned (`None`: no
+/// such table then, as for the name of a common table expression).
+pub(crate) type Named = Vec<(String, Option<Current>)>;
+
+/// The name of the table that is a project's run log (`crate::run_log`), which no new table may take.
+pub const LOGS_TABLE: &str = "_logs";
 
 /// An external source as a table's property keeps it.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -201,9 +208,12 @@ pub(crate) async fn describe_tables(
                 TableFiles { name, location, files: snapshot.files.len() as u64, bytes: snapshot.bytes() }
             }
             // Read where they are: their size is the source's business.
-            Current::External { source, .. } => {
-                TableFiles { name, location: crate::sources::shown_raw(source.url()), files: 0, bytes: 0 }
-            }
+            Current::External { source, .. } => TableFiles {
+                name,
+                location: crate::tables::sources::shown_raw(source.url()),
+                files: 0,
+                bytes: 0,
+            },
         };
         described.push(info);
     }
@@ -292,16 +302,15 @@ fn session_with(
 /// Registers in `ctx` the project's tables that `statement` names, so it sees those and has no way to reach
 /// other files, and returns each name looked up with what it found. Only those are registered: a query pays
 /// for the tables it reads, and an external source that cannot be read fails only the queries that read it.
-/// Names of common table expressions are among the names, which is harmless: they name no table. `_logs`
-/// registers the project's run log within `log_retention` (and is not among the names returned).
+/// Names of common table expressions are among the names, which is harmless: they name no table; nor does
+/// `_logs` unless a table had the name before the run log took it (the caller registers the run log then).
 pub(crate) async fn register_named(
     storage: &Storage,
     ctx: &SessionContext,
     project: ProjectId,
     statement: &datafusion::sql::parser::Statement,
-    log_retention: std::time::Duration,
     at: &ReadAt,
-) -> Result<crate::plans::Named, EngineError> {
+) -> Result<Named, EngineError> {
     // Resolved through the lock: a copy of the session's state costs more than the walk.
     let references = ctx.state_ref().read().resolve_table_references(statement);
     // A statement whose names do not resolve reads nothing; planning it reports why.
@@ -313,13 +322,8 @@ pub(crate) async fn register_named(
     let mut found = Vec::with_capacity(named.len());
     for name in named.into_iter().filter(|name| is_table_name(name)) {
         let current = lookup(storage, project, name, at).await?;
-        match &current {
-            Some(current) => register(storage, ctx, name, current).await?,
-            // A table written under the name before the run log took it stays that project's `_logs`.
-            None if name == crate::run_log::LOGS_TABLE => {
-                crate::run_log::register(storage, ctx, project, log_retention).await?;
-            }
-            None => {}
+        if let Some(current) = &current {
+            register(storage, ctx, name, current).await?;
         }
         found.push((name.to_owned(), current));
     }
@@ -376,7 +380,7 @@ async fn lookup(
 }
 
 /// The version of each of the project's tables in `named`, as a cursor pins them.
-pub(crate) fn versions_read(named: &crate::plans::Named) -> Vec<TableVersion> {
+pub(crate) fn versions_read(named: &Named) -> Vec<TableVersion> {
     let version = |current: &Current| match current {
         Current::Files(snapshot) | Current::External { since: snapshot, .. } => snapshot.version,
     };
@@ -402,6 +406,16 @@ pub(crate) async fn register(
             ctx.register_table(TableReference::bare(name), table)
                 .map(|_| ())
                 .map_err(crate::execute::storage_error)
+        }
+        #[cfg(feature = "ballista")]
+        Current::External { source: ExternalSource::Delta { url }, .. }
+            if crate::distributed::plans_for_cluster(ctx) =>
+        {
+            Err(EngineError::InvalidQuery(format!(
+                "table {name} reads the Delta table {}, which a Ballista cluster does not read: serve it from an \
+                 embedded engine.",
+                crate::tables::sources::shown_raw(url)
+            )))
         }
         Current::External { source, .. } => storage
             .sources()

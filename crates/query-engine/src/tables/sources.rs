@@ -36,7 +36,7 @@ use tables_delta::{CommitError, ExternalTable};
 use tokio::sync::OnceCell;
 use url::Url;
 
-use crate::confined::{self, ConfinedFiles, Confinement};
+use crate::tables::confined::{self, ConfinedFiles, Confinement};
 
 /// Why a source cannot be used, for the person who named it.
 pub(crate) type Refusal = String;
@@ -392,7 +392,7 @@ impl Sources {
                     let store: Arc<dyn ObjectStore> = Arc::new(
                         AmazonS3Builder::from_env()
                             .with_bucket_name(&bucket)
-                            .with_retry(crate::storage::retries())
+                            .with_retry(retries())
                             .build()
                             .map_err(|e| format!("cannot read bucket {bucket}: {e}"))?,
                     );
@@ -443,14 +443,6 @@ impl Sources {
                 registered.map_err(|e| unreadable(raw, &url, &e))
             }
             ExternalSource::Delta { url: raw } => {
-                #[cfg(feature = "ballista")]
-                if crate::distributed::plans_for_cluster(ctx) {
-                    return Err(Unreadable::Refused(format!(
-                        "{} is a Delta source, which a Ballista cluster does not read: serve it from an \
-                         embedded engine.",
-                        shown_raw(raw)
-                    )));
-                }
                 let (provider, _) = self.delta_table(ctx, raw, storage_bucket, storage_projects).await?;
                 ctx.register_table(table, provider)
                     .map(|_| ())
@@ -595,6 +587,16 @@ pub(crate) fn extension(format: TableFormat) -> &'static str {
         TableFormat::Parquet => ".parquet",
         TableFormat::Csv => ".csv",
         TableFormat::NdJson => ".ndjson",
+    }
+}
+
+/// How long the S3 client keeps retrying a failed request: an unreachable storage is reported within about a
+/// second instead of after the client's default of three minutes.
+pub(crate) fn retries() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 3,
+        retry_timeout: std::time::Duration::from_secs(10),
+        ..object_store::RetryConfig::default()
     }
 }
 

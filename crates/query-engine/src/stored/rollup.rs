@@ -25,7 +25,7 @@ use datafusion::scalar::ScalarValue;
 use domain::{AggregateKind, CompareOp, MaterializedFilter, Rollup, StoredColumn};
 
 use crate::compile::Compiled;
-use crate::outline::{aggregate_kind, aggregation, simple, spine, unaliased, without_simple};
+use crate::stored::outline::{aggregate_kind, aggregation, simple, spine, unaliased, without_simple};
 
 /// The stored column of the query's `i`th group key.
 fn key_column(i: usize) -> String {
