@@ -267,6 +267,14 @@ bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (strea
 	cargo build --release --locked -p server --features bench,ballista --bins
 	$(VENV)/bin/python tests/bench/bench.py --only appends --duckdb-python $(VENV)/bin/python
 
+.PHONY: bench-commits
+bench-commits: deps ## Scenario 14 of make bench alone (a new process's first run over a table of 100,000 commits) into docs/benchmarks.md.
+	@command -v wrk >/dev/null || { echo "Installing wrk"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+	@mkdir -p target
+	cargo build --release --locked -p server --features bench,ballista --bins
+	python3 tests/bench/bench.py --only commits
+
 .PHONY: bench-logs
 bench-logs: deps ## Scenario 12 of make bench alone (cached runs with the run log on and off, usage over a million records) into docs/benchmarks.md.
 	@mkdir -p target
