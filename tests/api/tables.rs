@@ -853,6 +853,41 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
     assert_eq!(table["row_count"], 6, "{table}");
 }
 
+#[tokio::test]
+async fn a_quarantine_table_of_other_columns_refuses_the_body_before_any_row_lands_and_frees_its_key() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_writer(&app);
+    let tables = format!("/api/projects/{project}/tables");
+    ok_json(upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", ORDERS).await, 201)
+        .await;
+    // A table of the quarantine's name the tenant made for something else.
+    let theirs = format!("{tables}/orders_quarantine");
+    ok_json(upload(&app, Method::PUT, &theirs, &key, "text/csv", "note\nkeep me\n").await, 201).await;
+    let body = "{\"id\": 4, \"country\": \"DE\", \"amount\": 2}\n{\"id\": \"five\"}\n";
+    let send = || {
+        app.request(Method::POST, &format!("{tables}/orders/rows?on_error=quarantine"), Some(&key))
+            .header("Content-Type", "application/x-ndjson")
+            .header("Idempotency-Key", "once")
+            .body(body)
+            .send()
+    };
+    let refused = assert_error(send().await.unwrap(), 400, "validation_error").await;
+    assert_eq!(refused["attr"], "on_error", "{refused}");
+    assert!(refused["detail"].as_str().unwrap().contains("not a quarantine table"), "{refused}");
+    let orders = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
+    assert_eq!(orders["row_count"], 3, "no good row landed: {orders}");
+    let kept = ok_json(app.get(&theirs, &key).await, 200).await;
+    assert_eq!(kept["row_count"], 1, "{kept}");
+    // The key is free: once the name is, the retry is taken, once.
+    assert_eq!(app.request(Method::DELETE, &theirs, Some(&key)).send().await.unwrap().status(), 204);
+    for _ in 0..2 {
+        let taken = ok_json(send().await.unwrap(), 200).await;
+        assert_eq!((taken["rows_added"].as_u64(), taken["rows_quarantined"].as_u64()), (Some(1), Some(1)));
+    }
+    let orders = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
+    assert_eq!(orders["row_count"], 4, "{orders}");
+}
+
 /// A table's versions are the commits of its Delta log: each replace, append and compaction, newest first,
 /// paged, readable with a `table:read` key, and gone with the table.
 #[tokio::test]

@@ -334,6 +334,42 @@ async fn register_source(
     Ok(created)
 }
 
+/// Whether the quarantine table `name` (its columns, as `found`) can take rows set aside: there is none yet, or it
+/// has the quarantine's columns and is not an external source.
+fn quarantine_fits(
+    name: &TableName,
+    found: Result<Option<datafusion::arrow::datatypes::SchemaRef>, StagedError>,
+) -> Result<(), UploadError> {
+    let refused = |why: &str| {
+        UploadError::Rejected(Invalid::field(
+            "on_error",
+            format!(
+                "Rows that do not fit go to the table {name}, which {why}: rename or delete it, or send the body \
+                 without on_error=quarantine. Nothing was added."
+            ),
+        ))
+    };
+    let expected = crate::tables::quarantine::quarantine_schema();
+    match found {
+        Ok(None) => Ok(()),
+        Ok(Some(schema)) => {
+            let same = schema.fields().len() == expected.fields().len()
+                && schema
+                    .fields()
+                    .iter()
+                    .zip(expected.fields())
+                    .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+            if same {
+                Ok(())
+            } else {
+                Err(refused("is not a quarantine table (received_at, line, raw, error)"))
+            }
+        }
+        Err(StagedError::External) => Err(refused("reads an external source")),
+        Err(err) => Err(staged_error(err, None)),
+    }
+}
+
 impl DataFusionEngine {
     /// Appends the records of a body that fit the table, and writes the others to its quarantine table.
     async fn append_quarantining(
@@ -353,13 +389,15 @@ impl DataFusionEngine {
             return Err(UploadError::Engine(EngineError::Internal("a quarantined body was staged".into())));
         };
         let body: bytes::Bytes = chunks.concat().into();
-        let (storage, table) = (self.storage.clone(), name.as_str().to_owned());
-        let sorted = self
+        let (storage, table, aside) =
+            (self.storage.clone(), name.as_str().to_owned(), quarantine.as_str().to_owned());
+        let (sorted, aside) = self
             .runtime
             .run(async move {
                 let schema = table_schema(&storage, project, &table).await;
-                Ok(schema
-                    .map(|found| found.map(|schema| crate::tables::quarantine::sort(&body, format, &schema))))
+                let sorted = schema
+                    .map(|found| found.map(|schema| crate::tables::quarantine::sort(&body, format, &schema)));
+                Ok((sorted, table_schema(&storage, project, &aside).await))
             })
             .await
             .map_err(UploadError::Engine)?;
@@ -368,6 +406,19 @@ impl DataFusionEngine {
             Some(Err(reason)) => return Err(UploadError::Invalid(reason)),
             None => return Err(UploadError::NoSuchTable),
         };
+        // Where the bad rows go is checked before any row lands: a refusal then leaves both tables as they were
+        // (and frees the body's idempotency key with nothing written under it).
+        if !sorted.bad.is_empty() {
+            quarantine_fits(&quarantine, aside)?;
+        }
+        // The bad rows first: when they cannot be set aside, no good row has landed either.
+        if !sorted.bad.is_empty() {
+            let now = domain::Clock::now(&domain::SystemClock);
+            let received_at = i64::try_from(now.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX);
+            let parquet = crate::tables::quarantine::quarantine_body(&sorted.bad, received_at)
+                .map_err(|e| UploadError::Engine(EngineError::Internal(e.into())))?;
+            self.set_aside(project, &quarantine, parquet).await?;
+        }
         let mut rows = 0;
         if sorted.good_rows > 0 {
             let tag = upload.tag.as_ref().map(|tag| (tag.write_id, tag.digest.hex()));
@@ -379,13 +430,6 @@ impl DataFusionEngine {
                 .await
                 .map_err(|err| staged_error(err, None))?;
             self.appended.mark(project, name.as_str());
-        }
-        if !sorted.bad.is_empty() {
-            let now = domain::Clock::now(&domain::SystemClock);
-            let received_at = i64::try_from(now.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX);
-            let parquet = crate::tables::quarantine::quarantine_body(&sorted.bad, received_at)
-                .map_err(|e| UploadError::Engine(EngineError::Internal(e.into())))?;
-            self.set_aside(project, &quarantine, parquet).await?;
         }
         Ok(Written { rows, bytes, created: false, rows_quarantined: sorted.bad.len() as u64 })
     }
