@@ -370,3 +370,94 @@ async fn pull_reads_every_page() {
     let pulled = status(&code(&app, project, &key, dir.path(), &["pull"]).await, 0);
     assert!(pulled.contains("pulled 205 endpoint(s), 205 file(s) written"), "{pulled}");
 }
+
+/// A server that answers every request with what `answer` writes (the request's head read first), on a port of
+/// its own; each connection is closed after its answer.
+async fn hostile_server<F, Fut>(answer: F) -> u16
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let answer = std::sync::Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let answer = std::sync::Arc::clone(&answer);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0_u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && socket.read(&mut byte).await.is_ok_and(|n| n == 1) {
+                    head.push(byte[0]);
+                }
+                answer(socket).await;
+            });
+        }
+    });
+    port
+}
+
+/// `endpoints pull` against `port`, with a deadline: it must give up on its own.
+async fn pull_from(port: u16) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_endpoints"))
+        .args(["pull", "--url", &format!("http://127.0.0.1:{port}"), "--project", "1", "--key", "k"])
+        .arg("--dir")
+        .arg(dir.path())
+        .output();
+    tokio::time::timeout(std::time::Duration::from_secs(60), command).await.expect("pull gives up").unwrap()
+}
+
+/// A hostile server cannot make the CLI hold what it sends without end, nor write to the user's terminal: its
+/// text is printed with control characters escaped, a body past the bound and pages that never end are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_server_can_neither_exhaust_the_cli_nor_write_to_its_terminal() {
+    use tokio::io::AsyncWriteExt;
+    let escapes = hostile_server(|mut socket| async move {
+        let body = r#"{"code": "bad\u001b[31m", "detail": "boom \u001b]0;pwned\u0007\r\nfake prompt$ "}"#;
+        let head = format!(
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = socket.write_all(format!("{head}{body}").as_bytes()).await;
+    })
+    .await;
+    let output = pull_from(escapes).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains('\u{1b}') && !stderr.contains('\u{7}') && !stderr.contains('\r'), "{stderr:?}");
+    assert!(stderr.contains("\\u{1b}]0;pwned"), "shown escaped: {stderr}");
+
+    let endless = hostile_server(|mut socket| async move {
+        let head =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"results\": [";
+        if socket.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let spaces = vec![b' '; 1024 * 1024];
+        while socket.write_all(&spaces).await.is_ok() {}
+    })
+    .await;
+    let output = pull_from(endless).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("larger than 64 MiB"), "{stderr}");
+
+    let pages = hostile_server(|mut socket| async move {
+        let endpoint = r#"{"name": "e", "description": "", "query": {"query": "SELECT 1"}, "is_active": true,
+            "is_materialized": false, "cache_age_seconds": null, "sync_frequency": null, "freshness_seconds": 0,
+            "current_version": 1}"#;
+        let page = format!("{{\"next\": \"more\", \"results\": [{}]}}", vec![endpoint; 1000].join(","));
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            page.len()
+        );
+        let _ = socket.write_all(format!("{head}{page}").as_bytes()).await;
+    })
+    .await;
+    let output = pull_from(pages).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("endpoints listed, page after page"), "{stderr}");
+}

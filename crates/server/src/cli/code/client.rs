@@ -13,6 +13,15 @@ use url::Url;
 /// How long one request may take before the command gives up on the server.
 const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The most one answer may hold: a page of endpoints or a run's rows are far smaller.
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The most endpoints a listing reads before it takes the server for one whose pages never end.
+const MAX_ENDPOINTS: usize = 100_000;
+
+/// How much of an error answer that is not the API's JSON is shown.
+const SHOWN_ERROR_CHARS: usize = 200;
+
 /// A server's endpoints of one project, through its API.
 #[derive(Debug)]
 pub struct Api {
@@ -30,7 +39,7 @@ pub enum ClientError {
     /// The server's error answer, as its JSON body says it.
     #[error("{status} {code}: {detail}")]
     Api { status: u16, code: String, detail: String, breaking_changes: Vec<BreakingChange> },
-    #[error("the server answered what this command does not understand ({0}); is it an endpoints server?")]
+    #[error("the server answered what this command does not understand ({}); is it an endpoints server?", printable(.0))]
     Unexpected(String),
 }
 
@@ -158,6 +167,11 @@ impl Api {
             if last {
                 break;
             }
+            if all.len() > MAX_ENDPOINTS {
+                return Err(ClientError::Unexpected(format!(
+                    "more than {MAX_ENDPOINTS} endpoints listed, page after page"
+                )));
+            }
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)
@@ -213,7 +227,7 @@ impl Api {
         body: Option<&Value>,
     ) -> Result<T, ClientError> {
         let response = Self::check(self.request(method, url, body).await?).await?;
-        let bytes = response.bytes().await.map_err(|err| ClientError::Unexpected(err.to_string()))?;
+        let bytes = read_bounded(response, MAX_ANSWER_BYTES).await?;
         serde_json::from_slice(&bytes).map_err(|err| ClientError::Unexpected(err.to_string()))
     }
 
@@ -238,13 +252,23 @@ impl Api {
             return Ok(response);
         }
         // An error answer whose body cannot be read is described by its status alone.
-        let bytes = response.bytes().await.map_or_else(|_| Vec::new(), |body| body.to_vec());
+        let bytes = read_bounded(response, MAX_ANSWER_BYTES).await.unwrap_or_else(|_| Vec::new());
+        // What the server says is printed on the user's terminal: its control characters are shown escaped.
         match serde_json::from_slice::<ErrorBody>(&bytes) {
             Ok(body) => Err(ClientError::Api {
                 status: status.as_u16(),
-                code: body.code,
-                detail: body.detail,
-                breaking_changes: body.breaking_changes,
+                code: printable(&body.code),
+                detail: printable(&body.detail),
+                breaking_changes: body
+                    .breaking_changes
+                    .into_iter()
+                    .map(|change| BreakingChange {
+                        column: printable(&change.column),
+                        change: printable(&change.change),
+                        from: change.from.as_deref().map(printable),
+                        to: change.to.as_deref().map(printable),
+                    })
+                    .collect(),
             }),
             Err(_) => Err(ClientError::Api {
                 status: status.as_u16(),
@@ -252,12 +276,36 @@ impl Api {
                 detail: if status == StatusCode::NOT_FOUND {
                     "not found: is the URL the server's root?".into()
                 } else {
-                    String::from_utf8_lossy(&bytes).chars().take(200).collect()
+                    let text: String =
+                        String::from_utf8_lossy(&bytes).chars().take(SHOWN_ERROR_CHARS).collect();
+                    printable(&text)
                 },
                 breaking_changes: Vec::new(),
             }),
         }
     }
+}
+
+/// An answer's body, refused past `limit` bytes as it arrives (a server sending without end is not held).
+async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, ClientError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|err| ClientError::Unexpected(cause(&err)))? {
+        if body.len() + chunk.len() > limit {
+            return Err(ClientError::Unexpected(format!(
+                "an answer larger than {} MiB",
+                limit / (1024 * 1024)
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// `text` with its control characters (escape sequences, carriage returns, ...) written as escapes.
+pub(crate) fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+        .collect()
 }
 
 /// A request's failure with its causes (a refused connection says so only in its source).
