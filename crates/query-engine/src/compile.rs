@@ -89,15 +89,25 @@ impl Compiled {
 /// engine threads' stacks; ordinary queries, even long generated ones, are far below it.
 pub(crate) const MAX_TOKENS: usize = 10_000;
 
-/// Refuses SQL with more than [`MAX_TOKENS`] tokens (words and symbols outside quotes), before it is parsed.
-pub(crate) fn check_size(sql: &str) -> Result<(), domain::EngineError> {
+/// Refuses SQL before it is parsed when it has more than [`MAX_TOKENS`] tokens (words and symbols outside
+/// quotes), or a `{variables.NAME}` placeholder inside quotes: a variable is a value of its own, never a piece of
+/// a string literal or a quoted name (it would be replaced by the text of its parameter there).
+pub(crate) fn check_text(sql: &str) -> Result<(), domain::EngineError> {
     let mut tokens = 0_usize;
     let mut in_word = false;
     let mut quote: Option<char> = None;
-    for c in sql.chars() {
+    for (at, c) in sql.char_indices() {
         if let Some(q) = quote {
             if c == q {
                 quote = None;
+            } else if sql[at..].starts_with(domain::PLACEHOLDER_OPEN) {
+                let end = sql[at..].find('}').map_or(sql.len(), |close| at + close + 1);
+                let (written, kind) =
+                    (&sql[at..end], if q == '"' { "quoted name" } else { "string literal" });
+                return Err(domain::EngineError::InvalidQuery(format!(
+                    "{written} is inside a {kind}, where it would not be replaced by its value: write it on its \
+                     own, outside quotes (name = {written}, or concat('prefix-', {written}))."
+                )));
             }
             continue;
         }

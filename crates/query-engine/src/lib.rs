@@ -341,7 +341,7 @@ impl DataFusionEngine {
         let started = std::time::Instant::now();
         let _running = self.metrics.running();
         let result = async {
-            compile::check_size(sql)?;
+            compile::check_text(sql)?;
             self.in_slot(project, work).await
         }
         .await;
@@ -557,7 +557,7 @@ fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
 impl QueryEngine for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project))]
     async fn describe(&self, project: ProjectId, query: &Query) -> Result<QueryDescription, EngineError> {
-        compile::check_size(&query.sql)?;
+        compile::check_text(&query.sql)?;
         let owned = query.clone();
         // Planning takes a core as a run does: it waits for one of the project's query slots (a dry run of a
         // busy project waits for its runs, within the timeout).

@@ -204,6 +204,32 @@ fn compiles_placeholders_to_numbered_parameters() {
     assert_eq!(compiled.params.len(), 2);
 }
 
+/// A placeholder inside quotes would be replaced by its parameter's text (`'CAST($1 AS BIGINT)'`): such a query
+/// is refused, saying where to write the variable, by a dry run and by a run alike; one outside quotes beside a
+/// literal that merely looks like one is not.
+#[tokio::test]
+async fn a_placeholder_inside_quotes_is_refused_and_one_outside_them_is_not() {
+    let (engine, _dir) = engine_with_events().await;
+    let x = json!({"x": {"type": "Integer", "default": 1}});
+    for (sql, says) in [
+        ("SELECT '{variables.x}' AS v", "inside a string literal"),
+        ("SELECT 'a' || '{variables.x}' AS v", "inside a string literal"),
+        ("SELECT 1 AS \"{variables.x}\"", "inside a quoted name"),
+    ] {
+        let reason = invalid(engine.describe(project(1), &query(sql, x.clone())).await);
+        assert!(
+            reason.contains(says) && reason.contains("{variables.x}") && !reason.contains("CAST"),
+            "{reason}"
+        );
+        let run = engine.execute(project(1), &query(sql, x.clone()), &bound(&[]), 1, 0).await;
+        assert!(matches!(run, Err(EngineError::InvalidQuery(_))), "{sql}: {run:?}");
+    }
+    let fine = query("SELECT concat('it''s ', {variables.x}) AS v, '{not a placeholder}' AS w", x);
+    let result =
+        engine.execute(project(1), &fine, &bound(&[("x", domain::BoundValue::Integer(7))]), 1, 0).await;
+    assert_eq!(result.unwrap().rows_json, r#"[{"v":"it's 7","w":"{not a placeholder}"}]"#);
+}
+
 fn bound(pairs: &[(&str, domain::BoundValue)]) -> std::collections::BTreeMap<String, domain::BoundValue> {
     pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect()
 }

@@ -11,7 +11,7 @@ mod variables;
 
 pub use binding::{bind, coerce, read_value, BoundValue, ValueForm};
 pub use export::{Export, ResultFormat};
-pub use model::{is_variable_name, scan_placeholders, Placeholder, Query, QueryKind};
+pub use model::{is_variable_name, scan_placeholders, Placeholder, Query, QueryKind, PLACEHOLDER_OPEN};
 pub use plan::{
     AggregateCall, AggregateKind, Column, ColumnType, CompareOp, QueryDescription, QueryOutline, QueryResult,
     Statistics, VariablePredicate,

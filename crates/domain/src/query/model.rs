@@ -52,7 +52,8 @@ pub struct Placeholder {
     pub end: usize,
 }
 
-const PLACEHOLDER_OPEN: &str = "{variables.";
+/// How a placeholder begins: `{variables.NAME}`.
+pub const PLACEHOLDER_OPEN: &str = "{variables.";
 
 /// Whether `name` can name a variable: an identifier of ASCII letters, digits and `_`, not starting with a digit.
 pub fn is_variable_name(name: &str) -> bool {

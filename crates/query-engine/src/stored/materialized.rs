@@ -536,7 +536,7 @@ impl DataFusionEngine {
 impl ResultStorage for DataFusionEngine {
     #[instrument(skip_all, fields(project = %project, location))]
     async fn write(&self, project: ProjectId, query: &Query, location: &str) -> Result<Stored, EngineError> {
-        compile::check_size(&query.sql)?;
+        compile::check_text(&query.sql)?;
         let prefix = resolve(project, location)?;
         let (engine, query, target) = (self.clone(), query.clone(), prefix.clone());
         let limit = self.limits.refresh_timeout;
@@ -559,7 +559,7 @@ impl ResultStorage for DataFusionEngine {
         from: &StoredResult,
         to: &str,
     ) -> Result<Stored, EngineError> {
-        compile::check_size(&query.sql)?;
+        compile::check_text(&query.sql)?;
         let Some(coverage) = from.coverage.clone() else {
             return Err(EngineError::InvalidQuery("the stored result does not say what it holds".into()));
         };
