@@ -63,33 +63,48 @@ impl Confinement {
             }
             Err(_) => return Err(Unresolved::Refused(format!("cannot read {}.", path.display()))),
         };
-        self.check(path, real).map_err(Unresolved::Refused)
+        self.check(path, real).map_err(|(shown, why)| Unresolved::Left { shown, why })
     }
 
     /// `real` (the canonical form of `path`), when it is inside an allowed folder and outside the data
-    /// directory.
-    fn check(&self, path: &Path, real: PathBuf) -> std::result::Result<PathBuf, String> {
+    /// directory. A refusal names the first part of `path` that leads elsewhere (a link, not the files behind it),
+    /// and says the same whether it leads into the data directory or anywhere else, so that it tells nothing of
+    /// where the data directory is.
+    fn check(&self, path: &Path, real: PathBuf) -> std::result::Result<PathBuf, (String, String)> {
+        if self.may_read(&real) {
+            return Ok(real);
+        }
+        // The part after the deepest one that may be read: where the path leaves the allowed folders.
+        let mut ancestors: Vec<&Path> = path.ancestors().collect();
+        ancestors.reverse();
+        let mut shown = path;
+        let mut inside = false;
+        for part in ancestors {
+            let readable = std::fs::canonicalize(part).is_ok_and(|real| self.may_read(&real));
+            if inside && !readable {
+                shown = part;
+                break;
+            }
+            inside |= readable;
+        }
+        let shown = shown.display().to_string();
+        let why = format!(
+            "{shown} is not under a source this server allows (a prefix the operator allowed with --allow-source; \
+             symbolic links are followed to where they lead)."
+        );
+        Err((shown, why))
+    }
+
+    /// Whether a canonical path is inside an allowed folder and outside the data directory.
+    fn may_read(&self, real: &Path) -> bool {
         if self.refused.as_ref().is_some_and(|data| real.starts_with(data)) {
-            return Err(format!(
-                "{} is in the server's data directory (every project's tables and results), which is not a \
-                 source.",
-                path.display()
-            ));
+            return false;
         }
         // An allowed folder may itself be a link: it is compared as it resolves now.
-        let inside = self
-            .allowed
+        self.allowed
             .iter()
             .filter_map(|folder| std::fs::canonicalize(folder).ok())
-            .any(|folder| real.starts_with(folder));
-        if !inside {
-            return Err(format!(
-                "{} is not under a source this server allows (a prefix the operator allowed with \
-                 --allow-source; symbolic links are followed to where they lead).",
-                path.display()
-            ));
-        }
-        Ok(real)
+            .any(|folder| real.starts_with(folder))
     }
 }
 
@@ -99,12 +114,14 @@ enum Unresolved {
     Missing(String),
     /// It may not be read (or it is not there, in a folder that may not be read).
     Refused(String),
+    /// It leads out of the allowed folders at `shown` (a link, named instead of the files behind it).
+    Left { shown: String, why: String },
 }
 
 impl Unresolved {
     fn into_reason(self) -> String {
         match self {
-            Self::Missing(why) | Self::Refused(why) => why,
+            Self::Missing(why) | Self::Refused(why) | Self::Left { why, .. } => why,
         }
     }
 }
@@ -141,6 +158,9 @@ impl ConfinedFiles {
             .map_err(|e| object_store::Error::Generic { store: "ConfinedFiles", source: Box::new(e) })?
             .map_err(|unresolved| match unresolved {
                 Unresolved::Missing(why) => object_store::Error::NotFound { path: shown, source: why.into() },
+                Unresolved::Left { shown, why } => {
+                    object_store::Error::PermissionDenied { path: shown, source: why.into() }
+                }
                 Unresolved::Refused(why) => {
                     object_store::Error::PermissionDenied { path: shown, source: why.into() }
                 }

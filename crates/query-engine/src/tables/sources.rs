@@ -766,14 +766,14 @@ mod tests {
         let name = "data";
         let spelled_name = "dat%61";
         for (raw, why) in [
-            (format!("file://{}/to-projects/2/tables/secret/", lake.display()), "data directory"),
+            (format!("file://{}/to-projects/2/tables/secret/", lake.display()), "to-projects is not under"),
             (format!("file://{}/to-outside.csv", lake.display()), "not under"),
             (format!("file://{}/etc/passwd", lake.display()), "not under"),
             (format!("file://{parent}/x/../{name}/projects/"), "projects/"),
             (format!("file://{parent}/{name}/project%73/2/tables/secret/"), "projects/"),
             (format!("file://{parent}/{spelled_name}/projects/2/"), "projects/"),
             (format!("file://{parent}/{name}/PROJECTS/2/"), "projects/"),
-            (format!("file://{parent}/{name}/"), "data directory"),
+            (format!("file://{parent}/{name}/"), "not under"),
             (format!("file://{}/missing.csv", lake.display()), "does not exist"),
         ] {
             let err = check(raw.clone()).unwrap_err();
