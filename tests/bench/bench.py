@@ -788,16 +788,22 @@ print(json.dumps({"median_ms": statistics.median(runs)}))
 """
 
 
-def appends(args, root):
-    """Scenario 10: streaming appends, their throughput by connections, and a table after many of them."""
-    data_dir = os.path.join(root, "appends")
+def table_writer(args, root, name):
+    """A server on a new data directory `root/name` (its refresh worker off), and a key of its project 1 that
+    writes endpoints and tables."""
+    data_dir = os.path.join(root, name)
     os.makedirs(data_dir)
     app = Endpoints(args.bin_dir, data_dir)
     app.cli("migrate")
-    app.cli("project", "create", "--name", "stream")
-    key = app.cli("key", "create", "--project", "1", "--scope", "endpoint:write", "--scope", "table:write")["key"]
-    app.key = key
+    app.cli("project", "create", "--name", name)
+    app.key = app.cli("key", "create", "--project", "1", "--scope", "endpoint:write", "--scope", "table:write")["key"]
     app.start("--materialize-workers", "0")
+    return app, app.key
+
+
+def appends(args, root):
+    """Scenario 10: streaming appends, their throughput by connections, and a table after many of them."""
+    app, key = table_writer(args, root, "appends")
     figures = {"rounds": args.rounds}
     put_rows(app, key, "stream", append_rows(0, 5))
     put_rows(app, key, "batches", append_rows(0, 5))
@@ -919,14 +925,7 @@ def newest_version(app, key, table):
 def commits(args, root):
     """Scenario 14: a table after `--commits` commits to its Delta log, opened by a new process: the first run over
     it (its log read from the newest checkpoint) against the first run over a table of one commit."""
-    data_dir = os.path.join(root, "commits")
-    os.makedirs(data_dir)
-    app = Endpoints(args.bin_dir, data_dir)
-    app.cli("migrate")
-    app.cli("project", "create", "--name", "commits")
-    key = app.cli("key", "create", "--project", "1", "--scope", "endpoint:write", "--scope", "table:write")["key"]
-    app.key = key
-    app.start("--materialize-workers", "0")
+    app, key = table_writer(args, root, "commits")
     put_rows(app, key, "stream", append_rows(0, 5))
     put_rows(app, key, "once", append_rows(0, 5))
     for table in ("stream", "once"):
