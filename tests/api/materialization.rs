@@ -287,7 +287,14 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
         "version 1's result is not version 2's"
     );
     wait_for(&app, project, &key, "kpi", "Completed", 2).await;
-    let files = stored(&app.data_dir, project, &id);
+    // The record switches to version 2's result first (runs read it from then on); version 1's files are
+    // removed right after.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut files = stored(&app.data_dir, project, &id);
+    while files.len() != 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        files = stored(&app.data_dir, project, &id);
+    }
     assert!(files.len() == 1 && files[0].starts_with("v2-"), "{files:?}");
     let v2_run = run(&app, project, &key, "kpi", &json!({"variables": {"from": "A", "vip": true}})).await;
     assert_eq!(

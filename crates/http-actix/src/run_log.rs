@@ -148,10 +148,13 @@ struct OutcomeLabels {
 }
 
 /// Runs and their latency per endpoint in `/metrics`, for at most [`EndpointMetrics::DEFAULT_CAP`] endpoints
-/// (or the cap given): runs of endpoints past it are counted under `project="_other", endpoint="_other"`, so a
-/// project creating endpoints cannot make the metrics grow without bound.
+/// (or the cap given), and at most [`EndpointMetrics::DEFAULT_PER_PROJECT`] of one project: a project's runs of
+/// endpoints past its share are counted under `endpoint="_other"` of that project, and runs past the whole cap
+/// under `project="_other", endpoint="_other"`. So a project creating endpoints can neither make the metrics grow
+/// without bound nor take the series of other projects' endpoints.
 pub struct EndpointMetrics {
     cap: usize,
+    per_project: usize,
     /// Each counted endpoint's series, found without building its labels again.
     known: Mutex<Known>,
     other: Series,
@@ -162,6 +165,9 @@ pub struct EndpointMetrics {
 #[derive(Default)]
 struct Known {
     endpoints: HashMap<ProjectId, HashMap<Box<str>, Series>>,
+    /// Each project's series of its runs past its share.
+    others: HashMap<ProjectId, Series>,
+    /// Every series made, `others` included.
     count: usize,
 }
 
@@ -189,11 +195,19 @@ const OTHER: &str = "_other";
 impl EndpointMetrics {
     pub const DEFAULT_CAP: usize = 1000;
 
+    /// The endpoints of one project with series of their own.
+    pub const DEFAULT_PER_PROJECT: usize = 50;
+
     pub fn new(cap: usize) -> Self {
+        Self::with_shares(cap, Self::DEFAULT_PER_PROJECT)
+    }
+
+    /// At most `cap` series in all, `per_project` endpoints' of one project.
+    pub fn with_shares(cap: usize, per_project: usize) -> Self {
         let runs = Family::default();
         let latency = Family::new_with_constructor(latency_histogram as fn() -> Histogram);
         let other = series(&runs, &latency, OTHER.into(), OTHER.into());
-        Self { cap, known: Mutex::default(), other, runs, latency }
+        Self { cap, per_project, known: Mutex::default(), other, runs, latency }
     }
 
     /// Exposes the metrics in `registry`.
@@ -213,15 +227,26 @@ impl EndpointMetrics {
     fn observe(&self, project: ProjectId, endpoint: &str, status: u16, took: Duration) {
         let mut known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let known = &mut *known;
-        let found = known.endpoints.get(&project).and_then(|names| names.get(endpoint));
-        let series = match found {
-            Some(series) => series,
-            None if known.count < self.cap => {
+        let named = known.endpoints.get(&project).map_or(0, HashMap::len);
+        let found = known.endpoints.get(&project).is_some_and(|names| names.contains_key(endpoint));
+        let series = if found || (named < self.per_project && known.count < self.cap) {
+            if !found {
                 known.count += 1;
-                let made = series(&self.runs, &self.latency, project.to_string(), endpoint.to_owned());
-                known.endpoints.entry(project).or_default().entry(endpoint.into()).or_insert(made)
             }
-            None => &self.other,
+            let names = known.endpoints.entry(project).or_default();
+            names.entry(endpoint.into()).or_insert_with(|| {
+                series(&self.runs, &self.latency, project.to_string(), endpoint.to_owned())
+            })
+        } else if known.others.contains_key(&project) || known.count < self.cap {
+            if !known.others.contains_key(&project) {
+                known.count += 1;
+            }
+            known
+                .others
+                .entry(project)
+                .or_insert_with(|| series(&self.runs, &self.latency, project.to_string(), OTHER.into()))
+        } else {
+            &self.other
         };
         series.latency.observe(took.as_secs_f64());
         if status >= 400 { &series.error } else { &series.ok }.inc();
@@ -260,9 +285,42 @@ mod tests {
         assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "a process's ids follow each other");
     }
 
+    /// Counts of `endpoint_runs_total` in `registry`'s text, by a part of their labels.
+    fn runs_in(registry: &Registry) -> impl Fn(&str) -> Option<String> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        move |labels: &str| {
+            text.lines()
+                .find(|line| line.starts_with("endpoint_runs_total{") && line.contains(labels))
+                .and_then(|line| line.rsplit(' ').next())
+                .map(str::to_owned)
+        }
+    }
+
+    #[test]
+    fn a_project_past_its_share_is_counted_under_its_own_other_and_leaves_the_rest_to_others() {
+        let metrics = EndpointMetrics::with_shares(6, 2);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let (greedy, quiet) = (ProjectId::new(1).unwrap(), ProjectId::new(2).unwrap());
+        for n in 0..500 {
+            metrics.observe(greedy, &format!("e{n}"), 200, Duration::from_millis(1));
+        }
+        metrics.observe(quiet, "mine", 200, Duration::from_millis(1));
+        let runs = runs_in(&registry);
+        assert_eq!(runs(r#"project="1",endpoint="e0",outcome="ok""#).as_deref(), Some("1"));
+        assert_eq!(runs(r#"project="1",endpoint="_other",outcome="ok""#).as_deref(), Some("498"));
+        assert_eq!(runs(r#"project="2",endpoint="mine",outcome="ok""#).as_deref(), Some("1"), "not starved");
+        assert_eq!(
+            runs(r#"project="_other",endpoint="_other",outcome="ok""#).as_deref(),
+            Some("0"),
+            "under the cap"
+        );
+    }
+
     #[test]
     fn endpoints_past_the_cap_are_counted_together() {
-        let metrics = EndpointMetrics::new(2);
+        let metrics = EndpointMetrics::with_shares(2, 2);
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         let project = ProjectId::new(3).unwrap();
