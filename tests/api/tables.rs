@@ -960,3 +960,44 @@ async fn a_tables_versions_list_its_commits_newest_first_under_both_families() {
         assert_error(app.get(&format!("{table}/versions"), &reader).await, 404, "not_found").await;
     }
 }
+
+/// Quarantine appends take their sorting turn once their body has arrived: bodies one project keeps open (more
+/// than there are turns) do not hold up another project's quarantine append.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_never_finish_hold_no_turn_of_another_projects_quarantine_append() {
+    use tokio::io::AsyncWriteExt;
+    let app =
+        crate::helpers::spawn_app_tuned(|config| config.client_timeout = std::time::Duration::from_secs(120))
+            .await;
+    let (slow, slow_key) = project_with_writer(&app);
+    let (other, other_key) = project_with_writer(&app);
+    for (project, key) in [(slow, &slow_key), (other, &other_key)] {
+        let table = format!("/api/projects/{project}/tables/orders");
+        ok_json(upload(&app, Method::PUT, &table, key, "text/csv", ORDERS).await, 201).await;
+    }
+    // Eight bodies of one project, each promised 1 MiB and sent 100 bytes of: more than the turns there are.
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        let head = format!(
+            "POST /api/projects/{slow}/tables/orders/rows?on_error=quarantine HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {slow_key}\r\nContent-Type: text/csv\r\nContent-Length: 1048576\r\n\r\n\
+             id,country,amount\n"
+        );
+        let mut stream =
+            tokio::net::TcpStream::connect(app.address.trim_start_matches("http://")).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(&b"9,DE,1\n".repeat(12)).await.unwrap();
+        stalled.push(stream);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let rows = format!("/api/projects/{other}/tables/orders/rows?on_error=quarantine");
+    let appended = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        upload(&app, Method::POST, &rows, &other_key, "text/csv", "id,country,amount\n4,DE,2\nfive,IT,1\n"),
+    )
+    .await
+    .expect("answered while the other project's bodies are still open");
+    let answer = ok_json(appended, 200).await;
+    assert_eq!((answer["rows_added"].as_u64(), answer["rows_quarantined"].as_u64()), (Some(1), Some(1)));
+    drop(stalled);
+}

@@ -46,13 +46,21 @@ fn ids(first: u64, count: u64) -> String {
 }
 
 async fn counts(engine: &DataFusionEngine) -> (u64, u64) {
+    counts_at(engine, &domain::ReadAt::Newest).await.0
+}
+
+/// The rows and distinct ids of `events` as read `at` the versions given, and the versions it read.
+async fn counts_at(
+    engine: &DataFusionEngine,
+    at: &domain::ReadAt,
+) -> ((u64, u64), Vec<domain::TableVersion>) {
     let query = domain::Query::try_from(
         &json!({"kind": "SQLQuery", "query": "SELECT count(*) AS n, count(DISTINCT id) AS d FROM events"}),
     )
     .unwrap();
-    let result = engine.execute(project(), &query, &BTreeMap::new(), 10, 0).await.unwrap();
+    let result = engine.execute_at(project(), &query, &BTreeMap::new(), 10, 0, at).await.unwrap();
     let rows: Value = serde_json::from_str(&result.rows_json).unwrap();
-    (rows[0]["n"].as_u64().unwrap(), rows[0]["d"].as_u64().unwrap())
+    ((rows[0]["n"].as_u64().unwrap(), rows[0]["d"].as_u64().unwrap()), result.read)
 }
 
 fn table_dir(dir: &Path) -> PathBuf {
@@ -109,6 +117,8 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     assert_eq!(engine.appended(), vec![(project(), events())]);
     let before = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!((before.files, before.row_count, before.last_compacted_at), (Some(20), Some(100), None));
+    // A cursor's snapshot: the version of the 20 small files.
+    let (_, pinned) = counts_at(&engine, &domain::ReadAt::Newest).await;
 
     let done = engine
         .compact(project(), &events(), Vec::new())
@@ -125,8 +135,11 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     assert!(after.last_compacted_at.is_some());
     assert_eq!(after.created_at, before.created_at, "the table keeps its creation time");
     assert_eq!(counts(&engine).await, (100, 100));
-    // The merged small files stay for runs (and readers of older versions) until a vacuum past the retention.
+    // The merged small files stay for runs (and readers of older versions) until a vacuum past the retention:
+    // the pinned snapshot reads them, exactly its rows, after the compaction and after appends.
     assert_eq!(parquet_in(&table_dir(&dir)), 21);
+    let at_pin = domain::ReadAt::Pinned(pinned.clone());
+    assert_eq!(counts_at(&engine, &at_pin).await, ((100, 100), pinned.clone()));
 
     // Appends go on into the new version; a few more small files are not worth a compaction yet.
     for i in 20..20 + MIN_SMALL_FILES as u64 - 2 {
@@ -134,6 +147,7 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     }
     assert!(engine.compact(project(), &events(), Vec::new()).await.unwrap().is_none());
     assert_eq!(counts(&engine).await, (130, 130));
+    assert_eq!(counts_at(&engine, &at_pin).await.0, (100, 100), "the pinned snapshot, still");
     // A replace takes the table whatever compactions did.
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 2))).await.unwrap();
     assert_eq!(counts(&engine).await, (2, 2));

@@ -21,7 +21,7 @@ use domain::{
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectMeta;
+use object_store::{ObjectMeta, ObjectStoreExt};
 use tables_delta::Snapshot;
 use tokio::io::AsyncWriteExt;
 use tracing::instrument;
@@ -381,14 +381,14 @@ impl DataFusionEngine {
         let quarantine = upload.quarantine_table(name).map_err(UploadError::Rejected)?;
         let format = file_format(upload.format);
         upload.limit_bytes = upload.limit_bytes.min(QUARANTINE_BODY_BYTES);
-        // Bodies held whole are bounded in number, whoever sends them.
+        // The body arrives before a turn is taken (a client sending slowly holds none): held when small, staged
+        // otherwise. Bodies held whole for sorting are bounded in number, whoever sends them.
+        let received = receive(&self.storage, project, &mut upload, HELD_BODY_BYTES).await?;
         let _turn = self.appends.sort_turn().await;
-        let Received::Held { chunks, bytes } =
-            receive(&self.storage, project, &mut upload, QUARANTINE_BODY_BYTES).await?
-        else {
-            return Err(UploadError::Engine(EngineError::Internal("a quarantined body was staged".into())));
+        let (body, bytes) = match received {
+            Received::Held { chunks, bytes } => (bytes::Bytes::from(chunks.concat()), bytes),
+            Received::Staged(staged) => (self.read_staged(&staged, upload.format).await?, staged.bytes),
         };
-        let body: bytes::Bytes = chunks.concat().into();
         let (storage, table, aside) =
             (self.storage.clone(), name.as_str().to_owned(), quarantine.as_str().to_owned());
         let (sorted, aside) = self
@@ -432,6 +432,16 @@ impl DataFusionEngine {
             self.appended.mark(project, name.as_str());
         }
         Ok(Written { rows, bytes, created: false, rows_quarantined: sorted.bad.len() as u64 })
+    }
+
+    /// A staged body of `format`, read whole, and then removed from the staging area.
+    async fn read_staged(&self, staged: &Staged, format: TableFormat) -> Result<bytes::Bytes, UploadError> {
+        let location = staged.directory.clone().join(format!("body.{}", format.as_str()));
+        let read = async { self.storage.store().get(&location).await?.bytes().await }.await;
+        if let Err(err) = self.storage.remove_prefix(&staged.directory).await {
+            tracing::warn!(location = %staged.directory, error = %err, "cannot remove a staged upload");
+        }
+        read.map_err(|err| UploadError::Engine(unavailable(err)))
     }
 
     /// Adds rows (a Parquet body of its columns) to a quarantine table, creating it the first time.
