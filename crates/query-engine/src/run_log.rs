@@ -68,6 +68,16 @@ const CLOSED_AFTER: Duration = Duration::from_secs(300);
 /// Buffers of records taken: each thread that records uses one, so request threads do not wait on each other.
 const SHARDS: usize = 8;
 
+/// The projects that can fill one buffer between flushes: each holds at most this share of it.
+const PROJECT_SHARES: usize = 8;
+
+/// One buffer of records taken and not yet written, with how many each project has there.
+#[derive(Debug, Default)]
+struct Buffer {
+    records: Vec<LogRecord>,
+    per_project: HashMap<ProjectId, usize>,
+}
+
 /// The buffer the current thread records into: a number each thread draws once.
 fn shard() -> usize {
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -106,7 +116,8 @@ static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
 pub struct LogSettings {
     /// Records older than this are left out and deleted (by the hour).
     pub retention: Duration,
-    /// Records held between flushes at most; more are dropped and counted.
+    /// Records held between flushes at most (the last eighth kept for projects holding less than an eighth);
+    /// more are dropped and counted.
     pub buffered: usize,
     /// A file of at least this many bytes is full: it is never merged again (about five million records).
     pub full_file: u64,
@@ -131,7 +142,7 @@ struct Inner {
     /// This process's name in file names.
     node: String,
     /// Records taken and not yet written, in one buffer per recording thread (see [`shard`]).
-    buffers: [Mutex<Vec<LogRecord>>; SHARDS],
+    buffers: [Mutex<Buffer>; SHARDS],
     /// Flushes and merges take turns; the hours this node wrote, with its files there since its last merge.
     turn: tokio::sync::Mutex<HashMap<(ProjectId, Timestamp), HourFiles>>,
     next: AtomicU64,
@@ -178,7 +189,7 @@ impl ParquetRunLog {
                 storage,
                 settings,
                 node: Uuid::new_v4().simple().to_string(),
-                buffers: std::array::from_fn(|_| Mutex::new(Vec::new())),
+                buffers: std::array::from_fn(|_| Mutex::new(Buffer::default())),
                 turn: tokio::sync::Mutex::default(),
                 next: AtomicU64::new(0),
                 pruned: Mutex::new(None),
@@ -210,13 +221,20 @@ impl ParquetRunLog {
         );
     }
 
-    fn buffer(&self, shard: usize) -> std::sync::MutexGuard<'_, Vec<LogRecord>> {
+    fn buffer(&self, shard: usize) -> std::sync::MutexGuard<'_, Buffer> {
         self.inner.buffers[shard].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The records one buffer holds at most.
     fn shard_room(&self) -> usize {
         self.inner.settings.buffered.div_ceil(SHARDS)
+    }
+
+    /// A project's share of one buffer: past it, a project adds records only while more than a share of the
+    /// buffer is free, so that a project flooding the log (runs refused by its rate limit, say) drops its own
+    /// records, never another project's.
+    fn project_room(&self) -> usize {
+        (self.shard_room() / PROJECT_SHARES).max(1)
     }
 
     /// Writes every record taken so far, one file per project and hour. Records a failed write held are
@@ -231,8 +249,9 @@ impl ParquetRunLog {
         let mut taken = Vec::new();
         for shard in 0..SHARDS {
             let mut buffer = self.buffer(shard);
-            let room = buffer.len().min(self.shard_room());
-            taken.append(&mut std::mem::replace(&mut *buffer, Vec::with_capacity(room)));
+            let room = buffer.records.len().min(self.shard_room());
+            taken.append(&mut std::mem::replace(&mut buffer.records, Vec::with_capacity(room)));
+            buffer.per_project.clear();
         }
         if taken.is_empty() {
             return Ok(0);
@@ -284,10 +303,13 @@ impl ParquetRunLog {
         let mut records = records.into_iter();
         for shard in 0..SHARDS {
             let mut buffer = self.buffer(shard);
-            let room = self.shard_room().saturating_sub(buffer.len());
+            let room = self.shard_room().saturating_sub(buffer.records.len());
             let mut back: Vec<LogRecord> = records.by_ref().take(room).collect();
-            back.append(&mut buffer);
-            *buffer = back;
+            for record in &back {
+                *buffer.per_project.entry(record.project).or_default() += 1;
+            }
+            back.append(&mut buffer.records);
+            buffer.records = back;
         }
         let lost = records.count();
         if lost > 0 {
@@ -476,8 +498,13 @@ impl ParquetRunLog {
 impl RunLog for ParquetRunLog {
     fn record(&self, record: LogRecord) {
         let mut buffer = self.buffer(shard());
-        if buffer.len() < self.shard_room() {
-            buffer.push(record);
+        let held = buffer.per_project.get(&record.project).copied().unwrap_or(0);
+        let (len, room) = (buffer.records.len(), self.shard_room());
+        // The last share of the buffer is kept for projects within their share: a project alone may fill the
+        // rest, a flood of one never takes what another needs.
+        if len < room && (held < self.project_room() || len < room - self.project_room()) {
+            *buffer.per_project.entry(record.project).or_default() += 1;
+            buffer.records.push(record);
         } else {
             drop(buffer);
             self.inner.dropped.inc();

@@ -393,3 +393,30 @@ async fn a_failed_flush_keeps_what_it_could_not_write_for_the_next() {
     assert_eq!(log.records(project(2), "kpi", &all(100)).await.unwrap(), newest_first(&twos));
     assert_eq!(log.records(project(1), "kpi", &all(100)).await.unwrap(), newest_first(&ones), "once");
 }
+
+#[tokio::test]
+async fn a_project_flooding_the_log_drops_its_own_records_past_its_share_never_anothers() {
+    let dir = temp_dir("run-log-share");
+    // One thread records here, into one buffer of 80 records: a project past its share of 10 stops at 70.
+    let settings = LogSettings { buffered: 80 * 8, ..LogSettings::default() };
+    let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), settings);
+    let start = within_one_hour(now() - time::Duration::seconds(100), 10);
+    for n in 0..1000_u64 {
+        log.record(record(1, "flood", start, n));
+    }
+    // Without shares the flood would have filled the buffer, and every record of the other project been lost.
+    let quiet: Vec<LogRecord> = (0..10_u64).map(|n| record(2, "kpi", start, 10_000 + n)).collect();
+    for r in &quiet {
+        log.record(r.clone());
+    }
+    assert_eq!(
+        log.flush().await.unwrap(),
+        80,
+        "the flood up to the last share, and every record of the other"
+    );
+    assert_eq!(log.records(project(2), "kpi", &all(100)).await.unwrap().len(), 10);
+    assert_eq!(log.records(project(1), "flood", &all(100)).await.unwrap().len(), 70);
+    // After a flush the share is the project's again.
+    log.record(record(1, "flood", start, 5_000));
+    assert_eq!(log.flush().await.unwrap(), 1);
+}
