@@ -397,7 +397,10 @@ impl DataFusionEngine {
                 let schema = table_schema(&storage, project, &table).await;
                 let sorted = schema
                     .map(|found| found.map(|schema| crate::tables::quarantine::sort(&body, format, &schema)));
-                Ok((sorted, table_schema(&storage, project, &aside).await))
+                // The quarantine table is read only when there are rows to set aside.
+                let bad = matches!(&sorted, Ok(Some(Ok(sorted))) if !sorted.bad.is_empty());
+                let aside = if bad { Some(table_schema(&storage, project, &aside).await) } else { None };
+                Ok((sorted, aside))
             })
             .await
             .map_err(UploadError::Engine)?;
@@ -407,12 +410,10 @@ impl DataFusionEngine {
             None => return Err(UploadError::NoSuchTable),
         };
         // Where the bad rows go is checked before any row lands: a refusal then leaves both tables as they were
-        // (and frees the body's idempotency key with nothing written under it).
-        if !sorted.bad.is_empty() {
+        // (and frees the body's idempotency key with nothing written under it). The bad rows are written first:
+        // when they cannot be set aside, no good row has landed either.
+        if let Some(aside) = aside {
             quarantine_fits(&quarantine, aside)?;
-        }
-        // The bad rows first: when they cannot be set aside, no good row has landed either.
-        if !sorted.bad.is_empty() {
             let now = domain::Clock::now(&domain::SystemClock);
             let received_at = i64::try_from(now.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX);
             let parquet = crate::tables::quarantine::quarantine_body(&sorted.bad, received_at)
