@@ -12,9 +12,17 @@
 //!   ticket before producing a batch: a query without a slot stops at its next batch, all its tasks together,
 //!   and a query whose slice has ended while others wait gives its slot to the next and queues again.
 //!
-//! So a small query of another project waits one slice, then shares the cores with the heavy ones. Work that
-//! happens inside one batch (sorting what a sort has buffered, say) is not cut; it is bounded by the query's
-//! memory. Planning is not gated either: it is bounded by the size and nesting of the SQL (`compile`).
+//! - A join does work between two batches of its inputs that no memory bounds: a nested-loop join evaluates its
+//!   filter over every pair of rows, and a hash join over every pair of rows of equal keys, emitting only the
+//!   pairs that pass, so a filter that passes none keeps the join inside one poll for as long as the pairs
+//!   last (a filtered cross join of two million-row series: minutes). So a join's filter asks the ticket too,
+//!   before each evaluation ([`GatedFilter`]); one whose slice has ended while others wait gives its slot on and
+//!   parks its thread until its turn comes back, the engine's runtime moving that thread's other tasks on
+//!   meanwhile.
+//!
+//! So a small query of another project waits one slice, then shares the cores with the heavy ones. Other work
+//! inside one batch (sorting what a sort has buffered, say) is not cut; it is bounded by the query's memory.
+//! Planning is not gated either: it is bounded by the size and nesting of the SQL (`compile`).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -24,13 +32,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::joins::utils::JoinFilter;
+use datafusion::physical_plan::joins::{
+    HashJoinExec, NestedLoopJoinExec, NestedLoopJoinExecBuilder, SortMergeJoinExec,
+};
 use datafusion::physical_plan::metrics::MetricsSet;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream,
@@ -270,6 +283,27 @@ impl Ticket {
     }
 }
 
+impl Ticket {
+    /// Waits, parking the thread, until the query may go on with work that happens inside one poll (a join's
+    /// filter over pairs of rows); at once when nobody else waits or its slice goes on. On a runtime without
+    /// threads to spare for the thread's other tasks (a current-thread one), it goes on.
+    fn block_for_turn(&self) {
+        let turn = &self.turn;
+        if self.scheduler.waiting.load(Ordering::Relaxed) == 0 && turn.holding.load(Ordering::Acquire) {
+            return;
+        }
+        let waker = futures_util::task::noop_waker();
+        if self.poll_turn(&Context::from_waker(&waker)).is_ready() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return;
+        }
+        tokio::task::block_in_place(|| runtime.block_on(std::future::poll_fn(|cx| self.poll_turn(cx))));
+    }
+}
+
 /// A ticket shared by the operators of its query's plan and the query's caller, released with the last of
 /// them.
 #[derive(Clone)]
@@ -306,7 +340,99 @@ pub(crate) fn gate(plan: Arc<dyn ExecutionPlan>, held: &Held) -> Result<Arc<dyn 
     // The children's properties are their operators': a gate changes none.
     let keep = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Keep);
     let plan = if children.is_empty() { plan } else { plan.replace_children(children, keep)? };
+    let plan = gate_join_filter(plan, held)?;
     Ok(Arc::new(Gated { inner: plan, held: held.clone() }))
+}
+
+/// `plan` with its filter gated ([`GatedFilter`]) when it is a join with a filter over pairs of rows.
+fn gate_join_filter(plan: Arc<dyn ExecutionPlan>, held: &Held) -> Result<Arc<dyn ExecutionPlan>> {
+    let gated = |filter: &JoinFilter| {
+        let expression: Arc<dyn PhysicalExpr> =
+            Arc::new(GatedFilter { inner: Arc::clone(filter.expression()), held: held.clone() });
+        Some(JoinFilter::new(expression, filter.column_indices().to_vec(), Arc::clone(filter.schema())))
+    };
+    if let Some(join) = plan.downcast_ref::<NestedLoopJoinExec>() {
+        if let Some(filter) = join.filter() {
+            return Ok(Arc::new(NestedLoopJoinExecBuilder::from(join).with_filter(gated(filter)).build()?));
+        }
+    } else if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        if let Some(filter) = join.filter() {
+            return Ok(Arc::new(join.builder().with_filter(gated(filter)).build()?));
+        }
+    } else if let Some(join) = plan.downcast_ref::<SortMergeJoinExec>() {
+        if let Some(filter) = join.filter() {
+            return Ok(Arc::new(SortMergeJoinExec::try_new(
+                Arc::clone(join.left()),
+                Arc::clone(join.right()),
+                join.on().to_vec(),
+                gated(filter),
+                join.join_type(),
+                join.sort_options().to_vec(),
+                join.null_equality(),
+            )?));
+        }
+    }
+    Ok(plan)
+}
+
+/// A join's filter that waits for its query's turn before each evaluation: the join's work between two of its
+/// input's batches is cut at the slice's end like any operator's ([`Ticket::block_for_turn`]).
+#[derive(Debug)]
+struct GatedFilter {
+    inner: Arc<dyn PhysicalExpr>,
+    held: Held,
+}
+
+impl PartialEq for GatedFilter {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.as_ref() == other.inner.as_ref()
+    }
+}
+
+impl Eq for GatedFilter {}
+
+impl std::hash::Hash for GatedFilter {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.inner.hash(state);
+    }
+}
+
+impl fmt::Display for GatedFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl PhysicalExpr for GatedFilter {
+    fn data_type(&self, input_schema: &Schema) -> Result<DataType> {
+        self.inner.data_type(input_schema)
+    }
+
+    fn nullable(&self, input_schema: &Schema) -> Result<bool> {
+        self.inner.nullable(input_schema)
+    }
+
+    fn return_field(&self, input_schema: &Schema) -> Result<FieldRef> {
+        self.inner.return_field(input_schema)
+    }
+
+    fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
+        self.held.ticket().block_for_turn();
+        self.inner.evaluate(batch)
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
+        vec![&self.inner]
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn PhysicalExpr>>) -> Result<Arc<dyn PhysicalExpr>> {
+        let inner = children.into_iter().next().unwrap_or_else(|| Arc::clone(&self.inner));
+        Ok(Arc::new(Self { inner, held: self.held.clone() }))
+    }
+
+    fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt_sql(f)
+    }
 }
 
 /// An operator whose output waits for its query's turn.
