@@ -626,6 +626,8 @@ def isolation(args, root):
         "WITH a AS (SELECT repeat('x', 300000000) AS s) SELECT length(s || s || s || s) AS n FROM a",
         "SELECT cardinality(range(1, 10000000000)) AS n",
         "SELECT length(replace(repeat('a', 100000), 'a', repeat('b', 100000))) AS n",
+        "SELECT length(encode(encode(encode(repeat('x', 200000000), 'hex'), 'hex'), 'hex')) AS n",
+        "SELECT length(array_to_string(range(1, 1000000), repeat('x', 1000))) AS n",
     ]
     for i, sql in enumerate(bombs):
         create(2, f"bomb-{i}", sql)

@@ -112,17 +112,35 @@ enum Growth {
     Elements,
     /// `range(start, stop [, step])`, `generate_series` as a list: `(stop - start) / step` elements.
     Series,
+    /// At most this many times the bytes of the arguments: `encode` (hex doubles), `translate` (a character
+    /// of one byte becomes one of four), `upper`/`lower` (`ΐ` becomes three characters), `string_to_array`
+    /// (each character an element with its offset).
+    Times(usize),
+    /// `concat_ws(separator, ...)`: the separator between each two of the others.
+    Separated,
+    /// `array_to_string(list, delimiter [, null])`: each element of the list, nested ones too, written as text
+    /// with the delimiter (or the null's text) after it.
+    Joined,
+}
+
+impl Growth {
+    /// Whether the output grows with a count or a pattern in the arguments rather than with their bytes: such
+    /// a call on constants is not folded into the plan when it is planned (a folded `repeat('x', 300000000)`
+    /// would be a literal of 300 MB in the plan, which every rewrite of the plan copies again).
+    fn by_count(self) -> bool {
+        !matches!(self, Self::Sum | Self::Times(_) | Self::Separated | Self::Joined)
+    }
 }
 
 /// The functions that can write far more than they read, by name, with their growth.
-const BOUNDED: [(&str, Growth); 16] = [
+const BOUNDED: [(&str, Growth); 24] = [
     ("repeat", Growth::Repeat),
     ("lpad", Growth::Pad),
     ("rpad", Growth::Pad),
     ("replace", Growth::Replace),
     ("regexp_replace", Growth::RegexpReplace),
     ("concat", Growth::Sum),
-    ("concat_ws", Growth::Sum),
+    ("concat_ws", Growth::Separated),
     ("overlay", Growth::Sum),
     ("array_concat", Growth::Sum),
     ("array_append", Growth::Sum),
@@ -132,6 +150,14 @@ const BOUNDED: [(&str, Growth); 16] = [
     ("array_resize", Growth::Elements),
     ("range", Growth::Series),
     ("generate_series", Growth::Series),
+    ("encode", Growth::Times(2)),
+    ("translate", Growth::Times(4)),
+    ("upper", Growth::Times(3)),
+    ("lower", Growth::Times(3)),
+    ("initcap", Growth::Times(3)),
+    ("string_to_array", Growth::Times(5)),
+    ("array_to_string", Growth::Joined),
+    ("to_hex", Growth::Times(2)),
 ];
 
 /// Replaces, in `ctx`, each function that can write far more than it reads by the same function behind a
@@ -166,8 +192,7 @@ pub(crate) fn bound_functions(ctx: &SessionContext, limit: usize) {
 struct Bounded {
     inner: Arc<dyn ScalarUDFImpl>,
     /// The function's, but for those whose output grows with a count: volatile, so that the planner never
-    /// evaluates them on constants. A folded `repeat('x', 300000000)` would be a literal of 300 MB in the plan,
-    /// which every rewrite of the plan copies again, past any bound and the query's timeout.
+    /// evaluates them on constants ([`Growth::by_count`]).
     signature: Signature,
     growth: Growth,
     limit: usize,
@@ -177,7 +202,7 @@ struct Bounded {
 impl Bounded {
     fn new(inner: Arc<dyn ScalarUDFImpl>, growth: Growth, limit: usize, pool: Arc<dyn MemoryPool>) -> Self {
         let mut signature = inner.signature().clone();
-        if growth != Growth::Sum {
+        if growth.by_count() {
             signature.volatility = Volatility::Volatile;
         }
         Self { inner, signature, growth, limit, pool }
@@ -248,21 +273,27 @@ impl ScalarUDFImpl for Bounded {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let bytes = upper_bound(self.growth, &args.args, args.number_rows);
+        // While it writes, the call holds its arguments too: in a chain (`encode(encode(repeat(...)))`) each
+        // call's input is the output of the one before, alive until this one returns.
+        let holds = bytes.saturating_add(args.args.iter().map(held_bytes).fold(0, usize::saturating_add));
         let refused = |why: String| {
             Err(DataFusionError::ResourcesExhausted(format!(
                 "{}() would write up to {bytes} bytes, {why}.",
                 self.inner.name()
             )))
         };
-        if bytes > self.limit {
-            return refused(format!("over the query's memory limit of {} bytes", self.limit));
+        if holds > self.limit {
+            return refused(format!(
+                "which with its arguments is over the query's memory limit of {} bytes",
+                self.limit
+            ));
         }
         if bytes > MAX_ARRAY_BYTES {
             return refused("more than one column of a batch can hold".to_owned());
         }
         // Held while the function writes: its output is the query's until it flows on.
         let reservation = MemoryConsumer::new(format!("{}()", self.inner.name())).register(&self.pool);
-        reservation.try_grow(bytes)?;
+        reservation.try_grow(holds)?;
         self.inner.invoke_with_args(args)
     }
 }
@@ -319,6 +350,45 @@ fn bytes_at(value: &ColumnarValue, row: usize, rows: usize) -> usize {
         // A whole array's memory split over its rows: lists and other nested values.
         ColumnarValue::Array(array) => array.get_array_memory_size() / rows.max(1) + 16,
         ColumnarValue::Scalar(scalar) => scalar.size(),
+    }
+}
+
+/// The bytes an argument holds in memory, all its rows.
+fn held_bytes(value: &ColumnarValue) -> usize {
+    match value {
+        ColumnarValue::Array(array) => array.get_array_memory_size(),
+        ColumnarValue::Scalar(scalar) => scalar.size(),
+    }
+}
+
+/// The values of a list at `row`, those of its nested lists counted one by one (one for a value that is not a
+/// list).
+fn leaves_at(value: &ColumnarValue, row: usize) -> usize {
+    fn leaves(array: &dyn Array) -> usize {
+        match array.data_type() {
+            DataType::List(_) => {
+                let list = array.as_list::<i32>();
+                let offsets = list.value_offsets();
+                let (first, last) = (offsets[0].max(0), offsets[offsets.len() - 1].max(0));
+                let (first, last) = (first.unsigned_abs() as usize, last.unsigned_abs() as usize);
+                leaves(&list.values().slice(first, last.saturating_sub(first)))
+            }
+            DataType::LargeList(_) => {
+                let list = array.as_list::<i64>();
+                let offsets = list.value_offsets();
+                let first = usize::try_from(offsets[0]).unwrap_or(0);
+                let last = usize::try_from(offsets[offsets.len() - 1]).unwrap_or(0);
+                leaves(&list.values().slice(first, last.saturating_sub(first)))
+            }
+            // The whole child: more than the row's, never fewer.
+            DataType::FixedSizeList(..) => leaves(array.as_fixed_size_list().values()),
+            _ => array.len(),
+        }
+    }
+    match value {
+        ColumnarValue::Array(array) if row < array.len() => leaves(&array.slice(row, 1)),
+        ColumnarValue::Array(_) => 0,
+        ColumnarValue::Scalar(scalar) => scalar.to_array().map_or(1, |array| leaves(&array)),
     }
 }
 
@@ -390,7 +460,29 @@ fn upper_bound(growth: Growth, args: &[ColumnarValue], rows: usize) -> usize {
                 arg(1).map_or(0, |n| count_at(n, row)).saturating_mul(element)
             }
             Growth::Series => series_at(args, row).saturating_mul(16),
+            Growth::Times(k) => {
+                args.iter().map(|a| bytes_at(a, row, rows)).fold(0, usize::saturating_add).saturating_mul(k)
+            }
+            Growth::Separated => {
+                let others =
+                    args.iter().skip(1).map(|a| bytes_at(a, row, rows)).fold(0, usize::saturating_add);
+                len(0, row).saturating_mul(args.len().saturating_sub(2)).saturating_add(others)
+            }
+            Growth::Joined => {
+                // A number's text is at most 24 bytes; a string's is its bytes, which the list's holds. The
+                // delimiter and the null's text may be values of any type, cast to text.
+                let text = |i: usize| match arg(i) {
+                    Some(a) if str_at(a, row).is_some() => len(i, row),
+                    Some(a) => bytes_at(a, row, rows).saturating_mul(4).saturating_add(24),
+                    None => 0,
+                };
+                let each = text(1).saturating_add(text(2)).saturating_add(24);
+                let leaves = arg(0).map_or(0, |list| leaves_at(list, row));
+                leaves.saturating_mul(each).saturating_add(arg(0).map_or(0, |list| bytes_at(list, row, rows)))
+            }
         }
+        // Offsets and validity of the row.
+        .saturating_add(64)
     };
     let varies = args.iter().any(|a| matches!(a, ColumnarValue::Array(_)));
     if varies {
@@ -501,15 +593,17 @@ mod tests {
 
     #[test]
     fn bounds_cover_what_each_function_writes() {
-        assert_eq!(bound_of("repeat", &[text("ab"), int(1_000)], 3), Some(6_000));
-        assert_eq!(bound_of("repeat", &[text("ab"), int(-5)], 3), Some(0));
-        assert_eq!(bound_of("lpad", &[text("x"), int(100)], 1), Some(100));
-        assert_eq!(bound_of("lpad", &[text("x"), int(100), text("é")], 1), Some(400));
-        assert_eq!(bound_of("replace", &[text("aaaa"), text("a"), text("bbb")], 1), Some(16));
-        assert_eq!(bound_of("replace", &[text("aaaa"), text(""), text("b")], 1), Some(9));
+        assert_eq!(bound_of("repeat", &[text("ab"), int(1_000)], 3), Some(6_192));
+        assert_eq!(bound_of("repeat", &[text("ab"), int(-5)], 3), Some(192));
+        assert_eq!(bound_of("lpad", &[text("x"), int(100)], 1), Some(164));
+        assert_eq!(bound_of("lpad", &[text("x"), int(100), text("é")], 1), Some(464));
+        assert_eq!(bound_of("replace", &[text("aaaa"), text("a"), text("bbb")], 1), Some(80));
+        assert_eq!(bound_of("replace", &[text("aaaa"), text(""), text("b")], 1), Some(73));
         assert!(bound_of("regexp_replace", &[text("abc"), text("(.)"), text("$1$1")], 1).unwrap() >= 6);
-        assert_eq!(bound_of("concat", &[text("ab"), text("cde")], 2), Some(10));
-        assert_eq!(bound_of("range", &[int(0), int(1_000_000_000), int(1)], 1), Some(16_000_000_016));
+        assert_eq!(bound_of("concat", &[text("ab"), text("cde")], 2), Some(138));
+        assert_eq!(bound_of("concat_ws", &[text("--"), text("ab"), text("cde")], 1), Some(71));
+        assert_eq!(bound_of("encode", &[text("abc"), text("hex")], 1), Some(76));
+        assert_eq!(bound_of("range", &[int(0), int(1_000_000_000), int(1)], 1), Some(16_000_000_080));
         assert!(bound_of("array_repeat", &[int(1), int(1_000)], 1).unwrap() >= 16_000);
         let days = ColumnarValue::Scalar(ScalarValue::Date32(Some(0)));
         let far = ColumnarValue::Scalar(ScalarValue::Date32(Some(3_000_000)));
@@ -517,7 +611,85 @@ mod tests {
         assert!(bound_of("range", &[days, far, second], 1).unwrap() > 1 << 40);
         let array =
             ColumnarValue::Array(Arc::new(datafusion::arrow::array::StringArray::from(vec!["a", "bb"])));
-        assert_eq!(bound_of("repeat", &[array, int(10)], 2), Some(30));
+        assert_eq!(bound_of("repeat", &[array, int(10)], 2), Some(158));
+        let list = ColumnarValue::Scalar(ScalarValue::List(Arc::new(
+            datafusion::arrow::array::ListArray::from_iter_primitive::<
+                datafusion::arrow::datatypes::Int64Type,
+                _,
+                _,
+            >([Some((0..1_000).map(Some))]),
+        )));
+        let bound = bound_of("array_to_string", &[list, text("-----")], 1).unwrap();
+        assert!(bound >= 1_000 * 29, "{bound}");
+    }
+
+    /// The bytes an array's values take, without spare capacity.
+    fn logical_bytes(array: &dyn Array) -> usize {
+        array.to_data().get_slice_memory_size().unwrap_or(0)
+    }
+
+    /// Every scalar function of DataFusion, called with each list of arguments it takes from a row of a string
+    /// of every width of character, a list, bytes and small numbers: each that writes more than it reads is
+    /// one of the bounded, and its bound covers what it wrote. A function a new DataFusion adds that grows its
+    /// input fails here until it is bounded.
+    #[tokio::test]
+    async fn every_function_that_writes_more_than_it_reads_is_bounded() {
+        let ctx = SessionContext::new();
+        let text = "aȿȺΐß€😀 x,1".repeat(200);
+        ctx.sql(&format!(
+            "CREATE TABLE t AS SELECT '{text}' AS s, arrow_cast('{text}', 'Utf8View') AS v, \
+             range(1, 5000) AS l, [['{text}', 'x'], ['y']] AS ll, arrow_cast('{text}', 'Binary') AS b, \
+             CAST(3 AS BIGINT) AS n, 2.5 AS f, DATE '2024-01-02' AS d, TIMESTAMP '2024-01-02 03:04:05' AS ts"
+        ))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+        // Lists of arguments, one from another by "; ".
+        let arguments = "s; v; b; l; ll; n; f; d; ts; s, s; s, v; s, n; v, n; b, n; l, n; s, 'hex'; s, 'base64'; b, 'hex'; \
+                         b, 'base64'; b, 'base64pad'; s, 'a'; s, ''; s, ','; s, 'a', '€😀'; s, 'aȿ', '€😀x'; s, '', 'xyz'; \
+                         s, '.', 'xy'; s, n, 'xy'; s, n, n; s, 'a', n; l, ','; l, s; l, ',', s; ll, ','; l, l; l, n, n; \
+                         l, s, n; n, s; n, l; s, s, s; d, d; ts, ts; '%Y-%m-%d %H %M %S %A %B', ts; \
+                         ts, '%Y-%m-%d %H:%M:%S %A %B %c'; s, 'x', 'g'; s, '(.)', '$1$1$1', 'g'; n, n, n; l, 1, l; l, l, l; \
+                         'k', s; s, l; f, n; s, f";
+        let mut names: Vec<String> = ctx.state().scalar_functions().keys().cloned().collect();
+        names.sort();
+        let mut growing = Vec::new();
+        for name in names {
+            for args in arguments.split("; ") {
+                let Ok(frame) = ctx.sql(&format!("SELECT {name}({args}) AS o FROM t")).await else {
+                    continue;
+                };
+                let Ok(out) = frame.collect().await else { continue };
+                let Some(out) = out.first().map(|batch| Arc::clone(batch.column(0))) else { continue };
+                let aliased: Vec<String> =
+                    args.split(", ").enumerate().map(|(i, arg)| format!("{arg} AS a{i}")).collect();
+                let inputs = ctx
+                    .sql(&format!("SELECT {} FROM t", aliased.join(", ")))
+                    .await
+                    .unwrap()
+                    .collect()
+                    .await
+                    .unwrap();
+                let input_bytes: usize = inputs[0].columns().iter().map(|c| logical_bytes(c.as_ref())).sum();
+                let written = logical_bytes(out.as_ref());
+                if written <= input_bytes + input_bytes / 20 + 256 {
+                    continue;
+                }
+                let values: Vec<ColumnarValue> =
+                    inputs[0].columns().iter().map(|c| ColumnarValue::Array(Arc::clone(c))).collect();
+                // Under its own name: `list_to_string` is `array_to_string`.
+                let own = ctx.udf(&name).map_or_else(|_| name.clone(), |udf| udf.name().to_owned());
+                match bound_of(&own, &values, 1) {
+                    Some(bound) if bound >= written => {}
+                    bound => {
+                        growing.push(format!("{name}({args}): {input_bytes} -> {written}, bound {bound:?}"))
+                    }
+                }
+            }
+        }
+        assert!(growing.is_empty(), "unbounded growth:\n{}", growing.join("\n"));
     }
 
     #[test]

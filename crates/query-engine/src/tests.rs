@@ -644,7 +644,19 @@ async fn functions_that_build_large_values_fail_with_the_memory_limit_before_all
     let huge = bound(&[("n", domain::BoundValue::Integer(1_500_000_000))]);
     let err = engine.execute(project(1), &variable, &huge, 10, 0).await.unwrap_err();
     assert!(matches!(err, EngineError::MemoryLimit(_)), "{err:?}");
+    // A chain of functions that each double their input, from a value well within the limit: each call holds
+    // its input while it writes.
+    let chain = query(
+        "SELECT length(encode(encode(encode(repeat('x', {variables.n}), 'hex'), 'hex'), 'hex')) AS n",
+        json!({"n": {"type": "Integer"}}),
+    );
+    let within = bound(&[("n", domain::BoundValue::Integer(200_000_000))]);
+    let err = engine.execute(project(1), &chain, &within, 10, 0).await.unwrap_err();
+    assert!(matches!(err, EngineError::MemoryLimit(_)), "{err:?}");
     for sql in [
+        "SELECT length(array_to_string(range(1, 1000000), repeat('x', 1000))) AS n",
+        "SELECT length(concat_ws(repeat('x', 100000000), 'a', 'b', 'c', 'd', 'e', 'f')) AS n",
+        "SELECT length(translate(repeat('a', 200000000), 'a', '😀')) AS n",
         "SELECT length(repeat('x', 1500000000)) AS n",
         "SELECT sum(length(repeat('x', 1000000 + v % 2))) AS n FROM generate_series(1, 2100) AS t(v)",
         "SELECT length(lpad('x', 2000000000)) AS n",
@@ -663,9 +675,13 @@ async fn functions_that_build_large_values_fail_with_the_memory_limit_before_all
     // The same functions at ordinary sizes answer as DataFusion's own do, nulls and names included.
     let small =
         "SELECT repeat('ab', 3) AS r, lpad('7', 3, '0') AS p, 'a' || NULL AS n, concat('a', NULL) AS c, \
-                 country || '-' || revenue AS k FROM events ORDER BY revenue LIMIT 1";
+                 country || '-' || revenue AS k, encode('ab', 'hex') AS e, upper(country) AS u, \
+                 array_to_string([1, 2], '-') AS j FROM events ORDER BY revenue LIMIT 1";
     let result = engine.execute(project(1), &query(small, json!({})), &bound(&[]), 10, 0).await.unwrap();
-    assert_eq!(result.rows_json, r#"[{"r":"ababab","p":"007","n":null,"c":"a","k":"US-10"}]"#);
+    assert_eq!(
+        result.rows_json,
+        r#"[{"r":"ababab","p":"007","n":null,"c":"a","k":"US-10","e":"6162","u":"US","j":"1-2"}]"#
+    );
     let unnamed = engine.describe(project(1), &query("SELECT country || 'x' FROM events", json!({}))).await;
     let columns = unnamed.unwrap().columns;
     assert_eq!(columns[0].name, "events.country || Utf8(\"x\")", "{columns:?}");
