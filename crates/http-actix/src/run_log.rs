@@ -114,6 +114,7 @@ impl Answered<'_> {
             credential: Some(self.caller.credential.clone()),
             transport: Some(self.transport),
             request_id: self.request_id,
+            runs: 1,
         });
     }
 }

@@ -71,11 +71,18 @@ const SHARDS: usize = 8;
 /// The projects that can fill one buffer between flushes: each holds at most this share of it.
 const PROJECT_SHARES: usize = 8;
 
+/// Past its share of a buffer, one refused run (429) of a project in this many is kept, standing for them all
+/// ([`LogRecord::runs`]): a flood of runs its rate limit refuses costs a project's log a sixty-fourth of the
+/// records, and its usage still counts every run.
+const SAMPLE_PAST_SHARE: u32 = 64;
+
 /// One buffer of records taken and not yet written, with how many each project has there.
 #[derive(Debug, Default)]
 struct Buffer {
     records: Vec<LogRecord>,
     per_project: HashMap<ProjectId, usize>,
+    /// Refused runs past a project's share left out since its last sample was kept (kept across flushes).
+    left_out: HashMap<ProjectId, u32>,
 }
 
 /// The buffer the current thread records into: a number each thread draws once.
@@ -108,6 +115,8 @@ static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         text("credential", true),
         text("transport", true),
         text("request_id", true),
+        // Null for one run: files written before it have no such column, and read it as null.
+        Field::new("runs", DataType::UInt32, true),
     ]))
 });
 
@@ -150,6 +159,7 @@ struct Inner {
     pruned: Mutex<Option<Timestamp>>,
     written: Counter,
     dropped: Counter,
+    sampled: Counter,
     failed: Counter,
     /// The runtime merges run on (see [`merge_runtime`]), made at the first merge.
     merges: std::sync::OnceLock<tokio::runtime::Runtime>,
@@ -195,6 +205,7 @@ impl ParquetRunLog {
                 pruned: Mutex::new(None),
                 written: Counter::default(),
                 dropped: Counter::default(),
+                sampled: Counter::default(),
                 failed: Counter::default(),
                 merges: std::sync::OnceLock::new(),
             }),
@@ -213,6 +224,11 @@ impl ParquetRunLog {
             "log_records_dropped",
             "Run log records dropped because the buffer was full (the storage could not keep up)",
             inner.dropped.clone(),
+        );
+        registry.register(
+            "log_records_sampled",
+            "Refused runs past their project's share of the run log, left out for a record that stands for them",
+            inner.sampled.clone(),
         );
         registry.register(
             "log_flush_failures",
@@ -496,18 +512,29 @@ impl ParquetRunLog {
 
 #[async_trait::async_trait]
 impl RunLog for ParquetRunLog {
-    fn record(&self, record: LogRecord) {
+    fn record(&self, mut record: LogRecord) {
         let mut buffer = self.buffer(shard());
         let held = buffer.per_project.get(&record.project).copied().unwrap_or(0);
-        let (len, room) = (buffer.records.len(), self.shard_room());
+        let (len, room, share) = (buffer.records.len(), self.shard_room(), self.project_room());
+        if held >= share && record.status == 429 {
+            let left_out = buffer.left_out.entry(record.project).or_default();
+            *left_out += 1;
+            if *left_out < SAMPLE_PAST_SHARE {
+                drop(buffer);
+                self.inner.sampled.inc();
+                return;
+            }
+            record.runs = *left_out;
+            buffer.left_out.remove(&record.project);
+        }
         // The last share of the buffer is kept for projects within their share: a project alone may fill the
         // rest, a flood of one never takes what another needs.
-        if len < room && (held < self.project_room() || len < room - self.project_room()) {
+        if len < room && (held < share || len < room - share) {
             *buffer.per_project.entry(record.project).or_default() += 1;
             buffer.records.push(record);
         } else {
             drop(buffer);
-            self.inner.dropped.inc();
+            self.inner.dropped.inc_by(u64::from(record.runs));
         }
     }
 
@@ -585,7 +612,7 @@ impl RunLog for ParquetRunLog {
             return Ok(usage.finish());
         };
         let err = crate::execute::storage_error;
-        let columns = ["at", "status", "source", "duration_ms", "rows", "bytes_read"];
+        let columns = ["at", "status", "source", "duration_ms", "rows", "bytes_read", "runs"];
         let frame =
             frame.filter(col("kind").eq(lit(LogKind::Run.as_str()))).and_then(|f| f.select_columns(&columns));
         let mut stream = frame.map_err(err)?.execute_stream().await.map_err(err)?;
@@ -597,6 +624,7 @@ impl RunLog for ParquetRunLog {
             let duration = batch.column(3).as_primitive::<Float64Type>();
             let rows = batch.column(4).as_primitive::<UInt64Type>();
             let bytes = batch.column(5).as_primitive::<UInt64Type>();
+            let runs = batch.column(6).as_primitive::<UInt32Type>();
             for i in 0..batch.num_rows() {
                 usage.add(&UsageSample {
                     at_micros: at.value(i),
@@ -605,6 +633,7 @@ impl RunLog for ParquetRunLog {
                     duration_ms: duration.value(i),
                     rows: rows.is_valid(i).then(|| rows.value(i)),
                     bytes_read: bytes.is_valid(i).then(|| bytes.value(i)),
+                    runs: if runs.is_valid(i) { runs.value(i) } else { 1 },
                 });
             }
         }
@@ -823,6 +852,7 @@ fn batch(records: &[LogRecord]) -> Result<RecordBatch, EngineError> {
         text(&|r| r.credential.as_deref()),
         text(&|r| r.transport.map(Transport::as_str)),
         text(&|r| r.request_id.as_deref()),
+        Arc::new(records.iter().map(|r| (r.runs != 1).then_some(r.runs)).collect::<UInt32Array>()),
     ];
     RecordBatch::try_new(SCHEMA.clone(), columns).map_err(|e| EngineError::Internal(Box::new(e)))
 }
@@ -870,6 +900,7 @@ fn records_of(project: ProjectId, batch: &RecordBatch, into: &mut Vec<LogRecord>
     let duration = batch.column(7).as_primitive::<Float64Type>();
     let rows = batch.column(8).as_primitive::<UInt64Type>();
     let bytes = batch.column(9).as_primitive::<UInt64Type>();
+    let runs = batch.column(14).as_primitive::<UInt32Type>();
     let optional = |column: &StringArray, i: usize| column.is_valid(i).then(|| column.value(i).to_owned());
     let broken =
         |what: &str| EngineError::Internal(format!("a log record's {what} does not read back").into());
@@ -898,6 +929,7 @@ fn records_of(project: ProjectId, batch: &RecordBatch, into: &mut Vec<LogRecord>
                 .transpose()
                 .map_err(|_| broken("transport"))?,
             request_id: optional(request, i),
+            runs: if runs.is_valid(i) { runs.value(i) } else { 1 },
         });
     }
     Ok(())

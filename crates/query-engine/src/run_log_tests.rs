@@ -32,6 +32,7 @@ fn record(project_id: i64, endpoint: &str, at: Timestamp, n: u64) -> LogRecord {
         credential: Some("ci key".into()),
         transport: Some(if n % 3 == 0 { Transport::Mcp } else { Transport::Rest }),
         request_id: Some(format!("req-{n}")),
+        runs: 1,
     }
 }
 
@@ -155,14 +156,7 @@ async fn records_read_back_whole_paged_filtered_and_merged_per_project() {
     );
     let mut expected = domain::UsageAccumulator::new(query);
     for r in &runs {
-        expected.add(&domain::UsageSample {
-            at_micros: domain::unix_micros(r.at),
-            status: r.status,
-            source: r.source,
-            duration_ms: r.duration_ms(),
-            rows: r.rows,
-            bytes_read: r.bytes_read,
-        });
+        expected.add(&domain::UsageSample::from(*r));
     }
     assert_eq!(buckets, expected.finish());
 }
@@ -419,4 +413,88 @@ async fn a_project_flooding_the_log_drops_its_own_records_past_its_share_never_a
     // After a flush the share is the project's again.
     log.record(record(1, "flood", start, 5_000));
     assert_eq!(log.flush().await.unwrap(), 1);
+}
+
+/// Runs a project's rate limit refuses, flooding past its share of the buffer, are kept one in 64, each kept
+/// one standing for those left out: the log holds a sixty-fourth of the flood, and usage counts all of it.
+#[tokio::test]
+async fn a_flood_of_refused_runs_is_sampled_past_the_projects_share_and_counted_in_full() {
+    let dir = temp_dir("run-log-sample");
+    // One thread records here, into one buffer of 80 records: a project's share is 10.
+    let settings = LogSettings { buffered: 80 * 8, ..LogSettings::default() };
+    let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), settings);
+    let start = within_one_hour(now() - time::Duration::seconds(100), 10);
+    let refused = |n: u64| LogRecord {
+        kind: LogKind::Run,
+        status: 429,
+        code: Some("rate_limited".into()),
+        rows: None,
+        ..record(1, "flood", start, n)
+    };
+    let flood = 10 + 64 * 20;
+    for n in 0..flood {
+        log.record(refused(n));
+    }
+    // A run that is not refused is kept whole past the share.
+    log.record(LogRecord { kind: LogKind::Run, ..record(1, "flood", start, 7) });
+    assert_eq!(log.flush().await.unwrap(), 10 + 20 + 1);
+    let kept = log.records(project(1), "flood", &all(100)).await.unwrap();
+    let standing: Vec<u32> = kept.iter().map(|r| r.runs).filter(|runs| *runs > 1).collect();
+    assert_eq!(standing, vec![64; 20], "each sample stands for 64 runs");
+    let query = UsageQuery::new(
+        Some(start - time::Duration::minutes(1)),
+        Some(now() + time::Duration::SECOND),
+        Some(Interval::Hour),
+        now(),
+    )
+    .unwrap();
+    let buckets = log.usage(project(1), "flood", &query).await.unwrap();
+    assert_eq!(buckets.iter().map(|b| b.requests).sum::<u64>(), flood + 1, "usage counts every run");
+    assert_eq!(buckets.iter().map(|b| b.errors).sum::<u64>(), flood);
+    // Those left out since the last sample wait for the next one, across flushes: 53 left out here, and 54
+    // more in the next second, of which the 64th is kept for them.
+    for n in 0..63 {
+        log.record(refused(n));
+    }
+    assert_eq!(log.flush().await.unwrap(), 10, "the share, after a flush");
+    for n in 0..64 {
+        log.record(refused(n));
+    }
+    assert_eq!(log.flush().await.unwrap(), 10 + 1);
+    let buckets = log.usage(project(1), "flood", &query).await.unwrap();
+    assert_eq!(buckets.iter().map(|b| b.requests).sum::<u64>(), flood + 1 + 10 + 10 + 64, "43 still wait");
+
+    // Files written before records had `runs` read as one run each.
+    let older = temp_dir("run-log-older");
+    let log = ParquetRunLog::new(Storage::local(&older).unwrap(), settings);
+    for n in 0..3 {
+        log.record(refused(n));
+    }
+    log.flush().await.unwrap();
+    let hour = std::fs::read_dir(older.join("projects/1/logs")).unwrap().next().unwrap().unwrap().path();
+    let file = std::fs::read_dir(hour).unwrap().next().unwrap().unwrap().path();
+    without_runs(&file);
+    assert!(log.records(project(1), "flood", &all(10)).await.unwrap().iter().all(|r| r.runs == 1));
+    let buckets = log.usage(project(1), "flood", &query).await.unwrap();
+    assert_eq!(buckets.iter().map(|b| b.requests).sum::<u64>(), 3);
+}
+
+/// Rewrites a log file as a release before `runs` wrote it: without that column.
+fn without_runs(file: &std::path::Path) {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file).unwrap()).unwrap();
+    let batches: Vec<_> = reader.build().unwrap().map(Result::unwrap).collect();
+    let columns: Vec<usize> = (0..batches[0].num_columns() - 1).collect();
+    let older: Vec<_> = batches.iter().map(|batch| batch.project(&columns).unwrap()).collect();
+    assert!(older[0].schema().column_with_name("runs").is_none());
+    let mut writer = datafusion::parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(file).unwrap(),
+        older[0].schema(),
+        None,
+    )
+    .unwrap();
+    for batch in &older {
+        writer.write(batch).unwrap();
+    }
+    writer.close().unwrap();
 }

@@ -86,6 +86,9 @@ pub struct LogRecord {
     pub transport: Option<Transport>,
     /// The request's id (`X-Request-Id`), for a run.
     pub request_id: Option<String>,
+    /// How many runs it stands for: one, or, for a sample of a project's refused runs past its share of the
+    /// log's buffer, those it was kept for (the others like it left out).
+    pub runs: u32,
 }
 
 impl LogRecord {
@@ -301,6 +304,20 @@ impl UsageQuery {
     }
 }
 
+impl From<&LogRecord> for UsageSample {
+    fn from(record: &LogRecord) -> Self {
+        Self {
+            at_micros: unix_micros(record.at),
+            status: record.status,
+            source: record.source,
+            duration_ms: record.duration_ms(),
+            rows: record.rows,
+            bytes_read: record.bytes_read,
+            runs: record.runs,
+        }
+    }
+}
+
 /// What usage needs of one run's record.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UsageSample {
@@ -311,6 +328,8 @@ pub struct UsageSample {
     pub duration_ms: f64,
     pub rows: Option<u64>,
     pub bytes_read: Option<u64>,
+    /// How many runs the record stands for ([`LogRecord::runs`]).
+    pub runs: u32,
 }
 
 /// One bucket of usage: counts and sums, and latency percentiles over its runs (`None` when it has none).
@@ -371,11 +390,12 @@ impl UsageAccumulator {
         else {
             return;
         };
-        bucket.requests += 1;
-        bucket.errors += u64::from(sample.status >= 400);
-        bucket.cache_hits += u64::from(sample.source == Some(LogSource::Cache));
-        bucket.rows += sample.rows.unwrap_or(0);
-        bucket.bytes_read += sample.bytes_read.unwrap_or(0);
+        let runs = u64::from(sample.runs);
+        bucket.requests += runs;
+        bucket.errors += runs * u64::from(sample.status >= 400);
+        bucket.cache_hits += runs * u64::from(sample.source == Some(LogSource::Cache));
+        bucket.rows += runs * sample.rows.unwrap_or(0);
+        bucket.bytes_read += runs * sample.bytes_read.unwrap_or(0);
         // Milliseconds to a microsecond's precision fit an f32 for any duration a run can have.
         #[allow(clippy::cast_possible_truncation)]
         durations.push(sample.duration_ms as f32);
@@ -437,6 +457,7 @@ mod tests {
             credential: None,
             transport: Some(Transport::Rest),
             request_id: None,
+            runs: 1,
         }
     }
 
@@ -510,6 +531,7 @@ mod tests {
                 duration_ms: f64::from(ms),
                 rows: Some(2),
                 bytes_read: Some(10),
+                runs: 1,
             });
         }
         let sample = |seconds, ms| UsageSample {
@@ -519,8 +541,11 @@ mod tests {
             duration_ms: ms,
             rows: None,
             bytes_read: None,
+            runs: 1,
         };
         usage.add(&sample(130, 4.5));
+        // A sample that stands for 64 refused runs counts 64 requests and errors; its latency counts once.
+        usage.add(&UsageSample { status: 429, runs: 64, ..sample(70, 0.5) });
         // Outside the range: left out.
         usage.add(&sample(180, 1.0));
         usage.add(&sample(-1, 1.0));
@@ -532,7 +557,7 @@ mod tests {
             (100, 1, 1, 200, 1000)
         );
         assert_eq!((first.p50_ms, first.p95_ms, first.p99_ms), (Some(50.0), Some(95.0), Some(99.0)));
-        assert_eq!((buckets[1].requests, buckets[1].p50_ms), (0, None));
+        assert_eq!((buckets[1].requests, buckets[1].errors, buckets[1].p50_ms), (64, 64, Some(0.5)));
         assert_eq!((buckets[2].requests, buckets[2].p99_ms), (1, Some(4.5)));
     }
 

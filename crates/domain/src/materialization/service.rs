@@ -150,6 +150,7 @@ impl RefreshService {
             credential: None,
             transport: None,
             request_id: None,
+            runs: 1,
         });
         outcome
     }

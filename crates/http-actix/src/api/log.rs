@@ -43,6 +43,10 @@ pub(crate) struct LogEntry {
     /// The request's `X-Request-Id`.
     #[schema(required = true)]
     request_id: Option<String>,
+    /// How many runs the record stands for: 1, or for a sample of runs refused with 429 past the project's
+    /// share of the log, the refused runs it was kept for.
+    #[schema(minimum = 1)]
+    runs: u32,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -94,6 +98,7 @@ impl From<LogRecord> for LogEntry {
                 domain::Transport::Mcp => TransportName::Mcp,
             }),
             request_id: record.request_id,
+            runs: record.runs,
         }
     }
 }
