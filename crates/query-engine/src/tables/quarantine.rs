@@ -34,52 +34,122 @@ pub(crate) struct Sorted {
     pub(crate) bad: Vec<BadRow>,
 }
 
+/// The most records of one body set aside: a body with more that do not fit is refused whole, as the client's
+/// mistake (sending another format, another table's rows) rather than a few bad records.
+pub(crate) const MAX_BAD_ROWS: usize = 10_000;
+
+/// The most characters of a reason a bad row keeps.
+const MAX_REASON_CHARS: usize = 1_024;
+
+/// Records checked together: a run of them that all read as the columns costs one decoder, and one that does
+/// not is halved until each bad record stands alone.
+const CHUNK_RECORDS: usize = 4_096;
+
 /// Sorts a body's records by whether they read as `schema`'s columns.
 ///
 /// # Errors
-/// Why the body as a whole cannot be sorted, for the client: a CSV header that is not the table's columns.
+/// Why the body as a whole cannot be sorted, for the client: a CSV header that is not the table's columns, or
+/// more than [`MAX_BAD_ROWS`] records that do not fit.
 pub(crate) fn sort(body: &[u8], format: FileFormat, schema: &SchemaRef) -> Result<Sorted, String> {
     let schema = plain(schema);
     match format {
         FileFormat::Csv => sort_csv(body, &schema),
-        FileFormat::NdJson => Ok(sort_ndjson(body, &schema)),
+        FileFormat::NdJson => sort_ndjson(body, &schema),
         FileFormat::Parquet => Err("A Parquet body has no records to set aside.".into()),
     }
 }
 
-fn sort_ndjson(body: &[u8], schema: &SchemaRef) -> Sorted {
+/// One record of a body: its first line, and its bytes (a CSV record's line end included).
+struct Record<'a> {
+    line: u64,
+    raw: &'a [u8],
+}
+
+/// Sorts `records` into the good body (after `good`'s start) and the bad rows, checking them `CHUNK_RECORDS` at a
+/// time with `check` (which reads the records it is given, joined, and answers whether each of them read).
+fn sort_records<'a>(
+    records: &[Record<'a>],
+    mut good: Vec<u8>,
+    check: &dyn Fn(&[Record<'a>]) -> Result<(), String>,
+) -> Result<Sorted, String> {
     let mut sorted = Sorted { good: Bytes::new(), good_rows: 0, bad: Vec::new() };
-    let mut good = Vec::with_capacity(body.len());
-    for (index, line) in body.split(|b| *b == b'\n').enumerate() {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match read_json(line, schema) {
+    let mut pending: Vec<&[Record<'a>]> = records.chunks(CHUNK_RECORDS).rev().collect();
+    while let Some(run) = pending.pop() {
+        match check(run) {
             Ok(()) => {
-                good.extend_from_slice(line);
-                good.push(b'\n');
-                sorted.good_rows += 1;
+                for record in run {
+                    good.extend_from_slice(record.raw);
+                    if !record.raw.ends_with(b"\n") {
+                        good.push(b'\n');
+                    }
+                }
+                sorted.good_rows += run.len() as u64;
             }
-            Err(error) => sorted.bad.push(BadRow {
-                line: index as u64 + 1,
-                raw: String::from_utf8_lossy(line).into_owned(),
-                error,
-            }),
+            Err(error) if run.len() == 1 => {
+                if sorted.bad.len() == MAX_BAD_ROWS {
+                    let first = &sorted.bad[0];
+                    return Err(format!(
+                        "More than {MAX_BAD_ROWS} records of the body do not fit the table's columns (the first, at \
+                         line {}: {}); nothing was appended.",
+                        first.line, first.error
+                    ));
+                }
+                let raw = String::from_utf8_lossy(run[0].raw).trim_end_matches(['\r', '\n']).to_owned();
+                let error = match error.char_indices().nth(MAX_REASON_CHARS) {
+                    Some((cut, _)) => format!("{}...", &error[..cut]),
+                    None => error,
+                };
+                sorted.bad.push(BadRow { line: run[0].line, raw, error });
+            }
+            // Halves, the first checked first.
+            Err(_) => {
+                let (first, second) = run.split_at(run.len() / 2);
+                pending.push(second);
+                pending.push(first);
+            }
         }
     }
     sorted.good = good.into();
-    sorted
+    Ok(sorted)
 }
 
-/// Whether one NDJSON line reads as the columns (no other field, every value of its column's type).
-fn read_json(line: &[u8], schema: &SchemaRef) -> Result<(), String> {
+fn sort_ndjson(body: &[u8], schema: &SchemaRef) -> Result<Sorted, String> {
+    let records: Vec<Record<'_>> = body
+        .split(|b| *b == b'\n')
+        .enumerate()
+        .map(|(index, line)| Record { line: index as u64 + 1, raw: line.strip_suffix(b"\r").unwrap_or(line) })
+        .filter(|record| !record.raw.iter().all(u8::is_ascii_whitespace))
+        .collect();
+    sort_records(&records, Vec::with_capacity(body.len()), &|run| read_json(run, schema))
+}
+
+/// Whether NDJSON lines read as the columns (no other field, every value of its column's type), each one JSON
+/// value of its own: lines that only read joined (an object split over two) do not.
+fn read_json(run: &[Record<'_>], schema: &SchemaRef) -> Result<(), String> {
+    for record in run {
+        serde_json::from_slice::<serde::de::IgnoredAny>(record.raw).map_err(|e| e.to_string())?;
+    }
     let mut decoder = arrow_json::ReaderBuilder::new(Arc::clone(schema))
+        .with_batch_size(run.len().max(1))
         .with_strict_mode(true)
         .build_decoder()
         .map_err(|e| e.to_string())?;
-    decoder.decode(line).map_err(|e| e.to_string())?;
-    decoder.flush().map(|_| ()).map_err(|e| e.to_string())
+    let mut rows = 0;
+    for record in run {
+        let read = decoder.decode(record.raw).map_err(|e| e.to_string())?;
+        if read < record.raw.len() {
+            return Err("more records than lines".into());
+        }
+        decoder.decode(b"\n").map_err(|e| e.to_string())?;
+    }
+    if let Some(batch) = decoder.flush().map_err(|e| e.to_string())? {
+        rows = batch.num_rows();
+    }
+    if rows == run.len() {
+        Ok(())
+    } else {
+        Err(format!("{rows} records read from {} lines", run.len()))
+    }
 }
 
 fn sort_csv(body: &[u8], schema: &SchemaRef) -> Result<Sorted, String> {
@@ -96,20 +166,22 @@ fn sort_csv(body: &[u8], schema: &SchemaRef) -> Result<Sorted, String> {
         ));
     }
     let header_end = usize::try_from(reader.position().byte()).unwrap_or(body.len());
-    let mut good = body[..header_end].to_vec();
+    let mut good = Vec::with_capacity(body.len());
+    good.extend_from_slice(&body[..header_end]);
     if !good.ends_with(b"\n") {
         good.push(b'\n');
     }
-    let mut sorted = Sorted { good: Bytes::new(), good_rows: 0, bad: Vec::new() };
+    let mut records = Vec::new();
     // Each record's bytes run from where it starts to where the next one does.
     let mut start = (header_end, reader.position().line());
+    let mut unreadable = None;
     loop {
         let more = match reader.read_byte_record(&mut record) {
             Ok(more) => more,
             Err(err) => {
                 // The rest of the body is not CSV the reader can follow: it is set aside whole.
                 let raw = String::from_utf8_lossy(&body[start.0..]).into_owned();
-                sorted.bad.push(BadRow { line: start.1, raw, error: err.to_string() });
+                unreadable = Some(BadRow { line: start.1, raw, error: err.to_string() });
                 break;
             }
         };
@@ -117,36 +189,44 @@ fn sort_csv(body: &[u8], schema: &SchemaRef) -> Result<Sorted, String> {
             if more { usize::try_from(reader.position().byte()).unwrap_or(body.len()) } else { body.len() };
         let raw = &body[start.0..end.min(body.len())];
         if !raw.iter().all(u8::is_ascii_whitespace) {
-            match read_csv(raw, schema) {
-                Ok(()) => {
-                    good.extend_from_slice(raw);
-                    if !raw.ends_with(b"\n") {
-                        good.push(b'\n');
-                    }
-                    sorted.good_rows += 1;
-                }
-                Err(error) => {
-                    let text = String::from_utf8_lossy(raw).trim_end_matches(['\r', '\n']).to_owned();
-                    sorted.bad.push(BadRow { line: start.1, raw: text, error });
-                }
-            }
+            records.push(Record { line: start.1, raw });
         }
         if !more {
             break;
         }
         start = (end, reader.position().line());
     }
-    sorted.good = good.into();
+    let mut sorted = sort_records(&records, good, &|run| read_csv(run, schema))?;
+    sorted.bad.extend(unreadable);
     Ok(sorted)
 }
 
-/// Whether one CSV record reads as the columns.
-fn read_csv(record: &[u8], schema: &SchemaRef) -> Result<(), String> {
-    let mut decoder =
-        datafusion::arrow::csv::ReaderBuilder::new(Arc::clone(schema)).with_header(false).build_decoder();
-    decoder.decode(record).map_err(|e| e.to_string())?;
+/// Whether CSV records read as the columns, one row each.
+fn read_csv(run: &[Record<'_>], schema: &SchemaRef) -> Result<(), String> {
+    let mut decoder = datafusion::arrow::csv::ReaderBuilder::new(Arc::clone(schema))
+        .with_header(false)
+        .with_batch_size(run.len().max(1))
+        .build_decoder();
+    for record in run {
+        let mut raw = record.raw;
+        while !raw.is_empty() {
+            let read = decoder.decode(raw).map_err(|e| e.to_string())?;
+            if read == 0 {
+                return Err("more records than lines".into());
+            }
+            raw = &raw[read..];
+        }
+        if !record.raw.ends_with(b"\n") {
+            decoder.decode(b"\n").map_err(|e| e.to_string())?;
+        }
+    }
     decoder.decode(&[]).map_err(|e| e.to_string())?;
-    decoder.flush().map(|_| ()).map_err(|e| e.to_string())
+    let rows = decoder.flush().map_err(|e| e.to_string())?.map_or(0, |batch| batch.num_rows());
+    if rows == run.len() {
+        Ok(())
+    } else {
+        Err(format!("{rows} rows read from {} records", run.len()))
+    }
 }
 
 /// The columns of a quarantine table.
@@ -229,6 +309,39 @@ mod tests {
         assert_eq!(lines, [(3, "2,FR,lots"), (6, "4,DE")]);
         let wrong = sort(b"id,amount\n1,2\n", FileFormat::Csv, &schema()).unwrap_err();
         assert!(wrong.contains("the body has [id, amount]"), "{wrong}");
+    }
+
+    /// Bad records among many good ones are found wherever they are, each alone with its own line and reason;
+    /// lines that read only when joined (an object split over two) are bad; a body of more bad records than
+    /// the bound is refused whole.
+    #[test]
+    fn records_are_checked_in_runs_and_a_body_of_mostly_bad_records_is_refused() {
+        let bad_at = [1_usize, 4_097, 9_000, 19_999];
+        let mut body = String::new();
+        for i in 0..20_000 {
+            if bad_at.contains(&i) {
+                body.push_str("{\"id\": \"x\"}\n");
+            } else {
+                body.push_str(&format!("{{\"id\": {i}, \"country\": \"US\"}}\n"));
+            }
+        }
+        body.push_str("{\"id\": 1,\n\"country\": \"US\"}\n");
+        let sorted = sort(body.as_bytes(), FileFormat::NdJson, &schema()).unwrap();
+        assert_eq!(sorted.good_rows, 20_000 - 4);
+        let lines: Vec<u64> = sorted.bad.iter().map(|b| b.line).collect();
+        assert_eq!(lines, [2, 4_098, 9_001, 20_000, 20_001, 20_002]);
+        assert!(sorted.bad[0].error.contains("x"), "{}", sorted.bad[0].error);
+        let mut csv = String::from("id,country,amount\n");
+        for i in 0..10_000 {
+            csv.push_str(if i == 7_777 { "1,FR,lots\n" } else { "2,US,1.5\n" });
+        }
+        let sorted = sort(csv.as_bytes(), FileFormat::Csv, &schema()).unwrap();
+        assert_eq!((sorted.good_rows, sorted.bad.len(), sorted.bad[0].line), (9_999, 1, 7_779));
+        let garbage = "x\n".repeat(MAX_BAD_ROWS + 1);
+        let refused = sort(garbage.as_bytes(), FileFormat::NdJson, &schema()).unwrap_err();
+        assert!(refused.contains("More than 10000 records") && refused.contains("line 1"), "{refused}");
+        let within = "x\n".repeat(MAX_BAD_ROWS);
+        assert_eq!(sort(within.as_bytes(), FileFormat::NdJson, &schema()).unwrap().bad.len(), MAX_BAD_ROWS);
     }
 
     #[test]
