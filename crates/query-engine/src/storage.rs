@@ -253,6 +253,11 @@ impl Storage {
         &self.sources
     }
 
+    /// Whether the storage is a directory of this machine.
+    pub(crate) fn is_local(&self) -> bool {
+        self.local_root.is_some()
+    }
+
     /// The storage's bucket (`s3://bucket/`), where external files may be; `None` for a local storage.
     pub(crate) fn bucket(&self) -> Option<Url> {
         let host = self.root_url.host_str().filter(|_| self.root_url.scheme() == "s3")?;

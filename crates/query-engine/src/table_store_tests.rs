@@ -586,3 +586,59 @@ async fn appends_past_the_bodies_held_in_memory_are_staged_and_land() {
     assert!(engine.appends.try_hold().is_some(), "the places come back");
     nothing_staged(&dir);
 }
+
+/// A body past a megabyte is on disk as it arrives, not held until it ends: a client that sends most of a
+/// body and stalls holds about a megabyte of the server's memory, however large the body. On an object
+/// storage it goes through a temporary file, and reads back whole.
+#[tokio::test]
+async fn a_large_body_is_written_to_disk_as_it_arrives() {
+    let (engine, dir) = engine().await;
+    let (send, receive) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let upload = Upload {
+        format: TableFormat::Csv,
+        mode: WriteMode::Replace,
+        body: Box::pin(stream::unfold(receive, |mut receive| async move {
+            receive.recv().await.map(|chunk| (chunk, receive))
+        })),
+        limit_bytes: 1 << 30,
+        tag: None,
+        quarantine: false,
+    };
+    let writing = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.write(project(), &sales(), upload).await }
+    });
+    send.send(Ok(Bytes::from_static(b"country,amount\n"))).await.unwrap();
+    let row = "US,1\n".repeat(13_000);
+    for _ in 0..50 {
+        send.send(Ok(Bytes::from(row.clone()))).await.unwrap();
+    }
+    // 3.25 MB sent, and the client stalls: all but the last part is in the staging file.
+    let staged = || -> u64 {
+        let staging = dir.join("projects/1/staging");
+        let entries =
+            std::fs::read_dir(&staging).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+        entries
+            .iter()
+            .flat_map(|upload| std::fs::read_dir(upload.path()).into_iter().flatten().flatten())
+            .map(|file| file.metadata().map_or(0, |m| m.len()))
+            .sum()
+    };
+    let waited = std::time::Instant::now();
+    while staged() < 2 << 20 {
+        assert!(waited.elapsed() < std::time::Duration::from_secs(60), "staged {} bytes", staged());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    send.send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "gone"))).await.unwrap();
+    assert!(matches!(writing.await.unwrap(), Err(UploadError::CutOff(_))));
+    nothing_staged(&dir);
+
+    let store = Arc::new(object_store::memory::InMemory::new());
+    let remote = DataFusionEngine::new(Storage::from_store(store, "memory:///"));
+    let body = format!("country,amount\n{}", "US,1\n".repeat(700_000));
+    let chunks: Vec<Result<Bytes, std::io::Error>> =
+        body.as_bytes().chunks(64 << 10).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    let upload = Upload { body: Box::pin(stream::iter(chunks)), limit_bytes: 1 << 30, ..csv("") };
+    assert_eq!(remote.write(project(), &sales(), upload).await.unwrap().rows, 700_000);
+    assert_eq!(rows(&remote, "SELECT count(*) AS n FROM sales").await, json!([{"n": 700_000}]));
+}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use datafusion::common::TableReference;
 use datafusion::datasource::file_format::options::ReadOptions;
+#[cfg(feature = "ballista")]
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -480,6 +481,7 @@ fn engine_meta(storage: &Storage, file: &DataFile) -> ObjectMeta {
 }
 
 /// `snapshot` as a table of its files' URLs, which a cluster's scheduler can ship to its executors.
+#[cfg(feature = "ballista")]
 async fn listed_table(
     storage: &Storage,
     ctx: &SessionContext,

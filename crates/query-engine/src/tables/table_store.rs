@@ -19,11 +19,9 @@ use domain::{
     Written,
 };
 use futures_util::StreamExt;
-use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use tables_delta::Snapshot;
-use tokio::io::AsyncWriteExt;
 use tracing::instrument;
 
 use crate::storage::{unavailable, Storage};
@@ -37,6 +35,7 @@ use crate::tables::imports::{
 };
 use crate::tables::quarantine::QUARANTINE_BODY_BYTES;
 use crate::tables::records::RecordSizes;
+use crate::tables::spool::Spool;
 use crate::DataFusionEngine;
 
 fn staging_prefix(project: ProjectId) -> ObjectPath {
@@ -86,7 +85,8 @@ enum Received {
 }
 
 /// Receives the body, measuring its records as they pass: held in memory while it is at most `hold` bytes,
-/// otherwise streamed to a new staging object, alone in its own directory. Nothing is left behind on error.
+/// otherwise written to disk as it arrives ([`Spool`]) for a new staging object, alone in its own directory.
+/// Nothing is left behind on error.
 async fn receive(
     storage: &Storage,
     project: ProjectId,
@@ -97,7 +97,7 @@ async fn receive(
     let path = directory.clone().join(format!("body.{}", upload.format.as_str()));
     let mut records = RecordSizes::of(upload.format);
     let mut held: Vec<bytes::Bytes> = Vec::new();
-    let mut writer: Option<BufWriter> = None;
+    let mut writer: Option<Spool> = None;
     let mut size = 0_u64;
     let failed = loop {
         let Some(chunk) = upload.body.next().await else {
@@ -118,7 +118,13 @@ async fn receive(
             held.push(chunk);
             continue;
         }
-        let sink = writer.get_or_insert_with(|| BufWriter::new(Arc::clone(storage.store()), path.clone()));
+        let sink = match &mut writer {
+            Some(sink) => sink,
+            None => match Spool::new(storage, path.clone()) {
+                Ok(sink) => writer.insert(sink),
+                Err(err) => break Some(UploadError::Engine(unavailable(err))),
+            },
+        };
         let mut put = Ok(());
         for part in held.drain(..).chain(std::iter::once(chunk)) {
             put = sink.put(part).await;
@@ -133,7 +139,7 @@ async fn receive(
     let failed = failed.or_else(|| {
         (size == 0).then(|| UploadError::Invalid("The body is empty: send the table's rows.".into()))
     });
-    let Some(mut writer) = writer else {
+    let Some(writer) = writer else {
         return match failed {
             Some(err) => Err(err),
             None => Ok(Received::Held { chunks: held, bytes: size }),
@@ -145,7 +151,7 @@ async fn receive(
         }
         return Err(err);
     }
-    writer.shutdown().await.map_err(|e| UploadError::Engine(EngineError::Unavailable(Box::new(e))))?;
+    writer.finish().await.map_err(|e| UploadError::Engine(unavailable(e)))?;
     Ok(Received::Staged(Staged { directory, bytes: size, batch_rows: records.map(|r| r.batch_rows()) }))
 }
 
