@@ -1,4 +1,4 @@
-"""End to end: a TypeScript client of a live endpoint, generated and called as the README suggests.
+"""End to end: a TypeScript client of a live endpoint, generated and called as docs/clients.md suggests.
 
 Starts the real `endpoints` binary (see `live_server.py`), creates an endpoint with typed variables, fetches its
 OpenAPI document, generates types with openapi-typescript 7, and compiles a program that calls the run and an
@@ -66,7 +66,7 @@ TSCONFIG = {
 }
 
 
-# As the README says: `--default-non-nullable false`, or openapi-typescript 7 makes every variable with a default
+# As docs/clients.md says: `--default-non-nullable false`, or openapi-typescript 7 makes every variable with a default
 # required in the request (openapi-ts/openapi-typescript#2012).
 GENERATE = [os.path.join(BIN, "openapi-typescript"), "openapi.json", "--default-non-nullable", "false",
             "--output", "schema.d.ts"]
