@@ -250,7 +250,7 @@ impl EndpointMetrics {
             &self.other
         };
         series.latency.observe(took.as_secs_f64());
-        if status >= 400 { &series.error } else { &series.ok }.inc();
+        if domain::is_error_status(status) { &series.error } else { &series.ok }.inc();
     }
 }
 

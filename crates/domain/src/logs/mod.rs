@@ -5,8 +5,8 @@ mod model;
 mod ports;
 
 pub use model::{
-    unix_micros, Interval, LogCursor, LogFilter, LogKind, LogPage, LogRecord, LogSource, StatusFilter,
-    Transport, UsageAccumulator, UsageBucket, UsageQuery, UsageSample,
+    is_error_status, unix_micros, Interval, LogCursor, LogFilter, LogKind, LogPage, LogRecord, LogSource,
+    StatusFilter, Transport, UsageAccumulator, UsageBucket, UsageQuery, UsageSample,
 };
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::MockRunLog;

@@ -91,10 +91,16 @@ pub struct LogRecord {
     pub runs: u32,
 }
 
+/// Whether a run answered with `status` failed: a status of 400 or more. The one rule the log's filters, usage
+/// and the run metrics count errors by.
+pub const fn is_error_status(status: u16) -> bool {
+    status >= 400
+}
+
 impl LogRecord {
-    /// Whether it counts as an error in usage: a status of 400 or more.
+    /// Whether it counts as an error in usage ([`is_error_status`]).
     pub fn is_error(&self) -> bool {
-        self.status >= 400
+        is_error_status(self.status)
     }
 
     /// Its duration in milliseconds, as records show it.
@@ -134,8 +140,8 @@ impl StatusFilter {
     pub fn keeps(self, status: u16) -> bool {
         match self {
             Self::Exactly(wanted) => status == wanted,
-            Self::Ok => status < 400,
-            Self::Error => status >= 400,
+            Self::Ok => !is_error_status(status),
+            Self::Error => is_error_status(status),
         }
     }
 }
@@ -392,7 +398,7 @@ impl UsageAccumulator {
         };
         let runs = u64::from(sample.runs);
         bucket.requests += runs;
-        bucket.errors += runs * u64::from(sample.status >= 400);
+        bucket.errors += runs * u64::from(is_error_status(sample.status));
         bucket.cache_hits += runs * u64::from(sample.source == Some(LogSource::Cache));
         bucket.rows += runs * sample.rows.unwrap_or(0);
         bucket.bytes_read += runs * sample.bytes_read.unwrap_or(0);
