@@ -18,7 +18,7 @@ use url::Url;
 
 use client::{Api, ClientError};
 use files::FileError;
-use plan::{Change, Plan, PlanError};
+use plan::{Action, Change, Plan, PlanError};
 
 /// Where the folder and the server are.
 #[derive(Debug, Clone, clap::Args)]
@@ -47,7 +47,8 @@ pub struct PushArgs {
     /// Delete the endpoints that have no file.
     #[arg(long)]
     pub prune: bool,
-    /// Save new versions that remove or retype columns of endpoints run within the last 7 days.
+    /// Save new versions that remove or retype columns of endpoints run recently (within the server's window
+    /// for breaking changes).
     #[arg(long)]
     pub confirm_breaking: bool,
 }
@@ -139,9 +140,10 @@ pub async fn push(args: PushArgs) -> Result<Found, CodeError> {
     let breaking: Vec<&str> = plan.breaking().map(|step| step.name.as_str()).collect();
     if !breaking.is_empty() && !args.confirm_breaking {
         println!(
-            "nothing changed: the new versions of {} break callers that ran within 7 days; \
+            "nothing changed: the new versions of {} break callers that ran within {} days; \
              push again with --confirm-breaking to save them",
-            breaking.join(", ")
+            breaking.join(", "),
+            domain::BREAKING_WINDOW.whole_days()
         );
         return Ok(Found::Something);
     }
@@ -149,12 +151,12 @@ pub async fn push(args: PushArgs) -> Result<Found, CodeError> {
         return Ok(Found::Nothing);
     }
     for (done, step) in plan.steps.iter().enumerate() {
-        let applied = match (&step.change, &step.body) {
-            (Change::Create, Some(body)) => api.create(body, false).await.map(drop),
-            (Change::NewVersion | Change::Settings, Some(body)) => {
+        let applied = match &step.action {
+            Action::Create(body) => api.create(body, false).await.map(drop),
+            Action::NewVersion(body) | Action::Settings(body) => {
                 api.update(&step.name, body, false).await.map(drop)
             }
-            _ => api.delete(&step.name).await,
+            Action::Delete => api.delete(&step.name).await,
         };
         if let Err(err) = applied {
             let names = |steps: &[plan::Step]| {
@@ -172,7 +174,7 @@ pub async fn push(args: PushArgs) -> Result<Found, CodeError> {
                 names(&plan.steps[done..]),
             )));
         }
-        println!("applied {} {}", verb(step.change), step.name);
+        println!("applied {} {}", verb(step.change()), step.name);
     }
     Ok(Found::Nothing)
 }
@@ -215,12 +217,12 @@ fn verb(change: Change) -> &'static str {
 }
 
 fn print_step(step: &plan::Step) {
-    let mark = match step.change {
+    let mark = match step.change() {
         Change::Create => '+',
         Change::NewVersion | Change::Settings => '~',
         Change::Delete => '-',
     };
-    println!("{mark} {} {}", verb(step.change), step.name);
+    println!("{mark} {} {}", verb(step.change()), step.name);
     for change in &step.breaking {
         println!("    breaking: {change}");
     }

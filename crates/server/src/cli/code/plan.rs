@@ -18,18 +18,36 @@ pub enum Change {
     Delete,
 }
 
+/// What a step does, with the body that does it: a create or an update always has one, a delete never.
+#[derive(Debug)]
+pub enum Action {
+    Create(serde_json::Value),
+    NewVersion(serde_json::Value),
+    Settings(serde_json::Value),
+    Delete,
+}
+
 /// One endpoint's step of a plan.
 #[derive(Debug)]
 pub struct Step {
     pub name: String,
-    pub change: Change,
+    pub action: Action,
     /// The file's text as the server would hold it, and as it holds it now (none for a create or a delete).
     pub after: Option<String>,
     pub before: Option<String>,
     /// What the new version would break, as the server's check says (only for [`Change::NewVersion`]).
     pub breaking: Vec<BreakingChange>,
-    /// The body that applies it (none for a delete).
-    pub body: Option<serde_json::Value>,
+}
+
+impl Step {
+    pub fn change(&self) -> Change {
+        match self.action {
+            Action::Create(_) => Change::Create,
+            Action::NewVersion(_) => Change::NewVersion,
+            Action::Settings(_) => Change::Settings,
+            Action::Delete => Change::Delete,
+        }
+    }
 }
 
 /// Every change, in order of name; endpoints that stay as they are have no step.
@@ -73,11 +91,10 @@ impl Plan {
                     let after = Some(yaml(&would).map_err(failed)?);
                     Some(Step {
                         name: name.into(),
-                        change: Change::Create,
+                        action: Action::Create(body),
                         after,
                         before: None,
                         breaking: vec![],
-                        body: Some(body),
                     })
                 }
                 (Some(file), Some(current)) => {
@@ -91,31 +108,29 @@ impl Plan {
                         Err(err) => return Err(failed(err)),
                     };
                     let (after, before) = (yaml(&would).map_err(failed)?, yaml(current).map_err(failed)?);
-                    let change = if would.current_version != current.current_version {
-                        Some(Change::NewVersion)
+                    let action = if would.current_version != current.current_version {
+                        Some(Action::NewVersion(body))
                     } else if after != before {
-                        Some(Change::Settings)
+                        Some(Action::Settings(body))
                     } else {
                         None
                     };
-                    change.map(|change| Step {
+                    action.map(|action| Step {
                         name: name.into(),
-                        change,
+                        action,
                         after: Some(after),
                         before: Some(before),
                         breaking,
-                        body: Some(body),
                     })
                 }
                 (None, Some(current)) if prune => {
                     let before = Some(yaml(current).map_err(failed)?);
                     Some(Step {
                         name: name.into(),
-                        change: Change::Delete,
+                        action: Action::Delete,
                         after: None,
                         before,
                         breaking: vec![],
-                        body: None,
                     })
                 }
                 (None, _) => None,
@@ -136,7 +151,7 @@ impl Plan {
 
     /// How many steps of `change`.
     pub fn count(&self, change: Change) -> usize {
-        self.steps.iter().filter(|step| step.change == change).count()
+        self.steps.iter().filter(|step| step.change() == change).count()
     }
 }
 
