@@ -366,10 +366,12 @@ fn slice_bytes(value: &ColumnarValue, rows: usize) -> usize {
     }
 }
 
-/// The bytes an argument holds in memory, all its rows.
+/// The bytes of an argument's values a call holds: an array's rows only (a slice of a larger array, as a
+/// `LIMIT` makes, would otherwise count the whole array's buffers and refuse a call over a few rows), a scalar
+/// once.
 fn held_bytes(value: &ColumnarValue) -> usize {
     match value {
-        ColumnarValue::Array(array) => array.get_array_memory_size(),
+        ColumnarValue::Array(_) => slice_bytes(value, 1),
         ColumnarValue::Scalar(scalar) => scalar.size(),
     }
 }

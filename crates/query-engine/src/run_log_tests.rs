@@ -388,12 +388,18 @@ async fn a_failed_flush_keeps_what_it_could_not_write_for_the_next() {
     assert_eq!(log.records(project(1), "kpi", &all(100)).await.unwrap(), newest_first(&ones), "once");
 }
 
+/// A log whose records, taken on one thread, go to one buffer of 80 records (a project's share: 10), with its
+/// settings and directory.
+fn one_buffer_log(prefix: &str) -> (ParquetRunLog, LogSettings, crate::tests::TempDir) {
+    let dir = temp_dir(prefix);
+    let settings = LogSettings { buffered: 80 * 8, ..LogSettings::default() };
+    (ParquetRunLog::new(Storage::local(&dir).unwrap(), settings), settings, dir)
+}
+
 #[tokio::test]
 async fn a_project_flooding_the_log_drops_its_own_records_past_its_share_never_anothers() {
-    let dir = temp_dir("run-log-share");
-    // One thread records here, into one buffer of 80 records: a project past its share of 10 stops at 70.
-    let settings = LogSettings { buffered: 80 * 8, ..LogSettings::default() };
-    let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), settings);
+    // A project past its share of 10 stops at 70.
+    let (log, _, _dir) = one_buffer_log("run-log-share");
     let start = within_one_hour(now() - time::Duration::seconds(100), 10);
     for n in 0..1000_u64 {
         log.record(record(1, "flood", start, n));
@@ -419,10 +425,7 @@ async fn a_project_flooding_the_log_drops_its_own_records_past_its_share_never_a
 /// one standing for those left out: the log holds a sixty-fourth of the flood, and usage counts all of it.
 #[tokio::test]
 async fn a_flood_of_refused_runs_is_sampled_past_the_projects_share_and_counted_in_full() {
-    let dir = temp_dir("run-log-sample");
-    // One thread records here, into one buffer of 80 records: a project's share is 10.
-    let settings = LogSettings { buffered: 80 * 8, ..LogSettings::default() };
-    let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), settings);
+    let (log, settings, _dir) = one_buffer_log("run-log-sample");
     let start = within_one_hour(now() - time::Duration::seconds(100), 10);
     let refused = |n: u64| LogRecord {
         kind: LogKind::Run,
