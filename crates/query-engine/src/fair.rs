@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_expr::PhysicalExpr;
@@ -283,39 +283,68 @@ impl Ticket {
     }
 }
 
-impl Ticket {
-    /// Waits, parking the thread, until the query may go on with work that happens inside one poll (a join's
-    /// filter over pairs of rows); at once when nobody else waits or its slice goes on. On a runtime without
-    /// threads to spare for the thread's other tasks (a current-thread one), it goes on.
-    fn block_for_turn(&self) {
-        let turn = &self.turn;
-        if self.scheduler.waiting.load(Ordering::Relaxed) == 0 && turn.holding.load(Ordering::Acquire) {
-            return;
-        }
-        let waker = futures_util::task::noop_waker();
-        if self.poll_turn(&Context::from_waker(&waker)).is_ready() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return;
-        }
-        tokio::task::block_in_place(|| runtime.block_on(std::future::poll_fn(|cx| self.poll_turn(cx))));
-    }
-}
-
 /// A ticket shared by the operators of its query's plan and the query's caller, released with the last of
-/// them.
+/// them, with the flag its caller's going away sets (see `runtime::cancellation`).
 #[derive(Clone)]
-pub(crate) struct Held(Arc<Ticket>);
+pub(crate) struct Held(Arc<Ticket>, Option<Arc<AtomicBool>>);
 
 impl Held {
+    /// `ticket`, for a query whose caller the current engine task serves.
     pub(crate) fn new(ticket: Ticket) -> Self {
-        Self(Arc::new(ticket))
+        Self(Arc::new(ticket), crate::runtime::cancellation())
     }
 
     fn ticket(&self) -> &Ticket {
         &self.0
+    }
+
+    fn cancelled(&self) -> bool {
+        self.1.as_ref().is_some_and(|flag| flag.load(Ordering::Acquire))
+    }
+
+    /// Waits, parking the thread, until the query may go on with work that happens inside one poll (a join's
+    /// filter over pairs of rows); at once when nobody else waits or its slice goes on. On a runtime without
+    /// threads to spare for the thread's other tasks (a current-thread one), it goes on.
+    ///
+    /// # Errors
+    /// The query's caller went away: the work stops here rather than at its next poll, which a join over
+    /// pairs may not reach for minutes.
+    fn block_for_turn(&self) -> Result<()> {
+        let (scheduler, turn) = (&self.0.scheduler, &self.0.turn);
+        if self.cancelled() {
+            return Err(DataFusionError::Execution("The query was cancelled.".into()));
+        }
+        if scheduler.waiting.load(Ordering::Relaxed) == 0 && turn.holding.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let waker = futures_util::task::noop_waker();
+        if self.0.poll_turn(&Context::from_waker(&waker)).is_ready() {
+            return Ok(());
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return Ok(()) };
+        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return Ok(());
+        }
+        // Parked a slice at a time, so that a caller going away meanwhile is seen.
+        let granted = std::future::poll_fn(|cx| self.0.poll_turn(cx));
+        let waited = tokio::task::block_in_place(|| {
+            runtime.block_on(async {
+                tokio::pin!(granted);
+                loop {
+                    if tokio::time::timeout(scheduler.slice, &mut granted).await.is_ok() {
+                        return true;
+                    }
+                    if self.cancelled() {
+                        return false;
+                    }
+                }
+            })
+        });
+        if waited {
+            Ok(())
+        } else {
+            Err(DataFusionError::Execution("The query was cancelled.".into()))
+        }
     }
 
     /// Waits for the query's first slot.
@@ -376,7 +405,7 @@ fn gate_join_filter(plan: Arc<dyn ExecutionPlan>, held: &Held) -> Result<Arc<dyn
 }
 
 /// A join's filter that waits for its query's turn before each evaluation: the join's work between two of its
-/// input's batches is cut at the slice's end like any operator's ([`Ticket::block_for_turn`]).
+/// input's batches is cut at the slice's end like any operator's ([`Held::block_for_turn`]), and stops there once its caller went away.
 #[derive(Debug)]
 struct GatedFilter {
     inner: Arc<dyn PhysicalExpr>,
@@ -417,7 +446,7 @@ impl PhysicalExpr for GatedFilter {
     }
 
     fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
-        self.held.ticket().block_for_turn();
+        self.held.block_for_turn()?;
         self.inner.evaluate(batch)
     }
 

@@ -7,6 +7,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use domain::EngineError;
@@ -45,7 +47,9 @@ impl EngineRuntime {
     ) -> Result<T, EngineError> {
         let runtime =
             self.0.as_ref().ok_or_else(|| EngineError::Unavailable("the query engine has stopped".into()))?;
-        match (AbortOnDrop(runtime.spawn(work))).await {
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let task = runtime.spawn(CANCELLED.scope(Arc::clone(&cancelled), work));
+        match (AbortOnDrop { task, cancelled }).await {
             Ok(result) => result,
             Err(err) if err.is_panic() => Err(panicked(err.into_panic())),
             Err(err) => Err(EngineError::Internal(Box::new(err))),
@@ -98,12 +102,28 @@ impl Drop for EngineRuntime {
     }
 }
 
-/// A task handle that aborts its task when dropped, so cancellation reaches the engine's threads.
-struct AbortOnDrop<T>(JoinHandle<T>);
+tokio::task_local! {
+    /// Set once the caller of the work running in this task went away ([`EngineRuntime::run`]).
+    static CANCELLED: Arc<AtomicBool>;
+}
+
+/// Whether the caller of the current task's work went away: the flag an operator inside a long step (a join's
+/// filter, `fair`) reads, since an aborted task stops only at its next poll. `None` outside [`EngineRuntime::run`].
+pub(crate) fn cancellation() -> Option<Arc<AtomicBool>> {
+    CANCELLED.try_with(Arc::clone).ok()
+}
+
+/// A task handle that aborts its task when dropped, so cancellation reaches the engine's threads: at the task's
+/// next poll, and, through its flag, inside a step that polls nothing.
+struct AbortOnDrop<T> {
+    task: JoinHandle<T>,
+    cancelled: Arc<AtomicBool>,
+}
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
-        self.0.abort();
+        self.cancelled.store(true, Ordering::Release);
+        self.task.abort();
     }
 }
 
@@ -111,6 +131,6 @@ impl<T> Future for AbortOnDrop<T> {
     type Output = Result<T, JoinError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
+        Pin::new(&mut self.task).poll(cx)
     }
 }
