@@ -17,6 +17,7 @@ mod normalize;
 mod openapi;
 mod operations;
 mod paths;
+mod query_params;
 mod rate_limit;
 mod request_context;
 mod routes;

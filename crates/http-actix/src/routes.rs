@@ -86,6 +86,8 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
     for prefix in FAMILY_PREFIXES {
         cfg.service(
             web::scope(prefix)
+                // Runs, registered above, refuse unknown parameters as they read them.
+                .wrap(from_fn(crate::query_params::known_only))
                 .service(
                     web::scope(FAMILY_REST)
                         .service(

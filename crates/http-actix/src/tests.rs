@@ -361,6 +361,42 @@ fn engine_for_runs() -> MockQueryEngine {
     engine
 }
 
+/// Every operation of the service's document, under both families, refuses a parameter it does not declare,
+/// naming it.
+#[actix_web::test]
+async fn every_operation_refuses_query_parameters_it_does_not_declare() {
+    let doc = serde_json::to_value(crate::service_doc::document()).unwrap();
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let uri = path
+            .replace("{project_id}", "1")
+            .replace("{name}", "daily")
+            .replace("{version_number}", "1")
+            .replace("{table}", "events")
+            .replace("{format}", "csv");
+        for (method, operation) in item.as_object().unwrap() {
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let key = if path.contains("/tables") { TABLES } else { READER };
+            let req = authed(method.clone(), &format!("{uri}?bogus_parameter=1"), key)
+                .insert_header(header::ContentType::json())
+                .set_payload("{}");
+            let (status, _, body) = send(state(store_for_runs(), engine_for_runs()), req).await;
+            let id = &operation["operationId"];
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {path} ({id}): {body}");
+            assert_eq!(body["attr"], "bogus_parameter", "{method} {path} ({id}): {body}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 40, "both families' operations: {checked}");
+    let (status, _, body) = send(
+        state(store_with_daily(), MockQueryEngine::new()),
+        authed(Method::GET, "/api/projects/1/endpoints?limti=10", READER),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("Allowed parameters: limit, offset"), "{body}");
+}
+
 #[actix_web::test]
 async fn runs_bind_variables_from_query_strings_and_bodies() {
     let req = authed(Method::GET, "/api/projects/1/endpoints/daily/run?variables.n=41&limit=5", READER);

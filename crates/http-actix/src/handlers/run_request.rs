@@ -4,6 +4,8 @@
 use domain::{Fields, Invalid, Refresh, ResultFormat, RunRequest, VersionNumber};
 use serde_json::{Map, Value};
 
+use crate::query_params::{unknown, VARIABLE_PREFIX};
+
 /// The fields a POST body may carry.
 pub(crate) const BODY_FIELDS: [&str; 12] = [
     "client_query_id",
@@ -20,9 +22,24 @@ pub(crate) const BODY_FIELDS: [&str; 12] = [
     "cursor",
 ];
 
+/// The parameters a GET run reads (besides `variables.NAME`), as its operations in the service's document
+/// declare them.
+pub(crate) const QUERY_PARAMETERS: [&str; 10] = [
+    "version",
+    "limit",
+    "offset",
+    "refresh",
+    "client_query_id",
+    "format",
+    "max_staleness_seconds",
+    "as_of",
+    "cursor",
+    "variables",
+];
+
 /// Reads GET query parameters: `version`, `limit`, `offset`, `refresh`, `client_query_id`, `format`,
 /// `max_staleness_seconds`, `as_of`, `cursor`, `variables.NAME=value` and `variables=<JSON object>`; `accepted` is the format the client accepts, which
-/// `format` overrides. Other parameters (cache busters, tracking tags added by proxies) are ignored.
+/// `format` overrides. Any other parameter is refused, as unknown body fields are.
 ///
 /// # Errors
 /// [`Invalid`] naming the parameter.
@@ -57,11 +74,13 @@ pub(crate) fn from_query<K: AsRef<str>, V: AsRef<str>>(
                     ))
                 }
             },
-            other => {
-                if let Some(name) = other.strip_prefix("variables.") {
+            "" if value.is_empty() => {}
+            other => match other.strip_prefix(VARIABLE_PREFIX) {
+                Some(name) => {
                     variables.insert(name.to_owned(), Value::String(value.to_owned()));
                 }
-            }
+                None => return Err(unknown(other, &QUERY_PARAMETERS)),
+            },
         }
     }
     RunRequest::check_variable_count(&variables)?;
@@ -221,7 +240,7 @@ mod tests {
             ("variables", r#"{"n": 3}"#),
             ("limit", "7"),
             ("version", "2"),
-            ("utm_source", "ignored"),
+            ("", ""),
         ];
         let request = from_query(params, ResultFormat::Json).unwrap();
         assert_eq!(request.variables["country"], json!("US"));
@@ -247,10 +266,26 @@ mod tests {
             ("max_staleness_seconds", "-5"),
             ("max_staleness_seconds", "soon"),
             ("as_of", "2026-13-01T00:00:00Z"),
+            ("limti", "10"),
+            ("utm_source", "newsletter"),
         ] {
             let attr = from_query([(key, value)], ResultFormat::Json).unwrap_err().attr;
             assert_eq!(attr.as_deref(), Some(key), "{key}={value}");
         }
+    }
+
+    #[test]
+    fn the_documented_query_has_exactly_the_parameters_read() {
+        let declared = |path: &str| -> std::collections::BTreeSet<&str> {
+            let names = crate::query_params::declared(path, &actix_web::http::Method::GET).unwrap();
+            names.iter().map(String::as_str).collect()
+        };
+        let read: std::collections::BTreeSet<&str> = QUERY_PARAMETERS.into_iter().collect();
+        assert_eq!(declared("/api/projects/{project_id}/endpoints/{name}/run"), read);
+        // An export's path names its format.
+        let mut exported = declared("/api/environments/{project_id}/endpoints/{name}/run/{format}");
+        exported.insert("format");
+        assert_eq!(exported, read);
     }
 
     #[test]

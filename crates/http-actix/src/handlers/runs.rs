@@ -22,6 +22,15 @@ use crate::operations::AnswerSource;
 use crate::run_log::RunNote;
 use crate::AppState;
 
+/// A POST run's one query parameter, `version` (its body carries the rest).
+fn url_version(req: &HttpRequest) -> Result<Option<std::borrow::Cow<'_, str>>, ApiError> {
+    if req.query_string().is_empty() {
+        return Ok(None);
+    }
+    crate::query_params::refuse_unknown(req.query_string(), &["version"])?;
+    Ok(params(req).find(|(k, _)| k == "version").map(|(_, v)| v))
+}
+
 /// The query string's pairs, borrowed from the request where nothing needs decoding.
 fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
     form_urlencoded::parse(req.query_string().as_bytes())
@@ -31,6 +40,7 @@ fn params(req: &HttpRequest) -> form_urlencoded::Parse<'_> {
     params(("project_id" = String, Path), ("name" = String, Path), ("version" = Option<i64>, Query), ("limit" = Option<i64>, Query),
            ("offset" = Option<i64>, Query), ("refresh" = Option<String>, Query), ("client_query_id" = Option<String>, Query),
            ("format" = Option<JsonFormat>, Query),
+           ("max_staleness_seconds" = Option<i64>, Query, description = "A cached or stored answer whose data_as_of is older than this many seconds is not served"),
            ("as_of" = Option<String>, Query, description = "Read every table as it was at this RFC 3339 time"),
            ("cursor" = Option<String>, Query, description = "The `next` of an earlier answer: the page after it, of the same snapshot"),
            ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
@@ -71,7 +81,7 @@ pub(crate) async fn run_post(
     caller: AuthorizedJson<EndpointRun>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
+    let version = url_version(&req)?;
     let accepted = accepted(&req);
     let mut request =
         run_request::from_body(&caller.body, version.as_deref(), accepted.unwrap_or(ResultFormat::Json))?;
@@ -101,6 +111,9 @@ fn one_format(request: &RunRequest, format: ResultFormat) -> Result<(), ApiError
            ("format" = ExportFormat, Path),
            ("version" = Option<i64>, Query), ("limit" = Option<i64>, Query),
            ("offset" = Option<i64>, Query), ("refresh" = Option<String>, Query), ("client_query_id" = Option<String>, Query),
+           ("max_staleness_seconds" = Option<i64>, Query, description = "A cached or stored answer whose data_as_of is older than this many seconds is not served"),
+           ("as_of" = Option<String>, Query, description = "Read every table as it was at this RFC 3339 time"),
+           ("cursor" = Option<String>, Query, description = "The `next` of an earlier answer: the page after it, of the same snapshot"),
            ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
     responses((status = 200, description = "The page written in the format, its run's fields in X- headers (streamed)",
                content((String = "text/csv"), (String = "application/x-ndjson"),
@@ -140,7 +153,7 @@ pub(crate) async fn export_post(
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
     let format = export_format(&req)?;
-    let version = params(&req).find(|(k, _)| k == "version").map(|(_, v)| v);
+    let version = url_version(&req)?;
     let mut request = run_request::from_body(&caller.body, version.as_deref(), format)?;
     one_format(&request, format)?;
     admit(&caller.caller, &path.name, &mut request)?;

@@ -150,10 +150,96 @@ async fn read_location(
             if let Some(schema) = schema {
                 options = options.schema(schema);
             }
-            ctx.read_json(location, options).await
+            let frame = ctx.read_json(location, options).await.map_err(|e| crate::message(&e))?;
+            return match schema {
+                Some(_) => Ok(frame),
+                None => in_sent_order(ctx, location, ext, frame).await,
+            };
         }
     };
     frame.map_err(|e| crate::message(&e))
+}
+
+/// How much of an NDJSON body is read for the order of its keys: as many records as DataFusion infers the
+/// columns from, at any ordinary record size.
+const KEY_ORDER_BYTES: u64 = 1 << 20;
+
+/// NDJSON's inferred columns in the order their keys first appear in the body, as CSV's header keeps its own:
+/// DataFusion reads each record as a JSON map, which orders keys by name. Columns whose keys first appear past
+/// the body's first [`KEY_ORDER_BYTES`] follow, in name order.
+async fn in_sent_order(
+    ctx: &SessionContext,
+    location: &str,
+    ext: &str,
+    frame: DataFrame,
+) -> Result<DataFrame, String> {
+    let head = body_head(ctx, location, ext).await.map_err(|e| crate::message(&e))?;
+    let inferred: Vec<String> = frame.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let keys = key_order(&head);
+    let mut rank: HashMap<&str, usize> = HashMap::new();
+    for (at, key) in keys.iter().enumerate() {
+        rank.insert(key, at);
+    }
+    let mut ordered: Vec<&str> = inferred.iter().map(String::as_str).collect();
+    // Stable: the columns not seen in the head keep their name order, after the others.
+    ordered.sort_by_key(|name| rank.get(name).copied().unwrap_or(usize::MAX));
+    if ordered.iter().eq(inferred.iter()) {
+        return Ok(frame);
+    }
+    frame.select_columns(&ordered).map_err(|e| crate::message(&e))
+}
+
+/// The first [`KEY_ORDER_BYTES`] of the first file at `location`.
+async fn body_head(
+    ctx: &SessionContext,
+    location: &str,
+    ext: &str,
+) -> datafusion::error::Result<bytes::Bytes> {
+    let url = datafusion::datasource::listing::ListingTableUrl::parse(location)?;
+    let store = ctx.runtime_env().object_store(&url)?;
+    let state = ctx.state();
+    let first = url.list_all_files(&state, store.as_ref(), ext).await?.next().await.transpose()?;
+    let Some(first) = first else { return Ok(bytes::Bytes::new()) };
+    Ok(store.get_range(&first.location, 0..first.size.min(KEY_ORDER_BYTES)).await?)
+}
+
+/// The keys of the JSON objects in `head`, each once, in the order they first appear; a record cut off at the
+/// end of `head` (or anything that is not an object) ends the walk.
+fn key_order(head: &[u8]) -> Vec<String> {
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+
+    struct Keys(Vec<String>);
+    struct KeysVisitor;
+    impl<'de> Visitor<'de> for KeysVisitor {
+        type Value = Keys;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Keys, A::Error> {
+            let mut keys = Vec::new();
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                keys.push(key);
+            }
+            Ok(Keys(keys))
+        }
+    }
+    impl<'de> serde::Deserialize<'de> for Keys {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_map(KeysVisitor)
+        }
+    }
+
+    let (mut order, mut seen) = (Vec::new(), std::collections::HashSet::new());
+    for record in serde_json::Deserializer::from_slice(head).into_iter::<Keys>() {
+        let Ok(Keys(keys)) = record else { break };
+        for key in keys {
+            if seen.insert(key.clone()) {
+                order.push(key);
+            }
+        }
+    }
+    order
 }
 
 /// Writes batches to one Parquet object, reporting the rows written so far. The object appears whole when the
@@ -652,39 +738,94 @@ async fn read_staged(
     expected: Option<&SchemaRef>,
 ) -> Result<(SchemaRef, SendableRecordBatchStream), StagedError> {
     let invalid = StagedError::Invalid;
-    let frame = read_location(ctx, location, ext, format, None).await.map_err(invalid)?;
-    let found: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
-    let frame = match (expected, format) {
-        (None, _) => frame,
-        (Some(expected), FileFormat::Parquet) => {
-            same_columns(expected, &found)
+    let Some(expected) = expected else {
+        let frame = read_location(ctx, location, ext, format, None).await.map_err(invalid)?;
+        let found: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
+        let stream = frame.execute_stream().await.map_err(|e| invalid(crate::message(&e)))?;
+        return Ok((found, stream));
+    };
+    let frame = match format {
+        FileFormat::Parquet => {
+            let frame = read_location(ctx, location, ext, format, None).await.map_err(invalid)?;
+            same_columns(expected, &Arc::new(frame.schema().as_arrow().clone()))
                 .map_err(|reason| invalid(format!("The columns do not match the table's: {reason}.")))?;
             frame
         }
         // Text carries names, not types: the names must be the table's, and the values are read as its types.
-        (Some(expected), _) => {
-            let names = |s: &SchemaRef| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
-            let (want, have) = (names(expected), names(&found));
-            let same = match format {
-                FileFormat::Csv => want == have,
-                _ => have.iter().all(|n| want.contains(n)),
-            };
-            if !same {
-                return Err(invalid(format!(
-                    "The columns do not match the table's: the table has [{}], the body has [{}].",
-                    want.join(", "),
-                    have.join(", ")
-                )));
-            }
+        // CSV's header is read as the table's columns of its names, in its order, then put in the table's
+        // order with nulls for those left out; NDJSON's reader matches keys by name.
+        FileFormat::Csv => {
+            let head = body_head(ctx, location, ext).await.map_err(|e| invalid(crate::message(&e)))?;
+            let header = csv_header(&head).map_err(invalid)?;
+            let sent = sent_columns(expected, header.iter().map(String::as_str)).map_err(invalid)?;
+            let frame = read_location(ctx, location, ext, format, Some(&sent)).await.map_err(invalid)?;
+            in_table_order(frame, expected).map_err(|e| invalid(crate::message(&e)))?
+        }
+        FileFormat::NdJson => {
+            let found = read_location(ctx, location, ext, format, None).await.map_err(invalid)?;
+            sent_columns(expected, found.schema().fields().iter().map(|f| f.name().as_str()))
+                .map_err(invalid)?;
             read_location(ctx, location, ext, format, Some(expected.as_ref())).await.map_err(invalid)?
         }
     };
-    let schema: SchemaRef = match expected {
-        Some(expected) => Arc::clone(expected),
-        None => found,
-    };
+    let schema = Arc::clone(expected);
     let stream = frame.execute_stream().await.map_err(|e| invalid(crate::message(&e)))?;
     Ok((schema, stream))
+}
+
+/// The column names of a CSV body's header (its first record), each trimmed.
+pub(crate) fn csv_header(body: &[u8]) -> Result<Vec<String>, String> {
+    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(body);
+    let mut record = csv::ByteRecord::new();
+    match reader.read_byte_record(&mut record) {
+        Ok(true) => Ok(record.iter().map(|name| String::from_utf8_lossy(name).trim().to_owned()).collect()),
+        Ok(false) => Err("The body has no header naming its columns.".into()),
+        Err(err) => Err(format!("The body's header: {err}")),
+    }
+}
+
+/// The table's columns a text body names, in the body's order: each once, each a column of the table, and every
+/// column of the table it leaves out nullable.
+pub(crate) fn sent_columns<'a>(
+    expected: &SchemaRef,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<datafusion::arrow::datatypes::Schema, String> {
+    let table: Vec<&str> = expected.fields().iter().map(|f| f.name().as_str()).collect();
+    let mismatch = |what: String| {
+        format!("The columns do not match the table's: {what}; the table has [{}].", table.join(", "))
+    };
+    let mut sent: Vec<datafusion::arrow::datatypes::Field> = Vec::new();
+    for name in names {
+        let shown: String = name.chars().take(128).collect();
+        let Ok(column) = expected.field_with_name(name) else {
+            return Err(mismatch(format!("the body has '{shown}'")));
+        };
+        if sent.iter().any(|f| f.name() == name) {
+            return Err(mismatch(format!("the body names '{shown}' twice")));
+        }
+        sent.push(column.clone());
+    }
+    if let Some(left_out) =
+        expected.fields().iter().find(|f| !f.is_nullable() && !sent.iter().any(|s| s.name() == f.name()))
+    {
+        return Err(mismatch(format!("the body leaves out '{}', which cannot be null", left_out.name())));
+    }
+    Ok(datafusion::arrow::datatypes::Schema::new(sent))
+}
+
+/// `frame`'s columns in the table's order, a column it does not have as nulls of the column's type.
+fn in_table_order(frame: DataFrame, expected: &SchemaRef) -> datafusion::error::Result<DataFrame> {
+    use datafusion::common::{Column, ScalarValue};
+    use datafusion::logical_expr::{lit, Expr};
+    let columns = expected
+        .fields()
+        .iter()
+        .map(|field| match frame.schema().field_with_unqualified_name(field.name()) {
+            Ok(_) => Ok(Expr::Column(Column::new_unqualified(field.name()))),
+            Err(_) => Ok(lit(ScalarValue::try_from(field.data_type())?).alias(field.name())),
+        })
+        .collect::<datafusion::error::Result<Vec<_>>>()?;
+    frame.select(columns)
 }
 
 /// One append's body, held in memory until its table's next grouped write (see `appends`).

@@ -12,7 +12,7 @@ use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, T
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::parquet::arrow::ArrowWriter;
 
-use crate::tables::imports::{plain, FileFormat};
+use crate::tables::imports::{csv_header, plain, sent_columns, FileFormat};
 
 /// The largest body an append that quarantines takes: it is held in memory while its records are sorted.
 pub(crate) const QUARANTINE_BODY_BYTES: u64 = 16 * 1024 * 1024;
@@ -153,18 +153,13 @@ fn read_json(run: &[Record<'_>], schema: &SchemaRef) -> Result<(), String> {
 }
 
 fn sort_csv(body: &[u8], schema: &SchemaRef) -> Result<Sorted, String> {
+    // Records are read as the columns their header names, in its order; the good ones keep that header.
+    let names = csv_header(body)?;
+    let schema = &Arc::new(sent_columns(schema, names.iter().map(String::as_str))?);
     let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(body);
     let mut record = csv::ByteRecord::new();
-    let header_read = reader.read_byte_record(&mut record).map_err(|e| format!("The body's header: {e}"))?;
-    let names: Vec<String> = record.iter().map(|f| String::from_utf8_lossy(f).trim().to_owned()).collect();
-    let want: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-    if !header_read || names != want {
-        return Err(format!(
-            "The columns do not match the table's: the table has [{}], the body has [{}].",
-            want.join(", "),
-            names.join(", ")
-        ));
-    }
+    // The header, read above.
+    reader.read_byte_record(&mut record).map_err(|e| format!("The body's header: {e}"))?;
     let header_end = usize::try_from(reader.position().byte()).unwrap_or(body.len());
     let mut good = Vec::with_capacity(body.len());
     good.extend_from_slice(&body[..header_end]);
@@ -307,8 +302,12 @@ mod tests {
         );
         let lines: Vec<(u64, &str)> = sorted.bad.iter().map(|b| (b.line, b.raw.as_str())).collect();
         assert_eq!(lines, [(3, "2,FR,lots"), (6, "4,DE")]);
-        let wrong = sort(b"id,amount\n1,2\n", FileFormat::Csv, &schema()).unwrap_err();
-        assert!(wrong.contains("the body has [id, amount]"), "{wrong}");
+        let wrong = sort(b"id,colour\n1,2\n", FileFormat::Csv, &schema()).unwrap_err();
+        assert!(wrong.contains("the body has 'colour'"), "{wrong}");
+        // A header names the table's columns in any order, leaving out nullable ones.
+        let reordered = sort(b"amount,id\n2.5,1\nlots,2\n", FileFormat::Csv, &schema()).unwrap();
+        assert_eq!((reordered.good_rows, reordered.bad.len()), (1, 1));
+        assert_eq!(reordered.good, Bytes::from_static(b"amount,id\n2.5,1\n"));
     }
 
     /// Bad records among many good ones are found wherever they are, each alone with its own line and reason;
