@@ -37,6 +37,10 @@ const POLL: Duration = Duration::from_millis(5);
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// A process whose heartbeat is older than this is not waited for.
 const LIVE_WITHIN: Duration = Duration::from_secs(5);
+/// A process whose heartbeat is older than this has stopped: what it had in flight (an append under an
+/// `Idempotency-Key`) may be taken over. Longer than [`LIVE_WITHIN`], so that a listener reconnecting after a
+/// short outage is not taken for stopped while its process still writes.
+const STOPPED_AFTER: Duration = Duration::from_secs(15);
 /// How long a writer waits for a live process's acknowledgement before counting it out.
 pub const ACK_WITHIN: Duration = Duration::from_secs(2);
 /// How long the listener waits between reconnection attempts.
@@ -235,6 +239,26 @@ fn follow(
 struct Beat {
     #[diesel(sql_type = Nullable<Bool>)]
     was_out: Option<bool>,
+}
+
+#[derive(QueryableByName)]
+struct Stopped {
+    #[diesel(sql_type = Bool)]
+    stopped: bool,
+}
+
+/// Whether the process `node` is known to have stopped: its heartbeat is older than [`STOPPED_AFTER`] (a process
+/// that stops cleanly removes its row after finishing its requests; one that crashed leaves it to go stale). A
+/// process without a row (its listener not connected yet) is not known to have stopped.
+pub(crate) fn stopped(conn: &mut PgConnection, node: &str) -> Result<bool, diesel::result::Error> {
+    let found: Stopped = diesel::sql_query(
+        "SELECT COALESCE((SELECT seen_at < now() - make_interval(secs => $2) FROM endpoints_nodes \
+         WHERE id = $1), FALSE) AS stopped",
+    )
+    .bind::<Text, _>(node)
+    .bind::<Double, _>(STOPPED_AFTER.as_secs_f64())
+    .get_result(conn)?;
+    Ok(found.stopped)
 }
 
 /// Records that `node` is alive; says whether a writer had counted it out since its last heartbeat.

@@ -178,7 +178,6 @@ impl Database {
     }
 
     /// This process's name among the processes serving the database.
-    #[cfg(test)]
     pub(crate) fn node(&self) -> &str {
         &self.node
     }

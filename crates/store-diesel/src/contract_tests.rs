@@ -95,6 +95,67 @@ contract!(
     append_keys_are_claimed_once_answered_and_forgotten,
 );
 
+/// Whether the process that claimed a pending key is gone, as another process sees it: with SQLite (which one
+/// process serves) any other process; with PostgreSQL one whose heartbeat stopped, not one without a row yet.
+async fn writer_gone_as_another_process_sees_it(claimer: DieselStore, other: DieselStore) -> Vec<bool> {
+    let p = project(&claimer).await;
+    let events = TableName::parse("events").unwrap();
+    let key = IdempotencyKey::parse("batch-1").unwrap();
+    let expired = T0 - Duration::from_secs(86_400);
+    let first = Uuid::new_v4();
+    let claimed = AppendKeys::claim(&claimer, p, &events, &key, first, T0, expired).await.unwrap();
+    assert_eq!(claimed, AppendKeyState::Claimed);
+    let gone = |store: DieselStore| {
+        let (events, key) = (events.clone(), key.clone());
+        async move {
+            match AppendKeys::claim(&store, p, &events, &key, Uuid::new_v4(), T0, expired).await.unwrap() {
+                AppendKeyState::Pending { write_id, writer_gone, .. } if write_id == first => writer_gone,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    assert!(!gone(claimer.clone()).await, "the claiming process itself is writing it");
+    let mut seen = vec![gone(other.clone()).await];
+    if claimer.database().backend() == crate::connection::Backend::Postgres {
+        for age in [60, 0] {
+            let node = claimer.database().node().to_owned();
+            claimer
+                .database()
+                .run(move |conn| {
+                    use diesel::RunQueryDsl as _;
+                    let crate::connection::AnyConnection::Postgresql(conn) = conn else { unreachable!() };
+                    diesel::sql_query(
+                        "INSERT INTO endpoints_nodes (id, seen_at) VALUES ($1, now() - make_interval(secs => $2)) \
+                         ON CONFLICT (id) DO UPDATE SET seen_at = EXCLUDED.seen_at",
+                    )
+                    .bind::<diesel::sql_types::Text, _>(node)
+                    .bind::<diesel::sql_types::Double, _>(f64::from(age))
+                    .execute(conn)?;
+                    Ok(())
+                })
+                .await
+                .unwrap();
+            seen.push(gone(other.clone()).await);
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_takes_any_other_process_for_gone() {
+    let (claimer, file) = sqlite_store();
+    let config = DatabaseConfig::new(format!("sqlite://{}/store.db", file.0.display()));
+    let other = DieselStore::new(Database::connect(&config).unwrap());
+    assert_eq!(writer_gone_as_another_process_sees_it(claimer, other).await, [true]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_takes_a_process_whose_heartbeat_stopped_for_gone() {
+    // Without a row, then with a heartbeat a minute old, then with a fresh one.
+    let seen = writer_gone_as_another_process_sees_it(postgres_store(), postgres_store()).await;
+    assert_eq!(seen, [false, true, false]);
+}
+
 async fn project(store: &DieselStore) -> ProjectId {
     ProjectStore::create(store, format!("p-{}", Uuid::new_v4()), T0).await.unwrap().id
 }
@@ -934,7 +995,7 @@ async fn append_keys_are_claimed_once_answered_and_forgotten(store: DieselStore)
     assert_eq!(claimed.len(), 1, "{states:?}");
     let first = claimed[0];
     assert!(states.iter().all(|(_, s)| *s == AppendKeyState::Claimed
-        || *s == AppendKeyState::Pending { write_id: first, since: T0 }));
+        || *s == AppendKeyState::Pending { write_id: first, since: T0, writer_gone: false }));
     assert_eq!(store.pending(p, &events).await.unwrap(), vec![first]);
     // The same key on another table is another key.
     let other = TableName::parse("orders").unwrap();
@@ -947,7 +1008,7 @@ async fn append_keys_are_claimed_once_answered_and_forgotten(store: DieselStore)
     assert!(!store.take_over(p, &events, &key, Uuid::new_v4(), second, later).await.unwrap());
     assert!(store.take_over(p, &events, &key, first, second, later).await.unwrap());
     let state = AppendKeys::claim(&store, p, &events, &key, Uuid::new_v4(), later, expired).await.unwrap();
-    assert_eq!(state, AppendKeyState::Pending { write_id: second, since: later });
+    assert_eq!(state, AppendKeyState::Pending { write_id: second, since: later, writer_gone: false });
 
     // Answered by the id it is pending under only; then every claim gets the answer.
     let written = Written { rows: 5, bytes: 40, created: false, rows_quarantined: 0 };

@@ -103,6 +103,7 @@ diesel::table! {
         answer -> Nullable<Text>,
         created_at -> BigInt,
         updated_at -> BigInt,
+        writer -> Nullable<Text>,
     }
 }
 

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tracing::instrument;
 use uuid::Uuid;
 
+use crate::connection::AnyConnection;
 use crate::error::DbError;
 use crate::rows::{instant, micros, uuid};
 use crate::schema::{append_keys, table_leases};
@@ -93,6 +94,7 @@ struct KeyRow {
     answer: Option<String>,
     created_at: i64,
     updated_at: i64,
+    writer: Option<String>,
 }
 
 /// An append's answer as a key's row keeps it.
@@ -105,7 +107,8 @@ struct Answer {
 }
 
 impl KeyRow {
-    fn state(self) -> Result<AppendKeyState, DbError> {
+    /// The key's state as `node`, this process, reads it.
+    fn state(self, conn: &mut AnyConnection, node: &str) -> Result<AppendKeyState, DbError> {
         match self.answer {
             Some(text) => {
                 let answer: Answer = serde_json::from_str(&text)
@@ -123,8 +126,23 @@ impl KeyRow {
             None => Ok(AppendKeyState::Pending {
                 write_id: uuid(&self.write_id)?,
                 since: instant(self.updated_at)?,
+                writer_gone: match self.writer.as_deref() {
+                    // Claimed before writers were recorded, or by this process, which is writing it now.
+                    None => false,
+                    Some(writer) if writer == node => false,
+                    Some(writer) => gone(conn, writer)?,
+                },
             }),
         }
+    }
+}
+
+/// Whether the process `writer` is known to have stopped: with SQLite, which one process serves, any process but
+/// this one; with PostgreSQL, one whose heartbeat stopped ([`crate::changes::stopped`]).
+fn gone(conn: &mut AnyConnection, writer: &str) -> Result<bool, DbError> {
+    match conn {
+        AnyConnection::Sqlite(_) => Ok(true),
+        AnyConnection::Postgresql(conn) => Ok(crate::changes::stopped(conn, writer)?),
     }
 }
 
@@ -155,6 +173,7 @@ impl AppendKeys for DieselStore {
     ) -> Result<AppendKeyState, StoreError> {
         let (project, table, key) = (project.get(), table.as_str().to_owned(), key.as_str().to_owned());
         let (write_id, now, expired) = (write_id.to_string(), micros(now), micros(expired));
+        let node = self.db.node().to_owned();
         Ok(self
             .db
             .run(move |conn| {
@@ -162,7 +181,7 @@ impl AppendKeys for DieselStore {
                     let found: Option<KeyRow> =
                         key_row!(project, &table, &key).select(KeyRow::as_select()).first(conn).optional()?;
                     match found {
-                        Some(row) if row.created_at >= expired => return row.state(),
+                        Some(row) if row.created_at >= expired => return row.state(conn, &node),
                         // Past its window: the key is new again, if nobody renews it first.
                         Some(row) => {
                             let renewed = diesel::update(
@@ -176,6 +195,7 @@ impl AppendKeys for DieselStore {
                                 append_keys::answer.eq(None::<String>),
                                 append_keys::created_at.eq(now),
                                 append_keys::updated_at.eq(now),
+                                append_keys::writer.eq(&node),
                             ))
                             .execute(conn)?;
                             if renewed == 1 {
@@ -192,6 +212,7 @@ impl AppendKeys for DieselStore {
                                     append_keys::write_id.eq(&write_id),
                                     append_keys::created_at.eq(now),
                                     append_keys::updated_at.eq(now),
+                                    append_keys::writer.eq(&node),
                                 ))
                                 .execute(conn);
                             match inserted {
@@ -222,6 +243,7 @@ impl AppendKeys for DieselStore {
     ) -> Result<bool, StoreError> {
         let (project, table, key) = (project.get(), table.as_str().to_owned(), key.as_str().to_owned());
         let (from, write_id, now) = (from.to_string(), write_id.to_string(), micros(now));
+        let node = self.db.node().to_owned();
         Ok(self
             .db
             .run(move |conn| {
@@ -230,7 +252,11 @@ impl AppendKeys for DieselStore {
                         .filter(append_keys::write_id.eq(&from))
                         .filter(append_keys::answer.is_null()),
                 )
-                .set((append_keys::write_id.eq(&write_id), append_keys::updated_at.eq(now)))
+                .set((
+                    append_keys::write_id.eq(&write_id),
+                    append_keys::updated_at.eq(now),
+                    append_keys::writer.eq(&node),
+                ))
                 .execute(conn)?;
                 Ok(taken == 1)
             })

@@ -114,8 +114,9 @@ pub enum AppendKeyState {
     Claimed,
     /// Answered before: that body's SHA-256 and what it wrote.
     Answered { body_sha256: String, written: Written },
-    /// Pending since `since` under another write id: in flight, or cut off.
-    Pending { write_id: Uuid, since: Timestamp },
+    /// Pending since `since` under another write id: in flight, or cut off. `writer_gone` when the process that
+    /// claimed it is known to have stopped (it cannot still be writing it).
+    Pending { write_id: Uuid, since: Timestamp, writer_gone: bool },
 }
 
 #[cfg(test)]

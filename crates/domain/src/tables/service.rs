@@ -195,8 +195,8 @@ impl TableService {
     /// Appends an upload once under an `Idempotency-Key`: the first append with the key (per table, within
     /// [`IDEMPOTENCY_WINDOW`]) writes its rows; a retry with the same body adds nothing and gets the first
     /// append's answer (with the table as it is now). An append cut off before it was answered (its process
-    /// stopped) is found by a retry once it has been in flight too long (`append_in_flight`): in the table if
-    /// its rows were written, else the retry writes them.
+    /// stopped) is found by a retry as soon as its process is known to have stopped, or once it has been in
+    /// flight too long (`append_in_flight`): in the table if its rows were written, else the retry writes them.
     ///
     /// # Errors
     /// As [`TableService::write`]; [`Error::IdempotencyConflict`] for the key used with another body, or while
@@ -217,8 +217,8 @@ impl TableService {
                 Self::same_body(upload, &body_sha256, key).await?;
                 Ok((self.get(project, name).await?, written))
             }
-            AppendKeyState::Pending { write_id: theirs, since } => {
-                if now - since < self.append_in_flight {
+            AppendKeyState::Pending { write_id: theirs, since, writer_gone } => {
+                if !writer_gone && now - since < self.append_in_flight {
                     return Err(Error::IdempotencyConflict(format!(
                         "An append with Idempotency-Key '{}' is still being written; retry in a few seconds.",
                         key.as_str()

@@ -581,10 +581,28 @@ mod idempotency {
         tables.expect_write().never();
         tables.expect_holds().never();
         let since = T0 - APPEND_IN_FLIGHT + Duration::from_secs(1);
-        let keys = keys_answering(AppendKeyState::Pending { write_id: Uuid::from_u128(9), since });
-        let detail =
-            conflict(service(tables, keys).append_once(project(1), &sales(), append(BODY), &key()).await);
+        let pending = AppendKeyState::Pending { write_id: Uuid::from_u128(9), since, writer_gone: false };
+        let detail = conflict(
+            service(tables, keys_answering(pending))
+                .append_once(project(1), &sales(), append(BODY), &key())
+                .await,
+        );
         assert!(detail.contains("still being written"), "{detail}");
+    }
+
+    /// An append whose process is known to have stopped (a crash, then a restart) is resolved by the first
+    /// retry, however recently it was claimed.
+    #[tokio::test]
+    async fn a_retry_of_an_append_whose_process_stopped_is_taken_at_once() {
+        let theirs = Uuid::from_u128(9);
+        let mut tables = tables();
+        tables.expect_holds().withf(move |_, _, id| *id == theirs).times(1).returning(|_, _, _| Ok(None));
+        tables.expect_write().times(1).returning(|_, _, _| Ok(WRITTEN));
+        let mut keys =
+            keys_answering(AppendKeyState::Pending { write_id: theirs, since: T0, writer_gone: true });
+        keys.expect_take_over().times(1).returning(|_, _, _, _, _, _| Ok(true));
+        keys.expect_answer().times(1).returning(|_, _, _, _, _, _| Ok(()));
+        assert_eq!(appended(tables, keys).await, WRITTEN);
     }
 
     #[tokio::test]
@@ -596,8 +614,11 @@ mod idempotency {
             .expect_holds()
             .withf(move |_, _, id| *id == theirs)
             .returning(|_, _, _| Ok(Some(TaggedWrite { written: WRITTEN, body_sha256: sha256(BODY) })));
-        let mut keys =
-            keys_answering(AppendKeyState::Pending { write_id: theirs, since: T0 - APPEND_IN_FLIGHT });
+        let mut keys = keys_answering(AppendKeyState::Pending {
+            write_id: theirs,
+            since: T0 - APPEND_IN_FLIGHT,
+            writer_gone: false,
+        });
         keys.expect_answer()
             .withf(move |_, _, _, id, sha, written| {
                 *id == theirs && *sha == sha256(BODY) && *written == WRITTEN
@@ -621,8 +642,11 @@ mod idempotency {
         let mut tables = tables();
         tables.expect_holds().returning(|_, _, _| Ok(None));
         tables.expect_write().times(1).returning(|_, _, _| Ok(WRITTEN));
-        let mut keys =
-            keys_answering(AppendKeyState::Pending { write_id: theirs, since: T0 - APPEND_IN_FLIGHT });
+        let mut keys = keys_answering(AppendKeyState::Pending {
+            write_id: theirs,
+            since: T0 - APPEND_IN_FLIGHT,
+            writer_gone: false,
+        });
         keys.expect_take_over()
             .withf(move |_, _, _, from, _, _| *from == theirs)
             .times(1)

@@ -1,0 +1,1 @@
+ALTER TABLE append_keys DROP COLUMN writer;
