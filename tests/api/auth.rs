@@ -5,6 +5,40 @@ use serde_json::json;
 
 use crate::helpers::{assert_error, endpoint_body, spawn_app};
 
+/// Any key of a project reads the project (its name, for the console's header), under both families and as
+/// `@current`; another project's key and a run token may not.
+#[tokio::test]
+async fn any_key_of_a_project_reads_its_name_and_nothing_else_does() {
+    let app = spawn_app().await;
+    let (project, writer) = app.project_with_key();
+    let (_, loader) = app.create_key(project, &["table:write"]);
+    let (_, other_key) = app.project_with_key();
+    for path in [
+        format!("/api/projects/{project}"),
+        format!("/api/environments/{project}/"),
+        "/api/projects/@current".to_owned(),
+    ] {
+        let response = app.get(&path, &loader).await;
+        assert_eq!(response.status(), 200, "{path}");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!((body["id"].as_i64(), body["name"].as_str()), (Some(project), Some("Test")), "{body}");
+        assert!(body["created_at"].is_string(), "{body}");
+        assert_error(
+            app.get(&path.replace("@current", "999999"), &other_key).await,
+            403,
+            "permission_denied",
+        )
+        .await;
+    }
+    app.create_endpoint(project, &writer, &endpoint_body("n", "SELECT 1 AS n")).await;
+    let issued =
+        app.post(&format!("/api/projects/{project}/run_tokens"), &writer, &json!({"endpoints": ["n"]})).await;
+    let token: serde_json::Value = issued.json().await.unwrap();
+    let token = token["token"].as_str().unwrap();
+    assert_error(app.get(&format!("/api/projects/{project}"), token).await, 403, "permission_denied").await;
+    assert_error(app.get("/api/projects/1?verbose=1", &loader).await, 400, "validation_error").await;
+}
+
 #[tokio::test]
 async fn the_auth_matrix() {
     let app = spawn_app().await;

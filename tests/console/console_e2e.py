@@ -103,6 +103,8 @@ def sign_in_with_keyboard(page, base, key):
     expect(page.get_by_test_id("sign-in-submit")).to_be_focused()
     page.keyboard.press("Enter")
     expect(page.get_by_test_id("no-endpoints")).to_contain_text("no endpoints yet")
+    # The header names the project (live_server creates it as "Checks"), not the @current typed at sign-in.
+    expect(page.get_by_test_id("project-label")).to_have_text("Checks")
     accessible(page, "endpoints-empty")
 
 

@@ -92,6 +92,8 @@ export interface Session {
   key: string;
   /** A project id, or `@current` for the project the key belongs to. */
   project: string;
+  /** The project's name, as the API answered it at sign-in. */
+  name?: string;
 }
 
 const STORAGE_KEY = 'endpoints.session';
@@ -100,9 +102,10 @@ export function loadSession(storage: Storage = sessionStorage): Session | null {
   try {
     const raw = storage.getItem(STORAGE_KEY);
     const parsed = raw === null ? null : (JSON.parse(raw) as Partial<Session>);
-    return typeof parsed?.key === 'string' && typeof parsed.project === 'string'
-      ? { key: parsed.key, project: parsed.project }
-      : null;
+    if (typeof parsed?.key !== 'string' || typeof parsed.project !== 'string') return null;
+    const session: Session = { key: parsed.key, project: parsed.project };
+    if (typeof parsed.name === 'string') session.name = parsed.name;
+    return session;
   } catch {
     return null;
   }

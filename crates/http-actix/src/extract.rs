@@ -21,7 +21,8 @@ use crate::AppState;
 
 /// A scope a handler needs, as a type.
 pub(crate) trait Needs: 'static {
-    const SCOPE: Scope;
+    /// `None`: any credential of the project (the domain may refuse some, as it refuses run tokens a project).
+    const SCOPE: Option<Scope>;
     /// Whether the handler runs the path's endpoint (or serves what a caller needs to run it), which is all a
     /// run token may do.
     const RUNS_ENDPOINT: bool = false;
@@ -42,25 +43,32 @@ pub(crate) struct TableRead;
 /// `table:write`: uploading, appending to and deleting tables.
 pub(crate) struct TableWrite;
 
+/// Any key of the project: reading the project itself.
+pub(crate) struct ProjectRead;
+
+impl Needs for ProjectRead {
+    const SCOPE: Option<Scope> = None;
+}
+
 impl Needs for TableRead {
-    const SCOPE: Scope = Scope::TableRead;
+    const SCOPE: Option<Scope> = Some(Scope::TableRead);
 }
 
 impl Needs for TableWrite {
-    const SCOPE: Scope = Scope::TableWrite;
+    const SCOPE: Option<Scope> = Some(Scope::TableWrite);
 }
 
 impl Needs for EndpointRead {
-    const SCOPE: Scope = Scope::EndpointRead;
+    const SCOPE: Option<Scope> = Some(Scope::EndpointRead);
 }
 
 impl Needs for EndpointRun {
-    const SCOPE: Scope = Scope::EndpointRead;
+    const SCOPE: Option<Scope> = Some(Scope::EndpointRead);
     const RUNS_ENDPOINT: bool = true;
 }
 
 impl Needs for EndpointWrite {
-    const SCOPE: Scope = Scope::EndpointWrite;
+    const SCOPE: Option<Scope> = Some(Scope::EndpointWrite);
 }
 
 /// The path's project, which the caller may use with scope `S`, and the caller.
@@ -159,7 +167,7 @@ pub(crate) async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<
 /// Authenticates the caller and checks it may use `scope` on the path's project: 401, then 429, then 403.
 async fn authorize(
     req: &HttpRequest,
-    scope: Scope,
+    scope: Option<Scope>,
     runs_endpoint: bool,
 ) -> Result<(ProjectId, Principal), ApiError> {
     let state = app_state(req)?;
@@ -183,7 +191,10 @@ async fn authorize(
     }
     let project = project??;
     let runs = if runs_endpoint { req.match_info().get("name") } else { None };
-    let project = state.keys.authorize(&principal, project, scope, runs)?;
+    let project = match scope {
+        Some(scope) => state.keys.authorize(&principal, project, scope, runs)?,
+        None => domain::ApiKeyService::member(&principal, project)?,
+    };
     Ok((project, principal))
 }
 

@@ -5,8 +5,9 @@ pub(crate) const FAMILY_PREFIXES: [&str; 2] = ["/api/environments", "/api/projec
 
 /// Every resource's name, the `route` label of the request metrics. Both families share names: the family is
 /// not a different operation.
-pub(crate) const ROUTE_NAMES: [&str; 22] = [
+pub(crate) const ROUTE_NAMES: [&str; 23] = [
     "run",
+    "project",
     "endpoints",
     "last_execution_times",
     "endpoint",

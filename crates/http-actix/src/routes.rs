@@ -9,7 +9,7 @@ use actix_web::{guard, web, HttpResponse, Resource};
 use domain::ApiKeyService;
 
 use crate::error::ApiError;
-use crate::handlers::{endpoints, logs, materialization, runs, tables, tokens, versions};
+use crate::handlers::{endpoints, logs, materialization, projects, runs, tables, tokens, versions};
 use crate::paths::FAMILY_PREFIXES;
 use crate::{console, cors, operations};
 
@@ -135,6 +135,7 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
                 .service(
                     resource!(TOKENS_REST, "run_tokens", POST => tokens::issue),
                 )
+                .service(resource!("/{project_id}", "project", GET => projects::retrieve))
                 // Each family is one scope: actix-web tries no second scope of the same prefix.
                 .service(
                     web::scope(TABLES_REST)

@@ -10,7 +10,7 @@ use utoipa::{Modify, OpenApi};
 
 use crate::api::requests::{EndpointCreate, EndpointUpdate, ExportBody, Names, RunBody, RunTokenBody};
 use crate::api::{
-    names, Endpoint, EndpointPage, LastExecutionTimes, LogList, RunAnswer, RunToken, Usage, Version,
+    names, Endpoint, EndpointPage, LastExecutionTimes, LogList, Project, RunAnswer, RunToken, Usage, Version,
     VersionPage,
 };
 use crate::error::ErrorBody as Error;
@@ -39,10 +39,11 @@ impl Modify for BearerAuth {
         handlers::runs::last_execution_times,
         handlers::tables::list, handlers::tables::retrieve, handlers::tables::put, handlers::tables::append,
         handlers::tables::delete, handlers::tables::preview, handlers::tables::versions, handlers::tokens::issue,
+        handlers::projects::retrieve,
     ),
     components(schemas(
         Error, Endpoint, EndpointCreate, EndpointUpdate, EndpointPage, Version, VersionPage, RunBody, ExportBody, RunAnswer,
-        Names, LastExecutionTimes, RunTokenBody, RunToken, LogList, Usage,
+        Names, LastExecutionTimes, RunTokenBody, RunToken, LogList, Usage, Project,
     )),
     modifiers(&BearerAuth)
 )]

@@ -11,8 +11,8 @@ use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 use super::model::{
-    hash_secret, looks_like_key, parse_origin, ApiKey, NewApiKey, Principal, ProjectAccess, ProjectId,
-    ProjectRef, Scope, SecretHash, KEY_PREFIX, SECRET_BYTES,
+    hash_secret, looks_like_key, parse_origin, ApiKey, NewApiKey, Principal, Project, ProjectAccess,
+    ProjectId, ProjectRef, Scope, SecretHash, KEY_PREFIX, SECRET_BYTES,
 };
 use super::ports::{ApiKeyStore, ProjectStore};
 use super::token::{self, IssuedRunToken, RunTokenRequest, TokenSecret};
@@ -381,6 +381,16 @@ impl ApiKeyService {
         needed: Scope,
         runs: Option<&str>,
     ) -> Result<ProjectId, Error> {
+        let project = Self::member(principal, project)?;
+        principal.permits(needed, runs)?;
+        Ok(project)
+    }
+
+    /// The project a path names, when it is `principal`'s own.
+    ///
+    /// # Errors
+    /// As [`ApiKeyService::authorize`], for another project.
+    pub fn member(principal: &Principal, project: ProjectRef) -> Result<ProjectId, Error> {
         let project = project.resolve(principal);
         if project != principal.project_id && principal.grant.is_some() {
             return Err(Error::NotAuthenticated("This run token is not valid for this project.".into()));
@@ -390,8 +400,23 @@ impl ApiKeyService {
                 "This credential does not give access to this project.".into(),
             ));
         }
-        principal.permits(needed, runs)?;
         Ok(project)
+    }
+
+    /// The project a path names, as any API key of it may read it (its id, name and creation time); a run
+    /// token, which may only run, may not.
+    ///
+    /// # Errors
+    /// As [`ApiKeyService::member`]; [`Error::PermissionDenied`] for a run token; [`Error::NotFound`] for a
+    /// project deleted since the key was read; store failures.
+    pub async fn project(&self, principal: &Principal, project: ProjectRef) -> Result<Project, Error> {
+        let id = Self::member(principal, project)?;
+        if principal.grant.is_some() {
+            return Err(Error::PermissionDenied(
+                "A run token may only run the endpoints it names and read their OpenAPI documents.".into(),
+            ));
+        }
+        self.projects.get(id).await?.ok_or_else(|| Error::NotFound(format!("Project {id} does not exist.")))
     }
 
     /// # Errors
@@ -725,6 +750,46 @@ mod tests {
             Err(Error::NotAuthenticated(_))
         ));
         assert!(token.may_run("a") && !token.may_run("b"));
+    }
+
+    #[tokio::test]
+    async fn any_key_of_a_project_reads_it_and_a_run_token_does_not() {
+        let mut projects = MockProjectStore::new();
+        projects.expect_get().returning(|id| {
+            Ok((id == project(1)).then(|| Project {
+                id,
+                name: "Shop".into(),
+                created_at: NOW,
+                allowed_origins: Vec::new(),
+            }))
+        });
+        let svc = ApiKeyService::new(Arc::new(MockApiKeyStore::new()), Arc::new(projects), clock());
+        let loader = Principal {
+            key_id: Uuid::nil(),
+            project_id: project(1),
+            scopes: vec![Scope::TableWrite],
+            grant: None,
+            label: Arc::from("test"),
+        };
+        assert_eq!(svc.project(&loader, ProjectRef::Current).await.unwrap().name, "Shop");
+        assert_eq!(svc.project(&loader, ProjectRef::Id(project(1))).await.unwrap().id, project(1));
+        assert!(matches!(
+            svc.project(&loader, ProjectRef::Id(project(2))).await,
+            Err(Error::PermissionDenied(_))
+        ));
+        let grant = RunGrant {
+            token_id: Uuid::nil(),
+            endpoints: vec!["a".into()],
+            fixed_variables: serde_json::Map::new(),
+            rate_limit_per_sec: None,
+            versions: std::collections::BTreeMap::new(),
+            expires_at: NOW,
+        };
+        let token = Principal { grant: Some(Arc::new(grant)), ..loader.clone() };
+        assert!(matches!(svc.project(&token, ProjectRef::Current).await, Err(Error::PermissionDenied(_))));
+        // A project removed since its key was read.
+        let orphan = Principal { project_id: project(3), ..loader };
+        assert!(matches!(svc.project(&orphan, ProjectRef::Current).await, Err(Error::NotFound(_))));
     }
 
     #[test]

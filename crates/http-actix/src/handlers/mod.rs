@@ -4,6 +4,7 @@
 pub(crate) mod endpoints;
 pub(crate) mod logs;
 pub(crate) mod materialization;
+pub(crate) mod projects;
 pub(crate) mod run_request;
 pub(crate) mod runs;
 pub(crate) mod tables;
