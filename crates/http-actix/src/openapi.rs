@@ -76,9 +76,36 @@ fn downgrade(value: &mut Value) {
     }
 }
 
+/// A request body's schema says its defaults in words rather than with `default`: client generators read a
+/// property with a `default` as one the server always fills in, and with their default settings make it
+/// required in the request (openapi-typescript 7) or in the generated type, so a caller could not leave it out.
+/// What is left out is what the server defaults, which the description says.
+pub(crate) fn described_defaults(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            if let Some(default) = object.remove("default") {
+                let said = format!("Default: {default}.");
+                let description = match object.get("description").and_then(Value::as_str) {
+                    Some(text) => format!("{text} {said}"),
+                    None => said,
+                };
+                object.insert("description".into(), Value::String(description));
+            }
+            object.values_mut().for_each(described_defaults);
+        }
+        Value::Array(items) => items.iter_mut().for_each(described_defaults),
+        _ => {}
+    }
+}
+
 /// A schema of the service's (OpenAPI 3.1) for this document (OpenAPI 3.0).
 fn openapi_3_0(schema: impl Into<RefOr<utoipa::openapi::Schema>>) -> Schema {
-    let mut value = serde_json::to_value(schema.into()).unwrap_or(Value::Object(Map::new()));
+    let value = serde_json::to_value(schema.into()).unwrap_or(Value::Object(Map::new()));
+    openapi_3_0_value(value)
+}
+
+/// [`openapi_3_0`] of a schema already written as JSON.
+fn openapi_3_0_value(mut value: Value) -> Schema {
     downgrade(&mut value);
     // Every schema the service builds is one OpenAPI 3.0 can say once downgraded; an empty schema (any value)
     // is the safe reading of one that could not be.
@@ -185,7 +212,9 @@ fn run_request_schema(version: &EndpointVersion, of: BodyOf) -> Schema {
     if any_required(version) {
         body = body.required("variables");
     }
-    openapi_3_0(body)
+    let mut value = serde_json::to_value(body.build()).unwrap_or(Value::Object(Map::new()));
+    described_defaults(&mut value);
+    openapi_3_0_value(value)
 }
 
 fn any_required(version: &EndpointVersion) -> bool {
@@ -515,6 +544,13 @@ mod tests {
         assert_eq!(error["attr"]["nullable"], true);
         let variables = &schemas["RunRequest"]["properties"]["variables"];
         assert_eq!(variables["properties"]["d"]["format"], "date");
+        // A request's defaults are said in words: generators make a property with a `default` required.
+        assert_eq!(variables["properties"]["l"]["default"], Value::Null);
+        assert_eq!(variables["properties"]["l"]["description"], r#"Default: ["a"]."#);
+        let limit = &schemas["RunRequest"]["properties"]["limit"];
+        assert!(
+            limit["default"].is_null() && limit["description"].as_str().unwrap().ends_with("Default: 100.")
+        );
         assert_eq!(variables["properties"]["l"]["items"]["type"], "string");
         assert_eq!(variables["additionalProperties"], false);
         let refresh = &schemas["RunRequest"]["properties"]["refresh"];

@@ -182,11 +182,14 @@ pub(crate) fn run_body(variables: RefOr<Schema>, of: BodyOf) -> ObjectBuilder {
                 .description(Some("The version to run; the current one by default."))
                 .into(),
         ),
+        // Defaults are said in words in request bodies (see `crate::openapi::described_defaults`).
         (
             "limit",
-            bounded(1, RunRequest::MAX_LIMIT.into()).default(Some(RunRequest::DEFAULT_LIMIT.into())).into(),
+            bounded(1, RunRequest::MAX_LIMIT.into())
+                .description(Some(format!("Rows per page. Default: {}.", RunRequest::DEFAULT_LIMIT)))
+                .into(),
         ),
-        ("offset", bounded(0, i64::MAX).default(Some(0.into())).into()),
+        ("offset", bounded(0, i64::MAX).description(Some("Rows skipped. Default: 0.")).into()),
         (
             "max_staleness_seconds",
             bounded(0, RunRequest::MAX_STALENESS_SECONDS)
@@ -308,7 +311,7 @@ impl PartialSchema for PreviewBody {
             .schema_type(nullable(Type::Integer))
             .minimum(Some(1))
             .maximum(Some(domain::PageRequest::MAX_LIMIT))
-            .default(Some(domain::PREVIEW_ROWS.into()));
+            .description(Some(format!("Rows to show. Default: {}.", domain::PREVIEW_ROWS)));
         closed(ObjectBuilder::new().property("limit", limit)).into()
     }
 }
