@@ -828,6 +828,22 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
              WHERE e.browser = {variables.c} GROUP BY r.region",
             "Left join",
         ),
+        // The rows a fold would add are chosen at another time than those stored before.
+        (
+            "SELECT distinct_id, country, timestamp FROM events WHERE country = {variables.c} \
+             AND timestamp > now() - INTERVAL '15 seconds'",
+            "`now()`",
+        ),
+        (
+            "SELECT country, count(*) AS n FROM events WHERE browser = {variables.c} AND random() < 0.5 \
+             GROUP BY country",
+            "`random()`",
+        ),
+        (
+            "SELECT distinct_id, country FROM events WHERE country = {variables.c} \
+             AND CAST(timestamp AS DATE) = current_date",
+            "`current_date()`",
+        ),
     ];
     let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
     for (sql, reason) in cases {

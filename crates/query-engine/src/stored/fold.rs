@@ -23,7 +23,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::empty::EmptyTable;
 use datafusion::datasource::provider_as_source;
 use datafusion::error::Result as DfResult;
-use datafusion::logical_expr::{JoinType, LogicalPlan, TableScan, TableSource};
+use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, TableScan, TableSource, Volatility};
 use datafusion::prelude::ParquetReadOptions;
 use domain::{Coverage, EngineError, ProjectId};
 use futures_util::StreamExt;
@@ -72,6 +72,12 @@ fn scans(plan: &LogicalPlan, table: &str, subqueries: bool) -> usize {
 /// once, along projections, filters, aliases and inner joins. `aggregated` is a rollup's plan, whose outermost
 /// node is the aggregation the path leads to.
 pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<String> {
+    if let Some(function) = changing_function(plan) {
+        return Some(format!(
+            "the query calls `{function}`, whose answer is not fixed by its arguments (the time, a random draw), so \
+             the rows stored earlier were chosen under another answer"
+        ));
+    }
     let reads = scans(plan, table, true);
     if reads != 1 {
         return Some(format!("the query reads `{table}` {reads} times; a fold follows a table read once"));
@@ -110,6 +116,26 @@ pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> O
             _ => return Some(format!("`{table}` is read inside a subquery")),
         }
     }
+}
+
+/// The first function of a plan (its subqueries too) whose answer is not fixed by its arguments: `now()`,
+/// `current_date`, `random()`, any function DataFusion does not declare immutable. A fold evaluates it for the
+/// appended rows only, at another time than the rows stored before, so a result of such a plan is refreshed
+/// in full.
+pub(crate) fn changing_function(plan: &LogicalPlan) -> Option<String> {
+    let mut found = None;
+    let mut visit = |expr: &Expr| {
+        if let Expr::ScalarFunction(call) = expr {
+            if call.func.signature().volatility != Volatility::Immutable {
+                found = Some(format!("{}()", call.func.name()));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    };
+    // Visiting a plan that is already built cannot fail.
+    let _ = plan.apply_with_subqueries(|node| node.apply_expressions(|expr| expr.apply(&mut visit)));
+    found
 }
 
 /// The plan with its scans of `table` reading `files` instead: the same columns, projection and filters.

@@ -1,0 +1,2 @@
+progenitor::generate_api!("openapi.json");
+fn main() {}
