@@ -12,6 +12,10 @@
 //! and a listener applies them one after the other, so a listener that acknowledges the barrier has applied the
 //! change before it. A process that does not acknowledge within [`ACK_WITHIN`] is counted out: its next
 //! heartbeat reads that, and it forgets everything it keeps ([`Change::Everything`]).
+//!
+//! The writer's own listener hears the acknowledgements and wakes it ([`crate::waiters`]): a waiting writer
+//! holds no database connection, so any number of writes wait at once on a small pool. A process whose
+//! listener is not connected (a command, or a listener reconnecting) waits on a pooled connection of its own.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +27,9 @@ use diesel::sql_types::{Array, Bool, Double, Nullable, Text};
 use diesel::{Connection, PgConnection, QueryableByName, RunQueryDsl};
 use domain::{Change, EndpointName, ProjectId, Propagation};
 
-use crate::connection::{AnyConnection, Database};
+use crate::connection::{AnyConnection, Backend, Database};
 use crate::error::DbError;
+use crate::waiters::Waiters;
 
 /// The channel every process listens on.
 const CHANNEL: &str = "endpoints_changes";
@@ -43,6 +48,8 @@ const LIVE_WITHIN: Duration = Duration::from_secs(5);
 const STOPPED_AFTER: Duration = Duration::from_secs(15);
 /// How long a writer waits for a live process's acknowledgement before counting it out.
 pub const ACK_WITHIN: Duration = Duration::from_secs(2);
+/// How often the listener looks for notifications while a writer of its process waits for acknowledgements.
+const ACK_POLL: Duration = Duration::from_millis(1);
 /// How long the listener waits between reconnection attempts.
 const RECONNECT: Duration = Duration::from_secs(1);
 /// libpq settings of the listening connection, so that a peer that vanishes without closing the connection (a
@@ -114,6 +121,27 @@ pub(crate) fn announce(conn: &mut AnyConnection, change: &Change) -> Result<(), 
     Ok(())
 }
 
+impl Database {
+    /// On PostgreSQL, a thread calling `on_change` for every change any process announces, and with
+    /// `Change::Everything` whenever changes may have been missed; `None` on SQLite, which serves one process.
+    pub fn listen_for_changes(&self, on_change: impl Fn(Change) + Send + 'static) -> Option<ChangeListener> {
+        (self.backend() == Backend::Postgres).then(|| {
+            let node = Node { name: self.node().to_owned(), waiters: Arc::clone(self.waiters()) };
+            ChangeListener::spawn(self.address(), node, on_change)
+        })
+    }
+
+    /// How a change saved by this process is waited for on the others before it is answered: on PostgreSQL,
+    /// every other process listening for changes acknowledges it (or is counted out); on SQLite, which serves
+    /// one process, nothing.
+    pub fn propagation(&self) -> Arc<dyn Propagation> {
+        match self.backend() {
+            Backend::Postgres => Arc::new(PgPropagation { db: self.clone() }),
+            Backend::Sqlite => Arc::new(domain::NoPropagation),
+        }
+    }
+}
+
 /// A thread listening for the changes other processes announce. Told to stop when dropped; it ends at its next
 /// look (within a few milliseconds, or when a connection attempt in progress gives up), and is not waited for.
 pub struct ChangeListener {
@@ -124,7 +152,7 @@ impl ChangeListener {
     /// Listens on the PostgreSQL database at `url` as process `node`, calling `on_change` for every change
     /// announced (its own included) and with [`Change::Everything`] whenever changes may have been missed, and
     /// acknowledging barriers.
-    pub(crate) fn spawn(url: &str, node: String, on_change: impl Fn(Change) + Send + 'static) -> Self {
+    fn spawn(url: &str, node: Node, on_change: impl Fn(Change) + Send + 'static) -> Self {
         let url = listening_url(url);
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
@@ -145,11 +173,17 @@ impl Drop for ChangeListener {
     }
 }
 
-fn listen(url: &str, node: &str, stop: &AtomicBool, on_change: &dyn Fn(Change)) {
+/// The process a listener listens for: its name, and its writers waiting for acknowledgements.
+struct Node {
+    name: String,
+    waiters: Arc<Waiters>,
+}
+
+fn listen(url: &str, node: &Node, stop: &AtomicBool, on_change: &dyn Fn(Change)) {
     let mut was_connected = true;
     while !stop.load(Ordering::Acquire) {
         match PgConnection::establish(url).and_then(|mut conn| {
-            conn.batch_execute(&format!("LISTEN {CHANNEL}"))
+            conn.batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {ACKS}"))
                 .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
             Ok(conn)
         }) {
@@ -160,7 +194,10 @@ fn listen(url: &str, node: &str, stop: &AtomicBool, on_change: &dyn Fn(Change)) 
                     tracing::info!("change listener reconnected");
                 }
                 was_connected = true;
+                node.waiters.listen();
                 let reason = follow(&mut conn, node, stop, on_change);
+                node.waiters.deaf();
+                let node = &node.name;
                 if let Some(reason) = reason {
                     tracing::warn!(error = %reason, "change listener lost its connection; reconnecting");
                     on_change(Change::Everything);
@@ -189,10 +226,11 @@ fn listen(url: &str, node: &str, stop: &AtomicBool, on_change: &dyn Fn(Change)) 
 /// stops (`None`); writes the heartbeat, and forgets everything when a writer counted this process out.
 fn follow(
     conn: &mut PgConnection,
-    node: &str,
+    node: &Node,
     stop: &AtomicBool,
     on_change: &dyn Fn(Change),
 ) -> Option<String> {
+    let Node { name: node, waiters } = node;
     let mut beat = None::<Instant>;
     while !stop.load(Ordering::Acquire) {
         if beat.is_none_or(|at| at.elapsed() >= HEARTBEAT) {
@@ -211,6 +249,11 @@ fn follow(
         let mut delivered = Vec::new();
         for notification in conn.notifications_iter() {
             match notification {
+                Ok(n) if n.channel == ACKS => {
+                    if let Some((token, from)) = n.payload.split_once(':') {
+                        waiters.acknowledged(token, from);
+                    }
+                }
                 Ok(n) => delivered.push(n.payload),
                 Err(err) => return Some(err.to_string()),
             }
@@ -230,7 +273,7 @@ fn follow(
                 None => on_change(parse(&payload)),
             }
         }
-        std::thread::sleep(POLL);
+        std::thread::sleep(if waiters.any() { ACK_POLL } else { POLL });
     }
     None
 }
@@ -275,7 +318,7 @@ fn heartbeat(conn: &mut PgConnection, node: &str) -> Result<bool, diesel::result
 }
 
 #[derive(QueryableByName)]
-struct Node {
+struct NodeRow {
     #[diesel(sql_type = Text)]
     id: String,
 }
@@ -283,30 +326,51 @@ struct Node {
 /// Waits until every live process but `node` acknowledged a barrier sent after the changes committed so far,
 /// or [`ACK_WITHIN`] passed; counts out and returns the processes that did not acknowledge.
 fn barrier(conn: &mut PgConnection, node: &str) -> Result<Vec<String>, diesel::result::Error> {
-    // A node counted out already is not waited for again: it forgets everything at its next heartbeat.
-    let live: Vec<Node> = diesel::sql_query(
-        "SELECT id FROM endpoints_nodes \
-         WHERE seen_at > now() - make_interval(secs => $1) AND id <> $2 AND NOT counted_out",
-    )
-    .bind::<Double, _>(LIVE_WITHIN.as_secs_f64())
-    .bind::<Text, _>(node)
-    .load(conn)?;
-    if live.is_empty() {
+    let waiting = live_nodes(conn, node)?;
+    if waiting.is_empty() {
         return Ok(Vec::new());
     }
-    let waiting: HashSet<String> = live.into_iter().map(|node| node.id).collect();
     conn.batch_execute(&format!("LISTEN {ACKS}"))?;
     // The pooled connection stops listening whatever happened, so no later user of it gathers acknowledgements.
     let waited = await_acks(conn, waiting);
     let unlistened = conn.batch_execute(&format!("UNLISTEN {ACKS}"));
     let out: Vec<String> = waited?.into_iter().collect();
     unlistened?;
+    count_out(conn, &out)?;
+    Ok(out)
+}
+
+/// The live processes but `node` that a writer waits for. A node counted out already is not waited for again:
+/// it forgets everything at its next heartbeat.
+fn live_nodes(conn: &mut PgConnection, node: &str) -> Result<HashSet<String>, diesel::result::Error> {
+    let live: Vec<NodeRow> = diesel::sql_query(
+        "SELECT id FROM endpoints_nodes \
+         WHERE seen_at > now() - make_interval(secs => $1) AND id <> $2 AND NOT counted_out",
+    )
+    .bind::<Double, _>(LIVE_WITHIN.as_secs_f64())
+    .bind::<Text, _>(node)
+    .load(conn)?;
+    Ok(live.into_iter().map(|node| node.id).collect())
+}
+
+/// Marks the processes that did not acknowledge a barrier in time: each forgets what it keeps at its next
+/// heartbeat.
+fn count_out(conn: &mut PgConnection, out: &[String]) -> Result<(), diesel::result::Error> {
     if !out.is_empty() {
         diesel::sql_query("UPDATE endpoints_nodes SET counted_out = TRUE WHERE id = ANY($1)")
-            .bind::<Array<Text>, _>(&out)
+            .bind::<Array<Text>, _>(out)
             .execute(conn)?;
     }
-    Ok(out)
+    Ok(())
+}
+
+/// Sends the barrier `token`.
+fn send_barrier(conn: &mut PgConnection, token: &str) -> Result<(), diesel::result::Error> {
+    diesel::sql_query("SELECT pg_notify($1, $2)")
+        .bind::<Text, _>(CHANNEL)
+        .bind::<Text, _>(format!("barrier:{token}"))
+        .execute(conn)?;
+    Ok(())
 }
 
 /// Sends a barrier and waits, at most [`ACK_WITHIN`], for each of `waiting` to acknowledge it; returns those that
@@ -316,10 +380,7 @@ fn await_acks(
     mut waiting: HashSet<String>,
 ) -> Result<HashSet<String>, diesel::result::Error> {
     let token = uuid::Uuid::new_v4().simple().to_string();
-    diesel::sql_query("SELECT pg_notify($1, $2)")
-        .bind::<Text, _>(CHANNEL)
-        .bind::<Text, _>(format!("barrier:{token}"))
-        .execute(conn)?;
+    send_barrier(conn, &token)?;
     let deadline = Instant::now() + ACK_WITHIN;
     while !waiting.is_empty() && Instant::now() < deadline {
         for notification in conn.notifications_iter() {
@@ -341,41 +402,108 @@ fn await_acks(
 /// [`Propagation::settle`] sends a barrier and waits for every other live process's acknowledgement.
 pub struct PgPropagation {
     db: Database,
-    /// This process's name in `endpoints_nodes` (not waited for: it applied its own changes already).
-    node: String,
+}
+
+/// How a barrier was waited for.
+enum Waited {
+    /// Every process acknowledged it, or none was waited for.
+    Done,
+    /// These did not acknowledge it in time, and were counted out.
+    CountedOut(Vec<String>),
+    /// This process's listener lost its connection meanwhile: acknowledgements may have been missed.
+    Deaf,
 }
 
 impl PgPropagation {
-    pub(crate) fn new(db: Database, node: String) -> Self {
-        Self { db, node }
+    /// Waits on a channel that this process's listener completes (see [`crate::waiters`]): a pooled connection
+    /// is held only to read who is live and send the barrier, and again to count out the silent.
+    async fn through_listener(&self) -> Result<Waited, String> {
+        let waiters = Arc::clone(self.db.waiters());
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let (db, node, registering) = (self.db.clone(), self.db.node().to_owned(), token.clone());
+        let registered = tokio::task::spawn_blocking(move || {
+            db.on_connection(|conn| match conn {
+                AnyConnection::Postgresql(conn) => {
+                    let live = live_nodes(conn, &node)?;
+                    if live.is_empty() {
+                        return Ok(None);
+                    }
+                    let woken = waiters.register(registering.clone(), live);
+                    match send_barrier(conn, &registering) {
+                        Ok(()) => Ok(Some(woken)),
+                        Err(err) => {
+                            waiters.abandon(&registering);
+                            Err(err)
+                        }
+                    }
+                }
+                AnyConnection::Sqlite(_) => Ok(None),
+            })?
+            .map_err(|err| err.to_string())
+        })
+        .await
+        .map_err(|err| err.to_string())??;
+        let Some(woken) = registered else { return Ok(Waited::Done) };
+        match tokio::time::timeout(ACK_WITHIN, woken).await {
+            Ok(Ok(())) => Ok(Waited::Done),
+            Ok(Err(_)) => Ok(Waited::Deaf),
+            Err(_) => {
+                let out: Vec<String> = self.db.waiters().abandon(&token).into_iter().collect();
+                if out.is_empty() {
+                    return Ok(Waited::Done);
+                }
+                let (db, marked) = (self.db.clone(), out.clone());
+                tokio::task::spawn_blocking(move || {
+                    db.on_connection(|conn| match conn {
+                        AnyConnection::Postgresql(conn) => {
+                            count_out(conn, &marked).map_err(|e| e.to_string())
+                        }
+                        AnyConnection::Sqlite(_) => Ok(()),
+                    })?
+                })
+                .await
+                .map_err(|err| err.to_string())??;
+                Ok(Waited::CountedOut(out))
+            }
+        }
+    }
+
+    /// Waits on a pooled connection of its own, listening for acknowledgements there.
+    async fn on_a_connection(&self) -> Result<Vec<String>, String> {
+        let (db, node) = (self.db.clone(), self.db.node().to_owned());
+        tokio::task::spawn_blocking(move || {
+            db.on_connection(|conn| match conn {
+                AnyConnection::Postgresql(conn) => barrier(conn, &node).map_err(|err| err.to_string()),
+                AnyConnection::Sqlite(_) => Ok(Vec::new()),
+            })?
+        })
+        .await
+        .map_err(|err| err.to_string())?
     }
 }
 
 #[async_trait::async_trait]
 impl Propagation for PgPropagation {
     async fn settle(&self) {
-        let (db, node) = (self.db.clone(), self.node.clone());
-        let waited = tokio::task::spawn_blocking(move || {
-            db.on_connection(|conn| match conn {
-                AnyConnection::Postgresql(conn) => barrier(conn, &node).map_err(|err| err.to_string()),
-                AnyConnection::Sqlite(_) => Ok(Vec::new()),
-            })?
-        })
-        .await;
+        let waited = if self.db.waiters().listening() {
+            match self.through_listener().await {
+                Ok(Waited::Deaf) => self.on_a_connection().await,
+                Ok(Waited::Done) => Ok(Vec::new()),
+                Ok(Waited::CountedOut(out)) => Ok(out),
+                Err(err) => Err(err),
+            }
+        } else {
+            self.on_a_connection().await
+        };
         match waited {
-            Ok(Ok(out)) if out.is_empty() => {}
-            Ok(Ok(out)) => tracing::warn!(
+            Ok(out) if out.is_empty() => {}
+            Ok(out) => tracing::warn!(
                 nodes = ?out,
                 "processes did not acknowledge a change within {} s: counted out, they forget what they keep",
                 ACK_WITHIN.as_secs()
             ),
             // The change is saved; other processes still apply it as it is delivered.
-            Ok(Err(err)) => {
-                tracing::warn!(error = %err, "could not wait for other processes to apply a change")
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "waiting for other processes to apply a change ended abnormally")
-            }
+            Err(err) => tracing::warn!(error = %err, "could not wait for other processes to apply a change"),
         }
     }
 }

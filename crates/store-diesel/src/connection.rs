@@ -129,6 +129,8 @@ pub struct Database {
     address: String,
     /// This process's name among the processes serving the database (`endpoints_nodes`).
     node: String,
+    /// This process's writers waiting for the others' acknowledgements, which its listener completes.
+    waiters: std::sync::Arc<crate::waiters::Waiters>,
 }
 
 impl std::fmt::Debug for Database {
@@ -160,21 +162,17 @@ impl Database {
             .build_unchecked(Manager { target });
         // Fail fast when the database is unreachable, with the driver's own reason.
         pool.get().map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-        Ok(Self { pool, backend, address, node: uuid::Uuid::new_v4().simple().to_string() })
+        let node = uuid::Uuid::new_v4().simple().to_string();
+        Ok(Self { pool, backend, address, node, waiters: std::sync::Arc::default() })
     }
 
     pub fn backend(&self) -> Backend {
         self.backend
     }
 
-    /// On PostgreSQL, a thread calling `on_change` for every change any process announces, and with
-    /// `Change::Everything` whenever changes may have been missed; `None` on SQLite, which serves one process.
-    pub fn listen_for_changes(
-        &self,
-        on_change: impl Fn(domain::Change) + Send + 'static,
-    ) -> Option<crate::ChangeListener> {
-        (self.backend == Backend::Postgres)
-            .then(|| crate::ChangeListener::spawn(&self.address, self.node.clone(), on_change))
+    /// The native connection string (for a connection of its own, outside the pool).
+    pub(crate) fn address(&self) -> &str {
+        &self.address
     }
 
     /// This process's name among the processes serving the database.
@@ -182,22 +180,15 @@ impl Database {
         &self.node
     }
 
+    /// This process's writers waiting for the other processes.
+    pub(crate) fn waiters(&self) -> &std::sync::Arc<crate::waiters::Waiters> {
+        &self.waiters
+    }
+
     /// Runs `work` on a connection of the pool, on this thread (a blocking one).
     pub(crate) fn on_connection<T>(&self, work: impl FnOnce(&mut AnyConnection) -> T) -> Result<T, String> {
         let mut conn = self.pool.get().map_err(|err| err.to_string())?;
         Ok(work(&mut conn))
-    }
-
-    /// How a change saved by this process is waited for on the others before it is answered: on PostgreSQL,
-    /// every other process listening for changes acknowledges it (or is counted out); on SQLite, which serves
-    /// one process, nothing.
-    pub fn propagation(&self) -> std::sync::Arc<dyn domain::Propagation> {
-        match self.backend {
-            Backend::Postgres => {
-                std::sync::Arc::new(crate::changes::PgPropagation::new(self.clone(), self.node.clone()))
-            }
-            Backend::Sqlite => std::sync::Arc::new(domain::NoPropagation),
-        }
     }
 
     /// Applies every pending migration of this backend and returns the versions applied.

@@ -1074,6 +1074,86 @@ fn pg_rows(store: &DieselStore, sql: &str) -> Vec<String> {
 /// the change (it is already delivered to the listener when `settle` returns); a process that beats but never
 /// acknowledges is waited for at most the bound and counted out; a listener counted out forgets everything at
 /// its next heartbeat, and clears its mark.
+/// A writer whose process listens waits for acknowledgements on a channel its listener completes, holding no
+/// connection: 64 updates on two processes settle at once on a pool of 4, each applied by the other process
+/// before its settle returns; and while 64 wait for a process that never answers, the pool still serves reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_writers_wait_without_holding_a_connection() {
+    let writer = postgres_store();
+    let other = postgres_store();
+    let applied = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let seen = Arc::clone(&applied);
+    let _theirs = other
+        .database()
+        .listen_for_changes(move |change| {
+            if let Change::Endpoint { name, .. } = change {
+                seen.lock().unwrap().insert(name.to_string());
+            }
+        })
+        .expect("PostgreSQL announces changes");
+    let _ours = writer.database().listen_for_changes(|_| {}).expect("PostgreSQL announces changes");
+    let theirs = format!("SELECT id AS value FROM endpoints_nodes WHERE id = '{}'", other.database().node());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !writer.database().waiters().listening() || pg_rows(&writer, &theirs).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "both listeners are in");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let p = project(&writer).await;
+    for i in 0..64 {
+        EndpointStore::insert(&writer, new_endpoint(p, &format!("e{i}"))).await.unwrap();
+    }
+    let propagation = writer.database().propagation();
+    let updates: Vec<_> = (0..64)
+        .map(|i| {
+            let (writer, propagation, applied) =
+                (writer.clone(), Arc::clone(&propagation), Arc::clone(&applied));
+            tokio::spawn(async move {
+                let change = EndpointChange { description: Some("changed".into()), ..Default::default() };
+                EndpointStore::update(&writer, p, &name(&format!("e{i}")), change, T0).await.unwrap();
+                propagation.settle().await;
+                assert!(
+                    applied.lock().unwrap().contains(&format!("e{i}")),
+                    "e{i} applied before settle returned"
+                );
+            })
+        })
+        .collect();
+    for update in updates {
+        update.await.unwrap();
+    }
+
+    // A process that beats but never acknowledges: 64 writers wait for it at once, and the pool serves a read
+    // meanwhile (each waiting writer holding a connection would keep it for the whole bound).
+    let ghost = format!("ghost-{}", Uuid::new_v4().simple());
+    pg_rows(
+        &writer,
+        &format!(
+            "WITH done AS (INSERT INTO endpoints_nodes (id, seen_at) VALUES ('{ghost}', now()) RETURNING id) \
+             SELECT id AS value FROM done"
+        ),
+    );
+    let began = std::time::Instant::now();
+    let waits: Vec<_> = (0..64)
+        .map(|_| {
+            let propagation = Arc::clone(&propagation);
+            tokio::spawn(async move { propagation.settle().await })
+        })
+        .collect();
+    while !writer.database().waiters().any() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let read = std::time::Instant::now();
+    EndpointStore::get(&writer, p, &name("e0")).await.unwrap();
+    let read = read.elapsed();
+    for wait in waits {
+        wait.await.unwrap();
+    }
+    let waited = began.elapsed();
+    pg_rows(&writer, &format!("WITH done AS (DELETE FROM endpoints_nodes WHERE id = '{ghost}' RETURNING id) SELECT id AS value FROM done"));
+    assert!(read < crate::changes::ACK_WITHIN / 2, "a read waited {read:?} for a connection");
+    assert!(waited < crate::changes::ACK_WITHIN * 3, "64 waits took {waited:?}, not one bound");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_writers_wait_for_every_listener_and_count_out_the_silent() {
     let writer = postgres_store();

@@ -15,6 +15,7 @@ mod projects;
 mod rows;
 mod schema;
 mod tables;
+mod waiters;
 
 pub use changes::ChangeListener;
 pub use connection::{Backend, Database, DatabaseConfig, PoolState};
