@@ -85,9 +85,10 @@ pub(crate) fn described_defaults(value: &mut Value) {
         Value::Object(object) => {
             if let Some(default) = object.remove("default") {
                 let said = format!("Default: {default}.");
-                let description = match object.get("description").and_then(Value::as_str) {
-                    Some(text) => format!("{text} {said}"),
-                    None => said,
+                let description = match object.get("description").and_then(Value::as_str).map(str::trim_end) {
+                    Some(text) if text.ends_with(['.', '!', '?']) => format!("{text} {said}"),
+                    Some(text) if !text.is_empty() => format!("{text}. {said}"),
+                    _ => said,
                 };
                 object.insert("description".into(), Value::String(description));
             }
