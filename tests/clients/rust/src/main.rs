@@ -1,2 +1,0 @@
-progenitor::generate_api!("openapi.json");
-fn main() {}
