@@ -711,17 +711,22 @@ mod tests {
         assert_eq!(*batches.lock().unwrap(), vec![vec![(Uuid::nil(), NOW + Duration::from_secs(5))]]);
     }
 
-    #[test]
-    fn a_run_token_passes_only_its_endpoints_runs_and_documents() {
-        let svc = service_with(None);
-        let grant = RunGrant {
+    /// A run token's grant of the endpoint `a`, expiring now.
+    fn grant_of_a() -> RunGrant {
+        RunGrant {
             token_id: Uuid::nil(),
             endpoints: vec!["a".into()],
             fixed_variables: serde_json::Map::new(),
             rate_limit_per_sec: None,
             versions: std::collections::BTreeMap::new(),
             expires_at: NOW,
-        };
+        }
+    }
+
+    #[test]
+    fn a_run_token_passes_only_its_endpoints_runs_and_documents() {
+        let svc = service_with(None);
+        let grant = grant_of_a();
         let token = Principal {
             key_id: Uuid::nil(),
             project_id: project(1),
@@ -777,14 +782,7 @@ mod tests {
             svc.project(&loader, ProjectRef::Id(project(2))).await,
             Err(Error::PermissionDenied(_))
         ));
-        let grant = RunGrant {
-            token_id: Uuid::nil(),
-            endpoints: vec!["a".into()],
-            fixed_variables: serde_json::Map::new(),
-            rate_limit_per_sec: None,
-            versions: std::collections::BTreeMap::new(),
-            expires_at: NOW,
-        };
+        let grant = grant_of_a();
         let token = Principal { grant: Some(Arc::new(grant)), ..loader.clone() };
         assert!(matches!(svc.project(&token, ProjectRef::Current).await, Err(Error::PermissionDenied(_))));
         // A project removed since its key was read.
