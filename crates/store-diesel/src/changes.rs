@@ -273,7 +273,7 @@ fn follow(
                 None => on_change(parse(&payload)),
             }
         }
-        std::thread::sleep(if waiters.any() { ACK_POLL } else { POLL });
+        waiters.pause(POLL, ACK_POLL);
     }
     None
 }

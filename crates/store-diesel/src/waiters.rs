@@ -21,6 +21,9 @@ pub(crate) struct Waiters {
     /// Whether this process's listener is connected and hears acknowledgements: only then may a writer wait on
     /// a channel (else it waits on a connection of its own, as a command without a listener does).
     listening: AtomicBool,
+    /// The listener's thread, woken when a writer starts waiting so that it looks for acknowledgements at once
+    /// rather than at the end of its idle pause.
+    listener: Mutex<Option<std::thread::Thread>>,
 }
 
 impl Waiters {
@@ -28,9 +31,19 @@ impl Waiters {
         self.listening.load(Ordering::Acquire)
     }
 
-    /// The listener is connected and listens for acknowledgements.
+    /// The listener, on the calling thread, is connected and listens for acknowledgements.
     pub(crate) fn listen(&self) {
+        *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(std::thread::current());
         self.listening.store(true, Ordering::Release);
+    }
+
+    /// Pauses the listener's thread until `idle` passes or a writer starts waiting; while one waits, `busy`.
+    pub(crate) fn pause(&self, idle: std::time::Duration, busy: std::time::Duration) {
+        if self.any() {
+            std::thread::sleep(busy);
+        } else {
+            std::thread::park_timeout(idle);
+        }
     }
 
     /// The listener lost its connection: acknowledgements sent meanwhile are lost, so every waiting writer is
@@ -44,6 +57,9 @@ impl Waiters {
     pub(crate) fn register(&self, token: String, nodes: HashSet<String>) -> oneshot::Receiver<()> {
         let (done, woken) = oneshot::channel();
         self.lock().insert(token, Waiter { nodes, done });
+        if let Some(listener) = &*self.listener.lock().unwrap_or_else(PoisonError::into_inner) {
+            listener.unpark();
+        }
         woken
     }
 
