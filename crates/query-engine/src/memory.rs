@@ -199,6 +199,17 @@ struct Bounded {
     pool: Arc<dyn MemoryPool>,
 }
 
+/// The volatility a function declares, under the bound this module may wrap it in: a bound makes a function
+/// whose output grows with a count volatile only to keep the planner from evaluating it on constants, not
+/// because its answer changes from one call to the next.
+pub(crate) fn declared_volatility(function: &datafusion::logical_expr::ScalarUDF) -> Volatility {
+    let inner: &dyn std::any::Any = function.inner().as_ref();
+    match inner.downcast_ref::<Bounded>() {
+        Some(bounded) => bounded.inner.signature().volatility,
+        None => function.signature().volatility,
+    }
+}
+
 impl Bounded {
     fn new(inner: Arc<dyn ScalarUDFImpl>, growth: Growth, limit: usize, pool: Arc<dyn MemoryPool>) -> Self {
         let mut signature = inner.signature().clone();

@@ -126,7 +126,7 @@ pub(crate) fn changing_function(plan: &LogicalPlan) -> Option<String> {
     let mut found = None;
     let mut visit = |expr: &Expr| {
         if let Expr::ScalarFunction(call) = expr {
-            if call.func.signature().volatility != Volatility::Immutable {
+            if crate::memory::declared_volatility(&call.func) != Volatility::Immutable {
                 found = Some(format!("{}()", call.func.name()));
                 return Ok(TreeNodeRecursion::Stop);
             }
