@@ -172,7 +172,7 @@ test: deps console lint ## Everything CI checks: lint, then every test (SQLite, 
 	@engine=$$(cargo test $(CHECKED) --lib --no-run 2>&1 | grep -o 'target/debug/deps/query_engine-[0-9a-f]*' | head -1); \
 	[ -n "$$engine" ] || { echo "the engine's test binary was not found"; exit 1; }; \
 	cd crates/query-engine && TEST_ENGINE=ballista $(CURDIR)/$$engine
-	@$(MAKE) --no-print-directory openapi-check client-check ts-client-check formats-check delta-check mcp-check schemathesis-check console-check
+	@$(MAKE) --no-print-directory openapi-check client-check ts-client-check rust-client-check formats-check delta-check mcp-check schemathesis-check console-check
 
 OPENAPI_VALIDATOR := openapi-spec-validator==0.9.0
 OPENAPI_CLIENT := openapi-python-client==0.29.1
@@ -211,6 +211,11 @@ client-check: $(VENV)/bin/python ## Generate a typed Python client from a live e
 ts-client-check: $(VENV)/bin/python console/node_modules/.package-lock.json ## Generate TypeScript types of a live endpoint (openapi-typescript), call it through openapi-fetch, compile with strict tsc, run under Node.
 	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/ts_client_check.py
+
+.PHONY: rust-client-check
+rust-client-check: $(VENV)/bin/python ## Generate a Rust client of a live endpoint with progenitor's generate_api! (tests/openapi/rust-client, its own lock file), build it and run it.
+	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
+	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/rust_client_check.py
 
 .PHONY: formats-check
 formats-check: $(VENV)/bin/python ## Read a run back as CSV, NDJSON, Parquet and Arrow (Python's csv, pyarrow) and compare with its JSON.

@@ -259,20 +259,21 @@ fn responses(format: Option<ResultFormat>) -> Responses {
         Some(format) => (
             IndexMap::from([(format.media_type().to_owned(), page_content(format.is_binary()))]),
             "The page of rows written in the format (streamed), with the run's version, X-Has-More and \
-             X-Execution-Id in headers.",
+             X-Execution-Id in headers. A refresh=force_cache run with no fresh stored result is a page of no \
+             rows (the columns only) with X-Endpoint-Materialized: false.",
         ),
     };
     responses.insert(
         StatusCode::Code(200),
         ReferenceOr::Item(Response { description: description.into(), content, ..Response::default() }),
     );
-    let no_page = format.map(|_| (204, "refresh=force_cache found no fresh stored result."));
-    for (code, description) in no_page.into_iter().chain([(304, "If-None-Match holds the answer's ETag.")]) {
-        responses.insert(
-            StatusCode::Code(code),
-            ReferenceOr::Item(Response { description: description.into(), ..Response::default() }),
-        );
-    }
+    responses.insert(
+        StatusCode::Code(304),
+        ReferenceOr::Item(Response {
+            description: "If-None-Match holds the answer's ETag.".into(),
+            ..Response::default()
+        }),
+    );
     for (code, description) in [
         (400, "Invalid variables or parameters, or the query failed (query_timeout, query_memory_limit)."),
         (401, "Missing, unknown, revoked or expired API key."),

@@ -63,7 +63,7 @@ impl RunNote {
     pub(crate) fn of_export(exported: &Exported) -> Self {
         Self {
             version: Some(exported.version),
-            rows: exported.export.as_ref().map_or(0, |export| export.rows),
+            rows: exported.export.rows,
             bytes_read: None,
             source: Some(if exported.materialized_at.is_some() {
                 LogSource::Materialized

@@ -176,10 +176,17 @@ impl DataFusionEngine {
         format: ResultFormat,
     ) -> Result<Export, EngineError> {
         let columns = types::columns(plan.schema().as_arrow());
-        let plan = execute::window(plan, limit, offset)?;
-        let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
-        let (mut stream, _held) = self.execute_fairly(project, frame).await?;
-        let schema = plain(&stream.schema());
+        // A page of no rows is written from the plan's schema: nothing runs.
+        let planned: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+        let mut running = match limit {
+            0 => None,
+            _ => {
+                let plan = execute::window(plan, limit, offset)?;
+                let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+                Some(self.execute_fairly(project, frame).await?)
+            }
+        };
+        let schema = plain(&running.as_ref().map_or(planned, |(stream, _held)| stream.schema()));
 
         let file = tempfile::tempfile().map_err(internal)?;
         let over = Arc::new(AtomicBool::new(false));
@@ -199,7 +206,10 @@ impl DataFusionEngine {
         // A CSV page has its header row, and every format its schema, with no rows as well.
         rows.write(&RecordBatch::new_empty(Arc::clone(&schema))).map_err(too_large)?;
         let (mut written, mut has_more) = (0_u64, false);
-        while let Some(batch) = stream.next().await {
+        while let Some(batch) = match running.as_mut() {
+            Some((stream, _held)) => stream.next().await,
+            None => None,
+        } {
             let batch = batch.map_err(execute::execution_error)?;
             // The window fetched one row past the page, to tell whether more follow: it is not written.
             let room = usize::try_from(u64::from(limit) - written).unwrap_or(usize::MAX);

@@ -113,3 +113,37 @@ async fn an_export_holds_its_slot_until_sent_and_stops_at_its_byte_limit() {
     }
     engine.execute(project, &small, &BTreeMap::new(), 10, 0).await.unwrap();
 }
+
+/// A page of no rows (a `force_cache` export with nothing stored) is planned, not run: each format has the
+/// query's columns, and a query that fails on its rows does not fail.
+#[tokio::test]
+async fn a_page_of_no_rows_has_the_columns_and_runs_nothing() {
+    let (engine, _dir) = engine_with_events().await;
+    let project = domain::ProjectId::new(1).unwrap();
+    let failing = query("SELECT country, revenue / (revenue - 10) AS r FROM events", json!({}));
+    let ran = engine.export(project, &failing, &BTreeMap::new(), 10, 0, ResultFormat::Csv).await;
+    assert!(ran.is_err(), "the query divides by zero on its first row");
+    let none = BTreeMap::new();
+    let page = |format| engine.export(project, &failing, &none, 0, 0, format);
+
+    let csv = page(ResultFormat::Csv).await.unwrap();
+    assert_eq!((csv.rows, csv.has_more), (0, false));
+    assert_eq!(String::from_utf8(body(csv).await).unwrap(), "country,r\n");
+    assert_eq!(body(page(ResultFormat::NdJson).await.unwrap()).await, b"");
+    let parquet = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(
+        body(page(ResultFormat::Parquet).await.unwrap()).await,
+    ))
+    .unwrap();
+    let names: Vec<_> = parquet.schema().fields().iter().map(|f| f.name().clone()).collect();
+    assert_eq!(
+        (names, parquet.metadata().file_metadata().num_rows()),
+        (vec!["country".to_owned(), "r".into()], 0)
+    );
+    let arrow = StreamReader::try_new(
+        std::io::Cursor::new(body(page(ResultFormat::Arrow).await.unwrap()).await),
+        None,
+    )
+    .unwrap();
+    assert_eq!(arrow.schema().fields().len(), 2);
+    assert_eq!(arrow.map(|b| b.unwrap().num_rows()).sum::<usize>(), 0);
+}

@@ -63,7 +63,8 @@ pub trait QueryEngine: Send + Sync {
     }
 
     /// Runs the query like [`QueryEngine::execute`] and writes the page `offset..offset+limit` of its rows in
-    /// `format`, without holding them in memory.
+    /// `format`, without holding them in memory. With `limit` 0 the query is planned, not run: the page has its
+    /// columns (a CSV header, a Parquet or Arrow schema) and no rows.
     ///
     /// # Errors
     /// As [`QueryEngine::execute`]; `Internal` when the page cannot be written.

@@ -366,11 +366,11 @@ pub struct Exported {
     pub name: EndpointName,
     /// The version that ran.
     pub version: u32,
-    /// The page; `None` for a `force_cache` run with no fresh stored result.
-    pub export: Option<crate::query::Export>,
+    /// The page: no rows for a `force_cache` run with no fresh stored result.
+    pub export: crate::query::Export,
     /// When the stored result the page was read from was computed; `None` for a live page.
     pub materialized_at: Option<Timestamp>,
-    /// The time up to which appended rows are in the page; `None` when there is no page.
+    /// The time up to which appended rows are in the page; `None` for a `force_cache` run with nothing stored.
     pub data_as_of: Option<Timestamp>,
     pub execution_id: Uuid,
 }

@@ -410,7 +410,7 @@ impl RunService {
     /// Runs an endpoint for a page in another format than JSON (the request's `format`), within the export
     /// limit. Such a page does not go through the run cache (it holds JSON pages): it is computed live, or, for a
     /// materialized endpoint in the `blocking` and `force_cache` modes, read from its fresh stored result like a
-    /// JSON run's. A `force_cache` run with no fresh stored result has no page.
+    /// JSON run's. A `force_cache` run with no fresh stored result is a page of no rows.
     ///
     /// # Errors
     /// As [`RunService::run`], and [`Error::Invalid`] (attr `limit`) past the export limit.
@@ -464,16 +464,24 @@ impl RunService {
                 },
             )
             .await?;
-        if exported.is_some() {
-            self.executions.record(project, &name, self.clock.now());
-        }
-        let (export, stored) = exported.map_or((None, None), |(e, stored, _)| (Some(e), stored));
+        let (export, stored) = match exported {
+            Some((export, stored, _)) => {
+                self.executions.record(project, &name, self.clock.now());
+                let data_as_of = stored.as_ref().map_or(started_at, |s| s.data_as_of);
+                (export, Some((stored, data_as_of)))
+            }
+            // Nothing fresh is stored and nothing may run: a page of no rows, with the query's columns (the engine
+            // plans it but reads nothing), so that every format's answer is a page of that format.
+            None => (self.engine.export(project, &version.query, &variables, 0, 0, format).await?, None),
+        };
         Ok(Exported {
             name,
             version: version.version,
-            data_as_of: export.as_ref().map(|_| stored.as_ref().map_or(started_at, |s| s.data_as_of)),
             export,
-            materialized_at: stored.map(|s| s.materialized_at),
+            materialized_at: stored
+                .as_ref()
+                .and_then(|(stored, _)| stored.as_ref().map(|s| s.materialized_at)),
+            data_as_of: stored.map(|(_, at)| at),
             execution_id: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
         })
     }

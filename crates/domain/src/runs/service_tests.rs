@@ -128,9 +128,9 @@ fn engine(runs: Arc<AtomicUsize>) -> MockQueryEngine {
         })
     });
     let exports = runs_for_exports;
-    engine.expect_export().returning(move |_, _, _, _, _, _| {
+    engine.expect_export().returning(move |_, _, _, limit, _, _| {
         exports.fetch_add(1, Ordering::SeqCst);
-        Ok(page("live"))
+        Ok(page(if limit == 0 { "no rows" } else { "live" }))
     });
     engine
 }
@@ -436,7 +436,7 @@ async fn exports_are_bounded_by_the_export_limit_and_record_their_run() {
     assert!(matches!(err, Error::Invalid(ref i) if i.attr.as_deref() == Some("limit")), "{err:?}");
     assert_eq!(f.runs.load(Ordering::SeqCst), 0);
     let exported = f.service.export(project(), named("kpi"), csv(500)).await.unwrap();
-    assert_eq!((exported.version, exported.export.map(|e| e.digest)), (2, Some("live".into())));
+    assert_eq!((exported.version, exported.export.digest), (2, "live".into()));
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
     let kpi = EndpointName::parse("kpi").unwrap();
     assert_eq!(f.executions.pending(project(), &kpi), Some(T0), "an export is a run of the endpoint");
@@ -733,37 +733,45 @@ mod materialized {
     }
 
     /// Where an export's page came from, and when its stored result was computed.
-    async fn exported(f: &Fixture, refresh: Refresh) -> (Option<String>, Option<Timestamp>) {
+    async fn exported(f: &Fixture, refresh: Refresh) -> (String, Option<Timestamp>) {
         let exported = f.service.export(project(), named("kpi"), export(refresh)).await.unwrap();
-        (exported.export.map(|e| e.digest), exported.materialized_at)
+        (exported.export.digest, exported.materialized_at)
     }
 
     #[tokio::test]
     async fn exports_read_a_fresh_stored_result_in_the_modes_that_runs_do() {
         let (f, reads) = service(T0, false);
         for refresh in [Refresh::Blocking, Refresh::ForceCache] {
-            assert_eq!(exported(&f, refresh).await, (Some("stored".into()), Some(T0)), "{refresh:?}");
+            assert_eq!(exported(&f, refresh).await, ("stored".into(), Some(T0)), "{refresh:?}");
         }
         for refresh in [Refresh::Direct, Refresh::ForceBlocking] {
-            assert_eq!(exported(&f, refresh).await, (Some("live".into()), None), "{refresh:?}");
+            assert_eq!(exported(&f, refresh).await, ("live".into(), None), "{refresh:?}");
         }
         assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (2, 2));
         assert!(f.cache.entries.lock().unwrap().is_empty(), "exports do not go through the run cache");
     }
 
     #[tokio::test]
-    async fn an_export_with_nothing_fresh_stored_runs_live_or_with_force_cache_has_no_page() {
+    async fn an_export_with_nothing_fresh_stored_runs_live_or_with_force_cache_is_a_page_of_no_rows() {
         let (f, reads) = service(T0, false);
         f.clock.advance(Duration::from_secs(3601));
-        assert_eq!(exported(&f, Refresh::Blocking).await, (Some("live".into()), None));
-        assert_eq!(exported(&f, Refresh::ForceCache).await, (None, None));
-        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (0, 1));
+        assert_eq!(exported(&f, Refresh::Blocking).await, ("live".into(), None));
+        let ran_at = f.clock.now();
+        f.clock.advance(Duration::from_secs(1));
+        assert_eq!(exported(&f, Refresh::ForceCache).await, ("no rows".into(), None));
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (0, 2));
+        let kpi = named("kpi");
+        assert_eq!(
+            f.executions.pending(project(), &kpi),
+            Some(ran_at),
+            "a page of no rows is not an execution"
+        );
     }
 
     #[tokio::test]
     async fn a_failed_stored_export_falls_back_to_the_live_path() {
         let (f, reads) = service(T0, true);
-        assert_eq!(exported(&f, Refresh::Blocking).await, (Some("live".into()), None));
+        assert_eq!(exported(&f, Refresh::Blocking).await, ("live".into(), None));
         assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (1, 1));
     }
 

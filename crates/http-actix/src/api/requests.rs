@@ -157,7 +157,8 @@ pub(crate) fn json_format() -> ObjectBuilder {
 }
 
 /// The body of a run, every field the domain reads, with `variables` as given: free-form for the service,
-/// typed in an endpoint's document. An export's has no `format` (its path names it).
+/// typed in an endpoint's document. An export's has no `format` (its path names it), nor `as_of` and `cursor`
+/// (a page in another format reads the newest data and pages by `offset`).
 pub(crate) fn run_body(variables: RefOr<Schema>, of: BodyOf) -> ObjectBuilder {
     let bounded = |min: i64, max: i64| {
         ObjectBuilder::new().schema_type(nullable(Type::Integer)).minimum(Some(min)).maximum(Some(max))
@@ -225,7 +226,7 @@ pub(crate) fn run_body(variables: RefOr<Schema>, of: BodyOf) -> ObjectBuilder {
     ];
     fields
         .into_iter()
-        .filter(|(field, _)| of == BodyOf::Run || *field != "format")
+        .filter(|(field, _)| of == BodyOf::Run || !["format", "as_of", "cursor"].contains(field))
         .fold(closed(ObjectBuilder::new()), |object, (field, schema)| object.property(field, schema))
 }
 

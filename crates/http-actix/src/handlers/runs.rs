@@ -115,10 +115,10 @@ fn one_format(request: &RunRequest, format: ResultFormat) -> Result<(), ApiError
            ("as_of" = Option<String>, Query, description = "Read every table as it was at this RFC 3339 time"),
            ("cursor" = Option<String>, Query, description = "The `next` of an earlier answer: the page after it, of the same snapshot"),
            ("variables" = Option<String>, Query, description = "A JSON object of variables; or one `variables.NAME=value` parameter each")),
-    responses((status = 200, description = "The page written in the format, its run's fields in X- headers (streamed)",
+    responses((status = 200, description = "The page written in the format, its run's fields in X- headers (streamed); \
+               a refresh=force_cache run with no fresh stored result is a page of no rows",
                content((String = "text/csv"), (String = "application/x-ndjson"),
                        ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))),
-              (status = 204, description = "refresh=force_cache found no fresh stored result"),
               (status = 304, description = "If-None-Match holds the answer's ETag"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
               (status = 404, body = Error), (status = 429, body = Error)))]
@@ -139,10 +139,10 @@ pub(crate) async fn export_get(
     params(("project_id" = String, Path), ("name" = String, Path),
            ("format" = ExportFormat, Path), ("version" = Option<i64>, Query)),
     request_body = ExportBody,
-    responses((status = 200, description = "The page written in the format, its run's fields in X- headers (streamed)",
+    responses((status = 200, description = "The page written in the format, its run's fields in X- headers (streamed); \
+               a refresh=force_cache run with no fresh stored result is a page of no rows",
                content((String = "text/csv"), (String = "application/x-ndjson"),
                        ("application/vnd.apache.parquet"), ("application/vnd.apache.arrow.stream"))),
-              (status = 204, description = "refresh=force_cache found no fresh stored result"),
               (status = 304, description = "If-None-Match holds the answer's ETag"),
               (status = 400, body = Error), (status = 401, body = Error), (status = 403, body = Error),
               (status = 404, body = Error), (status = 429, body = Error)))]
@@ -238,37 +238,30 @@ fn held(req: &HttpRequest, tag: &str) -> bool {
 }
 
 /// A page in another format than JSON: what JSON says in its body goes in headers. Such a page is never cached,
-/// by this service or (`max-age=0`) by the client. A `force_cache` run with nothing stored has no page: 204.
+/// by this service or (`max-age=0`) by the client. A `force_cache` run with nothing stored is a page of no rows.
 fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpResponse {
     let Exported { name, version, export, materialized_at, data_as_of, execution_id } = exported;
     // Never kept: `private, max-age=0`.
     let keep = (header::CACHE_CONTROL, keep_for(std::time::Duration::ZERO));
-    let mut response = match &export {
-        None => HttpResponse::NoContent(),
-        Some(export) => {
-            let tag = strong_tag(&export.digest).map(|tag| (header::ETAG, tag));
-            if held(req, &export.digest) {
-                let mut response = HttpResponse::NotModified();
-                if let Some(tag) = tag {
-                    response.insert_header(tag);
-                }
-                return response.insert_header(keep).finish();
-            }
-            let mut response = HttpResponse::Ok();
-            if let Some(tag) = tag {
-                response.insert_header(tag);
-            }
-            response
-                .insert_header((header::CONTENT_TYPE, media_type(format)))
-                .insert_header(ContentDisposition {
-                    disposition: DispositionType::Attachment,
-                    parameters: vec![DispositionParam::Filename(format!("{name}.{}", format.as_str()))],
-                })
-                .insert_header(("X-Has-More", if export.has_more { "true" } else { "false" }));
-            response
+    let tag = strong_tag(&export.digest).map(|tag| (header::ETAG, tag));
+    if held(req, &export.digest) {
+        let mut response = HttpResponse::NotModified();
+        if let Some(tag) = tag {
+            response.insert_header(tag);
         }
-    };
+        return response.insert_header(keep).finish();
+    }
+    let mut response = HttpResponse::Ok();
+    if let Some(tag) = tag {
+        response.insert_header(tag);
+    }
     response
+        .insert_header((header::CONTENT_TYPE, media_type(format)))
+        .insert_header(ContentDisposition {
+            disposition: DispositionType::Attachment,
+            parameters: vec![DispositionParam::Filename(format!("{name}.{}", format.as_str()))],
+        })
+        .insert_header(("X-Has-More", if export.has_more { "true" } else { "false" }))
         .insert_header(keep)
         .insert_header(("X-Endpoint-Version", version.to_string()))
         .insert_header(("X-Is-Cached", "false"))
@@ -280,10 +273,7 @@ fn written(req: &HttpRequest, exported: Exported, format: ResultFormat) -> HttpR
     if let Some(at) = data_as_of.and_then(|at| at.format(&Rfc3339).ok()) {
         response.insert_header((DATA_AS_OF, at));
     }
-    match export {
-        Some(export) => response.body(SizedStream::new(export.bytes, export.body)),
-        None => response.finish(),
-    }
+    response.body(SizedStream::new(export.bytes, export.body))
 }
 
 /// The answer, or 304 when the client holds it already. Every answer says how long it may be kept: what the
