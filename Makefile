@@ -113,6 +113,7 @@ postgres: ## Start a local PostgreSQL (installing it if missing) and create the 
 .PHONY: lint
 lint: deps ## Format check, clippy with -D warnings, and the dependency-direction check.
 	cargo fmt --all --check
+	rustfmt --edition 2021 --check tests/openapi/rust-client/src/main.rs
 	cargo clippy $(CHECKED) --all-targets -- -D warnings
 	@leak=$$(cargo tree -p domain -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | \
 	  grep -E '^(actix|diesel|r2d2|datafusion|arrow|parquet|tokio|hyper|sqlx|tracing-actix)' || true); \

@@ -34,7 +34,11 @@ fn run(max_id: i64, countries: &[&str], version: Option<u64>) -> types::RunReque
 /// `cursor`.
 fn export(max_id: i64, limit: u64, refresh: Option<types::ExportRequestRefresh>) -> types::ExportRequest {
     types::ExportRequest {
-        variables: types::ExportRequestVariables { max_id, countries: vec!["US".into(), "FR".into()], since: None },
+        variables: types::ExportRequestVariables {
+            max_id,
+            countries: vec!["US".into(), "FR".into()],
+            since: None,
+        },
         limit: NonZeroU64::new(limit),
         refresh,
         version: None,
@@ -61,7 +65,8 @@ async fn main() {
     let http = reqwest::Client::builder().default_headers(headers).build().expect("a client");
     let client = Client::new_with_client(&base, http);
 
-    let answer = client.run_sales_by_country(&run(3, &["US", "FR"], None)).await.expect("the run").into_inner();
+    let answer =
+        client.run_sales_by_country(&run(3, &["US", "FR"], None)).await.expect("the run").into_inner();
     let rows: Vec<(Option<String>, Option<f64>, Option<i64>, Option<chrono::NaiveDate>)> = answer
         .results
         .expect("rows")
