@@ -14,8 +14,8 @@ use domain::{
     EndpointVersion, EngineError, ExecutionTracker, Export, MaterializationPorts, MaterializationRecords,
     MaterializationState, MaterializedFilter, NewEndpoint, Page, PageRequest, ProjectId, Query,
     QueryDescription, QueryEngine, QueryResult, Refresh, Replanned, ResultCache, ResultFormat, ResultStorage,
-    RunDeps, RunRequest, RunService, Statistics, StoreError, StoredResult, Switch, SystemClock, Timestamp,
-    Variable, VariableType, VersionNumber,
+    RunDeps, RunRequest, RunService, Statistics, StoreError, StoredResult, Switch, SystemClock, TableReader,
+    Timestamp, Variable, VariableType, VersionNumber,
 };
 use serde_json::{json, Map};
 use uuid::Uuid;
@@ -71,6 +71,16 @@ impl EndpointStore for MemoryStore {
         });
         found.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(paged(found, page))
+    }
+
+    async fn readers(&self, project: ProjectId, tables: &[String]) -> Result<Vec<TableReader>, StoreError> {
+        Ok(self.with(|all| {
+            all.values()
+                .filter(|(e, _)| e.project_id == project)
+                .map(|(e, _)| TableReader::of(e))
+                .filter(|reader| reader.may_read(tables))
+                .collect()
+        }))
     }
 
     async fn update(

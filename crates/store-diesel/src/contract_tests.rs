@@ -91,6 +91,7 @@ contract!(
     materialization_records_follow_the_lease,
     materialization_follows_the_endpoint,
     a_version_planned_again_records_its_columns_or_why_it_no_longer_plans,
+    the_readers_of_a_table_follow_each_current_version,
     table_leases_are_held_by_one_holder_until_released_or_expired,
     append_keys_are_claimed_once_answered_and_forgotten,
 );
@@ -389,6 +390,62 @@ async fn a_version_planned_again_records_its_columns_or_why_it_no_longer_plans(s
     assert_eq!(v1.plan_error.as_deref(), Some("broken again"), "history keeps its own");
     assert!(!EndpointStore::replan(&store, created.id, 9, Err("x".into())).await.unwrap());
     assert!(!EndpointStore::replan(&store, Uuid::new_v4(), 1, Err("x".into())).await.unwrap());
+}
+
+/// The endpoints `readers` finds for `tables`, by name, each with whether its stored result follows them.
+async fn readers_of(store: &DieselStore, p: ProjectId, tables: &[&str]) -> Vec<(String, bool)> {
+    let tables: Vec<String> = tables.iter().map(|t| (*t).to_owned()).collect();
+    let mut found: Vec<_> = EndpointStore::readers(store, p, &tables)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.name.to_string(), r.refreshed))
+        .collect();
+    found.sort();
+    found
+}
+
+async fn the_readers_of_a_table_follow_each_current_version(store: DieselStore) {
+    let (p, other) = (project(&store).await, project(&store).await);
+    EndpointStore::insert(&store, new_endpoint(p, "daily")).await.unwrap();
+    let weekly =
+        EndpointStore::insert(&store, NewEndpoint { is_materialized: true, ..new_endpoint(p, "weekly") });
+    let weekly = weekly.await.unwrap();
+    EndpointStore::insert(&store, NewEndpoint { tables: vec!["users".into()], ..new_endpoint(p, "people") })
+        .await
+        .unwrap();
+    EndpointStore::insert(&store, new_endpoint(other, "elsewhere")).await.unwrap();
+    let both = [("daily".to_owned(), false), ("weekly".to_owned(), true)];
+    assert_eq!(readers_of(&store, p, &["events"]).await, both, "another project's readers are not");
+    assert_eq!(readers_of(&store, p, &["nothing"]).await, []);
+
+    // A new version reads what it reads; planning the current version again moves it, an old one does not.
+    let mut reads_users = planned(query("SELECT 2 AS m"), &["m"]);
+    reads_users.tables = vec!["users".into()];
+    let change = EndpointChange { query: Some(after_v1(reads_users)), ..Default::default() };
+    EndpointStore::update(&store, p, &name("daily"), change, T0).await.unwrap();
+    assert_eq!(readers_of(&store, p, &["events"]).await, [("weekly".to_owned(), true)]);
+    assert_eq!(
+        readers_of(&store, p, &["users", "events"]).await,
+        [("daily".to_owned(), false), ("people".to_owned(), false), ("weekly".to_owned(), true)]
+    );
+    let mut both_tables = planned(query("SELECT 1 AS n"), &["n"]);
+    both_tables.tables = vec!["events".into(), "sales".into()];
+    assert!(EndpointStore::replan(&store, weekly.id, 1, Ok(both_tables)).await.unwrap());
+    assert_eq!(readers_of(&store, p, &["sales"]).await, [("weekly".to_owned(), true)]);
+    let daily = EndpointStore::get(&store, p, &name("daily")).await.unwrap();
+    assert!(EndpointStore::replan(&store, daily.id, 1, Ok(planned(query("SELECT 1 AS n"), &["n"])))
+        .await
+        .unwrap());
+    assert_eq!(
+        readers_of(&store, p, &["events"]).await,
+        [("weekly".to_owned(), true)],
+        "version 1 is not current"
+    );
+
+    // Deleted, it reads nothing.
+    EndpointStore::delete(&store, p, &name("weekly")).await.unwrap();
+    assert_eq!(readers_of(&store, p, &["events", "sales"]).await, []);
 }
 
 async fn query_changes_make_contiguous_versions(store: DieselStore) {

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use domain::{
     Change, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointStore, EndpointVersion,
-    NewEndpoint, NewVersion, Page, PageRequest, ProjectId, Replanned, StoreError, Timestamp,
+    NewEndpoint, NewVersion, Page, PageRequest, ProjectId, Replanned, StoreError, TableReader, Timestamp,
 };
 
 use crate::rows::{instant, version_number};
@@ -16,7 +16,7 @@ use crate::error::DbError;
 use crate::rows::{
     breaking_changes_text, columns_text, eligibility_text, micros, tables_text, EndpointRow, VersionRow,
 };
-use crate::schema::{endpoint_versions, endpoints, materializations};
+use crate::schema::{endpoint_reads, endpoint_versions, endpoints, materializations};
 use crate::DieselStore;
 
 diesel::define_sql_function!(fn lower(x: diesel::sql_types::Text) -> diesel::sql_types::Text);
@@ -108,6 +108,34 @@ struct VersionSettings {
     sync_frequency: Option<Option<String>>,
 }
 
+/// The table name of an `endpoint_reads` row that stands for tables not recorded: such an endpoint may read any.
+const UNKNOWN_TABLES: &str = "*";
+
+/// Records in the `endpoint_reads` index the tables an endpoint's current version reads (`None`: not recorded),
+/// in the transaction that writes that version.
+fn set_reads(
+    conn: &mut AnyConnection,
+    project: i64,
+    id: &str,
+    tables: Option<&[String]>,
+) -> Result<(), DbError> {
+    diesel::delete(endpoint_reads::table.filter(endpoint_reads::endpoint_id.eq(id))).execute(conn)?;
+    let names: std::collections::BTreeSet<&str> = match tables {
+        Some(tables) => tables.iter().map(String::as_str).collect(),
+        None => [UNKNOWN_TABLES].into(),
+    };
+    for name in names {
+        diesel::insert_into(endpoint_reads::table)
+            .values((
+                endpoint_reads::project_id.eq(project),
+                endpoint_reads::table_name.eq(name),
+                endpoint_reads::endpoint_id.eq(id),
+            ))
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
 fn apply_change(
     conn: &mut AnyConnection,
     project: i64,
@@ -161,6 +189,7 @@ fn apply_change(
                     breaking_changes: breaking_changes_text(&planned.breaking_changes),
                 })
                 .execute(conn)?;
+            set_reads(conn, project, &row.id, Some(&planned.tables))?;
         }
         None => {
             diesel::update(endpoint_versions::table)
@@ -232,17 +261,57 @@ impl EndpointStore for DieselStore {
             plan_error: None,
             breaking_changes: breaking_changes_text(&[]),
         };
-        let lookup = name.clone();
+        let (lookup, tables) = (name.clone(), endpoint.tables);
         self.db
             .run(move |conn| {
                 conn.transaction(|conn| {
                     diesel::insert_into(endpoints::table).values(&row).execute(conn)?;
                     diesel::insert_into(endpoint_versions::table).values(&version).execute(conn)?;
+                    set_reads(conn, project, &row.id, Some(&tables))?;
                     load(conn, project, &lookup)
                 })
             })
             .await
             .map_err(|e| e.into_store_error_naming(&name))
+    }
+
+    #[instrument(skip_all, fields(project = %project, tables = tables.len()))]
+    async fn readers(&self, project: ProjectId, tables: &[String]) -> Result<Vec<TableReader>, StoreError> {
+        let mut names = tables.to_vec();
+        names.push(UNKNOWN_TABLES.to_owned());
+        Ok(self
+            .db
+            .run(move |conn| {
+                let rows: Vec<(String, String, bool, bool, Option<String>)> = endpoint_reads::table
+                    .inner_join(endpoints::table.on(endpoints::id.eq(endpoint_reads::endpoint_id)))
+                    .inner_join(
+                        endpoint_versions::table.on(endpoint_versions::endpoint_id
+                            .eq(endpoints::id)
+                            .and(endpoint_versions::version.eq(endpoints::current_version))),
+                    )
+                    .filter(endpoint_reads::project_id.eq(project.get()))
+                    .filter(endpoint_reads::table_name.eq_any(names))
+                    .select((
+                        endpoints::id,
+                        endpoints::name,
+                        endpoints::is_materialized,
+                        endpoints::is_active,
+                        endpoint_versions::source_tables,
+                    ))
+                    .distinct()
+                    .load(conn)?;
+                rows.into_iter()
+                    .map(|(id, name, materialized, active, tables)| {
+                        Ok(TableReader {
+                            id: crate::rows::uuid(&id)?,
+                            name: EndpointName::parse(&name).map_err(|e| DbError::Corrupt(e.detail))?,
+                            refreshed: materialized && active,
+                            tables: crate::rows::tables(tables.as_deref())?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, DbError>>()
+            })
+            .await?)
     }
 
     #[instrument(skip_all, fields(project = %project, name = %name))]
@@ -314,23 +383,37 @@ impl EndpointStore for DieselStore {
         Ok(self
             .db
             .run(move |conn| {
-                let target = endpoint_versions::table
-                    .filter(endpoint_versions::endpoint_id.eq(&id))
-                    .filter(endpoint_versions::version.eq(version));
-                let updated = match replanned {
-                    Ok(planned) => diesel::update(target)
-                        .set((
-                            endpoint_versions::output_columns.eq(columns_text(&planned.columns)),
-                            endpoint_versions::eligibility.eq(eligibility_text(&planned.eligibility)),
-                            endpoint_versions::source_tables.eq(tables_text(&planned.tables)),
-                            endpoint_versions::plan_error.eq(None::<String>),
-                        ))
-                        .execute(conn)?,
-                    Err(reason) => diesel::update(target)
-                        .set(endpoint_versions::plan_error.eq(Some(reason)))
-                        .execute(conn)?,
-                };
-                Ok::<_, DbError>(updated > 0)
+                conn.transaction(|conn| {
+                    let target = endpoint_versions::table
+                        .filter(endpoint_versions::endpoint_id.eq(&id))
+                        .filter(endpoint_versions::version.eq(version));
+                    let updated = match replanned {
+                        Ok(planned) => {
+                            let updated = diesel::update(target)
+                                .set((
+                                    endpoint_versions::output_columns.eq(columns_text(&planned.columns)),
+                                    endpoint_versions::eligibility.eq(eligibility_text(&planned.eligibility)),
+                                    endpoint_versions::source_tables.eq(tables_text(&planned.tables)),
+                                    endpoint_versions::plan_error.eq(None::<String>),
+                                ))
+                                .execute(conn)?;
+                            // The index follows the current version only.
+                            let current: Option<(i64, i64)> = endpoints::table
+                                .find(&id)
+                                .select((endpoints::project_id, endpoints::current_version))
+                                .first(conn)
+                                .optional()?;
+                            if let Some((project, _)) = current.filter(|(_, current)| *current == version) {
+                                set_reads(conn, project, &id, Some(&planned.tables))?;
+                            }
+                            updated
+                        }
+                        Err(reason) => diesel::update(target)
+                            .set(endpoint_versions::plan_error.eq(Some(reason)))
+                            .execute(conn)?,
+                    };
+                    Ok::<_, DbError>(updated > 0)
+                })
             })
             .await?)
     }
@@ -364,6 +447,8 @@ impl EndpointStore for DieselStore {
                     let (id, _) = endpoint_id(conn, project.get(), &name)?;
                     announce(conn, &changed)?;
                     // Dependent rows go first so the delete does not depend on the backend's cascade support.
+                    diesel::delete(endpoint_reads::table.filter(endpoint_reads::endpoint_id.eq(&id)))
+                        .execute(conn)?;
                     diesel::delete(materializations::table.find(&id)).execute(conn)?;
                     diesel::delete(endpoint_versions::table.filter(endpoint_versions::endpoint_id.eq(&id)))
                         .execute(conn)?;

@@ -107,7 +107,7 @@ pub(crate) fn tables_text(tables: &[String]) -> Option<String> {
     serde_json::to_string(tables).ok()
 }
 
-fn tables(raw: Option<&str>) -> Result<Option<Vec<String>>, DbError> {
+pub(crate) fn tables(raw: Option<&str>) -> Result<Option<Vec<String>>, DbError> {
     raw.map(|raw| serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("tables: {e}")))).transpose()
 }
 

@@ -107,11 +107,20 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    endpoint_reads (project_id, table_name, endpoint_id) {
+        project_id -> BigInt,
+        table_name -> Text,
+        endpoint_id -> Text,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     projects,
     api_keys,
     endpoints,
     endpoint_versions,
+    endpoint_reads,
     materializations,
     table_leases,
     append_keys

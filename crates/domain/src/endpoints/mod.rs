@@ -13,7 +13,7 @@ pub use commands::{CreateEndpoint, EndpointPatch, CONFIRM_BREAKING, ENDPOINT_FIE
 pub use executions::ExecutionTracker;
 pub use model::{
     BreakingChange, ByEndpoint, ColumnChange, Endpoint, EndpointChange, EndpointFilter, EndpointName,
-    EndpointVersion, NewEndpoint, NewVersion, PlannedQuery, Replanned,
+    EndpointVersion, NewEndpoint, NewVersion, PlannedQuery, Replanned, TableReader,
 };
 pub use ports::{EndpointChanges, EndpointStore};
 #[cfg(any(test, feature = "mocks"))]

@@ -369,6 +369,36 @@ impl EndpointChange {
     }
 }
 
+/// An endpoint as a reader of tables: what a write to one of them needs to know of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableReader {
+    pub id: Uuid,
+    pub name: EndpointName,
+    /// Materialized and active: its stored result follows the tables it reads.
+    pub refreshed: bool,
+    /// The tables its current version reads; `None` when they were not recorded (a version written before they
+    /// were), so its query must be planned to tell.
+    pub tables: Option<Vec<String>>,
+}
+
+impl TableReader {
+    #[must_use]
+    pub fn of(endpoint: &Endpoint) -> Self {
+        Self {
+            id: endpoint.id,
+            name: endpoint.name.clone(),
+            refreshed: endpoint.is_materialized && endpoint.is_active,
+            tables: endpoint.tables.clone(),
+        }
+    }
+
+    /// Whether it may read one of `tables`: it reads one, or what it reads is unknown.
+    #[must_use]
+    pub fn may_read(&self, tables: &[String]) -> bool {
+        self.tables.as_ref().is_none_or(|read| read.iter().any(|t| tables.contains(t)))
+    }
+}
+
 /// Filters of the endpoint list.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EndpointFilter {

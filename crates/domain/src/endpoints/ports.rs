@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use super::model::{
     Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint, Replanned,
+    TableReader,
 };
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
@@ -36,6 +37,14 @@ pub trait EndpointStore: Send + Sync {
         filter: &EndpointFilter,
         page: PageRequest,
     ) -> Result<Page<Endpoint>, StoreError>;
+
+    /// The endpoints of the project whose current version reads any of `tables`, and those whose tables were
+    /// not recorded (which may read them). Kept as an index with every version written, so that its cost
+    /// follows the readers, not the project's size.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn readers(&self, project: ProjectId, tables: &[String]) -> Result<Vec<TableReader>, StoreError>;
 
     /// Applies a change atomically; a change that turns materialization off removes the materialization record
     /// with it. A query whose canonical text differs from the current version's becomes

@@ -11,10 +11,8 @@ use super::model::{ExternalSource, Table, TableCommit, TableInfo, TableName, Upl
 use super::ports::{AppendKeys, TableStore};
 use crate::access::ProjectId;
 use crate::clock::Clock;
-use crate::endpoints::{
-    Endpoint, EndpointChanges, EndpointFilter, EndpointName, EndpointStore, PlannedQuery,
-};
-use crate::error::{EngineError, Error, UploadError};
+use crate::endpoints::{EndpointChanges, EndpointName, EndpointStore, PlannedQuery};
+use crate::error::{EngineError, Error, StoreError, UploadError};
 use crate::materialization::MaterializationRecords;
 use crate::page::{Page, PageRequest};
 use crate::query::{Query, QueryEngine, QueryKind, QueryResult};
@@ -95,38 +93,27 @@ impl TableService {
         Self { tables, endpoints, engine, changes, materializations, keys, clock, append_in_flight }
     }
 
-    /// The tables an endpoint's current version reads, planning it now if they were not recorded. A query that
-    /// no longer plans reads nothing a write could make staler.
-    async fn tables_of(&self, endpoint: &Endpoint) -> Vec<String> {
-        match &endpoint.tables {
-            Some(tables) => tables.clone(),
-            None => self
-                .engine
-                .describe(endpoint.project_id, &endpoint.query)
-                .await
-                .map_or_else(|_| Vec::new(), |d| d.tables),
-        }
-    }
-
-    /// Every endpoint of the project with the tables its current version reads.
-    async fn readers(&self, project: ProjectId) -> Result<Vec<Reader>, Error> {
+    /// The endpoints whose current version reads any of `tables` (the store's index), each with the tables it
+    /// reads. An endpoint whose tables were not recorded (a version written before they were) is planned to
+    /// tell; one deleted meanwhile, or that no longer plans, reads nothing.
+    async fn readers(&self, project: ProjectId, tables: &[&TableName]) -> Result<Vec<Reader>, Error> {
+        let names: Vec<String> = tables.iter().map(|t| t.as_str().to_owned()).collect();
         let mut readers = Vec::new();
-        let mut page = PageRequest { limit: PageRequest::MAX_LIMIT, offset: 0 };
-        loop {
-            let found = self.endpoints.list(project, &EndpointFilter::default(), page).await?;
-            for endpoint in &found.items {
-                readers.push(Reader {
-                    name: endpoint.name.clone(),
-                    id: endpoint.id,
-                    refreshed: endpoint.is_materialized && endpoint.is_active,
-                    tables: self.tables_of(endpoint).await,
-                });
-            }
-            if !found.has_next() {
-                return Ok(readers);
-            }
-            page.offset += u64::from(page.limit);
+        for reader in self.endpoints.readers(project, &names).await? {
+            let tables = match reader.tables {
+                Some(tables) => tables,
+                None => match self.endpoints.get(project, &reader.name).await {
+                    Ok(endpoint) => {
+                        let described = self.engine.describe(project, &endpoint.query).await;
+                        described.map_or_else(|_| Vec::new(), |d| d.tables)
+                    }
+                    Err(StoreError::NotFound) => Vec::new(),
+                    Err(err) => return Err(err.into()),
+                },
+            };
+            readers.push(Reader { name: reader.name, id: reader.id, refreshed: reader.refreshed, tables });
         }
+        Ok(readers)
     }
 
     fn readers_of<'r>(readers: &'r [Reader], table: &TableName) -> Vec<&'r Reader> {
@@ -146,7 +133,8 @@ impl TableService {
         let total = all.len() as u64;
         let start = usize::try_from(request.offset).unwrap_or(usize::MAX);
         let infos: Vec<TableInfo> = all.into_iter().skip(start).take(request.limit as usize).collect();
-        let readers = if infos.is_empty() { Vec::new() } else { self.readers(project).await? };
+        let names: Vec<&TableName> = infos.iter().map(|info| &info.name).collect();
+        let readers = if infos.is_empty() { Vec::new() } else { self.readers(project, &names).await? };
         let items = infos
             .into_iter()
             .map(|info| Table { used_by: Self::used_by(&readers, &info.name), info })
@@ -158,7 +146,7 @@ impl TableService {
     /// [`Error::NotFound`]; store and engine failures.
     pub async fn get(&self, project: ProjectId, name: &TableName) -> Result<Table, Error> {
         let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name))?;
-        let readers = self.readers(project).await?;
+        let readers = self.readers(project, &[name]).await?;
         Ok(Table { used_by: Self::used_by(&readers, name), info })
     }
 
@@ -323,14 +311,14 @@ impl TableService {
     /// and returns the table as it now is.
     async fn changed(&self, project: ProjectId, name: &TableName, how: Change) -> Result<Table, Error> {
         let at = self.clock.now();
-        let readers = self.readers(project).await?;
+        let quarantine = name.quarantine().ok().filter(|_| how == Change::Quarantined);
+        let written: Vec<&TableName> = std::iter::once(name).chain(quarantine.as_ref()).collect();
+        let readers = self.readers(project, &written).await?;
         let used_by = Self::used_by(&readers, name);
         let mut changed = Self::readers_of(&readers, name);
-        if how == Change::Quarantined {
-            if let Ok(quarantine) = name.quarantine() {
-                let more = Self::readers_of(&readers, &quarantine);
-                changed.extend(more.into_iter().filter(|r| !used_by.contains(&r.name)));
-            }
+        if let Some(quarantine) = &quarantine {
+            let more = Self::readers_of(&readers, quarantine);
+            changed.extend(more.into_iter().filter(|r| !used_by.contains(&r.name)));
         }
         let refreshed: Vec<uuid::Uuid> = changed.iter().filter(|r| r.refreshed).map(|r| r.id).collect();
         // Recorded before the write is answered: an append answered is never left out of a stored result for
@@ -389,7 +377,7 @@ impl TableService {
     /// [`Error::InUse`] naming the endpoints whose current version reads it; [`Error::NotFound`]; store and
     /// engine failures.
     pub async fn delete(&self, project: ProjectId, name: &TableName) -> Result<(), Error> {
-        let used_by = Self::used_by(&self.readers(project).await?, name);
+        let used_by = Self::used_by(&self.readers(project, &[name]).await?, name);
         if !used_by.is_empty() {
             let names: Vec<&str> = used_by.iter().map(EndpointName::as_str).collect();
             return Err(Error::InUse(format!(

@@ -7,8 +7,8 @@ use serde_json::json;
 use super::super::model::{ExternalSource, TableColumn, TableFormat, TableSource, WriteMode};
 use super::super::ports::{MockAppendKeys, MockTableStore};
 use super::*;
-use crate::endpoints::{MockEndpointChanges, MockEndpointStore};
-use crate::error::{StoreError, UploadError};
+use crate::endpoints::{Endpoint, MockEndpointChanges, MockEndpointStore, TableReader};
+use crate::error::UploadError;
 use crate::materialization::MockMaterializationRecords;
 use crate::query::{ColumnType, MockQueryEngine, QueryDescription};
 use crate::testing::{endpoint, project, query, T0};
@@ -61,9 +61,12 @@ fn info(name: &str) -> TableInfo {
     }
 }
 
-/// `readers()`, telling other processes of changes.
+/// `readers()`, read one by one, telling other processes of changes.
 fn endpoints() -> MockEndpointStore {
     let mut store = readers();
+    store
+        .expect_get()
+        .returning(|_, name| all().into_iter().find(|e| e.name == *name).ok_or(StoreError::NotFound));
     store.expect_announce().returning(|_, _| Ok(()));
     store
 }
@@ -75,24 +78,26 @@ const MATERIALIZED: uuid::Uuid = uuid::Uuid::from_u128(7);
 /// planned on demand), and `other` reads `events`.
 fn readers() -> MockEndpointStore {
     let mut store = MockEndpointStore::new();
-    store.expect_list().returning(|_, _, page| {
-        let reads = |name: &str, tables: Option<&[&str]>| Endpoint {
-            tables: tables.map(|t| t.iter().map(|s| (*s).to_owned()).collect()),
-            ..endpoint(
-                name,
-                query(
-                    json!({"kind": "SQLQuery", "query": format!("SELECT 1 AS {}", name.replace('-', "_"))}),
-                ),
-            )
-        };
-        let items = vec![
-            Endpoint { id: MATERIALIZED, is_materialized: true, ..reads("sales_by_day", Some(&["sales"])) },
-            reads("legacy", None),
-            reads("other", Some(&["events"])),
-        ];
-        Ok(Page { total: items.len() as u64, items, request: page })
+    store.expect_readers().returning(|_, tables| {
+        Ok(all().iter().map(TableReader::of).filter(|r| r.may_read(tables)).collect())
     });
     store
+}
+
+/// The project's endpoints: see [`readers`].
+fn all() -> Vec<Endpoint> {
+    let reads = |name: &str, tables: Option<&[&str]>| Endpoint {
+        tables: tables.map(|t| t.iter().map(|s| (*s).to_owned()).collect()),
+        ..endpoint(
+            name,
+            query(json!({"kind": "SQLQuery", "query": format!("SELECT 1 AS {}", name.replace('-', "_"))})),
+        )
+    };
+    vec![
+        Endpoint { id: MATERIALIZED, is_materialized: true, ..reads("sales_by_day", Some(&["sales"])) },
+        reads("legacy", None),
+        reads("other", Some(&["events"])),
+    ]
 }
 
 fn engine() -> MockQueryEngine {
