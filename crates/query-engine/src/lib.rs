@@ -12,6 +12,7 @@ pub mod distributed;
 mod execute;
 mod export;
 mod fair;
+mod float_order;
 mod memory;
 mod messages;
 mod metrics;

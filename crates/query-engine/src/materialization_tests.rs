@@ -850,7 +850,15 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
     let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
     for (sql, reason) in cases {
         let q = query(sql, vars.clone());
-        let result = stored_at(&at, 0, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
+        let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+        // A result that changes with time says so, to be computed again within its freshness; and is not
+        // folded even when no rows were appended.
+        let changes_with_time = reason.starts_with("`");
+        assert_eq!(stored.changes_with_time, changes_with_time, "{sql}");
+        let result = stored_at(&at, 0, stored);
+        if changes_with_time {
+            refused(engine, &q, &result, reason).await;
+        }
         append_events(engine, 5, 1).await;
         refused(engine, &q, &result, reason).await;
         ResultStorage::remove(engine, project(), &at).await.unwrap();
@@ -881,4 +889,97 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
     let unreadable = Some(domain::Coverage("{".into()));
     refused(engine, &q, &domain::StoredResult { coverage: unreadable, ..result }, "coverage").await;
     ResultStorage::remove(engine, project(), &at).await.unwrap();
+}
+
+/// `min` and `max` of floats follow IEEE 754's total order (NaN above every number, -0.0 below 0.0, infinities
+/// as themselves) grouped and ungrouped, and a rollup's stored result answers as the live query. DataFusion's own
+/// grouped functions answer the `max` of {2.5, NaN, -3.0} as -3.0 and the `min` of {inf} as `f64::MAX`.
+#[tokio::test]
+async fn min_and_max_of_floats_follow_one_order_grouped_ungrouped_and_stored() {
+    use datafusion::arrow::array::{Array, Float64Array, RecordBatch, StringArray};
+    use datafusion::arrow::compute::cast;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    // A Ballista cluster's executors run DataFusion's own functions (docs/materialization.md says so).
+    if std::env::var("TEST_ENGINE").as_deref() == Ok("ballista") {
+        return;
+    }
+    let demo = demo().await;
+    let engine = &demo.1;
+    let groups: [(&str, &[Option<f64>], f64, f64); 6] = [
+        ("a-nan", &[Some(2.5), Some(f64::NAN), Some(-3.0)], -3.0, f64::NAN),
+        ("b-nan-first", &[Some(f64::NAN), Some(1.0)], 1.0, f64::NAN),
+        ("c-inf", &[Some(f64::INFINITY)], f64::INFINITY, f64::INFINITY),
+        ("d-minus-inf", &[Some(f64::NEG_INFINITY), None], f64::NEG_INFINITY, f64::NEG_INFINITY),
+        ("e-zeros", &[Some(0.0), Some(-0.0), Some(0.0)], -0.0, 0.0),
+        ("f-zeros", &[Some(-0.0), Some(0.0), Some(-0.0)], -0.0, 0.0),
+    ];
+    let (names, values): (Vec<&str>, Vec<Option<f64>>) =
+        groups.iter().flat_map(|(g, xs, _, _)| xs.iter().map(move |x| (*g, *x))).unzip();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("g", DataType::Utf8, false),
+        Field::new("k", DataType::Utf8, false),
+        Field::new("x", DataType::Float64, true),
+    ]));
+    let kinds = StringArray::from(vec!["one"; names.len()]);
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![Arc::new(StringArray::from(names)), Arc::new(kinds), Arc::new(Float64Array::from(values))],
+    )
+    .unwrap();
+    imports::write_table(engine.storage(), project(), "floats", schema, std::iter::once(batch), &|_| ())
+        .await
+        .unwrap();
+    // The expected answers as text, written by arrow's own cast (as the queries write theirs).
+    let text = |values: Vec<f64>| -> Vec<String> {
+        let cast = cast(&Float64Array::from(values), &DataType::Utf8).unwrap();
+        let strings = cast.as_any().downcast_ref::<StringArray>().unwrap();
+        (0..strings.len()).map(|i| strings.value(i).to_owned()).collect()
+    };
+    let lows = text(groups.iter().map(|(_, _, lo, _)| *lo).collect());
+    let highs = text(groups.iter().map(|(_, _, _, hi)| *hi).collect());
+    let answer = |json: &str| -> Vec<(String, String, String)> {
+        let rows: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
+        let text = |v: &serde_json::Value| v.as_str().unwrap().to_owned();
+        rows.iter().map(|r| (text(&r["g"]), text(&r["lo"]), text(&r["hi"]))).collect()
+    };
+    let expected: Vec<(String, String, String)> = groups
+        .iter()
+        .zip(lows.into_iter().zip(highs))
+        .map(|((g, ..), (lo, hi))| ((*g).to_owned(), lo, hi))
+        .collect();
+    let none = BTreeMap::new();
+
+    let grouped = query(
+        "SELECT g, CAST(min(x) AS VARCHAR) AS lo, CAST(max(x) AS VARCHAR) AS hi FROM floats GROUP BY g ORDER BY g",
+        json!({}),
+    );
+    let live = engine.execute(project(), &grouped, &none, 100, 0).await.unwrap();
+    assert_eq!(answer(&live.rows_json), expected, "grouped");
+
+    // Each group alone, without GROUP BY.
+    for (g, lo, hi) in &expected {
+        let alone = format!(
+            "SELECT CAST(min(x) AS VARCHAR) AS lo, CAST(max(x) AS VARCHAR) AS hi FROM floats WHERE g = '{g}'"
+        );
+        let alone = engine.execute(project(), &query(&alone, json!({})), &none, 100, 0).await.unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&alone.rows_json).unwrap();
+        assert_eq!(
+            (rows[0]["lo"].as_str(), rows[0]["hi"].as_str()),
+            (Some(lo.as_str()), Some(hi.as_str())),
+            "{g}"
+        );
+    }
+    // A rollup (stored grouped by `g` and the filtered `k`, its partials aggregated again when read).
+    let rolled = "SELECT g, CAST(min(x) AS VARCHAR) AS lo, CAST(max(x) AS VARCHAR) AS hi FROM floats \
+                  WHERE k = {variables.k} GROUP BY g ORDER BY g";
+    let variables = json!({"k": {"type": "String", "default": "one"}});
+    let decided = eligibility(engine, rolled, variables.clone()).await;
+    let (Some(_), Some(filters)) = (decided.rollup(), decided.filters()) else {
+        panic!("a rollup: {decided:?}")
+    };
+    let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    ResultStorage::write(engine, project(), &query(rolled, variables), &at).await.unwrap();
+    let bound = filters.iter().map(|f| (f.clone(), BoundValue::String("one".into()))).collect();
+    let stored = engine.read(project(), &at, bound, 100, 0).await.unwrap();
+    assert_eq!(answer(&stored.rows_json), expected, "stored");
 }

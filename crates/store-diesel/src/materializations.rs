@@ -87,6 +87,7 @@ struct Candidate {
     name: String,
     current_version: i64,
     sync_frequency: Option<String>,
+    freshness_seconds: Option<i64>,
     record_revision: Option<i64>,
     record_version: Option<i64>,
     record_lease_token: Option<String>,
@@ -134,6 +135,7 @@ fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>,
             endpoints::name,
             endpoints::current_version,
             endpoints::sync_frequency,
+            endpoints::freshness_seconds,
             materializations::revision.nullable(),
             materializations::version.nullable(),
             materializations::lease_token.nullable(),
@@ -217,6 +219,7 @@ fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
             .transpose()
             .map_err(|e| DbError::Corrupt(e.detail))?
             .unwrap_or(SyncFrequency::DEFAULT),
+        freshness: Freshness::new(candidate.freshness_seconds).map_err(|e| DbError::Corrupt(e.detail))?,
         token,
         abandoned,
         due_at: candidate.record_next_run_at.map(instant).transpose()?,

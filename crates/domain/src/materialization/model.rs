@@ -332,6 +332,8 @@ pub struct Claim {
     pub name: EndpointName,
     pub version: u32,
     pub sync_frequency: SyncFrequency,
+    /// How stale the endpoint's stored result may grow (see [`Stored::changes_with_time`]).
+    pub freshness: Freshness,
     pub token: Uuid,
     /// The location of an attempt this claim took over (its worker crashed or was preempted), for removal.
     pub abandoned: Option<String>,
@@ -360,6 +362,10 @@ pub struct Coverage(pub String);
 pub struct Stored {
     pub rows: u64,
     pub coverage: Option<Coverage>,
+    /// The query's answer changes while its tables do not: it calls a function whose answer its arguments do
+    /// not fix (`now()`, `current_date`, `random()`). Such a result is computed again within its freshness,
+    /// rows appended or not (and never folded).
+    pub changes_with_time: bool,
 }
 
 /// The directory of one endpoint's stored results, relative to its project.

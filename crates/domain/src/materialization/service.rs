@@ -196,7 +196,12 @@ impl RefreshService {
             data_as_of,
             coverage: stored.coverage,
         };
-        let next = at + claim.sync_frequency.period();
+        // A result that changes with time is due again within its freshness, appends or not.
+        let period = match stored.changes_with_time {
+            true => claim.sync_frequency.period().min(claim.freshness.effective()),
+            false => claim.sync_frequency.period(),
+        };
+        let next = at + period;
         let added = folded.map(|_| stored.rows);
         match self.states.complete(claim.endpoint_id, claim.token, result, next, added).await {
             Ok(Switch::Switched { replaced }) => {

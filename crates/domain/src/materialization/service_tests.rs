@@ -12,7 +12,7 @@ use super::*;
 use crate::access::ProjectId;
 use crate::clock::{MockClock, Timestamp};
 use crate::endpoints::{
-    CacheAge, EndpointName, EndpointVersion, MockEndpointChanges, MockEndpointStore, SyncFrequency,
+    CacheAge, EndpointName, EndpointVersion, Freshness, MockEndpointChanges, MockEndpointStore, SyncFrequency,
 };
 use crate::error::EngineError;
 use crate::query::{MockQueryEngine, Query};
@@ -27,6 +27,7 @@ fn claim() -> Claim {
         name: EndpointName::parse("kpi").unwrap(),
         version: 3,
         sync_frequency: SyncFrequency::OneHour,
+        freshness: Freshness::new(Some(60)).unwrap(),
         token: Uuid::from_u128(9),
         abandoned: None,
         due_at: None,
@@ -68,7 +69,7 @@ fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockResu
     let mut results = MockResultStorage::new();
     results.expect_write().with(always(), always(), eq(target())).returning(move |_, _, _| {
         write
-            .map(|rows| Stored { rows, coverage: Some(Coverage("full".into())) })
+            .map(|rows| Stored { rows, coverage: Some(Coverage("full".into())), changes_with_time: false })
             .map_err(|()| EngineError::InvalidQuery("Column 'x' not found".into()))
     });
     results.expect_remove().returning(move |_, location| {
@@ -146,6 +147,26 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
     let m = materializer_telling(store, states, results(Ok(42), Arc::clone(&removed)), changes);
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
     assert_eq!(*removed.lock().unwrap(), vec!["old".to_owned()]);
+}
+
+/// A result whose query calls `now()` (or `random()`) is due again within its freshness, whether rows are
+/// appended or not; others at their sync frequency.
+#[tokio::test]
+async fn a_result_that_changes_with_time_is_due_again_within_its_freshness() {
+    for (changes_with_time, due_in) in [(true, 60), (false, 3600)] {
+        let mut states = MockMaterializationRecords::new();
+        states
+            .expect_complete()
+            .withf(move |_, _, _, next, _| *next == NOW + Duration::from_secs(due_in))
+            .times(1)
+            .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: None }));
+        let mut results = MockResultStorage::new();
+        results.expect_write().returning(move |_, _, _| {
+            Ok(Stored { rows: 3, coverage: Some(Coverage("full".into())), changes_with_time })
+        });
+        let m = materializer(endpoints(eligible()), states, results);
+        assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 3 });
+    }
 }
 
 #[tokio::test]
@@ -335,7 +356,9 @@ async fn rows_appended_since_the_result_are_folded_into_it() {
                 == ("previous", Some(&read), target().as_str())
         })
         .times(1)
-        .returning(|_, _, _, _| Ok(Stored { rows: 5, coverage: Some(Coverage("folded".into())) }));
+        .returning(|_, _, _, _| {
+            Ok(Stored { rows: 5, coverage: Some(Coverage("folded".into())), changes_with_time: false })
+        });
     results.expect_write().never();
     let sink = Arc::clone(&removed);
     results.expect_remove().returning(move |_, location| {

@@ -72,11 +72,8 @@ fn scans(plan: &LogicalPlan, table: &str, subqueries: bool) -> usize {
 /// once, along projections, filters, aliases and inner joins. `aggregated` is a rollup's plan, whose outermost
 /// node is the aggregation the path leads to.
 pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<String> {
-    if let Some(function) = changing_function(plan) {
-        return Some(format!(
-            "the query calls `{function}`, whose answer is not fixed by its arguments (the time, a random draw), so \
-             the rows stored earlier were chosen under another answer"
-        ));
+    if let Some(reason) = changes_with_time(plan) {
+        return Some(reason);
     }
     let reads = scans(plan, table, true);
     if reads != 1 {
@@ -116,6 +113,17 @@ pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> O
             _ => return Some(format!("`{table}` is read inside a subquery")),
         }
     }
+}
+
+/// Why a result of the plan changes while its tables do not, if it does: it calls a function whose answer its
+/// arguments do not fix. Such a result is never folded, even when no rows were appended.
+pub(crate) fn changes_with_time(plan: &LogicalPlan) -> Option<String> {
+    changing_function(plan).map(|function| {
+        format!(
+            "the query calls `{function}`, whose answer is not fixed by its arguments (the time, a random draw), so \
+             the rows stored earlier were chosen under another answer"
+        )
+    })
 }
 
 /// The first function of a plan (its subqueries too) whose answer is not fixed by its arguments: `now()`,

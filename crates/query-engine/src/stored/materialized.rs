@@ -237,6 +237,7 @@ impl DataFusionEngine {
         prefix: &ObjectPath,
     ) -> Result<Stored, EngineError> {
         let (ctx, plan, rollup, metadata) = self.stored_plan_of(project, query).await?;
+        let changes_with_time = fold::changing_function(&plan).is_some();
         // The files are listed once, so that the result says exactly which rows it holds.
         let (plan, covered) = self.pinned(project, &ctx, plan).await?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
@@ -260,7 +261,11 @@ impl DataFusionEngine {
                 )));
             }
         }
-        Ok(Stored { rows: writer.finish().await?, coverage: covered.map(|c| c.coverage()) })
+        Ok(Stored {
+            rows: writer.finish().await?,
+            coverage: covered.map(|c| c.coverage()),
+            changes_with_time,
+        })
     }
 
     /// Folds the rows appended since the stored result at `from` (of `rows` rows, holding `coverage` of its
@@ -278,6 +283,10 @@ impl DataFusionEngine {
         };
         let mut covered = fold::Covered::of(coverage)?;
         let (ctx, stored, rollup, metadata) = self.stored_plan_of(project, query).await?;
+        // Refused before anything else: with no rows appended, a fold would keep rows chosen at another time.
+        if let Some(reason) = fold::changes_with_time(&stored) {
+            return Err(refuse(reason));
+        }
         let scanned = fold::scanned(&stored);
         if scanned.keys().any(|table| !covered.tables.contains_key(table)) {
             return Err(refuse("it reads a table the stored result did not".into()));
@@ -299,7 +308,7 @@ impl DataFusionEngine {
             covered.tables.insert(table.clone(), fold::Read::of(now));
         }
         let Some((table, schema, files, now)) = changed.pop() else {
-            return Ok(Stored { rows: 0, coverage: Some(covered.coverage()) });
+            return Ok(Stored { rows: 0, coverage: Some(covered.coverage()), changes_with_time: false });
         };
         if let Some((other, ..)) = changed.first() {
             return Err(refuse(format!("both `{table}` and `{other}` changed")));
@@ -332,7 +341,7 @@ impl DataFusionEngine {
         }
         let added = writer.finish().await?;
         covered.tables.insert(table, fold::Read::of(&now));
-        Ok(Stored { rows: added, coverage: Some(covered.coverage()) })
+        Ok(Stored { rows: added, coverage: Some(covered.coverage()), changes_with_time: false })
     }
 
     /// A session and the plan of the page `offset..offset+limit` of the stored result at `prefix`: its rows

@@ -8,13 +8,14 @@
 //! DISTINCT, ORDER BY) as it was.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, TimeUnit};
 use datafusion::common::Column as PlanColumn;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::functions::expr_fn::{coalesce, date_trunc};
 use datafusion::functions_aggregate::count::count_udaf;
-use datafusion::functions_aggregate::expr_fn::{max, min, sum};
+use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
@@ -180,8 +181,10 @@ pub(crate) fn read_plan(
         recombined.push((kind, keys + aggregates.len()));
         match kind {
             AggregateKind::Count | AggregateKind::Sum => aggregates.push(sum(partial)),
-            AggregateKind::Min => aggregates.push(min(partial)),
-            AggregateKind::Max => aggregates.push(max(partial)),
+            // The function the query called (in this engine's order of floats: `float_order`), on the partials.
+            AggregateKind::Min | AggregateKind::Max => aggregates.push(Expr::AggregateFunction(
+                AggregateFunction::new_udf(Arc::clone(&call.func), vec![partial], false, None, vec![], None),
+            )),
             AggregateKind::Avg => {
                 aggregates.push(sum(partial));
                 aggregates.push(sum(col(count_column(m))));
