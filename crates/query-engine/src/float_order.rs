@@ -14,6 +14,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, AsArray};
+use datafusion::arrow::compute::{max, min};
 use datafusion::arrow::datatypes::{DataType, FieldRef, Float32Type, Float64Type};
 use datafusion::common::{internal_err, Result, ScalarValue};
 use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
@@ -233,14 +234,16 @@ impl Extremum {
 impl Accumulator for Extremum {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let Some(values) = values.first() else { return internal_err!("min/max takes one argument") };
-        match values.data_type() {
-            DataType::Float64 => {
-                values.as_primitive::<Float64Type>().iter().flatten().for_each(|v| self.offer(v))
-            }
-            DataType::Float32 => {
-                values.as_primitive::<Float32Type>().iter().flatten().for_each(|v| self.offer(f64::from(v)));
-            }
-            other => return internal_err!("min/max of floats was given {other}"),
+        // Arrow's kernels (vectorised) follow the total order too.
+        let extreme = match (values.data_type(), self.extreme) {
+            (DataType::Float64, Extreme::Min) => min(values.as_primitive::<Float64Type>()),
+            (DataType::Float64, Extreme::Max) => max(values.as_primitive::<Float64Type>()),
+            (DataType::Float32, Extreme::Min) => min(values.as_primitive::<Float32Type>()).map(f64::from),
+            (DataType::Float32, Extreme::Max) => max(values.as_primitive::<Float32Type>()).map(f64::from),
+            (other, _) => return internal_err!("min/max of floats was given {other}"),
+        };
+        if let Some(value) = extreme {
+            self.offer(value);
         }
         Ok(())
     }
