@@ -193,7 +193,9 @@ impl AggregateUDFImpl for TotalOrder {
         self.inner.is_descending()
     }
 
-    /// Parquet's statistics of a float column leave NaN out, so they cannot answer in the total order.
+    /// Parquet's statistics of a float column leave NaN out, so they cannot answer in the total order: the `max`
+    /// of a whole table holding NaN was answered from them as its largest number (while the same query with a
+    /// `WHERE` read the rows and answered NaN). Such an aggregate reads the column.
     fn value_from_stats(&self, args: &StatisticsArgs) -> Option<ScalarValue> {
         match is_float(args.return_type) {
             true => None,

@@ -956,6 +956,15 @@ async fn min_and_max_of_floats_follow_one_order_grouped_ungrouped_and_stored() {
     let live = engine.execute(project(), &grouped, &none, 100, 0).await.unwrap();
     assert_eq!(answer(&live.rows_json), expected, "grouped");
 
+    // The whole table, without GROUP BY or WHERE (which an engine may answer from the files' statistics).
+    let whole = "SELECT CAST(min(x) AS VARCHAR) AS lo, CAST(max(x) AS VARCHAR) AS hi FROM floats";
+    let whole = engine.execute(project(), &query(whole, json!({})), &none, 100, 0).await.unwrap();
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&whole.rows_json).unwrap();
+    let ends = text(vec![f64::NEG_INFINITY, f64::NAN]);
+    assert_eq!(
+        (rows[0]["lo"].as_str(), rows[0]["hi"].as_str()),
+        (Some(ends[0].as_str()), Some(ends[1].as_str()))
+    );
     // Each group alone, without GROUP BY.
     for (g, lo, hi) in &expected {
         let alone = format!(
