@@ -1,13 +1,14 @@
-//! `min` and `max` of floating point numbers in one order, IEEE 754's total order (`f64::total_cmp`: a NaN with
-//! its sign bit set < -inf < ... < -0.0 < 0.0 < ... < inf < NaN), whether the rows are grouped or not.
+//! `min` and `max` of floating point numbers in one order, IEEE 754's total order (`f64::total_cmp`: a NaN
+//! with its sign bit set < -inf < ... < -0.0 < 0.0 < ... < inf < NaN), whether the rows are grouped or not.
 //!
-//! DataFusion 55's grouped `min`/`max` of floats compare with `partial_cmp` and take any value a comparison with
-//! NaN leaves undecided, so a NaN in a group makes the answer depend on the order the rows arrive in (the `max`
-//! of {2.5, NaN, -3.0} is -3.0); and they start each group at the type's finite extreme, so a group holding only
-//! `inf` has a `min` of `f64::MAX`. Its ungrouped aggregation follows the total order (arrow's kernels). A stored
-//! rollup aggregates its partial values again, grouped, so its answer can only equal the live query's when both
-//! follow one order: every session has these two functions in place of DataFusion's, and a rollup recombines
-//! its partials with the function its query called. Other types, and window frames, are DataFusion's own.
+//! DataFusion 55's grouped `min`/`max` of floats compare with `partial_cmp` and take any value a comparison
+//! with NaN leaves undecided, so a NaN in a group makes the answer depend on the order the rows arrive in
+//! (the `max` of {2.5, NaN, -3.0} is -3.0); and they start each group at the type's finite extreme, so a
+//! group holding only `inf` has a `min` of `f64::MAX`. Its ungrouped aggregation follows the total order
+//! (arrow's kernels). A stored rollup aggregates its partial values again, grouped, so its answer can only
+//! equal the live query's when both follow one order: every session has these two functions in place of
+//! DataFusion's, and a rollup recombines its partials with the function its query called. Other types, and
+//! window frames, are DataFusion's own.
 
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
@@ -57,6 +58,31 @@ impl Extreme {
             Self::Max => f32::from_bits(u32::MAX),
         }
     }
+}
+
+/// A grouped accumulator of `$arrow` values that keeps a new value when it compares to the kept one (in the
+/// total order) as `$keep` (`$wins` as numbers, and not `$loses`), starting each group at `$start`, which
+/// every value replaces.
+///
+/// Two numbers that differ compare as in the total order, so the hardware's comparison decides them. Only
+/// equal numbers of other bits (0.0 and -0.0) and NaN take the total order's comparison: values equal to the
+/// kept one, frequent in real columns, cost one integer comparison more.
+macro_rules! extreme_of {
+    ($data_type:expr, $arrow:ty, $keep:path, $wins:tt, $loses:tt, $start:expr) => {
+        Box::new(
+            PrimitiveGroupsAccumulator::<$arrow, _>::new($data_type, |kept, new| {
+                if new $wins *kept {
+                    *kept = new;
+                } else if !(new $loses *kept)
+                    && new.to_bits() != kept.to_bits()
+                    && new.total_cmp(kept) == $keep
+                {
+                    *kept = new;
+                }
+            })
+            .with_starting_value($start),
+        ) as Box<dyn GroupsAccumulator>
+    };
 }
 
 /// DataFusion's `min` or `max`, with accumulators of its own for `Float32` and `Float64`.
@@ -150,24 +176,20 @@ impl AggregateUDFImpl for TotalOrder {
 
     fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
         let data_type = args.return_field.data_type().clone();
-        let extreme = self.extreme;
-        Ok(match data_type {
-            DataType::Float64 => Box::new(
-                PrimitiveGroupsAccumulator::<Float64Type, _>::new(&data_type, move |kept, new| {
-                    if extreme.replaces(kept.total_cmp(&new)) {
-                        *kept = new;
-                    }
-                })
-                .with_starting_value(extreme.start()),
-            ),
-            DataType::Float32 => Box::new(
-                PrimitiveGroupsAccumulator::<Float32Type, _>::new(&data_type, move |kept, new| {
-                    if extreme.replaces(kept.total_cmp(&new)) {
-                        *kept = new;
-                    }
-                })
-                .with_starting_value(extreme.start_f32()),
-            ),
+        // One closure per type and end, so that the comparison in the accumulator's loop is a constant's.
+        Ok(match (&data_type, self.extreme) {
+            (DataType::Float64, Extreme::Min) => {
+                extreme_of!(&data_type, Float64Type, Ordering::Less, <, >, Extreme::Min.start())
+            }
+            (DataType::Float64, Extreme::Max) => {
+                extreme_of!(&data_type, Float64Type, Ordering::Greater, >, <, Extreme::Max.start())
+            }
+            (DataType::Float32, Extreme::Min) => {
+                extreme_of!(&data_type, Float32Type, Ordering::Less, <, >, Extreme::Min.start_f32())
+            }
+            (DataType::Float32, Extreme::Max) => {
+                extreme_of!(&data_type, Float32Type, Ordering::Greater, >, <, Extreme::Max.start_f32())
+            }
             _ => return self.inner.create_groups_accumulator(args),
         })
     }
@@ -193,9 +215,9 @@ impl AggregateUDFImpl for TotalOrder {
         self.inner.is_descending()
     }
 
-    /// Parquet's statistics of a float column leave NaN out, so they cannot answer in the total order: the `max`
-    /// of a whole table holding NaN was answered from them as its largest number (while the same query with a
-    /// `WHERE` read the rows and answered NaN). Such an aggregate reads the column.
+    /// Parquet's statistics of a float column leave NaN out, so they cannot answer in the total order: the
+    /// `max` of a whole table holding NaN was answered from them as its largest number (while the same query
+    /// with a `WHERE` read the rows and answered NaN). Such an aggregate reads the column.
     fn value_from_stats(&self, args: &StatisticsArgs) -> Option<ScalarValue> {
         match is_float(args.return_type) {
             true => None,
