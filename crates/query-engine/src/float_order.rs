@@ -174,6 +174,8 @@ impl AggregateUDFImpl for TotalOrder {
         is_float(args.return_field.data_type()) || self.inner.groups_accumulator_supported(args)
     }
 
+    // `!(new < kept)` is meant as written: true for equal numbers and for NaN (see `extreme_of!`).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
         let data_type = args.return_field.data_type().clone();
         // One closure per type and end, so that the comparison in the accumulator's loop is a constant's.
