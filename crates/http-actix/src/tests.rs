@@ -686,7 +686,7 @@ async fn table_routes_need_table_scopes_and_read_uploads_by_content_type() {
         }))
     });
     let mut store = MockEndpointStore::new();
-    store.expect_list().returning(|_, _, page| Ok(Page { items: vec![], total: 0, request: page }));
+    store.expect_readers().returning(|_, _| Ok(vec![]));
     let req = authed(Method::PUT, "/api/environments/1/tables/sales/", TABLES)
         .insert_header((header::CONTENT_TYPE, "text/csv; charset=utf-8"))
         .set_payload("n\n1\n");

@@ -392,17 +392,11 @@ async fn a_version_planned_again_records_its_columns_or_why_it_no_longer_plans(s
     assert!(!EndpointStore::replan(&store, Uuid::new_v4(), 1, Err("x".into())).await.unwrap());
 }
 
-/// The endpoints `readers` finds for `tables`, by name, each with whether its stored result follows them.
+/// The endpoints `readers` finds for `tables` (in name order), each with whether its stored result follows them.
 async fn readers_of(store: &DieselStore, p: ProjectId, tables: &[&str]) -> Vec<(String, bool)> {
     let tables: Vec<String> = tables.iter().map(|t| (*t).to_owned()).collect();
-    let mut found: Vec<_> = EndpointStore::readers(store, p, &tables)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.name.to_string(), r.refreshed))
-        .collect();
-    found.sort();
-    found
+    let found = EndpointStore::readers(store, p, &tables).await.unwrap();
+    found.into_iter().map(|r| (r.name.to_string(), r.refreshed)).collect()
 }
 
 async fn the_readers_of_a_table_follow_each_current_version(store: DieselStore) {

@@ -299,6 +299,8 @@ impl EndpointStore for DieselStore {
                         endpoint_versions::source_tables,
                     ))
                     .distinct()
+                    // By name, as a table's `used_by` and an `in_use` refusal list them.
+                    .order(endpoints::name.asc())
                     .load(conn)?;
                 rows.into_iter()
                     .map(|(id, name, materialized, active, tables)| {
