@@ -60,7 +60,7 @@ struct Reader {
 
 /// How a write changed a table, for what it makes stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Change {
+enum WriteKind {
     /// Rows added: the table's readers' cached runs go.
     Appended,
     /// Rows added and others set aside: the quarantine table's readers' runs go too.
@@ -69,7 +69,7 @@ enum Change {
     Replaced,
 }
 
-impl Change {
+impl WriteKind {
     fn of(replaced: bool, written: &Written) -> Self {
         match (replaced, written.rows_quarantined) {
             (true, _) => Self::Replaced,
@@ -177,7 +177,7 @@ impl TableService {
     ) -> Result<(Table, Written), Error> {
         let replaced = upload.mode == WriteMode::Replace;
         let written = self.tables.write(project, name, upload).await?;
-        Ok((self.changed(project, name, Change::of(replaced, &written)).await?, written))
+        Ok((self.changed(project, name, WriteKind::of(replaced, &written)).await?, written))
     }
 
     /// Appends an upload once under an `Idempotency-Key`: the first append with the key (per table, within
@@ -216,7 +216,7 @@ impl TableService {
                     Self::same_body(upload, &found.body_sha256, key).await?;
                     self.keys.answer(project, name, key, theirs, &found.body_sha256, found.written).await?;
                     // The append that wrote them may have stopped before it made its readers' runs stale.
-                    let table = self.changed(project, name, Change::of(false, &found.written)).await?;
+                    let table = self.changed(project, name, WriteKind::of(false, &found.written)).await?;
                     return Ok((table, found.written));
                 }
                 if !self.keys.take_over(project, name, key, theirs, write_id, now).await? {
@@ -259,7 +259,7 @@ impl TableService {
             // The rows are in: a retry finds them by the write id once the key has been pending long enough.
             warn!(table = %name, error = %err, "cannot record the answer of an append");
         }
-        Ok((self.changed(project, name, Change::of(false, &written)).await?, written))
+        Ok((self.changed(project, name, WriteKind::of(false, &written)).await?, written))
     }
 
     /// Refuses a retry whose body is not the one first sent with its key.
@@ -288,7 +288,7 @@ impl TableService {
         source: ExternalSource,
     ) -> Result<(Table, bool), Error> {
         let created = self.tables.register(project, name, source).await?;
-        Ok((self.changed(project, name, Change::Replaced).await?, created))
+        Ok((self.changed(project, name, WriteKind::Replaced).await?, created))
     }
 
     /// After rows were written to a table outside this service (a bulk import straight into the storage): what a
@@ -302,16 +302,16 @@ impl TableService {
         name: &TableName,
         replaced: bool,
     ) -> Result<Table, Error> {
-        let how = if replaced { Change::Replaced } else { Change::Appended };
+        let how = if replaced { WriteKind::Replaced } else { WriteKind::Appended };
         self.changed(project, name, how).await
     }
 
     /// After a write: plans the table's readers again when it was replaced, makes their cached runs stale here
     /// and on other processes, makes the stored results of the materialized ones due within their freshness,
     /// and returns the table as it now is.
-    async fn changed(&self, project: ProjectId, name: &TableName, how: Change) -> Result<Table, Error> {
+    async fn changed(&self, project: ProjectId, name: &TableName, how: WriteKind) -> Result<Table, Error> {
         let at = self.clock.now();
-        let quarantine = name.quarantine().ok().filter(|_| how == Change::Quarantined);
+        let quarantine = name.quarantine().ok().filter(|_| how == WriteKind::Quarantined);
         let written: Vec<&TableName> = std::iter::once(name).chain(quarantine.as_ref()).collect();
         let readers = self.readers(project, &written).await?;
         let used_by = Self::used_by(&readers, name);
@@ -328,7 +328,7 @@ impl TableService {
         }
         let stale: Vec<EndpointName> = changed.into_iter().map(|r| r.name.clone()).collect();
         for endpoint in &stale {
-            if how == Change::Replaced {
+            if how == WriteKind::Replaced {
                 self.replan(project, endpoint).await;
             }
             self.changes.changed(project, endpoint);

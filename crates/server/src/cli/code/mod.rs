@@ -18,7 +18,7 @@ use url::Url;
 
 use client::{Api, ClientError};
 use files::FileError;
-use plan::{Action, Change, Plan, PlanError};
+use plan::{Action, Plan, PlanError, StepKind};
 
 /// Where the folder and the server are.
 #[derive(Debug, Clone, clap::Args)]
@@ -174,7 +174,7 @@ pub async fn push(args: PushArgs) -> Result<Found, CodeError> {
                 names(&plan.steps[done..]),
             )));
         }
-        println!("applied {} {}", verb(step.change()), step.name);
+        println!("applied {} {}", verb(step.kind()), step.name);
     }
     Ok(Found::Nothing)
 }
@@ -207,22 +207,22 @@ pub async fn test(args: TestArgs) -> Result<Found, CodeError> {
     Ok(if failed == 0 { Found::Nothing } else { Found::Something })
 }
 
-fn verb(change: Change) -> &'static str {
-    match change {
-        Change::Create => "create",
-        Change::NewVersion => "update (new version)",
-        Change::Settings => "update (settings)",
-        Change::Delete => "delete",
+fn verb(kind: StepKind) -> &'static str {
+    match kind {
+        StepKind::Create => "create",
+        StepKind::NewVersion => "update (new version)",
+        StepKind::Settings => "update (settings)",
+        StepKind::Delete => "delete",
     }
 }
 
 fn print_step(step: &plan::Step) {
-    let mark = match step.change() {
-        Change::Create => '+',
-        Change::NewVersion | Change::Settings => '~',
-        Change::Delete => '-',
+    let mark = match step.kind() {
+        StepKind::Create => '+',
+        StepKind::NewVersion | StepKind::Settings => '~',
+        StepKind::Delete => '-',
     };
-    println!("{mark} {} {}", verb(step.change()), step.name);
+    println!("{mark} {} {}", verb(step.kind()), step.name);
     for change in &step.breaking {
         println!("    breaking: {change}");
     }
@@ -234,10 +234,10 @@ fn print_summary(plan: &Plan) {
     } else {
         println!(
             "plan: {} to create, {} to update with a new version, {} to update settings, {} to delete",
-            plan.count(Change::Create),
-            plan.count(Change::NewVersion),
-            plan.count(Change::Settings),
-            plan.count(Change::Delete)
+            plan.count(StepKind::Create),
+            plan.count(StepKind::NewVersion),
+            plan.count(StepKind::Settings),
+            plan.count(StepKind::Delete)
         );
     }
 }

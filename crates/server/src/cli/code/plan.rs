@@ -9,7 +9,7 @@ use super::files::EndpointFile;
 
 /// What happens to one endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub enum StepKind {
     Create,
     /// The query changed: a new version.
     NewVersion,
@@ -35,17 +35,17 @@ pub struct Step {
     /// The file's text as the server would hold it, and as it holds it now (none for a create or a delete).
     pub after: Option<String>,
     pub before: Option<String>,
-    /// What the new version would break, as the server's check says (only for [`Change::NewVersion`]).
+    /// What the new version would break, as the server's check says (only for [`StepKind::NewVersion`]).
     pub breaking: Vec<BreakingChange>,
 }
 
 impl Step {
-    pub fn change(&self) -> Change {
+    pub fn kind(&self) -> StepKind {
         match self.action {
-            Action::Create(_) => Change::Create,
-            Action::NewVersion(_) => Change::NewVersion,
-            Action::Settings(_) => Change::Settings,
-            Action::Delete => Change::Delete,
+            Action::Create(_) => StepKind::Create,
+            Action::NewVersion(_) => StepKind::NewVersion,
+            Action::Settings(_) => StepKind::Settings,
+            Action::Delete => StepKind::Delete,
         }
     }
 }
@@ -149,9 +149,9 @@ impl Plan {
         self.steps.iter().filter(|step| !step.breaking.is_empty())
     }
 
-    /// How many steps of `change`.
-    pub fn count(&self, change: Change) -> usize {
-        self.steps.iter().filter(|step| step.change() == change).count()
+    /// How many steps of `kind`.
+    pub fn count(&self, kind: StepKind) -> usize {
+        self.steps.iter().filter(|step| step.kind() == kind).count()
     }
 }
 
