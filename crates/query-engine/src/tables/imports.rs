@@ -17,7 +17,7 @@ use datafusion::parquet::basic::Compression;
 use datafusion::parquet::file::metadata::KeyValue;
 use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
-use domain::ProjectId;
+use domain::{ProjectId, TableFormat};
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
@@ -42,43 +42,35 @@ pub enum ImportMode {
     Append,
 }
 
-/// The format of an input file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileFormat {
-    Parquet,
-    Csv,
-    NdJson,
+/// The format a file's extension names: `.parquet`, `.csv`, `.ndjson`/`.jsonl`/`.json`.
+pub fn format_of_path(path: &Path) -> Option<TableFormat> {
+    match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+        "parquet" | "pq" => Some(TableFormat::Parquet),
+        "csv" => Some(TableFormat::Csv),
+        "ndjson" | "jsonl" | "json" => Some(TableFormat::NdJson),
+        _ => None,
+    }
 }
 
-impl FileFormat {
-    /// The format named by a file's extension: `.parquet`, `.csv`, `.ndjson`/`.jsonl`/`.json`.
-    pub fn from_path(path: &Path) -> Option<Self> {
-        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
-            "parquet" | "pq" => Some(Self::Parquet),
-            "csv" => Some(Self::Csv),
-            "ndjson" | "jsonl" | "json" => Some(Self::NdJson),
-            _ => None,
-        }
+/// The extension of a staged body of `format`, which DataFusion's readers match.
+pub(crate) fn staged_extension(format: TableFormat) -> &'static str {
+    match format {
+        TableFormat::Parquet => ".parquet",
+        TableFormat::Csv => ".csv",
+        TableFormat::NdJson => ".ndjson",
     }
+}
 
-    /// The extension of a staged body of this format, which DataFusion's readers match.
-    pub(crate) fn extension(self) -> &'static str {
-        match self {
-            Self::Parquet => ".parquet",
-            Self::Csv => ".csv",
-            Self::NdJson => ".ndjson",
-        }
-    }
-
-    /// # Errors
-    /// A message naming the accepted formats.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        match raw {
-            "parquet" => Ok(Self::Parquet),
-            "csv" => Ok(Self::Csv),
-            "ndjson" | "jsonl" => Ok(Self::NdJson),
-            _ => Err(format!("unknown format '{raw}': use parquet, csv or ndjson")),
-        }
+/// A format as the CLI names it (`--format`).
+///
+/// # Errors
+/// A message naming the accepted formats.
+pub fn parse_format(raw: &str) -> Result<TableFormat, String> {
+    match raw {
+        "parquet" => Ok(TableFormat::Parquet),
+        "csv" => Ok(TableFormat::Csv),
+        "ndjson" | "jsonl" => Ok(TableFormat::NdJson),
+        _ => Err(format!("unknown format '{raw}': use parquet, csv or ndjson")),
     }
 }
 
@@ -116,7 +108,7 @@ fn extension(path: &Path) -> String {
     path.extension().and_then(|e| e.to_str()).map_or_else(String::new, |e| format!(".{e}"))
 }
 
-async fn read(ctx: &SessionContext, path: &Path, format: FileFormat) -> Result<DataFrame, ImportError> {
+async fn read(ctx: &SessionContext, path: &Path, format: TableFormat) -> Result<DataFrame, ImportError> {
     let location = path
         .to_str()
         .ok_or_else(|| ImportError::Read { path: path.into(), reason: "the path is not UTF-8".into() })?;
@@ -131,21 +123,21 @@ async fn read_location(
     ctx: &SessionContext,
     location: &str,
     ext: &str,
-    format: FileFormat,
+    format: TableFormat,
     schema: Option<&datafusion::arrow::datatypes::Schema>,
 ) -> Result<DataFrame, String> {
     let frame = match format {
-        FileFormat::Parquet => {
+        TableFormat::Parquet => {
             ctx.read_parquet(location, ParquetReadOptions { file_extension: ext, ..Default::default() }).await
         }
-        FileFormat::Csv => {
+        TableFormat::Csv => {
             let mut options = CsvReadOptions::new().has_header(true).file_extension(ext);
             if let Some(schema) = schema {
                 options = options.schema(schema);
             }
             ctx.read_csv(location, options).await
         }
-        FileFormat::NdJson => {
+        TableFormat::NdJson => {
             let mut options = JsonReadOptions::default().file_extension(ext);
             if let Some(schema) = schema {
                 options = options.schema(schema);
@@ -513,7 +505,7 @@ pub async fn import_files(
     project: ProjectId,
     table: &str,
     files: &[PathBuf],
-    format: Option<FileFormat>,
+    format: Option<TableFormat>,
     mode: ImportMode,
     progress: &(dyn Fn(ImportProgress) + Sync),
 ) -> Result<ImportReport, ImportError> {
@@ -559,14 +551,14 @@ async fn write_files(
     target: &mut Destination,
     table: &str,
     files: &[PathBuf],
-    format: Option<FileFormat>,
+    format: Option<TableFormat>,
     mut expected: Option<SchemaRef>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<u64, ImportError> {
     let mut rows = 0;
     for (index, path) in files.iter().enumerate() {
         let format = format
-            .or_else(|| FileFormat::from_path(path))
+            .or_else(|| format_of_path(path))
             .ok_or_else(|| ImportError::UnknownFormat(path.clone()))?;
         let frame = read(ctx, path, format).await?;
         let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
@@ -666,7 +658,7 @@ pub(crate) async fn import_staged(
     project: ProjectId,
     table: &str,
     staged: &ObjectPath,
-    format: FileFormat,
+    format: TableFormat,
     mode: ImportMode,
     batch_rows: Option<usize>,
     tag: Option<&TaggedAppend>,
@@ -674,7 +666,7 @@ pub(crate) async fn import_staged(
     let ctx = crate::tables::catalog::import_session(storage, batch_rows)
         .map_err(|e| StagedError::Write(e.to_string()))?;
     let location = storage.url_of(staged);
-    let ext = format.extension();
+    let ext = staged_extension(format);
     for _ in 0..APPEND_ATTEMPTS {
         let (mut target, expected) = Destination::choose(storage, project, table, mode).await?;
         if mode == ImportMode::Append && expected.is_none() {
@@ -705,7 +697,7 @@ async fn write_staged(
     storage: &Storage,
     ctx: &SessionContext,
     target: &mut Destination,
-    (location, ext, format): (&str, &str, FileFormat),
+    (location, ext, format): (&str, &str, TableFormat),
     expected: Option<&SchemaRef>,
     tag: Option<&TaggedAppend>,
 ) -> Result<u64, StagedError> {
@@ -734,7 +726,7 @@ async fn read_staged(
     ctx: &SessionContext,
     location: &str,
     ext: &str,
-    format: FileFormat,
+    format: TableFormat,
     expected: Option<&SchemaRef>,
 ) -> Result<(SchemaRef, SendableRecordBatchStream), StagedError> {
     let invalid = StagedError::Invalid;
@@ -745,7 +737,7 @@ async fn read_staged(
         return Ok((found, stream));
     };
     let frame = match format {
-        FileFormat::Parquet => {
+        TableFormat::Parquet => {
             let frame = read_location(ctx, location, ext, format, None).await.map_err(invalid)?;
             same_columns(expected, &Arc::new(frame.schema().as_arrow().clone()))
                 .map_err(|reason| invalid(format!("The columns do not match the table's: {reason}.")))?;
@@ -754,14 +746,14 @@ async fn read_staged(
         // Text carries names, not types: the names must be the table's, and the values are read as its types.
         // CSV's header is read as the table's columns of its names, in its order, then put in the table's
         // order with nulls for those left out; NDJSON's reader matches keys by name.
-        FileFormat::Csv => {
+        TableFormat::Csv => {
             let head = body_head(ctx, location, ext).await.map_err(|e| invalid(crate::message(&e)))?;
             let header = csv_header(&head).map_err(invalid)?;
             let sent = sent_columns(expected, header.iter().map(String::as_str)).map_err(invalid)?;
             let frame = read_location(ctx, location, ext, format, Some(&sent)).await.map_err(invalid)?;
             in_table_order(frame, expected).map_err(|e| invalid(crate::message(&e)))?
         }
-        FileFormat::NdJson => {
+        TableFormat::NdJson => {
             let found = read_location(ctx, location, ext, format, None).await.map_err(invalid)?;
             sent_columns(expected, found.schema().fields().iter().map(|f| f.name().as_str()))
                 .map_err(invalid)?;
@@ -831,7 +823,7 @@ fn in_table_order(frame: DataFrame, expected: &SchemaRef) -> datafusion::error::
 /// One append's body, held in memory until its table's next grouped write (see `appends`).
 pub(crate) struct HeldBody {
     pub(crate) bytes: bytes::Bytes,
-    pub(crate) format: FileFormat,
+    pub(crate) format: TableFormat,
     /// For an append under a key: its write id and the SHA-256 of its body.
     pub(crate) tag: Option<(uuid::Uuid, String)>,
 }
@@ -893,7 +885,7 @@ pub(crate) async fn append_held(
                 Some(read) => Ok(keep_rows(read, &mut batches)),
                 // Not rows of the table as read directly: the engine's reader reads it, or says why not.
                 None => {
-                    let ext = body.format.extension();
+                    let ext = staged_extension(body.format);
                     let path = ObjectPath::from(format!("{index}{ext}"));
                     held.put(&path, PutPayload::from(body.bytes.clone()))
                         .await
@@ -949,14 +941,14 @@ pub(crate) async fn append_held(
 /// A held body's rows read directly as the table's columns, by the Arrow readers the engine's own reader uses:
 /// CSV whose header names the columns in order, or NDJSON with no other key. `None` when the body is not that
 /// (or has no rows): the engine's reader then reads it the usual way, or says why it cannot.
-fn decode_held(bytes: &[u8], format: FileFormat, expected: &SchemaRef) -> Option<Vec<RecordBatch>> {
+fn decode_held(bytes: &[u8], format: TableFormat, expected: &SchemaRef) -> Option<Vec<RecordBatch>> {
     let schema = plain(expected);
     let read = match format {
-        FileFormat::NdJson => {
+        TableFormat::NdJson => {
             let decoder = arrow_json::ReaderBuilder::new(Arc::clone(&schema)).with_strict_mode(true);
             decoder.build(std::io::Cursor::new(bytes)).ok()?.collect::<Result<Vec<_>, _>>().ok()?
         }
-        FileFormat::Csv => {
+        TableFormat::Csv => {
             let mut header = csv::ReaderBuilder::new().has_headers(false).from_reader(bytes);
             let names = header.byte_records().next()?.ok()?;
             let same = names.len() == schema.fields().len()
@@ -967,7 +959,7 @@ fn decode_held(bytes: &[u8], format: FileFormat, expected: &SchemaRef) -> Option
             let reader = datafusion::arrow::csv::ReaderBuilder::new(Arc::clone(&schema)).with_header(true);
             reader.build(std::io::Cursor::new(bytes)).ok()?.collect::<Result<Vec<_>, _>>().ok()?
         }
-        FileFormat::Parquet => return None,
+        TableFormat::Parquet => return None,
     };
     (read.iter().any(|batch| batch.num_rows() > 0)).then_some(read)
 }
@@ -984,7 +976,7 @@ async fn collect_body(
     ctx: &SessionContext,
     location: &str,
     ext: &str,
-    format: FileFormat,
+    format: TableFormat,
     expected: &SchemaRef,
     batches: &mut Vec<RecordBatch>,
 ) -> Result<u64, StagedError> {

@@ -12,7 +12,8 @@ use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, T
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::parquet::arrow::ArrowWriter;
 
-use crate::tables::imports::{csv_header, plain, sent_columns, FileFormat};
+use crate::tables::imports::{csv_header, plain, sent_columns};
+use domain::TableFormat;
 
 /// The largest body an append that quarantines takes: it is held in memory while its records are sorted.
 pub(crate) const QUARANTINE_BODY_BYTES: u64 = 16 * 1024 * 1024;
@@ -50,12 +51,12 @@ const CHUNK_RECORDS: usize = 4_096;
 /// # Errors
 /// Why the body as a whole cannot be sorted, for the client: a CSV header that is not the table's columns, or
 /// more than [`MAX_BAD_ROWS`] records that do not fit.
-pub(crate) fn sort(body: &[u8], format: FileFormat, schema: &SchemaRef) -> Result<Sorted, String> {
+pub(crate) fn sort(body: &[u8], format: TableFormat, schema: &SchemaRef) -> Result<Sorted, String> {
     let schema = plain(schema);
     match format {
-        FileFormat::Csv => sort_csv(body, &schema),
-        FileFormat::NdJson => sort_ndjson(body, &schema),
-        FileFormat::Parquet => Err("A Parquet body has no records to set aside.".into()),
+        TableFormat::Csv => sort_csv(body, &schema),
+        TableFormat::NdJson => sort_ndjson(body, &schema),
+        TableFormat::Parquet => Err("A Parquet body has no records to set aside.".into()),
     }
 }
 
@@ -272,7 +273,7 @@ mod tests {
                      {\"id\": 3, \"colour\": \"red\"}\r\n\
                      not json\n\
                      {\"id\": 4}";
-        let sorted = sort(body, FileFormat::NdJson, &schema()).unwrap();
+        let sorted = sort(body, TableFormat::NdJson, &schema()).unwrap();
         assert_eq!(sorted.good_rows, 2);
         assert_eq!(
             sorted.good,
@@ -294,7 +295,7 @@ mod tests {
     #[test]
     fn csv_records_that_do_not_fit_are_set_aside_and_a_quoted_field_may_span_lines() {
         let body = b"id,country,amount\n1,US,2.5\n2,FR,lots\n3,\"Saint\nMartin\",1\n4,DE\n5,IT,7\n";
-        let sorted = sort(body, FileFormat::Csv, &schema()).unwrap();
+        let sorted = sort(body, TableFormat::Csv, &schema()).unwrap();
         assert_eq!(sorted.good_rows, 3);
         assert_eq!(
             sorted.good,
@@ -302,10 +303,10 @@ mod tests {
         );
         let lines: Vec<(u64, &str)> = sorted.bad.iter().map(|b| (b.line, b.raw.as_str())).collect();
         assert_eq!(lines, [(3, "2,FR,lots"), (6, "4,DE")]);
-        let wrong = sort(b"id,colour\n1,2\n", FileFormat::Csv, &schema()).unwrap_err();
+        let wrong = sort(b"id,colour\n1,2\n", TableFormat::Csv, &schema()).unwrap_err();
         assert!(wrong.contains("the body has 'colour'"), "{wrong}");
         // A header names the table's columns in any order, leaving out nullable ones.
-        let reordered = sort(b"amount,id\n2.5,1\nlots,2\n", FileFormat::Csv, &schema()).unwrap();
+        let reordered = sort(b"amount,id\n2.5,1\nlots,2\n", TableFormat::Csv, &schema()).unwrap();
         assert_eq!((reordered.good_rows, reordered.bad.len()), (1, 1));
         assert_eq!(reordered.good, Bytes::from_static(b"amount,id\n2.5,1\n"));
     }
@@ -325,7 +326,7 @@ mod tests {
             }
         }
         body.push_str("{\"id\": 1,\n\"country\": \"US\"}\n");
-        let sorted = sort(body.as_bytes(), FileFormat::NdJson, &schema()).unwrap();
+        let sorted = sort(body.as_bytes(), TableFormat::NdJson, &schema()).unwrap();
         assert_eq!(sorted.good_rows, 20_000 - 4);
         let lines: Vec<u64> = sorted.bad.iter().map(|b| b.line).collect();
         assert_eq!(lines, [2, 4_098, 9_001, 20_000, 20_001, 20_002]);
@@ -334,13 +335,13 @@ mod tests {
         for i in 0..10_000 {
             csv.push_str(if i == 7_777 { "1,FR,lots\n" } else { "2,US,1.5\n" });
         }
-        let sorted = sort(csv.as_bytes(), FileFormat::Csv, &schema()).unwrap();
+        let sorted = sort(csv.as_bytes(), TableFormat::Csv, &schema()).unwrap();
         assert_eq!((sorted.good_rows, sorted.bad.len(), sorted.bad[0].line), (9_999, 1, 7_779));
         let garbage = "x\n".repeat(MAX_BAD_ROWS + 1);
-        let refused = sort(garbage.as_bytes(), FileFormat::NdJson, &schema()).unwrap_err();
+        let refused = sort(garbage.as_bytes(), TableFormat::NdJson, &schema()).unwrap_err();
         assert!(refused.contains("More than 10000 records") && refused.contains("line 1"), "{refused}");
         let within = "x\n".repeat(MAX_BAD_ROWS);
-        assert_eq!(sort(within.as_bytes(), FileFormat::NdJson, &schema()).unwrap().bad.len(), MAX_BAD_ROWS);
+        assert_eq!(sort(within.as_bytes(), TableFormat::NdJson, &schema()).unwrap().bad.len(), MAX_BAD_ROWS);
     }
 
     #[test]

@@ -30,9 +30,7 @@ use crate::tables::catalog::{
     SourceRecord, DELETED,
 };
 use crate::tables::files::{instant, instant_ms, rows_of, FileRows};
-use crate::tables::imports::{
-    import_staged, table_schema, FileFormat, HeldBody, ImportMode, StagedError, TaggedAppend,
-};
+use crate::tables::imports::{import_staged, table_schema, HeldBody, ImportMode, StagedError, TaggedAppend};
 use crate::tables::quarantine::QUARANTINE_BODY_BYTES;
 use crate::tables::records::RecordSizes;
 use crate::tables::spool::Spool;
@@ -40,14 +38,6 @@ use crate::DataFusionEngine;
 
 fn staging_prefix(project: ProjectId) -> ObjectPath {
     ObjectPath::from_iter(["projects", &project.to_string(), "staging"])
-}
-
-fn file_format(format: TableFormat) -> FileFormat {
-    match format {
-        TableFormat::Csv => FileFormat::Csv,
-        TableFormat::NdJson => FileFormat::NdJson,
-        TableFormat::Parquet => FileFormat::Parquet,
-    }
 }
 
 /// `reason` with every mention of the staged body (a URL or a path, however the engine spelled it: each word
@@ -385,7 +375,7 @@ impl DataFusionEngine {
         mut upload: Upload,
     ) -> Result<Written, UploadError> {
         let quarantine = upload.quarantine_table(name).map_err(UploadError::Rejected)?;
-        let format = file_format(upload.format);
+        let format = upload.format;
         upload.limit_bytes = upload.limit_bytes.min(QUARANTINE_BODY_BYTES);
         // The body arrives before a turn is taken (a client sending slowly holds none): held when small, staged
         // otherwise. Bodies held whole for sorting are bounded in number, whoever sends them.
@@ -495,7 +485,6 @@ impl DataFusionEngine {
             WriteMode::Replace => ImportMode::Replace,
             WriteMode::Append => ImportMode::Append,
         };
-        let format = file_format(format);
         let storage = self.storage.clone();
         let table = name.as_str().to_owned();
         let (target, batch_rows) = (staged.directory.clone(), staged.batch_rows);
@@ -623,8 +612,7 @@ impl TableStore for DataFusionEngine {
         let (rows, bytes, created) = match receive(&self.storage, project, &mut upload, hold).await? {
             Received::Held { chunks, bytes } => {
                 let tag = upload.tag.as_ref().map(|tag| (tag.write_id, tag.digest.hex()));
-                let body =
-                    HeldBody { bytes: chunks.concat().into(), format: file_format(upload.format), tag };
+                let body = HeldBody { bytes: chunks.concat().into(), format: upload.format, tag };
                 let appended = self
                     .appends
                     .append(&self.runtime, &self.storage, lock, project, name.as_str(), body)

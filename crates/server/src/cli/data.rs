@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Subcommand;
 use domain::{ProjectId, ProjectStore};
 use indicatif::{ProgressBar, ProgressStyle};
-use query_engine::tables::imports::{import_files, FileFormat, ImportMode};
+use query_engine::tables::imports::{import_files, parse_format, ImportMode};
 use serde_json::{json, Value};
 
 use super::{print_json, CliError};
@@ -77,7 +77,7 @@ pub(super) async fn run(config: &Config, command: DataCommand, json: bool) -> Re
             if services.store.get(project).await.map_err(domain::Error::from)?.is_none() {
                 return Err(CliError::Usage(format!("project {project} does not exist")));
             }
-            let format = format.as_deref().map(FileFormat::parse).transpose().map_err(CliError::Usage)?;
+            let format = format.as_deref().map(parse_format).transpose().map_err(CliError::Usage)?;
             let mode = if append { ImportMode::Append } else { ImportMode::Replace };
             let bar = import_bar(&files);
             let total = bar.length().unwrap_or(0);
