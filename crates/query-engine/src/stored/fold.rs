@@ -70,11 +70,9 @@ fn scans(plan: &LogicalPlan, table: &str, subqueries: bool) -> usize {
 
 /// Why the plan of a stored result cannot follow rows appended to `table`, if it cannot: the table must be read
 /// once, along projections, filters, aliases and inner joins. `aggregated` is a rollup's plan, whose outermost
-/// node is the aggregation the path leads to.
+/// node is the aggregation the path leads to. A plan that changes with time is refused before this, by the
+/// caller ([`changes_with_time`]), whatever was appended.
 pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<String> {
-    if let Some(reason) = changes_with_time(plan) {
-        return Some(reason);
-    }
     let reads = scans(plan, table, true);
     if reads != 1 {
         return Some(format!("the query reads `{table}` {reads} times; a fold follows a table read once"));
