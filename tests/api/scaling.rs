@@ -167,6 +167,18 @@ fn psql(url: &str, sql: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
+/// Waits until `nodes` processes' heartbeats are in (each writes one as its listener connects, then every
+/// second), so that every writer waits for each of them.
+async fn heartbeats_in(url: &str, nodes: u32) {
+    let started = Instant::now();
+    let live =
+        || psql(url, "SELECT count(*) FROM endpoints_nodes WHERE seen_at > now() - interval '5 seconds'");
+    while live().parse::<u32>().unwrap() < nodes {
+        assert!(started.elapsed() < Duration::from_secs(5), "the nodes' heartbeats are not in");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Read your writes on every node: once a write through A is answered, the very next request on B sees it, with
 /// no retry: a new query 100 times in a row (B held the version before in its cache each time), deletes, and key
 /// revocations through the CLI (another process).
@@ -180,14 +192,7 @@ async fn a_write_is_seen_on_every_node_as_soon_as_it_is_answered() {
     let (status, _) =
         client.send(client.http.post(client.url(&a, "/")).json(&endpoint_body("kpi", "SELECT 0 AS n"))).await;
     assert_eq!(status, 201);
-    // Both nodes' heartbeats are in (each writes one as its listener connects, then every second).
-    let started = Instant::now();
-    let live =
-        || psql(&url, "SELECT count(*) FROM endpoints_nodes WHERE seen_at > now() - interval '5 seconds'");
-    while live().parse::<u32>().unwrap() < 3 {
-        assert!(started.elapsed() < Duration::from_secs(5), "the nodes' heartbeats are not in");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    heartbeats_in(&url, 3).await;
     client.run(&b, "kpi").await;
     assert_eq!(client.run(&b, "kpi").await.1["is_cached"], true);
 
@@ -223,4 +228,76 @@ async fn a_write_is_seen_on_every_node_as_soon_as_it_is_answered() {
             assert_eq!(revoked.send(revoked.http.get(revoked.url(node, "/"))).await.0, 401, "round {round}");
         }
     }
+}
+
+/// How many of `node`'s reads of a table's version were `kept` (known from what it hears) or `checked` against
+/// the table's log.
+async fn version_reads(node: &ServeProcess, version: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", node.address)).await.unwrap().text().await.unwrap();
+    let series = format!("endpoints_table_version_reads_total{{version=\"{version}\"}}");
+    crate::operations::sample(&text, &series).unwrap_or(0.0)
+}
+
+/// Tables on every node: a node keeps each table's version and hears every write of every process, so a run
+/// asks the storage nothing between writes, and the next run on any node after a write was answered reads it:
+/// appends through either node, appends by another process (the CLI), a replace and a delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_write_is_read_on_every_node_as_soon_as_it_is_answered_with_no_storage_read_between() {
+    let setup = spawn_app_on_postgres_tuned(|_| {}).await;
+    let project = setup.create_project();
+    let (_, key) = setup.create_key(project, &["endpoint:write", "table:write", "table:read"]);
+    let url = postgres_url();
+    let (a, b) = (node(&setup.data_dir, &url).await, node(&setup.data_dir, &url).await);
+    let client = Client { http: reqwest::Client::new(), key, project };
+    let table = |node: &ServeProcess, rows: &str| {
+        format!("{}/api/projects/{}/tables/t{rows}", node.address, client.project)
+    };
+    let csv = |body: String| client.http.put(table(&a, "")).header("Content-Type", "text/csv").body(body);
+    assert_eq!(client.send(csv("n\n1\n".into())).await.0, 201);
+    // Never cached: every run reads the table.
+    let mut body = endpoint_body("rows", "SELECT count(*) AS n FROM t");
+    body["cache_age_seconds"] = json!(0);
+    assert_eq!(client.send(client.http.post(client.url(&a, "/")).json(&body)).await.0, 201);
+    heartbeats_in(&url, 3).await;
+    for node in [&a, &b] {
+        assert_eq!(value(&client.run(node, "rows").await.1), Some(1));
+    }
+
+    for i in 2..=41 {
+        let (writer, reader) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let append = client.http.post(table(writer, "/rows")).header("Content-Type", "text/csv");
+        let (status, answer) = client.send(append.body(format!("n\n{i}\n"))).await;
+        assert_eq!(status, 200, "{answer}");
+        let (status, answer) = client.run(reader, "rows").await;
+        assert_eq!((status, value(&answer)), (StatusCode::OK, Some(i)), "append {i}: {answer}");
+    }
+
+    // Between writes, runs on B take the version it keeps: the storage is not asked.
+    let (kept, checked) = (version_reads(&b, "kept").await, version_reads(&b, "checked").await);
+    for _ in 0..20 {
+        assert_eq!(value(&client.run(&b, "rows").await.1), Some(41));
+    }
+    // Nearly all: a compaction of the table (announced too) or a heartbeat held up on a loaded machine makes
+    // the next read check; without what it hears, every one of the 20 would.
+    let checks = version_reads(&b, "checked").await - checked;
+    assert!(checks <= 2.0, "runs between writes ask the storage nothing: {checks} checks");
+    assert!(version_reads(&b, "kept").await >= kept + 18.0, "they read the kept version");
+
+    // Another process appends (the CLI, straight into the storage): answered once both nodes heard it.
+    let file = setup.data_dir.join("more.csv");
+    std::fs::write(&file, "n\n42\n43\n").unwrap();
+    let project = project.to_string();
+    setup.cli(&["data", "import", "--project", &project, "--table", "t", "--append", file.to_str().unwrap()]);
+    for node in [&a, &b] {
+        assert_eq!(value(&client.run(node, "rows").await.1), Some(43));
+    }
+
+    // Replaced through B, deleted through A: the next run on the other node sees it.
+    let replace = client.http.put(table(&b, "")).header("Content-Type", "text/csv").body("n\n1\n2\n");
+    assert_eq!(client.send(replace).await.0, 200);
+    assert_eq!(value(&client.run(&a, "rows").await.1), Some(2));
+    assert_eq!(client.send(client.http.delete(client.url(&a, "/rows"))).await.0, 204);
+    assert_eq!(client.send(client.http.delete(table(&a, ""))).await.0, 204);
+    let (status, answer) = client.send(client.http.get(table(&b, ""))).await;
+    assert_eq!(status, 404, "{answer}");
 }

@@ -10,6 +10,10 @@
 //! Read your writes on every process: a writer waits, before it answers, until every other live process has
 //! applied its change ([`Propagation::settle`]); a process that does not acknowledge within the store's bound is
 //! counted out and told to distrust everything it keeps, as when its channel drops.
+//!
+//! Tables follow the same feed: a write to a table is announced ([`Change::Table`]) and waited for, so a process
+//! that hears every announcement ([`Change::Heard`]) reads a table's version it keeps without asking the storage
+//! whether a newer one was committed ([`KeptTables`]).
 
 use std::sync::Arc;
 
@@ -17,8 +21,10 @@ use async_trait::async_trait;
 
 use crate::access::{ApiKeyService, ProjectId};
 use crate::endpoints::{EndpointChanges, EndpointName};
+use crate::error::StoreError;
 use crate::propagation::{NoPropagation, Propagation};
 use crate::runs::ResultCache;
+use crate::tables::TableName;
 
 /// A change made by some process that every process keeping the changed thing in memory must honour at once.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,8 +35,39 @@ pub enum Change {
     Keys,
     /// A project's token secret was rotated or its allowed origins changed.
     Project { project: ProjectId },
+    /// Rows of the table were written, or it was replaced, compacted or deleted.
+    Table { project: ProjectId, name: TableName },
     /// Changes may have been missed (the channel was down): forget everything kept from the store.
     Everything,
+    /// Not announced: this process's channel is up, every change announced since the last [`Change::Everything`]
+    /// was delivered and applied, and writers wait for this process. Delivered when the channel comes up and
+    /// again at each of its heartbeats (every second); trusting what was kept ends soon after they stop.
+    Heard,
+}
+
+/// How changes made here reach the other processes sharing the store.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait Announcer: Send + Sync {
+    /// Tells every other process sharing the store of `changes` (an endpoint whose table was written, the table
+    /// itself), in one message; nothing to do for a store that no other process shares. The caller waits for
+    /// them to be applied with [`Propagation::settle`] when it must.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn announce(&self, changes: Vec<Change>) -> Result<(), StoreError>;
+}
+
+/// What a process keeps of its tables' newest versions, so that a run reads a table without asking the
+/// storage whether a newer version was committed. It may trust a kept version only while it hears every write
+/// of every process (they are all announced, and waited for, before they are answered).
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait KeptTables: Send + Sync {
+    /// The table was written (by any process, this one included): the storage is asked at its next read.
+    fn written(&self, project: ProjectId, name: &TableName);
+    /// Every announcement is heard now ([`Change::Heard`]); `false`: some may have been missed
+    /// ([`Change::Everything`]), and every table is checked at its next read until they are heard again.
+    fn hearing(&self, heard: bool);
 }
 
 /// What this process keeps in memory, cleared change by change.
@@ -39,11 +76,19 @@ pub struct Invalidator {
     cache: Arc<dyn ResultCache>,
     keys: Arc<ApiKeyService>,
     propagation: Arc<dyn Propagation>,
+    tables: Option<Arc<dyn KeptTables>>,
 }
 
 impl Invalidator {
     pub fn new(cache: Arc<dyn ResultCache>, keys: Arc<ApiKeyService>) -> Self {
-        Self { cache, keys, propagation: Arc::new(NoPropagation) }
+        Self { cache, keys, propagation: Arc::new(NoPropagation), tables: None }
+    }
+
+    /// The tables' versions this process keeps follow announced table writes.
+    #[must_use]
+    pub fn with_tables(mut self, tables: Arc<dyn KeptTables>) -> Self {
+        self.tables = Some(tables);
+        self
     }
 
     /// Changes saved here are waited for on the other processes through `propagation`.
@@ -54,15 +99,28 @@ impl Invalidator {
     }
 
     /// Forgets what `change` makes stale: the endpoint's cached runs, the keys read, a project's token secret,
-    /// origins and verified tokens, or everything.
+    /// origins and verified tokens, a table's kept version, or everything.
     pub fn apply(&self, change: &Change) {
         match change {
             Change::Endpoint { project, name } => self.cache.invalidate(*project, name),
             Change::Keys => self.keys.forget_cached_keys(),
             Change::Project { project } => self.keys.forget_project(*project),
+            Change::Table { project, name } => {
+                if let Some(tables) = &self.tables {
+                    tables.written(*project, name);
+                }
+            }
             Change::Everything => {
+                if let Some(tables) = &self.tables {
+                    tables.hearing(false);
+                }
                 self.cache.invalidate_all();
                 self.keys.forget_everything();
+            }
+            Change::Heard => {
+                if let Some(tables) = &self.tables {
+                    tables.hearing(true);
+                }
             }
         }
     }
@@ -86,10 +144,11 @@ mod tests {
 
     use mockall::predicate::eq;
 
-    use super::{Change, Invalidator};
+    use super::{Change, Invalidator, MockKeptTables};
     use crate::access::{ApiKeyService, MockApiKeyStore, MockProjectStore, Scope};
     use crate::endpoints::{EndpointChanges, EndpointName};
     use crate::runs::MockResultCache;
+    use crate::tables::TableName;
     use crate::testing::{api_key, project, ManualClock, T0};
 
     const SECRET: &str = "phx_00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
@@ -139,5 +198,27 @@ mod tests {
         read_again(2).await; // the key was forgotten, so it is read from the store again
         kept.apply(&Change::Everything);
         read_again(3).await;
+    }
+
+    #[test]
+    fn table_writes_and_what_is_heard_reach_the_kept_tables() {
+        let events = TableName::parse("events").unwrap();
+        let mut tables = MockKeptTables::new();
+        let mut order = mockall::Sequence::new();
+        tables.expect_hearing().with(eq(true)).times(1).in_sequence(&mut order).return_const(());
+        tables
+            .expect_written()
+            .with(eq(project(3)), eq(events.clone()))
+            .times(1)
+            .in_sequence(&mut order)
+            .return_const(());
+        tables.expect_hearing().with(eq(false)).times(1).in_sequence(&mut order).return_const(());
+        let mut cache = MockResultCache::new();
+        cache.expect_invalidate_all().times(1).return_const(());
+        let (keys, _) = keys();
+        let kept = Invalidator::new(Arc::new(cache), keys).with_tables(Arc::new(tables));
+        kept.apply(&Change::Heard);
+        kept.apply(&Change::Table { project: project(3), name: events });
+        kept.apply(&Change::Everything);
     }
 }

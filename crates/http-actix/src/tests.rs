@@ -74,11 +74,14 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
     changes.expect_changed().return_const(());
     changes.expect_settled().return_const(());
     let changes = Arc::new(changes);
+    let mut announcer = domain::MockAnnouncer::new();
+    announcer.expect_announce().returning(|_| Ok(()));
     let tables = TableService::new(TableDeps {
         tables: Arc::new(tables),
         endpoints: store.clone(),
         engine: engine.clone(),
         changes: changes.clone(),
+        announcer: Arc::new(announcer),
         materializations: untouched_materializations().states,
         keys: Arc::new(domain::MockAppendKeys::new()),
         clock: clock.clone(),

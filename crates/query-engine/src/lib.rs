@@ -129,6 +129,12 @@ impl DataFusionEngine {
         &self.metrics
     }
 
+    /// Exposes the engine's metrics and its tables' in `registry`.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.metrics.register(registry);
+        self.storage.tables().register_metrics(registry);
+    }
+
     /// The same engine, running queries on the Ballista cluster whose scheduler `url` names
     /// (`ballista://HOST:PORT`); planning stays in this process.
     ///

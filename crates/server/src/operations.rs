@@ -198,7 +198,7 @@ pub fn operations(
     run_log: Option<&query_engine::ParquetRunLog>,
 ) -> Operations {
     let mut registry = Registry::with_prefix("endpoints");
-    engine.metrics().register(&mut registry);
+    engine.register_metrics(&mut registry);
     if let Some(log) = run_log {
         log.register(&mut registry);
     }

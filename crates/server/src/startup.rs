@@ -93,7 +93,11 @@ impl Services {
                 .with_key_cache_ttl(config.key_cache_ttl)
                 .with_propagation(propagation.clone()),
         );
-        let kept = Invalidator::new(cache.clone(), keys.clone()).with_propagation(propagation);
+        // A table write is announced with its readers; a process hearing every announcement reads the tables'
+        // versions it keeps without asking the storage.
+        let kept = Invalidator::new(cache.clone(), keys.clone())
+            .with_propagation(propagation)
+            .with_tables(engine.clone());
         let changes = Arc::new(kept.clone());
         let changes_for_refreshes: Arc<dyn domain::EndpointChanges> = changes.clone();
         let tables = Arc::new(TableService::new(TableDeps {
@@ -101,6 +105,7 @@ impl Services {
             endpoints: store.clone(),
             engine: engine.clone(),
             changes: changes.clone(),
+            announcer: store.clone(),
             materializations: store.clone(),
             keys: store.clone(),
             clock: clock.clone(),
@@ -128,6 +133,7 @@ impl Services {
             tables: engine.clone(),
             leases: store.clone(),
             keys: store.clone(),
+            announcer: store.clone(),
             clock: clock.clone(),
             lease: config.lease,
         }));
@@ -139,6 +145,7 @@ impl Services {
                 results: engine.clone(),
                 clock: clock.clone(),
                 changes: changes_for_refreshes,
+                announcer: store.clone(),
                 lease: config.lease,
             })
             .with_log(Arc::clone(&logged)),

@@ -25,11 +25,12 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::{Array, Bool, Double, Nullable, Text};
 use diesel::{Connection, PgConnection, QueryableByName, RunQueryDsl};
-use domain::{Change, EndpointName, ProjectId, Propagation};
+use domain::{Announcer, Change, EndpointName, ProjectId, Propagation, StoreError, TableName};
 
 use crate::connection::{AnyConnection, Backend, Database};
 use crate::error::DbError;
 use crate::waiters::Waiters;
+use crate::DieselStore;
 
 /// The channel every process listens on.
 const CHANNEL: &str = "endpoints_changes";
@@ -84,7 +85,9 @@ fn payload(change: &Change) -> String {
         Change::Endpoint { project, name } => format!("endpoint:{project}:{name}"),
         Change::Keys => "keys".into(),
         Change::Project { project } => format!("project:{project}"),
-        Change::Everything => "everything".into(),
+        Change::Table { project, name } => format!("table:{project}:{name}"),
+        // Never announced (a listener's own news): read back as what it is nearest to, the safe side.
+        Change::Everything | Change::Heard => "everything".into(),
     }
 }
 
@@ -96,6 +99,13 @@ fn parse(payload: &str) -> Change {
             let project = project.parse().ok().and_then(|id| ProjectId::new(id).ok());
             match (project, EndpointName::parse(name)) {
                 (Some(project), Ok(name)) => Change::Endpoint { project, name },
+                _ => Change::Everything,
+            }
+        }
+        (Some("table"), Some(project), Some(name)) => {
+            let project = project.parse().ok().and_then(|id| ProjectId::new(id).ok());
+            match (project, TableName::parse(name)) {
+                (Some(project), Ok(name)) => Change::Table { project, name },
                 _ => Change::Everything,
             }
         }
@@ -119,6 +129,31 @@ pub(crate) fn announce(conn: &mut AnyConnection, change: &Change) -> Result<(), 
             .execute(conn)?;
     }
     Ok(())
+}
+
+#[async_trait::async_trait]
+impl Announcer for DieselStore {
+    #[tracing::instrument(skip_all, fields(changes = changes.len()))]
+    async fn announce(&self, changes: Vec<Change>) -> Result<(), StoreError> {
+        // Nobody else to tell on SQLite: not even a connection is taken.
+        if changes.is_empty() || self.db.backend() != Backend::Postgres {
+            return Ok(());
+        }
+        let payloads: Vec<String> = changes.iter().map(payload).collect();
+        Ok(self
+            .db
+            .run(move |conn| {
+                if let AnyConnection::Postgresql(conn) = conn {
+                    // One statement, so one transaction: delivered together, in this order, at its commit.
+                    diesel::sql_query("SELECT pg_notify($1, payload) FROM unnest($2) AS payload")
+                        .bind::<Text, _>(CHANNEL)
+                        .bind::<Array<Text>, _>(payloads)
+                        .execute(conn)?;
+                }
+                Ok::<_, DbError>(())
+            })
+            .await?)
+    }
 }
 
 impl Database {
@@ -233,7 +268,8 @@ fn follow(
     let Node { name: node, waiters } = node;
     let mut beat = None::<Instant>;
     while !stop.load(Ordering::Acquire) {
-        if beat.is_none_or(|at| at.elapsed() >= HEARTBEAT) {
+        let beating = beat.is_none_or(|at| at.elapsed() >= HEARTBEAT);
+        if beating {
             match heartbeat(conn, node) {
                 Ok(false) => {}
                 Ok(true) => {
@@ -272,6 +308,11 @@ fn follow(
                 }
                 None => on_change(parse(&payload)),
             }
+        }
+        if beating {
+            // Writers wait for this process again (the heartbeat cleared its counting out), and every change
+            // announced before the heartbeat was applied above.
+            on_change(Change::Heard);
         }
         waiters.pause(POLL, ACK_POLL);
     }
@@ -517,7 +558,7 @@ fn sleep_unless_stopped(total: Duration, stop: &AtomicBool) {
 
 #[cfg(test)]
 mod tests {
-    use domain::{Change, EndpointName, ProjectId};
+    use domain::{Change, EndpointName, ProjectId, TableName};
 
     use super::{listening_url, parse, payload};
 
@@ -539,12 +580,23 @@ mod tests {
                 name: EndpointName::parse("daily_2").unwrap(),
             },
             Change::Keys,
+            Change::Table {
+                project: ProjectId::new(3).unwrap(),
+                name: TableName::parse("events_2").unwrap(),
+            },
             Change::Everything,
         ];
         for change in changes {
             assert_eq!(parse(&payload(&change)), change);
         }
-        for odd in ["", "endpoint:0:x", "endpoint:1:bad name", "endpoint:1", "keys:1", "future:thing"] {
+        assert_eq!(
+            parse(&payload(&Change::Heard)),
+            Change::Everything,
+            "never announced, read as everything"
+        );
+        for odd in
+            ["", "endpoint:0:x", "endpoint:1:bad name", "endpoint:1", "keys:1", "table:1:a-b", "future:thing"]
+        {
             assert_eq!(parse(odd), Change::Everything, "{odd}");
         }
     }

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
+use domain::{Announcer, AppendKeyState, AppendKeys, Freshness, IdempotencyKey, Written};
 use domain::{
     ApiKey, ApiKeyStore, BreakingChange, CacheAge, Change, Column, ColumnChange, ColumnType, CompareOp,
     Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationRecords,
@@ -14,7 +15,6 @@ use domain::{
     ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredColumn,
     StoredResult, Switch, SyncFrequency, TableLeases, TableName, Timestamp, TokenSecret,
 };
-use domain::{AppendKeyState, AppendKeys, Freshness, IdempotencyKey, Written};
 use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
@@ -919,8 +919,9 @@ async fn postgres_announces_committed_changes_to_every_listener() {
             let _ = sender.send(change);
         })
         .expect("PostgreSQL announces changes");
-    // Connected: whatever happened before is unknown to a new listener.
+    // Connected: whatever happened before is unknown to a new listener, and from now on every change is heard.
     assert_eq!(wait_for(&changes, |_| true), Change::Everything);
+    assert_eq!(wait_for(&changes, |_| true), Change::Heard);
 
     let p = project(&store).await;
     EndpointStore::insert(&store, new_endpoint(p, "watched")).await.unwrap();
@@ -935,9 +936,18 @@ async fn postgres_announces_committed_changes_to_every_listener() {
     EndpointStore::update(&store, p, &name("watched"), change, T0).await.unwrap();
     assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("watched") });
 
-    // Readers of a written table are announced without a change of their own.
-    EndpointStore::announce(&store, p, vec![name("watched")]).await.unwrap();
+    // A written table and its readers are announced together, in order, without a change of their own.
+    let events = TableName::parse("events").unwrap();
+    let written = vec![
+        Change::Table { project: p, name: events.clone() },
+        Change::Endpoint { project: p, name: name("watched") },
+    ];
+    Announcer::announce(&store, written).await.unwrap();
+    let table = |change: &Change| matches!(change, Change::Table { project, .. } if *project == p);
+    assert_eq!(wait_for(&changes, table), Change::Table { project: p, name: events });
     assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("watched") });
+    // Heard again at the listener's heartbeat, each second.
+    assert_eq!(wait_for(&changes, |c| *c == Change::Heard), Change::Heard);
 
     // A change that fails is rolled back and announces nothing: the next change of the project is the delete.
     let ghost = EndpointChange { description: Some("x".into()), ..Default::default() };
@@ -966,10 +976,12 @@ async fn postgres_announces_committed_changes_to_every_listener() {
     assert_eq!(wait_for(&changes, ours("project")), Change::Project { project: p });
 }
 
-#[test]
-fn sqlite_serves_one_process_and_announces_nothing() {
+#[tokio::test]
+async fn sqlite_serves_one_process_and_announces_nothing() {
     let (store, _file) = sqlite_store();
     assert!(store.database().listen_for_changes(|_| {}).is_none());
+    let change = Change::Table { project: ProjectId::new(1).unwrap(), name: TableName::parse("t").unwrap() };
+    Announcer::announce(&store, vec![change]).await.unwrap();
 }
 
 async fn table_leases_are_held_by_one_holder_until_released_or_expired(store: DieselStore) {

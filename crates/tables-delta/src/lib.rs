@@ -15,7 +15,9 @@
 //!   changing the data (`dataChange: false`, an `OPTIMIZE` commit); it is refused when a replace took its files.
 //!
 //! Each process keeps every table's snapshot ([`Snapshot`]) and moves it forward only when the log has a newer
-//! commit: a read costs one existence check of the next commit's file, as the pointer files it replaces did.
+//! commit. A read costs one existence check of the next commit's file, unless the process hears every table
+//! write of every process ([`DeltaTables::hearing`], [`DeltaTables::written`]): then a snapshot checked since the
+//! table's last announced write is read as it is, and the log is not asked at all.
 
 mod changes;
 mod external;
@@ -23,7 +25,9 @@ mod log;
 mod snapshot;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::datatypes::Schema;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel as _;
@@ -39,6 +43,10 @@ use deltalake::{DeltaTable, DeltaTableError};
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, ObjectStoreExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use url::Url;
 
 pub use changes::{Changes, Commit};
@@ -101,7 +109,16 @@ const KEPT_TABLES: usize = 1024;
 
 /// How long a snapshot known to be the table's newest is followed by existence checks of the next commit;
 /// after that the table is read from its log afresh.
-const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+const RECHECK_AFTER: Duration = Duration::from_secs(3600);
+
+/// How long a snapshot checked against the log is read without a check while the process hears every write:
+/// also how long a write whose announcement was lost (its writer could not reach the database) may go unseen.
+const TRUST_FOR: Duration = Duration::from_secs(60);
+
+/// How long after the last news that every write is heard ([`DeltaTables::hearing`], each second) it is still
+/// relied on: shorter than the 2 s a writer waits for a silent process before answering without it, so that a
+/// process whose channel stalled checks the log again before such a write is answered.
+const HEARD_WITHIN: Duration = Duration::from_millis(1500);
 
 /// The application metadata key of a commit's row counts (for the table's versions).
 pub(crate) const ROWS_ADDED: &str = "endpoints.rowsAdded";
@@ -118,6 +135,43 @@ pub struct DeltaTables {
     /// The storage root's URL, ending in `/`.
     root: Url,
     kept: Mutex<HashMap<ObjectPath, Arc<Kept>>>,
+    hearing: Hearing,
+    /// How reads found their tables' versions.
+    reads: Family<ReadSource, Counter>,
+}
+
+/// How a read found a table's newest version: `kept` from what this process hears (the storage not asked), or
+/// `checked` against the table's log.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReadSource {
+    version: &'static str,
+}
+
+/// Whether this process hears every table write of every process before that write is answered.
+#[derive(Debug, Default)]
+struct Hearing {
+    /// When it was last told so; `None` since it was told announcements may have been missed.
+    since: Mutex<Option<Instant>>,
+    /// Counts the times announcements may have been missed: a check made before the last time is not relied on.
+    epoch: AtomicU64,
+}
+
+/// What was heard when a table's snapshot was checked: relied on while nothing more is heard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Heard {
+    epoch: u64,
+    /// The table's announced writes.
+    writes: u64,
+}
+
+/// A table's newest snapshot read or made.
+#[derive(Debug)]
+struct Known {
+    snapshot: Arc<Snapshot>,
+    /// When it was last known to be the newest.
+    at: Instant,
+    /// What was heard before it was known to be (see [`DeltaTables::trusted`]).
+    heard: Heard,
 }
 
 /// One table as this process keeps it.
@@ -130,8 +184,10 @@ struct Kept {
     state: tokio::sync::Mutex<Option<DeltaTableState>>,
     /// Taken by an append or a compaction for its commit.
     appending: tokio::sync::Mutex<()>,
-    /// Its newest snapshot read or made, and when it was last known to be the newest.
-    snapshot: Mutex<Option<(Arc<Snapshot>, std::time::Instant)>>,
+    /// Its newest snapshot read or made.
+    snapshot: Mutex<Option<Known>>,
+    /// Its writes announced to this process.
+    writes: AtomicU64,
 }
 
 /// Why a commit did not land.
@@ -149,12 +205,13 @@ impl Kept {
         guard: &mut Option<DeltaTableState>,
         builder: CommitBuilder,
         operation: DeltaOperation,
+        heard: Heard,
     ) -> Result<u64, Failed> {
         let read = guard.as_ref().map(|state| state as &dyn TableReference);
         match builder.build(read, Arc::clone(&self.log), operation).await {
             Ok(done) => {
                 let version = done.version();
-                self.adopt(table, guard, done.snapshot).map_err(Failed::Error)?;
+                self.adopt(table, guard, done.snapshot, heard).map_err(Failed::Error)?;
                 Ok(version)
             }
             Err(DeltaTableError::Transaction {
@@ -169,38 +226,48 @@ impl Kept {
 
     /// The newest snapshot this process read or made.
     fn newest(&self) -> Option<Arc<Snapshot>> {
-        self.snapshot.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|(s, _)| Arc::clone(s))
+        self.known(|_| true)
     }
 
     /// The newest snapshot, when it was known to be the newest within [`RECHECK_AFTER`]: only then is the
     /// commit after it sure to be in the log if it was made (the log's clean-up removes commits older than the
     /// table's retention, days). Then the table is read afresh from the log.
     fn checked_newest(&self) -> Option<Arc<Snapshot>> {
-        let kept = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.as_ref().filter(|(_, at)| at.elapsed() < RECHECK_AFTER).map(|(s, _)| Arc::clone(s))
+        self.known(|known| known.at.elapsed() < RECHECK_AFTER)
     }
 
-    /// Keeps `snapshot` when it is newer than the one kept, as known to be the newest now; answers the newest.
-    fn advance(&self, snapshot: Arc<Snapshot>) -> Arc<Snapshot> {
+    fn known(&self, usable: impl Fn(&Known) -> bool) -> Option<Arc<Snapshot>> {
+        let kept = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.as_ref().filter(|known| usable(known)).map(|known| Arc::clone(&known.snapshot))
+    }
+
+    /// Keeps `snapshot` when it is newer than the one kept, as known to be the newest now, by a check that began
+    /// after `heard`; answers the newest.
+    fn advance(&self, snapshot: Arc<Snapshot>, heard: Heard) -> Arc<Snapshot> {
         let mut kept = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
-        let newest = match kept.as_ref() {
-            Some((newer, _)) if newer.version >= snapshot.version => Arc::clone(newer),
-            _ => snapshot,
+        let (newest, heard) = match kept.as_ref() {
+            // Known since a later check: its news hold for this one too (both counters only grow).
+            Some(known) if known.snapshot.version >= snapshot.version => {
+                (Arc::clone(&known.snapshot), known.heard.max(heard))
+            }
+            Some(known) => (snapshot, known.heard.max(heard)),
+            None => (snapshot, heard),
         };
-        *kept = Some((Arc::clone(&newest), std::time::Instant::now()));
+        *kept = Some(Known { snapshot: Arc::clone(&newest), at: Instant::now(), heard });
         newest
     }
 
-    /// Takes the state a commit of this process left (the log is not read again for it).
+    /// Takes the state a commit of this process left (the log is not read again for it), made after `heard`.
     fn adopt(
         &self,
         table: &ObjectPath,
         state: &mut Option<DeltaTableState>,
         done: DeltaTableState,
+        heard: Heard,
     ) -> Result<(), CommitError> {
         let fresh = Arc::new(Snapshot::of(table, &done).map_err(|e| CommitError::storage(table, e))?);
         *state = Some(done);
-        self.advance(fresh);
+        self.advance(fresh, heard);
         Ok(())
     }
 }
@@ -208,7 +275,71 @@ impl Kept {
 impl DeltaTables {
     /// The tables under `root`: `store` addresses objects from the root, `url_store` by their URL's path.
     pub fn new(store: Arc<dyn ObjectStore>, url_store: Arc<dyn ObjectStore>, root: Url) -> Self {
-        Self { store, url_store, root, kept: Mutex::default() }
+        Self {
+            store,
+            url_store,
+            root,
+            kept: Mutex::default(),
+            hearing: Hearing::default(),
+            reads: Family::default(),
+        }
+    }
+
+    /// Exposes how reads found their tables' versions in `registry`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "table_version_reads",
+            "Reads of a table's newest version: kept (known from the writes this process hears, the storage not \
+             asked) or checked against the table's log",
+            self.reads.clone(),
+        );
+    }
+
+    /// How many reads found their version kept, and how many checked it against the log.
+    pub fn reads(&self) -> (u64, u64) {
+        let count = |version| self.reads.get_or_create(&ReadSource { version }).get();
+        (count("kept"), count("checked"))
+    }
+
+    /// Whether this process hears every table write of every process before the write is answered (`true`, told
+    /// again each second while it does), or may have missed some (`false`). While it hears them, a table's
+    /// snapshot checked since its last announced write ([`DeltaTables::written`]) is read without asking the log.
+    pub fn hearing(&self, heard: bool) {
+        let mut since = self.hearing.since.lock().unwrap_or_else(PoisonError::into_inner);
+        if heard {
+            *since = Some(Instant::now());
+        } else {
+            *since = None;
+            self.hearing.epoch.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Some process wrote the table: the log is asked at its next read.
+    pub fn written(&self, table: &ObjectPath) {
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        // A table not kept is read from its log anyway.
+        if let Some(kept) = kept.get(table) {
+            kept.writes.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// What is heard now of the table: taken before a check of its log, and kept with what the check found.
+    fn heard(&self, kept: &Kept) -> Heard {
+        Heard {
+            epoch: self.hearing.epoch.load(Ordering::Acquire),
+            writes: kept.writes.load(Ordering::Acquire),
+        }
+    }
+
+    /// The table's kept snapshot, when it can be read without asking the log: this process hears every write,
+    /// nothing was heard since the snapshot was checked, and that was within [`TRUST_FOR`].
+    fn trusted(&self, kept: &Kept) -> Option<Arc<Snapshot>> {
+        let hears = self.hearing.since.lock().unwrap_or_else(PoisonError::into_inner);
+        if !hears.is_some_and(|since| since.elapsed() < HEARD_WITHIN) {
+            return None;
+        }
+        let now = self.heard(kept);
+        kept.known(|known| known.heard == now && known.at.elapsed() < TRUST_FOR)
     }
 
     /// The table's location as a URL, ending in `/`.
@@ -241,6 +372,7 @@ impl DeltaTables {
                 state: tokio::sync::Mutex::new(None),
                 appending: tokio::sync::Mutex::new(()),
                 snapshot: Mutex::new(None),
+                writes: AtomicU64::new(0),
             })
         }))
     }
@@ -253,18 +385,24 @@ impl DeltaTables {
         self.log_store(table).is_delta_table_location().await.map_err(|e| CommitError::storage(table, e))
     }
 
-    /// The table's newest snapshot, `None` when the prefix holds no Delta table. One existence check of the
-    /// next commit when this process read the table before; the log's new commits when there are some.
+    /// The table's newest snapshot, `None` when the prefix holds no Delta table. Nothing is read when it is
+    /// known to be the newest from what this process hears ([`DeltaTables::hearing`]); else one existence check
+    /// of the next commit when this process read the table before, and the log's new commits when there are some.
     ///
     /// # Errors
     /// [`CommitError::Storage`].
     pub async fn snapshot(&self, table: &ObjectPath) -> Result<Option<Arc<Snapshot>>, CommitError> {
         let kept = self.kept(table);
-        let known = kept.checked_newest();
-        if let Some(known) = known {
+        if let Some(trusted) = self.trusted(&kept) {
+            self.reads.get_or_create(&ReadSource { version: "kept" }).inc();
+            return Ok(Some(trusted));
+        }
+        self.reads.get_or_create(&ReadSource { version: "checked" }).inc();
+        let heard = self.heard(&kept);
+        if let Some(known) = kept.checked_newest() {
             let next = table.clone().join("_delta_log").join(format!("{:020}.json", known.version + 1));
             match self.store.head(&next).await {
-                Err(object_store::Error::NotFound { .. }) => return Ok(Some(known)),
+                Err(object_store::Error::NotFound { .. }) => return Ok(Some(kept.advance(known, heard))),
                 Err(e) => return Err(CommitError::storage(table, e)),
                 Ok(_) => {}
             }
@@ -275,10 +413,10 @@ impl DeltaTables {
                 .await
                 .map_err(|e| CommitError::storage(table, e))?;
             if let Some(followed) = self.follow(table, &known, latest).await? {
-                return Ok(Some(kept.advance(Arc::new(followed))));
+                return Ok(Some(kept.advance(Arc::new(followed), heard)));
             }
         }
-        self.refresh(table, &kept).await
+        self.refresh(table, &kept, heard).await
     }
 
     /// `base` moved to version `to` by the commits after it, when they only added and removed files (`None`
@@ -306,7 +444,12 @@ impl DeltaTables {
 
     /// Reads the table's log forward from what this process knows of it, or afresh from its newest checkpoint
     /// when that fails (the commits after the state it knows were cleaned up, or it knows none).
-    async fn refresh(&self, table: &ObjectPath, kept: &Kept) -> Result<Option<Arc<Snapshot>>, CommitError> {
+    async fn refresh(
+        &self,
+        table: &ObjectPath,
+        kept: &Kept,
+        heard: Heard,
+    ) -> Result<Option<Arc<Snapshot>>, CommitError> {
         let mut guard = kept.state.lock().await;
         let followed = match guard.as_mut() {
             Some(state) => state.update(kept.log.as_ref(), None).await.is_ok(),
@@ -321,10 +464,10 @@ impl DeltaTables {
         }
         let state = guard.as_ref().expect("the state was read above");
         if let Some(known) = kept.newest().filter(|known| known.version == state.version()) {
-            return Ok(Some(kept.advance(known)));
+            return Ok(Some(kept.advance(known, heard)));
         }
         let fresh = Arc::new(Snapshot::of(table, state).map_err(|e| CommitError::storage(table, e))?);
-        Ok(Some(kept.advance(fresh)))
+        Ok(Some(kept.advance(fresh, heard)))
     }
 
     /// The table as it was at `at_ms` (milliseconds since the Unix epoch): its newest version committed at or
@@ -431,11 +574,12 @@ impl DeltaTables {
         for _ in 0..COMMIT_ATTEMPTS {
             let version = base.version + 1;
             let entry = CommitOrBytes::LogBytes(bytes.clone());
+            let heard = self.heard(kept);
             match kept.log.write_commit_entry(version, entry, uuid::Uuid::new_v4()).await {
                 Ok(()) => {
                     let mut next = Snapshot::clone(&base);
                     apply(table, &mut next, version, &commit.actions);
-                    kept.advance(Arc::new(next));
+                    kept.advance(Arc::new(next), heard);
                     self.checkpoint_after(table, kept, version);
                     return Ok(version);
                 }
@@ -446,10 +590,10 @@ impl DeltaTables {
                         .await
                         .map_err(|e| CommitError::storage(table, e))?;
                     base = match self.follow(table, &base, latest).await? {
-                        Some(followed) => kept.advance(Arc::new(followed)),
+                        Some(followed) => kept.advance(Arc::new(followed), heard),
                         // Too many commits to follow one by one: the log is read, and the commit holds if the
                         // columns and properties are still those it was made for.
-                        None => match self.refresh(table, kept).await? {
+                        None => match self.refresh(table, kept, heard).await? {
                             Some(now) if now.schema == base.schema && now.properties == base.properties => {
                                 now
                             }
@@ -542,7 +686,8 @@ impl DeltaTables {
         let rows: u64 = files.iter().map(|f| f.rows).sum();
         let kept = self.kept(table);
         for _ in 0..REPLACE_ATTEMPTS {
-            let current = self.refresh(table, &kept).await?;
+            let heard = self.heard(&kept);
+            let current = self.refresh(table, &kept, heard).await?;
             let mut guard = kept.state.lock().await;
             // The files to remove are those of the state the commit is made on: read again if it moved since.
             if guard.as_ref().map(DeltaTableState::version) != current.as_ref().map(|c| c.version) {
@@ -597,7 +742,7 @@ impl DeltaTables {
                 .with_actions(actions)
                 .with_app_metadata(note)
                 .with_max_retries(0);
-            match kept.commit(table, &mut guard, builder, operation).await {
+            match kept.commit(table, &mut guard, builder, operation, heard).await {
                 Ok(version) => return Ok(Some((version, current.is_none()))),
                 Err(Failed::Conflict) => continue,
                 Err(Failed::Error(err)) => return Err(err),
@@ -660,7 +805,7 @@ impl DeltaTables {
         retention: std::time::Duration,
     ) -> Result<usize, CommitError> {
         let kept = self.kept(table);
-        if self.refresh(table, &kept).await?.is_none() {
+        if self.refresh(table, &kept, self.heard(&kept)).await?.is_none() {
             return Ok(0);
         }
         let mut delta = DeltaTable::new(Arc::clone(&kept.log));

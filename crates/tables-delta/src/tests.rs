@@ -123,6 +123,73 @@ async fn concurrent_appends_of_two_nodes_all_land_exactly_once() {
     }
 }
 
+/// The version `node` reads of the table.
+async fn version_read(node: &DeltaTables) -> u64 {
+    node.snapshot(&table()).await.expect("read").expect("a table").version
+}
+
+#[tokio::test]
+async fn a_node_that_hears_every_write_reads_its_kept_version_until_a_write_is_announced() {
+    let root = root(2);
+    let (writer, reader) = (&root.nodes[0], &root.nodes[1]);
+    let first = file(&root.store, &["a"], &[0]).await;
+    writer.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    let append = || async {
+        let rows = file(&root.store, &["a"], &[1]).await;
+        writer.append(&table(), 0, &[rows], note()).await.expect("appended")
+    };
+    // Not hearing: each read asks the log, and sees a commit at once.
+    assert_eq!(version_read(reader).await, 0);
+    append().await;
+    assert_eq!(version_read(reader).await, 1);
+
+    // Hearing: the version checked is read as it is; the log is not asked (it holds version 2 now).
+    reader.hearing(true);
+    append().await;
+    assert_eq!(version_read(reader).await, 1, "a write not announced is not looked for");
+    // The write announced: the next read asks the log.
+    reader.written(&table());
+    assert_eq!(version_read(reader).await, 2);
+    append().await;
+    assert_eq!(version_read(reader).await, 2);
+
+    // Announcements may have been missed (the channel dropped): every read asks the log, and a check made
+    // then is not relied on once they are heard again (a reconnection: everything may have been missed, then
+    // heard).
+    reader.hearing(false);
+    assert_eq!(version_read(reader).await, 3);
+    append().await;
+    assert_eq!(version_read(reader).await, 4);
+    reader.hearing(false);
+    reader.hearing(true);
+    append().await;
+    assert_eq!(version_read(reader).await, 5);
+    append().await;
+    assert_eq!(version_read(reader).await, 5);
+
+    // Hearing goes stale without news each second (a stalled channel): the log is asked.
+    *reader.hearing.since.lock().unwrap() = Some(Instant::now() - HEARD_WITHIN);
+    assert_eq!(version_read(reader).await, 6);
+    reader.hearing(true);
+    append().await;
+    assert_eq!(version_read(reader).await, 6);
+    // A version checked longer ago than it is trusted for is checked again (a lost announcement's bound).
+    let kept = reader.kept(&table());
+    kept.snapshot.lock().unwrap().as_mut().expect("kept").at = Instant::now() - TRUST_FOR;
+    assert_eq!(version_read(reader).await, 7);
+    // Each read counted by how it found its version.
+    assert_eq!(reader.reads(), (4, 8));
+
+    // The writer's own commit is the newest it knows, until its own announcement comes back.
+    writer.hearing(true);
+    assert_eq!(version_read(writer).await, 7);
+    let rows = file(&root.store, &["a"], &[1]).await;
+    reader.append(&table(), 0, &[rows], note()).await.expect("appended by the other node");
+    assert_eq!(version_read(writer).await, 7);
+    writer.written(&table());
+    assert_eq!(version_read(writer).await, 8);
+}
+
 #[tokio::test]
 async fn a_replace_removes_what_another_node_appended_after_it_read_the_table() {
     let root = root(2);

@@ -12,6 +12,7 @@ use super::idempotency::IDEMPOTENCY_WINDOW;
 use super::model::{Compaction, TableName};
 use super::ports::{AppendKeys, TableLeases, TableStore};
 use crate::access::ProjectId;
+use crate::changes::{Announcer, Change};
 use crate::clock::Clock;
 use crate::error::Error;
 
@@ -32,6 +33,7 @@ pub struct TableMaintenance {
     tables: Arc<dyn TableStore>,
     leases: Arc<dyn TableLeases>,
     keys: Arc<dyn AppendKeys>,
+    announcer: Arc<dyn Announcer>,
     clock: Arc<dyn Clock>,
     /// How long a lease lasts: longer than a compaction takes, and how long a crashed holder keeps others out.
     lease: Duration,
@@ -44,6 +46,8 @@ pub struct MaintenanceDeps {
     pub tables: Arc<dyn TableStore>,
     pub leases: Arc<dyn TableLeases>,
     pub keys: Arc<dyn AppendKeys>,
+    /// Tells the other processes of a compaction, so that they read the merged files.
+    pub announcer: Arc<dyn Announcer>,
     pub clock: Arc<dyn Clock>,
     /// How long a lease lasts.
     pub lease: Duration,
@@ -51,8 +55,8 @@ pub struct MaintenanceDeps {
 
 impl TableMaintenance {
     pub fn new(deps: MaintenanceDeps) -> Self {
-        let MaintenanceDeps { tables, leases, keys, clock, lease } = deps;
-        Self { tables, leases, keys, clock, lease, holder: Uuid::new_v4() }
+        let MaintenanceDeps { tables, leases, keys, announcer, clock, lease } = deps;
+        Self { tables, leases, keys, announcer, clock, lease, holder: Uuid::new_v4() }
     }
 
     /// The tables appended to since this process last compacted them.
@@ -80,6 +84,11 @@ impl TableMaintenance {
         match compacted {
             Ok(Some(done)) => {
                 debug!(%project, %table, ?done, "compacted a table");
+                // Not waited for: the rows are the same; a process that has not heard yet reads the files merged.
+                let change = Change::Table { project, name: table.clone() };
+                if let Err(err) = self.announcer.announce(vec![change]).await {
+                    warn!(%project, %table, error = %err, "cannot tell other processes of a compaction");
+                }
                 CompactionOutcome::Compacted(done)
             }
             Ok(None) => CompactionOutcome::NothingToDo,
@@ -117,11 +126,21 @@ impl TableMaintenance {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changes::MockAnnouncer;
     use crate::error::EngineError;
     use crate::tables::{MockAppendKeys, MockTableLeases, MockTableStore};
     use crate::testing::{project, ManualClock, T0};
 
+    /// A service whose compactions announce nothing (`announcer` expects nothing).
     fn service(tables: MockTableStore, leases: MockTableLeases) -> TableMaintenance {
+        announcing(tables, leases, MockAnnouncer::new())
+    }
+
+    fn announcing(
+        tables: MockTableStore,
+        leases: MockTableLeases,
+        announcer: MockAnnouncer,
+    ) -> TableMaintenance {
         let pending = uuid::Uuid::from_u128(7);
         let mut keys = MockAppendKeys::new();
         keys.expect_pending().returning(move |_, _| Ok(vec![pending]));
@@ -130,6 +149,7 @@ mod tests {
             tables: Arc::new(tables),
             leases: Arc::new(leases),
             keys: Arc::new(keys),
+            announcer: Arc::new(announcer),
             clock: Arc::new(ManualClock::new(T0)),
             lease: Duration::from_secs(60),
         })
@@ -161,7 +181,14 @@ mod tests {
             .times(1)
             .returning(|_, _, _, _, _| Ok(true));
         leases.expect_release().times(1).returning(|_, _, _| Ok(()));
-        let service = service(tables, leases);
+        // Other processes are told, so that they read the merged files.
+        let mut announcer = MockAnnouncer::new();
+        announcer
+            .expect_announce()
+            .withf(|changes| *changes == vec![Change::Table { project: project(1), name: events() }])
+            .times(1)
+            .returning(|_| Ok(()));
+        let service = announcing(tables, leases, announcer);
         assert_eq!(service.candidates(), vec![(project(1), events())]);
         let outcome = service.compact(project(1), &events()).await;
         assert!(matches!(outcome, CompactionOutcome::Compacted(d) if d == done));

@@ -10,6 +10,7 @@ use super::idempotency::{AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, 
 use super::model::{ExternalSource, Table, TableCommit, TableInfo, TableName, Upload, WriteMode, Written};
 use super::ports::{AppendKeys, TableStore};
 use crate::access::ProjectId;
+use crate::changes::{Announcer, Change};
 use crate::clock::Clock;
 use crate::endpoints::{EndpointChanges, EndpointName, EndpointStore, PlannedQuery};
 use crate::error::{EngineError, Error, StoreError, UploadError};
@@ -26,6 +27,8 @@ pub struct TableDeps {
     pub engine: Arc<dyn QueryEngine>,
     /// Told of every endpoint that reads a table a write changed, so its cached runs go at once.
     pub changes: Arc<dyn EndpointChanges>,
+    /// Tells the other processes of a write: the table and its readers.
+    pub announcer: Arc<dyn Announcer>,
     /// Told of every materialized endpoint that reads a table a write changed, so its stored result follows
     /// within its `freshness_seconds`.
     pub materializations: Arc<dyn MaterializationRecords>,
@@ -43,6 +46,7 @@ pub struct TableService {
     endpoints: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
     changes: Arc<dyn EndpointChanges>,
+    announcer: Arc<dyn Announcer>,
     materializations: Arc<dyn MaterializationRecords>,
     keys: Arc<dyn AppendKeys>,
     clock: Arc<dyn Clock>,
@@ -88,9 +92,28 @@ fn not_found(name: &TableName) -> Error {
 
 impl TableService {
     pub fn new(deps: TableDeps) -> Self {
-        let TableDeps { tables, endpoints, engine, changes, materializations, keys, clock, append_in_flight } =
-            deps;
-        Self { tables, endpoints, engine, changes, materializations, keys, clock, append_in_flight }
+        let TableDeps {
+            tables,
+            endpoints,
+            engine,
+            changes,
+            announcer,
+            materializations,
+            keys,
+            clock,
+            append_in_flight,
+        } = deps;
+        Self {
+            tables,
+            endpoints,
+            engine,
+            changes,
+            announcer,
+            materializations,
+            keys,
+            clock,
+            append_in_flight,
+        }
     }
 
     /// The endpoints whose current version reads any of `tables` (the store's index), each with the tables it
@@ -333,15 +356,25 @@ impl TableService {
             }
             self.changes.changed(project, endpoint);
         }
-        // The table is written whatever happens now: a process that missed this keeps stale runs only until
-        // their cache age runs out.
-        if stale.is_empty() {
-            // Nobody to tell.
-        } else if let Err(err) = self.endpoints.announce(project, stale).await {
-            warn!(table = %name, error = %err, "cannot tell other processes that a table's readers changed");
-        }
+        self.tell(project, &written, stale).await;
         let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name))?;
         Ok(Table { info, used_by })
+    }
+
+    /// Tells the other processes that `tables` were written and that the `stale` endpoints changed with them, and
+    /// waits until they applied it: a run on any process after the write was answered reads it, without asking
+    /// the storage for the table's newest version. The write is made whatever happens here: a process that
+    /// missed the announcement asks the storage again within a minute.
+    async fn tell(&self, project: ProjectId, tables: &[&TableName], stale: Vec<EndpointName>) {
+        let changes = tables
+            .iter()
+            .map(|&name| Change::Table { project, name: name.clone() })
+            .chain(stale.into_iter().map(|name| Change::Endpoint { project, name }))
+            .collect();
+        if let Err(err) = self.announcer.announce(changes).await {
+            warn!(%project, error = %err, "cannot tell other processes that a table was written");
+        }
+        self.changes.settled().await;
     }
 
     /// Plans an endpoint's current version again after a table it reads was replaced, and records what that
@@ -386,6 +419,7 @@ impl TableService {
             )));
         }
         if self.tables.delete(project, name).await? {
+            self.tell(project, &[name], Vec::new()).await;
             Ok(())
         } else {
             Err(not_found(name))

@@ -7,6 +7,7 @@ use serde_json::json;
 use super::super::model::{ExternalSource, TableColumn, TableFormat, TableSource, WriteMode};
 use super::super::ports::{MockAppendKeys, MockTableStore};
 use super::*;
+use crate::changes::MockAnnouncer;
 use crate::endpoints::{Endpoint, MockEndpointChanges, MockEndpointStore, TableReader};
 use crate::error::UploadError;
 use crate::materialization::MockMaterializationRecords;
@@ -67,8 +68,20 @@ fn endpoints() -> MockEndpointStore {
     store
         .expect_get()
         .returning(|_, name| all().into_iter().find(|e| e.name == *name).ok_or(StoreError::NotFound));
-    store.expect_announce().returning(|_, _| Ok(()));
     store
+}
+
+/// An announcer that takes anything.
+fn announcer() -> MockAnnouncer {
+    let mut announcer = MockAnnouncer::new();
+    announcer.expect_announce().returning(|_| Ok(()));
+    announcer
+}
+
+/// `changes` that are waited for without a count.
+fn settling(mut changes: MockEndpointChanges) -> MockEndpointChanges {
+    changes.expect_settled().returning(|| ());
+    changes
 }
 
 /// The id of `sales_by_day`, the one materialized reader.
@@ -131,7 +144,7 @@ fn service_with_keys(
 ) -> TableService {
     let mut materializations = MockMaterializationRecords::new();
     materializations.expect_appended().returning(|_, _| Ok(()));
-    service_with(tables, endpoints, engine, changes, keys, materializations)
+    service_with(tables, endpoints, engine, settling(changes), keys, materializations, announcer())
 }
 
 fn service_with(
@@ -141,12 +154,14 @@ fn service_with(
     changes: MockEndpointChanges,
     keys: MockAppendKeys,
     materializations: MockMaterializationRecords,
+    announcer: MockAnnouncer,
 ) -> TableService {
     TableService::new(TableDeps {
         tables: Arc::new(tables),
         endpoints: Arc::new(endpoints),
         engine: Arc::new(engine),
         changes: Arc::new(changes),
+        announcer: Arc::new(announcer),
         materializations: Arc::new(materializations),
         keys: Arc::new(keys),
         clock: Arc::new(crate::testing::ManualClock::new(T0)),
@@ -178,13 +193,37 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     let mut changes = MockEndpointChanges::new();
     let seen = Arc::clone(&told);
     changes.expect_changed().returning(move |_, name| seen.lock().unwrap().push(name.to_string()));
-    let (table, written) = service(tables, engine(), changes)
-        .write_named(project(1), "sales", upload(WriteMode::Append))
-        .await
-        .unwrap();
+    // Answered once the other processes applied the announcement of the table and its readers.
+    let settled = Arc::clone(&told);
+    changes.expect_settled().times(1).returning(move || settled.lock().unwrap().push("settled".into()));
+    let mut announcer = MockAnnouncer::new();
+    let announced = Arc::clone(&told);
+    announcer.expect_announce().times(1).returning(move |changes| {
+        let name = |n: &str| EndpointName::parse(n).unwrap();
+        let expected = vec![
+            Change::Table { project: project(1), name: TableName::parse("sales").unwrap() },
+            Change::Endpoint { project: project(1), name: name("sales_by_day") },
+            Change::Endpoint { project: project(1), name: name("legacy") },
+        ];
+        assert_eq!(changes, expected);
+        announced.lock().unwrap().push("announced".into());
+        Ok(())
+    });
+    let mut materializations = MockMaterializationRecords::new();
+    materializations.expect_appended().returning(|_, _| Ok(()));
+    let service = service_with(
+        tables,
+        endpoints(),
+        engine(),
+        changes,
+        MockAppendKeys::new(),
+        materializations,
+        announcer,
+    );
+    let (table, written) = service.write_named(project(1), "sales", upload(WriteMode::Append)).await.unwrap();
     assert_eq!(written.rows, 2);
     let readers = vec!["sales_by_day".to_owned(), "legacy".to_owned()];
-    assert_eq!(*told.lock().unwrap(), readers);
+    assert_eq!(*told.lock().unwrap(), [&readers[..], &["announced".into(), "settled".into()]].concat());
     assert_eq!(table.used_by.iter().map(|n| n.to_string()).collect::<Vec<_>>(), readers);
 }
 
@@ -214,7 +253,15 @@ async fn a_write_makes_its_materialized_readers_due_within_their_freshness_befor
         });
         let mut changes = MockEndpointChanges::new();
         changes.expect_changed().return_const(());
-        let service = service_with(tables, store, engine, changes, MockAppendKeys::new(), materializations);
+        let service = service_with(
+            tables,
+            store,
+            engine,
+            settling(changes),
+            MockAppendKeys::new(),
+            materializations,
+            announcer(),
+        );
         service.write_named(project(1), "sales", upload(mode)).await.unwrap();
     }
     // A write to a table no materialized endpoint reads records nothing; one that cannot be recorded fails, so
@@ -228,8 +275,15 @@ async fn a_write_makes_its_materialized_readers_due_within_their_freshness_befor
     materializations.expect_appended().times(1).returning(|_, _| Err(StoreError::Unavailable("down".into())));
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
-    let service =
-        service_with(tables, endpoints(), engine(), changes, MockAppendKeys::new(), materializations);
+    let service = service_with(
+        tables,
+        endpoints(),
+        engine(),
+        settling(changes),
+        MockAppendKeys::new(),
+        materializations,
+        announcer(),
+    );
     service.write_named(project(1), "events", upload(WriteMode::Append)).await.unwrap();
     assert!(service.write_named(project(1), "sales", upload(WriteMode::Append)).await.is_err());
 }
@@ -254,12 +308,6 @@ async fn a_replace_plans_its_readers_again_and_records_what_that_told() {
     store.expect_replan().returning(move |_, version, replanned| {
         record.lock().unwrap().push((version, replanned));
         Ok(true)
-    });
-    let announced = Arc::new(Mutex::new(Vec::new()));
-    let announce = Arc::clone(&announced);
-    store.expect_announce().returning(move |_, names| {
-        announce.lock().unwrap().extend(names.iter().map(ToString::to_string));
-        Ok(())
     });
     let mut engine = MockQueryEngine::new();
     engine.expect_describe().returning(|_, q| match q.sql.as_str() {
@@ -286,7 +334,6 @@ async fn a_replace_plans_its_readers_again_and_records_what_that_told() {
     let (version, Ok(planned)) = &recorded[1] else { panic!("{:?}", recorded[1]) };
     assert_eq!((*version, planned.tables.clone()), (4, vec!["sales".to_owned()]));
     assert_eq!(planned.columns[0].column_type, ColumnType::Float, "the new columns are recorded");
-    assert_eq!(*announced.lock().unwrap(), vec!["sales_by_day".to_owned(), "legacy".to_owned()]);
 }
 
 #[tokio::test]

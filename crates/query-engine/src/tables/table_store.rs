@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use datafusion::common::TableReference;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use domain::{
-    Compaction, EngineError, ExternalSource, Invalid, Page, PageRequest, ProjectId, TableColumn, TableCommit,
-    TableFormat, TableInfo, TableName, TableSource, TableStore, TaggedWrite, Upload, UploadError, WriteMode,
-    Written,
+    Compaction, EngineError, ExternalSource, Invalid, KeptTables, Page, PageRequest, ProjectId, TableColumn,
+    TableCommit, TableFormat, TableInfo, TableName, TableSource, TableStore, TaggedWrite, Upload,
+    UploadError, WriteMode, Written,
 };
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
@@ -523,6 +523,17 @@ fn staged_error(err: StagedError, staged: Option<&ObjectPath>) -> UploadError {
             "The table reads an external source where it is: add the rows there, or replace the table with PUT.",
         )),
         StagedError::Write(reason) => UploadError::Engine(EngineError::Unavailable(reason.into())),
+    }
+}
+
+/// The tables' versions this process keeps follow the writes every process announces.
+impl KeptTables for DataFusionEngine {
+    fn written(&self, project: ProjectId, name: &TableName) {
+        self.storage.tables().written(&table_prefix(project, name.as_str()));
+    }
+
+    fn hearing(&self, heard: bool) {
+        self.storage.tables().hearing(heard);
     }
 }
 
