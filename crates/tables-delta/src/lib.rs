@@ -147,13 +147,44 @@ struct ReadSource {
     version: &'static str,
 }
 
-/// Whether this process hears every table write of every process before that write is answered.
-#[derive(Debug, Default)]
+/// Whether this process hears every table write of every process before that write is answered. Read on every
+/// table read, so without a lock.
+#[derive(Debug)]
 struct Hearing {
-    /// When it was last told so; `None` since it was told announcements may have been missed.
-    since: Mutex<Option<Instant>>,
+    /// What [`Hearing::until`] counts from.
+    origin: Instant,
+    /// Until when the last news that every write is heard holds ([`HEARD_WITHIN`] after it came), in nanoseconds
+    /// from `origin`; 0 since it was told announcements may have been missed.
+    until: AtomicU64,
     /// Counts the times announcements may have been missed: a check made before the last time is not relied on.
     epoch: AtomicU64,
+}
+
+impl Default for Hearing {
+    fn default() -> Self {
+        Self { origin: Instant::now(), until: AtomicU64::new(0), epoch: AtomicU64::new(0) }
+    }
+}
+
+impl Hearing {
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn heard(&self) {
+        self.until.store(self.nanos(Instant::now() + HEARD_WITHIN), Ordering::Release);
+    }
+
+    fn missed(&self) {
+        // The epoch first: a read that still finds the news sees the check it relies on outdated.
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.until.store(0, Ordering::Release);
+    }
+
+    /// Whether the news that every write is heard came within [`HEARD_WITHIN`].
+    fn hears(&self) -> bool {
+        self.nanos(Instant::now()) < self.until.load(Ordering::Acquire)
+    }
 }
 
 /// What was heard when a table's snapshot was checked: relied on while nothing more is heard.
@@ -305,12 +336,10 @@ impl DeltaTables {
     /// again each second while it does), or may have missed some (`false`). While it hears them, a table's
     /// snapshot checked since its last announced write ([`DeltaTables::written`]) is read without asking the log.
     pub fn hearing(&self, heard: bool) {
-        let mut since = self.hearing.since.lock().unwrap_or_else(PoisonError::into_inner);
         if heard {
-            *since = Some(Instant::now());
+            self.hearing.heard();
         } else {
-            *since = None;
-            self.hearing.epoch.fetch_add(1, Ordering::AcqRel);
+            self.hearing.missed();
         }
     }
 
@@ -334,8 +363,7 @@ impl DeltaTables {
     /// The table's kept snapshot, when it can be read without asking the log: this process hears every write,
     /// nothing was heard since the snapshot was checked, and that was within [`TRUST_FOR`].
     fn trusted(&self, kept: &Kept) -> Option<Arc<Snapshot>> {
-        let hears = self.hearing.since.lock().unwrap_or_else(PoisonError::into_inner);
-        if !hears.is_some_and(|since| since.elapsed() < HEARD_WITHIN) {
+        if !self.hearing.hears() {
             return None;
         }
         let now = self.heard(kept);
