@@ -249,6 +249,43 @@ def write_latency(node):
     return {"p50": statistics.median(times), "p99": times[int(len(times) * 0.99) - 1]}
 
 
+TABLE_ROWS = b"id,region,amount\n" + b"".join(f"{i},r{i},{i}\n".encode() for i in range(5))
+
+
+def send_rows(node, method, path, body):
+    request = urllib.request.Request(node.base + path, data=body, method=method)
+    request.add_header("Authorization", f"Bearer {node.key}")
+    request.add_header("Content-Type", "text/csv")
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return response.read()
+
+
+def table_latency(first, last):
+    """p50 and p99 in ms of WRITES sequential 5-row appends through `first` (each answered once every other node
+    heard of it), then of WRITES live runs over the table on `last` (which reads the version it keeps without
+    asking the storage while it hears every write)."""
+    send_rows(first, "PUT", "/api/projects/1/tables/probe", TABLE_ROWS)
+    body = {"name": "table-probe", "cache_age_seconds": 0,
+            "query": {"kind": "SQLQuery", "query": "SELECT region, count(*) AS n FROM probe GROUP BY region"}}
+    try:
+        first.request("POST", "/api/projects/1/endpoints/", body)
+    except urllib.error.HTTPError as e:
+        if e.code != 409:
+            raise
+    figures = {}
+    for name, call in (("append", lambda: send_rows(first, "POST", "/api/projects/1/tables/probe/rows", TABLE_ROWS)),
+                       ("run", lambda: last.request("GET", "/api/projects/1/endpoints/table-probe/run"))):
+        call()
+        times = []
+        for _ in range(WRITES):
+            started = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - started) * 1000)
+        times.sort()
+        figures[name] = {"p50": statistics.median(times), "p99": times[int(len(times) * 0.99) - 1]}
+    return figures
+
+
 def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
     """Cached-run throughput of 1, 2 and 3 `serve` nodes on one PostgreSQL database, each loaded by its own wrk;
     and the latency of a write through the first while the others listen."""
@@ -267,11 +304,14 @@ def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
                                         for _ in range(rounds)])
             time.sleep(2)  # every node's heartbeat is in
             figures[count]["write"] = write_latency(nodes[0])
+            figures[count]["table"] = table_latency(nodes[0], nodes[-1])
         finally:
             for node in nodes:
                 node.stop()
         log(f"cached on {count} node(s): {figures[count]['rps']:.0f} req/s; a write "
-            f"p50 {figures[count]['write']['p50']:.1f} ms, p99 {figures[count]['write']['p99']:.1f} ms")
+            f"p50 {figures[count]['write']['p50']:.1f} ms, p99 {figures[count]['write']['p99']:.1f} ms; an append "
+            f"p50 {figures[count]['table']['append']['p50']:.1f} ms, a live run on the last node "
+            f"p50 {figures[count]['table']['run']['p50']:.1f} ms")
     return figures
 
 
@@ -1751,7 +1791,8 @@ def main():
             crud_app.cli("project", "create", "--name", "bench")
             project = crud_app.cli("project", "list")[-1]["id"]
             assert project == 1, "the CRUD database must be fresh"
-            crud_app.key = crud_app.cli("key", "create", "--project", "1", "--scope", "endpoint:write")["key"]
+            crud_app.key = crud_app.cli("key", "create", "--project", "1", "--scope", "endpoint:write",
+                                        "--scope", "table:write")["key"]
             crud_app.start(*quiet)
             figures["crud"][name] = crud(crud_app, args.seconds, args.rounds, script)
             crud_app.stop()
@@ -1854,13 +1895,20 @@ def write_report(args, f):
                   f"them; each node's workers are the {os.cpu_count()} cores split between the nodes, all on this one "
                   "machine). A write is a PATCH of the endpoint's description through the first node, "
                   f"{WRITES} in a row, each answered once every other node applied it (read your writes on every "
-                  "node); with one node there is no other to wait for.", "",
-                  "| Nodes | Cached run | Against one node | A write through the first node |", "|---|---|---|---|"]
+                  "node); with one node there is no other to wait for. A table append is 5 CSV rows through the "
+                  "first node, answered once every other node heard of it; the live run is a `GROUP BY` over that "
+                  "table on the last node (uncached), which reads the table's version it keeps without asking the "
+                  "storage.", "",
+                  "| Nodes | Cached run | Against one node | A write through the first node | A table append | "
+                  "A live run over it on the last node |", "|---|---|---|---|---|---|"]
         for count, r in f["nodes"].items():
             w = r.get("write", {"p50": 0, "p99": 0})
             added = f" (+{w['p50'] - f['nodes'][1]['write']['p50']:.1f} ms)" if count > 1 and "write" in r else ""
+            t = r.get("table", {"append": {"p50": 0, "p99": 0}, "run": {"p50": 0, "p99": 0}})
             lines.append(f"| {count} | {r['rps']:,.0f} req/s, p99 {r['p99']:.2f} ms | {r['rps'] / one:.2f}x | "
-                         f"p50 {w['p50']:.1f} ms{added}, p99 {w['p99']:.1f} ms |")
+                         f"p50 {w['p50']:.1f} ms{added}, p99 {w['p99']:.1f} ms | "
+                         f"p50 {t['append']['p50']:.1f} ms, p99 {t['append']['p99']:.1f} ms | "
+                         f"p50 {t['run']['p50']:.1f} ms, p99 {t['run']['p99']:.1f} ms |")
     if f.get("io"):
         io = f["io"]
         upload_ratio = io["duckdb_import_ms"] / io["upload_ms"]

@@ -136,8 +136,10 @@ pub struct DeltaTables {
     root: Url,
     kept: Mutex<HashMap<ObjectPath, Arc<Kept>>>,
     hearing: Hearing,
-    /// How reads found their tables' versions.
+    /// How reads found their tables' versions, and the family's two counters (taken once: a read only adds).
     reads: Family<ReadSource, Counter>,
+    kept_reads: Counter,
+    checked_reads: Counter,
 }
 
 /// How a read found a table's newest version: `kept` from what this process hears (the storage not asked), or
@@ -306,13 +308,18 @@ impl Kept {
 impl DeltaTables {
     /// The tables under `root`: `store` addresses objects from the root, `url_store` by their URL's path.
     pub fn new(store: Arc<dyn ObjectStore>, url_store: Arc<dyn ObjectStore>, root: Url) -> Self {
+        let reads = Family::<ReadSource, Counter>::default();
+        let counter = |version| reads.get_or_create(&ReadSource { version }).clone();
+        let (kept_reads, checked_reads) = (counter("kept"), counter("checked"));
         Self {
             store,
             url_store,
             root,
             kept: Mutex::default(),
             hearing: Hearing::default(),
-            reads: Family::default(),
+            reads,
+            kept_reads,
+            checked_reads,
         }
     }
 
@@ -328,8 +335,7 @@ impl DeltaTables {
 
     /// How many reads found their version kept, and how many checked it against the log.
     pub fn reads(&self) -> (u64, u64) {
-        let count = |version| self.reads.get_or_create(&ReadSource { version }).get();
-        (count("kept"), count("checked"))
+        (self.kept_reads.get(), self.checked_reads.get())
     }
 
     /// Whether this process hears every table write of every process before the write is answered (`true`, told
@@ -422,10 +428,10 @@ impl DeltaTables {
     pub async fn snapshot(&self, table: &ObjectPath) -> Result<Option<Arc<Snapshot>>, CommitError> {
         let kept = self.kept(table);
         if let Some(trusted) = self.trusted(&kept) {
-            self.reads.get_or_create(&ReadSource { version: "kept" }).inc();
+            self.kept_reads.inc();
             return Ok(Some(trusted));
         }
-        self.reads.get_or_create(&ReadSource { version: "checked" }).inc();
+        self.checked_reads.inc();
         let heard = self.heard(&kept);
         if let Some(known) = kept.checked_newest() {
             let next = table.clone().join("_delta_log").join(format!("{:020}.json", known.version + 1));
