@@ -273,6 +273,17 @@ bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (strea
 	cargo build --release --locked -p server --features bench,ballista --bins
 	$(VENV)/bin/python tests/bench/bench.py --only appends --duckdb-python $(VENV)/bin/python
 
+.PHONY: bench-nodes
+bench-nodes: deps $(VENV)/bin/python ## Scenario 6 of make bench alone (1-3 nodes on PostgreSQL; BEFORE=dir measures a previous build beside) into docs/benchmarks.md.
+	@command -v wrk >/dev/null || { echo "Installing wrk"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+	@mkdir -p target
+	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench PG_URL_FILE=target/.bench-postgres-url
+	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench_before PG_URL_FILE=target/.bench-before-postgres-url
+	cargo build --release --locked -p server --features bench,ballista --bins
+	$(VENV)/bin/python tests/bench/bench.py --only nodes --postgres-url "$$(cat target/.bench-postgres-url)" \
+	  $(if $(BEFORE),--before-bin-dir $(BEFORE) --before-postgres-url "$$(cat target/.bench-before-postgres-url)")
+
 .PHONY: bench-commits
 bench-commits: deps ## Scenario 14 of make bench alone (a new process's first run over a table of 100,000 commits) into docs/benchmarks.md.
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \

@@ -315,6 +315,62 @@ def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
     return figures
 
 
+NODES_MARKER = "<!-- scenario 6 alone, written by make bench-nodes -->"
+NODES_READING = ("With a second or third node up, a write (an endpoint's PATCH or a table append) is answered once every other node has applied it: the other nodes' listeners look for notifications every 5 ms, which is most of the added time. A node that hears every table write reads the versions it keeps without asking the storage; on a local disk that check was a `stat`, so the live run changes within noise here (on S3 it is a `HEAD` per table per run).")
+
+
+def nodes_setup(bin_dir, database_url, data_dir):
+    """A fresh PostgreSQL database's project 1 with a key and the probe endpoint, as the CRUD scenario leaves it."""
+    os.makedirs(data_dir)
+    app = Endpoints(bin_dir, data_dir, database_url)
+    app.cli("migrate")
+    app.cli("project", "create", "--name", "bench")
+    app.key = app.cli("key", "create", "--project", "1", "--scope", "endpoint:write", "--scope", "table:write")["key"]
+    app.start("--materialize-workers", "0")
+    try:
+        app.request("POST", "/api/projects/1/endpoints/",
+                    {"name": "crud-probe", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}})
+    finally:
+        app.stop()
+    return app
+
+
+def nodes_alone(args, root):
+    """Scenario 6 for this build, and for a previous one beside it (alternating, two rounds each)."""
+    builds = {"this build": (args.bin_dir, args.postgres_url)}
+    if args.before_bin_dir:
+        builds["previous build"] = (args.before_bin_dir, args.before_postgres_url)
+    apps = {name: nodes_setup(bin_dir, url, os.path.join(root, f"nodes-{i}"))
+            for i, (name, (bin_dir, url)) in enumerate(builds.items())}
+    runs = {name: [] for name in builds}
+    for _ in range(2):
+        for name, (bin_dir, url) in builds.items():
+            runs[name].append(cached_by_nodes(bin_dir, apps[name].data_dir, url, apps[name].key, args.seconds, 1))
+    return {name: {count: {"rps": statistics.median(r[count]["rps"] for r in rs),
+                           "p99": statistics.median(r[count]["p99"] for r in rs),
+                           "write": {k: statistics.median(r[count]["write"][k] for r in rs) for k in ("p50", "p99")},
+                           "table": {w: {k: statistics.median(r[count]["table"][w][k] for r in rs)
+                                         for k in ("p50", "p99")} for w in ("append", "run")}}
+                   for count in rs[0]}
+            for name, rs in runs.items()}
+
+
+def write_nodes(args, figures):
+    lines = [f"### Scenario 6 alone: several nodes, this build beside the previous one ({datetime.date.today()})", "",
+             "Medians of two alternating rounds per build, each on its own PostgreSQL database (`make bench-nodes`; "
+             "`BEFORE=dir` names the previous build). Columns as in scenario 6 of the full run.", "",
+             "| Build | Nodes | Cached run | A write through the first node | A table append | "
+             "A live run over it on the last node |", "|---|---|---|---|---|---|"]
+    for name, by_count in figures.items():
+        for count, r in by_count.items():
+            w, t = r["write"], r["table"]
+            lines.append(f"| {name} | {count} | {r['rps']:,.0f} req/s | p50 {w['p50']:.1f} ms, p99 {w['p99']:.1f} ms | "
+                         f"p50 {t['append']['p50']:.1f} ms, p99 {t['append']['p99']:.1f} ms | "
+                         f"p50 {t['run']['p50']:.1f} ms, p99 {t['run']['p99']:.1f} ms |")
+    lines += ["", NODES_READING]
+    write_section(args, NODES_MARKER, "\n".join(lines) + "\n")
+
+
 def has_ballista(bin_dir):
     """Whether the binary was built with the distributed engine."""
     probe = subprocess.run([os.path.join(bin_dir, "endpoints"), "cluster", "--help"], capture_output=True)
@@ -1601,7 +1657,11 @@ def main():
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
     parser.add_argument("--duckdb-python", default=None)
     parser.add_argument("--out", default="docs/benchmarks.md")
-    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes", "commits"], default=None)
+    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes", "commits", "nodes"],
+                        default=None)
+    parser.add_argument("--before-bin-dir", default=None,
+                        help="with --only nodes: a previous build, measured beside this one in the same run")
+    parser.add_argument("--before-postgres-url", default=None, help="its own database for --before-bin-dir")
     parser.add_argument("--commits", type=int, default=100_000, help="commits to one table in scenario 14")
     args = parser.parse_args()
     began = time.perf_counter()
@@ -1616,6 +1676,8 @@ def main():
                                                        for n in sorted({small, args.rows})}))
             elif args.only == "commits":
                 write_commits(args, commits(args, root))
+            elif args.only == "nodes":
+                write_nodes(args, nodes_alone(args, root))
             elif args.only == "logs":
                 app = make_dataset(args.bin_dir, root, args.rows)
                 write_logs(args, run_logs(args, app))
