@@ -109,6 +109,10 @@ impl EndpointStore for MemoryStore {
         Ok(false)
     }
 
+    async fn announce(&self, _: ProjectId, _: Vec<EndpointName>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<Uuid, StoreError> {
         self.with(|all| all.remove(&(project, name.clone())).map(|(e, _)| e.id).ok_or(StoreError::NotFound))
     }

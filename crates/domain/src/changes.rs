@@ -11,7 +11,8 @@
 //! applied its change ([`Propagation::settle`]); a process that does not acknowledge within the store's bound is
 //! counted out and told to distrust everything it keeps, as when its channel drops.
 //!
-//! Tables follow the same feed: a write to a table is announced ([`Change::Table`]) and waited for, so a process
+//! Tables follow the same feed: a write to a table is announced ([`Change::Table`], by the tables' own
+//! `TableAnnouncer` port) and waited for, so a process
 //! that hears every announcement ([`Change::Heard`]) reads a table's version it keeps without asking the storage
 //! whether a newer one was committed ([`KeptTables`]).
 
@@ -21,7 +22,6 @@ use async_trait::async_trait;
 
 use crate::access::{ApiKeyService, ProjectId};
 use crate::endpoints::{EndpointChanges, EndpointName};
-use crate::error::StoreError;
 use crate::propagation::{NoPropagation, Propagation};
 use crate::runs::ResultCache;
 use crate::tables::TableName;
@@ -43,19 +43,6 @@ pub enum Change {
     /// was delivered and applied, and writers wait for this process. Delivered when the channel comes up and
     /// again at each of its heartbeats (every second); trusting what was kept ends soon after they stop.
     Heard,
-}
-
-/// How changes made here reach the other processes sharing the store.
-#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
-#[async_trait]
-pub trait Announcer: Send + Sync {
-    /// Tells every other process sharing the store of `changes` (an endpoint whose table was written, the table
-    /// itself), in one message; nothing to do for a store that no other process shares. The caller waits for
-    /// them to be applied with [`Propagation::settle`] when it must.
-    ///
-    /// # Errors
-    /// `Unavailable`, `Internal`.
-    async fn announce(&self, changes: Vec<Change>) -> Result<(), StoreError>;
 }
 
 /// What a process keeps of its tables' newest versions, so that a run reads a table without asking the

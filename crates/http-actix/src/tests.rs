@@ -74,8 +74,8 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
     changes.expect_changed().return_const(());
     changes.expect_settled().return_const(());
     let changes = Arc::new(changes);
-    let mut announcer = domain::MockAnnouncer::new();
-    announcer.expect_announce().returning(|_| Ok(()));
+    let mut announcer = domain::MockTableAnnouncer::new();
+    announcer.expect_announce().returning(|_, _, _| Ok(()));
     let tables = TableService::new(TableDeps {
         tables: Arc::new(tables),
         endpoints: store.clone(),

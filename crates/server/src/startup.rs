@@ -145,7 +145,6 @@ impl Services {
                 results: engine.clone(),
                 clock: clock.clone(),
                 changes: changes_for_refreshes,
-                announcer: store.clone(),
                 lease: config.lease,
             })
             .with_log(Arc::clone(&logged)),

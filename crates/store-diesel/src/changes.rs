@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::{Array, Bool, Double, Nullable, Text};
 use diesel::{Connection, PgConnection, QueryableByName, RunQueryDsl};
-use domain::{Announcer, Change, EndpointName, ProjectId, Propagation, StoreError, TableName};
+use domain::{Change, EndpointName, ProjectId, Propagation, StoreError, TableAnnouncer, TableName};
 
 use crate::connection::{AnyConnection, Backend, Database};
 use crate::error::DbError;
@@ -132,14 +132,23 @@ pub(crate) fn announce(conn: &mut AnyConnection, change: &Change) -> Result<(), 
 }
 
 #[async_trait::async_trait]
-impl Announcer for DieselStore {
-    #[tracing::instrument(skip_all, fields(changes = changes.len()))]
-    async fn announce(&self, changes: Vec<Change>) -> Result<(), StoreError> {
+impl TableAnnouncer for DieselStore {
+    #[tracing::instrument(skip_all, fields(project = %project, tables = tables.len(), readers = readers.len()))]
+    async fn announce(
+        &self,
+        project: ProjectId,
+        tables: Vec<TableName>,
+        readers: Vec<EndpointName>,
+    ) -> Result<(), StoreError> {
         // Nobody else to tell on SQLite: not even a connection is taken.
-        if changes.is_empty() || self.db.backend() != Backend::Postgres {
+        if self.db.backend() != Backend::Postgres || (tables.is_empty() && readers.is_empty()) {
             return Ok(());
         }
-        let payloads: Vec<String> = changes.iter().map(payload).collect();
+        let changes = tables
+            .into_iter()
+            .map(|name| Change::Table { project, name })
+            .chain(readers.into_iter().map(|name| Change::Endpoint { project, name }));
+        let payloads: Vec<String> = changes.map(|change| payload(&change)).collect();
         Ok(self
             .db
             .run(move |conn| {

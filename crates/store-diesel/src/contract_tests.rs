@@ -7,14 +7,14 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use domain::{Announcer, AppendKeyState, AppendKeys, Freshness, IdempotencyKey, Written};
 use domain::{
     ApiKey, ApiKeyStore, BreakingChange, CacheAge, Change, Column, ColumnChange, ColumnType, CompareOp,
     Eligibility, EndpointChange, EndpointFilter, EndpointName, EndpointStore, MaterializationRecords,
     MaterializationStatus, MaterializedFilter, NewEndpoint, NewVersion, PageRequest, PlannedQuery,
     ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredColumn,
-    StoredResult, Switch, SyncFrequency, TableLeases, TableName, Timestamp, TokenSecret,
+    StoredResult, Switch, SyncFrequency, TableAnnouncer, TableLeases, TableName, Timestamp, TokenSecret,
 };
+use domain::{AppendKeyState, AppendKeys, Freshness, IdempotencyKey, Written};
 use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
@@ -938,11 +938,7 @@ async fn postgres_announces_committed_changes_to_every_listener() {
 
     // A written table and its readers are announced together, in order, without a change of their own.
     let events = TableName::parse("events").unwrap();
-    let written = vec![
-        Change::Table { project: p, name: events.clone() },
-        Change::Endpoint { project: p, name: name("watched") },
-    ];
-    Announcer::announce(&store, written).await.unwrap();
+    TableAnnouncer::announce(&store, p, vec![events.clone()], vec![name("watched")]).await.unwrap();
     let table = |change: &Change| matches!(change, Change::Table { project, .. } if *project == p);
     assert_eq!(wait_for(&changes, table), Change::Table { project: p, name: events });
     assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("watched") });
@@ -980,8 +976,8 @@ async fn postgres_announces_committed_changes_to_every_listener() {
 async fn sqlite_serves_one_process_and_announces_nothing() {
     let (store, _file) = sqlite_store();
     assert!(store.database().listen_for_changes(|_| {}).is_none());
-    let change = Change::Table { project: ProjectId::new(1).unwrap(), name: TableName::parse("t").unwrap() };
-    Announcer::announce(&store, vec![change]).await.unwrap();
+    let (p, t) = (ProjectId::new(1).unwrap(), TableName::parse("t").unwrap());
+    TableAnnouncer::announce(&store, p, vec![t], Vec::new()).await.unwrap();
 }
 
 async fn table_leases_are_held_by_one_holder_until_released_or_expired(store: DieselStore) {

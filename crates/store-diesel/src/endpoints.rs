@@ -420,6 +420,24 @@ impl EndpointStore for DieselStore {
             .await?)
     }
 
+    #[instrument(skip_all, fields(project = %project, endpoints = names.len()))]
+    async fn announce(&self, project: ProjectId, names: Vec<EndpointName>) -> Result<(), StoreError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        Ok(self
+            .db
+            .run(move |conn| {
+                conn.transaction(|conn| {
+                    for name in names {
+                        announce(conn, &Change::Endpoint { project, name })?;
+                    }
+                    Ok::<_, DbError>(())
+                })
+            })
+            .await?)
+    }
+
     #[instrument(skip_all, fields(project = %project, name = %name))]
     async fn delete(&self, project: ProjectId, name: &EndpointName) -> Result<uuid::Uuid, StoreError> {
         let changed = Change::Endpoint { project, name: name.clone() };

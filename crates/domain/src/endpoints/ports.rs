@@ -71,6 +71,14 @@ pub trait EndpointStore: Send + Sync {
     async fn replan(&self, endpoint_id: Uuid, version: u32, replanned: Replanned)
         -> Result<bool, StoreError>;
 
+    /// Tells every other process sharing this store that these endpoints changed without a change of their own
+    /// (a table they read was written), so what they keep of them goes too. Nothing to do for a store that no
+    /// other process shares.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn announce(&self, project: ProjectId, names: Vec<EndpointName>) -> Result<(), StoreError>;
+
     /// Deletes the endpoint with all its versions and its materialization record, and returns its id; its name
     /// is free again.
     ///

@@ -9,7 +9,6 @@ use tracing::{debug, info, warn};
 
 use super::model::{attempt_location, Claim, Eligibility, Stored, StoredResult, Switch};
 use super::ports::{MaterializationRecords, ResultStorage};
-use crate::changes::{Announcer, Change};
 use crate::clock::Clock;
 use crate::endpoints::{EndpointChanges, EndpointStore};
 use crate::error::{Error, Invalid, StoreError};
@@ -51,8 +50,6 @@ pub struct RefreshDeps {
     pub clock: Arc<dyn Clock>,
     /// Told of every endpoint whose stored result was switched, so runs cached from the one before go.
     pub changes: Arc<dyn EndpointChanges>,
-    /// Tells the other processes of those endpoints.
-    pub announcer: Arc<dyn Announcer>,
     /// How long a claim holds without renewal.
     pub lease: Duration,
 }
@@ -65,15 +62,14 @@ pub struct RefreshService {
     results: Arc<dyn ResultStorage>,
     clock: Arc<dyn Clock>,
     changes: Arc<dyn EndpointChanges>,
-    announcer: Arc<dyn Announcer>,
     lease: Duration,
     log: Arc<dyn RunLog>,
 }
 
 impl RefreshService {
     pub fn new(deps: RefreshDeps) -> Self {
-        let RefreshDeps { endpoints, states, engine, results, clock, changes, announcer, lease } = deps;
-        Self { endpoints, states, engine, results, clock, changes, announcer, lease, log: Arc::new(NoRunLog) }
+        let RefreshDeps { endpoints, states, engine, results, clock, changes, lease } = deps;
+        Self { endpoints, states, engine, results, clock, changes, lease, log: Arc::new(NoRunLog) }
     }
 
     /// Records each refresh that completes, folds or fails in `log` (none are by default).
@@ -283,8 +279,7 @@ impl RefreshService {
     /// them until their cache age runs out).
     async fn switched(&self, claim: &Claim) {
         self.changes.changed(claim.project, &claim.name);
-        let change = Change::Endpoint { project: claim.project, name: claim.name.clone() };
-        if let Err(err) = self.announcer.announce(vec![change]).await {
+        if let Err(err) = self.endpoints.announce(claim.project, vec![claim.name.clone()]).await {
             warn!(endpoint = %claim.name, error = %err, "cannot tell other processes of a new stored result");
         }
     }

@@ -10,7 +10,6 @@ use super::super::model::{Coverage, MaterializationState, MaterializationStatus}
 use super::super::ports::{MockMaterializationRecords, MockResultStorage};
 use super::*;
 use crate::access::ProjectId;
-use crate::changes::{Change, MockAnnouncer};
 use crate::clock::{MockClock, Timestamp};
 use crate::endpoints::{
     CacheAge, EndpointName, EndpointVersion, Freshness, MockEndpointChanges, MockEndpointStore, SyncFrequency,
@@ -81,15 +80,14 @@ fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockResu
 }
 
 fn materializer(
-    endpoints: MockEndpointStore,
+    mut endpoints: MockEndpointStore,
     states: MockMaterializationRecords,
     results: MockResultStorage,
 ) -> RefreshService {
+    endpoints.expect_announce().returning(|_, _| Ok(()));
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
-    let mut announcer = MockAnnouncer::new();
-    announcer.expect_announce().returning(|_| Ok(()));
-    materializer_telling(endpoints, states, results, changes, announcer)
+    materializer_telling(endpoints, states, results, changes)
 }
 
 fn materializer_telling(
@@ -97,7 +95,6 @@ fn materializer_telling(
     mut states: MockMaterializationRecords,
     results: MockResultStorage,
     changes: MockEndpointChanges,
-    announcer: MockAnnouncer,
 ) -> RefreshService {
     let mut clock = MockClock::new();
     clock.expect_now().return_const(NOW);
@@ -110,7 +107,6 @@ fn materializer_telling(
         results: Arc::new(results),
         clock: Arc::new(clock),
         changes: Arc::new(changes),
-        announcer: Arc::new(announcer),
         lease: LEASE,
     })
 }
@@ -139,22 +135,16 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
         .times(1)
         .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: Some("old".into()) }));
     // Runs cached from the replaced result go, here and on the other processes.
+    let mut store = endpoints(eligible());
     let kpi = EndpointName::parse("kpi").unwrap();
-    let mut announcer = MockAnnouncer::new();
-    announcer
+    store
         .expect_announce()
-        .with(eq(vec![Change::Endpoint { project: ProjectId::new(4).unwrap(), name: kpi.clone() }]))
+        .with(eq(ProjectId::new(4).unwrap()), eq(vec![kpi.clone()]))
         .times(1)
-        .returning(|_| Ok(()));
+        .returning(|_, _| Ok(()));
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().with(eq(ProjectId::new(4).unwrap()), eq(kpi)).times(1).return_const(());
-    let m = materializer_telling(
-        endpoints(eligible()),
-        states,
-        results(Ok(42), Arc::clone(&removed)),
-        changes,
-        announcer,
-    );
+    let m = materializer_telling(store, states, results(Ok(42), Arc::clone(&removed)), changes);
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
     assert_eq!(*removed.lock().unwrap(), vec!["old".to_owned()]);
 }

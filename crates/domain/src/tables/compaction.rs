@@ -10,9 +10,8 @@ use uuid::Uuid;
 
 use super::idempotency::IDEMPOTENCY_WINDOW;
 use super::model::{Compaction, TableName};
-use super::ports::{AppendKeys, TableLeases, TableStore};
+use super::ports::{AppendKeys, TableAnnouncer, TableLeases, TableStore};
 use crate::access::ProjectId;
-use crate::changes::{Announcer, Change};
 use crate::clock::Clock;
 use crate::error::Error;
 
@@ -33,7 +32,7 @@ pub struct TableMaintenance {
     tables: Arc<dyn TableStore>,
     leases: Arc<dyn TableLeases>,
     keys: Arc<dyn AppendKeys>,
-    announcer: Arc<dyn Announcer>,
+    announcer: Arc<dyn TableAnnouncer>,
     clock: Arc<dyn Clock>,
     /// How long a lease lasts: longer than a compaction takes, and how long a crashed holder keeps others out.
     lease: Duration,
@@ -47,7 +46,7 @@ pub struct MaintenanceDeps {
     pub leases: Arc<dyn TableLeases>,
     pub keys: Arc<dyn AppendKeys>,
     /// Tells the other processes of a compaction, so that they read the merged files.
-    pub announcer: Arc<dyn Announcer>,
+    pub announcer: Arc<dyn TableAnnouncer>,
     pub clock: Arc<dyn Clock>,
     /// How long a lease lasts.
     pub lease: Duration,
@@ -85,8 +84,7 @@ impl TableMaintenance {
             Ok(Some(done)) => {
                 debug!(%project, %table, ?done, "compacted a table");
                 // Not waited for: the rows are the same; a process that has not heard yet reads the files merged.
-                let change = Change::Table { project, name: table.clone() };
-                if let Err(err) = self.announcer.announce(vec![change]).await {
+                if let Err(err) = self.announcer.announce(project, vec![table.clone()], Vec::new()).await {
                     warn!(%project, %table, error = %err, "cannot tell other processes of a compaction");
                 }
                 CompactionOutcome::Compacted(done)
@@ -126,20 +124,19 @@ impl TableMaintenance {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::MockAnnouncer;
     use crate::error::EngineError;
-    use crate::tables::{MockAppendKeys, MockTableLeases, MockTableStore};
+    use crate::tables::{MockAppendKeys, MockTableAnnouncer, MockTableLeases, MockTableStore};
     use crate::testing::{project, ManualClock, T0};
 
     /// A service whose compactions announce nothing (`announcer` expects nothing).
     fn service(tables: MockTableStore, leases: MockTableLeases) -> TableMaintenance {
-        announcing(tables, leases, MockAnnouncer::new())
+        announcing(tables, leases, MockTableAnnouncer::new())
     }
 
     fn announcing(
         tables: MockTableStore,
         leases: MockTableLeases,
-        announcer: MockAnnouncer,
+        announcer: MockTableAnnouncer,
     ) -> TableMaintenance {
         let pending = uuid::Uuid::from_u128(7);
         let mut keys = MockAppendKeys::new();
@@ -182,12 +179,12 @@ mod tests {
             .returning(|_, _, _, _, _| Ok(true));
         leases.expect_release().times(1).returning(|_, _, _| Ok(()));
         // Other processes are told, so that they read the merged files.
-        let mut announcer = MockAnnouncer::new();
+        let mut announcer = MockTableAnnouncer::new();
         announcer
             .expect_announce()
-            .withf(|changes| *changes == vec![Change::Table { project: project(1), name: events() }])
+            .withf(|p, tables, readers| *p == project(1) && *tables == vec![events()] && readers.is_empty())
             .times(1)
-            .returning(|_| Ok(()));
+            .returning(|_, _, _| Ok(()));
         let service = announcing(tables, leases, announcer);
         assert_eq!(service.candidates(), vec![(project(1), events())]);
         let outcome = service.compact(project(1), &events()).await;

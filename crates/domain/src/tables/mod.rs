@@ -14,7 +14,7 @@ pub use model::{
     Compaction, ExternalSource, Table, TableColumn, TableCommit, TableFormat, TableInfo, TableName,
     TableSource, Upload, UploadBody, WriteMode, Written,
 };
-pub use ports::{AppendKeys, TableLeases, TableStore};
+pub use ports::{AppendKeys, TableAnnouncer, TableLeases, TableStore};
 #[cfg(any(test, feature = "mocks"))]
-pub use ports::{MockAppendKeys, MockTableLeases, MockTableStore};
+pub use ports::{MockAppendKeys, MockTableAnnouncer, MockTableLeases, MockTableStore};
 pub use service::{TableDeps, TableService, PREVIEW_ROWS};

@@ -8,6 +8,7 @@ use super::idempotency::{AppendKeyState, IdempotencyKey, TaggedWrite};
 use super::model::{Compaction, ExternalSource, TableCommit, TableInfo, TableName, Upload, Written};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
+use crate::endpoints::EndpointName;
 use crate::error::{EngineError, StoreError, UploadError};
 use crate::page::{Page, PageRequest};
 
@@ -100,6 +101,25 @@ pub trait TableStore: Send + Sync {
         name: &TableName,
         write_id: Uuid,
     ) -> Result<Option<TaggedWrite>, EngineError>;
+}
+
+/// How a table write reaches the other processes sharing the store: the table and the endpoints that read it,
+/// on the store's change channel.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+#[async_trait]
+pub trait TableAnnouncer: Send + Sync {
+    /// Tells every other process sharing the store that `tables` were written and that the endpoints `readers`
+    /// changed with them, in one message; nothing to do for a store that no other process shares. The caller
+    /// waits for them to apply it (`Propagation::settle`) when it must.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn announce(
+        &self,
+        project: ProjectId,
+        tables: Vec<TableName>,
+        readers: Vec<EndpointName>,
+    ) -> Result<(), StoreError>;
 }
 
 /// Leases on a table's maintenance, kept where every process sharing the database sees them: a lease is held

@@ -8,9 +8,8 @@ use tracing::{info, warn};
 
 use super::idempotency::{AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, IDEMPOTENCY_WINDOW};
 use super::model::{ExternalSource, Table, TableCommit, TableInfo, TableName, Upload, WriteMode, Written};
-use super::ports::{AppendKeys, TableStore};
+use super::ports::{AppendKeys, TableAnnouncer, TableStore};
 use crate::access::ProjectId;
-use crate::changes::{Announcer, Change};
 use crate::clock::Clock;
 use crate::endpoints::{EndpointChanges, EndpointName, EndpointStore, PlannedQuery};
 use crate::error::{EngineError, Error, StoreError, UploadError};
@@ -28,7 +27,7 @@ pub struct TableDeps {
     /// Told of every endpoint that reads a table a write changed, so its cached runs go at once.
     pub changes: Arc<dyn EndpointChanges>,
     /// Tells the other processes of a write: the table and its readers.
-    pub announcer: Arc<dyn Announcer>,
+    pub announcer: Arc<dyn TableAnnouncer>,
     /// Told of every materialized endpoint that reads a table a write changed, so its stored result follows
     /// within its `freshness_seconds`.
     pub materializations: Arc<dyn MaterializationRecords>,
@@ -46,7 +45,7 @@ pub struct TableService {
     endpoints: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
     changes: Arc<dyn EndpointChanges>,
-    announcer: Arc<dyn Announcer>,
+    announcer: Arc<dyn TableAnnouncer>,
     materializations: Arc<dyn MaterializationRecords>,
     keys: Arc<dyn AppendKeys>,
     clock: Arc<dyn Clock>,
@@ -366,12 +365,8 @@ impl TableService {
     /// the storage for the table's newest version. The write is made whatever happens here: a process that
     /// missed the announcement asks the storage again within a minute.
     async fn tell(&self, project: ProjectId, tables: &[&TableName], stale: Vec<EndpointName>) {
-        let changes = tables
-            .iter()
-            .map(|&name| Change::Table { project, name: name.clone() })
-            .chain(stale.into_iter().map(|name| Change::Endpoint { project, name }))
-            .collect();
-        if let Err(err) = self.announcer.announce(changes).await {
+        let tables = tables.iter().map(|&name| name.clone()).collect();
+        if let Err(err) = self.announcer.announce(project, tables, stale).await {
             warn!(%project, error = %err, "cannot tell other processes that a table was written");
         }
         self.changes.settled().await;

@@ -5,9 +5,8 @@ use mockall::predicate::{always, eq};
 use serde_json::json;
 
 use super::super::model::{ExternalSource, TableColumn, TableFormat, TableSource, WriteMode};
-use super::super::ports::{MockAppendKeys, MockTableStore};
+use super::super::ports::{MockAppendKeys, MockTableAnnouncer, MockTableStore};
 use super::*;
-use crate::changes::MockAnnouncer;
 use crate::endpoints::{Endpoint, MockEndpointChanges, MockEndpointStore, TableReader};
 use crate::error::UploadError;
 use crate::materialization::MockMaterializationRecords;
@@ -72,9 +71,9 @@ fn endpoints() -> MockEndpointStore {
 }
 
 /// An announcer that takes anything.
-fn announcer() -> MockAnnouncer {
-    let mut announcer = MockAnnouncer::new();
-    announcer.expect_announce().returning(|_| Ok(()));
+fn announcer() -> MockTableAnnouncer {
+    let mut announcer = MockTableAnnouncer::new();
+    announcer.expect_announce().returning(|_, _, _| Ok(()));
     announcer
 }
 
@@ -154,7 +153,7 @@ fn service_with(
     changes: MockEndpointChanges,
     keys: MockAppendKeys,
     materializations: MockMaterializationRecords,
-    announcer: MockAnnouncer,
+    announcer: MockTableAnnouncer,
 ) -> TableService {
     TableService::new(TableDeps {
         tables: Arc::new(tables),
@@ -196,16 +195,13 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     // Answered once the other processes applied the announcement of the table and its readers.
     let settled = Arc::clone(&told);
     changes.expect_settled().times(1).returning(move || settled.lock().unwrap().push("settled".into()));
-    let mut announcer = MockAnnouncer::new();
+    let mut announcer = MockTableAnnouncer::new();
     let announced = Arc::clone(&told);
-    announcer.expect_announce().times(1).returning(move |changes| {
+    announcer.expect_announce().times(1).returning(move |p, tables, readers| {
         let name = |n: &str| EndpointName::parse(n).unwrap();
-        let expected = vec![
-            Change::Table { project: project(1), name: TableName::parse("sales").unwrap() },
-            Change::Endpoint { project: project(1), name: name("sales_by_day") },
-            Change::Endpoint { project: project(1), name: name("legacy") },
-        ];
-        assert_eq!(changes, expected);
+        assert_eq!(p, project(1));
+        assert_eq!(tables, vec![TableName::parse("sales").unwrap()]);
+        assert_eq!(readers, vec![name("sales_by_day"), name("legacy")]);
         announced.lock().unwrap().push("announced".into());
         Ok(())
     });
