@@ -12,8 +12,11 @@
 //! traffic. Merges run on a thread of their own at the lowest scheduling priority: they take the cores queries
 //! leave idle, never a query's. A reader
 //! lists the hour, and leaves out each file whose numbers another file of its node holds, so a merge is seen
-//! whole or not at all; the files merged are deleted only after [`GRACE`], longer than a query may run. Only a
-//! node writes and merges its own files, so nodes never race; flushes and merges of a node take turns.
+//! whole or not at all; the files merged are deleted only after [`GRACE`], longer than a query may run. A node
+//! writes and merges its own files, so live nodes never race; flushes and merges of a node take turns. A node
+//! that stopped (a restart draws a new name) leaves its last hours unmerged: [`ORPHANED_AFTER`] an hour ended,
+//! any node merges the files of another node still there the same way, under that node's name, so two nodes
+//! doing it at once write the same file.
 //!
 //! Retention: readers leave out records older than it, and whole hours past it are deleted by any node.
 
@@ -65,6 +68,14 @@ const MERGE_AT: usize = 8;
 /// An hour is closed (no node writes to it any more) this long after it ends.
 const CLOSED_AFTER: Duration = Duration::from_secs(300);
 
+/// An hour that ended this long ago and still holds several files of one node that are not full is that node's
+/// left over (a live node merges its closed hour into one within minutes): any node merges them.
+const ORPHANED_AFTER: time::Duration = time::Duration::HOUR;
+
+/// How far back hours are looked at for files left over: a node that stopped is merged for by the nodes running
+/// within a day of it.
+const ORPHANS_WITHIN: time::Duration = time::Duration::DAY;
+
 /// Buffers of records taken: each thread that records uses one, so request threads do not wait on each other.
 const SHARDS: usize = 8;
 
@@ -94,8 +105,9 @@ fn shard() -> usize {
     SHARD.with(|shard| *shard)
 }
 
-/// How often hours past the retention are looked for (a listing of every project's log).
-const PRUNE_EVERY: time::Duration = time::Duration::minutes(10);
+/// How often hours past the retention, and files left over by nodes that stopped, are looked for (a listing of
+/// every project's log, and of each hour of the last day not yet found settled).
+pub(crate) const PRUNE_EVERY: time::Duration = time::Duration::minutes(10);
 
 /// The log's columns, as files hold them and `_logs` shows them.
 static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
@@ -157,6 +169,8 @@ struct Inner {
     next: AtomicU64,
     /// When hours past the retention were last looked for.
     pruned: Mutex<Option<Timestamp>>,
+    /// Hours of the last [`ORPHANS_WITHIN`] found with nothing left over to merge or delete: not listed again.
+    settled: Mutex<std::collections::BTreeSet<(Timestamp, ProjectId)>>,
     written: Counter,
     dropped: Counter,
     sampled: Counter,
@@ -203,6 +217,7 @@ impl ParquetRunLog {
                 turn: tokio::sync::Mutex::default(),
                 next: AtomicU64::new(0),
                 pruned: Mutex::new(None),
+                settled: Mutex::default(),
                 written: Counter::default(),
                 dropped: Counter::default(),
                 sampled: Counter::default(),
@@ -396,19 +411,31 @@ impl ParquetRunLog {
     /// closed hour's files become one. Only the files after the node's last full one are merged (a merge holds
     /// consecutive numbers, so one never goes around a full file).
     async fn merge(&self, project: ProjectId, hour: Timestamp, now: Timestamp) -> Result<bool, EngineError> {
-        let storage = &self.inner.storage;
         let prefix = hour_prefix(project, hour);
-        let listed = storage.objects(&prefix).await.map_err(unavailable)?;
-        let (visible, covered) = split(listed);
-        let mut own: Vec<LogFile> = visible.into_iter().filter(|file| file.node == self.inner.node).collect();
+        let listed = self.inner.storage.objects(&prefix).await.map_err(unavailable)?;
+        self.merge_of(&prefix, split(listed), &self.inner.node, closed(hour, now), now).await
+    }
+
+    /// Merges `node`'s files of an hour (`files`: those to read, and those merged into them) as the node merges
+    /// its own (all of them after its last full one when the hour is `whole`), and deletes its files merged
+    /// before the grace; says whether files merged within the grace are left.
+    async fn merge_of(
+        &self,
+        prefix: &ObjectPath,
+        (visible, covered): (Vec<LogFile>, Vec<LogFile>),
+        node: &str,
+        whole: bool,
+        now: Timestamp,
+    ) -> Result<bool, EngineError> {
+        let storage = &self.inner.storage;
+        let mut own: Vec<LogFile> = visible.into_iter().filter(|file| file.node == node).collect();
         own.sort_by_key(|file| file.first);
         let full = |file: &LogFile| file.size >= self.inner.settings.full_file;
         let mut own = own.split_off(own.iter().rposition(full).map_or(0, |last_full| last_full + 1));
         let mut merged = false;
         while let Some(level) = own.last().filter(|file| !full(file)).map(|file| file.level) {
             let run = own.iter().rev().take_while(|file| file.level == level).count();
-            let whole = closed(hour, now) && own.len() > 1;
-            let take = if whole {
+            let take = if whole && own.len() > 1 {
                 own.len()
             } else if run >= MERGE_AT {
                 run
@@ -417,23 +444,24 @@ impl ParquetRunLog {
             };
             let parts = own.split_off(own.len() - take);
             let level = parts.iter().map(|file| file.level).max().map_or(0, |top| top + 1);
-            own.push(self.merge_files(&prefix, &parts, level).await?);
+            own.push(self.merge_files(prefix, node, &parts, level).await?);
             merged = true;
         }
         let (gone, left): (Vec<_>, Vec<_>) = covered
             .into_iter()
-            .filter(|file| file.node == self.inner.node)
+            .filter(|file| file.node == node)
             .partition(|file| age(file.modified, now) > GRACE);
         storage.delete(gone.into_iter().map(|file| file.location).collect()).await.map_err(unavailable)?;
         // A merge made now leaves what it merged for the grace.
         Ok(!left.is_empty() || merged)
     }
 
-    /// Writes `parts` (consecutive files of this node in an hour) as one file of `level` holding their
-    /// numbers, its rows sorted by endpoint and time.
+    /// Writes `parts` (consecutive files of `node` in an hour) as one file of `level` holding their numbers,
+    /// its rows sorted by endpoint and time.
     async fn merge_files(
         &self,
         prefix: &ObjectPath,
+        node: &str,
         parts: &[LogFile],
         level: u32,
     ) -> Result<LogFile, EngineError> {
@@ -448,7 +476,7 @@ impl ParquetRunLog {
         let mut rows = sorted.map_err(err)?.execute_stream().await.map_err(err)?;
         // Streamed, merged batch by batch into the file as it is uploaded: a merge holds a few batches in
         // memory, whatever the files' size. The file appears whole when the writer closes, or not at all.
-        let path = prefix.clone().join(file_name(&self.inner.node, level, first, last));
+        let path = prefix.clone().join(file_name(node, level, first, last));
         let sink = BufWriter::new(Arc::clone(storage.store()), path.clone());
         let mut writer =
             AsyncArrowWriter::try_new(sink, SCHEMA.clone(), Some(properties(level))).map_err(internal)?;
@@ -461,7 +489,7 @@ impl ParquetRunLog {
             location: path,
             size,
             modified: Timestamp::now_utc(),
-            node: self.inner.node.clone(),
+            node: node.to_owned(),
             level,
             first,
             last,
@@ -469,18 +497,68 @@ impl ParquetRunLog {
     }
 
     /// Deletes the hours of every project that ended before the retention.
+    /// Deletes the hours of every project that ended before the retention, and merges what nodes that stopped
+    /// left in the hours that ended within [`ORPHANS_WITHIN`].
     async fn prune(&self, now: Timestamp) -> Result<(), EngineError> {
         let storage = &self.inner.storage;
         let cutoff = now - self.inner.settings.retention;
+        self.settled().retain(|(hour, _)| *hour + time::Duration::HOUR > now - ORPHANS_WITHIN);
         let projects = storage.children(&ObjectPath::from("projects")).await.map_err(unavailable)?;
         for project in projects.iter().filter_map(|id| ProjectId::new(id.parse().ok()?).ok()) {
             let logs = logs_prefix(project);
-            for hour in storage.children(&logs).await.map_err(unavailable)? {
-                let ended = parse_hour(&hour).map(|start| start + time::Duration::HOUR);
-                if ended.is_some_and(|ended| ended <= cutoff) {
-                    storage.remove_prefix(&logs.clone().join(hour.as_str())).await.map_err(unavailable)?;
+            for name in storage.children(&logs).await.map_err(unavailable)? {
+                let Some(hour) = parse_hour(&name) else { continue };
+                let ended = hour + time::Duration::HOUR;
+                if ended <= cutoff {
+                    storage.remove_prefix(&logs.clone().join(name.as_str())).await.map_err(unavailable)?;
+                } else if ended <= now - ORPHANED_AFTER && ended > now - ORPHANS_WITHIN {
+                    self.merge_left_over(project, hour, now).await?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn settled(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<(Timestamp, ProjectId)>> {
+        self.inner.settled.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Merges the files other nodes left in an hour long ended (each node's into one, under its name), and
+    /// deletes the files merged before the grace, whoever merged them; an hour left with neither is not looked
+    /// at again.
+    async fn merge_left_over(
+        &self,
+        project: ProjectId,
+        hour: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), EngineError> {
+        if self.settled().contains(&(hour, project)) {
+            return Ok(());
+        }
+        let prefix = hour_prefix(project, hour);
+        let listed = self.inner.storage.objects(&prefix).await.map_err(unavailable)?;
+        let (visible, covered) = split(listed);
+        let full = self.inner.settings.full_file;
+        // This node merges its own hours as it writes them.
+        let others = visible.iter().filter(|file| file.node != self.inner.node);
+        let mut nodes: Vec<String> = others.map(|file| file.node.clone()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let left_over = |node: &String| {
+            visible.iter().filter(|file| file.node == *node && file.size < full).count() > 1
+                || covered.iter().any(|file| file.node == *node)
+        };
+        let nodes: Vec<String> = nodes.into_iter().filter(left_over).collect();
+        if nodes.is_empty() {
+            self.settled().insert((hour, project));
+            return Ok(());
+        }
+        for node in nodes {
+            let of_node = |files: &[LogFile]| -> Vec<LogFile> {
+                files.iter().filter(|file| file.node == node).map(LogFile::clone).collect()
+            };
+            let files = (of_node(&visible), of_node(&covered));
+            self.merge_of(&prefix, files, &node, true, now).await?;
         }
         Ok(())
     }
@@ -761,7 +839,7 @@ fn file_name(node: &str, level: u32, first: u64, last: u64) -> String {
 }
 
 /// A log file and what its name says.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct LogFile {
     location: ObjectPath,
     /// When it was written.

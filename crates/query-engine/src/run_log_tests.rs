@@ -7,7 +7,7 @@ use domain::{
 use serde_json::json;
 use uuid::Uuid;
 
-use super::run_log::{LogSettings, ParquetRunLog};
+use super::run_log::{LogSettings, ParquetRunLog, PRUNE_EVERY};
 use super::tests::{engine_on, query, temp_dir};
 use super::*;
 
@@ -500,4 +500,45 @@ fn without_runs(file: &std::path::Path) {
         writer.write(batch).unwrap();
     }
     writer.close().unwrap();
+}
+
+/// A node that stopped (a restart draws a new name) leaves its last hour unmerged: an hour after the hour ended,
+/// another node merges those files into one under the stopped node's name, and deletes them after the grace;
+/// no record is lost or doubled, and an hour with nothing left over is not listed again.
+#[tokio::test]
+async fn the_files_a_stopped_node_left_are_merged_by_another_and_nothing_is_lost() {
+    let dir = temp_dir("run-log-left-over");
+    let storage = Storage::local(&dir).unwrap();
+    let stopped = ParquetRunLog::new(storage.clone(), LogSettings::default());
+    let start = within_one_hour(now() - time::Duration::hours(3), 10);
+    for n in 0..5 {
+        stopped.record(record(1, "kpi", start + time::Duration::seconds(n as i64), n));
+        stopped.flush().await.unwrap();
+    }
+    drop(stopped);
+    let left = hour_files(&dir);
+    assert_eq!(left.len(), 5, "one file per flush: {left:?}");
+    let node = |file: &std::path::Path| {
+        file.file_name().unwrap().to_str().unwrap().split('_').next().unwrap().to_owned()
+    };
+
+    let other = ParquetRunLog::new(storage, LogSettings::default());
+    let ended = start.replace_time(time::Time::from_hms(start.hour(), 0, 0).unwrap()) + time::Duration::HOUR;
+    // Within an hour of its end the stopped node might still be merging: left alone.
+    other.maintain(ended + time::Duration::minutes(30)).await.unwrap();
+    assert_eq!(hour_files(&dir), left);
+    // Later: one file of the stopped node's name holds the five; they stay for the grace, then go.
+    other.maintain(now()).await.unwrap();
+    let files = hour_files(&dir);
+    assert_eq!(files.len(), 6, "{files:?}");
+    assert!(files.iter().all(|file| node(file) == node(&left[0])), "{files:?}");
+    assert_eq!(other.records(project(1), "kpi", &all(100)).await.unwrap().len(), 5);
+    other.maintain(now() + PRUNE_EVERY + LOG_MERGE_GRACE).await.unwrap();
+    let files = hour_files(&dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!((level(&files[0]), node(&files[0])), ("1".to_owned(), node(&left[0])));
+    let records = other.records(project(1), "kpi", &all(100)).await.unwrap();
+    assert_eq!(records.len(), 5, "{records:?}");
+    other.maintain(now() + PRUNE_EVERY * 2 + LOG_MERGE_GRACE * 2).await.unwrap();
+    assert_eq!(hour_files(&dir), files);
 }
