@@ -303,19 +303,23 @@ fn follow(
                 Err(err) => return Some(err.to_string()),
             }
         }
+        // Every change delivered before a barrier is applied before it is acknowledged; the barriers of one look
+        // are acknowledged together, in one statement, so a flood of writes costs the listener one round trip
+        // per look rather than one per write.
+        let mut acks = Vec::new();
         for payload in delivered {
             match payload.strip_prefix("barrier:") {
-                // Every change committed before the barrier was delivered, and applied, before it.
-                Some(token) => {
-                    let ack = diesel::sql_query("SELECT pg_notify($1, $2)")
-                        .bind::<Text, _>(ACKS)
-                        .bind::<Text, _>(format!("{token}:{node}"))
-                        .execute(conn);
-                    if let Err(err) = ack {
-                        return Some(err.to_string());
-                    }
-                }
+                Some(token) => acks.push(format!("{token}:{node}")),
                 None => on_change(parse(&payload)),
+            }
+        }
+        if !acks.is_empty() {
+            let acked = diesel::sql_query("SELECT pg_notify($1, ack) FROM unnest($2) AS ack")
+                .bind::<Text, _>(ACKS)
+                .bind::<Array<Text>, _>(acks)
+                .execute(conn);
+            if let Err(err) = acked {
+                return Some(err.to_string());
             }
         }
         if beating {
