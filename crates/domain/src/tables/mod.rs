@@ -4,6 +4,7 @@ mod compaction;
 mod idempotency;
 mod model;
 mod ports;
+mod rounds;
 mod service;
 
 pub use compaction::{CompactionOutcome, MaintenanceDeps, TableMaintenance};
