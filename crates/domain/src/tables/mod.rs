@@ -4,7 +4,6 @@ mod compaction;
 mod idempotency;
 mod model;
 mod ports;
-mod rounds;
 mod service;
 
 pub use compaction::{CompactionOutcome, MaintenanceDeps, TableMaintenance};

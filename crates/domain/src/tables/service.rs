@@ -9,7 +9,6 @@ use tracing::{info, warn};
 use super::idempotency::{AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, IDEMPOTENCY_WINDOW};
 use super::model::{ExternalSource, Table, TableCommit, TableInfo, TableName, Upload, WriteMode, Written};
 use super::ports::{AppendKeys, TableAnnouncer, TableStore};
-use super::rounds::Rounds;
 use crate::access::ProjectId;
 use crate::clock::Clock;
 use crate::endpoints::{EndpointChanges, EndpointName, EndpointStore, PlannedQuery};
@@ -51,8 +50,6 @@ pub struct TableService {
     keys: Arc<dyn AppendKeys>,
     clock: Arc<dyn Clock>,
     append_in_flight: std::time::Duration,
-    /// Writes are told to the other processes in rounds.
-    rounds: Rounds,
 }
 
 /// An endpoint of a project and the tables its current version reads.
@@ -115,7 +112,6 @@ impl TableService {
             keys,
             clock,
             append_in_flight,
-            rounds: Rounds::default(),
         }
     }
 
@@ -366,10 +362,14 @@ impl TableService {
 
     /// Tells the other processes that `tables` were written and that the `stale` endpoints changed with them, and
     /// waits until they applied it: a run on any process after the write was answered reads it, without asking
-    /// the storage for the table's newest version. Concurrent writes are told together, in rounds. The write is
-    /// made whatever happens here: a process that missed the announcement asks the storage again within a minute.
+    /// the storage for the table's newest version. The write is made whatever happens here: a process that
+    /// missed the announcement asks the storage again within a minute.
     async fn tell(&self, project: ProjectId, tables: &[&TableName], stale: Vec<EndpointName>) {
-        self.rounds.tell(self.announcer.as_ref(), self.changes.as_ref(), project, tables, stale).await;
+        let tables = tables.iter().map(|&name| name.clone()).collect();
+        if let Err(err) = self.announcer.announce(project, tables, stale).await {
+            warn!(%project, error = %err, "cannot tell other processes that a table was written");
+        }
+        self.changes.settled().await;
     }
 
     /// Plans an endpoint's current version again after a table it reads was replaced, and records what that

@@ -201,7 +201,7 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
         let name = |n: &str| EndpointName::parse(n).unwrap();
         assert_eq!(p, project(1));
         assert_eq!(tables, vec![TableName::parse("sales").unwrap()]);
-        assert_eq!(readers, vec![name("legacy"), name("sales_by_day")], "by name");
+        assert_eq!(readers, vec![name("sales_by_day"), name("legacy")]);
         announced.lock().unwrap().push("announced".into());
         Ok(())
     });
