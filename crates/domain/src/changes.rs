@@ -39,9 +39,9 @@ pub enum Change {
     Table { project: ProjectId, name: TableName },
     /// Changes may have been missed (the channel was down): forget everything kept from the store.
     Everything,
-    /// Not announced: this process's channel is up, every change announced since the last [`Change::Everything`]
-    /// was delivered and applied, and writers wait for this process. Delivered when the channel comes up and
-    /// again at each of its heartbeats (every second); trusting what was kept ends soon after they stop.
+    /// Not announced: this process's channel is up, every change announced before its last heartbeat was
+    /// delivered and applied, and writers wait for this process. Delivered after each heartbeat (every second,
+    /// the first as the channel comes up); trusting what was kept ends soon after they stop.
     Heard,
 }
 

@@ -174,7 +174,12 @@ impl Hearing {
     }
 
     fn heard(&self) {
-        self.until.store(self.nanos(Instant::now() + HEARD_WITHIN), Ordering::Release);
+        let until = self.nanos(Instant::now() + HEARD_WITHIN);
+        // The first news after a gap starts a new epoch: a check made during the gap is not relied on (a writer
+        // may have answered without waiting for this process then: its heartbeat was stale, or it was reconnecting).
+        if self.until.swap(until, Ordering::AcqRel) == 0 {
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     fn missed(&self) {
