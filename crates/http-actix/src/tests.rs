@@ -76,6 +76,7 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
     let changes = Arc::new(changes);
     let mut announcer = domain::MockTableAnnouncer::new();
     announcer.expect_announce().returning(|_, _, _| Ok(()));
+    announcer.expect_announce_and_settle().return_const(());
     let tables = TableService::new(TableDeps {
         tables: Arc::new(tables),
         endpoints: store.clone(),

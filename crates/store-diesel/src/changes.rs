@@ -8,7 +8,8 @@
 //!
 //! Read your writes on every process ([`PgPropagation`]): every listening process writes a heartbeat to
 //! `endpoints_nodes` each second. A writer, once its change is committed, sends a barrier on the channel and
-//! waits for each live process's acknowledgement on [`ACKS`]: PostgreSQL delivers notifications in commit order
+//! waits for each live process's acknowledgement on [`ACKS`] (one statement reads who is live and sends the
+//! barrier, after what the writer announces with it, as a table write's news): PostgreSQL delivers notifications in commit order
 //! and a listener applies them one after the other, so a listener that acknowledges the barrier has applied the
 //! change before it. A process that does not acknowledge within [`ACK_WITHIN`] is counted out: its next
 //! heartbeat reads that, and it forgets everything it keeps ([`Change::Everything`]).
@@ -26,10 +27,11 @@ use diesel::connection::SimpleConnection;
 use diesel::sql_types::{Array, Bool, Double, Nullable, Text};
 use diesel::{Connection, PgConnection, QueryableByName, RunQueryDsl};
 use domain::{Change, EndpointName, ProjectId, Propagation, StoreError, TableAnnouncer, TableName};
+use tokio::sync::oneshot;
 
 use crate::connection::{AnyConnection, Backend, Database};
 use crate::error::DbError;
-use crate::waiters::Waiters;
+use crate::waiters::{Turn, Waiters};
 use crate::DieselStore;
 
 /// The channel every process listens on.
@@ -49,8 +51,12 @@ const LIVE_WITHIN: Duration = Duration::from_secs(5);
 const STOPPED_AFTER: Duration = Duration::from_secs(15);
 /// How long a writer waits for a live process's acknowledgement before counting it out.
 pub const ACK_WITHIN: Duration = Duration::from_secs(2);
-/// How often the listener looks for notifications while a writer of its process waits for acknowledgements.
+/// How often the listener looks for notifications while a writer of its process waits for acknowledgements, or
+/// for [`BUSY_FOR`] after notifications arrived: a barrier of a stream of writes is acknowledged within about a
+/// millisecond, while an idle listener wakes only every [`POLL`].
 const ACK_POLL: Duration = Duration::from_millis(1);
+/// How long the listener keeps looking every [`ACK_POLL`] after notifications arrived.
+const BUSY_FOR: Duration = Duration::from_secs(1);
 /// How long the listener waits between reconnection attempts.
 const RECONNECT: Duration = Duration::from_secs(1);
 /// libpq settings of the listening connection, so that a peer that vanishes without closing the connection (a
@@ -131,6 +137,15 @@ pub(crate) fn announce(conn: &mut AnyConnection, change: &Change) -> Result<(), 
     Ok(())
 }
 
+/// The payloads announcing that `tables` were written and the endpoints `readers` changed with them.
+fn table_payloads(project: ProjectId, tables: Vec<TableName>, readers: Vec<EndpointName>) -> Vec<String> {
+    let changes = tables
+        .into_iter()
+        .map(|name| Change::Table { project, name })
+        .chain(readers.into_iter().map(|name| Change::Endpoint { project, name }));
+    changes.map(|change| payload(&change)).collect()
+}
+
 #[async_trait::async_trait]
 impl TableAnnouncer for DieselStore {
     #[tracing::instrument(skip_all, fields(project = %project, tables = tables.len(), readers = readers.len()))]
@@ -144,11 +159,7 @@ impl TableAnnouncer for DieselStore {
         if self.db.backend() != Backend::Postgres || (tables.is_empty() && readers.is_empty()) {
             return Ok(());
         }
-        let changes = tables
-            .into_iter()
-            .map(|name| Change::Table { project, name })
-            .chain(readers.into_iter().map(|name| Change::Endpoint { project, name }));
-        let payloads: Vec<String> = changes.map(|change| payload(&change)).collect();
+        let payloads = table_payloads(project, tables, readers);
         Ok(self
             .db
             .run(move |conn| {
@@ -162,6 +173,18 @@ impl TableAnnouncer for DieselStore {
                 Ok::<_, DbError>(())
             })
             .await?)
+    }
+
+    #[tracing::instrument(skip_all, fields(project = %project, tables = tables.len(), readers = readers.len()))]
+    async fn announce_and_settle(
+        &self,
+        project: ProjectId,
+        tables: Vec<TableName>,
+        readers: Vec<EndpointName>,
+    ) {
+        if self.db.backend() == Backend::Postgres {
+            self.db.settle_after(table_payloads(project, tables, readers)).await;
+        }
     }
 }
 
@@ -276,6 +299,7 @@ fn follow(
 ) -> Option<String> {
     let Node { name: node, waiters } = node;
     let mut beat = None::<Instant>;
+    let mut news = None::<Instant>;
     while !stop.load(Ordering::Acquire) {
         let beating = beat.is_none_or(|at| at.elapsed() >= HEARTBEAT);
         if beating {
@@ -306,9 +330,14 @@ fn follow(
         // Every change delivered before a barrier is applied before it is acknowledged; the barriers of one look
         // are acknowledged together, in one statement, so a flood of writes costs the listener one round trip
         // per look rather than one per write.
+        if !delivered.is_empty() {
+            news = Some(Instant::now());
+        }
         let mut acks = Vec::new();
         for payload in delivered {
             match payload.strip_prefix("barrier:") {
+                // This process's own writers do not wait for it.
+                Some(token) if waiters.own(token) => {}
                 Some(token) => acks.push(format!("{token}:{node}")),
                 None => on_change(parse(&payload)),
             }
@@ -327,7 +356,8 @@ fn follow(
             // announced before the heartbeat was applied above.
             on_change(Change::Heard);
         }
-        waiters.pause(POLL, ACK_POLL);
+        let busy = news.is_some_and(|at| at.elapsed() < BUSY_FOR);
+        waiters.pause(if busy { ACK_POLL } else { POLL }, ACK_POLL);
     }
     None
 }
@@ -372,39 +402,52 @@ fn heartbeat(conn: &mut PgConnection, node: &str) -> Result<bool, diesel::result
 }
 
 #[derive(QueryableByName)]
-struct NodeRow {
-    #[diesel(sql_type = Text)]
-    id: String,
+struct Sent {
+    #[diesel(sql_type = Array<Text>)]
+    live: Vec<String>,
 }
 
-/// Waits until every live process but `node` acknowledged a barrier sent after the changes committed so far,
-/// or [`ACK_WITHIN`] passed; counts out and returns the processes that did not acknowledge.
-fn barrier(conn: &mut PgConnection, node: &str) -> Result<Vec<String>, diesel::result::Error> {
-    let waiting = live_nodes(conn, node)?;
-    if waiting.is_empty() {
-        return Ok(Vec::new());
-    }
+/// Sends `payloads` and then, if any other process is live, the barrier `token`, in one statement (so one
+/// transaction: delivered together, in this order, after every change committed before it); answers the live
+/// processes but `node` that must acknowledge the barrier. A process counted out already is not waited for
+/// again: it forgets everything at its next heartbeat.
+fn send_barrier(
+    conn: &mut PgConnection,
+    node: &str,
+    token: &str,
+    payloads: Vec<String>,
+) -> Result<HashSet<String>, diesel::result::Error> {
+    let sent: Sent = diesel::sql_query(
+        "WITH live AS (SELECT COALESCE(array_agg(id), '{}') AS ids FROM endpoints_nodes \
+         WHERE seen_at > now() - make_interval(secs => $4) AND id <> $5 AND NOT counted_out) \
+         SELECT live.ids AS live, (SELECT count(pg_notify($1, payload)) FROM unnest($2 || \
+         CASE WHEN cardinality(live.ids) > 0 THEN ARRAY[$3] ELSE '{}'::text[] END) AS payload) AS sent \
+         FROM live",
+    )
+    .bind::<Text, _>(CHANNEL)
+    .bind::<Array<Text>, _>(payloads)
+    .bind::<Text, _>(format!("barrier:{token}"))
+    .bind::<Double, _>(LIVE_WITHIN.as_secs_f64())
+    .bind::<Text, _>(node)
+    .get_result(conn)?;
+    Ok(sent.live.into_iter().collect())
+}
+
+/// Sends `payloads` and a barrier after them on `conn`, and waits until every live process but `node`
+/// acknowledged it, or [`ACK_WITHIN`] passed; counts out and returns the processes that did not acknowledge.
+fn barrier(
+    conn: &mut PgConnection,
+    node: &str,
+    payloads: Vec<String>,
+) -> Result<Vec<String>, diesel::result::Error> {
     conn.batch_execute(&format!("LISTEN {ACKS}"))?;
     // The pooled connection stops listening whatever happened, so no later user of it gathers acknowledgements.
-    let waited = await_acks(conn, waiting);
+    let waited = await_acks(conn, node, payloads);
     let unlistened = conn.batch_execute(&format!("UNLISTEN {ACKS}"));
     let out: Vec<String> = waited?.into_iter().collect();
     unlistened?;
     count_out(conn, &out)?;
     Ok(out)
-}
-
-/// The live processes but `node` that a writer waits for. A node counted out already is not waited for again:
-/// it forgets everything at its next heartbeat.
-fn live_nodes(conn: &mut PgConnection, node: &str) -> Result<HashSet<String>, diesel::result::Error> {
-    let live: Vec<NodeRow> = diesel::sql_query(
-        "SELECT id FROM endpoints_nodes \
-         WHERE seen_at > now() - make_interval(secs => $1) AND id <> $2 AND NOT counted_out",
-    )
-    .bind::<Double, _>(LIVE_WITHIN.as_secs_f64())
-    .bind::<Text, _>(node)
-    .load(conn)?;
-    Ok(live.into_iter().map(|node| node.id).collect())
 }
 
 /// Marks the processes that did not acknowledge a barrier in time: each forgets what it keeps at its next
@@ -418,23 +461,15 @@ fn count_out(conn: &mut PgConnection, out: &[String]) -> Result<(), diesel::resu
     Ok(())
 }
 
-/// Sends the barrier `token`.
-fn send_barrier(conn: &mut PgConnection, token: &str) -> Result<(), diesel::result::Error> {
-    diesel::sql_query("SELECT pg_notify($1, $2)")
-        .bind::<Text, _>(CHANNEL)
-        .bind::<Text, _>(format!("barrier:{token}"))
-        .execute(conn)?;
-    Ok(())
-}
-
-/// Sends a barrier and waits, at most [`ACK_WITHIN`], for each of `waiting` to acknowledge it; returns those that
-/// did not.
+/// Sends `payloads` and a barrier, and waits, at most [`ACK_WITHIN`], for each live process but `node` to
+/// acknowledge it; returns those that did not.
 fn await_acks(
     conn: &mut PgConnection,
-    mut waiting: HashSet<String>,
+    node: &str,
+    payloads: Vec<String>,
 ) -> Result<HashSet<String>, diesel::result::Error> {
     let token = uuid::Uuid::new_v4().simple().to_string();
-    send_barrier(conn, &token)?;
+    let mut waiting = send_barrier(conn, node, &token, payloads)?;
     let deadline = Instant::now() + ACK_WITHIN;
     while !waiting.is_empty() && Instant::now() < deadline {
         for notification in conn.notifications_iter() {
@@ -458,55 +493,107 @@ pub struct PgPropagation {
     db: Database,
 }
 
-/// How a barrier was waited for.
-enum Waited {
-    /// Every process acknowledged it, or none was waited for.
-    Done,
-    /// These did not acknowledge it in time, and were counted out.
-    CountedOut(Vec<String>),
-    /// This process's listener lost its connection meanwhile: acknowledgements may have been missed.
-    Deaf,
+#[async_trait::async_trait]
+impl Propagation for PgPropagation {
+    async fn settle(&self) {
+        self.db.settle_after(Vec::new()).await;
+    }
 }
 
-impl PgPropagation {
-    /// Waits on a channel that this process's listener completes (see [`crate::waiters`]): a pooled connection
-    /// is held only to read who is live and send the barrier, and again to count out the silent.
-    async fn through_listener(&self) -> Result<Waited, String> {
-        let waiters = Arc::clone(self.db.waiters());
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        let (db, node, registering) = (self.db.clone(), self.db.node().to_owned(), token.clone());
-        let registered = tokio::task::spawn_blocking(move || {
-            db.on_connection(|conn| match conn {
-                AnyConnection::Postgresql(conn) => {
-                    let live = live_nodes(conn, &node)?;
-                    if live.is_empty() {
-                        return Ok(None);
-                    }
-                    let woken = waiters.register(registering.clone(), live);
-                    match send_barrier(conn, &registering) {
-                        Ok(()) => Ok(Some(woken)),
-                        Err(err) => {
-                            waiters.abandon(&registering);
-                            Err(err)
-                        }
-                    }
+impl Database {
+    /// Sends `payloads` on the change channel and returns once every other live process applied them and every
+    /// change committed before, or was counted out. With this process's listener connected, the payloads join
+    /// the [`crate::waiters::Outbox`]: one statement at a time sends what is queued and a barrier, and the
+    /// listener completes the wait; else the writer waits on a connection of its own. Never fails: the changes
+    /// are saved, and what could not be waited for is logged.
+    async fn settle_after(&self, payloads: Vec<String>) {
+        if !self.waiters().listening() {
+            report(self.on_a_connection(payloads).await);
+            return;
+        }
+        let done = self.outbox().queue(payloads);
+        if let Some(turn) = self.outbox().turn() {
+            // A task of its own: the writers of a batch are answered even if this one is cancelled.
+            tokio::spawn(self.clone().send_queued(turn));
+        }
+        // Closed without a word only if the payloads could not be sent (logged).
+        let _ = done.await;
+    }
+
+    /// Sends what is queued, batch after batch, until nothing is; then gives the turn back (and takes it again
+    /// if a writer queued news after the last look and saw the turn taken).
+    async fn send_queued(self, mut turn: Turn) {
+        loop {
+            loop {
+                let (payloads, writers) = self.outbox().take(&turn);
+                if writers.is_empty() {
+                    break;
                 }
-                AnyConnection::Sqlite(_) => Ok(None),
+                self.send_batch(payloads, writers).await;
+            }
+            drop(turn);
+            // Looked at after giving the turn back: a writer that queued before saw it taken, and one that
+            // queues after finds it free.
+            if self.outbox().is_empty() {
+                return;
+            }
+            match self.outbox().turn() {
+                Some(again) => turn = again,
+                None => return,
+            }
+        }
+    }
+
+    /// Sends one batch's payloads and a barrier in one statement, then waits for the acknowledgements in a task
+    /// of its own (the next batch is sent meanwhile) and wakes the batch's writers.
+    async fn send_batch(&self, payloads: Vec<String>, writers: Vec<oneshot::Sender<()>>) {
+        let waiters = Arc::clone(self.waiters());
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        // Registered before it is sent: a fast acknowledgement is not missed.
+        let woken = waiters.register(token.clone());
+        let (db, node, sending) = (self.clone(), self.node().to_owned(), token.clone());
+        let sent = tokio::task::spawn_blocking(move || {
+            db.on_connection(|conn| match conn {
+                AnyConnection::Postgresql(conn) => send_barrier(conn, &node, &sending, payloads),
+                AnyConnection::Sqlite(_) => Ok(HashSet::new()),
             })?
             .map_err(|err| err.to_string())
         })
         .await
-        .map_err(|err| err.to_string())??;
-        let Some(woken) = registered else { return Ok(Waited::Done) };
+        .map_err(|err| err.to_string())
+        .and_then(|sent| sent);
+        match sent {
+            Ok(live) => {
+                waiters.expect(&token, live);
+                let db = self.clone();
+                tokio::spawn(async move {
+                    report(db.acknowledged(token, woken).await);
+                    for writer in writers {
+                        // The writer may have stopped waiting.
+                        let _ = writer.send(());
+                    }
+                });
+            }
+            Err(err) => {
+                waiters.abandon(&token);
+                report(Err(err));
+            }
+        }
+    }
+
+    /// Waits, at most [`ACK_WITHIN`], until this process's listener heard every process the barrier `token` was
+    /// sent for acknowledge it; counts out and returns those that did not. If the listener lost its connection
+    /// meanwhile, waits for a new barrier on a connection of its own.
+    async fn acknowledged(&self, token: String, woken: oneshot::Receiver<()>) -> Result<Vec<String>, String> {
         match tokio::time::timeout(ACK_WITHIN, woken).await {
-            Ok(Ok(())) => Ok(Waited::Done),
-            Ok(Err(_)) => Ok(Waited::Deaf),
+            Ok(Ok(())) => Ok(Vec::new()),
+            Ok(Err(_)) => self.on_a_connection(Vec::new()).await,
             Err(_) => {
-                let out: Vec<String> = self.db.waiters().abandon(&token).into_iter().collect();
+                let out: Vec<String> = self.waiters().abandon(&token).into_iter().collect();
                 if out.is_empty() {
-                    return Ok(Waited::Done);
+                    return Ok(out);
                 }
-                let (db, marked) = (self.db.clone(), out.clone());
+                let (db, marked) = (self.clone(), out.clone());
                 tokio::task::spawn_blocking(move || {
                     db.on_connection(|conn| match conn {
                         AnyConnection::Postgresql(conn) => {
@@ -517,17 +604,19 @@ impl PgPropagation {
                 })
                 .await
                 .map_err(|err| err.to_string())??;
-                Ok(Waited::CountedOut(out))
+                Ok(out)
             }
         }
     }
 
     /// Waits on a pooled connection of its own, listening for acknowledgements there.
-    async fn on_a_connection(&self) -> Result<Vec<String>, String> {
-        let (db, node) = (self.db.clone(), self.db.node().to_owned());
+    async fn on_a_connection(&self, payloads: Vec<String>) -> Result<Vec<String>, String> {
+        let (db, node) = (self.clone(), self.node().to_owned());
         tokio::task::spawn_blocking(move || {
             db.on_connection(|conn| match conn {
-                AnyConnection::Postgresql(conn) => barrier(conn, &node).map_err(|err| err.to_string()),
+                AnyConnection::Postgresql(conn) => {
+                    barrier(conn, &node, payloads).map_err(|err| err.to_string())
+                }
                 AnyConnection::Sqlite(_) => Ok(Vec::new()),
             })?
         })
@@ -536,29 +625,17 @@ impl PgPropagation {
     }
 }
 
-#[async_trait::async_trait]
-impl Propagation for PgPropagation {
-    async fn settle(&self) {
-        let waited = if self.db.waiters().listening() {
-            match self.through_listener().await {
-                Ok(Waited::Deaf) => self.on_a_connection().await,
-                Ok(Waited::Done) => Ok(Vec::new()),
-                Ok(Waited::CountedOut(out)) => Ok(out),
-                Err(err) => Err(err),
-            }
-        } else {
-            self.on_a_connection().await
-        };
-        match waited {
-            Ok(out) if out.is_empty() => {}
-            Ok(out) => tracing::warn!(
-                nodes = ?out,
-                "processes did not acknowledge a change within {} s: counted out, they forget what they keep",
-                ACK_WITHIN.as_secs()
-            ),
-            // The change is saved; other processes still apply it as it is delivered.
-            Err(err) => tracing::warn!(error = %err, "could not wait for other processes to apply a change"),
-        }
+/// Logs how a wait for the other processes ended, unless every one acknowledged.
+fn report(waited: Result<Vec<String>, String>) {
+    match waited {
+        Ok(out) if out.is_empty() => {}
+        Ok(out) => tracing::warn!(
+            nodes = ?out,
+            "processes did not acknowledge a change within {} s: counted out, they forget what they keep",
+            ACK_WITHIN.as_secs()
+        ),
+        // The change is saved; other processes still apply it as it is delivered.
+        Err(err) => tracing::warn!(error = %err, "could not wait for other processes to apply a change"),
     }
 }
 

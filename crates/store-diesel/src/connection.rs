@@ -131,6 +131,8 @@ pub struct Database {
     node: String,
     /// This process's writers waiting for the others' acknowledgements, which its listener completes.
     waiters: std::sync::Arc<crate::waiters::Waiters>,
+    /// What this process's writers send next on the change channel, one statement at a time.
+    outbox: std::sync::Arc<crate::waiters::Outbox>,
 }
 
 impl std::fmt::Debug for Database {
@@ -163,7 +165,14 @@ impl Database {
         // Fail fast when the database is unreachable, with the driver's own reason.
         pool.get().map_err(|e| StoreError::Unavailable(Box::new(e)))?;
         let node = uuid::Uuid::new_v4().simple().to_string();
-        Ok(Self { pool, backend, address, node, waiters: std::sync::Arc::default() })
+        Ok(Self {
+            pool,
+            backend,
+            address,
+            node,
+            waiters: std::sync::Arc::default(),
+            outbox: std::sync::Arc::default(),
+        })
     }
 
     pub fn backend(&self) -> Backend {
@@ -183,6 +192,10 @@ impl Database {
     /// This process's writers waiting for the other processes.
     pub(crate) fn waiters(&self) -> &std::sync::Arc<crate::waiters::Waiters> {
         &self.waiters
+    }
+
+    pub(crate) fn outbox(&self) -> &std::sync::Arc<crate::waiters::Outbox> {
+        &self.outbox
     }
 
     /// Runs `work` on a connection of the pool, on this thread (a blocking one).

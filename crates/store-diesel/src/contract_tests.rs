@@ -978,7 +978,8 @@ async fn sqlite_serves_one_process_and_announces_nothing() {
     let (store, _file) = sqlite_store();
     assert!(store.database().listen_for_changes(|_| {}).is_none());
     let (p, t) = (ProjectId::new(1).unwrap(), TableName::parse("t").unwrap());
-    TableAnnouncer::announce(&store, p, vec![t], Vec::new()).await.unwrap();
+    TableAnnouncer::announce(&store, p, vec![t.clone()], Vec::new()).await.unwrap();
+    TableAnnouncer::announce_and_settle(&store, p, vec![t], Vec::new()).await;
 }
 
 async fn table_leases_are_held_by_one_holder_until_released_or_expired(store: DieselStore) {
@@ -1146,9 +1147,11 @@ async fn postgres_writers_wait_without_holding_a_connection() {
     let _theirs = other
         .database()
         .listen_for_changes(move |change| {
-            if let Change::Endpoint { name, .. } = change {
-                seen.lock().unwrap().insert(name.to_string());
-            }
+            match change {
+                Change::Endpoint { name, .. } => seen.lock().unwrap().insert(name.to_string()),
+                Change::Table { name, .. } => seen.lock().unwrap().insert(name.to_string()),
+                _ => false,
+            };
         })
         .expect("PostgreSQL announces changes");
     let _ours = writer.database().listen_for_changes(|_| {}).expect("PostgreSQL announces changes");
@@ -1174,6 +1177,13 @@ async fn postgres_writers_wait_without_holding_a_connection() {
                 assert!(
                     applied.lock().unwrap().contains(&format!("e{i}")),
                     "e{i} applied before settle returned"
+                );
+                // A table write is announced and waited for in one go.
+                let table = TableName::parse(&format!("t{i}")).unwrap();
+                TableAnnouncer::announce_and_settle(&writer, p, vec![table], Vec::new()).await;
+                assert!(
+                    applied.lock().unwrap().contains(&format!("t{i}")),
+                    "t{i} applied before it returned"
                 );
             })
         })

@@ -109,8 +109,8 @@ pub trait TableStore: Send + Sync {
 #[async_trait]
 pub trait TableAnnouncer: Send + Sync {
     /// Tells every other process sharing the store that `tables` were written and that the endpoints `readers`
-    /// changed with them, in one message; nothing to do for a store that no other process shares. The caller
-    /// waits for them to apply it (`Propagation::settle`) when it must.
+    /// changed with them, in one message, without waiting for them; nothing to do for a store that no other
+    /// process shares.
     ///
     /// # Errors
     /// `Unavailable`, `Internal`.
@@ -120,6 +120,17 @@ pub trait TableAnnouncer: Send + Sync {
         tables: Vec<TableName>,
         readers: Vec<EndpointName>,
     ) -> Result<(), StoreError>;
+
+    /// As [`TableAnnouncer::announce`], and returns once every other live process applied it and every change
+    /// saved here before, or was counted out (as `Propagation::settle`): a run on any process after the caller
+    /// answers reads the write. Never fails: the write is made; a store that cannot announce it logs why, and
+    /// the other processes find the write when they next ask the storage (within a minute).
+    async fn announce_and_settle(
+        &self,
+        project: ProjectId,
+        tables: Vec<TableName>,
+        readers: Vec<EndpointName>,
+    );
 }
 
 /// Leases on a table's maintenance, kept where every process sharing the database sees them: a lease is held

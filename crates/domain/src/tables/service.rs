@@ -366,10 +366,7 @@ impl TableService {
     /// missed the announcement asks the storage again within a minute.
     async fn tell(&self, project: ProjectId, tables: &[&TableName], stale: Vec<EndpointName>) {
         let tables = tables.iter().map(|&name| name.clone()).collect();
-        if let Err(err) = self.announcer.announce(project, tables, stale).await {
-            warn!(%project, error = %err, "cannot tell other processes that a table was written");
-        }
-        self.changes.settled().await;
+        self.announcer.announce_and_settle(project, tables, stale).await;
     }
 
     /// Plans an endpoint's current version again after a table it reads was replaced, and records what that

@@ -73,14 +73,8 @@ fn endpoints() -> MockEndpointStore {
 /// An announcer that takes anything.
 fn announcer() -> MockTableAnnouncer {
     let mut announcer = MockTableAnnouncer::new();
-    announcer.expect_announce().returning(|_, _, _| Ok(()));
+    announcer.expect_announce_and_settle().return_const(());
     announcer
-}
-
-/// `changes` that are waited for without a count.
-fn settling(mut changes: MockEndpointChanges) -> MockEndpointChanges {
-    changes.expect_settled().returning(|| ());
-    changes
 }
 
 /// The id of `sales_by_day`, the one materialized reader.
@@ -143,7 +137,7 @@ fn service_with_keys(
 ) -> TableService {
     let mut materializations = MockMaterializationRecords::new();
     materializations.expect_appended().returning(|_, _| Ok(()));
-    service_with(tables, endpoints, engine, settling(changes), keys, materializations, announcer())
+    service_with(tables, endpoints, engine, changes, keys, materializations, announcer())
 }
 
 fn service_with(
@@ -192,18 +186,16 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     let mut changes = MockEndpointChanges::new();
     let seen = Arc::clone(&told);
     changes.expect_changed().returning(move |_, name| seen.lock().unwrap().push(name.to_string()));
+    changes.expect_settled().never();
     // Answered once the other processes applied the announcement of the table and its readers.
-    let settled = Arc::clone(&told);
-    changes.expect_settled().times(1).returning(move || settled.lock().unwrap().push("settled".into()));
     let mut announcer = MockTableAnnouncer::new();
     let announced = Arc::clone(&told);
-    announcer.expect_announce().times(1).returning(move |p, tables, readers| {
+    announcer.expect_announce_and_settle().times(1).returning(move |p, tables, readers| {
         let name = |n: &str| EndpointName::parse(n).unwrap();
         assert_eq!(p, project(1));
         assert_eq!(tables, vec![TableName::parse("sales").unwrap()]);
         assert_eq!(readers, vec![name("sales_by_day"), name("legacy")]);
-        announced.lock().unwrap().push("announced".into());
-        Ok(())
+        announced.lock().unwrap().push("announced and settled".into());
     });
     let mut materializations = MockMaterializationRecords::new();
     materializations.expect_appended().returning(|_, _| Ok(()));
@@ -219,7 +211,7 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     let (table, written) = service.write_named(project(1), "sales", upload(WriteMode::Append)).await.unwrap();
     assert_eq!(written.rows, 2);
     let readers = vec!["sales_by_day".to_owned(), "legacy".to_owned()];
-    assert_eq!(*told.lock().unwrap(), [&readers[..], &["announced".into(), "settled".into()]].concat());
+    assert_eq!(*told.lock().unwrap(), [&readers[..], &["announced and settled".into()]].concat());
     assert_eq!(table.used_by.iter().map(|n| n.to_string()).collect::<Vec<_>>(), readers);
 }
 
@@ -253,7 +245,7 @@ async fn a_write_makes_its_materialized_readers_due_within_their_freshness_befor
             tables,
             store,
             engine,
-            settling(changes),
+            changes,
             MockAppendKeys::new(),
             materializations,
             announcer(),
@@ -275,7 +267,7 @@ async fn a_write_makes_its_materialized_readers_due_within_their_freshness_befor
         tables,
         endpoints(),
         engine(),
-        settling(changes),
+        changes,
         MockAppendKeys::new(),
         materializations,
         announcer(),
