@@ -2,6 +2,7 @@
 //! back per endpoint, as usage, and as the project's own `_logs` table; never another project's; gone after
 //! the retention; written by every node.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -305,11 +306,15 @@ async fn every_kind_of_run_and_refresh_is_logged_without_a_variables_value() {
 
 #[tokio::test]
 async fn a_project_never_sees_another_projects_records_and_old_ones_are_gone() {
+    use domain::Clock as _;
+    // The service tells the time by a clock this test moves.
+    let clock = Arc::new(domain::testing::ManualClock::new(domain::SystemClock.now()));
     let app = spawn_app_tuned(|config| {
         config.run_log = Some(server::RunLogConfig {
             flush_interval: Duration::from_millis(100),
             retention: Duration::from_secs(3),
         });
+        config.clock = server::ServiceClock(clock.clone());
     })
     .await;
     let (first, first_key) = project_with_sales(&app);
@@ -337,8 +342,8 @@ async fn a_project_never_sees_another_projects_records_and_old_ones_are_gone() {
     let theirs = sql(&app, second, &second_key, "all-logs", "SELECT count(*) AS n FROM _logs").await;
     assert_eq!(theirs[0]["n"], 1, "the second project's run of kpi, none of the first's");
 
-    // Past the retention (3 s), none are read: not by the listing, the usage or `_logs`.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Past the retention (3 s) by the service's clock, none are read: not by the listing, the usage or `_logs`.
+    clock.advance(Duration::from_secs(4));
     assert!(records(&app, first, &first_key, "kpi", "", 0).await.is_empty());
     let usage: Value = app
         .get(&format!("/api/projects/{first}/endpoints/kpi/usage"), &first_key)

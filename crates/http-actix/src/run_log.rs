@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use domain::{
-    EndpointName, Exported, LogKind, LogRecord, LogService, LogSource, ProjectId, RunOutcome, Timestamp,
-    Transport,
+    EndpointName, Exported, LogKind, LogRecord, LogService, LogSource, ProjectId, RunOutcome, Transport,
 };
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -93,9 +92,7 @@ pub(crate) struct Answered<'a> {
 impl Answered<'_> {
     /// Logs the run, and counts it in the endpoint's metrics.
     pub(crate) fn log(self, logs: &LogService, metrics: &EndpointMetrics) {
-        let at = Timestamp::now_utc() - self.took;
-        // Microseconds, as the log keeps them.
-        let at = at.replace_nanosecond(at.nanosecond() / 1000 * 1000).unwrap_or(at);
+        let at = logs.began(self.took);
         metrics.observe(self.caller.project, self.endpoint, self.status, self.took);
         let note = self.note;
         logs.record(LogRecord {

@@ -488,7 +488,7 @@ impl ParquetRunLog {
         Ok(LogFile {
             location: path,
             size,
-            modified: Timestamp::now_utc(),
+            modified: storage.now(),
             node: node.to_owned(),
             level,
             first,
@@ -571,7 +571,7 @@ impl ParquetRunLog {
         since: Option<Timestamp>,
         until: Option<Timestamp>,
     ) -> Result<Option<DataFrame>, EngineError> {
-        let since = since.max(Some(Timestamp::now_utc() - self.inner.settings.retention));
+        let since = since.max(Some(self.inner.storage.now() - self.inner.settings.retention));
         let urls = visible_files(&self.inner.storage, project, since, until).await?;
         if urls.is_empty() {
             return Ok(None);
@@ -727,7 +727,7 @@ pub(crate) async fn register(
     retention: Duration,
 ) -> Result<(), EngineError> {
     let err = crate::execute::storage_error;
-    let cutoff = Timestamp::now_utc() - retention;
+    let cutoff = storage.now() - retention;
     let urls = visible_files(storage, project, Some(cutoff), None).await?;
     let frame = if urls.is_empty() {
         // No rows of the log's columns (a relation a cluster's scheduler can be sent, as a table in memory is not).

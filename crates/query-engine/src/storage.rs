@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnv;
-use domain::EngineError;
+use domain::{Clock, EngineError, SystemClock, Timestamp};
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
@@ -69,6 +69,8 @@ pub struct Storage {
     /// How long files no version reads any more, and commits a checkpoint made unnecessary, are kept for
     /// readers of older versions (`--table-retention`).
     retention: Duration,
+    /// What time it is for everything kept here (tables' commits, the run log, `as_of`): the service's clock.
+    clock: ServiceClock,
 }
 
 impl Storage {
@@ -76,6 +78,22 @@ impl Storage {
     pub const DEFAULT_TABLE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
     /// The shortest table retention: a run or a reader of the version before a compaction has this long.
     pub const MIN_TABLE_RETENTION: Duration = Duration::from_secs(3600);
+}
+
+/// The service's clock, also as the Delta kernel reads it.
+#[derive(Clone)]
+struct ServiceClock(Arc<dyn Clock>);
+
+impl std::fmt::Debug for ServiceClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServiceClock")
+    }
+}
+
+impl tables_delta::Clock for ServiceClock {
+    fn current_timestamp_millis(&self) -> i64 {
+        i64::try_from(self.0.now().unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+    }
 }
 
 /// The columns of table versions, by prefix.
@@ -139,6 +157,7 @@ impl Storage {
             tables: Arc::new(tables),
             pinned: pinned_snapshots(),
             retention: Self::DEFAULT_TABLE_RETENTION,
+            clock: ServiceClock(Arc::new(SystemClock)),
         })
     }
 
@@ -186,6 +205,7 @@ impl Storage {
                     tables: Arc::new(tables),
                     pinned: pinned_snapshots(),
                     retention: Self::DEFAULT_TABLE_RETENTION,
+                    clock: ServiceClock(Arc::new(SystemClock)),
                 })
             }
             _ => Err(StorageError::Unsupported(raw.into())),
@@ -213,6 +233,7 @@ impl Storage {
             tables: Arc::new(tables),
             pinned: pinned_snapshots(),
             retention: Self::DEFAULT_TABLE_RETENTION,
+            clock: ServiceClock(Arc::new(SystemClock)),
         }
     }
 
@@ -243,6 +264,26 @@ impl Storage {
     pub fn retaining_tables_for(mut self, retention: Duration) -> Self {
         self.retention = retention.max(Self::MIN_TABLE_RETENTION);
         self
+    }
+
+    /// The same storage, telling the time by `clock` (the service's: its tests set it). Call it before the
+    /// storage is used: the tables' snapshots kept so far are not carried over.
+    #[must_use]
+    pub fn timed_by(mut self, clock: Arc<dyn Clock>) -> Self {
+        let clock = ServiceClock(clock);
+        self.tables = Arc::new(self.tables.timed_by(Arc::new(clock.clone())));
+        self.clock = clock;
+        self
+    }
+
+    /// Now, by the storage's clock.
+    pub(crate) fn now(&self) -> Timestamp {
+        self.clock.0.now()
+    }
+
+    /// Now in milliseconds since the epoch, as the tables' log keeps times.
+    pub(crate) fn now_ms(&self) -> i64 {
+        tables_delta::Clock::current_timestamp_millis(&self.clock)
     }
 
     pub(crate) fn table_retention(&self) -> Duration {

@@ -54,6 +54,24 @@ pub struct Config {
     pub rate_limits: http_actix::RateLimitConfig,
     /// The run log; `None` keeps none.
     pub run_log: Option<RunLogConfig>,
+    /// What every part of the service tells the time by: the wall clock, or a test's.
+    pub clock: ServiceClock,
+}
+
+/// The clock the service is given.
+#[derive(Clone)]
+pub struct ServiceClock(pub std::sync::Arc<dyn domain::Clock>);
+
+impl std::fmt::Debug for ServiceClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServiceClock")
+    }
+}
+
+impl Default for ServiceClock {
+    fn default() -> Self {
+        Self(std::sync::Arc::new(domain::SystemClock))
+    }
 }
 
 /// How the run log is kept.
@@ -101,6 +119,7 @@ impl Config {
             table_retention: query_engine::Storage::DEFAULT_TABLE_RETENTION,
             cursor_ttl: domain::RunService::DEFAULT_CURSOR_TTL,
             run_log: Some(RunLogConfig::default()),
+            clock: ServiceClock::default(),
         }
     }
 
@@ -115,7 +134,8 @@ impl Config {
         };
         Ok(storage
             .allowing_sources(&self.allowed_sources, self.source_refresh)?
-            .retaining_tables_for(self.table_retention))
+            .retaining_tables_for(self.table_retention)
+            .timed_by(std::sync::Arc::clone(&self.clock.0)))
     }
 
     /// The database URL in force.

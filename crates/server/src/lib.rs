@@ -11,5 +11,5 @@ pub mod startup;
 pub mod telemetry;
 pub mod worker;
 
-pub use config::{Config, RunLogConfig};
+pub use config::{Config, RunLogConfig, ServiceClock};
 pub use startup::{Application, StartupError};

@@ -8,7 +8,7 @@ use cache_moka::MemoryResultCache;
 use domain::{
     ApiKeyService, EndpointDeps, EndpointService, ExecutionTracker, Invalidator, LogService, MaintenanceDeps,
     MaterializationPorts, NoRunLog, RefreshDeps, RefreshService, ResultCache, RunDeps, RunLog, RunService,
-    SystemClock, TableDeps, TableMaintenance, TableService,
+    TableDeps, TableMaintenance, TableService,
 };
 use http_actix::AppState;
 use query_engine::{DataFusionEngine, LogSettings, ParquetRunLog};
@@ -68,7 +68,7 @@ impl Services {
             database.migrate().map_err(StartupError::Database)?;
         }
         let store = Arc::new(DieselStore::new(database.clone()));
-        let clock = Arc::new(SystemClock);
+        let clock = Arc::clone(&config.clock.0);
         let storage = config.storage().map_err(StartupError::Storage)?;
         let run_log = config.run_log.map(|log| {
             let settings = LogSettings { retention: log.retention, ..LogSettings::default() };
@@ -197,6 +197,8 @@ pub struct Application {
     rate_limits: Arc<http_actix::RateLimits>,
     /// The run log this process writes, and how.
     run_log: Option<(ParquetRunLog, crate::config::RunLogConfig)>,
+    /// What the background tasks tell the time by.
+    clock: Arc<dyn domain::Clock>,
     /// On PostgreSQL: applies the changes other processes announce; stops with the application.
     _changes: Option<ChangeListener>,
 }
@@ -259,6 +261,7 @@ impl Application {
             worker_metrics,
             rate_limits,
             run_log,
+            clock: Arc::clone(&config.clock.0),
             _changes: changes,
         })
     }
@@ -275,14 +278,18 @@ impl Application {
         let flusher =
             tokio::spawn(flush_periodically(self.executions.clone(), self.keys.clone(), self.flush_interval));
         let shrinker = tokio::spawn(shrink_rate_limits(Arc::clone(&self.rate_limits)));
-        let logger =
-            self.run_log.clone().map(|(log, config)| tokio::spawn(write_run_log(log, config.flush_interval)));
+        let clock = Arc::clone(&self.clock);
+        let logger = self
+            .run_log
+            .clone()
+            .map(|(log, config)| tokio::spawn(write_run_log(log, config.flush_interval, clock)));
         let (stop_worker, stop) = tokio::sync::watch::channel(false);
         let worker = (self.worker.parallelism > 0).then(|| {
             tokio::spawn(crate::worker::run(
                 self.materializer.clone(),
                 self.worker.clone(),
                 self.worker_metrics.clone(),
+                Arc::clone(&self.clock),
                 stop.clone(),
             ))
         });
@@ -339,7 +346,7 @@ impl Application {
 }
 
 /// Writes the run log's buffered records every `every`, and merges and prunes its files every ten seconds.
-async fn write_run_log(log: ParquetRunLog, every: std::time::Duration) {
+async fn write_run_log(log: ParquetRunLog, every: std::time::Duration, clock: Arc<dyn domain::Clock>) {
     const MAINTAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -353,7 +360,7 @@ async fn write_run_log(log: ParquetRunLog, every: std::time::Duration) {
         }
         if maintained.elapsed() >= MAINTAIN_EVERY {
             maintained = std::time::Instant::now();
-            if let Err(err) = log.maintain(domain::Timestamp::now_utc()).await {
+            if let Err(err) = log.maintain(clock.now()).await {
                 tracing::warn!(error = %err, "could not merge or prune the run log; will retry");
             }
         }

@@ -39,6 +39,7 @@ pub async fn run(
     materializer: Arc<RefreshService>,
     config: WorkerConfig,
     metrics: WorkerMetrics,
+    clock: Arc<dyn domain::Clock>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut running: JoinSet<()> = JoinSet::new();
@@ -58,7 +59,7 @@ pub async fn run(
         let free = config.parallelism.saturating_sub(running.len());
         match materializer.claim(free).await {
             Ok(claims) => {
-                let now = time::OffsetDateTime::now_utc();
+                let now = clock.now();
                 for claim in claims {
                     debug!(endpoint = %claim.name, version = claim.version, "claimed a refresh");
                     let waited = claim

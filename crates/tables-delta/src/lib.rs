@@ -36,6 +36,7 @@ use deltalake::kernel::transaction::{
 };
 use deltalake::kernel::{Action, Add, Remove, StructType};
 use deltalake::logstore::{default_logstore, CommitOrBytes, LogStoreRef, StorageConfig};
+pub use deltalake::operations::vacuum::Clock;
 use deltalake::protocol::checkpoints::{cleanup_expired_logs_for, create_checkpoint};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::state::DeltaTableState;
@@ -140,6 +141,22 @@ pub struct DeltaTables {
     reads: Family<ReadSource, Counter>,
     kept_reads: Counter,
     checked_reads: Counter,
+    /// What time it is for commits (a removed file's deletion time) and the vacuum's cutoff: the wall clock
+    /// unless the owner gives its own ([`DeltaTables::timed_by`]).
+    clock: Arc<dyn Clock>,
+}
+
+/// The wall clock, in the Delta kernel's terms.
+#[derive(Debug)]
+struct WallClock;
+
+impl Clock for WallClock {
+    fn current_timestamp_millis(&self) -> i64 {
+        // A clock before 1970 is taken as 1970.
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+    }
 }
 
 /// How a read found a table's newest version: `kept` from what this process hears (the storage not asked), or
@@ -325,7 +342,20 @@ impl DeltaTables {
             reads,
             kept_reads,
             checked_reads,
+            clock: Arc::new(WallClock),
         }
+    }
+
+    /// The same tables with nothing kept yet, their commits and vacuums timed by `clock` (its owner's, so that
+    /// its tests set the time).
+    #[must_use]
+    pub fn timed_by(&self, clock: Arc<dyn Clock>) -> Self {
+        let fresh = Self::new(Arc::clone(&self.store), Arc::clone(&self.url_store), self.root.clone());
+        Self { clock, ..fresh }
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.clock.current_timestamp_millis()
     }
 
     /// Exposes how reads found their tables' versions in `registry`.
@@ -762,7 +792,7 @@ impl DeltaTables {
                                 .map_err(|e| CommitError::storage(table, e))?;
                         actions.push(Action::Metadata(metadata));
                     }
-                    let now = now_ms();
+                    let now = self.now_ms();
                     actions.extend(current.files.iter().map(|file| remove(table, file, true, now)));
                     actions.extend(adds(table, files, true)?);
                     let removed: u64 = current.files.iter().filter_map(|f| f.rows).sum();
@@ -809,7 +839,7 @@ impl DeltaTables {
         // In turn with this process's appends.
         let _turn = kept.appending.lock().await;
         let Some(base) = kept.newest() else { return Err(CommitError::NoTable(table.to_string())) };
-        let now = now_ms();
+        let now = self.now_ms();
         let mut actions: Vec<Action> = removed.iter().map(|file| remove(table, file, false, now)).collect();
         actions.extend(adds(table, added, false)?);
         let target_size = added.iter().map(|f| f.size).max().unwrap_or(0);
@@ -853,11 +883,12 @@ impl DeltaTables {
         let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
         let (_, metrics) = delta
             .vacuum()
+            .with_clock(Arc::clone(&self.clock))
             .with_retention_period(retention)
             .with_enforce_retention_duration(false)
             .await
             .map_err(|e| CommitError::storage(table, e))?;
-        let cutoff = now_ms().saturating_sub(retention.num_milliseconds());
+        let cutoff = self.now_ms().saturating_sub(retention.num_milliseconds());
         cleanup_expired_logs_for(version, kept.log.as_ref(), cutoff, None)
             .await
             .map_err(|e| CommitError::storage(table, e))?;
@@ -891,14 +922,6 @@ fn apply(table: &ObjectPath, snapshot: &mut Snapshot, version: u64, actions: &[A
         snapshot.files.retain(|file| !removed.contains(&file.location));
     }
     snapshot.version = version;
-}
-
-pub(crate) fn now_ms() -> i64 {
-    // A clock before 1970 is taken as 1970.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or(std::time::Duration::ZERO);
-    i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A file's path as the log keeps it: relative to the table's root.

@@ -50,7 +50,7 @@ async fn file(store: &Arc<dyn ObjectStore>, columns: &[&str], values: &[i64]) ->
     let location = table().join(format!("part-{}.parquet", uuid::Uuid::new_v4()));
     let size = bytes.len() as u64;
     store.put(&location, PutPayload::from(bytes)).await.expect("stored");
-    NewFile { location, size, rows: values.len() as u64, modified_ms: now_ms() }
+    NewFile { location, size, rows: values.len() as u64, modified_ms: WallClock.current_timestamp_millis() }
 }
 
 fn note() -> HashMap<String, serde_json::Value> {
@@ -333,8 +333,18 @@ async fn a_vacuum_removes_only_files_no_version_reads() {
         .replace(&table(), &schema(&["a"]), std::slice::from_ref(&new), &HashMap::new(), None)
         .await
         .expect("replaced");
-    assert_eq!(tables.vacuum(&table(), std::time::Duration::from_secs(3600)).await.expect("vacuumed"), 0);
-    assert_eq!(tables.vacuum(&table(), std::time::Duration::ZERO).await.expect("vacuumed"), 1);
+    let hour = std::time::Duration::from_secs(3600);
+    assert_eq!(tables.vacuum(&table(), hour).await.expect("vacuumed"), 0);
+    // An hour and a minute later by the owner's clock, the replaced file is past the retention.
+    #[derive(Debug)]
+    struct Later(i64);
+    impl Clock for Later {
+        fn current_timestamp_millis(&self) -> i64 {
+            self.0
+        }
+    }
+    let later = tables.timed_by(Arc::new(Later(WallClock.current_timestamp_millis() + 3_660_000)));
+    assert_eq!(later.vacuum(&table(), hour).await.expect("vacuumed"), 1);
     assert!(root.store.head(&old.location).await.is_err());
     assert!(root.store.head(&new.location).await.is_ok());
 }

@@ -21,6 +21,13 @@ impl LogService {
         Self { store, log, clock }
     }
 
+    /// When a run answered now, after `took`, began by the service's clock, to the microsecond the log keeps:
+    /// the time its record is filed under.
+    pub fn began(&self, took: std::time::Duration) -> Timestamp {
+        let at = self.clock.now() - took;
+        at.replace_nanosecond(at.nanosecond() / 1000 * 1000).unwrap_or(at)
+    }
+
     /// Takes a record of a run to be written (never blocks).
     pub fn record(&self, record: LogRecord) {
         self.log.record(record);

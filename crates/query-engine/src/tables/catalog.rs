@@ -349,8 +349,10 @@ async fn lookup(
         ReadAt::Newest => current(storage, &table).await,
         ReadAt::AsOf(time) => {
             let retention = storage.table_retention();
-            let kept_until = std::time::SystemTime::from(*time).checked_add(retention);
-            if kept_until.is_some_and(|until| until < std::time::SystemTime::now()) {
+            if time
+                .checked_add(retention.try_into().unwrap_or(time::Duration::MAX))
+                .is_some_and(|until| until < storage.now())
+            {
                 let kept = humantime::format_duration(retention);
                 return Err(EngineError::NoSuchVersion(format!(
                     "as_of is earlier than the table retention ({kept}): earlier versions are not kept."

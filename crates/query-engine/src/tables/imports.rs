@@ -463,7 +463,7 @@ impl Destination {
                 let Some((_, _, schema)) = self.done.first() else {
                     return Err(ImportError::Write("a replace wrote no file".into()));
                 };
-                let created_ms = self.created.then(|| chrono::Utc::now().timestamp_millis());
+                let created_ms = self.created.then(|| storage.now_ms());
                 let schema = plain(schema);
                 tables.replace(&self.table, &schema, &files, &HashMap::new(), created_ms).await.map_err(
                     |err| match err {

@@ -321,7 +321,7 @@ async fn register_source(
     let prefix = table_prefix(project, name);
     let created = current(storage, &prefix).await?.is_none();
     let schema = crate::tables::imports::plain(&provider.schema());
-    let created_ms = created.then(|| chrono::Utc::now().timestamp_millis());
+    let created_ms = created.then(|| storage.now_ms());
     storage
         .tables()
         .replace(&prefix, &schema, &[], &SourceRecord::properties(&source), created_ms)

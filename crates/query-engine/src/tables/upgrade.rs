@@ -148,7 +148,7 @@ async fn convert(storage: &Storage, prefix: &ObjectPath) -> Result<bool, EngineE
         let modified_ms = meta.last_modified.timestamp_millis();
         added.push(NewFile { location: meta.location.clone(), size: meta.size, rows, modified_ms });
     }
-    let created_ms = created_ms.or_else(|| Some(chrono::Utc::now().timestamp_millis()));
+    let created_ms = created_ms.or_else(|| Some(storage.now_ms()));
     // Created only if no other process (a node starting at the same time) converted it meanwhile.
     if tables.create(prefix, &schema, &added, &properties, created_ms).await.map_err(table_error)?.is_none() {
         return Ok(false);
