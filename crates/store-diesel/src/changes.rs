@@ -9,13 +9,16 @@
 //! Read your writes on every process ([`PgPropagation`]): every listening process writes a heartbeat to
 //! `endpoints_nodes` each second. A writer, once its change is committed, sends a barrier on the channel and
 //! waits for each live process's acknowledgement on [`ACKS`] (one statement reads who is live and sends the
-//! barrier, after what the writer announces with it, as a table write's news): PostgreSQL delivers notifications in commit order
-//! and a listener applies them one after the other, so a listener that acknowledges the barrier has applied the
-//! change before it. A process that does not acknowledge within [`ACK_WITHIN`] is counted out: its next
-//! heartbeat reads that, and it forgets everything it keeps ([`Change::Everything`]).
+//! barrier, after the news the writer announces with it, such as a table write's): PostgreSQL delivers
+//! notifications in commit order and a listener applies them one after the other, so a listener that
+//! acknowledges the barrier has applied the change before it. A process that does not acknowledge within
+//! [`ACK_WITHIN`] is counted out: its next heartbeat reads that, and it forgets everything it keeps
+//! ([`Change::Everything`]).
 //!
 //! The writer's own listener hears the acknowledgements and wakes it ([`crate::waiters`]): a waiting writer
-//! holds no database connection, so any number of writes wait at once on a small pool. A process whose
+//! holds no database connection, so any number of writes wait at once on a small pool. One statement at a
+//! time sends what this process's writers queued ([`crate::waiters::Outbox`]), so concurrent writes share a
+//! statement and a barrier. A process whose
 //! listener is not connected (a command, or a listener reconnecting) waits on a pooled connection of its own.
 
 use std::collections::HashSet;
