@@ -111,7 +111,7 @@ impl Waiters {
 
     /// Stops waiting for `token`; answers the processes that did not acknowledge it.
     pub(crate) fn abandon(&self, token: &str) -> HashSet<String> {
-        self.lock().remove(token).and_then(|waiter| waiter.nodes).unwrap_or_default()
+        self.lock().remove(token).and_then(|waiter| waiter.nodes).unwrap_or_else(HashSet::new)
     }
 
     /// Whether any writer waits, so the listener looks for acknowledgements more often.
