@@ -54,10 +54,12 @@ const LIVE_WITHIN: Duration = Duration::from_secs(5);
 const STOPPED_AFTER: Duration = Duration::from_secs(15);
 /// How long a writer waits for a live process's acknowledgement before counting it out.
 pub const ACK_WITHIN: Duration = Duration::from_secs(2);
-/// How often the listener looks for notifications while a writer of its process waits for acknowledgements, or
-/// for [`BUSY_FOR`] after notifications arrived: a barrier of a stream of writes is acknowledged within about a
-/// millisecond, while an idle listener wakes only every [`POLL`].
-const ACK_POLL: Duration = Duration::from_millis(1);
+/// How often the listener looks for notifications for [`BUSY_FOR`] after notifications arrived: a barrier of a
+/// stream of writes is acknowledged within about half a millisecond, while an idle listener wakes only every [`POLL`].
+const ACK_POLL: Duration = Duration::from_micros(500);
+/// How often the listener looks for acknowledgements while a writer of its process waits for them: most of a
+/// barrier's round trip is the two listeners' pauses, and this one lasts only as long as a write waits.
+const WAITING_POLL: Duration = Duration::from_micros(200);
 /// How long the listener keeps looking every [`ACK_POLL`] after notifications arrived.
 const BUSY_FOR: Duration = Duration::from_secs(1);
 /// How long the listener waits between reconnection attempts.
@@ -360,7 +362,7 @@ fn follow(
             on_change(Change::Heard);
         }
         let busy = news.is_some_and(|at| at.elapsed() < BUSY_FOR);
-        waiters.pause(if busy { ACK_POLL } else { POLL }, ACK_POLL);
+        waiters.pause(if busy { ACK_POLL } else { POLL }, WAITING_POLL);
     }
     None
 }
