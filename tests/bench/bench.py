@@ -36,7 +36,8 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
 `--only isolation`, `--only appends`, `--only fresh` and `--only logs` run scenario 9, 10, 11 or 12 alone (the first two on a small
 data directory of their own, the third on `--rows` events) and replace only its section.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
-The results replace the run section at the end of docs/benchmarks.md (older runs are in git).
+The results replace the run section at the end of docs/benchmarks.md; scenarios with sections of their own (6 alone,
+9-14) replace theirs in docs/benchmark-scenarios.md (older runs are in git).
 """
 
 import argparse
@@ -335,7 +336,7 @@ def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
 
 
 NODES_MARKER = "<!-- scenario 6 alone, written by make bench-nodes -->"
-NODES_READING = ("With a second or third node up, a write (an endpoint's PATCH or a table append) is answered once every other node has applied it: an idle listener looks for notifications every 5 ms (every millisecond for a second once some arrived), which is most of the added time. A node that hears every table write reads the versions it keeps without asking the storage; on a local disk that check was a `stat`, so the live run changes within noise here (on S3 it is a `HEAD` per table per run). One statement sends a write's news with a "
+NODES_READING = ("With a second or third node up, a write (an endpoint's PATCH or a table append) is answered once every other node has applied it: an idle listener looks for notifications every 5 ms, every 0.5 ms for a second once some arrived, and every 0.2 ms while a writer of its own node waits for acknowledgements; those pauses and two statements are the added time. A node that hears every table write reads the versions it keeps without asking the storage; on a local disk that check was a `stat`, so the live run changes within noise here (on S3 it is a `HEAD` per table per run). One statement sends a write's news with a "
                  "barrier, and the writes one node commits while a statement is being sent share the next one and "
                  "its wait: appends from many connections pay one announcement per batch, which is what the column "
                  "of 16 connections shows (before this, each append was announced and waited for on its own).")
@@ -358,14 +359,14 @@ def nodes_setup(bin_dir, database_url, data_dir):
 
 
 def nodes_alone(args, root):
-    """Scenario 6 for this build, and for a previous one beside it (alternating, two rounds each)."""
+    """Scenario 6 for this build, and for a previous one beside it (alternating, `--node-rounds` rounds each)."""
     builds = {"this build": (args.bin_dir, args.postgres_url)}
     if args.before_bin_dir:
         builds["previous build"] = (args.before_bin_dir, args.before_postgres_url)
     apps = {name: nodes_setup(bin_dir, url, os.path.join(root, f"nodes-{i}"))
             for i, (name, (bin_dir, url)) in enumerate(builds.items())}
     runs = {name: [] for name in builds}
-    for _ in range(2):
+    for _ in range(args.node_rounds):
         for name, (bin_dir, url) in builds.items():
             runs[name].append(cached_by_nodes(bin_dir, apps[name].data_dir, url, apps[name].key, args.seconds, 1))
     return {name: {count: {"rps": statistics.median(r[count]["rps"] for r in rs),
@@ -380,7 +381,7 @@ def nodes_alone(args, root):
 
 def write_nodes(args, figures):
     lines = [f"### Scenario 6 alone: several nodes, this build beside the previous one ({datetime.date.today()})", "",
-             "Medians of two alternating rounds per build, each on its own PostgreSQL database (`make bench-nodes`; "
+             f"Medians of {args.node_rounds} alternating rounds per build, each on its own PostgreSQL database (`make bench-nodes`; "
              "`BEFORE=dir` names the previous build). Columns as in scenario 6 of the full run.", "",
              "| Build | Nodes | Cached run | A write through the first node | A table append | "
              f"Appends from {FLOOD_WRITERS} connections | A live run over it on the last node |",
@@ -851,19 +852,17 @@ ISOLATION_MARKER = "<!-- scenario 9, written by make bench -->"
 
 
 def write_section(args, marker, section):
-    """Replaces a section (between its marker and the next) in the benchmarks page; a new one goes before the
-    newest run's report."""
-    text = open(args.out).read() if os.path.exists(args.out) else "# Benchmarks\n"
+    """Replaces a scenario's section (between its marker and the next) in the page of scenarios measured alone; a
+    new one goes at its end."""
+    out = args.scenarios_out
+    text = open(out).read() if os.path.exists(out) else "# Benchmarks: scenarios measured alone\n\n"
     if marker in text:
         before, after = text.split(marker, 1)
         rest = after.split(marker, 1)[1] if marker in after else ""
         text = before + marker + "\n" + section + marker + rest
     else:
-        newest = "<!-- the newest run, written by make bench; older runs are in git -->"
-        head, tail = (text.split(newest, 1) + [""])[:2] if newest in text else (text, None)
-        block = marker + "\n" + section + marker + "\n\n"
-        text = head + block + (newest + tail if tail is not None else "")
-    with open(args.out, "w") as f_out:
+        text = text.rstrip() + "\n\n" + marker + "\n" + section + marker + "\n"
+    with open(out, "w") as f_out:
         f_out.write(text)
     print(section)
 
@@ -1681,11 +1680,14 @@ def main():
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
     parser.add_argument("--duckdb-python", default=None)
     parser.add_argument("--out", default="docs/benchmarks.md")
+    parser.add_argument("--scenarios-out", default="docs/benchmark-scenarios.md",
+                        help="the page of the scenarios with sections of their own (6 alone, 9-14)")
     parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes", "commits", "nodes"],
                         default=None)
     parser.add_argument("--before-bin-dir", default=None,
                         help="with --only nodes: a previous build, measured beside this one in the same run")
     parser.add_argument("--before-postgres-url", default=None, help="its own database for --before-bin-dir")
+    parser.add_argument("--node-rounds", type=int, default=4, help="rounds per build of scenario 6 alone")
     parser.add_argument("--commits", type=int, default=100_000, help="commits to one table in scenario 14")
     args = parser.parse_args()
     began = time.perf_counter()

@@ -7,7 +7,7 @@ materialized or not. It creates, changes settings and queries (new versions), tu
 runs cached and live, lists and deletes, at random. At the end every acknowledged write must be present with the
 right versions (1..n, no gap), every acknowledged delete gone, no stored result left for an endpoint that no
 longer exists, no 5xx ever answered, and the server's memory flat (the last third of the run against the first,
-after warm-up). The figures go to docs/benchmarks.md.
+after warm-up). The figures go to docs/soak.md.
 
 Standard library only. Usage: soak.py --bin-dir target/release --postgres-url URL [--seconds 180]
 """
@@ -220,7 +220,7 @@ def main():
     parser.add_argument("--max-requests", type=int, default=300_000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--out", default="docs/benchmarks.md")
+    parser.add_argument("--out", default="docs/soak.md")
     args = parser.parse_args()
     binary = os.path.join(args.bin_dir, "endpoints")
     data_dir = tempfile.mkdtemp(prefix="endpoints-soak-", dir=os.path.abspath("target"))
@@ -307,7 +307,7 @@ does not declare); the 429s are live runs past the per-project limit of concurre
 
 """
     # The newest soak replaces the one under its marker, up to the next marker (history is in git).
-    text = open(args.out).read() if os.path.exists(args.out) else "# Benchmarks\n"
+    text = open(args.out).read() if os.path.exists(args.out) else "# Soak\n"
     marker = "<!-- the newest soak, written by make soak; older ones are in git -->"
     if marker not in text:
         text = text.rstrip() + "\n\n" + marker + "\n"
