@@ -111,14 +111,10 @@ postgres: ## Start a local PostgreSQL (installing it if missing) and create the 
 	echo "PostgreSQL $$version/$$name on port $$port: database $(PG_TEST_DB) is ready."
 
 .PHONY: lint
-lint: deps ## Format check, clippy with -D warnings, and the dependency-direction check.
+lint: deps ## Format check, clippy with -D warnings, and the architecture's rules.
 	cargo fmt --all --check
 	rustfmt --edition 2021 --check tests/openapi/rust-client/src/main.rs
 	cargo clippy $(CHECKED) --all-targets -- -D warnings
-	@leak=$$(cargo tree -p domain -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | \
-	  grep -E '^(actix|diesel|r2d2|datafusion|arrow|parquet|tokio|hyper|sqlx|tracing-actix)' || true); \
-	if [ -n "$$leak" ]; then echo "crates/domain depends on framework crates: $$leak"; exit 1; fi; \
-	echo "dependency direction: crates/domain depends on no framework crate"
 	@$(MAKE) --no-print-directory layers fail-closed
 	@python3 tests/lint/import_cycles.py crates/*/src
 
@@ -131,34 +127,12 @@ fail-closed: ## Refuse `unwrap_or_default()` outside tests.
 	if [ -n "$$hits" ]; then echo "$$hits"; echo "^ name the default (unwrap_or(...)) or state the invariant (expect)"; exit 1; fi; \
 	echo "fail-closed: no unwrap_or_default() outside tests"
 
-# The domain's parts in dependency order: the base files, the subdomains, then `changes`. Each part may use those
-# before it, never one after it, with one exception: `endpoints` reads `materialization`'s model and ports, never
-# its service (docs/architecture.md says why). Inside the domain a name is imported through its part's path, one
-# part per `use`, so that this check sees every edge.
-DOMAIN_BASE := error.rs clock.rs fields.rs page.rs version.rs recent.rs propagation.rs
-DOMAIN_PARTS := access query logs endpoints materialization tables runs changes
-MATERIALIZATION_SERVICE := RefreshService|RefreshDeps|RefreshOutcome|RETRY_AFTER_FAILURE
-
+# The architecture's rules (tests/lint/architecture.py, docs/architecture.md): the crate graph from cargo metadata,
+# the domain's parts in dependency order, the wall clock read only by the clock port, log records made only by the
+# domain.
 .PHONY: layers
-layers: ## Check that no part of the domain imports a later one.
-	@cd crates/domain/src && status=0; \
-	files() { ls -d "$$1" "$$1.rs" 2>/dev/null; }; \
-	if grep -nE 'crate::(access|query|logs|endpoints|materialization|tables|runs|changes|testing)\b' $(DOMAIN_BASE); then \
-	  echo "^ the domain's base files import a subdomain"; status=1; fi; \
-	if grep -rnE 'crate::\{|crate::[A-Z]|super::super::super' $(DOMAIN_BASE) $$(for part in $(DOMAIN_PARTS); do files $$part; done); then \
-	  echo "^ import through one part's path (crate::query::Query), not the crate root or a group of parts"; status=1; fi; \
-	later="$(DOMAIN_PARTS)"; \
-	for part in $(DOMAIN_PARTS); do \
-	  later=$${later#*$$part}; \
-	  for next in $$later; do \
-	    hits=$$(grep -rnE "crate::$$next\b" $$(files $$part) | \
-	      grep -vE '^endpoints/[a-z_]+\.rs:[0-9]+:.*crate::materialization::' || true); \
-	    if [ -n "$$hits" ]; then echo "$$hits"; echo "^ $$part imports $$next, which comes after it"; status=1; fi; \
-	  done; \
-	done; \
-	if grep -rnE 'crate::materialization::.*($(MATERIALIZATION_SERVICE))' endpoints; then \
-	  echo "^ endpoints may read materialization's model and ports, not its service"; status=1; fi; \
-	[ $$status = 0 ] && echo "layers: $(DOMAIN_PARTS) import only what comes before them"; exit $$status
+layers: ## Check the crate graph, the order of the domain's parts, and who reads the clock and makes log records.
+	@python3 tests/lint/architecture.py
 
 .PHONY: test
 test: deps console lint ## Everything CI checks: lint, then every test (SQLite, a local PostgreSQL, S3 on moto, Ballista, the console).
@@ -256,7 +230,7 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 	  --duckdb-python $(VENV)/bin/python
 
 .PHONY: bench-isolation
-bench-isolation: deps ## Scenario 9 of make bench alone (fairness between projects, a flood of unknown keys) into docs/benchmarks.md.
+bench-isolation: deps ## Scenario 9 of make bench alone (fairness between projects, a flood of unknown keys) into docs/benchmark-scenarios.md.
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@mkdir -p target
@@ -264,7 +238,7 @@ bench-isolation: deps ## Scenario 9 of make bench alone (fairness between projec
 	python3 tests/bench/bench.py --only isolation
 
 .PHONY: bench-appends
-bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (streaming appends, compaction) into docs/benchmarks.md.
+bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (streaming appends, compaction) into docs/benchmark-scenarios.md.
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
@@ -274,7 +248,7 @@ bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (strea
 	$(VENV)/bin/python tests/bench/bench.py --only appends --duckdb-python $(VENV)/bin/python
 
 .PHONY: bench-nodes
-bench-nodes: deps $(VENV)/bin/python ## Scenario 6 of make bench alone (1-3 nodes on PostgreSQL; BEFORE=dir measures a previous build beside) into docs/benchmarks.md.
+bench-nodes: deps $(VENV)/bin/python ## Scenario 6 of make bench alone (1-3 nodes on PostgreSQL; BEFORE=dir measures a previous build beside) into docs/benchmark-scenarios.md.
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@mkdir -p target
@@ -285,7 +259,7 @@ bench-nodes: deps $(VENV)/bin/python ## Scenario 6 of make bench alone (1-3 node
 	  $(if $(BEFORE),--before-bin-dir $(BEFORE) --before-postgres-url "$$(cat target/.bench-before-postgres-url)")
 
 .PHONY: bench-commits
-bench-commits: deps ## Scenario 14 of make bench alone (a new process's first run over a table of 100,000 commits) into docs/benchmarks.md.
+bench-commits: deps ## Scenario 14 of make bench alone (a new process's first run over a table of 100,000 commits) into docs/benchmark-scenarios.md.
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@mkdir -p target
@@ -293,19 +267,19 @@ bench-commits: deps ## Scenario 14 of make bench alone (a new process's first ru
 	python3 tests/bench/bench.py --only commits
 
 .PHONY: bench-logs
-bench-logs: deps ## Scenario 12 of make bench alone (cached runs with the run log on and off, usage over a million records) into docs/benchmarks.md.
+bench-logs: deps ## Scenario 12 of make bench alone (cached runs with the run log on and off, usage over a million records) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	cargo build --release --locked -p server --features bench,ballista --bins
 	python3 tests/bench/bench.py --only logs --rows $(BENCH_ROWS)
 
 .PHONY: bench-fresh
-bench-fresh: deps ## Scenario 11 of make bench alone (folds against full refreshes, materialized runs while rows stream in; BENCH_ROWS events) into docs/benchmarks.md.
+bench-fresh: deps ## Scenario 11 of make bench alone (folds against full refreshes, materialized runs while rows stream in; BENCH_ROWS events) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	cargo build --release --locked -p server --features bench,ballista --bins
 	python3 tests/bench/bench.py --only fresh --rows $(BENCH_ROWS)
 
 .PHONY: bench-shapes
-bench-shapes: deps $(VENV)/bin/python ## Scenario 13 of make bench alone (a mix of query shapes against DuckDB at BENCH_ROWS/10 and BENCH_ROWS events) into docs/benchmarks.md.
+bench-shapes: deps $(VENV)/bin/python ## Scenario 13 of make bench alone (a mix of query shapes against DuckDB at BENCH_ROWS/10 and BENCH_ROWS events) into docs/benchmark-scenarios.md.
 	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
 	  $(VENV)/bin/pip install -q '$(DUCKDB)'
 	@mkdir -p target
@@ -313,7 +287,7 @@ bench-shapes: deps $(VENV)/bin/python ## Scenario 13 of make bench alone (a mix 
 	$(VENV)/bin/python tests/bench/bench.py --only shapes --rows $(BENCH_ROWS) --duckdb-python $(VENV)/bin/python
 
 .PHONY: soak
-soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180), checked at the end, into docs/benchmarks.md.
+soak: deps ## Mixed workload against one server on PostgreSQL (SOAK_SECONDS=180), checked at the end, into docs/soak.md.
 	@mkdir -p target
 	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_soak PG_URL_FILE=target/.soak-postgres-url
 	cargo build --release --locked -p server --bin endpoints

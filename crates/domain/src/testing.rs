@@ -7,7 +7,7 @@ use std::time::Duration;
 use time::macros::datetime;
 use uuid::Uuid;
 
-use crate::access::{hash_secret, ApiKey, ProjectId, Scope};
+use crate::access::{hash_secret, ApiKey, Principal, ProjectId, Scope};
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{CacheAge, Endpoint, EndpointName, EndpointVersion, Freshness};
 use crate::materialization::Eligibility;
@@ -42,6 +42,17 @@ pub fn project(id: i64) -> ProjectId {
 }
 
 /// A live key of project 1 with the given secret, as the store holds it.
+/// A key of project `id` with every scope, as a run's caller.
+pub fn caller(id: i64) -> Principal {
+    Principal {
+        key_id: Uuid::nil(),
+        project_id: project(id),
+        scopes: Scope::ALL.to_vec(),
+        grant: None,
+        label: std::sync::Arc::from("test-key"),
+    }
+}
+
 pub fn api_key(secret: &str, scopes: Vec<Scope>) -> ApiKey {
     ApiKey {
         id: Uuid::nil(),

@@ -21,7 +21,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use domain::{
     ApiKeyService, Endpoint, EndpointFilter, EndpointName, EndpointService, Invalid, LogService, PageRequest,
-    Principal, ProjectRef, RunRequest, RunService, Scope, Transport,
+    Principal, ProjectRef, Ran, RunRequest, RunService, Scope, Transport,
 };
 use http_body_util::{BodyExt, Full};
 use rmcp::model::{
@@ -37,7 +37,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::extract::{authenticate, is_json, read_body};
 use crate::rate_limit::RateLimits;
-use crate::run_log::{endpoint_of, Answered, RunCaller, RunNote};
+use crate::run_log::{endpoint_of, Answer, RunCaller};
 use crate::{openapi, AppState};
 
 /// The prefix of every tool's name: `run_<endpoint name>`.
@@ -262,16 +262,13 @@ impl EndpointTools {
         caller: &Principal,
         name: &str,
         arguments: Map<String, Value>,
-        note: &mut Option<RunNote>,
+        ran: &mut Option<Ran>,
     ) -> Result<Value, ApiError> {
         self.take_request(caller)?;
         let project = self.keys.authorize(caller, ProjectRef::Current, Scope::EndpointRead, Some(name))?;
-        let mut request = RunRequest { variables: arguments, ..RunRequest::default() };
-        if let Some(grant) = &caller.grant {
-            request.admit(grant, name)?;
-        }
-        let outcome = self.runs.run(project, EndpointName::from_path(name)?, request).await?;
-        *note = Some(RunNote::of(&outcome));
+        let request = RunRequest { variables: arguments, ..RunRequest::default() };
+        let outcome = self.runs.run(caller, project, EndpointName::from_path(name)?, request).await?;
+        *ran = Some(outcome.ran());
         let (rows, has_more) = match outcome.run.as_deref() {
             Some(run) => {
                 (serde_json::from_str(&run.result.rows_json).map_err(internal)?, run.result.has_more)
@@ -325,8 +322,8 @@ impl ServerHandler for EndpointTools {
         // A tool called without arguments runs with no variables.
         let arguments = request.arguments.unwrap_or_else(Map::new);
         let started = std::time::Instant::now();
-        let mut note = None;
-        let called = self.call(&caller, name, arguments, &mut note).await;
+        let mut ran = None;
+        let called = self.call(&caller, name, arguments, &mut ran).await;
         if let Some(endpoint) = endpoint_of(name) {
             let (status, code) = match &called {
                 Ok(_) => (200, None),
@@ -334,17 +331,13 @@ impl ServerHandler for EndpointTools {
             };
             let request_id =
                 crate::request_context::RequestContext::current(|request| request.id().to_owned());
-            Answered {
-                caller: &RunCaller { project: caller.project_id, credential: Arc::clone(&caller.label) },
+            let by = RunCaller { project: caller.project_id, credential: Arc::clone(&caller.label) };
+            Answer { transport: Transport::Mcp, status, code, took: started.elapsed(), ran, request_id }.log(
+                &by,
                 endpoint,
-                transport: Transport::Mcp,
-                status,
-                code,
-                took: started.elapsed(),
-                note,
-                request_id,
-            }
-            .log(&self.logs, &self.operations.metrics.endpoints);
+                &self.logs,
+                &self.operations.metrics.endpoints,
+            );
         }
         Ok(match called {
             Ok(page) => {

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::{json, Map, Value};
 
-use domain::Error;
+use domain::{Error, LogSource};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -44,16 +44,6 @@ struct AnswerLabels {
     source: &'static str,
 }
 
-/// Where a run's answer came from.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum AnswerSource {
-    Cache,
-    Live,
-    Materialized,
-    /// `force_cache` with nothing cached.
-    Nothing,
-}
-
 /// 0.1 ms to about 52 s.
 fn request_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 20))
@@ -63,7 +53,7 @@ fn request_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Histogram, fn() -> Histogram>,
-    /// Run answers by source, in `AnswerSource` order, made once so counting one is a single atomic add.
+    /// Run answers by source (cache, live, materialized, none), made once so counting one is a single atomic add.
     answers: [Counter; 4],
     /// Runs and their latency per endpoint.
     pub(crate) endpoints: crate::run_log::EndpointMetrics,
@@ -117,8 +107,15 @@ impl Metrics {
         self.requests.get_or_create(&labels).observe(took.as_secs_f64());
     }
 
-    pub(crate) fn count_answer(&self, source: AnswerSource) {
-        self.answers[source as usize].inc();
+    /// Counts a run's answer by where it came from (`None`: `force_cache` with nothing stored).
+    pub(crate) fn count_answer(&self, source: Option<LogSource>) {
+        let counter = match source {
+            Some(LogSource::Cache) => &self.answers[0],
+            Some(LogSource::Live) => &self.answers[1],
+            Some(LogSource::Materialized) => &self.answers[2],
+            None => &self.answers[3],
+        };
+        counter.inc();
     }
 
     fn render(&self) -> Result<String, std::fmt::Error> {

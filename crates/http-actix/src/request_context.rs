@@ -21,11 +21,11 @@ use actix_web::middleware::Next;
 use actix_web::web;
 use actix_web::HttpMessage;
 
-use domain::Transport;
+use domain::{Ran, Transport};
 
 use crate::paths::ROUTE_NAMES;
 use crate::rate_limit::Budget;
-use crate::run_log::{Answered, AnsweredCode, RunCaller, RunNote};
+use crate::run_log::{Answer, AnsweredCode, RunCaller};
 use crate::AppState;
 
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -146,17 +146,15 @@ fn log_run(
     let Some(endpoint) = request.match_info().get("name").and_then(crate::run_log::endpoint_of) else {
         return;
     };
-    Answered {
-        caller,
-        endpoint,
+    Answer {
         transport: Transport::Rest,
         status: response.status().as_u16(),
         code: response.response().extensions().get::<AnsweredCode>().map(|code| code.0),
         took,
-        note: extensions.get::<RunNote>().copied(),
+        ran: extensions.get::<Ran>().copied(),
         request_id: id.and_then(|id| id.to_str().ok()).map(str::to_owned),
     }
-    .log(&state.logs, &state.operations.metrics.endpoints);
+    .log(caller, endpoint, &state.logs, &state.operations.metrics.endpoints);
 }
 
 #[cfg(test)]

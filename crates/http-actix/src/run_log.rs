@@ -1,6 +1,7 @@
 //! Each run answered here is logged (contract section 19): over REST by the request middleware, once the answer
-//! is known, from what authentication and the handler left in the request's extensions; over MCP by the tool
-//! call. A record names the caller's credential and the request, never a variable's value.
+//! is known, from the caller authentication left and the run the handler left in the request's extensions; over
+//! MCP by the tool call. The domain's [`LogService::answered`] makes the record from them; this adapter only
+//! says who asked, what it answered and how long it took, and counts the run in the endpoint's metrics.
 //!
 //! A run is logged once its caller is known to be of the project it addresses: a request that is not
 //! authenticated, or whose credential belongs to another project, is in no project's log (anyone could write
@@ -10,9 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use domain::{
-    EndpointName, Exported, LogKind, LogRecord, LogService, LogSource, ProjectId, RunOutcome, Transport,
-};
+use domain::{Answered, EndpointName, LogService, ProjectId, Ran, Transport};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -26,105 +25,42 @@ pub(crate) struct RunCaller {
     pub(crate) credential: Arc<str>,
 }
 
-/// What the run handler tells of the run it answered.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RunNote {
-    pub(crate) version: Option<u32>,
-    pub(crate) rows: u64,
-    pub(crate) bytes_read: Option<u64>,
-    pub(crate) source: Option<LogSource>,
-}
-
-impl RunNote {
-    pub(crate) fn of(outcome: &RunOutcome) -> Self {
-        match outcome.run.as_deref() {
-            // `force_cache` with nothing stored: nothing was read or answered.
-            None => Self { version: None, rows: 0, bytes_read: None, source: None },
-            Some(run) => {
-                let (source, bytes_read) = if outcome.is_cached {
-                    // A cache hit read nothing.
-                    (LogSource::Cache, None)
-                } else if outcome.endpoint_materialized {
-                    (LogSource::Materialized, run.result.statistics.bytes_read)
-                } else {
-                    (LogSource::Live, run.result.statistics.bytes_read)
-                };
-                Self {
-                    version: Some(run.version),
-                    rows: run.result.row_count as u64,
-                    bytes_read,
-                    source: Some(source),
-                }
-            }
-        }
-    }
-
-    pub(crate) fn of_export(exported: &Exported) -> Self {
-        Self {
-            version: Some(exported.version),
-            rows: exported.export.rows,
-            bytes_read: None,
-            source: Some(if exported.materialized_at.is_some() {
-                LogSource::Materialized
-            } else {
-                LogSource::Live
-            }),
-        }
-    }
-}
-
 /// The error code an error answer carried, left in the response's extensions for the log.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AnsweredCode(pub(crate) &'static str);
 
-/// A run as it is logged.
-pub(crate) struct Answered<'a> {
-    pub(crate) caller: &'a RunCaller,
-    pub(crate) endpoint: &'a str,
+/// How a transport answered a run: what its record needs besides the caller.
+pub(crate) struct Answer {
     pub(crate) transport: Transport,
     pub(crate) status: u16,
     pub(crate) code: Option<&'static str>,
     pub(crate) took: Duration,
-    pub(crate) note: Option<RunNote>,
+    pub(crate) ran: Option<Ran>,
     pub(crate) request_id: Option<String>,
 }
 
-impl Answered<'_> {
-    /// Logs the run, and counts it in the endpoint's metrics.
-    pub(crate) fn log(self, logs: &LogService, metrics: &EndpointMetrics) {
-        let at = logs.began(self.took);
-        metrics.observe(self.caller.project, self.endpoint, self.status, self.took);
-        let note = self.note;
-        logs.record(LogRecord {
-            id: record_id(),
-            at,
-            project: self.caller.project,
-            endpoint: self.endpoint.to_owned(),
-            version: note.and_then(|note| note.version),
-            kind: LogKind::Run,
+impl Answer {
+    /// Logs the run of `endpoint` by `caller`, and counts it in the endpoint's metrics.
+    pub(crate) fn log(
+        self,
+        caller: &RunCaller,
+        endpoint: &str,
+        logs: &LogService,
+        metrics: &EndpointMetrics,
+    ) {
+        metrics.observe(caller.project, endpoint, self.status, self.took);
+        logs.answered(Answered {
+            project: caller.project,
+            credential: Arc::clone(&caller.credential),
+            endpoint: endpoint.to_owned(),
+            transport: self.transport,
             status: self.status,
-            code: self.code.map(str::to_owned),
-            duration: self.took,
-            rows: note.map(|note| note.rows),
-            bytes_read: note.and_then(|note| note.bytes_read),
-            source: note.and_then(|note| note.source),
-            credential: Some(self.caller.credential.clone()),
-            transport: Some(self.transport),
+            code: self.code,
+            took: self.took,
+            ran: self.ran,
             request_id: self.request_id,
-            runs: 1,
         });
     }
-}
-
-/// A record's id: a UUID of version 8 (its bits are the service's) holding 64 random bits drawn once per process
-/// and a counter, so ids are unique across processes and nodes without a random draw per run, and a process's
-/// ids follow its runs' order.
-fn record_id() -> uuid::Uuid {
-    static PROCESS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(rand::random);
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let next = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let bits = (u128::from(*PROCESS) << 64) | u128::from(next);
-    uuid::Builder::from_custom_bytes(bits.to_be_bytes()).into_uuid()
 }
 
 /// An endpoint name as a path carries it, when it can be one (others name no endpoint and are not logged).
@@ -275,13 +211,6 @@ impl Default for EndpointMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn record_ids_are_unique_version_8_uuids_in_order() {
-        let ids: Vec<_> = (0..1000).map(|_| record_id()).collect();
-        assert!(ids.iter().all(|id| id.get_version_num() == 8));
-        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "a process's ids follow each other");
-    }
 
     /// Counts of `endpoint_runs_total` in `registry`'s text, by a part of their labels.
     fn runs_in(registry: &Registry) -> impl Fn(&str) -> Option<String> {

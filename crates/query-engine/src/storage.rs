@@ -143,7 +143,13 @@ impl Storage {
             .map_err(|()| StorageError::Unsupported(root.display().to_string()))?;
         let store: Arc<dyn ObjectStore> = Arc::new(store);
         // The Delta kernel reads a local table's log by its URL's path, from the file system's root.
-        let tables = DeltaTables::new(Arc::clone(&store), Arc::new(LocalFileSystem::new()), root_url.clone());
+        let clock = ServiceClock(Arc::new(SystemClock));
+        let tables = DeltaTables::new(
+            Arc::clone(&store),
+            Arc::new(LocalFileSystem::new()),
+            root_url.clone(),
+            Arc::new(clock.clone()),
+        );
         Ok(Self {
             store,
             engine_url: engine_url(&root_url),
@@ -157,7 +163,7 @@ impl Storage {
             tables: Arc::new(tables),
             pinned: pinned_snapshots(),
             retention: Self::DEFAULT_TABLE_RETENTION,
-            clock: ServiceClock(Arc::new(SystemClock)),
+            clock,
         })
     }
 
@@ -191,7 +197,13 @@ impl Storage {
                     (Arc::new(PrefixStore::new(Arc::clone(&s3), prefix)), format!("s3://{bucket}/{prefix}/"))
                 };
                 let root_url = Url::parse(&root).map_err(|_| StorageError::Unsupported(raw.into()))?;
-                let tables = DeltaTables::new(Arc::clone(&store), Arc::clone(&s3), root_url.clone());
+                let clock = ServiceClock(Arc::new(SystemClock));
+                let tables = DeltaTables::new(
+                    Arc::clone(&store),
+                    Arc::clone(&s3),
+                    root_url.clone(),
+                    Arc::new(clock.clone()),
+                );
                 Ok(Self {
                     store,
                     engine_url: engine_url(&root_url),
@@ -205,7 +217,7 @@ impl Storage {
                     tables: Arc::new(tables),
                     pinned: pinned_snapshots(),
                     retention: Self::DEFAULT_TABLE_RETENTION,
-                    clock: ServiceClock(Arc::new(SystemClock)),
+                    clock,
                 })
             }
             _ => Err(StorageError::Unsupported(raw.into())),
@@ -219,7 +231,13 @@ impl Storage {
     /// When `root_url` is not a URL.
     pub fn from_store(store: Arc<dyn ObjectStore>, root_url: &str) -> Self {
         let root_url = Url::parse(root_url).expect("a storage root is a URL");
-        let tables = DeltaTables::new(Arc::clone(&store), Arc::clone(&store), root_url.clone());
+        let clock = ServiceClock(Arc::new(SystemClock));
+        let tables = DeltaTables::new(
+            Arc::clone(&store),
+            Arc::clone(&store),
+            root_url.clone(),
+            Arc::new(clock.clone()),
+        );
         Self {
             store: Arc::clone(&store),
             engine_url: engine_url(&root_url),
@@ -233,7 +251,7 @@ impl Storage {
             tables: Arc::new(tables),
             pinned: pinned_snapshots(),
             retention: Self::DEFAULT_TABLE_RETENTION,
-            clock: ServiceClock(Arc::new(SystemClock)),
+            clock,
         }
     }
 

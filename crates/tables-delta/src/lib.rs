@@ -141,22 +141,8 @@ pub struct DeltaTables {
     reads: Family<ReadSource, Counter>,
     kept_reads: Counter,
     checked_reads: Counter,
-    /// What time it is for commits (a removed file's deletion time) and the vacuum's cutoff: the wall clock
-    /// unless the owner gives its own ([`DeltaTables::timed_by`]).
+    /// What time it is for commits (a removed file's deletion time) and the vacuum's cutoff: its owner's clock.
     clock: Arc<dyn Clock>,
-}
-
-/// The wall clock, in the Delta kernel's terms.
-#[derive(Debug)]
-struct WallClock;
-
-impl Clock for WallClock {
-    fn current_timestamp_millis(&self) -> i64 {
-        // A clock before 1970 is taken as 1970.
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or(Duration::ZERO);
-        i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
-    }
 }
 
 /// How a read found a table's newest version: `kept` from what this process hears (the storage not asked), or
@@ -328,8 +314,14 @@ impl Kept {
 }
 
 impl DeltaTables {
-    /// The tables under `root`: `store` addresses objects from the root, `url_store` by their URL's path.
-    pub fn new(store: Arc<dyn ObjectStore>, url_store: Arc<dyn ObjectStore>, root: Url) -> Self {
+    /// The tables under `root`: `store` addresses objects from the root, `url_store` by their URL's path; their
+    /// commits and vacuums are timed by `clock` (its owner's, so that its tests set the time).
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        url_store: Arc<dyn ObjectStore>,
+        root: Url,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let reads = Family::<ReadSource, Counter>::default();
         let counter = |version| reads.get_or_create(&ReadSource { version }).clone();
         let (kept_reads, checked_reads) = (counter("kept"), counter("checked"));
@@ -342,16 +334,14 @@ impl DeltaTables {
             reads,
             kept_reads,
             checked_reads,
-            clock: Arc::new(WallClock),
+            clock,
         }
     }
 
-    /// The same tables with nothing kept yet, their commits and vacuums timed by `clock` (its owner's, so that
-    /// its tests set the time).
+    /// The same tables with nothing kept yet, their commits and vacuums timed by `clock`.
     #[must_use]
     pub fn timed_by(&self, clock: Arc<dyn Clock>) -> Self {
-        let fresh = Self::new(Arc::clone(&self.store), Arc::clone(&self.url_store), self.root.clone());
-        Self { clock, ..fresh }
+        Self::new(Arc::clone(&self.store), Arc::clone(&self.url_store), self.root.clone(), clock)
     }
 
     fn now_ms(&self) -> i64 {

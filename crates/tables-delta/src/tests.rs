@@ -18,6 +18,17 @@ struct Root {
     nodes: Vec<DeltaTables>,
 }
 
+/// The wall clock, in the Delta kernel's terms: what the service's clock is outside tests.
+#[derive(Debug)]
+struct WallClock;
+
+impl Clock for WallClock {
+    fn current_timestamp_millis(&self) -> i64 {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+        i64::try_from(now.as_millis()).expect("in range")
+    }
+}
+
 fn root(nodes: usize) -> Root {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = std::fs::canonicalize(dir.path()).expect("its path");
@@ -25,7 +36,14 @@ fn root(nodes: usize) -> Root {
         Arc::new(LocalFileSystem::new_with_prefix(&path).expect("a local store"));
     let url = Url::from_directory_path(&path).expect("its URL");
     let nodes = (0..nodes)
-        .map(|_| DeltaTables::new(Arc::clone(&store), Arc::new(LocalFileSystem::new()), url.clone()))
+        .map(|_| {
+            DeltaTables::new(
+                Arc::clone(&store),
+                Arc::new(LocalFileSystem::new()),
+                url.clone(),
+                Arc::new(WallClock),
+            )
+        })
         .collect();
     Root { _dir: dir, store, nodes }
 }

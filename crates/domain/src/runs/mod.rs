@@ -10,7 +10,7 @@ mod service;
 
 pub use cursor::Cursor;
 pub use last_executions::{six_months_before, LastExecutions, LastExecutionsRequest, MAX_NAMES};
-pub use logs::LogService;
+pub use logs::{Answered, LogService, Ran};
 pub use model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::MockResultCache;

@@ -220,7 +220,7 @@ impl RunRequest {
     /// # Errors
     /// [`Error::PermissionDenied`] for a version the token was not issued for; [`Error::Invalid`]
     /// (`fixed_variable`) for a fixed variable sent.
-    pub fn admit(&mut self, grant: &RunGrant, endpoint: &str) -> Result<(), Error> {
+    pub(crate) fn admit(&mut self, grant: &RunGrant, endpoint: &str) -> Result<(), Error> {
         grant.admit_version(endpoint, self.version)?;
         self.fix_variables(&grant.fixed_variables).map_err(Error::from)
     }

@@ -182,6 +182,15 @@ async fn active(
     }
 }
 
+/// The one place a run token's grant meets a run: the version it was issued for, and its fixed variables (which
+/// its holder may not send). A key's runs are as sent.
+fn admit(caller: &Principal, name: &EndpointName, request: &mut RunRequest) -> Result<(), Error> {
+    match &caller.grant {
+        Some(grant) => request.admit(grant, name.as_str()),
+        None => Ok(()),
+    }
+}
+
 fn not_found(name: &str) -> Error {
     Error::NotFound(format!("No active endpoint named '{name}' in this project."))
 }
@@ -212,19 +221,24 @@ impl RunService {
     /// How long a `next` cursor may be followed, unless the service says otherwise (`--cursor-ttl`).
     pub const DEFAULT_CURSOR_TTL: Duration = Duration::from_secs(3600);
 
-    /// Runs an endpoint. A fresh cached result is served without touching the store or the engine.
+    /// Runs an endpoint for `caller` (authorized for `project`): a run token's grant is applied to the request
+    /// first ([`RunRequest::admit`]). A fresh cached result is served without touching the store or the engine.
     ///
     /// # Errors
-    /// [`Error::NotFound`] for an unknown or inactive endpoint or version; [`Error::Invalid`] for variables;
-    /// the engine's [`Error::QueryTimeout`], [`Error::QueryMemoryLimit`], [`Error::Throttled`]; store failures.
+    /// [`Error::NotFound`] for an unknown or inactive endpoint or version; [`Error::Invalid`] for variables (and
+    /// `fixed_variable` for a variable the caller's run token fixes); [`Error::PermissionDenied`] for a version
+    /// the token was not issued for; the engine's [`Error::QueryTimeout`], [`Error::QueryMemoryLimit`],
+    /// [`Error::Throttled`]; store failures.
     pub async fn run(
         &self,
+        caller: &Principal,
         project: ProjectId,
         name: EndpointName,
         request: RunRequest,
     ) -> Result<RunOutcome, Error> {
         let started = Instant::now();
         let mut request = request;
+        admit(caller, &name, &mut request)?;
         self.pin(&mut request)?;
         let generation = self.cache.generation(project, &name);
         let key = CacheKey { project, name, generation, request: request_key(&request) };
@@ -416,10 +430,13 @@ impl RunService {
     /// As [`RunService::run`], and [`Error::Invalid`] (attr `limit`) past the export limit.
     pub async fn export(
         &self,
+        caller: &Principal,
         project: ProjectId,
         name: EndpointName,
         request: RunRequest,
     ) -> Result<Exported, Error> {
+        let mut request = request;
+        admit(caller, &name, &mut request)?;
         if request.limit > self.export_limit {
             return Err(Invalid::field(
                 "limit",

@@ -7,10 +7,12 @@ use serde_json::json;
 use time::macros::datetime;
 
 use super::super::last_executions::{six_months_before, LastExecutionsRequest};
+use super::super::logs::{Answered, LogService};
 use super::*;
 use crate::clock::Timestamp;
 use crate::endpoints::{CacheAge, MockEndpointStore};
 use crate::error::Invalid;
+use crate::logs::{LogKind, LogSource, Transport};
 use crate::materialization::{MockMaterializationRecords, MockResultStorage, StoredColumn};
 use crate::query::{Column, ColumnType, MockQueryEngine, Query};
 use crate::testing::{self, ManualClock, T0};
@@ -50,6 +52,12 @@ impl ResultCache for MapCache {
 
 fn project() -> ProjectId {
     ProjectId::new(3).unwrap()
+}
+
+/// A key of the project: its runs are as sent.
+fn caller() -> &'static Principal {
+    static CALLER: std::sync::LazyLock<Principal> = std::sync::LazyLock::new(|| testing::caller(3));
+    &CALLER
 }
 
 fn query(sql: &str) -> Query {
@@ -209,7 +217,7 @@ async fn computations_read_the_endpoint_again_once_it_changes_or_a_second_has_pa
     let f = fixture(store);
     let run = |version| {
         let request = RunRequest { version, ..request(Refresh::Direct, json!({"n": 5})) };
-        f.service.run(project(), named("kpi"), request)
+        f.service.run(caller(), project(), named("kpi"), request)
     };
     let read = || reads.load(Ordering::SeqCst);
 
@@ -239,25 +247,37 @@ async fn computations_read_the_endpoint_again_once_it_changes_or_a_second_has_pa
 #[tokio::test]
 async fn a_second_run_is_a_cache_hit_until_it_expires() {
     let f = fixture(store(true));
-    let first =
-        f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    let first = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
+        .await
+        .unwrap();
     assert!(!first.is_cached);
     assert_eq!(rows(&first), r#"[{"n":10}]"#, "latest version (2) runs by default");
     assert_eq!(first.run.as_ref().unwrap().expires_at, Some(T0 + Duration::from_secs(60)));
-    let second =
-        f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    let second = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
+        .await
+        .unwrap();
     assert!(second.is_cached);
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
     assert_ne!(first.execution_id, second.execution_id);
     assert_eq!(second.fresh_for, Duration::from_secs(60), "a client may keep it as long as the cache does");
     f.clock.advance(Duration::from_secs(20));
-    let later =
-        f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    let later = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
+        .await
+        .unwrap();
     assert_eq!((later.is_cached, later.fresh_for), (true, Duration::from_secs(40)));
 
     f.clock.advance(Duration::from_secs(41));
-    let third =
-        f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5}))).await.unwrap();
+    let third = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
+        .await
+        .unwrap();
     assert!(!third.is_cached, "expired");
     assert_eq!(f.runs.load(Ordering::SeqCst), 2);
 }
@@ -265,7 +285,7 @@ async fn a_second_run_is_a_cache_hit_until_it_expires() {
 #[tokio::test]
 async fn a_cache_hit_touches_neither_store_nor_engine() {
     let f = fixture(store(true));
-    f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     // A service over a store and an engine that fail on any call still answers from the cache.
     let strict = RunService::new(RunDeps {
         store: Arc::new(MockEndpointStore::new()),
@@ -277,7 +297,8 @@ async fn a_cache_hit_touches_neither_store_nor_engine() {
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
         cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
     });
-    let hit = strict.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    let hit =
+        strict.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     assert!(hit.is_cached);
     assert_eq!(rows(&hit), r#"[{"n":2}]"#);
 }
@@ -285,9 +306,13 @@ async fn a_cache_hit_touches_neither_store_nor_engine() {
 #[tokio::test]
 async fn invalidation_makes_old_results_unreachable() {
     let f = fixture(store(true));
-    f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     f.cache.invalidate(project(), &EndpointName::parse("kpi").unwrap());
-    let after = f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    let after = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({})))
+        .await
+        .unwrap();
     assert!(!after.is_cached);
     assert_eq!(f.runs.load(Ordering::SeqCst), 2);
 }
@@ -295,23 +320,39 @@ async fn invalidation_makes_old_results_unreachable() {
 #[tokio::test]
 async fn refresh_modes_use_the_cache_as_documented() {
     let f = fixture(store(true));
-    let empty =
-        f.service.run(project(), named("kpi"), request(Refresh::ForceCache, json!({}))).await.unwrap();
+    let empty = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::ForceCache, json!({})))
+        .await
+        .unwrap();
     assert!(empty.run.is_none() && !empty.is_cached, "force_cache without a cached result");
     assert_eq!(f.runs.load(Ordering::SeqCst), 0);
 
-    let direct = f.service.run(project(), named("kpi"), request(Refresh::Direct, json!({}))).await.unwrap();
+    let direct =
+        f.service.run(caller(), project(), named("kpi"), request(Refresh::Direct, json!({}))).await.unwrap();
     assert!(!direct.is_cached && direct.run.as_ref().unwrap().expires_at.is_none());
-    let still_empty =
-        f.service.run(project(), named("kpi"), request(Refresh::ForceCache, json!({}))).await.unwrap();
+    let still_empty = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::ForceCache, json!({})))
+        .await
+        .unwrap();
     assert!(still_empty.run.is_none(), "direct does not fill the cache");
 
-    f.service.run(project(), named("kpi"), request(Refresh::ForceBlocking, json!({}))).await.unwrap();
-    let cached =
-        f.service.run(project(), named("kpi"), request(Refresh::ForceCache, json!({}))).await.unwrap();
+    f.service
+        .run(caller(), project(), named("kpi"), request(Refresh::ForceBlocking, json!({})))
+        .await
+        .unwrap();
+    let cached = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::ForceCache, json!({})))
+        .await
+        .unwrap();
     assert!(cached.is_cached, "force_blocking refreshes the cache");
-    let forced =
-        f.service.run(project(), named("kpi"), request(Refresh::ForceBlocking, json!({}))).await.unwrap();
+    let forced = f
+        .service
+        .run(caller(), project(), named("kpi"), request(Refresh::ForceBlocking, json!({})))
+        .await
+        .unwrap();
     assert!(!forced.is_cached, "force_blocking never reads the cache");
     assert_eq!(f.runs.load(Ordering::SeqCst), 3);
 }
@@ -321,24 +362,27 @@ async fn versions_can_be_pinned() {
     let f = fixture(store(true));
     let mut pinned = request(Refresh::Blocking, json!({"n": 4}));
     pinned.version = Some(1);
-    let outcome = f.service.run(project(), named("kpi"), pinned.clone()).await.unwrap();
+    let outcome = f.service.run(caller(), project(), named("kpi"), pinned.clone()).await.unwrap();
     assert_eq!((outcome.run.as_ref().unwrap().version, rows(&outcome)), (1, r#"[{"n":4}]"#));
     pinned.version = Some(9);
-    assert!(matches!(f.service.run(project(), named("kpi"), pinned).await, Err(Error::NotFound(_))));
+    assert!(matches!(
+        f.service.run(caller(), project(), named("kpi"), pinned).await,
+        Err(Error::NotFound(_))
+    ));
 }
 
 #[tokio::test]
 async fn unknown_and_inactive_endpoints_are_not_found() {
     let f = fixture(store(true));
     assert!(matches!(
-        f.service.run(project(), named("other"), request(Refresh::Blocking, json!({}))).await,
+        f.service.run(caller(), project(), named("other"), request(Refresh::Blocking, json!({}))).await,
         Err(Error::NotFound(_))
     ));
     assert!(matches!(EndpointName::from_path("bad name"), Err(Error::NotFound(_))), "a name no endpoint has");
     let inactive = fixture(store(false));
     for refresh in [Refresh::Blocking, Refresh::ForceCache, Refresh::Direct] {
         assert!(matches!(
-            inactive.service.run(project(), named("kpi"), request(refresh, json!({}))).await,
+            inactive.service.run(caller(), project(), named("kpi"), request(refresh, json!({}))).await,
             Err(Error::NotFound(_))
         ));
     }
@@ -349,7 +393,7 @@ async fn bad_variables_are_refused_before_the_engine() {
     let f = fixture(store(true));
     let err = f
         .service
-        .run(project(), named("kpi"), request(Refresh::Blocking, json!({"m": 1})))
+        .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({"m": 1})))
         .await
         .unwrap_err();
     assert!(
@@ -371,8 +415,11 @@ async fn a_version_that_no_longer_plans_answers_query_invalid_without_running() 
     });
     let f = fixture(store);
     for refresh in [Refresh::Blocking, Refresh::Direct, Refresh::ForceCache] {
-        let err =
-            f.service.run(project(), named("kpi"), request(refresh, json!({"n": 1}))).await.unwrap_err();
+        let err = f
+            .service
+            .run(caller(), project(), named("kpi"), request(refresh, json!({"n": 1})))
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, Error::QueryInvalid(ref r) if r.contains("No field named n")),
             "{refresh:?}: {err:?}"
@@ -380,11 +427,17 @@ async fn a_version_that_no_longer_plans_answers_query_invalid_without_running() 
     }
     let csv =
         RunRequest { format: crate::query::ResultFormat::Csv, ..request(Refresh::Blocking, json!({"n": 1})) };
-    assert!(matches!(f.service.export(project(), named("kpi"), csv).await, Err(Error::QueryInvalid(_))));
+    assert!(matches!(
+        f.service.export(caller(), project(), named("kpi"), csv).await,
+        Err(Error::QueryInvalid(_))
+    ));
     assert_eq!(f.runs.load(Ordering::SeqCst), 0, "nothing ran");
     // An older version that plans still runs.
     let pinned = RunRequest { version: Some(1), ..request(Refresh::Blocking, json!({"n": 3})) };
-    assert_eq!(rows(&f.service.run(project(), named("kpi"), pinned).await.unwrap()), r#"[{"n":3}]"#);
+    assert_eq!(
+        rows(&f.service.run(caller(), project(), named("kpi"), pinned).await.unwrap()),
+        r#"[{"n":3}]"#
+    );
 }
 
 #[tokio::test]
@@ -407,7 +460,7 @@ async fn a_query_the_engine_no_longer_plans_is_query_invalid() {
     });
     let err = f
         .service
-        .run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 1})))
+        .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({"n": 1})))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::QueryInvalid(ref r) if r.contains("sales")), "{err:?}");
@@ -432,10 +485,10 @@ async fn exports_are_bounded_by_the_export_limit_and_record_their_run() {
         format: crate::query::ResultFormat::Csv,
         ..request(Refresh::Blocking, json!({"n": 1}))
     };
-    let err = f.service.export(project(), named("kpi"), csv(501)).await.unwrap_err();
+    let err = f.service.export(caller(), project(), named("kpi"), csv(501)).await.unwrap_err();
     assert!(matches!(err, Error::Invalid(ref i) if i.attr.as_deref() == Some("limit")), "{err:?}");
     assert_eq!(f.runs.load(Ordering::SeqCst), 0);
-    let exported = f.service.export(project(), named("kpi"), csv(500)).await.unwrap();
+    let exported = f.service.export(caller(), project(), named("kpi"), csv(500)).await.unwrap();
     assert_eq!((exported.version, exported.export.digest), (2, "live".into()));
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
     let kpi = EndpointName::parse("kpi").unwrap();
@@ -525,9 +578,9 @@ async fn identical_concurrent_misses_compute_once() {
     let (service, runs) = slow_service();
     let call = |vars: serde_json::Value| {
         let service = service.clone();
-        tokio::spawn(
-            async move { service.run(project(), named("kpi"), request(Refresh::Blocking, vars)).await },
-        )
+        tokio::spawn(async move {
+            service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, vars)).await
+        })
     };
     let calls: Vec<_> = (0..4).map(|_| call(json!({"n": 1}))).chain([call(json!({"n": 2}))]).collect();
     for call in calls {
@@ -545,7 +598,7 @@ async fn identical_concurrent_misses_compute_once() {
         .map(|_| {
             let service = service.clone();
             tokio::spawn(async move {
-                service.run(project(), named("kpi"), request(Refresh::Direct, json!({}))).await
+                service.run(caller(), project(), named("kpi"), request(Refresh::Direct, json!({}))).await
             })
         })
         .collect();
@@ -561,12 +614,13 @@ async fn a_computation_abandoned_by_every_caller_is_cancelled() {
     // The caller gives up (as a disconnected client's handler is dropped) before the engine finishes.
     let abandoned = tokio::time::timeout(
         Duration::from_millis(50),
-        service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))),
+        service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))),
     )
     .await;
     assert!(abandoned.is_err());
     // A later identical request starts afresh instead of waiting on a dead computation.
-    let outcome = service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    let outcome =
+        service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     assert!(!outcome.is_cached);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
@@ -582,8 +636,8 @@ async fn runs_record_execution_times_in_memory() {
     });
     store.expect_last_executions().returning(|_, _, _| Ok((vec![], 0)));
     let f = fixture(store);
-    f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
-    f.service.run(project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    f.service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     let name = EndpointName::parse("kpi").unwrap();
     assert_eq!(f.executions.pending(project(), &name), Some(T0));
 
@@ -734,7 +788,7 @@ mod materialized {
 
     /// Where an export's page came from, and when its stored result was computed.
     async fn exported(f: &Fixture, refresh: Refresh) -> (String, Option<Timestamp>) {
-        let exported = f.service.export(project(), named("kpi"), export(refresh)).await.unwrap();
+        let exported = f.service.export(caller(), project(), named("kpi"), export(refresh)).await.unwrap();
         (exported.export.digest, exported.materialized_at)
     }
 
@@ -800,8 +854,11 @@ mod materialized {
         let (f, reads) = service(T0, false);
         for refresh in [Refresh::Blocking, Refresh::ForceCache] {
             f.cache.invalidate(project(), &EndpointName::parse("kpi").unwrap());
-            let outcome =
-                f.service.run(project(), named("kpi"), request(refresh, json!({"n": 5}))).await.unwrap();
+            let outcome = f
+                .service
+                .run(caller(), project(), named("kpi"), request(refresh, json!({"n": 5})))
+                .await
+                .unwrap();
             assert_eq!(rows(&outcome), r#"[{"n":"stored"}]"#, "{refresh:?}");
             assert!(outcome.endpoint_materialized);
             assert_eq!(outcome.run.as_ref().unwrap().materialized_at, Some(T0));
@@ -813,8 +870,11 @@ mod materialized {
     async fn direct_and_force_blocking_runs_bypass_it() {
         let (f, reads) = service(T0, false);
         for refresh in [Refresh::Direct, Refresh::ForceBlocking] {
-            let outcome =
-                f.service.run(project(), named("kpi"), request(refresh, json!({"n": 5}))).await.unwrap();
+            let outcome = f
+                .service
+                .run(caller(), project(), named("kpi"), request(refresh, json!({"n": 5})))
+                .await
+                .unwrap();
             assert_eq!(rows(&outcome), r#"[{"n":10}]"#);
             assert!(!outcome.endpoint_materialized);
         }
@@ -827,13 +887,13 @@ mod materialized {
         f.clock.advance(Duration::from_secs(3601));
         let outcome = f
             .service
-            .run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
+            .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
             .await
             .unwrap();
         assert_eq!((rows(&outcome), outcome.endpoint_materialized), (r#"[{"n":10}]"#, false));
         let forced = f
             .service
-            .run(project(), named("kpi"), request(Refresh::ForceCache, json!({"n": 6})))
+            .run(caller(), project(), named("kpi"), request(Refresh::ForceCache, json!({"n": 6})))
             .await
             .unwrap();
         assert!(
@@ -850,7 +910,7 @@ mod materialized {
         let run = |refresh, max: Option<i64>| {
             let mut request = request(refresh, json!({"n": 5}));
             request.max_staleness = RunRequest::max_staleness(max).unwrap();
-            f.service.run(project(), named("kpi"), request)
+            f.service.run(caller(), project(), named("kpi"), request)
         };
         // A stored answer has the stored result's data; a live one, the data as of its start.
         let stored = run(Refresh::Blocking, None).await.unwrap();
@@ -876,12 +936,13 @@ mod materialized {
         // An export says so too.
         let mut csv = export(Refresh::Blocking);
         csv.max_staleness = RunRequest::max_staleness(Some(10)).unwrap();
-        let exported = f.service.export(project(), named("kpi"), csv).await.unwrap();
+        let exported = f.service.export(caller(), project(), named("kpi"), csv).await.unwrap();
         assert_eq!(
             (exported.materialized_at, exported.data_as_of),
             (None, Some(T0 + Duration::from_secs(30)))
         );
-        let exported = f.service.export(project(), named("kpi"), export(Refresh::Blocking)).await.unwrap();
+        let exported =
+            f.service.export(caller(), project(), named("kpi"), export(Refresh::Blocking)).await.unwrap();
         assert_eq!((exported.materialized_at, exported.data_as_of), (Some(T0), Some(T0)));
     }
 
@@ -890,7 +951,7 @@ mod materialized {
         let (f, reads) = service(T0, true);
         let outcome = f
             .service
-            .run(project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
+            .run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({"n": 5})))
             .await
             .unwrap();
         assert_eq!((rows(&outcome), outcome.endpoint_materialized), (r#"[{"n":10}]"#, false));
@@ -906,4 +967,90 @@ fn request_keys_name_everything_that_changes_the_answer() {
     assert_eq!(request_key(&latest), r#"v=latest;limit=7;offset=30;vars={"a":1,"b":"2"}"#);
     let pinned = RunRequest { version: Some(12), ..latest };
     assert_eq!(request_key(&pinned), r#"v=12;limit=7;offset=30;vars={"a":1,"b":"2"}"#);
+}
+
+#[tokio::test]
+async fn a_run_tokens_grant_is_applied_by_the_run_and_the_export_themselves() {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(|_, _| Ok(endpoint(true)));
+    store.expect_get_version().returning(|_, _, v| Ok(version(v)));
+    let f = fixture(store);
+    let grant = crate::access::RunGrant {
+        token_id: uuid::Uuid::nil(),
+        endpoints: vec!["kpi".into()],
+        fixed_variables: json!({"n": 7}).as_object().cloned().unwrap(),
+        rate_limit_per_sec: None,
+        versions: std::collections::BTreeMap::from([("kpi".to_owned(), vec![1])]),
+        expires_at: T0 + Duration::from_secs(3600),
+    };
+    let holder = Principal { grant: Some(Arc::new(grant)), ..caller().clone() };
+    let service = &f.service;
+    let run = |who: Principal, version, vars| {
+        let request = RunRequest { version, ..request(Refresh::Direct, vars) };
+        async move { service.run(&who, project(), named("kpi"), request).await }
+    };
+
+    // The token's variable is the run's (n = 7, times the current version's 2); a key's runs are as sent.
+    assert_eq!(rows(&run(holder.clone(), None, json!({})).await.unwrap()), r#"[{"n":14}]"#);
+    assert_eq!(rows(&run(caller().clone(), None, json!({"n": 1})).await.unwrap()), r#"[{"n":2}]"#);
+    // The version it was issued for runs; another does not.
+    assert_eq!(rows(&run(holder.clone(), Some(1), json!({})).await.unwrap()), r#"[{"n":7}]"#);
+    assert!(matches!(run(holder.clone(), Some(2), json!({})).await, Err(Error::PermissionDenied(_))));
+    // Its holder may not send the fixed variable, to a run or to an export; nothing is computed.
+    let computed = f.runs.load(Ordering::SeqCst);
+    let sent = run(holder.clone(), None, json!({"n": 1})).await.unwrap_err();
+    assert!(matches!(&sent, Error::Invalid(i) if i.attr.as_deref() == Some("variables.n")), "{sent:?}");
+    let csv =
+        RunRequest { format: crate::query::ResultFormat::Csv, ..request(Refresh::Direct, json!({"n": 1})) };
+    let exported = f.service.export(&holder, project(), named("kpi"), csv).await.unwrap_err();
+    assert!(
+        matches!(&exported, Error::Invalid(i) if i.attr.as_deref() == Some("variables.n")),
+        "{exported:?}"
+    );
+    assert_eq!(f.runs.load(Ordering::SeqCst), computed);
+}
+
+#[tokio::test]
+async fn a_runs_record_is_made_from_what_it_answered_by_the_services_clock() {
+    let mut store = MockEndpointStore::new();
+    store.expect_get().returning(|_, _| Ok(endpoint(true)));
+    store.expect_get_version().returning(|_, _, v| Ok(version(v)));
+    let f = fixture(store);
+    let live = f.service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await;
+    let hit = f.service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await;
+    let (live, hit) = (live.unwrap().ran(), hit.unwrap().ran());
+    assert_eq!((live.version, live.rows, live.source), (Some(2), 1, Some(LogSource::Live)));
+    assert_eq!((hit.source, hit.bytes_read), (Some(LogSource::Cache), None), "a hit read nothing");
+
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let mut log = crate::logs::MockRunLog::new();
+    let kept = Arc::clone(&records);
+    log.expect_record().returning(move |record| kept.lock().unwrap().push(record));
+    let logs = LogService::new(Arc::new(MockEndpointStore::new()), Arc::new(log), f.clock.clone());
+    f.clock.advance(Duration::from_nanos(1_500_700));
+    let answered = |status, code, ran| Answered {
+        project: project(),
+        credential: Arc::from("ci-key"),
+        endpoint: "kpi".into(),
+        transport: Transport::Rest,
+        status,
+        code,
+        took: Duration::from_millis(1),
+        ran,
+        request_id: Some("r1".into()),
+    };
+    logs.answered(answered(200, None, Some(hit)));
+    logs.answered(answered(429, Some("throttled"), None));
+    let records = records.lock().unwrap();
+    let (first, refused) = (&records[0], &records[1]);
+    // Filed under when it began by the service's clock, to the microsecond: T0 + 1.5007 ms - 1 ms.
+    assert_eq!(first.at, T0 + Duration::from_micros(500));
+    assert_eq!((first.kind, first.status, first.code.as_deref()), (LogKind::Run, 200, None));
+    assert_eq!((first.version, first.rows, first.source), (Some(2), Some(1), Some(LogSource::Cache)));
+    assert_eq!((first.credential.as_deref(), first.transport), (Some("ci-key"), Some(Transport::Rest)));
+    assert_eq!(
+        (refused.status, refused.code.as_deref(), refused.version, refused.rows),
+        (429, Some("throttled"), None, None)
+    );
+    assert!(first.id.get_version_num() == 8 && first.id < refused.id, "ids follow the process's runs");
 }

@@ -18,8 +18,6 @@ use crate::api::{LastExecutionTimes, RunAnswer};
 use crate::disconnect::unless_disconnected;
 use crate::error::{ApiError, ErrorBody as Error};
 use crate::extract::{Authorized, AuthorizedJson, EndpointRead, EndpointRun};
-use crate::operations::AnswerSource;
-use crate::run_log::RunNote;
 use crate::AppState;
 
 /// A POST run's one query parameter, `version` (its body carries the rest).
@@ -58,13 +56,21 @@ pub(crate) async fn run_get(
 ) -> Result<HttpResponse, ApiError> {
     let accepted = accepted(&req);
     // A client that accepts no format a run is written in may still name one with `format` (else 406).
-    let mut request = run_request::from_query(params(&req), accepted.unwrap_or(ResultFormat::Json))?;
-    admit(&caller.caller, &path.name, &mut request)?;
+    let request = run_request::from_query(params(&req), accepted.unwrap_or(ResultFormat::Json))?;
     // Parsed a second time only when the text could name it (`format` spelled out or percent-encoded).
     let query = req.query_string();
     let explicit =
         (query.contains("format") || query.contains('%')) && params(&req).any(|(key, _)| key == "format");
-    respond(&req, &state, caller.project, path.endpoint()?, request, accepted, explicit).await
+    respond(
+        &req,
+        &state,
+        &caller.caller,
+        caller.project,
+        path.endpoint()?,
+        request,
+        accepted.is_some() || explicit,
+    )
+    .await
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
@@ -83,11 +89,19 @@ pub(crate) async fn run_post(
 ) -> Result<HttpResponse, ApiError> {
     let version = url_version(&req)?;
     let accepted = accepted(&req);
-    let mut request =
+    let request =
         run_request::from_body(&caller.body, version.as_deref(), accepted.unwrap_or(ResultFormat::Json))?;
-    admit(&caller.caller, &path.name, &mut request)?;
     let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
-    respond(&req, &state, caller.project, path.endpoint()?, request, accepted, explicit).await
+    respond(
+        &req,
+        &state,
+        &caller.caller,
+        caller.project,
+        path.endpoint()?,
+        request,
+        accepted.is_some() || explicit,
+    )
+    .await
 }
 
 /// The format an export's path names (the route admits only these).
@@ -129,10 +143,9 @@ pub(crate) async fn export_get(
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
     let format = export_format(&req)?;
-    let mut request = run_request::from_query(params(&req), format)?;
+    let request = run_request::from_query(params(&req), format)?;
     one_format(&request, format)?;
-    admit(&caller.caller, &path.name, &mut request)?;
-    respond(&req, &state, caller.project, path.endpoint()?, request, Some(format), true).await
+    respond(&req, &state, &caller.caller, caller.project, path.endpoint()?, request, true).await
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run/{format}", operation_id = "export_endpoint",
@@ -154,19 +167,9 @@ pub(crate) async fn export_post(
 ) -> Result<HttpResponse, ApiError> {
     let format = export_format(&req)?;
     let version = url_version(&req)?;
-    let mut request = run_request::from_body(&caller.body, version.as_deref(), format)?;
+    let request = run_request::from_body(&caller.body, version.as_deref(), format)?;
     one_format(&request, format)?;
-    admit(&caller.caller, &path.name, &mut request)?;
-    respond(&req, &state, caller.project, path.endpoint()?, request, Some(format), true).await
-}
-
-/// A run token's grant applied to its holder's request: the current version unless it was issued for the one
-/// named, and its fixed variables (which the holder may not send).
-fn admit(caller: &Principal, endpoint: &str, request: &mut RunRequest) -> Result<(), ApiError> {
-    if let Some(grant) = &caller.grant {
-        request.admit(grant, endpoint)?;
-    }
-    Ok(())
+    respond(&req, &state, &caller.caller, caller.project, path.endpoint()?, request, true).await
 }
 
 /// The format `Accept` asks for: the first of its preferences a run is written in, JSON when it names none (or
@@ -197,25 +200,27 @@ fn media_type(format: ResultFormat) -> &'static str {
 async fn respond(
     req: &HttpRequest,
     state: &AppState,
+    caller: &Principal,
     project: ProjectId,
     name: EndpointName,
     request: RunRequest,
-    accepted: Option<ResultFormat>,
-    explicit: bool,
+    writable: bool,
 ) -> Result<HttpResponse, ApiError> {
-    if accepted.is_none() && !explicit {
+    // A client that accepts no format a run is written in, and names none.
+    if !writable {
         return Err(ApiError::NotAcceptable);
     }
     if request.format == ResultFormat::Json {
-        let outcome = run(req, state, project, name, request).await?;
+        let outcome = run(req, state, caller, project, name, request).await?;
         return Ok(answer(req, &outcome));
     }
     let format = request.format;
-    match unless_disconnected(req, state.runs.export(project, name, request)).await {
+    match unless_disconnected(req, state.runs.export(caller, project, name, request)).await {
         Some(exported) => {
-            state.operations.metrics.count_answer(AnswerSource::Live);
             let exported = exported?;
-            req.extensions_mut().insert(RunNote::of_export(&exported));
+            let ran = exported.ran();
+            state.operations.metrics.count_answer(ran.source);
+            req.extensions_mut().insert(ran);
             Ok(written(req, exported, format))
         }
         None => {
@@ -333,20 +338,17 @@ fn strong_tag(tag: &str) -> Option<HeaderValue> {
 async fn run(
     req: &HttpRequest,
     state: &AppState,
+    caller: &Principal,
     project: ProjectId,
     name: EndpointName,
     request: RunRequest,
 ) -> Result<RunOutcome, ApiError> {
-    match unless_disconnected(req, state.runs.run(project, name, request)).await {
+    match unless_disconnected(req, state.runs.run(caller, project, name, request)).await {
         Some(outcome) => {
             let outcome = outcome?;
-            state.operations.metrics.count_answer(match &outcome.run {
-                None => AnswerSource::Nothing,
-                Some(_) if outcome.is_cached => AnswerSource::Cache,
-                Some(_) if outcome.endpoint_materialized => AnswerSource::Materialized,
-                Some(_) => AnswerSource::Live,
-            });
-            req.extensions_mut().insert(RunNote::of(&outcome));
+            let ran = outcome.ran();
+            state.operations.metrics.count_answer(ran.source);
+            req.extensions_mut().insert(ran);
             Ok(outcome)
         }
         None => {
