@@ -116,9 +116,9 @@ pub enum Error {
         .limit_bytes / (1024 * 1024)
     )]
     ResultTooLarge { limit_bytes: usize },
-    /// The project runs as many queries as it may (or the server is out of memory for another); the request may
-    /// be retried after `retry_after`.
-    #[error("Too many queries of this project are running; retry after {retry_after:?}.")]
+    /// The project runs as many queries as it may, the server is out of memory for another, or an exported page
+    /// does not fit beside the pages waiting for their readers; the request may be retried after `retry_after`.
+    #[error("The server is at its limit of queries for this project (or of memory or exported pages for all); retry after {retry_after:?}.")]
     Throttled { retry_after: std::time::Duration },
     /// A run's `cursor` pinned versions of tables that are no longer kept, or is older than the cursors live.
     #[error("{0}")]

@@ -111,7 +111,8 @@ error_codes! {
         "a body whose `Content-Type` the route does not read: JSON, or a table's CSV, NDJSON or Parquet"),
     Throttled = ("throttled", 429, Throttled,
         "the project already runs its maximum of live queries (default 4), or the memory the server gives all \
-         queries together (`--max-memory`) is held by other queries now; `Retry-After` says when to retry"),
+         queries together (`--max-memory`) is held by other queries now, or an exported page does not fit beside \
+         the pages waiting for their readers (`--max-export-spool`); `Retry-After` says when to retry"),
     RateLimited = ("rate_limited", 429, Throttled,
         "the key or run token (default 100 requests/s, bursts of 200), a run token's own `rate_limit_per_sec`, or \
          the project (500/s, bursts of 1,000) is over its request rate; or the client's address had more than \

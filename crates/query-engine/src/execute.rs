@@ -47,8 +47,12 @@ pub struct EngineLimits {
     /// The largest page of rows, as JSON, one run may answer (`result_too_large` past it).
     pub result_bytes: usize,
     /// The largest page one run may write in another format (`result_too_large` past it): each is written to a
-    /// temporary file, held until its body is sent, in one of the project's query slots.
+    /// temporary file, in one of the project's query slots.
     pub export_bytes: u64,
+    /// The temporary files of written pages whose bodies are still being sent, every project's together (at least
+    /// `export_bytes`): a page gives its query slot back once written and holds its size of this until its body
+    /// is sent; a page that does not fit now is refused (429) and its file dropped.
+    pub export_spool_bytes: u64,
     /// The most rows a rollup may store; a refresh that would store more fails, saying so.
     pub rollup_rows: u64,
     /// Stored results (rollups or not) of at most this many rows are held decoded once read, so that a run
@@ -70,6 +74,7 @@ impl Default for EngineLimits {
             refresh_timeout: Duration::from_secs(600),
             result_bytes: 32 * 1024 * 1024,
             export_bytes: 256 * 1024 * 1024,
+            export_spool_bytes: 1024 * 1024 * 1024,
             rollup_rows: 10_000_000,
             stored_rows_in_memory: 100_000,
             partitions: None,
@@ -77,21 +82,75 @@ impl Default for EngineLimits {
     }
 }
 
-/// One of a project's query slots, held while its query runs (and an export's body is sent).
+/// One of a project's query slots, held while its query runs.
 pub(crate) type Slot = OwnedSemaphorePermit;
 
-/// One semaphore per project, created on first use.
+/// The room written pages take until their bodies are sent ([`EngineLimits::export_spool_bytes`]), in KiB.
+#[derive(Debug)]
+pub(crate) struct Spool(Arc<Semaphore>);
+
+impl Spool {
+    const UNIT: u64 = 1024;
+
+    pub(crate) fn new(limits: &EngineLimits) -> Self {
+        let bytes = limits.export_spool_bytes.max(limits.export_bytes);
+        let units =
+            usize::try_from(bytes.div_ceil(Self::UNIT)).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
+        Self(Arc::new(Semaphore::new(units)))
+    }
+
+    /// Takes the room of a page of `bytes`, held until the permit is dropped; [`EngineError::Busy`] when the
+    /// pages being sent leave too little now.
+    pub(crate) fn take(
+        &self,
+        bytes: u64,
+        retry_after: Duration,
+    ) -> Result<OwnedSemaphorePermit, EngineError> {
+        let units = u32::try_from(bytes.div_ceil(Self::UNIT).max(1)).unwrap_or(u32::MAX);
+        Arc::clone(&self.0).try_acquire_many_owned(units).map_err(|_| EngineError::Busy { retry_after })
+    }
+}
+
+/// One semaphore per project, created on first use and forgotten once idle: the map holds the projects that
+/// hold or wait for a slot, plus at most as many idle ones again, whatever number of projects ever ran.
 #[derive(Debug, Default)]
 pub(crate) struct Slots {
-    per_project: Mutex<HashMap<ProjectId, Arc<Semaphore>>>,
+    per_project: Mutex<SlotMap>,
+}
+
+#[derive(Debug, Default)]
+struct SlotMap {
+    semaphores: HashMap<ProjectId, Arc<Semaphore>>,
+    /// The size at which idle projects are dropped next: twice what was left the last time (at least
+    /// [`SlotMap::FIRST_PRUNE`]), so that the dropping costs a constant per call on average.
+    prune_at: usize,
+}
+
+impl SlotMap {
+    const FIRST_PRUNE: usize = 64;
+
+    /// Drops the projects nobody holds or waits for a slot of: only the map holds their semaphore (a slot and a
+    /// waiter each hold it too), so a new one with every permit free is the same.
+    fn prune(&mut self) {
+        if self.semaphores.len() >= self.prune_at.max(Self::FIRST_PRUNE) {
+            self.semaphores.retain(|_, semaphore| Arc::strong_count(semaphore) > 1);
+            self.prune_at = 2 * self.semaphores.len();
+        }
+    }
 }
 
 impl Slots {
     fn of(&self, project: ProjectId, limits: &EngineLimits) -> Arc<Semaphore> {
         let mut map = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(
-            map.entry(project).or_insert_with(|| Arc::new(Semaphore::new(limits.max_concurrent_per_project))),
-        )
+        map.prune();
+        let slots = limits.max_concurrent_per_project;
+        Arc::clone(map.semaphores.entry(project).or_insert_with(|| Arc::new(Semaphore::new(slots))))
+    }
+
+    /// How many projects' semaphores are kept.
+    #[cfg(test)]
+    pub(crate) fn kept(&self) -> usize {
+        self.per_project.lock().unwrap_or_else(PoisonError::into_inner).semaphores.len()
     }
 
     /// Waits for one of the project's slots (the caller bounds the wait).
@@ -353,4 +412,40 @@ pub(crate) fn statistics(plan: &Arc<dyn ExecutionPlan>, elapsed: Duration) -> St
         }
     }
     Statistics { rows_read: rows, bytes_read: bytes, elapsed }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn idle_projects_are_forgotten_and_busy_ones_keep_their_slots() {
+        let (slots, limits) =
+            (Slots::default(), EngineLimits { max_concurrent_per_project: 2, ..EngineLimits::default() });
+        let project = |id| ProjectId::new(id).expect("a project id");
+        // Project 1 holds both its slots; project 2 waits for one of its own after holding the only other.
+        let held = [
+            slots.try_acquire(project(1), &limits).unwrap(),
+            slots.try_acquire(project(1), &limits).unwrap(),
+        ];
+        let other = slots.try_acquire(project(2), &limits).unwrap();
+        let _second = slots.try_acquire(project(2), &limits).unwrap();
+        let waiting = tokio::spawn({
+            let semaphore = slots.of(project(2), &limits);
+            async move { semaphore.acquire_owned().await.map(drop) }
+        });
+        // Ten thousand projects run one query each, one after the other.
+        for id in 3..10_003 {
+            drop(slots.try_acquire(project(id), &limits).unwrap());
+        }
+        assert!(slots.kept() < 200, "idle projects are forgotten: {} kept", slots.kept());
+        assert!(
+            matches!(slots.try_acquire(project(1), &limits), Err(EngineError::Busy { .. })),
+            "still full"
+        );
+        drop(other);
+        waiting.await.unwrap().unwrap();
+        drop(held);
+        assert!(slots.try_acquire(project(1), &limits).is_ok());
+    }
 }

@@ -119,14 +119,26 @@ impl Rows {
     }
 }
 
-/// `export` with its body holding `slot`: a page waiting in a temporary file for a slow reader counts against
-/// the project's query slots until it is sent (or the reader goes).
-pub(crate) fn holding(mut export: Export, slot: crate::execute::Slot) -> Export {
+/// `export` with its body holding `room` of the spool until it is sent (or the reader goes).
+fn holding(mut export: Export, room: tokio::sync::OwnedSemaphorePermit) -> Export {
     export.body = Box::pin(export.body.map(move |chunk| {
-        let _held = &slot;
+        let _held = &room;
         chunk
     }));
     export
+}
+
+impl DataFusionEngine {
+    /// A written page, its query's `slot` given back (the rows are computed) and its file's size taken from the
+    /// spool until its body is sent or dropped: a slow client holds disk, never the project's queries.
+    ///
+    /// # Errors
+    /// [`EngineError::Busy`] when the pages being sent leave too little room now (the file is dropped).
+    pub(crate) fn spooled(&self, export: Export, slot: crate::execute::Slot) -> Result<Export, EngineError> {
+        drop(slot);
+        let room = self.spool.take(export.bytes, self.limits.retry_after)?;
+        Ok(holding(export, room))
+    }
 }
 
 /// The file's bytes in chunks, from where it stands, read off the async threads.

@@ -85,33 +85,46 @@ async fn an_empty_page_still_says_its_columns() {
     assert_eq!(String::from_utf8(body(export).await).unwrap(), "country,revenue\n");
 }
 
-/// A page waiting for a slow reader holds one of its project's query slots, and no page is written past the
-/// export limit: eight slow readers of large exports cannot fill the disk.
+/// A page waiting for a slow reader holds its size of the spool, not its project's query slot, and no page is
+/// written past the export limit: slow readers of large exports can neither fill the disk nor stop a project's
+/// queries.
 #[tokio::test]
-async fn an_export_holds_its_slot_until_sent_and_stops_at_its_byte_limit() {
+async fn an_export_gives_its_slot_back_once_written_and_holds_its_bytes_of_the_spool_until_sent() {
     let (_, dir) = engine_with_events().await;
     let limits = crate::EngineLimits {
         max_concurrent_per_project: 1,
         export_bytes: 64 * 1024,
+        export_spool_bytes: 64 * 1024,
         ..crate::EngineLimits::default()
     };
     let engine = crate::DataFusionEngine::new(crate::Storage::local(&dir).unwrap()).with_limits(limits);
     let project = domain::ProjectId::new(1).unwrap();
+    let none = BTreeMap::new();
     let small = query("SELECT country, revenue FROM events ORDER BY revenue", json!({}));
-    let held = engine.export(project, &small, &BTreeMap::new(), 10, 0, ResultFormat::Csv).await.unwrap();
-    let busy = engine.execute(project, &small, &BTreeMap::new(), 10, 0).await.unwrap_err();
-    assert!(matches!(busy, domain::EngineError::Busy { .. }), "{busy:?}");
+    let held = engine.export(project, &small, &none, 10, 0, ResultFormat::Csv).await.unwrap();
+    // Its rows are computed: the project's one slot is free while the page waits for its reader.
+    engine.execute(project, &small, &none, 10, 0).await.unwrap();
+    // A page of about 34 KiB fits in the spool beside it; a second one does not until the first is sent.
+    let half = query("SELECT v, repeat('x', 30) AS pad FROM generate_series(1, 1000) AS t(v)", json!({}));
+    let first = engine.export(project, &half, &none, 1000, 0, ResultFormat::Csv).await.unwrap();
+    assert!(first.bytes > 32 * 1024, "{} bytes", first.bytes);
+    let refused = engine.export(project, &half, &none, 1000, 0, ResultFormat::Csv).await.unwrap_err();
+    assert!(matches!(refused, domain::EngineError::Busy { .. }), "{refused:?}");
+    engine.execute(project, &small, &none, 10, 0).await.unwrap();
+    let size = first.bytes;
+    assert_eq!(body(first).await.len() as u64, size, "the whole page is sent");
+    let second = engine.export(project, &half, &none, 1000, 0, ResultFormat::Csv).await.unwrap();
+    drop(second);
     assert!(!body(held).await.is_empty());
-    engine.execute(project, &small, &BTreeMap::new(), 10, 0).await.unwrap();
     let large = query("SELECT v, repeat('x', 100) AS pad FROM generate_series(1, 100000) AS t(v)", json!({}));
     for format in [ResultFormat::Csv, ResultFormat::NdJson, ResultFormat::Parquet, ResultFormat::Arrow] {
-        let err = engine.export(project, &large, &BTreeMap::new(), 100_000, 0, format).await.unwrap_err();
+        let err = engine.export(project, &large, &none, 100_000, 0, format).await.unwrap_err();
         assert!(
             matches!(err, domain::EngineError::ResultTooLarge { limit_bytes: 65_536 }),
             "{format:?}: {err:?}"
         );
     }
-    engine.execute(project, &small, &BTreeMap::new(), 10, 0).await.unwrap();
+    engine.execute(project, &small, &none, 10, 0).await.unwrap();
 }
 
 /// A page of no rows (a `force_cache` export with nothing stored) is planned, not run: each format has the

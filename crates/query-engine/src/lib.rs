@@ -57,6 +57,8 @@ pub struct DataFusionEngine {
     scheduler: Option<Arc<str>>,
     limits: EngineLimits,
     slots: Arc<execute::Slots>,
+    /// The room written pages take until their bodies are sent.
+    spool: Arc<execute::Spool>,
     runtime: Arc<runtime::EngineRuntime>,
     metrics: EngineMetrics,
     table_locks: Arc<files::TableLocks>,
@@ -94,6 +96,7 @@ impl DataFusionEngine {
             scheduler: None,
             memory: Arc::new(GreedyMemoryPool::new(limits.server_memory)),
             fair: fair::FairScheduler::per_core(),
+            spool: Arc::new(execute::Spool::new(&limits)),
             limits,
             slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
@@ -120,6 +123,7 @@ impl DataFusionEngine {
     #[must_use]
     pub fn with_limits(mut self, limits: EngineLimits) -> Self {
         self.memory = Arc::new(GreedyMemoryPool::new(limits.server_memory));
+        self.spool = Arc::new(execute::Spool::new(&limits));
         self.limits = limits;
         self
     }
@@ -621,8 +625,8 @@ impl QueryEngine for DataFusionEngine {
             engine.export_here(project, &owned, &variables, limit, offset, format).await
         })
         .await
-        .map(|(export, slot)| export::holding(export, slot))
         .map_err(|e| compile::compile(query).explain(e))
+        .and_then(|(export, slot)| self.spooled(export, slot))
     }
 }
 

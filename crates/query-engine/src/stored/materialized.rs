@@ -619,7 +619,7 @@ impl ResultStorage for DataFusionEngine {
             engine.export_stored(project, &prefix, filters, limit, offset, format).await
         })
         .await
-        .map(|(export, slot)| crate::export::holding(export, slot))
+        .and_then(|(export, slot)| self.spooled(export, slot))
     }
 
     #[instrument(skip_all, fields(project = %project, location))]

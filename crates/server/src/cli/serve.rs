@@ -44,10 +44,14 @@ pub struct ServeArgs {
     #[arg(long, env = "ENDPOINTS_MAX_EXPORT_ROWS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_export_rows: u32,
     /// The largest page a run may write as CSV, NDJSON, Parquet or Arrow (`256MiB`, `1GiB`; 400
-    /// result_too_large beyond it). Each is written to a temporary file and held, in one of the project's query
-    /// slots, until its body is sent.
+    /// result_too_large beyond it). Each is written to a temporary file, in one of the project's query slots.
     #[arg(long, env = "ENDPOINTS_MAX_EXPORT_BYTES", default_value = "256MiB", value_parser = clap::value_parser!(ByteSize))]
     pub max_export_bytes: ByteSize,
+    /// The temporary files of written pages whose bodies are still being sent, all projects together (at least
+    /// --max-export-bytes): a page gives its query slot back once written and holds its size of this until it is
+    /// sent; one that does not fit now is 429.
+    #[arg(long, env = "ENDPOINTS_MAX_EXPORT_SPOOL", default_value = "1GiB", value_parser = clap::value_parser!(ByteSize))]
+    pub max_export_spool: ByteSize,
     /// The largest upload of a table's rows, in MiB (413 payload_too_large beyond it).
     #[arg(long, env = "ENDPOINTS_MAX_UPLOAD_MB", default_value_t = 1024, value_parser = positive())]
     pub max_upload_mb: u64,
@@ -194,6 +198,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.upload_limit = args.max_upload_mb.saturating_mul(1024 * 1024);
     config.export_limit = args.max_export_rows;
     config.limits.export_bytes = args.max_export_bytes.as_u64();
+    config.limits.export_spool_bytes = args.max_export_spool.as_u64();
     config.allowed_sources = args.allow_sources;
     config.source_refresh = Duration::from_secs(args.source_refresh_secs);
     config.table_retention = args.table_retention;
