@@ -61,16 +61,8 @@ pub(crate) async fn run_get(
     let query = req.query_string();
     let explicit =
         (query.contains("format") || query.contains('%')) && params(&req).any(|(key, _)| key == "format");
-    respond(
-        &req,
-        &state,
-        &caller.caller,
-        caller.project,
-        path.endpoint()?,
-        request,
-        accepted.is_some() || explicit,
-    )
-    .await
+    let writable = accepted.is_some() || explicit;
+    respond(&req, &state, &caller.caller, caller.project, path.endpoint()?, request, writable).await
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
@@ -92,16 +84,8 @@ pub(crate) async fn run_post(
     let request =
         run_request::from_body(&caller.body, version.as_deref(), accepted.unwrap_or(ResultFormat::Json))?;
     let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
-    respond(
-        &req,
-        &state,
-        &caller.caller,
-        caller.project,
-        path.endpoint()?,
-        request,
-        accepted.is_some() || explicit,
-    )
-    .await
+    let writable = accepted.is_some() || explicit;
+    respond(&req, &state, &caller.caller, caller.project, path.endpoint()?, request, writable).await
 }
 
 /// The format an export's path names (the route admits only these).
