@@ -50,7 +50,7 @@ pub struct EngineLimits {
     /// temporary file, in one of the project's query slots.
     pub export_bytes: u64,
     /// The temporary files of written pages whose bodies are still being sent, every project's together (at least
-    /// `export_bytes`): a page gives its query slot back once written and holds its size of this until its body
+    /// `export_bytes`; one project's at most half, see [`Spool`]): a page gives its query slot back once written and holds its size of this until its body
     /// is sent; a page that does not fit now is refused (429) and its file dropped.
     pub export_spool_bytes: u64,
     /// The most rows a rollup may store; a refresh that would store more fails, saying so.
@@ -85,66 +85,87 @@ impl Default for EngineLimits {
 /// One of a project's query slots, held while its query runs.
 pub(crate) type Slot = OwnedSemaphorePermit;
 
-/// The room written pages take until their bodies are sent ([`EngineLimits::export_spool_bytes`]), in KiB.
+/// The room written pages take until their bodies are sent ([`EngineLimits::export_spool_bytes`]), in KiB: every
+/// project's pages together, and one project's at most half of it (at least a page's worth), so that one
+/// project's slow readers leave room for the others'.
 #[derive(Debug)]
-pub(crate) struct Spool(Arc<Semaphore>);
+pub(crate) struct Spool {
+    all: Arc<Semaphore>,
+    per_project: Mutex<ProjectSemaphores>,
+}
 
 impl Spool {
     const UNIT: u64 = 1024;
 
     pub(crate) fn new(limits: &EngineLimits) -> Self {
-        let bytes = limits.export_spool_bytes.max(limits.export_bytes);
-        let units =
-            usize::try_from(bytes.div_ceil(Self::UNIT)).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
-        Self(Arc::new(Semaphore::new(units)))
+        let units = |bytes: u64| usize::try_from(bytes.div_ceil(Self::UNIT)).unwrap_or(usize::MAX);
+        let all = units(limits.export_spool_bytes.max(limits.export_bytes)).min(Semaphore::MAX_PERMITS);
+        let share = units(limits.export_bytes).max(all / 2).min(all);
+        Self { all: Arc::new(Semaphore::new(all)), per_project: Mutex::new(ProjectSemaphores::new(share)) }
     }
 
-    /// Takes the room of a page of `bytes`, held until the permit is dropped; [`EngineError::Busy`] when the
-    /// pages being sent leave too little now.
+    /// Takes the room of `project`'s page of `bytes`, held until the permits are dropped; [`EngineError::Busy`]
+    /// when the pages being sent (the project's, or everyone's) leave too little now.
     pub(crate) fn take(
         &self,
+        project: ProjectId,
         bytes: u64,
         retry_after: Duration,
-    ) -> Result<OwnedSemaphorePermit, EngineError> {
+    ) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), EngineError> {
         let units = u32::try_from(bytes.div_ceil(Self::UNIT).max(1)).unwrap_or(u32::MAX);
-        Arc::clone(&self.0).try_acquire_many_owned(units).map_err(|_| EngineError::Busy { retry_after })
+        let busy = |_| EngineError::Busy { retry_after };
+        let share = self.per_project.lock().unwrap_or_else(PoisonError::into_inner).of(project);
+        let own = share.try_acquire_many_owned(units).map_err(busy)?;
+        let all = Arc::clone(&self.all).try_acquire_many_owned(units).map_err(busy)?;
+        Ok((own, all))
     }
 }
 
-/// One semaphore per project, created on first use and forgotten once idle: the map holds the projects that
-/// hold or wait for a slot, plus at most as many idle ones again, whatever number of projects ever ran.
-#[derive(Debug, Default)]
-pub(crate) struct Slots {
-    per_project: Mutex<SlotMap>,
-}
-
-#[derive(Debug, Default)]
-struct SlotMap {
+/// One semaphore of `permits` per project, created on first use and forgotten once idle: the map holds the
+/// projects that hold or wait for a permit, plus at most as many idle ones again, whatever number of projects
+/// ever came.
+#[derive(Debug)]
+struct ProjectSemaphores {
     semaphores: HashMap<ProjectId, Arc<Semaphore>>,
+    permits: usize,
     /// The size at which idle projects are dropped next: twice what was left the last time (at least
-    /// [`SlotMap::FIRST_PRUNE`]), so that the dropping costs a constant per call on average.
+    /// [`ProjectSemaphores::FIRST_PRUNE`]), so that the dropping costs a constant per call on average.
     prune_at: usize,
 }
 
-impl SlotMap {
+impl ProjectSemaphores {
     const FIRST_PRUNE: usize = 64;
 
-    /// Drops the projects nobody holds or waits for a slot of: only the map holds their semaphore (a slot and a
-    /// waiter each hold it too), so a new one with every permit free is the same.
-    fn prune(&mut self) {
+    fn new(permits: usize) -> Self {
+        Self { semaphores: HashMap::new(), permits, prune_at: 0 }
+    }
+
+    /// The project's semaphore, after dropping the projects nobody holds or waits for a permit of: only the map
+    /// holds their semaphore (a permit and a waiter each hold it too), so a new one with every permit free is
+    /// the same.
+    fn of(&mut self, project: ProjectId) -> Arc<Semaphore> {
         if self.semaphores.len() >= self.prune_at.max(Self::FIRST_PRUNE) {
             self.semaphores.retain(|_, semaphore| Arc::strong_count(semaphore) > 1);
             self.prune_at = 2 * self.semaphores.len();
         }
+        let permits = self.permits;
+        Arc::clone(self.semaphores.entry(project).or_insert_with(|| Arc::new(Semaphore::new(permits))))
     }
 }
 
+/// A project's query slots ([`EngineLimits::max_concurrent_per_project`]).
+#[derive(Debug)]
+pub(crate) struct Slots {
+    per_project: Mutex<ProjectSemaphores>,
+}
+
 impl Slots {
-    fn of(&self, project: ProjectId, limits: &EngineLimits) -> Arc<Semaphore> {
-        let mut map = self.per_project.lock().unwrap_or_else(PoisonError::into_inner);
-        map.prune();
-        let slots = limits.max_concurrent_per_project;
-        Arc::clone(map.semaphores.entry(project).or_insert_with(|| Arc::new(Semaphore::new(slots))))
+    pub(crate) fn new(limits: &EngineLimits) -> Self {
+        Self { per_project: Mutex::new(ProjectSemaphores::new(limits.max_concurrent_per_project)) }
+    }
+
+    fn of(&self, project: ProjectId) -> Arc<Semaphore> {
+        self.per_project.lock().unwrap_or_else(PoisonError::into_inner).of(project)
     }
 
     /// How many projects' semaphores are kept.
@@ -154,13 +175,9 @@ impl Slots {
     }
 
     /// Waits for one of the project's slots (the caller bounds the wait).
-    pub(crate) async fn acquire(
-        &self,
-        project: ProjectId,
-        limits: &EngineLimits,
-    ) -> Option<OwnedSemaphorePermit> {
+    pub(crate) async fn acquire(&self, project: ProjectId) -> Option<OwnedSemaphorePermit> {
         // The semaphores are never closed.
-        self.of(project, limits).acquire_owned().await.ok()
+        self.of(project).acquire_owned().await.ok()
     }
 
     pub(crate) fn try_acquire(
@@ -168,7 +185,7 @@ impl Slots {
         project: ProjectId,
         limits: &EngineLimits,
     ) -> Result<OwnedSemaphorePermit, EngineError> {
-        self.of(project, limits)
+        self.of(project)
             .try_acquire_owned()
             .map_err(|_| EngineError::Busy { retry_after: limits.retry_after })
     }
@@ -420,8 +437,8 @@ mod slot_tests {
 
     #[tokio::test]
     async fn idle_projects_are_forgotten_and_busy_ones_keep_their_slots() {
-        let (slots, limits) =
-            (Slots::default(), EngineLimits { max_concurrent_per_project: 2, ..EngineLimits::default() });
+        let limits = EngineLimits { max_concurrent_per_project: 2, ..EngineLimits::default() };
+        let slots = Slots::new(&limits);
         let project = |id| ProjectId::new(id).expect("a project id");
         // Project 1 holds both its slots; project 2 waits for one of its own after holding the only other.
         let held = [
@@ -431,7 +448,7 @@ mod slot_tests {
         let other = slots.try_acquire(project(2), &limits).unwrap();
         let _second = slots.try_acquire(project(2), &limits).unwrap();
         let waiting = tokio::spawn({
-            let semaphore = slots.of(project(2), &limits);
+            let semaphore = slots.of(project(2));
             async move { semaphore.acquire_owned().await.map(drop) }
         });
         // Ten thousand projects run one query each, one after the other.

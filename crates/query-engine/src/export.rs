@@ -120,7 +120,7 @@ impl Rows {
 }
 
 /// `export` with its body holding `room` of the spool until it is sent (or the reader goes).
-fn holding(mut export: Export, room: tokio::sync::OwnedSemaphorePermit) -> Export {
+fn holding(mut export: Export, room: impl Send + Sync + 'static) -> Export {
     export.body = Box::pin(export.body.map(move |chunk| {
         let _held = &room;
         chunk
@@ -134,9 +134,14 @@ impl DataFusionEngine {
     ///
     /// # Errors
     /// [`EngineError::Busy`] when the pages being sent leave too little room now (the file is dropped).
-    pub(crate) fn spooled(&self, export: Export, slot: crate::execute::Slot) -> Result<Export, EngineError> {
+    pub(crate) fn spooled(
+        &self,
+        project: ProjectId,
+        export: Export,
+        slot: crate::execute::Slot,
+    ) -> Result<Export, EngineError> {
         drop(slot);
-        let room = self.spool.take(export.bytes, self.limits.retry_after)?;
+        let room = self.spool.take(project, export.bytes, self.limits.retry_after)?;
         Ok(holding(export, room))
     }
 }

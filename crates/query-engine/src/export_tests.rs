@@ -85,16 +85,16 @@ async fn an_empty_page_still_says_its_columns() {
     assert_eq!(String::from_utf8(body(export).await).unwrap(), "country,revenue\n");
 }
 
-/// A page waiting for a slow reader holds its size of the spool, not its project's query slot, and no page is
-/// written past the export limit: slow readers of large exports can neither fill the disk nor stop a project's
-/// queries.
+/// A page waiting for a slow reader holds its size of the spool (at most half of it per project), not its
+/// project's query slot, and no page is written past the export limit: slow readers of large exports can neither
+/// fill the disk nor stop a project's queries, nor keep another project's pages out.
 #[tokio::test]
 async fn an_export_gives_its_slot_back_once_written_and_holds_its_bytes_of_the_spool_until_sent() {
     let (_, dir) = engine_with_events().await;
     let limits = crate::EngineLimits {
         max_concurrent_per_project: 1,
         export_bytes: 64 * 1024,
-        export_spool_bytes: 64 * 1024,
+        export_spool_bytes: 128 * 1024,
         ..crate::EngineLimits::default()
     };
     let engine = crate::DataFusionEngine::new(crate::Storage::local(&dir).unwrap()).with_limits(limits);
@@ -104,12 +104,17 @@ async fn an_export_gives_its_slot_back_once_written_and_holds_its_bytes_of_the_s
     let held = engine.export(project, &small, &none, 10, 0, ResultFormat::Csv).await.unwrap();
     // Its rows are computed: the project's one slot is free while the page waits for its reader.
     engine.execute(project, &small, &none, 10, 0).await.unwrap();
-    // A page of about 34 KiB fits in the spool beside it; a second one does not until the first is sent.
+    // A page of about 34 KiB fits in the project's half of the spool beside it; a second one does not until the
+    // first is sent, while another project's page still fits: one project's slow readers never take it all.
     let half = query("SELECT v, repeat('x', 30) AS pad FROM generate_series(1, 1000) AS t(v)", json!({}));
     let first = engine.export(project, &half, &none, 1000, 0, ResultFormat::Csv).await.unwrap();
     assert!(first.bytes > 32 * 1024, "{} bytes", first.bytes);
     let refused = engine.export(project, &half, &none, 1000, 0, ResultFormat::Csv).await.unwrap_err();
     assert!(matches!(refused, domain::EngineError::Busy { .. }), "{refused:?}");
+    let another = domain::ProjectId::new(2).unwrap();
+    let theirs = engine.export(another, &half, &none, 1000, 0, ResultFormat::Csv).await;
+    assert!(theirs.is_ok(), "{:?}", theirs.err());
+    drop(theirs);
     engine.execute(project, &small, &none, 10, 0).await.unwrap();
     let size = first.bytes;
     assert_eq!(body(first).await.len() as u64, size, "the whole page is sent");

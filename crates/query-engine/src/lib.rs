@@ -97,8 +97,8 @@ impl DataFusionEngine {
             memory: Arc::new(GreedyMemoryPool::new(limits.server_memory)),
             fair: fair::FairScheduler::per_core(),
             spool: Arc::new(execute::Spool::new(&limits)),
+            slots: Arc::new(execute::Slots::new(&limits)),
             limits,
-            slots: Arc::default(),
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
             table_locks: Arc::default(),
@@ -124,6 +124,7 @@ impl DataFusionEngine {
     pub fn with_limits(mut self, limits: EngineLimits) -> Self {
         self.memory = Arc::new(GreedyMemoryPool::new(limits.server_memory));
         self.spool = Arc::new(execute::Spool::new(&limits));
+        self.slots = Arc::new(execute::Slots::new(&limits));
         self.limits = limits;
         self
     }
@@ -573,7 +574,7 @@ impl QueryEngine for DataFusionEngine {
         // Planning takes a core as a run does: it waits for one of the project's query slots (a dry run of a
         // busy project waits for its runs, within the timeout).
         let work = async move {
-            let _slot = self.slots.acquire(project, &self.limits).await;
+            let _slot = self.slots.acquire(project).await;
             let engine = self.clone();
             self.runtime.run(async move { engine.describe_here(project, &owned).await }).await
         };
@@ -626,7 +627,7 @@ impl QueryEngine for DataFusionEngine {
         })
         .await
         .map_err(|e| compile::compile(query).explain(e))
-        .and_then(|(export, slot)| self.spooled(export, slot))
+        .and_then(|(export, slot)| self.spooled(project, export, slot))
     }
 }
 

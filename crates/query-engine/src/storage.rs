@@ -80,6 +80,18 @@ impl Storage {
     pub const MIN_TABLE_RETENTION: Duration = Duration::from_secs(3600);
 }
 
+/// The Delta tables under `root_url` (`store` addresses objects from the root, `url_store` by their URL's path),
+/// timed by the system clock until the storage is given the service's ([`Storage::timed_by`]).
+fn tables_on(
+    store: &Arc<dyn ObjectStore>,
+    url_store: Arc<dyn ObjectStore>,
+    root_url: &Url,
+) -> (Arc<DeltaTables>, ServiceClock) {
+    let clock = ServiceClock(Arc::new(SystemClock));
+    let tables = DeltaTables::new(Arc::clone(store), url_store, root_url.clone(), Arc::new(clock.clone()));
+    (Arc::new(tables), clock)
+}
+
 /// The service's clock, also as the Delta kernel reads it.
 #[derive(Clone)]
 struct ServiceClock(Arc<dyn Clock>);
@@ -143,13 +155,7 @@ impl Storage {
             .map_err(|()| StorageError::Unsupported(root.display().to_string()))?;
         let store: Arc<dyn ObjectStore> = Arc::new(store);
         // The Delta kernel reads a local table's log by its URL's path, from the file system's root.
-        let clock = ServiceClock(Arc::new(SystemClock));
-        let tables = DeltaTables::new(
-            Arc::clone(&store),
-            Arc::new(LocalFileSystem::new()),
-            root_url.clone(),
-            Arc::new(clock.clone()),
-        );
+        let (tables, clock) = tables_on(&store, Arc::new(LocalFileSystem::new()), &root_url);
         Ok(Self {
             store,
             engine_url: engine_url(&root_url),
@@ -160,7 +166,7 @@ impl Storage {
             sources: Arc::default(),
             schemas: version_schemas(),
             scanned: version_schemas(),
-            tables: Arc::new(tables),
+            tables,
             pinned: pinned_snapshots(),
             retention: Self::DEFAULT_TABLE_RETENTION,
             clock,
@@ -197,13 +203,7 @@ impl Storage {
                     (Arc::new(PrefixStore::new(Arc::clone(&s3), prefix)), format!("s3://{bucket}/{prefix}/"))
                 };
                 let root_url = Url::parse(&root).map_err(|_| StorageError::Unsupported(raw.into()))?;
-                let clock = ServiceClock(Arc::new(SystemClock));
-                let tables = DeltaTables::new(
-                    Arc::clone(&store),
-                    Arc::clone(&s3),
-                    root_url.clone(),
-                    Arc::new(clock.clone()),
-                );
+                let (tables, clock) = tables_on(&store, Arc::clone(&s3), &root_url);
                 Ok(Self {
                     store,
                     engine_url: engine_url(&root_url),
@@ -214,7 +214,7 @@ impl Storage {
                     sources: Arc::default(),
                     schemas: version_schemas(),
                     scanned: version_schemas(),
-                    tables: Arc::new(tables),
+                    tables,
                     pinned: pinned_snapshots(),
                     retention: Self::DEFAULT_TABLE_RETENTION,
                     clock,
@@ -231,13 +231,7 @@ impl Storage {
     /// When `root_url` is not a URL.
     pub fn from_store(store: Arc<dyn ObjectStore>, root_url: &str) -> Self {
         let root_url = Url::parse(root_url).expect("a storage root is a URL");
-        let clock = ServiceClock(Arc::new(SystemClock));
-        let tables = DeltaTables::new(
-            Arc::clone(&store),
-            Arc::clone(&store),
-            root_url.clone(),
-            Arc::new(clock.clone()),
-        );
+        let (tables, clock) = tables_on(&store, Arc::clone(&store), &root_url);
         Self {
             store: Arc::clone(&store),
             engine_url: engine_url(&root_url),
@@ -248,7 +242,7 @@ impl Storage {
             sources: Arc::default(),
             schemas: version_schemas(),
             scanned: version_schemas(),
-            tables: Arc::new(tables),
+            tables,
             pinned: pinned_snapshots(),
             retention: Self::DEFAULT_TABLE_RETENTION,
             clock,

@@ -619,7 +619,7 @@ impl ResultStorage for DataFusionEngine {
             engine.export_stored(project, &prefix, filters, limit, offset, format).await
         })
         .await
-        .and_then(|(export, slot)| self.spooled(export, slot))
+        .and_then(|(export, slot)| self.spooled(project, export, slot))
     }
 
     #[instrument(skip_all, fields(project = %project, location))]

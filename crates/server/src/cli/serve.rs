@@ -48,8 +48,8 @@ pub struct ServeArgs {
     #[arg(long, env = "ENDPOINTS_MAX_EXPORT_BYTES", default_value = "256MiB", value_parser = clap::value_parser!(ByteSize))]
     pub max_export_bytes: ByteSize,
     /// The temporary files of written pages whose bodies are still being sent, all projects together (at least
-    /// --max-export-bytes): a page gives its query slot back once written and holds its size of this until it is
-    /// sent; one that does not fit now is 429.
+    /// --max-export-bytes), one project's at most half: a page gives its query slot back once written and holds
+    /// its size of this until it is sent; one that does not fit now is 429.
     #[arg(long, env = "ENDPOINTS_MAX_EXPORT_SPOOL", default_value = "1GiB", value_parser = clap::value_parser!(ByteSize))]
     pub max_export_spool: ByteSize,
     /// The largest upload of a table's rows, in MiB (413 payload_too_large beyond it).
