@@ -1,8 +1,8 @@
 //! Running a planned query: typed parameter values, the page window, the guards (time, memory, concurrency)
 //! and the rows as one JSON array written straight from the Arrow batches.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::arrow::array::RecordBatch;
@@ -12,20 +12,16 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::cache::cache_manager::{
     CacheManager, CacheManagerConfig, FileMetadataCache, FileStatisticsCache,
 };
-use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
-use datafusion::execution::memory_pool::GreedyMemoryPool;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::scalar::ScalarValue;
-use domain::{BoundValue, EngineError, ProjectId, QueryResult, Statistics};
+use domain::{BoundValue, EngineError, QueryResult, Statistics};
 use futures_util::TryStreamExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::compile::Compiled;
-use crate::memory::{QueryPool, SERVER_MEMORY_IN_USE};
+use crate::memory::SERVER_MEMORY_IN_USE;
 
 /// Limits every live query runs under.
 #[derive(Debug, Clone)]
@@ -38,7 +34,8 @@ pub struct EngineLimits {
     /// Memory every query of the process may hold together (the share of `--max-memory` left to queries); a
     /// query that needs more while others hold it waits its turn (429).
     pub server_memory: usize,
-    /// Live queries one project may run at once; more are refused with 429.
+    /// Queries one project may plan or run at once ([`crate::admission`]): more runs, dry runs and exports are
+    /// refused with 429, more refreshes wait.
     pub max_concurrent_per_project: usize,
     /// What a refused caller is told to wait.
     pub retry_after: Duration,
@@ -50,8 +47,9 @@ pub struct EngineLimits {
     /// temporary file, in one of the project's query slots.
     pub export_bytes: u64,
     /// The temporary files of written pages whose bodies are still being sent, every project's together (at least
-    /// `export_bytes`; one project's at most half, see [`Spool`]): a page gives its query slot back once written and holds its size of this until its body
-    /// is sent; a page that does not fit now is refused (429) and its file dropped.
+    /// `export_bytes`; one project's at most half, see [`crate::admission`]): a page gives its query slot back once
+    /// written and holds its size of this until its body is sent; a page that does not fit now is refused (429)
+    /// and its file dropped.
     pub export_spool_bytes: u64,
     /// The most rows a rollup may store; a refresh that would store more fails, saying so.
     pub rollup_rows: u64,
@@ -79,115 +77,6 @@ impl Default for EngineLimits {
             stored_rows_in_memory: 100_000,
             partitions: None,
         }
-    }
-}
-
-/// One of a project's query slots, held while its query runs.
-pub(crate) type Slot = OwnedSemaphorePermit;
-
-/// The room written pages take until their bodies are sent ([`EngineLimits::export_spool_bytes`]), in KiB: every
-/// project's pages together, and one project's at most half of it (at least a page's worth), so that one
-/// project's slow readers leave room for the others'.
-#[derive(Debug)]
-pub(crate) struct Spool {
-    all: Arc<Semaphore>,
-    per_project: Mutex<ProjectSemaphores>,
-}
-
-impl Spool {
-    const UNIT: u64 = 1024;
-
-    pub(crate) fn new(limits: &EngineLimits) -> Self {
-        let units = |bytes: u64| usize::try_from(bytes.div_ceil(Self::UNIT)).unwrap_or(usize::MAX);
-        let all = units(limits.export_spool_bytes.max(limits.export_bytes)).min(Semaphore::MAX_PERMITS);
-        let share = units(limits.export_bytes).max(all / 2).min(all);
-        Self { all: Arc::new(Semaphore::new(all)), per_project: Mutex::new(ProjectSemaphores::new(share)) }
-    }
-
-    /// Takes the room of `project`'s page of `bytes`, held until the permits are dropped; [`EngineError::Busy`]
-    /// when the pages being sent (the project's, or everyone's) leave too little now.
-    pub(crate) fn take(
-        &self,
-        project: ProjectId,
-        bytes: u64,
-        retry_after: Duration,
-    ) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), EngineError> {
-        let units = u32::try_from(bytes.div_ceil(Self::UNIT).max(1)).unwrap_or(u32::MAX);
-        let busy = |_| EngineError::Busy { retry_after };
-        let share = self.per_project.lock().unwrap_or_else(PoisonError::into_inner).of(project);
-        let own = share.try_acquire_many_owned(units).map_err(busy)?;
-        let all = Arc::clone(&self.all).try_acquire_many_owned(units).map_err(busy)?;
-        Ok((own, all))
-    }
-}
-
-/// One semaphore of `permits` per project, created on first use and forgotten once idle: the map holds the
-/// projects that hold or wait for a permit, plus at most as many idle ones again, whatever number of projects
-/// ever came.
-#[derive(Debug)]
-struct ProjectSemaphores {
-    semaphores: HashMap<ProjectId, Arc<Semaphore>>,
-    permits: usize,
-    /// The size at which idle projects are dropped next: twice what was left the last time (at least
-    /// [`ProjectSemaphores::FIRST_PRUNE`]), so that the dropping costs a constant per call on average.
-    prune_at: usize,
-}
-
-impl ProjectSemaphores {
-    const FIRST_PRUNE: usize = 64;
-
-    fn new(permits: usize) -> Self {
-        Self { semaphores: HashMap::new(), permits, prune_at: 0 }
-    }
-
-    /// The project's semaphore, after dropping the projects nobody holds or waits for a permit of: only the map
-    /// holds their semaphore (a permit and a waiter each hold it too), so a new one with every permit free is
-    /// the same.
-    fn of(&mut self, project: ProjectId) -> Arc<Semaphore> {
-        if self.semaphores.len() >= self.prune_at.max(Self::FIRST_PRUNE) {
-            self.semaphores.retain(|_, semaphore| Arc::strong_count(semaphore) > 1);
-            self.prune_at = 2 * self.semaphores.len();
-        }
-        let permits = self.permits;
-        Arc::clone(self.semaphores.entry(project).or_insert_with(|| Arc::new(Semaphore::new(permits))))
-    }
-}
-
-/// A project's query slots ([`EngineLimits::max_concurrent_per_project`]).
-#[derive(Debug)]
-pub(crate) struct Slots {
-    per_project: Mutex<ProjectSemaphores>,
-}
-
-impl Slots {
-    pub(crate) fn new(limits: &EngineLimits) -> Self {
-        Self { per_project: Mutex::new(ProjectSemaphores::new(limits.max_concurrent_per_project)) }
-    }
-
-    fn of(&self, project: ProjectId) -> Arc<Semaphore> {
-        self.per_project.lock().unwrap_or_else(PoisonError::into_inner).of(project)
-    }
-
-    /// How many projects' semaphores are kept.
-    #[cfg(test)]
-    pub(crate) fn kept(&self) -> usize {
-        self.per_project.lock().unwrap_or_else(PoisonError::into_inner).semaphores.len()
-    }
-
-    /// Waits for one of the project's slots (the caller bounds the wait).
-    pub(crate) async fn acquire(&self, project: ProjectId) -> Option<OwnedSemaphorePermit> {
-        // The semaphores are never closed.
-        self.of(project).acquire_owned().await.ok()
-    }
-
-    pub(crate) fn try_acquire(
-        &self,
-        project: ProjectId,
-        limits: &EngineLimits,
-    ) -> Result<OwnedSemaphorePermit, EngineError> {
-        self.of(project)
-            .try_acquire_owned()
-            .map_err(|_| EngineError::Busy { retry_after: limits.retry_after })
     }
 }
 
@@ -228,22 +117,6 @@ pub(crate) fn scalar(value: &BoundValue) -> ScalarValue {
     }
 }
 
-/// A per-query runtime whose memory pool refuses allocations past the query's limit or past what every query
-/// holds together (`memory`), sharing the engine's `files` caches.
-pub(crate) fn runtime(
-    limits: &EngineLimits,
-    files: &FileCaches,
-    memory: &Arc<GreedyMemoryPool>,
-) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>, EngineError> {
-    // No spilling: a query over its memory limit fails with `query_memory_limit` instead of filling the disk.
-    RuntimeEnvBuilder::new()
-        .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled))
-        .with_memory_pool(Arc::new(QueryPool::new(limits.memory_limit, Arc::clone(memory))))
-        .with_cache_manager(files.config())
-        .build_arc()
-        .map_err(|e| EngineError::Internal(Box::new(e)))
-}
-
 /// What the runtimes of every query share: the Parquet footers (with their page indexes) and the statistics of
 /// the files they read, so that a run decodes a table's footers only the first time, as an engine with a
 /// long-lived catalog does. A new runtime per query would start them empty.
@@ -275,7 +148,7 @@ impl FileCaches {
         Self { metadata: None, statistics: None }
     }
 
-    fn config(&self) -> CacheManagerConfig {
+    pub(crate) fn config(&self) -> CacheManagerConfig {
         CacheManagerConfig::default()
             .with_file_metadata_cache(self.metadata.clone())
             .with_metadata_cache_limit(Self::METADATA_LIMIT)
@@ -429,40 +302,4 @@ pub(crate) fn statistics(plan: &Arc<dyn ExecutionPlan>, elapsed: Duration) -> St
         }
     }
     Statistics { rows_read: rows, bytes_read: bytes, elapsed }
-}
-
-#[cfg(test)]
-mod slot_tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn idle_projects_are_forgotten_and_busy_ones_keep_their_slots() {
-        let limits = EngineLimits { max_concurrent_per_project: 2, ..EngineLimits::default() };
-        let slots = Slots::new(&limits);
-        let project = |id| ProjectId::new(id).expect("a project id");
-        // Project 1 holds both its slots; project 2 waits for one of its own after holding the only other.
-        let held = [
-            slots.try_acquire(project(1), &limits).unwrap(),
-            slots.try_acquire(project(1), &limits).unwrap(),
-        ];
-        let other = slots.try_acquire(project(2), &limits).unwrap();
-        let _second = slots.try_acquire(project(2), &limits).unwrap();
-        let waiting = tokio::spawn({
-            let semaphore = slots.of(project(2));
-            async move { semaphore.acquire_owned().await.map(drop) }
-        });
-        // Ten thousand projects run one query each, one after the other.
-        for id in 3..10_003 {
-            drop(slots.try_acquire(project(id), &limits).unwrap());
-        }
-        assert!(slots.kept() < 200, "idle projects are forgotten: {} kept", slots.kept());
-        assert!(
-            matches!(slots.try_acquire(project(1), &limits), Err(EngineError::Busy { .. })),
-            "still full"
-        );
-        drop(other);
-        waiting.await.unwrap().unwrap();
-        drop(held);
-        assert!(slots.try_acquire(project(1), &limits).is_ok());
-    }
 }

@@ -138,10 +138,9 @@ impl DataFusionEngine {
         &self,
         project: ProjectId,
         export: Export,
-        slot: crate::execute::Slot,
+        slot: crate::admission::Slot,
     ) -> Result<Export, EngineError> {
-        drop(slot);
-        let room = self.spool.take(project, export.bytes, self.limits.retry_after)?;
+        let room = self.admission.spool(project, export.bytes, slot)?;
         Ok(holding(export, room))
     }
 }

@@ -6,6 +6,7 @@
 //! Variables are compiled to engine placeholders and bound as typed values, never pasted into SQL text.
 //! This crate knows nothing of HTTP or of the store.
 
+mod admission;
 mod compile;
 #[cfg(feature = "ballista")]
 pub mod distributed;
@@ -32,7 +33,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
-use datafusion::execution::memory_pool::GreedyMemoryPool;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
@@ -56,9 +56,8 @@ pub struct DataFusionEngine {
     /// The gRPC address of the Ballista scheduler queries run on; `None`: in this process.
     scheduler: Option<Arc<str>>,
     limits: EngineLimits,
-    slots: Arc<execute::Slots>,
-    /// The room written pages take until their bodies are sent.
-    spool: Arc<execute::Spool>,
+    /// What queries take from the process, and who is refused.
+    admission: Arc<admission::Admission>,
     runtime: Arc<runtime::EngineRuntime>,
     metrics: EngineMetrics,
     table_locks: Arc<files::TableLocks>,
@@ -74,10 +73,6 @@ pub struct DataFusionEngine {
     files: execute::FileCaches,
     /// Live queries' plans before their variables are bound, kept between runs.
     plans: plans::Plans,
-    /// The memory every query holds together, within `limits.server_memory`.
-    memory: Arc<GreedyMemoryPool>,
-    /// The turns of every project's queries on the engine's cores.
-    fair: Arc<fair::FairScheduler>,
     /// How far back `_logs` reads.
     log_retention: std::time::Duration,
 }
@@ -94,10 +89,7 @@ impl DataFusionEngine {
         Self {
             storage,
             scheduler: None,
-            memory: Arc::new(GreedyMemoryPool::new(limits.server_memory)),
-            fair: fair::FairScheduler::per_core(),
-            spool: Arc::new(execute::Spool::new(&limits)),
-            slots: Arc::new(execute::Slots::new(&limits)),
+            admission: Arc::new(admission::Admission::new(&limits)),
             limits,
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
@@ -122,9 +114,7 @@ impl DataFusionEngine {
     /// The same engine, its live queries running under `limits`.
     #[must_use]
     pub fn with_limits(mut self, limits: EngineLimits) -> Self {
-        self.memory = Arc::new(GreedyMemoryPool::new(limits.server_memory));
-        self.spool = Arc::new(execute::Spool::new(&limits));
-        self.slots = Arc::new(execute::Slots::new(&limits));
+        self.admission = Arc::new(admission::Admission::new(&limits));
         self.limits = limits;
         self
     }
@@ -345,7 +335,7 @@ impl DataFusionEngine {
         project: ProjectId,
         sql: &str,
         work: impl FnOnce(Self) -> F,
-    ) -> Result<(T, execute::Slot), EngineError>
+    ) -> Result<(T, admission::Slot), EngineError>
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
@@ -368,12 +358,12 @@ impl DataFusionEngine {
         &self,
         project: ProjectId,
         work: impl FnOnce(Self) -> F,
-    ) -> Result<(T, execute::Slot), EngineError>
+    ) -> Result<(T, admission::Slot), EngineError>
     where
         T: Send + 'static,
         F: std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
     {
-        let slot = self.slots.try_acquire(project, &self.limits)?;
+        let slot = self.admission.enter(project)?;
         let work = work(self.clone());
         let done = self.within_time(self.runtime.run(work)).await?;
         Ok((done, slot))
@@ -450,7 +440,7 @@ impl DataFusionEngine {
         ),
         EngineError,
     > {
-        let runtime = Some(execute::runtime(&self.limits, &self.files, &self.memory)?);
+        let runtime = Some(self.admission.runtime(&self.files)?);
         let ctx = catalog::live_session(&self.storage, runtime, self.scheduler(), self.limits.partitions)?;
         // A cluster's session plans for its scheduler: its plans are not kept; nor are plans of earlier versions.
         let keeps = self.scheduler().is_none() && at.is_newest();
@@ -538,7 +528,7 @@ impl DataFusionEngine {
         let (gated, held) = if self.scheduler().is_some() {
             (Arc::clone(&physical), None)
         } else {
-            let held = fair::Held::new(self.fair.ticket(project));
+            let held = self.admission.turns(project);
             held.turn().await;
             (fair::gate(Arc::clone(&physical), &held).map_err(execute::execution_error)?, Some(held))
         };
@@ -571,14 +561,12 @@ impl QueryEngine for DataFusionEngine {
     async fn describe(&self, project: ProjectId, query: &Query) -> Result<QueryDescription, EngineError> {
         compile::check_text(&query.sql)?;
         let owned = query.clone();
-        // Planning takes a core as a run does: it waits for one of the project's query slots (a dry run of a
-        // busy project waits for its runs, within the timeout).
-        let work = async move {
-            let _slot = self.slots.acquire(project).await;
-            let engine = self.clone();
-            self.runtime.run(async move { engine.describe_here(project, &owned).await }).await
-        };
-        self.within_time(work).await.map_err(|e| compile::compile(query).explain(e))
+        // Planning takes a core as a run does: one of the project's query slots, refused as a run is when none
+        // is free.
+        self.in_slot(project, move |engine| async move { engine.describe_here(project, &owned).await })
+            .await
+            .map(|(description, _slot)| description)
+            .map_err(|e| compile::compile(query).explain(e))
     }
 
     async fn execute(

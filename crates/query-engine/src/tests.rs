@@ -491,19 +491,35 @@ async fn a_page_over_the_result_byte_limit_is_refused_and_a_smaller_page_is_not(
     assert!(page.rows_json.len() > 50_000 && page.rows_json.len() <= 65_536, "{}", page.rows_json.len());
 }
 
+/// A full project is told so the same way whatever it asks for (a run, a dry run, an export), while a refresh,
+/// which no caller waits for, waits for one of its slots.
 #[tokio::test]
 async fn a_project_runs_at_most_its_share_of_live_queries() {
     let (_, dir) = engine_with_events().await;
     let limits = EngineLimits { max_concurrent_per_project: 1, ..EngineLimits::default() };
     let engine = DataFusionEngine::new(Storage::local(&dir).unwrap()).with_limits(limits);
-    let held = engine.slots.try_acquire(project(1), &engine.limits).unwrap();
+    let held = engine.admission.enter(project(1)).unwrap();
     let q = query("SELECT 1 AS n", json!({}));
     let err = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap_err();
     assert!(matches!(err, EngineError::Busy { .. }), "{err:?}");
+    let err = engine.describe(project(1), &q).await.unwrap_err();
+    assert!(matches!(err, EngineError::Busy { .. }), "a dry run too: {err:?}");
+    let err = engine.export(project(1), &q, &bound(&[]), 10, 0, ResultFormat::Csv).await.err();
+    assert!(matches!(err, Some(EngineError::Busy { .. })), "an export too: {err:?}");
+    let mut refresh = tokio::spawn({
+        let (engine, q) = (engine.clone(), q.clone());
+        let at = domain::attempt_location(uuid::Uuid::new_v4(), 1, uuid::Uuid::new_v4());
+        async move { domain::ResultStorage::write(&engine, project(1), &q, &at).await }
+    });
     // Other projects are not affected, and the slot is free again once released.
     engine.execute(project(2), &q, &bound(&[]), 10, 0).await.unwrap();
+    engine.describe(project(2), &q).await.unwrap();
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(200), &mut refresh).await;
+    assert!(waited.is_err(), "the refresh waits for the project's slot");
     drop(held);
+    assert_eq!(refresh.await.unwrap().unwrap().rows, 1);
     engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap();
+    engine.describe(project(1), &q).await.unwrap();
 }
 
 #[tokio::test]
@@ -795,7 +811,7 @@ async fn a_project_at_its_limit_of_heavy_queries_does_not_starve_another() {
         assert!(ended.is_empty(), "the heavy queries run all along: {sql}: {ended:?}");
         // Their callers gone, they stop, inside a join's long step too, and leave the cores to the next.
         let waited = std::time::Instant::now();
-        while engine.fair.load() != (0, 0) {
+        while engine.admission.load() != (0, 0) {
             assert!(waited.elapsed() < std::time::Duration::from_secs(60), "still running: {sql}");
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }

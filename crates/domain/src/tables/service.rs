@@ -117,7 +117,8 @@ impl TableService {
 
     /// The endpoints whose current version reads any of `tables` (the store's index), each with the tables it
     /// reads. An endpoint whose tables were not recorded (a version written before they were) is planned to
-    /// tell; one deleted meanwhile, or that no longer plans, reads nothing.
+    /// tell; one deleted meanwhile, or that no longer plans, reads nothing; one that cannot be planned now (its
+    /// project busy, the storage unavailable) is taken to read them all, so that its cached runs are dropped.
     async fn readers(&self, project: ProjectId, tables: &[&TableName]) -> Result<Vec<Reader>, Error> {
         let names: Vec<String> = tables.iter().map(|t| t.as_str().to_owned()).collect();
         let mut readers = Vec::new();
@@ -125,10 +126,11 @@ impl TableService {
             let tables = match reader.tables {
                 Some(tables) => tables,
                 None => match self.endpoints.get(project, &reader.name).await {
-                    Ok(endpoint) => {
-                        let described = self.engine.describe(project, &endpoint.query).await;
-                        described.map_or_else(|_| Vec::new(), |d| d.tables)
-                    }
+                    Ok(endpoint) => match self.engine.describe(project, &endpoint.query).await {
+                        Ok(described) => described.tables,
+                        Err(EngineError::InvalidQuery(_)) => Vec::new(),
+                        Err(_) => names.clone(),
+                    },
                     Err(StoreError::NotFound) => Vec::new(),
                     Err(err) => return Err(err.into()),
                 },

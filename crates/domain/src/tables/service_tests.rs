@@ -215,6 +215,35 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     assert_eq!(table.used_by.iter().map(|n| n.to_string()).collect::<Vec<_>>(), readers);
 }
 
+/// A reader whose tables were not recorded and that cannot be planned now (its project's slots are all busy)
+/// is taken to read the table: its cached runs are dropped rather than left to answer old rows. One whose query
+/// no longer plans reads nothing.
+#[tokio::test]
+async fn a_reader_that_cannot_be_planned_now_is_taken_to_read_the_written_table() {
+    for (refusal, stale) in [
+        (EngineError::Busy { retry_after: std::time::Duration::from_secs(1) }, true),
+        (EngineError::InvalidQuery("no such column".into()), false),
+    ] {
+        let mut tables = MockTableStore::new();
+        tables
+            .expect_write()
+            .returning(|_, _, _| Ok(Written { rows: 1, bytes: 5, created: false, rows_quarantined: 0 }));
+        tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
+        let mut engine = MockQueryEngine::new();
+        let refused = std::sync::Mutex::new(Some(refusal));
+        engine.expect_describe().times(1).returning(move |_, _| Err(refused.lock().unwrap().take().unwrap()));
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let mut changes = MockEndpointChanges::new();
+        let seen = Arc::clone(&told);
+        changes.expect_changed().returning(move |_, name| seen.lock().unwrap().push(name.to_string()));
+        let service = service(tables, engine, changes);
+        let (table, _) = service.write_named(project(1), "sales", upload(WriteMode::Append)).await.unwrap();
+        let expected: &[&str] = if stale { &["sales_by_day", "legacy"] } else { &["sales_by_day"] };
+        assert_eq!(*told.lock().unwrap(), expected);
+        assert_eq!(table.used_by.iter().map(|n| n.to_string()).collect::<Vec<_>>(), expected);
+    }
+}
+
 #[tokio::test]
 async fn a_write_makes_its_materialized_readers_due_within_their_freshness_before_it_is_answered() {
     for mode in [WriteMode::Append, WriteMode::Replace] {

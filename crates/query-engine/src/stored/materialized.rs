@@ -328,7 +328,7 @@ impl DataFusionEngine {
         // Its sources are the plan's own: a session of one partition runs it, as the appended rows are few.
         let small = catalog::small_session(
             &self.storage,
-            Some(execute::runtime(&self.limits, &self.files, &self.memory)?),
+            Some(self.admission.runtime(&self.files)?),
             self.scheduler(),
         )?;
         let frame = small.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
@@ -354,7 +354,7 @@ impl DataFusionEngine {
     ) -> Result<(SessionContext, LogicalPlan), EngineError> {
         let ctx = catalog::small_session(
             &self.storage,
-            Some(execute::runtime(&self.limits, &self.files, &self.memory)?),
+            Some(self.admission.runtime(&self.files)?),
             self.scheduler(),
         )?;
         let location = self.storage.url_of(prefix);
@@ -378,7 +378,7 @@ impl DataFusionEngine {
             Some(_) => ctx,
             None => catalog::live_session(
                 &self.storage,
-                Some(execute::runtime(&self.limits, &self.files, &self.memory)?),
+                Some(self.admission.runtime(&self.files)?),
                 self.scheduler(),
                 self.limits.partitions,
             )?,
@@ -549,7 +549,11 @@ impl ResultStorage for DataFusionEngine {
         let prefix = resolve(project, location)?;
         let (engine, query, target) = (self.clone(), query.clone(), prefix.clone());
         let limit = self.limits.refresh_timeout;
-        let work = self.runtime.run(async move { engine.write_here(project, &query, &target).await });
+        // A refresh is its project's work as a run is: it queues for one of the project's slots.
+        let work = self.runtime.run(async move {
+            let _slot = engine.admission.queue(project).await;
+            engine.write_here(project, &query, &target).await
+        });
         let written = tokio::time::timeout(limit, work).await.unwrap_or(Err(EngineError::Timeout(limit)));
         if written.is_err() {
             // The write's own error is the one to report; a leftover is the sweep's to remove.
@@ -575,9 +579,10 @@ impl ResultStorage for DataFusionEngine {
         let (source, target) = (resolve(project, &from.location)?, resolve(project, to)?);
         let (engine, query, into, rows) = (self.clone(), query.clone(), target.clone(), from.row_count);
         let limit = self.limits.refresh_timeout;
-        let work = self
-            .runtime
-            .run(async move { engine.fold_here(project, &query, (&source, rows, &coverage), &into).await });
+        let work = self.runtime.run(async move {
+            let _slot = engine.admission.queue(project).await;
+            engine.fold_here(project, &query, (&source, rows, &coverage), &into).await
+        });
         let folded = tokio::time::timeout(limit, work).await.unwrap_or(Err(EngineError::Timeout(limit)));
         if folded.is_err() {
             if let Err(err) = self.storage.remove_prefix(&target).await {
