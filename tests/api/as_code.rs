@@ -232,6 +232,12 @@ async fn bad_files_keys_and_servers_exit_two_and_change_nothing() {
         ("endpoints/typo.yaml", "name: typo\nquery: SELECT 1\nis_materialised: true\n", "is_materialised"),
         ("endpoints/no_sql.yaml", "name: no_sql\n", "query"),
         ("endpoints/a b.yaml", "name: a b\nquery: SELECT 1\n", "not an endpoint name"),
+        // Refused by the API's own rules before anything is sent.
+        (
+            "endpoints/typed.yaml",
+            "name: typed\nquery: SELECT {variables.n} AS n\nvariables:\n  n:\n    type: Integr\n",
+            "typed: 400 validation_error: query.variables.n",
+        ),
         ("tests/good.yaml", "- name: empty\n  expect: {}\n", "expects nothing"),
     ] {
         write(dir, file, text);
@@ -445,10 +451,22 @@ async fn a_hostile_server_can_neither_exhaust_the_cli_nor_write_to_its_terminal(
     assert!(stderr.contains("larger than 64 MiB"), "{stderr}");
 
     let pages = hostile_server(|mut socket| async move {
-        let endpoint = r#"{"name": "e", "description": "", "query": {"query": "SELECT 1"}, "is_active": true,
-            "is_materialized": false, "cache_age_seconds": null, "sync_frequency": null, "freshness_seconds": 0,
-            "current_version": 1}"#;
-        let page = format!("{{\"next\": \"more\", \"results\": [{}]}}", vec![endpoint; 1000].join(","));
+        // An endpoint record as the API writes it.
+        let endpoint = r#"{"id": "00000000-0000-0000-0000-000000000001", "name": "e", "description": "",
+            "query": {"kind": "SQLQuery", "query": "SELECT 1", "variables": {}}, "derived_from_insight": null,
+            "is_active": true, "is_materialized": false, "cache_age_seconds": null, "sync_frequency": null,
+            "freshness_seconds": 60, "current_version": 1, "versions_count": 1, "columns": [], "plan_error": null,
+            "endpoint_path": "/api/projects/1/endpoints/e/run", "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z", "last_executed_at": null,
+            "materialization": {"name": "e", "version": 1, "is_materialized": false, "status": "NotMaterialized",
+                "sync_frequency": null, "last_materialized_at": null, "next_run_at": null, "row_count": null,
+                "freshness_seconds": 60, "data_as_of": null, "appended_since": null, "full_refreshes": 0,
+                "last_folded_at": null, "rows_folded": 0, "grouping": null, "error": null, "can_materialize": true,
+                "reason": null}}"#;
+        let page = format!(
+            "{{\"count\": 1000000, \"next\": \"more\", \"previous\": null, \"results\": [{}]}}",
+            vec![endpoint; 1000].join(",")
+        );
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             page.len()

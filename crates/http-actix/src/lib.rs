@@ -5,7 +5,7 @@
 //! answer with one body type. No business rule lives here, and nothing here knows which store or engine sits
 //! behind the ports.
 
-mod api;
+pub mod api;
 mod console;
 mod cors;
 mod disconnect;

@@ -68,6 +68,44 @@ impl CreateEndpoint {
             freshness: None,
         }
     }
+
+    /// Whether the endpoint is active: `true` unless the caller said otherwise.
+    pub fn active(&self) -> bool {
+        self.is_active.unwrap_or(true)
+    }
+
+    /// Whether the endpoint is materialized: `false` unless the caller said otherwise.
+    pub fn materialized(&self) -> bool {
+        self.is_materialized.unwrap_or(false)
+    }
+
+    /// The body that creates this endpoint, which read back is this command (see [`TryFrom<&Value>`]); sent as an
+    /// update, it makes an existing endpoint exactly this: every field is written, a default as the null that
+    /// asks for it (or, for a flag, its default value).
+    pub fn to_body(&self) -> Value {
+        let or_null = |value: Option<Value>| value.unwrap_or(Value::Null);
+        let mut body = serde_json::Map::new();
+        body.insert("name".into(), self.name.as_str().into());
+        body.insert("description".into(), or_null(self.description.clone().map(Value::from)));
+        body.insert("query".into(), self.query.to_json());
+        body.insert(
+            "derived_from_insight".into(),
+            or_null(self.derived_from_insight.clone().map(Value::from)),
+        );
+        body.insert("is_active".into(), self.active().into());
+        body.insert("is_materialized".into(), self.materialized().into());
+        body.insert(
+            "cache_age_seconds".into(),
+            or_null(self.cache_age.and_then(CacheAge::configured).map(Value::from)),
+        );
+        body.insert("sync_frequency".into(), or_null(self.sync_frequency.map(|f| f.as_str().into())));
+        body.insert(
+            "freshness_seconds".into(),
+            or_null(self.freshness.and_then(Freshness::configured).map(Value::from)),
+        );
+        debug_assert!(body.keys().all(|key| ENDPOINT_FIELDS.contains(&key.as_str())));
+        Value::Object(body)
+    }
 }
 
 /// Reads a create body (the interface's `EndpointRequest`).
@@ -165,6 +203,48 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// What a client writes with `to_body` the API reads back as the same command, every field given.
+    #[test]
+    fn a_create_body_reads_back_as_its_command() {
+        let query = Query::try_from(&json!({
+            "kind": "SQLQuery",
+            "query": "SELECT {variables.n} AS n",
+            "variables": {"n": {"type": "Integer", "default": 3, "description": "how many"}},
+        }))
+        .unwrap();
+        let name = EndpointName::parse("counted").unwrap();
+        let defaults = CreateEndpoint::new(name.clone(), query.clone());
+        let set = CreateEndpoint {
+            description: Some("d".into()),
+            derived_from_insight: Some("i".into()),
+            is_active: Some(false),
+            is_materialized: Some(true),
+            cache_age: Some(CacheAge::new(Some(60)).unwrap()),
+            sync_frequency: Some(SyncFrequency::parse("1hour").unwrap()),
+            freshness: Some(Freshness::new(Some(5)).unwrap()),
+            ..defaults.clone()
+        };
+        assert_eq!(CreateEndpoint::try_from(&set.to_body()).unwrap(), set);
+        let read = CreateEndpoint::try_from(&defaults.to_body()).unwrap();
+        assert_eq!((read.active(), read.materialized()), (true, false));
+        assert_eq!(
+            read,
+            CreateEndpoint {
+                is_active: Some(true),
+                is_materialized: Some(false),
+                cache_age: Some(CacheAge::DEFAULT),
+                freshness: Some(Freshness::DEFAULT),
+                ..defaults
+            }
+        );
+        // As an update, the same body sets every field.
+        let patch = EndpointPatch::try_from(&set.to_body()).unwrap();
+        assert_eq!(
+            (patch.description, patch.is_active, patch.freshness),
+            (Some(Some("d".into())), Some(false), set.freshness)
+        );
+    }
 
     #[test]
     fn a_patch_says_which_fields_it_sets_and_which_it_clears() {

@@ -168,7 +168,7 @@ impl EndpointService {
         project: ProjectId,
         command: CreateEndpoint,
     ) -> Result<NewEndpoint, Error> {
-        let is_materialized = command.is_materialized.unwrap_or(false);
+        let (is_materialized, is_active) = (command.materialized(), command.active());
         let sync_frequency = match command.sync_frequency {
             Some(_) if !is_materialized => return Err(sync_needs_materialization().into()),
             Some(freq) => Some(freq),
@@ -184,7 +184,7 @@ impl EndpointService {
             tables: Vec::new(),
             query: command.query,
             derived_from_insight: command.derived_from_insight,
-            is_active: command.is_active.unwrap_or(true),
+            is_active,
             is_materialized,
             cache_age: command.cache_age.unwrap_or(CacheAge::DEFAULT),
             sync_frequency,

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use domain::{MaterializationView, Rollup};
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -12,12 +14,12 @@ use uuid::Uuid;
 use super::names;
 
 /// An output column of a query.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Column {
-    name: String,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Column {
+    pub name: String,
     #[serde(rename = "type")]
     #[schema(schema_with = names::column_type)]
-    column_type: domain::ColumnType,
+    pub column_type: domain::ColumnType,
 }
 
 impl From<domain::Column> for Column {
@@ -31,27 +33,27 @@ fn columns(columns: Vec<domain::Column>) -> Vec<Column> {
 }
 
 /// A declared variable, in its canonical form.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Variable {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Variable {
     #[serde(rename = "type")]
     #[schema(schema_with = names::variable_type)]
-    variable_type: &'static str,
+    pub variable_type: Cow<'static, str>,
     /// The value used when a run does not give one; null for a required variable.
     #[schema(required = true)]
-    default: Option<Value>,
-    required: bool,
+    pub default: Option<Value>,
+    pub required: bool,
     #[schema(required = true)]
-    description: Option<String>,
+    pub description: Option<String>,
 }
 
 /// The saved query, in its canonical form: what a client sent, with every declaration written in full.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Query {
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Query {
     #[schema(schema_with = names::query_kind)]
-    kind: &'static str,
+    pub kind: Cow<'static, str>,
     /// One read-only SQL statement with `{variables.NAME}` placeholders.
-    query: String,
-    variables: BTreeMap<String, Variable>,
+    pub query: String,
+    pub variables: BTreeMap<String, Variable>,
 }
 
 impl From<domain::Query> for Query {
@@ -61,7 +63,7 @@ impl From<domain::Query> for Query {
             .into_iter()
             .map(|(name, v)| {
                 let variable = Variable {
-                    variable_type: v.variable_type.as_str(),
+                    variable_type: v.variable_type.as_str().into(),
                     default: v.default,
                     required: v.required,
                     description: v.description,
@@ -69,66 +71,66 @@ impl From<domain::Query> for Query {
                 (name, variable)
             })
             .collect();
-        Self { kind: query.kind.as_str(), query: query.sql, variables }
+        Self { kind: query.kind.as_str().into(), query: query.sql, variables }
     }
 }
 
 /// The materialization status of an endpoint's current version.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Materialization {
-    name: String,
-    version: u32,
-    is_materialized: bool,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Materialization {
+    pub name: String,
+    pub version: u32,
+    pub is_materialized: bool,
     #[schema(schema_with = names::materialization_status)]
-    status: &'static str,
+    pub status: Cow<'static, str>,
     /// How often it refreshes; null when not materialized.
     #[schema(schema_with = names::nullable_sync_frequency, required = true)]
-    sync_frequency: Option<&'static str>,
+    pub sync_frequency: Option<Cow<'static, str>>,
     /// When the stored result of this version was computed.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    last_materialized_at: Option<OffsetDateTime>,
+    pub last_materialized_at: Option<OffsetDateTime>,
     /// When the next refresh is due.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    next_run_at: Option<OffsetDateTime>,
+    pub next_run_at: Option<OffsetDateTime>,
     /// Rows of the stored result of this version.
     #[schema(required = true)]
-    row_count: Option<u64>,
+    pub row_count: Option<u64>,
     /// Seconds within which appended rows reach the stored result.
-    freshness_seconds: u32,
+    pub freshness_seconds: u32,
     /// The time up to which appended rows are in the stored result of this version: when its refresh began
     /// reading the tables.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    data_as_of: Option<OffsetDateTime>,
+    pub data_as_of: Option<OffsetDateTime>,
     /// Since when rows appended to a table the query reads wait for the stored result; null when none wait.
     /// The refresh that includes them is due `freshness_seconds` later (`next_run_at`).
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    appended_since: Option<OffsetDateTime>,
+    pub appended_since: Option<OffsetDateTime>,
     /// Refreshes completed, each computing the whole result.
-    full_refreshes: u64,
+    pub full_refreshes: u64,
     /// When rows appended since the result before were last folded into the stored result (without computing
     /// it again).
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    last_folded_at: Option<OffsetDateTime>,
+    pub last_folded_at: Option<OffsetDateTime>,
     /// Rows folds added to the stored results.
-    rows_folded: u64,
+    pub rows_folded: u64,
     /// When the query is stored as a rollup, what the stored rows are grouped by: the query's group keys, then
     /// the columns its variables filter (a timestamp bounded by `Date` variables as `date_trunc('day', ...)`);
     /// null when the stored result is the query's own rows (or it cannot be materialized).
     #[schema(required = true)]
-    grouping: Option<Vec<String>>,
+    pub grouping: Option<Vec<String>>,
     /// Why the last refresh failed.
     #[schema(required = true)]
-    error: Option<String>,
+    pub error: Option<String>,
     /// Whether the query and the endpoint allow materialization.
-    can_materialize: bool,
+    pub can_materialize: bool,
     /// Why not, when `can_materialize` is false.
     #[schema(required = true)]
-    reason: Option<String>,
+    pub reason: Option<String>,
 }
 
 /// What a rollup's rows are grouped by, as the status shows it: the query's keys, then the filtered columns (a
@@ -147,8 +149,8 @@ impl From<MaterializationView> for Materialization {
             name: view.name.as_str().to_owned(),
             version: view.version,
             is_materialized: view.is_materialized,
-            status: view.status.as_str(),
-            sync_frequency: view.sync_frequency.map(domain::SyncFrequency::as_str),
+            status: view.status.as_str().into(),
+            sync_frequency: view.sync_frequency.map(|f| f.as_str().into()),
             last_materialized_at: view.last_materialized_at,
             next_run_at: view.next_run_at,
             row_count: view.row_count,
@@ -167,44 +169,44 @@ impl From<MaterializationView> for Materialization {
 }
 
 /// An endpoint.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Endpoint {
-    id: Uuid,
-    name: String,
-    description: String,
-    query: Query,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Endpoint {
+    pub id: Uuid,
+    pub name: String,
+    pub description: String,
+    pub query: Query,
     #[schema(required = true)]
-    derived_from_insight: Option<String>,
-    is_active: bool,
-    is_materialized: bool,
+    pub derived_from_insight: Option<String>,
+    pub is_active: bool,
+    pub is_materialized: bool,
     /// How long a run's result is served from the cache; null for the server default (300).
     #[schema(required = true)]
-    cache_age_seconds: Option<u32>,
+    pub cache_age_seconds: Option<u32>,
     /// How often the stored result refreshes; set only while materialized.
     #[schema(schema_with = names::nullable_sync_frequency, required = true)]
-    sync_frequency: Option<&'static str>,
+    pub sync_frequency: Option<Cow<'static, str>>,
     /// Seconds within which rows appended to a table the query reads reach the stored result, once
     /// materialized (60 unless set).
-    freshness_seconds: u32,
-    current_version: u32,
-    versions_count: u32,
+    pub freshness_seconds: u32,
+    pub current_version: u32,
+    pub versions_count: u32,
     /// The output columns of the current version; null while it does not plan (`plan_error`).
     #[schema(required = true)]
-    columns: Option<Vec<Column>>,
+    pub columns: Option<Vec<Column>>,
     /// Why the current version's query no longer plans, since a table it reads was replaced; null when it
     /// plans. Its runs answer 400 `query_invalid` meanwhile.
     #[schema(required = true)]
-    plan_error: Option<String>,
+    pub plan_error: Option<String>,
     /// Where the endpoint runs.
-    endpoint_path: String,
+    pub endpoint_path: String,
     #[serde(with = "time::serde::rfc3339")]
-    created_at: OffsetDateTime,
+    pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
-    updated_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    last_executed_at: Option<OffsetDateTime>,
-    materialization: Materialization,
+    pub last_executed_at: Option<OffsetDateTime>,
+    pub materialization: Materialization,
 }
 
 impl From<domain::Endpoint> for Endpoint {
@@ -220,7 +222,7 @@ impl From<domain::Endpoint> for Endpoint {
             is_active: e.is_active,
             is_materialized: e.is_materialized,
             cache_age_seconds: e.cache_age.configured(),
-            sync_frequency: e.sync_frequency.map(domain::SyncFrequency::as_str),
+            sync_frequency: e.sync_frequency.map(|f| f.as_str().into()),
             freshness_seconds: e.freshness.seconds(),
             current_version: e.current_version,
             versions_count: e.versions_count,
@@ -258,22 +260,39 @@ pub(crate) struct Version {
 
 /// An output column of the version before that a version removed (`to` null) or retyped. A renamed column is
 /// a removal (and an addition, which breaks nothing).
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct BreakingChange {
-    column: String,
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BreakingChange {
+    pub column: String,
     #[schema(schema_with = names::column_change)]
-    change: &'static str,
+    pub change: Cow<'static, str>,
     /// Its type in the version before.
     #[schema(schema_with = names::column_type)]
-    from: domain::ColumnType,
+    pub from: domain::ColumnType,
     /// Its type in this version; null when removed.
     #[schema(schema_with = names::nullable_column_type, required = true)]
-    to: Option<domain::ColumnType>,
+    pub to: Option<domain::ColumnType>,
+}
+
+/// As a person reads it: `column total retyped (integer -> float)`, `column total removed`.
+impl std::fmt::Display for BreakingChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name =
+            |t: domain::ColumnType| serde_json::to_value(t).ok().and_then(|v| v.as_str().map(str::to_owned));
+        match (name(self.from), self.to.and_then(name)) {
+            (Some(from), Some(to)) => write!(f, "column {} {} ({from} -> {to})", self.column, self.change),
+            _ => write!(f, "column {} {}", self.column, self.change),
+        }
+    }
 }
 
 impl From<domain::BreakingChange> for BreakingChange {
     fn from(change: domain::BreakingChange) -> Self {
-        Self { column: change.column, change: change.change.as_str(), from: change.from, to: change.to }
+        Self {
+            column: change.column,
+            change: change.change.as_str().into(),
+            from: change.from,
+            to: change.to,
+        }
     }
 }
 

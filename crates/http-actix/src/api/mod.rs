@@ -2,6 +2,9 @@
 //! `From` domain values and serialized as they are, and their `utoipa` schemas are the ones `/api/schema` and
 //! each endpoint's own document publish. Request bodies are read by the domain; their schemas are in
 //! `requests`. The error body is with the error codes, in `crate::error`.
+//!
+//! The endpoint record and its page are read back too (`Deserialize`, public): the `endpoints code` CLI reads
+//! the server's answers as these types, so that it never holds a copy of them.
 
 mod endpoint;
 mod last_executions;
@@ -14,10 +17,12 @@ mod run;
 mod table;
 mod token;
 
-pub(crate) use endpoint::{BreakingChange, Endpoint, Materialization, Version};
+pub(crate) use endpoint::Version;
+pub use endpoint::{BreakingChange, Column, Endpoint, Materialization, Query, Variable};
 pub(crate) use last_executions::LastExecutionTimes;
 pub(crate) use log::{LogList, Usage};
-pub(crate) use page::{EndpointPage, TablePage, TableVersionPage, VersionPage};
+pub use page::EndpointPage;
+pub(crate) use page::{TablePage, TableVersionPage, VersionPage};
 pub(crate) use project::Project;
 pub(crate) use run::RunAnswer;
 pub(crate) use table::{Appended, Preview, Table};

@@ -2,7 +2,7 @@
 //! that keep the request's other query parameters.
 
 use actix_web::HttpRequest;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::endpoint::{Endpoint, Version};
@@ -10,19 +10,19 @@ use super::table::{Table, TableVersion};
 
 /// Declares a page of `$item`s: the same shape for every list, one type (and schema name) each.
 macro_rules! page {
-    ($(#[$doc:meta])* $name:ident of $item:ty) => {
+    ($(#[$doc:meta])* $name:ident of $item:ty $(, $derive:ident)*) => {
         $(#[$doc])*
-        #[derive(Debug, Serialize, ToSchema)]
-        pub(crate) struct $name {
+        #[derive(Debug, Serialize, ToSchema $(, $derive)*)]
+        pub struct $name {
             /// How many items match, on every page.
-            count: u64,
+            pub count: u64,
             /// The next page's URL, or null on the last.
             #[schema(required = true)]
-            next: Option<String>,
+            pub next: Option<String>,
             /// The previous page's URL, or null on the first.
             #[schema(required = true)]
-            previous: Option<String>,
-            results: Vec<$item>,
+            pub previous: Option<String>,
+            pub results: Vec<$item>,
         }
 
         impl $name {
@@ -39,7 +39,7 @@ macro_rules! page {
 
 page!(
     /// A page of endpoints, ordered by name.
-    EndpointPage of Endpoint
+    EndpointPage of Endpoint, Deserialize
 );
 page!(
     /// A page of an endpoint's versions, newest first.

@@ -1,9 +1,9 @@
 //! The one client of a server's public API that `pull`, `diff`, `push` and `test` share: the endpoint list, a
 //! create and an update (each also as a dry run), a delete and a run, with the key as a bearer token.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
+use http_actix::api::{BreakingChange, Endpoint, EndpointPage};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -41,9 +41,19 @@ pub enum ClientError {
     Api { status: u16, code: String, detail: String, breaking_changes: Vec<BreakingChange> },
     #[error("the server answered what this command does not understand ({}); is it an endpoints server?", printable(.0))]
     Unexpected(String),
+    /// A file the API's own rules refuse, found before anything is sent (what the server would answer with 400).
+    #[error("400 validation_error: {0}")]
+    Invalid(String),
 }
 
 impl ClientError {
+    pub(crate) fn invalid(invalid: &domain::Invalid) -> Self {
+        Self::Invalid(match &invalid.attr {
+            Some(attr) => format!("{attr}: {}", invalid.detail),
+            None => invalid.detail.clone(),
+        })
+    }
+
     /// The server's error code (`breaking_change`, `not_found`, ...), for an error answer.
     pub fn code(&self) -> Option<&str> {
         match self {
@@ -53,65 +63,12 @@ impl ClientError {
     }
 }
 
-/// An output column a new version would remove (`to` null) or retype, as the server's check lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct BreakingChange {
-    pub column: String,
-    pub change: String,
-    pub from: Option<String>,
-    pub to: Option<String>,
-}
-
-impl std::fmt::Display for BreakingChange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (&self.from, &self.to) {
-            (Some(from), Some(to)) => write!(f, "column {} {} ({from} -> {to})", self.column, self.change),
-            _ => write!(f, "column {} {}", self.column, self.change),
-        }
-    }
-}
-
-/// An endpoint as the server answers it: the fields a file holds, and its version.
-#[derive(Debug, Clone, Deserialize)]
-pub struct RemoteEndpoint {
-    pub name: String,
-    pub description: String,
-    pub query: RemoteQuery,
-    pub is_active: bool,
-    pub is_materialized: bool,
-    pub cache_age_seconds: Option<u32>,
-    pub sync_frequency: Option<String>,
-    pub freshness_seconds: u32,
-    pub current_version: u32,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RemoteQuery {
-    pub query: String,
-    #[serde(default)]
-    pub variables: BTreeMap<String, RemoteVariable>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RemoteVariable {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub default: Option<Value>,
-    pub required: bool,
-    pub description: Option<String>,
-}
-
-/// A run's answer: its columns in order and its rows, one object per row.
+/// A run's answer: its columns in order and its rows, one object per row (the members of the API's run answer
+/// a test compares; the others are not read).
 #[derive(Debug, Clone, Deserialize)]
 pub struct RunAnswer {
     pub columns: Vec<String>,
     pub results: Vec<serde_json::Map<String, Value>>,
-}
-
-#[derive(Deserialize)]
-struct Page {
-    next: Option<String>,
-    results: Vec<RemoteEndpoint>,
 }
 
 #[derive(Deserialize)]
@@ -153,7 +110,7 @@ impl Api {
     /// Every endpoint of the project, page after page, by name. Pages are asked for by offset on the URL the
     /// command was given (never by the page's `next` link: the key goes only where it was meant to, and a proxy
     /// that rewrites hosts or schemes changes nothing).
-    pub async fn list(&self) -> Result<Vec<RemoteEndpoint>, ClientError> {
+    pub async fn list(&self) -> Result<Vec<Endpoint>, ClientError> {
         const PAGE: usize = 100;
         let mut all = Vec::new();
         loop {
@@ -161,7 +118,7 @@ impl Api {
             url.query_pairs_mut()
                 .append_pair("limit", &PAGE.to_string())
                 .append_pair("offset", &all.len().to_string());
-            let page: Page = self.send(Method::GET, url, None).await?;
+            let page: EndpointPage = self.send(Method::GET, url, None).await?;
             let last = page.next.is_none() || page.results.is_empty();
             all.extend(page.results);
             if last {
@@ -178,7 +135,7 @@ impl Api {
     }
 
     /// Creates an endpoint from `body`, or with `dry_run` answers the endpoint it would make.
-    pub async fn create(&self, body: &Value, dry_run: bool) -> Result<RemoteEndpoint, ClientError> {
+    pub async fn create(&self, body: &Value, dry_run: bool) -> Result<Endpoint, ClientError> {
         let mut url = self.endpoints.clone();
         url.path_segments_mut().expect("a base").pop_if_empty();
         if dry_run {
@@ -188,12 +145,7 @@ impl Api {
     }
 
     /// Updates endpoint `name` to `body`, or with `dry_run` answers the endpoint as it would be.
-    pub async fn update(
-        &self,
-        name: &str,
-        body: &Value,
-        dry_run: bool,
-    ) -> Result<RemoteEndpoint, ClientError> {
+    pub async fn update(&self, name: &str, body: &Value, dry_run: bool) -> Result<Endpoint, ClientError> {
         let mut url = self.endpoint(name);
         if dry_run {
             url.query_pairs_mut().append_pair("dry_run", "true");
@@ -264,9 +216,8 @@ impl Api {
                     .into_iter()
                     .map(|change| BreakingChange {
                         column: printable(&change.column),
-                        change: printable(&change.change),
-                        from: change.from.as_deref().map(printable),
-                        to: change.to.as_deref().map(printable),
+                        change: printable(&change.change).into(),
+                        ..change
                     })
                     .collect(),
             }),

@@ -6,11 +6,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use domain::{EndpointName, Freshness};
+use domain::{CacheAge, CreateEndpoint, EndpointName, Freshness, Invalid, Query, QueryKind, SyncFrequency};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::client::RemoteEndpoint;
+use http_actix::api::Endpoint;
 
 /// The folder of endpoint files under the directory.
 pub const ENDPOINTS: &str = "endpoints";
@@ -71,15 +71,15 @@ pub struct VariableFile {
     pub description: Option<String>,
 }
 
-impl From<&RemoteEndpoint> for EndpointFile {
-    fn from(remote: &RemoteEndpoint) -> Self {
+impl From<&Endpoint> for EndpointFile {
+    fn from(remote: &Endpoint) -> Self {
         let variables = remote
             .query
             .variables
             .iter()
             .map(|(name, v)| {
                 let variable = VariableFile {
-                    kind: v.kind.clone(),
+                    kind: v.variable_type.to_string(),
                     default: v.default.clone(),
                     required: (v.required != v.default.is_none()).then_some(v.required),
                     description: v.description.clone(),
@@ -95,7 +95,7 @@ impl From<&RemoteEndpoint> for EndpointFile {
             cache_age_seconds: remote.cache_age_seconds,
             is_active: remote.is_active,
             is_materialized: remote.is_materialized,
-            sync_frequency: remote.sync_frequency.clone(),
+            sync_frequency: remote.sync_frequency.as_deref().map(str::to_owned),
             freshness_seconds: (remote.freshness_seconds != Freshness::DEFAULT_SECONDS)
                 .then_some(remote.freshness_seconds),
         }
@@ -103,36 +103,35 @@ impl From<&RemoteEndpoint> for EndpointFile {
 }
 
 impl EndpointFile {
+    /// The endpoint the file says, as the API reads a create: the domain's own command, checked by its rules
+    /// (names, variable declarations, settings) before anything is sent.
+    ///
+    /// # Errors
+    /// The first field the rules refuse, named as the API names it.
+    pub fn command(&self) -> Result<CreateEndpoint, Invalid> {
+        let variables = serde_json::to_value(&self.variables)
+            .map_err(|err| Invalid::field("variables", err.to_string()))?;
+        let query = Query::try_from(
+            &json!({"kind": QueryKind::Sql.as_str(), "query": self.query.0, "variables": variables}),
+        )?;
+        Ok(CreateEndpoint {
+            description: Some(self.description.clone()),
+            is_active: Some(self.is_active),
+            is_materialized: Some(self.is_materialized),
+            cache_age: Some(CacheAge::new(self.cache_age_seconds.map(i64::from))?),
+            sync_frequency: self.sync_frequency.as_deref().map(SyncFrequency::parse).transpose()?,
+            freshness: Some(Freshness::new(self.freshness_seconds.map(i64::from))?),
+            ..CreateEndpoint::new(EndpointName::parse(&self.name)?, query)
+        })
+    }
+
     /// The body of a create or an update that makes the endpoint what the file says, every field given (a
     /// field the file leaves out is sent as the server's default, not left as it was).
-    pub fn body(&self) -> Value {
-        let variables: serde_json::Map<String, Value> = self
-            .variables
-            .iter()
-            .map(|(name, v)| {
-                let mut declaration = json!({"type": v.kind});
-                if let Some(default) = &v.default {
-                    declaration["default"] = default.clone();
-                }
-                if let Some(required) = v.required {
-                    declaration["required"] = required.into();
-                }
-                if let Some(description) = &v.description {
-                    declaration["description"] = description.clone().into();
-                }
-                (name.clone(), declaration)
-            })
-            .collect();
-        json!({
-            "name": self.name,
-            "description": self.description,
-            "query": {"kind": "SQLQuery", "query": self.query.0, "variables": variables},
-            "cache_age_seconds": self.cache_age_seconds,
-            "is_active": self.is_active,
-            "is_materialized": self.is_materialized,
-            "sync_frequency": self.sync_frequency,
-            "freshness_seconds": self.freshness_seconds,
-        })
+    ///
+    /// # Errors
+    /// As [`EndpointFile::command`].
+    pub fn body(&self) -> Result<Value, Invalid> {
+        self.command().map(|command| command.to_body())
     }
 
     /// The file's text.

@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::client::{Api, BreakingChange, ClientError, RemoteEndpoint};
+use http_actix::api::{BreakingChange, Endpoint};
+
+use super::client::{Api, ClientError};
 use super::files::EndpointFile;
 
 /// What happens to one endpoint.
@@ -74,11 +76,10 @@ impl Plan {
     pub async fn make(
         api: &Api,
         local: &BTreeMap<String, EndpointFile>,
-        remote: &[RemoteEndpoint],
+        remote: &[Endpoint],
         prune: bool,
     ) -> Result<Self, PlanError> {
-        let on_server: BTreeMap<&str, &RemoteEndpoint> =
-            remote.iter().map(|e| (e.name.as_str(), e)).collect();
+        let on_server: BTreeMap<&str, &Endpoint> = remote.iter().map(|e| (e.name.as_str(), e)).collect();
         let names: BTreeSet<&str> =
             local.keys().map(String::as_str).chain(on_server.keys().copied()).collect();
         let mut steps = Vec::new();
@@ -86,7 +87,7 @@ impl Plan {
             let failed = |source| PlanError { name: name.to_owned(), source };
             let step = match (local.get(name), on_server.get(name)) {
                 (Some(file), None) => {
-                    let body = file.body();
+                    let body = file.body().map_err(|invalid| failed(ClientError::invalid(&invalid)))?;
                     let would = api.create(&body, true).await.map_err(failed)?;
                     let after = Some(yaml(&would).map_err(failed)?);
                     Some(Step {
@@ -98,7 +99,7 @@ impl Plan {
                     })
                 }
                 (Some(file), Some(current)) => {
-                    let mut body = file.body();
+                    let mut body = file.body().map_err(|invalid| failed(ClientError::invalid(&invalid)))?;
                     let (would, breaking) = match api.update(name, &body, true).await {
                         Ok(would) => (would, Vec::new()),
                         Err(ClientError::Api { code, breaking_changes, .. }) if code == "breaking_change" => {
@@ -156,6 +157,6 @@ impl Plan {
 }
 
 /// An endpoint as its file would say it.
-fn yaml(endpoint: &RemoteEndpoint) -> Result<String, ClientError> {
+fn yaml(endpoint: &Endpoint) -> Result<String, ClientError> {
     EndpointFile::from(endpoint).to_yaml().map_err(|err| ClientError::Unexpected(err.to_string()))
 }
