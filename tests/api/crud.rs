@@ -144,19 +144,14 @@ async fn materialized_endpoints_default_their_sync_frequency() {
     let mut body = endpoint_body("mat", "SELECT 1 AS n");
     body["is_materialized"] = json!(true);
     let created = app.create_endpoint(project, &key, &body).await;
-    assert_eq!(created["sync_frequency"], "24hour");
+    assert_eq!(created.sync_frequency.as_deref(), Some("24hour"));
     // The worker may have claimed the first refresh between the insert and the answer.
-    let status = created["materialization"]["status"].as_str();
-    assert!(matches!(status, Some("Pending" | "Running")), "{created}");
-    let path = format!("/api/projects/{project}/endpoints/mat");
-    let updated: Value =
-        app.patch(&path, &key, &json!({"sync_frequency": "6hour"})).await.json().await.unwrap();
-    assert_eq!(updated["sync_frequency"], "6hour");
-    let off: Value = app.patch(&path, &key, &json!({"is_materialized": false})).await.json().await.unwrap();
-    assert_eq!(
-        (off["sync_frequency"].clone(), off["materialization"]["status"].clone()),
-        (Value::Null, json!("Disabled"))
-    );
+    let status = &created.materialization.status;
+    assert!(matches!(status.as_ref(), "Pending" | "Running"), "{created:?}");
+    let updated = app.update_endpoint(project, &key, "mat", &json!({"sync_frequency": "6hour"})).await;
+    assert_eq!(updated.sync_frequency.as_deref(), Some("6hour"));
+    let off = app.update_endpoint(project, &key, "mat", &json!({"is_materialized": false})).await;
+    assert_eq!((off.sync_frequency, off.materialization.status.as_ref()), (None, "Disabled"));
 }
 
 #[tokio::test]
@@ -185,19 +180,16 @@ async fn patch_semantics() {
     assert_eq!(error["attr"], "query");
 
     // Nothing changed by the refused requests, and a body that changes nothing writes nothing.
-    let same: Value =
-        app.patch(&path, &key, &json!({"name": "stats", "is_active": true})).await.json().await.unwrap();
+    let same =
+        app.update_endpoint(project, &key, "stats", &json!({"name": "stats", "is_active": true})).await;
     assert_eq!(same, created);
 
-    let inactive: Value = app
-        .patch(&path, &key, &json!({"is_active": false, "cache_age_seconds": null}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(inactive["is_active"], false);
-    assert_ne!(inactive["updated_at"], created["updated_at"]);
-    assert_eq!(inactive["created_at"], created["created_at"]);
+    let inactive = app
+        .update_endpoint(project, &key, "stats", &json!({"is_active": false, "cache_age_seconds": null}))
+        .await;
+    assert!(!inactive.is_active);
+    assert_ne!(inactive.updated_at, created.updated_at);
+    assert_eq!(inactive.created_at, created.created_at);
 }
 
 #[tokio::test]

@@ -563,7 +563,7 @@ async fn a_fold_killed_mid_way_is_done_again_after_its_lease_and_equals_the_live
                             WHERE country != {variables.not} GROUP BY vip ORDER BY vip",
                   "variables": {"not": {"type": "String", "default": "C1"}}},
     });
-    let id = app.create_endpoint(project, &key, &body).await["id"].as_str().unwrap().to_owned();
+    let id = app.create_endpoint(project, &key, &body).await.id.to_string();
     let data_dir = crate::helpers::DataDir(app.data_dir.clone());
     let status_path = format!("/api/projects/{project}/endpoints/by-vip/materialization_status");
     let deadline = Instant::now() + Duration::from_secs(60);

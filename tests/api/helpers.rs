@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use http_actix::api::{Endpoint, Materialization};
 use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{json, Value};
 use server::{Application, Config};
@@ -230,10 +231,24 @@ impl TestApp {
         self.request(Method::DELETE, path, Some(key)).send().await.unwrap()
     }
 
-    /// Creates an endpoint and returns its JSON, asserting 201.
-    pub async fn create_endpoint(&self, project: i64, key: &str, body: &Value) -> Value {
+    /// Creates an endpoint and returns its record, asserting 201.
+    pub async fn create_endpoint(&self, project: i64, key: &str, body: &Value) -> Endpoint {
         let response = self.post(&format!("/api/projects/{project}/endpoints/"), key, body).await;
         assert_eq!(response.status(), 201, "create failed");
+        response.json().await.unwrap()
+    }
+
+    /// An endpoint's record, asserting 200.
+    pub async fn endpoint(&self, project: i64, key: &str, name: &str) -> Endpoint {
+        let response = self.get(&format!("/api/projects/{project}/endpoints/{name}"), key).await;
+        assert_eq!(response.status(), 200, "reading {name} failed");
+        response.json().await.unwrap()
+    }
+
+    /// An update of an endpoint, answered with its record (asserting 200).
+    pub async fn update_endpoint(&self, project: i64, key: &str, name: &str, body: &Value) -> Endpoint {
+        let response = self.patch(&format!("/api/projects/{project}/endpoints/{name}"), key, body).await;
+        assert_eq!(response.status(), 200, "updating {name} failed");
         response.json().await.unwrap()
     }
 

@@ -1,5 +1,6 @@
 //! Runs (GET and POST) and last execution times over a dataset the test writes, with aggregates known in advance.
 
+use domain::ColumnType;
 use serde_json::{json, Value};
 
 use crate::helpers::{
@@ -25,10 +26,11 @@ async fn runs_answer_real_numbers_under_both_families() {
         "SELECT country, sum(amount) AS total, count(*) AS n FROM sales GROUP BY country ORDER BY total DESC",
     );
     let created = app.create_endpoint(project, &key, &body).await;
-    assert_eq!(
-        created["columns"],
-        json!([{"name": "country", "type": "string"}, {"name": "total", "type": "float"}, {"name": "n", "type": "integer"}])
-    );
+    let columns: Vec<(String, ColumnType)> =
+        created.columns.unwrap().into_iter().map(|c| (c.name, c.column_type)).collect();
+    let expected =
+        [("country", ColumnType::String), ("total", ColumnType::Float), ("n", ColumnType::Integer)];
+    assert_eq!(columns, expected.map(|(name, t)| (name.to_owned(), t)));
     for family in FAMILIES {
         for (method, slash) in [(reqwest::Method::GET, ""), (reqwest::Method::POST, "/")] {
             let path = format!("{family}/{project}/endpoints/by-country/run{slash}");

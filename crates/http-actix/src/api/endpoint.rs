@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::names;
 
 /// An output column of a query.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Column {
     pub name: String,
     #[serde(rename = "type")]
@@ -33,7 +33,7 @@ fn columns(columns: Vec<domain::Column>) -> Vec<Column> {
 }
 
 /// A declared variable, in its canonical form.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Variable {
     #[serde(rename = "type")]
     #[schema(schema_with = names::variable_type)]
@@ -47,7 +47,7 @@ pub struct Variable {
 }
 
 /// The saved query, in its canonical form: what a client sent, with every declaration written in full.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Query {
     #[schema(schema_with = names::query_kind)]
     pub kind: Cow<'static, str>,
@@ -76,7 +76,7 @@ impl From<domain::Query> for Query {
 }
 
 /// The materialization status of an endpoint's current version.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Materialization {
     pub name: String,
     pub version: u32,
@@ -169,7 +169,7 @@ impl From<MaterializationView> for Materialization {
 }
 
 /// An endpoint.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Endpoint {
     pub id: Uuid,
     pub name: String,
@@ -260,7 +260,7 @@ pub(crate) struct Version {
 
 /// An output column of the version before that a version removed (`to` null) or retyped. A renamed column is
 /// a removal (and an addition, which breaks nothing).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BreakingChange {
     pub column: String,
     #[schema(schema_with = names::column_change)]
