@@ -111,7 +111,7 @@ error_codes! {
         "a body whose `Content-Type` the route does not read: JSON, or a table's CSV, NDJSON or Parquet"),
     Throttled = ("throttled", 429, Throttled,
         "the project already runs its maximum of queries (default 4: runs, dry runs, the planning of a created or \
-         updated endpoint, exports and refreshes together), or the memory the server gives all \
+         updated endpoint and exports together), or the memory the server gives all \
          queries together (`--max-memory`) is held by other queries now, or an exported page does not fit beside \
          the pages waiting for their readers (`--max-export-spool`); `Retry-After` says when to retry"),
     RateLimited = ("rate_limited", 429, Throttled,

@@ -3,10 +3,10 @@
 //!
 //! A query of a project takes, in this order:
 //! - one of its project's **slots** ([`EngineLimits::max_concurrent_per_project`]) for as long as it plans and
-//!   computes. Runs, dry runs (planning), exports and reads of stored results that a caller waits for take one
-//!   at once or are refused with [`EngineError::Busy`] (429 with `Retry-After`); refreshes and folds, which no
-//!   caller waits for, queue for one within the refresh timeout. So a project's work of every kind together
-//!   uses at most its slots, and a full project is told so the same way whatever it asked for.
+//!   computes. Runs, dry runs (planning), exports and reads of stored results take one at once or are refused
+//!   with [`EngineError::Busy`] (429 with `Retry-After`), so a full project is told so the same way whatever it
+//!   asked for. Refreshes and folds take none: holding the project's slots, they answered its own runs 429
+//!   (their cores are shared through the turns below, their memory through the pool).
 //! - its **turns** on the engine's cores among every project's queries ([`fair`]) while it executes;
 //! - its **memory**, within its own limit and what every query holds together ([`QueryPool`]);
 //! - for an export, its page's size of the **spool** once written: the slot is given back and the page's file
@@ -70,13 +70,6 @@ impl Admission {
     /// One of `project`'s slots now, for work a caller waits for; [`EngineError::Busy`] when all are taken.
     pub(crate) fn enter(&self, project: ProjectId) -> Result<Slot, EngineError> {
         self.slots_of(project).try_acquire_owned().map_err(|_| self.busy())
-    }
-
-    /// One of `project`'s slots once free, for work no caller waits for (the caller bounds the wait).
-    pub(crate) async fn queue(&self, project: ProjectId) -> Slot {
-        let semaphore = self.slots_of(project);
-        // The semaphores are never closed.
-        semaphore.acquire_owned().await.expect("a project's slots are never closed")
     }
 
     /// A query's turns on the engine's cores, once it executes.
@@ -189,24 +182,20 @@ mod tests {
     #[tokio::test]
     async fn idle_projects_are_forgotten_and_busy_ones_keep_their_slots() {
         let limits = EngineLimits { max_concurrent_per_project: 2, ..EngineLimits::default() };
-        let admission = Arc::new(Admission::new(&limits));
-        // Project 1 holds both its slots; project 2 queues for one of its own after holding the only other.
+        let admission = Admission::new(&limits);
+        // Projects 1 and 2 hold both their slots.
         let held = [admission.enter(project(1)).unwrap(), admission.enter(project(1)).unwrap()];
         let other = admission.enter(project(2)).unwrap();
         let _second = admission.enter(project(2)).unwrap();
-        let queued = tokio::spawn({
-            let admission = Arc::clone(&admission);
-            async move { drop(admission.queue(project(2)).await) }
-        });
         // Ten thousand projects run one query each, one after the other.
         for id in 3..10_003 {
             drop(admission.enter(project(id)).unwrap());
         }
         assert!(admission.kept() < 200, "idle projects are forgotten: {} kept", admission.kept());
         assert!(matches!(admission.enter(project(1)), Err(EngineError::Busy { .. })), "still full");
-        assert!(!queued.is_finished(), "queued behind project 2's two slots");
+        assert!(matches!(admission.enter(project(2)), Err(EngineError::Busy { .. })), "kept, still full");
         drop(other);
-        queued.await.unwrap();
+        drop(admission.enter(project(2)).unwrap());
         drop(held);
         assert!(admission.enter(project(1)).is_ok());
     }

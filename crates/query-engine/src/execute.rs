@@ -35,7 +35,7 @@ pub struct EngineLimits {
     /// query that needs more while others hold it waits its turn (429).
     pub server_memory: usize,
     /// Queries one project may plan or run at once ([`crate::admission`]): more runs, dry runs and exports are
-    /// refused with 429, more refreshes wait.
+    /// refused with 429 (refreshes take none).
     pub max_concurrent_per_project: usize,
     /// What a refused caller is told to wait.
     pub retry_after: Duration,

@@ -549,11 +549,9 @@ impl ResultStorage for DataFusionEngine {
         let prefix = resolve(project, location)?;
         let (engine, query, target) = (self.clone(), query.clone(), prefix.clone());
         let limit = self.limits.refresh_timeout;
-        // A refresh is its project's work as a run is: it queues for one of the project's slots.
-        let work = self.runtime.run(async move {
-            let _slot = engine.admission.queue(project).await;
-            engine.write_here(project, &query, &target).await
-        });
+        // A refresh takes no slot of its project: with its runs' slots, the project's own refreshes would answer its
+        // runs 429 (measured: a demo project's first refreshes made a single client's runs 429).
+        let work = self.runtime.run(async move { engine.write_here(project, &query, &target).await });
         let written = tokio::time::timeout(limit, work).await.unwrap_or(Err(EngineError::Timeout(limit)));
         if written.is_err() {
             // The write's own error is the one to report; a leftover is the sweep's to remove.
@@ -579,10 +577,9 @@ impl ResultStorage for DataFusionEngine {
         let (source, target) = (resolve(project, &from.location)?, resolve(project, to)?);
         let (engine, query, into, rows) = (self.clone(), query.clone(), target.clone(), from.row_count);
         let limit = self.limits.refresh_timeout;
-        let work = self.runtime.run(async move {
-            let _slot = engine.admission.queue(project).await;
-            engine.fold_here(project, &query, (&source, rows, &coverage), &into).await
-        });
+        let work = self
+            .runtime
+            .run(async move { engine.fold_here(project, &query, (&source, rows, &coverage), &into).await });
         let folded = tokio::time::timeout(limit, work).await.unwrap_or(Err(EngineError::Timeout(limit)));
         if folded.is_err() {
             if let Err(err) = self.storage.remove_prefix(&target).await {
