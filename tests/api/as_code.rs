@@ -336,6 +336,7 @@ proptest::proptest! {
         sql in "[ \t\r\n#:|>'\"\\-a-zA-Z0-9{}.é中]{0,80}",
         description in "[ \t\n#:|>'\"\\-a-z]{0,40}",
         default in proptest::option::of("[ \n#:'a-z0-9]{0,12}"),
+        hibernate_after_days in proptest::option::of(proptest::option::of(1..3650_u32)),
     ) {
         use server::cli::code::files::{EndpointFile, Sql, VariableFile};
         let mut variables = std::collections::BTreeMap::new();
@@ -355,6 +356,7 @@ proptest::proptest! {
             is_materialized: false,
             sync_frequency: None,
             freshness_seconds: None,
+            hibernate_after_days,
         };
         let text = file.to_yaml().unwrap();
         let read: EndpointFile = serde_saphyr::from_str(&text).unwrap();
@@ -455,14 +457,15 @@ async fn a_hostile_server_can_neither_exhaust_the_cli_nor_write_to_its_terminal(
         let endpoint = r#"{"id": "00000000-0000-0000-0000-000000000001", "name": "e", "description": "",
             "query": {"kind": "SQLQuery", "query": "SELECT 1", "variables": {}}, "derived_from_insight": null,
             "is_active": true, "is_materialized": false, "cache_age_seconds": null, "sync_frequency": null,
-            "freshness_seconds": 60, "current_version": 1, "versions_count": 1, "columns": [], "plan_error": null,
+            "freshness_seconds": 60, "hibernate_after_days": 7, "current_version": 1, "versions_count": 1,
+            "columns": [], "plan_error": null,
             "endpoint_path": "/api/projects/1/endpoints/e/run", "created_at": "2026-01-01T00:00:00Z",
             "updated_at": "2026-01-01T00:00:00Z", "last_executed_at": null,
             "materialization": {"name": "e", "version": 1, "is_materialized": false, "status": "NotMaterialized",
                 "sync_frequency": null, "last_materialized_at": null, "next_run_at": null, "row_count": null,
                 "freshness_seconds": 60, "data_as_of": null, "appended_since": null, "full_refreshes": 0,
-                "last_folded_at": null, "rows_folded": 0, "grouping": null, "error": null, "can_materialize": true,
-                "reason": null}}"#;
+                "last_folded_at": null, "rows_folded": 0, "hibernate_after_days": 7, "hibernated_at": null,
+                "grouping": null, "error": null, "can_materialize": true, "reason": null}}"#;
         let page = format!(
             "{{\"count\": 1000000, \"next\": \"more\", \"previous\": null, \"results\": [{}]}}",
             vec![endpoint; 1000].join(",")

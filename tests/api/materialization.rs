@@ -86,6 +86,14 @@ const TOTALS: &str = "SELECT vip, count(*) AS orders, sum(quantity) AS items, av
                       WHERE at >= {variables.since} AND at < {variables.until} AND country != {variables.not} \
                       GROUP BY vip ORDER BY orders DESC, vip";
 
+fn totals() -> Value {
+    json!({"kind": "SQLQuery", "query": TOTALS, "variables": {
+        "since": {"type": "Date", "default": "2026-01-01"},
+        "until": {"type": "Date", "default": "2026-02-01"},
+        "not": {"type": "String", "default": "ZZ"},
+    }})
+}
+
 #[tokio::test]
 async fn a_rollup_answers_runs_as_the_live_query_does_and_shows_its_grouping() {
     let app = spawn_app_tuned(quick_worker).await;
@@ -526,12 +534,7 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     }
     let plain = json!({"name": "plain", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     assert_eq!(app.create_endpoint(project, &key, &plain).await.freshness_seconds, 60);
-    let totals = json!({"kind": "SQLQuery", "query": TOTALS, "variables": {
-        "since": {"type": "Date", "default": "2026-01-01"},
-        "until": {"type": "Date", "default": "2026-02-01"},
-        "not": {"type": "String", "default": "ZZ"},
-    }});
-    for (name, sql) in [("by_country", by_country(BY_COUNTRY)), ("totals", totals)] {
+    for (name, sql) in [("by_country", by_country(BY_COUNTRY)), ("totals", totals())] {
         let body = json!({"name": name, "is_materialized": true, "freshness_seconds": 1, "query": sql});
         assert_eq!(app.create_endpoint(project, &key, &body).await.freshness_seconds, 1);
     }
@@ -619,4 +622,104 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     assert_eq!(csv.status(), 200);
     assert_eq!(csv.headers()["x-endpoint-materialized"], "false");
     assert!(csv.headers().contains_key("x-data-as-of"));
+}
+
+/// Polls the materialization status until `done` holds of it.
+async fn wait_until(
+    app: &TestApp,
+    project: i64,
+    key: &str,
+    name: &str,
+    done: impl Fn(&Materialization) -> bool,
+) -> Materialization {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let current = status(app, project, key, name).await;
+        if done(&current) {
+            return current;
+        }
+        assert!(Instant::now() < deadline, "{name} never got there: {current:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A materialized endpoint nobody runs for its `hibernate_after_days` is neither refreshed nor folded (status
+/// `Hibernating`, since when); its next run answers live and wakes it, and what was appended meanwhile reaches
+/// its stored result. The days pass on the service's clock, which the test moves.
+#[tokio::test]
+async fn an_unused_materialization_hibernates_and_its_next_run_wakes_it() {
+    use domain::Clock as _;
+    let clock = std::sync::Arc::new(domain::testing::ManualClock::new(domain::SystemClock.now()));
+    let app = spawn_app_tuned(|config| {
+        quick_worker(config);
+        config.flush_interval = Duration::from_millis(50);
+        config.clock = server::ServiceClock(clock.clone());
+    })
+    .await;
+    let (project, key) = project_with_sales(&app);
+    let (_, writer) = app.create_key(project, &["table:write"]);
+    for bad in [json!(0), json!(3651), json!("7"), json!(1.5)] {
+        let body = json!({"name": "bad", "hibernate_after_days": bad, "query": totals()});
+        let response = app.post(&format!("/api/projects/{project}/endpoints"), &key, &body).await;
+        let refused = assert_error(response, 400, "validation_error").await;
+        assert_eq!(refused["attr"], "hibernate_after_days", "{bad}");
+    }
+    let plain = json!({"name": "plain", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
+    assert_eq!(app.create_endpoint(project, &key, &plain).await.hibernate_after_days, Some(7), "the default");
+    let mut created = Vec::new();
+    for (name, days) in [("sleepy", Some(2)), ("awake", None)] {
+        let body = json!({"name": name, "is_materialized": true, "freshness_seconds": 1,
+                          "hibernate_after_days": days, "query": totals()});
+        let endpoint = app.create_endpoint(project, &key, &body).await;
+        assert_eq!(endpoint.hibernate_after_days, days);
+        created.push(endpoint);
+    }
+    for name in ["sleepy", "awake"] {
+        assert_eq!(wait_for(&app, project, &key, name, "Completed", 1).await.hibernated_at, None);
+    }
+
+    clock.advance(Duration::from_secs(3 * 86_400));
+    let later = Some(clock.now());
+    let asleep = status(&app, project, &key, "sleepy").await;
+    let since = created[0].updated_at + Duration::from_secs(2 * 86_400);
+    assert_eq!(
+        (&*asleep.status, asleep.hibernated_at, asleep.next_run_at),
+        ("Hibernating", Some(since), None)
+    );
+    let record = app.endpoint(project, &key, "sleepy").await;
+    assert_eq!(record.materialization.status, "Hibernating");
+    // Both are past their daily refresh: the one awake is refreshed (a rollup with nothing appended, by a fold
+    // of no rows), the one asleep is not (one worker pass claims both when both are due).
+    let refreshed = wait_until(&app, project, &key, "awake", |m| m.last_materialized_at >= later).await;
+    assert_eq!((&*refreshed.status, refreshed.hibernated_at), ("Completed", None));
+    let still = status(&app, project, &key, "sleepy").await;
+    assert_eq!((&*still.status, still.full_refreshes), ("Hibernating", 1));
+    assert!(still.last_materialized_at < later, "{still:?}");
+
+    // A row appended now, past both freshnesses: the one awake takes it in, the one asleep does not.
+    append_sales(&app, project, &writer, "900,US,1000,9,2026-01-05,2026-01-05T10:00:00,true\n").await;
+    clock.advance(Duration::from_secs(2));
+    wait_until(&app, project, &key, "awake", |m| m.rows_folded == 1).await;
+    let still = status(&app, project, &key, "sleepy").await;
+    assert_eq!((&*still.status, still.full_refreshes, still.rows_folded), ("Hibernating", 1, 0));
+
+    // Its next run answers live, with the appended row, and wakes it: the row then reaches its stored result.
+    let vars = json!({"since": "2026-01-01", "until": "2027-01-01", "not": "XX"});
+    let live = run(&app, project, &key, "sleepy", &json!({"variables": vars, "refresh": "direct"})).await;
+    let first = run(&app, project, &key, "sleepy", &json!({"variables": vars})).await;
+    assert_eq!(
+        (first["endpoint_materialized"].as_bool(), &first["results"]),
+        (Some(false), &live["results"])
+    );
+    let woken =
+        wait_until(&app, project, &key, "sleepy", |m| m.status == "Completed" && m.rows_folded == 1).await;
+    assert_eq!(woken.hibernated_at, None, "{woken:?}");
+    // Other variables than the run cached: read from the stored result, equal to the live answer.
+    let vars = json!({"since": "2026-01-01", "until": "2027-01-01", "not": "YY"});
+    let live = run(&app, project, &key, "sleepy", &json!({"variables": vars, "refresh": "direct"})).await;
+    let stored = run(&app, project, &key, "sleepy", &json!({"variables": vars})).await;
+    assert_eq!(
+        (stored["endpoint_materialized"].as_bool(), &stored["results"]),
+        (Some(true), &live["results"])
+    );
 }

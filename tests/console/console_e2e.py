@@ -237,8 +237,30 @@ def materialize(page):
     page.get_by_test_id("freshness").select_option("5")
     expect(page.get_by_test_id("freshness")).to_have_value("5")
     expect(page.get_by_test_id("freshness")).to_be_enabled()
+    # So is when it hibernates, a week without a run unless set; "never" is a null.
+    expect(page.get_by_test_id("hibernation")).to_have_value("7")
+    expect(page.get_by_test_id("hibernated")).to_have_count(0)
+    page.get_by_test_id("hibernation").select_option("never")
+    expect(page.get_by_test_id("hibernation")).to_have_value("never")
+    expect(page.get_by_test_id("hibernation")).to_be_enabled()
+    page.get_by_test_id("hibernation").select_option("30")
+    expect(page.get_by_test_id("hibernation")).to_have_value("30")
     accessible(page, "materialization")
     shot(page, "07-materialization")
+    # A month without a run is not waited for here: the service's own status, as it reads once the endpoint
+    # hibernates, is replayed to the page.
+    def asleep(route):
+        status = route.fetch().json()
+        status.update(status="Hibernating", hibernated_at="2026-11-01T10:00:00Z", next_run_at=None)
+        route.fulfill(json=status)
+
+    status_path = re.compile(r".*/endpoints/sales-by-day/materialization_status$")
+    page.route(status_path, asleep)
+    page.get_by_test_id("hibernation").select_option("7")
+    expect(page.get_by_test_id("materialization-status")).to_have_text("Hibernating")
+    expect(page.get_by_test_id("hibernated")).to_contain_text("its next run answers live and wakes it")
+    shot(page, "07-hibernating")
+    page.unroute(status_path)
     page.get_by_test_id("tab-run").click()
     page.get_by_test_id("run").click()
     expect(page.get_by_test_id("run-source")).to_contain_text("materialized")

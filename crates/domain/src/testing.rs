@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::access::{hash_secret, ApiKey, Principal, ProjectId, Scope};
 use crate::clock::{Clock, Timestamp};
-use crate::endpoints::{CacheAge, Endpoint, EndpointName, EndpointVersion, Freshness};
+use crate::endpoints::{CacheAge, Endpoint, EndpointName, EndpointVersion, Freshness, Hibernation};
 use crate::materialization::Eligibility;
 use crate::query::Query;
 
@@ -88,6 +88,7 @@ pub fn endpoint(name: &str, query: Query) -> Endpoint {
         cache_age: CacheAge::default(),
         sync_frequency: None,
         freshness: Freshness::default(),
+        hibernation: Hibernation::default(),
         current_version: 1,
         versions_count: 1,
         columns: Vec::new(),
@@ -98,6 +99,7 @@ pub fn endpoint(name: &str, query: Query) -> Endpoint {
         tables: Some(Vec::new()),
         plan_error: None,
         materialization: None,
+        hibernated_at: None,
     }
 }
 

@@ -14,7 +14,7 @@ use domain::{
     ProjectAccess, ProjectId, ProjectStore, Query, Rollup, RollupColumn, Scope, StoreError, StoredColumn,
     StoredResult, Switch, SyncFrequency, TableAnnouncer, TableLeases, TableName, Timestamp, TokenSecret,
 };
-use domain::{AppendKeyState, AppendKeys, Freshness, IdempotencyKey, Written};
+use domain::{AppendKeyState, AppendKeys, Freshness, Hibernation, IdempotencyKey, Written};
 use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
@@ -90,6 +90,7 @@ contract!(
     appends_make_a_materialization_due_within_its_freshness,
     materialization_records_follow_the_lease,
     materialization_follows_the_endpoint,
+    an_unused_materialization_hibernates_until_it_runs_or_changes,
     a_version_planned_again_records_its_columns_or_why_it_no_longer_plans,
     the_readers_of_a_table_follow_each_current_version,
     table_leases_are_held_by_one_holder_until_released_or_expired,
@@ -230,6 +231,7 @@ fn new_endpoint(project: ProjectId, raw_name: &str) -> NewEndpoint {
         cache_age: CacheAge::new(Some(60)).unwrap(),
         sync_frequency: None,
         freshness: Freshness::default(),
+        hibernation: Hibernation::default(),
         created_at: T0,
     }
 }
@@ -341,11 +343,13 @@ async fn settings_changes_keep_the_version(store: DieselStore) {
         cache_age: Some(CacheAge::default()),
         derived_from_insight: Some(None),
         freshness: Some(Freshness::new(Some(5)).unwrap()),
+        hibernation: Some(Hibernation::NEVER),
         query: None,
     };
     let updated = EndpointStore::update(&store, p, &name("daily"), change, later).await.unwrap();
     assert_eq!(updated.current_version, 1);
     assert_eq!(updated.freshness.configured(), Some(5));
+    assert_eq!(updated.hibernation, Hibernation::NEVER);
     assert_eq!(updated.description, "new words");
     assert!(!updated.is_active && updated.is_materialized);
     assert_eq!(updated.sync_frequency, Some(SyncFrequency::OneHour));
@@ -895,6 +899,76 @@ async fn materialization_follows_the_endpoint(store: DieselStore) {
         .unwrap();
     assert_eq!(lost, Switch::Lost, "a refresh of a deleted endpoint switches nothing");
     EndpointStore::delete(&store, p, &name("off")).await.unwrap();
+}
+
+/// The store's claims follow the domain's rule (`Endpoint::hibernates_at`): an endpoint not run nor changed for its
+/// `hibernate_after_days` is never due, until a run or a change wakes it; one that never hibernates stays due.
+async fn an_unused_materialization_hibernates_until_it_runs_or_changes(store: DieselStore) {
+    let _serial = CLAIMING.lock().await;
+    let p = project(&store).await;
+    let (day, secs) = (Duration::from_secs(86_400), Duration::from_secs);
+    // A month before the other tests' times, so that no claim here takes another test's records.
+    let born = T0 - 30 * day;
+    let insert = async |raw: &str, hibernation: Hibernation| {
+        let new = NewEndpoint {
+            is_materialized: true,
+            sync_frequency: Some(SyncFrequency::OneHour),
+            hibernation,
+            created_at: born,
+            ..new_endpoint(p, raw)
+        };
+        EndpointStore::insert(&store, new).await.unwrap()
+    };
+    let week = insert("weekly", Hibernation::DEFAULT).await;
+    let two = insert("two-days", Hibernation::new(Some(2)).unwrap()).await;
+    let never = insert("never", Hibernation::NEVER).await;
+    assert_eq!(week.hibernates_at(), Some(born + 7 * day));
+    assert_eq!((two.hibernates_at(), never.hibernates_at()), (Some(born + 2 * day), None));
+    let due = async |at: Timestamp| {
+        let claims = claims_of(&store, p, at).await;
+        // Each is left due again at once: due on every later claim while awake.
+        for claim in &claims {
+            let done = MaterializationRecords::complete(
+                &store,
+                claim.endpoint_id,
+                claim.token,
+                stored("r", 1, at),
+                at,
+                None,
+            );
+            assert!(matches!(done.await.unwrap(), Switch::Switched { .. }));
+        }
+        let mut names: Vec<String> = claims.into_iter().map(|c| c.name.to_string()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(due(born).await, ["never", "two-days", "weekly"]);
+    assert_eq!(due(born + 2 * day - secs(1)).await, ["never", "two-days", "weekly"]);
+    assert_eq!(due(born + 2 * day).await, ["never", "weekly"], "asleep at its hibernates_at");
+    // A change wakes it.
+    let change = EndpointChange { description: Some("woken".into()), ..Default::default() };
+    let changed = born + 2 * day + secs(10);
+    EndpointStore::update(&store, p, &name("two-days"), change, changed).await.unwrap();
+    assert_eq!(due(changed + secs(1)).await, ["never", "two-days", "weekly"]);
+    assert_eq!(
+        due(born + 7 * day).await,
+        ["never"],
+        "both asleep: a week unused, and two days since the change"
+    );
+    // A run wakes it; the days count from the run.
+    let ran = born + 8 * day;
+    EndpointStore::record_executions(&store, vec![(p, name("weekly"), ran)]).await.unwrap();
+    let woken = EndpointStore::get(&store, p, &name("weekly")).await.unwrap();
+    assert_eq!(woken.hibernates_at(), Some(ran + 7 * day));
+    assert_eq!(due(ran + secs(1)).await, ["never", "weekly"]);
+    assert_eq!(due(ran + 7 * day - secs(1)).await, ["never", "weekly"]);
+    assert_eq!(due(ran + 7 * day).await, ["never"]);
+    // Left not due for the other tests' claims: a refresh far away, and not a record to take over.
+    let claim = claims_of(&store, p, ran + 8 * day).await.pop().expect("the one that never hibernates");
+    let far = T0 + 3650 * day;
+    MaterializationRecords::complete(&store, never.id, claim.token, stored("r", 1, far), far, None)
+        .await
+        .unwrap();
 }
 
 /// Waits for a change `wanted` accepts, skipping those of tests running at the same time on the same database.

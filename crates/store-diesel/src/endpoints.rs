@@ -14,7 +14,8 @@ use crate::changes::announce;
 use crate::connection::AnyConnection;
 use crate::error::DbError;
 use crate::rows::{
-    breaking_changes_text, columns_text, eligibility_text, micros, tables_text, EndpointRow, VersionRow,
+    breaking_changes_text, columns_text, eligibility_text, hibernation_days, micros, tables_text,
+    EndpointRow, VersionRow,
 };
 use crate::schema::{endpoint_reads, endpoint_versions, endpoints, materializations};
 use crate::DieselStore;
@@ -96,6 +97,7 @@ struct EndpointUpdate {
     cache_age_seconds: Option<Option<i64>>,
     sync_frequency: Option<Option<String>>,
     freshness_seconds: Option<Option<i64>>,
+    hibernate_after_days: Option<Option<i64>>,
     current_version: i64,
     updated_at: i64,
 }
@@ -217,6 +219,7 @@ fn apply_change(
             cache_age_seconds: cache_age,
             sync_frequency,
             freshness_seconds: change.freshness.map(|f| f.configured().map(i64::from)),
+            hibernate_after_days: change.hibernation.map(|h| Some(hibernation_days(h))),
             current_version,
             updated_at: at,
         })
@@ -246,6 +249,7 @@ impl EndpointStore for DieselStore {
             updated_at: at,
             last_executed_at: None,
             freshness_seconds: endpoint.freshness.configured().map(i64::from),
+            hibernate_after_days: Some(hibernation_days(endpoint.hibernation)),
         };
         let version = VersionRow {
             endpoint_id: row.id.clone(),

@@ -6,8 +6,9 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use domain::{
-    attempt_location, Claim, Coverage, EndpointName, Freshness, MaterializationRecords, MaterializationState,
-    MaterializationStatus, ProjectId, StoreError, StoredResult, Switch, SyncFrequency, Timestamp,
+    attempt_location, Claim, Coverage, EndpointName, Freshness, Hibernation, MaterializationRecords,
+    MaterializationState, MaterializationStatus, ProjectId, StoreError, StoredResult, Switch, SyncFrequency,
+    Timestamp,
 };
 use tracing::instrument;
 use uuid::Uuid;
@@ -94,6 +95,9 @@ struct Candidate {
     record_next_run_at: Option<i64>,
 }
 
+/// A day in the stored unit of time.
+const DAY_MICROS: i64 = 86_400 * 1_000_000;
+
 fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>, DbError> {
     let running = MaterializationStatus::Running.as_str();
     let failed = MaterializationStatus::Failed.as_str();
@@ -101,10 +105,18 @@ fn due(conn: &mut AnyConnection, now: i64, max: usize) -> Result<Vec<Candidate>,
     let fresh_by = materializations::appended_since.nullable()
         + (coalesce(endpoints::freshness_seconds, i64::from(Freshness::DEFAULT_SECONDS)) * 1_000_000_i64)
             .nullable();
+    // Awake (see `Endpoint::hibernates_at`): it never hibernates (0), or it ran or changed within its days.
+    let days = coalesce(endpoints::hibernate_after_days, i64::from(Hibernation::DEFAULT_DAYS));
+    let awake_for = days * DAY_MICROS;
+    let awake = days
+        .eq(0)
+        .or((endpoints::updated_at + awake_for).gt(now))
+        .or((endpoints::last_executed_at + awake_for.nullable()).gt(now));
     Ok(endpoints::table
         .left_join(materializations::table.on(materializations::endpoint_id.eq(endpoints::id)))
         .filter(endpoints::is_materialized.eq(true))
         .filter(endpoints::is_active.eq(true))
+        .filter(awake)
         .filter(
             materializations::endpoint_id
                 .nullable()

@@ -3,7 +3,8 @@
 use diesel::prelude::*;
 use domain::{
     BreakingChange, CacheAge, Column, CompareOp, Eligibility, Endpoint, EndpointName, EndpointVersion,
-    Freshness, MaterializedFilter, ProjectId, Query, Rollup, StoredColumn, SyncFrequency, Timestamp,
+    Freshness, Hibernation, MaterializedFilter, ProjectId, Query, Rollup, StoredColumn, SyncFrequency,
+    Timestamp,
 };
 use uuid::Uuid;
 
@@ -30,6 +31,21 @@ pub(crate) fn version_number(raw: i64) -> Result<u32, DbError> {
 
 fn cache_age(raw: Option<i64>) -> Result<CacheAge, DbError> {
     CacheAge::new(raw).map_err(|e| DbError::Corrupt(e.detail))
+}
+
+/// `hibernate_after_days` as stored: NULL is the default (a row written before the setting, or by an earlier
+/// release), 0 is never.
+pub(crate) fn hibernation(raw: Option<i64>) -> Result<Hibernation, DbError> {
+    match raw {
+        None => Ok(Hibernation::DEFAULT),
+        Some(0) => Ok(Hibernation::NEVER),
+        Some(days) => Hibernation::new(Some(days)).map_err(|e| DbError::Corrupt(e.detail)),
+    }
+}
+
+/// The stored form [`hibernation`] reads.
+pub(crate) fn hibernation_days(hibernation: Hibernation) -> i64 {
+    hibernation.days().map_or(0, i64::from)
 }
 
 fn sync_frequency(raw: Option<&str>) -> Result<Option<SyncFrequency>, DbError> {
@@ -140,6 +156,7 @@ pub(crate) struct EndpointRow {
     pub updated_at: i64,
     pub last_executed_at: Option<i64>,
     pub freshness_seconds: Option<i64>,
+    pub hibernate_after_days: Option<i64>,
 }
 
 #[derive(Debug, Clone, Queryable, Selectable, Insertable)]
@@ -174,6 +191,7 @@ impl EndpointRow {
             cache_age: cache_age(self.cache_age_seconds)?,
             sync_frequency: sync_frequency(self.sync_frequency.as_deref())?,
             freshness: Freshness::new(self.freshness_seconds).map_err(|e| DbError::Corrupt(e.detail))?,
+            hibernation: hibernation(self.hibernate_after_days)?,
             current_version: version_number(self.current_version)?,
             // Versions are never deleted one by one and are numbered from 1 without gaps.
             versions_count: version_number(self.current_version)?,
@@ -185,6 +203,7 @@ impl EndpointRow {
             tables: tables(current.source_tables.as_deref())?,
             plan_error: current.plan_error.clone(),
             materialization: None,
+            hibernated_at: None,
         })
     }
 }

@@ -41,6 +41,7 @@ diesel::table! {
         updated_at -> BigInt,
         last_executed_at -> Nullable<BigInt>,
         freshness_seconds -> Nullable<BigInt>,
+        hibernate_after_days -> Nullable<BigInt>,
     }
 }
 

@@ -6,13 +6,13 @@
 use serde_json::Value;
 
 use super::model::EndpointName;
-use super::settings::{CacheAge, Freshness, SyncFrequency};
+use super::settings::{CacheAge, Freshness, Hibernation, SyncFrequency};
 use crate::error::Invalid;
 use crate::fields::Fields;
 use crate::query::Query;
 
 /// The fields a create or update body may carry.
-pub const ENDPOINT_FIELDS: [&str; 9] = [
+pub const ENDPOINT_FIELDS: [&str; 10] = [
     "name",
     "description",
     "query",
@@ -22,6 +22,7 @@ pub const ENDPOINT_FIELDS: [&str; 9] = [
     "cache_age_seconds",
     "sync_frequency",
     "freshness_seconds",
+    "hibernate_after_days",
 ];
 
 /// The update field that confirms a change breaking the callers of an endpoint that ran recently.
@@ -39,7 +40,7 @@ const UPDATE_FIELDS: [&str; ENDPOINT_FIELDS.len() + 1] = {
 };
 
 /// A new endpoint as a caller describes it. `None` takes the default: no description, active, not materialized,
-/// the default cache age and freshness, and the default sync frequency once materialized.
+/// the default cache age, freshness and hibernation, and the default sync frequency once materialized.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreateEndpoint {
     pub name: EndpointName,
@@ -51,6 +52,8 @@ pub struct CreateEndpoint {
     pub cache_age: Option<CacheAge>,
     pub sync_frequency: Option<SyncFrequency>,
     pub freshness: Option<Freshness>,
+    /// `Some(Hibernation::NEVER)` (an explicit null) never hibernates.
+    pub hibernation: Option<Hibernation>,
 }
 
 impl CreateEndpoint {
@@ -66,6 +69,7 @@ impl CreateEndpoint {
             cache_age: None,
             sync_frequency: None,
             freshness: None,
+            hibernation: None,
         }
     }
 
@@ -103,6 +107,10 @@ impl CreateEndpoint {
             "freshness_seconds".into(),
             or_null(self.freshness.and_then(Freshness::configured).map(Value::from)),
         );
+        body.insert(
+            "hibernate_after_days".into(),
+            or_null(self.hibernation.unwrap_or(Hibernation::DEFAULT).days().map(Value::from)),
+        );
         debug_assert!(body.keys().all(|key| ENDPOINT_FIELDS.contains(&key.as_str())));
         Value::Object(body)
     }
@@ -132,6 +140,7 @@ impl TryFrom<&Value> for CreateEndpoint {
             is_active: fields.bool("is_active")?,
             cache_age: cache_age_field(&fields)?,
             freshness: freshness_field(&fields)?,
+            hibernation: hibernation_field(&fields)?,
         })
     }
 }
@@ -151,6 +160,8 @@ pub struct EndpointPatch {
     pub sync_frequency: Option<Option<SyncFrequency>>,
     /// `Some(Freshness::DEFAULT)` (an explicit null) goes back to the default.
     pub freshness: Option<Freshness>,
+    /// `Some(Hibernation::NEVER)` (an explicit null) never hibernates.
+    pub hibernation: Option<Hibernation>,
     /// A query to save; it makes a new version only when its canonical form differs from the current one.
     pub query: Option<Query>,
     /// Saves a new version that breaks the callers of an endpoint that ran recently.
@@ -178,6 +189,7 @@ impl TryFrom<&Value> for EndpointPatch {
             cache_age: cache_age_field(&fields)?,
             sync_frequency: sync_frequency_field(&fields)?,
             freshness: freshness_field(&fields)?,
+            hibernation: hibernation_field(&fields)?,
             query,
         })
     }
@@ -196,6 +208,10 @@ fn cache_age_field(fields: &Fields<'_>) -> Result<Option<CacheAge>, Invalid> {
 
 fn freshness_field(fields: &Fields<'_>) -> Result<Option<Freshness>, Invalid> {
     fields.nullable_int("freshness_seconds")?.map(Freshness::new).transpose()
+}
+
+fn hibernation_field(fields: &Fields<'_>) -> Result<Option<Hibernation>, Invalid> {
+    fields.nullable_int("hibernate_after_days")?.map(Hibernation::new).transpose()
 }
 
 #[cfg(test)]
@@ -223,6 +239,7 @@ mod tests {
             cache_age: Some(CacheAge::new(Some(60)).unwrap()),
             sync_frequency: Some(SyncFrequency::parse("1hour").unwrap()),
             freshness: Some(Freshness::new(Some(5)).unwrap()),
+            hibernation: Some(Hibernation::NEVER),
             ..defaults.clone()
         };
         assert_eq!(CreateEndpoint::try_from(&set.to_body()).unwrap(), set);
@@ -235,14 +252,15 @@ mod tests {
                 is_materialized: Some(false),
                 cache_age: Some(CacheAge::DEFAULT),
                 freshness: Some(Freshness::DEFAULT),
+                hibernation: Some(Hibernation::DEFAULT),
                 ..defaults
             }
         );
         // As an update, the same body sets every field.
         let patch = EndpointPatch::try_from(&set.to_body()).unwrap();
         assert_eq!(
-            (patch.description, patch.is_active, patch.freshness),
-            (Some(Some("d".into())), Some(false), set.freshness)
+            (patch.description, patch.is_active, patch.freshness, patch.hibernation),
+            (Some(Some("d".into())), Some(false), set.freshness, Some(Hibernation::NEVER))
         );
     }
 
@@ -256,5 +274,11 @@ mod tests {
         assert_eq!(err.attr.as_deref(), Some("query"));
         let err = EndpointPatch::try_from(&json!({"rename": "x"})).unwrap_err();
         assert_eq!(err.attr.as_deref(), Some("rename"));
+        let never = EndpointPatch::try_from(&json!({"hibernate_after_days": null})).unwrap();
+        assert_eq!(never.hibernation, Some(Hibernation::NEVER));
+        for days in [json!(0), json!(3651), json!(1.5), json!("7")] {
+            let err = EndpointPatch::try_from(&json!({"hibernate_after_days": days})).unwrap_err();
+            assert_eq!(err.attr.as_deref(), Some("hibernate_after_days"), "{days}");
+        }
     }
 }

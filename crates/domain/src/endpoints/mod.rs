@@ -19,4 +19,4 @@ pub use ports::{EndpointChanges, EndpointStore};
 #[cfg(any(test, feature = "mocks"))]
 pub use ports::{MockEndpointChanges, MockEndpointStore};
 pub use service::{EndpointDeps, EndpointService, BREAKING_WINDOW};
-pub use settings::{CacheAge, Freshness, SyncFrequency};
+pub use settings::{CacheAge, Freshness, Hibernation, SyncFrequency};

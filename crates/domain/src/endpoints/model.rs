@@ -5,7 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::settings::{CacheAge, Freshness, SyncFrequency};
+use super::settings::{CacheAge, Freshness, Hibernation, SyncFrequency};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::error::{Error, Invalid};
@@ -86,6 +86,8 @@ pub struct Endpoint {
     pub sync_frequency: Option<SyncFrequency>,
     /// How soon appended rows reach the stored result.
     pub freshness: Freshness,
+    /// How long it keeps refreshing without a run.
+    pub hibernation: Hibernation,
     pub current_version: u32,
     pub versions_count: u32,
     /// Output columns of the current version.
@@ -101,6 +103,35 @@ pub struct Endpoint {
     pub plan_error: Option<String>,
     /// The materialization record, when the service has read it (the endpoint store leaves it `None`).
     pub materialization: Option<MaterializationState>,
+    /// Since when it hibernates, when the service read it hibernating (the endpoint store leaves it `None`).
+    pub hibernated_at: Option<Timestamp>,
+}
+
+impl Endpoint {
+    /// When a materialized endpoint hibernates (or hibernated): `hibernate_after_days` after it last ran or
+    /// changed, whichever was later. `None` when it is not materialized or never hibernates.
+    pub fn hibernates_at(&self) -> Option<Timestamp> {
+        self.hibernates_after(self.last_executed_at)
+    }
+
+    /// Whether it hibernates at `now`, having last run at `pending` if that is newer than the time the store
+    /// holds (a run on this node not yet written).
+    pub fn hibernating(&self, now: Timestamp, pending: Option<Timestamp>) -> bool {
+        self.hibernates_after(self.last_executed_at.max(pending)).is_some_and(|at| at <= now)
+    }
+
+    /// The endpoint as read at `now` (see [`Endpoint::hibernating`]): with its newest run and since when it
+    /// hibernates, if it does.
+    pub fn as_of(mut self, now: Timestamp, pending: Option<Timestamp>) -> Self {
+        self.last_executed_at = self.last_executed_at.max(pending);
+        self.hibernated_at = self.hibernates_at().filter(|at| *at <= now);
+        self
+    }
+
+    fn hibernates_after(&self, last_run: Option<Timestamp>) -> Option<Timestamp> {
+        let after = self.hibernation.after().filter(|_| self.is_materialized)?;
+        Some(last_run.map_or(self.updated_at, |ran| ran.max(self.updated_at)) + after)
+    }
 }
 
 /// One immutable query of an endpoint, with the settings it was saved with.
@@ -244,6 +275,7 @@ pub struct NewEndpoint {
     pub cache_age: CacheAge,
     pub sync_frequency: Option<SyncFrequency>,
     pub freshness: Freshness,
+    pub hibernation: Hibernation,
     pub created_at: Timestamp,
 }
 
@@ -257,6 +289,7 @@ pub struct EndpointChange {
     pub cache_age: Option<CacheAge>,
     pub sync_frequency: Option<Option<SyncFrequency>>,
     pub freshness: Option<Freshness>,
+    pub hibernation: Option<Hibernation>,
     /// A new version to save: the domain made one because the query's canonical form changed.
     pub query: Option<NewVersion>,
 }
@@ -316,6 +349,7 @@ impl NewEndpoint {
             cache_age: self.cache_age,
             sync_frequency: self.sync_frequency,
             freshness: self.freshness,
+            hibernation: self.hibernation,
             current_version: 1,
             versions_count: 1,
             columns: self.columns,
@@ -326,6 +360,7 @@ impl NewEndpoint {
             tables: Some(self.tables),
             plan_error: None,
             materialization: None,
+            hibernated_at: None,
         }
     }
 }
@@ -346,6 +381,7 @@ impl EndpointChange {
             cache_age,
             sync_frequency,
             freshness,
+            hibernation,
             query,
         } = self;
         endpoint.description = description.unwrap_or(endpoint.description);
@@ -355,6 +391,7 @@ impl EndpointChange {
         endpoint.cache_age = cache_age.unwrap_or(endpoint.cache_age);
         endpoint.sync_frequency = sync_frequency.unwrap_or(endpoint.sync_frequency);
         endpoint.freshness = freshness.unwrap_or(endpoint.freshness);
+        endpoint.hibernation = hibernation.unwrap_or(endpoint.hibernation);
         if let Some(NewVersion { number, planned }) = query {
             endpoint.current_version = number;
             endpoint.versions_count = number;
@@ -410,7 +447,46 @@ pub struct EndpointFilter {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::materialization::{MaterializationStatus, MaterializationView};
+    use crate::testing::{endpoint, query, T0};
+
+    /// A materialized endpoint hibernates `hibernate_after_days` after its last run or change, whichever came
+    /// later; its status says since when, and a run (even one not yet written to the store) wakes it.
+    #[test]
+    fn an_unused_materialized_endpoint_hibernates_until_it_runs() {
+        let day = Duration::from_secs(86_400);
+        let mut kpi =
+            endpoint("kpi", query(serde_json::json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})));
+        kpi.is_materialized = true;
+        kpi.sync_frequency = Some(SyncFrequency::DEFAULT);
+        assert_eq!(kpi.hibernates_at(), Some(T0 + 7 * day), "a week after its creation by default");
+        let six_days = kpi.clone().as_of(T0 + 6 * day, None);
+        assert_eq!(six_days.hibernated_at, None);
+        let asleep = kpi.clone().as_of(T0 + 8 * day, None);
+        assert_eq!(asleep.hibernated_at, Some(T0 + 7 * day));
+        let view = MaterializationView::of(&asleep, None);
+        assert_eq!(
+            (view.status, view.hibernated_at, view.next_run_at),
+            (MaterializationStatus::Hibernating, Some(T0 + 7 * day), None)
+        );
+        // A run two days ago (pending on this node) wakes it for another week; so does a change.
+        let woken = kpi.clone().as_of(T0 + 8 * day, Some(T0 + 6 * day));
+        assert_eq!((woken.hibernated_at, woken.hibernates_at()), (None, Some(T0 + 13 * day)));
+        let changed = Endpoint { updated_at: T0 + 5 * day, ..kpi.clone() }.as_of(T0 + 8 * day, None);
+        assert_eq!(changed.hibernated_at, None);
+        assert_eq!(MaterializationView::of(&changed, None).status, MaterializationStatus::Pending);
+        // Never, when it says so; nor an endpoint that is not materialized.
+        let never = Endpoint { hibernation: Hibernation::NEVER, ..kpi.clone() }.as_of(T0 + 800 * day, None);
+        assert_eq!(never.hibernated_at, None);
+        let live = Endpoint { is_materialized: false, ..kpi }.as_of(T0 + 800 * day, None);
+        assert_eq!(
+            (live.hibernated_at, MaterializationView::of(&live, None).status),
+            (None, MaterializationStatus::Disabled)
+        );
+    }
 
     #[test]
     fn names_follow_the_pattern() {

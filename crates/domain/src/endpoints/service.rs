@@ -11,7 +11,7 @@ use super::model::{
     NewVersion, PlannedQuery,
 };
 use super::ports::{EndpointChanges, EndpointStore};
-use super::settings::{CacheAge, Freshness, SyncFrequency};
+use super::settings::{CacheAge, Freshness, Hibernation, SyncFrequency};
 use crate::access::ProjectId;
 use crate::clock::Clock;
 use crate::error::{Error, Invalid, StoreError};
@@ -127,14 +127,11 @@ impl EndpointService {
         Ok(MaterializationView::of(&endpoint, endpoint.materialization.as_ref()))
     }
 
-    /// The record with the newest execution time, including one not yet flushed to the store.
-    fn newest_execution(&self, mut endpoint: Endpoint) -> Endpoint {
-        if let Some(pending) = self.executions.pending(endpoint.project_id, &endpoint.name) {
-            if endpoint.last_executed_at.is_none_or(|stored| stored < pending) {
-                endpoint.last_executed_at = Some(pending);
-            }
-        }
-        endpoint
+    /// The record as of now: with the newest execution time, including one not yet flushed to the store, and
+    /// whether it hibernates.
+    fn newest_execution(&self, endpoint: Endpoint) -> Endpoint {
+        let pending = self.executions.pending(endpoint.project_id, &endpoint.name);
+        endpoint.as_of(self.clock.now(), pending)
     }
 
     /// Creates an endpoint; its query becomes version 1.
@@ -189,6 +186,7 @@ impl EndpointService {
             cache_age: command.cache_age.unwrap_or(CacheAge::DEFAULT),
             sync_frequency,
             freshness: command.freshness.unwrap_or(Freshness::DEFAULT),
+            hibernation: command.hibernation.unwrap_or(Hibernation::DEFAULT),
             created_at: self.clock.now(),
         };
         let description = self.engine.describe(project, &endpoint.query).await?;
@@ -313,6 +311,7 @@ impl EndpointService {
             cache_age: patch.cache_age,
             sync_frequency: None,
             freshness: patch.freshness,
+            hibernation: patch.hibernation,
             query: None,
         };
         let materialized = change.is_materialized.unwrap_or(current.is_materialized);
@@ -462,6 +461,9 @@ fn drop_unchanged(change: &mut EndpointChange, current: &Endpoint) {
     }
     if change.freshness == Some(current.freshness) {
         change.freshness = None;
+    }
+    if change.hibernation == Some(current.hibernation) {
+        change.hibernation = None;
     }
 }
 

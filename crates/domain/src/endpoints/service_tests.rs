@@ -7,7 +7,7 @@ use time::macros::datetime;
 use super::super::ports::{MockEndpointChanges, MockEndpointStore};
 use super::*;
 use crate::clock::{MockClock, Timestamp};
-use crate::endpoints::{CacheAge, EndpointFilter, Freshness};
+use crate::endpoints::{CacheAge, EndpointFilter, Freshness, Hibernation};
 use crate::error::EngineError;
 use crate::materialization::{MockMaterializationRecords, MockResultStorage};
 use crate::query::{Column, ColumnType, MockQueryEngine, Query, QueryDescription, VariableType};
@@ -101,6 +101,7 @@ fn existing() -> Endpoint {
         cache_age: CacheAge::default(),
         sync_frequency: None,
         freshness: Freshness::default(),
+        hibernation: Hibernation::default(),
         created_at: NOW,
     })
 }

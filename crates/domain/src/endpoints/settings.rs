@@ -1,5 +1,5 @@
-//! Per-endpoint settings: how long cached results live, how often a materialization refreshes, and how soon
-//! appended rows reach it.
+//! Per-endpoint settings: how long cached results live, how often a materialization refreshes, how soon
+//! appended rows reach it, and when an unused one stops refreshing.
 
 use std::fmt;
 use std::time::Duration;
@@ -93,6 +93,60 @@ impl Freshness {
     /// The freshness in force.
     pub fn effective(self) -> Duration {
         Duration::from_secs(u64::from(self.seconds()))
+    }
+}
+
+/// `hibernate_after_days`: how many days a materialized endpoint that nobody runs (and nobody changes) keeps
+/// refreshing. Past them it hibernates: no refresh and no fold until a run wakes it. `None` never hibernates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hibernation(Option<u32>);
+
+impl Hibernation {
+    /// An endpoint that does not choose hibernates after a week unused.
+    pub const DEFAULT: Self = Self(Some(Self::DEFAULT_DAYS));
+    /// Refreshed for as long as it is materialized, run or not.
+    pub const NEVER: Self = Self(None);
+    pub const DEFAULT_DAYS: u32 = 7;
+    pub const MIN_DAYS: u32 = 1;
+    /// Ten years: longer is what `null` (never) says.
+    pub const MAX_DAYS: u32 = 3_650;
+
+    /// # Errors
+    /// [`Invalid`] on `hibernate_after_days` outside `1..=3650`; `None` (an explicit null) never hibernates.
+    pub fn new(days: Option<i64>) -> Result<Self, Invalid> {
+        match days {
+            None => Ok(Self::NEVER),
+            Some(d) => u32::try_from(d)
+                .ok()
+                .filter(|d| (Self::MIN_DAYS..=Self::MAX_DAYS).contains(d))
+                .map(|d| Self(Some(d)))
+                .ok_or_else(|| {
+                    Invalid::field(
+                        "hibernate_after_days",
+                        format!(
+                            "hibernate_after_days must be an integer between {} and {}, or null for never.",
+                            Self::MIN_DAYS,
+                            Self::MAX_DAYS
+                        ),
+                    )
+                }),
+        }
+    }
+
+    /// The days without a run after which the endpoint hibernates; `None` for never.
+    pub fn days(self) -> Option<u32> {
+        self.0
+    }
+
+    /// How long the endpoint keeps refreshing after it last ran or changed; `None` for ever.
+    pub fn after(self) -> Option<Duration> {
+        self.0.map(|days| Duration::from_secs(u64::from(days) * 86_400))
+    }
+}
+
+impl Default for Hibernation {
+    fn default() -> Self {
+        Self::DEFAULT
     }
 }
 

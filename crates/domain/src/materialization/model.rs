@@ -237,11 +237,14 @@ pub enum MaterializationStatus {
     Running,
     Completed,
     Failed,
+    /// Not run for its `hibernate_after_days`: neither refreshed nor folded until a run wakes it. A status of
+    /// the endpoint, never of a stored record (whose last attempt's outcome it hides meanwhile).
+    Hibernating,
 }
 
 impl MaterializationStatus {
-    pub const ALL: [MaterializationStatus; 5] =
-        [Self::Disabled, Self::Pending, Self::Running, Self::Completed, Self::Failed];
+    pub const ALL: [MaterializationStatus; 6] =
+        [Self::Disabled, Self::Pending, Self::Running, Self::Completed, Self::Failed, Self::Hibernating];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -250,6 +253,7 @@ impl MaterializationStatus {
             Self::Running => "Running",
             Self::Completed => "Completed",
             Self::Failed => "Failed",
+            Self::Hibernating => "Hibernating",
         }
     }
 
@@ -262,6 +266,7 @@ impl MaterializationStatus {
             "Running" => Ok(Self::Running),
             "Completed" => Ok(Self::Completed),
             "Failed" => Ok(Self::Failed),
+            "Hibernating" => Ok(Self::Hibernating),
             other => Err(other.to_owned()),
         }
     }
@@ -402,6 +407,10 @@ pub struct MaterializationView {
     pub last_folded_at: Option<Timestamp>,
     /// Rows folded into stored results.
     pub rows_folded: u64,
+    /// Days without a run after which it hibernates; `None` for never.
+    pub hibernate_after_days: Option<u32>,
+    /// Since when it hibernates; `None` while it refreshes.
+    pub hibernated_at: Option<Timestamp>,
     /// The rollup the stored result is, when it is one.
     pub rollup: Option<Rollup>,
     pub error: Option<String>,
@@ -412,7 +421,19 @@ pub struct MaterializationView {
 impl MaterializationView {
     /// The status of the endpoint's current version. A version that no attempt has reached yet is Pending, due
     /// since the endpoint last changed; figures of a result of an older version are not shown as this version's.
+    /// A hibernating endpoint is Hibernating (unless an attempt still runs), with nothing due.
     pub fn of(endpoint: &Endpoint, state: Option<&MaterializationState>) -> Self {
+        let mut view = Self::of_record(endpoint, state);
+        if let Some(since) = endpoint.hibernated_at.filter(|_| view.status != MaterializationStatus::Running)
+        {
+            view.status = MaterializationStatus::Hibernating;
+            view.hibernated_at = Some(since);
+            view.next_run_at = None;
+        }
+        view
+    }
+
+    fn of_record(endpoint: &Endpoint, state: Option<&MaterializationState>) -> Self {
         let eligibility = endpoint.eligibility.as_ref();
         let mut view = Self {
             name: endpoint.name.clone(),
@@ -429,6 +450,8 @@ impl MaterializationView {
             full_refreshes: 0,
             last_folded_at: None,
             rows_folded: 0,
+            hibernate_after_days: endpoint.hibernation.days(),
+            hibernated_at: None,
             rollup: eligibility.and_then(Eligibility::rollup).cloned(),
             error: None,
             can_materialize: eligibility.is_some_and(Eligibility::is_eligible) && endpoint.is_active,

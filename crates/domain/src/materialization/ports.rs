@@ -30,9 +30,11 @@ pub trait MaterializationRecords: Send + Sync {
     /// `Unavailable`, `Internal`.
     async fn get_many(&self, endpoint_ids: Vec<Uuid>) -> Result<Vec<MaterializationState>, StoreError>;
 
-    /// Claims up to `max` refreshes that are due at `now`: active materialized endpoints whose current version
-    /// has no record yet, whose record is for an older version, whose next run has come, whose pending appends
-    /// are `freshness_seconds` old, or whose running attempt's lease has expired. Each is marked Running with a new token, leased until `lease_until`.
+    /// Claims up to `max` refreshes that are due at `now`: active materialized endpoints that do not hibernate
+    /// at `now` ([`Endpoint::hibernates_at`](crate::endpoints::Endpoint::hibernates_at), by the times the store
+    /// holds) whose current version has no record yet, whose record is for an older version, whose next run has
+    /// come, whose pending appends are `freshness_seconds` old, or whose running attempt's lease has expired.
+    /// Each is marked Running with a new token, leased until `lease_until`.
     ///
     /// # Errors
     /// `Unavailable`, `Internal`.

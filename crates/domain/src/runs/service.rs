@@ -536,6 +536,7 @@ impl RunService {
             engine: Arc::clone(&self.engine),
             cache: Arc::clone(&self.cache),
             clock: Arc::clone(&self.clock),
+            executions: Arc::clone(&self.executions),
             materializations: self.materializations.clone(),
             definitions: Arc::clone(&self.definitions),
         }
@@ -582,6 +583,7 @@ struct Context {
     engine: Arc<dyn QueryEngine>,
     cache: Arc<dyn ResultCache>,
     clock: Arc<dyn Clock>,
+    executions: Arc<ExecutionTracker>,
     materializations: MaterializationPorts,
     definitions: Arc<RecentReads<(ProjectId, EndpointName), Definition>>,
 }
@@ -626,7 +628,8 @@ impl Context {
     }
 
     /// The endpoint's stored result and the filters that select a run's rows in it, when a result of this
-    /// version is complete, not older than one sync period, and recent enough for the request.
+    /// version is complete, not older than one sync period, and recent enough for the request, and the endpoint
+    /// does not hibernate (its result stopped following the tables: its first run answers live, and wakes it).
     async fn stored_source(
         &self,
         endpoint: &Endpoint,
@@ -635,6 +638,10 @@ impl Context {
         request: &RunRequest,
     ) -> Option<(StoredResult, Vec<(MaterializedFilter, BoundValue)>)> {
         let period = endpoint.sync_frequency?.period();
+        let now = self.clock.now();
+        if endpoint.hibernating(now, self.executions.pending(endpoint.project_id, &endpoint.name)) {
+            return None;
+        }
         let state = match self.materializations.states.get(endpoint.id).await {
             Ok(state) => state?,
             Err(err) => {
@@ -642,7 +649,6 @@ impl Context {
                 return None;
             }
         };
-        let now = self.clock.now();
         let stored = state.result.filter(|r| {
             r.version == version.version
                 && r.materialized_at + period >= now

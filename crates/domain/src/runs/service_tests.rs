@@ -866,6 +866,31 @@ mod materialized {
         assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (2, 0));
     }
 
+    /// Nobody ran it for its `hibernate_after_days` (a week): its stored result stopped following the tables, so a
+    /// run answers live, however fresh the result looks; that run, recorded, wakes it.
+    #[tokio::test]
+    async fn a_hibernating_endpoint_answers_live_and_its_run_wakes_it() {
+        let week = Duration::from_secs(7 * 86_400);
+        let (f, reads) = service(T0 + week, false);
+        f.clock.advance(week);
+        let kpi = named("kpi");
+        let first = f
+            .service
+            .run(caller(), project(), kpi.clone(), request(Refresh::Blocking, json!({"n": 5})))
+            .await
+            .unwrap();
+        assert_eq!((rows(&first), first.endpoint_materialized), (r#"[{"n":10}]"#, false));
+        assert_eq!(f.executions.pending(project(), &kpi), Some(T0 + week));
+        f.cache.invalidate(project(), &kpi);
+        let second = f
+            .service
+            .run(caller(), project(), kpi, request(Refresh::Blocking, json!({"n": 5})))
+            .await
+            .unwrap();
+        assert_eq!((rows(&second), second.endpoint_materialized), (r#"[{"n":"stored"}]"#, true));
+        assert_eq!((reads.load(Ordering::SeqCst), f.runs.load(Ordering::SeqCst)), (1, 1));
+    }
+
     #[tokio::test]
     async fn direct_and_force_blocking_runs_bypass_it() {
         let (f, reads) = service(T0, false);

@@ -90,7 +90,7 @@ pub struct Materialization {
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
     pub last_materialized_at: Option<OffsetDateTime>,
-    /// When the next refresh is due.
+    /// When the next refresh is due; null while it hibernates.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
     pub next_run_at: Option<OffsetDateTime>,
@@ -118,6 +118,14 @@ pub struct Materialization {
     pub last_folded_at: Option<OffsetDateTime>,
     /// Rows folds added to the stored results.
     pub rows_folded: u64,
+    /// Days nobody runs or changes it before it hibernates; null never.
+    #[schema(required = true)]
+    pub hibernate_after_days: Option<u32>,
+    /// Since when it hibernates (status `Hibernating`): nobody ran or changed it for `hibernate_after_days`, so
+    /// it is neither refreshed nor folded, and its next run answers live and wakes it. Null while awake.
+    #[serde(with = "time::serde::rfc3339::option")]
+    #[schema(required = true)]
+    pub hibernated_at: Option<OffsetDateTime>,
     /// When the query is stored as a rollup, what the stored rows are grouped by: the query's group keys, then
     /// the columns its variables filter (a timestamp bounded by `Date` variables as `date_trunc('day', ...)`);
     /// null when the stored result is the query's own rows (or it cannot be materialized).
@@ -160,6 +168,8 @@ impl From<MaterializationView> for Materialization {
             full_refreshes: view.full_refreshes,
             last_folded_at: view.last_folded_at,
             rows_folded: view.rows_folded,
+            hibernate_after_days: view.hibernate_after_days,
+            hibernated_at: view.hibernated_at,
             grouping: view.rollup.as_ref().map(grouping),
             error: view.error,
             can_materialize: view.can_materialize,
@@ -188,6 +198,10 @@ pub struct Endpoint {
     /// Seconds within which rows appended to a table the query reads reach the stored result, once
     /// materialized (60 unless set).
     pub freshness_seconds: u32,
+    /// Days a materialized endpoint nobody runs or changes keeps refreshing before it hibernates (7 unless
+    /// set); null never.
+    #[schema(required = true)]
+    pub hibernate_after_days: Option<u32>,
     pub current_version: u32,
     pub versions_count: u32,
     /// The output columns of the current version; null while it does not plan (`plan_error`).
@@ -224,6 +238,7 @@ impl From<domain::Endpoint> for Endpoint {
             cache_age_seconds: e.cache_age.configured(),
             sync_frequency: e.sync_frequency.map(|f| f.as_str().into()),
             freshness_seconds: e.freshness.seconds(),
+            hibernate_after_days: e.hibernation.days(),
             current_version: e.current_version,
             versions_count: e.versions_count,
             columns: e.plan_error.is_none().then(|| columns(e.columns)),

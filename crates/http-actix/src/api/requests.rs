@@ -5,7 +5,8 @@
 use std::borrow::Cow;
 
 use domain::{
-    CacheAge, Freshness, RunRequest, RunTokenRequest, CONFIRM_BREAKING, ENDPOINT_FIELDS, MAX_NAMES,
+    CacheAge, Freshness, Hibernation, RunRequest, RunTokenRequest, CONFIRM_BREAKING, ENDPOINT_FIELDS,
+    MAX_NAMES,
 };
 use utoipa::openapi::schema::{AdditionalProperties, ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::{Ref, RefOr};
@@ -91,6 +92,16 @@ fn endpoint_fields() -> ObjectBuilder {
                     "Seconds within which rows appended to a table the query reads reach the stored result of \
                      a materialized endpoint; null for the default ({}).",
                     Freshness::DEFAULT_SECONDS
+                )))
+                .into(),
+            "hibernate_after_days" => ObjectBuilder::new()
+                .schema_type(nullable(Type::Integer))
+                .minimum(Some(Hibernation::MIN_DAYS))
+                .maximum(Some(Hibernation::MAX_DAYS))
+                .description(Some(format!(
+                    "Days a materialized endpoint nobody runs (or changes) keeps refreshing; then it hibernates \
+                     until its next run. {} unless set; null never hibernates.",
+                    Hibernation::DEFAULT_DAYS
                 )))
                 .into(),
             "is_active" | "is_materialized" => {

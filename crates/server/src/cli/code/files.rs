@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use domain::{CacheAge, CreateEndpoint, EndpointName, Freshness, Invalid, Query, QueryKind, SyncFrequency};
+use domain::{
+    CacheAge, CreateEndpoint, EndpointName, Freshness, Hibernation, Invalid, Query, QueryKind, SyncFrequency,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -39,10 +41,18 @@ pub struct EndpointFile {
     /// Left out for the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub freshness_seconds: Option<u32>,
+    /// Left out for the default (7 days); `null` never hibernates.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub hibernate_after_days: Option<Option<u32>>,
 }
 
 fn active() -> bool {
     true
+}
+
+/// A field that is present, `null` included (`Some(None)`); serde's default tells a field left out (`None`).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(de: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(de).map(Some)
 }
 
 /// SQL, written as a literal block (`|`) so that it reads as it was typed, line for line.
@@ -98,6 +108,8 @@ impl From<&Endpoint> for EndpointFile {
             sync_frequency: remote.sync_frequency.as_deref().map(str::to_owned),
             freshness_seconds: (remote.freshness_seconds != Freshness::DEFAULT_SECONDS)
                 .then_some(remote.freshness_seconds),
+            hibernate_after_days: (remote.hibernate_after_days != Hibernation::DEFAULT.days())
+                .then_some(remote.hibernate_after_days),
         }
     }
 }
@@ -121,6 +133,10 @@ impl EndpointFile {
             cache_age: Some(CacheAge::new(self.cache_age_seconds.map(i64::from))?),
             sync_frequency: self.sync_frequency.as_deref().map(SyncFrequency::parse).transpose()?,
             freshness: Some(Freshness::new(self.freshness_seconds.map(i64::from))?),
+            hibernation: self
+                .hibernate_after_days
+                .map(|days| Hibernation::new(days.map(i64::from)))
+                .transpose()?,
             ..CreateEndpoint::new(EndpointName::parse(&self.name)?, query)
         })
     }

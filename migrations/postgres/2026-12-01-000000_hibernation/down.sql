@@ -1,0 +1,1 @@
+ALTER TABLE endpoints DROP COLUMN hibernate_after_days;
