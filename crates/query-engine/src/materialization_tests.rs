@@ -73,10 +73,6 @@ async fn plans_tell_which_queries_can_be_materialized() {
     let vars = json!({"c": string_var(), "m": {"type": "Number", "default": 1}});
     let eligible = [
         (
-            "SELECT country, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY country",
-            vec![("country", CompareOp::Eq, "c")],
-        ),
-        (
             "SELECT country AS land, revenue FROM events WHERE {variables.m} < revenue AND event = 'purchase'",
             vec![("revenue", CompareOp::Gt, "m")],
         ),
@@ -84,16 +80,12 @@ async fn plans_tell_which_queries_can_be_materialized() {
             "SELECT e.country AS land FROM events e WHERE e.country != {variables.c} ORDER BY land",
             vec![("land", CompareOp::NotEq, "c")],
         ),
-        (
-            "WITH d AS (SELECT CAST(timestamp AS DATE) AS day, revenue FROM events) \
-             SELECT day, sum(revenue) AS r FROM d WHERE day >= CAST('2026-01-05' AS DATE) GROUP BY day \
-             HAVING sum(revenue) > 0 ORDER BY day",
-            vec![],
-        ),
         ("SELECT DISTINCT country FROM events WHERE country <= {variables.c}", vec![("country", CompareOp::LtEq, "c")]),
         ("SELECT * FROM events WHERE country = {variables.c}", vec![("country", CompareOp::Eq, "c")]),
+        // An aggregate a rollup cannot recombine: the final rows, filtered on the group key.
         (
-            "SELECT country, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY 1 ORDER BY n DESC, 1",
+            "SELECT country, count(DISTINCT distinct_id) AS n FROM events WHERE country = {variables.c} \
+             GROUP BY country",
             vec![("country", CompareOp::Eq, "c")],
         ),
     ];
@@ -111,6 +103,21 @@ async fn plans_tell_which_queries_can_be_materialized() {
     }
     let vars = json!({"c": string_var(), "m": {"type": "Number", "default": 1}, "d": {"type": "Date", "default": "2026-01-01"}});
     let rollups = [
+        // Aggregations filtered on their group keys, or not at all, are rollups of their keys, so that they fold.
+        (
+            "SELECT country, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY country",
+            vec!["events.country"],
+        ),
+        (
+            "SELECT country, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY 1 ORDER BY n DESC, 1",
+            vec!["events.country"],
+        ),
+        (
+            "WITH d AS (SELECT CAST(timestamp AS DATE) AS day, revenue FROM events) \
+             SELECT day, sum(revenue) AS r FROM d WHERE day >= CAST('2026-01-05' AS DATE) GROUP BY day \
+             HAVING sum(revenue) > 0 ORDER BY day",
+            vec!["d.day"],
+        ),
         ("SELECT count(*) AS n FROM events WHERE country = {variables.c}", vec!["events.country"]),
         (
             "SELECT browser, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY browser",
@@ -254,7 +261,7 @@ async fn materialized_answers_as_live(engine: &DataFusionEngine, seed: u64) {
     for case in cases() {
         let q = query(case.sql, case.variables.clone());
         let filters = match eligibility(engine, case.sql, case.variables.clone()).await {
-            Eligibility::Eligible { filters, rollup: None } => filters,
+            Eligibility::Eligible { filters, .. } => filters,
             other => panic!("{}: {other:?}", case.sql),
         };
         assert!(!filters.is_empty());
@@ -376,6 +383,35 @@ fn close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
         }
         _ => a == b,
     }
+}
+
+/// A version saved before aggregations filtered on their group keys were stored as rollups recorded its filters
+/// by output column; its result, now refreshed as a rollup of its keys, answers those filters as the live query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollup_of_keys_answers_the_filters_a_version_recorded_before() {
+    let demo = demo().await;
+    let engine = &demo.1;
+    let sql = "SELECT country, count(*) AS n, sum(revenue) AS total FROM events \
+               WHERE country != {variables.c} GROUP BY country ORDER BY total DESC, country";
+    let q = query(sql, json!({"c": string_var()}));
+    let decided = eligibility(engine, sql, json!({"c": string_var()})).await;
+    assert!(decided.rollup().is_some(), "{decided:?}");
+    let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+    let recorded = MaterializedFilter {
+        column: domain::StoredColumn::Output("country".into()),
+        op: CompareOp::NotEq,
+        variable: "c".into(),
+    };
+    for country in ["US", "DE", "nowhere"] {
+        let value = BoundValue::String(country.into());
+        let variables = BTreeMap::from([("c".to_owned(), value.clone())]);
+        let live = engine.execute(project(), &q, &variables, 100, 0).await.unwrap();
+        let read = engine.read(project(), &at, vec![(recorded.clone(), value)], 100, 0).await.unwrap();
+        assert!(live.row_count > 0);
+        assert_eq!((&read.columns, &read.rows_json), (&live.columns, &live.rows_json), "{country}");
+    }
+    ResultStorage::remove(engine, project(), &at).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -635,6 +671,27 @@ fn foldable_cases() -> Vec<(Case, bool)> {
         },
         true,
     ));
+    // Aggregations filtered on their group keys only, or not at all: rollups of their keys, with the ORDER BY,
+    // HAVING and expressions above the aggregates applied when a run reads them.
+    cases.push((
+        Case {
+            sql: "SELECT country, sum(revenue) AS total, count(*) AS n, min(revenue) AS low, max(revenue) AS high, \
+                  avg(revenue) AS mean FROM events WHERE country >= {variables.c} GROUP BY country \
+                  ORDER BY total DESC, country",
+            variables: json!({"c": string_var()}),
+            draw: |rng| BTreeMap::from([("c".into(), BoundValue::String(pick(rng, &COUNTRIES)))]),
+        },
+        true,
+    ));
+    cases.push((
+        Case {
+            sql: "SELECT browser, count(*) AS n, round(sum(revenue) / count(*), 2) AS per_event FROM events \
+                  GROUP BY browser HAVING count(*) > 1 ORDER BY n DESC, browser",
+            variables: json!({}),
+            draw: |_| BTreeMap::new(),
+        },
+        true,
+    ));
     cases.push((
         Case {
             // `replace` and `lpad` are deterministic, though the engine's memory bound marks them volatile.
@@ -809,8 +866,9 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
     regions(engine).await;
     let vars = json!({"c": string_var()});
     let cases = [
+        // An aggregate no rollup recombines is stored as its final rows.
         (
-            "SELECT country, count(*) AS n FROM events WHERE country = {variables.c} GROUP BY country",
+            "SELECT country, count(DISTINCT browser) AS n FROM events WHERE country = {variables.c} GROUP BY country",
             "an aggregation",
         ),
         ("SELECT country, revenue FROM events WHERE country = {variables.c} ORDER BY revenue", "an ORDER BY"),

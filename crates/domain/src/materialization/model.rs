@@ -121,7 +121,11 @@ impl Eligibility {
             .predicates
             .iter()
             .all(|p| p.output_column.is_some() && (!outline.aggregates || p.group_key.is_some()));
-        if !plain && outline.aggregates {
+        // An aggregation is stored as a rollup when its variables filter other columns than its group keys (its
+        // final rows cannot answer them), and also when they filter only its keys, or it has none, if a rollup
+        // can hold it: its partial aggregates take appended rows in by a fold, where its final rows would be
+        // computed again after every append.
+        if outline.aggregates && (!plain || Self::rollup_holds(outline)) {
             return Self::decide_rollup(outline);
         }
         let mut filters = Vec::with_capacity(outline.predicates.len());
@@ -149,7 +153,17 @@ impl Eligibility {
         "The query computes window functions over rows its variables filter; a stored \
                                    result cannot reproduce them.";
 
-    /// The rollup of an aggregating query whose variables filter columns it does not output as group keys.
+    /// Whether an aggregating query can be stored as a rollup: plain group keys, no window function, and every
+    /// aggregate recombinable from partial results.
+    fn rollup_holds(outline: &QueryOutline) -> bool {
+        !outline.window_functions
+            && !outline.grouping_sets
+            && outline.aggregate_calls.iter().all(recombinable)
+    }
+
+    /// The rollup of an aggregating query (see [`Eligibility::rollup_holds`]); one whose variables filter columns
+    /// it does not output as group keys cannot be stored otherwise, so it is refused with the reason when a
+    /// rollup cannot hold it.
     fn decide_rollup(outline: &QueryOutline) -> Self {
         let no = |reason: String| Self::Ineligible { reason };
         if outline.window_functions {
@@ -521,22 +535,33 @@ mod tests {
         );
     }
 
+    /// An aggregation whose variables filter only its group keys is a rollup of its keys when its aggregates
+    /// recombine (so that appended rows fold in), and its final rows otherwise.
     #[test]
-    fn predicates_on_output_group_keys_become_filters() {
+    fn predicates_on_output_group_keys_filter_a_rollup_of_the_keys_or_the_final_rows() {
         let outline = QueryOutline {
             aggregates: true,
+            group_keys: vec!["t.day".into()],
+            aggregate_calls: vec![call(AggregateKind::Sum, false), call(AggregateKind::Max, true)],
             predicates: vec![predicate("since", Some("day"), Some(0))],
             ..QueryOutline::default()
         };
-        let filters = Eligibility::decide(&outline);
-        assert_eq!(
-            filters.filters().unwrap(),
-            &[MaterializedFilter {
-                column: StoredColumn::Output("day".into()),
-                op: CompareOp::GtEq,
-                variable: "since".into()
-            }]
-        );
+        let decided = Eligibility::decide(&outline);
+        let filter = |column| MaterializedFilter { column, op: CompareOp::GtEq, variable: "since".into() };
+        assert_eq!(decided.filters().unwrap(), &[filter(StoredColumn::Key(0))]);
+        assert_eq!(decided.rollup(), Some(&Rollup { keys: vec!["t.day".into()], columns: vec![] }));
+        // Without variables too.
+        let unfiltered = QueryOutline { predicates: vec![], ..outline.clone() };
+        assert_eq!(Eligibility::decide(&unfiltered).rollup().map(|r| r.keys.len()), Some(1));
+        for kept in [
+            QueryOutline { aggregate_calls: vec![call(AggregateKind::Count, true)], ..outline.clone() },
+            QueryOutline { aggregate_calls: vec![call(AggregateKind::Other, false)], ..outline.clone() },
+            QueryOutline { grouping_sets: true, ..outline.clone() },
+        ] {
+            let decided = Eligibility::decide(&kept);
+            assert_eq!(decided.filters().unwrap(), &[filter(StoredColumn::Output("day".into()))], "{kept:?}");
+            assert_eq!(decided.rollup(), None);
+        }
     }
 
     #[test]

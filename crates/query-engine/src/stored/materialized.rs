@@ -108,6 +108,8 @@ pub(crate) struct PreparedResult {
 struct RolledUp {
     query: LogicalPlan,
     scan: LogicalPlan,
+    /// The rollup's filters, one per variable predicate of the query, in their order.
+    filters: Vec<MaterializedFilter>,
 }
 
 /// Prepared results, by project and location: a location is never reused, so an entry never goes stale; one
@@ -383,9 +385,19 @@ impl DataFusionEngine {
                 self.limits.partitions,
             )?,
         };
-        if let Some(RolledUp { query, scan }) = &prepared.rollup {
-            let filters =
-                filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
+        if let Some(RolledUp { query, scan, filters: own }) = &prepared.rollup {
+            // A version recorded before aggregations filtered on their group keys were stored as rollups names
+            // such filters by output column; the rollup's own filter of the same predicate (the same position:
+            // one per predicate, in order, either way) names its stored key.
+            let filters = filters
+                .into_iter()
+                .enumerate()
+                .map(|(i, (filter, value))| match filter.column {
+                    StoredColumn::Output(_) => own.get(i).cloned().map(|own| (own, execute::scalar(&value))),
+                    _ => Some((filter, execute::scalar(&value))),
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| EngineError::Internal("a run's filters are not the rollup's".into()))?;
             let plan = rollup::read_plan(query, scan.clone(), filters)
                 .map_err(|e| EngineError::Internal(Box::new(e)))?;
             return Ok((ctx, plan));
@@ -422,7 +434,7 @@ impl DataFusionEngine {
                 <= self.limits.stored_rows_in_memory;
         if !in_memory {
             let scan = stored.into_unoptimized_plan();
-            let rollup = query.map(|query| RolledUp { query, scan });
+            let rollup = query.map(|(query, filters)| RolledUp { query, scan, filters });
             return Ok(PreparedResult { rollup, rows: None, schema, bytes: PLAN_BYTES });
         }
         let position = col(quoted(ordinal(&schema, "a stored result")?.name())).sort(true, false);
@@ -438,12 +450,12 @@ impl DataFusionEngine {
             .with_sort_order(vec![vec![position]]);
         let rows = Arc::new(rows);
         let rollup = match query {
-            Some(query) => {
+            Some((query, filters)) => {
                 let source = provider_as_source(Arc::clone(&rows) as Arc<dyn TableProvider>);
                 let scan = LogicalPlanBuilder::scan(TABLE, source, None)
                     .and_then(LogicalPlanBuilder::build)
                     .map_err(|e| EngineError::Internal(Box::new(e)))?;
-                Some(RolledUp { query, scan })
+                Some(RolledUp { query, scan, filters })
             }
             None => None,
         };
@@ -451,14 +463,21 @@ impl DataFusionEngine {
     }
 
     /// The unbound plan of the query a rollup rolls up (`document`, its JSON), in a session of its tables.
-    async fn rolled_up(&self, project: ProjectId, document: &str) -> Result<LogicalPlan, EngineError> {
+    async fn rolled_up(
+        &self,
+        project: ProjectId,
+        document: &str,
+    ) -> Result<(LogicalPlan, Vec<MaterializedFilter>), EngineError> {
         let corrupt =
             |e: String| EngineError::Internal(format!("a rollup's query does not read: {e}").into());
         let document: serde_json::Value =
             serde_json::from_str(document).map_err(|e| corrupt(e.to_string()))?;
         let query = Query::try_from(&document).map_err(|e| corrupt(e.to_string()))?;
         let compiled = compile::compile(&query);
-        Ok(self.live_plan(project, &compiled).await?.1)
+        let plan = self.live_plan(project, &compiled).await?.1;
+        let outline = outline::outline(&plan, &compiled).map_err(|e| corrupt(message(&e)))?;
+        let filters = Eligibility::decide(&outline).filters().map(<[_]>::to_vec).unwrap_or_else(Vec::new);
+        Ok((plan, filters))
     }
 }
 

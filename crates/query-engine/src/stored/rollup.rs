@@ -88,15 +88,16 @@ fn function(expr: &Expr) -> Result<&AggregateFunction> {
     }
 }
 
-/// The rows a rollup stores: the query's sources and WHERE without its variable predicates, grouped by the
-/// query's keys (`k0, ...`) and the rollup's columns (`f0, ...`), with the partial value of each aggregate
-/// (`a{m}`; an average as its sum `a{m}` and count `c{m}`).
+/// The rows a rollup stores: the query's sources and WHERE (if it has one) without its variable predicates,
+/// grouped by the query's keys (`k0, ...`) and the rollup's columns (`f0, ...`), with the partial value of each
+/// aggregate (`a{m}`; an average as its sum `a{m}` and count `c{m}`).
 pub(crate) fn stored_plan(plan: &LogicalPlan, compiled: &Compiled, rollup: &Rollup) -> Result<LogicalPlan> {
     let (nodes, filter) = spine(plan);
     let aggregate = aggregation(&nodes).ok_or_else(|| internal("has no aggregation"))?;
-    let filter = filter.ok_or_else(|| internal("has no WHERE"))?;
-    let compared: HashMap<String, PlanColumn> = split_conjunction(&filter.predicate)
+    // Without a WHERE no variable filters a column: the rollup is of the keys alone.
+    let compared: HashMap<String, PlanColumn> = filter
         .into_iter()
+        .flat_map(|filter| split_conjunction(&filter.predicate))
         .filter_map(|c| simple(c, compiled))
         .map(|s| (s.column.flat_name(), s.column))
         .collect();
@@ -134,7 +135,11 @@ pub(crate) fn stored_plan(plan: &LogicalPlan, compiled: &Compiled, rollup: &Roll
             partials.push(Expr::AggregateFunction(call.clone()).alias(aggregate_column(m)));
         }
     }
-    LogicalPlanBuilder::from(without_simple(filter, compiled)?).aggregate(groups, partials)?.build()
+    let source = match filter {
+        Some(filter) => without_simple(filter, compiled)?,
+        None => aggregate.input.as_ref().clone(),
+    };
+    LogicalPlanBuilder::from(source).aggregate(groups, partials)?.build()
 }
 
 fn operator(op: CompareOp) -> Operator {
