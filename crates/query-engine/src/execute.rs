@@ -51,7 +51,8 @@ pub struct EngineLimits {
     /// written and holds its size of this until its body is sent; a page that does not fit now is refused (429)
     /// and its file dropped.
     pub export_spool_bytes: u64,
-    /// The most rows a rollup may store; a refresh that would store more fails, saying so.
+    /// The most rows a rollup grouped by filtered columns (beyond the query's keys) may store; a refresh that
+    /// would store more fails, saying so.
     pub rollup_rows: u64,
     /// Stored results (rollups or not) of at most this many rows are held decoded once read, so that a run
     /// reads no file.

@@ -500,6 +500,13 @@ async fn a_rollup_past_its_row_limit_is_refused_saying_why() {
     let few =
         query("SELECT count(*) AS n FROM events WHERE country = {variables.c}", json!({"c": string_var()}));
     assert_eq!(ResultStorage::write(&engine, project(), &few, &at).await.unwrap().rows, 10);
+    ResultStorage::remove(&engine, project(), &at).await.unwrap();
+    // A rollup of the keys alone stores the query's own groups, however many: as its final rows would.
+    let keys = query(
+        "SELECT distinct_id, count(*) AS n FROM events WHERE distinct_id != {variables.c} GROUP BY distinct_id",
+        json!({"c": string_var()}),
+    );
+    assert!(ResultStorage::write(&engine, project(), &keys, &at).await.unwrap().rows > 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,9 +2,21 @@
 //! appended rows reach it, and when an unused one stops refreshing.
 
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use crate::error::Invalid;
+
+/// `raw` as a setting of `field` when it is within `range`; else [`Invalid`] saying the range (and `also`, what
+/// else the field takes).
+fn within(field: &str, raw: i64, range: RangeInclusive<u32>, also: &str) -> Result<u32, Invalid> {
+    u32::try_from(raw).ok().filter(|v| range.contains(v)).ok_or_else(|| {
+        Invalid::field(
+            field,
+            format!("{field} must be an integer between {} and {}{also}.", range.start(), range.end()),
+        )
+    })
+}
 
 /// `cache_age_seconds`: `None` means the server default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,19 +31,7 @@ impl CacheAge {
     /// # Errors
     /// [`Invalid`] on `cache_age_seconds` outside `0..=86400`.
     pub fn new(seconds: Option<i64>) -> Result<Self, Invalid> {
-        match seconds {
-            None => Ok(Self(None)),
-            Some(s) => {
-                u32::try_from(s).ok().filter(|s| *s <= Self::MAX_SECONDS).map(|s| Self(Some(s))).ok_or_else(
-                    || {
-                        Invalid::field(
-                            "cache_age_seconds",
-                            "cache_age_seconds must be an integer between 0 and 86400.",
-                        )
-                    },
-                )
-            }
-        }
+        seconds.map(|s| within("cache_age_seconds", s, 0..=Self::MAX_SECONDS, "")).transpose().map(Self)
     }
 
     /// The configured value, `None` when the default applies.
@@ -61,23 +61,8 @@ impl Freshness {
     /// # Errors
     /// [`Invalid`] on `freshness_seconds` outside `1..=86400`.
     pub fn new(seconds: Option<i64>) -> Result<Self, Invalid> {
-        match seconds {
-            None => Ok(Self(None)),
-            Some(s) => u32::try_from(s)
-                .ok()
-                .filter(|s| (Self::MIN_SECONDS..=Self::MAX_SECONDS).contains(s))
-                .map(|s| Self(Some(s)))
-                .ok_or_else(|| {
-                    Invalid::field(
-                        "freshness_seconds",
-                        format!(
-                            "freshness_seconds must be an integer between {} and {}.",
-                            Self::MIN_SECONDS,
-                            Self::MAX_SECONDS
-                        ),
-                    )
-                }),
-        }
+        let range = Self::MIN_SECONDS..=Self::MAX_SECONDS;
+        seconds.map(|s| within("freshness_seconds", s, range, "")).transpose().map(Self)
     }
 
     /// The configured value, `None` when the default applies.
@@ -114,23 +99,8 @@ impl Hibernation {
     /// # Errors
     /// [`Invalid`] on `hibernate_after_days` outside `1..=3650`; `None` (an explicit null) never hibernates.
     pub fn new(days: Option<i64>) -> Result<Self, Invalid> {
-        match days {
-            None => Ok(Self::NEVER),
-            Some(d) => u32::try_from(d)
-                .ok()
-                .filter(|d| (Self::MIN_DAYS..=Self::MAX_DAYS).contains(d))
-                .map(|d| Self(Some(d)))
-                .ok_or_else(|| {
-                    Invalid::field(
-                        "hibernate_after_days",
-                        format!(
-                            "hibernate_after_days must be an integer between {} and {}, or null for never.",
-                            Self::MIN_DAYS,
-                            Self::MAX_DAYS
-                        ),
-                    )
-                }),
-        }
+        let range = Self::MIN_DAYS..=Self::MAX_DAYS;
+        days.map(|d| within("hibernate_after_days", d, range, ", or null for never")).transpose().map(Self)
     }
 
     /// The days without a run after which the endpoint hibernates; `None` for never.

@@ -253,7 +253,10 @@ impl DataFusionEngine {
         )?;
         while let Some(batch) = stream.next().await {
             writer.write(&batch.map_err(execute::execution_error)?).await?;
-            if let Some(rollup) = rollup.as_ref().filter(|_| writer.rows > self.limits.rollup_rows) {
+            // A rollup of the keys alone stores the query's own groups, as its final rows would: only filtered
+            // columns multiply them.
+            let finer = rollup.as_ref().filter(|r| !r.columns.is_empty());
+            if let Some(rollup) = finer.filter(|_| writer.rows > self.limits.rollup_rows) {
                 return Err(EngineError::InvalidQuery(format!(
                     "The rollup would store more than {} rows, grouped by {}: too fine to be worth storing. \
                      Filter a timestamp with Date variables (stored by day), drop a filtered column's \
