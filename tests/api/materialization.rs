@@ -534,7 +534,12 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     }
     let plain = json!({"name": "plain", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     assert_eq!(app.create_endpoint(project, &key, &plain).await.freshness_seconds, 60);
-    for (name, sql) in [("by_country", by_country(BY_COUNTRY)), ("totals", totals())] {
+    // An aggregate no rollup recombines is stored as its final rows, computed again after each append.
+    let countries = json!({"kind": "SQLQuery", "variables": {"vip": {"type": "Boolean", "default": true}},
+        "query": "SELECT vip, count(DISTINCT country) AS countries FROM sales WHERE vip = {variables.vip} GROUP BY vip"});
+    for (name, sql) in
+        [("by_country", by_country(BY_COUNTRY)), ("totals", totals()), ("countries", countries)]
+    {
         let body = json!({"name": name, "is_materialized": true, "freshness_seconds": 1, "query": sql});
         assert_eq!(app.create_endpoint(project, &key, &body).await.freshness_seconds, 1);
     }
@@ -545,10 +550,20 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     let variables = [
         ("by_country", json!({"from": "A", "vip": true})),
         ("totals", json!({"since": "2026-01-01", "until": "2027-01-01", "not": "XX"})),
+        ("countries", json!({"vip": true})),
     ];
     for (name, _) in &variables {
         let done = wait_for(&app, project, &key, name, "Completed", 1).await;
         assert_eq!((done.full_refreshes, done.appended_since), (1, None));
+        // The status says how appended rows will reach it, and why not folded when they are not.
+        let incremental = *name != "countries";
+        assert_eq!(done.fold.as_deref(), Some(if incremental { "incremental" } else { "full_refresh_only" }));
+        let reason = done.fold_reason.as_deref().unwrap_or("");
+        assert_eq!(
+            reason.contains("`count(DISTINCT sales.country)` cannot be recombined"),
+            !incremental,
+            "{done:?}"
+        );
     }
 
     for round in 0..3 {
@@ -598,6 +613,9 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     let done = status(&app, project, &key, "totals").await;
     assert_eq!((done.full_refreshes, done.rows_folded), (1, 3), "{done:?}");
     assert!(done.last_folded_at.is_some(), "{done:?}");
+    // Final rows followed each append by a full refresh.
+    let done = status(&app, project, &key, "countries").await;
+    assert_eq!((done.full_refreshes, done.rows_folded, done.last_folded_at), (4, 0, None), "{done:?}");
 
     // A run that takes no data older than 0 seconds is computed live, and says so.
     let (bounded, _) = run_with_as_of(

@@ -128,5 +128,9 @@ async fn a_data_directory_of_the_release_before_delta_tables_is_migrated_and_ans
     }
     let versions = get_json(&client, &format!("{base}/tables/events/versions"), &key).await;
     assert_eq!(versions["count"], 2, "the converted version and the append: {versions}");
+    // Its refreshes since say how appended rows reach it, which that release did not record.
+    let status_url = format!("{base}/endpoints/rollup/materialization_status");
+    let status = get_json(&client, &status_url, &key).await;
+    assert_eq!((&status["fold"], &status["fold_reason"]), (&json!("incremental"), &Value::Null), "{status}");
     drop(server);
 }

@@ -221,6 +221,13 @@ def breaking_version(page):
     page.get_by_test_id("nav-endpoints").click()
 
 
+# What the service says of `count(DISTINCT ...)` (tests/api/materialization.rs checks the service says it).
+REFRESHED_IN_FULL = (
+    "its aggregate `count(DISTINCT sales.country)` cannot be recombined from partial results "
+    "(COUNT, SUM, MIN, MAX and AVG without DISTINCT can), so its final rows are stored"
+)
+
+
 def materialize(page):
     page.get_by_test_id("tab-materialization").click()
     expect(page.get_by_test_id("materialization-status")).to_have_text("Disabled")
@@ -233,6 +240,7 @@ def materialize(page):
     expect(page.get_by_test_id("sync-frequency")).to_have_value("24hour")
     expect(page.get_by_test_id("freshness")).to_have_value("60")
     expect(page.get_by_test_id("refresh-counts")).to_have_text("1 full, 0 appended rows folded in")
+    expect(page.get_by_test_id("fold")).to_have_text("folded in: the query runs over the new rows alone")
     # The freshness is a setting of the endpoint, saved at once.
     page.get_by_test_id("freshness").select_option("5")
     expect(page.get_by_test_id("freshness")).to_have_value("5")
@@ -252,6 +260,8 @@ def materialize(page):
     def asleep(route):
         status = route.fetch().json()
         status.update(status="Hibernating", hibernated_at="2026-11-01T10:00:00Z", next_run_at=None)
+        # And as a query whose aggregate no rollup recombines reads: refreshed in full, with the reason.
+        status.update(fold="full_refresh_only", fold_reason=REFRESHED_IN_FULL)
         route.fulfill(json=status)
 
     status_path = re.compile(r".*/endpoints/sales-by-day/materialization_status$")
@@ -259,6 +269,7 @@ def materialize(page):
     page.get_by_test_id("hibernation").select_option("7")
     expect(page.get_by_test_id("materialization-status")).to_have_text("Hibernating")
     expect(page.get_by_test_id("hibernated")).to_contain_text("its next run answers live and wakes it")
+    expect(page.get_by_test_id("fold")).to_have_text(f"refreshed in full, since {REFRESHED_IN_FULL}")
     shot(page, "07-hibernating")
     page.unroute(status_path)
     page.get_by_test_id("tab-run").click()

@@ -770,6 +770,7 @@ async fn never_folded_on_a_cluster(engine: &DataFusionEngine) -> bool {
     let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
     let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
     assert_eq!(stored.coverage, None);
+    assert!(stored.fold.reason().is_some_and(|r| r.contains("cannot tell which rows")), "{:?}", stored.fold);
     refused(engine, &q, &stored_at(&at, 0, stored), "does not say").await;
     true
 }
@@ -788,7 +789,9 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
     for (case, ordered) in foldable_cases() {
         let q = query(case.sql, case.variables.clone());
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        let mut result = stored_at(&at, 0, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
+        let written = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+        assert_eq!(written.fold, domain::Fold::Incremental, "{}", case.sql);
+        let mut result = stored_at(&at, 0, written);
         // Appends of random sizes, folded one after the other, with compactions of the table between them
         // (which merge what was folded with what was not): each fold's result equals a full refresh of the
         // table as it then is, and the live answer.
@@ -848,6 +851,7 @@ fn stored_at(location: &str, before: u64, stored: domain::Stored) -> domain::Sto
         materialized_at: at,
         data_as_of: at,
         coverage: stored.coverage,
+        fold: Some(stored.fold),
     }
 }
 
@@ -876,7 +880,7 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
         // An aggregate no rollup recombines is stored as its final rows.
         (
             "SELECT country, count(DISTINCT browser) AS n FROM events WHERE country = {variables.c} GROUP BY country",
-            "an aggregation",
+            "aggregate `count(DISTINCT events.browser)` cannot be recombined",
         ),
         ("SELECT country, revenue FROM events WHERE country = {variables.c} ORDER BY revenue", "an ORDER BY"),
         ("SELECT DISTINCT country, browser FROM events WHERE country = {variables.c}", "DISTINCT"),
@@ -920,6 +924,8 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
         // folded even when no rows were appended.
         let changes_with_time = reason.starts_with("`");
         assert_eq!(stored.changes_with_time, changes_with_time, "{sql}");
+        // The status says it is refreshed in full, and why: the reason a fold gives.
+        assert!(stored.fold.reason().is_some_and(|r| r.contains(reason)), "{sql}: {:?}", stored.fold);
         let result = stored_at(&at, 0, stored);
         if changes_with_time {
             refused(engine, &q, &result, reason).await;

@@ -656,6 +656,11 @@ fn stored(location: &str, version: u32, at: Timestamp) -> StoredResult {
         materialized_at: at,
         data_as_of: at,
         coverage: Some(domain::Coverage(format!("read for {location}"))),
+        // Both kinds of fold are kept, a reason with its kind.
+        fold: Some(match location {
+            "two" => domain::Fold::Incremental,
+            _ => domain::Fold::FullRefreshOnly { reason: format!("reason for {location}") },
+        }),
     }
 }
 

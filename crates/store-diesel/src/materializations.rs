@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use domain::{
-    attempt_location, Claim, Coverage, EndpointName, Freshness, Hibernation, MaterializationRecords,
+    attempt_location, Claim, Coverage, EndpointName, Fold, Freshness, Hibernation, MaterializationRecords,
     MaterializationState, MaterializationStatus, ProjectId, StoreError, StoredResult, Switch, SyncFrequency,
     Timestamp,
 };
@@ -40,6 +40,8 @@ struct MaterializationRow {
     result_coverage: Option<String>,
     last_folded_at: Option<i64>,
     rows_folded: i64,
+    result_fold: Option<String>,
+    result_fold_reason: Option<String>,
 }
 
 impl MaterializationRow {
@@ -53,6 +55,13 @@ impl MaterializationRow {
                 materialized_at: instant(at)?,
                 data_as_of: instant(self.result_data_as_of.unwrap_or(at))?,
                 coverage: self.result_coverage.map(Coverage),
+                fold: match self.result_fold {
+                    Some(fold) => Some(
+                        Fold::parse(&fold, self.result_fold_reason)
+                            .ok_or_else(|| DbError::Corrupt(format!("materialization fold {fold}")))?,
+                    ),
+                    None => None,
+                },
             }),
             _ => None,
         };
@@ -188,6 +197,8 @@ fn claim_one(
                 result_coverage: None,
                 last_folded_at: None,
                 rows_folded: 0,
+                result_fold: None,
+                result_fold_reason: None,
             };
             match diesel::insert_into(materializations::table).values(&row).execute(conn) {
                 Ok(n) => Ok(n == 1),
@@ -353,6 +364,9 @@ impl MaterializationRecords for DieselStore {
                             materializations::result_data_as_of.eq(Some(micros(result.data_as_of))),
                             materializations::result_coverage
                                 .eq(result.coverage.as_ref().map(|c| c.0.clone())),
+                            materializations::result_fold.eq(result.fold.as_ref().map(Fold::as_str)),
+                            materializations::result_fold_reason
+                                .eq(result.fold.as_ref().and_then(Fold::reason)),
                             materializations::next_run_at.eq(micros(next_run_at)),
                             materializations::lease_token.eq(None::<String>),
                             materializations::lease_expires_at.eq(None::<i64>),

@@ -82,6 +82,8 @@ diesel::table! {
         result_coverage -> Nullable<Text>,
         last_folded_at -> Nullable<BigInt>,
         rows_folded -> BigInt,
+        result_fold -> Nullable<Text>,
+        result_fold_reason -> Nullable<Text>,
     }
 }
 

@@ -6,7 +6,7 @@ mod ports;
 mod service;
 
 pub use model::{
-    attempt_location, endpoint_location, Claim, Coverage, Eligibility, MaterializationState,
+    attempt_location, endpoint_location, Claim, Coverage, Eligibility, Fold, MaterializationState,
     MaterializationStatus, MaterializationView, MaterializedFilter, Rollup, RollupColumn, Stored,
     StoredColumn, StoredResult, Switch,
 };

@@ -80,6 +80,9 @@ pub enum Eligibility {
     },
 }
 
+/// The aggregates [`recombinable`] accepts, as a sentence says them.
+const RECOMBINABLE: &str = "COUNT, SUM, MIN, MAX and AVG without DISTINCT";
+
 /// Whether an aggregate's partial results recombine: `count` and `sum` by summing, `min` and `max` by themselves
 /// (with or without DISTINCT), `avg` as a sum over a count.
 fn recombinable(call: &AggregateCall) -> bool {
@@ -156,9 +159,31 @@ impl Eligibility {
     /// Whether an aggregating query can be stored as a rollup: plain group keys, no window function, and every
     /// aggregate recombinable from partial results.
     fn rollup_holds(outline: &QueryOutline) -> bool {
-        !outline.window_functions
-            && !outline.grouping_sets
-            && outline.aggregate_calls.iter().all(recombinable)
+        !outline.window_functions && !outline.grouping_sets && Self::unrecombinable(outline).is_none()
+    }
+
+    /// The first aggregate of the query that partial results cannot recombine.
+    fn unrecombinable(outline: &QueryOutline) -> Option<&AggregateCall> {
+        outline.aggregate_calls.iter().find(|c| !recombinable(c))
+    }
+
+    /// Why an aggregating query is stored as its final rows rather than as a rollup, if it is: those are
+    /// computed again in full after every append, where a rollup's partial aggregates take appended rows in.
+    pub fn final_rows_reason(outline: &QueryOutline) -> Option<String> {
+        if !outline.aggregates {
+            return None;
+        }
+        if let Some(call) = Self::unrecombinable(outline) {
+            return Some(format!(
+                "its aggregate `{}` cannot be recombined from partial results ({RECOMBINABLE} can), so its \
+                 final rows are stored",
+                call.text
+            ));
+        }
+        if outline.grouping_sets {
+            return Some("it groups by GROUPING SETS, ROLLUP or CUBE, so its final rows are stored".into());
+        }
+        outline.window_functions.then(|| "it computes window functions over its groups".into())
     }
 
     /// The rollup of an aggregating query (see [`Eligibility::rollup_holds`]); one whose variables filter columns
@@ -174,14 +199,13 @@ impl Eligibility {
                        cannot filter; group by plain keys."
                 .into());
         }
-        if let Some(call) = outline.aggregate_calls.iter().find(|c| !recombinable(c)) {
+        if let Some(call) = Self::unrecombinable(outline) {
             let predicate = outline.predicates.iter().find(|p| p.group_key.is_none());
             let (variable, column) = predicate.map_or(("", ""), |p| (p.variable.as_str(), p.column.as_str()));
             return no(format!(
-                "The aggregate `{}` cannot be recombined from partial results (COUNT, SUM, MIN, MAX and AVG \
-                 without DISTINCT can), so it cannot be stored grouped by `{column}`, which variable \
-                 '{variable}' filters. Add `{column}` to GROUP BY and to the select list, or use recombinable \
-                 aggregates.",
+                "The aggregate `{}` cannot be recombined from partial results ({RECOMBINABLE} can), so it \
+                 cannot be stored grouped by `{column}`, which variable '{variable}' filters. Add `{column}` to \
+                 GROUP BY and to the select list, or use recombinable aggregates.",
                 call.text
             ));
         }
@@ -292,6 +316,46 @@ impl fmt::Display for MaterializationStatus {
     }
 }
 
+/// How rows appended to its tables reach a stored result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fold {
+    /// They are folded into it: the query over the appended rows alone, added to the stored rows or to a
+    /// rollup's partial aggregates.
+    Incremental,
+    /// It is computed again in full, for the reason.
+    FullRefreshOnly { reason: String },
+}
+
+impl Fold {
+    /// Every kind's name, as [`Fold::as_str`] says it.
+    pub const NAMES: [&'static str; 2] = ["incremental", "full_refresh_only"];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Incremental => "incremental",
+            Self::FullRefreshOnly { .. } => "full_refresh_only",
+        }
+    }
+
+    /// Why every change computes the result in full, when it does.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Incremental => None,
+            Self::FullRefreshOnly { reason } => Some(reason),
+        }
+    }
+
+    /// The fold of its stored text and reason (see [`Fold::as_str`]); `None` for what no release wrote.
+    pub fn parse(raw: &str, reason: Option<String>) -> Option<Self> {
+        match (raw, reason) {
+            ("incremental", None) => Some(Self::Incremental),
+            ("full_refresh_only", Some(reason)) => Some(Self::FullRefreshOnly { reason }),
+            _ => None,
+        }
+    }
+}
+
 /// A complete stored result, as switched to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResult {
@@ -305,6 +369,8 @@ pub struct StoredResult {
     pub data_as_of: Timestamp,
     /// What of its tables it holds, for folding appended rows into it.
     pub coverage: Option<Coverage>,
+    /// How appended rows reach it; `None` for a result of a release that did not say.
+    pub fold: Option<Fold>,
 }
 
 /// The materialization record of one endpoint, as the store keeps it.
@@ -385,6 +451,8 @@ pub struct Stored {
     /// not fix (`now()`, `current_date`, `random()`). Such a result is computed again within its freshness,
     /// rows appended or not (and never folded).
     pub changes_with_time: bool,
+    /// How rows appended to its tables reach it from now on.
+    pub fold: Fold,
 }
 
 /// The directory of one endpoint's stored results, relative to its project.
@@ -425,6 +493,8 @@ pub struct MaterializationView {
     pub hibernate_after_days: Option<u32>,
     /// Since when it hibernates; `None` while it refreshes.
     pub hibernated_at: Option<Timestamp>,
+    /// How appended rows reach the stored result; `None` before a result of this version says.
+    pub fold: Option<Fold>,
     /// The rollup the stored result is, when it is one.
     pub rollup: Option<Rollup>,
     pub error: Option<String>,
@@ -466,6 +536,7 @@ impl MaterializationView {
             rows_folded: 0,
             hibernate_after_days: endpoint.hibernation.days(),
             hibernated_at: None,
+            fold: None,
             rollup: eligibility.and_then(Eligibility::rollup).cloned(),
             error: None,
             can_materialize: eligibility.is_some_and(Eligibility::is_eligible) && endpoint.is_active,
@@ -496,6 +567,7 @@ impl MaterializationView {
             view.row_count = Some(result.row_count);
             view.data_as_of = Some(result.data_as_of);
             view.appended_since = state.appended_since;
+            view.fold = result.fold.clone();
         }
         view
     }
@@ -561,7 +633,58 @@ mod tests {
             let decided = Eligibility::decide(&kept);
             assert_eq!(decided.filters().unwrap(), &[filter(StoredColumn::Output("day".into()))], "{kept:?}");
             assert_eq!(decided.rollup(), None);
+            // Its final rows are computed again after every append, and the status says why.
+            assert!(Eligibility::final_rows_reason(&kept).is_some(), "{kept:?}");
         }
+        let reason = |outline: &QueryOutline| Eligibility::final_rows_reason(outline);
+        assert_eq!(reason(&outline), None, "a rollup takes appended rows in");
+        assert_eq!(reason(&QueryOutline::default()), None, "rows without an aggregation are not final rows");
+        let distinct = QueryOutline { aggregate_calls: vec![call(AggregateKind::Count, true)], ..outline };
+        assert!(reason(&distinct).unwrap().contains("`count(DISTINCT t.x)` cannot be recombined"));
+    }
+
+    /// The status shows how appended rows reach the current version's stored result, and nothing for a result
+    /// of another version or before one says.
+    #[test]
+    fn the_status_says_how_appended_rows_reach_the_current_result() {
+        let mut endpoint = crate::testing::endpoint(
+            "kpi",
+            crate::testing::query(serde_json::json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})),
+        );
+        endpoint.is_materialized = true;
+        let full = Fold::FullRefreshOnly { reason: "the query reads `t` 2 times".into() };
+        let result = StoredResult {
+            version: endpoint.current_version,
+            location: "loc".into(),
+            row_count: 1,
+            materialized_at: crate::testing::T0,
+            data_as_of: crate::testing::T0,
+            coverage: None,
+            fold: Some(full.clone()),
+        };
+        let state = |result: StoredResult| MaterializationState {
+            endpoint_id: endpoint.id,
+            version: result.version,
+            status: MaterializationStatus::Completed,
+            next_run_at: crate::testing::T0,
+            error: None,
+            result: Some(result),
+            lease: None,
+            appended_since: None,
+            full_refreshes: 1,
+            last_folded_at: None,
+            rows_folded: 0,
+        };
+        let view = MaterializationView::of(&endpoint, Some(&state(result.clone())));
+        assert_eq!((view.fold.as_ref(), full.reason()), (Some(&full), Some("the query reads `t` 2 times")));
+        let older = StoredResult { version: endpoint.current_version - 1, ..result.clone() };
+        assert_eq!(MaterializationView::of(&endpoint, Some(&state(older))).fold, None);
+        assert_eq!(MaterializationView::of(&endpoint, None).fold, None);
+        // Stored as its kind and reason, and read back.
+        for fold in [Fold::Incremental, full] {
+            assert_eq!(Fold::parse(fold.as_str(), fold.reason().map(str::to_owned)), Some(fold));
+        }
+        assert_eq!(Fold::parse("full_refresh_only", None), None, "a reason goes with it");
     }
 
     #[test]

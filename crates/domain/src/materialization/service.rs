@@ -195,6 +195,7 @@ impl RefreshService {
             materialized_at: at,
             data_as_of,
             coverage: stored.coverage,
+            fold: Some(stored.fold),
         };
         // A result that changes with time is due again within its freshness, appends or not.
         let period = match stored.changes_with_time {

@@ -6,7 +6,7 @@ use serde_json::json;
 use time::macros::datetime;
 use uuid::Uuid;
 
-use super::super::model::{Coverage, MaterializationState, MaterializationStatus};
+use super::super::model::{Coverage, Fold, MaterializationState, MaterializationStatus};
 use super::super::ports::{MockMaterializationRecords, MockResultStorage};
 use super::*;
 use crate::access::ProjectId;
@@ -18,6 +18,11 @@ use crate::error::EngineError;
 use crate::query::{MockQueryEngine, Query};
 
 const NOW: Timestamp = datetime!(2026-11-22 10:00 UTC);
+
+/// What the engine says of a query that reads its table twice.
+fn twice() -> Fold {
+    Fold::FullRefreshOnly { reason: "the query reads `t` 2 times".into() }
+}
 const LEASE: Duration = Duration::from_secs(60);
 
 fn claim() -> Claim {
@@ -69,7 +74,12 @@ fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockResu
     let mut results = MockResultStorage::new();
     results.expect_write().with(always(), always(), eq(target())).returning(move |_, _, _| {
         write
-            .map(|rows| Stored { rows, coverage: Some(Coverage("full".into())), changes_with_time: false })
+            .map(|rows| Stored {
+                rows,
+                coverage: Some(Coverage("full".into())),
+                changes_with_time: false,
+                fold: twice(),
+            })
             .map_err(|()| EngineError::InvalidQuery("Column 'x' not found".into()))
     });
     results.expect_remove().returning(move |_, location| {
@@ -128,6 +138,7 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
                         materialized_at: NOW,
                         data_as_of: NOW,
                         coverage: Some(Coverage("full".into())),
+                        fold: Some(twice()),
                     }
                 && *next == NOW + Duration::from_secs(3600)
                 && folded.is_none()
@@ -162,7 +173,7 @@ async fn a_result_that_changes_with_time_is_due_again_within_its_freshness() {
             .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: None }));
         let mut results = MockResultStorage::new();
         results.expect_write().returning(move |_, _, _| {
-            Ok(Stored { rows: 3, coverage: Some(Coverage("full".into())), changes_with_time })
+            Ok(Stored { rows: 3, coverage: Some(Coverage("full".into())), changes_with_time, fold: twice() })
         });
         let m = materializer(endpoints(eligible()), states, results);
         assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 3 });
@@ -279,6 +290,7 @@ async fn the_sweep_removes_only_locations_no_record_refers_to() {
             materialized_at: NOW,
             data_as_of: NOW,
             coverage: None,
+            fold: None,
         }),
         lease: Some((Uuid::from_u128(6), NOW + LEASE)),
         appended_since: None,
@@ -324,6 +336,7 @@ fn with_result(states: &mut MockMaterializationRecords) {
                 materialized_at: NOW,
                 data_as_of: NOW,
                 coverage: Some(Coverage("read".into())),
+                fold: Some(Fold::Incremental),
             }),
             lease: Some((Uuid::from_u128(9), NOW + LEASE)),
             appended_since: None,
@@ -341,8 +354,8 @@ async fn rows_appended_since_the_result_are_folded_into_it() {
     states
         .expect_complete()
         .withf(|_, _, result, _, folded| {
-            (result.row_count, &result.location, result.coverage.as_ref(), *folded)
-                == (45, &target(), Some(&Coverage("folded".into())), Some(5))
+            (result.row_count, &result.location, result.coverage.as_ref(), result.fold.as_ref(), *folded)
+                == (45, &target(), Some(&Coverage("folded".into())), Some(&Fold::Incremental), Some(5))
         })
         .times(1)
         .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: Some("previous".into()) }));
@@ -357,7 +370,12 @@ async fn rows_appended_since_the_result_are_folded_into_it() {
         })
         .times(1)
         .returning(|_, _, _, _| {
-            Ok(Stored { rows: 5, coverage: Some(Coverage("folded".into())), changes_with_time: false })
+            Ok(Stored {
+                rows: 5,
+                coverage: Some(Coverage("folded".into())),
+                changes_with_time: false,
+                fold: Fold::Incremental,
+            })
         });
     results.expect_write().never();
     let sink = Arc::clone(&removed);

@@ -739,6 +739,7 @@ mod materialized {
                     materialized_at: at,
                     data_as_of: at,
                     coverage: None,
+                    fold: None,
                 }),
                 lease: None,
                 appended_since: None,

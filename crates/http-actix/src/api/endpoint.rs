@@ -126,6 +126,15 @@ pub struct Materialization {
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
     pub hibernated_at: Option<OffsetDateTime>,
+    /// How rows appended to a table the query reads reach the stored result: `incremental` (folded in: the
+    /// query over the appended rows alone, added to the stored rows or to a rollup's partial aggregates) or
+    /// `full_refresh_only` (computed again in full, for `fold_reason`). Null until a stored result of this
+    /// version says.
+    #[schema(schema_with = names::nullable_fold, required = true)]
+    pub fold: Option<Cow<'static, str>>,
+    /// Why every change computes the stored result in full, when `fold` is `full_refresh_only`.
+    #[schema(required = true)]
+    pub fold_reason: Option<String>,
     /// When the query is stored as a rollup, what the stored rows are grouped by: the query's group keys, then
     /// the columns its variables filter (a timestamp bounded by `Date` variables as `date_trunc('day', ...)`);
     /// null when the stored result is the query's own rows (or it cannot be materialized).
@@ -170,6 +179,8 @@ impl From<MaterializationView> for Materialization {
             rows_folded: view.rows_folded,
             hibernate_after_days: view.hibernate_after_days,
             hibernated_at: view.hibernated_at,
+            fold: view.fold.as_ref().map(|f| f.as_str().into()),
+            fold_reason: view.fold.as_ref().and_then(|f| f.reason().map(str::to_owned)),
             grouping: view.rollup.as_ref().map(grouping),
             error: view.error,
             can_materialize: view.can_materialize,

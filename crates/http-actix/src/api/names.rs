@@ -2,7 +2,7 @@
 //! from the domain's own lists so that each is written once.
 
 use domain::{
-    ColumnType, EndpointName, MaterializationStatus, QueryKind, Refresh, ResultFormat, SyncFrequency,
+    ColumnType, EndpointName, Fold, MaterializationStatus, QueryKind, Refresh, ResultFormat, SyncFrequency,
     TableName, TableSource, VariableType,
 };
 use serde_json::Value;
@@ -40,6 +40,11 @@ pub(crate) fn nullable_refresh() -> Object {
 
 pub(crate) fn materialization_status() -> Object {
     one_of(names(MaterializationStatus::ALL.map(MaterializationStatus::as_str)), false)
+}
+
+/// Null until a stored result of the version says.
+pub(crate) fn nullable_fold() -> Object {
+    one_of(names(Fold::NAMES), true)
 }
 
 pub(crate) fn query_kind() -> Object {

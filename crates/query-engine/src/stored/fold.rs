@@ -25,7 +25,7 @@ use datafusion::datasource::provider_as_source;
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, TableScan, TableSource, Volatility};
 use datafusion::prelude::ParquetReadOptions;
-use domain::{Coverage, EngineError, ProjectId};
+use domain::{Coverage, EngineError, Fold, ProjectId};
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStoreExt;
@@ -68,11 +68,29 @@ fn scans(plan: &LogicalPlan, table: &str, subqueries: bool) -> usize {
     found
 }
 
+/// Why a result that does not say which rows of its tables it holds is computed in full after every change.
+pub(crate) const UNCOVERED: &str =
+    "the query reads a source whose files the service does not keep, or runs on \
+                                    the cluster, so the stored result cannot tell which rows it holds";
+
+/// How rows appended to the tables of a stored result of `plan` (a rollup's when `aggregated`) reach it: folded
+/// in, unless the query's answer changes with time, or an aggregation is stored as its final rows
+/// (`final_rows`, the rules' reason), or a table is read where a fold cannot follow it ([`unfoldable`]).
+/// The status shows it, and a fold refuses with its reason before it reads anything.
+pub(crate) fn fold_of(plan: &LogicalPlan, aggregated: bool, final_rows: Option<String>) -> Fold {
+    let reason = changes_with_time(plan)
+        .or(final_rows)
+        .or_else(|| scanned(plan).keys().find_map(|table| unfoldable(plan, table, aggregated)));
+    match reason {
+        Some(reason) => Fold::FullRefreshOnly { reason },
+        None => Fold::Incremental,
+    }
+}
+
 /// Why the plan of a stored result cannot follow rows appended to `table`, if it cannot: the table must be read
 /// once, along projections, filters, aliases and inner joins. `aggregated` is a rollup's plan, whose outermost
-/// node is the aggregation the path leads to. A plan that changes with time is refused before this, by the
-/// caller ([`changes_with_time`]), whatever was appended.
-pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<String> {
+/// node is the aggregation the path leads to.
+fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<String> {
     let reads = scans(plan, table, true);
     if reads != 1 {
         return Some(format!("the query reads `{table}` {reads} times; a fold follows a table read once"));
@@ -115,7 +133,7 @@ pub(crate) fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> O
 
 /// Why a result of the plan changes while its tables do not, if it does: it calls a function whose answer its
 /// arguments do not fix. Such a result is never folded, even when no rows were appended.
-pub(crate) fn changes_with_time(plan: &LogicalPlan) -> Option<String> {
+fn changes_with_time(plan: &LogicalPlan) -> Option<String> {
     changing_function(plan).map(|function| {
         format!(
             "the query calls `{function}`, whose answer is not fixed by its arguments (the time, a random draw), so \

@@ -22,7 +22,7 @@ use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
-    BoundValue, Coverage, Eligibility, EngineError, Export, MaterializedFilter, ProjectId, Query,
+    BoundValue, Coverage, Eligibility, EngineError, Export, Fold, MaterializedFilter, ProjectId, Query,
     QueryResult, ResultFormat, ResultStorage, Rollup, Stored, StoredColumn, StoredResult, VariableType,
 };
 use futures_util::StreamExt;
@@ -180,14 +180,21 @@ impl ResultWriter {
     }
 }
 
+/// The plan whose rows a stored result of a query holds, in a session of its tables.
+struct StoredPlan {
+    ctx: SessionContext,
+    /// The query's plan with its variable predicates removed; for a rollup, regrouped with partial aggregates.
+    plan: LogicalPlan,
+    rollup: Option<Rollup>,
+    /// The metadata of the result's files.
+    metadata: HashMap<String, String>,
+    /// How rows appended to its tables reach the result (see [`fold::fold_of`]).
+    fold: Fold,
+}
+
 impl DataFusionEngine {
-    /// The plan whose rows a stored result of `query` holds (its variable predicates removed; for a rollup,
-    /// regrouped with partial aggregates), in a session of its tables, with the rollup and the file metadata.
-    async fn stored_plan_of(
-        &self,
-        project: ProjectId,
-        query: &Query,
-    ) -> Result<(SessionContext, LogicalPlan, Option<Rollup>, HashMap<String, String>), EngineError> {
+    /// The plan a stored result of `query` holds, and how appended rows reach it.
+    async fn stored_plan_of(&self, project: ProjectId, query: &Query) -> Result<StoredPlan, EngineError> {
         let compiled = compile::compile(query);
         let (ctx, unbound) = self.live_plan(project, &compiled).await?;
         let outline =
@@ -205,7 +212,8 @@ impl DataFusionEngine {
             None => (outline::without_variable_predicates(unbound, &compiled), HashMap::new()),
         };
         let plan = plan.map_err(|e| EngineError::Internal(Box::new(e)))?;
-        Ok((ctx, plan, rollup, metadata))
+        let fold = fold::fold_of(&plan, rollup.is_some(), Eligibility::final_rows_reason(&outline));
+        Ok(StoredPlan { ctx, plan, rollup, metadata, fold })
     }
 
     /// The plan reading exactly the files its tables have now, and what it reads of them: `None` when one of
@@ -238,10 +246,14 @@ impl DataFusionEngine {
         query: &Query,
         prefix: &ObjectPath,
     ) -> Result<Stored, EngineError> {
-        let (ctx, plan, rollup, metadata) = self.stored_plan_of(project, query).await?;
+        let StoredPlan { ctx, plan, rollup, metadata, fold } = self.stored_plan_of(project, query).await?;
         let changes_with_time = fold::changing_function(&plan).is_some();
         // The files are listed once, so that the result says exactly which rows it holds.
         let (plan, covered) = self.pinned(project, &ctx, plan).await?;
+        let fold = match covered {
+            Some(_) => fold,
+            None => Fold::FullRefreshOnly { reason: fold::UNCOVERED.into() },
+        };
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         // A refresh takes its turns on the cores as the project's runs do.
         let (mut stream, _held) = self.execute_fairly(project, frame).await?;
@@ -270,6 +282,7 @@ impl DataFusionEngine {
             rows: writer.finish().await?,
             coverage: covered.map(|c| c.coverage()),
             changes_with_time,
+            fold,
         })
     }
 
@@ -287,10 +300,11 @@ impl DataFusionEngine {
             EngineError::InvalidQuery(format!("The stored result cannot follow the appended rows: {reason}."))
         };
         let mut covered = fold::Covered::of(coverage)?;
-        let (ctx, stored, rollup, metadata) = self.stored_plan_of(project, query).await?;
+        let StoredPlan { ctx, plan: stored, metadata, fold, .. } =
+            self.stored_plan_of(project, query).await?;
         // Refused before anything else: with no rows appended, a fold would keep rows chosen at another time.
-        if let Some(reason) = fold::changes_with_time(&stored) {
-            return Err(refuse(reason));
+        if let Some(reason) = fold.reason() {
+            return Err(refuse(reason.to_owned()));
         }
         let scanned = fold::scanned(&stored);
         if scanned.keys().any(|table| !covered.tables.contains_key(table)) {
@@ -313,13 +327,11 @@ impl DataFusionEngine {
             covered.tables.insert(table.clone(), fold::Read::of(now));
         }
         let Some((table, schema, files, now)) = changed.pop() else {
-            return Ok(Stored { rows: 0, coverage: Some(covered.coverage()), changes_with_time: false });
+            let coverage = Some(covered.coverage());
+            return Ok(Stored { rows: 0, coverage, changes_with_time: false, fold: Fold::Incremental });
         };
         if let Some((other, ..)) = changed.first() {
             return Err(refuse(format!("both `{table}` and `{other}` changed")));
-        }
-        if let Some(reason) = fold::unfoldable(&stored, &table, rollup.is_some()) {
-            return Err(refuse(reason));
         }
         // The appended rows, joined with the other tables as the result read them (rows appended to one of them
         // from now on are the next fold's).
@@ -346,7 +358,8 @@ impl DataFusionEngine {
         }
         let added = writer.finish().await?;
         covered.tables.insert(table, fold::Read::of(&now));
-        Ok(Stored { rows: added, coverage: Some(covered.coverage()), changes_with_time: false })
+        let coverage = Some(covered.coverage());
+        Ok(Stored { rows: added, coverage, changes_with_time: false, fold: Fold::Incremental })
     }
 
     /// A session and the plan of the page `offset..offset+limit` of the stored result at `prefix`: its rows
