@@ -164,8 +164,8 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
     for (sql, reason) in [
         ("SELECT country FROM sales WHERE country = {variables.c} LIMIT 2", "LIMIT"),
         (
-            "SELECT vip, count(DISTINCT country) AS n FROM sales WHERE country = {variables.c} GROUP BY vip",
-            "`count(DISTINCT sales.country)` cannot be recombined",
+            "SELECT vip, median(amount) AS n FROM sales WHERE country = {variables.c} GROUP BY vip",
+            "`median(sales.amount)` cannot be recombined",
         ),
         ("SELECT id FROM sales WHERE country = {variables.c}", "does not output"),
     ] {
@@ -534,12 +534,21 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     }
     let plain = json!({"name": "plain", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     assert_eq!(app.create_endpoint(project, &key, &plain).await.freshness_seconds, 60);
-    // An aggregate no rollup recombines is stored as its final rows, computed again after each append.
-    let countries = json!({"kind": "SQLQuery", "variables": {"vip": {"type": "Boolean", "default": true}},
-        "query": "SELECT vip, count(DISTINCT country) AS countries FROM sales WHERE vip = {variables.vip} GROUP BY vip"});
-    for (name, sql) in
-        [("by_country", by_country(BY_COUNTRY)), ("totals", totals()), ("countries", countries)]
-    {
+    // A DISTINCT count stores the values it counts, so that appended rows fold in; an aggregate no rollup
+    // recombines is stored as its final rows, computed again after each append.
+    let on_vip = |sql: &str| json!({"kind": "SQLQuery", "variables": {"vip": {"type": "Boolean", "default": true}}, "query": sql});
+    let countries = on_vip(
+        "SELECT vip, count(DISTINCT country) AS countries, sum(amount) AS total FROM sales \
+         WHERE vip = {variables.vip} GROUP BY vip",
+    );
+    let typical =
+        on_vip("SELECT vip, median(amount) AS typical FROM sales WHERE vip = {variables.vip} GROUP BY vip");
+    for (name, sql) in [
+        ("by_country", by_country(BY_COUNTRY)),
+        ("totals", totals()),
+        ("countries", countries),
+        ("typical", typical),
+    ] {
         let body = json!({"name": name, "is_materialized": true, "freshness_seconds": 1, "query": sql});
         assert_eq!(app.create_endpoint(project, &key, &body).await.freshness_seconds, 1);
     }
@@ -551,19 +560,16 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
         ("by_country", json!({"from": "A", "vip": true})),
         ("totals", json!({"since": "2026-01-01", "until": "2027-01-01", "not": "XX"})),
         ("countries", json!({"vip": true})),
+        ("typical", json!({"vip": true})),
     ];
     for (name, _) in &variables {
         let done = wait_for(&app, project, &key, name, "Completed", 1).await;
         assert_eq!((done.full_refreshes, done.appended_since), (1, None));
         // The status says how appended rows will reach it, and why not folded when they are not.
-        let incremental = *name != "countries";
+        let incremental = *name != "typical";
         assert_eq!(done.fold.as_deref(), Some(if incremental { "incremental" } else { "full_refresh_only" }));
         let reason = done.fold_reason.as_deref().unwrap_or("");
-        assert_eq!(
-            reason.contains("`count(DISTINCT sales.country)` cannot be recombined"),
-            !incremental,
-            "{done:?}"
-        );
+        assert_eq!(reason.contains("`median(sales.amount)` cannot be recombined"), !incremental, "{done:?}");
     }
 
     for round in 0..3 {
@@ -613,8 +619,11 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     let done = status(&app, project, &key, "totals").await;
     assert_eq!((done.full_refreshes, done.rows_folded), (1, 3), "{done:?}");
     assert!(done.last_folded_at.is_some(), "{done:?}");
-    // Final rows followed each append by a full refresh.
     let done = status(&app, project, &key, "countries").await;
+    assert_eq!((done.full_refreshes, done.rows_folded), (1, 3), "{done:?}");
+    assert_eq!(done.grouping, Some(vec!["sales.vip".to_owned(), "sales.country".to_owned()]), "{done:?}");
+    // Final rows followed each append by a full refresh.
+    let done = status(&app, project, &key, "typical").await;
     assert_eq!((done.full_refreshes, done.rows_folded, done.last_folded_at), (4, 0, None), "{done:?}");
 
     // A run that takes no data older than 0 seconds is computed live, and says so.

@@ -221,10 +221,10 @@ def breaking_version(page):
     page.get_by_test_id("nav-endpoints").click()
 
 
-# What the service says of `count(DISTINCT ...)` (tests/api/materialization.rs checks the service says it).
+# What the service says of `median(...)` (tests/api/materialization.rs checks the service says it).
 REFRESHED_IN_FULL = (
-    "its aggregate `count(DISTINCT sales.country)` cannot be recombined from partial results "
-    "(COUNT, SUM, MIN, MAX and AVG without DISTINCT can), so its final rows are stored"
+    "its aggregate `median(sales.amount)` cannot be recombined from partial results "
+    "(COUNT, SUM, MIN, MAX and AVG can, DISTINCT of one argument without FILTER too), so its final rows are stored"
 )
 
 

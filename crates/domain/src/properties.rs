@@ -94,11 +94,12 @@ fn outline() -> impl Strategy<Value = QueryOutline> {
         Just(AggregateKind::Min),
         Just(AggregateKind::Other)
     ];
-    let call = (function, any::<bool>()).prop_map(|(function, distinct)| AggregateCall {
+    let call = (function, any::<bool>(), any::<bool>()).prop_map(|(function, distinct, one)| AggregateCall {
         text: format!("{function:?}(x)"),
         function,
         distinct,
         ordered: false,
+        distinct_argument: (distinct && one).then(|| "t.x".to_owned()),
     });
     (
         (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
@@ -183,6 +184,11 @@ proptest! {
                     Some(rollup) => {
                         prop_assert!(outline.aggregates && !outline.grouping_sets && !outline.window_functions);
                         prop_assert!(outline.aggregate_calls.iter().all(|c| c.function != AggregateKind::Other));
+                        // A DISTINCT count, sum or average is of one argument, whose values are stored.
+                        for call in outline.aggregate_calls.iter().filter(|c| c.distinct) {
+                            let counted = matches!(call.function, AggregateKind::Count | AggregateKind::Sum | AggregateKind::Avg);
+                            prop_assert!(!counted || call.distinct_argument.as_ref().is_some_and(|a| rollup.distinct.contains(a)));
+                        }
                         for (filter, predicate) in filters.iter().zip(&outline.predicates) {
                             let stored = match predicate.group_key {
                                 Some(i) => StoredColumn::Key(i),

@@ -84,8 +84,12 @@ async fn plans_tell_which_queries_can_be_materialized() {
         ("SELECT * FROM events WHERE country = {variables.c}", vec![("country", CompareOp::Eq, "c")]),
         // An aggregate a rollup cannot recombine: the final rows, filtered on the group key.
         (
-            "SELECT country, count(DISTINCT distinct_id) AS n FROM events WHERE country = {variables.c} \
-             GROUP BY country",
+            "SELECT country, median(revenue) AS n FROM events WHERE country = {variables.c} GROUP BY country",
+            vec![("country", CompareOp::Eq, "c")],
+        ),
+        (
+            "SELECT country, count(DISTINCT distinct_id) FILTER (WHERE event = 'purchase') AS n FROM events \
+             WHERE country = {variables.c} GROUP BY country",
             vec![("country", CompareOp::Eq, "c")],
         ),
     ];
@@ -129,6 +133,18 @@ async fn plans_tell_which_queries_can_be_materialized() {
             vec!["events.country", "events.timestamp (by day)", "events.revenue"],
         ),
         ("SELECT count(*) AS n FROM events WHERE timestamp > {variables.d}", vec!["events.timestamp"]),
+        // DISTINCT counts, sums and averages store their argument's values, each argument once.
+        (
+            "SELECT country, count(DISTINCT distinct_id) AS n, avg(DISTINCT revenue) AS a FROM events \
+             WHERE country = {variables.c} GROUP BY country",
+            vec!["events.country", "events.distinct_id", "events.revenue"],
+        ),
+        (
+            "SELECT browser, count(DISTINCT distinct_id) AS u, sum(DISTINCT revenue) AS s, \
+             count(DISTINCT revenue) AS c, min(DISTINCT revenue) AS low FROM events \
+             WHERE country = {variables.c} GROUP BY browser",
+            vec!["events.browser", "events.country", "events.distinct_id", "events.revenue"],
+        ),
     ];
     for (sql, grouping) in rollups {
         let decided = eligibility(e, sql, vars.clone()).await;
@@ -142,8 +158,9 @@ async fn plans_tell_which_queries_can_be_materialized() {
         ("SELECT country FROM events WHERE country = {variables.c} LIMIT 5", "LIMIT"),
         ("SELECT country FROM events WHERE country = {variables.c} OR revenue > 1", "used outside"),
         (
-            "SELECT browser, count(DISTINCT distinct_id) AS u FROM events WHERE country = {variables.c} GROUP BY browser",
-            "`count(DISTINCT events.distinct_id)` cannot be recombined",
+            "SELECT browser, count(DISTINCT distinct_id) FILTER (WHERE revenue > 0) AS u FROM events \
+             WHERE country = {variables.c} GROUP BY browser",
+            "cannot be recombined",
         ),
         (
             "SELECT browser, median(revenue) AS m FROM events WHERE country = {variables.c} GROUP BY browser",
@@ -346,6 +363,31 @@ fn rollup_cases() -> Vec<Case> {
             variables: range_vars(),
             draw: range,
         },
+        // DISTINCT counts, sums and averages, their values stored: filtered on other columns (a range of days and
+        // a string), and on the group key alone.
+        Case {
+            sql: "SELECT country, count(DISTINCT distinct_id) AS users, count(DISTINCT event) AS kinds, \
+                  sum(DISTINCT revenue) AS distinct_revenue, avg(DISTINCT revenue) AS distinct_mean, \
+                  count(DISTINCT CASE WHEN event = 'purchase' THEN distinct_id END) AS buyers, count(*) AS n \
+                  FROM events WHERE timestamp >= {variables.since} AND timestamp < {variables.until} \
+                  AND browser != {variables.b} GROUP BY country ORDER BY users DESC, country",
+            variables: json!({
+                "since": {"type": "Date", "default": "2026-01-01"},
+                "until": {"type": "Date", "default": "2026-02-01"},
+                "b": string_var(),
+            }),
+            draw: |rng| {
+                let mut variables = range(rng);
+                variables.insert("b".into(), BoundValue::String(pick(rng, &["Chrome", "Safari", "none"])));
+                variables
+            },
+        },
+        Case {
+            sql: "SELECT country, count(DISTINCT distinct_id) AS users, sum(revenue) AS total FROM events \
+                  WHERE country = {variables.c} GROUP BY country",
+            variables: json!({"c": string_var()}),
+            draw: |rng| BTreeMap::from([("c".into(), BoundValue::String(pick(rng, &COUNTRIES)))]),
+        },
         // A timestamp bounded by a date-time and a number: stored as they are.
         Case {
             sql: "SELECT country, max(revenue) AS top, count(*) AS n FROM events \
@@ -507,6 +549,43 @@ async fn a_rollup_past_its_row_limit_is_refused_saying_why() {
         json!({"c": string_var()}),
     );
     assert!(ResultStorage::write(&engine, project(), &keys, &at).await.unwrap().rows > 100);
+    ResultStorage::remove(&engine, project(), &at).await.unwrap();
+
+    // Too many DISTINCT values with the keys alone: the query's final rows are stored instead, as before such
+    // rollups, filtered on the outputs the rollup's filters name; refreshed in full, and the status says why.
+    let sql =
+        "SELECT country, count(DISTINCT distinct_id) AS users FROM events WHERE country = {variables.c} \
+               GROUP BY country";
+    let users = query(sql, json!({"c": string_var()}));
+    let decided = eligibility(&engine, sql, json!({"c": string_var()})).await;
+    let filters = decided.filters().unwrap();
+    assert_eq!(filters[0].column, domain::StoredColumn::Key(0));
+    let stored = ResultStorage::write(&engine, project(), &users, &at).await.unwrap();
+    assert!(stored.rows < 100, "the final rows: {stored:?}");
+    let reason = stored.fold.reason().unwrap_or_default().to_owned();
+    assert!(reason.contains("more than --max-rollup-rows (100)"), "{reason}");
+    for country in ["US", "DE", "nowhere"] {
+        let value = BoundValue::String(country.into());
+        let variables = BTreeMap::from([("c".to_owned(), value.clone())]);
+        let live = engine.execute(project(), &users, &variables, 100, 0).await.unwrap();
+        let read = engine.read(project(), &at, vec![(filters[0].clone(), value)], 100, 0).await.unwrap();
+        assert_eq!((&read.columns, &read.rows_json), (&live.columns, &live.rows_json), "{country}");
+    }
+    let result = stored_at(&at, 0, stored);
+    self::refused(&engine, &users, &result, &reason).await;
+    ResultStorage::remove(&engine, project(), &at).await.unwrap();
+    // Filtered on other columns too, final rows cannot answer: refused as any rollup too fine.
+    let by_browser = query(
+        "SELECT country, count(DISTINCT distinct_id) AS users FROM events WHERE browser = {variables.c} \
+         GROUP BY country",
+        json!({"c": string_var()}),
+    );
+    let refused = ResultStorage::write(&engine, project(), &by_browser, &at).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.to_string().contains("events.browser, events.distinct_id")),
+        "{refused:?}"
+    );
+    assert!(ResultStorage::locations(&engine).await.unwrap().is_empty(), "nothing is left of it");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -879,8 +958,8 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
     let cases = [
         // An aggregate no rollup recombines is stored as its final rows.
         (
-            "SELECT country, count(DISTINCT browser) AS n FROM events WHERE country = {variables.c} GROUP BY country",
-            "aggregate `count(DISTINCT events.browser)` cannot be recombined",
+            "SELECT country, median(revenue) AS n FROM events WHERE country = {variables.c} GROUP BY country",
+            "aggregate `median(events.revenue)` cannot be recombined",
         ),
         ("SELECT country, revenue FROM events WHERE country = {variables.c} ORDER BY revenue", "an ORDER BY"),
         ("SELECT DISTINCT country, browser FROM events WHERE country = {variables.c}", "DISTINCT"),
@@ -1059,7 +1138,28 @@ async fn min_and_max_of_floats_follow_one_order_grouped_ungrouped_and_stored() {
     };
     let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
     ResultStorage::write(engine, project(), &query(rolled, variables), &at).await.unwrap();
-    let bound = filters.iter().map(|f| (f.clone(), BoundValue::String("one".into()))).collect();
-    let stored = engine.read(project(), &at, bound, 100, 0).await.unwrap();
+    let bound: Vec<_> = filters.iter().map(|f| (f.clone(), BoundValue::String("one".into()))).collect();
+    let stored = engine.read(project(), &at, bound.clone(), 100, 0).await.unwrap();
     assert_eq!(answer(&stored.rows_json), expected, "stored");
+    // DISTINCT values of floats (NaN, both zeros, infinities, NULL) stored and counted, summed and averaged
+    // again: as the live query counts them.
+    let distinct = "SELECT g, count(DISTINCT x) AS n, CAST(sum(DISTINCT x) AS VARCHAR) AS s, \
+                    CAST(avg(DISTINCT x) AS VARCHAR) AS m FROM floats WHERE k = {variables.k} GROUP BY g ORDER BY g";
+    let variables = json!({"k": {"type": "String", "default": "one"}});
+    let decided = eligibility(engine, distinct, variables.clone()).await;
+    assert_eq!(
+        decided.rollup().map(|r| r.distinct.clone()),
+        Some(vec!["floats.x".to_owned()]),
+        "{decided:?}"
+    );
+    let distinct = query(distinct, variables);
+    // A location of its own, as every refresh has (a result read once is kept by its location).
+    ResultStorage::remove(engine, project(), &at).await.unwrap();
+    let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    ResultStorage::write(engine, project(), &distinct, &at).await.unwrap();
+    let one = BTreeMap::from([("k".to_owned(), BoundValue::String("one".into()))]);
+    let live = engine.execute(project(), &distinct, &one, 100, 0).await.unwrap();
+    let stored = engine.read(project(), &at, bound, 100, 0).await.unwrap();
+    assert_eq!((&stored.columns, &stored.rows_json), (&live.columns, &live.rows_json), "DISTINCT values");
+    ResultStorage::remove(engine, project(), &at).await.unwrap();
 }

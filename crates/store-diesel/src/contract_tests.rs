@@ -185,6 +185,7 @@ fn eligible() -> Eligibility {
         rollup: Some(Rollup {
             keys: vec!["events.country".into()],
             columns: vec![RollupColumn { column: "events.timestamp".into(), day: true }],
+            distinct: vec!["events.distinct_id".into()],
         }),
     }
 }

@@ -63,6 +63,10 @@ pub struct Rollup {
     pub keys: Vec<String>,
     /// The filtered columns added to the grouping.
     pub columns: Vec<RollupColumn>,
+    /// The arguments of DISTINCT aggregates ([`distinct_values`]) added to the grouping, each once: a run
+    /// applies the aggregate to their stored values again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub distinct: Vec<String>,
 }
 
 /// Whether a query can be materialized: the filters runs apply (to the rollup's columns when it is one), or the
@@ -81,18 +85,26 @@ pub enum Eligibility {
 }
 
 /// The aggregates [`recombinable`] accepts, as a sentence says them.
-const RECOMBINABLE: &str = "COUNT, SUM, MIN, MAX and AVG without DISTINCT";
+const RECOMBINABLE: &str = "COUNT, SUM, MIN, MAX and AVG can, DISTINCT of one argument without FILTER too";
 
 /// Whether an aggregate's partial results recombine: `count` and `sum` by summing, `min` and `max` by themselves
-/// (with or without DISTINCT), `avg` as a sum over a count.
+/// (with or without DISTINCT), `avg` as a sum over a count; `count`, `sum` and `avg` of DISTINCT values by
+/// storing the values ([`Rollup::distinct`]) and applying the call to them again.
 fn recombinable(call: &AggregateCall) -> bool {
     use AggregateKind::{Avg, Count, Max, Min, Other, Sum};
     !call.ordered
         && match call.function {
-            Count | Sum | Avg => !call.distinct,
+            Count | Sum | Avg => !call.distinct || call.distinct_argument.is_some(),
             Min | Max => true,
             Other => false,
         }
+}
+
+/// The argument whose values a rollup stores for a call: a `count`, `sum` or `avg` of DISTINCT values (whose
+/// partial results do not recombine; `min` and `max` of them do).
+fn distinct_values(call: &AggregateCall) -> Option<&str> {
+    let counted = matches!(call.function, AggregateKind::Count | AggregateKind::Sum | AggregateKind::Avg);
+    call.distinct_argument.as_deref().filter(|_| counted && call.distinct)
 }
 
 /// A `Date` variable bounding a timestamp from below (`>=`) or above (`<`): the start of a day, which a
@@ -175,7 +187,7 @@ impl Eligibility {
         }
         if let Some(call) = Self::unrecombinable(outline) {
             return Some(format!(
-                "its aggregate `{}` cannot be recombined from partial results ({RECOMBINABLE} can), so its \
+                "its aggregate `{}` cannot be recombined from partial results ({RECOMBINABLE}), so its \
                  final rows are stored",
                 call.text
             ));
@@ -203,7 +215,7 @@ impl Eligibility {
             let predicate = outline.predicates.iter().find(|p| p.group_key.is_none());
             let (variable, column) = predicate.map_or(("", ""), |p| (p.variable.as_str(), p.column.as_str()));
             return no(format!(
-                "The aggregate `{}` cannot be recombined from partial results ({RECOMBINABLE} can), so it \
+                "The aggregate `{}` cannot be recombined from partial results ({RECOMBINABLE}), so it \
                  cannot be stored grouped by `{column}`, which variable '{variable}' filters. Add `{column}` to \
                  GROUP BY and to the select list, or use recombinable aggregates.",
                 call.text
@@ -237,7 +249,16 @@ impl Eligibility {
                 variable: p.variable.clone(),
             })
             .collect();
-        Self::Eligible { filters, rollup: Some(Rollup { keys: outline.group_keys.clone(), columns }) }
+        let mut distinct: Vec<String> = Vec::new();
+        for argument in outline.aggregate_calls.iter().filter_map(distinct_values) {
+            if !distinct.iter().any(|d| d == argument) {
+                distinct.push(argument.to_owned());
+            }
+        }
+        Self::Eligible {
+            filters,
+            rollup: Some(Rollup { keys: outline.group_keys.clone(), columns, distinct }),
+        }
     }
 
     pub fn is_eligible(&self) -> bool {
@@ -596,6 +617,49 @@ mod tests {
             function,
             distinct,
             ordered: false,
+            distinct_argument: None,
+        }
+    }
+
+    /// A DISTINCT call of one argument, `t.{column}`.
+    fn distinct_of(function: AggregateKind, column: &str) -> AggregateCall {
+        let name = format!("{function:?}").to_lowercase();
+        AggregateCall {
+            text: format!("{name}(DISTINCT t.{column})"),
+            function,
+            distinct: true,
+            ordered: false,
+            distinct_argument: Some(format!("t.{column}")),
+        }
+    }
+
+    /// `count`, `sum` and `avg` of the DISTINCT values of one argument are stored as a rollup with the argument
+    /// among its grouping (once, whatever calls share it), whether variables filter the keys or other columns;
+    /// `min` and `max` of DISTINCT values recombine as they are; a DISTINCT call of several arguments or with a
+    /// FILTER does not.
+    #[test]
+    fn distinct_aggregates_of_one_argument_store_its_values() {
+        let calls = vec![
+            distinct_of(AggregateKind::Count, "user"),
+            distinct_of(AggregateKind::Sum, "amount"),
+            distinct_of(AggregateKind::Avg, "user"),
+            distinct_of(AggregateKind::Max, "other"),
+            call(AggregateKind::Sum, false),
+        ];
+        for predicates in [vec![predicate("since", Some("day"), Some(0))], vec![predicate("x", None, None)]] {
+            let outline = QueryOutline {
+                aggregates: true,
+                group_keys: vec!["t.day".into()],
+                aggregate_calls: calls.clone(),
+                predicates,
+                ..QueryOutline::default()
+            };
+            let rollup = Eligibility::decide(&outline).rollup().cloned().expect("a rollup");
+            assert_eq!(rollup.distinct, vec!["t.user".to_owned(), "t.amount".to_owned()]);
+            assert_eq!(Eligibility::final_rows_reason(&outline), None);
+            let several =
+                QueryOutline { aggregate_calls: vec![call(AggregateKind::Count, true)], ..outline.clone() };
+            assert_eq!(Eligibility::decide(&several).rollup(), None);
         }
     }
 
@@ -621,7 +685,8 @@ mod tests {
         let decided = Eligibility::decide(&outline);
         let filter = |column| MaterializedFilter { column, op: CompareOp::GtEq, variable: "since".into() };
         assert_eq!(decided.filters().unwrap(), &[filter(StoredColumn::Key(0))]);
-        assert_eq!(decided.rollup(), Some(&Rollup { keys: vec!["t.day".into()], columns: vec![] }));
+        let keys = Rollup { keys: vec!["t.day".into()], columns: vec![], distinct: vec![] };
+        assert_eq!(decided.rollup(), Some(&keys));
         // Without variables too.
         let unfiltered = QueryOutline { predicates: vec![], ..outline.clone() };
         assert_eq!(Eligibility::decide(&unfiltered).rollup().map(|r| r.keys.len()), Some(1));

@@ -135,6 +135,9 @@ pub struct AggregateCall {
     pub distinct: bool,
     /// It has an `ORDER BY` of its own.
     pub ordered: bool,
+    /// For a `DISTINCT` call of one argument without a `FILTER`, that argument as the engine writes it
+    /// (`events.user_id`): a rollup can store its values, over which a run applies the call again.
+    pub distinct_argument: Option<String>,
 }
 
 /// Facts about a query's outermost SELECT, read from the engine's plan.

@@ -136,7 +136,8 @@ pub struct Materialization {
     #[schema(required = true)]
     pub fold_reason: Option<String>,
     /// When the query is stored as a rollup, what the stored rows are grouped by: the query's group keys, then
-    /// the columns its variables filter (a timestamp bounded by `Date` variables as `date_trunc('day', ...)`);
+    /// the columns its variables filter (a timestamp bounded by `Date` variables as `date_trunc('day', ...)`),
+    /// then the arguments of its `count`, `sum` and `avg` of DISTINCT values;
     /// null when the stored result is the query's own rows (or it cannot be materialized).
     #[schema(required = true)]
     pub grouping: Option<Vec<String>>,
@@ -157,7 +158,7 @@ fn grouping(rollup: &Rollup) -> Vec<String> {
         true => format!("date_trunc('day', {})", c.column),
         false => c.column.clone(),
     });
-    rollup.keys.iter().cloned().chain(filtered).collect()
+    rollup.keys.iter().cloned().chain(filtered).chain(rollup.distinct.iter().cloned()).collect()
 }
 
 impl From<MaterializationView> for Materialization {

@@ -10,7 +10,8 @@
 //! - a result of rows gets them after its own, positions continuing where the old parts end (the plan has no
 //!   ORDER BY, so the live query's order is not defined beyond what a stored result keeps);
 //! - a rollup gets more partial rows, which a run's aggregation combines with the old ones (COUNT and SUM add,
-//!   MIN and MAX compare, AVG is a sum over a count), as it combines the rows of one group already.
+//!   MIN and MAX compare, AVG is a sum over a count; a DISTINCT count, sum or average is applied to the stored
+//!   values again, each counted once), as it combines the rows of one group already.
 //!
 //! Anything else (the table read twice, under an aggregation, a sort, DISTINCT, a window, a limit, a union, an
 //! outer join or a subquery) is refused with the reason, and a full refresh computes the result instead.

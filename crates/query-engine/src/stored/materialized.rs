@@ -42,6 +42,11 @@ const TABLE: &str = "materialized";
 /// The key of a rollup file's metadata that holds the query it rolls up, as its JSON document.
 const ROLLUP_QUERY: &str = "endpoints.rollup.query";
 
+/// The key of the metadata of a file of final rows stored in place of a rollup (see [`StoredPlan::final_rows`])
+/// that names, as a JSON array, the output column each filter of the rollup compares: the runs' filters name the
+/// rollup's stored columns.
+const FILTERED_OUTPUTS: &str = "endpoints.rows.filtered";
+
 pub(crate) fn materializations_prefix(project: ProjectId) -> ObjectPath {
     ObjectPath::from_iter(["projects", &project.to_string(), "materializations"])
 }
@@ -96,6 +101,8 @@ fn quoted(identifier: &str) -> String {
 #[derive(Debug)]
 pub(crate) struct PreparedResult {
     rollup: Option<RolledUp>,
+    /// For final rows stored in place of a rollup, the output column each of the rollup's filters compares.
+    filtered_outputs: Option<Vec<String>>,
     rows: Option<Arc<MemTable>>,
     schema: Schema,
     /// Memory it holds, as the cache weighs it.
@@ -180,6 +187,14 @@ impl ResultWriter {
     }
 }
 
+/// What writing a stored result's rows came to.
+enum Written {
+    /// Its rows, and what of its tables it holds.
+    Rows(u64, Option<fold::Covered>),
+    /// More rows than its limit: nothing usable was written.
+    TooMany,
+}
+
 /// The plan whose rows a stored result of a query holds, in a session of its tables.
 struct StoredPlan {
     ctx: SessionContext,
@@ -190,6 +205,10 @@ struct StoredPlan {
     metadata: HashMap<String, String>,
     /// How rows appended to its tables reach the result (see [`fold::fold_of`]).
     fold: Fold,
+    /// For a rollup of the query's keys and the values of its DISTINCT aggregates, the query's final rows and
+    /// their files' metadata: stored instead when those values are more than `--max-rollup-rows`, as the query's
+    /// final rows were before such rollups (so that no query that could be stored is refused for it).
+    final_rows: Option<(LogicalPlan, HashMap<String, String>)>,
 }
 
 impl DataFusionEngine {
@@ -204,6 +223,17 @@ impl DataFusionEngine {
             return Err(EngineError::InvalidQuery(reason.to_owned()));
         }
         let rollup = eligibility.rollup().cloned();
+        let outputs: Option<Vec<String>> =
+            outline.predicates.iter().map(|p| p.output_column.clone()).collect::<Option<_>>();
+        let final_rows = match (&rollup, outputs) {
+            (Some(r), Some(outputs)) if r.columns.is_empty() && !r.distinct.is_empty() => {
+                let plan = outline::without_variable_predicates(unbound.clone(), &compiled)
+                    .map_err(|e| EngineError::Internal(Box::new(e)))?;
+                let outputs = serde_json::to_string(&outputs).expect("names serialize");
+                Some((plan, HashMap::from([(FILTERED_OUTPUTS.to_owned(), outputs)])))
+            }
+            _ => None,
+        };
         let (plan, metadata) = match &rollup {
             Some(rollup) => (
                 rollup::stored_plan(&unbound, &compiled, rollup),
@@ -213,7 +243,7 @@ impl DataFusionEngine {
         };
         let plan = plan.map_err(|e| EngineError::Internal(Box::new(e)))?;
         let fold = fold::fold_of(&plan, rollup.is_some(), Eligibility::final_rows_reason(&outline));
-        Ok(StoredPlan { ctx, plan, rollup, metadata, fold })
+        Ok(StoredPlan { ctx, plan, rollup, metadata, fold, final_rows })
     }
 
     /// The plan reading exactly the files its tables have now, and what it reads of them: `None` when one of
@@ -246,14 +276,69 @@ impl DataFusionEngine {
         query: &Query,
         prefix: &ObjectPath,
     ) -> Result<Stored, EngineError> {
-        let StoredPlan { ctx, plan, rollup, metadata, fold } = self.stored_plan_of(project, query).await?;
+        let StoredPlan { ctx, plan, rollup, metadata, fold, final_rows } =
+            self.stored_plan_of(project, query).await?;
         let changes_with_time = fold::changing_function(&plan).is_some();
-        // The files are listed once, so that the result says exactly which rows it holds.
-        let (plan, covered) = self.pinned(project, &ctx, plan).await?;
+        // A rollup of the keys alone stores the query's own groups, as its final rows would: only filtered
+        // columns and DISTINCT values multiply them.
+        let finer = rollup.as_ref().filter(|r| !r.columns.is_empty() || !r.distinct.is_empty());
+        let limit = finer.map(|_| self.limits.rollup_rows);
+        let (rows, covered) = match self.write_part(project, &ctx, plan, prefix, metadata, limit).await? {
+            Written::Rows(rows, covered) => (rows, covered),
+            Written::TooMany => match (final_rows, finer) {
+                (Some((plan, metadata)), Some(rollup)) => {
+                    // What was written of the rollup goes; the final rows are computed in its place.
+                    self.storage.remove_prefix(prefix).await.map_err(unavailable)?;
+                    let Written::Rows(rows, covered) =
+                        self.write_part(project, &ctx, plan, prefix, metadata, None).await?
+                    else {
+                        return Err(EngineError::Internal("final rows are written without a limit".into()));
+                    };
+                    let reason = format!(
+                        "the values of its DISTINCT aggregates, grouped by {}, are more than --max-rollup-rows \
+                         ({}), so its final rows are stored",
+                        rollup::grouping(rollup).join(", "),
+                        self.limits.rollup_rows
+                    );
+                    let fold = Fold::FullRefreshOnly { reason: fold.reason().map_or(reason, str::to_owned) };
+                    return Ok(Stored {
+                        rows,
+                        coverage: covered.map(|c| c.coverage()),
+                        changes_with_time,
+                        fold,
+                    });
+                }
+                (_, rollup) => {
+                    let grouping = rollup.map(rollup::grouping).unwrap_or_else(Vec::new);
+                    return Err(EngineError::InvalidQuery(format!(
+                        "The rollup would store more than {} rows, grouped by {}: too fine to be worth storing. \
+                         Filter a timestamp with Date variables (stored by day), drop a filtered column's \
+                         variable, or raise --max-rollup-rows.",
+                        self.limits.rollup_rows,
+                        grouping.join(", ")
+                    )));
+                }
+            },
+        };
         let fold = match covered {
             Some(_) => fold,
             None => Fold::FullRefreshOnly { reason: fold::UNCOVERED.into() },
         };
+        Ok(Stored { rows, coverage: covered.map(|c| c.coverage()), changes_with_time, fold })
+    }
+
+    /// Writes the rows of `plan` as the first part of a stored result at `prefix`, its files listed once (so
+    /// that the result says exactly which rows it holds); stops at more than `limit` rows.
+    async fn write_part(
+        &self,
+        project: ProjectId,
+        ctx: &SessionContext,
+        plan: LogicalPlan,
+        prefix: &ObjectPath,
+        metadata: HashMap<String, String>,
+        limit: Option<u64>,
+    ) -> Result<Written, EngineError> {
+        let (plan, covered) = self.pinned(project, ctx, plan).await?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         // A refresh takes its turns on the cores as the project's runs do.
         let (mut stream, _held) = self.execute_fairly(project, frame).await?;
@@ -265,25 +350,11 @@ impl DataFusionEngine {
         )?;
         while let Some(batch) = stream.next().await {
             writer.write(&batch.map_err(execute::execution_error)?).await?;
-            // A rollup of the keys alone stores the query's own groups, as its final rows would: only filtered
-            // columns multiply them.
-            let finer = rollup.as_ref().filter(|r| !r.columns.is_empty());
-            if let Some(rollup) = finer.filter(|_| writer.rows > self.limits.rollup_rows) {
-                return Err(EngineError::InvalidQuery(format!(
-                    "The rollup would store more than {} rows, grouped by {}: too fine to be worth storing. \
-                     Filter a timestamp with Date variables (stored by day), drop a filtered column's \
-                     variable, or raise --max-rollup-rows.",
-                    self.limits.rollup_rows,
-                    rollup::grouping(rollup).join(", ")
-                )));
+            if limit.is_some_and(|limit| writer.rows > limit) {
+                return Ok(Written::TooMany);
             }
         }
-        Ok(Stored {
-            rows: writer.finish().await?,
-            coverage: covered.map(|c| c.coverage()),
-            changes_with_time,
-            fold,
-        })
+        Ok(Written::Rows(writer.finish().await?, covered))
     }
 
     /// Folds the rows appended since the stored result at `from` (of `rows` rows, holding `coverage` of its
@@ -431,6 +502,19 @@ impl DataFusionEngine {
                 ctx.register_parquet(TABLE, &location, options).await.map_err(execute::storage_error)?;
             }
         }
+        // Final rows stored in place of a rollup are filtered on the outputs the rollup's filters compare.
+        let filters = match &prepared.filtered_outputs {
+            Some(outputs) => filters
+                .into_iter()
+                .enumerate()
+                .map(|(i, (filter, value))| {
+                    let column = StoredColumn::Output(outputs.get(i)?.clone());
+                    Some((MaterializedFilter { column, ..filter }, value))
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| EngineError::Internal("a run's filters are not the stored rows'".into()))?,
+            None => filters,
+        };
         let (compiled, values) = filtered(&location, &prepared.schema, filters)?;
         let plan = self.plan(&ctx, crate::parse(&ctx, &compiled)?, values).await?;
         Ok((ctx, plan))
@@ -445,13 +529,19 @@ impl DataFusionEngine {
             Some(document) => Some(self.rolled_up(project, document).await?),
             None => None,
         };
+        let filtered_outputs = match schema.metadata().get(FILTERED_OUTPUTS) {
+            Some(names) => Some(serde_json::from_str(names).map_err(|e| {
+                EngineError::Internal(format!("a stored result's filtered outputs do not read: {e}").into())
+            })?),
+            None => None,
+        };
         let in_memory = self.scheduler().is_none()
             && stored.clone().count().await.map_err(execute::execution_error)?
                 <= self.limits.stored_rows_in_memory;
         if !in_memory {
             let scan = stored.into_unoptimized_plan();
             let rollup = query.map(|(query, filters)| RolledUp { query, scan, filters });
-            return Ok(PreparedResult { rollup, rows: None, schema, bytes: PLAN_BYTES });
+            return Ok(PreparedResult { rollup, filtered_outputs, rows: None, schema, bytes: PLAN_BYTES });
         }
         let position = col(quoted(ordinal(&schema, "a stored result")?.name())).sort(true, false);
         let batches = stored
@@ -475,7 +565,7 @@ impl DataFusionEngine {
             }
             None => None,
         };
-        Ok(PreparedResult { rollup, rows: Some(rows), schema, bytes })
+        Ok(PreparedResult { rollup, filtered_outputs, rows: Some(rows), schema, bytes })
     }
 
     /// The unbound plan of the query a rollup rolls up (`document`, its JSON), in a session of its tables.
@@ -609,6 +699,12 @@ impl ResultStorage for DataFusionEngine {
         let Some(coverage) = from.coverage.clone() else {
             return Err(EngineError::InvalidQuery("the stored result does not say what it holds".into()));
         };
+        // What the refresh that wrote it found (final rows stored in place of a rollup among it).
+        if let Some(reason) = from.fold.as_ref().and_then(Fold::reason) {
+            return Err(EngineError::InvalidQuery(format!(
+                "The stored result cannot follow the appended rows: {reason}."
+            )));
+        }
         let (source, target) = (resolve(project, &from.location)?, resolve(project, to)?);
         let (engine, query, into, rows) = (self.clone(), query.clone(), target.clone(), from.row_count);
         let limit = self.limits.refresh_timeout;

@@ -172,12 +172,17 @@ fn call(expr: &Expr) -> AggregateCall {
             function: aggregate_kind(func.name()),
             distinct: params.distinct,
             ordered: !params.order_by.is_empty(),
+            distinct_argument: match params.args.as_slice() {
+                [argument] if params.distinct && params.filter.is_none() => Some(text(argument)),
+                _ => None,
+            },
         },
         other => AggregateCall {
             text: text(other),
             function: AggregateKind::Other,
             distinct: false,
             ordered: false,
+            distinct_argument: None,
         },
     }
 }

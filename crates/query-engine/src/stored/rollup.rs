@@ -49,13 +49,52 @@ fn stored_column(column: &StoredColumn) -> Option<String> {
 }
 
 /// What the stored rows are grouped by, for messages: the query's keys, then the filtered columns (a timestamp
-/// stored by day says so).
+/// stored by day says so), then the arguments of DISTINCT aggregates.
 pub(crate) fn grouping(rollup: &Rollup) -> Vec<String> {
     let filtered = rollup.columns.iter().map(|c| match c.day {
         true => format!("{} (by day)", c.column),
         false => c.column.clone(),
     });
-    rollup.keys.iter().cloned().chain(filtered).collect()
+    rollup.keys.iter().cloned().chain(filtered).chain(rollup.distinct.iter().cloned()).collect()
+}
+
+/// The stored column of the `j`th argument of DISTINCT aggregates.
+fn distinct_column(j: usize) -> String {
+    format!("d{j}")
+}
+
+/// For each aggregate, the DISTINCT argument whose values the rollup stores for it (see
+/// the domain's `distinct_values`), as the index `j` of its column `d{j}`: one per argument, in the order of the
+/// aggregates, whatever calls share it.
+fn distinct_arguments(aggregate: &Aggregate) -> Result<(Vec<&Expr>, Vec<Option<usize>>)> {
+    let mut arguments: Vec<&Expr> = Vec::new();
+    let mut of = Vec::with_capacity(aggregate.aggr_expr.len());
+    for expr in &aggregate.aggr_expr {
+        let call = function(expr)?;
+        let counted = matches!(
+            aggregate_kind(call.func.name()),
+            AggregateKind::Count | AggregateKind::Sum | AggregateKind::Avg
+        );
+        if !(call.params.distinct && counted) {
+            of.push(None);
+            continue;
+        }
+        let [argument] = call.params.args.as_slice() else {
+            return Err(internal("stores DISTINCT values of one argument only"));
+        };
+        if call.params.filter.is_some() {
+            return Err(internal("stores DISTINCT values without a FILTER only"));
+        }
+        let j = match arguments.iter().position(|a| *a == argument) {
+            Some(j) => j,
+            None => {
+                arguments.push(argument);
+                arguments.len() - 1
+            }
+        };
+        of.push(Some(j));
+    }
+    Ok((arguments, of))
 }
 
 /// The stored column of the count that goes with the `m`th aggregate, an average, whose sum is `a{m}`.
@@ -89,8 +128,9 @@ fn function(expr: &Expr) -> Result<&AggregateFunction> {
 }
 
 /// The rows a rollup stores: the query's sources and WHERE (if it has one) without its variable predicates,
-/// grouped by the query's keys (`k0, ...`) and the rollup's columns (`f0, ...`), with the partial value of each
-/// aggregate (`a{m}`; an average as its sum `a{m}` and count `c{m}`).
+/// grouped by the query's keys (`k0, ...`), the rollup's columns (`f0, ...`) and the arguments of its DISTINCT
+/// counts, sums and averages (`d0, ...`), with the partial value of each other aggregate (`a{m}`; an average as
+/// its sum `a{m}` and count `c{m}`).
 pub(crate) fn stored_plan(plan: &LogicalPlan, compiled: &Compiled, rollup: &Rollup) -> Result<LogicalPlan> {
     let (nodes, filter) = spine(plan);
     let aggregate = aggregation(&nodes).ok_or_else(|| internal("has no aggregation"))?;
@@ -114,9 +154,16 @@ pub(crate) fn stored_plan(plan: &LogicalPlan, compiled: &Compiled, rollup: &Roll
         };
         groups.push(expr.alias(filter_column(j)));
     }
+    let (arguments, distinct) = distinct_arguments(aggregate)?;
+    for (j, argument) in arguments.into_iter().enumerate() {
+        groups.push(argument.clone().alias(distinct_column(j)));
+    }
     let mut partials = Vec::with_capacity(aggregate.aggr_expr.len());
     for (m, expr) in aggregate.aggr_expr.iter().enumerate() {
         let call = function(expr)?;
+        if distinct[m].is_some() {
+            continue;
+        }
         if aggregate_kind(call.func.name()) == AggregateKind::Avg {
             let params = &call.params;
             let with = |func| {
@@ -176,14 +223,29 @@ pub(crate) fn read_plan(
     }
     let keys = aggregate.group_expr.len();
     let groups: Vec<Expr> = (0..keys).map(|i| col(key_column(i))).collect();
-    // Each aggregate recombined from its partials: where its value (or an average's sum and count) lands.
+    let (_, distinct) = distinct_arguments(aggregate)?;
+    // Each aggregate recombined from its partials: where its value (or an average's sum and count) lands, and
+    // how it is finished there (`None`: as it is).
     let mut recombined = Vec::with_capacity(aggregate.aggr_expr.len());
     let mut aggregates = Vec::with_capacity(aggregate.aggr_expr.len());
     for (m, expr) in aggregate.aggr_expr.iter().enumerate() {
         let partial = col(aggregate_column(m));
         let call = function(expr)?;
         let kind = aggregate_kind(call.func.name());
-        recombined.push((kind, keys + aggregates.len()));
+        // The call itself, over the stored DISTINCT values of its argument.
+        if let Some(j) = distinct[m] {
+            recombined.push((None, keys + aggregates.len()));
+            aggregates.push(Expr::AggregateFunction(AggregateFunction::new_udf(
+                Arc::clone(&call.func),
+                vec![col(distinct_column(j))],
+                true,
+                None,
+                vec![],
+                None,
+            )));
+            continue;
+        }
+        recombined.push((Some(kind), keys + aggregates.len()));
         match kind {
             AggregateKind::Count | AggregateKind::Sum => aggregates.push(sum(partial)),
             // The function the query called (in this engine's order of floats: `float_order`), on the partials.
@@ -213,10 +275,10 @@ pub(crate) fn read_plan(
                 recombined.get(i - keys).ok_or_else(|| internal("has more outputs than aggregates"))?;
             match kind {
                 // A COUNT of no rows is 0, where a SUM of none is NULL.
-                AggregateKind::Count => coalesce(vec![at(*position), lit(0_i64)]),
+                Some(AggregateKind::Count) => coalesce(vec![at(*position), lit(0_i64)]),
                 // A decimal sum is divided as a decimal (then cast to the average's scale); anything else in
                 // floating point, as the live average computes it.
-                AggregateKind::Avg => match field.data_type() {
+                Some(AggregateKind::Avg) => match field.data_type() {
                     DataType::Decimal128(..) | DataType::Decimal256(..) => at(*position) / at(position + 1),
                     _ => cast(at(*position), DataType::Float64) / cast(at(position + 1), DataType::Float64),
                 },
