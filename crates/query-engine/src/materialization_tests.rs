@@ -571,7 +571,7 @@ async fn a_rollup_past_its_row_limit_is_refused_saying_why() {
         let read = engine.read(project(), &at, vec![(filters[0].clone(), value)], 100, 0).await.unwrap();
         assert_eq!((&read.columns, &read.rows_json), (&live.columns, &live.rows_json), "{country}");
     }
-    let result = stored_at(&at, 0, stored);
+    let result = stored_at(&at, stored);
     self::refused(&engine, &users, &result, &reason).await;
     ResultStorage::remove(&engine, project(), &at).await.unwrap();
     // Filtered on other columns too, final rows cannot answer: refused as any rollup too fine.
@@ -850,7 +850,7 @@ async fn never_folded_on_a_cluster(engine: &DataFusionEngine) -> bool {
     let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
     assert_eq!(stored.coverage, None);
     assert!(stored.fold.reason().is_some_and(|r| r.contains("cannot tell which rows")), "{:?}", stored.fold);
-    refused(engine, &q, &stored_at(&at, 0, stored), "does not say").await;
+    refused(engine, &q, &stored_at(&at, stored), "does not say").await;
     true
 }
 
@@ -870,7 +870,7 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
         let written = ResultStorage::write(engine, project(), &q, &at).await.unwrap();
         assert_eq!(written.fold, domain::Fold::Incremental, "{}", case.sql);
-        let mut result = stored_at(&at, 0, written);
+        let mut result = stored_at(&at, written);
         // Appends of random sizes, folded one after the other, with compactions of the table between them
         // (which merge what was folded with what was not): each fold's result equals a full refresh of the
         // table as it then is, and the live answer.
@@ -892,12 +892,9 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
             }
             let folded = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
             let stored = engine.fold(project(), &q, &result, &folded).await.unwrap();
-            assert!(
-                stored.rows <= appended * 4,
-                "{} rows added for {appended} appended: {}",
-                stored.rows,
-                case.sql
-            );
+            let added = stored.folded.unwrap_or(u64::MAX);
+            assert!(added <= appended * 4, "{added} rows added for {appended} appended: {}", case.sql);
+            assert_eq!(stored.rows, result.row_count + added, "{}", case.sql);
             let full = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
             ResultStorage::write(engine, project(), &q, &full).await.unwrap();
             let locations = [("folded", folded.as_str()), ("refreshed", full.as_str())];
@@ -906,11 +903,12 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
             ResultStorage::remove(engine, project(), &full).await.unwrap();
             // The result folded from stays as it was (runs may be reading it) until it is removed.
             ResultStorage::remove(engine, project(), &result.location).await.unwrap();
-            result = stored_at(&folded, result.row_count, stored);
+            result = stored_at(&folded, stored);
         }
         // Nothing appended: the fold adds nothing.
         let again = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
-        assert_eq!(engine.fold(project(), &q, &result, &again).await.unwrap().rows, 0);
+        let unchanged = engine.fold(project(), &q, &result, &again).await.unwrap();
+        assert_eq!((unchanged.rows, unchanged.folded), (result.row_count, Some(0)));
         ResultStorage::remove(engine, project(), &again).await.unwrap();
         ResultStorage::remove(engine, project(), &result.location).await.unwrap();
     }
@@ -919,14 +917,78 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
     assert!(ResultStorage::locations(engine).await.unwrap().is_empty(), "every location was removed");
 }
 
-/// The stored result written at `location` (`stored`, after `before` rows of earlier parts), as a record keeps
-/// it.
-fn stored_at(location: &str, before: u64, stored: domain::Stored) -> domain::StoredResult {
+/// A fold that finds a result of [`fold::MAX_PARTS`] parts merges them into one first (a rollup's partials per
+/// group, rows in their order), instead of a full refresh: the result stays equal to the live answer, its parts
+/// and (for a rollup) its rows stay bounded however many folds follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_merges_the_parts_of_a_result_that_has_too_many() {
+    use crate::stored::fold;
+    let demo = demo().await;
+    let engine = &demo.1;
+    if never_folded_on_a_cluster(engine).await {
+        return;
+    }
+    regions(engine).await;
+    let mut rng = StdRng::seed_from_u64(52);
+    let cases = foldable_cases();
+    // A rollup filtered on other columns, one of DISTINCT values, and rows.
+    let chosen = [&cases[1], &cases[3], &cases[cases.len() - 1]];
+    for (case, ordered) in chosen {
+        let q = query(case.sql, case.variables.clone());
+        let rollup = eligibility(engine, case.sql, case.variables.clone()).await.rollup().is_some();
+        let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        let mut result = stored_at(&at, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
+        let parts = |location: &str| {
+            let dir =
+                demo.0.as_ref().unwrap().join(format!("projects/{}/materializations/{location}", project()));
+            std::fs::read_dir(dir)
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("part-"))
+                .count()
+        };
+        let mut merged = 0;
+        for round in 0..fold::MAX_PARTS + 3 {
+            append_events(engine, 3, rng.random()).await;
+            let folded = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+            let before = parts(&result.location);
+            let stored = engine.fold(project(), &q, &result, &folded).await.unwrap();
+            let after = parts(&folded);
+            if before >= fold::MAX_PARTS {
+                // The earlier parts merged into one, and the appended rows' part after it.
+                assert_eq!(after, 2, "{} round {round}", case.sql);
+                merged += 1;
+                let full = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+                let refreshed = ResultStorage::write(engine, project(), &q, &full).await.unwrap();
+                if rollup {
+                    // A rollup's merged part holds one row per stored group, as a full refresh does.
+                    assert!(stored.rows <= refreshed.rows + stored.folded.unwrap_or(0), "{}", case.sql);
+                } else {
+                    assert_eq!(stored.rows, refreshed.rows, "rows keep their count: {}", case.sql);
+                }
+                let locations = [("merged", folded.as_str()), ("refreshed", full.as_str())];
+                let context = format!("after merging {before} parts");
+                answers_as_live(engine, case, *ordered, &locations, &mut rng, &context).await;
+                ResultStorage::remove(engine, project(), &full).await.unwrap();
+            } else {
+                assert_eq!(after, before + 1, "{} round {round}", case.sql);
+            }
+            ResultStorage::remove(engine, project(), &result.location).await.unwrap();
+            result = stored_at(&folded, stored);
+        }
+        assert_eq!(merged, 1, "{}", case.sql);
+        let locations = [("folded", result.location.as_str())];
+        answers_as_live(engine, case, *ordered, &locations, &mut rng, "after the last fold").await;
+        ResultStorage::remove(engine, project(), &result.location).await.unwrap();
+    }
+}
+
+/// The stored result written at `location` (`stored`), as a record keeps it.
+fn stored_at(location: &str, stored: domain::Stored) -> domain::StoredResult {
     let at = time::OffsetDateTime::UNIX_EPOCH;
     domain::StoredResult {
         version: 1,
         location: location.into(),
-        row_count: before + stored.rows,
+        row_count: stored.rows,
         materialized_at: at,
         data_as_of: at,
         coverage: stored.coverage,
@@ -1005,7 +1067,7 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
         assert_eq!(stored.changes_with_time, changes_with_time, "{sql}");
         // The status says it is refreshed in full, and why: the reason a fold gives.
         assert!(stored.fold.reason().is_some_and(|r| r.contains(reason)), "{sql}: {:?}", stored.fold);
-        let result = stored_at(&at, 0, stored);
+        let result = stored_at(&at, stored);
         if changes_with_time {
             refused(engine, &q, &result, reason).await;
         }
@@ -1017,11 +1079,11 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
     let joined = "SELECT r.region, count(*) AS n FROM events e JOIN regions r ON e.country = r.country \
                   WHERE e.browser = {variables.c} GROUP BY r.region";
     let q = query(joined, vars.clone());
-    let result = stored_at(&at, 0, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
+    let result = stored_at(&at, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
     append_events(engine, 5, 2).await;
     regions(engine).await;
     refused(engine, &q, &result, "replaced").await;
-    let result = stored_at(&at, 0, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
+    let result = stored_at(&at, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
     append_events(engine, 5, 3).await;
     let upload = domain::Upload {
         format: domain::TableFormat::Csv,

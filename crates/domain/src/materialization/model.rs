@@ -462,11 +462,14 @@ pub enum Switch {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Coverage(pub String);
 
-/// A stored result written: its rows (for a fold, the rows it added), and what of its tables it holds, when the
-/// engine can tell (a result it cannot tell of is refreshed in full after every change).
+/// A stored result written: its rows, and what of its tables it holds, when the engine can tell (a result it
+/// cannot tell of is refreshed in full after every change).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
+    /// The rows the result holds (after a fold, the earlier ones too).
     pub rows: u64,
+    /// For a fold, the rows it added; `None` for a result computed in full.
+    pub folded: Option<u64>,
     pub coverage: Option<Coverage>,
     /// The query's answer changes while its tables do not: it calls a function whose answer its arguments do
     /// not fix (`now()`, `current_date`, `random()`). Such a result is computed again within its freshness,

@@ -117,13 +117,13 @@ pub trait ResultStorage: Send + Sync {
     /// its coverage) into a new result at `to` that nothing reads yet: the query over the appended rows alone
     /// (its variable predicates removed), added after a stored result of rows, or as more partial aggregates of
     /// a rollup (which runs aggregate again). The result `from` is left as it is. Returns the rows the new
-    /// result adds and what of the tables it holds. A failed fold leaves nothing at `to`.
+    /// result holds and those it added, and what of the tables it holds. A failed fold leaves nothing at `to`.
     ///
     /// # Errors
     /// [`EngineError::InvalidQuery`] with the reason when the rows appended cannot be folded in, and a full
     /// refresh is needed: `from` has no coverage; the query reads the table more than once, or under an
     /// aggregation, a sort, DISTINCT, a window, a limit, a union, an outer join or a subquery; more than one
-    /// table changed; a table was replaced or its history since is not known; the result has too many parts.
+    /// table changed; a table was replaced or its history since is not known.
     /// [`EngineError::Timeout`], [`EngineError::MemoryLimit`]; `Unavailable` when a file is gone; `Internal` on
     /// I/O.
     async fn fold(

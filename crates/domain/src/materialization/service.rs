@@ -167,7 +167,7 @@ impl RefreshService {
         let target = attempt_location(claim.endpoint_id, claim.version, claim.token);
         // Every append answered before the tables are read is in the result.
         let data_as_of = self.clock.now();
-        let (stored, folded) = match self.compute(claim, &target).await {
+        let stored = match self.compute(claim, &target).await {
             Ok(computed) => computed,
             Err(Error::NotFound(_)) => {
                 self.discard(claim).await;
@@ -187,7 +187,7 @@ impl RefreshService {
             }
         };
         let at = self.clock.now();
-        let rows = folded.map_or(stored.rows, |before| before + stored.rows);
+        let (rows, added) = (stored.rows, stored.folded);
         let result = StoredResult {
             version: claim.version,
             location: target,
@@ -203,7 +203,6 @@ impl RefreshService {
             false => claim.sync_frequency.period(),
         };
         let next = at + period;
-        let added = folded.map(|_| stored.rows);
         match self.states.complete(claim.endpoint_id, claim.token, result, next, added).await {
             Ok(Switch::Switched { replaced }) => {
                 self.switched(claim).await;
@@ -233,8 +232,8 @@ impl RefreshService {
     }
 
     /// The claimed version's result at `target`: the previous result with the rows appended since folded in when
-    /// it can be (then also the previous result's rows), else computed in full.
-    async fn compute(&self, claim: &Claim, target: &str) -> Result<(Stored, Option<u64>), Error> {
+    /// it can be, else computed in full.
+    async fn compute(&self, claim: &Claim, target: &str) -> Result<Stored, Error> {
         let version = self.endpoints.get_version(claim.project, &claim.name, claim.version).await.map_err(
             |e| match e {
                 StoreError::NotFound | StoreError::VersionNotFound(_) => {
@@ -253,14 +252,14 @@ impl RefreshService {
         if let Some(previous) = self.previous(claim).await {
             let folded = self.results.fold(claim.project, &version.query, &previous, target);
             match folded.await {
-                Ok(stored) => return Ok((stored, Some(previous.row_count))),
+                Ok(stored) => return Ok(stored),
                 // A failed fold leaves nothing at the target: the full refresh writes there.
                 Err(err) => {
                     debug!(endpoint = %claim.name, project = %claim.project, reason = %err, "refreshing in full")
                 }
             }
         }
-        Ok((self.results.write(claim.project, &version.query, target).await?, None))
+        Ok(self.results.write(claim.project, &version.query, target).await?)
     }
 
     /// The claimed version's current result, if the engine told what of its tables it holds (so that the rows

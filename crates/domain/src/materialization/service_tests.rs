@@ -76,6 +76,7 @@ fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockResu
         write
             .map(|rows| Stored {
                 rows,
+                folded: None,
                 coverage: Some(Coverage("full".into())),
                 changes_with_time: false,
                 fold: twice(),
@@ -173,7 +174,8 @@ async fn a_result_that_changes_with_time_is_due_again_within_its_freshness() {
             .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: None }));
         let mut results = MockResultStorage::new();
         results.expect_write().returning(move |_, _, _| {
-            Ok(Stored { rows: 3, coverage: Some(Coverage("full".into())), changes_with_time, fold: twice() })
+            let coverage = Some(Coverage("full".into()));
+            Ok(Stored { rows: 3, folded: None, coverage, changes_with_time, fold: twice() })
         });
         let m = materializer(endpoints(eligible()), states, results);
         assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 3 });
@@ -370,8 +372,10 @@ async fn rows_appended_since_the_result_are_folded_into_it() {
         })
         .times(1)
         .returning(|_, _, _, _| {
+            // 40 rows before, 5 added.
             Ok(Stored {
-                rows: 5,
+                rows: 45,
+                folded: Some(5),
                 coverage: Some(Coverage("folded".into())),
                 changes_with_time: false,
                 fold: Fold::Incremental,

@@ -280,36 +280,38 @@ pub(crate) async fn appended_since(
 /// How many versions back a fold follows a table; past that, a full refresh is cheaper than reading their commits.
 const MAX_VERSIONS: u64 = 1_000;
 
-/// The most parts a stored result may have: past it, a full refresh writes it again as one.
+/// The most parts a stored result may have: at it, a fold first merges them into one (see
+/// `DataFusionEngine::compact_parts`).
 pub(crate) const MAX_PARTS: usize = 32;
 
-/// The parts of the stored result at `from`, copied to `to` (a hard link on a local disk, a copy in the bucket on
-/// S3), with the rows they hold. Returns how many parts there are and their rows; refuses past [`MAX_PARTS`].
-pub(crate) async fn copy_parts(
-    storage: &Storage,
-    from: &ObjectPath,
-    to: &ObjectPath,
-) -> Result<usize, EngineError> {
+/// The parts of the stored result at `from`.
+pub(crate) async fn parts(storage: &Storage, from: &ObjectPath) -> Result<Vec<ObjectPath>, EngineError> {
     let mut listed = storage.store().list(Some(from));
     let mut parts = Vec::new();
     while let Some(meta) = listed.next().await {
         let meta = meta.map_err(unavailable)?;
         let name = meta.location.filename().filter(|n| n.starts_with("part-") && n.ends_with(".parquet"));
-        if let Some(name) = name.map(str::to_owned) {
-            parts.push((meta, name));
+        if name.is_some() {
+            parts.push(meta.location);
         }
     }
     if parts.is_empty() {
         return Err(EngineError::Unavailable(format!("the stored result at {from} has no files").into()));
     }
-    if parts.len() >= MAX_PARTS {
-        return Err(EngineError::InvalidQuery(format!(
-            "the stored result has {} parts; a full refresh writes it again as one",
-            parts.len()
-        )));
+    Ok(parts)
+}
+
+/// Copies `parts` to the stored result at `to` (a hard link on a local disk, a copy in the bucket on S3).
+pub(crate) async fn copy_parts(
+    storage: &Storage,
+    parts: &[ObjectPath],
+    to: &ObjectPath,
+) -> Result<(), EngineError> {
+    for part in parts {
+        let name = part
+            .filename()
+            .ok_or_else(|| EngineError::Internal(format!("a part without a name: {part}").into()))?;
+        storage.store().copy(part, &to.clone().join(name)).await.map_err(unavailable)?;
     }
-    for (meta, name) in &parts {
-        storage.store().copy(&meta.location, &to.clone().join(name.as_str())).await.map_err(unavailable)?;
-    }
-    Ok(parts.len())
+    Ok(())
 }

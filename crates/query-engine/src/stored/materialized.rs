@@ -15,7 +15,7 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, MemTable, TableProvider};
-use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
+use datafusion::logical_expr::{cast, Expr, LogicalPlan, LogicalPlanBuilder};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
@@ -303,6 +303,7 @@ impl DataFusionEngine {
                     let fold = Fold::FullRefreshOnly { reason: fold.reason().map_or(reason, str::to_owned) };
                     return Ok(Stored {
                         rows,
+                        folded: None,
                         coverage: covered.map(|c| c.coverage()),
                         changes_with_time,
                         fold,
@@ -324,7 +325,7 @@ impl DataFusionEngine {
             Some(_) => fold,
             None => Fold::FullRefreshOnly { reason: fold::UNCOVERED.into() },
         };
-        Ok(Stored { rows, coverage: covered.map(|c| c.coverage()), changes_with_time, fold })
+        Ok(Stored { rows, folded: None, coverage: covered.map(|c| c.coverage()), changes_with_time, fold })
     }
 
     /// Writes the rows of `plan` as the first part of a stored result at `prefix`, its files listed once (so
@@ -371,7 +372,7 @@ impl DataFusionEngine {
             EngineError::InvalidQuery(format!("The stored result cannot follow the appended rows: {reason}."))
         };
         let mut covered = fold::Covered::of(coverage)?;
-        let StoredPlan { ctx, plan: stored, metadata, fold, .. } =
+        let StoredPlan { ctx, plan: stored, rollup, metadata, fold, .. } =
             self.stored_plan_of(project, query).await?;
         // Refused before anything else: with no rows appended, a fold would keep rows chosen at another time.
         if let Some(reason) = fold.reason() {
@@ -393,13 +394,23 @@ impl DataFusionEngine {
                 changed.push((table, schema, files, now));
             }
         }
-        let parts = fold::copy_parts(&self.storage, from, to).await?;
+        // The earlier parts, as they are or (at the most a result has) merged into one.
+        let mut parts = fold::parts(&self.storage, from).await?;
+        let (parts, rows) = if parts.len() >= fold::MAX_PARTS {
+            parts.sort();
+            let stored = (&stored, rollup.is_some());
+            (1, self.compact_parts(project, from, to, stored, metadata.clone()).await?)
+        } else {
+            fold::copy_parts(&self.storage, &parts, to).await?;
+            (parts.len(), rows)
+        };
         for (table, _, now) in &unchanged {
             covered.tables.insert(table.clone(), fold::Read::of(now));
         }
         let Some((table, schema, files, now)) = changed.pop() else {
             let coverage = Some(covered.coverage());
-            return Ok(Stored { rows: 0, coverage, changes_with_time: false, fold: Fold::Incremental });
+            let fold = Fold::Incremental;
+            return Ok(Stored { rows, folded: Some(0), coverage, changes_with_time: false, fold });
         };
         if let Some((other, ..)) = changed.first() {
             return Err(refuse(format!("both `{table}` and `{other}` changed")));
@@ -430,7 +441,59 @@ impl DataFusionEngine {
         let added = writer.finish().await?;
         covered.tables.insert(table, fold::Read::of(&now));
         let coverage = Some(covered.coverage());
-        Ok(Stored { rows: added, coverage, changes_with_time: false, fold: Fold::Incremental })
+        let fold = Fold::Incremental;
+        Ok(Stored { rows: rows + added, folded: Some(added), coverage, changes_with_time: false, fold })
+    }
+
+    /// Merges the parts of the stored result at `from` into the first part of the one at `to`, and returns the
+    /// rows it holds: a rollup's partial rows merged per group, so that a run reads one row per group again; a
+    /// result of rows in their order, positions kept. `stored` is the plan the result's parts hold, and whether
+    /// it is a rollup's; the merged part has its types, as the parts folded after it do. A fold does it when a
+    /// result has [`fold::MAX_PARTS`], instead of computing it again from its tables.
+    async fn compact_parts(
+        &self,
+        project: ProjectId,
+        from: &ObjectPath,
+        to: &ObjectPath,
+        (stored, aggregated): (&LogicalPlan, bool),
+        metadata: HashMap<String, String>,
+    ) -> Result<u64, EngineError> {
+        let ctx = catalog::live_session(
+            &self.storage,
+            Some(self.admission.runtime(&self.files)?),
+            self.scheduler(),
+            self.limits.partitions,
+        )?;
+        let location = self.storage.url_of(from);
+        let parts = ctx
+            .read_parquet(location.as_str(), ParquetReadOptions::default())
+            .await
+            .map_err(execute::storage_error)?;
+        let frame = if aggregated {
+            let plan = rollup::merged(parts.into_unoptimized_plan(), stored)
+                .map_err(|e| EngineError::Internal(Box::new(e)))?;
+            ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?
+        } else {
+            let schema = parts.schema().as_arrow().clone();
+            let position = ordinal(&schema, from.as_ref())?.name().clone();
+            let outputs: Vec<Expr> = stored
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| cast(col(quoted(f.name())), f.data_type().clone()).alias(f.name()))
+                .collect();
+            parts
+                .sort(vec![col(quoted(&position)).sort(true, false)])
+                .and_then(|sorted| sorted.select(outputs))
+                .map_err(execute::execution_error)?
+        };
+        let (mut stream, _held) = self.execute_fairly(project, frame).await?;
+        let path = to.clone().join(fold::part_name(0));
+        let mut writer = ResultWriter::create(&self.storage, path, stream.schema().as_ref(), metadata)?;
+        while let Some(batch) = stream.next().await {
+            writer.write(&batch.map_err(execute::execution_error)?).await?;
+        }
+        writer.finish().await
     }
 
     /// A session and the plan of the page `offset..offset+limit` of the stored result at `prefix`: its rows

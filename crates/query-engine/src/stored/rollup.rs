@@ -189,6 +189,45 @@ pub(crate) fn stored_plan(plan: &LogicalPlan, compiled: &Compiled, rollup: &Roll
     LogicalPlanBuilder::from(source).aggregate(groups, partials)?.build()
 }
 
+/// The partial rows of a rollup's parts (`parts`, a scan of them) merged into one row per group of the rollup
+/// `stored` (its stored plan) writes: counts and sums summed, minimums and maximums taken again (by the same
+/// functions), each column cast back to the type the stored plan writes (a file's strings read back as views)
+/// so that the merged part and the parts folded after it have one schema. DISTINCT values are groups of their
+/// own, merged as any group.
+pub(crate) fn merged(parts: LogicalPlan, stored: &LogicalPlan) -> Result<LogicalPlan> {
+    let LogicalPlan::Aggregate(aggregate) = stored else {
+        return Err(internal("has no aggregation at its top"));
+    };
+    let keys = aggregate.group_expr.len();
+    let fields = aggregate.schema.fields();
+    let groups: Vec<Expr> = fields
+        .iter()
+        .take(keys)
+        .map(|f| cast(col(f.name()), f.data_type().clone()).alias(f.name()))
+        .collect();
+    let mut partials = Vec::with_capacity(aggregate.aggr_expr.len());
+    for (expr, field) in aggregate.aggr_expr.iter().zip(fields.iter().skip(keys)) {
+        let call = function(expr)?;
+        let partial = col(field.name());
+        let again = match aggregate_kind(call.func.name()) {
+            AggregateKind::Count | AggregateKind::Sum => sum(partial),
+            AggregateKind::Min | AggregateKind::Max => Expr::AggregateFunction(AggregateFunction::new_udf(
+                Arc::clone(&call.func),
+                vec![partial],
+                false,
+                None,
+                vec![],
+                None,
+            )),
+            AggregateKind::Avg | AggregateKind::Other => {
+                return Err(internal(&format!("cannot merge `{}`", call.func.name())))
+            }
+        };
+        partials.push(cast(again, field.data_type().clone()).alias(field.name()));
+    }
+    LogicalPlanBuilder::from(parts).aggregate(groups, partials)?.build()
+}
+
 fn operator(op: CompareOp) -> Operator {
     match op {
         CompareOp::Eq => Operator::Eq,
