@@ -1233,8 +1233,9 @@ def fresh(args, app, writer):
     log(f"fold of 1,000 appended rows: {figures['fold_ms']:.1f} ms against a full refresh of {figures['full_ms']:.0f} ms; "
         f"appended to folded in {figures['fold_delay_s']:.2f} s")
 
-    # Materialized against live runs while 5-row appends stream in at 100 a second: the rollup (folded) and
-    # `country-daily`, whose aggregation is stored as its final rows (refreshed in full), both due within 1 s.
+    # Materialized against live runs while 5-row appends stream in at 100 a second: the rollup and
+    # `country-daily`, whose variables filter only its group keys (stored as a rollup of its keys), both folded
+    # and due within 1 s.
     app.request("PATCH", "/api/projects/1/endpoints/country-daily",
                 {"is_materialized": True, "freshness_seconds": 1, "cache_age_seconds": 0})
     wait_until("country-daily stored", lambda: status_of(app, "country-daily")["status"] == "Completed")
@@ -1278,11 +1279,19 @@ def fresh(args, app, writer):
     figures["caught_up_s"] = time.time() - stopped
     status = status_of(app, "fresh-by-country")
     figures["full_refreshes"], figures["rows_folded"] = status["full_refreshes"], status["rows_folded"]
+    # `country-daily` too equals its live answer, and was folded: no full refresh after its first.
+    live_daily = json.loads(app.request("GET", MATERIALIZED_PATH + "&refresh=direct"))
+    wait_until("country-daily folded in", lambda: same_rows(
+        json.loads(app.request("GET", MATERIALIZED_PATH))["results"], live_daily["results"]), 30)
+    daily = status_of(app, "country-daily")
+    figures["rows_full_refreshes"], figures["rows_rows_folded"] = daily["full_refreshes"], daily["rows_folded"]
+    figures["rows_fold"] = daily["fold"]
     log(f"while streaming {figures['appends_per_s']:.0f} appends/s: the rollup materialized {figures['rollup_mat_ms']:.2f} ms "
         f"against live {figures['rollup_live_ms']:.1f} ms, country-daily {figures['rows_mat_ms']:.2f} ms against "
         f"{figures['rows_live_ms']:.1f} ms ({figures['rows_stored']:.0%} from its stored result); caught up "
         f"{figures['caught_up_s']:.1f} s after the stream stopped; {status['full_refreshes']} full refreshes, "
-        f"{status['rows_folded']:,} rows folded")
+        f"{status['rows_folded']:,} rows folded; country-daily {daily['full_refreshes']} full refreshes, "
+        f"{daily['rows_folded']:,} rows folded ({daily['fold']})")
     return figures
 
 
@@ -1301,14 +1310,17 @@ def fresh_section(f):
         f"{f['fold_delay_s']:.2f} s) | its full refresh: {f['full_ms']:,.0f} ms | {fold:,.0f}x | >= 100x: {check(fold >= 100)} |",
         f"| the rollup's materialized run while 5-row appends stream in at {f['appends_per_s']:.0f}/s (folded) | "
         f"{f['rollup_mat_ms']:.2f} ms | the live run (`refresh=direct`): {f['rollup_live_ms']:.1f} ms | {speedup:.0f}x | "
-        f">= 50x: {check(speedup >= 50)} |",
-        f"| `country-daily`'s materialized run meanwhile (refreshed in full, `freshness_seconds: 1`; "
+        f">= 100x: {check(speedup >= 100)} |",
+        f"| `country-daily`'s materialized run meanwhile (filtered on its group keys, `freshness_seconds: 1`; "
         f"{f['rows_stored']:.0%} of runs from its stored result) | {f['rows_mat_ms']:.2f} ms | the live run: "
         f"{f['rows_live_ms']:.1f} ms | {rows_speedup:.0f}x | >= 50x: {check(rows_speedup >= 50)} |",
+        f"| `country-daily`'s full refreshes after its first, while the stream ran (fold: `{f['rows_fold']}`; "
+        f"{f['rows_rows_folded']:,} rows folded) | {f['rows_full_refreshes'] - 1} | | | 0: "
+        f"{check(f['rows_full_refreshes'] == 1)} |",
         "",
         f"After the stream stopped the stored result equalled the live answer within {f['caught_up_s']:.1f} s; the "
         f"endpoint had {f['full_refreshes']} full refresh{'es' if f['full_refreshes'] != 1 else ''} (its first) "
-        f"and {f['rows_folded']:,} rows folded in. How to read it: the first row is what one refresh costs the "
+        f"and {f['rows_folded']:,} rows folded in; `country-daily` then equalled its live answer too. How to read it: the first row is what one refresh costs the "
         "worker when rows were appended, folded against computed again; the second is what callers see while "
         "the table changes every 10 ms, with the cache off (each run reads the stored result; a rollup's is "
         "aggregated again per run); with the cache on, runs between two folds are answered from it.",

@@ -759,15 +759,15 @@ impl ResultStorage for DataFusionEngine {
         to: &str,
     ) -> Result<Stored, EngineError> {
         compile::check_text(&query.sql)?;
-        let Some(coverage) = from.coverage.clone() else {
-            return Err(EngineError::InvalidQuery("the stored result does not say what it holds".into()));
-        };
         // What the refresh that wrote it found (final rows stored in place of a rollup among it).
         if let Some(reason) = from.fold.as_ref().and_then(Fold::reason) {
             return Err(EngineError::InvalidQuery(format!(
                 "The stored result cannot follow the appended rows: {reason}."
             )));
         }
+        let Some(coverage) = from.coverage.clone() else {
+            return Err(EngineError::InvalidQuery("the stored result does not say what it holds".into()));
+        };
         let (source, target) = (resolve(project, &from.location)?, resolve(project, to)?);
         let (engine, query, into, rows) = (self.clone(), query.clone(), target.clone(), from.row_count);
         let limit = self.limits.refresh_timeout;
