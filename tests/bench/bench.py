@@ -1285,13 +1285,13 @@ def fresh(args, app, writer):
         json.loads(app.request("GET", MATERIALIZED_PATH))["results"], live_daily["results"]), 30)
     daily = status_of(app, "country-daily")
     figures["rows_full_refreshes"], figures["rows_rows_folded"] = daily["full_refreshes"], daily["rows_folded"]
-    figures["rows_fold"] = daily["fold"]
+    figures["rows_fold"] = daily.get("fold")  # not in the status of releases before it
     log(f"while streaming {figures['appends_per_s']:.0f} appends/s: the rollup materialized {figures['rollup_mat_ms']:.2f} ms "
         f"against live {figures['rollup_live_ms']:.1f} ms, country-daily {figures['rows_mat_ms']:.2f} ms against "
         f"{figures['rows_live_ms']:.1f} ms ({figures['rows_stored']:.0%} from its stored result); caught up "
         f"{figures['caught_up_s']:.1f} s after the stream stopped; {status['full_refreshes']} full refreshes, "
         f"{status['rows_folded']:,} rows folded; country-daily {daily['full_refreshes']} full refreshes, "
-        f"{daily['rows_folded']:,} rows folded ({daily['fold']})")
+        f"{daily['rows_folded']:,} rows folded ({figures['rows_fold']})")
     return figures
 
 
