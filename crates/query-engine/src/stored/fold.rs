@@ -70,9 +70,8 @@ fn scans(plan: &LogicalPlan, table: &str, subqueries: bool) -> usize {
 }
 
 /// Why a result that does not say which rows of its tables it holds is computed in full after every change.
-pub(crate) const UNCOVERED: &str =
-    "the query reads a source whose files the service does not keep, or runs on \
-                                    the cluster, so the stored result cannot tell which rows it holds";
+pub(crate) const UNCOVERED: &str = "the query reads a source whose files the service does not keep, or runs \
+     on the cluster, so the stored result cannot tell which rows it holds";
 
 /// How rows appended to the tables of a stored result of `plan` (a rollup's when `aggregated`) reach it: folded
 /// in, unless the query's answer changes with time, or an aggregation is stored as its final rows

@@ -395,9 +395,8 @@ impl DataFusionEngine {
             }
         }
         // The earlier parts, as they are or (at the most a result has) merged into one.
-        let mut parts = fold::parts(&self.storage, from).await?;
+        let parts = fold::parts(&self.storage, from).await?;
         let (parts, rows) = if parts.len() >= fold::MAX_PARTS {
-            parts.sort();
             let stored = (&stored, rollup.is_some());
             (1, self.compact_parts(project, from, to, stored, metadata.clone()).await?)
         } else {
