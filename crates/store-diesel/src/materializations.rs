@@ -55,13 +55,9 @@ impl MaterializationRow {
                 materialized_at: instant(at)?,
                 data_as_of: instant(self.result_data_as_of.unwrap_or(at))?,
                 coverage: self.result_coverage.map(Coverage),
-                fold: match self.result_fold {
-                    Some(fold) => Some(
-                        Fold::parse(&fold, self.result_fold_reason)
-                            .ok_or_else(|| DbError::Corrupt(format!("materialization fold {fold}")))?,
-                    ),
-                    None => None,
-                },
+                // A kind this release does not read (a later release's, on a node not yet upgraded) is not known,
+                // as for a result of an earlier release, rather than a record that claims and runs cannot read.
+                fold: self.result_fold.and_then(|fold| Fold::parse(&fold, self.result_fold_reason)),
             }),
             _ => None,
         };
