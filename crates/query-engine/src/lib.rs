@@ -19,6 +19,7 @@ mod messages;
 mod metrics;
 mod plans;
 mod progress;
+mod rewrites;
 mod run_log;
 mod runtime;
 mod snapshot_scan;

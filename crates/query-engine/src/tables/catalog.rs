@@ -298,6 +298,7 @@ fn session_with(
     storage.register(&ctx.runtime_env());
     crate::memory::bound_functions(&ctx, crate::EngineLimits::default().memory_limit);
     crate::float_order::register(&ctx);
+    crate::rewrites::register(&ctx);
     Ok(ctx)
 }
 

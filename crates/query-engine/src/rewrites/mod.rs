@@ -1,0 +1,17 @@
+//! Rewrites of saved queries' plans that keep every answer and make it cheaper to compute: DataFusion
+//! optimizer rules added to each session this engine plans in (not to a Ballista cluster's, whose executors
+//! would not know the functions they plan).
+
+mod like;
+
+use std::sync::Arc;
+
+use datafusion::prelude::SessionContext;
+
+/// Adds every rewrite to `ctx`'s optimizer, after DataFusion's own rules (so literals are folded first).
+pub(crate) fn register(ctx: &SessionContext) {
+    ctx.add_optimizer_rule(Arc::new(like::FixedLike));
+}
+
+#[cfg(test)]
+mod tests;
