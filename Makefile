@@ -20,6 +20,7 @@ SOAK_SECONDS ?= 180
 FUZZ_CASES ?= 100000
 FUZZ_SECONDS ?= 1800
 BENCH_ROWS ?= 10000000
+BENCH_COMPARE_ROWS ?= 2000000
 VENV := target/venv
 CARGO_DENY_VERSION ?= 0.20.2
 DENY_CHECKS ?=
@@ -228,6 +229,24 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 	cargo build --release --locked -p server --features bench,ballista --bins
 	$(VENV)/bin/python tests/bench/bench.py --rows $(BENCH_ROWS) --postgres-url "$$(cat target/.bench-postgres-url)" \
 	  --duckdb-python $(VENV)/bin/python
+
+# The earlier build of `make bench-compare`: a worktree at BASE, built into its own target directory (cold the first
+# time, about 30 minutes here; later bases rebuild only what changed).
+BASE_TREE := target/bench-base
+BASE_TARGET := $(CURDIR)/target/bench-base-target
+.PHONY: bench-compare
+bench-compare: deps $(VENV)/bin/python ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes and a cached run (BENCH_COMPARE_ROWS=2000000).
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<commit>" >&2; exit 2; }
+	@command -v wrk >/dev/null || { echo "Installing wrk"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+	@git worktree remove --force $(BASE_TREE) 2>/dev/null || true
+	@git worktree prune
+	git worktree add --detach $(BASE_TREE) "$(BASE)"
+	cd $(BASE_TREE) && CARGO_TARGET_DIR=$(BASE_TARGET) cargo build --release --locked -p server --bin endpoints
+	cargo build --release --locked -p server --bin endpoints
+	$(VENV)/bin/python tests/bench/bench.py --only compare --rows $(BENCH_COMPARE_ROWS) \
+	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
+	git worktree remove --force $(BASE_TREE)
 
 .PHONY: bench-isolation
 bench-isolation: deps ## Scenario 9 of make bench alone (fairness between projects, a flood of unknown keys) into docs/benchmark-scenarios.md.

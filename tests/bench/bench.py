@@ -34,7 +34,9 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
      log holds a million records of the endpoint.
 
 `--only isolation`, `--only appends`, `--only fresh` and `--only logs` run scenario 9, 10, 11 or 12 alone (the first two on a small
-data directory of their own, the third on `--rows` events) and replace only its section.
+data directory of their own, the third on `--rows` events) and replace only its section. `--only compare` (what
+`make bench-compare BASE=<commit>` runs) measures scenario 13's shapes, three more `LIKE` patterns and a cached run
+on this build and on `--before-bin-dir` beside it, alternating, on `--rows` events that the earlier build wrote.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md; scenarios with sections of their own (6 alone,
 9-14) replace theirs in docs/benchmark-scenarios.md (older runs are in git).
@@ -1597,6 +1599,88 @@ def shapes(args, root, apps):
     return figures
 
 
+COMPARE_MARKER = "<!-- make bench-compare, written by bench.py --only compare -->"
+# Beside scenario 13's shapes: `LIKE` patterns the rewrite takes (many `_`, a short column) and one it leaves.
+COMPARE_SHAPES = SHAPES + [
+    ("like-fixed", "`LIKE` of text and `_` only", "SELECT count(*) AS events FROM events WHERE distinct_id LIKE "
+     "{variables.pattern}", {"pattern": ("String", "_ser_0_2_3")}),
+    ("like-short", "`LIKE` on a two-letter column", "SELECT count(*) AS events FROM events WHERE country LIKE "
+     "{variables.pattern}", {"pattern": ("String", "_E")}),
+    ("like-inner", "`LIKE` with a `%` inside (DataFusion's own)", "SELECT count(*) AS events FROM events WHERE "
+     "distinct_id LIKE {variables.pattern}", {"pattern": ("String", "%_01%")}),
+]
+CACHED_COMPARE = "/api/projects/1/endpoints/cached-by-country/run"
+
+
+def compare(args, root):
+    """This build against `--before-bin-dir` on one dataset (written by the earlier build, which this one must
+    read): each shape's live run and a cached run under load, builds alternating batch by batch, the answers
+    compared."""
+    app = make_dataset(args.before_bin_dir, root, args.rows)
+    builds = {"previous build": args.before_bin_dir, "this build": args.bin_dir}
+    live = {b: {name: [] for name, *_ in COMPARE_SHAPES} for b in builds}
+    cached = {b: [] for b in builds}
+    answers = {b: {} for b in builds}
+    prepared = False
+    for _ in range(SHAPE_BATCHES + 1):
+        for build, bin_dir in builds.items():
+            server = Endpoints(bin_dir, app.data_dir)
+            server.key = app.key
+            server.start("--materialize-workers", "0")
+            try:
+                if not prepared:
+                    prepare_shapes(server, root)
+                    for name, _, sql, variables in COMPARE_SHAPES[len(SHAPES):]:
+                        declared = {k: {"type": kind} for k, (kind, _) in variables.items()}
+                        server.request("POST", "/api/projects/1/endpoints/", {
+                            "name": name, "cache_age_seconds": 0,
+                            "query": {"kind": "SQLQuery", "query": sql, "variables": declared}})
+                    server.request("POST", "/api/projects/1/endpoints/", {
+                        "name": "cached-by-country", "cache_age_seconds": 3600, "query": {
+                            "kind": "SQLQuery", "query": "SELECT country, count(*) AS n FROM events GROUP BY country"}})
+                    prepared = True
+                for name, _, _, variables in COMPARE_SHAPES:
+                    server.timed(shape_path(name, variables), 1)  # planned once, as a published endpoint's runs are
+                    ms, answered = server.timed(shape_path(name, variables), SHAPE_ROUNDS)
+                    live[build][name].append(ms)
+                    answers[build][name] = answered[-1]["results"]
+                server.request("GET", CACHED_COMPARE)
+                cached[build].append(wrk(server.base + CACHED_COMPARE, server.key, args.seconds)["rps"])
+            finally:
+                server.stop()
+    for name, *_ in COMPARE_SHAPES:
+        assert same_rows(answers["this build"][name], answers["previous build"][name]), f"{name}: answers differ"
+    return {"rows": args.rows, "cached": {b: statistics.median(r) for b, r in cached.items()},
+            "live": {b: {name: statistics.median(ms) for name, ms in shapes.items()} for b, shapes in live.items()},
+            "before": args.before_label or args.before_bin_dir}
+
+
+def compare_section(f):
+    before, this = f["live"]["previous build"], f["live"]["this build"]
+    lines = [
+        f"**This build against {f['before']}** (`make bench-compare`, {datetime.date.today().isoformat()}; "
+        f"{f['rows']:,} events written by the earlier build; each shape run live over HTTP, medians of "
+        f"{(SHAPE_BATCHES + 1) * SHAPE_ROUNDS} runs, the builds alternating batch by batch; the answers equal).",
+        "",
+        "| Shape | Previous build | This build | Ratio |",
+        "|---|---|---|---|",
+    ]
+    for name, what, *_ in COMPARE_SHAPES:
+        lines.append(f"| `{name}`: {what} | {before[name]:.1f} ms | {this[name]:.1f} ms | "
+                     f"**{this[name] / before[name]:.2f}x** |")
+    ratios = [this[name] / before[name] for name, *_ in COMPARE_SHAPES]
+    lines.append(f"| geometric mean of the shapes | | | **{geomean(ratios):.2f}x** |")
+    c = f["cached"]
+    lines += [
+        f"| a cached run, 64 connections (wrk) | {c['previous build']:,.0f} req/s | {c['this build']:,.0f} req/s | "
+        f"**{c['this build'] / c['previous build']:.2f}x** |",
+        "",
+        "A ratio below 1.00x is faster for live runs; for the cached run, above 1.00x is more requests answered.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def geomean(values):
     values = [v for v in values if v]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
@@ -1694,14 +1778,17 @@ def main():
     parser.add_argument("--out", default="docs/benchmarks.md")
     parser.add_argument("--scenarios-out", default="docs/benchmark-scenarios.md",
                         help="the page of the scenarios with sections of their own (6 alone, 9-14)")
-    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes", "commits", "nodes"],
+    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes", "commits", "nodes", "compare"],
                         default=None)
     parser.add_argument("--before-bin-dir", default=None,
-                        help="with --only nodes: a previous build, measured beside this one in the same run")
+                        help="with --only nodes or compare: a previous build, measured beside this one in the same run")
     parser.add_argument("--before-postgres-url", default=None, help="its own database for --before-bin-dir")
+    parser.add_argument("--before-label", default=None, help="what --before-bin-dir was built from (a commit)")
     parser.add_argument("--node-rounds", type=int, default=4, help="rounds per build of scenario 6 alone")
     parser.add_argument("--commits", type=int, default=100_000, help="commits to one table in scenario 14")
     args = parser.parse_args()
+    if args.only == "compare" and not args.before_bin_dir:
+        parser.error("--only compare measures against --before-bin-dir")
     began = time.perf_counter()
     root = tempfile.mkdtemp(prefix="endpoints-bench-", dir=os.path.abspath("target"))
     if args.only:
@@ -1714,6 +1801,8 @@ def main():
                                                        for n in sorted({small, args.rows})}))
             elif args.only == "commits":
                 write_commits(args, commits(args, root))
+            elif args.only == "compare":
+                write_section(args, COMPARE_MARKER, compare_section(compare(args, root)))
             elif args.only == "nodes":
                 write_nodes(args, nodes_alone(args, root))
             elif args.only == "logs":
