@@ -543,6 +543,11 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
     let preview_path = format!("{}/{project}/tables/orders/preview", FAMILIES[1]);
     let preview = app.post(&preview_path, &key, &json!({"limit": 2})).await;
     assert_eq!(ok_json(preview, 200).await["results"].as_array().unwrap().len(), 2);
+    // A `LIKE` the engine would match itself is the database's to evaluate, in the SQL it understands.
+    let body = endpoint_body("us", "SELECT id FROM orders WHERE country LIKE '_S' ORDER BY id");
+    assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
+    let us = ok_json(app.get(&format!("{endpoints}/us/run?refresh=direct"), &key).await, 200).await;
+    assert_eq!(us["results"], json!([{"id": 1}, {"id": 3}]), "{us}");
 
     // Its rows are the database's: an append is refused.
     let tables = format!("{}/{project}/tables", FAMILIES[0]);
@@ -580,7 +585,9 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
     assert_eq!(app.get(&format!("{tables}/refused"), &key).await.status(), 404);
 
     // Deleting the table forgets it; the database's table stays.
-    app.delete(&format!("{endpoints}/totals"), &key).await;
+    for endpoint in ["totals", "us"] {
+        app.delete(&format!("{endpoints}/{endpoint}"), &key).await;
+    }
     assert_eq!(app.delete(&format!("{tables}/orders"), &key).await.status(), 204);
     assert_eq!(psql(&format!("SELECT count(*) FROM {}.orders", schema.0)), "4");
 }

@@ -8,20 +8,22 @@
 //! `LIKE 'prefix%'` conjunct after the match: DataFusion prunes files, row groups and pages by it (as it did
 //! by the original pattern, whose prefix ends at the first `_`), and evaluates it only on the rows the match
 //! let through when those are few.
+//!
+//! A plan with a table that evaluates filters itself (a PostgreSQL source: they become its SQL) is left as it is.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayAccessor, ArrayRef, AsArray, BooleanArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Result, ScalarValue};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, Result, ScalarValue};
 use datafusion::logical_expr::expr::{Like, ScalarFunction};
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    ColumnarValue, Expr, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, Expr, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    TableProviderFilterPushDown, Volatility,
 };
-use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
 /// Rewrites `x [NOT] LIKE 'fixed pattern'` (see the module's documentation) everywhere in a plan.
@@ -33,23 +35,51 @@ impl OptimizerRule for FixedLike {
         "fixed_like"
     }
 
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
+    /// The whole plan at once (no apply order): whether it may be rewritten depends on all its tables.
     fn rewrite(&self, plan: LogicalPlan, _config: &dyn OptimizerConfig) -> Result<Transformed<LogicalPlan>> {
-        // An expression that names an output column keeps its name (a projection's `x LIKE 'a_%'`).
-        let names = NamePreserver::new(&plan);
-        plan.map_expressions(|expr| {
-            let name = names.save(&expr);
-            let rewritten = expr.transform_up(|expr| Ok(rewrite(expr)))?;
-            Ok(if rewritten.transformed {
-                rewritten.update_data(|expr| name.restore(expr))
-            } else {
-                rewritten
+        if !evaluated_here(&plan) {
+            return Ok(Transformed::no(plan));
+        }
+        plan.transform_up_with_subqueries(|node| {
+            // A scan's filters are its source's (and evaluated again above it when the source may let more rows
+            // through); the filter above is rewritten.
+            if matches!(node, LogicalPlan::TableScan(_)) {
+                return Ok(Transformed::no(node));
+            }
+            // An expression that names an output column keeps its name (a projection's `x LIKE 'a_%'`).
+            let names = NamePreserver::new(&node);
+            node.map_expressions(|expr| {
+                let name = names.save(&expr);
+                let rewritten = expr.transform_up(|expr| Ok(rewrite(expr)))?;
+                Ok(if rewritten.transformed {
+                    rewritten.update_data(|expr| name.restore(expr))
+                } else {
+                    rewritten
+                })
             })
         })
     }
+}
+
+/// Whether DataFusion itself evaluates the filters of `plan`: no table in it takes a filter as exact, as a
+/// PostgreSQL source does (its filters are sent to the database as SQL, where `fixed_like` is no function).
+/// Each source is asked about a `LIKE` on its first column; one that cannot say is taken as exact.
+fn evaluated_here(plan: &LogicalPlan) -> bool {
+    let mut here = true;
+    let walked = plan.apply_with_subqueries(|node| {
+        let LogicalPlan::TableScan(scan) = node else { return Ok(TreeNodeRecursion::Continue) };
+        let Some(field) = scan.source.schema().fields().first().cloned() else {
+            return Ok(TreeNodeRecursion::Continue);
+        };
+        let probe = Expr::Column(Column::from_name(field.name())).like(Expr::Literal("_".into(), None));
+        let exact = scan
+            .source
+            .supports_filters_pushdown(&[&probe])
+            .map_or(true, |answers| answers.contains(&TableProviderFilterPushDown::Exact));
+        here &= !exact;
+        Ok(if exact { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    });
+    here && walked.is_ok()
 }
 
 /// `expr` with a `LIKE` of a fixed pattern replaced by the match and its prefix, else unchanged.

@@ -5,9 +5,15 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, Scalar, StringArray};
 use datafusion::arrow::compute::{cast, kernels::comparison::like};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::Result;
 use datafusion::datasource::MemTable;
+use datafusion::datasource::TableType;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use proptest::prelude::*;
 
@@ -129,6 +135,54 @@ fn a_fixed_pattern_is_matched_without_like_and_prunes_by_its_prefix() {
         let plan = block_on(optimized(&ctx, sql));
         assert!(!plan.contains("fixed_like"), "{sql}: {plan}");
     }
+}
+
+/// A table that evaluates every filter itself, as a PostgreSQL source does (the filters become its SQL).
+#[derive(Debug)]
+struct Remote(MemTable);
+
+#[async_trait::async_trait]
+impl TableProvider for Remote {
+    fn schema(&self) -> SchemaRef {
+        self.0.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(vec![TableProviderFilterPushDown::Exact; filters.len()])
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.0.scan(state, projection, filters, limit).await
+    }
+}
+
+#[test]
+fn a_plan_reading_a_table_that_filters_itself_is_left_as_written() {
+    let values = vec![Some("user_01234".to_owned())];
+    let ctx = session(&values, &DataType::Utf8, true);
+    let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Utf8, true)]));
+    let remote = MemTable::try_new(Arc::clone(&schema), vec![vec![]]).unwrap();
+    ctx.register_table("remote", Arc::new(Remote(remote))).unwrap();
+    for sql in [
+        "SELECT v FROM remote WHERE v LIKE 'user_012%'",
+        "SELECT t.id FROM t JOIN remote r ON t.v = r.v WHERE t.v LIKE 'user_012%' AND r.v LIKE 'u_er%'",
+    ] {
+        let plan = block_on(optimized(&ctx, sql));
+        assert!(!plan.contains("fixed_like") && plan.contains(r#"LIKE Utf8("user_012%")"#), "{sql}: {plan}");
+    }
+    // The same filter over the local table alone is rewritten.
+    let plan = block_on(optimized(&ctx, "SELECT id FROM t WHERE v LIKE 'user_012%'"));
+    assert!(plan.contains("fixed_like"), "{plan}");
 }
 
 proptest! {
