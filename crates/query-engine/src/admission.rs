@@ -5,7 +5,9 @@
 //! - one of its project's **slots** ([`EngineLimits::max_concurrent_per_project`]) for as long as it plans and
 //!   computes. Runs, dry runs (planning), exports and reads of stored results take one at once or are refused
 //!   with [`EngineError::Busy`] (429 with `Retry-After`), so a full project is told so the same way whatever it
-//!   asked for. Refreshes and folds take none: holding the project's slots, they answered its own runs 429
+//!   asked for. The service's own planning (an endpoint planned again after its table was replaced) waits for
+//!   one instead, within the query timeout, so that a busy project delays it rather than losing it. Refreshes and
+//!   folds take none: holding the project's slots, they answered its own runs 429
 //!   (their cores are shared through the turns below, their memory through the pool).
 //! - its **turns** on the engine's cores among every project's queries ([`fair`]) while it executes;
 //! - its **memory**, within its own limit and what every query holds together ([`QueryPool`]);
@@ -70,6 +72,13 @@ impl Admission {
     /// One of `project`'s slots now, for work a caller waits for; [`EngineError::Busy`] when all are taken.
     pub(crate) fn enter(&self, project: ProjectId) -> Result<Slot, EngineError> {
         self.slots_of(project).try_acquire_owned().map_err(|_| self.busy())
+    }
+
+    /// One of `project`'s slots once one is free, for the service's own work that a busy project delays rather
+    /// than refuses (waiters take the slots in the order they came).
+    pub(crate) async fn queue(&self, project: ProjectId) -> Result<Slot, EngineError> {
+        // Never closed, so never refused.
+        self.slots_of(project).acquire_owned().await.map_err(|e| EngineError::Internal(Box::new(e)))
     }
 
     /// A query's turns on the engine's cores, once it executes.

@@ -370,6 +370,24 @@ impl DataFusionEngine {
         Ok((done, slot))
     }
 
+    /// Runs the service's own work of `project` as [`DataFusionEngine::in_slot`] does, but waits for one of the
+    /// project's slots instead of being refused; the wait counts in the query timeout.
+    async fn in_queued_slot<T, F>(
+        &self,
+        project: ProjectId,
+        work: impl FnOnce(Self) -> F,
+    ) -> Result<T, EngineError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, EngineError>> + Send + 'static,
+    {
+        self.within_time(async {
+            let _slot = self.admission.queue(project).await?;
+            self.runtime.run(work(self.clone())).await
+        })
+        .await
+    }
+
     async fn describe_here(
         &self,
         project: ProjectId,
@@ -567,6 +585,19 @@ impl QueryEngine for DataFusionEngine {
         self.in_slot(project, move |engine| async move { engine.describe_here(project, &owned).await })
             .await
             .map(|(description, _slot)| description)
+            .map_err(|e| compile::compile(query).explain(e))
+    }
+
+    #[instrument(skip_all, fields(project = %project))]
+    async fn describe_queued(
+        &self,
+        project: ProjectId,
+        query: &Query,
+    ) -> Result<QueryDescription, EngineError> {
+        compile::check_text(&query.sql)?;
+        let owned = query.clone();
+        self.in_queued_slot(project, move |engine| async move { engine.describe_here(project, &owned).await })
+            .await
             .map_err(|e| compile::compile(query).explain(e))
     }
 

@@ -516,6 +516,34 @@ async fn a_project_runs_at_most_its_share_of_live_queries() {
     engine.describe(project(1), &q).await.unwrap();
 }
 
+/// The service's own planning (an endpoint planned again after its table was replaced) waits for a busy
+/// project's slot instead of being refused, and gives up at the query timeout.
+#[tokio::test]
+async fn the_services_own_planning_waits_for_a_busy_projects_slot() {
+    let (_, dir) = engine_with_events().await;
+    let limits = EngineLimits {
+        max_concurrent_per_project: 1,
+        query_timeout: std::time::Duration::from_secs(1),
+        ..EngineLimits::default()
+    };
+    let engine = DataFusionEngine::new(Storage::local(&dir).unwrap()).with_limits(limits);
+    let q = query("SELECT 1 AS n", json!({}));
+    let held = engine.admission.enter(project(1)).unwrap();
+    let err = engine.describe_queued(project(1), &q).await.unwrap_err();
+    assert!(matches!(err, EngineError::Timeout(_)), "held past the timeout: {err:?}");
+    let waiting = tokio::spawn({
+        let (engine, q) = (engine.clone(), q.clone());
+        async move { engine.describe_queued(project(1), &q).await }
+    });
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished(), "waits while the slot is held");
+    drop(held);
+    let described = waiting.await.unwrap().unwrap();
+    assert_eq!(described.columns.len(), 1);
+    // It held the slot while planning, and gave it back.
+    engine.describe(project(1), &q).await.unwrap();
+}
+
 #[tokio::test]
 async fn imports_csv_and_ndjson_atomically() {
     let dir = temp_dir("qe-import");

@@ -244,7 +244,9 @@ impl RefreshService {
         )?;
         let eligibility = match version.eligibility {
             Some(eligibility) => eligibility,
-            None => Eligibility::decide(&self.engine.describe(claim.project, &version.query).await?.outline),
+            None => Eligibility::decide(
+                &self.engine.describe_queued(claim.project, &version.query).await?.outline,
+            ),
         };
         if let Some(reason) = eligibility.reason() {
             return Err(Error::Invalid(Invalid::field("is_materialized", reason)));

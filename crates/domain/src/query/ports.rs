@@ -21,8 +21,24 @@ pub trait QueryEngine: Send + Sync {
     ///
     /// # Errors
     /// [`EngineError::InvalidQuery`] for SQL that is not one read-only statement, names an unknown table or column,
-    /// or has duplicate output column names; `Unavailable`, `Internal`.
+    /// or has duplicate output column names; [`EngineError::Busy`] when the project's queries take every slot it
+    /// has; `Unavailable`, `Internal`.
     async fn describe(&self, project: ProjectId, query: &Query) -> Result<QueryDescription, EngineError>;
+
+    /// Plans the query as [`QueryEngine::describe`] does, for the service's own work that a busy project must not
+    /// make it lose (planning an endpoint again after its table was replaced, planning a refresh): it waits for
+    /// one of the project's slots, within the query timeout, where `describe` is refused. An engine without
+    /// slots plans at once.
+    ///
+    /// # Errors
+    /// As [`QueryEngine::describe`], with [`EngineError::Timeout`] instead of `Busy`.
+    async fn describe_queued(
+        &self,
+        project: ProjectId,
+        query: &Query,
+    ) -> Result<QueryDescription, EngineError> {
+        self.describe(project, query).await
+    }
 
     /// Runs the query with its variables bound as typed parameters and returns the page `offset..offset+limit`
     /// of its rows, with whether more rows follow.

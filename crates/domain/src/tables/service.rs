@@ -117,8 +117,9 @@ impl TableService {
 
     /// The endpoints whose current version reads any of `tables` (the store's index), each with the tables it
     /// reads. An endpoint whose tables were not recorded (a version written before they were) is planned to
-    /// tell; one deleted meanwhile, or that no longer plans, reads nothing; one that cannot be planned now (its
-    /// project busy, the storage unavailable) is taken to read them all, so that its cached runs are dropped.
+    /// tell, waiting for the project's busy slots; one deleted meanwhile, or that no longer plans, reads nothing;
+    /// one that cannot be planned now (the storage unavailable, the wait past the query timeout) is taken to read
+    /// them all, so that its cached runs are dropped.
     async fn readers(&self, project: ProjectId, tables: &[&TableName]) -> Result<Vec<Reader>, Error> {
         let names: Vec<String> = tables.iter().map(|t| t.as_str().to_owned()).collect();
         let mut readers = Vec::new();
@@ -126,7 +127,7 @@ impl TableService {
             let tables = match reader.tables {
                 Some(tables) => tables,
                 None => match self.endpoints.get(project, &reader.name).await {
-                    Ok(endpoint) => match self.engine.describe(project, &endpoint.query).await {
+                    Ok(endpoint) => match self.engine.describe_queued(project, &endpoint.query).await {
                         Ok(described) => described.tables,
                         Err(EngineError::InvalidQuery(_)) => Vec::new(),
                         Err(_) => names.clone(),
@@ -372,8 +373,9 @@ impl TableService {
     }
 
     /// Plans an endpoint's current version again after a table it reads was replaced, and records what that
-    /// told: its new columns, or why it no longer plans. When the engine fails for another reason (busy,
-    /// unavailable) the version is left as it was, and the failure logged.
+    /// told: its new columns, or why it no longer plans. A project whose queries take every slot delays this
+    /// (planning waits for a slot) rather than losing it. When the engine fails for another reason (unavailable,
+    /// the wait past the query timeout) the version is left as it was, and the failure logged.
     async fn replan(&self, project: ProjectId, name: &EndpointName) {
         let endpoint = match self.endpoints.get(project, name).await {
             Ok(endpoint) => endpoint,
@@ -382,7 +384,7 @@ impl TableService {
                 return;
             }
         };
-        let replanned = match self.engine.describe(project, &endpoint.query).await {
+        let replanned = match self.engine.describe_queued(project, &endpoint.query).await {
             Ok(description) => Ok(PlannedQuery::new(endpoint.query.clone(), description)),
             Err(EngineError::InvalidQuery(reason)) => Err(reason),
             Err(err) => {

@@ -108,7 +108,7 @@ fn all() -> Vec<Endpoint> {
 
 fn engine() -> MockQueryEngine {
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, q| {
+    engine.expect_describe_queued().returning(|_, q| {
         assert_eq!(q.sql, "SELECT 1 AS legacy", "only the version without recorded tables is planned");
         Ok(QueryDescription { tables: vec!["sales".into()], ..QueryDescription::default() })
     });
@@ -215,13 +215,13 @@ async fn a_write_makes_the_cached_runs_of_its_readers_stale_and_only_theirs() {
     assert_eq!(table.used_by.iter().map(|n| n.to_string()).collect::<Vec<_>>(), readers);
 }
 
-/// A reader whose tables were not recorded and that cannot be planned now (its project's slots are all busy)
-/// is taken to read the table: its cached runs are dropped rather than left to answer old rows. One whose query
+/// A reader whose tables were not recorded and that cannot be planned now (its project's slots stayed busy
+/// past the query timeout) is taken to read the table: its cached runs are dropped rather than left to answer old rows. One whose query
 /// no longer plans reads nothing.
 #[tokio::test]
 async fn a_reader_that_cannot_be_planned_now_is_taken_to_read_the_written_table() {
     for (refusal, stale) in [
-        (EngineError::Busy { retry_after: std::time::Duration::from_secs(1) }, true),
+        (EngineError::Timeout(std::time::Duration::from_secs(30)), true),
         (EngineError::InvalidQuery("no such column".into()), false),
     ] {
         let mut tables = MockTableStore::new();
@@ -231,7 +231,10 @@ async fn a_reader_that_cannot_be_planned_now_is_taken_to_read_the_written_table(
         tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
         let mut engine = MockQueryEngine::new();
         let refused = std::sync::Mutex::new(Some(refusal));
-        engine.expect_describe().times(1).returning(move |_, _| Err(refused.lock().unwrap().take().unwrap()));
+        engine
+            .expect_describe_queued()
+            .times(1)
+            .returning(move |_, _| Err(refused.lock().unwrap().take().unwrap()));
         let told = Arc::new(Mutex::new(Vec::new()));
         let mut changes = MockEndpointChanges::new();
         let seen = Arc::clone(&told);
@@ -265,7 +268,7 @@ async fn a_write_makes_its_materialized_readers_due_within_their_freshness_befor
         });
         store.expect_replan().returning(|_, _, _| Ok(true));
         let mut engine = MockQueryEngine::new();
-        engine.expect_describe().returning(|_, _| {
+        engine.expect_describe_queued().returning(|_, _| {
             Ok(QueryDescription { tables: vec!["sales".into()], ..QueryDescription::default() })
         });
         let mut changes = MockEndpointChanges::new();
@@ -327,7 +330,7 @@ async fn a_replace_plans_its_readers_again_and_records_what_that_told() {
         Ok(true)
     });
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, q| match q.sql.as_str() {
+    engine.expect_describe_queued().returning(|_, q| match q.sql.as_str() {
         // `legacy` has no recorded tables: it is planned once to find them, and once again as a reader.
         "SELECT 1 AS legacy" => Ok(QueryDescription {
             tables: vec!["sales".into()],
@@ -369,7 +372,7 @@ async fn registering_a_source_replaces_the_table_and_stales_its_readers() {
     });
     store.expect_replan().times(2).returning(|_, _, _| Ok(true));
     let mut engine = MockQueryEngine::new();
-    engine.expect_describe().returning(|_, _| {
+    engine.expect_describe_queued().returning(|_, _| {
         Ok(QueryDescription { tables: vec!["sales".into()], ..QueryDescription::default() })
     });
     let mut changes = MockEndpointChanges::new();
