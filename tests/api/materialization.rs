@@ -543,11 +543,16 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     );
     let typical =
         on_vip("SELECT vip, median(amount) AS typical FROM sales WHERE vip = {variables.vip} GROUP BY vip");
+    // Rows in an ORDER BY of what they return: each stored part in that order, a run merges them.
+    let ordered = on_vip(
+        "SELECT id, country, amount, vip FROM sales WHERE vip = {variables.vip} ORDER BY amount DESC, id, country",
+    );
     for (name, sql) in [
         ("by_country", by_country(BY_COUNTRY)),
         ("totals", totals()),
         ("countries", countries),
         ("typical", typical),
+        ("ordered", ordered),
     ] {
         let body = json!({"name": name, "is_materialized": true, "freshness_seconds": 1, "query": sql});
         assert_eq!(app.create_endpoint(project, &key, &body).await.freshness_seconds, 1);
@@ -561,6 +566,7 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
         ("totals", json!({"since": "2026-01-01", "until": "2027-01-01", "not": "XX"})),
         ("countries", json!({"vip": true})),
         ("typical", json!({"vip": true})),
+        ("ordered", json!({"vip": true})),
     ];
     for (name, _) in &variables {
         let done = wait_for(&app, project, &key, name, "Completed", 1).await;
@@ -622,6 +628,8 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     let done = status(&app, project, &key, "countries").await;
     assert_eq!((done.full_refreshes, done.rows_folded), (1, 3), "{done:?}");
     assert_eq!(done.grouping, Some(vec!["sales.vip".to_owned(), "sales.country".to_owned()]), "{done:?}");
+    let done = status(&app, project, &key, "ordered").await;
+    assert_eq!((done.full_refreshes, done.rows_folded), (1, 3), "{done:?}");
     // Final rows followed each append by a full refresh.
     let done = status(&app, project, &key, "typical").await;
     assert_eq!((done.full_refreshes, done.rows_folded, done.last_folded_at), (4, 0, None), "{done:?}");

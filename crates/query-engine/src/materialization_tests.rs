@@ -794,6 +794,23 @@ fn foldable_cases() -> Vec<(Case, bool)> {
         },
         false,
     ));
+    // Rows in the query's ORDER BY of output columns: each part is in that order, a read merges them. Its keys
+    // are every column, so that the live answer's order is defined up to equal rows.
+    cases.push((
+        Case {
+            sql: "SELECT revenue, country, browser, timestamp, distinct_id FROM events \
+                  WHERE revenue >= {variables.min} AND browser = {variables.browser} \
+                  ORDER BY revenue DESC NULLS FIRST, country, timestamp DESC, distinct_id",
+            variables: json!({"min": {"type": "Number", "default": 0}, "browser": string_var()}),
+            draw: |rng| {
+                BTreeMap::from([
+                    ("min".into(), BoundValue::Number(f64::from(rng.random_range(0_u32..25_000)) / 100.0)),
+                    ("browser".into(), BoundValue::String(pick(rng, &BROWSERS))),
+                ])
+            },
+        },
+        true,
+    ));
     cases
 }
 
@@ -931,8 +948,8 @@ async fn a_fold_merges_the_parts_of_a_result_that_has_too_many() {
     regions(engine).await;
     let mut rng = StdRng::seed_from_u64(52);
     let cases = foldable_cases();
-    // A rollup filtered on other columns, one of DISTINCT values, and rows.
-    let chosen = [&cases[1], &cases[3], &cases[cases.len() - 1]];
+    // A rollup filtered on other columns, one of DISTINCT values, rows, and rows in an ORDER BY.
+    let chosen = [&cases[1], &cases[3], &cases[cases.len() - 2], &cases[cases.len() - 1]];
     for (case, ordered) in chosen {
         let q = query(case.sql, case.variables.clone());
         let rollup = eligibility(engine, case.sql, case.variables.clone()).await.rollup().is_some();
@@ -1023,7 +1040,8 @@ async fn a_query_a_fold_cannot_follow_is_refused_with_the_reason_and_leaves_noth
             "SELECT country, median(revenue) AS n FROM events WHERE country = {variables.c} GROUP BY country",
             "aggregate `median(events.revenue)` cannot be recombined",
         ),
-        ("SELECT country, revenue FROM events WHERE country = {variables.c} ORDER BY revenue", "an ORDER BY"),
+        // A read sorts by output columns only.
+        ("SELECT country FROM events WHERE country = {variables.c} ORDER BY revenue", "an ORDER BY"),
         ("SELECT DISTINCT country, browser FROM events WHERE country = {variables.c}", "DISTINCT"),
         (
             "SELECT a.country, count(*) AS n FROM events a JOIN events b ON a.distinct_id = b.distinct_id \

@@ -7,14 +7,17 @@
 //! rows), it distributes over the union of the table's old rows and the appended ones: the plan over the
 //! appended rows alone gives exactly the rows (or partial aggregates) they add. Those are written as one more
 //! part of the stored result, beside the old parts, in a new location:
-//! - a result of rows gets them after its own, positions continuing where the old parts end (the plan has no
-//!   ORDER BY, so the live query's order is not defined beyond what a stored result keeps);
+//! - a result of rows gets them after its own, positions continuing where the old parts end. Without an ORDER
+//!   BY the live query's order is not defined beyond what a stored result keeps; with one whose keys are output
+//!   columns ([`kept_order`]), each part holds its rows in that order and a read merges the parts in it (ties in
+//!   the order of their positions);
 //! - a rollup gets more partial rows, which a run's aggregation combines with the old ones (COUNT and SUM add,
 //!   MIN and MAX compare, AVG is a sum over a count; a DISTINCT count, sum or average is applied to the stored
 //!   values again, each counted once), as it combines the rows of one group already.
 //!
-//! Anything else (the table read twice, under an aggregation, a sort, DISTINCT, a window, a limit, a union, an
-//! outer join or a subquery) is refused with the reason, and a full refresh computes the result instead.
+//! Anything else (the table read twice, under an aggregation, any other sort, DISTINCT, a window, a limit, a
+//! union, an outer join or a subquery) is refused with the reason, and a full refresh computes the result
+//! instead.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -98,6 +101,8 @@ fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<Strin
     let mut node = match (aggregated, plan) {
         (true, LogicalPlan::Aggregate(aggregate)) => aggregate.input.as_ref(),
         (true, _) => return Some("a rollup's plan has no aggregation at its top".into()),
+        // Each part is written in the query's order, and a read merges them in it.
+        (false, LogicalPlan::Sort(sort)) if kept_order(plan).is_some() => sort.input.as_ref(),
         (false, plan) => plan,
     };
     loop {
@@ -129,6 +134,35 @@ fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<Strin
             _ => return Some(format!("`{table}` is read inside a subquery")),
         }
     }
+}
+
+/// An output column a stored result of rows is ordered by.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct OrderedBy {
+    pub(crate) column: String,
+    pub(crate) descending: bool,
+    pub(crate) nulls_first: bool,
+}
+
+/// The ORDER BY at the top of a plan of rows, when each part of a stored result can keep it: no LIMIT with it,
+/// and every key one of the plan's output columns (so a read can sort by it). `None` for any other plan.
+pub(crate) fn kept_order(plan: &LogicalPlan) -> Option<Vec<OrderedBy>> {
+    let LogicalPlan::Sort(sort) = plan else { return None };
+    if sort.fetch.is_some() {
+        return None;
+    }
+    let schema = sort.input.schema();
+    sort.expr
+        .iter()
+        .map(|key| match &key.expr {
+            Expr::Column(column) => schema.index_of_column(column).ok().map(|i| OrderedBy {
+                column: schema.field(i).name().clone(),
+                descending: !key.asc,
+                nulls_first: key.nulls_first,
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Why a result of the plan changes while its tables do not, if it does: it calls a function whose answer its

@@ -2,7 +2,8 @@
 //! storage.
 //!
 //! A result is the query's rows, in the order the query produced them, with one more column at the end holding
-//! each row's position, so a read returns them in that same order whatever the file layout. A rollup's result
+//! each row's position, so a read returns them in that same order whatever the file layout (after the query's
+//! ORDER BY, when it has one a fold keeps: each part is in that order, and a read merges them). A rollup's result
 //! is its grouped partial rows (see `rollup`), and its file's metadata holds the query, which a read plans to
 //! aggregate them again. Each refresh writes into a location of its own that nothing reads until the store
 //! switches to it; removing a location never touches another.
@@ -15,7 +16,7 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, MemTable, TableProvider};
-use datafusion::logical_expr::{cast, Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::logical_expr::{cast, Expr, LogicalPlan, LogicalPlanBuilder, SortExpr};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
@@ -47,6 +48,11 @@ const ROLLUP_QUERY: &str = "endpoints.rollup.query";
 /// rollup's stored columns.
 const FILTERED_OUTPUTS: &str = "endpoints.rows.filtered";
 
+/// The key of the metadata of a result of rows whose query ends in an ORDER BY of output columns (see
+/// [`fold::kept_order`]) that holds that order, as a JSON array: each part holds its rows in it, and a read merges
+/// them in it.
+const ROWS_ORDER: &str = "endpoints.rows.order";
+
 pub(crate) fn materializations_prefix(project: ProjectId) -> ObjectPath {
     ObjectPath::from_iter(["projects", &project.to_string(), "materializations"])
 }
@@ -69,6 +75,30 @@ fn resolve(project: ProjectId, location: &str) -> Result<ObjectPath, EngineError
         return Err(bad());
     }
     Ok(path)
+}
+
+/// The order a read returns a stored result's rows in, and each of its parts holds them in: the ORDER BY the
+/// query kept, if any, then the position (`position`, the position column's name).
+fn stored_order(order: &[fold::OrderedBy], position: &str) -> Vec<SortExpr> {
+    order
+        .iter()
+        .map(|key| col(quoted(&key.column)).sort(!key.descending, key.nulls_first))
+        .chain(std::iter::once(col(quoted(position)).sort(true, false)))
+        .collect()
+}
+
+/// [`stored_order`] as an ORDER BY clause's keys.
+fn stored_order_sql(order: &[fold::OrderedBy], position: &str) -> String {
+    order
+        .iter()
+        .map(|key| {
+            let direction = if key.descending { "DESC" } else { "ASC" };
+            let nulls = if key.nulls_first { "FIRST" } else { "LAST" };
+            format!("{} {direction} NULLS {nulls}", quoted(&key.column))
+        })
+        .chain(std::iter::once(format!("{} ASC", quoted(position))))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A name for the position column that no output column has.
@@ -103,6 +133,8 @@ pub(crate) struct PreparedResult {
     rollup: Option<RolledUp>,
     /// For final rows stored in place of a rollup, the output column each of the rollup's filters compares.
     filtered_outputs: Option<Vec<String>>,
+    /// The ORDER BY its rows keep, if the query has one a fold follows (see [`ROWS_ORDER`]).
+    order: Vec<fold::OrderedBy>,
     rows: Option<Arc<MemTable>>,
     schema: Schema,
     /// Memory it holds, as the cache weighs it.
@@ -242,6 +274,10 @@ impl DataFusionEngine {
             None => (outline::without_variable_predicates(unbound, &compiled), HashMap::new()),
         };
         let plan = plan.map_err(|e| EngineError::Internal(Box::new(e)))?;
+        let mut metadata = metadata;
+        if let Some(order) = fold::kept_order(&plan).filter(|_| rollup.is_none()) {
+            metadata.insert(ROWS_ORDER.to_owned(), serde_json::to_string(&order).expect("names serialize"));
+        }
         let fold = fold::fold_of(&plan, rollup.is_some(), Eligibility::final_rows_reason(&outline));
         Ok(StoredPlan { ctx, plan, rollup, metadata, fold, final_rows })
     }
@@ -475,6 +511,7 @@ impl DataFusionEngine {
         } else {
             let schema = parts.schema().as_arrow().clone();
             let position = ordinal(&schema, from.as_ref())?.name().clone();
+            let order = fold::kept_order(stored).unwrap_or_else(Vec::new);
             let outputs: Vec<Expr> = stored
                 .schema()
                 .fields()
@@ -482,7 +519,7 @@ impl DataFusionEngine {
                 .map(|f| cast(col(quoted(f.name())), f.data_type().clone()).alias(f.name()))
                 .collect();
             parts
-                .sort(vec![col(quoted(&position)).sort(true, false)])
+                .sort(stored_order(&order, &position))
                 .and_then(|sorted| sorted.select(outputs))
                 .map_err(execute::execution_error)?
         };
@@ -556,11 +593,12 @@ impl DataFusionEngine {
                 ctx.register_table(TABLE, Arc::clone(rows) as Arc<dyn TableProvider>)
                     .map_err(|e| EngineError::Internal(Box::new(e)))?;
             }
-            // Many rows: read from the file, declared in the order of their position so that reading in that
-            // order needs no sort.
+            // Many rows: read from the files, declared in stored order (each part holds its rows in it) so that
+            // reading in that order merges the parts instead of sorting them.
             None => {
-                let position = col(quoted(ordinal(&prepared.schema, &location)?.name())).sort(true, false);
-                let options = ParquetReadOptions::default().file_sort_order(vec![vec![position]]);
+                let position = ordinal(&prepared.schema, &location)?.name();
+                let order = stored_order(&prepared.order, position);
+                let options = ParquetReadOptions::default().file_sort_order(vec![order]);
                 ctx.register_parquet(TABLE, &location, options).await.map_err(execute::storage_error)?;
             }
         }
@@ -577,7 +615,7 @@ impl DataFusionEngine {
                 .ok_or_else(|| EngineError::Internal("a run's filters are not the stored rows'".into()))?,
             None => filters,
         };
-        let (compiled, values) = filtered(&location, &prepared.schema, filters)?;
+        let (compiled, values) = filtered(&location, &prepared.schema, &prepared.order, filters)?;
         let plan = self.plan(&ctx, crate::parse(&ctx, &compiled)?, values).await?;
         Ok((ctx, plan))
     }
@@ -597,17 +635,30 @@ impl DataFusionEngine {
             })?),
             None => None,
         };
+        let order: Vec<fold::OrderedBy> = match schema.metadata().get(ROWS_ORDER) {
+            Some(order) => serde_json::from_str(order).map_err(|e| {
+                EngineError::Internal(format!("a stored result's order does not read: {e}").into())
+            })?,
+            None => Vec::new(),
+        };
         let in_memory = self.scheduler().is_none()
             && stored.clone().count().await.map_err(execute::execution_error)?
                 <= self.limits.stored_rows_in_memory;
         if !in_memory {
             let scan = stored.into_unoptimized_plan();
             let rollup = query.map(|(query, filters)| RolledUp { query, scan, filters });
-            return Ok(PreparedResult { rollup, filtered_outputs, rows: None, schema, bytes: PLAN_BYTES });
+            return Ok(PreparedResult {
+                rollup,
+                filtered_outputs,
+                order,
+                rows: None,
+                schema,
+                bytes: PLAN_BYTES,
+            });
         }
-        let position = col(quoted(ordinal(&schema, "a stored result")?.name())).sort(true, false);
+        let sorted = stored_order(&order, ordinal(&schema, "a stored result")?.name());
         let batches = stored
-            .sort(vec![position.clone()])
+            .sort(sorted.clone())
             .map_err(execute::execution_error)?
             .collect()
             .await
@@ -615,7 +666,7 @@ impl DataFusionEngine {
         let bytes = PLAN_BYTES + batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>();
         let rows = MemTable::try_new(Arc::new(schema.clone()), vec![batches])
             .map_err(|e| EngineError::Internal(Box::new(e)))?
-            .with_sort_order(vec![vec![position]]);
+            .with_sort_order(vec![sorted]);
         let rows = Arc::new(rows);
         let rollup = match query {
             Some((query, filters)) => {
@@ -627,7 +678,7 @@ impl DataFusionEngine {
             }
             None => None,
         };
-        Ok(PreparedResult { rollup, filtered_outputs, rows: Some(rows), schema, bytes })
+        Ok(PreparedResult { rollup, filtered_outputs, order, rows: Some(rows), schema, bytes })
     }
 
     /// The unbound plan of the query a rollup rolls up (`document`, its JSON), in a session of its tables.
@@ -658,11 +709,12 @@ fn ordinal<'a>(schema: &'a Schema, location: &str) -> Result<&'a Field, EngineEr
         .ok_or_else(|| EngineError::Internal(format!("stored result at {location} has no columns").into()))
 }
 
-/// The query of a stored result's rows (registered as `TABLE`) that pass every filter, in stored order, with the
-/// filters' values.
+/// The query of a stored result's rows (registered as `TABLE`) that pass every filter, in stored order (the
+/// ORDER BY the rows keep, then their position), with the filters' values.
 fn filtered(
     location: &str,
     schema: &Schema,
+    order: &[fold::OrderedBy],
     filters: Vec<(MaterializedFilter, BoundValue)>,
 ) -> Result<(Compiled, Vec<ScalarValue>), EngineError> {
     let (ordinal, output) = schema
@@ -695,8 +747,8 @@ fn filtered(
     if !conditions.is_empty() {
         sql.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
     }
-    // The rows are declared in order of their position, so reading in that order needs no sort.
-    sql.push_str(&format!(" ORDER BY {}", quoted(ordinal.name())));
+    // The rows are declared in that order, so reading in it needs no sort.
+    sql.push_str(&format!(" ORDER BY {}", stored_order_sql(order, ordinal.name())));
     Ok((Compiled { sql, params }, values))
 }
 
