@@ -547,12 +547,16 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     let ordered = on_vip(
         "SELECT id, country, amount, vip FROM sales WHERE vip = {variables.vip} ORDER BY amount DESC, id, country",
     );
+    // A DISTINCT's rows: an appended row that repeats a stored one is read once.
+    let distinct =
+        on_vip("SELECT DISTINCT country, vip FROM sales WHERE vip = {variables.vip} ORDER BY country, vip");
     for (name, sql) in [
         ("by_country", by_country(BY_COUNTRY)),
         ("totals", totals()),
         ("countries", countries),
         ("typical", typical),
         ("ordered", ordered),
+        ("distinct", distinct),
     ] {
         let body = json!({"name": name, "is_materialized": true, "freshness_seconds": 1, "query": sql});
         assert_eq!(app.create_endpoint(project, &key, &body).await.freshness_seconds, 1);
@@ -567,6 +571,7 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
         ("countries", json!({"vip": true})),
         ("typical", json!({"vip": true})),
         ("ordered", json!({"vip": true})),
+        ("distinct", json!({"vip": true})),
     ];
     for (name, _) in &variables {
         let done = wait_for(&app, project, &key, name, "Completed", 1).await;
@@ -628,8 +633,10 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     let done = status(&app, project, &key, "countries").await;
     assert_eq!((done.full_refreshes, done.rows_folded), (1, 3), "{done:?}");
     assert_eq!(done.grouping, Some(vec!["sales.vip".to_owned(), "sales.country".to_owned()]), "{done:?}");
-    let done = status(&app, project, &key, "ordered").await;
-    assert_eq!((done.full_refreshes, done.rows_folded), (1, 3), "{done:?}");
+    for name in ["ordered", "distinct"] {
+        let done = status(&app, project, &key, name).await;
+        assert_eq!((done.full_refreshes, done.rows_folded), (1, 3), "{name}: {done:?}");
+    }
     // Final rows followed each append by a full refresh.
     let done = status(&app, project, &key, "typical").await;
     assert_eq!((done.full_refreshes, done.rows_folded, done.last_folded_at), (4, 0, None), "{done:?}");

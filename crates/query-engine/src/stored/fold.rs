@@ -10,7 +10,9 @@
 //! - a result of rows gets them after its own, positions continuing where the old parts end. Without an ORDER
 //!   BY the live query's order is not defined beyond what a stored result keeps; with one whose keys are output
 //!   columns ([`kept_order`]), each part holds its rows in that order and a read merges the parts in it (ties in
-//!   the order of their positions);
+//!   the order of their positions). A `SELECT DISTINCT` ([`distinct_rows`]) gets the appended rows' distinct
+//!   rows, some of which the old parts may hold: a read keeps each row once (at its first position), as a merge
+//!   of the parts does;
 //! - a rollup gets more partial rows, which a run's aggregation combines with the old ones (COUNT and SUM add,
 //!   MIN and MAX compare, AVG is a sum over a count; a DISTINCT count, sum or average is applied to the stored
 //!   values again, each counted once), as it combines the rows of one group already.
@@ -27,7 +29,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::empty::EmptyTable;
 use datafusion::datasource::provider_as_source;
 use datafusion::error::Result as DfResult;
-use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, TableScan, TableSource, Volatility};
+use datafusion::logical_expr::{Distinct, Expr, JoinType, LogicalPlan, TableScan, TableSource, Volatility};
 use datafusion::prelude::ParquetReadOptions;
 use domain::{Coverage, EngineError, Fold, ProjectId};
 use futures_util::StreamExt;
@@ -101,9 +103,12 @@ fn unfoldable(plan: &LogicalPlan, table: &str, aggregated: bool) -> Option<Strin
     let mut node = match (aggregated, plan) {
         (true, LogicalPlan::Aggregate(aggregate)) => aggregate.input.as_ref(),
         (true, _) => return Some("a rollup's plan has no aggregation at its top".into()),
-        // Each part is written in the query's order, and a read merges them in it.
-        (false, LogicalPlan::Sort(sort)) if kept_order(plan).is_some() => sort.input.as_ref(),
-        (false, plan) => plan,
+        // Each part is written in the query's order and without repeated rows; a read merges them in that
+        // order, each row once.
+        (false, plan) => match below_order(plan) {
+            LogicalPlan::Distinct(Distinct::All(input)) => input.as_ref(),
+            rows => rows,
+        },
     };
     loop {
         let children = node.inputs();
@@ -163,6 +168,20 @@ pub(crate) fn kept_order(plan: &LogicalPlan) -> Option<Vec<OrderedBy>> {
             _ => None,
         })
         .collect()
+}
+
+/// A plan of rows under the ORDER BY that a stored result keeps ([`kept_order`]), if it has one.
+fn below_order(plan: &LogicalPlan) -> &LogicalPlan {
+    match plan {
+        LogicalPlan::Sort(sort) if kept_order(plan).is_some() => sort.input.as_ref(),
+        other => other,
+    }
+}
+
+/// Whether a plan of rows is a `SELECT DISTINCT` (under the ORDER BY a stored result keeps, if any): its stored
+/// parts may then hold the same row, and a read keeps each once.
+pub(crate) fn distinct_rows(plan: &LogicalPlan) -> bool {
+    matches!(below_order(plan), LogicalPlan::Distinct(Distinct::All(_)))
 }
 
 /// Why a result of the plan changes while its tables do not, if it does: it calls a function whose answer its

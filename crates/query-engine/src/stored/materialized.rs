@@ -16,6 +16,7 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, MemTable, TableProvider};
+use datafusion::functions_aggregate::expr_fn::min;
 use datafusion::logical_expr::{cast, Expr, LogicalPlan, LogicalPlanBuilder, SortExpr};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
@@ -52,6 +53,10 @@ const FILTERED_OUTPUTS: &str = "endpoints.rows.filtered";
 /// [`fold::kept_order`]) that holds that order, as a JSON array: each part holds its rows in it, and a read merges
 /// them in it.
 const ROWS_ORDER: &str = "endpoints.rows.order";
+
+/// The key of the metadata of a result of a `SELECT DISTINCT`'s rows (see [`fold::distinct_rows`]), present when
+/// it is one: parts folded in may repeat rows of earlier parts, and a read keeps each row once.
+const ROWS_DISTINCT: &str = "endpoints.rows.distinct";
 
 pub(crate) fn materializations_prefix(project: ProjectId) -> ObjectPath {
     ObjectPath::from_iter(["projects", &project.to_string(), "materializations"])
@@ -135,6 +140,8 @@ pub(crate) struct PreparedResult {
     filtered_outputs: Option<Vec<String>>,
     /// The ORDER BY its rows keep, if the query has one a fold follows (see [`ROWS_ORDER`]).
     order: Vec<fold::OrderedBy>,
+    /// Whether its parts may repeat a row that a read keeps once (see [`ROWS_DISTINCT`]).
+    distinct: bool,
     rows: Option<Arc<MemTable>>,
     schema: Schema,
     /// Memory it holds, as the cache weighs it.
@@ -275,8 +282,14 @@ impl DataFusionEngine {
         };
         let plan = plan.map_err(|e| EngineError::Internal(Box::new(e)))?;
         let mut metadata = metadata;
-        if let Some(order) = fold::kept_order(&plan).filter(|_| rollup.is_none()) {
-            metadata.insert(ROWS_ORDER.to_owned(), serde_json::to_string(&order).expect("names serialize"));
+        if rollup.is_none() {
+            if let Some(order) = fold::kept_order(&plan) {
+                metadata
+                    .insert(ROWS_ORDER.to_owned(), serde_json::to_string(&order).expect("names serialize"));
+            }
+            if fold::distinct_rows(&plan) {
+                metadata.insert(ROWS_DISTINCT.to_owned(), "true".to_owned());
+            }
         }
         let fold = fold::fold_of(&plan, rollup.is_some(), Eligibility::final_rows_reason(&outline));
         Ok(StoredPlan { ctx, plan, rollup, metadata, fold, final_rows })
@@ -512,6 +525,14 @@ impl DataFusionEngine {
             let schema = parts.schema().as_arrow().clone();
             let position = ordinal(&schema, from.as_ref())?.name().clone();
             let order = fold::kept_order(stored).unwrap_or_else(Vec::new);
+            // A DISTINCT's rows once each, at their first position.
+            let parts = if fold::distinct_rows(stored) {
+                let rows = stored.schema().fields().iter().map(|f| col(quoted(f.name()))).collect();
+                let first = min(col(quoted(&position))).alias(&position);
+                parts.aggregate(rows, vec![first]).map_err(execute::execution_error)?
+            } else {
+                parts
+            };
             let outputs: Vec<Expr> = stored
                 .schema()
                 .fields()
@@ -615,7 +636,8 @@ impl DataFusionEngine {
                 .ok_or_else(|| EngineError::Internal("a run's filters are not the stored rows'".into()))?,
             None => filters,
         };
-        let (compiled, values) = filtered(&location, &prepared.schema, &prepared.order, filters)?;
+        let stored = (&prepared.schema, prepared.order.as_slice(), prepared.distinct);
+        let (compiled, values) = filtered(&location, stored, filters)?;
         let plan = self.plan(&ctx, crate::parse(&ctx, &compiled)?, values).await?;
         Ok((ctx, plan))
     }
@@ -641,6 +663,7 @@ impl DataFusionEngine {
             })?,
             None => Vec::new(),
         };
+        let distinct = schema.metadata().contains_key(ROWS_DISTINCT);
         let in_memory = self.scheduler().is_none()
             && stored.clone().count().await.map_err(execute::execution_error)?
                 <= self.limits.stored_rows_in_memory;
@@ -651,6 +674,7 @@ impl DataFusionEngine {
                 rollup,
                 filtered_outputs,
                 order,
+                distinct,
                 rows: None,
                 schema,
                 bytes: PLAN_BYTES,
@@ -678,7 +702,7 @@ impl DataFusionEngine {
             }
             None => None,
         };
-        Ok(PreparedResult { rollup, filtered_outputs, order, rows: Some(rows), schema, bytes })
+        Ok(PreparedResult { rollup, filtered_outputs, order, distinct, rows: Some(rows), schema, bytes })
     }
 
     /// The unbound plan of the query a rollup rolls up (`document`, its JSON), in a session of its tables.
@@ -710,11 +734,11 @@ fn ordinal<'a>(schema: &'a Schema, location: &str) -> Result<&'a Field, EngineEr
 }
 
 /// The query of a stored result's rows (registered as `TABLE`) that pass every filter, in stored order (the
-/// ORDER BY the rows keep, then their position), with the filters' values.
+/// ORDER BY the rows keep, then their position; a DISTINCT's rows once each, at their first position), with the
+/// filters' values. `stored` is the result's schema, the ORDER BY it keeps, and whether it is a DISTINCT's.
 fn filtered(
     location: &str,
-    schema: &Schema,
-    order: &[fold::OrderedBy],
+    (schema, order, distinct): (&Schema, &[fold::OrderedBy], bool),
     filters: Vec<(MaterializedFilter, BoundValue)>,
 ) -> Result<(Compiled, Vec<ScalarValue>), EngineError> {
     let (ordinal, output) = schema
@@ -742,13 +766,20 @@ fn filtered(
         values.push(execute::scalar(&value));
         params.push((filter.variable, ty));
     }
-    let select: Vec<String> = output.iter().map(|f| quoted(f.name())).collect();
-    let mut sql = format!("SELECT {} FROM {TABLE}", select.join(", "));
+    let columns = output.iter().map(|f| quoted(f.name())).collect::<Vec<_>>().join(", ");
+    let mut rows = TABLE.to_owned();
     if !conditions.is_empty() {
-        sql.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
+        rows.push_str(&format!(" WHERE {}", conditions.join(" AND ")));
     }
-    // The rows are declared in that order, so reading in it needs no sort.
-    sql.push_str(&format!(" ORDER BY {}", stored_order_sql(order, ordinal.name())));
+    let position = quoted(ordinal.name());
+    if distinct {
+        rows = format!(
+            "(SELECT {columns}, min({position}) AS {position} FROM {rows} GROUP BY {columns}) AS {TABLE}"
+        );
+    }
+    // Rows read as they are are declared in that order, so reading in it needs no sort.
+    let order = stored_order_sql(order, ordinal.name());
+    let sql = format!("SELECT {columns} FROM {rows} ORDER BY {order}");
     Ok((Compiled { sql, params }, values))
 }
 
