@@ -110,15 +110,14 @@ error_codes! {
     UnsupportedMediaType = ("unsupported_media_type", 415, ValidationError,
         "a body whose `Content-Type` the route does not read: JSON, or a table's CSV, NDJSON or Parquet"),
     Throttled = ("throttled", 429, Throttled,
-        "the project already runs its maximum of queries (default 4: runs, dry runs, the planning of a created or \
-         updated endpoint and exports together), or the memory the server gives all \
-         queries together (`--max-memory`) is held by other queries now, or an exported page does not fit beside \
-         the pages waiting for their readers (`--max-export-spool`); `Retry-After` says when to retry"),
+        "the project already runs its maximum of queries (`--max-queries-per-project`, 4: runs, dry runs, the \
+         planning of a created or updated endpoint and exports together), the memory all queries share \
+         (`--max-memory`) is held by others now, or an exported page does not fit the spool \
+         (`--max-export-spool`); `Retry-After` says when to retry"),
     RateLimited = ("rate_limited", 429, Throttled,
-        "the key or run token (default 100 requests/s, bursts of 200), a run token's own `rate_limit_per_sec`, or \
-         the project (500/s, bursts of 1,000) is over its request rate; or the client's address had more than \
-         `--auth-failures-per-sec` failed authentications (10/s, bursts of 20; its credential is not read until it \
-         may try again); `Retry-After` says when to retry"),
+        "the key or run token (100 requests/s), a run token's own `rate_limit_per_sec`, or the project (500/s) is \
+         over its request rate, or the client's address over `--auth-failures-per-sec` failed authentications \
+         (its credential is not read until it may try again); `Retry-After` says when to retry"),
     ClientClosedRequest = ("client_closed_request", 499, QueryError,
         "the client closed the connection while its query ran; the query was cancelled and nobody reads this"),
     Error = ("error", 500, ServerError, "a bug; the detail is generic and the cause is only logged"),
