@@ -17,9 +17,9 @@
 //!   MIN and MAX compare, AVG is a sum over a count; a DISTINCT count, sum or average is applied to the stored
 //!   values again, each counted once), as it combines the rows of one group already.
 //!
-//! Anything else (the table read twice, under an aggregation, any other sort, DISTINCT, a window, a limit, a
-//! union, an outer join or a subquery) is refused with the reason, and a full refresh computes the result
-//! instead.
+//! Anything else (the table read twice, under an aggregation, any other sort, a DISTINCT below the top, a window,
+//! a limit, a union, an outer join or a subquery) is refused with the reason, and a full refresh computes the
+//! result instead.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
