@@ -284,13 +284,10 @@ async fn sigkill_during_writes_leaves_no_partial_endpoint_or_version_gap() {
     let server = crate::helpers::serve_process(&data_dir, &["--materialize-workers", "0"]).await;
     let client = reqwest::Client::new();
     let base = format!("{}/api/projects/{project}/endpoints", server.address);
-    let page = get_json(&client, &format!("{base}/?limit=1000"), &key).await;
-    let stored: std::collections::BTreeMap<String, u64> = page["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["name"].as_str().unwrap().to_owned(), e["current_version"].as_u64().unwrap()))
-        .collect();
+    let page = client.get(format!("{base}/?limit=1000")).bearer_auth(&key).send().await.unwrap();
+    let page: http_actix::api::EndpointPage = page.json().await.unwrap();
+    let stored: std::collections::BTreeMap<String, u64> =
+        page.results.into_iter().map(|e| (e.name, u64::from(e.current_version))).collect();
     for (name, version) in &acknowledged {
         // A write that committed as the process died was never acknowledged: at most one version more.
         let found = stored.get(name).copied();
@@ -387,13 +384,13 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     let client = reqwest::Client::new();
     let base = format!("{}/api/projects/{project}/endpoints/by-country", server.address);
     let status_url = format!("{base}/materialization_status");
-    let status = || get_json(&client, &status_url, &key);
+    let status = || crate::helpers::get_status(&client, &status_url, &key);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while status().await["status"] != "Completed" {
+    while status().await.status != "Completed" {
         assert!(Instant::now() < deadline, "the small first refresh completes");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let first = status().await["last_materialized_at"].clone();
+    let first = status().await.last_materialized_at;
 
     // The table grows past what fits; a changed frequency makes the endpoint due at once.
     append_with_the_cli(&data_dir, project, &big);
@@ -408,15 +405,16 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     let deadline = Instant::now() + Duration::from_secs(60);
     let failed = loop {
         let now = status().await;
-        if now["status"] == "Failed" {
+        if now.status == "Failed" {
             break now;
         }
-        assert!(Instant::now() < deadline, "the refresh fails: {now}");
+        assert!(Instant::now() < deadline, "the refresh fails: {now:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     // The kind of storage failure, never a path.
-    assert_eq!(failed["error"], "The result could not be stored: file too large.", "{failed}");
-    assert_eq!(failed["last_materialized_at"], first, "the previous result is still the one on record");
+    let error = failed.error.as_deref();
+    assert_eq!(error, Some("The result could not be stored: file too large."), "{failed:?}");
+    assert_eq!(failed.last_materialized_at, first, "the previous result is still the one on record");
     let answer = get_json(&client, &format!("{base}/run?variables.country=US"), &key).await;
     assert_eq!(answer["endpoint_materialized"], true, "{answer}\n{}", warnings());
     assert_eq!(answer["results"].as_array().map(Vec::len), Some(2), "the previous result's rows: {answer}");
@@ -573,7 +571,9 @@ async fn a_fold_killed_mid_way_is_done_again_after_its_lease_and_equals_the_live
     let data_dir = crate::helpers::DataDir(app.data_dir.clone());
     let status_path = format!("/api/projects/{project}/endpoints/by-vip/materialization_status");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while app.get(&status_path, &key).await.json::<Value>().await.unwrap()["status"] != "Completed" {
+    while app.get(&status_path, &key).await.json::<crate::helpers::Materialization>().await.unwrap().status
+        != "Completed"
+    {
         assert!(Instant::now() < deadline, "the first refresh completes");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -589,12 +589,12 @@ async fn a_fold_killed_mid_way_is_done_again_after_its_lease_and_equals_the_live
     let status_url = |server: &crate::helpers::ServeProcess| format!("{}{status_path}", server.address);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let now = get_json(&client, &status_url(&doomed), &key).await;
-        if now["status"] == "Running" {
+        let now = crate::helpers::get_status(&client, &status_url(&doomed), &key).await;
+        if now.status == "Running" {
             break;
         }
-        assert_eq!(now["rows_folded"], 0, "the fold finished before it could be killed: {now}");
-        assert!(Instant::now() < deadline, "the fold never started: {now}");
+        assert_eq!(now.rows_folded, 0, "the fold finished before it could be killed: {now:?}");
+        assert!(Instant::now() < deadline, "the fold never started: {now:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(doomed); // SIGKILL while folding: no chance to give the claim back.
@@ -602,16 +602,16 @@ async fn a_fold_killed_mid_way_is_done_again_after_its_lease_and_equals_the_live
     let restarted = crate::helpers::serve_process(&data_dir, &worker).await;
     let deadline = Instant::now() + Duration::from_secs(120);
     let done = loop {
-        let now = get_json(&client, &status_url(&restarted), &key).await;
-        if now["status"] == "Completed" && now["rows_folded"].as_u64() > Some(0) {
+        let now = crate::helpers::get_status(&client, &status_url(&restarted), &key).await;
+        if now.status == "Completed" && now.rows_folded > 0 {
             break now;
         }
-        assert!(now["status"] != "Failed", "{now}");
-        assert!(Instant::now() < deadline, "the fold was never done again: {now}");
+        assert!(now.status != "Failed", "{now:?}");
+        assert!(Instant::now() < deadline, "the fold was never done again: {now:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Folded again from the same result, not computed in full; and only that result is stored.
-    assert_eq!(done["full_refreshes"], 1, "{done}");
+    assert_eq!(done.full_refreshes, 1, "{done:?}");
     let stored = data_dir.join("projects").join(project.to_string()).join("materializations").join(&id);
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::fs::read_dir(&stored).unwrap().count() != 1 {

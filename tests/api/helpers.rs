@@ -390,3 +390,9 @@ pub async fn get_json(client: &reqwest::Client, url: &str, key: &str) -> Value {
     let response = client.get(url).bearer_auth(key).send().await.expect("the server answers");
     response.json().await.expect("a JSON answer")
 }
+
+/// The materialization status at `url` (a server's `.../materialization_status`), as the API's own type.
+pub async fn get_status(client: &reqwest::Client, url: &str, key: &str) -> Materialization {
+    let response = client.get(url).bearer_auth(key).send().await.expect("the server answers");
+    response.json().await.expect("a materialization status")
+}
