@@ -140,7 +140,8 @@ pub(crate) struct PreparedResult {
     filtered_outputs: Option<Vec<String>>,
     /// The ORDER BY its rows keep, if the query has one a fold follows (see [`ROWS_ORDER`]).
     order: Vec<fold::OrderedBy>,
-    /// Whether its parts may repeat a row that a read keeps once (see [`ROWS_DISTINCT`]).
+    /// Whether its parts may repeat a row that a read keeps once (see [`ROWS_DISTINCT`]): a DISTINCT's rows in
+    /// more than one part.
     distinct: bool,
     rows: Option<Arc<MemTable>>,
     schema: Schema,
@@ -577,7 +578,7 @@ impl DataFusionEngine {
                     .await
                     .map_err(execute::storage_error)?;
                 // Boxed: preparing nests DataFusion's futures deeper than the compiler sizes by default.
-                let prepared = Arc::new(Box::pin(self.prepare(project, stored)).await?);
+                let prepared = Arc::new(Box::pin(self.prepare(project, prefix, stored)).await?);
                 self.prepared.insert(key, Arc::clone(&prepared));
                 prepared
             }
@@ -645,7 +646,12 @@ impl DataFusionEngine {
     /// A stored result prepared to answer runs: for a rollup, the query it rolls up (held in the file's
     /// metadata) planned in a session of its tables; and the stored rows, decoded, when there are at most
     /// `stored_rows_in_memory` (as the file's statistics count them) and queries run in this process.
-    async fn prepare(&self, project: ProjectId, stored: DataFrame) -> Result<PreparedResult, EngineError> {
+    async fn prepare(
+        &self,
+        project: ProjectId,
+        prefix: &ObjectPath,
+        stored: DataFrame,
+    ) -> Result<PreparedResult, EngineError> {
         let schema = stored.schema().as_arrow().clone();
         let query = match schema.metadata().get(ROLLUP_QUERY) {
             Some(document) => Some(self.rolled_up(project, document).await?),
@@ -663,7 +669,10 @@ impl DataFusionEngine {
             })?,
             None => Vec::new(),
         };
-        let distinct = schema.metadata().contains_key(ROWS_DISTINCT);
+        // A DISTINCT's rows repeat only across parts: one part (a refresh's, or parts merged) holds each once, and
+        // its runs group nothing.
+        let distinct = schema.metadata().contains_key(ROWS_DISTINCT)
+            && fold::parts(&self.storage, prefix).await?.len() > 1;
         let in_memory = self.scheduler().is_none()
             && stored.clone().count().await.map_err(execute::execution_error)?
                 <= self.limits.stored_rows_in_memory;
