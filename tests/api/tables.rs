@@ -1062,3 +1062,75 @@ async fn bodies_that_never_finish_hold_no_turn_of_another_projects_quarantine_ap
     assert_eq!((answer["rows_added"].as_u64(), answer["rows_quarantined"].as_u64()), (Some(1), Some(1)));
     drop(stalled);
 }
+
+/// How a table's files are laid out, as its record says.
+#[derive(Debug, PartialEq, serde::Deserialize)]
+struct Layout {
+    cluster_by: Vec<String>,
+    files_clustered: u64,
+}
+
+/// The table's record once its layout is sorted by `columns` in every file, polled while compactions run.
+async fn laid_out(app: &TestApp, path: &str, key: &str, columns: &[&str]) -> Value {
+    let mut table = Value::Null;
+    for _ in 0..300 {
+        table = ok_json(app.get(path, key).await, 200).await;
+        let layout: Layout = serde_json::from_value(table["layout"].clone()).unwrap();
+        if layout.cluster_by == columns && Some(layout.files_clustered) == table["files"].as_u64() {
+            return table;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the table was not laid out by {columns:?}: {table}");
+}
+
+/// A table's files are sorted by the column its endpoints filter on with a variable, chosen again when an
+/// endpoint's new version filters another, and runs answer the same.
+#[tokio::test]
+async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
+    let app =
+        spawn_app_tuned(|config| config.compaction_interval = Some(std::time::Duration::from_millis(200)))
+            .await;
+    let (project, key) = project_with_writer(&app);
+    let table = format!("/api/projects/{project}/tables/events");
+    // More rows than a full file holds, written in arrival order: accounts out of order.
+    let rows = 140_000u64;
+    let account = |n: u64| format!("a{}", (n * 7919) % 1000);
+    let mut csv = String::from("n,account\n");
+    for n in 0..rows {
+        csv.push_str(&format!("{n},{}\n", account(n)));
+    }
+    ok_json(upload(&app, Method::PUT, &table, &key, "text/csv", &csv).await, 201).await;
+    let record = ok_json(app.get(&table, &key).await, 200).await;
+    assert_eq!(record["layout"], json!({"cluster_by": [], "files_clustered": 0}), "{record}");
+
+    let by_account = json!({"name": "by_account", "query": {"kind": "SQLQuery",
+        "query": "SELECT count(*) AS rows, sum(n) AS total FROM events WHERE account = {variables.account}",
+        "variables": {"account": {"type": "String", "default": "a0"}}}});
+    assert_eq!(
+        app.post(&format!("/api/projects/{project}/endpoints/"), &key, &by_account).await.status(),
+        201
+    );
+    laid_out(&app, &table, &key, &["account"]).await;
+    let run = |account: &str| {
+        let path = format!("/api/projects/{project}/endpoints/by_account/run");
+        let body = json!({"variables": {"account": account}, "refresh": "direct"});
+        let (app, key) = (&app, &key);
+        async move { ok_json(app.post(&path, key, &body).await, 200).await }
+    };
+    let matching: Vec<u64> = (0..rows).filter(|n| account(*n) == "a7").collect();
+    let expected = json!({"rows": matching.len(), "total": matching.iter().sum::<u64>()});
+    assert_eq!(run("a7").await["results"][0], expected);
+
+    // The endpoint's next version also filters a range of `n`: the files are sorted by both (the equality
+    // first) at the next compaction.
+    let by_range = json!({"query": {"kind": "SQLQuery",
+        "query": "SELECT count(*) AS rows, sum(n) AS total FROM events \
+                  WHERE n >= {variables.from} AND account = {variables.account}",
+        "variables": {"account": {"type": "String", "default": "a0"},
+                      "from": {"type": "Integer", "default": 0}}}});
+    let updated = app.patch(&format!("/api/projects/{project}/endpoints/by_account"), &key, &by_range).await;
+    assert_eq!(updated.status(), 200);
+    laid_out(&app, &table, &key, &["account", "n"]).await;
+    assert_eq!(run("a7").await["results"][0], expected);
+}

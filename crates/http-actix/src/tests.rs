@@ -684,6 +684,7 @@ async fn table_routes_need_table_scopes_and_read_uploads_by_content_type() {
             bytes: Some(4),
             files: Some(1),
             last_compacted_at: None,
+            layout: domain::TableLayout::default(),
             source: domain::TableSource::Upload,
             created_at: datetime!(2026-11-22 10:00 UTC),
             updated_at: datetime!(2026-11-22 10:00 UTC),

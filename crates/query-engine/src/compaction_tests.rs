@@ -108,7 +108,7 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
     assert_eq!(engine.appended(), vec![], "a replace is no candidate");
     assert!(
-        engine.compact(project(), &events(), Vec::new()).await.unwrap().is_none(),
+        engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_none(),
         "one file: nothing to do"
     );
     for i in 1..20 {
@@ -121,7 +121,7 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     let (_, pinned) = counts_at(&engine, &domain::ReadAt::Newest).await;
 
     let done = engine
-        .compact(project(), &events(), Vec::new())
+        .compact(project(), &events(), Vec::new(), Vec::new())
         .await
         .unwrap()
         .expect("20 small files are compacted");
@@ -145,7 +145,7 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     for i in 20..20 + MIN_SMALL_FILES as u64 - 2 {
         engine.write(project(), &events(), upload(WriteMode::Append, ids(i * 5, 5))).await.unwrap();
     }
-    assert!(engine.compact(project(), &events(), Vec::new()).await.unwrap().is_none());
+    assert!(engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_none());
     assert_eq!(counts(&engine).await, (130, 130));
     assert_eq!(counts_at(&engine, &at_pin).await.0, (100, 100), "the pinned snapshot, still");
     // A replace takes the table whatever compactions did.
@@ -189,7 +189,7 @@ async fn appends_of_two_processes_during_compactions_all_land_once_and_runs_neve
                 let mut compacted = 0;
                 for _ in 0..40 {
                     let _leased = lease.lock().await;
-                    if engine.compact(project(), &events(), Vec::new()).await.unwrap().is_some() {
+                    if engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_some() {
                         compacted += 1;
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -220,7 +220,7 @@ async fn appends_of_two_processes_during_compactions_all_land_once_and_runs_neve
     assert!(compactions > 0, "compactions ran while rows were appended");
     assert_eq!(counts(&a).await, (1201, 1201));
     assert_eq!(counts(&b).await, (1201, 1201));
-    while a.compact(project(), &events(), Vec::new()).await.unwrap().is_some() {}
+    while a.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_some() {}
     let files = files_of(&a).await.len();
     assert!(files < MIN_SMALL_FILES + 1, "{files} files");
     assert_eq!(counts(&b).await, (1201, 1201));
@@ -245,7 +245,10 @@ async fn a_compaction_cut_off_before_its_commit_changes_nothing_and_appends_neve
     .unwrap();
     assert_eq!(written.rows, 5);
     assert_eq!(counts(&a).await, (10, 10));
-    assert!(a.compact(project(), &events(), Vec::new()).await.unwrap().is_none(), "two small files");
+    assert!(
+        a.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_none(),
+        "two small files"
+    );
     assert_eq!(files_of(&b).await.len(), 2);
 }
 
@@ -282,7 +285,8 @@ async fn a_tagged_append_is_found_by_its_write_id_until_a_compaction_not_told_to
         engine.write(project(), &events(), upload(WriteMode::Append, ids(200_000 + i, 1))).await.unwrap();
     }
     // Appends not answered yet keep their files through a compaction; the others are merged.
-    let done = engine.compact(project(), &events(), vec![held, kept]).await.unwrap().expect("compacted");
+    let done =
+        engine.compact(project(), &events(), vec![held, kept], Vec::new()).await.unwrap().expect("compacted");
     assert_eq!(done.files_merged, 2 + MIN_SMALL_FILES as u64, "{done:?}");
     assert!(engine.holds(project(), &events(), held).await.unwrap().is_some());
     assert!(engine.holds(project(), &events(), kept).await.unwrap().is_some());
@@ -313,7 +317,8 @@ async fn full_files_are_never_merged_and_a_replace_takes_the_whole_table() {
         }
     };
     small_appends(Arc::clone(&engine), MIN_SMALL_FILES as u64).await;
-    let done = engine.compact(project(), &events(), Vec::new()).await.unwrap().expect("compacted");
+    let done =
+        engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().expect("compacted");
     assert_eq!(
         done.files_merged,
         1 + MIN_SMALL_FILES as u64,
@@ -329,7 +334,8 @@ async fn full_files_are_never_merged_and_a_replace_takes_the_whole_table() {
 
     // Another round: the full file is not merged again.
     small_appends(Arc::clone(&engine), MIN_SMALL_FILES as u64).await;
-    let done = engine.compact(project(), &events(), Vec::new()).await.unwrap().expect("compacted again");
+    let done =
+        engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().expect("compacted again");
     assert_eq!(done.files_merged, 1 + MIN_SMALL_FILES as u64, "{done:?}");
     assert!(files_of(&engine).await.contains(kept[0]));
     let total = 140_005 + 2 * MIN_SMALL_FILES as u64;
@@ -341,4 +347,118 @@ async fn full_files_are_never_merged_and_a_replace_takes_the_whole_table() {
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 2))).await.unwrap();
     assert_eq!(counts(&engine).await, (2, 2));
     assert_eq!(files_of(&engine).await.len(), 1);
+}
+
+/// `count` rows with ids from `first` and a `score` out of the ids' order, as CSV.
+fn scored(first: u64, count: u64) -> String {
+    let mut body = String::from("id,kind,score\n");
+    for id in first..first + count {
+        body.push_str(&format!("{id},k{},{}\n", id % 3, (id * 7919) % 100_003));
+    }
+    body
+}
+
+/// Each of the table's files as `(name, rows of the columns named, sorting columns its row groups state)`.
+async fn file_rows(
+    engine: &DataFusionEngine,
+    dir: &Path,
+    columns: &[&str],
+) -> Vec<(String, Vec<Vec<String>>, Vec<i32>)> {
+    use datafusion::arrow::util::display::array_value_to_string;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut all = Vec::new();
+    for name in files_of(engine).await {
+        let file = std::fs::File::open(table_dir(dir).join(&name)).unwrap();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        let sorting = builder.metadata().row_groups()[0].sorting_columns().cloned().unwrap_or_default();
+        let mut rows = Vec::new();
+        for batch in builder.build().unwrap() {
+            let batch = batch.unwrap();
+            for row in 0..batch.num_rows() {
+                let value = |c: &&str| array_value_to_string(batch.column_by_name(c).unwrap(), row).unwrap();
+                rows.push(columns.iter().map(value).collect());
+            }
+        }
+        all.push((name, rows, sorting.iter().map(|s| s.column_idx).collect()));
+    }
+    all
+}
+
+/// The sum of the table's scores and its rows and distinct ids: the same rows, however they are laid out.
+async fn scores(engine: &DataFusionEngine) -> Value {
+    let sql = "SELECT count(*) AS n, count(DISTINCT id) AS d, sum(score) AS s FROM events";
+    let query = domain::Query::try_from(&json!({"kind": "SQLQuery", "query": sql})).unwrap();
+    let result = engine.execute(project(), &query, &BTreeMap::new(), 10, 0).await.unwrap();
+    serde_json::from_str::<Value>(&result.rows_json).unwrap()[0].clone()
+}
+
+#[tokio::test]
+async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_they_change() {
+    let (engine, _, dir) = two_nodes();
+    let big = Upload { limit_bytes: 1 << 30, ..upload(WriteMode::Replace, scored(0, 140_000)) };
+    engine.write(project(), &events(), big).await.unwrap();
+    let before = scores(&engine).await;
+    let record = engine.get(project(), &events()).await.unwrap().unwrap();
+    assert_eq!(record.layout, domain::TableLayout::default(), "no layout until one is chosen");
+    let layout = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<String>>();
+
+    // A layout sorts the full file written unsorted; a column the table lacks is left out.
+    let done = engine
+        .compact(project(), &events(), Vec::new(), layout(&["score", "gone"]))
+        .await
+        .unwrap()
+        .expect("the unsorted full file is sorted");
+    assert_eq!((done.files_merged, done.rows_merged), (1, 140_000));
+    let files = file_rows(&engine, &dir, &["score"]).await;
+    for (name, rows, sorting) in &files {
+        let values: Vec<u64> = rows.iter().map(|r| r[0].parse().unwrap()).collect();
+        assert!(values.is_sorted(), "{name} is sorted by score");
+        assert_eq!(*sorting, vec![2], "{name} states its order");
+        let tag = crate::tables::layout::tag(&layout(&["score"])).unwrap();
+        assert!(name.starts_with(&format!("compacted-{tag}-")), "{name}");
+    }
+    assert_eq!(scores(&engine).await, before, "the same rows");
+    let record = engine.get(project(), &events()).await.unwrap().unwrap();
+    let files_clustered = files.len() as u64;
+    assert_eq!(record.layout, domain::TableLayout { cluster_by: layout(&["score"]), files_clustered });
+    assert_eq!(operations(&engine).await[..2], ["OPTIMIZE", "SET TBLPROPERTIES"]);
+    // Sorted as asked, there is nothing to do.
+    let again = engine.compact(project(), &events(), Vec::new(), layout(&["score"])).await.unwrap();
+    assert!(again.is_none());
+
+    // An endpoint filtering other columns came: the files are sorted by them at the next compaction.
+    let done = engine
+        .compact(project(), &events(), Vec::new(), layout(&["kind", "id"]))
+        .await
+        .unwrap()
+        .expect("sorted again");
+    assert_eq!(done.rows_merged, 140_000);
+    for (name, rows, sorting) in file_rows(&engine, &dir, &["kind", "id"]).await {
+        let keys: Vec<(String, u64)> = rows.iter().map(|r| (r[0].clone(), r[1].parse().unwrap())).collect();
+        assert!(keys.is_sorted(), "{name} is sorted by kind, then id");
+        assert_eq!(sorting, vec![1, 0]);
+    }
+    assert_eq!(scores(&engine).await, before);
+    let record = engine.get(project(), &events()).await.unwrap().unwrap();
+    assert_eq!(record.layout.cluster_by, layout(&["kind", "id"]));
+
+    // Small appends are merged sorted; the sorted full files stay as they are.
+    let sorted_files = files_of(&engine).await;
+    for i in 0..MIN_SMALL_FILES as u64 {
+        engine.write(project(), &events(), upload(WriteMode::Append, scored(200_000 + i, 1))).await.unwrap();
+    }
+    let done = engine.compact(project(), &events(), Vec::new(), layout(&["kind", "id"])).await.unwrap();
+    assert_eq!(done.expect("the small files are merged").files_merged, MIN_SMALL_FILES as u64);
+    let now = files_of(&engine).await;
+    assert!(sorted_files.iter().all(|f| now.contains(f)), "{now:?}");
+    for (name, rows, _) in file_rows(&engine, &dir, &["kind", "id"]).await {
+        let keys: Vec<(String, u64)> = rows.iter().map(|r| (r[0].clone(), r[1].parse().unwrap())).collect();
+        assert!(keys.is_sorted(), "{name} is sorted by kind, then id");
+    }
+
+    // No endpoint filters the table any more: the layout is dropped, the files stay.
+    assert!(engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_none());
+    let record = engine.get(project(), &events()).await.unwrap().unwrap();
+    assert_eq!(record.layout, domain::TableLayout::default());
+    assert_eq!(files_of(&engine).await, now);
 }

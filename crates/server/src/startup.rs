@@ -111,14 +111,27 @@ impl Services {
             clock: clock.clone(),
             append_in_flight: config.append_in_flight,
         }));
-        let endpoints = Arc::new(EndpointService::new(EndpointDeps {
-            store: store.clone(),
+        let maintenance = Arc::new(TableMaintenance::new(MaintenanceDeps {
+            tables: engine.clone(),
+            leases: store.clone(),
+            keys: store.clone(),
+            announcer: store.clone(),
+            endpoints: store.clone(),
             engine: engine.clone(),
             clock: clock.clone(),
-            materializations: materializations.clone(),
-            executions: executions.clone(),
-            changes,
+            lease: config.lease,
         }));
+        let endpoints = Arc::new(
+            EndpointService::new(EndpointDeps {
+                store: store.clone(),
+                engine: engine.clone(),
+                clock: clock.clone(),
+                materializations: materializations.clone(),
+                executions: executions.clone(),
+                changes,
+            })
+            .with_table_readers(maintenance.clone()),
+        );
         let runs = Arc::new(RunService::new(RunDeps {
             store: store.clone(),
             engine: engine.clone(),
@@ -128,14 +141,6 @@ impl Services {
             materializations,
             export_limit: config.export_limit,
             cursor_ttl: config.cursor_ttl,
-        }));
-        let maintenance = Arc::new(TableMaintenance::new(MaintenanceDeps {
-            tables: engine.clone(),
-            leases: store.clone(),
-            keys: store.clone(),
-            announcer: store.clone(),
-            clock: clock.clone(),
-            lease: config.lease,
         }));
         let materializer = Arc::new(
             RefreshService::new(RefreshDeps {

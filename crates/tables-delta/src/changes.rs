@@ -1,8 +1,11 @@
 //! A table's history as its log keeps it: the commits (for people), and what was appended since a version (for
 //! stored results that fold appended rows).
 
-use deltalake::kernel::{Action, Add};
+use std::collections::{BTreeMap, HashMap};
+
+use deltalake::kernel::{Action, Add, Metadata};
 use deltalake::logstore::get_actions;
+use deltalake::DeltaTable;
 use object_store::path::Path as ObjectPath;
 
 use crate::{CommitError, DataFile, DeltaTables, ROWS_ADDED, ROWS_REMOVED};
@@ -110,11 +113,36 @@ impl DeltaTables {
                 match action {
                     Action::Add(add) if add.data_change => appended.push(data_file(table, &add)),
                     Action::Remove(remove) if remove.data_change => return Ok(Changes::Rewritten),
+                    Action::Metadata(metadata) if self.keeps_rows(table, version, &metadata).await? => {}
                     Action::Metadata(_) | Action::Protocol(_) => return Ok(Changes::Rewritten),
                     _ => {}
                 }
             }
         }
         Ok(Changes::Appended(appended))
+    }
+
+    /// Whether a commit's `metadata` leaves the table's rows read as at `version`: the same columns, and the
+    /// same properties but the layout's ([`LAYOUT`](crate::LAYOUT), which orders files, not rows).
+    async fn keeps_rows(
+        &self,
+        table: &ObjectPath,
+        version: u64,
+        metadata: &Metadata,
+    ) -> Result<bool, CommitError> {
+        let log = self.log_store(table);
+        let mut delta = DeltaTable::new(log);
+        delta.load_version(version).await.map_err(|e| CommitError::storage(table, e))?;
+        let state = delta.snapshot().map_err(|e| CommitError::storage(table, e))?;
+        let before = state.metadata();
+        let but_layout = |properties: &HashMap<String, String>| -> BTreeMap<String, String> {
+            properties
+                .iter()
+                .filter(|(k, _)| k.as_str() != crate::LAYOUT)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        Ok(before.schema_string() == metadata.schema_string()
+            && but_layout(before.configuration()) == but_layout(metadata.configuration()))
     }
 }

@@ -95,6 +95,10 @@ pub struct NewFile {
     pub modified_ms: i64,
 }
 
+/// The table property saying how the table's files are laid out (the columns they are sorted by, as its
+/// writer states them): a change of it alone changes no row.
+pub const LAYOUT: &str = "endpoints.clusterBy";
+
 /// How many times a replace reads the table again when other commits keep landing before its own.
 const REPLACE_ATTEMPTS: usize = 64;
 
@@ -852,6 +856,57 @@ impl DeltaTables {
         self.commit_next(table, &kept, base, &commit, still_there, CommitError::Conflict).await
     }
 
+    /// Sets the table's [`LAYOUT`] property to `layout` (`None` removes it), keeping the others, with one
+    /// metadata commit (`SET TBLPROPERTIES`); answers its version, or `None` when it already held (nothing
+    /// committed). The rows stay as they were: stored results following the table's appends go on following
+    /// them ([`DeltaTables::changes_since`]). Appends written for an earlier version are refused
+    /// ([`CommitError::Replaced`]) and written again, as after any change of the table's metadata.
+    ///
+    /// # Errors
+    /// [`CommitError::NoTable`], [`CommitError::Storage`].
+    pub async fn set_layout(
+        &self,
+        table: &ObjectPath,
+        layout: Option<String>,
+    ) -> Result<Option<u64>, CommitError> {
+        let set = HashMap::from([(LAYOUT.to_owned(), layout)]);
+        let kept = self.kept(table);
+        for _ in 0..REPLACE_ATTEMPTS {
+            let heard = self.heard(&kept);
+            let Some(current) = self.refresh(table, &kept, heard).await? else {
+                return Err(CommitError::NoTable(table.to_string()));
+            };
+            let mut properties = current.properties.clone();
+            for (key, value) in &set {
+                match value {
+                    Some(value) => properties.insert(key.clone(), value.clone()),
+                    None => properties.remove(key),
+                };
+            }
+            if properties == current.properties {
+                return Ok(None);
+            }
+            let mut guard = kept.state.lock().await;
+            let Some(state) = guard.as_ref().filter(|state| state.version() == current.version) else {
+                continue;
+            };
+            let schema = state.snapshot().schema();
+            let metadata = snapshot::metadata(&schema, Some(state.metadata()), &properties, None)
+                .map_err(|e| CommitError::storage(table, e))?;
+            let changed = set.iter().filter_map(|(k, v)| Some((k.clone(), v.clone()?))).collect();
+            let builder = CommitBuilder::from(commit_properties())
+                .with_actions(vec![Action::Metadata(metadata)])
+                .with_max_retries(0);
+            let operation = DeltaOperation::SetTableProperties { properties: changed };
+            match kept.commit(table, &mut guard, builder, operation, heard).await {
+                Ok(version) => return Ok(Some(version)),
+                Err(Failed::Conflict) => continue,
+                Err(Failed::Error(err)) => return Err(err),
+            }
+        }
+        Err(CommitError::storage(table, format!("other writes kept landing first {REPLACE_ATTEMPTS} times")))
+    }
+
     /// Removes the files no version newer than `retention` reads (a vacuum), and the log's commits older than
     /// `retention` that a checkpoint made unnecessary; answers how many data files it removed. (Commits do not
     /// clean the log up themselves: that lists the whole log, on every commit.)
@@ -901,6 +956,7 @@ fn apply(table: &ObjectPath, snapshot: &mut Snapshot, version: u64, actions: &[A
             Action::Remove(gone) => {
                 removed.insert(changes::location(table, &gone.path));
             }
+            Action::Metadata(metadata) => snapshot.properties = metadata.configuration().clone(),
             Action::CommitInfo(info) => {
                 snapshot.committed_ms =
                     info.in_commit_timestamp.or(info.timestamp).unwrap_or(snapshot.committed_ms);

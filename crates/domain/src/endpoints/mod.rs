@@ -15,8 +15,8 @@ pub use model::{
     BreakingChange, ByEndpoint, ColumnChange, Endpoint, EndpointChange, EndpointFilter, EndpointName,
     EndpointVersion, NewEndpoint, NewVersion, PlannedQuery, Replanned, TableReader,
 };
-pub use ports::{EndpointChanges, EndpointStore};
+pub use ports::{EndpointChanges, EndpointStore, TableReadersChanged};
 #[cfg(any(test, feature = "mocks"))]
-pub use ports::{MockEndpointChanges, MockEndpointStore};
+pub use ports::{MockEndpointChanges, MockEndpointStore, MockTableReadersChanged};
 pub use service::{EndpointDeps, EndpointService, BREAKING_WINDOW};
 pub use settings::{CacheAge, Freshness, Hibernation, SyncFrequency};

@@ -144,3 +144,11 @@ pub trait EndpointChanges: Send + Sync {
     /// request on any process sees the change.
     async fn settled(&self);
 }
+
+/// Told when an endpoint is saved with a version that reads tables: the layout of those tables (the columns
+/// their files are sorted by) is chosen again from their readers' filters at their next compaction, which this
+/// process's next pass makes.
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
+pub trait TableReadersChanged: Send + Sync {
+    fn readers_changed(&self, project: ProjectId, tables: &[String]);
+}

@@ -10,7 +10,7 @@ use super::model::{
     BreakingChange, Endpoint, EndpointChange, EndpointFilter, EndpointName, EndpointVersion, NewEndpoint,
     NewVersion, PlannedQuery,
 };
-use super::ports::{EndpointChanges, EndpointStore};
+use super::ports::{EndpointChanges, EndpointStore, TableReadersChanged};
 use super::settings::{CacheAge, Freshness, Hibernation, SyncFrequency};
 use crate::access::ProjectId;
 use crate::clock::Clock;
@@ -45,6 +45,8 @@ pub struct EndpointService {
     materializations: MaterializationPorts,
     executions: Arc<ExecutionTracker>,
     changes: Arc<dyn EndpointChanges>,
+    /// Told of the tables each saved version reads, so that their layout follows its filters.
+    readers: Option<Arc<dyn TableReadersChanged>>,
 }
 
 fn not_found(name: &EndpointName) -> Error {
@@ -77,7 +79,20 @@ fn sync_needs_materialization() -> Invalid {
 impl EndpointService {
     pub fn new(deps: EndpointDeps) -> Self {
         let EndpointDeps { store, engine, clock, materializations, executions, changes } = deps;
-        Self { store, engine, clock, materializations, executions, changes }
+        Self { store, engine, clock, materializations, executions, changes, readers: None }
+    }
+
+    /// Tells `readers` of the tables each version saved from now on reads.
+    #[must_use]
+    pub fn with_table_readers(mut self, readers: Arc<dyn TableReadersChanged>) -> Self {
+        self.readers = Some(readers);
+        self
+    }
+
+    fn saved(&self, endpoint: &Endpoint) {
+        if let (Some(readers), Some(tables)) = (&self.readers, &endpoint.tables) {
+            readers.readers_changed(endpoint.project_id, tables);
+        }
     }
 
     /// The endpoint with its materialization record, when it is materialized.
@@ -142,6 +157,7 @@ impl EndpointService {
     pub async fn create(&self, project: ProjectId, command: CreateEndpoint) -> Result<Endpoint, Error> {
         let endpoint = self.planned_create(project, command).await?;
         let created = self.store.insert(endpoint).await?;
+        self.saved(&created);
         self.materialization_attached(created).await
     }
 
@@ -258,6 +274,9 @@ impl EndpointService {
             && updated.sync_frequency != current.sync_frequency;
         self.changes.changed(project, name);
         self.changes.settled().await;
+        if updated.current_version != current.current_version {
+            self.saved(&updated);
+        }
         if current.is_materialized && !updated.is_materialized {
             self.drop_stored_results(project, updated.id, name).await;
         } else if rescheduled {

@@ -732,3 +732,39 @@ async fn a_run_not_yet_flushed_counts_as_a_recent_run() {
     let err = EndpointService::new(deps).update_json(project(), "daily", &new_query(None)).await.unwrap_err();
     assert!(matches!(err, Error::BreakingChange { .. }), "{err:?}");
 }
+
+/// The tables a saved version reads are told their readers changed (their layout follows the new filters); a
+/// change of settings alone, which saves no version, tells nobody.
+#[tokio::test]
+async fn each_saved_version_tells_the_tables_it_reads_that_their_readers_changed() {
+    let mut readers = super::super::ports::MockTableReadersChanged::new();
+    readers
+        .expect_readers_changed()
+        .withf(|p, tables| *p == project() && tables == ["events".to_owned()])
+        .times(2)
+        .return_const(());
+    let readers = Arc::new(readers);
+    let created = EndpointService::new(deps(echoing_store(), describing_engine()))
+        .with_table_readers(readers.clone())
+        .create_json(project(), &body(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(created.tables, Some(vec!["events".to_owned()]));
+
+    let mut store = store_with_existing();
+    let reads = || Some(vec!["events".to_owned()]);
+    store
+        .expect_update()
+        .withf(|_, _, change, _| change.query.is_some())
+        .times(1)
+        .returning(move |_, _, _, _| Ok(Endpoint { current_version: 2, tables: reads(), ..existing() }));
+    store
+        .expect_update()
+        .withf(|_, _, change, _| change.query.is_none())
+        .times(1)
+        .returning(move |_, _, _, _| Ok(Endpoint { tables: reads(), ..existing() }));
+    let service = EndpointService::new(deps(store, describing_engine())).with_table_readers(readers);
+    let new_query = json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS n"}});
+    service.update_json(project(), "daily", &new_query).await.unwrap();
+    service.update_json(project(), "daily", &json!({"description": "new"})).await.unwrap();
+}

@@ -1,19 +1,24 @@
 //! The upkeep of tables fed by appends: the tables a process appended to have their small files merged, one
 //! compaction of a table at a time across processes (a lease in the store), so that a table fed by a stream of
-//! small appends keeps few, full files; and append keys past their window are forgotten.
+//! small appends keeps few, full files, sorted by the columns its endpoints filter on (see [`cluster_columns`]);
+//! and append keys past their window are forgotten.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tracing::{debug, warn};
 use uuid::Uuid;
 
 use super::idempotency::IDEMPOTENCY_WINDOW;
+use super::layout::cluster_columns;
 use super::model::{Compaction, TableName};
 use super::ports::{AppendKeys, TableAnnouncer, TableLeases, TableStore};
 use crate::access::ProjectId;
-use crate::clock::Clock;
-use crate::error::Error;
+use crate::clock::{Clock, Timestamp};
+use crate::endpoints::{EndpointStore, TableReadersChanged};
+use crate::error::{EngineError, Error, StoreError};
+use crate::query::{QueryEngine, QueryOutline};
 
 /// What happened to one table a pass looked at.
 #[derive(Debug)]
@@ -27,17 +32,35 @@ pub enum CompactionOutcome {
     Failed(Error),
 }
 
+/// How long the columns chosen for a table's layout are reused before its endpoints are planned again: an
+/// endpoint saved with another filter changes the layout at the first compaction after this.
+pub const LAYOUT_RECHECK: Duration = Duration::from_secs(300);
+
+/// The most endpoints reading a table that are planned to choose its layout (the first by name): the choice
+/// follows the bulk of them, and the cost of choosing stays bounded with thousands.
+pub const LAYOUT_READERS: usize = 100;
+
+/// The columns a table's layout was chosen to be, and when.
+type Chosen = (Timestamp, Vec<String>);
+
 /// Compacts the tables this process appended to, and forgets expired append keys.
 pub struct TableMaintenance {
     tables: Arc<dyn TableStore>,
     leases: Arc<dyn TableLeases>,
     keys: Arc<dyn AppendKeys>,
     announcer: Arc<dyn TableAnnouncer>,
+    endpoints: Arc<dyn EndpointStore>,
+    engine: Arc<dyn QueryEngine>,
     clock: Arc<dyn Clock>,
     /// How long a lease lasts: longer than a compaction takes, and how long a crashed holder keeps others out.
     lease: Duration,
     /// This process, as the holder of the leases it takes.
     holder: Uuid,
+    /// The columns each table's layout was chosen to be, and when.
+    layouts: Mutex<HashMap<(ProjectId, TableName), Chosen>>,
+    /// Tables whose readers changed since this process last compacted them: candidates, their layout chosen
+    /// again.
+    reread: Mutex<BTreeSet<(ProjectId, TableName)>>,
 }
 
 /// What table upkeep works through.
@@ -47,6 +70,10 @@ pub struct MaintenanceDeps {
     pub keys: Arc<dyn AppendKeys>,
     /// Tells the other processes of a compaction, so that they read the merged files.
     pub announcer: Arc<dyn TableAnnouncer>,
+    /// The endpoints reading a table, whose filters choose its layout.
+    pub endpoints: Arc<dyn EndpointStore>,
+    /// Plans those endpoints' queries.
+    pub engine: Arc<dyn QueryEngine>,
     pub clock: Arc<dyn Clock>,
     /// How long a lease lasts.
     pub lease: Duration,
@@ -54,17 +81,32 @@ pub struct MaintenanceDeps {
 
 impl TableMaintenance {
     pub fn new(deps: MaintenanceDeps) -> Self {
-        let MaintenanceDeps { tables, leases, keys, announcer, clock, lease } = deps;
-        Self { tables, leases, keys, announcer, clock, lease, holder: Uuid::new_v4() }
+        let MaintenanceDeps { tables, leases, keys, announcer, endpoints, engine, clock, lease } = deps;
+        Self {
+            tables,
+            leases,
+            keys,
+            announcer,
+            endpoints,
+            engine,
+            clock,
+            lease,
+            holder: Uuid::new_v4(),
+            layouts: Mutex::default(),
+            reread: Mutex::default(),
+        }
     }
 
-    /// The tables appended to since this process last compacted them.
+    /// The tables appended to since this process last compacted them, and those whose readers changed.
     pub fn candidates(&self) -> Vec<(ProjectId, TableName)> {
-        self.tables.appended()
+        let mut all: BTreeSet<_> = self.tables.appended().into_iter().collect();
+        all.extend(self.reread.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned());
+        all.into_iter().collect()
     }
 
-    /// Compacts one table if its lease is free.
+    /// Compacts one table if its lease is free, its files laid out for the endpoints that read it.
     pub async fn compact(&self, project: ProjectId, table: &TableName) -> CompactionOutcome {
+        self.reread.lock().unwrap_or_else(PoisonError::into_inner).remove(&(project, table.clone()));
         let now = self.clock.now();
         let until = now + self.lease;
         match self.leases.claim(project, table, self.holder, now, until).await {
@@ -74,7 +116,12 @@ impl TableMaintenance {
         }
         // The files of appends not answered yet stay as they are, so that their retries can find them.
         let compacted = match self.keys.pending(project, table).await {
-            Ok(keep) => self.tables.compact(project, table, keep).await.map_err(Error::from),
+            Ok(keep) => match self.layout(project, table).await {
+                Ok(cluster_by) => {
+                    self.tables.compact(project, table, keep, cluster_by).await.map_err(Error::from)
+                }
+                Err(err) => Err(err),
+            },
             Err(err) => Err(err.into()),
         };
         if let Err(err) = self.leases.release(project, table, self.holder).await {
@@ -95,6 +142,58 @@ impl TableMaintenance {
                 CompactionOutcome::Failed(err)
             }
         }
+    }
+
+    /// The columns the table is to be sorted by: chosen within [`LAYOUT_RECHECK`] and kept, else chosen again
+    /// from the outlines of the endpoints that read it.
+    async fn layout(&self, project: ProjectId, table: &TableName) -> Result<Vec<String>, Error> {
+        let now = self.clock.now();
+        let key = (project, table.clone());
+        {
+            let layouts = self.layouts.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((at, columns)) = layouts.get(&key) {
+                if now < *at + LAYOUT_RECHECK {
+                    return Ok(columns.clone());
+                }
+            }
+        }
+        let Some(info) = self.tables.get(project, table).await? else { return Ok(Vec::new()) };
+        let outlines = self.reader_outlines(project, table).await?;
+        let columns = cluster_columns(&info.columns, &outlines);
+        let mut layouts = self.layouts.lock().unwrap_or_else(PoisonError::into_inner);
+        layouts.retain(|_, (at, _)| now < *at + LAYOUT_RECHECK);
+        layouts.insert(key, (now, columns.clone()));
+        Ok(columns)
+    }
+
+    /// The plan outlines of the endpoints whose current version reads the table (at most [`LAYOUT_READERS`]),
+    /// each planned as the service plans its own work, waiting for the project's busy slots. An endpoint
+    /// deleted meanwhile, or whose query no longer plans, filters nothing.
+    async fn reader_outlines(
+        &self,
+        project: ProjectId,
+        table: &TableName,
+    ) -> Result<Vec<QueryOutline>, Error> {
+        let names = [table.as_str().to_owned()];
+        let mut readers = self.endpoints.readers(project, &names).await?;
+        readers.retain(|reader| reader.may_read(&names));
+        readers.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut outlines = Vec::new();
+        for reader in readers.into_iter().take(LAYOUT_READERS) {
+            let endpoint = match self.endpoints.get(project, &reader.name).await {
+                Ok(endpoint) => endpoint,
+                Err(StoreError::NotFound) => continue,
+                Err(err) => return Err(err.into()),
+            };
+            match self.engine.describe_queued(project, &endpoint.query).await {
+                Ok(described) if described.tables.iter().any(|t| t == table.as_str()) => {
+                    outlines.push(described.outline);
+                }
+                Ok(_) | Err(EngineError::InvalidQuery(_)) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(outlines)
     }
 
     /// How long a lease lasts: a compaction running longer renews it ([`TableMaintenance::renew`]) every third.
@@ -121,22 +220,56 @@ impl TableMaintenance {
     }
 }
 
+impl TableReadersChanged for TableMaintenance {
+    fn readers_changed(&self, project: ProjectId, tables: &[String]) {
+        let tables: Vec<TableName> = tables.iter().filter_map(|t| TableName::parse(t).ok()).collect();
+        let mut layouts = self.layouts.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut reread = self.reread.lock().unwrap_or_else(PoisonError::into_inner);
+        for table in tables {
+            layouts.remove(&(project, table.clone()));
+            reread.insert((project, table));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::endpoints::MockEndpointStore;
     use crate::error::EngineError;
-    use crate::tables::{MockAppendKeys, MockTableAnnouncer, MockTableLeases, MockTableStore};
-    use crate::testing::{project, ManualClock, T0};
+    use crate::query::{
+        ColumnType, CompareOp, MockQueryEngine, QueryDescription, VariablePredicate, VariableType,
+    };
+    use crate::tables::{
+        MockAppendKeys, MockTableAnnouncer, MockTableLeases, MockTableStore, TableColumn, TableInfo,
+        TableLayout, TableSource,
+    };
+    use crate::testing::{endpoint, project, query, ManualClock, T0};
+    use crate::TableReader;
 
     /// A service whose compactions announce nothing (`announcer` expects nothing).
     fn service(tables: MockTableStore, leases: MockTableLeases) -> TableMaintenance {
         announcing(tables, leases, MockTableAnnouncer::new())
     }
 
+    /// A service over a table no endpoint reads.
     fn announcing(
+        mut tables: MockTableStore,
+        leases: MockTableLeases,
+        announcer: MockTableAnnouncer,
+    ) -> TableMaintenance {
+        tables.expect_get().returning(|_, _| Ok(Some(info())));
+        let mut endpoints = MockEndpointStore::new();
+        endpoints.expect_readers().returning(|_, _| Ok(Vec::new()));
+        with_readers(tables, leases, announcer, (endpoints, MockQueryEngine::new()), Arc::default())
+    }
+
+    fn with_readers(
         tables: MockTableStore,
         leases: MockTableLeases,
         announcer: MockTableAnnouncer,
+        (endpoints, engine): (MockEndpointStore, MockQueryEngine),
+        clock: Arc<ManualClock>,
     ) -> TableMaintenance {
         let pending = uuid::Uuid::from_u128(7);
         let mut keys = MockAppendKeys::new();
@@ -147,9 +280,34 @@ mod tests {
             leases: Arc::new(leases),
             keys: Arc::new(keys),
             announcer: Arc::new(announcer),
-            clock: Arc::new(ManualClock::new(T0)),
+            endpoints: Arc::new(endpoints),
+            engine: Arc::new(engine),
+            clock,
             lease: Duration::from_secs(60),
         })
+    }
+
+    impl Default for ManualClock {
+        fn default() -> Self {
+            ManualClock::new(T0)
+        }
+    }
+
+    /// `events` with columns `user_id` and `ts`.
+    fn info() -> TableInfo {
+        let column = |name: &str, column_type| TableColumn { name: name.into(), column_type, nullable: true };
+        TableInfo {
+            name: events(),
+            columns: vec![column("user_id", ColumnType::String), column("ts", ColumnType::Datetime)],
+            row_count: Some(3),
+            bytes: Some(100),
+            files: Some(1),
+            last_compacted_at: None,
+            layout: TableLayout::default(),
+            source: TableSource::Upload,
+            created_at: T0,
+            updated_at: T0,
+        }
     }
 
     fn events() -> TableName {
@@ -163,9 +321,9 @@ mod tests {
         let done = Compaction { files_before: 40, files_after: 1, files_merged: 40, rows_merged: 200 };
         tables
             .expect_compact()
-            .withf(|_, _, keep| *keep == vec![uuid::Uuid::from_u128(7)])
+            .withf(|_, _, keep, cluster_by| *keep == vec![uuid::Uuid::from_u128(7)] && cluster_by.is_empty())
             .times(1)
-            .returning(move |_, _, _| Ok(Some(done)));
+            .returning(move |_, _, _, _| Ok(Some(done)));
         let mut leases = MockTableLeases::new();
         leases
             .expect_claim()
@@ -195,7 +353,7 @@ mod tests {
     #[tokio::test]
     async fn a_renewal_extends_the_compactions_own_lease_and_says_when_another_took_it() {
         let mut tables = MockTableStore::new();
-        tables.expect_compact().returning(|_, _, _| Ok(None));
+        tables.expect_compact().returning(|_, _, _, _| Ok(None));
         let holders = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = Arc::clone(&holders);
         let mut leases = MockTableLeases::new();
@@ -235,11 +393,174 @@ mod tests {
     #[tokio::test]
     async fn a_failed_compaction_gives_its_lease_back_and_says_why() {
         let mut tables = MockTableStore::new();
-        tables.expect_compact().returning(|_, _, _| Err(EngineError::Unavailable("disk gone".into())));
+        tables.expect_compact().returning(|_, _, _, _| Err(EngineError::Unavailable("disk gone".into())));
         let mut leases = MockTableLeases::new();
         leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
         leases.expect_release().times(1).returning(|_, _, _| Ok(()));
         let outcome = service(tables, leases).compact(project(1), &events()).await;
         assert!(matches!(outcome, CompactionOutcome::Failed(Error::Unavailable(_))));
+    }
+
+    /// The endpoints reading `events`: each query's text is its name, and `engine` plans it with the filters
+    /// `filters` gives that name (a query filtering nothing plans with no predicate).
+    fn readers(
+        names: &'static [&'static str],
+        filters: impl Fn(&str) -> Vec<(&'static str, CompareOp)> + Send + Sync + 'static,
+    ) -> (MockEndpointStore, MockQueryEngine, Arc<std::sync::atomic::AtomicUsize>) {
+        let mut endpoints = MockEndpointStore::new();
+        endpoints.expect_readers().returning(move |_, tables| {
+            assert_eq!(tables, ["events".to_owned()]);
+            let all = names.iter().map(|name| TableReader {
+                tables: Some(vec!["events".into()]),
+                ..TableReader::of(&endpoint(
+                    name,
+                    query(serde_json::json!({"kind": "SQLQuery", "query": name})),
+                ))
+            });
+            Ok(all.collect())
+        });
+        endpoints.expect_get().returning(|_, name| {
+            Ok(endpoint(
+                name.as_str(),
+                query(serde_json::json!({"kind": "SQLQuery", "query": name.as_str()})),
+            ))
+        });
+        let planned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&planned);
+        let mut engine = MockQueryEngine::new();
+        engine.expect_describe_queued().returning(move |_, query| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let predicates = filters(&query.sql)
+                .into_iter()
+                .map(|(column, op)| VariablePredicate {
+                    variable: "v".into(),
+                    variable_type: VariableType::String,
+                    op,
+                    column: format!("events.{column}"),
+                    column_type: ColumnType::String,
+                    output_column: None,
+                    group_key: None,
+                })
+                .collect();
+            let outline = QueryOutline { predicates, ..QueryOutline::default() };
+            Ok(QueryDescription { columns: Vec::new(), outline, tables: vec!["events".into()] })
+        });
+        (endpoints, engine, planned)
+    }
+
+    /// A compaction's layout is chosen from the filters of the endpoints reading the table, kept for
+    /// [`LAYOUT_RECHECK`], and chosen again after it, when an endpoint filtering another column has come.
+    #[tokio::test]
+    async fn the_layout_follows_the_endpoints_filters_and_is_chosen_again_after_a_while() {
+        let (endpoints, engine, planned) = readers(&["by_user", "by_day"], |name| match name {
+            "by_user" => vec![("user_id", CompareOp::Eq)],
+            "by_day" => vec![("ts", CompareOp::GtEq), ("ts", CompareOp::Lt)],
+            _ => Vec::new(),
+        });
+        let mut tables = MockTableStore::new();
+        tables.expect_get().returning(|_, _| Ok(Some(info())));
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&asked);
+        tables.expect_compact().returning(move |_, _, _, cluster_by| {
+            seen.lock().unwrap().push(cluster_by);
+            Ok(None)
+        });
+        let mut leases = MockTableLeases::new();
+        leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
+        leases.expect_release().returning(|_, _, _| Ok(()));
+        let clock = Arc::new(ManualClock::new(T0));
+        let service =
+            with_readers(tables, leases, MockTableAnnouncer::new(), (endpoints, engine), Arc::clone(&clock));
+        service.compact(project(1), &events()).await;
+        // Within the recheck, the choice is kept: nobody is planned again.
+        clock.advance(LAYOUT_RECHECK - Duration::from_secs(1));
+        service.compact(project(1), &events()).await;
+        assert_eq!(planned.load(std::sync::atomic::Ordering::SeqCst), 2);
+        clock.advance(Duration::from_secs(1));
+        service.compact(project(1), &events()).await;
+        assert_eq!(planned.load(std::sync::atomic::Ordering::SeqCst), 4);
+        // One endpoint each, a tie: the equality first.
+        let asked = asked.lock().unwrap();
+        assert_eq!(*asked, vec![vec!["user_id".to_owned(), "ts".to_owned()]; 3]);
+    }
+
+    #[tokio::test]
+    async fn a_layout_that_cannot_be_chosen_fails_the_compaction_which_gives_its_lease_back() {
+        let mut endpoints = MockEndpointStore::new();
+        endpoints.expect_readers().returning(|_, _| Err(StoreError::Unavailable("database gone".into())));
+        let mut tables = MockTableStore::new();
+        tables.expect_get().returning(|_, _| Ok(Some(info())));
+        tables.expect_compact().never();
+        let mut leases = MockTableLeases::new();
+        leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
+        leases.expect_release().times(1).returning(|_, _, _| Ok(()));
+        let service = with_readers(
+            tables,
+            leases,
+            MockTableAnnouncer::new(),
+            (endpoints, MockQueryEngine::new()),
+            Arc::default(),
+        );
+        let outcome = service.compact(project(1), &events()).await;
+        assert!(matches!(outcome, CompactionOutcome::Failed(Error::Unavailable(_))));
+    }
+
+    #[tokio::test]
+    async fn endpoints_that_no_longer_plan_or_are_gone_filter_nothing() {
+        let mut endpoints = MockEndpointStore::new();
+        endpoints.expect_readers().returning(|_, _| {
+            let reader = |name| TableReader {
+                tables: None,
+                ..TableReader::of(&endpoint(
+                    name,
+                    query(serde_json::json!({"kind": "SQLQuery", "query": name})),
+                ))
+            };
+            Ok(vec![reader("gone"), reader("broken")])
+        });
+        endpoints.expect_get().returning(|_, name| match name.as_str() {
+            "gone" => Err(StoreError::NotFound),
+            other => Ok(endpoint(other, query(serde_json::json!({"kind": "SQLQuery", "query": other})))),
+        });
+        let mut engine = MockQueryEngine::new();
+        engine.expect_describe_queued().returning(|_, _| Err(EngineError::InvalidQuery("no column".into())));
+        let mut tables = MockTableStore::new();
+        tables.expect_get().returning(|_, _| Ok(Some(info())));
+        tables
+            .expect_compact()
+            .withf(|_, _, _, cluster_by| cluster_by.is_empty())
+            .times(1)
+            .returning(|_, _, _, _| Ok(None));
+        let mut leases = MockTableLeases::new();
+        leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
+        leases.expect_release().returning(|_, _, _| Ok(()));
+        let service =
+            with_readers(tables, leases, MockTableAnnouncer::new(), (endpoints, engine), Arc::default());
+        assert!(matches!(service.compact(project(1), &events()).await, CompactionOutcome::NothingToDo));
+    }
+
+    /// An endpoint saved with a version reading the table makes it a candidate at once, its layout chosen
+    /// again without waiting for [`LAYOUT_RECHECK`]; the candidate is taken by its compaction.
+    #[tokio::test]
+    async fn a_saved_reader_makes_the_table_a_candidate_whose_layout_is_chosen_again() {
+        let (endpoints, engine, planned) = readers(&["by_user"], |_| vec![("user_id", CompareOp::Eq)]);
+        let mut tables = MockTableStore::new();
+        tables.expect_appended().returning(Vec::new);
+        tables.expect_get().returning(|_, _| Ok(Some(info())));
+        tables.expect_compact().returning(|_, _, _, _| Ok(None));
+        let mut leases = MockTableLeases::new();
+        leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
+        leases.expect_release().returning(|_, _, _| Ok(()));
+        let service =
+            with_readers(tables, leases, MockTableAnnouncer::new(), (endpoints, engine), Arc::default());
+        assert!(service.candidates().is_empty());
+        service.compact(project(1), &events()).await;
+        assert_eq!(planned.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        service.readers_changed(project(1), &["events".to_owned(), "not a table".to_owned()]);
+        assert_eq!(service.candidates(), vec![(project(1), events())]);
+        service.compact(project(1), &events()).await;
+        assert_eq!(planned.load(std::sync::atomic::Ordering::SeqCst), 2, "planned again at once");
+        assert!(service.candidates().is_empty(), "taken by its compaction");
     }
 }

@@ -2,6 +2,7 @@
 
 mod compaction;
 mod idempotency;
+mod layout;
 mod model;
 mod ports;
 mod service;
@@ -10,6 +11,7 @@ pub use compaction::{CompactionOutcome, MaintenanceDeps, TableMaintenance};
 pub use idempotency::{
     AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, TaggedWrite, APPEND_IN_FLIGHT, IDEMPOTENCY_WINDOW,
 };
+pub use layout::{cluster_columns, TableLayout, MAX_CLUSTER_COLUMNS};
 pub use model::{
     Compaction, ExternalSource, Table, TableColumn, TableCommit, TableFormat, TableInfo, TableName,
     TableSource, Upload, UploadBody, WriteMode, Written,

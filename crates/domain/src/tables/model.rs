@@ -12,6 +12,8 @@ use crate::error::{Error, Invalid};
 use crate::fields::Fields;
 use crate::query::ColumnType;
 
+use super::layout::TableLayout;
+
 /// A table name: a letter, then letters, digits and `_`, at most 63 characters. A table is named in SQL as it
 /// is: a name with capital letters is written in double quotes (`"Sales"`), as SQL folds unquoted names to
 /// lower case.
@@ -284,6 +286,8 @@ pub struct TableInfo {
     pub files: Option<u64>,
     /// When compaction last merged its small files; `None` if it never has.
     pub last_compacted_at: Option<Timestamp>,
+    /// How its files are laid out for the endpoints that read it (nothing for an external source).
+    pub layout: TableLayout,
     pub source: TableSource,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,

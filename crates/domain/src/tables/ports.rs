@@ -76,7 +76,11 @@ pub trait TableStore: Send + Sync {
     fn appended(&self) -> Vec<(ProjectId, TableName)>;
 
     /// Merges the table's small files into full ones, if it has enough of them to be worth it, and switches the
-    /// table to the result with one write; `None` when there was nothing to do. The rows of the tagged appends
+    /// table to the result with one write; `None` when there was nothing to do. With `cluster_by` (see
+    /// [`cluster_columns`](super::cluster_columns)), the files it writes hold their rows sorted by those columns,
+    /// and its full files sorted otherwise (or not at all) are rewritten so too, a bounded number of rows per
+    /// compaction (the table stays a candidate until all are); the table's layout records the columns. The
+    /// rows of the tagged appends
     /// `keep` names stay findable by [`TableStore::holds`]. The caller holds the table's lease
     /// ([`TableLeases`]), so one compaction of a table runs at a time across processes. Runs see the table
     /// before or after, never a row twice or one missing, and appends made meanwhile all land; a compaction
@@ -89,6 +93,7 @@ pub trait TableStore: Send + Sync {
         project: ProjectId,
         name: &TableName,
         keep: Vec<Uuid>,
+        cluster_by: Vec<String>,
     ) -> Result<Option<Compaction>, EngineError>;
 
     /// The append written under `write_id` (see [`TableStore::write`]), if its rows are in the table.

@@ -4,6 +4,7 @@ use futures_util::stream;
 use mockall::predicate::{always, eq};
 use serde_json::json;
 
+use super::super::layout::TableLayout;
 use super::super::model::{ExternalSource, TableColumn, TableFormat, TableSource, WriteMode};
 use super::super::ports::{MockAppendKeys, MockTableAnnouncer, MockTableStore};
 use super::*;
@@ -55,6 +56,7 @@ fn info(name: &str) -> TableInfo {
         bytes: Some(100),
         files: Some(1),
         last_compacted_at: None,
+        layout: TableLayout::default(),
         source: TableSource::Upload,
         created_at: T0,
         updated_at: T0,

@@ -35,6 +35,8 @@ pub(crate) struct Table {
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
     last_compacted_at: Option<OffsetDateTime>,
+    /// How its files are laid out for the endpoints that read it.
+    layout: Layout,
     /// How its rows are kept: `parquet` for uploads, the external files' format, or `postgres`.
     #[schema(schema_with = names::table_format)]
     format: &'static str,
@@ -47,6 +49,19 @@ pub(crate) struct Table {
     updated_at: OffsetDateTime,
     /// The endpoints whose current version reads the table.
     used_by: Vec<String>,
+}
+
+/// How a table's files are laid out for the endpoints that read it: compaction sorts them by the columns those
+/// endpoints filter on with variables, so that a run reads the row groups and pages of its values only.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = TableLayout)]
+pub(crate) struct Layout {
+    /// The columns its compacted files are sorted by, first to last (at most two): the columns the most
+    /// endpoints reading it compare with a variable. Empty when none does, and for an external source, which is
+    /// read as it is.
+    cluster_by: Vec<String>,
+    /// How many of its files are sorted so; the others are appends not compacted yet.
+    files_clustered: u64,
 }
 
 /// One version of a table: a commit of its Delta log.
@@ -88,6 +103,10 @@ impl From<domain::Table> for Table {
             bytes: info.bytes,
             files: info.files,
             last_compacted_at: info.last_compacted_at,
+            layout: Layout {
+                cluster_by: info.layout.cluster_by,
+                files_clustered: info.layout.files_clustered,
+            },
             format: info.source.format(),
             source: match info.source {
                 TableSource::Upload => "upload".into(),

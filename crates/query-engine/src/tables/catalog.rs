@@ -278,6 +278,16 @@ pub(crate) fn import_session(
     session_with(storage, None, None, config)
 }
 
+/// A session for compaction's sort: it holds at most `memory` bytes and spills the rest to the system's
+/// temporary directory, so that sorting a large table's files stays within a bound.
+pub(crate) fn sorting_session(storage: &Storage, memory: usize) -> Result<SessionContext, EngineError> {
+    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_memory_limit(memory, 1.0)
+        .build_arc()
+        .map_err(|e| EngineError::Internal(Box::new(e)))?;
+    session_with(storage, Some(runtime), None, SessionConfig::new())
+}
+
 fn session_with(
     storage: &Storage,
     runtime: Option<Arc<RuntimeEnv>>,

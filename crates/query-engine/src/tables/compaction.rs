@@ -1,8 +1,10 @@
 //! Compaction of a table's small files: an `OPTIMIZE` commit of the table's Delta log (see `tables_delta`).
 //!
-//! The small files of the table's newest version (fewer rows than a row group) are merged, in order, into files
-//! of up to [`MERGED_FILE_ROWS`] rows written beside them (`compacted-*.parquet`), and one commit removes the small
-//! files and adds the merged ones without changing the data. Appends (of any process) keep committing while it
+//! The small files of the table's newest version (fewer rows than a row group) are merged into files of up to
+//! [`MERGED_FILE_ROWS`] rows written beside them (`compacted-*.parquet`), and one commit removes the small files
+//! and adds the merged ones without changing the data. When the table's endpoints filter on some of its columns
+//! (its layout, see `layout`), the merged rows are sorted by them, and the table's full files not sorted so are
+//! rewritten sorted too, a bounded number per compaction. Appends (of any process) keep committing while it
 //! runs and are kept: an append's commit never conflicts with it. A replace that lands first takes the files away,
 //! and the compaction's commit is refused: its files are removed and the table is as the replace left it. A
 //! compaction killed at any point leaves the table at its last commit; the files it wrote are never read.
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
-use datafusion::prelude::ParquetReadOptions;
+use datafusion::prelude::{ident, ParquetReadOptions};
 use domain::{Compaction, EngineError, ProjectId, Timestamp};
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
@@ -26,9 +28,10 @@ use crate::storage::{unavailable, Storage};
 use crate::tables::catalog::{current, object_meta, table_error, table_prefix, Current};
 use crate::tables::files::{instant_ms, rows_of, FileRows, TableLock};
 use crate::tables::imports::{tagged_appends, ImportError, TableWriter, TaggedAppend};
+use crate::tables::layout;
 
 /// A file with at least this many rows is full (a row group of the table's files): it is never merged again.
-const FULL_FILE_ROWS: u64 = 128 * 1024;
+pub(crate) const FULL_FILE_ROWS: u64 = 128 * 1024;
 /// Merged files close past this many rows, so one compaction of many small files still makes files a run can
 /// read in parallel.
 const MERGED_FILE_ROWS: u64 = 1024 * 1024;
@@ -77,9 +80,22 @@ impl Appended {
     }
 }
 
-/// Compacts a table if its newest version has [`MIN_SMALL_FILES`] small files; `None` when there was nothing to
-/// do, or a replace took the files meanwhile. The caller holds the table's lease; with `sweep`, files no version
-/// within the table retention reads are removed first (a vacuum).
+/// What a compaction did, and whether its table has more files to sort by its layout than one compaction takes.
+pub(crate) struct Compacted {
+    pub(crate) done: Option<Compaction>,
+    pub(crate) more: bool,
+}
+
+/// A compaction re-sorts at most this many rows of full files (always one file at least), so that one
+/// compaction's sort stays bounded; the next compaction of the table takes the rest.
+const RESORT_ROWS: u64 = 2 * MERGED_FILE_ROWS;
+
+/// Compacts a table: merges its small files once there are [`MIN_SMALL_FILES`] of them, and with `cluster_by`
+/// (the columns its endpoints filter on) writes the merged rows sorted by those columns and re-sorts its full
+/// files that are not (up to [`RESORT_ROWS`] rows; `more` says when others are left). The table's layout
+/// property follows `cluster_by` first. `done` is `None` when there was nothing to merge, or a replace took
+/// the files meanwhile. The caller holds the table's lease; with `sweep`, files no version within the table
+/// retention reads are removed first (a vacuum).
 ///
 /// Files with rows of an append not answered yet (`keep`) keep their names, so that a retry finds them.
 pub(crate) async fn compact(
@@ -87,9 +103,10 @@ pub(crate) async fn compact(
     rows: &FileRows,
     _lock: TableLock,
     (project, table): (ProjectId, &str),
-    keep: &HashSet<Uuid>,
+    (keep, cluster_by): (&HashSet<Uuid>, &[String]),
     sweep: bool,
-) -> Result<Option<Compaction>, EngineError> {
+) -> Result<Compacted, EngineError> {
+    let nothing = Compacted { done: None, more: false };
     let prefix = table_prefix(project, table);
     if sweep {
         match storage.tables().vacuum(&prefix, storage.table_retention()).await {
@@ -98,27 +115,48 @@ pub(crate) async fn compact(
             Err(err) => tracing::warn!(%project, table, error = %err, "cannot vacuum a table"),
         }
     }
-    let Some(Current::Files(snapshot)) = current(storage, &prefix).await? else { return Ok(None) };
-    let mut small = Vec::new();
+    let Some(Current::Files(mut snapshot)) = current(storage, &prefix).await? else { return Ok(nothing) };
+    // Only columns the table has: a replace may have dropped one since the endpoints were planned.
+    let columns: Vec<String> =
+        cluster_by.iter().filter(|c| snapshot.schema.column_with_name(c).is_some()).cloned().collect();
+    if layout::recorded(&snapshot) != columns {
+        storage.tables().set_layout(&prefix, layout::property(&columns)).await.map_err(table_error)?;
+        tracing::info!(%project, table, ?columns, "the table's layout follows its endpoints' filters");
+        let Some(Current::Files(now)) = current(storage, &prefix).await? else { return Ok(nothing) };
+        snapshot = now;
+    }
+    let tag = layout::tag(&columns);
+    let (mut small, mut unsorted, mut more) = (Vec::new(), Vec::new(), false);
+    let mut unsorted_rows = 0;
     for file in &snapshot.files {
         let meta = object_meta(file);
         let file_rows = match file.rows {
             Some(rows) => rows,
             None => rows_of(storage.store().as_ref(), &meta, Some(rows)).await?,
         };
-        if file_rows >= FULL_FILE_ROWS {
+        let full = file_rows >= FULL_FILE_ROWS;
+        let sorted = tag.as_ref().is_none_or(|tag| layout::is_clustered(file, COMPACTED, tag));
+        if full && sorted {
             continue;
         }
         if !keep.is_empty() && appends_in(storage, &meta).await?.iter().any(|a| keep.contains(&a.write_id)) {
             continue;
         }
-        small.push(file.clone());
+        if !full {
+            small.push(file.clone());
+        } else if unsorted.is_empty() || unsorted_rows + file_rows <= RESORT_ROWS {
+            unsorted_rows += file_rows;
+            unsorted.push(file.clone());
+        } else {
+            more = true;
+        }
     }
-    if small.len() < MIN_SMALL_FILES {
-        return Ok(None);
+    if small.len() < MIN_SMALL_FILES && unsorted.is_empty() {
+        return Ok(nothing);
     }
-    let locations: Vec<ObjectPath> = small.iter().map(|f| f.location.clone()).collect();
-    let merged = match merge(storage, &locations, &prefix).await {
+    let merging: Vec<DataFile> = small.into_iter().chain(unsorted).collect();
+    let locations: Vec<ObjectPath> = merging.iter().map(|f| f.location.clone()).collect();
+    let merged = match merge(storage, &locations, &prefix, &columns).await {
         Ok(merged) => merged,
         Err(err) => return Err(EngineError::Unavailable(err.to_string().into())),
     };
@@ -129,20 +167,20 @@ pub(crate) async fn compact(
         added.push(NewFile { location: path.clone(), size: meta.size, rows: *file_rows, modified_ms });
     }
     let written: Vec<ObjectPath> = merged.files.iter().map(|(path, _)| path.clone()).collect();
-    match storage.tables().rewrite(&prefix, &small, &added).await {
+    match storage.tables().rewrite(&prefix, &merging, &added).await {
         Ok(_) => {
             let done = Compaction {
                 files_before: snapshot.files.len() as u64,
-                files_after: (snapshot.files.len() - small.len() + added.len()) as u64,
-                files_merged: small.len() as u64,
+                files_after: (snapshot.files.len() - merging.len() + added.len()) as u64,
+                files_merged: merging.len() as u64,
                 rows_merged: merged.rows,
             };
-            tracing::info!(%project, table, ?done, "compacted a table's small files");
-            Ok(Some(done))
+            tracing::info!(%project, table, ?done, ?columns, "compacted a table's files");
+            Ok(Compacted { done: Some(done), more })
         }
         Err(CommitError::Conflict(_) | CommitError::NoTable(_)) => {
             discard_files(storage, written).await;
-            Ok(None)
+            Ok(nothing)
         }
         // The commit may have landed (a failure after it, writing a checkpoint): the files stay.
         Err(err) => Err(table_error(err)),
@@ -161,26 +199,43 @@ struct Merged {
     rows: u64,
 }
 
-/// Reads `small` in order and writes their rows under `target` in files of up to [`MERGED_FILE_ROWS`] rows.
-async fn merge(storage: &Storage, small: &[ObjectPath], target: &ObjectPath) -> Result<Merged, ImportError> {
-    let ctx = crate::tables::catalog::import_session(storage, None)
+/// How much memory a compaction's sort holds before it spills to disk.
+const SORT_MEMORY: usize = 256 << 20;
+
+/// Reads `files` and writes their rows under `target` in files of up to [`MERGED_FILE_ROWS`] rows: sorted by
+/// `columns` when there are any (the files named with their tag and stating the order), else as read.
+async fn merge(
+    storage: &Storage,
+    files: &[ObjectPath],
+    target: &ObjectPath,
+    columns: &[String],
+) -> Result<Merged, ImportError> {
+    let failed = |e: datafusion::error::DataFusionError| ImportError::Write(crate::message(&e));
+    let ctx = crate::tables::catalog::sorting_session(storage, SORT_MEMORY)
         .map_err(|e| ImportError::Write(e.to_string()))?;
-    let urls: Vec<String> = small.iter().map(|path| storage.url_of_object(path)).collect();
-    let frame = ctx
-        .read_parquet(urls, ParquetReadOptions::default())
-        .await
-        .map_err(|e| ImportError::Write(crate::message(&e)))?;
+    let urls: Vec<String> = files.iter().map(|path| storage.url_of_object(path)).collect();
+    let mut frame = ctx.read_parquet(urls, ParquetReadOptions::default()).await.map_err(failed)?;
+    let name = match layout::tag(columns) {
+        Some(tag) => {
+            let keys = columns.iter().map(|c| ident(c).sort(true, false)).collect();
+            frame = frame.sort(keys).map_err(failed)?;
+            layout::clustered_prefix(COMPACTED, &tag)
+        }
+        None => COMPACTED.to_owned(),
+    };
     let schema = Arc::new(frame.schema().as_arrow().clone());
-    let mut stream = frame.execute_stream().await.map_err(|e| ImportError::Write(crate::message(&e)))?;
+    let sorting = layout::sorting_columns(&schema, columns).filter(|sorting| !sorting.is_empty());
+    let mut stream = frame.execute_stream().await.map_err(failed)?;
     let mut merged = Merged { files: Vec::new(), rows: 0 };
     let mut writer: Option<(ObjectPath, TableWriter)> = None;
     while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(|e| ImportError::Write(crate::message(&e)))?;
+        let batch = batch.map_err(failed)?;
         let (_, open) = match writer.as_mut() {
             Some(open) => open,
             None => {
-                let path = target.clone().join(format!("{COMPACTED}{}.parquet", Uuid::new_v4()));
-                let opened = TableWriter::create(storage, path.clone(), Arc::clone(&schema))?;
+                let path = target.clone().join(format!("{name}{}.parquet", Uuid::new_v4()));
+                let opened =
+                    TableWriter::create_sorted(storage, path.clone(), Arc::clone(&schema), sorting.clone())?;
                 writer.insert((path, opened))
             }
         };
@@ -231,4 +286,9 @@ pub(crate) fn compacted_at(snapshot: &Snapshot) -> Option<Timestamp> {
     let merged =
         snapshot.files.iter().filter(|f| f.location.filename().is_some_and(|n| n.starts_with(COMPACTED)));
     merged.map(|f: &DataFile| f.modified_ms).max().map(instant_ms)
+}
+
+/// How the table's files are laid out, for its record.
+pub(crate) fn layout_of(snapshot: &Snapshot) -> domain::TableLayout {
+    layout::of(snapshot, COMPACTED)
 }

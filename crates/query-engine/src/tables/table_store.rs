@@ -175,6 +175,7 @@ async fn describe(
         bytes: Some(snapshot.bytes()),
         files: Some(snapshot.files.len() as u64),
         last_compacted_at: crate::tables::compaction::compacted_at(snapshot),
+        layout: crate::tables::compaction::layout_of(snapshot),
         source: TableSource::Upload,
         created_at,
         updated_at,
@@ -232,6 +233,7 @@ async fn describe_external(
         bytes: None,
         files: None,
         last_compacted_at: None,
+        layout: domain::TableLayout::default(),
         source: TableSource::External(source.clone()),
         created_at,
         // A file system's times are coarser than the clock's: never before the table was created.
@@ -647,8 +649,11 @@ impl TableStore for DataFusionEngine {
             }
         };
         let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        if upload.mode == WriteMode::Append {
+        // A table appended to, or written with full files, has files its next compaction may merge or sort.
+        if upload.mode == WriteMode::Append || rows >= crate::tables::compaction::FULL_FILE_ROWS {
             self.appended.mark(project, name.as_str());
+        }
+        if upload.mode == WriteMode::Append {
             // A stream of appends would be a stream of lines: they are counted by the request metrics instead.
             tracing::debug!(rows, bytes, took_ms, "rows appended to a table");
         } else {
@@ -668,6 +673,7 @@ impl TableStore for DataFusionEngine {
         project: ProjectId,
         name: &TableName,
         keep: Vec<uuid::Uuid>,
+        cluster_by: Vec<String>,
     ) -> Result<Option<Compaction>, EngineError> {
         // Taken first: an append from now on makes the table a candidate again.
         self.appended.take(project, name.as_str());
@@ -678,14 +684,16 @@ impl TableStore for DataFusionEngine {
         let compacted = self
             .runtime
             .run(async move {
-                crate::tables::compaction::compact(&storage, &rows, lock, (project, &table), &keep, sweep)
+                let plan = (&keep, cluster_by.as_slice());
+                crate::tables::compaction::compact(&storage, &rows, lock, (project, &table), plan, sweep)
                     .await
             })
             .await;
-        if compacted.is_err() {
+        // A table that failed, or has more files to sort than one compaction takes, is a candidate again.
+        if compacted.as_ref().map_or(true, |compacted| compacted.more) {
             self.appended.mark(project, name.as_str());
         }
-        compacted
+        compacted.map(|compacted| compacted.done)
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name))]
