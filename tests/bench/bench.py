@@ -585,10 +585,10 @@ def data_in_and_out(args, main_app, root, table_dir):
     """Scenario 8: upload throughput and exports, each against DuckDB doing the same work on the same files."""
     if not args.duckdb_python:
         return None
-    parquet = os.path.join(table_dir, "*.parquet")
+    parquet = table_glob(main_app.data_dir, "events")
     csv_path = os.path.join(root, "events.csv")
     subprocess.run([args.duckdb_python, "-c",
-                    f"import duckdb; duckdb.sql(\"COPY (SELECT * FROM read_parquet('{parquet}')) TO '{csv_path}' "
+                    f"import duckdb; duckdb.sql(\"COPY (SELECT * FROM read_parquet({parquet})) TO '{csv_path}' "
                     f"(FORMAT csv, HEADER true)\")"], check=True)
     csv_bytes = os.path.getsize(csv_path)
     figures = {"csv_bytes": csv_bytes}
@@ -1475,14 +1475,15 @@ SHAPES = [
 # Runs of each shape per batch, and batches (ours and DuckDB's alternate, so a slow spell lands on both).
 SHAPE_ROUNDS, SHAPE_BATCHES = 5, 2
 
-# DuckDB's side of scenario 13, in its own process: argv = events glob, countries glob, rounds, then the shapes'
+# DuckDB's side of scenario 13, in its own process: argv = events files, countries files (DuckDB lists), rounds,
+# then the shapes'
 # SQL as JSON; prints each shape's median ms and rows. One connection, each shape's first run left out.
 DUCKDB_SHAPES = """
 import duckdb, json, statistics, sys, time
 events, countries, rounds, shapes = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 con = duckdb.connect()
-con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{events}')")
-con.execute(f"CREATE VIEW countries AS SELECT * FROM read_parquet('{countries}')")
+con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet({events})")
+con.execute(f"CREATE VIEW countries AS SELECT * FROM read_parquet({countries})")
 out = {}
 for name, sql in shapes.items():
     rows = con.sql(sql).fetchall()
@@ -1510,9 +1511,41 @@ def shape_path(name, variables, **extra):
     return f"/api/projects/1/endpoints/{name}/run?{query}"
 
 
+def table_files(data_dir, table):
+    """The Parquet files of a table's newest version, as its Delta log names them (its directory also holds files
+    of earlier versions once a compaction sorted or merged them, until the vacuum)."""
+    root = events_dir(data_dir, table)
+    log_dir = os.path.join(root, "_delta_log")
+    files = set()
+    for name in sorted(n for n in os.listdir(log_dir) if re.fullmatch(r"\d{20}\.json", n)):
+        with open(os.path.join(log_dir, name)) as commit:
+            for line in commit:
+                action = json.loads(line)
+                if "add" in action:
+                    files.add(urllib.parse.unquote(action["add"]["path"]))
+                elif "remove" in action:
+                    files.discard(urllib.parse.unquote(action["remove"]["path"]))
+    return sorted(os.path.join(root, f) for f in files)
+
+
 def table_glob(data_dir, table):
-    """The Parquet files of a table that was written at once (appends and compactions add files elsewhere)."""
-    return os.path.join(events_dir(data_dir, table), "*.parquet")
+    """The table's newest files as a DuckDB list literal, for `read_parquet`."""
+    return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in table_files(data_dir, table)) + "]"
+
+
+def laid_out(app, table):
+    """Waits until the table's files all follow the layout compaction chose for its endpoints (the shapes'
+    filters sort it), so that runs are measured on the layout users get, not while it is being written."""
+    for _ in range(1200):
+        record = json.loads(app.request("GET", f"/api/projects/1/tables/{table}"))
+        layout = record.get("layout")
+        if layout is None:
+            return  # a build before layouts (`--only compare`'s previous one)
+        if layout["cluster_by"] and layout["files_clustered"] == record["files"]:
+            log(f"{table} sorted by {', '.join(layout['cluster_by'])} in {record['files']} files")
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{table} was not laid out: {record}")
 
 
 def prepare_shapes(app, root):
@@ -1527,6 +1560,7 @@ def prepare_shapes(app, root):
         app.request("POST", "/api/projects/1/endpoints/", {
             "name": name, "cache_age_seconds": 0,
             "query": {"kind": "SQLQuery", "query": sql, "variables": declared}})
+    laid_out(app, "events")
 
 
 def run_shapes(args, app):

@@ -369,7 +369,11 @@ async fn file_rows(
     let mut all = Vec::new();
     for name in files_of(engine).await {
         let file = std::fs::File::open(table_dir(dir).join(&name)).unwrap();
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        let options = datafusion::parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+            .with_page_index_policy(datafusion::parquet::file::metadata::PageIndexPolicy::Required);
+        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(file, options).unwrap();
+        // Page statistics and indexes, which let a run skip pages within a row group.
+        assert!(builder.metadata().column_index().is_some() && builder.metadata().offset_index().is_some());
         let sorting = builder.metadata().row_groups()[0].sorting_columns().cloned().unwrap_or_default();
         let mut rows = Vec::new();
         for batch in builder.build().unwrap() {
@@ -400,6 +404,12 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
     let before = scores(&engine).await;
     let record = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!(record.layout, domain::TableLayout::default(), "no layout until one is chosen");
+    let top = domain::Query::try_from(
+        &json!({"kind": "SQLQuery", "query": "SELECT id, score FROM events ORDER BY score LIMIT 5"}),
+    )
+    .unwrap();
+    let plan = crate::tests::physical_plan(&engine, &top, &BTreeMap::new()).await;
+    assert!(plan.contains("SortExec") && !plan.contains("output_ordering"), "unsorted: {plan}");
     let layout = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<String>>();
 
     // A layout sorts the full file written unsorted; a column the table lacks is left out.
@@ -418,6 +428,13 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
         assert!(name.starts_with(&format!("compacted-{tag}-")), "{name}");
     }
     assert_eq!(scores(&engine).await, before, "the same rows");
+    // The files state their order, so a run reading the table in it stops early instead of sorting it.
+    let top = domain::Query::try_from(
+        &json!({"kind": "SQLQuery", "query": "SELECT id, score FROM events ORDER BY score LIMIT 5"}),
+    )
+    .unwrap();
+    let plan = crate::tests::physical_plan(&engine, &top, &BTreeMap::new()).await;
+    assert!(plan.contains("output_ordering=[score@") && !plan.contains("SortExec"), "{plan}");
     let record = engine.get(project(), &events()).await.unwrap().unwrap();
     let files_clustered = files.len() as u64;
     assert_eq!(record.layout, domain::TableLayout { cluster_by: layout(&["score"]), files_clustered });

@@ -301,7 +301,7 @@ async fn a_list_variable_runs_as_an_in_list_of_its_values() {
 
 /// The physical plan `query` runs as with `variables` bound, as text (a test of what a run does, not of its
 /// answer).
-async fn physical_plan(
+pub(crate) async fn physical_plan(
     engine: &DataFusionEngine,
     query: &Query,
     variables: &std::collections::BTreeMap<String, domain::BoundValue>,
