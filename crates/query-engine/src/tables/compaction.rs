@@ -203,7 +203,12 @@ struct Merged {
 const SORT_MEMORY: usize = 256 << 20;
 
 /// Reads `files` and writes their rows under `target` in files of up to [`MERGED_FILE_ROWS`] rows: sorted by
-/// `columns` when there are any (the files named with their tag and stating the order), else as read.
+/// `columns` when there are any (the files named with their tag), else as read.
+///
+/// The files do not state their order (Parquet's `sorting_columns`): DataFusion would take it as each file's
+/// order and plan aggregations by those columns to keep it through their repartitions (`preserve_order`),
+/// which cost a `count(DISTINCT)` grouped by the first column 1.37x in scenario 13. The gain is the
+/// statistics' pruning, which needs no declared order.
 async fn merge(
     storage: &Storage,
     files: &[ObjectPath],
@@ -224,7 +229,6 @@ async fn merge(
         None => COMPACTED.to_owned(),
     };
     let schema = Arc::new(frame.schema().as_arrow().clone());
-    let sorting = layout::sorting_columns(&schema, columns).filter(|sorting| !sorting.is_empty());
     let mut stream = frame.execute_stream().await.map_err(failed)?;
     let mut merged = Merged { files: Vec::new(), rows: 0 };
     let mut writer: Option<(ObjectPath, TableWriter)> = None;
@@ -234,8 +238,7 @@ async fn merge(
             Some(open) => open,
             None => {
                 let path = target.clone().join(format!("{name}{}.parquet", Uuid::new_v4()));
-                let opened =
-                    TableWriter::create_sorted(storage, path.clone(), Arc::clone(&schema), sorting.clone())?;
+                let opened = TableWriter::create(storage, path.clone(), Arc::clone(&schema))?;
                 writer.insert((path, opened))
             }
         };

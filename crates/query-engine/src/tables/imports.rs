@@ -15,7 +15,6 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::Compression;
 use datafusion::parquet::file::metadata::KeyValue;
-use datafusion::parquet::file::metadata::SortingColumn;
 use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 use domain::{ProjectId, TableFormat};
@@ -262,21 +261,10 @@ impl TableWriter {
         path: ObjectPath,
         schema: SchemaRef,
     ) -> Result<Self, ImportError> {
-        Self::create_sorted(storage, path, schema, None)
-    }
-
-    /// A writer of a file whose rows are written in the order `sorting` states (each row group says so).
-    pub(crate) fn create_sorted(
-        storage: &Storage,
-        path: ObjectPath,
-        schema: SchemaRef,
-        sorting: Option<Vec<SortingColumn>>,
-    ) -> Result<Self, ImportError> {
         let schema = plain(&schema);
         let props = WriterProperties::builder()
             .set_compression(Compression::UNCOMPRESSED)
             .set_max_row_group_row_count(Some(TABLE_ROW_GROUP))
-            .set_sorting_columns(sorting)
             .build();
         let sink = BufWriter::new(Arc::clone(storage.store()), path);
         let writer = AsyncArrowWriter::try_new(sink, Arc::clone(&schema), Some(props))

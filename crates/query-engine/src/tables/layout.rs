@@ -1,11 +1,8 @@
 //! Where a table's layout is kept: the columns its compacted files are sorted by are a property of the table's
 //! Delta metadata (`tables_delta::LAYOUT`, a JSON array), and each file compaction sorted so is named with a tag
 //! of those columns (`compacted-<tag>-<uuid>.parquet`), so that the files that follow the layout are known from
-//! the log alone. The files themselves say their order in their row groups' `sorting_columns`, which DataFusion
-//! reads as each file's order.
+//! the log alone.
 
-use datafusion::arrow::datatypes::Schema;
-use datafusion::parquet::file::metadata::SortingColumn;
 use domain::TableLayout;
 use sha2::{Digest, Sha256};
 use tables_delta::{DataFile, Snapshot};
@@ -45,19 +42,6 @@ pub(crate) fn of(snapshot: &Snapshot, compacted: &str) -> TableLayout {
         snapshot.files.iter().filter(|file| is_clustered(file, compacted, &tag)).count() as u64
     });
     TableLayout { cluster_by, files_clustered }
-}
-
-/// The row groups' `sorting_columns` of a file of `schema` sorted by `columns` (ascending, nulls last, as the
-/// compaction's sort); `None` when one is not a column of the file.
-pub(crate) fn sorting_columns(schema: &Schema, columns: &[String]) -> Option<Vec<SortingColumn>> {
-    columns
-        .iter()
-        .map(|name| {
-            let (index, _) = schema.column_with_name(name)?;
-            let column_idx = i32::try_from(index).ok()?;
-            Some(SortingColumn { column_idx, descending: false, nulls_first: false })
-        })
-        .collect()
 }
 
 #[cfg(test)]
