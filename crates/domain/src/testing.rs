@@ -11,7 +11,8 @@ use crate::access::{hash_secret, ApiKey, Principal, ProjectId, Scope};
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{CacheAge, Endpoint, EndpointName, EndpointVersion, Freshness, Hibernation};
 use crate::materialization::Eligibility;
-use crate::query::Query;
+use crate::query::{ColumnType, Query};
+use crate::tables::{TableColumn, TableInfo, TableLayout, TableName, TableSource};
 
 /// The instant fixtures are made at, and a manual clock's usual start.
 pub const T0: Timestamp = datetime!(2026-11-22 10:00 UTC);
@@ -106,4 +107,27 @@ pub fn endpoint(name: &str, query: Query) -> Endpoint {
 /// The endpoint's current version, as the store holds it.
 pub fn current_version(endpoint: &Endpoint) -> EndpointVersion {
     EndpointVersion::current_of(endpoint)
+}
+
+/// An uploaded table `name` of nullable `columns`, with 3 rows in one file, made at [`T0`].
+pub fn table_info(name: &str, columns: &[(&str, ColumnType)]) -> TableInfo {
+    TableInfo {
+        name: TableName::parse(name).expect("a valid table name"),
+        columns: columns
+            .iter()
+            .map(|(name, column_type)| TableColumn {
+                name: (*name).into(),
+                column_type: *column_type,
+                nullable: true,
+            })
+            .collect(),
+        row_count: Some(3),
+        bytes: Some(100),
+        files: Some(1),
+        last_compacted_at: None,
+        layout: TableLayout::default(),
+        source: TableSource::Upload,
+        created_at: T0,
+        updated_at: T0,
+    }
 }

@@ -240,11 +240,8 @@ mod tests {
     use crate::query::{
         ColumnType, CompareOp, MockQueryEngine, QueryDescription, VariablePredicate, VariableType,
     };
-    use crate::tables::{
-        MockAppendKeys, MockTableAnnouncer, MockTableLeases, MockTableStore, TableColumn, TableInfo,
-        TableLayout, TableSource,
-    };
-    use crate::testing::{endpoint, project, query, ManualClock, T0};
+    use crate::tables::{MockAppendKeys, MockTableAnnouncer, MockTableLeases, MockTableStore, TableInfo};
+    use crate::testing::{endpoint, project, query, table_info, ManualClock, T0};
     use crate::TableReader;
 
     /// A service whose compactions announce nothing (`announcer` expects nothing).
@@ -295,19 +292,7 @@ mod tests {
 
     /// `events` with columns `user_id` and `ts`.
     fn info() -> TableInfo {
-        let column = |name: &str, column_type| TableColumn { name: name.into(), column_type, nullable: true };
-        TableInfo {
-            name: events(),
-            columns: vec![column("user_id", ColumnType::String), column("ts", ColumnType::Datetime)],
-            row_count: Some(3),
-            bytes: Some(100),
-            files: Some(1),
-            last_compacted_at: None,
-            layout: TableLayout::default(),
-            source: TableSource::Upload,
-            created_at: T0,
-            updated_at: T0,
-        }
+        table_info("events", &[("user_id", ColumnType::String), ("ts", ColumnType::Datetime)])
     }
 
     fn events() -> TableName {

@@ -4,8 +4,7 @@ use futures_util::stream;
 use mockall::predicate::{always, eq};
 use serde_json::json;
 
-use super::super::layout::TableLayout;
-use super::super::model::{ExternalSource, TableColumn, TableFormat, TableSource, WriteMode};
+use super::super::model::{ExternalSource, TableFormat, TableSource, WriteMode};
 use super::super::ports::{MockAppendKeys, MockTableAnnouncer, MockTableStore};
 use super::*;
 use crate::endpoints::{Endpoint, MockEndpointChanges, MockEndpointStore, TableReader};
@@ -49,18 +48,7 @@ impl TableService {
 }
 
 fn info(name: &str) -> TableInfo {
-    TableInfo {
-        name: TableName::parse(name).unwrap(),
-        columns: vec![TableColumn { name: "n".into(), column_type: ColumnType::Integer, nullable: true }],
-        row_count: Some(3),
-        bytes: Some(100),
-        files: Some(1),
-        last_compacted_at: None,
-        layout: TableLayout::default(),
-        source: TableSource::Upload,
-        created_at: T0,
-        updated_at: T0,
-    }
+    crate::testing::table_info(name, &[("n", ColumnType::Integer)])
 }
 
 /// `readers()`, read one by one, telling other processes of changes.
