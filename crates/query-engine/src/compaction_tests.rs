@@ -472,4 +472,11 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
     let record = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!(record.layout, domain::TableLayout::default());
     assert_eq!(files_of(&engine).await, now);
+
+    // A table too small to have a full file records no layout: nothing is sorted, and no commit is made.
+    engine.write(project(), &events(), upload(WriteMode::Replace, scored(0, 5))).await.unwrap();
+    assert!(engine.compact(project(), &events(), Vec::new(), layout(&["score"])).await.unwrap().is_none());
+    assert_eq!(operations(&engine).await[0], "WRITE");
+    let record = engine.get(project(), &events()).await.unwrap().unwrap();
+    assert_eq!(record.layout, domain::TableLayout::default());
 }

@@ -93,7 +93,7 @@ const RESORT_ROWS: u64 = 2 * MERGED_FILE_ROWS;
 /// Compacts a table: merges its small files once there are [`MIN_SMALL_FILES`] of them, and with `cluster_by`
 /// (the columns its endpoints filter on) writes the merged rows sorted by those columns and re-sorts its full
 /// files that are not (up to [`RESORT_ROWS`] rows; `more` says when others are left). The table's layout
-/// property follows `cluster_by` first. `done` is `None` when there was nothing to merge, or a replace took
+/// property records `cluster_by` before files are sorted by it, and is removed when `cluster_by` is empty. `done` is `None` when there was nothing to merge, or a replace took
 /// the files meanwhile. The caller holds the table's lease; with `sweep`, files no version within the table
 /// retention reads are removed first (a vacuum).
 ///
@@ -119,9 +119,11 @@ pub(crate) async fn compact(
     // Only columns the table has: a replace may have dropped one since the endpoints were planned.
     let columns: Vec<String> =
         cluster_by.iter().filter(|c| snapshot.schema.column_with_name(c).is_some()).cloned().collect();
-    if layout::recorded(&snapshot) != columns {
-        storage.tables().set_layout(&prefix, layout::property(&columns)).await.map_err(table_error)?;
-        tracing::info!(%project, table, ?columns, "the table's layout follows its endpoints' filters");
+    let recorded = layout::recorded(&snapshot);
+    if columns.is_empty() && !recorded.is_empty() {
+        // No endpoint filters the table any more: its files stay as they are, sorted by nothing it records.
+        storage.tables().set_layout(&prefix, None).await.map_err(table_error)?;
+        tracing::info!(%project, table, "the table's layout follows no filter any more");
         let Some(Current::Files(now)) = current(storage, &prefix).await? else { return Ok(nothing) };
         snapshot = now;
     }
@@ -153,6 +155,11 @@ pub(crate) async fn compact(
     }
     if small.len() < MIN_SMALL_FILES && unsorted.is_empty() {
         return Ok(nothing);
+    }
+    // Recorded once files are about to be sorted by them (a table too small to have any keeps no commit).
+    if !columns.is_empty() && recorded != columns {
+        storage.tables().set_layout(&prefix, layout::property(&columns)).await.map_err(table_error)?;
+        tracing::info!(%project, table, ?columns, "the table's layout follows its endpoints' filters");
     }
     let merging: Vec<DataFile> = small.into_iter().chain(unsorted).collect();
     let locations: Vec<ObjectPath> = merging.iter().map(|f| f.location.clone()).collect();
