@@ -1085,12 +1085,18 @@ async fn laid_out(app: &TestApp, path: &str, key: &str, columns: &[&str]) -> Val
 }
 
 /// A table's files are sorted by the column its endpoints filter on with a variable, chosen again when an
-/// endpoint's new version filters another, and runs answer the same.
+/// endpoint's new version filters another (once the table has kept its first order for `LAYOUT_RECHECK`), and
+/// runs answer the same.
 #[tokio::test]
 async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
-    let app =
-        spawn_app_tuned(|config| config.compaction_interval = Some(std::time::Duration::from_millis(200)))
-            .await;
+    use domain::Clock as _;
+    // The service tells the time by a clock this test moves.
+    let clock = std::sync::Arc::new(domain::testing::ManualClock::new(domain::SystemClock.now()));
+    let app = spawn_app_tuned(|config| {
+        config.compaction_interval = Some(std::time::Duration::from_millis(200));
+        config.clock = server::ServiceClock(clock.clone());
+    })
+    .await;
     let (project, key) = project_with_writer(&app);
     let table = format!("/api/projects/{project}/tables/events");
     // More rows than a full file holds, written in arrival order: accounts out of order.
@@ -1123,7 +1129,7 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
     assert_eq!(run("a7").await["results"][0], expected);
 
     // The endpoint's next version also filters a range of `n`: the files are sorted by both (the equality
-    // first) at the next compaction.
+    // first) at the first compaction once they have been sorted by `account` for `LAYOUT_RECHECK`.
     let by_range = json!({"query": {"kind": "SQLQuery",
         "query": "SELECT count(*) AS rows, sum(n) AS total FROM events \
                   WHERE n >= {variables.from} AND account = {variables.account}",
@@ -1131,6 +1137,7 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
                       "from": {"type": "Integer", "default": 0}}}});
     let updated = app.patch(&format!("/api/projects/{project}/endpoints/by_account"), &key, &by_range).await;
     assert_eq!(updated.status(), 200);
+    clock.advance(domain::LAYOUT_RECHECK);
     laid_out(&app, &table, &key, &["account", "n"]).await;
     assert_eq!(run("a7").await["results"][0], expected);
 }

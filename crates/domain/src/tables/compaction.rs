@@ -32,16 +32,61 @@ pub enum CompactionOutcome {
     Failed(Error),
 }
 
-/// How long the columns chosen for a table's layout are reused before its endpoints are planned again: an
-/// endpoint saved with another filter changes the layout at the first compaction after this.
+/// How long the columns chosen for a table's layout are reused before its endpoints are planned again, and the
+/// least time between two sorts of a table by different columns: an endpoint saved with another filter changes
+/// the layout at the next compaction, unless the table was sorted by other columns less than this ago (then at
+/// the first compaction after it). A table's files are rewritten for a new layout at most once in this time, so
+/// endpoints saved in a loop cannot keep its compaction re-sorting it.
 pub const LAYOUT_RECHECK: Duration = Duration::from_secs(300);
 
 /// The most endpoints reading a table that are planned to choose its layout (the first by name): the choice
 /// follows the bulk of them, and the cost of choosing stays bounded with thousands.
 pub const LAYOUT_READERS: usize = 100;
 
-/// The columns a table's layout was chosen to be, and when.
-type Chosen = (Timestamp, Vec<String>);
+/// The columns a table's layout was chosen to be, and what bounds the next choice.
+#[derive(Debug, Clone)]
+struct Chosen {
+    /// The columns compactions are given.
+    columns: Vec<String>,
+    /// When they were chosen: they are reused until [`LAYOUT_RECHECK`] after.
+    at: Timestamp,
+    /// The last columns the table was sorted by (not empty), and since when.
+    sorted: Option<(Vec<String>, Timestamp)>,
+    /// Set when other columns were wanted while the table was sorted by `sorted` less than [`LAYOUT_RECHECK`]
+    /// ago: when the table is a candidate again and its layout is chosen again.
+    held_until: Option<Timestamp>,
+    /// The table's readers changed since: chosen again at its next compaction.
+    stale: bool,
+}
+
+impl Chosen {
+    /// The columns to give compactions when `wanted` are wanted at `now`, after the table was last `sorted`
+    /// (columns and since when). No columns is always taken (nothing is rewritten for it); other columns than
+    /// the table was last sorted by only once [`LAYOUT_RECHECK`] has passed since.
+    fn wanted(wanted: Vec<String>, sorted: Option<(Vec<String>, Timestamp)>, now: Timestamp) -> Self {
+        let chosen = |columns, sorted, held_until| Self { columns, at: now, sorted, held_until, stale: false };
+        match sorted {
+            _ if wanted.is_empty() => chosen(wanted, sorted, None),
+            Some((columns, since)) if columns != wanted && now < since + LAYOUT_RECHECK => {
+                chosen(columns.clone(), Some((columns, since)), Some(since + LAYOUT_RECHECK))
+            }
+            Some((columns, since)) if columns == wanted => chosen(wanted, Some((columns, since)), None),
+            _ => chosen(wanted.clone(), Some((wanted, now)), None),
+        }
+    }
+
+    /// Whether the columns are still to be given without choosing again.
+    fn fresh(&self, now: Timestamp) -> bool {
+        !self.stale && now < self.at + LAYOUT_RECHECK && self.held_until.is_none_or(|due| now < due)
+    }
+
+    /// Whether it still says something a later choice needs.
+    fn needed(&self, now: Timestamp) -> bool {
+        self.fresh(now)
+            || self.held_until.is_some()
+            || self.sorted.as_ref().is_some_and(|(_, since)| now < *since + LAYOUT_RECHECK)
+    }
+}
 
 /// Compacts the tables this process appended to, and forgets expired append keys.
 pub struct TableMaintenance {
@@ -56,7 +101,7 @@ pub struct TableMaintenance {
     lease: Duration,
     /// This process, as the holder of the leases it takes.
     holder: Uuid,
-    /// The columns each table's layout was chosen to be, and when.
+    /// The columns each table's layout was chosen to be.
     layouts: Mutex<HashMap<(ProjectId, TableName), Chosen>>,
     /// Tables whose readers changed since this process last compacted them: candidates, their layout chosen
     /// again.
@@ -97,10 +142,15 @@ impl TableMaintenance {
         }
     }
 
-    /// The tables appended to since this process last compacted them, and those whose readers changed.
+    /// The tables appended to since this process last compacted them, those whose readers changed, and those
+    /// whose new layout was held back and is due.
     pub fn candidates(&self) -> Vec<(ProjectId, TableName)> {
+        let now = self.clock.now();
         let mut all: BTreeSet<_> = self.tables.appended().into_iter().collect();
         all.extend(self.reread.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned());
+        let layouts = self.layouts.lock().unwrap_or_else(PoisonError::into_inner);
+        let due = layouts.iter().filter(|(_, chosen)| chosen.held_until.is_some_and(|due| due <= now));
+        all.extend(due.map(|(table, _)| table.clone()));
         all.into_iter().collect()
     }
 
@@ -145,35 +195,40 @@ impl TableMaintenance {
     }
 
     /// The columns the table is to be sorted by: chosen within [`LAYOUT_RECHECK`] and kept, else chosen again
-    /// from the outlines of the endpoints that read it.
+    /// from the outlines of the endpoints that read it (as [`Chosen::wanted`] bounds). When the project is too
+    /// busy to plan them, the columns its files were last laid out by are kept.
     async fn layout(&self, project: ProjectId, table: &TableName) -> Result<Vec<String>, Error> {
         let now = self.clock.now();
         let key = (project, table.clone());
-        {
-            let layouts = self.layouts.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some((at, columns)) = layouts.get(&key) {
-                if now < *at + LAYOUT_RECHECK {
-                    return Ok(columns.clone());
-                }
-            }
+        let kept = self.layouts.lock().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
+        if let Some(kept) = kept.as_ref().filter(|kept| kept.fresh(now)) {
+            return Ok(kept.columns.clone());
         }
         let Some(info) = self.tables.get(project, table).await? else { return Ok(Vec::new()) };
-        let outlines = self.reader_outlines(project, table).await?;
-        let columns = cluster_columns(&info.columns, &outlines);
+        let wanted = match self.reader_outlines(project, table).await? {
+            Some(outlines) => cluster_columns(&info.columns, &outlines),
+            None => info.layout.cluster_by,
+        };
+        let chosen = Chosen::wanted(wanted, kept.and_then(|kept| kept.sorted), now);
+        if chosen.held_until.is_some() {
+            debug!(%project, %table, columns = ?chosen.columns, "a table's new layout waits for its recheck");
+        }
+        let columns = chosen.columns.clone();
         let mut layouts = self.layouts.lock().unwrap_or_else(PoisonError::into_inner);
-        layouts.retain(|_, (at, _)| now < *at + LAYOUT_RECHECK);
-        layouts.insert(key, (now, columns.clone()));
+        layouts.retain(|_, chosen| chosen.needed(now));
+        layouts.insert(key, chosen);
         Ok(columns)
     }
 
     /// The plan outlines of the endpoints whose current version reads the table (at most [`LAYOUT_READERS`]),
-    /// each planned as the service plans its own work, waiting for the project's busy slots. An endpoint
-    /// deleted meanwhile, or whose query no longer plans, filters nothing.
+    /// each planned as the service plans its own work, waiting for the project's busy slots; `None` when the
+    /// project is too busy for them. An endpoint deleted meanwhile, or whose query no longer plans, filters
+    /// nothing.
     async fn reader_outlines(
         &self,
         project: ProjectId,
         table: &TableName,
-    ) -> Result<Vec<QueryOutline>, Error> {
+    ) -> Result<Option<Vec<QueryOutline>>, Error> {
         let names = [table.as_str().to_owned()];
         let mut readers = self.endpoints.readers(project, &names).await?;
         readers.retain(|reader| reader.may_read(&names));
@@ -190,10 +245,14 @@ impl TableMaintenance {
                     outlines.push(described.outline);
                 }
                 Ok(_) | Err(EngineError::InvalidQuery(_)) => {}
+                Err(EngineError::Busy { .. } | EngineError::Timeout(_)) => {
+                    debug!(%project, %table, "the project is too busy to plan its endpoints; its layout is kept");
+                    return Ok(None);
+                }
                 Err(err) => return Err(err.into()),
             }
         }
-        Ok(outlines)
+        Ok(Some(outlines))
     }
 
     /// How long a lease lasts: a compaction running longer renews it ([`TableMaintenance::renew`]) every third.
@@ -226,7 +285,9 @@ impl TableReadersChanged for TableMaintenance {
         let mut layouts = self.layouts.lock().unwrap_or_else(PoisonError::into_inner);
         let mut reread = self.reread.lock().unwrap_or_else(PoisonError::into_inner);
         for table in tables {
-            layouts.remove(&(project, table.clone()));
+            if let Some(chosen) = layouts.get_mut(&(project, table.clone())) {
+                chosen.stale = true;
+            }
             reread.insert((project, table));
         }
     }
@@ -522,6 +583,119 @@ mod tests {
         let service =
             with_readers(tables, leases, MockTableAnnouncer::new(), (endpoints, engine), Arc::default());
         assert!(matches!(service.compact(project(1), &events()).await, CompactionOutcome::NothingToDo));
+    }
+
+    /// The columns each compaction of `service` is given, recorded by its store.
+    fn recording_compactions(
+        mut tables: MockTableStore,
+    ) -> (MockTableStore, Arc<Mutex<Vec<Vec<String>>>>) {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&asked);
+        tables.expect_compact().returning(move |_, _, _, cluster_by| {
+            seen.lock().unwrap().push(cluster_by);
+            Ok(None)
+        });
+        (tables, asked)
+    }
+
+    fn free_leases() -> MockTableLeases {
+        let mut leases = MockTableLeases::new();
+        leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
+        leases.expect_release().returning(|_, _, _| Ok(()));
+        leases
+    }
+
+    /// Endpoints saved in a loop, each filtering another column, cannot keep a table's compaction re-sorting its
+    /// files: once sorted, the table is sorted by other columns only [`LAYOUT_RECHECK`] later, when it is a
+    /// candidate again by itself. Dropping the layout, or coming back to the columns it is sorted by, rewrites
+    /// nothing and is taken at once.
+    #[tokio::test]
+    async fn a_table_is_sorted_by_other_columns_at_most_once_per_recheck() {
+        let filtered = Arc::new(Mutex::new(Some("user_id")));
+        let current = Arc::clone(&filtered);
+        let (endpoints, engine, _) = readers(&["reader"], move |_| {
+            current.lock().unwrap().map(|column| vec![(column, CompareOp::Eq)]).unwrap_or_default()
+        });
+        let mut tables = MockTableStore::new();
+        tables.expect_appended().returning(Vec::new);
+        tables.expect_get().returning(|_, _| Ok(Some(info())));
+        let (tables, asked) = recording_compactions(tables);
+        let clock = Arc::new(ManualClock::new(T0));
+        let service = with_readers(
+            tables,
+            free_leases(),
+            MockTableAnnouncer::new(),
+            (endpoints, engine),
+            Arc::clone(&clock),
+        );
+        let save = |column| {
+            *filtered.lock().unwrap() = column;
+            service.readers_changed(project(1), &["events".to_owned()]);
+        };
+        let last = || asked.lock().unwrap().last().cloned().unwrap();
+        service.compact(project(1), &events()).await;
+        assert_eq!(last(), ["user_id"]);
+
+        clock.advance(Duration::from_secs(10));
+        save(Some("ts"));
+        service.compact(project(1), &events()).await;
+        assert_eq!(last(), ["user_id"], "held: sorted by user_id 10 s ago");
+        save(None);
+        service.compact(project(1), &events()).await;
+        assert!(last().is_empty(), "no columns rewrite nothing");
+        save(Some("user_id"));
+        service.compact(project(1), &events()).await;
+        assert_eq!(last(), ["user_id"], "the columns its files are sorted by");
+        save(Some("ts"));
+        service.compact(project(1), &events()).await;
+        assert_eq!(last(), ["user_id"]);
+
+        // The held choice is due when the recheck has passed since the table was sorted, not before.
+        clock.advance(LAYOUT_RECHECK - Duration::from_secs(11));
+        assert!(service.candidates().is_empty());
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(service.candidates(), vec![(project(1), events())]);
+        service.compact(project(1), &events()).await;
+        assert_eq!(last(), ["ts"]);
+        assert!(service.candidates().is_empty(), "taken by its compaction");
+        save(Some("user_id"));
+        service.compact(project(1), &events()).await;
+        assert_eq!(last(), ["ts"], "held again: sorted by ts just now");
+    }
+
+    /// A project too busy to plan its endpoints does not fail its tables' compactions: they keep the columns
+    /// their files were last laid out by.
+    #[tokio::test]
+    async fn a_busy_project_keeps_its_tables_recorded_layout() {
+        let mut endpoints = MockEndpointStore::new();
+        endpoints.expect_readers().returning(|_, _| {
+            Ok(vec![TableReader {
+                tables: Some(vec!["events".into()]),
+                ..TableReader::of(&endpoint(
+                    "reader",
+                    query(serde_json::json!({"kind": "SQLQuery", "query": "reader"})),
+                ))
+            }])
+        });
+        endpoints.expect_get().returning(|_, name| {
+            Ok(endpoint(name.as_str(), query(serde_json::json!({"kind": "SQLQuery", "query": "reader"}))))
+        });
+        let mut engine = MockQueryEngine::new();
+        engine
+            .expect_describe_queued()
+            .times(1)
+            .returning(|_, _| Err(EngineError::Busy { retry_after: Duration::from_secs(1) }));
+        let mut tables = MockTableStore::new();
+        tables.expect_get().returning(|_, _| {
+            let mut laid_out = info();
+            laid_out.layout.cluster_by = vec!["ts".into()];
+            Ok(Some(laid_out))
+        });
+        let (tables, asked) = recording_compactions(tables);
+        let service =
+            with_readers(tables, free_leases(), MockTableAnnouncer::new(), (endpoints, engine), Arc::default());
+        assert!(matches!(service.compact(project(1), &events()).await, CompactionOutcome::NothingToDo));
+        assert_eq!(*asked.lock().unwrap(), vec![vec!["ts".to_owned()]]);
     }
 
     /// An endpoint saved with a version reading the table makes it a candidate at once, its layout chosen

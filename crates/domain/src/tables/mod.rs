@@ -7,7 +7,7 @@ mod model;
 mod ports;
 mod service;
 
-pub use compaction::{CompactionOutcome, MaintenanceDeps, TableMaintenance};
+pub use compaction::{CompactionOutcome, MaintenanceDeps, TableMaintenance, LAYOUT_RECHECK};
 pub use idempotency::{
     AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, TaggedWrite, APPEND_IN_FLIGHT, IDEMPOTENCY_WINDOW,
 };
