@@ -8,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::stats::Precision;
 use datafusion::common::Statistics;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::listing::PartitionedFile;
@@ -30,20 +31,22 @@ pub(crate) struct SnapshotScan {
     fingerprint: Arc<SchemaFingerprint>,
     store: ObjectStoreUrl,
     files: Vec<ObjectMeta>,
+    /// Its rows in all, when the log says for every file.
+    rows: Option<u64>,
     format: Arc<dyn FileFormat>,
 }
 
 impl SnapshotScan {
-    /// `files` are paths in the object store `store` names, with the sizes and modification times of the log;
-    /// `format` reads them with the session's options.
+    /// `files` are paths in the object store `store` names, with the sizes and modification times of the log,
+    /// holding `rows` in all when the log says; `format` reads them with the session's options.
     pub(crate) fn new(
         schema: SchemaRef,
         store: ObjectStoreUrl,
-        files: Vec<ObjectMeta>,
+        (files, rows): (Vec<ObjectMeta>, Option<u64>),
         format: Arc<dyn FileFormat>,
     ) -> Self {
         let fingerprint = Arc::new(SchemaFingerprint::from_schema(&schema));
-        Self { schema, fingerprint, store, files, format }
+        Self { schema, fingerprint, store, files, rows, format }
     }
 
     /// `file` with its statistics: kept from an earlier scan of the same file and columns, else read from its
@@ -89,6 +92,14 @@ impl TableProvider for SnapshotScan {
 
     fn table_type(&self) -> TableType {
         TableType::Base
+    }
+
+    /// Its rows, as the log says: what plan rewrites weigh (the files' own statistics are the scan's).
+    fn statistics(&self) -> Option<Statistics> {
+        let rows = self.rows?;
+        let mut statistics = Statistics::new_unknown(&self.schema);
+        statistics.num_rows = Precision::Exact(usize::try_from(rows).ok()?);
+        Some(statistics)
     }
 
     /// Filters reach the Parquet reader (row groups, pages and rows) through the physical plan; the rows they

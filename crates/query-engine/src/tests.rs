@@ -544,6 +544,33 @@ async fn the_services_own_planning_waits_for_a_busy_projects_slot() {
     engine.describe(project(1), &q).await.unwrap();
 }
 
+/// A table of this storage says how many rows it holds, from its log: an aggregation over a join with one of
+/// at most `SMALL_TABLE_ROWS` is computed in two steps (see `rewrites::eager_aggregate`), with the same answer.
+#[tokio::test]
+async fn an_aggregation_over_a_join_with_a_small_table_aggregates_the_large_one_first() {
+    let (engine, dir) = engine_with_events().await;
+    let countries = crate::table_store_tests::upload(
+        domain::TableFormat::Csv,
+        domain::WriteMode::Replace,
+        b"code,region\nUS,Americas\nFR,Europe\nDE,Europe\n",
+    );
+    let name = domain::TableName::parse("countries").unwrap();
+    domain::TableStore::write(&engine, project(1), &name, countries).await.unwrap();
+    let q = query(
+        "SELECT c.region, count(*) AS n, sum(e.revenue) AS total FROM events e JOIN countries c \
+         ON e.country = c.code GROUP BY c.region ORDER BY c.region",
+        json!({}),
+    );
+    let answer = engine.execute(project(1), &q, &bound(&[]), 10, 0).await.unwrap().rows_json;
+    assert_eq!(answer, r#"[{"region":"Americas","n":1,"total":10},{"region":"Europe","n":1,"total":20}]"#);
+    if !on_ballista() {
+        let plan = physical_plan(&engine, &q, &bound(&[])).await;
+        let partial = plan.find("as __eager_partial_0").unwrap_or_else(|| panic!("{plan}"));
+        assert!(plan.find("HashJoinExec").is_some_and(|join| join < partial), "{plan}");
+    }
+    drop(dir);
+}
+
 #[tokio::test]
 async fn imports_csv_and_ndjson_atomically() {
     let dir = temp_dir("qe-import");

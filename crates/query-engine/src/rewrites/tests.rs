@@ -64,7 +64,7 @@ fn session(values: &[Option<String>], text_type: &DataType, rewrites: bool) -> S
 }
 
 /// `sql`'s answer as text, or its error's message.
-async fn answer(ctx: &SessionContext, sql: &str) -> String {
+pub(super) async fn answer(ctx: &SessionContext, sql: &str) -> String {
     let batches = match ctx.sql(sql).await {
         Ok(frame) => frame.collect().await,
         Err(error) => Err(error),
@@ -76,13 +76,13 @@ async fn answer(ctx: &SessionContext, sql: &str) -> String {
 }
 
 /// The optimized plan of `sql`, as text.
-async fn optimized(ctx: &SessionContext, sql: &str) -> String {
+pub(super) async fn optimized(ctx: &SessionContext, sql: &str) -> String {
     let plan = ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap();
     let text = plan.display_indent().to_string();
     text
 }
 
-fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+pub(super) fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(future)
 }
 

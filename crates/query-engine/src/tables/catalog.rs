@@ -479,7 +479,9 @@ pub(crate) async fn snapshot_table(
         }
     };
     let files = snapshot.files.iter().map(|file| engine_meta(storage, file)).collect();
-    Ok(Arc::new(SnapshotScan::new(schema, storage.engine_store_url().clone(), files, options.format)))
+    let rows = snapshot.files.iter().map(|file| file.rows).sum();
+    let scan = SnapshotScan::new(schema, storage.engine_store_url().clone(), (files, rows), options.format);
+    Ok(Arc::new(scan))
 }
 
 /// A file of a snapshot as the engine's object store names it, with the size and time the log gives.
