@@ -1068,6 +1068,7 @@ async fn bodies_that_never_finish_hold_no_turn_of_another_projects_quarantine_ap
 struct Layout {
     cluster_by: Vec<String>,
     files_clustered: u64,
+    pinned: Option<Vec<String>>,
 }
 
 /// The table's record once its layout is sorted by `columns` in every file, polled while compactions run.
@@ -1108,7 +1109,7 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
     }
     ok_json(upload(&app, Method::PUT, &table, &key, "text/csv", &csv).await, 201).await;
     let record = ok_json(app.get(&table, &key).await, 200).await;
-    assert_eq!(record["layout"], json!({"cluster_by": [], "files_clustered": 0}), "{record}");
+    assert_eq!(record["layout"], json!({"cluster_by": [], "files_clustered": 0, "pinned": null}), "{record}");
 
     let by_account = json!({"name": "by_account", "query": {"kind": "SQLQuery",
         "query": "SELECT count(*) AS rows, sum(n) AS total FROM events WHERE account = {variables.account}",
@@ -1140,4 +1141,50 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
     clock.advance(domain::LAYOUT_RECHECK);
     laid_out(&app, &table, &key, &["account", "n"]).await;
     assert_eq!(run("a7").await["results"][0], expected);
+}
+
+/// Columns set for a table (`PATCH` with `cluster_by`) sort its files in place of its endpoints' filters, until
+/// given back; a body that does not name its own orderable columns, a missing table or a reader's key is refused.
+#[tokio::test]
+async fn a_tables_files_are_sorted_by_the_columns_set_for_it() {
+    let app =
+        spawn_app_tuned(|config| config.compaction_interval = Some(std::time::Duration::from_millis(200)))
+            .await;
+    let (project, key) = project_with_writer(&app);
+    let table = format!("/api/projects/{project}/tables/events");
+    let rows = 140_000u64;
+    let mut csv = String::from("n,account\n");
+    for n in 0..rows {
+        csv.push_str(&format!("{},a{}\n", (n * 7919) % rows, n % 1000));
+    }
+    ok_json(upload(&app, Method::PUT, &table, &key, "text/csv", &csv).await, 201).await;
+    let set = |body: Value| {
+        let (app, table, key) = (&app, &table, &key);
+        async move { app.patch(table, key, &body).await }
+    };
+    let record = ok_json(set(json!({"cluster_by": ["n"]})).await, 200).await;
+    let layout: Layout = serde_json::from_value(record["layout"].clone()).unwrap();
+    assert_eq!(layout.pinned.as_deref(), Some(&["n".to_owned()][..]), "{record}");
+    // No endpoint reads the table: the columns set are all that sorts it.
+    laid_out(&app, &table, &key, &["n"]).await;
+
+    for (body, says) in [
+        (json!({"cluster_by": ["missing"]}), "no column 'missing'"),
+        (json!({"cluster_by": ["n", "account", "x"]}), "at most 2"),
+        (json!({"cluster_by": "n"}), "list of column names"),
+        (json!({}), "required"),
+    ] {
+        let refused = assert_error(set(body.clone()).await, 400, "validation_error").await;
+        assert_eq!(refused["attr"], "cluster_by", "{body}: {refused}");
+        assert!(refused["detail"].as_str().unwrap().contains(says), "{body}: {refused}");
+    }
+    let missing = format!("/api/projects/{project}/tables/nothing");
+    assert_error(app.patch(&missing, &key, &json!({"cluster_by": null})).await, 404, "not_found").await;
+    let (_, reader) = app.create_key(project, &["table:read"]);
+    assert_error(app.patch(&table, &reader, &json!({"cluster_by": null})).await, 403, "permission_denied")
+        .await;
+
+    let record = ok_json(set(json!({"cluster_by": null})).await, 200).await;
+    let layout: Layout = serde_json::from_value(record["layout"].clone()).unwrap();
+    assert_eq!(layout.pinned, None, "{record}");
 }

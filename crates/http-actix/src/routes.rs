@@ -148,6 +148,7 @@ pub(crate) fn configure(cfg: &mut web::ServiceConfig, keys: &Arc<ApiKeyService>)
                                 "table",
                                 GET => tables::retrieve,
                                 PUT => tables::put,
+                                PATCH => tables::update_layout,
                                 DELETE => tables::delete
                             ),
                         )

@@ -85,6 +85,7 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
         announcer: Arc::new(announcer),
         materializations: untouched_materializations().states,
         keys: Arc::new(domain::MockAppendKeys::new()),
+        layouts: Arc::new(domain::MockTableReadersChanged::new()),
         clock: clock.clone(),
         append_in_flight: domain::APPEND_IN_FLIGHT,
     });

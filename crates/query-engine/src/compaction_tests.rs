@@ -431,7 +431,8 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
     assert!(!plan.contains("preserve_order=true") && !plan.contains("ordering_mode=Sorted"), "{plan}");
     let record = engine.get(project(), &events()).await.unwrap().unwrap();
     let files_clustered = files.len() as u64;
-    assert_eq!(record.layout, domain::TableLayout { cluster_by: layout(&["score"]), files_clustered });
+    let expected = domain::TableLayout { cluster_by: layout(&["score"]), files_clustered, pinned: None };
+    assert_eq!(record.layout, expected);
     assert_eq!(operations(&engine).await[..2], ["OPTIMIZE", "SET TBLPROPERTIES"]);
     // Sorted as asked, there is nothing to do.
     let again = engine.compact(project(), &events(), Vec::new(), layout(&["score"])).await.unwrap();
@@ -479,4 +480,34 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
     assert_eq!(operations(&engine).await[0], "WRITE");
     let record = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!(record.layout, domain::TableLayout::default());
+}
+
+/// Columns set for a table are kept with it (one property commit, no rows changed), through a replace, until
+/// they are given back; a table deleted and written again starts without them.
+#[tokio::test]
+async fn columns_set_for_a_table_are_kept_through_replaces_until_given_back() {
+    async fn pinned(engine: &DataFusionEngine) -> Option<Vec<String>> {
+        engine.get(project(), &events()).await.unwrap().unwrap().layout.pinned
+    }
+    let (engine, _, _dir) = two_nodes();
+    assert!(!engine.pin_layout(project(), &events(), Some(vec!["score".into()])).await.unwrap(), "no table");
+    engine.write(project(), &events(), upload(WriteMode::Replace, scored(0, 5))).await.unwrap();
+    let before = scores(&engine).await;
+    assert!(engine.pin_layout(project(), &events(), Some(vec!["score".into()])).await.unwrap());
+    assert_eq!(pinned(&engine).await, Some(vec!["score".to_owned()]));
+    assert_eq!(operations(&engine).await[0], "SET TBLPROPERTIES");
+    assert_eq!(scores(&engine).await, before);
+
+    engine.write(project(), &events(), upload(WriteMode::Replace, scored(10, 5))).await.unwrap();
+    assert_eq!(pinned(&engine).await, Some(vec!["score".to_owned()]), "kept through a replace");
+    assert!(engine.pin_layout(project(), &events(), Some(Vec::new())).await.unwrap());
+    assert_eq!(pinned(&engine).await, Some(Vec::new()), "not sorted, as set");
+    assert!(engine.pin_layout(project(), &events(), None).await.unwrap());
+    assert_eq!(pinned(&engine).await, None);
+
+    assert!(engine.pin_layout(project(), &events(), Some(vec!["id".into()])).await.unwrap());
+    assert!(engine.delete(project(), &events()).await.unwrap());
+    assert!(!engine.pin_layout(project(), &events(), None).await.unwrap(), "a deleted table is no table");
+    engine.write(project(), &events(), upload(WriteMode::Replace, scored(0, 5))).await.unwrap();
+    assert_eq!(pinned(&engine).await, None, "written again after a delete: a new table");
 }

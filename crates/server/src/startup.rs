@@ -100,17 +100,6 @@ impl Services {
             .with_tables(engine.clone());
         let changes = Arc::new(kept.clone());
         let changes_for_refreshes: Arc<dyn domain::EndpointChanges> = changes.clone();
-        let tables = Arc::new(TableService::new(TableDeps {
-            tables: engine.clone(),
-            endpoints: store.clone(),
-            engine: engine.clone(),
-            changes: changes.clone(),
-            announcer: store.clone(),
-            materializations: store.clone(),
-            keys: store.clone(),
-            clock: clock.clone(),
-            append_in_flight: config.append_in_flight,
-        }));
         let maintenance = Arc::new(TableMaintenance::new(MaintenanceDeps {
             tables: engine.clone(),
             leases: store.clone(),
@@ -120,6 +109,18 @@ impl Services {
             engine: engine.clone(),
             clock: clock.clone(),
             lease: config.lease,
+        }));
+        let tables = Arc::new(TableService::new(TableDeps {
+            tables: engine.clone(),
+            endpoints: store.clone(),
+            engine: engine.clone(),
+            changes: changes.clone(),
+            announcer: store.clone(),
+            materializations: store.clone(),
+            keys: store.clone(),
+            layouts: maintenance.clone(),
+            clock: clock.clone(),
+            append_in_flight: config.append_in_flight,
         }));
         let endpoints = Arc::new(
             EndpointService::new(EndpointDeps {

@@ -123,7 +123,8 @@ impl DeltaTables {
     }
 
     /// Whether a commit's `metadata` leaves the table's rows read as at `version`: the same columns, and the
-    /// same properties but the layout's ([`LAYOUT`](crate::LAYOUT), which orders files, not rows).
+    /// same properties but the layout's ([`LAYOUT_PROPERTIES`](crate::LAYOUT_PROPERTIES), which order files, not
+    /// rows).
     async fn keeps_rows(
         &self,
         table: &ObjectPath,
@@ -138,7 +139,7 @@ impl DeltaTables {
         let but_layout = |properties: &HashMap<String, String>| -> BTreeMap<String, String> {
             properties
                 .iter()
-                .filter(|(k, _)| k.as_str() != crate::LAYOUT)
+                .filter(|(k, _)| !crate::LAYOUT_PROPERTIES.contains(&k.as_str()))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         };

@@ -99,6 +99,13 @@ pub struct NewFile {
 /// writer states them): a change of it alone changes no row.
 pub const LAYOUT: &str = "endpoints.clusterBy";
 
+/// The table property naming the columns its files are to be sorted by, set by its owner in place of those its
+/// writer would choose: a change of it alone changes no row either.
+pub const LAYOUT_PINNED: &str = "endpoints.clusterByPinned";
+
+/// The properties about the order of a table's files, not its rows.
+pub const LAYOUT_PROPERTIES: [&str; 2] = [LAYOUT, LAYOUT_PINNED];
+
 /// How many times a replace reads the table again when other commits keep landing before its own.
 const REPLACE_ATTEMPTS: usize = 64;
 
@@ -693,7 +700,8 @@ impl DeltaTables {
 
     /// Makes `files`, with columns `schema`, the table's whole content in one commit, creating the table when
     /// there is none; answers the version and whether there was no Delta table before. `properties` become the
-    /// table's (its metadata's configuration, replacing the ones it had). With `created_ms` the table is created
+    /// table's (its metadata's configuration, replacing the ones it had), but for [`LAYOUT_PINNED`], which its
+    /// owner set: it stays unless `properties` name it or the table is created anew. With `created_ms` the table is created
     /// anew then (a new metadata: a table converted from an earlier layout keeps its time, one written again
     /// after it was deleted is created now); without, it keeps its metadata's id and creation time.
     ///
@@ -780,6 +788,7 @@ impl DeltaTables {
                         actions.push(Action::Protocol(snapshot::protocol(&kernel)));
                     }
                     let anew = created_ms.is_some();
+                    let properties = &kept_pin(&current.properties, properties, anew);
                     if anew || *state.snapshot().schema() != kernel || current.properties != *properties {
                         let metadata =
                             snapshot::metadata(&kernel, Some(state.metadata()), properties, created_ms)
@@ -856,20 +865,25 @@ impl DeltaTables {
         self.commit_next(table, &kept, base, &commit, still_there, CommitError::Conflict).await
     }
 
-    /// Sets the table's [`LAYOUT`] property to `layout` (`None` removes it), keeping the others, with one
-    /// metadata commit (`SET TBLPROPERTIES`); answers its version, or `None` when it already held (nothing
-    /// committed). The rows stay as they were: stored results following the table's appends go on following
-    /// them ([`DeltaTables::changes_since`]). Appends written for an earlier version are refused
+    /// Sets one of the table's [`LAYOUT_PROPERTIES`] (`property`) to `layout` (`None` removes it), keeping the
+    /// others, with one metadata commit (`SET TBLPROPERTIES`); answers its version, or `None` when it already
+    /// held (nothing committed). The rows stay as they were: stored results following the table's appends go on
+    /// following them ([`DeltaTables::changes_since`]). Appends written for an earlier version are refused
     /// ([`CommitError::Replaced`]) and written again, as after any change of the table's metadata.
     ///
     /// # Errors
-    /// [`CommitError::NoTable`], [`CommitError::Storage`].
+    /// [`CommitError::NoTable`], [`CommitError::Storage`]; [`CommitError::Storage`] too for a property not
+    /// among [`LAYOUT_PROPERTIES`] (a change of any other could change rows).
     pub async fn set_layout(
         &self,
         table: &ObjectPath,
+        property: &str,
         layout: Option<String>,
     ) -> Result<Option<u64>, CommitError> {
-        let set = HashMap::from([(LAYOUT.to_owned(), layout)]);
+        if !LAYOUT_PROPERTIES.contains(&property) {
+            return Err(CommitError::storage(table, format!("{property} is not a layout property")));
+        }
+        let set = HashMap::from([(property.to_owned(), layout)]);
         let kept = self.kept(table);
         for _ in 0..REPLACE_ATTEMPTS {
             let heard = self.heard(&kept);
@@ -943,6 +957,20 @@ impl DeltaTables {
 
 /// Checkpoints as the table's interval says (every 100 commits by default), so that opening a table reads one
 /// checkpoint and the commits after it.
+/// `properties` for a table that had `had`: with its [`LAYOUT_PINNED`] kept, unless `properties` name it or the
+/// table is created `anew`.
+fn kept_pin(
+    had: &HashMap<String, String>,
+    properties: &HashMap<String, String>,
+    anew: bool,
+) -> HashMap<String, String> {
+    let mut kept = properties.clone();
+    if let Some(pin) = had.get(LAYOUT_PINNED).filter(|_| !anew) {
+        kept.entry(LAYOUT_PINNED.to_owned()).or_insert_with(|| pin.clone());
+    }
+    kept
+}
+
 fn commit_properties() -> CommitProperties {
     CommitProperties::default().with_create_checkpoint(true).with_cleanup_expired_logs(Some(false))
 }

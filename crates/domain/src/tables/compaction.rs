@@ -64,7 +64,8 @@ impl Chosen {
     /// (columns and since when). No columns is always taken (nothing is rewritten for it); other columns than
     /// the table was last sorted by only once [`LAYOUT_RECHECK`] has passed since.
     fn wanted(wanted: Vec<String>, sorted: Option<(Vec<String>, Timestamp)>, now: Timestamp) -> Self {
-        let chosen = |columns, sorted, held_until| Self { columns, at: now, sorted, held_until, stale: false };
+        let chosen =
+            |columns, sorted, held_until| Self { columns, at: now, sorted, held_until, stale: false };
         match sorted {
             _ if wanted.is_empty() => chosen(wanted, sorted, None),
             Some((columns, since)) if columns != wanted && now < since + LAYOUT_RECHECK => {
@@ -194,8 +195,9 @@ impl TableMaintenance {
         }
     }
 
-    /// The columns the table is to be sorted by: chosen within [`LAYOUT_RECHECK`] and kept, else chosen again
-    /// from the outlines of the endpoints that read it (as [`Chosen::wanted`] bounds). When the project is too
+    /// The columns the table is to be sorted by: chosen within [`LAYOUT_RECHECK`] and kept, else chosen again:
+    /// the columns set for the table if any, else from the outlines of the endpoints that read it (as
+    /// [`Chosen::wanted`] bounds). When the project is too
     /// busy to plan them, the columns its files were last laid out by are kept.
     async fn layout(&self, project: ProjectId, table: &TableName) -> Result<Vec<String>, Error> {
         let now = self.clock.now();
@@ -205,9 +207,12 @@ impl TableMaintenance {
             return Ok(kept.columns.clone());
         }
         let Some(info) = self.tables.get(project, table).await? else { return Ok(Vec::new()) };
-        let wanted = match self.reader_outlines(project, table).await? {
-            Some(outlines) => cluster_columns(&info.columns, &outlines),
-            None => info.layout.cluster_by,
+        let wanted = match info.layout.pinned {
+            Some(pinned) => pinned,
+            None => match self.reader_outlines(project, table).await? {
+                Some(outlines) => cluster_columns(&info.columns, &outlines),
+                None => info.layout.cluster_by,
+            },
         };
         let chosen = Chosen::wanted(wanted, kept.and_then(|kept| kept.sorted), now);
         if chosen.held_until.is_some() {
@@ -586,9 +591,7 @@ mod tests {
     }
 
     /// The columns each compaction of `service` is given, recorded by its store.
-    fn recording_compactions(
-        mut tables: MockTableStore,
-    ) -> (MockTableStore, Arc<Mutex<Vec<Vec<String>>>>) {
+    fn recording_compactions(mut tables: MockTableStore) -> (MockTableStore, Arc<Mutex<Vec<Vec<String>>>>) {
         let asked = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&asked);
         tables.expect_compact().returning(move |_, _, _, cluster_by| {
@@ -663,6 +666,29 @@ mod tests {
         assert_eq!(last(), ["ts"], "held again: sorted by ts just now");
     }
 
+    /// Columns set for a table take the place of its endpoints' choice: nobody is planned.
+    #[tokio::test]
+    async fn a_table_with_columns_set_is_sorted_by_them_whatever_its_endpoints_filter() {
+        let (endpoints, engine, planned) = readers(&["by_user"], |_| vec![("user_id", CompareOp::Eq)]);
+        let mut tables = MockTableStore::new();
+        tables.expect_get().returning(|_, _| {
+            let mut pinned = info();
+            pinned.layout.pinned = Some(vec!["ts".into()]);
+            Ok(Some(pinned))
+        });
+        let (tables, asked) = recording_compactions(tables);
+        let service = with_readers(
+            tables,
+            free_leases(),
+            MockTableAnnouncer::new(),
+            (endpoints, engine),
+            Arc::default(),
+        );
+        service.compact(project(1), &events()).await;
+        assert_eq!(*asked.lock().unwrap(), vec![vec!["ts".to_owned()]]);
+        assert_eq!(planned.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
     /// A project too busy to plan its endpoints does not fail its tables' compactions: they keep the columns
     /// their files were last laid out by.
     #[tokio::test]
@@ -692,8 +718,13 @@ mod tests {
             Ok(Some(laid_out))
         });
         let (tables, asked) = recording_compactions(tables);
-        let service =
-            with_readers(tables, free_leases(), MockTableAnnouncer::new(), (endpoints, engine), Arc::default());
+        let service = with_readers(
+            tables,
+            free_leases(),
+            MockTableAnnouncer::new(),
+            (endpoints, engine),
+            Arc::default(),
+        );
         assert!(matches!(service.compact(project(1), &events()).await, CompactionOutcome::NothingToDo));
         assert_eq!(*asked.lock().unwrap(), vec![vec!["ts".to_owned()]]);
     }

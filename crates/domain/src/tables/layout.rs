@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::error::Invalid;
+use crate::fields::Fields;
 use crate::query::{ColumnType, CompareOp, QueryOutline};
 
 use super::model::TableColumn;
@@ -25,6 +27,67 @@ pub struct TableLayout {
     /// How many of its files are sorted so (the others are appends not compacted yet, or files written before
     /// the columns were chosen).
     pub files_clustered: u64,
+    /// The columns set for the table (`PATCH tables/{name}` with `cluster_by`), which its compactions sort by
+    /// in place of the columns its endpoints filter on; `None` when those choose.
+    pub pinned: Option<Vec<String>>,
+}
+
+/// What `PATCH tables/{name}` asks of a table's layout: its `cluster_by` field, required, a list of columns
+/// (empty: the table is not sorted) or `null` (its endpoints' filters choose again).
+///
+/// # Errors
+/// [`Invalid`] for another field, a missing `cluster_by`, or one that is neither `null` nor a list of names.
+pub fn layout_pin(body: &serde_json::Value) -> Result<Option<Vec<String>>, Invalid> {
+    let fields = Fields::new(body, &["cluster_by"])?;
+    match fields.get("cluster_by") {
+        None => Err(Invalid::required("cluster_by")),
+        Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Array(names)) => names
+            .iter()
+            .map(|name| name.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .map(Some)
+            .ok_or_else(|| {
+                Invalid::field("cluster_by", "cluster_by must be a list of column names, or null.")
+            }),
+        Some(_) => Err(Invalid::field("cluster_by", "cluster_by must be a list of column names, or null.")),
+    }
+}
+
+/// `asked` as the columns a table of `columns` is to be sorted by: each one of its columns whose values have an
+/// order, named once, at most [`MAX_CLUSTER_COLUMNS`].
+///
+/// # Errors
+/// [`Invalid`] on `cluster_by`, saying which column and why.
+pub fn pinned_columns(columns: &[TableColumn], asked: Vec<String>) -> Result<Vec<String>, Invalid> {
+    if asked.len() > MAX_CLUSTER_COLUMNS {
+        return Err(Invalid::field(
+            "cluster_by",
+            format!(
+                "A table is sorted by at most {MAX_CLUSTER_COLUMNS} columns; {} were given.",
+                asked.len()
+            ),
+        ));
+    }
+    for (at, name) in asked.iter().enumerate() {
+        let Some(column) = columns.iter().find(|c| c.name == *name) else {
+            let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+            return Err(Invalid::field(
+                "cluster_by",
+                format!("The table has no column '{name}'. Its columns: {}.", names.join(", ")),
+            ));
+        };
+        if !orderable(column.column_type) {
+            return Err(Invalid::field(
+                "cluster_by",
+                format!("Column '{name}' holds values with no order: it cannot sort a table."),
+            ));
+        }
+        if asked[..at].contains(name) {
+            return Err(Invalid::field("cluster_by", format!("Column '{name}' is named twice.")));
+        }
+    }
+    Ok(asked)
 }
 
 /// How the endpoints that read a table filter one of its columns.
@@ -160,6 +223,43 @@ mod tests {
             ("xuser_id", CompareOp::Eq),
         ])];
         assert!(cluster_columns(&columns(), &readers).is_empty());
+    }
+
+    #[test]
+    fn a_pinned_layout_names_at_most_two_orderable_columns_of_the_table_once() {
+        let names = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        assert_eq!(pinned_columns(&columns(), names(&["ts", "user_id"])).unwrap(), ["ts", "user_id"]);
+        assert!(pinned_columns(&columns(), Vec::new()).unwrap().is_empty());
+        for (asked, says) in [
+            (names(&["ts", "user_id", "amount"]), "at most 2 columns"),
+            (names(&["TS"]), "no column 'TS'. Its columns: user_id, ts, amount, tags"),
+            (names(&["tags"]), "'tags' holds values with no order"),
+            (names(&["ts", "ts"]), "'ts' is named twice"),
+        ] {
+            let refused = pinned_columns(&columns(), asked.clone()).unwrap_err();
+            assert_eq!(refused.attr.as_deref(), Some("cluster_by"));
+            assert!(refused.detail.contains(says), "{asked:?}: {}", refused.detail);
+        }
+    }
+
+    #[test]
+    fn a_layout_pin_is_a_list_of_names_or_null_and_nothing_else() {
+        use serde_json::json;
+        assert_eq!(
+            layout_pin(&json!({"cluster_by": ["a", "b"]})).unwrap(),
+            Some(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(layout_pin(&json!({"cluster_by": []})).unwrap(), Some(Vec::new()));
+        assert_eq!(layout_pin(&json!({"cluster_by": null})).unwrap(), None);
+        for (body, attr) in [
+            (json!({}), Some("cluster_by")),
+            (json!({"cluster_by": "a"}), Some("cluster_by")),
+            (json!({"cluster_by": ["a", 1]}), Some("cluster_by")),
+            (json!({"cluster_by": [], "sort": true}), Some("sort")),
+            (json!([]), None),
+        ] {
+            assert_eq!(layout_pin(&body).unwrap_err().attr.as_deref(), attr, "{body}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub use compaction::{CompactionOutcome, MaintenanceDeps, TableMaintenance, LAYOU
 pub use idempotency::{
     AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, TaggedWrite, APPEND_IN_FLIGHT, IDEMPOTENCY_WINDOW,
 };
-pub use layout::{cluster_columns, TableLayout, MAX_CLUSTER_COLUMNS};
+pub use layout::{cluster_columns, layout_pin, pinned_columns, TableLayout, MAX_CLUSTER_COLUMNS};
 pub use model::{
     Compaction, ExternalSource, Table, TableColumn, TableCommit, TableFormat, TableInfo, TableName,
     TableSource, Upload, UploadBody, WriteMode, Written,

@@ -96,6 +96,19 @@ pub trait TableStore: Send + Sync {
         cluster_by: Vec<String>,
     ) -> Result<Option<Compaction>, EngineError>;
 
+    /// Sets the columns the table's compactions sort it by in place of those its endpoints' filters choose
+    /// (`None`: they choose again; an empty list: it is not sorted), kept with the table (one commit of its log,
+    /// kept through a replace); `false` when there is no such table. Its rows do not change.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn pin_layout(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        columns: Option<Vec<String>>,
+    ) -> Result<bool, EngineError>;
+
     /// The append written under `write_id` (see [`TableStore::write`]), if its rows are in the table.
     ///
     /// # Errors

@@ -7,12 +7,15 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::idempotency::{AppendKeyState, AppendTag, BodyDigest, IdempotencyKey, IDEMPOTENCY_WINDOW};
-use super::model::{ExternalSource, Table, TableCommit, TableInfo, TableName, Upload, WriteMode, Written};
+use super::layout::{layout_pin, pinned_columns};
+use super::model::{
+    ExternalSource, Table, TableCommit, TableInfo, TableName, TableSource, Upload, WriteMode, Written,
+};
 use super::ports::{AppendKeys, TableAnnouncer, TableStore};
 use crate::access::ProjectId;
 use crate::clock::Clock;
-use crate::endpoints::{EndpointChanges, EndpointName, EndpointStore, PlannedQuery};
-use crate::error::{EngineError, Error, StoreError, UploadError};
+use crate::endpoints::{EndpointChanges, EndpointName, EndpointStore, PlannedQuery, TableReadersChanged};
+use crate::error::{EngineError, Error, Invalid, StoreError, UploadError};
 use crate::materialization::MaterializationRecords;
 use crate::page::{Page, PageRequest};
 use crate::query::{Query, QueryEngine, QueryKind, QueryResult};
@@ -33,6 +36,9 @@ pub struct TableDeps {
     pub materializations: Arc<dyn MaterializationRecords>,
     /// The `Idempotency-Key`s of appends.
     pub keys: Arc<dyn AppendKeys>,
+    /// Told when a table's layout is set, so that its next compaction follows it (as endpoints tell it of the
+    /// tables a saved version reads).
+    pub layouts: Arc<dyn TableReadersChanged>,
     pub clock: Arc<dyn Clock>,
     /// How long an append under a key may be in flight before a retry takes it for cut off
     /// ([`APPEND_IN_FLIGHT`](super::APPEND_IN_FLIGHT) by default).
@@ -48,6 +54,7 @@ pub struct TableService {
     announcer: Arc<dyn TableAnnouncer>,
     materializations: Arc<dyn MaterializationRecords>,
     keys: Arc<dyn AppendKeys>,
+    layouts: Arc<dyn TableReadersChanged>,
     clock: Arc<dyn Clock>,
     append_in_flight: std::time::Duration,
 }
@@ -99,6 +106,7 @@ impl TableService {
             announcer,
             materializations,
             keys,
+            layouts,
             clock,
             append_in_flight,
         } = deps;
@@ -110,6 +118,7 @@ impl TableService {
             announcer,
             materializations,
             keys,
+            layouts,
             clock,
             append_in_flight,
         }
@@ -398,6 +407,36 @@ impl TableService {
         if let Err(err) = self.endpoints.replan(endpoint.id, endpoint.current_version, replanned).await {
             warn!(endpoint = %name, error = %err, "cannot record an endpoint's new plan");
         }
+    }
+
+    /// Sets the columns the table is sorted by (`PATCH tables/{name}`'s `body`: `cluster_by`, a list of its
+    /// columns, or `null` for its endpoints' filters to choose again), which its next compaction follows.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] (attr `cluster_by`) for a body that does not say it, a column the table lacks or
+    /// whose values have no order, or a table read where it is (its files are not the service's to sort);
+    /// [`Error::NotFound`]; store and engine failures.
+    pub async fn pin_layout(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        body: &serde_json::Value,
+    ) -> Result<Table, Error> {
+        let asked = layout_pin(body)?;
+        let info = self.tables.get(project, name).await?.ok_or_else(|| not_found(name))?;
+        if let TableSource::External(_) = info.source {
+            return Err(Invalid::field(
+                "cluster_by",
+                format!("Table '{name}' reads its rows where they are: its files are not sorted here."),
+            )
+            .into());
+        }
+        let pinned = asked.map(|asked| pinned_columns(&info.columns, asked)).transpose()?;
+        if !self.tables.pin_layout(project, name, pinned).await? {
+            return Err(not_found(name));
+        }
+        self.layouts.readers_changed(project, &[name.as_str().to_owned()]);
+        self.get(project, name).await
     }
 
     /// Deletes a table no endpoint reads.

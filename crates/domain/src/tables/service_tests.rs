@@ -7,7 +7,9 @@ use serde_json::json;
 use super::super::model::{ExternalSource, TableFormat, TableSource, WriteMode};
 use super::super::ports::{MockAppendKeys, MockTableAnnouncer, MockTableStore};
 use super::*;
-use crate::endpoints::{Endpoint, MockEndpointChanges, MockEndpointStore, TableReader};
+use crate::endpoints::{
+    Endpoint, MockEndpointChanges, MockEndpointStore, MockTableReadersChanged, TableReader,
+};
 use crate::error::UploadError;
 use crate::materialization::MockMaterializationRecords;
 use crate::query::{ColumnType, MockQueryEngine, QueryDescription};
@@ -147,6 +149,8 @@ fn service_with(
         announcer: Arc::new(announcer),
         materializations: Arc::new(materializations),
         keys: Arc::new(keys),
+        // Only a layout set is told (a call it does not expect fails the test).
+        layouts: Arc::new(MockTableReadersChanged::new()),
         clock: Arc::new(crate::testing::ManualClock::new(T0)),
         append_in_flight: crate::tables::APPEND_IN_FLIGHT,
     })
@@ -760,4 +764,65 @@ async fn a_tables_versions_are_its_stores_and_a_missing_table_is_not_found() {
     let missing =
         service.versions(project(1), &TableName::parse("other").unwrap(), PageRequest::default()).await;
     assert!(matches!(missing, Err(Error::NotFound(_))), "{missing:?}");
+}
+
+/// A table's layout is set to columns it has whose values have an order, or given back to its endpoints; its
+/// next compaction is told; a table read where it is, a missing one or a bad body is refused before anything is
+/// kept.
+#[tokio::test]
+async fn a_tables_layout_is_set_to_its_own_orderable_columns_and_its_compaction_told() {
+    let events =
+        || crate::testing::table_info("events", &[("ts", ColumnType::Datetime), ("tags", ColumnType::Array)]);
+    let mut tables = MockTableStore::new();
+    tables.expect_get().returning(move |_, name| match name.as_str() {
+        "events" => Ok(Some(events())),
+        "remote" => Ok(Some(TableInfo {
+            source: TableSource::External(ExternalSource::Postgres {
+                url: "postgres://db/x".into(),
+                table: "t".into(),
+            }),
+            ..events()
+        })),
+        _ => Ok(None),
+    });
+    let pinned = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&pinned);
+    tables.expect_pin_layout().returning(move |_, name, columns| {
+        seen.lock().unwrap().push((name.as_str().to_owned(), columns));
+        Ok(true)
+    });
+    let mut layouts = MockTableReadersChanged::new();
+    layouts
+        .expect_readers_changed()
+        .withf(|p, tables| *p == project(1) && tables == ["events".to_owned()])
+        .times(2)
+        .return_const(());
+    let mut service = service(tables, engine(), MockEndpointChanges::new());
+    service.layouts = Arc::new(layouts);
+    let pin = |name: &str, body: serde_json::Value| {
+        let service = &service;
+        let name = TableName::parse(name).unwrap();
+        async move { service.pin_layout(project(1), &name, &body).await }
+    };
+    let table = pin("events", json!({"cluster_by": ["ts"]})).await.unwrap();
+    assert_eq!(table.info.name.as_str(), "events");
+    pin("events", json!({"cluster_by": null})).await.unwrap();
+    assert_eq!(
+        *pinned.lock().unwrap(),
+        vec![("events".to_owned(), Some(vec!["ts".to_owned()])), ("events".to_owned(), None)]
+    );
+    for (name, body) in [
+        ("events", json!({"cluster_by": ["tags"]})),
+        ("events", json!({"cluster_by": ["missing"]})),
+        ("events", json!({})),
+        ("remote", json!({"cluster_by": ["ts"]})),
+    ] {
+        let refused = pin(name, body.clone()).await;
+        assert!(
+            matches!(&refused, Err(Error::Invalid(invalid)) if invalid.attr.as_deref() == Some("cluster_by")),
+            "{name} {body}: {refused:?}"
+        );
+    }
+    assert!(matches!(pin("gone", json!({"cluster_by": []})).await, Err(Error::NotFound(_))));
+    assert_eq!(pinned.lock().unwrap().len(), 2, "nothing refused was kept");
 }

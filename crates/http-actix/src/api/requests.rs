@@ -355,6 +355,26 @@ impl PartialSchema for TableSourceBody {
 
 impl ToSchema for TableSourceBody {}
 
+/// The body that sets the columns a table's files are sorted by.
+pub(crate) struct TableLayoutBody;
+
+impl PartialSchema for TableLayoutBody {
+    fn schema() -> RefOr<Schema> {
+        let columns = ArrayBuilder::new()
+            .schema_type(nullable(Type::Array))
+            .items(ObjectBuilder::new().schema_type(Type::String).min_length(Some(1)))
+            .max_items(Some(domain::MAX_CLUSTER_COLUMNS))
+            .description(Some(format!(
+                "The columns compaction sorts the table's files by, first to last (at most {}), in place of those \
+                 its endpoints filter on; [] for files not sorted; null for its endpoints' filters to choose again.",
+                domain::MAX_CLUSTER_COLUMNS
+            )));
+        closed(ObjectBuilder::new().property("cluster_by", columns).required("cluster_by")).into()
+    }
+}
+
+impl ToSchema for TableLayoutBody {}
+
 /// A run token's grant, as `POST run_tokens` takes it.
 pub(crate) struct RunTokenBody;
 

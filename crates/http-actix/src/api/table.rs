@@ -52,7 +52,8 @@ pub(crate) struct Table {
 }
 
 /// How a table's files are laid out for the endpoints that read it: compaction sorts them by the columns those
-/// endpoints filter on with variables, so that a run reads the row groups and pages of its values only.
+/// endpoints filter on with variables (or by the columns set for the table), so that a run reads the row
+/// groups and pages of its values only.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = TableLayout)]
 pub(crate) struct Layout {
@@ -62,6 +63,9 @@ pub(crate) struct Layout {
     cluster_by: Vec<String>,
     /// How many of its files are sorted so; the others are appends not compacted yet.
     files_clustered: u64,
+    /// The columns set for the table (`PATCH` with `cluster_by`), which compaction sorts by in place of those
+    /// its endpoints filter on; null when its endpoints choose.
+    pinned: Option<Vec<String>>,
 }
 
 /// One version of a table: a commit of its Delta log.
@@ -106,6 +110,7 @@ impl From<domain::Table> for Table {
             layout: Layout {
                 cluster_by: info.layout.cluster_by,
                 files_clustered: info.layout.files_clustered,
+                pinned: info.layout.pinned,
             },
             format: info.source.format(),
             source: match info.source {

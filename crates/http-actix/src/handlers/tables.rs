@@ -1,4 +1,5 @@
-//! A project's tables: list, read, create or replace from an upload, append rows, delete, preview.
+//! A project's tables: list, read, create or replace from an upload, append rows, set the layout, delete,
+//! preview.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -221,6 +222,20 @@ pub(crate) async fn append(
         None => state.tables.write(caller.project, &name, upload).await?,
     };
     Ok(HttpResponse::Ok().json(Appended::of(table, written)))
+}
+
+#[utoipa::path(patch, path = "/api/projects/{project_id}/tables/{table}", operation_id = "update_table_layout",
+    params(("project_id" = String, Path), ("table" = String, Path)),
+    request_body = crate::api::requests::TableLayoutBody,
+    responses((status = 200, body = Table), (status = 400, body = Error), (status = 401, body = Error),
+              (status = 403, body = Error), (status = 404, body = Error)))]
+pub(crate) async fn update_layout(
+    state: web::Data<AppState>,
+    caller: AuthorizedJson<TableWrite>,
+    path: web::Path<TablePath>,
+) -> Result<HttpResponse, ApiError> {
+    let table = state.tables.pin_layout(caller.project, &path.existing()?, &caller.body).await?;
+    Ok(HttpResponse::Ok().json(Table::from(table)))
 }
 
 #[utoipa::path(delete, path = "/api/projects/{project_id}/tables/{table}", operation_id = "delete_table",

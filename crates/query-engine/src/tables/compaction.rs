@@ -122,7 +122,7 @@ pub(crate) async fn compact(
     let recorded = layout::recorded(&snapshot);
     if columns.is_empty() && !recorded.is_empty() {
         // No endpoint filters the table any more: its files stay as they are, sorted by nothing it records.
-        storage.tables().set_layout(&prefix, None).await.map_err(table_error)?;
+        storage.tables().set_layout(&prefix, tables_delta::LAYOUT, None).await.map_err(table_error)?;
         tracing::info!(%project, table, "the table's layout follows no filter any more");
         let Some(Current::Files(now)) = current(storage, &prefix).await? else { return Ok(nothing) };
         snapshot = now;
@@ -158,7 +158,8 @@ pub(crate) async fn compact(
     }
     // Recorded once files are about to be sorted by them (a table too small to have any keeps no commit).
     if !columns.is_empty() && recorded != columns {
-        storage.tables().set_layout(&prefix, layout::property(&columns)).await.map_err(table_error)?;
+        let property = layout::property(&columns);
+        storage.tables().set_layout(&prefix, tables_delta::LAYOUT, property).await.map_err(table_error)?;
         tracing::info!(%project, table, ?columns, "the table's layout follows its endpoints' filters");
     }
     let merging: Vec<DataFile> = small.into_iter().chain(unsorted).collect();

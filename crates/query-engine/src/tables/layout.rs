@@ -1,7 +1,8 @@
 //! Where a table's layout is kept: the columns its compacted files are sorted by are a property of the table's
 //! Delta metadata (`tables_delta::LAYOUT`, a JSON array), and each file compaction sorted so is named with a tag
 //! of those columns (`compacted-<tag>-<uuid>.parquet`), so that the files that follow the layout are known from
-//! the log alone.
+//! the log alone. Columns set for the table by its owner are another property (`tables_delta::LAYOUT_PINNED`),
+//! which compactions follow in place of the endpoints' choice.
 
 use domain::TableLayout;
 use sha2::{Digest, Sha256};
@@ -11,6 +12,17 @@ use tables_delta::{DataFile, Snapshot};
 pub(crate) fn recorded(snapshot: &Snapshot) -> Vec<String> {
     let text = snapshot.properties.get(tables_delta::LAYOUT);
     text.and_then(|text| serde_json::from_str(text).ok()).unwrap_or_else(Vec::new)
+}
+
+/// The columns set for the table in place of its endpoints' choice (`tables_delta::LAYOUT_PINNED`), if any.
+pub(crate) fn pinned(snapshot: &Snapshot) -> Option<Vec<String>> {
+    let text = snapshot.properties.get(tables_delta::LAYOUT_PINNED)?;
+    serde_json::from_str(text).ok()
+}
+
+/// The value of `tables_delta::LAYOUT_PINNED` for `columns` (an empty list too: the table is not sorted).
+pub(crate) fn pin_property(columns: &[String]) -> String {
+    serde_json::to_string(columns).expect("a list of strings is JSON")
 }
 
 /// The property's value for `columns` (`None`, removing it, for none).
@@ -41,7 +53,7 @@ pub(crate) fn of(snapshot: &Snapshot, compacted: &str) -> TableLayout {
     let files_clustered = tag(&cluster_by).map_or(0, |tag| {
         snapshot.files.iter().filter(|file| is_clustered(file, compacted, &tag)).count() as u64
     });
-    TableLayout { cluster_by, files_clustered }
+    TableLayout { cluster_by, files_clustered, pinned: pinned(snapshot) }
 }
 
 #[cfg(test)]

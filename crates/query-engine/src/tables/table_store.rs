@@ -697,6 +697,24 @@ impl TableStore for DataFusionEngine {
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name))]
+    async fn pin_layout(
+        &self,
+        project: ProjectId,
+        name: &TableName,
+        columns: Option<Vec<String>>,
+    ) -> Result<bool, EngineError> {
+        let prefix = table_prefix(project, name.as_str());
+        if current(&self.storage, &prefix).await?.is_none() {
+            return Ok(false);
+        }
+        let value = columns.as_deref().map(crate::tables::layout::pin_property);
+        let tables = self.storage.tables();
+        tables.set_layout(&prefix, tables_delta::LAYOUT_PINNED, value).await.map_err(table_error)?;
+        tracing::info!(?columns, "the table's layout was set");
+        Ok(true)
+    }
+
+    #[instrument(skip_all, fields(project = %project, table = %name))]
     async fn holds(
         &self,
         project: ProjectId,
