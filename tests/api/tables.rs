@@ -1188,3 +1188,33 @@ async fn a_tables_files_are_sorted_by_the_columns_set_for_it() {
     let layout: Layout = serde_json::from_value(record["layout"].clone()).unwrap();
     assert_eq!(layout.pinned, None, "{record}");
 }
+
+/// A table written before the process serving it started (by the CLI, or a process that did not compact) is
+/// laid out for the endpoints reading it all the same: a starting process looks at every table endpoints read.
+#[tokio::test]
+async fn a_table_written_before_the_process_started_is_laid_out_for_its_endpoints() {
+    let app = spawn_app_tuned(|config| config.compaction_interval = None).await;
+    let (project, key) = project_with_writer(&app);
+    let table = format!("/api/projects/{project}/tables/events");
+    let mut csv = String::from("n,account\n");
+    for n in 0..140_000u64 {
+        csv.push_str(&format!("{n},a{}\n", (n * 7919) % 1000));
+    }
+    ok_json(upload(&app, Method::PUT, &table, &key, "text/csv", &csv).await, 201).await;
+    let by_account = json!({"name": "by_account", "query": {"kind": "SQLQuery",
+        "query": "SELECT count(*) AS rows FROM events WHERE account = {variables.account}",
+        "variables": {"account": {"type": "String", "default": "a0"}}}});
+    let created = app.post(&format!("/api/projects/{project}/endpoints/"), &key, &by_account).await;
+    assert_eq!(created.status(), 201);
+    let record = ok_json(app.get(&table, &key).await, 200).await;
+    let layout: Layout = serde_json::from_value(record["layout"].clone()).unwrap();
+    assert!(layout.cluster_by.is_empty(), "nothing compacts in this process: {record}");
+    let data_dir = app.data_dir.clone();
+    app.stop().await.unwrap();
+
+    let app = crate::helpers::respawn_tuned(data_dir, |config| {
+        config.compaction_interval = Some(std::time::Duration::from_millis(200));
+    })
+    .await;
+    laid_out(&app, &table, &key, &["account"]).await;
+}

@@ -83,6 +83,16 @@ impl EndpointStore for MemoryStore {
         }))
     }
 
+    async fn read_tables(&self) -> Result<Vec<(ProjectId, String)>, StoreError> {
+        Ok(self.with(|all| {
+            let read: std::collections::BTreeSet<(ProjectId, String)> = all
+                .values()
+                .flat_map(|(e, _)| e.tables.iter().flatten().map(|t| (e.project_id, t.clone())))
+                .collect();
+            read.into_iter().collect()
+        }))
+    }
+
     async fn update(
         &self,
         project: ProjectId,

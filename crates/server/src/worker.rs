@@ -175,6 +175,13 @@ pub async fn maintain_tables(
     metrics: WorkerMetrics,
     mut stop: watch::Receiver<bool>,
 ) {
+    // Tables written before this process (the CLI's, an earlier release's) are laid out for their endpoints too.
+    match maintenance.look_at_read_tables().await {
+        Ok(count) => debug!(count, "looking at the tables endpoints read"),
+        Err(err) => {
+            warn!(error = %err, "cannot list the tables endpoints read; each is looked at when written")
+        }
+    }
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_sweep = tokio::time::Instant::now();

@@ -442,9 +442,23 @@ async fn the_readers_of_a_table_follow_each_current_version(store: DieselStore) 
         "version 1 is not current"
     );
 
+    // Every table read, by project (the store may hold other tests' projects).
+    let read_tables = || async {
+        let all = EndpointStore::read_tables(&store).await.unwrap();
+        let ours = all.into_iter().filter(|(q, _)| *q == p || *q == other);
+        ours.map(|(q, table)| (q == p, table)).collect::<Vec<_>>()
+    };
+    let read =
+        |tables: &[(bool, &str)]| tables.iter().map(|(q, t)| (*q, (*t).to_owned())).collect::<Vec<_>>();
+    assert_eq!(
+        read_tables().await,
+        read(&[(true, "events"), (true, "sales"), (true, "users"), (false, "events")])
+    );
+
     // Deleted, it reads nothing.
     EndpointStore::delete(&store, p, &name("weekly")).await.unwrap();
     assert_eq!(readers_of(&store, p, &["events", "sales"]).await, []);
+    assert_eq!(read_tables().await, read(&[(true, "users"), (false, "events")]));
 }
 
 async fn query_changes_make_contiguous_versions(store: DieselStore) {

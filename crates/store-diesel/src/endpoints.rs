@@ -279,6 +279,27 @@ impl EndpointStore for DieselStore {
             .map_err(|e| e.into_store_error_naming(&name))
     }
 
+    #[instrument(skip_all)]
+    async fn read_tables(&self) -> Result<Vec<(ProjectId, String)>, StoreError> {
+        Ok(self
+            .db
+            .run(move |conn| {
+                let rows: Vec<(i64, String)> = endpoint_reads::table
+                    .filter(endpoint_reads::table_name.ne(UNKNOWN_TABLES))
+                    .select((endpoint_reads::project_id, endpoint_reads::table_name))
+                    .distinct()
+                    .order((endpoint_reads::project_id.asc(), endpoint_reads::table_name.asc()))
+                    .load(conn)?;
+                rows.into_iter()
+                    .map(|(project, table)| {
+                        let project = ProjectId::new(project).map_err(|e| DbError::Corrupt(e.detail))?;
+                        Ok((project, table))
+                    })
+                    .collect::<Result<Vec<_>, DbError>>()
+            })
+            .await?)
+    }
+
     #[instrument(skip_all, fields(project = %project, tables = tables.len()))]
     async fn readers(&self, project: ProjectId, tables: &[String]) -> Result<Vec<TableReader>, StoreError> {
         let mut names = tables.to_vec();

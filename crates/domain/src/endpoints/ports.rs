@@ -46,6 +46,14 @@ pub trait EndpointStore: Send + Sync {
     /// `Unavailable`, `Internal`.
     async fn readers(&self, project: ProjectId, tables: &[String]) -> Result<Vec<TableReader>, StoreError>;
 
+    /// Every table some endpoint's current version reads, with its project, from the index
+    /// [`EndpointStore::readers`] reads (not those of versions whose tables were not recorded): the tables
+    /// whose layout follows endpoints.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn read_tables(&self) -> Result<Vec<(ProjectId, String)>, StoreError>;
+
     /// Applies a change atomically; a change that turns materialization off removes the materialization record
     /// with it. A query whose canonical text differs from the current version's becomes
     /// version `current + 1` (numbers stay contiguous under concurrent updates) and copies the endpoint's

@@ -260,6 +260,22 @@ impl TableMaintenance {
         Ok(Some(outlines))
     }
 
+    /// Makes every table some endpoint reads a candidate of the next pass, and answers how many: how a process
+    /// starting looks at the tables written before it (by the CLI, another process, an earlier release), whose
+    /// layout nothing it did has asked for yet. A table laid out already costs a look at its log.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn look_at_read_tables(&self) -> Result<usize, Error> {
+        let read = self.endpoints.read_tables().await?;
+        let tables =
+            read.into_iter().filter_map(|(project, table)| Some((project, TableName::parse(&table).ok()?)));
+        let mut reread = self.reread.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = reread.len();
+        reread.extend(tables);
+        Ok(reread.len() - before)
+    }
+
     /// How long a lease lasts: a compaction running longer renews it ([`TableMaintenance::renew`]) every third.
     pub fn lease(&self) -> Duration {
         self.lease
@@ -664,6 +680,30 @@ mod tests {
         save(Some("user_id"));
         service.compact(project(1), &events()).await;
         assert_eq!(last(), ["ts"], "held again: sorted by ts just now");
+    }
+
+    /// A process starting looks at every table endpoints read (a name that is not a table's is not).
+    #[tokio::test]
+    async fn a_starting_process_looks_at_every_table_endpoints_read() {
+        let mut endpoints = MockEndpointStore::new();
+        endpoints.expect_read_tables().times(1).returning(|| {
+            Ok(vec![
+                (project(1), "events".into()),
+                (project(2), "events".into()),
+                (project(2), "not a table".into()),
+            ])
+        });
+        let mut tables = MockTableStore::new();
+        tables.expect_appended().returning(|| vec![(project(1), events())]);
+        let service = with_readers(
+            tables,
+            MockTableLeases::new(),
+            MockTableAnnouncer::new(),
+            (endpoints, MockQueryEngine::new()),
+            Arc::default(),
+        );
+        assert_eq!(service.look_at_read_tables().await.unwrap(), 2);
+        assert_eq!(service.candidates(), vec![(project(1), events()), (project(2), events())]);
     }
 
     /// Columns set for a table take the place of its endpoints' choice: nobody is planned.
