@@ -617,6 +617,22 @@ mod tests {
         (tables, asked)
     }
 
+    /// A service compacting `events` (`info()` as `edit` leaves it) under free leases, and the columns each
+    /// compaction is given.
+    fn compacting(
+        edit: fn(&mut TableInfo),
+        readers: (MockEndpointStore, MockQueryEngine),
+    ) -> (TableMaintenance, Arc<Mutex<Vec<Vec<String>>>>) {
+        let mut tables = MockTableStore::new();
+        tables.expect_get().returning(move |_, _| {
+            let mut table = info();
+            edit(&mut table);
+            Ok(Some(table))
+        });
+        let (tables, asked) = recording_compactions(tables);
+        (with_readers(tables, free_leases(), MockTableAnnouncer::new(), readers, Arc::default()), asked)
+    }
+
     fn free_leases() -> MockTableLeases {
         let mut leases = MockTableLeases::new();
         leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
@@ -710,20 +726,8 @@ mod tests {
     #[tokio::test]
     async fn a_table_with_columns_set_is_sorted_by_them_whatever_its_endpoints_filter() {
         let (endpoints, engine, planned) = readers(&["by_user"], |_| vec![("user_id", CompareOp::Eq)]);
-        let mut tables = MockTableStore::new();
-        tables.expect_get().returning(|_, _| {
-            let mut pinned = info();
-            pinned.layout.pinned = Some(vec!["ts".into()]);
-            Ok(Some(pinned))
-        });
-        let (tables, asked) = recording_compactions(tables);
-        let service = with_readers(
-            tables,
-            free_leases(),
-            MockTableAnnouncer::new(),
-            (endpoints, engine),
-            Arc::default(),
-        );
+        let (service, asked) =
+            compacting(|table| table.layout.pinned = Some(vec!["ts".into()]), (endpoints, engine));
         service.compact(project(1), &events()).await;
         assert_eq!(*asked.lock().unwrap(), vec![vec!["ts".to_owned()]]);
         assert_eq!(planned.load(std::sync::atomic::Ordering::SeqCst), 0);
@@ -751,20 +755,8 @@ mod tests {
             .expect_describe_queued()
             .times(1)
             .returning(|_, _| Err(EngineError::Busy { retry_after: Duration::from_secs(1) }));
-        let mut tables = MockTableStore::new();
-        tables.expect_get().returning(|_, _| {
-            let mut laid_out = info();
-            laid_out.layout.cluster_by = vec!["ts".into()];
-            Ok(Some(laid_out))
-        });
-        let (tables, asked) = recording_compactions(tables);
-        let service = with_readers(
-            tables,
-            free_leases(),
-            MockTableAnnouncer::new(),
-            (endpoints, engine),
-            Arc::default(),
-        );
+        let (service, asked) =
+            compacting(|table| table.layout.cluster_by = vec!["ts".into()], (endpoints, engine));
         assert!(matches!(service.compact(project(1), &events()).await, CompactionOutcome::NothingToDo));
         assert_eq!(*asked.lock().unwrap(), vec![vec!["ts".to_owned()]]);
     }

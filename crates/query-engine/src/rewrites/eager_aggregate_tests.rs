@@ -6,49 +6,12 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::stats::Precision;
-use datafusion::common::{Result, Statistics};
-use datafusion::datasource::{MemTable, TableType};
-use datafusion::logical_expr::Expr;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use proptest::prelude::*;
 
 use super::eager_aggregate::SMALL_TABLE_ROWS;
-use super::tests::{answer, block_on, optimized};
-
-/// A table that says how many rows it holds (`rows`, whatever it really holds), as a table of this service's
-/// storage does.
-#[derive(Debug)]
-struct Counted(MemTable, u64);
-
-#[async_trait::async_trait]
-impl TableProvider for Counted {
-    fn schema(&self) -> SchemaRef {
-        self.0.schema()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    fn statistics(&self) -> Option<Statistics> {
-        let mut statistics = Statistics::new_unknown(&self.schema());
-        statistics.num_rows = Precision::Exact(usize::try_from(self.1).unwrap());
-        Some(statistics)
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        filters: &[Expr],
-        limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.0.scan(state, projection, filters, limit).await
-    }
-}
+use super::tests::{answer, block_on, optimized, Stating};
 
 /// A fact row: join key, a grouping column, an integer and a float.
 type Fact = (Option<i64>, i64, Option<i64>, Option<f64>);
@@ -94,10 +57,7 @@ fn session(facts: &[Fact], dimension: &[Dimension], rows: Option<u64>, rewrites:
     }
     ctx.register_table("f", Arc::new(table(fact_schema, fact_columns))).unwrap();
     let dimension = table(dimension_schema, dimension_columns);
-    match rows {
-        Some(rows) => ctx.register_table("d", Arc::new(Counted(dimension, rows))).unwrap(),
-        None => ctx.register_table("d", Arc::new(dimension)).unwrap(),
-    };
+    ctx.register_table("d", Arc::new(Stating { table: dimension, exact_filters: false, rows })).unwrap();
     ctx
 }
 

@@ -9,7 +9,8 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::Result;
+use datafusion::common::stats::Precision;
+use datafusion::common::{Result, Statistics};
 use datafusion::datasource::MemTable;
 use datafusion::datasource::TableType;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
@@ -137,14 +138,20 @@ fn a_fixed_pattern_is_matched_without_like_and_prunes_by_its_prefix() {
     }
 }
 
-/// A table that evaluates every filter itself, as a PostgreSQL source does (the filters become its SQL).
+/// Rows in memory as a table of another kind states them: one that evaluates every filter itself, as a
+/// PostgreSQL source does (the filters become its SQL), or one that says how many rows it holds, as a table of
+/// this service's storage does (`rows`, whatever it really holds).
 #[derive(Debug)]
-struct Remote(MemTable);
+pub(super) struct Stating {
+    pub(super) table: MemTable,
+    pub(super) exact_filters: bool,
+    pub(super) rows: Option<u64>,
+}
 
 #[async_trait::async_trait]
-impl TableProvider for Remote {
+impl TableProvider for Stating {
     fn schema(&self) -> SchemaRef {
-        self.0.schema()
+        self.table.schema()
     }
 
     fn table_type(&self) -> TableType {
@@ -152,7 +159,18 @@ impl TableProvider for Remote {
     }
 
     fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
-        Ok(vec![TableProviderFilterPushDown::Exact; filters.len()])
+        let answer = if self.exact_filters {
+            TableProviderFilterPushDown::Exact
+        } else {
+            TableProviderFilterPushDown::Unsupported
+        };
+        Ok(vec![answer; filters.len()])
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        let mut statistics = Statistics::new_unknown(&self.schema());
+        statistics.num_rows = Precision::Exact(usize::try_from(self.rows?).ok()?);
+        Some(statistics)
     }
 
     async fn scan(
@@ -162,7 +180,7 @@ impl TableProvider for Remote {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.0.scan(state, projection, filters, limit).await
+        self.table.scan(state, projection, filters, limit).await
     }
 }
 
@@ -172,7 +190,8 @@ fn a_plan_reading_a_table_that_filters_itself_is_left_as_written() {
     let ctx = session(&values, &DataType::Utf8, true);
     let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Utf8, true)]));
     let remote = MemTable::try_new(Arc::clone(&schema), vec![vec![]]).unwrap();
-    ctx.register_table("remote", Arc::new(Remote(remote))).unwrap();
+    let remote = Stating { table: remote, exact_filters: true, rows: None };
+    ctx.register_table("remote", Arc::new(remote)).unwrap();
     for sql in [
         "SELECT v FROM remote WHERE v LIKE 'user_012%'",
         "SELECT t.id FROM t JOIN remote r ON t.v = r.v WHERE t.v LIKE 'user_012%' AND r.v LIKE 'u_er%'",
