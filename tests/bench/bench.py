@@ -1556,6 +1556,10 @@ def prepare_shapes(app, root):
     with open(path, "w") as f:
         f.write(COUNTRIES_CSV)
     upload(app, "countries", path, writer)
+    users = os.path.join(root, "users.csv")
+    with open(users, "w") as f:
+        f.write("id,plan\n" + "".join(f"user_{i:05d},{('free', 'pro', 'team')[i % 3]}\n" for i in range(50_000)))
+    upload(app, "users", users, writer)
     for name, _, sql, variables in SHAPES:
         declared = {k: {"type": kind} for k, (kind, _) in variables.items()}
         app.request("POST", "/api/projects/1/endpoints/", {
@@ -1643,6 +1647,10 @@ COMPARE_SHAPES = SHAPES + [
      "{variables.pattern}", {"pattern": ("String", "_E")}),
     ("like-inner", "`LIKE` with a `%` inside (DataFusion's own)", "SELECT count(*) AS events FROM events WHERE "
      "distinct_id LIKE {variables.pattern}", {"pattern": ("String", "%_01%")}),
+    # A dimension too large for the grouping below the join to pay (50,000 users by id): left as written.
+    ("join-users", "join with a 50,000-row users table by id, filtered, GROUP BY its column",
+     "SELECT u.plan, count(*) AS events FROM events e JOIN users u ON e.distinct_id = u.id "
+     "WHERE e.event = 'purchase' GROUP BY u.plan ORDER BY 1", {}),
     # Beside `join-dimension`, whose filter leaves a tenth of the rows: every row meets the dimension.
     ("join-every-row", "join with the 10-row dimension, no filter, GROUP BY its column and a fact column",
      "SELECT c.region, e.event, count(*) AS events, round(sum(e.revenue), 2) AS revenue FROM events e "

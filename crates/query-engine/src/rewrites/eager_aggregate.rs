@@ -36,8 +36,10 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 use tracing::debug;
 
-/// The most rows the tables of the other side of the join may hold in all for the rewrite to be taken.
-pub(crate) const SMALL_TABLE_ROWS: u64 = 100_000;
+/// The most rows the tables of the other side of the join may hold in all for the rewrite to be taken: they
+/// bound the keys that meet, so the grouping below the join leaves few rows. With 50,000 (users joined by id
+/// on 2,000,000 events) it left as many groups as the join probed, and a filtered run took 1.18x as long.
+pub(crate) const SMALL_TABLE_ROWS: u64 = 1_000;
 
 /// Prefix of the partial results' columns.
 const PARTIAL: &str = "__eager_partial_";
