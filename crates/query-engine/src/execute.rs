@@ -60,6 +60,8 @@ pub struct EngineLimits {
     /// Partitions a live query's plan is split into (its scans, aggregations and joins run that many streams
     /// at once); `None`: one per core, DataFusion's default.
     pub partitions: Option<std::num::NonZeroUsize>,
+    /// Bytes of table files kept decoded for runs (`--hot-tables-mb`, see `hot_tables`); 0: none.
+    pub hot_tables: usize,
 }
 
 impl Default for EngineLimits {
@@ -77,6 +79,7 @@ impl Default for EngineLimits {
             rollup_rows: 10_000_000,
             stored_rows_in_memory: 100_000,
             partitions: None,
+            hot_tables: 512 * 1024 * 1024,
         }
     }
 }
@@ -273,7 +276,7 @@ pub(crate) fn result(
 }
 
 /// What an executed plan read, from the metrics of its leaves (the scans): the rows they produced and the bytes
-/// their files gave. A leaf that reads nothing (`SELECT 1`) counts 0; a leaf that is not a scan (a plan executed
+/// their files gave (or, for a scan of decoded files, the rows and bytes of the slices it read). A leaf that reads nothing (`SELECT 1`) counts 0; a leaf that is not a scan (a plan executed
 /// on Ballista's workers, which keep their metrics) makes the figures unknown, as does a scan that reports rows
 /// but not bytes.
 pub(crate) fn statistics(plan: &Arc<dyn ExecutionPlan>, elapsed: Duration) -> Statistics {
@@ -289,6 +292,11 @@ pub(crate) fn statistics(plan: &Arc<dyn ExecutionPlan>, elapsed: Duration) -> St
             continue;
         }
         // Any other leaf (Ballista's, which hands the plan to its executors) says what it returned, not read.
+        if let Some((decoded_rows, decoded_bytes)) = crate::hot_tables::read(node.as_ref()) {
+            rows = rows.map(|r| r + decoded_rows);
+            bytes = bytes.map(|b| b + decoded_bytes);
+            continue;
+        }
         match node.metrics().filter(|_| node.is::<DataSourceExec>()) {
             Some(metrics) => {
                 let produced = metrics.output_rows().unwrap_or(0) as u64;

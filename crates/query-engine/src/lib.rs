@@ -14,6 +14,7 @@ mod execute;
 mod export;
 mod fair;
 mod float_order;
+mod hot_tables;
 mod memory;
 mod messages;
 mod metrics;
@@ -72,6 +73,8 @@ pub struct DataFusionEngine {
     prepared: materialized::PreparedResults,
     /// The footers and statistics of the files queries read, shared by every query's runtime.
     files: execute::FileCaches,
+    /// Table files kept decoded for runs (`limits.hot_tables`); `None` when none are.
+    hot: Option<Arc<hot_tables::HotTables>>,
     /// Live queries' plans before their variables are bound, kept between runs.
     plans: plans::Plans,
     /// How far back `_logs` reads.
@@ -100,6 +103,7 @@ impl DataFusionEngine {
             file_rows: files::file_rows(),
             prepared: materialized::prepared_results(),
             files: execute::FileCaches::new(),
+            hot: hot_tables::HotTables::new(EngineLimits::default().hot_tables),
             plans: plans::Plans::new(),
             log_retention: LogSettings::default().retention,
         }
@@ -116,6 +120,7 @@ impl DataFusionEngine {
     #[must_use]
     pub fn with_limits(mut self, limits: EngineLimits) -> Self {
         self.admission = Arc::new(admission::Admission::new(&limits));
+        self.hot = hot_tables::HotTables::new(limits.hot_tables);
         self.limits = limits;
         self
     }
@@ -129,6 +134,9 @@ impl DataFusionEngine {
     pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.metrics.register(registry);
         self.storage.tables().register_metrics(registry);
+        if let Some(hot) = &self.hot {
+            hot.register_metrics(registry);
+        }
     }
 
     /// The same engine, running queries on the Ballista cluster whose scheduler `url` names
@@ -503,7 +511,9 @@ impl DataFusionEngine {
         statement: &DfStatement,
         at: &ReadAt,
     ) -> Result<catalog::Named, EngineError> {
-        let tables = catalog::register_named(&self.storage, ctx, project, statement, at).await?;
+        // A cluster's executors read the files themselves.
+        let hot = self.hot.as_ref().filter(|_| self.scheduler.is_none());
+        let tables = catalog::register_named(&self.storage, ctx, (project, hot), statement, at).await?;
         if tables.iter().any(|(name, current)| current.is_none() && name == run_log::LOGS_TABLE) {
             run_log::register(&self.storage, ctx, project, self.log_retention).await?;
         }
@@ -659,6 +669,8 @@ mod compaction_tests;
 mod demo;
 #[cfg(test)]
 mod export_tests;
+#[cfg(test)]
+mod hot_tables_tests;
 #[cfg(test)]
 mod materialization_tests;
 #[cfg(test)]

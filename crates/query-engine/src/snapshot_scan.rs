@@ -1,7 +1,8 @@
 //! A table version as DataFusion reads it on this node: exactly the files its Delta log names, with the sizes
 //! and times the log gives, so that a scan neither lists the storage nor asks it about each file (a `HEAD` per
 //! file per run on S3). Each file's statistics come from its footer once per process (DataFusion's shared
-//! statistics cache), as for any table of files.
+//! statistics cache), as for any table of files. A run of a table's newest version reads the files kept decoded
+//! in memory from there, and decodes the others in the background ([`crate::hot_tables`]).
 
 use std::sync::Arc;
 
@@ -19,10 +20,16 @@ use datafusion::execution::cache::{SchemaFingerprint, TableScopedPath};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_datasource::compute_all_files_statistics;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
+
+use crate::hot_tables::{self, HotTables};
+
+/// The decoded files a scan reads, and the key of its table there.
+pub(crate) type HotRead = (Arc<HotTables>, String);
 
 /// The files of one table version, read as one table of `schema`.
 #[derive(Debug)]
@@ -34,6 +41,8 @@ pub(crate) struct SnapshotScan {
     /// Its rows in all, when the log says for every file.
     rows: Option<u64>,
     format: Arc<dyn FileFormat>,
+    /// Where its files are kept decoded, when they are (a read of the table's newest version).
+    hot: Option<HotRead>,
 }
 
 impl SnapshotScan {
@@ -46,7 +55,13 @@ impl SnapshotScan {
         format: Arc<dyn FileFormat>,
     ) -> Self {
         let fingerprint = Arc::new(SchemaFingerprint::from_schema(&schema));
-        Self { schema, fingerprint, store, files, rows, format }
+        Self { schema, fingerprint, store, files, rows, format, hot: None }
+    }
+
+    /// The same scan, reading the files `hot` keeps decoded from memory, and having the others decoded.
+    pub(crate) fn reading_decoded(mut self, hot: Option<HotRead>) -> Self {
+        self.hot = hot;
+        self
     }
 
     /// `file` with its statistics: kept from an earlier scan of the same file and columns, else read from its
@@ -115,19 +130,47 @@ impl TableProvider for SnapshotScan {
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
         if self.files.is_empty() {
             let schema = datafusion::common::project_schema(&self.schema, projection)?;
             return Ok(Arc::new(EmptyExec::new(schema)));
         }
+        let Some((hot, table)) = &self.hot else {
+            return self.scan_files(state, &self.files, projection, limit).await;
+        };
+        let (decoded, stored) = hot.split(table, &self.files);
+        let mut scans = Vec::with_capacity(2);
+        if !decoded.is_empty() {
+            scans.push(hot_tables::scan(&decoded, &self.schema, state, (projection, filters, limit))?);
+        }
+        if !stored.is_empty() {
+            scans.push(self.scan_files(state, &stored, projection, limit).await?);
+            for file in stored.into_iter().filter(|file| hot.claim(table, file)) {
+                let whole = self.scan_files(state, std::slice::from_ref(&file), None, None).await?;
+                hot.decode(file, whole, state.task_ctx());
+            }
+        }
+        UnionExec::try_new(scans)
+    }
+}
+
+impl SnapshotScan {
+    /// A scan of `files` from storage.
+    async fn scan_files(
+        &self,
+        state: &dyn Session,
+        files: &[ObjectMeta],
+        projection: Option<&Vec<usize>>,
+        limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
         let options = state.config_options();
         let collect = options.execution.collect_statistics;
         let files = if collect {
             let store = state.runtime_env().object_store(&self.store)?;
-            futures_util::stream::iter(0..self.files.len())
-                .map(|at| self.with_statistics(state, &store, &self.files[at]))
+            futures_util::stream::iter(0..files.len())
+                .map(|at| self.with_statistics(state, &store, &files[at]))
                 .buffered(options.execution.meta_fetch_concurrency.get())
                 .try_collect::<Vec<_>>()
                 .await?
@@ -136,7 +179,7 @@ impl TableProvider for SnapshotScan {
             let file = |meta: &ObjectMeta| {
                 PartitionedFile::new_from_meta(meta.clone()).with_statistics(Arc::clone(&unknown))
             };
-            self.files.iter().map(file).collect()
+            files.iter().map(file).collect()
         };
         let ordering = common_ordering(&files);
         let groups = FileGroup::new(files).split_files(state.config().target_partitions());

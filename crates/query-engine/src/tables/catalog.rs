@@ -21,7 +21,8 @@ use object_store::path::Path as ObjectPath;
 use object_store::ObjectMeta;
 use tables_delta::{CommitError, DataFile, Snapshot};
 
-use crate::snapshot_scan::SnapshotScan;
+use crate::hot_tables::HotTables;
+use crate::snapshot_scan::{HotRead, SnapshotScan};
 use crate::storage::{unavailable, Storage};
 use crate::tables::sources::Unreadable;
 
@@ -320,7 +321,7 @@ fn session_with(
 pub(crate) async fn register_named(
     storage: &Storage,
     ctx: &SessionContext,
-    project: ProjectId,
+    (project, hot): (ProjectId, Option<&Arc<HotTables>>),
     statement: &datafusion::sql::parser::Statement,
     at: &ReadAt,
 ) -> Result<Named, EngineError> {
@@ -336,7 +337,11 @@ pub(crate) async fn register_named(
     for name in named.into_iter().filter(|name| is_table_name(name)) {
         let current = lookup(storage, project, name, at).await?;
         if let Some(current) = &current {
-            register(storage, ctx, name, current).await?;
+            // Only the newest version of a table is kept decoded: the one runs read, which drops its predecessors'.
+            let hot = hot
+                .filter(|_| matches!(at, ReadAt::Newest))
+                .map(|hot| (Arc::clone(hot), format!("{project}/{name}")));
+            register(storage, ctx, (name, hot), current).await?;
         }
         found.push((name.to_owned(), current));
     }
@@ -412,12 +417,12 @@ pub(crate) fn versions_read(named: &Named) -> Vec<TableVersion> {
 pub(crate) async fn register(
     storage: &Storage,
     ctx: &SessionContext,
-    name: &str,
+    (name, hot): (&str, Option<HotRead>),
     current: &Current,
 ) -> Result<(), EngineError> {
     match current {
         Current::Files(snapshot) => {
-            let table = snapshot_table(storage, ctx, snapshot).await?;
+            let table = snapshot_table(storage, ctx, snapshot, hot).await?;
             ctx.register_table(TableReference::bare(name), table)
                 .map(|_| ())
                 .map_err(crate::execute::storage_error)
@@ -450,6 +455,7 @@ pub(crate) async fn snapshot_table(
     storage: &Storage,
     ctx: &SessionContext,
     snapshot: &Snapshot,
+    hot: Option<HotRead>,
 ) -> Result<Arc<dyn datafusion::catalog::TableProvider>, EngineError> {
     let Some(first) = snapshot.files.first() else {
         let empty = datafusion::datasource::empty::EmptyTable::new(Arc::clone(&snapshot.schema));
@@ -480,7 +486,8 @@ pub(crate) async fn snapshot_table(
     };
     let files = snapshot.files.iter().map(|file| engine_meta(storage, file)).collect();
     let rows = snapshot.files.iter().map(|file| file.rows).sum();
-    let scan = SnapshotScan::new(schema, storage.engine_store_url().clone(), (files, rows), options.format);
+    let scan = SnapshotScan::new(schema, storage.engine_store_url().clone(), (files, rows), options.format)
+        .reading_decoded(hot);
     Ok(Arc::new(scan))
 }
 

@@ -242,7 +242,7 @@ async fn describe_external(
     let ctx = empty_session(storage, None, None)?;
     let read = async {
         let current = Current::External { source: source.clone(), since: Arc::new(since.clone()) };
-        crate::tables::catalog::register(storage, &ctx, info.name.as_str(), &current).await?;
+        crate::tables::catalog::register(storage, &ctx, (info.name.as_str(), None), &current).await?;
         let provider = ctx
             .table_provider(TableReference::bare(info.name.as_str()))
             .await

@@ -83,6 +83,11 @@ pub struct ServeArgs {
     /// Memory of the result cache, in MiB.
     #[arg(long, env = "ENDPOINTS_CACHE_MB", default_value_t = 256)]
     pub cache_mb: u64,
+    /// Memory of the table files kept decoded for runs, in MiB (default: a quarter of --max-memory; 0 keeps
+    /// none): a table's newest files, decoded after a run read them, are read from memory by later runs, the
+    /// least recently read leaving first.
+    #[arg(long, env = "ENDPOINTS_HOT_TABLES_MB")]
+    pub hot_tables_mb: Option<u64>,
     /// Seconds between writes of the last execution times to the database.
     #[arg(long, env = "ENDPOINTS_FLUSH_SECS", default_value_t = 5, value_parser = positive())]
     pub flush_secs: u64,
@@ -166,19 +171,25 @@ fn positive_usize() -> RangedU64ValueParser<usize> {
 /// and files.
 const PROCESS_MIB: u64 = 256;
 
-/// The bytes every query may hold together: `--max-memory` less the result cache and the process's own, and at
-/// least one query's worth.
-fn queries_memory(max_memory: ByteSize, cache_mb: u64, query_memory_mb: usize) -> usize {
-    const MIB: u64 = 1024 * 1024;
+const MIB: u64 = 1024 * 1024;
+
+/// The bytes of table files kept decoded: as set, else a quarter of `--max-memory`.
+fn hot_tables_bytes(max_memory: ByteSize, hot_tables_mb: Option<u64>) -> u64 {
+    hot_tables_mb.map_or(max_memory.as_u64() / 4, |mb| mb.saturating_mul(MIB))
+}
+
+/// The bytes every query may hold together: `--max-memory` less the result cache, the tables kept decoded and the
+/// process's own, and at least one query's worth.
+fn queries_memory(max_memory: ByteSize, set_apart: u64, query_memory_mb: usize) -> usize {
     let query = u64::try_from(query_memory_mb).unwrap_or(u64::MAX).saturating_mul(MIB);
-    let left =
-        max_memory.as_u64().saturating_sub(cache_mb.saturating_mul(MIB)).saturating_sub(PROCESS_MIB * MIB);
+    let left = max_memory.as_u64().saturating_sub(set_apart).saturating_sub(PROCESS_MIB * MIB);
     if left < query {
         tracing::warn!(
             max_memory = %max_memory,
-            cache_mb,
+            set_apart_mib = set_apart / MIB,
             query_memory_mb,
-            "--max-memory leaves less than one query's memory to queries: one query at a time may use it"
+            "--max-memory leaves less than one query's memory to queries beside --cache-mb and --hot-tables-mb: \
+             one query at a time may use it"
         );
     }
     usize::try_from(left.max(query)).unwrap_or(usize::MAX)
@@ -192,7 +203,10 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.limits.memory_limit = args.query_memory_mb.saturating_mul(1024 * 1024);
     config.limits.partitions =
         args.query_partitions.and_then(|n| std::num::NonZeroUsize::new(usize::from(n)));
-    config.limits.server_memory = queries_memory(args.max_memory, args.cache_mb, args.query_memory_mb);
+    let hot_tables = hot_tables_bytes(args.max_memory, args.hot_tables_mb);
+    config.limits.hot_tables = usize::try_from(hot_tables).unwrap_or(usize::MAX);
+    let set_apart = args.cache_mb.saturating_mul(MIB).saturating_add(hot_tables);
+    config.limits.server_memory = queries_memory(args.max_memory, set_apart, args.query_memory_mb);
     config.limits.result_bytes = args.max_result_mb.saturating_mul(1024 * 1024);
     config.limits.max_concurrent_per_project = args.max_queries_per_project;
     config.upload_limit = args.max_upload_mb.saturating_mul(1024 * 1024);

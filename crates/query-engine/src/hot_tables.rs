@@ -1,0 +1,457 @@
+//! Tables kept decoded in memory ("hot"), so that runs read their rows without reading or decoding Parquet.
+//!
+//! A table's files never change once written: an append adds a file, a replace or a compaction switches the
+//! table to other files. So what is kept is a file, decoded whole (every column, as the engine's scans read it)
+//! after a run of the table's newest version found it cold, in the background and one file at a time (at most
+//! one core's work, beside the runs); that run read it from storage as before. A later run of the newest
+//! version reads the files kept here from memory and the others (an append's new file, until it is decoded
+//! too) from storage, in one plan ([`crate::snapshot_scan`]), and drops the table's files it no longer names (a
+//! replace's or a compaction's predecessors) at once.
+//!
+//! Bytes kept are bounded (`--hot-tables-mb`, set apart from the memory queries get, so `--max-memory` holds):
+//! DataFusion's own byte-bounded LRU cache holds the files, the least recently read leaving first. A file
+//! larger than the bound, or one that cannot be read, is not tried again.
+//!
+//! Each file is kept as slices of the session's batch size, each knowing its least and greatest value of every
+//! column whose order pruning may trust, and its nulls: a run's filters skip the slices that cannot hold a
+//! matching row through DataFusion's `PruningPredicate`, as the Parquet reader skips row groups and pages by
+//! the same statistics. Floats have none (a `NaN` sorts above every number here, and the session's comparisons
+//! must decide), so a filter on a float column reads every slice.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::common::pruning::PruningStatistics;
+use datafusion::common::{Column, Result, ScalarValue, ToDFSchema};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::source::{DataSource, DataSourceExec};
+use datafusion::execution::cache::default_cache::DefaultCache;
+use datafusion::execution::cache::{Cache, CacheValue};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicateBuilder};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_functions_aggregate_common::min_max::{max_batch, min_batch};
+use object_store::path::Path;
+use object_store::ObjectMeta;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The decoded files of tables, within a bound of bytes.
+pub(crate) struct HotTables {
+    files: DefaultCache<Path, HotFile>,
+    /// What became of each file a run found cold, and the files of each table (by its key) that a read of its
+    /// newest version compares with those it names.
+    claims: Mutex<Claims>,
+    /// One file decoded at a time.
+    decoding: tokio::sync::Semaphore,
+    metrics: HotMetrics,
+    /// Told when a decoding ends, for tests that wait for a table to be hot.
+    #[cfg(test)]
+    decoded: tokio::sync::Notify,
+    #[cfg(test)]
+    decodes: std::sync::atomic::AtomicUsize,
+}
+
+/// What `/metrics` shows of the tables kept decoded.
+#[derive(Debug, Default)]
+struct HotMetrics {
+    bytes: Gauge,
+    files: Gauge,
+    decodes: Counter,
+}
+
+#[derive(Default)]
+struct Claims {
+    files: HashMap<Path, Claim>,
+    tables: HashMap<String, HashSet<Path>>,
+}
+
+enum Claim {
+    Decoding,
+    /// Larger than the bound, or unreadable: not tried again.
+    Refused,
+    /// Decoded once (of `bytes`), and since left the cache for files read more recently: `cold_reads` runs read
+    /// it from storage since.
+    Decoded {
+        bytes: usize,
+        cold_reads: u32,
+    },
+}
+
+impl std::fmt::Debug for HotTables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HotTables")
+            .field("files", &self.files.len())
+            .field("bytes", &self.files.memory_used())
+            .field("limit", &self.files.cache_limit())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Claims are forgotten past this many files, so that what is remembered stays bounded.
+const MAX_CLAIMS: usize = 100_000;
+
+/// A file that left the cache is decoded again when there is room for it, or once this many runs read it from
+/// storage: a table read often earns its place back, and tables that together exceed the bound and are read
+/// in turn are not decoded again at every run (one core's work, for nothing).
+pub(crate) const COLD_READS_TO_DECODE_AGAIN: u32 = 8;
+
+impl HotTables {
+    /// Tables kept within `bytes`; `None` for 0 (nothing is kept, and nothing decoded).
+    pub(crate) fn new(bytes: usize) -> Option<Arc<Self>> {
+        (bytes > 0).then(|| {
+            Arc::new(Self {
+                files: DefaultCache::new(bytes).with_name("hot table files"),
+                claims: Mutex::default(),
+                decoding: tokio::sync::Semaphore::new(1),
+                metrics: HotMetrics::default(),
+                #[cfg(test)]
+                decoded: tokio::sync::Notify::new(),
+                #[cfg(test)]
+                decodes: std::sync::atomic::AtomicUsize::new(0),
+            })
+        })
+    }
+
+    /// Exposes what is kept in `registry`.
+    pub(crate) fn register_metrics(&self, registry: &mut Registry) {
+        let HotMetrics { bytes, files, decodes } = &self.metrics;
+        registry.register("hot_table_bytes", "Bytes of table files kept decoded for runs", bytes.clone());
+        registry.register("hot_table_files", "Table files kept decoded for runs", files.clone());
+        registry.register(
+            "hot_table_decodes",
+            "Table files decoded in the background after a run read them from storage",
+            decodes.clone(),
+        );
+    }
+
+    /// Sets the gauges to what the cache holds now.
+    fn observe(&self) {
+        self.metrics.bytes.set(i64::try_from(self.files.memory_used()).unwrap_or(i64::MAX));
+        self.metrics.files.set(i64::try_from(self.files.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Reading `table`'s newest version, whose files are `files`: the decoded ones kept here, and those to read
+    /// from storage. The table's files that `files` does not name are dropped.
+    pub(crate) fn split(&self, table: &str, files: &[ObjectMeta]) -> (Vec<HotFile>, Vec<ObjectMeta>) {
+        self.forget_other_files(table, files);
+        let (mut hot, mut cold) = (Vec::new(), Vec::new());
+        for file in files {
+            match self.files.get(&file.location).filter(|kept| kept.is_of(file)) {
+                Some(kept) => hot.push(kept),
+                None => cold.push(file.clone()),
+            }
+        }
+        (hot, cold)
+    }
+
+    fn forget_other_files(&self, table: &str, files: &[ObjectMeta]) {
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        let Claims { files: claimed, tables } = &mut *claims;
+        let Some(kept) = tables.get_mut(table) else { return };
+        if kept.len() <= files.len()
+            && kept.iter().all(|path| files.iter().any(|file| &file.location == path))
+        {
+            return;
+        }
+        let named: HashSet<&Path> = files.iter().map(|file| &file.location).collect();
+        kept.retain(|path| {
+            let stays = named.contains(path);
+            if !stays {
+                self.files.remove(path);
+                claimed.remove(path);
+            }
+            stays
+        });
+        self.observe();
+    }
+
+    /// Whether `file` of `table`, which a run found cold, is to be decoded now.
+    pub(crate) fn claim(&self, table: &str, file: &ObjectMeta) -> bool {
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        if claims.files.len() >= MAX_CLAIMS {
+            *claims = Claims::default();
+        }
+        let room = self.files.cache_limit().saturating_sub(self.files.memory_used());
+        let decode = match claims.files.get_mut(&file.location) {
+            None => true,
+            Some(Claim::Decoding | Claim::Refused) => false,
+            Some(Claim::Decoded { bytes, cold_reads }) => {
+                *cold_reads += 1;
+                *bytes <= room || *cold_reads >= COLD_READS_TO_DECODE_AGAIN
+            }
+        };
+        if decode {
+            claims.files.insert(file.location.clone(), Claim::Decoding);
+            claims.tables.entry(table.to_owned()).or_default().insert(file.location.clone());
+        }
+        decode
+    }
+
+    /// Decodes `file` by executing `plan` (a scan of that one file, every column) in the background, and keeps
+    /// it in slices of the session's batch size.
+    pub(crate) fn decode(
+        self: &Arc<Self>,
+        file: ObjectMeta,
+        plan: Arc<dyn ExecutionPlan>,
+        ctx: Arc<TaskContext>,
+    ) {
+        let this = Arc::clone(self);
+        let rows = ctx.session_config().batch_size();
+        #[cfg(test)]
+        self.decodes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::spawn(async move {
+            let turn = this.decoding.acquire().await;
+            let schema = plan.schema();
+            let decoded = datafusion::physical_plan::collect(plan, ctx)
+                .await
+                .and_then(|batches| HotFile::of(&file, &schema, &batches, rows));
+            drop(turn);
+            let (claim, kept) = match decoded {
+                // DataFusion's cache refuses an entry larger than its whole bound.
+                Ok(decoded) if decoded.size() <= this.files.cache_limit() => {
+                    (Claim::Decoded { bytes: decoded.size(), cold_reads: 0 }, Some(decoded))
+                }
+                Ok(decoded) => {
+                    let (bytes, limit) = (decoded.size(), this.files.cache_limit());
+                    tracing::info!(file = %file.location, bytes, limit, "table file larger than --hot-tables-mb");
+                    (Claim::Refused, None)
+                }
+                Err(err) => {
+                    tracing::warn!(file = %file.location, error = %err, "table file not kept decoded");
+                    (Claim::Refused, None)
+                }
+            };
+            let mut claims = this.claims.lock().unwrap_or_else(PoisonError::into_inner);
+            // Unless a read of a newer version dropped the file meanwhile.
+            if let Some(entry) = claims.files.get_mut(&file.location) {
+                *entry = claim;
+                if let Some(decoded) = kept {
+                    // The cache makes room by dropping the files read least recently.
+                    this.files.put(&file.location, decoded);
+                    this.metrics.decodes.inc();
+                    this.observe();
+                }
+            }
+            drop(claims);
+            #[cfg(test)]
+            this.decoded.notify_waiters();
+        });
+    }
+
+    /// Waits until no file is being decoded.
+    #[cfg(test)]
+    pub(crate) async fn settled(&self) {
+        loop {
+            let decoded = self.decoded.notified();
+            let claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+            if !claims.files.values().any(|claim| matches!(claim, Claim::Decoding)) {
+                return;
+            }
+            drop(claims);
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(50), decoded).await;
+        }
+    }
+
+    /// Files decoded so far.
+    #[cfg(test)]
+    pub(crate) fn decodes(&self) -> usize {
+        self.decodes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes kept, and files.
+    #[cfg(test)]
+    pub(crate) fn kept(&self) -> (usize, usize) {
+        (self.files.memory_used(), self.files.len())
+    }
+}
+
+/// One table file, decoded.
+#[derive(Clone)]
+pub(crate) struct HotFile(Arc<Decoded>);
+
+struct Decoded {
+    /// The file's size and time when it was decoded: a file at the same path otherwise is another.
+    size: u64,
+    modified: chrono::DateTime<chrono::Utc>,
+    slices: Vec<Slice>,
+    bytes: usize,
+}
+
+/// Consecutive rows of a file, with what pruning needs to know of them.
+struct Slice {
+    rows: RecordBatch,
+    /// Of each column, its least and greatest values when pruning may trust their order.
+    bounds: Vec<Option<(ScalarValue, ScalarValue)>>,
+    nulls: Vec<u64>,
+}
+
+impl CacheValue for HotFile {
+    fn size(&self) -> usize {
+        self.0.bytes
+    }
+}
+
+impl HotFile {
+    fn of(file: &ObjectMeta, schema: &SchemaRef, batches: &[RecordBatch], rows: usize) -> Result<Self> {
+        // One batch, so that its size counts every buffer once (slices of it share them).
+        let whole = datafusion::arrow::compute::concat_batches(schema, batches)?;
+        let bytes = whole.get_array_memory_size();
+        let slices = (0..whole.num_rows())
+            .step_by(rows.max(1))
+            .map(|offset| Slice::of(whole.slice(offset, rows.min(whole.num_rows() - offset))))
+            .collect();
+        Ok(Self(Arc::new(Decoded { size: file.size, modified: file.last_modified, slices, bytes })))
+    }
+
+    fn is_of(&self, file: &ObjectMeta) -> bool {
+        self.0.size == file.size && self.0.modified == file.last_modified
+    }
+}
+
+impl Slice {
+    fn of(rows: RecordBatch) -> Self {
+        let bounds = rows.columns().iter().map(bounds).collect();
+        let nulls = rows.columns().iter().map(|column| column.null_count() as u64).collect();
+        Self { rows, bounds, nulls }
+    }
+}
+
+/// The least and greatest values of `column`, for types whose order the session's comparisons share.
+fn bounds(column: &ArrayRef) -> Option<(ScalarValue, ScalarValue)> {
+    let ordered = column.data_type().is_integer()
+        || matches!(
+            column.data_type(),
+            DataType::Utf8
+                | DataType::LargeUtf8
+                | DataType::Utf8View
+                | DataType::Date32
+                | DataType::Date64
+                | DataType::Timestamp(..)
+                | DataType::Decimal128(..)
+                | DataType::Boolean
+        );
+    if !ordered {
+        return None;
+    }
+    Some((min_batch(column).ok()?, max_batch(column).ok()?))
+}
+
+/// A scan of the decoded `files` of a table of `schema`: the slices `filters` may match, in `partitions`
+/// streams, with the columns `projection` names and at most `limit` rows.
+pub(crate) fn scan(
+    files: &[HotFile],
+    schema: &SchemaRef,
+    state: &dyn datafusion::catalog::Session,
+    (projection, filters, limit): (Option<&Vec<usize>>, &[Expr], Option<usize>),
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let slices: Vec<&Slice> = files.iter().flat_map(|file| file.0.slices.iter()).collect();
+    let kept = match pruning(schema, state, filters) {
+        // A predicate the statistics cannot evaluate keeps every slice, as the Parquet reader does.
+        Some(predicate) => {
+            predicate.prune(&Bounds { schema, slices: &slices }).unwrap_or_else(|_| vec![true; slices.len()])
+        }
+        None => vec![true; slices.len()],
+    };
+    let streams = state.config().target_partitions().max(1);
+    let mut partitions: Vec<Vec<RecordBatch>> = vec![Vec::new(); streams];
+    let read = slices.iter().zip(kept).filter_map(|(slice, keep)| keep.then_some(slice));
+    for (at, slice) in read.enumerate() {
+        partitions[at % streams].push(slice.rows.clone());
+    }
+    partitions.retain(|partition| !partition.is_empty());
+    if partitions.is_empty() {
+        partitions.push(Vec::new());
+    }
+    let source = MemorySourceConfig::try_new(&partitions, Arc::clone(schema), projection.cloned())?
+        .with_limit(limit)
+        .with_show_sizes(false);
+    Ok(DataSourceExec::from_data_source(source))
+}
+
+/// What `filters` say of a slice's statistics, when they say anything.
+fn pruning(
+    schema: &SchemaRef,
+    state: &dyn datafusion::catalog::Session,
+    filters: &[Expr],
+) -> Option<Arc<PruningPredicate>> {
+    let filter = conjunction(filters.iter().cloned())?;
+    let columns = Arc::clone(schema).to_dfschema().ok()?;
+    let expr = state.create_physical_expr(filter, &columns).ok()?;
+    let in_lists = state.config_options().execution.parquet.max_in_list_size;
+    PruningPredicateBuilder::new()
+        .with_file_schema(Arc::clone(schema))
+        .with_max_in_list_size(in_lists)
+        .build(expr)
+}
+
+/// What a scan of decoded slices read, when `node` is one: the rows of its slices (as many as its limit at
+/// most), and the bytes of the columns it read of them. Such a scan keeps no metrics of its own.
+pub(crate) fn read(node: &dyn ExecutionPlan) -> Option<(u64, u64)> {
+    let memory = node.downcast_ref::<DataSourceExec>()?.data_source().downcast_ref::<MemorySourceConfig>()?;
+    let batches = || memory.partitions().iter().flatten();
+    let rows = batches().map(RecordBatch::num_rows).sum::<usize>();
+    let rows = memory.fetch().map_or(rows, |limit| rows.min(limit));
+    let columns = |batch: &RecordBatch| match memory.projection() {
+        Some(projection) => projection.iter().filter_map(|&at| batch.columns().get(at).cloned()).collect(),
+        None => batch.columns().to_vec(),
+    };
+    let bytes = batches()
+        .flat_map(|batch| columns(batch))
+        .map(|column| column.to_data().get_slice_memory_size().unwrap_or(0) as u64)
+        .sum();
+    Some((rows as u64, bytes))
+}
+
+/// The statistics of slices, as `PruningPredicate` asks for them.
+struct Bounds<'a> {
+    schema: &'a Schema,
+    slices: &'a [&'a Slice],
+}
+
+impl Bounds<'_> {
+    fn values(
+        &self,
+        column: &Column,
+        pick: fn(&(ScalarValue, ScalarValue)) -> &ScalarValue,
+    ) -> Option<ArrayRef> {
+        let at = self.schema.index_of(&column.name).ok()?;
+        let values: Option<Vec<ScalarValue>> =
+            self.slices.iter().map(|slice| slice.bounds.get(at)?.as_ref().map(|b| pick(b).clone())).collect();
+        ScalarValue::iter_to_array(values?).ok()
+    }
+}
+
+impl PruningStatistics for Bounds<'_> {
+    fn min_values(&self, column: &Column) -> Option<ArrayRef> {
+        self.values(column, |(least, _)| least)
+    }
+
+    fn max_values(&self, column: &Column) -> Option<ArrayRef> {
+        self.values(column, |(_, greatest)| greatest)
+    }
+
+    fn num_containers(&self) -> usize {
+        self.slices.len()
+    }
+
+    fn null_counts(&self, column: &Column) -> Option<ArrayRef> {
+        let at = self.schema.index_of(&column.name).ok()?;
+        let nulls: Option<Vec<u64>> = self.slices.iter().map(|slice| slice.nulls.get(at).copied()).collect();
+        Some(Arc::new(UInt64Array::from(nulls?)))
+    }
+
+    fn row_counts(&self) -> Option<ArrayRef> {
+        let rows = self.slices.iter().map(|slice| slice.rows.num_rows() as u64);
+        Some(Arc::new(UInt64Array::from_iter_values(rows)))
+    }
+
+    fn contained(&self, _column: &Column, _values: &HashSet<ScalarValue>) -> Option<BooleanArray> {
+        None
+    }
+}

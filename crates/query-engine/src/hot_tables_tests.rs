@@ -1,0 +1,194 @@
+//! Tables kept decoded (`hot_tables`): runs answer exactly as from storage, through appends, compactions and
+//! replaces, and what is kept stays within its bound.
+
+use std::fmt::Write as _;
+
+use domain::{TableFormat, TableName, TableStore, WriteMode};
+use serde_json::json;
+
+use super::*;
+use crate::tests::{query, temp_dir};
+
+fn project() -> ProjectId {
+    ProjectId::new(1).unwrap()
+}
+
+fn name(table: &str) -> TableName {
+    TableName::parse(table).unwrap()
+}
+
+/// `rows` rows `id,country,day,amount,note` from `first`: ids and days in arrival order (as events arrive),
+/// countries in turn, a note missing from every third row.
+fn rows_csv(first: usize, rows: usize) -> Vec<u8> {
+    let mut csv = String::from("id,country,day,amount,note\n");
+    for id in first..first + rows {
+        let country = ["US", "FR", "DE", "JP", "BR"][id % 5];
+        let day = time::Date::from_ordinal_date(2025, 1).unwrap() + time::Duration::days((id / 200) as i64);
+        let note = if id % 3 == 0 { String::new() } else { format!("n_{}", id % 1000) };
+        writeln!(csv, "{id},{country},{day},{},{note}", id as f64 * 0.5 - 100.0).unwrap();
+    }
+    csv.into_bytes()
+}
+
+async fn write(engine: &DataFusionEngine, table: &str, mode: WriteMode, body: Vec<u8>) {
+    let chunks = vec![Ok::<_, std::io::Error>(bytes::Bytes::from(body))];
+    let upload = domain::Upload {
+        format: TableFormat::Csv,
+        mode,
+        body: Box::pin(futures_util::stream::iter(chunks)),
+        limit_bytes: 64 << 20,
+        tag: None,
+        quarantine: false,
+    };
+    TableStore::write(engine, project(), &name(table), upload).await.unwrap();
+}
+
+/// Shapes endpoints are made of, each filter one the slices' bounds can prune or cannot.
+const SHAPES: &[&str] = &[
+    "SELECT count(*) AS n, sum(amount) AS s FROM t WHERE id BETWEEN 12000 AND 12100",
+    "SELECT country, count(*) AS n FROM t WHERE country = 'FR' GROUP BY country",
+    "SELECT count(*) AS n FROM t WHERE country IN ('US', 'JP') AND id > 25000",
+    "SELECT id, note FROM t WHERE note IS NULL ORDER BY id DESC LIMIT 3",
+    "SELECT count(*) AS n FROM t WHERE note LIKE 'n\\_1%'",
+    "SELECT min(day) AS first, max(day) AS last, count(*) AS n FROM t WHERE day >= DATE '2025-03-01'",
+    "SELECT count(*) AS n FROM t WHERE amount > 1000.0",
+    "SELECT * FROM t WHERE id = 29999",
+    "SELECT count(*) AS n FROM t WHERE id < 0",
+    "SELECT count(*) AS n FROM t WHERE upper(country) = 'DE' OR id = 5",
+    "SELECT day, count(*) AS n FROM t GROUP BY day ORDER BY n DESC, day LIMIT 2",
+];
+
+async fn answers(engine: &DataFusionEngine) -> Vec<String> {
+    let mut answers = Vec::new();
+    for sql in SHAPES {
+        let run = engine.execute(project(), &query(sql, json!({})), &BTreeMap::new(), 100, 0).await;
+        answers.push(run.unwrap_or_else(|err| panic!("{sql}: {err}")).rows_json);
+    }
+    answers
+}
+
+/// How a plan shows a scan of Parquet files.
+const PARQUET: &str = "file_type=parquet";
+
+fn engine_keeping(storage: &Storage, bytes: usize) -> DataFusionEngine {
+    DataFusionEngine::new(storage.clone())
+        .with_limits(EngineLimits { hot_tables: bytes, ..EngineLimits::default() })
+}
+
+fn hot(engine: &DataFusionEngine) -> &hot_tables::HotTables {
+    engine.hot.as_deref().expect("tables are kept")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_of_a_table_kept_decoded_answer_as_runs_from_storage_through_appends_compactions_and_replaces() {
+    let dir = temp_dir("hot-tables");
+    let storage = Storage::local(&dir).unwrap();
+    let (warm, stored) = (engine_keeping(&storage, 256 << 20), engine_keeping(&storage, 0));
+    assert!(stored.hot.is_none(), "a bound of 0 keeps nothing");
+    write(&warm, "t", WriteMode::Replace, rows_csv(0, 30_000)).await;
+
+    let expected = answers(&stored).await;
+    assert_eq!(answers(&warm).await, expected, "the first runs read storage");
+    hot(&warm).settled().await;
+    assert_eq!(hot(&warm).kept().1, 1, "the table's file is kept");
+    assert_eq!(answers(&warm).await, expected, "runs of the decoded file");
+    let plan = crate::tests::physical_plan(&warm, &query(SHAPES[0], json!({})), &BTreeMap::new()).await;
+    assert!(plan.contains("DataSourceExec: partitions=") && !plan.contains(PARQUET), "{plan}");
+    // Its bounds skip the slices a filter cannot match: 101 ids read at most two slices of 8,192 rows.
+    let run = warm.execute(project(), &query(SHAPES[0], json!({})), &BTreeMap::new(), 10, 0).await.unwrap();
+    let read = run.statistics.rows_read.unwrap();
+    assert!(read > 0 && read <= 2 * 8192, "{read} of 30,000 rows read");
+    assert!(run.statistics.bytes_read.unwrap() > 0, "the bytes of the columns it read");
+    let every = warm.execute(project(), &query(SHAPES[9], json!({})), &BTreeMap::new(), 10, 0).await.unwrap();
+    assert_eq!(
+        every.statistics.rows_read,
+        Some(30_000),
+        "a filter the bounds cannot judge reads every slice"
+    );
+
+    // Appends' files are read from storage beside the decoded one, then decoded too.
+    for append in 0..compaction::MIN_SMALL_FILES {
+        write(&warm, "t", WriteMode::Append, rows_csv(30_000 + append * 10, 10)).await;
+    }
+    let before = expected;
+    let expected = answers(&stored).await;
+    assert_ne!(expected, before, "the append changes answers");
+    assert_eq!(answers(&warm).await, expected, "decoded and stored files together");
+    hot(&warm).settled().await;
+    let files = 1 + compaction::MIN_SMALL_FILES;
+    assert_eq!(hot(&warm).kept().1, files, "the appended files are kept beside the first");
+    assert_eq!(hot(&warm).decodes(), files, "which is not decoded again");
+    assert_eq!(answers(&warm).await, expected);
+
+    // A compaction's file replaces them: they are dropped at the next run, and the new one decoded.
+    let compacted = warm.compact(project(), &name("t"), Vec::new(), Vec::new()).await.unwrap();
+    assert!(compacted.is_some(), "small files compacted");
+    assert_eq!(answers(&warm).await, expected);
+    hot(&warm).settled().await;
+    assert_eq!(hot(&warm).kept().1, 1, "the compacted file alone is kept");
+    assert_eq!(answers(&warm).await, expected);
+
+    // A replace drops the table's files at its next run.
+    write(&warm, "t", WriteMode::Replace, rows_csv(100, 50)).await;
+    let replaced = answers(&stored).await;
+    assert_ne!(replaced, expected);
+    assert_eq!(answers(&warm).await, replaced);
+    hot(&warm).settled().await;
+    assert_eq!(hot(&warm).kept().1, 1, "only the replacing file is kept");
+    assert_eq!(answers(&warm).await, replaced);
+    drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_kept_decoded_stay_within_their_bound_the_least_recently_read_leaving_first() {
+    let dir = temp_dir("hot-bound");
+    let storage = Storage::local(&dir).unwrap();
+    let measuring = engine_keeping(&storage, 256 << 20);
+    for table in ["a", "b", "c"] {
+        write(&measuring, table, WriteMode::Replace, rows_csv(0, 20_000)).await;
+    }
+    let count =
+        |table: &str| query(&format!("SELECT count(*) AS n FROM {table} WHERE country = 'US'"), json!({}));
+    let run = |engine: &DataFusionEngine, table: &str| {
+        let (engine, q) = (engine.clone(), count(table));
+        async move { engine.execute(project(), &q, &BTreeMap::new(), 10, 0).await.unwrap().rows_json }
+    };
+    run(&measuring, "a").await;
+    hot(&measuring).settled().await;
+    let (one, files) = hot(&measuring).kept();
+    assert_eq!(files, 1);
+
+    // Room for two of the three tables: the third read leaves the least recently read out.
+    let engine = engine_keeping(&storage, one * 5 / 2);
+    let reads = |table| {
+        let (engine, q) = (engine.clone(), count(table));
+        async move { crate::tests::physical_plan(&engine, &q, &BTreeMap::new()).await.contains(PARQUET) }
+    };
+    for table in ["a", "b", "c", "b"] {
+        assert_eq!(run(&engine, table).await, r#"[{"n":4000}]"#, "{table}");
+        hot(&engine).settled().await;
+        let (bytes, _) = hot(&engine).kept();
+        assert!(bytes <= one * 5 / 2, "{bytes} bytes kept within {}", one * 5 / 2);
+    }
+    assert_eq!(hot(&engine).kept(), (2 * one, 2), "two tables kept");
+    assert_eq!((reads("a").await, reads("b").await, reads("c").await), (true, false, false), "a left");
+    // A table that left is decoded again once read often enough from storage, and the one read least recently
+    // (c) leaves for it; tables read in turn are not decoded at every run.
+    for _ in 1..hot_tables::COLD_READS_TO_DECODE_AGAIN {
+        assert_eq!(run(&engine, "b").await, r#"[{"n":4000}]"#);
+        assert_eq!(run(&engine, "a").await, r#"[{"n":4000}]"#);
+        hot(&engine).settled().await;
+    }
+    assert_eq!(hot(&engine).decodes(), 4, "a decoded a second time");
+    assert_eq!((reads("a").await, reads("b").await, reads("c").await), (false, false, true), "c left");
+
+    // A bound smaller than a file keeps nothing, and does not decode it again at every run.
+    let small = engine_keeping(&storage, one / 2);
+    for _ in 0..3 {
+        assert_eq!(run(&small, "a").await, r#"[{"n":4000}]"#);
+        hot(&small).settled().await;
+        assert_eq!(hot(&small).kept(), (0, 0));
+    }
+    assert_eq!(hot(&small).decodes(), 1);
+    drop(dir);
+}
