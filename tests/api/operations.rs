@@ -147,3 +147,48 @@ async fn json_logs_carry_the_request_id_and_never_the_key() {
     }
     std::fs::remove_file(log_path).ok();
 }
+
+/// `serve` keeps the tables its runs read decoded within `--hot-tables-mb` (its metrics say so, and later runs
+/// answer the same from memory), and keeps none with 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_keeps_the_tables_runs_read_decoded_within_its_bound() {
+    let app = spawn_app().await;
+    let (project, key) = project_with_sales(&app);
+    let sql = "SELECT country, SUM(amount) AS total FROM sales GROUP BY country ORDER BY country";
+    app.create_endpoint(project, &key, &endpoint_body("totals", sql)).await;
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
+    app.stop().await.unwrap();
+    let client = reqwest::Client::new();
+    for (bound, kept) in [("1", 1.0), ("0", 0.0)] {
+        let command = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"));
+        let args = ["--materialize-workers", "0", "--compaction-interval-ms", "0", "--hot-tables-mb", bound];
+        let server = crate::helpers::serve_command(command, &data_dir, &args).await;
+        let run = format!("{}/api/projects/{project}/endpoints/totals/run?refresh=direct", server.address);
+        let metric = || async {
+            let text =
+                client.get(format!("{}/metrics", server.address)).send().await.unwrap().text().await.unwrap();
+            (sample(&text, "endpoints_hot_table_files"), sample(&text, "endpoints_hot_table_bytes"))
+        };
+        let mut answers = Vec::new();
+        // The first run reads the file from storage and has it decoded in the background; a later one reads it
+        // from memory once it is (bounded: a server that never keeps it fails here).
+        for _ in 0..200 {
+            let answer: Value =
+                client.get(&run).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+            answers.push(answer["results"].clone());
+            if metric().await.0 == Some(kept) || kept == 0.0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        let answer: Value = client.get(&run).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+        assert!(answers.iter().all(|earlier| *earlier == answer["results"]), "{answers:?} {answer}");
+        match metric().await {
+            (Some(files), Some(bytes)) => {
+                assert!(files == kept && (bytes > 0.0) == (kept > 0.0), "{files} {bytes}")
+            }
+            (None, None) => assert_eq!(kept, 0.0, "the metrics exist while tables are kept"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -2,8 +2,9 @@
 //!
 //! A table's files never change once written: an append adds a file, a replace or a compaction switches the
 //! table to other files. So what is kept is a file, decoded whole (every column, as the engine's scans read it)
-//! after a run of the table's newest version found it cold, in the background and one file at a time (at most
-//! one core's work, beside the runs); that run read it from storage as before. A later run of the newest
+//! after a run of the table's newest version found it cold, in the background and one file at a time, on a
+//! thread of the lowest priority (at most one core's work, and only what runs leave idle); that run read it from
+//! storage as before. A later run of the newest
 //! version reads the files kept here from memory and the others (an append's new file, until it is decoded
 //! too) from storage, in one plan ([`crate::snapshot_scan`]), and drops the table's files it no longer names (a
 //! replace's or a compaction's predecessors) at once.
@@ -41,14 +42,18 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::runtime::IdleRuntime;
+
 /// The decoded files of tables, within a bound of bytes.
 pub(crate) struct HotTables {
     files: DefaultCache<Path, HotFile>,
     /// What became of each file a run found cold, and the files of each table (by its key) that a read of its
     /// newest version compares with those it names.
     claims: Mutex<Claims>,
-    /// One file decoded at a time.
+    /// One file decoded at a time, on a thread of the lowest priority: decoding takes at most one core, and
+    /// only what runs leave idle (a first run after a start is not slowed by the files being decoded).
     decoding: tokio::sync::Semaphore,
+    decoder: IdleRuntime,
     metrics: HotMetrics,
     /// Told when a decoding ends, for tests that wait for a table to be hot.
     #[cfg(test)]
@@ -109,6 +114,7 @@ impl HotTables {
                 files: DefaultCache::new(bytes).with_name("hot table files"),
                 claims: Mutex::default(),
                 decoding: tokio::sync::Semaphore::new(1),
+                decoder: IdleRuntime::new("hot-table-decode"),
                 metrics: HotMetrics::default(),
                 #[cfg(test)]
                 decoded: tokio::sync::Notify::new(),
@@ -154,12 +160,10 @@ impl HotTables {
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         let Claims { files: claimed, tables } = &mut *claims;
         let Some(kept) = tables.get_mut(table) else { return };
-        if kept.len() <= files.len()
-            && kept.iter().all(|path| files.iter().any(|file| &file.location == path))
-        {
+        let named: HashSet<&Path> = files.iter().map(|file| &file.location).collect();
+        if kept.iter().all(|path| named.contains(path)) {
             return;
         }
-        let named: HashSet<&Path> = files.iter().map(|file| &file.location).collect();
         kept.retain(|path| {
             let stays = named.contains(path);
             if !stays {
@@ -201,11 +205,20 @@ impl HotTables {
         plan: Arc<dyn ExecutionPlan>,
         ctx: Arc<TaskContext>,
     ) {
+        let decoder = match self.decoder.handle() {
+            Ok(decoder) => decoder,
+            Err(err) => {
+                tracing::warn!(error = %err, "table files are not kept decoded");
+                let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+                claims.files.insert(file.location, Claim::Refused);
+                return;
+            }
+        };
         let this = Arc::clone(self);
         let rows = ctx.session_config().batch_size();
         #[cfg(test)]
         self.decodes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tokio::spawn(async move {
+        decoder.spawn(async move {
             let turn = this.decoding.acquire().await;
             let schema = plan.schema();
             let decoded = datafusion::physical_plan::collect(plan, ctx)

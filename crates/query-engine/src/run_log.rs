@@ -55,6 +55,7 @@ use prometheus_client::registry::Registry;
 use time::macros::format_description;
 use uuid::Uuid;
 
+use crate::runtime::IdleRuntime;
 use crate::storage::{unavailable, Storage};
 pub use crate::tables::catalog::LOGS_TABLE;
 
@@ -175,35 +176,9 @@ struct Inner {
     dropped: Counter,
     sampled: Counter,
     failed: Counter,
-    /// The runtime merges run on (see [`merge_runtime`]), made at the first merge.
-    merges: std::sync::OnceLock<tokio::runtime::Runtime>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // Dropped from anywhere, an async context included: its thread is left to stop on its own.
-        if let Some(runtime) = self.merges.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
-/// One worker thread at the lowest priority (and its blocking threads, for file I/O, likewise): a merge reads,
-/// merges and compresses on it alone, so it takes at most one core, and only what queries leave idle.
-fn merge_runtime() -> Result<tokio::runtime::Runtime, EngineError> {
-    use thread_priority::{set_current_thread_priority, ThreadPriority};
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .max_blocking_threads(2)
-        .thread_name("run-log-merge")
-        .on_thread_start(|| {
-            if let Err(err) = set_current_thread_priority(ThreadPriority::Min) {
-                tracing::warn!(error = %err, "could not lower the priority of the run log's merges");
-            }
-        })
-        .enable_all()
-        .build()
-        .map_err(|err| EngineError::Internal(format!("the run log's merge thread: {err}").into()))
+    /// The runtime merges run on: a merge reads, merges and compresses there alone, so it takes at most one
+    /// core, and only what queries leave idle.
+    merges: IdleRuntime,
 }
 
 impl ParquetRunLog {
@@ -222,7 +197,7 @@ impl ParquetRunLog {
                 dropped: Counter::default(),
                 sampled: Counter::default(),
                 failed: Counter::default(),
-                merges: std::sync::OnceLock::new(),
+                merges: IdleRuntime::new("run-log-merge"),
             }),
         }
     }
@@ -374,13 +349,7 @@ impl ParquetRunLog {
 
     /// The merge runtime's handle, the runtime made at the first call.
     fn merges(&self) -> Result<tokio::runtime::Handle, EngineError> {
-        if let Some(runtime) = self.inner.merges.get() {
-            return Ok(runtime.handle().clone());
-        }
-        if let Err(made_twice) = self.inner.merges.set(merge_runtime()?) {
-            made_twice.shutdown_background();
-        }
-        Ok(self.inner.merges.get().expect("set just above").handle().clone())
+        self.inner.merges.handle()
     }
 
     /// Merges the hours this node wrote to that are due (see [`HourFiles::due`]), on the merge runtime.

@@ -75,6 +75,54 @@ impl EngineRuntime {
     }
 }
 
+/// A runtime of one worker thread at the lowest priority (its blocking threads, for file I/O, likewise), made
+/// when first used: background work on it takes at most one core, and only what queries leave idle.
+#[derive(Debug)]
+pub(crate) struct IdleRuntime {
+    name: &'static str,
+    runtime: std::sync::OnceLock<Runtime>,
+}
+
+impl IdleRuntime {
+    pub(crate) const fn new(name: &'static str) -> Self {
+        Self { name, runtime: std::sync::OnceLock::new() }
+    }
+
+    /// Its handle, the runtime made at the first call.
+    pub(crate) fn handle(&self) -> Result<tokio::runtime::Handle, EngineError> {
+        if let Some(runtime) = self.runtime.get() {
+            return Ok(runtime.handle().clone());
+        }
+        let name = self.name;
+        let runtime = Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(2)
+            .thread_name(name)
+            .on_thread_start(move || {
+                use thread_priority::{set_current_thread_priority, ThreadPriority};
+                if let Err(err) = set_current_thread_priority(ThreadPriority::Min) {
+                    tracing::warn!(error = %err, thread = name, "could not lower a background thread's priority");
+                }
+            })
+            .enable_all()
+            .build()
+            .map_err(|err| EngineError::Internal(format!("the {name} thread: {err}").into()))?;
+        if let Err(made_twice) = self.runtime.set(runtime) {
+            made_twice.shutdown_background();
+        }
+        Ok(self.runtime.get().expect("set just above").handle().clone())
+    }
+}
+
+impl Drop for IdleRuntime {
+    fn drop(&mut self) {
+        // Dropped from anywhere, an async context included: its thread is left to stop on its own.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// What a panic in the engine's work means to its caller. Work here only ever reads what a client sent (its
 /// query, its upload) with DataFusion and Arrow, whose kernels panic on some inputs (a string array past 2 GiB,
 /// a corrupt file's impossible lengths): the client's request failed on its own input, so it is told so (400)
