@@ -1644,7 +1644,8 @@ def list_memory(args, app):
     variables = dict((name, v) for name, _, _, v in SHAPES)
     for _ in range(SHAPE_BATCHES):
         for name in figures:
-            app.start("--materialize-workers", "0", "--query-partitions", "16")
+            # No table kept decoded: its decoding in the background would be counted as the query's memory.
+            app.start("--materialize-workers", "0", "--query-partitions", "16", "--hot-tables-mb", "0")
             try:
                 with PeakRss(app.process.pid) as peak:
                     ms, _ = app.timed(shape_path(name, variables[name]), SHAPE_ROUNDS)
