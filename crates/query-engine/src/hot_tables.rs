@@ -262,11 +262,13 @@ impl HotTables {
     pub(crate) async fn settled(&self) {
         loop {
             let decoded = self.decoded.notified();
-            let claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-            if !claims.files.values().any(|claim| matches!(claim, Claim::Decoding)) {
+            let decoding = {
+                let claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+                claims.files.values().any(|claim| matches!(claim, Claim::Decoding))
+            };
+            if !decoding {
                 return;
             }
-            drop(claims);
             let _ = tokio::time::timeout(std::time::Duration::from_millis(50), decoded).await;
         }
     }
@@ -415,7 +417,7 @@ pub(crate) fn read(node: &dyn ExecutionPlan) -> Option<(u64, u64)> {
         None => batch.columns().to_vec(),
     };
     let bytes = batches()
-        .flat_map(|batch| columns(batch))
+        .flat_map(columns)
         .map(|column| column.to_data().get_slice_memory_size().unwrap_or(0) as u64)
         .sum();
     Some((rows as u64, bytes))
