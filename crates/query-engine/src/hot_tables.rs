@@ -185,6 +185,8 @@ impl HotTables {
         let decode = match claims.files.get_mut(&file.location) {
             None => true,
             Some(Claim::Decoding | Claim::Refused) => false,
+            // Kept since the run found it cold (its decoding ended in between): nothing to do.
+            Some(Claim::Decoded { .. }) if self.files.contains_key(&file.location) => false,
             Some(Claim::Decoded { bytes, cold_reads }) => {
                 *cold_reads += 1;
                 *bytes <= room || *cold_reads >= COLD_READS_TO_DECODE_AGAIN
@@ -207,12 +209,7 @@ impl HotTables {
     ) {
         let decoder = match self.decoder.handle() {
             Ok(decoder) => decoder,
-            Err(err) => {
-                tracing::warn!(error = %err, "table files are not kept decoded");
-                let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-                claims.files.insert(file.location, Claim::Refused);
-                return;
-            }
+            Err(err) => return self.refuse(&file, &err),
         };
         let this = Arc::clone(self);
         let rows = ctx.session_config().batch_size();
@@ -255,6 +252,13 @@ impl HotTables {
             #[cfg(test)]
             this.decoded.notify_waiters();
         });
+    }
+
+    /// `file`, claimed, cannot be decoded: it is not tried again.
+    pub(crate) fn refuse(&self, file: &ObjectMeta, why: &dyn std::fmt::Display) {
+        tracing::warn!(file = %file.location, error = %why, "table file not kept decoded");
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        claims.files.insert(file.location.clone(), Claim::Refused);
     }
 
     /// Waits until no file is being decoded.

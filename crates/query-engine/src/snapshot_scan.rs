@@ -148,8 +148,11 @@ impl TableProvider for SnapshotScan {
         if !stored.is_empty() {
             scans.push(self.scan_files(state, &stored, projection, limit).await?);
             for file in stored.into_iter().filter(|file| hot.claim(table, file)) {
-                let whole = self.scan_files(state, std::slice::from_ref(&file), None, None).await?;
-                hot.decode(file, whole, state.task_ctx());
+                // Failing to plan it fails no run: the file is read from storage, as now.
+                match self.scan_files(state, std::slice::from_ref(&file), None, None).await {
+                    Ok(whole) => hot.decode(file, whole, state.task_ctx()),
+                    Err(err) => hot.refuse(&file, &err),
+                }
             }
         }
         UnionExec::try_new(scans)
