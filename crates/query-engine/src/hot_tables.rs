@@ -22,7 +22,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::{Column, Result, ScalarValue, ToDFSchema};
@@ -320,6 +320,16 @@ impl HotFile {
     fn of(file: &ObjectMeta, schema: &SchemaRef, batches: &[RecordBatch], rows: usize) -> Result<Self> {
         // One batch, so that its size counts every buffer once (slices of it share them).
         let whole = datafusion::arrow::compute::concat_batches(schema, batches)?;
+        // Strings read as views point into the pages they were decoded from; copied out, a column holds its
+        // strings alone.
+        let compact = |column: &ArrayRef| -> ArrayRef {
+            match column.data_type() {
+                DataType::Utf8View => Arc::new(column.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(column.as_binary_view().gc()),
+                _ => Arc::clone(column),
+            }
+        };
+        let whole = RecordBatch::try_new(whole.schema(), whole.columns().iter().map(compact).collect())?;
         let bytes = whole.get_array_memory_size();
         let slices = (0..whole.num_rows())
             .step_by(rows.max(1))
