@@ -182,7 +182,14 @@ impl HotTables {
             *claims = Claims::default();
         }
         let room = self.files.cache_limit().saturating_sub(self.files.memory_used());
+        // Decoded, a file is never smaller than it is stored: one stored larger than the bound is not decoded
+        // only to be refused (a transient copy of it that no memory pool sees).
+        let fits = usize::try_from(file.size).is_ok_and(|size| size <= self.files.cache_limit());
         let decode = match claims.files.get_mut(&file.location) {
+            None if !fits => {
+                claims.files.insert(file.location.clone(), Claim::Refused);
+                false
+            }
             None => true,
             Some(Claim::Decoding | Claim::Refused) => false,
             // Kept since the run found it cold (its decoding ended in between): nothing to do.
