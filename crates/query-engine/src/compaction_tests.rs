@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use domain::{ProjectId, QueryEngine, TableFormat, TableName, TableStore, Upload, WriteMode};
+use domain::{KeptTables, ProjectId, QueryEngine, TableFormat, TableName, TableStore, Upload, WriteMode};
 use futures_util::stream;
 use serde_json::{json, Value};
 
@@ -261,8 +261,11 @@ fn tagged(body: String, write_id: uuid::Uuid, limit_bytes: u64) -> Upload {
 
 #[tokio::test]
 async fn a_tagged_append_is_found_by_its_write_id_until_a_compaction_not_told_to_keep_it() {
-    let (engine, _, _dir) = two_nodes();
+    let (engine, other, _dir) = two_nodes();
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
+    // The other node hears every write and has read the table: it reads the version it keeps.
+    other.hearing(true);
+    assert_eq!(counts(&other).await, (5, 5));
     let (held, kept, merged) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
     let body = ids(5, 4);
     let sha = domain::BodyDigest::of(Box::pin(stream::iter(vec![Ok(Bytes::from(body.clone()))])), 1 << 20)
@@ -271,6 +274,10 @@ async fn a_tagged_append_is_found_by_its_write_id_until_a_compaction_not_told_to
     engine.write(project(), &events(), tagged(body.clone(), held, 1 << 20)).await.unwrap();
     let found = engine.holds(project(), &events(), held).await.unwrap().expect("found by its id");
     assert_eq!((found.written.rows, found.written.bytes, found.body_sha256), (4, body.len() as u64, sha));
+    // Its writer stopped before announcing it: a run on the other node does not see it yet, a retry's search
+    // does (else the retry would write the rows again).
+    assert_eq!(counts(&other).await, (5, 5));
+    assert!(other.holds(project(), &events(), held).await.unwrap().is_some(), "a commit not announced");
     assert!(engine.holds(project(), &events(), uuid::Uuid::new_v4()).await.unwrap().is_none());
     // A body past what is held in memory is staged, and tagged the same.
     let big = ids(100, 140_000);

@@ -467,8 +467,25 @@ impl DeltaTables {
             self.kept_reads.inc();
             return Ok(Some(trusted));
         }
+        self.check(table, &kept).await
+    }
+
+    /// The table's newest snapshot as its log says it is now, whatever this process heard: for a question a
+    /// missed announcement must not answer wrong, such as whether a writer that stopped between its commit and
+    /// its announcement wrote its rows ([`TRUST_FOR`] is how long such a commit may otherwise go unseen).
+    ///
+    /// # Errors
+    /// [`CommitError::Storage`].
+    pub async fn checked_snapshot(&self, table: &ObjectPath) -> Result<Option<Arc<Snapshot>>, CommitError> {
+        let kept = self.kept(table);
+        self.check(table, &kept).await
+    }
+
+    /// The table's newest snapshot checked against its log: one existence check of the commit after the one
+    /// kept, and the new commits when there are some.
+    async fn check(&self, table: &ObjectPath, kept: &Kept) -> Result<Option<Arc<Snapshot>>, CommitError> {
         self.checked_reads.inc();
-        let heard = self.heard(&kept);
+        let heard = self.heard(kept);
         if let Some(known) = kept.checked_newest() {
             let next = table.clone().join("_delta_log").join(format!("{:020}.json", known.version + 1));
             match self.store.head(&next).await {
@@ -486,7 +503,7 @@ impl DeltaTables {
                 return Ok(Some(kept.advance(Arc::new(followed), heard)));
             }
         }
-        self.refresh(table, &kept, heard).await
+        self.refresh(table, kept, heard).await
     }
 
     /// `base` moved to version `to` by the commits after it, when they only added and removed files (`None`

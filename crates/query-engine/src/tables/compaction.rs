@@ -25,7 +25,7 @@ use tables_delta::{CommitError, DataFile, NewFile, Snapshot};
 use uuid::Uuid;
 
 use crate::storage::{unavailable, Storage};
-use crate::tables::catalog::{current, object_meta, table_error, table_prefix, Current};
+use crate::tables::catalog::{current, object_meta, state_of, table_error, table_prefix, Current};
 use crate::tables::files::{instant_ms, rows_of, FileRows, TableLock};
 use crate::tables::imports::{tagged_appends, ImportError, TableWriter, TaggedAppend};
 use crate::tables::layout;
@@ -273,7 +273,9 @@ async fn appends_in(storage: &Storage, meta: &ObjectMeta) -> Result<Vec<TaggedAp
     Ok(tagged_appends(metadata.file_metadata()))
 }
 
-/// The append written under `write_id`, if the table's newest version has its rows.
+/// The append written under `write_id`, if the table's newest version has its rows. The version is the log's
+/// newest, not one this process keeps from what it heard: the writer asked about may have stopped between its
+/// commit and announcing it, and a retry that missed its rows would write them twice.
 pub(crate) async fn find_tagged(
     storage: &Storage,
     project: ProjectId,
@@ -281,7 +283,8 @@ pub(crate) async fn find_tagged(
     write_id: Uuid,
 ) -> Result<Option<TaggedAppend>, EngineError> {
     let prefix = table_prefix(project, table);
-    let Some(Current::Files(snapshot)) = current(storage, &prefix).await? else { return Ok(None) };
+    let newest = storage.tables().checked_snapshot(&prefix).await.map_err(table_error)?;
+    let Some(Current::Files(snapshot)) = newest.and_then(state_of) else { return Ok(None) };
     for file in &snapshot.files {
         let found =
             appends_in(storage, &object_meta(file)).await?.into_iter().find(|a| a.write_id == write_id);
