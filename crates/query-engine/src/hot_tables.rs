@@ -9,9 +9,13 @@
 //! too) from storage, in one plan ([`crate::snapshot_scan`]), and drops the table's files it no longer names (a
 //! replace's or a compaction's predecessors) at once.
 //!
-//! Bytes kept are bounded (`--hot-tables-mb`, set apart from the memory queries get, so `--max-memory` holds):
-//! DataFusion's own byte-bounded LRU cache holds the files, the least recently read leaving first. A file
-//! larger than the bound, or one that cannot be read, is not tried again.
+//! Bytes kept are bounded (`--hot-tables-mb`, set apart from the memory queries get, so `--max-memory` holds),
+//! and shared between projects by what they hold: each project's files are in a byte-bounded LRU cache of
+//! DataFusion's own, and a file that needs room takes it from the project holding the most (counting the file
+//! to its own), its least recently read files leaving first. So a project may use all the room others leave,
+//! but reading many tables never pushes another project's files out while it holds more than that project: of
+//! two projects reading more than the bound, each keeps half. A file larger than the bound, or one that
+//! cannot be read, is not tried again.
 //!
 //! Each file is kept as slices of the session's batch size, each knowing its least and greatest value of every
 //! column whose order pruning may trust, and its nulls: a run's filters skip the slices that cannot hold a
@@ -29,13 +33,14 @@ use datafusion::common::{Column, Result, ScalarValue, ToDFSchema};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::execution::cache::default_cache::DefaultCache;
-use datafusion::execution::cache::{Cache, CacheValue};
+use datafusion::execution::cache::{Cache, CacheKey, CacheValue};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicateBuilder};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_functions_aggregate_common::min_max::{max_batch, min_batch};
+use domain::ProjectId;
 use object_store::path::Path;
 use object_store::ObjectMeta;
 use prometheus_client::metrics::counter::Counter;
@@ -46,7 +51,10 @@ use crate::runtime::IdleRuntime;
 
 /// The decoded files of tables, within a bound of bytes.
 pub(crate) struct HotTables {
-    files: DefaultCache<Path, HotFile>,
+    /// Bytes kept at most, across projects.
+    bound: usize,
+    /// Each project's files: a cache bounded by `bound` alone, and by what [`HotTables::keep`] takes from it.
+    projects: Mutex<HashMap<ProjectId, Arc<Files>>>,
     /// What became of each file a run found cold, and the files of each table (by its key) that a read of its
     /// newest version compares with those it names.
     claims: Mutex<Claims>,
@@ -70,10 +78,20 @@ struct HotMetrics {
     decodes: Counter,
 }
 
+/// One project's decoded files, the least recently read leaving first.
+type Files = DefaultCache<Path, HotFile>;
+
+/// A table whose files are kept: its project's share of the bound is what it is read against.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct HotTable {
+    pub(crate) project: ProjectId,
+    pub(crate) name: String,
+}
+
 #[derive(Default)]
 struct Claims {
     files: HashMap<Path, Claim>,
-    tables: HashMap<String, HashSet<Path>>,
+    tables: HashMap<HotTable, HashSet<Path>>,
 }
 
 enum Claim {
@@ -90,10 +108,11 @@ enum Claim {
 
 impl std::fmt::Debug for HotTables {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (bytes, files) = self.held();
         f.debug_struct("HotTables")
-            .field("files", &self.files.len())
-            .field("bytes", &self.files.memory_used())
-            .field("limit", &self.files.cache_limit())
+            .field("files", &files)
+            .field("bytes", &bytes)
+            .field("limit", &self.bound)
             .finish_non_exhaustive()
     }
 }
@@ -111,7 +130,8 @@ impl HotTables {
     pub(crate) fn new(bytes: usize) -> Option<Arc<Self>> {
         (bytes > 0).then(|| {
             Arc::new(Self {
-                files: DefaultCache::new(bytes).with_name("hot table files"),
+                bound: bytes,
+                projects: Mutex::default(),
                 claims: Mutex::default(),
                 decoding: tokio::sync::Semaphore::new(1),
                 decoder: IdleRuntime::new("hot-table-decode"),
@@ -136,19 +156,68 @@ impl HotTables {
         );
     }
 
-    /// Sets the gauges to what the cache holds now.
+    /// Sets the gauges to what the caches hold now.
     fn observe(&self) {
-        self.metrics.bytes.set(i64::try_from(self.files.memory_used()).unwrap_or(i64::MAX));
-        self.metrics.files.set(i64::try_from(self.files.len()).unwrap_or(i64::MAX));
+        let (bytes, files) = self.held();
+        self.metrics.bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.metrics.files.set(i64::try_from(files).unwrap_or(i64::MAX));
+    }
+
+    /// Bytes kept, and files, of every project.
+    fn held(&self) -> (usize, usize) {
+        let projects = self.projects.lock().unwrap_or_else(PoisonError::into_inner);
+        projects
+            .values()
+            .fold((0, 0), |(bytes, files), held| (bytes + held.memory_used(), files + held.len()))
+    }
+
+    /// The files `project` keeps, if it keeps any.
+    fn files_of(&self, project: ProjectId) -> Option<Arc<Files>> {
+        self.projects.lock().unwrap_or_else(PoisonError::into_inner).get(&project).cloned()
+    }
+
+    /// Keeps `file` for `project`, making room from the project holding the most (the file counted to its own;
+    /// on a tie, its own project) until it fits: a project never gives way to one that would hold more. Only
+    /// a project with nothing left to give (a first file larger than its share) takes room from the next.
+    fn keep(&self, project: ProjectId, location: &Path, file: HotFile) {
+        let size = location.size() + file.size();
+        let mut projects = self.projects.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let used: usize = projects.values().map(|held| held.memory_used()).sum();
+            let over = (used + size).saturating_sub(self.bound);
+            if over == 0 {
+                break;
+            }
+            let rank = |id: &ProjectId, held: &Files| {
+                let own = if *id == project { size } else { 0 };
+                (held.memory_used() + own, *id == project)
+            };
+            let largest = projects
+                .iter()
+                .filter(|(_, held)| held.memory_used() > 0)
+                .max_by_key(|(id, held)| rank(id, held))
+                .map(|(_, held)| Arc::clone(held));
+            // Nothing left to drop: the file is larger than the bound (the cache refuses it).
+            let Some(largest) = largest else { break };
+            // The cache drops its least recently read files until it is within the limit.
+            largest.update_cache_limit(largest.memory_used().saturating_sub(over));
+            largest.update_cache_limit(self.bound);
+        }
+        projects.retain(|_, held| held.len() > 0);
+        let held = projects
+            .entry(project)
+            .or_insert_with(|| Arc::new(DefaultCache::new(self.bound).with_name("hot table files")));
+        held.put(location, file);
     }
 
     /// Reading `table`'s newest version, whose files are `files`: the decoded ones kept here, and those to read
     /// from storage. The table's files that `files` does not name are dropped.
-    pub(crate) fn split(&self, table: &str, files: &[ObjectMeta]) -> (Vec<HotFile>, Vec<ObjectMeta>) {
+    pub(crate) fn split(&self, table: &HotTable, files: &[ObjectMeta]) -> (Vec<HotFile>, Vec<ObjectMeta>) {
         self.forget_other_files(table, files);
+        let Some(held) = self.files_of(table.project) else { return (Vec::new(), files.to_vec()) };
         let (mut hot, mut cold) = (Vec::new(), Vec::new());
         for file in files {
-            match self.files.get(&file.location).filter(|kept| kept.is_of(file)) {
+            match held.get(&file.location).filter(|kept| kept.is_of(file)) {
                 Some(kept) => hot.push(kept),
                 None => cold.push(file.clone()),
             }
@@ -156,7 +225,7 @@ impl HotTables {
         (hot, cold)
     }
 
-    fn forget_other_files(&self, table: &str, files: &[ObjectMeta]) {
+    fn forget_other_files(&self, table: &HotTable, files: &[ObjectMeta]) {
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         let Claims { files: claimed, tables } = &mut *claims;
         let Some(kept) = tables.get_mut(table) else { return };
@@ -164,10 +233,13 @@ impl HotTables {
         if kept.iter().all(|path| named.contains(path)) {
             return;
         }
+        let held = self.files_of(table.project);
         kept.retain(|path| {
             let stays = named.contains(path);
             if !stays {
-                self.files.remove(path);
+                if let Some(held) = &held {
+                    held.remove(path);
+                }
                 claimed.remove(path);
             }
             stays
@@ -176,15 +248,16 @@ impl HotTables {
     }
 
     /// Whether `file` of `table`, which a run found cold, is to be decoded now.
-    pub(crate) fn claim(&self, table: &str, file: &ObjectMeta) -> bool {
+    pub(crate) fn claim(&self, table: &HotTable, file: &ObjectMeta) -> bool {
+        let held = self.files_of(table.project);
+        let room = self.bound.saturating_sub(self.held().0);
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         if claims.files.len() >= MAX_CLAIMS {
             *claims = Claims::default();
         }
-        let room = self.files.cache_limit().saturating_sub(self.files.memory_used());
         // Decoded, a file is never smaller than it is stored: one stored larger than the bound is not decoded
         // only to be refused (a transient copy of it that no memory pool sees).
-        let fits = usize::try_from(file.size).is_ok_and(|size| size <= self.files.cache_limit());
+        let fits = usize::try_from(file.size).is_ok_and(|size| size <= self.bound);
         let decode = match claims.files.get_mut(&file.location) {
             None if !fits => {
                 claims.files.insert(file.location.clone(), Claim::Refused);
@@ -193,7 +266,11 @@ impl HotTables {
             None => true,
             Some(Claim::Decoding | Claim::Refused) => false,
             // Kept since the run found it cold (its decoding ended in between): nothing to do.
-            Some(Claim::Decoded { .. }) if self.files.contains_key(&file.location) => false,
+            Some(Claim::Decoded { .. })
+                if held.as_ref().is_some_and(|held| held.contains_key(&file.location)) =>
+            {
+                false
+            }
             Some(Claim::Decoded { bytes, cold_reads }) => {
                 *cold_reads += 1;
                 *bytes <= room || *cold_reads >= COLD_READS_TO_DECODE_AGAIN
@@ -210,6 +287,7 @@ impl HotTables {
     /// it in slices of the session's batch size.
     pub(crate) fn decode(
         self: &Arc<Self>,
+        project: ProjectId,
         file: ObjectMeta,
         plan: Arc<dyn ExecutionPlan>,
         ctx: Arc<TaskContext>,
@@ -231,11 +309,11 @@ impl HotTables {
             drop(turn);
             let (claim, kept) = match decoded {
                 // DataFusion's cache refuses an entry larger than its whole bound.
-                Ok(decoded) if decoded.size() <= this.files.cache_limit() => {
+                Ok(decoded) if file.location.size() + decoded.size() <= this.bound => {
                     (Claim::Decoded { bytes: decoded.size(), cold_reads: 0 }, Some(decoded))
                 }
                 Ok(decoded) => {
-                    let (bytes, limit) = (decoded.size(), this.files.cache_limit());
+                    let (bytes, limit) = (decoded.size(), this.bound);
                     tracing::info!(file = %file.location, bytes, limit, "table file larger than --hot-tables-mb");
                     (Claim::Refused, None)
                 }
@@ -249,8 +327,7 @@ impl HotTables {
             if let Some(entry) = claims.files.get_mut(&file.location) {
                 *entry = claim;
                 if let Some(decoded) = kept {
-                    // The cache makes room by dropping the files read least recently.
-                    this.files.put(&file.location, decoded);
+                    this.keep(project, &file.location, decoded);
                     this.metrics.decodes.inc();
                     this.observe();
                 }
@@ -293,7 +370,13 @@ impl HotTables {
     /// Bytes kept, and files.
     #[cfg(test)]
     pub(crate) fn kept(&self) -> (usize, usize) {
-        (self.files.memory_used(), self.files.len())
+        self.held()
+    }
+
+    /// Bytes `project` keeps.
+    #[cfg(test)]
+    pub(crate) fn kept_by(&self, project: ProjectId) -> usize {
+        self.files_of(project).map_or(0, |held| held.memory_used())
     }
 }
 

@@ -31,6 +31,16 @@ fn rows_csv(first: usize, rows: usize) -> Vec<u8> {
 }
 
 async fn write(engine: &DataFusionEngine, table: &str, mode: WriteMode, body: Vec<u8>) {
+    write_to(engine, project(), table, mode, body).await;
+}
+
+async fn write_to(
+    engine: &DataFusionEngine,
+    project: ProjectId,
+    table: &str,
+    mode: WriteMode,
+    body: Vec<u8>,
+) {
     let chunks = vec![Ok::<_, std::io::Error>(bytes::Bytes::from(body))];
     let upload = domain::Upload {
         format: TableFormat::Csv,
@@ -40,7 +50,7 @@ async fn write(engine: &DataFusionEngine, table: &str, mode: WriteMode, body: Ve
         tag: None,
         quarantine: false,
     };
-    TableStore::write(engine, project(), &name(table), upload).await.unwrap();
+    TableStore::write(engine, project, &name(table), upload).await.unwrap();
 }
 
 /// Shapes endpoints are made of, each filter one the slices' bounds can prune or cannot.
@@ -190,5 +200,48 @@ async fn tables_kept_decoded_stay_within_their_bound_the_least_recently_read_lea
         assert_eq!(hot(&small).kept(), (0, 0));
     }
     assert_eq!(hot(&small).decodes(), 1);
+    drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_reading_many_tables_never_pushes_out_the_files_of_one_holding_less() {
+    let dir = temp_dir("hot-share");
+    let storage = Storage::local(&dir).unwrap();
+    let (mine, theirs) = (project(), ProjectId::new(2).unwrap());
+    let measuring = engine_keeping(&storage, 256 << 20);
+    for table in ["a", "b", "c"] {
+        write_to(&measuring, mine, table, WriteMode::Replace, rows_csv(0, 20_000)).await;
+    }
+    write_to(&measuring, theirs, "t", WriteMode::Replace, rows_csv(0, 20_000)).await;
+    let run = |engine: &DataFusionEngine, project: ProjectId, table: &str| {
+        let engine = engine.clone();
+        let q = query(&format!("SELECT count(*) AS n FROM {table} WHERE country = 'US'"), json!({}));
+        async move {
+            let answer = engine.execute(project, &q, &BTreeMap::new(), 10, 0).await.unwrap().rows_json;
+            assert_eq!(answer, r#"[{"n":4000}]"#);
+            hot(&engine).settled().await;
+        }
+    };
+    run(&measuring, mine, "a").await;
+    let one = hot(&measuring).kept().0;
+
+    // Room for two files and a half. Their table was read before the last two of mine, so a cache of the
+    // least recently read alone would drop it first; it holds less than mine would, so mine give way.
+    let engine = engine_keeping(&storage, one * 5 / 2);
+    run(&engine, theirs, "t").await;
+    for table in ["a", "b", "c", "a", "b"] {
+        run(&engine, mine, table).await;
+        assert_eq!(hot(&engine).kept_by(theirs), one, "their table stays, after {table}");
+        assert!(hot(&engine).kept().0 <= one * 5 / 2);
+    }
+    assert_eq!(hot(&engine).kept_by(mine), one, "mine take turns in what is left");
+    // Alone, a project may take the whole bound: it gives way to others only once it holds more.
+    let alone = engine_keeping(&storage, one * 5 / 2);
+    for table in ["a", "b"] {
+        run(&alone, mine, table).await;
+    }
+    assert_eq!(hot(&alone).kept_by(mine), 2 * one);
+    run(&alone, theirs, "t").await;
+    assert_eq!((hot(&alone).kept_by(mine), hot(&alone).kept_by(theirs)), (one, one), "the larger gave way");
     drop(dir);
 }

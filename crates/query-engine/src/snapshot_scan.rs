@@ -26,10 +26,10 @@ use datafusion_datasource::compute_all_files_statistics;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
 
-use crate::hot_tables::{self, HotTables};
+use crate::hot_tables::{self, HotTable, HotTables};
 
-/// The decoded files a scan reads, and the key of its table there.
-pub(crate) type HotRead = (Arc<HotTables>, String);
+/// The decoded files a scan reads, and its table there.
+pub(crate) type HotRead = (Arc<HotTables>, HotTable);
 
 /// The files of one table version, read as one table of `schema`.
 #[derive(Debug)]
@@ -150,7 +150,7 @@ impl TableProvider for SnapshotScan {
             for file in stored.into_iter().filter(|file| hot.claim(table, file)) {
                 // Failing to plan it fails no run: the file is read from storage, as now.
                 match self.scan_files(state, std::slice::from_ref(&file), None, None).await {
-                    Ok(whole) => hot.decode(file, whole, state.task_ctx()),
+                    Ok(whole) => hot.decode(table.project, file, whole, state.task_ctx()),
                     Err(err) => hot.refuse(&file, &err),
                 }
             }

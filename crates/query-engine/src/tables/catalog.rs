@@ -21,7 +21,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::ObjectMeta;
 use tables_delta::{CommitError, DataFile, Snapshot};
 
-use crate::hot_tables::HotTables;
+use crate::hot_tables::{HotTable, HotTables};
 use crate::snapshot_scan::{HotRead, SnapshotScan};
 use crate::storage::{unavailable, Storage};
 use crate::tables::sources::Unreadable;
@@ -340,7 +340,7 @@ pub(crate) async fn register_named(
             // Only the newest version of a table is kept decoded: the one runs read, which drops its predecessors'.
             let hot = hot
                 .filter(|_| matches!(at, ReadAt::Newest))
-                .map(|hot| (Arc::clone(hot), format!("{project}/{name}")));
+                .map(|hot| (Arc::clone(hot), HotTable { project, name: name.to_owned() }));
             register(storage, ctx, (name, hot), current).await?;
         }
         found.push((name.to_owned(), current));
