@@ -41,6 +41,7 @@ use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicate
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_functions_aggregate_common::min_max::{max_batch, min_batch};
 use domain::ProjectId;
+use futures_util::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectMeta;
 use prometheus_client::metrics::counter::Counter;
@@ -297,24 +298,17 @@ impl HotTables {
             Err(err) => return self.refuse(&file, &err),
         };
         let this = Arc::clone(self);
-        let rows = ctx.session_config().batch_size();
         #[cfg(test)]
         self.decodes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         decoder.spawn(async move {
             let turn = this.decoding.acquire().await;
-            let schema = plan.schema();
-            let decoded = datafusion::physical_plan::collect(plan, ctx)
-                .await
-                .and_then(|batches| HotFile::of(&file, &schema, &batches, rows));
+            let decoded = HotFile::decoded(&file, plan, ctx, this.bound.saturating_sub(file.location.size())).await;
             drop(turn);
             let (claim, kept) = match decoded {
                 // DataFusion's cache refuses an entry larger than its whole bound.
-                Ok(decoded) if file.location.size() + decoded.size() <= this.bound => {
-                    (Claim::Decoded { bytes: decoded.size(), cold_reads: 0 }, Some(decoded))
-                }
-                Ok(decoded) => {
-                    let (bytes, limit) = (decoded.size(), this.bound);
-                    tracing::info!(file = %file.location, bytes, limit, "table file larger than --hot-tables-mb");
+                Ok(Some(decoded)) => (Claim::Decoded { bytes: decoded.size(), cold_reads: 0 }, Some(decoded)),
+                Ok(None) => {
+                    tracing::info!(file = %file.location, limit = this.bound, "table file larger than --hot-tables-mb");
                     (Claim::Refused, None)
                 }
                 Err(err) => {
@@ -407,11 +401,16 @@ impl CacheValue for HotFile {
 }
 
 impl HotFile {
-    fn of(file: &ObjectMeta, schema: &SchemaRef, batches: &[RecordBatch], rows: usize) -> Result<Self> {
-        // One batch, so that its size counts every buffer once (slices of it share them).
-        let whole = datafusion::arrow::compute::concat_batches(schema, batches)?;
-        // Strings read as views point into the pages they were decoded from; copied out, a column holds its
-        // strings alone.
+    /// `file` decoded by executing `plan`, a batch at a time: each batch's strings read as views, which point
+    /// into the pages they were decoded from, are copied out as it comes, so that decoding holds little more
+    /// than what is kept (the pages of one batch beside the batches kept so far). Each batch is a slice. `None`
+    /// as soon as what it would keep is more than `within` bytes.
+    async fn decoded(
+        file: &ObjectMeta,
+        plan: Arc<dyn ExecutionPlan>,
+        ctx: Arc<TaskContext>,
+        within: usize,
+    ) -> Result<Option<Self>> {
         let compact = |column: &ArrayRef| -> ArrayRef {
             match column.data_type() {
                 DataType::Utf8View => Arc::new(column.as_string_view().gc()),
@@ -419,13 +418,22 @@ impl HotFile {
                 _ => Arc::clone(column),
             }
         };
-        let whole = RecordBatch::try_new(whole.schema(), whole.columns().iter().map(compact).collect())?;
-        let bytes = whole.get_array_memory_size();
-        let slices = (0..whole.num_rows())
-            .step_by(rows.max(1))
-            .map(|offset| Slice::of(whole.slice(offset, rows.min(whole.num_rows() - offset))))
-            .collect();
-        Ok(Self(Arc::new(Decoded { size: file.size, modified: file.last_modified, slices, bytes })))
+        let mut stream = datafusion::physical_plan::execute_stream(plan, ctx)?;
+        let (mut slices, mut bytes) = (Vec::new(), 0);
+        while let Some(batch) = stream.try_next().await? {
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let batch = RecordBatch::try_new(batch.schema(), batch.columns().iter().map(compact).collect())?;
+            // A batch's buffers are its own (the reader decodes each into new ones); a buffer shared with
+            // another batch, as a dictionary may be, is counted with each: more than is kept, never less.
+            bytes += batch.get_array_memory_size();
+            if bytes > within {
+                return Ok(None);
+            }
+            slices.push(Slice::of(batch));
+        }
+        Ok(Some(Self(Arc::new(Decoded { size: file.size, modified: file.last_modified, slices, bytes }))))
     }
 
     fn is_of(&self, file: &ObjectMeta) -> bool {
