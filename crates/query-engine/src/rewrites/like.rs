@@ -64,7 +64,7 @@ impl OptimizerRule for FixedLike {
 /// Whether DataFusion itself evaluates the filters of `plan`: no table in it takes a filter as exact, as a
 /// PostgreSQL source does (its filters are sent to the database as SQL, where `fixed_like` is no function).
 /// Each source is asked about a `LIKE` on its first column; one that cannot say is taken as exact.
-fn evaluated_here(plan: &LogicalPlan) -> bool {
+pub(super) fn evaluated_here(plan: &LogicalPlan) -> bool {
     let mut here = true;
     let walked = plan.apply_with_subqueries(|node| {
         let LogicalPlan::TableScan(scan) = node else { return Ok(TreeNodeRecursion::Continue) };
