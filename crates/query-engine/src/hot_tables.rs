@@ -305,7 +305,6 @@ impl HotTables {
             let decoded = HotFile::decoded(&file, plan, ctx, this.bound.saturating_sub(file.location.size())).await;
             drop(turn);
             let (claim, kept) = match decoded {
-                // DataFusion's cache refuses an entry larger than its whole bound.
                 Ok(Some(decoded)) => (Claim::Decoded { bytes: decoded.size(), cold_reads: 0 }, Some(decoded)),
                 Ok(None) => {
                     tracing::info!(file = %file.location, limit = this.bound, "table file larger than --hot-tables-mb");
