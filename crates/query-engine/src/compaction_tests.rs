@@ -95,6 +95,12 @@ async fn operations(engine: &DataFusionEngine) -> Vec<String> {
 }
 
 /// Two engines on one storage: two processes, each with its own locks and its own appends.
+/// What a compaction keeps findable as the domain reads it: the newest version first, then `pending`.
+async fn keeping(engine: &DataFusionEngine, pending: Vec<uuid::Uuid>) -> domain::Findable {
+    let after = engine.newest_version(project(), &events()).await.unwrap().expect("a table");
+    domain::Findable { pending, after }
+}
+
 fn two_nodes() -> (Arc<DataFusionEngine>, Arc<DataFusionEngine>, crate::tests::TempDir) {
     let dir = temp_dir("qe-compaction");
     let a = DataFusionEngine::new(Storage::local(&dir).unwrap());
@@ -108,7 +114,11 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
     assert_eq!(engine.appended(), vec![], "a replace is no candidate");
     assert!(
-        engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_none(),
+        engine
+            .compact(project(), &events(), keeping(&engine, Vec::new()).await, Vec::new())
+            .await
+            .unwrap()
+            .is_none(),
         "one file: nothing to do"
     );
     for i in 1..20 {
@@ -121,7 +131,7 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     let (_, pinned) = counts_at(&engine, &domain::ReadAt::Newest).await;
 
     let done = engine
-        .compact(project(), &events(), Vec::new(), Vec::new())
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, Vec::new())
         .await
         .unwrap()
         .expect("20 small files are compacted");
@@ -145,7 +155,11 @@ async fn small_files_are_merged_into_one_and_every_row_is_kept_once() {
     for i in 20..20 + MIN_SMALL_FILES as u64 - 2 {
         engine.write(project(), &events(), upload(WriteMode::Append, ids(i * 5, 5))).await.unwrap();
     }
-    assert!(engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_none());
+    assert!(engine
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, Vec::new())
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(counts(&engine).await, (130, 130));
     assert_eq!(counts_at(&engine, &at_pin).await.0, (100, 100), "the pinned snapshot, still");
     // A replace takes the table whatever compactions did.
@@ -189,7 +203,12 @@ async fn appends_of_two_processes_during_compactions_all_land_once_and_runs_neve
                 let mut compacted = 0;
                 for _ in 0..40 {
                     let _leased = lease.lock().await;
-                    if engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_some() {
+                    if engine
+                        .compact(project(), &events(), keeping(&engine, Vec::new()).await, Vec::new())
+                        .await
+                        .unwrap()
+                        .is_some()
+                    {
                         compacted += 1;
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -220,7 +239,9 @@ async fn appends_of_two_processes_during_compactions_all_land_once_and_runs_neve
     assert!(compactions > 0, "compactions ran while rows were appended");
     assert_eq!(counts(&a).await, (1201, 1201));
     assert_eq!(counts(&b).await, (1201, 1201));
-    while a.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_some() {}
+    while a.compact(project(), &events(), keeping(&a, Vec::new()).await, Vec::new()).await.unwrap().is_some()
+    {
+    }
     let files = files_of(&a).await.len();
     assert!(files < MIN_SMALL_FILES + 1, "{files} files");
     assert_eq!(counts(&b).await, (1201, 1201));
@@ -246,10 +267,32 @@ async fn a_compaction_cut_off_before_its_commit_changes_nothing_and_appends_neve
     assert_eq!(written.rows, 5);
     assert_eq!(counts(&a).await, (10, 10));
     assert!(
-        a.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_none(),
+        a.compact(project(), &events(), keeping(&a, Vec::new()).await, Vec::new()).await.unwrap().is_none(),
         "two small files"
     );
     assert_eq!(files_of(&b).await.len(), 2);
+}
+
+#[tokio::test]
+async fn an_append_committed_after_the_version_read_before_the_pending_list_keeps_its_file() {
+    let (engine, _, _dir) = two_nodes();
+    engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
+    for i in 0..MIN_SMALL_FILES as u64 {
+        engine.write(project(), &events(), upload(WriteMode::Append, ids(100 + i, 1))).await.unwrap();
+    }
+    // The compaction reads the version, then the pending appends (none); an append claimed in between
+    // commits before the compaction reads the table. Its writer may stop before answering: it must stay
+    // findable, though the list did not name it.
+    let keep = keeping(&engine, Vec::new()).await;
+    let late = uuid::Uuid::new_v4();
+    engine.write(project(), &events(), tagged(ids(5, 1), late, 1 << 20)).await.unwrap();
+    let done = engine.compact(project(), &events(), keep, Vec::new()).await.unwrap().expect("compacted");
+    assert_eq!(done.files_merged, 1 + MIN_SMALL_FILES as u64, "the late append's file left: {done:?}");
+    assert!(engine.holds(project(), &events(), late).await.unwrap().is_some(), "the late append is findable");
+    // The next compaction reads a version that has it: merged then, being neither pending nor newer.
+    let keep = keeping(&engine, Vec::new()).await;
+    assert!(engine.compact(project(), &events(), keep, Vec::new()).await.unwrap().is_none(), "too few files");
+    assert_eq!(counts(&engine).await, (6 + MIN_SMALL_FILES as u64, 6 + MIN_SMALL_FILES as u64));
 }
 
 fn tagged(body: String, write_id: uuid::Uuid, limit_bytes: u64) -> Upload {
@@ -292,8 +335,11 @@ async fn a_tagged_append_is_found_by_its_write_id_until_a_compaction_not_told_to
         engine.write(project(), &events(), upload(WriteMode::Append, ids(200_000 + i, 1))).await.unwrap();
     }
     // Appends not answered yet keep their files through a compaction; the others are merged.
-    let done =
-        engine.compact(project(), &events(), vec![held, kept], Vec::new()).await.unwrap().expect("compacted");
+    let done = engine
+        .compact(project(), &events(), keeping(&engine, vec![held, kept]).await, Vec::new())
+        .await
+        .unwrap()
+        .expect("compacted");
     assert_eq!(done.files_merged, 2 + MIN_SMALL_FILES as u64, "{done:?}");
     assert!(engine.holds(project(), &events(), held).await.unwrap().is_some());
     assert!(engine.holds(project(), &events(), kept).await.unwrap().is_some());
@@ -324,8 +370,11 @@ async fn full_files_are_never_merged_and_a_replace_takes_the_whole_table() {
         }
     };
     small_appends(Arc::clone(&engine), MIN_SMALL_FILES as u64).await;
-    let done =
-        engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().expect("compacted");
+    let done = engine
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, Vec::new())
+        .await
+        .unwrap()
+        .expect("compacted");
     assert_eq!(
         done.files_merged,
         1 + MIN_SMALL_FILES as u64,
@@ -341,8 +390,11 @@ async fn full_files_are_never_merged_and_a_replace_takes_the_whole_table() {
 
     // Another round: the full file is not merged again.
     small_appends(Arc::clone(&engine), MIN_SMALL_FILES as u64).await;
-    let done =
-        engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().expect("compacted again");
+    let done = engine
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, Vec::new())
+        .await
+        .unwrap()
+        .expect("compacted again");
     assert_eq!(done.files_merged, 1 + MIN_SMALL_FILES as u64, "{done:?}");
     assert!(files_of(&engine).await.contains(kept[0]));
     let total = 140_005 + 2 * MIN_SMALL_FILES as u64;
@@ -415,7 +467,7 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
 
     // A layout sorts the full file written unsorted; a column the table lacks is left out.
     let done = engine
-        .compact(project(), &events(), Vec::new(), layout(&["score", "gone"]))
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, layout(&["score", "gone"]))
         .await
         .unwrap()
         .expect("the unsorted full file is sorted");
@@ -442,12 +494,15 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
     assert_eq!(record.layout, expected);
     assert_eq!(operations(&engine).await[..2], ["OPTIMIZE", "SET TBLPROPERTIES"]);
     // Sorted as asked, there is nothing to do.
-    let again = engine.compact(project(), &events(), Vec::new(), layout(&["score"])).await.unwrap();
+    let again = engine
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, layout(&["score"]))
+        .await
+        .unwrap();
     assert!(again.is_none());
 
     // An endpoint filtering other columns came: the files are sorted by them at the next compaction.
     let done = engine
-        .compact(project(), &events(), Vec::new(), layout(&["kind", "id"]))
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, layout(&["kind", "id"]))
         .await
         .unwrap()
         .expect("sorted again");
@@ -466,7 +521,10 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
     for i in 0..MIN_SMALL_FILES as u64 {
         engine.write(project(), &events(), upload(WriteMode::Append, scored(200_000 + i, 1))).await.unwrap();
     }
-    let done = engine.compact(project(), &events(), Vec::new(), layout(&["kind", "id"])).await.unwrap();
+    let done = engine
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, layout(&["kind", "id"]))
+        .await
+        .unwrap();
     assert_eq!(done.expect("the small files are merged").files_merged, MIN_SMALL_FILES as u64);
     let now = files_of(&engine).await;
     assert!(sorted_files.iter().all(|f| now.contains(f)), "{now:?}");
@@ -476,14 +534,22 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
     }
 
     // No endpoint filters the table any more: the layout is dropped, the files stay.
-    assert!(engine.compact(project(), &events(), Vec::new(), Vec::new()).await.unwrap().is_none());
+    assert!(engine
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, Vec::new())
+        .await
+        .unwrap()
+        .is_none());
     let record = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!(record.layout, domain::TableLayout::default());
     assert_eq!(files_of(&engine).await, now);
 
     // A table too small to have a full file records no layout: nothing is sorted, and no commit is made.
     engine.write(project(), &events(), upload(WriteMode::Replace, scored(0, 5))).await.unwrap();
-    assert!(engine.compact(project(), &events(), Vec::new(), layout(&["score"])).await.unwrap().is_none());
+    assert!(engine
+        .compact(project(), &events(), keeping(&engine, Vec::new()).await, layout(&["score"]))
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(operations(&engine).await[0], "WRITE");
     let record = engine.get(project(), &events()).await.unwrap().unwrap();
     assert_eq!(record.layout, domain::TableLayout::default());

@@ -131,7 +131,9 @@ async fn runs_of_a_table_kept_decoded_answer_as_runs_from_storage_through_append
     assert_eq!(answers(&warm).await, expected);
 
     // A compaction's file replaces them: they are dropped at the next run, and the new one decoded.
-    let compacted = warm.compact(project(), &name("t"), Vec::new(), Vec::new()).await.unwrap();
+    let after = warm.newest_version(project(), &name("t")).await.unwrap().expect("a table");
+    let keep = domain::Findable { pending: Vec::new(), after };
+    let compacted = warm.compact(project(), &name("t"), keep, Vec::new()).await.unwrap();
     assert!(compacted.is_some(), "small files compacted");
     assert_eq!(answers(&warm).await, expected);
     hot(&warm).settled().await;

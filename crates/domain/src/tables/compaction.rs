@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::idempotency::IDEMPOTENCY_WINDOW;
 use super::layout::cluster_columns;
-use super::model::{Compaction, TableName};
+use super::model::{Compaction, Findable, TableName};
 use super::ports::{AppendKeys, TableAnnouncer, TableLeases, TableStore};
 use crate::access::ProjectId;
 use crate::clock::{Clock, Timestamp};
@@ -165,16 +165,7 @@ impl TableMaintenance {
             Ok(false) => return CompactionOutcome::Leased,
             Err(err) => return CompactionOutcome::Failed(err.into()),
         }
-        // The files of appends not answered yet stay as they are, so that their retries can find them.
-        let compacted = match self.keys.pending(project, table).await {
-            Ok(keep) => match self.layout(project, table).await {
-                Ok(cluster_by) => {
-                    self.tables.compact(project, table, keep, cluster_by).await.map_err(Error::from)
-                }
-                Err(err) => Err(err),
-            },
-            Err(err) => Err(err.into()),
-        };
+        let compacted = self.compact_leased(project, table).await;
         if let Err(err) = self.leases.release(project, table, self.holder).await {
             warn!(%project, %table, error = %err, "could not give a table's lease back; it will expire");
         }
@@ -193,6 +184,20 @@ impl TableMaintenance {
                 CompactionOutcome::Failed(err)
             }
         }
+    }
+
+    /// Compacts a table whose lease this process holds. The files of appends not answered yet stay as they are,
+    /// so that their retries can find them: those pending now, and those committed after the version read
+    /// first (their appends may have been claimed after the list was read).
+    async fn compact_leased(
+        &self,
+        project: ProjectId,
+        table: &TableName,
+    ) -> Result<Option<Compaction>, Error> {
+        let Some(after) = self.tables.newest_version(project, table).await? else { return Ok(None) };
+        let pending = self.keys.pending(project, table).await?;
+        let cluster_by = self.layout(project, table).await?;
+        Ok(self.tables.compact(project, table, Findable { pending, after }, cluster_by).await?)
     }
 
     /// The columns the table is to be sorted by: chosen within [`LAYOUT_RECHECK`] and kept, else chosen again:
@@ -344,12 +349,13 @@ mod tests {
     }
 
     fn with_readers(
-        tables: MockTableStore,
+        mut tables: MockTableStore,
         leases: MockTableLeases,
         announcer: MockTableAnnouncer,
         (endpoints, engine): (MockEndpointStore, MockQueryEngine),
         clock: Arc<ManualClock>,
     ) -> TableMaintenance {
+        tables.expect_newest_version().returning(|_, _| Ok(Some(5)));
         let pending = uuid::Uuid::from_u128(7);
         let mut keys = MockAppendKeys::new();
         keys.expect_pending().returning(move |_, _| Ok(vec![pending]));
@@ -388,7 +394,11 @@ mod tests {
         let done = Compaction { files_before: 40, files_after: 1, files_merged: 40, rows_merged: 200 };
         tables
             .expect_compact()
-            .withf(|_, _, keep, cluster_by| *keep == vec![uuid::Uuid::from_u128(7)] && cluster_by.is_empty())
+            .withf(|_, _, keep, cluster_by| {
+                // The version was read before the pending appends: what was committed after it is kept too.
+                *keep == Findable { pending: vec![uuid::Uuid::from_u128(7)], after: 5 }
+                    && cluster_by.is_empty()
+            })
             .times(1)
             .returning(move |_, _, _, _| Ok(Some(done)));
         let mut leases = MockTableLeases::new();

@@ -13,7 +13,7 @@ pub use idempotency::{
 };
 pub use layout::{cluster_columns, layout_pin, pinned_columns, TableLayout, MAX_CLUSTER_COLUMNS};
 pub use model::{
-    Compaction, ExternalSource, Table, TableColumn, TableCommit, TableFormat, TableInfo, TableName,
+    Compaction, ExternalSource, Findable, Table, TableColumn, TableCommit, TableFormat, TableInfo, TableName,
     TableSource, Upload, UploadBody, WriteMode, Written,
 };
 pub use ports::{AppendKeys, TableAnnouncer, TableLeases, TableStore};

@@ -308,6 +308,16 @@ pub struct TableCommit {
     pub rows_removed: Option<u64>,
 }
 
+/// The appends a compaction leaves findable by their write ids ([`TableStore::holds`](super::TableStore::holds)):
+/// those `pending` when it began, and every file committed after the table's version `after` (read before
+/// `pending` was: an append committed later may have been claimed after the list was read, and its writer may
+/// stop before answering, so its retry must find it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Findable {
+    pub pending: Vec<uuid::Uuid>,
+    pub after: u64,
+}
+
 /// What one compaction of a table did: its small files merged into `files_written`, the files it had and has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Compaction {

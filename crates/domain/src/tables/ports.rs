@@ -5,7 +5,9 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::idempotency::{AppendKeyState, IdempotencyKey, TaggedWrite};
-use super::model::{Compaction, ExternalSource, TableCommit, TableInfo, TableName, Upload, Written};
+use super::model::{
+    Compaction, ExternalSource, Findable, TableCommit, TableInfo, TableName, Upload, Written,
+};
 use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::endpoints::EndpointName;
@@ -81,7 +83,7 @@ pub trait TableStore: Send + Sync {
     /// and its full files sorted otherwise (or not at all) are rewritten so too, a bounded number of rows per
     /// compaction (the table stays a candidate until all are); the table's layout records the columns. The
     /// rows of the tagged appends
-    /// `keep` names stay findable by [`TableStore::holds`]. The caller holds the table's lease
+    /// `keep` names stay findable by [`TableStore::holds`] (see [`Findable`]). The caller holds the table's lease
     /// ([`TableLeases`]), so one compaction of a table runs at a time across processes. Runs see the table
     /// before or after, never a row twice or one missing, and appends made meanwhile all land; a compaction
     /// that fails or is killed leaves the table as it was.
@@ -92,9 +94,16 @@ pub trait TableStore: Send + Sync {
         &self,
         project: ProjectId,
         name: &TableName,
-        keep: Vec<Uuid>,
+        keep: Findable,
         cluster_by: Vec<String>,
     ) -> Result<Option<Compaction>, EngineError>;
+
+    /// The table's newest version as this process knows it (`None` for no table, or one read from an external
+    /// source): read before a compaction's pending appends, to name the files committed after it.
+    ///
+    /// # Errors
+    /// `Unavailable`, `Internal`.
+    async fn newest_version(&self, project: ProjectId, name: &TableName) -> Result<Option<u64>, EngineError>;
 
     /// Sets the columns the table's compactions sort it by in place of those its endpoints' filters choose
     /// (`None`: they choose again; an empty list: it is not sorted), kept with the table (one commit of its log,

@@ -21,7 +21,7 @@ use domain::{Compaction, EngineError, ProjectId, Timestamp};
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStoreExt};
-use tables_delta::{CommitError, DataFile, NewFile, Snapshot};
+use tables_delta::{Changes, CommitError, DataFile, NewFile, Snapshot};
 use uuid::Uuid;
 
 use crate::storage::{unavailable, Storage};
@@ -97,13 +97,14 @@ const RESORT_ROWS: u64 = 2 * MERGED_FILE_ROWS;
 /// the files meanwhile. The caller holds the table's lease; with `sweep`, files no version within the table
 /// retention reads are removed first (a vacuum).
 ///
-/// Files with rows of an append not answered yet (`keep`) keep their names, so that a retry finds them.
+/// Files with rows of an append not answered yet (`keep`), and those committed after version `after` (whose
+/// appends may have been claimed after `keep` was read), keep their names, so that a retry finds them.
 pub(crate) async fn compact(
     storage: &Storage,
     rows: &FileRows,
     _lock: TableLock,
     (project, table): (ProjectId, &str),
-    (keep, cluster_by): (&HashSet<Uuid>, &[String]),
+    ((keep, after), cluster_by): ((&HashSet<Uuid>, u64), &[String]),
     sweep: bool,
 ) -> Result<Compacted, EngineError> {
     let nothing = Compacted { done: None, more: false };
@@ -127,6 +128,15 @@ pub(crate) async fn compact(
         let Some(Current::Files(now)) = current(storage, &prefix).await? else { return Ok(nothing) };
         snapshot = now;
     }
+    let newer: HashSet<ObjectPath> = match snapshot.version.checked_sub(after) {
+        None | Some(0) => HashSet::new(),
+        Some(_) => match storage.tables().changes_since(&prefix, after, snapshot.version).await {
+            Ok(Changes::Appended(files)) => files.into_iter().map(|file| file.location).collect(),
+            // Every file is newer than the version (a replace since), or which are cannot be told: the next
+            // compaction looks again.
+            Ok(Changes::Rewritten) | Err(_) => return Ok(Compacted { done: None, more: true }),
+        },
+    };
     let tag = layout::tag(&columns);
     let (mut small, mut unsorted, mut more) = (Vec::new(), Vec::new(), false);
     let mut unsorted_rows = 0;
@@ -139,6 +149,10 @@ pub(crate) async fn compact(
         let full = file_rows >= FULL_FILE_ROWS;
         let sorted = tag.as_ref().is_none_or(|tag| layout::is_clustered(file, COMPACTED, tag));
         if full && sorted {
+            continue;
+        }
+        if newer.contains(&file.location) {
+            more = true;
             continue;
         }
         if !keep.is_empty() && appends_in(storage, &meta).await?.iter().any(|a| keep.contains(&a.write_id)) {

@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use datafusion::common::TableReference;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use domain::{
-    Compaction, EngineError, ExternalSource, Invalid, KeptTables, Page, PageRequest, ProjectId, TableColumn,
-    TableCommit, TableFormat, TableInfo, TableName, TableSource, TableStore, TaggedWrite, Upload,
-    UploadError, WriteMode, Written,
+    Compaction, EngineError, ExternalSource, Findable, Invalid, KeptTables, Page, PageRequest, ProjectId,
+    TableColumn, TableCommit, TableFormat, TableInfo, TableName, TableSource, TableStore, TaggedWrite,
+    Upload, UploadError, WriteMode, Written,
 };
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
@@ -672,19 +672,19 @@ impl TableStore for DataFusionEngine {
         &self,
         project: ProjectId,
         name: &TableName,
-        keep: Vec<uuid::Uuid>,
+        keep: Findable,
         cluster_by: Vec<String>,
     ) -> Result<Option<Compaction>, EngineError> {
         // Taken first: an append from now on makes the table a candidate again.
         self.appended.take(project, name.as_str());
         let (storage, rows, table) = (self.storage.clone(), self.file_rows.clone(), name.as_str().to_owned());
         let lock = self.table_locks.of(project, name.as_str());
-        let keep = keep.into_iter().collect();
+        let (after, keep) = (keep.after, keep.pending.into_iter().collect());
         let sweep = self.appended.sweep_due(project, name.as_str());
         let compacted = self
             .runtime
             .run(async move {
-                let plan = (&keep, cluster_by.as_slice());
+                let plan = ((&keep, after), cluster_by.as_slice());
                 crate::tables::compaction::compact(&storage, &rows, lock, (project, &table), plan, sweep)
                     .await
             })
@@ -694,6 +694,15 @@ impl TableStore for DataFusionEngine {
             self.appended.mark(project, name.as_str());
         }
         compacted.map(|compacted| compacted.done)
+    }
+
+    async fn newest_version(&self, project: ProjectId, name: &TableName) -> Result<Option<u64>, EngineError> {
+        let (storage, prefix) = (self.storage.clone(), table_prefix(project, name.as_str()));
+        let current = self.runtime.run(async move { current(&storage, &prefix).await }).await?;
+        Ok(match current {
+            Some(Current::Files(snapshot)) => Some(snapshot.version),
+            Some(Current::External { .. }) | None => None,
+        })
     }
 
     #[instrument(skip_all, fields(project = %project, table = %name))]
