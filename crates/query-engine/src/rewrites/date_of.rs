@@ -21,10 +21,9 @@ use datafusion::arrow::datatypes::{
     TimestampNanosecondType, TimestampSecondType,
 };
 use datafusion::arrow::temporal_conversions::as_datetime;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, ExprSchema, Result, ScalarValue};
 use datafusion::logical_expr::expr::{Cast, ScalarFunction};
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
     Volatility,
@@ -51,17 +50,7 @@ impl OptimizerRule for DayOfTimestamp {
                 [input] if !matches!(node, LogicalPlan::TableScan(_)) => Arc::clone(input.schema()),
                 _ => return Ok(Transformed::no(node)),
             };
-            // An expression that names an output column keeps its name (`GROUP BY CAST(ts AS DATE)`).
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|expr| {
-                let name = names.save(&expr);
-                let rewritten = expr.transform_up(|expr| Ok(rewrite(expr, &schema, &date_of)))?;
-                Ok(if rewritten.transformed {
-                    rewritten.update_data(|expr| name.restore(expr))
-                } else {
-                    rewritten
-                })
-            })
+            super::rewrite_expressions(node, |expr| rewrite(expr, &schema, &date_of))
         })
     }
 }
@@ -94,7 +83,8 @@ fn day_truncated(expr: &Expr) -> Option<&Expr> {
 fn is_utc_timestamp(expr: &Expr, schema: &dyn ExprSchema) -> bool {
     match expr.get_type(schema) {
         Ok(DataType::Timestamp(_, None)) => true,
-        Ok(DataType::Timestamp(_, Some(zone))) => matches!(zone.as_ref(), "UTC" | "+00:00" | "Z"),
+        // Zones arrow's cast reads as UTC (another spelling it may refuse keeps the cast, and its error).
+        Ok(DataType::Timestamp(_, Some(zone))) => matches!(zone.as_ref(), "UTC" | "+00:00"),
         _ => false,
     }
 }
@@ -137,7 +127,7 @@ impl ScalarUDFImpl for DateOf {
 }
 
 /// The dates of UTC `timestamps`.
-pub(crate) fn dates_of(timestamps: &ArrayRef) -> Result<ArrayRef> {
+fn dates_of(timestamps: &ArrayRef) -> Result<ArrayRef> {
     let dates = match timestamps.data_type() {
         DataType::Timestamp(TimeUnit::Second, _) => days::<TimestampSecondType>(timestamps, 86_400),
         DataType::Timestamp(TimeUnit::Millisecond, _) => {

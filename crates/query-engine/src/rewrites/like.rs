@@ -16,10 +16,9 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayAccessor, ArrayRef, AsArray, BooleanArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::common::{Column, Result, ScalarValue};
 use datafusion::logical_expr::expr::{Like, ScalarFunction};
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
     ColumnarValue, Expr, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
     TableProviderFilterPushDown, Volatility,
@@ -46,17 +45,7 @@ impl OptimizerRule for FixedLike {
             if matches!(node, LogicalPlan::TableScan(_)) {
                 return Ok(Transformed::no(node));
             }
-            // An expression that names an output column keeps its name (a projection's `x LIKE 'a_%'`).
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|expr| {
-                let name = names.save(&expr);
-                let rewritten = expr.transform_up(|expr| Ok(rewrite(expr)))?;
-                Ok(if rewritten.transformed {
-                    rewritten.update_data(|expr| name.restore(expr))
-                } else {
-                    rewritten
-                })
-            })
+            super::rewrite_expressions(node, rewrite)
         })
     }
 }

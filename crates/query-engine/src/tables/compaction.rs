@@ -132,9 +132,9 @@ pub(crate) async fn compact(
         None | Some(0) => HashSet::new(),
         Some(_) => match storage.tables().changes_since(&prefix, after, snapshot.version).await {
             Ok(Changes::Appended(files)) => files.into_iter().map(|file| file.location).collect(),
-            // Every file is newer than the version (a replace since), or which are cannot be told: the next
-            // compaction looks again.
-            Ok(Changes::Rewritten) | Err(_) => return Ok(Compacted { done: None, more: true }),
+            // Every file is newer than the version (a replace since): the next compaction looks again.
+            Ok(Changes::Rewritten) => return Ok(Compacted { done: None, more: true }),
+            Err(err) => return Err(table_error(err)),
         },
     };
     let tag = layout::tag(&columns);
