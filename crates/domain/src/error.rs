@@ -237,6 +237,10 @@ pub enum UploadError {
     /// The body stopped before its end: the client went away or its connection broke.
     #[error("the body was cut off")]
     CutOff(#[source] BoxError),
+    /// Another append under the same `Idempotency-Key` (a retry that took the key over) landed first: nothing
+    /// was written.
+    #[error("another append with the same Idempotency-Key landed first")]
+    TakenOver,
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -254,6 +258,11 @@ impl From<UploadError> for Error {
                 "body",
                 "The body stopped before its end; nothing was written.",
             )),
+            UploadError::TakenOver => Error::IdempotencyConflict(
+                "Another append with this Idempotency-Key (a retry) wrote its rows first; nothing was written. \
+                 Retry to get its answer."
+                    .into(),
+            ),
             UploadError::Engine(err) => err.into(),
         }
     }

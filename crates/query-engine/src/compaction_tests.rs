@@ -13,6 +13,7 @@ use futures_util::stream;
 use serde_json::{json, Value};
 
 use crate::tables::compaction::MIN_SMALL_FILES;
+use crate::tables::imports::{append_held, HeldBody, Keyed, StagedError};
 use crate::tests::temp_dir;
 use crate::{DataFusionEngine, Storage};
 
@@ -296,10 +297,75 @@ async fn an_append_committed_after_the_version_read_before_the_pending_list_keep
 }
 
 fn tagged(body: String, write_id: uuid::Uuid, limit_bytes: u64) -> Upload {
+    keyed(body, write_id, &write_id.to_string(), 0, limit_bytes)
+}
+
+/// An append under `key`, claimed when the table was at version `after`.
+fn keyed(body: String, write_id: uuid::Uuid, key: &str, after: u64, limit_bytes: u64) -> Upload {
     let digest = domain::BodyDigest::default();
     let upload = upload(WriteMode::Append, body);
     let body = digest.wrap(upload.body);
-    Upload { body, limit_bytes, tag: Some(domain::AppendTag { write_id, digest }), ..upload }
+    let key = domain::IdempotencyKey::parse(key).unwrap();
+    Upload { body, limit_bytes, tag: Some(domain::AppendTag { write_id, digest, key, after }), ..upload }
+}
+
+/// A writer whose key was taken over while it was silent (not gone: a pause longer than the in-flight time)
+/// wakes up and commits after the retry that took its key wrote the rows: its rows are refused, on whichever
+/// node and by whichever path (held and grouped with other appends, or staged) they come, and the others of its
+/// group land.
+#[tokio::test]
+async fn an_append_whose_key_another_append_wrote_after_its_claim_adds_nothing() {
+    let (engine, other, _dir) = two_nodes();
+    engine.write(project(), &events(), upload(WriteMode::Replace, ids(0, 5))).await.unwrap();
+    let after = engine.newest_version(project(), &events()).await.unwrap().expect("a table");
+    let (slow, retry) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    // The retry, on the other node, takes the key and writes first.
+    other.write(project(), &events(), keyed(ids(5, 3), retry, "batch-1", after, 1 << 20)).await.unwrap();
+    let refused = engine.write(project(), &events(), keyed(ids(5, 3), slow, "batch-1", after, 1 << 20)).await;
+    assert!(matches!(refused, Err(domain::UploadError::TakenOver)), "{refused:?}");
+    assert_eq!(counts(&engine).await, (8, 8));
+    assert!(engine.holds(project(), &events(), slow).await.unwrap().is_none());
+    assert!(engine.holds(project(), &events(), retry).await.unwrap().is_some());
+
+    // Grouped with an append under another key and one under none: those two land.
+    let bodies: Vec<HeldBody> =
+        [(ids(5, 3), Some("batch-1")), (ids(8, 2), Some("batch-2")), (ids(10, 1), None)]
+            .into_iter()
+            .map(|(body, key)| {
+                let tag = key.map(|key| {
+                    let tag = domain::AppendTag {
+                        write_id: uuid::Uuid::new_v4(),
+                        digest: domain::BodyDigest::default(),
+                        key: domain::IdempotencyKey::parse(key).unwrap(),
+                        after,
+                    };
+                    Keyed::of(&tag, body.len() as u64)
+                });
+                HeldBody { bytes: body.into(), format: TableFormat::Csv, tag }
+            })
+            .collect();
+    let answers = append_held(&engine.storage, project(), "events", &bodies).await.expect("written");
+    assert!(matches!(answers[0], Err(StagedError::TakenOver)), "{:?}", answers[0]);
+    assert_eq!((answers[1].as_ref().ok(), answers[2].as_ref().ok()), (Some(&2), Some(&1)));
+    assert_eq!(counts(&other).await, (11, 11));
+
+    // Staged (past what is held in memory): refused the same, nothing of it left.
+    let big = uuid::Uuid::new_v4();
+    other
+        .write(project(), &events(), keyed(ids(11, 1), uuid::Uuid::new_v4(), "big", after, 1 << 20))
+        .await
+        .unwrap();
+    let refused =
+        engine.write(project(), &events(), keyed(ids(100, 140_000), big, "big", after, 1 << 30)).await;
+    assert!(matches!(refused, Err(domain::UploadError::TakenOver)), "{refused:?}");
+    assert_eq!(counts(&engine).await, (12, 12));
+    // The same key claimed again after that commit (used again, past its window) writes.
+    let now = engine.newest_version(project(), &events()).await.unwrap().expect("a table");
+    engine
+        .write(project(), &events(), keyed(ids(12, 2), uuid::Uuid::new_v4(), "batch-1", now, 1 << 20))
+        .await
+        .unwrap();
+    assert_eq!(counts(&other).await, (14, 14));
 }
 
 #[tokio::test]

@@ -66,6 +66,9 @@ pub enum CommitError {
     /// The files a compaction merged are no longer the table's (a replace took them).
     #[error("table {0} changed while it was compacted")]
     Conflict(String),
+    /// Another append claiming the same names ([`Claim`]) landed first: nothing was added.
+    #[error("table {table}: another append of {names:?} landed first")]
+    Claimed { table: String, names: Vec<String> },
     /// The version asked for is not in the table's log: never made, or cleaned up after the retention.
     #[error("table {table} has no version {version} in its log")]
     NoVersion { table: String, version: u64 },
@@ -94,6 +97,20 @@ pub struct NewFile {
     /// When it was written, in milliseconds since the Unix epoch.
     pub modified_ms: i64,
 }
+
+/// An append's claim on a name (its `Idempotency-Key`), made while the table was at version `after` or later:
+/// of the appends that claim one name after a version, at most one commits ([`DeltaTables::append`]). An
+/// append that took over the name of another whose writer went silent is thus never followed by the rows of
+/// that writer, should it wake up, and the other way round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub name: String,
+    pub after: u64,
+}
+
+/// The application metadata key of a commit's claimed names (see [`Claim`]): a commit's, not its files', so
+/// that the table's checkpoints do not grow with them.
+const CLAIMS: &str = "endpoints.claims";
 
 /// The table property saying how the table's files are laid out (the columns they are sorted by, as its
 /// writer states them): a change of it alone changes no row.
@@ -499,7 +516,7 @@ impl DeltaTables {
                 .get_latest_version(known.version + 1)
                 .await
                 .map_err(|e| CommitError::storage(table, e))?;
-            if let Some(followed) = self.follow(table, &known, latest).await? {
+            if let Some((followed, _)) = self.follow(table, &known, latest).await? {
                 return Ok(Some(kept.advance(Arc::new(followed), heard)));
             }
         }
@@ -507,26 +524,31 @@ impl DeltaTables {
     }
 
     /// `base` moved to version `to` by the commits after it, when they only added and removed files (`None`
-    /// when one changed the columns or properties, or is no longer in the log: the log is read in full then).
-    /// Each commit is read once; the files of the version are not listed again.
+    /// when one changed the columns or properties, or is no longer in the log: the log is read in full then),
+    /// with the names each commit that claimed some claimed ([`Claim`]). Each commit is read once; the files of
+    /// the version are not listed again.
     async fn follow(
         &self,
         table: &ObjectPath,
         base: &Snapshot,
         to: u64,
-    ) -> Result<Option<Snapshot>, CommitError> {
+    ) -> Result<Option<(Snapshot, Vec<(u64, Vec<String>)>)>, CommitError> {
         if to.saturating_sub(base.version) > CHECKPOINT_INTERVAL {
             return Ok(None);
         }
-        let mut next = base.clone();
+        let (mut next, mut claims) = (base.clone(), Vec::new());
         for version in base.version + 1..=to {
             let Some(actions) = self.actions(table, version).await? else { return Ok(None) };
             if actions.iter().any(|a| matches!(a, Action::Metadata(_) | Action::Protocol(_))) {
                 return Ok(None);
             }
             apply(table, &mut next, version, &actions);
+            let names = claimed_in(&actions);
+            if !names.is_empty() {
+                claims.push((version, names));
+            }
         }
-        Ok(Some(next))
+        Ok(Some((next, claims)))
     }
 
     /// Reads the table's log forward from what this process knows of it, or afresh from its newest checkpoint
@@ -599,17 +621,20 @@ impl DeltaTables {
     }
 
     /// Adds `files`, written for the table's version `read` (its columns), in one commit; answers the version it
-    /// made. `note` goes with the commit (application metadata, shown by the table's versions).
+    /// made. `note` goes with the commit (application metadata, shown by the table's versions), and so do the
+    /// names of `claims`: the commit is made only if no commit after a claim's version names its name.
     ///
     /// # Errors
     /// [`CommitError::NoTable`]; [`CommitError::Replaced`] when a commit since `read` changed the table's columns
-    /// or properties (nothing was added: write the rows again); [`CommitError::Storage`].
+    /// or properties (nothing was added: write the rows again); [`CommitError::Claimed`] when a commit named a
+    /// claim's name (nothing was added: write the rows of the other appends again); [`CommitError::Storage`].
     pub async fn append(
         &self,
         table: &ObjectPath,
         read: u64,
         files: &[NewFile],
         note: HashMap<String, serde_json::Value>,
+        claims: &[Claim],
     ) -> Result<u64, CommitError> {
         let kept = self.kept(table);
         if self.snapshot(table).await?.is_none() {
@@ -619,30 +644,47 @@ impl DeltaTables {
         // state's lock, does not hold appends up); the newest snapshot once it is this one's turn.
         let _turn = kept.appending.lock().await;
         let Some(base) = kept.newest() else { return Err(CommitError::NoTable(table.to_string())) };
-        // Commits since the version the files were written for, up to the snapshot the commit is based on: any
-        // that changed the metadata took the table. Those after it are followed below.
-        for version in read + 1..=base.version {
+        // Commits up to the snapshot the commit is based on: any since the version the files were written for
+        // that changed the metadata took the table, and any since a claim that names its name took the claim.
+        // Those after the snapshot are followed below.
+        let from = claims.iter().map(|claim| claim.after).fold(read, u64::min);
+        for version in from + 1..=base.version {
             let Some(actions) = self.actions(table, version).await? else {
                 return Err(CommitError::Replaced(table.to_string()));
             };
-            if actions.iter().any(|a| matches!(a, Action::Metadata(_) | Action::Protocol(_))) {
+            claimed(table, claims, version, &claimed_in(&actions))?;
+            if version > read
+                && actions.iter().any(|a| matches!(a, Action::Metadata(_) | Action::Protocol(_)))
+            {
                 return Err(CommitError::Replaced(table.to_string()));
             }
         }
         let rows: u64 = files.iter().map(|f| f.rows).sum();
         let mut note = note;
         note.insert(ROWS_ADDED.into(), rows.into());
+        if !claims.is_empty() {
+            let names: Vec<&str> = claims.iter().map(|claim| claim.name.as_str()).collect();
+            note.insert(CLAIMS.into(), names.into());
+        }
         let operation = DeltaOperation::Write { mode: SaveMode::Append, partition_by: None, predicate: None };
         let commit = CommitData::new(adds(table, files, true)?, operation, note, Vec::new());
-        // Appends of other nodes landing first are followed; nothing they can do is in the way of this one.
-        let landed = self.commit_next(table, &kept, base, &commit, |_| Ok(()), CommitError::Replaced).await?;
+        // Appends of other nodes landing first are followed; only one claiming a name of this one is in its way.
+        let admit = |_: &Snapshot, followed: Option<&[(u64, Vec<String>)]>| match followed {
+            Some(followed) => {
+                followed.iter().try_for_each(|(version, names)| claimed(table, claims, *version, names))
+            }
+            // The commits since were not read one by one: the claims are checked again from the start.
+            None if !claims.is_empty() => Err(CommitError::Replaced(table.to_string())),
+            None => Ok(()),
+        };
+        let landed = self.commit_next(table, &kept, base, &commit, admit, CommitError::Replaced).await?;
         Ok(landed)
     }
 
     /// Makes `commit`, which adds and removes files only, the version after `base`, by a put-if-absent of its log
     /// entry; when another commit took that version, the commits since are followed one by one and `admit` is
-    /// asked whether this one still holds on top of them (a change of columns or properties among them is
-    /// `refused`). Keeps the snapshot it leaves, built from `base` and the commit's actions (the log is not read
+    /// asked whether this one still holds on top of them, given the names each of them claimed (`None` when the
+    /// log was read afresh instead; a change of columns or properties among them is `refused`). Keeps the snapshot it leaves, built from `base` and the commit's actions (the log is not read
     /// again), and answers its version.
     async fn commit_next(
         &self,
@@ -650,13 +692,13 @@ impl DeltaTables {
         kept: &Kept,
         mut base: Arc<Snapshot>,
         commit: &CommitData,
-        admit: impl Fn(&Snapshot) -> Result<(), CommitError>,
+        admit: impl Fn(&Snapshot, Option<&[(u64, Vec<String>)]>) -> Result<(), CommitError>,
         refused: fn(String) -> CommitError,
     ) -> Result<u64, CommitError> {
         if let Some(reason) = &base.unwritable {
             return Err(CommitError::storage(table, reason.clone()));
         }
-        admit(&base)?;
+        admit(&base, Some(&[]))?;
         let bytes = commit.get_bytes().map_err(|e| CommitError::storage(table, e))?;
         for _ in 0..COMMIT_ATTEMPTS {
             let version = base.version + 1;
@@ -676,18 +718,25 @@ impl DeltaTables {
                         .get_latest_version(version)
                         .await
                         .map_err(|e| CommitError::storage(table, e))?;
-                    base = match self.follow(table, &base, latest).await? {
-                        Some(followed) => kept.advance(Arc::new(followed), heard),
+                    match self.follow(table, &base, latest).await? {
+                        Some((followed, claims)) => {
+                            base = kept.advance(Arc::new(followed), heard);
+                            admit(&base, Some(&claims))?;
+                        }
                         // Too many commits to follow one by one: the log is read, and the commit holds if the
                         // columns and properties are still those it was made for.
-                        None => match self.refresh(table, kept, heard).await? {
-                            Some(now) if now.schema == base.schema && now.properties == base.properties => {
-                                now
-                            }
-                            _ => return Err(refused(table.to_string())),
-                        },
-                    };
-                    admit(&base)?;
+                        None => {
+                            base = match self.refresh(table, kept, heard).await? {
+                                Some(now)
+                                    if now.schema == base.schema && now.properties == base.properties =>
+                                {
+                                    now
+                                }
+                                _ => return Err(refused(table.to_string())),
+                            };
+                            admit(&base, None)?;
+                        }
+                    }
                 }
                 Err(err) => return Err(CommitError::storage(table, err)),
             }
@@ -870,7 +919,7 @@ impl DeltaTables {
         let commit = CommitData::new(actions, operation, HashMap::new(), Vec::new());
         // Every file merged must still be the table's in the version the commit follows (a replace since took
         // them); appends landing first are kept.
-        let still_there = |version: &Snapshot| {
+        let still_there = |version: &Snapshot, _: Option<&[(u64, Vec<String>)]>| {
             let present: std::collections::HashSet<&ObjectPath> =
                 version.files.iter().map(|f| &f.location).collect();
             if removed.iter().all(|file| present.contains(&file.location)) {
@@ -993,6 +1042,30 @@ fn commit_properties() -> CommitProperties {
 }
 
 /// Moves `snapshot` to `version` by a commit of `actions` that adds and removes files only.
+/// The names a commit claimed ([`Claim`]), from its application metadata.
+fn claimed_in(actions: &[Action]) -> Vec<String> {
+    let info = actions.iter().find_map(|action| match action {
+        Action::CommitInfo(info) => info.info.get(CLAIMS),
+        _ => None,
+    });
+    let names = info.and_then(serde_json::Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    names.iter().filter_map(|name| name.as_str().map(str::to_owned)).collect()
+}
+
+/// [`CommitError::Claimed`] when the commit at `version` claimed a name that one of `claims` claimed before it.
+fn claimed(table: &ObjectPath, claims: &[Claim], version: u64, names: &[String]) -> Result<(), CommitError> {
+    let taken: Vec<String> = claims
+        .iter()
+        .filter(|claim| version > claim.after && names.contains(&claim.name))
+        .map(|claim| claim.name.clone())
+        .collect();
+    if taken.is_empty() {
+        Ok(())
+    } else {
+        Err(CommitError::Claimed { table: table.to_string(), names: taken })
+    }
+}
+
 fn apply(table: &ObjectPath, snapshot: &mut Snapshot, version: u64, actions: &[Action]) {
     let mut removed = std::collections::HashSet::new();
     for action in actions {

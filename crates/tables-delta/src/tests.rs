@@ -87,7 +87,10 @@ async fn a_replace_creates_the_table_and_appends_add_to_it_as_commits() {
         .expect("created");
     assert_eq!((version, created), (0, true));
     let second = file(&root.store, &["a"], &[4]).await;
-    assert_eq!(tables.append(&table(), 0, std::slice::from_ref(&second), note()).await.expect("appended"), 1);
+    assert_eq!(
+        tables.append(&table(), 0, std::slice::from_ref(&second), note(), &[]).await.expect("appended"),
+        1
+    );
 
     let snapshot = tables.snapshot(&table()).await.expect("read").expect("a table");
     assert_eq!(snapshot.version, 1);
@@ -120,7 +123,7 @@ async fn concurrent_appends_of_two_nodes_all_land_exactly_once() {
     }
     let appends = files.iter().enumerate().map(|(i, f)| {
         let tables = &root.nodes[i % 2];
-        async move { tables.append(&table(), 0, std::slice::from_ref(f), note()).await }
+        async move { tables.append(&table(), 0, std::slice::from_ref(f), note(), &[]).await }
     });
     let versions = futures_util::future::join_all(appends).await;
     let mut versions: Vec<u64> = versions.into_iter().map(|v| v.expect("appended")).collect();
@@ -154,7 +157,7 @@ async fn a_node_that_hears_every_write_reads_its_kept_version_until_a_write_is_a
     writer.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
     let append = || async {
         let rows = file(&root.store, &["a"], &[1]).await;
-        writer.append(&table(), 0, &[rows], note()).await.expect("appended")
+        writer.append(&table(), 0, &[rows], note(), &[]).await.expect("appended")
     };
     // Not hearing: each read asks the log, and sees a commit at once.
     assert_eq!(version_read(reader).await, 0);
@@ -206,7 +209,7 @@ async fn a_node_that_hears_every_write_reads_its_kept_version_until_a_write_is_a
     writer.hearing(true);
     assert_eq!(version_read(writer).await, 7);
     let rows = file(&root.store, &["a"], &[1]).await;
-    reader.append(&table(), 0, &[rows], note()).await.expect("appended by the other node");
+    reader.append(&table(), 0, &[rows], note(), &[]).await.expect("appended by the other node");
     assert_eq!(version_read(writer).await, 7);
     writer.written(&table());
     assert_eq!(version_read(writer).await, 8);
@@ -221,7 +224,7 @@ async fn a_replace_removes_what_another_node_appended_after_it_read_the_table() 
     // Node a knows version 0; node b appends behind its back.
     assert_eq!(a.snapshot(&table()).await.expect("read").expect("table").version, 0);
     let appended = file(&root.store, &["a"], &[2]).await;
-    b.append(&table(), 0, &[appended], note()).await.expect("appended");
+    b.append(&table(), 0, &[appended], note(), &[]).await.expect("appended");
     let replacing = file(&root.store, &["a"], &[7, 8]).await;
     let (_, created) = a
         .replace(&table(), &schema(&["a"]), std::slice::from_ref(&replacing), &HashMap::new(), None)
@@ -240,6 +243,40 @@ async fn a_replace_removes_what_another_node_appended_after_it_read_the_table() 
 }
 
 #[tokio::test]
+async fn of_two_appends_claiming_one_name_after_a_version_only_the_first_commits() {
+    let root = root(2);
+    let (a, b) = (&root.nodes[0], &root.nodes[1]);
+    a.replace(&table(), &schema(&["a"]), &[file(&root.store, &["a"], &[1]).await], &HashMap::new(), None)
+        .await
+        .expect("created");
+    let claim = |name: &str, after| Claim { name: name.into(), after };
+    // Node b keeps version 0 and trusts it (it hears every write): its next commit is put on top of version 0
+    // and finds version 1 taken, so the claim is checked among the commits it follows.
+    b.hearing(true);
+    assert_eq!(b.snapshot(&table()).await.expect("read").expect("a table").version, 0);
+    let first = file(&root.store, &["a"], &[2]).await;
+    a.append(&table(), 0, &[first], note(), &[claim("key-1", 0), claim("key-2", 0)]).await.expect("appended");
+    let late = file(&root.store, &["a"], &[3]).await;
+    let refused = b.append(&table(), 0, std::slice::from_ref(&late), note(), &[claim("key-2", 0)]).await;
+    assert!(
+        matches!(&refused, Err(CommitError::Claimed { names, .. }) if names == &["key-2".to_owned()]),
+        "{refused:?}"
+    );
+    // The same when the commit that claimed the name is already in the snapshot the commit is made on.
+    let refused = a.append(&table(), 1, std::slice::from_ref(&late), note(), &[claim("key-1", 0)]).await;
+    assert!(matches!(&refused, Err(CommitError::Claimed { .. })), "{refused:?}");
+    // A name claimed after that commit (used again later), and other names, commit.
+    b.append(&table(), 1, std::slice::from_ref(&late), note(), &[claim("key-1", 1), claim("key-3", 0)])
+        .await
+        .expect("appended");
+    let snapshot = a.checked_snapshot(&table()).await.expect("read").expect("a table");
+    assert_eq!((snapshot.version, snapshot.rows()), (2, Some(3)), "the refused appends added nothing");
+    // Claims are the commit's application metadata.
+    let actions = a.actions(&table(), 2).await.expect("read").expect("a commit");
+    assert_eq!(claimed_in(&actions), ["key-1", "key-3"]);
+}
+
+#[tokio::test]
 async fn an_append_overtaken_by_a_replace_with_other_columns_is_refused() {
     let root = root(2);
     let (a, b) = (&root.nodes[0], &root.nodes[1]);
@@ -250,7 +287,7 @@ async fn an_append_overtaken_by_a_replace_with_other_columns_is_refused() {
     a.replace(&table(), &schema(&["b"]), &[other], &HashMap::new(), None).await.expect("replaced");
     // b still keeps version 0 with column a, but its append's commit sees the new columns.
     let late = file(&root.store, &["a"], &[5]).await;
-    let refused = b.append(&table(), read, &[late], note()).await;
+    let refused = b.append(&table(), read, &[late], note(), &[]).await;
     assert!(matches!(refused, Err(CommitError::Replaced(_))), "{refused:?}");
     let snapshot = b.snapshot(&table()).await.expect("read").expect("table");
     assert_eq!(snapshot.schema.as_ref(), &schema(&["b"]));
@@ -263,11 +300,11 @@ async fn a_compaction_keeps_concurrent_appends_and_yields_to_a_replace() {
     let (a, b) = (&root.nodes[0], &root.nodes[1]);
     let first = file(&root.store, &["a"], &[1]).await;
     a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
-    a.append(&table(), 0, &[file(&root.store, &["a"], &[2]).await], note()).await.expect("appended");
+    a.append(&table(), 0, &[file(&root.store, &["a"], &[2]).await], note(), &[]).await.expect("appended");
     let read = a.snapshot(&table()).await.expect("read").expect("table");
     // Node b appends while a merges what it read.
     let late = file(&root.store, &["a"], &[3]).await;
-    b.append(&table(), read.version, std::slice::from_ref(&late), note()).await.expect("appended");
+    b.append(&table(), read.version, std::slice::from_ref(&late), note(), &[]).await.expect("appended");
     let merged = file(&root.store, &["a"], &[1, 2]).await;
     let version = a.rewrite(&table(), &read.files, std::slice::from_ref(&merged)).await.expect("compacted");
     let snapshot = b.snapshot(&table()).await.expect("read").expect("table");
@@ -307,7 +344,10 @@ async fn a_table_is_read_as_of_a_time_and_not_before_its_first_version() {
     tables.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
     let v0 = tables.snapshot(&table()).await.expect("read").expect("table");
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    tables.append(&table(), 0, &[file(&root.store, &["a"], &[2]).await], note()).await.expect("appended");
+    tables
+        .append(&table(), 0, &[file(&root.store, &["a"], &[2]).await], note(), &[])
+        .await
+        .expect("appended");
     let v1 = tables.snapshot(&table()).await.expect("read").expect("table");
     assert!(v1.committed_ms > v0.committed_ms);
 
@@ -415,7 +455,7 @@ async fn commits_are_checkpointed_so_another_process_opens_the_table_from_the_ch
     a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
     for i in 1..=120_u64 {
         let appended = file(&root.store, &["a"], &[i64::try_from(i).expect("small")]).await;
-        a.append(&table(), i - 1, &[appended], note()).await.expect("appended");
+        a.append(&table(), i - 1, &[appended], note(), &[]).await.expect("appended");
     }
     let log = table().join("_delta_log");
     // Delta checkpoints every 100 commits: the state after the 100th commit (version 99).
@@ -444,7 +484,7 @@ async fn the_newest_version_is_found_from_any_version_before_it_even_past_a_clea
     tables.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
     for i in 1..=37_u64 {
         let appended = file(&root.store, &["a"], &[i64::try_from(i).expect("small")]).await;
-        tables.append(&table(), i - 1, &[appended], note()).await.expect("appended");
+        tables.append(&table(), i - 1, &[appended], note(), &[]).await.expect("appended");
     }
     let log = tables.log_store(&table());
     for start in 0..=37 {
@@ -503,11 +543,11 @@ async fn a_node_far_behind_another_reads_the_log_instead_of_following_each_commi
     let far = CHECKPOINT_INTERVAL + 20;
     for i in 1..=far {
         let appended = file(&root.store, &["a"], &[i64::try_from(i).expect("small")]).await;
-        a.append(&table(), i - 1, &[appended], note()).await.expect("appended");
+        a.append(&table(), i - 1, &[appended], note(), &[]).await.expect("appended");
     }
     let seen = b.snapshot(&table()).await.expect("read").expect("table");
     assert_eq!((seen.version, seen.rows(), seen.files.len()), (far, Some(far + 1), 121));
     // And b's own append lands after them.
     let last = file(&root.store, &["a"], &[7]).await;
-    assert_eq!(b.append(&table(), far, &[last], note()).await.expect("appended"), far + 1);
+    assert_eq!(b.append(&table(), far, &[last], note(), &[]).await.expect("appended"), far + 1);
 }

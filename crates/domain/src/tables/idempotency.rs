@@ -92,12 +92,17 @@ impl BodyDigest {
     }
 }
 
-/// An append made under a key: the id its rows are written under and its body's digest. The engine keeps both
-/// with the rows, so that an append cut off before it was answered can be found by its id.
+/// An append made under a key: the id its rows are written under and its body's digest, which the engine keeps
+/// with the rows so that an append cut off before it was answered can be found by its id; and the key with the
+/// table's version read before the key was claimed (`after`). Of the appends made under one key, the engine
+/// commits at most one after that version: an append whose key a retry took over while its writer was silent
+/// (not gone, only slow) adds nothing when it wakes up ([`UploadError::TakenOver`](crate::UploadError)).
 #[derive(Debug, Clone)]
 pub struct AppendTag {
     pub write_id: Uuid,
     pub digest: BodyDigest,
+    pub key: IdempotencyKey,
+    pub after: u64,
 }
 
 /// An append found in a table by its write id: what it wrote and the SHA-256 of its body.

@@ -96,6 +96,14 @@ fn not_found(name: &TableName) -> Error {
     Error::table_not_found(name.as_str())
 }
 
+/// An append's claim on its key: the write id its rows go under, and the table's version read before the claim.
+#[derive(Clone, Copy)]
+struct Claim<'a> {
+    key: &'a IdempotencyKey,
+    write_id: uuid::Uuid,
+    after: u64,
+}
+
 impl TableService {
     pub fn new(deps: TableDeps) -> Self {
         let TableDeps {
@@ -231,10 +239,14 @@ impl TableService {
         key: &IdempotencyKey,
     ) -> Result<(Table, Written), Error> {
         let write_id = uuid::Uuid::new_v4();
+        // Read before the key is claimed: any other append under the key that can still land (one that takes
+        // it over from this one, or this one's writer if this append takes it over) commits after it.
+        let after = self.tables.newest_version(project, name).await?.unwrap_or(0);
+        let claim = Claim { key, write_id, after };
         let now = self.clock.now();
         let state = self.keys.claim(project, name, key, write_id, now, now - IDEMPOTENCY_WINDOW).await?;
         match state {
-            AppendKeyState::Claimed => self.append_claimed(project, name, upload, key, write_id).await,
+            AppendKeyState::Claimed => self.append_claimed(project, name, upload, claim).await,
             AppendKeyState::Answered { body_sha256, written } => {
                 Self::same_body(upload, &body_sha256, key).await?;
                 Ok((self.get(project, name).await?, written))
@@ -259,26 +271,33 @@ impl TableService {
                         key.as_str()
                     )));
                 }
-                self.append_claimed(project, name, upload, key, write_id).await
+                self.append_claimed(project, name, upload, claim).await
             }
         }
     }
 
-    /// Writes an append whose key is pending under `write_id`, then records its answer. A failure that wrote
-    /// nothing frees the key; any other leaves it pending, for a retry to resolve.
+    /// Writes an append whose key is pending under its write id, then records its answer. A failure that wrote
+    /// nothing frees the key; any other leaves it pending, for a retry to resolve. When a retry took the key
+    /// over meanwhile and wrote first, nothing is written and the key is the retry's.
     async fn append_claimed(
         &self,
         project: ProjectId,
         name: &TableName,
         mut upload: Upload,
-        key: &IdempotencyKey,
-        write_id: uuid::Uuid,
+        Claim { key, write_id, after }: Claim<'_>,
     ) -> Result<(Table, Written), Error> {
         let digest = BodyDigest::default();
         upload.body = digest.wrap(upload.body);
-        upload.tag = Some(AppendTag { write_id, digest: digest.clone() });
+        upload.tag = Some(AppendTag { write_id, digest: digest.clone(), key: key.clone(), after });
         let written = match self.tables.write(project, name, upload).await {
             Ok(written) => written,
+            Err(UploadError::TakenOver) => {
+                return Err(Error::IdempotencyConflict(format!(
+                    "Another append with Idempotency-Key '{}' (a retry) wrote its rows first; nothing was \
+                     written. Retry to get its answer.",
+                    key.as_str()
+                )))
+            }
             Err(err) => {
                 let wrote_nothing = !matches!(err, UploadError::Engine(_));
                 if wrote_nothing {

@@ -559,6 +559,7 @@ mod idempotency {
     fn tables() -> MockTableStore {
         let mut tables = MockTableStore::new();
         tables.expect_get().returning(|_, name| Ok(Some(info(name.as_str()))));
+        tables.expect_newest_version().returning(|_, _| Ok(Some(7)));
         tables
     }
 
@@ -604,6 +605,8 @@ mod idempotency {
         tables.expect_write().times(1).returning(move |_, _, upload| {
             let tag = upload.tag.expect("an append under a key is tagged");
             *seen.lock().unwrap() = Some(tag.write_id);
+            // Claimed with the table's version read before the key was: no other append under it lands after.
+            assert_eq!((tag.key.as_str(), tag.after), ("batch-1", 7));
             // The engine reads the body; the digest follows it.
             futures_util::FutureExt::now_or_never(BodyDigest::of(upload.body, 1024)).unwrap().unwrap();
             assert_eq!(tag.digest.hex(), sha256(BODY));
@@ -719,6 +722,20 @@ mod idempotency {
             .returning(|_, _, _, _, _, _| Ok(true));
         keys.expect_answer().times(1).returning(|_, _, _, _, _, _| Ok(()));
         assert_eq!(appended(tables, keys).await, WRITTEN);
+    }
+
+    /// A writer that went silent past the in-flight time (not gone) while a retry took its key over and wrote:
+    /// the engine refuses its rows, and the key stays the retry's.
+    #[tokio::test]
+    async fn an_append_whose_key_a_retry_took_over_and_wrote_is_a_conflict_that_keeps_the_key() {
+        let mut tables = tables();
+        tables.expect_write().times(1).returning(|_, _, _| Err(UploadError::TakenOver));
+        let mut keys = keys_answering(AppendKeyState::Claimed);
+        keys.expect_forget().never();
+        keys.expect_answer().never();
+        let detail =
+            conflict(service(tables, keys).append_once(project(1), &sales(), append(BODY), &key()).await);
+        assert!(detail.contains("'batch-1' (a retry) wrote its rows first"), "{detail}");
     }
 
     #[tokio::test]

@@ -25,7 +25,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 
 use std::collections::HashMap;
 
-use tables_delta::{CommitError, NewFile, Snapshot};
+use tables_delta::{Claim, CommitError, NewFile, Snapshot};
 
 use crate::storage::Storage;
 use crate::tables::catalog::{current, is_new_table_name, object_meta, table_prefix, Current};
@@ -391,12 +391,14 @@ struct Destination {
 }
 
 /// What an import's commit did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Published {
     /// The files are part of the table; whether the import created it.
     Done { created: bool },
     /// A replace with other columns landed first: the rows are to be written again, to the table as it is now.
     Again,
+    /// An append under one of the claimed keys landed first: nothing was added.
+    Claimed(Vec<String>),
 }
 
 impl Destination {
@@ -441,6 +443,7 @@ impl Destination {
         &self,
         storage: &Storage,
         note: HashMap<String, serde_json::Value>,
+        claims: &[Claim],
     ) -> Result<Published, ImportError> {
         let mut files = Vec::with_capacity(self.done.len());
         for (path, rows, _) in &self.done {
@@ -454,9 +457,10 @@ impl Destination {
         }
         let tables = storage.tables();
         match self.mode {
-            ImportMode::Append => match tables.append(&self.table, self.read, &files, note).await {
+            ImportMode::Append => match tables.append(&self.table, self.read, &files, note, claims).await {
                 Ok(_) => Ok(Published::Done { created: false }),
                 Err(CommitError::Replaced(_) | CommitError::NoTable(_)) => Ok(Published::Again),
+                Err(CommitError::Claimed { names, .. }) => Ok(Published::Claimed(names)),
                 Err(err) => Err(ImportError::Write(err.to_string())),
             },
             ImportMode::Replace => {
@@ -531,12 +535,13 @@ pub async fn import_files(
                 return Err(err);
             }
         };
-        match target.publish(storage, HashMap::new()).await? {
+        match target.publish(storage, HashMap::new(), &[]).await? {
             Published::Done { .. } => {
                 return Ok(ImportReport { table: table.into(), rows, files: files.len() })
             }
-            // The table was replaced while the rows were written: they go to what the table is now.
-            Published::Again => target.discard(storage).await,
+            // The table was replaced while the rows were written: they go to what the table is now. (An import
+            // claims no key.)
+            Published::Again | Published::Claimed(_) => target.discard(storage).await,
         }
     }
     Err(ImportError::Write(format!(
@@ -615,7 +620,7 @@ pub async fn write_table(
     .await;
     match written {
         Ok(rows) => {
-            target.publish(storage, HashMap::new()).await?;
+            target.publish(storage, HashMap::new(), &[]).await?;
             Ok(rows)
         }
         Err(err) => {
@@ -634,6 +639,8 @@ pub(crate) enum StagedError {
     NoSuchTable,
     /// An append to a table that reads an external source where it is.
     External,
+    /// An append under the same key landed first (see [`Claim`]): nothing was written.
+    TakenOver,
     Write(String),
 }
 
@@ -661,7 +668,7 @@ pub(crate) async fn import_staged(
     format: TableFormat,
     mode: ImportMode,
     batch_rows: Option<usize>,
-    tag: Option<&TaggedAppend>,
+    tag: Option<&Keyed>,
 ) -> Result<(u64, bool), StagedError> {
     let ctx = crate::tables::catalog::import_session(storage, batch_rows)
         .map_err(|e| StagedError::Write(e.to_string()))?;
@@ -672,8 +679,10 @@ pub(crate) async fn import_staged(
         if mode == ImportMode::Append && expected.is_none() {
             return Err(StagedError::NoSuchTable);
         }
+        let footer = tag.map(|keyed| &keyed.append);
         let written =
-            write_staged(storage, &ctx, &mut target, (&location, ext, format), expected.as_ref(), tag).await;
+            write_staged(storage, &ctx, &mut target, (&location, ext, format), expected.as_ref(), footer)
+                .await;
         let rows = match written {
             Ok(rows) => rows,
             Err(err) => {
@@ -681,10 +690,15 @@ pub(crate) async fn import_staged(
                 return Err(err);
             }
         };
-        let note = tag.map_or_else(HashMap::new, |tag| appends_note(&[TaggedAppend { rows, ..tag.clone() }]));
-        match target.publish(storage, note).await.map_err(StagedError::from)? {
+        let note = footer.map_or_else(HashMap::new, |a| appends_note(&[TaggedAppend { rows, ..a.clone() }]));
+        let claims: Vec<Claim> = tag.map(|keyed| keyed.claim.clone()).into_iter().collect();
+        match target.publish(storage, note, &claims).await.map_err(StagedError::from)? {
             Published::Done { created } => return Ok((rows, created)),
             Published::Again => target.discard(storage).await,
+            Published::Claimed(_) => {
+                target.discard(storage).await;
+                return Err(StagedError::TakenOver);
+            }
         }
     }
     Err(StagedError::Write(format!(
@@ -824,8 +838,23 @@ fn in_table_order(frame: DataFrame, expected: &SchemaRef) -> datafusion::error::
 pub(crate) struct HeldBody {
     pub(crate) bytes: bytes::Bytes,
     pub(crate) format: TableFormat,
-    /// For an append under a key: its write id and the SHA-256 of its body.
-    pub(crate) tag: Option<(uuid::Uuid, String)>,
+    /// For an append under a key.
+    pub(crate) tag: Option<Keyed>,
+}
+
+/// An append under an `Idempotency-Key` as its writer knows it: what its file's footer lists (its rows counted
+/// once written), and its claim on the key, which its commit names.
+#[derive(Debug, Clone)]
+pub(crate) struct Keyed {
+    pub(crate) append: TaggedAppend,
+    pub(crate) claim: Claim,
+}
+
+impl Keyed {
+    pub(crate) fn of(tag: &domain::AppendTag, bytes: u64) -> Self {
+        let append = TaggedAppend { write_id: tag.write_id, rows: 0, bytes, body_sha256: tag.digest.hex() };
+        Self { append, claim: Claim { name: tag.key.as_str().to_owned(), after: tag.after } }
+    }
 }
 
 /// The footer key under which a table file lists the tagged appends whose rows it holds (JSON).
@@ -874,13 +903,18 @@ pub(crate) async fn append_held(
     let held = Arc::new(object_store::memory::InMemory::new());
     let root = url::Url::parse("memory://held/").map_err(|e| StagedError::Write(e.to_string()))?;
     ctx.runtime_env().register_object_store(&root, Arc::clone(&held) as _);
+    let mut taken = std::collections::HashSet::new();
     for _ in 0..APPEND_ATTEMPTS {
         let (mut target, expected) = Destination::choose(storage, project, table, ImportMode::Append).await?;
         let Some(expected) = expected else { return Err(StagedError::NoSuchTable) };
         let mut answers = Vec::with_capacity(bodies.len());
         let mut batches = Vec::new();
-        let mut tagged = Vec::new();
+        let (mut tagged, mut claims) = (Vec::new(), Vec::new());
         for (index, body) in bodies.iter().enumerate() {
+            if body.tag.as_ref().is_some_and(|keyed| taken.contains(&keyed.claim.name)) {
+                answers.push(Err(StagedError::TakenOver));
+                continue;
+            }
             let answer = match decode_held(&body.bytes, body.format, &expected) {
                 Some(read) => Ok(keep_rows(read, &mut batches)),
                 // Not rows of the table as read directly: the engine's reader reads it, or says why not.
@@ -894,14 +928,9 @@ pub(crate) async fn append_held(
                     collect_body(&ctx, &location, ext, body.format, &expected, &mut batches).await
                 }
             };
-            if let (Ok(rows), Some((write_id, body_sha256))) = (&answer, &body.tag) {
-                let bytes = body.bytes.len() as u64;
-                tagged.push(TaggedAppend {
-                    write_id: *write_id,
-                    rows: *rows,
-                    bytes,
-                    body_sha256: body_sha256.clone(),
-                });
+            if let (Ok(rows), Some(keyed)) = (&answer, &body.tag) {
+                tagged.push(TaggedAppend { rows: *rows, ..keyed.append.clone() });
+                claims.push(keyed.claim.clone());
             }
             answers.push(answer);
         }
@@ -925,12 +954,17 @@ pub(crate) async fn append_held(
             return Err(StagedError::Write(err.to_string()));
         }
         match target
-            .publish(storage, appends_note(&tagged))
+            .publish(storage, appends_note(&tagged), &claims)
             .await
             .map_err(|e| StagedError::Write(e.to_string()))?
         {
             Published::Done { .. } => return Ok(answers),
             Published::Again => target.discard(storage).await,
+            // The other appends are written again without those whose key another append took.
+            Published::Claimed(names) => {
+                target.discard(storage).await;
+                taken.extend(names);
+            }
         }
     }
     Err(StagedError::Write(format!(

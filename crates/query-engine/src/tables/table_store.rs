@@ -30,7 +30,7 @@ use crate::tables::catalog::{
     SourceRecord, DELETED,
 };
 use crate::tables::files::{instant, instant_ms, rows_of, FileRows};
-use crate::tables::imports::{import_staged, table_schema, HeldBody, ImportMode, StagedError, TaggedAppend};
+use crate::tables::imports::{import_staged, table_schema, HeldBody, ImportMode, Keyed, StagedError};
 use crate::tables::quarantine::QUARANTINE_BODY_BYTES;
 use crate::tables::records::RecordSizes;
 use crate::tables::spool::Spool;
@@ -420,7 +420,7 @@ impl DataFusionEngine {
         }
         let mut rows = 0;
         if sorted.good_rows > 0 {
-            let tag = upload.tag.as_ref().map(|tag| (tag.write_id, tag.digest.hex()));
+            let tag = upload.tag.as_ref().map(|tag| Keyed::of(tag, bytes));
             let body = HeldBody { bytes: sorted.good, format, tag };
             let lock = self.table_locks.of(project, name.as_str());
             rows = self
@@ -481,7 +481,7 @@ impl DataFusionEngine {
         name: &TableName,
         (mode, format): (WriteMode, TableFormat),
         staged: &Staged,
-        tag: Option<TaggedAppend>,
+        tag: Option<Keyed>,
     ) -> Result<(u64, bool), UploadError> {
         let mode = match mode {
             WriteMode::Replace => ImportMode::Replace,
@@ -520,6 +520,7 @@ fn staged_error(err: StagedError, staged: Option<&ObjectPath>) -> UploadError {
             UploadError::Invalid(staged.map_or_else(|| reason.clone(), |at| the_body(&reason, at)))
         }
         StagedError::NoSuchTable => UploadError::NoSuchTable,
+        StagedError::TakenOver => UploadError::TakenOver,
         StagedError::External => UploadError::Rejected(Invalid::field(
             "table",
             "The table reads an external source where it is: add the rows there, or replace the table with PUT.",
@@ -624,7 +625,7 @@ impl TableStore for DataFusionEngine {
         let lock = self.table_locks.of(project, name.as_str());
         let (rows, bytes, created) = match receive(&self.storage, project, &mut upload, hold).await? {
             Received::Held { chunks, bytes } => {
-                let tag = upload.tag.as_ref().map(|tag| (tag.write_id, tag.digest.hex()));
+                let tag = upload.tag.as_ref().map(|tag| Keyed::of(tag, bytes));
                 let body = HeldBody { bytes: chunks.concat().into(), format: upload.format, tag };
                 let appended = self
                     .appends
@@ -637,12 +638,7 @@ impl TableStore for DataFusionEngine {
             Received::Staged(staged) => {
                 drop(place);
                 let _held = lock.lock().await;
-                let tag = upload.tag.as_ref().map(|tag| TaggedAppend {
-                    write_id: tag.write_id,
-                    rows: 0,
-                    bytes: staged.bytes,
-                    body_sha256: tag.digest.hex(),
-                });
+                let tag = upload.tag.as_ref().map(|tag| Keyed::of(tag, staged.bytes));
                 let (rows, created) =
                     self.import(project, name, (upload.mode, upload.format), &staged, tag).await?;
                 (rows, staged.bytes, created)
