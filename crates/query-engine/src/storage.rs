@@ -19,7 +19,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
-use object_store::{ListResult, ObjectMeta, ObjectStore};
+use object_store::{ListResult, ObjectMeta, ObjectStore, ObjectStoreExt};
 use url::Url;
 
 use crate::tables::sources::Sources;
@@ -429,6 +429,48 @@ impl Storage {
         Ok(self.listing(prefix).await?.objects)
     }
 
+    /// Copies `objects` into `to` under their own names: on a local disk as hard links, made in one blocking
+    /// task (a task each, as the object store makes them, took a millisecond for a stored result of 30 parts);
+    /// on S3 as copies in the bucket, several at once.
+    pub(crate) async fn copy_into(
+        &self,
+        objects: &[ObjectPath],
+        to: &ObjectPath,
+    ) -> Result<(), object_store::Error> {
+        let named = objects
+            .iter()
+            .map(|object| match object.filename() {
+                Some(name) => Ok((object.clone(), to.clone().join(name))),
+                None => Err(object_store::Error::Generic {
+                    store: "copy",
+                    source: format!("an object without a name: {object}").into(),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(root) = self.local_root.clone() else {
+            let store = Arc::clone(&self.store);
+            let copies = named.into_iter().map(move |(from, into)| {
+                let store = Arc::clone(&store);
+                async move { store.copy(&from, &into).await }
+            });
+            let mut copies = futures_util::stream::iter(copies).buffer_unordered(COPIES_AT_ONCE);
+            while let Some(copied) = copies.next().await {
+                copied?;
+            }
+            return Ok(());
+        };
+        let target = root.join(to.as_ref());
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&target)?;
+            named.iter().try_for_each(|(from, into)| {
+                std::fs::hard_link(root.join(from.as_ref()), root.join(into.as_ref()))
+            })
+        })
+        .await
+        .unwrap_or_else(|joined| Err(std::io::Error::other(joined)))
+        .map_err(|e| object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) })
+    }
+
     /// Removes everything under `prefix`; removing nothing is not an error. On a local disk this includes
     /// the staging files of writes that never finished (a killed process leaves those) and the directories left
     /// empty; on S3 an unfinished upload is never an object, and a bucket lifecycle rule aborts it.
@@ -473,6 +515,9 @@ impl Storage {
         Ok(())
     }
 }
+
+/// How many objects a copy into a bucket copies at once.
+const COPIES_AT_ONCE: usize = 8;
 
 /// A storage that cannot be read or written is unavailable (503, worth retrying), as a database that cannot be
 /// reached is.

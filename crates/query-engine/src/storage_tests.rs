@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use domain::QueryEngine;
 use futures_util::TryStreamExt;
 use object_store::memory::InMemory;
+use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde_json::json;
 
@@ -398,4 +399,44 @@ fn storage_locations_are_directories_file_urls_or_s3_buckets() {
     for refused in ["s3:///prefix", "gs://bucket", "http://example.com/x"] {
         assert!(matches!(Storage::open(refused), Err(StorageError::Unsupported(_))), "{refused}");
     }
+}
+
+/// A fold copies the earlier parts of a stored result into its new location: every part, under its own name, the
+/// originals left as they are, on a bucket (copies) as on a local disk (hard links).
+#[tokio::test]
+async fn objects_are_copied_into_a_new_prefix_under_their_names_on_a_bucket_and_on_a_disk() {
+    let parts: Vec<ObjectPath> = (0..20)
+        .map(|n| ObjectPath::from(format!("projects/7/materializations/e/v1-a/part-{n}.parquet")))
+        .collect();
+    let to = ObjectPath::from("projects/7/materializations/e/v1-b");
+    let expected: Vec<String> = {
+        let mut all: Vec<String> = parts.iter().map(ToString::to_string).collect();
+        all.extend((0..20).map(|n| format!("{to}/part-{n}.parquet")));
+        all.sort();
+        all
+    };
+
+    let (storage, store) = memory();
+    for (n, part) in parts.iter().enumerate() {
+        store.put(part, PutPayload::from(n.to_string())).await.unwrap();
+    }
+    storage.copy_into(&parts, &to).await.unwrap();
+    assert_eq!(objects(&store).await, expected);
+    let copied = store.get(&to.clone().join("part-13.parquet")).await.unwrap().bytes().await.unwrap();
+    assert_eq!(copied.as_ref(), b"13");
+
+    let dir = Inputs::new();
+    let storage = Storage::local(&dir.0).unwrap();
+    for (n, part) in parts.iter().enumerate() {
+        storage.store().put(part, PutPayload::from(n.to_string())).await.unwrap();
+    }
+    storage.copy_into(&parts, &to).await.unwrap();
+    let mut listed: Vec<String> =
+        storage.store().list(None).map_ok(|meta| meta.location.to_string()).try_collect().await.unwrap();
+    listed.sort();
+    assert_eq!(listed, expected);
+    let copied = std::fs::read(dir.0.join(to.as_ref()).join("part-13.parquet")).unwrap();
+    assert_eq!(copied, b"13");
+    // On a disk, a name already there fails the copy rather than passing for it.
+    assert!(storage.copy_into(&parts[..1], &to).await.is_err());
 }

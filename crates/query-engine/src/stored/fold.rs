@@ -34,7 +34,6 @@ use datafusion::prelude::ParquetReadOptions;
 use domain::{Coverage, EngineError, Fold, ProjectId};
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectStoreExt;
 
 use tables_delta::{Changes, Snapshot};
 
@@ -353,17 +352,11 @@ pub(crate) async fn parts(storage: &Storage, from: &ObjectPath) -> Result<Vec<Ob
     Ok(parts)
 }
 
-/// Copies `parts` to the stored result at `to` (a hard link on a local disk, a copy in the bucket on S3).
+/// Copies `parts` to the stored result at `to` (hard links on a local disk, copies in the bucket on S3).
 pub(crate) async fn copy_parts(
     storage: &Storage,
     parts: &[ObjectPath],
     to: &ObjectPath,
 ) -> Result<(), EngineError> {
-    for part in parts {
-        let name = part
-            .filename()
-            .ok_or_else(|| EngineError::Internal(format!("a part without a name: {part}").into()))?;
-        storage.store().copy(part, &to.clone().join(name)).await.map_err(unavailable)?;
-    }
-    Ok(())
+    storage.copy_into(parts, to).await.map_err(unavailable)
 }
