@@ -77,6 +77,8 @@ pub struct DataFusionEngine {
     hot: Option<Arc<hot_tables::HotTables>>,
     /// Live queries' plans before their variables are bound, kept between runs.
     plans: plans::Plans,
+    /// The plans folds ran, kept for the next fold of the same query.
+    fold_plans: materialized::FoldPlans,
     /// How far back `_logs` reads.
     log_retention: std::time::Duration,
 }
@@ -105,6 +107,7 @@ impl DataFusionEngine {
             files: execute::FileCaches::new(),
             hot: hot_tables::HotTables::new(EngineLimits::default().hot_tables),
             plans: plans::Plans::new(),
+            fold_plans: materialized::FoldPlans::new(),
             log_retention: LogSettings::default().retention,
         }
     }

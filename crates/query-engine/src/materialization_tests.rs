@@ -962,6 +962,50 @@ async fn a_folded_result_equals_a_full_refresh_and_the_live_answer() {
     assert!(ResultStorage::locations(engine).await.unwrap().is_empty(), "every location was removed");
 }
 
+/// A fold runs the plan the last fold of its query ran while the tables only had rows appended, rather than
+/// planning the query again at each fold; a result holding other versions (a full refresh's, another endpoint's)
+/// is folded with a plan made again.
+#[tokio::test]
+async fn a_fold_runs_the_plan_the_last_fold_ran_for_the_versions_it_left() {
+    let demo = demo().await;
+    let engine = &demo.1;
+    if never_folded_on_a_cluster(engine).await {
+        return;
+    }
+    let q = query(
+        "SELECT country, count(*) AS n FROM events WHERE country = {variables.country} GROUP BY country",
+        json!({"country": string_var()}),
+    );
+    let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    let mut result = stored_at(&at, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
+    let fold = |from: domain::StoredResult| {
+        let q = q.clone();
+        async move {
+            append_events(engine, 50, 7).await;
+            let to = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+            let before = engine.metrics.plans();
+            let stored = engine.fold(project(), &q, &from, &to).await.unwrap();
+            let (kept, new) = engine.metrics.plans();
+            (stored_at(&to, stored), (kept - before.0, new - before.1))
+        }
+    };
+    let (first, planned) = fold(result.clone()).await;
+    assert_eq!(planned, (0, 1), "the first fold plans the query at the table's newest version");
+    result = first;
+    for _ in 0..3 {
+        let (next, planned) = fold(result.clone()).await;
+        assert_eq!(planned, (1, 0), "each next fold runs the plan the last one ran");
+        assert!(next.row_count > result.row_count, "the appended rows' partial rows were added");
+        result = next;
+    }
+    // A result of other versions (a full refresh after more rows) is folded with a plan made again.
+    append_events(engine, 50, 8).await;
+    let full = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    let refreshed = stored_at(&full, ResultStorage::write(engine, project(), &q, &full).await.unwrap());
+    let (_, planned) = fold(refreshed).await;
+    assert_eq!(planned, (0, 1), "not the last fold's plan");
+}
+
 /// A fold that finds a result of [`fold::MAX_PARTS`] parts merges them into one first (a rollup's partials per
 /// group, rows in their order), instead of a full refresh: the result stays equal to the live answer, its parts
 /// and (for a rollup) its rows stay bounded however many folds follow.
