@@ -25,7 +25,8 @@ use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
     BoundValue, Coverage, Eligibility, EngineError, Export, Fold, MaterializedFilter, ProjectId, Query,
-    QueryResult, ResultFormat, ResultStorage, Rollup, Stored, StoredColumn, StoredResult, VariableType,
+    QueryResult, ReadAt, ResultFormat, ResultStorage, Rollup, Stored, StoredColumn, StoredResult,
+    VariableType,
 };
 use futures_util::StreamExt;
 use object_store::buffered::BufWriter;
@@ -192,6 +193,8 @@ pub(crate) struct FoldPlan {
     rollup: bool,
     metadata: HashMap<String, String>,
     fold: Fold,
+    /// Whether the next fold may run it.
+    keep: bool,
 }
 
 impl FoldPlans {
@@ -219,6 +222,9 @@ impl FoldPlans {
     }
 
     fn keep(&self, project: ProjectId, query: String, plan: &FoldPlan, covered: &fold::Covered) {
+        if !plan.keep {
+            return;
+        }
         let versions =
             covered.tables.iter().map(|(table, read)| (table.clone(), read.version.clone())).collect();
         let kept = FoldPlan {
@@ -227,6 +233,7 @@ impl FoldPlans {
             rollup: plan.rollup,
             metadata: plan.metadata.clone(),
             fold: plan.fold.clone(),
+            keep: true,
         };
         self.entries.insert((project, query), Arc::new(kept));
     }
@@ -312,13 +319,15 @@ struct StoredPlan {
     /// their files' metadata: stored instead when those values are more than `--max-rollup-rows`, as the query's
     /// final rows were before such rollups (so that no query that could be stored is refused for it).
     final_rows: Option<(LogicalPlan, HashMap<String, String>)>,
+    /// The versions of the tables it was planned against.
+    planned_at: Vec<domain::TableVersion>,
 }
 
 impl DataFusionEngine {
     /// The plan a stored result of `query` holds, and how appended rows reach it.
     async fn stored_plan_of(&self, project: ProjectId, query: &Query) -> Result<StoredPlan, EngineError> {
         let compiled = compile::compile(query);
-        let (ctx, unbound) = self.live_plan(project, &compiled).await?;
+        let (ctx, unbound, planned_at) = self.plan_at(project, &compiled, &ReadAt::Newest).await?;
         let outline =
             outline::outline(&unbound, &compiled).map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         let eligibility = Eligibility::decide(&outline);
@@ -356,7 +365,7 @@ impl DataFusionEngine {
             }
         }
         let fold = fold::fold_of(&plan, rollup.is_some(), Eligibility::final_rows_reason(&outline));
-        Ok(StoredPlan { ctx, plan, rollup, metadata, fold, final_rows })
+        Ok(StoredPlan { ctx, plan, rollup, metadata, fold, final_rows, planned_at })
     }
 
     /// The plan reading exactly the files its tables have now, and what it reads of them: `None` when one of
@@ -389,7 +398,7 @@ impl DataFusionEngine {
         query: &Query,
         prefix: &ObjectPath,
     ) -> Result<Stored, EngineError> {
-        let StoredPlan { ctx, plan, rollup, metadata, fold, final_rows } =
+        let StoredPlan { ctx, plan, rollup, metadata, fold, final_rows, .. } =
             self.stored_plan_of(project, query).await?;
         let changes_with_time = fold::changing_function(&plan).is_some();
         // A rollup of the keys alone stores the query's own groups, as its final rows would: only filtered
@@ -492,10 +501,17 @@ impl DataFusionEngine {
                 kept
             }
             None => {
-                let StoredPlan { plan, rollup, metadata, fold, .. } =
+                let StoredPlan { plan, rollup, metadata, fold, planned_at, .. } =
                     self.stored_plan_of(project, query).await?;
+                // Kept for the next fold only when planned at the versions the result read or later (a process
+                // whose snapshot of a table lagged behind another's may have planned an older version, whose
+                // columns this fold does not check).
+                let keep = planned_at.iter().all(|table| {
+                    covered.tables.get(&table.table).and_then(|read| read.version.parse::<u64>().ok())
+                        <= Some(table.version)
+                });
                 let versions = BTreeMap::new();
-                Arc::new(FoldPlan { versions, plan, rollup: rollup.is_some(), metadata, fold })
+                Arc::new(FoldPlan { versions, plan, rollup: rollup.is_some(), metadata, fold, keep })
             }
         };
         let (stored, metadata, fold) = (kept.plan.clone(), kept.metadata.clone(), &kept.fold);
