@@ -1048,7 +1048,7 @@ fn claimed_in(actions: &[Action]) -> Vec<String> {
         Action::CommitInfo(info) => info.info.get(CLAIMS),
         _ => None,
     });
-    let names = info.and_then(serde_json::Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let names = info.and_then(serde_json::Value::as_array).map_or(&[][..], Vec::as_slice);
     names.iter().filter_map(|name| name.as_str().map(str::to_owned)).collect()
 }
 

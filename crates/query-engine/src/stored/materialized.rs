@@ -170,7 +170,7 @@ const PLAN_BYTES: usize = 16 * 1024;
 /// Memory prepared results may hold together; the least used leave first.
 const PREPARED_BYTES: u64 = 64 * 1024 * 1024;
 
-/// The plans folds ran, kept for the next fold of the same query (see [`FoldPlans`]).
+/// The plans folds ran, kept for the next fold of the same query (see [`FoldPlan`]).
 #[derive(Clone)]
 pub(crate) struct FoldPlans {
     entries: moka::sync::Cache<(ProjectId, String), Arc<FoldPlan>>,
