@@ -98,7 +98,7 @@ fn not_found(name: &TableName) -> Error {
 
 /// An append's claim on its key: the write id its rows go under, and the table's version read before the claim.
 #[derive(Clone, Copy)]
-struct Claim<'a> {
+struct KeyClaim<'a> {
     key: &'a IdempotencyKey,
     write_id: uuid::Uuid,
     after: u64,
@@ -242,7 +242,7 @@ impl TableService {
         // Read before the key is claimed: any other append under the key that can still land (one that takes
         // it over from this one, or this one's writer if this append takes it over) commits after it.
         let after = self.tables.newest_version(project, name).await?.unwrap_or(0);
-        let claim = Claim { key, write_id, after };
+        let claim = KeyClaim { key, write_id, after };
         let now = self.clock.now();
         let state = self.keys.claim(project, name, key, write_id, now, now - IDEMPOTENCY_WINDOW).await?;
         match state {
@@ -284,7 +284,7 @@ impl TableService {
         project: ProjectId,
         name: &TableName,
         mut upload: Upload,
-        Claim { key, write_id, after }: Claim<'_>,
+        KeyClaim { key, write_id, after }: KeyClaim<'_>,
     ) -> Result<(Table, Written), Error> {
         let digest = BodyDigest::default();
         upload.body = digest.wrap(upload.body);

@@ -194,7 +194,7 @@ pub(crate) struct FoldPlan {
     metadata: HashMap<String, String>,
     fold: Fold,
     /// Whether the next fold may run it.
-    keep: bool,
+    reusable: bool,
 }
 
 impl FoldPlans {
@@ -222,7 +222,7 @@ impl FoldPlans {
     }
 
     fn keep(&self, project: ProjectId, query: String, plan: &FoldPlan, covered: &fold::Covered) {
-        if !plan.keep {
+        if !plan.reusable {
             return;
         }
         let versions =
@@ -233,7 +233,7 @@ impl FoldPlans {
             rollup: plan.rollup,
             metadata: plan.metadata.clone(),
             fold: plan.fold.clone(),
-            keep: true,
+            reusable: true,
         };
         self.entries.insert((project, query), Arc::new(kept));
     }
@@ -506,12 +506,12 @@ impl DataFusionEngine {
                 // Kept for the next fold only when planned at the versions the result read or later (a process
                 // whose snapshot of a table lagged behind another's may have planned an older version, whose
                 // columns this fold does not check).
-                let keep = planned_at.iter().all(|table| {
+                let reusable = planned_at.iter().all(|table| {
                     covered.tables.get(&table.table).and_then(|read| read.version.parse::<u64>().ok())
                         <= Some(table.version)
                 });
                 let versions = BTreeMap::new();
-                Arc::new(FoldPlan { versions, plan, rollup: rollup.is_some(), metadata, fold, keep })
+                Arc::new(FoldPlan { versions, plan, rollup: rollup.is_some(), metadata, fold, reusable })
             }
         };
         let (stored, metadata, fold) = (kept.plan.clone(), kept.metadata.clone(), &kept.fold);
