@@ -557,6 +557,19 @@ impl DataFusionEngine {
     > {
         let task = Arc::new(frame.task_ctx());
         let physical = frame.create_physical_plan().await.map_err(execute::execution_error)?;
+        self.execute_planned(project, physical, task).await
+    }
+
+    /// Executes a physical plan as [`Self::execute_fairly`] does, with `task`.
+    async fn execute_planned(
+        &self,
+        project: ProjectId,
+        physical: Arc<dyn ExecutionPlan>,
+        task: Arc<datafusion::execution::TaskContext>,
+    ) -> Result<
+        (datafusion::physical_plan::SendableRecordBatchStream, (Option<fair::Held>, Arc<dyn ExecutionPlan>)),
+        EngineError,
+    > {
         let (gated, held) = if self.scheduler().is_some() {
             (Arc::clone(&physical), None)
         } else {
@@ -571,7 +584,7 @@ impl DataFusionEngine {
 }
 
 /// The tables a plan scans, in its subqueries too, by name, each once.
-fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
+pub(crate) fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::logical_expr::LogicalPlan;
     let mut tables = std::collections::BTreeSet::new();

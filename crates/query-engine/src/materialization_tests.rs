@@ -519,6 +519,76 @@ async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64, rounds: us
     assert!(compared > 10 * rounds, "the answers compared hold rows ({compared})");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_plan_of_rows_held_in_memory_is_kept_and_each_run_binds_its_own_values() {
+    // On Ballista stored rows are read from their files by the cluster: nothing is held here.
+    if std::env::var("TEST_ENGINE").as_deref() == Ok("ballista") {
+        return;
+    }
+    let demo = demo().await;
+    let engine = &demo.1;
+    let day = |d: &str| {
+        BoundValue::Date(
+            time::Date::parse(d, time::macros::format_description!("[year]-[month]-[day]")).unwrap(),
+        )
+    };
+    // A rollup (its keys and a day filtered), final rows filtered on an output, and a query whose answer
+    // changes with time: the last is planned for each run.
+    let sqls = [
+        (rollup_cases().remove(0).sql, true),
+        ("SELECT country, count(*) AS n FROM events WHERE country >= {variables.c} GROUP BY country ORDER BY country", true),
+        ("SELECT country, count(*) AS n, max(timestamp) < now() AS past FROM events \
+          WHERE timestamp >= {variables.since} GROUP BY country ORDER BY country", false),
+    ];
+    for (sql, kept) in sqls {
+        let variables = if sql.contains("variables.c}") {
+            json!({"c": string_var()})
+        } else {
+            json!({"since": {"type": "Date", "default": "2026-01-01"}})
+        };
+        let q = query(sql, variables.clone());
+        let decided = eligibility(engine, sql, variables).await;
+        let filters = decided.filters().unwrap_or_else(|| panic!("{sql}: {decided:?}")).to_vec();
+        let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        ResultStorage::write(engine, project(), &q, &at).await.unwrap();
+        let values: Vec<BTreeMap<String, BoundValue>> = if sql.contains("variables.c}") {
+            ["A", "DE", "FR", "US", "ZZ"]
+                .iter()
+                .map(|c| BTreeMap::from([("c".into(), BoundValue::String((*c).into()))]))
+                .collect()
+        } else {
+            ["2025-12-01", "2026-01-15", "2026-02-10", "2026-03-20", "2027-01-01"]
+                .iter()
+                .map(|d| BTreeMap::from([("since".into(), day(d))]))
+                .collect()
+        };
+        // The first read prepares the result (planning the query a rollup rolls up) and plans its read.
+        let bound = filters.iter().map(|f| (f.clone(), values[0][&f.variable].clone())).collect();
+        engine.read(project(), &at, bound, 100, 0).await.unwrap();
+        let mut answers = std::collections::BTreeSet::new();
+        let (mut kept_plans, mut new_plans) = (0, 0);
+        for variables in &values {
+            let live = engine.execute(project(), &q, variables, 100, 0).await.unwrap();
+            let bound = filters.iter().map(|f| (f.clone(), variables[&f.variable].clone())).collect();
+            let before = engine.metrics.plans();
+            let read = engine.read(project(), &at, bound, 100, 0).await.unwrap();
+            let after = engine.metrics.plans();
+            (kept_plans, new_plans) = (kept_plans + after.0 - before.0, new_plans + after.1 - before.1);
+            let parse = |json: &str| serde_json::from_str::<serde_json::Value>(json).unwrap();
+            let context = format!("{sql} with {variables:?}");
+            assert_eq!((read.columns, read.row_count), (live.columns, live.row_count), "{context}");
+            assert!(close(&parse(&read.rows_json), &parse(&live.rows_json)), "{context}");
+            answers.insert(read.rows_json);
+        }
+        assert!(answers.len() >= 3, "{sql}: the values chose different rows ({answers:?})");
+        // Kept: planned at the first run, executed again by every later run with its values.
+        let runs = values.len() as u64;
+        let expected = if kept { (runs, 0) } else { (0, runs) };
+        assert_eq!((kept_plans, new_plans), expected, "{sql}: (kept, new) read plans");
+        ResultStorage::remove(engine, project(), &at).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_rollup_past_its_row_limit_is_refused_saying_why() {
     let demo = demo().await;

@@ -70,7 +70,7 @@ impl EngineMetrics {
         registry.register("live_queries_running", "Live queries running now", self.running.clone());
         registry.register(
             "live_query_plans",
-            "Plans of live queries (runs, exports and refreshes), kept from an earlier run of the same SQL or new",
+            "Plans of queries (live runs, exports, refreshes, folds, and reads of stored results held in memory), kept from an earlier one or new",
             self.plans.clone(),
         );
     }

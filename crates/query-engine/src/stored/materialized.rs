@@ -9,19 +9,22 @@
 //! switches to it; removing a location never touches another.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, MemTable, TableProvider};
+use datafusion::execution::TaskContext;
 use datafusion::functions_aggregate::expr_fn::min;
 use datafusion::logical_expr::{cast, Expr, LogicalPlan, LogicalPlanBuilder, SortExpr};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
-use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
+use datafusion::physical_plan::execution_plan::reset_plan_states;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{col, ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
     BoundValue, Coverage, Eligibility, EngineError, Export, Fold, MaterializedFilter, ProjectId, Query,
@@ -36,9 +39,10 @@ use uuid::Uuid;
 
 use crate::compile::{self, Compiled};
 use crate::storage::{unavailable, Storage};
+use crate::stored::bound::{self, BoundFilter, BoundRows, ReadShape};
 use crate::stored::{fold, outline, rollup};
 use crate::tables::catalog;
-use crate::{execute, message, DataFusionEngine};
+use crate::{execute, message, types, DataFusionEngine};
 
 const TABLE: &str = "materialized";
 
@@ -148,6 +152,56 @@ pub(crate) struct PreparedResult {
     schema: Schema,
     /// Memory it holds, as the cache weighs it.
     bytes: usize,
+    /// For rows held in memory, the read plans runs executed, by their shape (at most [`KEPT_READS`]); `None`
+    /// for a shape whose plan is made per run (see [`bound`]).
+    reads: Mutex<HashMap<ReadShape, Option<Arc<KeptRead>>>>,
+}
+
+/// A read plan of rows held in memory, executed again by each run of its shape with the run's values.
+#[derive(Debug)]
+struct KeptRead {
+    plan: Arc<dyn ExecutionPlan>,
+    /// The configuration of the session that planned it, which each run executes it with.
+    config: SessionConfig,
+    session: String,
+    columns: Vec<domain::Column>,
+}
+
+/// The shapes of read whose plans a prepared result keeps, each counted as [`PLAN_BYTES`] more.
+const KEPT_READS: usize = 4;
+
+impl PreparedResult {
+    /// A run's filters as they name this result's stored columns, with their values.
+    fn resolved(
+        &self,
+        filters: Vec<(MaterializedFilter, BoundValue)>,
+    ) -> Result<Vec<(MaterializedFilter, BoundValue)>, EngineError> {
+        if let Some(RolledUp { filters: own, .. }) = &self.rollup {
+            // A version recorded before aggregations filtered on their group keys were stored as rollups names
+            // such filters by output column; the rollup's own filter of the same predicate (the same position:
+            // one per predicate, in order, either way) names its stored key.
+            return filters
+                .into_iter()
+                .enumerate()
+                .map(|(i, (filter, value))| match filter.column {
+                    StoredColumn::Output(_) => own.get(i).cloned().map(|own| (own, value)),
+                    _ => Some((filter, value)),
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| EngineError::Internal("a run's filters are not the rollup's".into()));
+        }
+        // Final rows stored in place of a rollup are filtered on the outputs the rollup's filters compare.
+        let Some(outputs) = &self.filtered_outputs else { return Ok(filters) };
+        filters
+            .into_iter()
+            .enumerate()
+            .map(|(i, (filter, value))| {
+                let column = StoredColumn::Output(outputs.get(i)?.clone());
+                Some((MaterializedFilter { column, ..filter }, value))
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| EngineError::Internal("a run's filters are not the stored rows'".into()))
+    }
 }
 
 /// A rollup's parts: the unbound plan of the query it rolls up, whose outermost SELECT above its aggregation a
@@ -656,50 +710,17 @@ impl DataFusionEngine {
         prefix: &ObjectPath,
         filters: Vec<(MaterializedFilter, BoundValue)>,
     ) -> Result<(SessionContext, LogicalPlan), EngineError> {
-        let ctx = catalog::small_session(
-            &self.storage,
-            Some(self.admission.runtime(&self.files)?),
-            self.scheduler(),
-        )?;
-        let location = self.storage.url_of(prefix);
-        let key = (project, location.clone());
-        let prepared = match self.prepared.get(&key) {
-            Some(prepared) => prepared,
-            None => {
-                // Read with its metadata, which says whether it is a rollup.
-                let stored = ctx
-                    .read_parquet(location.as_str(), ParquetReadOptions::default().skip_metadata(false))
-                    .await
-                    .map_err(execute::storage_error)?;
-                // Boxed: preparing nests DataFusion's futures deeper than the compiler sizes by default.
-                let prepared = Arc::new(Box::pin(self.prepare(project, prefix, stored)).await?);
-                self.prepared.insert(key, Arc::clone(&prepared));
-                prepared
-            }
-        };
+        let (location, prepared) = self.prepared_result(project, prefix).await?;
         // Rows held in memory are few: one partition reads them. A file may hold millions: every core does.
+        let runtime = Some(self.admission.runtime(&self.files)?);
         let ctx = match prepared.rows {
-            Some(_) => ctx,
-            None => catalog::live_session(
-                &self.storage,
-                Some(self.admission.runtime(&self.files)?),
-                self.scheduler(),
-                self.limits.partitions,
-            )?,
+            Some(_) => catalog::small_session(&self.storage, runtime, self.scheduler())?,
+            None => catalog::live_session(&self.storage, runtime, self.scheduler(), self.limits.partitions)?,
         };
-        if let Some(RolledUp { query, scan, filters: own }) = &prepared.rollup {
-            // A version recorded before aggregations filtered on their group keys were stored as rollups names
-            // such filters by output column; the rollup's own filter of the same predicate (the same position:
-            // one per predicate, in order, either way) names its stored key.
-            let filters = filters
-                .into_iter()
-                .enumerate()
-                .map(|(i, (filter, value))| match filter.column {
-                    StoredColumn::Output(_) => own.get(i).cloned().map(|own| (own, execute::scalar(&value))),
-                    _ => Some((filter, execute::scalar(&value))),
-                })
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| EngineError::Internal("a run's filters are not the rollup's".into()))?;
+        let filters = prepared.resolved(filters)?;
+        if let Some(RolledUp { query, scan, .. }) = &prepared.rollup {
+            let filters =
+                filters.into_iter().map(|(filter, value)| (filter, execute::scalar(&value))).collect();
             let plan = rollup::read_plan(query, scan.clone(), filters)
                 .map_err(|e| EngineError::Internal(Box::new(e)))?;
             return Ok((ctx, plan));
@@ -718,23 +739,135 @@ impl DataFusionEngine {
                 ctx.register_parquet(TABLE, &location, options).await.map_err(execute::storage_error)?;
             }
         }
-        // Final rows stored in place of a rollup are filtered on the outputs the rollup's filters compare.
-        let filters = match &prepared.filtered_outputs {
-            Some(outputs) => filters
-                .into_iter()
-                .enumerate()
-                .map(|(i, (filter, value))| {
-                    let column = StoredColumn::Output(outputs.get(i)?.clone());
-                    Some((MaterializedFilter { column, ..filter }, value))
-                })
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| EngineError::Internal("a run's filters are not the stored rows'".into()))?,
-            None => filters,
-        };
         let stored = (&prepared.schema, prepared.order.as_slice(), prepared.distinct);
         let (compiled, values) = filtered(&location, stored, filters)?;
         let plan = self.plan(&ctx, crate::parse(&ctx, &compiled)?, values).await?;
         Ok((ctx, plan))
+    }
+
+    /// The stored result at `prefix` prepared to answer runs (see [`Self::prepare`]), and its location's URL.
+    async fn prepared_result(
+        &self,
+        project: ProjectId,
+        prefix: &ObjectPath,
+    ) -> Result<(String, Arc<PreparedResult>), EngineError> {
+        let location = self.storage.url_of(prefix);
+        let key = (project, location.clone());
+        if let Some(prepared) = self.prepared.get(&key) {
+            return Ok((location, prepared));
+        }
+        let ctx = catalog::small_session(
+            &self.storage,
+            Some(self.admission.runtime(&self.files)?),
+            self.scheduler(),
+        )?;
+        // Read with its metadata, which says whether it is a rollup.
+        let stored = ctx
+            .read_parquet(location.as_str(), ParquetReadOptions::default().skip_metadata(false))
+            .await
+            .map_err(execute::storage_error)?;
+        // Boxed: preparing nests DataFusion's futures deeper than the compiler sizes by default.
+        let prepared = Arc::new(Box::pin(self.prepare(project, prefix, stored)).await?);
+        self.prepared.insert(key, Arc::clone(&prepared));
+        Ok((location, prepared))
+    }
+
+    /// A run's page of a stored result held in memory, by the read plan kept for its shape (made and kept at
+    /// the first run of the shape); `None` when the result is not held in memory, or the plan of its shape is
+    /// made per run.
+    async fn read_kept(
+        &self,
+        project: ProjectId,
+        prefix: &ObjectPath,
+        filters: &[(MaterializedFilter, BoundValue)],
+        (limit, offset): (u32, u64),
+        started: std::time::Instant,
+    ) -> Result<Option<QueryResult>, EngineError> {
+        let (location, prepared) = self.prepared_result(project, prefix).await?;
+        let Some(rows) = &prepared.rows else { return Ok(None) };
+        let filters = prepared.resolved(filters.to_vec())?;
+        let bound = filters
+            .iter()
+            .map(|(filter, _)| {
+                let column = rollup::stored_name(&filter.column)?;
+                Some(BoundFilter { column, op: rollup::operator(filter.op) })
+            })
+            .collect::<Option<Vec<_>>>();
+        let Some(bound) = bound else { return Ok(None) };
+        let shape = ReadShape { filters: bound, limit, offset };
+        let kept = prepared.reads.lock().unwrap_or_else(PoisonError::into_inner).get(&shape).cloned();
+        let kept = match kept {
+            Some(kept) => {
+                self.metrics.planned(kept.is_some());
+                kept
+            }
+            None => {
+                self.metrics.planned(false);
+                let kept = self.kept_read(&prepared, rows, &location, &shape).await?.map(Arc::new);
+                let mut reads = prepared.reads.lock().unwrap_or_else(PoisonError::into_inner);
+                if reads.len() < KEPT_READS {
+                    reads.insert(shape, kept.clone());
+                }
+                kept
+            }
+        };
+        let Some(kept) = kept else { return Ok(None) };
+        let values = filters.iter().map(|(_, value)| execute::scalar(value)).collect();
+        let config = kept.config.clone().with_extension(Arc::new(bound::Bound(values)));
+        let task = TaskContext::new(
+            None,
+            kept.session.clone(),
+            config,
+            HashMap::new(),
+            HashMap::new(),
+            HashMap::new(),
+            HashMap::new(),
+            self.admission.runtime(&self.files)?,
+        );
+        // A plan's operators keep what one execution built (a join's table): each run executes fresh ones.
+        let plan = reset_plan_states(Arc::clone(&kept.plan)).map_err(execute::execution_error)?;
+        let (stream, held) = self.execute_planned(project, plan, Arc::new(task)).await?;
+        let batches = execute::collect(stream).await?;
+        let statistics = execute::statistics(&held.1, started.elapsed());
+        execute::result(kept.columns.clone(), &batches, limit, self.limits.result_bytes, statistics).map(Some)
+    }
+
+    /// The physical plan of reads of `shape` from `rows` (a prepared result's, held in memory), whose filters'
+    /// values each run binds; `None` when it reads more than the rows, or calls a function whose answer changes
+    /// between runs, and is made per run.
+    async fn kept_read(
+        &self,
+        prepared: &PreparedResult,
+        rows: &Arc<MemTable>,
+        location: &str,
+        shape: &ReadShape,
+    ) -> Result<Option<KeptRead>, EngineError> {
+        let ctx = catalog::small_session(&self.storage, None, self.scheduler())?;
+        let internal = |e: datafusion::error::DataFusionError| EngineError::Internal(Box::new(e));
+        let source = Arc::new(BoundRows::new(Arc::clone(rows), &shape.filters).map_err(internal)?);
+        let plan = match &prepared.rollup {
+            Some(RolledUp { query, .. }) => {
+                let scan = LogicalPlanBuilder::scan(TABLE, provider_as_source(source), None)
+                    .and_then(LogicalPlanBuilder::build)
+                    .map_err(internal)?;
+                rollup::read_plan(query, scan, Vec::new()).map_err(internal)?
+            }
+            None => {
+                ctx.register_table(TABLE, source).map_err(internal)?;
+                let stored = (&prepared.schema, prepared.order.as_slice(), prepared.distinct);
+                let (compiled, values) = filtered(location, stored, Vec::new())?;
+                self.plan(&ctx, crate::parse(&ctx, &compiled)?, values).await?
+            }
+        };
+        if crate::tables_read(&plan) != [TABLE] || fold::changing_function(&plan).is_some() {
+            return Ok(None);
+        }
+        let columns = types::columns(plan.schema().as_arrow());
+        let plan = execute::window(plan, shape.limit, shape.offset)?;
+        let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+        let (config, session) = (ctx.copied_config(), ctx.session_id());
+        let plan = frame.create_physical_plan().await.map_err(execute::execution_error)?;
+        Ok(Some(KeptRead { plan, config, session, columns }))
     }
 
     /// A stored result prepared to answer runs: for a rollup, the query it rolls up (held in the file's
@@ -781,6 +914,7 @@ impl DataFusionEngine {
                 rows: None,
                 schema,
                 bytes: PLAN_BYTES,
+                reads: Mutex::default(),
             });
         }
         let sorted = stored_order(&order, ordinal(&schema, "a stored result")?.name());
@@ -790,7 +924,8 @@ impl DataFusionEngine {
             .collect()
             .await
             .map_err(execute::execution_error)?;
-        let bytes = PLAN_BYTES + batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>();
+        let bytes = PLAN_BYTES * (1 + KEPT_READS)
+            + batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>();
         let rows = MemTable::try_new(Arc::new(schema.clone()), vec![batches])
             .map_err(|e| EngineError::Internal(Box::new(e)))?
             .with_sort_order(vec![sorted]);
@@ -805,7 +940,16 @@ impl DataFusionEngine {
             }
             None => None,
         };
-        Ok(PreparedResult { rollup, filtered_outputs, order, distinct, rows: Some(rows), schema, bytes })
+        Ok(PreparedResult {
+            rollup,
+            filtered_outputs,
+            order,
+            distinct,
+            rows: Some(rows),
+            schema,
+            bytes,
+            reads: Mutex::default(),
+        })
     }
 
     /// The unbound plan of the query a rollup rolls up (`document`, its JSON), in a session of its tables.
@@ -896,6 +1040,9 @@ impl DataFusionEngine {
         offset: u64,
     ) -> Result<QueryResult, EngineError> {
         let started = std::time::Instant::now();
+        if let Some(result) = self.read_kept(project, prefix, &filters, (limit, offset), started).await? {
+            return Ok(result);
+        }
         let (ctx, plan) = self.stored_plan(project, prefix, filters).await?;
         self.run_plan(project, &ctx, plan, limit, offset, started).await
     }

@@ -2,6 +2,7 @@
 //! forward by appended rows instead of refreshed in full where the query allows it (`fold`, with `rollup` for
 //! aggregates and `outline` for the query's shape).
 
+pub(crate) mod bound;
 pub(crate) mod fold;
 pub(crate) mod materialized;
 pub(crate) mod outline;

@@ -48,6 +48,14 @@ fn stored_column(column: &StoredColumn) -> Option<String> {
     }
 }
 
+/// The stored column a filter compares, in a rollup's rows or in rows stored as the query answered them.
+pub(crate) fn stored_name(column: &StoredColumn) -> Option<String> {
+    match column {
+        StoredColumn::Output(name) => Some(name.clone()),
+        other => stored_column(other),
+    }
+}
+
 /// What the stored rows are grouped by, for messages: the query's keys, then the filtered columns (a timestamp
 /// stored by day says so), then the arguments of DISTINCT aggregates.
 pub(crate) fn grouping(rollup: &Rollup) -> Vec<String> {
@@ -228,7 +236,7 @@ pub(crate) fn merged(parts: LogicalPlan, stored: &LogicalPlan) -> Result<Logical
     LogicalPlanBuilder::from(parts).aggregate(groups, partials)?.build()
 }
 
-fn operator(op: CompareOp) -> Operator {
+pub(crate) fn operator(op: CompareOp) -> Operator {
     match op {
         CompareOp::Eq => Operator::Eq,
         CompareOp::NotEq => Operator::NotEq,
