@@ -30,12 +30,11 @@ use datafusion::datasource::empty::EmptyTable;
 use datafusion::datasource::provider_as_source;
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::{Distinct, Expr, JoinType, LogicalPlan, TableScan, TableSource, Volatility};
-use datafusion::prelude::ParquetReadOptions;
 use domain::{Coverage, EngineError, Fold, ProjectId};
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 
-use tables_delta::{Changes, Snapshot};
+use tables_delta::{Changes, DataFile, Snapshot};
 
 use crate::storage::{unavailable, Storage};
 use crate::tables::catalog::{current, table_error, table_prefix, Current};
@@ -273,27 +272,23 @@ pub(crate) async fn listed(
     }
 }
 
-/// Exactly these files, read with the table's `schema`, as a table source.
-pub(crate) async fn files_source(
+/// Exactly these files of a table's log, read with the table's `schema`, as a table source: with the sizes and
+/// times the log gives, so that nothing is listed or asked of the storage before the files are read.
+pub(crate) fn files_source(
     storage: &Storage,
     ctx: &datafusion::prelude::SessionContext,
-    files: &[ObjectPath],
+    files: &[DataFile],
     schema: &Schema,
-) -> Result<Arc<dyn TableSource>, EngineError> {
+) -> Arc<dyn TableSource> {
     if files.is_empty() {
-        return Ok(provider_as_source(Arc::new(EmptyTable::new(Arc::new(schema.clone())))));
+        return provider_as_source(Arc::new(EmptyTable::new(Arc::new(schema.clone()))));
     }
-    let urls: Vec<String> = files.iter().map(|path| storage.url_of_object(path)).collect();
-    let frame = ctx
-        .read_parquet(urls, ParquetReadOptions::default().schema(schema))
-        .await
-        .map_err(crate::execute::storage_error)?;
-    Ok(provider_as_source(frame.into_view()))
-}
-
-/// The files of a version, for [`files_source`].
-pub(crate) fn locations(snapshot: &Snapshot) -> Vec<ObjectPath> {
-    snapshot.files.iter().map(|f| f.location.clone()).collect()
+    provider_as_source(Arc::new(crate::tables::catalog::files_scan(
+        storage,
+        ctx,
+        files,
+        Arc::new(schema.clone()),
+    )))
 }
 
 /// The rows appended to `table` since a stored result read version `read` of it: the files that hold them, and
@@ -305,7 +300,7 @@ pub(crate) async fn appended_since(
     project: ProjectId,
     table: &str,
     read: &Read,
-) -> Result<Result<(Vec<ObjectPath>, Arc<Snapshot>), String>, EngineError> {
+) -> Result<Result<(Vec<DataFile>, Arc<Snapshot>), String>, EngineError> {
     let Some(now) = listed(storage, project, table).await? else {
         return Ok(Err(format!("`{table}` is not a table of files")));
     };
@@ -323,7 +318,7 @@ pub(crate) async fn appended_since(
     }
     let prefix = table_prefix(project, table);
     match storage.tables().changes_since(&prefix, version, now.version).await.map_err(table_error)? {
-        Changes::Appended(files) => Ok(Ok((files.into_iter().map(|f| f.location).collect(), now))),
+        Changes::Appended(files) => Ok(Ok((files, now))),
         Changes::Rewritten => Ok(Err(format!("`{table}` was replaced since the stored result"))),
     }
 }

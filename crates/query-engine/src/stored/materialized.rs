@@ -439,7 +439,7 @@ impl DataFusionEngine {
             let Some(listed) = fold::listed(&self.storage, project, &table).await? else {
                 return Ok((plan, None));
             };
-            let source = fold::files_source(&self.storage, ctx, &fold::locations(&listed), &schema).await?;
+            let source = fold::files_source(&self.storage, ctx, &listed.files, &schema);
             plan = fold::reading(plan, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
             covered.tables.insert(table, fold::Read::of(&listed));
         }
@@ -618,12 +618,11 @@ impl DataFusionEngine {
         )?;
         // The appended rows, joined with the other tables as the result read them (rows appended to one of them
         // from now on are the next fold's).
-        let source = fold::files_source(&self.storage, &small, &files, &schema).await?;
+        let source = fold::files_source(&self.storage, &small, &files, &schema);
         let mut plan =
             fold::reading(stored, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
         for (other, schema, listed) in unchanged {
-            let source =
-                fold::files_source(&self.storage, &small, &fold::locations(&listed), &schema).await?;
+            let source = fold::files_source(&self.storage, &small, &listed.files, &schema);
             plan = fold::reading(plan, &other, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
         }
         let frame = small.execute_logical_plan(plan).await.map_err(execute::execution_error)?;

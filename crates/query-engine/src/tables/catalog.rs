@@ -484,11 +484,21 @@ pub(crate) async fn snapshot_table(
             schema
         }
     };
-    let files = snapshot.files.iter().map(|file| engine_meta(storage, file)).collect();
-    let rows = snapshot.files.iter().map(|file| file.rows).sum();
-    let scan = SnapshotScan::new(schema, storage.engine_store_url().clone(), (files, rows), options.format)
-        .reading_decoded(hot);
-    Ok(Arc::new(scan))
+    Ok(Arc::new(files_scan(storage, ctx, &snapshot.files, schema).reading_decoded(hot)))
+}
+
+/// A scan of exactly `files` of a table's log, read with `schema`, the sizes and times the log gives.
+pub(crate) fn files_scan(
+    storage: &Storage,
+    ctx: &SessionContext,
+    files: &[DataFile],
+    schema: datafusion::arrow::datatypes::SchemaRef,
+) -> SnapshotScan {
+    let options =
+        ParquetReadOptions::default().to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
+    let rows = files.iter().map(|file| file.rows).sum();
+    let files = files.iter().map(|file| engine_meta(storage, file)).collect();
+    SnapshotScan::new(schema, storage.engine_store_url().clone(), (files, rows), options.format)
 }
 
 /// A file of a snapshot as the engine's object store names it, with the size and time the log gives.
