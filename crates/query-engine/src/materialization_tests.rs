@@ -585,6 +585,10 @@ async fn a_read_plan_of_rows_held_in_memory_is_kept_and_each_run_binds_its_own_v
         let runs = values.len() as u64;
         let expected = if kept { (runs, 0) } else { (0, runs) };
         assert_eq!((kept_plans, new_plans), expected, "{sql}: (kept, new) read plans");
+        // The cache weighs each prepared result with the read plans it keeps.
+        engine.prepared.run_pending_tasks();
+        let weights: usize = engine.prepared.iter().map(|(_, prepared)| prepared.weight()).sum();
+        assert_eq!(engine.prepared.weighted_size(), weights as u64, "{sql}");
         ResultStorage::remove(engine, project(), &at).await.unwrap();
     }
 }

@@ -150,7 +150,7 @@ pub(crate) struct PreparedResult {
     distinct: bool,
     rows: Option<Arc<MemTable>>,
     schema: Schema,
-    /// Memory it holds, as the cache weighs it.
+    /// Memory it holds besides its kept reads (see [`PreparedResult::weight`]).
     bytes: usize,
     /// For rows held in memory, the read plans runs executed, by their shape (at most [`KEPT_READS`]); `None`
     /// for a shape whose plan is made per run (see [`bound`]).
@@ -171,6 +171,12 @@ struct KeptRead {
 const KEPT_READS: usize = 4;
 
 impl PreparedResult {
+    /// Memory it holds, as the cache weighs it: its rows and plans, and each read plan it keeps.
+    pub(crate) fn weight(&self) -> usize {
+        let reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner).len();
+        self.bytes + PLAN_BYTES * reads
+    }
+
     /// A run's filters as they name this result's stored columns, with their values.
     fn resolved(
         &self,
@@ -295,7 +301,7 @@ impl FoldPlans {
 
 pub(crate) fn prepared_results() -> PreparedResults {
     moka::sync::Cache::builder()
-        .weigher(|_, prepared: &Arc<PreparedResult>| u32::try_from(prepared.bytes).unwrap_or(u32::MAX))
+        .weigher(|_, prepared: &Arc<PreparedResult>| u32::try_from(prepared.weight()).unwrap_or(u32::MAX))
         .max_capacity(PREPARED_BYTES)
         .build()
 }
@@ -803,9 +809,17 @@ impl DataFusionEngine {
             None => {
                 self.metrics.planned(false);
                 let kept = self.kept_read(&prepared, rows, &location, &shape).await?.map(Arc::new);
-                let mut reads = prepared.reads.lock().unwrap_or_else(PoisonError::into_inner);
-                if reads.len() < KEPT_READS {
-                    reads.insert(shape, kept.clone());
+                let added = {
+                    let mut reads = prepared.reads.lock().unwrap_or_else(PoisonError::into_inner);
+                    let room = reads.len() < KEPT_READS;
+                    if room {
+                        reads.insert(shape, kept.clone());
+                    }
+                    room
+                };
+                // Weighed again with the plan it now keeps.
+                if added {
+                    self.prepared.insert((project, location), Arc::clone(&prepared));
                 }
                 kept
             }
@@ -923,8 +937,7 @@ impl DataFusionEngine {
             .collect()
             .await
             .map_err(execute::execution_error)?;
-        let bytes = PLAN_BYTES * (1 + KEPT_READS)
-            + batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>();
+        let bytes = PLAN_BYTES + batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>();
         let rows = MemTable::try_new(Arc::new(schema.clone()), vec![batches])
             .map_err(|e| EngineError::Internal(Box::new(e)))?
             .with_sort_order(vec![sorted]);
