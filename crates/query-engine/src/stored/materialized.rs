@@ -707,15 +707,13 @@ impl DataFusionEngine {
         writer.finish().await
     }
 
-    /// A session and the plan of the page `offset..offset+limit` of the stored result at `prefix`: its rows
-    /// that pass every filter in stored order, or for a rollup, those aggregated again.
+    /// A session and the plan of the page `offset..offset+limit` of the stored result at `location`
+    /// (`prepared`): its rows that pass every filter in stored order, or for a rollup, those aggregated again.
     async fn stored_plan(
         &self,
-        project: ProjectId,
-        prefix: &ObjectPath,
+        (location, prepared): (&str, &PreparedResult),
         filters: Vec<(MaterializedFilter, BoundValue)>,
     ) -> Result<(SessionContext, LogicalPlan), EngineError> {
-        let (location, prepared) = self.prepared_result(project, prefix).await?;
         // Rows held in memory are few: one partition reads them. A file may hold millions: every core does.
         let runtime = Some(self.admission.runtime(&self.files)?);
         let ctx = match prepared.rows {
@@ -738,14 +736,14 @@ impl DataFusionEngine {
             // Many rows: read from the files, declared in stored order (each part holds its rows in it) so that
             // reading in that order merges the parts instead of sorting them.
             None => {
-                let position = ordinal(&prepared.schema, &location)?.name();
+                let position = ordinal(&prepared.schema, location)?.name();
                 let order = stored_order(&prepared.order, position);
                 let options = ParquetReadOptions::default().file_sort_order(vec![order]);
-                ctx.register_parquet(TABLE, &location, options).await.map_err(execute::storage_error)?;
+                ctx.register_parquet(TABLE, location, options).await.map_err(execute::storage_error)?;
             }
         }
         let stored = (&prepared.schema, prepared.order.as_slice(), prepared.distinct);
-        let (compiled, values) = filtered(&location, stored, filters)?;
+        let (compiled, values) = filtered(location, stored, filters)?;
         let plan = self.plan(&ctx, crate::parse(&ctx, &compiled)?, values).await?;
         Ok((ctx, plan))
     }
@@ -783,12 +781,11 @@ impl DataFusionEngine {
     async fn read_kept(
         &self,
         project: ProjectId,
-        prefix: &ObjectPath,
+        (location, prepared): (&str, &Arc<PreparedResult>),
         filters: &[(MaterializedFilter, BoundValue)],
         (limit, offset): (u32, u64),
         started: std::time::Instant,
     ) -> Result<Option<QueryResult>, EngineError> {
-        let (location, prepared) = self.prepared_result(project, prefix).await?;
         let Some(rows) = &prepared.rows else { return Ok(None) };
         let filters = prepared.resolved(filters.to_vec())?;
         let bound = filters
@@ -808,7 +805,7 @@ impl DataFusionEngine {
             }
             None => {
                 self.metrics.planned(false);
-                let kept = self.kept_read(&prepared, rows, &location, &shape).await?.map(Arc::new);
+                let kept = self.kept_read(prepared, rows, location, &shape).await?.map(Arc::new);
                 let added = {
                     let mut reads = prepared.reads.lock().unwrap_or_else(PoisonError::into_inner);
                     let room = reads.len() < KEPT_READS;
@@ -819,7 +816,7 @@ impl DataFusionEngine {
                 };
                 // Weighed again with the plan it now keeps.
                 if added {
-                    self.prepared.insert((project, location), Arc::clone(&prepared));
+                    self.prepared.insert((project, location.to_owned()), Arc::clone(prepared));
                 }
                 kept
             }
@@ -1052,10 +1049,12 @@ impl DataFusionEngine {
         offset: u64,
     ) -> Result<QueryResult, EngineError> {
         let started = std::time::Instant::now();
-        if let Some(result) = self.read_kept(project, prefix, &filters, (limit, offset), started).await? {
+        let (location, prepared) = self.prepared_result(project, prefix).await?;
+        let stored = (location.as_str(), &prepared);
+        if let Some(result) = self.read_kept(project, stored, &filters, (limit, offset), started).await? {
             return Ok(result);
         }
-        let (ctx, plan) = self.stored_plan(project, prefix, filters).await?;
+        let (ctx, plan) = self.stored_plan((&location, &prepared), filters).await?;
         self.run_plan(project, &ctx, plan, limit, offset, started).await
     }
 
@@ -1068,7 +1067,8 @@ impl DataFusionEngine {
         offset: u64,
         format: ResultFormat,
     ) -> Result<Export, EngineError> {
-        let (ctx, plan) = self.stored_plan(project, prefix, filters).await?;
+        let (location, prepared) = self.prepared_result(project, prefix).await?;
+        let (ctx, plan) = self.stored_plan((&location, &prepared), filters).await?;
         self.write_plan(project, &ctx, plan, limit, offset, format).await
     }
 }
