@@ -1066,11 +1066,28 @@ async fn a_fold_runs_the_plan_the_last_fold_ran_for_the_versions_it_left() {
     let (first, planned) = fold(result.clone()).await;
     assert_eq!(planned, (0, 1), "the first fold plans the query at the table's newest version");
     result = first;
+    let physical = engine.fold_plans.physical(project(), &q).expect("the physical plan of one table's fold");
     for _ in 0..3 {
         let (next, planned) = fold(result.clone()).await;
         assert_eq!(planned, (1, 0), "each next fold runs the plan the last one ran");
         assert!(next.row_count > result.row_count, "the appended rows' partial rows were added");
+        let kept = engine.fold_plans.physical(project(), &q).expect("kept");
+        assert!(Arc::ptr_eq(&kept, &physical), "the same physical plan, each fold binding its own files");
         result = next;
+    }
+    // Each fold read the files appended since the one before, and only those: the stored counts are the live ones.
+    let filter = MaterializedFilter {
+        column: domain::StoredColumn::Output("country".into()),
+        op: CompareOp::Eq,
+        variable: "country".into(),
+    };
+    for country in ["US", "DE", "nowhere"] {
+        let value = BoundValue::String(country.into());
+        let variables = BTreeMap::from([("country".to_owned(), value.clone())]);
+        let live = engine.execute(project(), &q, &variables, 100, 0).await.unwrap();
+        let read =
+            engine.read(project(), &result.location, vec![(filter.clone(), value)], 100, 0).await.unwrap();
+        assert_eq!((&read.columns, &read.rows_json), (&live.columns, &live.rows_json), "{country}");
     }
     // A result of other versions (a full refresh after more rows) is folded with a plan made again.
     append_events(engine, 50, 8).await;

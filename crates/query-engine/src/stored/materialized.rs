@@ -16,15 +16,14 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{provider_as_source, MemTable, TableProvider};
-use datafusion::execution::TaskContext;
 use datafusion::functions_aggregate::expr_fn::min;
 use datafusion::logical_expr::{cast, Expr, LogicalPlan, LogicalPlanBuilder, SortExpr};
 use datafusion::parquet::arrow::AsyncArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
-use datafusion::physical_plan::execution_plan::reset_plan_states;
+#[cfg(test)]
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::{col, ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion::prelude::{col, ParquetReadOptions, SessionContext};
 use datafusion::scalar::ScalarValue;
 use domain::{
     BoundValue, Coverage, Eligibility, EngineError, Export, Fold, MaterializedFilter, ProjectId, Query,
@@ -39,7 +38,7 @@ use uuid::Uuid;
 
 use crate::compile::{self, Compiled};
 use crate::storage::{unavailable, Storage};
-use crate::stored::bound::{self, BoundFilter, BoundRows, ReadShape};
+use crate::stored::bound::{self, BoundFilter, BoundRows, KeptPlan, ReadShape};
 use crate::stored::{fold, outline, rollup};
 use crate::tables::catalog;
 use crate::{execute, message, types, DataFusionEngine};
@@ -160,10 +159,7 @@ pub(crate) struct PreparedResult {
 /// A read plan of rows held in memory, executed again by each run of its shape with the run's values.
 #[derive(Debug)]
 struct KeptRead {
-    plan: Arc<dyn ExecutionPlan>,
-    /// The configuration of the session that planned it, which each run executes it with.
-    config: SessionConfig,
-    session: String,
+    planned: KeptPlan,
     columns: Vec<domain::Column>,
 }
 
@@ -246,10 +242,12 @@ impl std::fmt::Debug for FoldPlans {
 /// of the plan with the files it reads, so the plan serves the next fold of a result that holds those versions:
 /// that fold makes sure that only rows were appended since, which leaves the tables' columns as they were. A
 /// live query's kept plan names the versions it reads, which every append moves on, so without this each fold
-/// planned its query again (1.7 ms of a fold's 9 ms, scenario 11's rollup).
+/// planned its query again (1.7 ms of a fold's 9 ms, scenario 11's rollup). A plan that reads one table also keeps
+/// its physical plan over the appended files, which the next fold binds its own to (see [`bound::AppendedFiles`]).
 pub(crate) struct FoldPlan {
     versions: BTreeMap<String, String>,
     plan: LogicalPlan,
+    physical: Option<KeptPlan>,
     rollup: bool,
     metadata: HashMap<String, String>,
     fold: Fold,
@@ -272,6 +270,13 @@ impl FoldPlans {
         Self { entries }
     }
 
+    /// The physical plan kept for the next fold of `query`, if one is.
+    #[cfg(test)]
+    pub(crate) fn physical(&self, project: ProjectId, query: &Query) -> Option<Arc<dyn ExecutionPlan>> {
+        let kept = self.entries.get(&(project, query.to_json().to_string()))?;
+        kept.physical.as_ref().map(|physical| Arc::clone(&physical.plan))
+    }
+
     /// The plan the last fold of `query` ran, if its result held exactly what `covered` says.
     fn kept(&self, project: ProjectId, query: &str, covered: &fold::Covered) -> Option<Arc<FoldPlan>> {
         let kept = self.entries.get(&(project, query.to_owned()))?;
@@ -281,7 +286,14 @@ impl FoldPlans {
             .then_some(kept)
     }
 
-    fn keep(&self, project: ProjectId, query: String, plan: &FoldPlan, covered: &fold::Covered) {
+    /// Keeps `plan` (and the `physical` plan a fold made of it) for the next fold of `query`, if it may run it.
+    fn keep(
+        &self,
+        (project, query): (ProjectId, String),
+        plan: &FoldPlan,
+        physical: Option<KeptPlan>,
+        covered: &fold::Covered,
+    ) {
         if !plan.reusable {
             return;
         }
@@ -290,6 +302,7 @@ impl FoldPlans {
         let kept = FoldPlan {
             versions,
             plan: plan.plan.clone(),
+            physical,
             rollup: plan.rollup,
             metadata: plan.metadata.clone(),
             fold: plan.fold.clone(),
@@ -570,8 +583,9 @@ impl DataFusionEngine {
                     covered.tables.get(&table.table).and_then(|read| read.version.parse::<u64>().ok())
                         <= Some(table.version)
                 });
-                let versions = BTreeMap::new();
-                Arc::new(FoldPlan { versions, plan, rollup: rollup.is_some(), metadata, fold, reusable })
+                let (versions, physical) = (BTreeMap::new(), None);
+                let rollup = rollup.is_some();
+                Arc::new(FoldPlan { versions, plan, physical, rollup, metadata, fold, reusable })
             }
         };
         let (stored, metadata, fold) = (kept.plan.clone(), kept.metadata.clone(), &kept.fold);
@@ -608,7 +622,7 @@ impl DataFusionEngine {
             covered.tables.insert(table.clone(), fold::Read::of(now));
         }
         let Some((table, schema, files, now)) = changed.pop() else {
-            self.fold_plans.keep(project, key, &kept, &covered);
+            self.fold_plans.keep((project, key), &kept, kept.physical.clone(), &covered);
             let coverage = Some(covered.coverage());
             let fold = Fold::Incremental;
             return Ok(Stored { rows, folded: Some(0), coverage, changes_with_time: false, fold });
@@ -616,23 +630,34 @@ impl DataFusionEngine {
         if let Some((other, ..)) = changed.first() {
             return Err(refuse(format!("both `{table}` and `{other}` changed")));
         }
-        // Its sources are the plan's own: a session of one partition runs it, as the appended rows are few.
-        let small = catalog::small_session(
-            &self.storage,
-            Some(self.admission.runtime(&self.files)?),
-            self.scheduler(),
-        )?;
-        // The appended rows, joined with the other tables as the result read them (rows appended to one of them
-        // from now on are the next fold's).
-        let source = fold::files_source(&self.storage, &small, &files, &schema);
-        let mut plan =
-            fold::reading(stored, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
-        for (other, schema, listed) in unchanged {
-            let source = fold::files_source(&self.storage, &small, &listed.files, &schema);
-            plan = fold::reading(plan, &other, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
-        }
-        let frame = small.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
-        let (mut stream, _held) = self.execute_fairly(project, frame).await?;
+        let runtime = self.admission.runtime(&self.files)?;
+        let (mut stream, _held, physical) = if unchanged.is_empty() && self.scheduler().is_none() {
+            // The appended files are all it reads: its physical plan is kept, each fold binding its own files.
+            let physical = match &kept.physical {
+                Some(physical) => physical.clone(),
+                None => self.appended_plan(stored, (&table, &schema), Arc::clone(&runtime)).await?,
+            };
+            let appended = bound::Appended(catalog::partitioned(&self.storage, &files));
+            let (plan, task) = physical.bind(appended, runtime).map_err(execute::execution_error)?;
+            let (stream, held) = self.execute_planned(project, plan, task).await?;
+            (stream, held, Some(physical))
+        } else {
+            // Its sources are the plan's own: a session of one partition runs it, as the appended rows are few.
+            let small = catalog::small_session(&self.storage, Some(runtime), self.scheduler())?;
+            // The appended rows, joined with the other tables as the result read them (rows appended to one of
+            // them from now on are the next fold's).
+            let source = fold::files_source(&self.storage, &small, &files, &schema);
+            let mut plan =
+                fold::reading(stored, &table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
+            for (other, schema, listed) in unchanged {
+                let source = fold::files_source(&self.storage, &small, &listed.files, &schema);
+                plan =
+                    fold::reading(plan, &other, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
+            }
+            let frame = small.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+            let (stream, held) = self.execute_fairly(project, frame).await?;
+            (stream, held, None)
+        };
         let path = to.clone().join(fold::part_name(parts));
         let mut writer =
             ResultWriter::create(&self.storage, path, stream.schema().as_ref(), metadata)?.after(rows);
@@ -641,10 +666,26 @@ impl DataFusionEngine {
         }
         let added = writer.finish().await?;
         covered.tables.insert(table, fold::Read::of(&now));
-        self.fold_plans.keep(project, key, &kept, &covered);
+        self.fold_plans.keep((project, key), &kept, physical, &covered);
         let coverage = Some(covered.coverage());
         let fold = Fold::Incremental;
         Ok(Stored { rows: rows + added, folded: Some(added), coverage, changes_with_time: false, fold })
+    }
+
+    /// The physical plan of a fold of `stored`, which reads `table` (of `schema`) only, over the appended files
+    /// each execution binds: planned in a session of one partition, as the appended rows are few.
+    async fn appended_plan(
+        &self,
+        stored: LogicalPlan,
+        (table, schema): (&str, &Schema),
+        runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+    ) -> Result<KeptPlan, EngineError> {
+        let small = catalog::small_session(&self.storage, Some(runtime), None)?;
+        let files = catalog::appended_files(&self.storage, &small, Arc::new(schema.clone()));
+        let source = provider_as_source(Arc::new(files));
+        let plan = fold::reading(stored, table, &source).map_err(|e| EngineError::Internal(Box::new(e)))?;
+        let frame = small.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
+        KeptPlan::of(&small, frame).await.map_err(execute::execution_error)
     }
 
     /// Merges the parts of the stored result at `from` into the first part of the one at `to`, and returns the
@@ -823,20 +864,11 @@ impl DataFusionEngine {
         };
         let Some(kept) = kept else { return Ok(None) };
         let values = filters.iter().map(|(_, value)| execute::scalar(value)).collect();
-        let config = kept.config.clone().with_extension(Arc::new(bound::Bound(values)));
-        let task = TaskContext::new(
-            None,
-            kept.session.clone(),
-            config,
-            HashMap::new(),
-            HashMap::new(),
-            HashMap::new(),
-            HashMap::new(),
-            self.admission.runtime(&self.files)?,
-        );
-        // A plan's operators keep what one execution built (a join's table): each run executes fresh ones.
-        let plan = reset_plan_states(Arc::clone(&kept.plan)).map_err(execute::execution_error)?;
-        let (stream, held) = self.execute_planned(project, plan, Arc::new(task)).await?;
+        let (plan, task) = kept
+            .planned
+            .bind(bound::Bound(values), self.admission.runtime(&self.files)?)
+            .map_err(execute::execution_error)?;
+        let (stream, held) = self.execute_planned(project, plan, task).await?;
         let batches = execute::collect(stream).await?;
         let statistics = execute::statistics(&held.1, started.elapsed());
         execute::result(kept.columns.clone(), &batches, limit, self.limits.result_bytes, statistics).map(Some)
@@ -875,9 +907,8 @@ impl DataFusionEngine {
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, shape.limit, shape.offset)?;
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
-        let (config, session) = (ctx.copied_config(), ctx.session_id());
-        let plan = frame.create_physical_plan().await.map_err(execute::execution_error)?;
-        Ok(Some(KeptRead { plan, config, session, columns }))
+        let planned = KeptPlan::of(&ctx, frame).await.map_err(execute::execution_error)?;
+        Ok(Some(KeptRead { planned, columns }))
     }
 
     /// A stored result prepared to answer runs: for a rollup, the query it rolls up (held in the file's

@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use datafusion::common::TableReference;
 use datafusion::datasource::file_format::options::ReadOptions;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::listing::PartitionedFile;
 #[cfg(feature = "ballista")]
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::{SessionConfig, SessionContext};
@@ -24,6 +26,7 @@ use tables_delta::{CommitError, DataFile, Snapshot};
 use crate::hot_tables::{HotTable, HotTables};
 use crate::snapshot_scan::{HotRead, SnapshotScan};
 use crate::storage::{unavailable, Storage};
+use crate::stored::bound::AppendedFiles;
 use crate::tables::sources::Unreadable;
 
 /// The property of a table version that reads an external source: the source as JSON.
@@ -494,11 +497,28 @@ pub(crate) fn files_scan(
     files: &[DataFile],
     schema: datafusion::arrow::datatypes::SchemaRef,
 ) -> SnapshotScan {
-    let options =
-        ParquetReadOptions::default().to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
     let rows = files.iter().map(|file| file.rows).sum();
     let files = files.iter().map(|file| engine_meta(storage, file)).collect();
-    SnapshotScan::new(schema, storage.engine_store_url().clone(), (files, rows), options.format)
+    SnapshotScan::new(schema, storage.engine_store_url().clone(), (files, rows), parquet_format(ctx))
+}
+
+/// A table of `schema` whose scan reads the appended files each execution binds (a fold's kept plan).
+pub(crate) fn appended_files(
+    storage: &Storage,
+    ctx: &SessionContext,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+) -> AppendedFiles {
+    AppendedFiles::new(schema, storage.engine_store_url().clone(), parquet_format(ctx))
+}
+
+/// `files` of a table's log as a scan reads them, with the sizes and times the log gives.
+pub(crate) fn partitioned(storage: &Storage, files: &[DataFile]) -> Vec<PartitionedFile> {
+    files.iter().map(|file| PartitionedFile::new_from_meta(engine_meta(storage, file))).collect()
+}
+
+/// Tables' files as `ctx` reads Parquet.
+fn parquet_format(ctx: &SessionContext) -> Arc<dyn FileFormat> {
+    ParquetReadOptions::default().to_listing_options(&ctx.copied_config(), ctx.copied_table_options()).format
 }
 
 /// A file of a snapshot as the engine's object store names it, with the size and time the log gives.
