@@ -1134,6 +1134,8 @@ async fn a_fold_merges_the_parts_of_a_result_that_has_too_many() {
             let before = parts(&result.location);
             let stored = engine.fold(project(), &q, &result, &folded).await.unwrap();
             let after = parts(&folded);
+            let covered = fold::Covered::of(stored.coverage.as_ref().unwrap()).unwrap();
+            assert_eq!(covered.parts, Some(after), "the coverage counts the parts: {}", case.sql);
             if before >= fold::MAX_PARTS {
                 // The earlier parts merged into one, and the appended rows' part after it.
                 assert_eq!(after, 2, "{} round {round}", case.sql);
@@ -1156,6 +1158,11 @@ async fn a_fold_merges_the_parts_of_a_result_that_has_too_many() {
             }
             ResultStorage::remove(engine, project(), &result.location).await.unwrap();
             result = stored_at(&folded, stored);
+            if round == 5 {
+                // A result of an earlier release, whose coverage does not count its parts: they are listed.
+                let coverage = fold::Covered { parts: None, ..covered };
+                result.coverage = Some(coverage.coverage());
+            }
         }
         assert_eq!(merged, 1, "{}", case.sql);
         let locations = [("folded", result.location.as_str())];

@@ -231,6 +231,10 @@ pub(crate) fn reading(plan: LogicalPlan, table: &str, files: &Arc<dyn TableSourc
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Covered {
     pub(crate) tables: BTreeMap<String, Read>,
+    /// How many parts the result has ([`part_name`] 0 on), so that a fold links them without listing them
+    /// (results of earlier releases do not say: their parts are listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parts: Option<usize>,
 }
 
 /// What a stored result read of one table.
@@ -330,7 +334,19 @@ const MAX_VERSIONS: u64 = 1_000;
 /// `DataFusionEngine::compact_parts`).
 pub(crate) const MAX_PARTS: usize = 32;
 
-/// The parts of the stored result at `from`.
+/// The parts of the stored result at `from`, of `count` parts when its coverage says (else listed).
+pub(crate) async fn parts_of(
+    storage: &Storage,
+    from: &ObjectPath,
+    count: Option<usize>,
+) -> Result<Vec<ObjectPath>, EngineError> {
+    match count {
+        Some(count) => Ok((0..count).map(|n| from.clone().join(part_name(n))).collect()),
+        None => parts(storage, from).await,
+    }
+}
+
+/// The parts of the stored result at `from`, as listed.
 pub(crate) async fn parts(storage: &Storage, from: &ObjectPath) -> Result<Vec<ObjectPath>, EngineError> {
     let mut listed = storage.store().list(Some(from));
     let mut parts = Vec::new();

@@ -550,6 +550,8 @@ impl DataFusionEngine {
                 return Ok(Written::TooMany);
             }
         }
+        // The one part it wrote.
+        let covered = covered.map(|covered| fold::Covered { parts: Some(1), ..covered });
         Ok(Written::Rows(writer.finish().await?, covered))
     }
 
@@ -610,7 +612,7 @@ impl DataFusionEngine {
             }
         }
         // The earlier parts, as they are or (at the most a result has) merged into one.
-        let parts = fold::parts(&self.storage, from).await?;
+        let parts = fold::parts_of(&self.storage, from, covered.parts).await?;
         let (parts, rows) = if parts.len() >= fold::MAX_PARTS {
             let stored = (&stored, kept.rollup);
             (1, self.compact_parts(project, from, to, stored, metadata.clone()).await?)
@@ -622,6 +624,7 @@ impl DataFusionEngine {
             covered.tables.insert(table.clone(), fold::Read::of(now));
         }
         let Some((table, schema, files, now)) = changed.pop() else {
+            covered.parts = Some(parts);
             self.fold_plans.keep((project, key), &kept, kept.physical.clone(), &covered);
             let coverage = Some(covered.coverage());
             let fold = Fold::Incremental;
@@ -666,6 +669,7 @@ impl DataFusionEngine {
         }
         let added = writer.finish().await?;
         covered.tables.insert(table, fold::Read::of(&now));
+        covered.parts = Some(parts + 1);
         self.fold_plans.keep((project, key), &kept, physical, &covered);
         let coverage = Some(covered.coverage());
         let fold = Fold::Incremental;
