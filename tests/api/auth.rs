@@ -87,7 +87,7 @@ async fn the_auth_matrix() {
         let response =
             app.request(method.clone(), path, Some(&reader)).json(&json!({})).send().await.unwrap();
         let body = assert_error(response, 403, "permission_denied").await;
-        assert!(body["detail"].as_str().unwrap().contains("endpoint:write"), "{body}");
+        assert!(body.detail.contains("endpoint:write"), "{body:?}");
     }
     for (method, path) in &reads {
         let response = app
@@ -161,10 +161,7 @@ async fn every_route_of_both_families_against_every_scope_combination() {
                     assert_eq!(status, expected, "{method} {path} with {scopes:?}");
                 } else {
                     let body = assert_error(send(key).await.unwrap(), 403, "permission_denied").await;
-                    assert!(
-                        body["detail"].as_str().unwrap().contains("endpoint:write"),
-                        "{method} {path}: {body}"
-                    );
+                    assert!(body.detail.contains("endpoint:write"), "{method} {path}: {body:?}");
                 }
                 checked += 1;
             }
@@ -242,12 +239,8 @@ async fn request_rates_are_limited_per_key_with_429_and_budget_headers() {
     let retry_after: u64 = over.headers()["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=2).contains(&retry_after), "{retry_after}");
     assert_eq!(over.headers()["x-ratelimit-remaining"], "0");
-    let body: serde_json::Value = over.json().await.unwrap();
-    assert_eq!(
-        (body["type"].as_str(), body["code"].as_str()),
-        (Some("throttled"), Some("rate_limited")),
-        "{body}"
-    );
+    let body: http_actix::ErrorBody = over.json().await.unwrap();
+    assert_eq!((body.kind, body.code), (http_actix::ErrorType::Throttled, http_actix::Code::RateLimited));
 
     // Another key has its own budget; the limited one recovers after the wait it was given.
     let (_, other) = app.create_key(project, &["endpoint:read"]);

@@ -125,16 +125,16 @@ async fn create_validates_every_field() {
     ];
     for (body, attr) in cases {
         let error = assert_error(app.post(&path, &key, &body).await, 400, "validation_error").await;
-        assert_eq!(error["attr"], attr, "{body} -> {error}");
+        assert_eq!(error.attr.as_deref(), Some(attr), "{body} -> {error:?}");
     }
     let error = assert_error(app.post(&path, &key, &json!([1, 2])).await, 400, "validation_error").await;
-    assert_eq!(error["attr"], Value::Null);
+    assert_eq!(error.attr, None);
 
     app.create_endpoint(project, &key, &endpoint_body("taken", "SELECT 1 AS n")).await;
     let error =
         assert_error(app.post(&path, &key, &endpoint_body("taken", "SELECT 2 AS n")).await, 409, "conflict")
             .await;
-    assert_eq!((error["code"].as_str(), error["attr"].as_str()), (Some("unique"), Some("name")));
+    assert_eq!((Some(error.code.as_str()), error.attr.as_deref()), (Some("unique"), Some("name")));
 }
 
 #[tokio::test]
@@ -163,21 +163,21 @@ async fn patch_semantics() {
 
     let error =
         assert_error(app.patch(&path, &key, &json!({"name": "other"})).await, 400, "validation_error").await;
-    assert_eq!(error["attr"], "name");
+    assert_eq!(error.attr.as_deref(), Some("name"));
     let error = assert_error(
         app.patch(&path, &key, &json!({"sync_frequency": "5min"})).await,
         400,
         "validation_error",
     )
     .await;
-    assert_eq!(error["attr"], "sync_frequency");
+    assert_eq!(error.attr.as_deref(), Some("sync_frequency"));
     let error = assert_error(
         app.patch(&path, &key, &json!({"query": {"kind": "SQLQuery", "query": "SELECT nope"}})).await,
         400,
         "validation_error",
     )
     .await;
-    assert_eq!(error["attr"], "query");
+    assert_eq!(error.attr.as_deref(), Some("query"));
 
     // Nothing changed by the refused requests, and a body that changes nothing writes nothing.
     let same =
@@ -286,14 +286,14 @@ async fn a_dry_run_checks_a_create_or_an_update_and_saves_nothing() {
             "validation_error",
         )
         .await;
-        assert_eq!(err["attr"], "query");
+        assert_eq!(err.attr.as_deref(), Some("query"));
         let err = assert_error(
             app.post(&format!("{base}?dry_run=maybe"), &key, &body).await,
             400,
             "validation_error",
         )
         .await;
-        assert_eq!(err["attr"], "dry_run");
+        assert_eq!(err.attr.as_deref(), Some("dry_run"));
         assert_error(
             app.post(&format!("{base}?dry_run=true"), &reader, &body).await,
             403,
@@ -323,7 +323,7 @@ async fn a_dry_run_checks_a_create_or_an_update_and_saves_nothing() {
             "validation_error",
         )
         .await;
-        assert_eq!(err["attr"], "query");
+        assert_eq!(err.attr.as_deref(), Some("query"));
         assert_eq!(app.delete(&format!("{base}/kpi"), &key).await.status(), 204);
     }
 }

@@ -31,7 +31,7 @@ async fn http_level_errors_are_json() {
     let huge = json!({"name": "big", "description": "x".repeat(2 * 1024 * 1024),
                       "query": {"kind": "SQLQuery", "query": "SELECT 1"}});
     let body = assert_error(app.post(&base, &key, &huge).await, 413, "validation_error").await;
-    assert_eq!(body["code"], "payload_too_large");
+    assert_eq!(body.code.as_str(), "payload_too_large");
 
     let response = app
         .request(Method::POST, &base, Some(&key))
@@ -41,7 +41,7 @@ async fn http_level_errors_are_json() {
         .await
         .unwrap();
     let body = assert_error(response, 400, "validation_error").await;
-    assert_eq!(body["code"], "parse_error");
+    assert_eq!(body.code.as_str(), "parse_error");
 
     assert_error(app.get("/api/unknown", &key).await, 404, "not_found").await;
     assert_error(app.get(&format!("{base}/kpi/unknown"), &key).await, 404, "not_found").await;

@@ -5,6 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub use http_actix::api::{Endpoint, Materialization};
+pub use http_actix::ErrorBody;
 use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{json, Value};
 use server::{Application, Config};
@@ -300,18 +301,27 @@ pub fn endpoint_body(name: &str, sql: &str) -> Value {
 const NEVER_IN_AN_ERROR: [&str; 6] =
     ["endpoints-api-", "/staging/", "Placeholder", "Cast {", "data_type:", "bug in DataFusion"];
 
-pub async fn assert_error(response: Response, status: u16, kind: &str) -> Value {
+pub async fn assert_error(response: Response, status: u16, kind: &str) -> ErrorBody<'static> {
     assert_error_quoting(response, status, kind, "").await
 }
 
 /// [`assert_error`] for a request that itself names `quoted` (a path in a hostile query, say), which its error
 /// may quote back.
-pub async fn assert_error_quoting(response: Response, status: u16, kind: &str, quoted: &str) -> Value {
+pub async fn assert_error_quoting(
+    response: Response,
+    status: u16,
+    kind: &str,
+    quoted: &str,
+) -> ErrorBody<'static> {
     assert_eq!(response.status(), status, "unexpected status");
-    let body: Value = response.json().await.expect("error bodies are JSON");
-    assert_eq!(body["type"], kind, "{body}");
-    assert!(body["code"].is_string() && body["detail"].is_string() && body.get("attr").is_some(), "{body}");
-    let text = body.to_string();
+    let text = response.text().await.unwrap();
+    let body: ErrorBody =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not an error body ({e}): {text}"));
+    assert_eq!(serde_json::to_value(body.kind).unwrap(), kind, "{text}");
+    assert!(
+        serde_json::from_str::<Value>(&text).unwrap().get("attr").is_some(),
+        "attr is always said: {text}"
+    );
     let text = if quoted.is_empty() { text } else { text.replace(quoted, "") };
     for internal in NEVER_IN_AN_ERROR {
         assert!(!text.contains(internal), "an error body shows {internal}: {text}");

@@ -172,14 +172,14 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
         let body = json!({"name": "bad", "is_materialized": true,
                           "query": {"kind": "SQLQuery", "query": sql, "variables": variable}});
         let error = assert_error(app.post(&base, &key, &body).await, 400, "validation_error").await;
-        assert_eq!(error["attr"], "is_materialized", "{sql}");
-        assert!(error["detail"].as_str().unwrap().contains(reason), "{sql}: {error}");
+        assert_eq!(error.attr.as_deref(), Some("is_materialized"), "{sql}");
+        assert!(error.detail.contains(reason), "{sql}: {error:?}");
     }
     let inactive =
         json!({"name": "off", "is_materialized": true, "is_active": false, "query": by_country(BY_COUNTRY)});
     assert_eq!(
-        assert_error(app.post(&base, &key, &inactive).await, 400, "validation_error").await["attr"],
-        "is_materialized"
+        assert_error(app.post(&base, &key, &inactive).await, 400, "validation_error").await.attr.as_deref(),
+        Some("is_materialized")
     );
     // The status says the same without trying.
     let plain = json!({"name": "limited", "query": {"kind": "SQLQuery",
@@ -297,7 +297,7 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
 
     // Deactivating a materialized endpoint is refused; turning materialization off removes files and status.
     let refused = app.patch(&format!("{base}/kpi"), &key, &json!({"is_active": false})).await;
-    assert_eq!(assert_error(refused, 400, "validation_error").await["attr"], "is_materialized");
+    assert_eq!(assert_error(refused, 400, "validation_error").await.attr.as_deref(), Some("is_materialized"));
     let off = app.update_endpoint(project, &key, "kpi", &json!({"is_materialized": false})).await;
     assert_eq!((off.materialization.status.as_ref(), off.sync_frequency), ("Disabled", None));
     assert!(stored(&app.data_dir, project, &id).is_empty());
@@ -527,8 +527,8 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
         let body = json!({"name": "bad", "freshness_seconds": bad, "query": by_country(BY_COUNTRY)});
         let response = app.post(&format!("/api/projects/{project}/endpoints"), &key, &body).await;
         assert_eq!(
-            assert_error(response, 400, "validation_error").await["attr"],
-            "freshness_seconds",
+            assert_error(response, 400, "validation_error").await.attr.as_deref(),
+            Some("freshness_seconds"),
             "{bad}"
         );
     }
@@ -656,7 +656,7 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     );
     let path = format!("/api/projects/{project}/endpoints/by_country/run?max_staleness_seconds=-1");
     let refused = assert_error(app.get(&path, &key).await, 400, "validation_error").await;
-    assert_eq!(refused["attr"], "max_staleness_seconds");
+    assert_eq!(refused.attr.as_deref(), Some("max_staleness_seconds"));
     let csv = app
         .get(
             &format!("/api/projects/{project}/endpoints/by_country/run?format=csv&max_staleness_seconds=0"),
@@ -706,7 +706,7 @@ async fn an_unused_materialization_hibernates_and_its_next_run_wakes_it() {
         let body = json!({"name": "bad", "hibernate_after_days": bad, "query": totals()});
         let response = app.post(&format!("/api/projects/{project}/endpoints"), &key, &body).await;
         let refused = assert_error(response, 400, "validation_error").await;
-        assert_eq!(refused["attr"], "hibernate_after_days", "{bad}");
+        assert_eq!(refused.attr.as_deref(), Some("hibernate_after_days"), "{bad}");
     }
     let plain = json!({"name": "plain", "query": {"kind": "SQLQuery", "query": "SELECT 1 AS n"}});
     assert_eq!(app.create_endpoint(project, &key, &plain).await.hibernate_after_days, Some(7), "the default");

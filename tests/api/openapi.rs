@@ -127,7 +127,7 @@ async fn each_endpoint_version_has_a_typed_document() {
         "validation_error",
     )
     .await;
-    assert_eq!(error["attr"], "version");
+    assert_eq!(error.attr.as_deref(), Some("version"));
     assert_error(app.get(&format!("{base}/nope/openapi.json"), &key).await, 404, "not_found").await;
 }
 

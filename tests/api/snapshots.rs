@@ -82,7 +82,7 @@ async fn a_cursor_pages_one_snapshot_while_rows_are_appended_and_refuses_another
             (json!({"limit": 2, "variables": {"low": 1}, "cursor": "%%%"}), "cursor"),
         ] {
             let error = assert_error(app.post(&path, &key, &body).await, 400, "validation_error").await;
-            assert_eq!(error["attr"], attr, "{body}");
+            assert_eq!(error.attr.as_deref(), Some(attr), "{body}");
         }
         let other = format!("{family}/{project}/endpoints/other/run");
         let error = assert_error(
@@ -91,7 +91,7 @@ async fn a_cursor_pages_one_snapshot_while_rows_are_appended_and_refuses_another
             "validation_error",
         )
         .await;
-        assert!(error["detail"].as_str().unwrap().contains("another endpoint"), "{error}");
+        assert!(error.detail.contains("another endpoint"), "{error:?}");
         // Another project's key with the same endpoint name: the cursor is not its project's.
         let (stranger, theirs, _) = project_with_items(&app, "{\"id\": 1}\n").await;
         app.create_endpoint(stranger, &theirs, &body).await;
@@ -106,7 +106,7 @@ async fn a_cursor_pages_one_snapshot_while_rows_are_appended_and_refuses_another
             "validation_error",
         )
         .await;
-        assert_eq!(error["attr"], "cursor");
+        assert_eq!(error.attr.as_deref(), Some("cursor"));
         // Start again for the next family, from the table as it was.
         write(&app, Method::PUT, &table, &key, FIVE).await;
     }
@@ -140,13 +140,13 @@ async fn as_of_reads_the_tables_as_they_were_and_refuses_times_without_a_version
         let error =
             assert_error(app.post(&path, &key, &json!({"as_of": as_of})).await, 400, "validation_error")
                 .await;
-        assert_eq!(error["attr"], "as_of", "{as_of}");
-        assert!(error["detail"].as_str().unwrap().contains(says), "{as_of}: {error}");
+        assert_eq!(error.attr.as_deref(), Some("as_of"), "{as_of}");
+        assert!(error.detail.contains(says), "{as_of}: {error:?}");
     }
     // Before the table's first commit, within the retention.
     let created = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
     let early = created.format(&time::format_description::well_known::Rfc3339).unwrap();
     let error =
         assert_error(app.post(&path, &key, &json!({"as_of": early})).await, 400, "validation_error").await;
-    assert!(error["detail"].as_str().unwrap().contains("created later"), "{error}");
+    assert!(error.detail.contains("created later"), "{error:?}");
 }

@@ -1,7 +1,12 @@
 //! Tables over HTTP under both families: uploads in CSV and NDJSON, appends, previews, deletes, scopes, and
 //! every way an upload fails, with the table checked unchanged afterwards.
 
+use domain::ColumnType;
+use http_actix::api::{
+    Appended, Endpoint, Preview, Table, TableColumn, TableLayout, TablePage, TableVersionPage,
+};
 use reqwest::{Method, Response};
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::helpers::{assert_error, endpoint_body, spawn_app, spawn_app_tuned, TestApp, FAMILIES};
@@ -24,10 +29,20 @@ async fn upload(
 }
 
 async fn ok_json(response: Response, status: u16) -> Value {
+    decoded(response, status).await
+}
+
+/// The body of an answer of `status`, as the API's type of it.
+async fn decoded<T: DeserializeOwned>(response: Response, status: u16) -> T {
     let got = response.status().as_u16();
     let body: Value = response.json().await.unwrap();
     assert_eq!(got, status, "{body}");
-    body
+    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// The names of a table's columns, in order.
+fn names(table: &Table) -> Vec<&str> {
+    table.columns.iter().map(|column| column.name.as_str()).collect()
 }
 
 /// A project and a key that may write both endpoints and tables.
@@ -48,15 +63,12 @@ async fn a_table_is_created_appended_to_read_by_an_endpoint_and_deleted_under_bo
         let created = upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", ORDERS).await;
         assert_eq!(created.status(), 201);
         assert_eq!(created.headers()["location"], format!("/api/projects/{project}/tables/orders").as_str());
-        let table: Value = created.json().await.unwrap();
-        assert_eq!(
-            (table["name"].as_str(), table["row_count"].as_u64()),
-            (Some("orders"), Some(3)),
-            "{table}"
-        );
-        assert_eq!(table["columns"][2], json!({"name": "amount", "type": "float", "nullable": true}));
-        assert_eq!((table["format"].as_str(), table["source"].as_str()), (Some("parquet"), Some("upload")));
-        assert_eq!(table["used_by"], json!([]));
+        let table: Table = decoded(created, 201).await;
+        assert_eq!((table.name.as_str(), table.row_count), ("orders", Some(3)), "{table:?}");
+        let amount = TableColumn { name: "amount".into(), column_type: ColumnType::Float, nullable: true };
+        assert_eq!(table.columns[2], amount);
+        assert_eq!((table.format.as_str(), table.source.as_str()), ("parquet", "upload"));
+        assert!(table.used_by.is_empty());
 
         // An endpoint on the table; its run is cached, and an append makes the cached answer stale at once.
         let endpoints = format!("{family}/{project}/endpoints");
@@ -72,7 +84,7 @@ async fn a_table_is_created_appended_to_read_by_an_endpoint_and_deleted_under_bo
         );
         assert_eq!(ok_json(app.get(&run_path, &key).await, 200).await["is_cached"], true);
         let ndjson = "{\"id\": 4, \"country\": \"DE\", \"amount\": 2}\n";
-        let appended = ok_json(
+        let appended: Appended = decoded(
             upload(
                 &app,
                 Method::POST,
@@ -85,30 +97,21 @@ async fn a_table_is_created_appended_to_read_by_an_endpoint_and_deleted_under_bo
             200,
         )
         .await;
-        assert_eq!(
-            (appended["rows_added"].as_u64(), appended["table"]["row_count"].as_u64()),
-            (Some(1), Some(4))
-        );
-        assert_eq!(appended["table"]["used_by"], json!(["by-country"]));
+        assert_eq!((appended.rows_added, appended.table.row_count), (1, Some(4)));
+        assert_eq!(appended.table.used_by, ["by-country"]);
         let after = ok_json(app.get(&run_path, &key).await, 200).await;
         assert_eq!(after["is_cached"], false, "the append made the cached run stale");
         assert_eq!(after["results"][0], json!({"country": "DE", "total": 2.0}));
 
-        let listed = ok_json(app.get(&format!("{tables}?limit=10"), &key).await, 200).await;
-        assert_eq!(
-            (listed["count"].as_u64(), listed["results"][0]["name"].as_str()),
-            (Some(1), Some("orders"))
-        );
-        let preview =
-            ok_json(app.post(&format!("{tables}/orders/preview?limit=2"), &key, &json!({})).await, 200).await;
-        assert_eq!(preview["columns"], json!(["id", "country", "amount"]));
-        assert_eq!(
-            (preview["results"].as_array().unwrap().len(), preview["hasMore"].as_bool()),
-            (2, Some(true))
-        );
+        let listed: TablePage = decoded(app.get(&format!("{tables}?limit=10"), &key).await, 200).await;
+        assert_eq!((listed.count, listed.results[0].name.as_str()), (1, "orders"));
+        let preview: Preview =
+            decoded(app.post(&format!("{tables}/orders/preview?limit=2"), &key, &json!({})).await, 200).await;
+        assert_eq!(preview.columns, ["id", "country", "amount"]);
+        assert_eq!((preview.results.as_array().unwrap().len(), preview.has_more), (2, true));
 
         // A replace answers 200 and keeps when the table was created.
-        let replaced = ok_json(
+        let replaced: Table = decoded(
             upload(
                 &app,
                 Method::PUT,
@@ -121,15 +124,12 @@ async fn a_table_is_created_appended_to_read_by_an_endpoint_and_deleted_under_bo
             200,
         )
         .await;
-        assert_eq!(
-            (replaced["row_count"].as_u64(), &replaced["created_at"]),
-            (Some(1), &table["created_at"])
-        );
+        assert_eq!((replaced.row_count, replaced.created_at), (Some(1), table.created_at));
 
         // A table an endpoint reads cannot be deleted; once the endpoint is gone it can.
         let in_use = assert_error(app.delete(&format!("{tables}/orders"), &key).await, 409, "conflict").await;
-        assert_eq!(in_use["code"], "in_use");
-        assert!(in_use["detail"].as_str().unwrap().contains("by-country"), "{in_use}");
+        assert_eq!(in_use.code.as_str(), "in_use");
+        assert!(in_use.detail.contains("by-country"), "{in_use:?}");
         assert_eq!(app.delete(&format!("{endpoints}/by-country"), &key).await.status(), 204);
         assert_eq!(app.delete(&format!("{tables}/orders"), &key).await.status(), 204);
         assert_error(app.get(&format!("{tables}/orders"), &key).await, 404, "not_found").await;
@@ -146,40 +146,41 @@ async fn replacing_a_table_plans_its_readers_again() {
     upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", ORDERS).await;
     let body = endpoint_body("totals", "SELECT country, sum(amount) AS total FROM orders GROUP BY country");
     assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
-    let record = |name: &'static str| {
-        let (app, key, endpoints) = (&app, &key, &endpoints);
-        async move { ok_json(app.get(&format!("{endpoints}/{name}"), key).await, 200).await }
-    };
-    assert_eq!(record("totals").await["plan_error"], Value::Null);
+    let record = |name: &'static str| app.endpoint(project, &key, name);
+    assert_eq!(record("totals").await.plan_error, None);
 
     // Without the column the query reads: the endpoint says why, and its runs are 400 query_invalid.
     let without_amount = "id,country\n1,US\n";
     let replaced =
         upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", without_amount).await;
-    assert_eq!(ok_json(replaced, 200).await["used_by"], json!(["totals"]));
+    assert_eq!(decoded::<Table>(replaced, 200).await.used_by, ["totals"]);
     let broken = record("totals").await;
-    assert!(broken["plan_error"].as_str().unwrap().contains("amount"), "{broken}");
-    assert_eq!(broken["columns"], Value::Null);
+    assert!(broken.plan_error.as_deref().unwrap().contains("amount"), "{broken:?}");
+    assert_eq!(broken.columns, None);
     for family in FAMILIES {
         let run = app.get(&format!("{family}/{project}/endpoints/totals/run"), &key).await;
         let error = assert_error(run, 400, "query_error").await;
-        assert_eq!((error["code"].as_str(), error["attr"].as_str()), (Some("query_invalid"), Some("query")));
-        assert!(error["detail"].as_str().unwrap().contains("amount"), "{error}");
+        assert_eq!(
+            (Some(error.code.as_str()), error.attr.as_deref()),
+            (Some("query_invalid"), Some("query"))
+        );
+        assert!(error.detail.contains("amount"), "{error:?}");
     }
     let versions = ok_json(app.get(&format!("{endpoints}/totals/versions/1"), &key).await, 200).await;
-    assert_eq!(versions["plan_error"], broken["plan_error"]);
+    assert_eq!(versions["plan_error"].as_str(), broken.plan_error.as_deref());
     // Still a reader: the table cannot be deleted under it.
     assert_error(app.delete(&format!("{tables}/orders"), &key).await, 409, "conflict").await;
 
     // With the column back as text, sum() does not plan either; as integers it plans, with the new type.
     let amount_as_text = "id,country,amount\nid-1,US,ten\n";
     upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", amount_as_text).await;
-    assert!(record("totals").await["plan_error"].as_str().unwrap().contains("sum"));
+    assert!(record("totals").await.plan_error.unwrap().contains("sum"));
     let amount_as_integers = "id,country,amount\n1,US,10\n2,US,5\n";
     upload(&app, Method::PUT, &format!("{tables}/orders"), &key, "text/csv", amount_as_integers).await;
     let fixed = record("totals").await;
-    assert_eq!(fixed["plan_error"], Value::Null, "{fixed}");
-    assert_eq!(fixed["columns"][1], json!({"name": "total", "type": "integer"}), "{fixed}");
+    assert_eq!(fixed.plan_error, None, "{fixed:?}");
+    let total = http_actix::api::Column { name: "total".into(), column_type: ColumnType::Integer };
+    assert_eq!(fixed.columns.as_ref().map(|columns| &columns[1]), Some(&total), "{fixed:?}");
     let run = ok_json(app.get(&format!("{endpoints}/totals/run"), &key).await, 200).await;
     assert_eq!(run["results"], json!([{"country": "US", "total": 15}]));
     // A new version of the query starts without an error of its own (it drops both columns of an endpoint that
@@ -191,7 +192,7 @@ async fn replacing_a_table_plans_its_readers_again() {
             &json!({"query": {"kind": "SQLQuery", "query": "SELECT id FROM orders"}, "confirm_breaking": true}),
         )
         .await;
-    assert_eq!(ok_json(patched, 200).await["plan_error"], Value::Null);
+    assert_eq!(decoded::<Endpoint>(patched, 200).await.plan_error, None);
 }
 
 #[tokio::test]
@@ -200,9 +201,9 @@ async fn a_table_named_with_capitals_is_listed_and_read_under_its_quoted_name() 
     let (project, key) = project_with_writer(&app);
     let tables = format!("/api/projects/{project}/tables");
     let created = upload(&app, Method::PUT, &format!("{tables}/Orders_EU"), &key, "text/csv", ORDERS).await;
-    assert_eq!(ok_json(created, 201).await["name"], "Orders_EU");
-    let listed = ok_json(app.get(&format!("{tables}/"), &key).await, 200).await;
-    assert_eq!(listed["results"][0]["name"], "Orders_EU", "{listed}");
+    assert_eq!(decoded::<Table>(created, 201).await.name, "Orders_EU");
+    let listed: TablePage = decoded(app.get(&format!("{tables}/"), &key).await, 200).await;
+    assert_eq!(listed.results[0].name, "Orders_EU", "{listed:?}");
     let endpoints = format!("/api/projects/{project}/endpoints");
     let body = endpoint_body("eu", "SELECT count(*) AS n FROM \"Orders_EU\"");
     assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
@@ -211,8 +212,8 @@ async fn a_table_named_with_capitals_is_listed_and_read_under_its_quoted_name() 
     // Unquoted, SQL folds the name to lower case, and there is no such table.
     let folded = endpoint_body("folded", "SELECT count(*) AS n FROM Orders_EU");
     assert_error(app.post(&format!("{endpoints}/"), &key, &folded).await, 400, "validation_error").await;
-    let used = ok_json(app.get(&format!("{tables}/Orders_EU"), &key).await, 200).await;
-    assert_eq!(used["used_by"], json!(["eu"]));
+    let used: Table = decoded(app.get(&format!("{tables}/Orders_EU"), &key).await, 200).await;
+    assert_eq!(used.used_by, ["eu"]);
 }
 
 #[tokio::test]
@@ -238,7 +239,7 @@ async fn table_routes_need_table_scopes() {
         "permission_denied",
     )
     .await;
-    assert!(denied["detail"].as_str().unwrap().contains("table:write"));
+    assert!(denied.detail.contains("table:write"));
     assert_error(app.delete(&format!("{tables}/t"), &reader).await, 403, "permission_denied").await;
     assert_error(app.get(&tables, &endpoints).await, 403, "permission_denied").await;
     assert_error(
@@ -263,23 +264,19 @@ async fn columns_keep_the_order_they_were_sent_in_and_csv_appends_match_them_by_
     let (project, key) = project_with_writer(&app);
     let tables = format!("/api/projects/{project}/tables");
     let ndjson = "{\"id\": 1, \"region\": \"eu\", \"amount\": 2.5}\n{\"id\": 2, \"region\": \"us\", \"zone\": \"b\"}\n";
-    let sales = ok_json(
+    let sales: Table = decoded(
         upload(&app, Method::PUT, &format!("{tables}/sales"), &key, "application/x-ndjson", ndjson).await,
         201,
     )
     .await;
-    let names: Vec<&str> =
-        sales["columns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["id", "region", "amount", "zone"], "{sales}");
-    let csv = ok_json(
+    assert_eq!(names(&sales), ["id", "region", "amount", "zone"], "{sales:?}");
+    let csv: Table = decoded(
         upload(&app, Method::PUT, &format!("{tables}/by_header"), &key, "text/csv", "zone,b,a\nx,1,2\n")
             .await,
         201,
     )
     .await;
-    let names: Vec<&str> =
-        csv["columns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["zone", "b", "a"], "{csv}");
+    assert_eq!(names(&csv), ["zone", "b", "a"], "{csv:?}");
 
     let rows = format!("{tables}/sales/rows");
     for body in ["amount,id,region,zone\n4.5,3,eu,c\n", "region,id\nus,4\n"] {
@@ -291,11 +288,11 @@ async fn columns_keep_the_order_they_were_sent_in_and_csv_appends_match_them_by_
         "validation_error",
     )
     .await;
-    assert!(twice["detail"].as_str().unwrap().contains("'id' twice"), "{twice}");
-    let preview =
-        ok_json(app.post(&format!("{tables}/sales/preview"), &key, &json!({"limit": 10})).await, 200).await;
-    assert_eq!(preview["columns"], json!(["id", "region", "amount", "zone"]), "{preview}");
-    let mut got = preview["results"].as_array().unwrap().clone();
+    assert!(twice.detail.contains("'id' twice"), "{twice:?}");
+    let preview: Preview =
+        decoded(app.post(&format!("{tables}/sales/preview"), &key, &json!({"limit": 10})).await, 200).await;
+    assert_eq!(preview.columns, ["id", "region", "amount", "zone"], "{preview:?}");
+    let mut got = preview.results.as_array().unwrap().clone();
     got.sort_by_key(|row| row["id"].as_i64());
     assert_eq!(
         Value::from(got),
@@ -305,7 +302,7 @@ async fn columns_keep_the_order_they_were_sent_in_and_csv_appends_match_them_by_
             {"id": 3, "region": "eu", "amount": 4.5, "zone": "c"},
             {"id": 4, "region": "us", "amount": null, "zone": null},
         ]),
-        "{preview}"
+        "{preview:?}"
     );
 }
 
@@ -317,7 +314,7 @@ async fn a_failed_upload_leaves_the_table_as_it_was() {
     let path = format!("{tables}/orders");
     ok_json(upload(&app, Method::PUT, &path, &key, "text/csv", ORDERS).await, 201).await;
     let before =
-        ok_json(app.post(&format!("{path}/preview"), &key, &json!({})).await, 200).await["results"].clone();
+        decoded::<Preview>(app.post(&format!("{path}/preview"), &key, &json!({})).await, 200).await.results;
     let rows = format!("{path}/rows");
 
     let ragged = assert_error(
@@ -326,14 +323,14 @@ async fn a_failed_upload_leaves_the_table_as_it_was() {
         "validation_error",
     )
     .await;
-    assert_eq!(ragged["attr"], "body");
+    assert_eq!(ragged.attr.as_deref(), Some("body"));
     let mismatch = assert_error(
         upload(&app, Method::POST, &rows, &key, "text/csv", "id,land,amount\n4,DE,1\n").await,
         400,
         "validation_error",
     )
     .await;
-    assert!(mismatch["detail"].as_str().unwrap().contains("the body has 'land'"), "{mismatch}");
+    assert!(mismatch.detail.contains("the body has 'land'"), "{mismatch:?}");
     let bad_value = assert_error(
         upload(&app, Method::POST, &rows, &key, "text/csv", "id,country,amount\n4,DE,lots\n").await,
         400,
@@ -341,13 +338,13 @@ async fn a_failed_upload_leaves_the_table_as_it_was() {
     )
     .await;
     assert!(
-        bad_value["detail"].as_str().unwrap().contains("lots") && !bad_value.to_string().contains("staging"),
-        "{bad_value}"
+        bad_value.detail.contains("lots") && !serde_json::to_string(&bad_value).unwrap().contains("staging"),
+        "{bad_value:?}"
     );
     let empty =
         assert_error(upload(&app, Method::PUT, &path, &key, "text/csv", "").await, 400, "validation_error")
             .await;
-    assert!(empty["detail"].as_str().unwrap().contains("empty"));
+    assert!(empty.detail.contains("empty"));
     let big = format!("id,country,amount\n{}", "5,US,1\n".repeat(1000));
     let too_large = assert_error(
         upload(&app, Method::POST, &rows, &key, "text/csv", &big).await,
@@ -355,7 +352,7 @@ async fn a_failed_upload_leaves_the_table_as_it_was() {
         "validation_error",
     )
     .await;
-    assert_eq!(too_large["code"], "payload_too_large");
+    assert_eq!(too_large.code.as_str(), "payload_too_large");
     assert_error(
         upload(&app, Method::PUT, &path, &key, "application/xml", "<x/>").await,
         415,
@@ -392,10 +389,9 @@ async fn a_failed_upload_leaves_the_table_as_it_was() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 
     let after =
-        ok_json(app.post(&format!("{path}/preview"), &key, &json!({})).await, 200).await["results"].clone();
+        decoded::<Preview>(app.post(&format!("{path}/preview"), &key, &json!({})).await, 200).await.results;
     assert_eq!(after, before, "no failed upload changed the table");
-    let table = ok_json(app.get(&path, &key).await, 200).await;
-    assert_eq!(table["row_count"], 3);
+    assert_eq!(decoded::<Table>(app.get(&path, &key).await, 200).await.row_count, Some(3));
     let staging = app.data_dir.join(format!("projects/{project}/staging"));
     let staged: Vec<_> = walk(&staging).into_iter().filter(|p| p.is_file()).collect();
     assert!(staged.is_empty(), "nothing staged is left: {staged:?}");
@@ -463,8 +459,8 @@ async fn concurrent_appends_all_land_and_runs_never_see_half_of_one() {
             assert_eq!(rows % 100, 1, "a run saw part of an append: {rows} rows");
         }
     }
-    let table = ok_json(app.get(&format!("{tables}/events"), &key).await, 200).await;
-    assert_eq!(table["row_count"], 801, "no append was lost");
+    let table: Table = decoded(app.get(&format!("{tables}/events"), &key).await, 200).await;
+    assert_eq!(table.row_count, Some(801), "no append was lost");
 }
 
 /// Runs SQL on the test PostgreSQL database with `psql`, returning what it printed (unaligned, no headers).
@@ -514,17 +510,17 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
         let (app, key) = (&app, &key);
         async move { app.request(Method::PUT, &path, Some(key)).json(&body).send().await.unwrap() }
     };
-    let created = ok_json(put(FAMILIES[0], "orders", source("orders")).await, 201).await;
+    let created: Table = decoded(put(FAMILIES[0], "orders", source("orders")).await, 201).await;
+    assert_eq!((created.format.as_str(), created.source.as_str()), ("postgres", url.as_str()));
+    assert_eq!((created.row_count, created.bytes), (None, None), "{created:?}");
+    let column = |name: &str, column_type| TableColumn { name: name.into(), column_type, nullable: true };
     assert_eq!(
-        (created["format"].as_str(), created["source"].as_str()),
-        (Some("postgres"), Some(url.as_str()))
-    );
-    assert_eq!((&created["row_count"], &created["bytes"]), (&Value::Null, &Value::Null), "{created}");
-    assert_eq!(
-        created["columns"],
-        json!([{"name": "id", "type": "integer", "nullable": true},
-               {"name": "country", "type": "string", "nullable": true},
-               {"name": "amount", "type": "float", "nullable": true}])
+        created.columns,
+        [
+            column("id", ColumnType::Integer),
+            column("country", ColumnType::String),
+            column("amount", ColumnType::Float)
+        ]
     );
 
     // An endpoint reads it live: a row inserted there is in the next direct run.
@@ -542,7 +538,7 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
     assert_eq!(more["results"][0], json!({"country": "DE", "total": 2.0}), "{more}");
     let preview_path = format!("{}/{project}/tables/orders/preview", FAMILIES[1]);
     let preview = app.post(&preview_path, &key, &json!({"limit": 2})).await;
-    assert_eq!(ok_json(preview, 200).await["results"].as_array().unwrap().len(), 2);
+    assert_eq!(decoded::<Preview>(preview, 200).await.results.as_array().unwrap().len(), 2);
     // A `LIKE` the engine would match itself is the database's to evaluate, in the SQL it understands.
     let body = endpoint_body("us", "SELECT id FROM orders WHERE country LIKE '_S' ORDER BY id");
     assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
@@ -553,7 +549,7 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
     let tables = format!("{}/{project}/tables", FAMILIES[0]);
     let append = upload(&app, Method::POST, &format!("{tables}/orders/rows"), &key, "text/csv", ORDERS).await;
     let error = assert_error(append, 400, "validation_error").await;
-    assert_eq!(error["attr"], "table", "{error}");
+    assert_eq!(error.attr.as_deref(), Some("table"), "{error:?}");
 
     // A password in the URL never shows in the record.
     let mut with_password = database.clone();
@@ -562,7 +558,8 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
     let shown = ok_json(put(FAMILIES[1], "orders_again", body).await, 201).await;
     let password = format!(":{}@", database.password().unwrap());
     assert!(!shown.to_string().contains(&password), "{shown}");
-    assert!(shown["source"].as_str().unwrap().starts_with(&format!("postgres://{}@", database.username())));
+    let shown: Table = serde_json::from_value(shown).unwrap();
+    assert!(shown.source.starts_with(&format!("postgres://{}@", database.username())));
 
     // Refused, and nothing registered: another database, a table that is not there, wrong credentials.
     let other_database = format!("postgres://{host}:{port}/postgres?sslmode=disable");
@@ -578,8 +575,8 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
         ),
     ] {
         let error = assert_error(put(FAMILIES[0], "refused", body).await, 400, "validation_error").await;
-        assert_eq!(error["attr"], "source", "{error}");
-        let detail = error["detail"].as_str().unwrap();
+        assert_eq!(error.attr.as_deref(), Some("source"), "{error:?}");
+        let detail = error.detail;
         assert!(detail.contains(why) && !detail.contains("not-the-password"), "{detail}");
     }
     assert_eq!(app.get(&format!("{tables}/refused"), &key).await.status(), 404);
@@ -607,9 +604,10 @@ async fn external_files_are_read_only_from_allowed_places() {
         async move { app.request(Method::PUT, &path, Some(key)).json(&body).send().await.unwrap() }
     };
     let url = format!("{allowed}orders/");
-    let created = ok_json(put("orders", json!({"source": {"url": url, "format": "csv"}})).await, 201).await;
-    assert_eq!((created["format"].as_str(), created["source"].as_str()), (Some("csv"), Some(url.as_str())));
-    assert_eq!(created["row_count"], Value::Null);
+    let created: Table =
+        decoded(put("orders", json!({"source": {"url": url, "format": "csv"}})).await, 201).await;
+    assert_eq!((created.format.as_str(), created.source.as_str()), ("csv", url.as_str()));
+    assert_eq!(created.row_count, None);
     let body = endpoint_body("n", "SELECT count(*) AS n FROM orders");
     assert_eq!(app.post(&format!("/api/projects/{project}/endpoints/"), &key, &body).await.status(), 201);
     let n = ok_json(app.get(&format!("/api/projects/{project}/endpoints/n/run"), &key).await, 200).await;
@@ -629,8 +627,8 @@ async fn external_files_are_read_only_from_allowed_places() {
         (json!({"from": url}), "from", "Unknown field"),
     ] {
         let error = assert_error(put("refused", body.clone()).await, 400, "validation_error").await;
-        assert_eq!(error["attr"], attr, "{body}: {error}");
-        assert!(error["detail"].as_str().unwrap().contains(why), "{body}: {error}");
+        assert_eq!(error.attr.as_deref(), Some(attr), "{body}: {error:?}");
+        assert!(error.detail.contains(why), "{body}: {error:?}");
     }
     let malformed = app
         .request(Method::PUT, &format!("{tables}/refused"), Some(&key))
@@ -639,7 +637,7 @@ async fn external_files_are_read_only_from_allowed_places() {
         .send()
         .await
         .unwrap();
-    assert_eq!(assert_error(malformed, 400, "validation_error").await["code"], "parse_error");
+    assert_eq!(assert_error(malformed, 400, "validation_error").await.code.as_str(), "parse_error");
     assert_eq!(app.get(&format!("{tables}/refused"), &key).await.status(), 404);
     let _ = std::fs::remove_dir_all(&lake);
 }
@@ -693,7 +691,7 @@ async fn a_tenant_cannot_make_the_server_send_the_operators_password_in_clear() 
         let body = json!({"source": {"url": url, "table": "public.orders"}});
         let response = app.request(Method::PUT, &path, Some(&key)).json(&body).send().await.unwrap();
         let error = assert_error(response, 400, "validation_error").await;
-        let detail = error["detail"].as_str().unwrap();
+        let detail = error.detail;
         assert!(detail.contains(why) && !detail.contains("op-secret-pw"), "{url}: {detail}");
     }
     fake.abort();
@@ -733,45 +731,41 @@ async fn an_append_with_an_idempotency_key_adds_its_rows_once() {
     }
     let rows = format!("{tables}/orders/rows");
     let more = "id,country,amount\n4,DE,2\n5,DE,3\n";
-    let first = ok_json(append_once(&app, &rows, &key, "batch-0001", more).await, 200).await;
-    assert_eq!((first["rows_added"].as_u64(), first["table"]["row_count"].as_u64()), (Some(2), Some(5)));
+    let first: Appended = decoded(append_once(&app, &rows, &key, "batch-0001", more).await, 200).await;
+    assert_eq!((first.rows_added, first.table.row_count), (2, Some(5)));
     // A retry (the answer was lost, say) adds nothing and answers as the first did.
     for _ in 0..3 {
-        let again = ok_json(append_once(&app, &rows, &key, "batch-0001", more).await, 200).await;
+        let again: Appended = decoded(append_once(&app, &rows, &key, "batch-0001", more).await, 200).await;
         assert_eq!(
-            (
-                again["rows_added"].as_u64(),
-                again["bytes_received"].as_u64(),
-                again["table"]["row_count"].as_u64()
-            ),
-            (Some(2), first["bytes_received"].as_u64(), Some(5)),
-            "{again}"
+            (again.rows_added, again.bytes_received, again.table.row_count),
+            (2, first.bytes_received, Some(5)),
+            "{again:?}"
         );
     }
     // The same key with other rows is a conflict, and adds nothing.
     let other = "id,country,amount\n6,IT,1\n";
     let conflict =
         assert_error(append_once(&app, &rows, &key, "batch-0001", other).await, 409, "conflict").await;
-    assert_eq!(conflict["code"], "idempotency_conflict", "{conflict}");
+    assert_eq!(conflict.code.as_str(), "idempotency_conflict", "{conflict:?}");
     // A key is per table: the same key on another table is another append.
-    let returns =
-        ok_json(append_once(&app, &format!("{tables}/returns/rows"), &key, "batch-0001", other).await, 200)
+    let returns: Appended =
+        decoded(append_once(&app, &format!("{tables}/returns/rows"), &key, "batch-0001", other).await, 200)
             .await;
-    assert_eq!(returns["table"]["row_count"], 4);
+    assert_eq!(returns.table.row_count, Some(4));
     // A body refused (its rows do not fit) frees its key: sent again, fixed, it lands.
     let bad = "id,country,amount\n7,IT,lots\n";
     assert_error(append_once(&app, &rows, &key, "batch-0002", bad).await, 400, "validation_error").await;
-    let fixed =
-        ok_json(append_once(&app, &rows, &key, "batch-0002", "id,country,amount\n7,IT,8\n").await, 200).await;
-    assert_eq!(fixed["table"]["row_count"], 6);
+    let fixed: Appended =
+        decoded(append_once(&app, &rows, &key, "batch-0002", "id,country,amount\n7,IT,8\n").await, 200).await;
+    assert_eq!(fixed.table.row_count, Some(6));
     // Keys outside the rule are refused before anything is read.
     for bad_key in [String::new(), "k".repeat(129), "two words".into()] {
         let refused =
             assert_error(append_once(&app, &rows, &key, &bad_key, more).await, 400, "validation_error").await;
-        assert_eq!(refused["attr"], "Idempotency-Key", "{refused}");
+        assert_eq!(refused.attr.as_deref(), Some("Idempotency-Key"), "{refused:?}");
     }
-    let table = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
-    assert_eq!(table["row_count"], 6, "{table}");
+    let table: Table = decoded(app.get(&format!("{tables}/orders"), &key).await, 200).await;
+    assert_eq!(table.row_count, Some(6), "{table:?}");
 }
 
 #[tokio::test]
@@ -798,16 +792,17 @@ async fn a_stream_of_small_appends_is_compacted_into_few_files() {
         .await;
         assert_eq!(appended.status(), 200);
     }
-    let mut table = Value::Null;
+    let compacted = |table: &Table| table.files < Some(8) && table.last_compacted_at.is_some();
+    let mut table: Table = decoded(app.get(&format!("{tables}/events"), &key).await, 200).await;
     for _ in 0..100 {
-        table = ok_json(app.get(&format!("{tables}/events"), &key).await, 200).await;
-        if table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string() {
+        if compacted(&table) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        table = decoded(app.get(&format!("{tables}/events"), &key).await, 200).await;
     }
-    assert!(table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string(), "{table}");
-    assert_eq!(table["row_count"], 41);
+    assert!(compacted(&table), "{table:?}");
+    assert_eq!(table.row_count, Some(41));
     let run = ok_json(
         app.get(&format!("/api/projects/{project}/endpoints/total/run?refresh=direct"), &key).await,
         200,
@@ -838,7 +833,7 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
         "validation_error",
     )
     .await;
-    let quarantined = ok_json(
+    let quarantined: Appended = decoded(
         upload(
             &app,
             Method::POST,
@@ -851,12 +846,8 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
         200,
     )
     .await;
-    assert_eq!(
-        (quarantined["rows_added"].as_u64(), quarantined["rows_quarantined"].as_u64()),
-        (Some(2), Some(2)),
-        "{quarantined}"
-    );
-    assert_eq!(quarantined["table"]["row_count"], 5);
+    assert_eq!((quarantined.rows_added, quarantined.rows_quarantined), (2, 2), "{quarantined:?}");
+    assert_eq!(quarantined.table.row_count, Some(5));
     // The bad rows are a table of the project, read like any other.
     let sql = "SELECT line, raw, error <> '' AS why, received_at IS NOT NULL AS at FROM orders_quarantine ORDER BY line";
     let endpoint =
@@ -872,18 +863,16 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
         ]),
         "{run}"
     );
-    let table = ok_json(app.get(&format!("{tables}/orders_quarantine"), &key).await, 200).await;
-    let columns: Vec<&str> =
-        table["columns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(columns, ["received_at", "line", "raw", "error"]);
+    let table: Table = decoded(app.get(&format!("{tables}/orders_quarantine"), &key).await, 200).await;
+    assert_eq!(names(&table), ["received_at", "line", "raw", "error"]);
     // A CSV body too, and a second quarantine adds to the table; the endpoint over it sees them at once.
     let csv = "id,country,amount\n8,PT,1\n9,PT,lots\n";
-    let second = ok_json(
+    let second: Appended = decoded(
         upload(&app, Method::POST, &format!("{rows}?on_error=quarantine"), &key, "text/csv", csv).await,
         200,
     )
     .await;
-    assert_eq!((second["rows_added"].as_u64(), second["rows_quarantined"].as_u64()), (Some(1), Some(1)));
+    assert_eq!((second.rows_added, second.rows_quarantined), (1, 1));
     let run =
         ok_json(app.get(&format!("/api/projects/{project}/endpoints/bad_rows/run"), &key).await, 200).await;
     assert_eq!(run["results"].as_array().unwrap().len(), 3, "{run}");
@@ -894,7 +883,7 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
         "validation_error",
     )
     .await;
-    assert_eq!(bogus["attr"], "on_error");
+    assert_eq!(bogus.attr.as_deref(), Some("on_error"));
     let wrong_header = assert_error(
         upload(
             &app,
@@ -909,9 +898,9 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
         "validation_error",
     )
     .await;
-    assert!(wrong_header["detail"].as_str().unwrap().contains("the body has 'colour'"), "{wrong_header}");
-    let table = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
-    assert_eq!(table["row_count"], 6, "{table}");
+    assert!(wrong_header.detail.contains("the body has 'colour'"), "{wrong_header:?}");
+    let table: Table = decoded(app.get(&format!("{tables}/orders"), &key).await, 200).await;
+    assert_eq!(table.row_count, Some(6), "{table:?}");
 }
 
 #[tokio::test]
@@ -933,20 +922,20 @@ async fn a_quarantine_table_of_other_columns_refuses_the_body_before_any_row_lan
             .send()
     };
     let refused = assert_error(send().await.unwrap(), 400, "validation_error").await;
-    assert_eq!(refused["attr"], "on_error", "{refused}");
-    assert!(refused["detail"].as_str().unwrap().contains("not a quarantine table"), "{refused}");
-    let orders = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
-    assert_eq!(orders["row_count"], 3, "no good row landed: {orders}");
-    let kept = ok_json(app.get(&theirs, &key).await, 200).await;
-    assert_eq!(kept["row_count"], 1, "{kept}");
+    assert_eq!(refused.attr.as_deref(), Some("on_error"), "{refused:?}");
+    assert!(refused.detail.contains("not a quarantine table"), "{refused:?}");
+    let orders: Table = decoded(app.get(&format!("{tables}/orders"), &key).await, 200).await;
+    assert_eq!(orders.row_count, Some(3), "no good row landed: {orders:?}");
+    let kept: Table = decoded(app.get(&theirs, &key).await, 200).await;
+    assert_eq!(kept.row_count, Some(1), "{kept:?}");
     // The key is free: once the name is, the retry is taken, once.
     assert_eq!(app.request(Method::DELETE, &theirs, Some(&key)).send().await.unwrap().status(), 204);
     for _ in 0..2 {
-        let taken = ok_json(send().await.unwrap(), 200).await;
-        assert_eq!((taken["rows_added"].as_u64(), taken["rows_quarantined"].as_u64()), (Some(1), Some(1)));
+        let taken: Appended = decoded(send().await.unwrap(), 200).await;
+        assert_eq!((taken.rows_added, taken.rows_quarantined), (1, 1));
     }
-    let orders = ok_json(app.get(&format!("{tables}/orders"), &key).await, 200).await;
-    assert_eq!(orders["row_count"], 4, "{orders}");
+    let orders: Table = decoded(app.get(&format!("{tables}/orders"), &key).await, 200).await;
+    assert_eq!(orders.row_count, Some(4), "{orders:?}");
 }
 
 /// A table's versions are the commits of its Delta log: each replace, append and compaction, newest first,
@@ -970,24 +959,14 @@ async fn a_tables_versions_list_its_commits_newest_first_under_both_families() {
         )
         .await;
 
-        let versions = ok_json(app.get(&format!("{table}/versions"), &reader).await, 200).await;
-        assert_eq!(versions["count"], 4, "{versions}");
-        let listed: Vec<(u64, &str, Option<u64>, Option<u64>)> = versions["results"]
-            .as_array()
-            .unwrap()
+        // Decoding reads each commit's time as RFC 3339.
+        let versions: TableVersionPage =
+            decoded(app.get(&format!("{table}/versions"), &reader).await, 200).await;
+        assert_eq!(versions.count, 4, "{versions:?}");
+        let listed: Vec<(u64, &str, Option<u64>, Option<u64>)> = versions
+            .results
             .iter()
-            .map(|v| {
-                let at = v["at"].as_str().unwrap();
-                assert!(
-                    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).is_ok()
-                );
-                (
-                    v["version"].as_u64().unwrap(),
-                    v["operation"].as_str().unwrap(),
-                    v["rows_added"].as_u64(),
-                    v["rows_removed"].as_u64(),
-                )
-            })
+            .map(|v| (v.version, v.operation.as_str(), v.rows_added, v.rows_removed))
             .collect();
         assert_eq!(
             listed,
@@ -997,13 +976,15 @@ async fn a_tables_versions_list_its_commits_newest_first_under_both_families() {
                 (1, "WRITE", Some(2), None),
                 (0, "WRITE", Some(3), None)
             ],
-            "{versions}"
+            "{versions:?}"
         );
-        let first = ok_json(app.get(&format!("{table}/versions?limit=1"), &reader).await, 200).await;
-        assert_eq!(first["results"][0]["version"], 3);
-        assert!(first["next"].as_str().unwrap().contains("offset=1"), "{first}");
-        let last = ok_json(app.get(&format!("{table}/versions?limit=1&offset=3"), &reader).await, 200).await;
-        assert_eq!((last["results"][0]["version"].as_u64(), last["next"].as_str()), (Some(0), None));
+        let first: TableVersionPage =
+            decoded(app.get(&format!("{table}/versions?limit=1"), &reader).await, 200).await;
+        assert_eq!(first.results[0].version, 3);
+        assert!(first.next.as_deref().unwrap().contains("offset=1"), "{first:?}");
+        let last: TableVersionPage =
+            decoded(app.get(&format!("{table}/versions?limit=1&offset=3"), &reader).await, 200).await;
+        assert_eq!((last.results[0].version, last.next), (0, None));
         assert_error(app.get(&format!("{table}/versions?limit=0"), &reader).await, 400, "validation_error")
             .await;
 
@@ -1058,31 +1039,22 @@ async fn bodies_that_never_finish_hold_no_turn_of_another_projects_quarantine_ap
     )
     .await
     .expect("answered while the other project's bodies are still open");
-    let answer = ok_json(appended, 200).await;
-    assert_eq!((answer["rows_added"].as_u64(), answer["rows_quarantined"].as_u64()), (Some(1), Some(1)));
+    let answer: Appended = decoded(appended, 200).await;
+    assert_eq!((answer.rows_added, answer.rows_quarantined), (1, 1));
     drop(stalled);
 }
 
-/// How a table's files are laid out, as its record says.
-#[derive(Debug, PartialEq, serde::Deserialize)]
-struct Layout {
-    cluster_by: Vec<String>,
-    files_clustered: u64,
-    pinned: Option<Vec<String>>,
-}
-
 /// The table's record once its layout is sorted by `columns` in every file, polled while compactions run.
-async fn laid_out(app: &TestApp, path: &str, key: &str, columns: &[&str]) -> Value {
-    let mut table = Value::Null;
+async fn laid_out(app: &TestApp, path: &str, key: &str, columns: &[&str]) -> Table {
+    let mut table: Table = decoded(app.get(path, key).await, 200).await;
     for _ in 0..300 {
-        table = ok_json(app.get(path, key).await, 200).await;
-        let layout: Layout = serde_json::from_value(table["layout"].clone()).unwrap();
-        if layout.cluster_by == columns && Some(layout.files_clustered) == table["files"].as_u64() {
+        if table.layout.cluster_by == columns && Some(table.layout.files_clustered) == table.files {
             return table;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        table = decoded(app.get(path, key).await, 200).await;
     }
-    panic!("the table was not laid out by {columns:?}: {table}");
+    panic!("the table was not laid out by {columns:?}: {table:?}");
 }
 
 /// A table's files are sorted by the column its endpoints filter on with a variable, chosen again when an
@@ -1108,8 +1080,9 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
         csv.push_str(&format!("{n},{}\n", account(n)));
     }
     ok_json(upload(&app, Method::PUT, &table, &key, "text/csv", &csv).await, 201).await;
-    let record = ok_json(app.get(&table, &key).await, 200).await;
-    assert_eq!(record["layout"], json!({"cluster_by": [], "files_clustered": 0, "pinned": null}), "{record}");
+    let record: Table = decoded(app.get(&table, &key).await, 200).await;
+    let unsorted = TableLayout { cluster_by: Vec::new(), files_clustered: 0, pinned: None };
+    assert_eq!(record.layout, unsorted, "{record:?}");
 
     let by_account = json!({"name": "by_account", "query": {"kind": "SQLQuery",
         "query": "SELECT count(*) AS rows, sum(n) AS total FROM events WHERE account = {variables.account}",
@@ -1162,9 +1135,8 @@ async fn a_tables_files_are_sorted_by_the_columns_set_for_it() {
         let (app, table, key) = (&app, &table, &key);
         async move { app.patch(table, key, &body).await }
     };
-    let record = ok_json(set(json!({"cluster_by": ["n"]})).await, 200).await;
-    let layout: Layout = serde_json::from_value(record["layout"].clone()).unwrap();
-    assert_eq!(layout.pinned.as_deref(), Some(&["n".to_owned()][..]), "{record}");
+    let record: Table = decoded(set(json!({"cluster_by": ["n"]})).await, 200).await;
+    assert_eq!(record.layout.pinned, Some(vec!["n".to_owned()]), "{record:?}");
     // No endpoint reads the table: the columns set are all that sorts it.
     laid_out(&app, &table, &key, &["n"]).await;
 
@@ -1175,8 +1147,8 @@ async fn a_tables_files_are_sorted_by_the_columns_set_for_it() {
         (json!({}), "required"),
     ] {
         let refused = assert_error(set(body.clone()).await, 400, "validation_error").await;
-        assert_eq!(refused["attr"], "cluster_by", "{body}: {refused}");
-        assert!(refused["detail"].as_str().unwrap().contains(says), "{body}: {refused}");
+        assert_eq!(refused.attr.as_deref(), Some("cluster_by"), "{body}: {refused:?}");
+        assert!(refused.detail.contains(says), "{body}: {refused:?}");
     }
     let missing = format!("/api/projects/{project}/tables/nothing");
     assert_error(app.patch(&missing, &key, &json!({"cluster_by": null})).await, 404, "not_found").await;
@@ -1184,9 +1156,8 @@ async fn a_tables_files_are_sorted_by_the_columns_set_for_it() {
     assert_error(app.patch(&table, &reader, &json!({"cluster_by": null})).await, 403, "permission_denied")
         .await;
 
-    let record = ok_json(set(json!({"cluster_by": null})).await, 200).await;
-    let layout: Layout = serde_json::from_value(record["layout"].clone()).unwrap();
-    assert_eq!(layout.pinned, None, "{record}");
+    let record: Table = decoded(set(json!({"cluster_by": null})).await, 200).await;
+    assert_eq!(record.layout.pinned, None, "{record:?}");
 }
 
 /// A table written before the process serving it started (by the CLI, or a process that did not compact) is
@@ -1206,9 +1177,8 @@ async fn a_table_written_before_the_process_started_is_laid_out_for_its_endpoint
         "variables": {"account": {"type": "String", "default": "a0"}}}});
     let created = app.post(&format!("/api/projects/{project}/endpoints/"), &key, &by_account).await;
     assert_eq!(created.status(), 201);
-    let record = ok_json(app.get(&table, &key).await, 200).await;
-    let layout: Layout = serde_json::from_value(record["layout"].clone()).unwrap();
-    assert!(layout.cluster_by.is_empty(), "nothing compacts in this process: {record}");
+    let record: Table = decoded(app.get(&table, &key).await, 200).await;
+    assert!(record.layout.cluster_by.is_empty(), "nothing compacts in this process: {record:?}");
     let data_dir = app.data_dir.clone();
     app.stop().await.unwrap();
 

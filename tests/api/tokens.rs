@@ -82,11 +82,11 @@ async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
             (json!({"endpoints": ["by-country"], "scopes": ["endpoint:write"]}), "scopes"),
         ] {
             let body = assert_error(app.post(&tokens, &writer, &bad).await, 400, "validation_error").await;
-            assert_eq!(body["attr"], attr, "{body}");
+            assert_eq!(body.attr.as_deref(), Some(attr), "{body:?}");
         }
         let body = json!({"endpoints": ["by-country", "nope"]});
         let missing = assert_error(app.post(&tokens, &writer, &body).await, 404, "not_found").await;
-        assert!(missing["detail"].as_str().unwrap().contains("'nope'"), "{missing}");
+        assert!(missing.detail.contains("'nope'"), "{missing:?}");
         let token = issue(&app, family, project, &writer, grant).await;
 
         // It runs its endpoint, by GET and POST, and sees only its tenant's rows.
@@ -107,7 +107,7 @@ async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
         ] {
             let body = assert_error(response, 400, "validation_error").await;
             assert_eq!(
-                (body["code"].as_str(), body["attr"].as_str()),
+                (Some(body.code.as_str()), body.attr.as_deref()),
                 (Some("fixed_variable"), Some("variables.country"))
             );
         }
@@ -135,7 +135,7 @@ async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
             let response =
                 app.request(method.clone(), &path, Some(&token)).json(&json!({})).send().await.unwrap();
             let body = assert_error(response, 403, "permission_denied").await;
-            assert!(body["detail"].as_str().unwrap().contains("run token"), "{method} {path}: {body}");
+            assert!(body.detail.contains("run token"), "{method} {path}: {body:?}");
         }
         // Another project's path: the token is not valid there.
         let elsewhere = format!("/api/{family}/{other_project}/endpoints/by-country/run");
@@ -176,7 +176,7 @@ async fn a_run_token_runs_the_current_version_unless_issued_for_another() {
         app.get(&format!("{base}/openapi.json?version=x"), &pinned).await,
     ] {
         let body = assert_error(response, 403, "permission_denied").await;
-        assert!(body["detail"].as_str().unwrap().contains("current version"), "{body}");
+        assert!(body.detail.contains("current version"), "{body:?}");
     }
     // The same with a key is allowed: the key holder is the endpoint's owner.
     json_of(app.get(&format!("{base}/run?version=1"), &writer).await, 200).await;
@@ -198,7 +198,7 @@ async fn a_run_token_runs_the_current_version_unless_issued_for_another() {
         (json!({"endpoints": ["leaky"], "versions": [1]}), "versions"),
     ] {
         let body = assert_error(app.post(&tokens, &writer, &bad).await, 400, "validation_error").await;
-        assert_eq!(body["attr"], attr, "{bad}: {body}");
+        assert_eq!(body.attr.as_deref(), Some(attr), "{bad}: {body:?}");
     }
 }
 
@@ -253,7 +253,7 @@ async fn expired_forged_foreign_and_rotated_tokens_are_refused() {
     json_of(app.get(&run, &short).await, 200).await;
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let body = refused(app.get(&run, &short).await).await;
-    assert!(body["detail"].as_str().unwrap().contains("expired"), "{body}");
+    assert!(body.detail.contains("expired"), "{body:?}");
 
     // Rotated by the CLI (another process): every token of the project stops, within the cache's second.
     app.cli(&["project", "rotate-token-secret", "--project", &project.to_string()]);
@@ -301,7 +301,7 @@ async fn a_token_has_its_own_rate_and_its_uses_count_as_its_keys() {
     let limited = app.get(&run, &token).await;
     assert!(limited.headers().contains_key("retry-after"));
     let body = assert_error(limited, 429, "throttled").await;
-    assert!(body["detail"].as_str().unwrap().contains("run token"), "{body}");
+    assert!(body.detail.contains("run token"), "{body:?}");
     // The issuing key is not slowed by its token.
     json_of(app.get(&run, &issuer).await, 200).await;
 

@@ -55,7 +55,7 @@ async fn query_changes_make_versions_and_settings_changes_do_not() {
     for bad in ["0", "-1", "abc", "1.0"] {
         let error =
             assert_error(app.get(&format!("{base}/{bad}"), &key).await, 400, "validation_error").await;
-        assert_eq!(error["attr"], "version_number");
+        assert_eq!(error.attr.as_deref(), Some("version_number"));
     }
     assert_error(app.get(&format!("{base}/3"), &key).await, 404, "not_found").await;
     assert_error(
@@ -109,11 +109,11 @@ async fn a_version_that_breaks_recent_callers_needs_confirming_and_records_what_
                 let refused = app.patch(&format!("{family_path}{dry_run}"), &key, &body).await;
                 let error = assert_error(refused, 409, "conflict").await;
                 assert_eq!(
-                    (error["code"].as_str(), error["attr"].as_str()),
+                    (Some(error.code.as_str()), error.attr.as_deref()),
                     (Some("breaking_change"), Some("query"))
                 );
-                assert_eq!(error["breaking_changes"], expected, "{error}");
-                let detail = error["detail"].as_str().unwrap();
+                assert_eq!(error.breaking_changes.as_deref(), Some(&expected), "{error:?}");
+                let detail = error.detail;
                 assert!(
                     detail.contains("column 'label' (string) is removed")
                         && detail.contains("confirm_breaking"),
@@ -127,7 +127,7 @@ async fn a_version_that_breaks_recent_callers_needs_confirming_and_records_what_
     // A wrong type for the confirmation is a validation error on it.
     let bad =
         app.patch(&path, &key, &json!({"query": sql(breaking)["query"], "confirm_breaking": "yes"})).await;
-    assert_eq!(assert_error(bad, 400, "validation_error").await["attr"], "confirm_breaking");
+    assert_eq!(assert_error(bad, 400, "validation_error").await.attr.as_deref(), Some("confirm_breaking"));
 
     // Confirmed, it is saved and its version says what it broke, as its OpenAPI document does.
     let confirmed =

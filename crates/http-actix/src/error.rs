@@ -7,11 +7,11 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use domain::{Error, Invalid, Violation};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// What kind of failure an error is: the `type` of the body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorType {
     ValidationError,
@@ -30,7 +30,7 @@ pub enum ErrorType {
 macro_rules! error_codes {
     ($($variant:ident = ($code:literal, $status:literal, $kind:ident, $when:literal),)*) => {
         /// A stable machine code: the `code` of an error body.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
         #[serde(rename_all = "snake_case")]
         pub enum Code {
             $(#[doc = $when] $variant,)*
@@ -136,24 +136,26 @@ impl From<Violation> for Code {
     }
 }
 
-/// The body of every error answer.
-#[derive(Serialize, ToSchema)]
+/// The body of every error answer, written from borrowed parts and read back (by clients and the API tests)
+/// as owned ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(as = Error)]
-pub(crate) struct ErrorBody<'a> {
+pub struct ErrorBody<'a> {
     #[serde(rename = "type")]
     #[schema(inline)]
-    kind: ErrorType,
+    pub kind: ErrorType,
     #[schema(inline)]
-    code: Code,
+    pub code: Code,
     /// A sentence for a person.
-    detail: &'a str,
+    #[schema(value_type = String)]
+    pub detail: Cow<'a, str>,
     /// The offending field as a dotted path (`variables.country`), or null.
-    #[schema(required = true)]
-    attr: Option<&'a str>,
+    #[schema(value_type = Option<String>, required = true)]
+    pub attr: Option<Cow<'a, str>>,
     /// With `breaking_change` only: what the refused version would break, as its version record would list it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<crate::api::BreakingChange>>, inline)]
-    breaking_changes: Option<&'a serde_json::Value>,
+    pub breaking_changes: Option<Cow<'a, serde_json::Value>>,
 }
 
 /// An error response. Domain errors convert into it; the adapter adds its own HTTP-level ones.
@@ -403,8 +405,13 @@ impl ApiError {
             ApiError::Domain(Error::BreakingChange { changes, .. }) => Some(changes),
             _ => None,
         };
-        let body =
-            ErrorBody { kind: code.kind(), code, detail: &detail, attr: self.attr(), breaking_changes };
+        let body = ErrorBody {
+            kind: code.kind(),
+            code,
+            detail: Cow::Borrowed(&detail),
+            attr: self.attr().map(Cow::Borrowed),
+            breaking_changes: breaking_changes.map(Cow::Borrowed),
+        };
         serde_json::to_value(body).expect("an error body is plain strings and numbers")
     }
 }

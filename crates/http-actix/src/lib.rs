@@ -33,7 +33,7 @@ use actix_web::{web, App};
 use domain::{ApiKeyService, EndpointService, LogService, RunService, TableService};
 
 pub use disconnect::on_connect;
-pub use error::{ApiError, Code, ErrorType};
+pub use error::{ApiError, Code, ErrorBody, ErrorType};
 pub use operations::{Metrics, Operations, ReadinessCheck};
 pub use rate_limit::{Rate, RateLimitConfig, RateLimits};
 pub use request_context::RequestContext;

@@ -3,8 +3,9 @@
 //! each endpoint's own document publish. Request bodies are read by the domain; their schemas are in
 //! `requests`. The error body is with the error codes, in `crate::error`.
 //!
-//! The endpoint record and its page are read back too (`Deserialize`, public): the `endpoints code` CLI reads
-//! the server's answers as these types, so that it never holds a copy of them.
+//! The endpoint and table records, their pages and a table's preview are read back too (`Deserialize`, public):
+//! the `endpoints code` CLI reads the server's answers as these types, so that it never holds a copy of them,
+//! and the API tests decode answers into them.
 
 mod endpoint;
 mod last_executions;
@@ -22,10 +23,11 @@ pub use endpoint::{BreakingChange, Column, Endpoint, Materialization, Query, Var
 pub(crate) use last_executions::LastExecutionTimes;
 pub(crate) use log::{LogList, Usage};
 pub use page::EndpointPage;
-pub(crate) use page::{TablePage, TableVersionPage, VersionPage};
+pub(crate) use page::VersionPage;
+pub use page::{TablePage, TableVersionPage};
 pub(crate) use project::Project;
 pub(crate) use run::RunAnswer;
-pub(crate) use table::{Appended, Preview, Table};
+pub use table::{Appended, Column as TableColumn, Layout as TableLayout, Preview, Table, TableVersion};
 pub(crate) use token::RunToken;
 
 /// A duration in milliseconds, to the microsecond.

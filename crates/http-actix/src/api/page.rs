@@ -47,11 +47,11 @@ page!(
 );
 page!(
     /// A page of a project's tables, ordered by name.
-    TablePage of Table
+    TablePage of Table, Deserialize
 );
 page!(
     /// A page of a table's versions (the commits of its Delta log), newest first.
-    TableVersionPage of TableVersion
+    TableVersionPage of TableVersion, Deserialize
 );
 
 fn links<T>(req: &HttpRequest, page: &domain::Page<T>) -> (Option<String>, Option<String>) {

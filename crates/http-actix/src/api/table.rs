@@ -1,7 +1,7 @@
 //! A table record, the answer of an append, and a table's preview.
 
 use domain::{QueryResult, TableSource};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -9,81 +9,81 @@ use utoipa::ToSchema;
 use super::names;
 
 /// One column of a table.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(as = TableColumn)]
-pub(crate) struct Column {
-    name: String,
+pub struct Column {
+    pub name: String,
     #[serde(rename = "type")]
     #[schema(schema_with = names::column_type)]
-    column_type: domain::ColumnType,
-    nullable: bool,
+    pub column_type: domain::ColumnType,
+    pub nullable: bool,
 }
 
 /// A project's table.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Table {
-    name: String,
-    columns: Vec<Column>,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Table {
+    pub name: String,
+    pub columns: Vec<Column>,
     /// Null when it is not known without reading every row: external CSV and NDJSON files, a PostgreSQL table.
-    row_count: Option<u64>,
+    pub row_count: Option<u64>,
     /// The size of its files; null for a PostgreSQL table.
-    bytes: Option<u64>,
+    pub bytes: Option<u64>,
     /// How many files hold its rows; null for a PostgreSQL table. Compaction keeps it small for a table that
     /// takes many small appends.
-    files: Option<u64>,
+    pub files: Option<u64>,
     /// When compaction last merged the table's small files; null if it never has.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    last_compacted_at: Option<OffsetDateTime>,
+    pub last_compacted_at: Option<OffsetDateTime>,
     /// How its files are laid out for the endpoints that read it.
-    layout: Layout,
+    pub layout: Layout,
     /// How its rows are kept: `parquet` for uploads, the external files' format, or `postgres`.
     #[schema(schema_with = names::table_format)]
-    format: &'static str,
+    pub format: String,
     /// `upload` for rows sent over HTTP or loaded with the CLI; else the external source's URL, without its
     /// password.
-    source: String,
+    pub source: String,
     #[serde(with = "time::serde::rfc3339")]
-    created_at: OffsetDateTime,
+    pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
-    updated_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
     /// The endpoints whose current version reads the table.
-    used_by: Vec<String>,
+    pub used_by: Vec<String>,
 }
 
 /// How a table's files are laid out for the endpoints that read it: compaction sorts them by the columns those
 /// endpoints filter on with variables (or by the columns set for the table), so that a run reads the row
 /// groups and pages of its values only.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(as = TableLayout)]
-pub(crate) struct Layout {
+pub struct Layout {
     /// The columns its compacted files are sorted by, first to last (at most two): the columns the most
     /// endpoints reading it compare with a variable. Empty when none does, and for an external source, which is
     /// read as it is.
-    cluster_by: Vec<String>,
+    pub cluster_by: Vec<String>,
     /// How many of its files are sorted so; the others are appends not compacted yet.
-    files_clustered: u64,
+    pub files_clustered: u64,
     /// The columns set for the table (`PATCH` with `cluster_by`), which compaction sorts by in place of those
     /// its endpoints filter on; null when its endpoints choose.
-    pinned: Option<Vec<String>>,
+    pub pinned: Option<Vec<String>>,
 }
 
 /// One version of a table: a commit of its Delta log.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct TableVersion {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TableVersion {
     /// The version this commit made, from 0.
-    version: u64,
+    pub version: u64,
     /// When it was committed.
     #[serde(with = "time::serde::rfc3339")]
-    at: OffsetDateTime,
+    pub at: OffsetDateTime,
     /// What made it: `WRITE` (a replace or an append), `OPTIMIZE` (a compaction), or another writer's operation.
-    operation: String,
+    pub operation: String,
     /// Rows it added; null where the log does not say.
     #[schema(required = true)]
-    rows_added: Option<u64>,
+    pub rows_added: Option<u64>,
     /// Rows it removed (a replace removes the table's rows); null where the log does not say.
     #[schema(required = true)]
-    rows_removed: Option<u64>,
+    pub rows_removed: Option<u64>,
 }
 
 impl From<domain::TableCommit> for TableVersion {
@@ -112,7 +112,7 @@ impl From<domain::Table> for Table {
                 files_clustered: info.layout.files_clustered,
                 pinned: info.layout.pinned,
             },
-            format: info.source.format(),
+            format: info.source.format().to_owned(),
             source: match info.source {
                 TableSource::Upload => "upload".into(),
                 TableSource::External(source) => source.url().to_owned(),
@@ -125,16 +125,16 @@ impl From<domain::Table> for Table {
 }
 
 /// Rows added to a table.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Appended {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Appended {
     /// The rows added to the table.
-    rows_added: u64,
+    pub rows_added: u64,
     /// The rows set aside in the table's quarantine table (`on_error=quarantine`); 0 otherwise.
-    rows_quarantined: u64,
+    pub rows_quarantined: u64,
     /// The size of the body.
-    bytes_received: u64,
+    pub bytes_received: u64,
     /// The table after the append.
-    table: Table,
+    pub table: Table,
 }
 
 impl Appended {
@@ -149,21 +149,21 @@ impl Appended {
 }
 
 /// The first rows of a table, as a run writes rows.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Preview {
-    name: String,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Preview {
+    pub name: String,
     /// The column names, in order.
-    columns: Vec<String>,
+    pub columns: Vec<String>,
     /// `[name, type]` of each column.
     #[schema(value_type = Vec<Vec<String>>)]
-    types: Vec<(String, domain::ColumnType)>,
+    pub types: Vec<(String, domain::ColumnType)>,
     /// Rows keyed by column name.
     #[schema(value_type = Vec<Object>)]
-    results: Value,
+    pub results: Value,
     /// Whether rows follow these.
     #[serde(rename = "hasMore")]
-    has_more: bool,
-    limit: u32,
+    pub has_more: bool,
+    pub limit: u32,
 }
 
 impl Preview {
