@@ -3,7 +3,7 @@
 use reqwest::Method;
 use serde_json::json;
 
-use crate::helpers::{assert_error, endpoint_body, spawn_app};
+use crate::helpers::{assert_error, endpoint_body, spawn_app, TestApp};
 
 /// Any key of a project reads the project (its name, for the console's header), under both families and as
 /// `@current`; another project's key and a run token may not.
@@ -220,10 +220,12 @@ async fn revocation_takes_effect_within_the_key_cache_ttl_and_expiry_at_once() {
 #[tokio::test]
 async fn request_rates_are_limited_per_key_with_429_and_budget_headers() {
     let per_second = std::num::NonZeroU32::new(5).unwrap();
-    let app = crate::helpers::spawn_app_tuned(|config| {
-        config.rate_limits.per_key = Some(http_actix::Rate { per_second });
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            config.rate_limits.per_key = Some(http_actix::Rate { per_second });
+        })
+        .spawn()
+        .await;
     let (project, key) = app.project_with_key();
     let list = format!("/api/projects/{project}/endpoints");
     let mut remaining = Vec::new();

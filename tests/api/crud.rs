@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, endpoint_body, spawn_app, spawn_app_on_postgres, TestApp, FAMILIES};
+use crate::helpers::{assert_error, endpoint_body, spawn_app, TestApp, FAMILIES};
 
 async fn lifecycle_under_both_families(app: TestApp) {
     let (project, key) = app.project_with_key();
@@ -83,7 +83,7 @@ async fn lifecycle_on_sqlite() {
 
 #[tokio::test]
 async fn lifecycle_on_postgres() {
-    lifecycle_under_both_families(spawn_app_on_postgres().await).await;
+    lifecycle_under_both_families(TestApp::builder().on_postgres().spawn().await).await;
 }
 
 #[tokio::test]

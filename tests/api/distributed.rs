@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::helpers::{project_with_sales, respawn_tuned, serve_command, TestApp};
+use crate::helpers::{project_with_sales, serve_command, TestApp};
 use crate::storage::Moto;
 
 /// An `endpoints cluster` process, killed when dropped.
@@ -59,11 +59,14 @@ async fn endpoints_run_on_a_ballista_cluster_and_fail_clearly_without_it() {
     std::fs::create_dir_all(&dir).unwrap();
     let cluster = start_cluster(&dir);
     let engine = cluster.url.clone();
-    let app = respawn_tuned(dir, |config| {
-        config.engine = Some(engine);
-        config.worker.poll = Duration::from_millis(50);
-    })
-    .await;
+    let app = TestApp::builder()
+        .over(dir)
+        .tuned(|config| {
+            config.engine = Some(engine);
+            config.worker.poll = Duration::from_millis(50);
+        })
+        .spawn()
+        .await;
     let (project, key) = project_with_sales(&app);
     let base = format!("/api/projects/{project}/endpoints");
 

@@ -3,7 +3,7 @@
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, endpoint_body, spawn_app};
+use crate::helpers::{assert_error, endpoint_body, spawn_app, TestApp};
 
 #[tokio::test]
 async fn http_level_errors_are_json() {
@@ -90,9 +90,10 @@ async fn answer_within(stream: &mut tokio::net::TcpStream, within: std::time::Du
 
 #[tokio::test]
 async fn slow_clients_get_408_and_are_disconnected() {
-    let app =
-        crate::helpers::spawn_app_tuned(|config| config.client_timeout = std::time::Duration::from_secs(1))
-            .await;
+    let app = TestApp::builder()
+        .tuned(|config| config.client_timeout = std::time::Duration::from_secs(1))
+        .spawn()
+        .await;
     let (project, key) = app.project_with_key();
     let limit = std::time::Duration::from_secs(5);
 

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Mutex};
 
-use crate::helpers::{endpoint_body, get_json, postgres_url, spawn_app_on_database, TestApp};
+use crate::helpers::{endpoint_body, get_json, postgres_url, TestApp};
 
 /// A TCP proxy in front of PostgreSQL that a test can cut (every connection dropped, new ones refused) and
 /// restore, so the database goes away for this test's application only.
@@ -81,7 +81,7 @@ async fn the_database_going_away_under_load_is_503_and_nothing_acknowledged_is_l
     let (_, upstream) = through_proxy(&url, 0);
     let proxy = Proxy::start(upstream).await;
     let (proxied, _) = through_proxy(&url, proxy.port);
-    let app = Arc::new(spawn_app_on_database(proxied).await);
+    let app = Arc::new(TestApp::builder().on_database(proxied).spawn().await);
     let (project, key) = app.project_with_key();
     let base = format!("/api/projects/{project}/endpoints");
 
@@ -223,7 +223,7 @@ async fn sigterm_lets_the_request_in_flight_finish_flushes_execution_times_and_e
     assert!(exited.success(), "{exited:?}");
 
     // The times recorded in memory reached the database.
-    let app = crate::helpers::respawn(data_dir).await;
+    let app = TestApp::builder().over(data_dir).spawn().await;
     let found: Value = app
         .post(
             &format!("/api/projects/{project}/endpoints/last_execution_times"),

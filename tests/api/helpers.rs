@@ -66,24 +66,9 @@ fn fresh_dir() -> PathBuf {
     dir
 }
 
-/// The application on its embedded SQLite database.
+/// The application on its embedded SQLite database, in a fresh data directory: `TestApp::builder().spawn()`.
 pub async fn spawn_app() -> TestApp {
-    spawn_with(None, fresh_dir(), |_| {}).await
-}
-
-/// The application with a configuration adjusted by `tune`.
-pub async fn spawn_app_tuned(tune: impl FnOnce(&mut Config)) -> TestApp {
-    spawn_with(None, fresh_dir(), tune).await
-}
-
-/// A new application over the data directory (and database) of a stopped one.
-pub async fn respawn(data_dir: PathBuf) -> TestApp {
-    spawn_with(None, data_dir, |_| {}).await
-}
-
-/// `respawn` with a configuration adjusted by `tune`.
-pub async fn respawn_tuned(data_dir: PathBuf, tune: impl FnOnce(&mut Config)) -> TestApp {
-    spawn_with(None, data_dir, tune).await
+    TestApp::builder().spawn().await
 }
 
 pub fn postgres_url() -> String {
@@ -92,26 +77,62 @@ pub fn postgres_url() -> String {
     )
 }
 
-/// The application on the PostgreSQL database `make test` provides (migrated through the CLI first).
-pub async fn spawn_app_on_postgres() -> TestApp {
-    spawn_with(Some(postgres_url()), fresh_dir(), |_| {}).await
+/// How a test's server is made, the one way every test makes one (as the Rust registry's test utilities
+/// build theirs): on SQLite in a fresh data directory unless told otherwise.
+#[must_use = "a builder spawns nothing until `spawn`"]
+pub struct Spawn<'a> {
+    database_url: Option<String>,
+    data_dir: Option<PathBuf>,
+    /// Whether the data directory is another running app's, which that app removes.
+    shared: bool,
+    tune: Box<dyn FnOnce(&mut Config) + 'a>,
 }
 
-/// The application on the PostgreSQL database at `url` (for example through a proxy a test controls).
-pub async fn spawn_app_on_database(url: String) -> TestApp {
-    spawn_with(Some(url), fresh_dir(), |_| {}).await
+impl<'a> Spawn<'a> {
+    /// On the PostgreSQL database `make test` provides (migrated through the CLI first).
+    pub fn on_postgres(self) -> Self {
+        self.on_database(postgres_url())
+    }
+
+    /// On the PostgreSQL database at `url` (for example through a proxy a test controls).
+    pub fn on_database(mut self, url: String) -> Self {
+        self.database_url = Some(url);
+        self
+    }
+
+    /// Over the data directory (and database) of a stopped app.
+    pub fn over(mut self, data_dir: PathBuf) -> Self {
+        self.data_dir = Some(data_dir);
+        self
+    }
+
+    /// Another node of `app`: its PostgreSQL database and data directory.
+    pub fn node_of(mut self, app: &TestApp) -> Self {
+        self.database_url.clone_from(&app.database_url);
+        self.data_dir = Some(app.data_dir.clone());
+        self.shared = true;
+        self
+    }
+
+    /// With the configuration adjusted by `tune`.
+    pub fn tuned(mut self, tune: impl FnOnce(&mut Config) + 'a) -> Self {
+        self.tune = Box::new(tune);
+        self
+    }
+
+    pub async fn spawn(self) -> TestApp {
+        let data_dir = self.data_dir.unwrap_or_else(fresh_dir);
+        let mut app = spawn_with(self.database_url, data_dir, self.tune).await;
+        app.remove_dir = !self.shared;
+        app
+    }
 }
 
-/// Another application on the same PostgreSQL database and data directory as `app`: a second node.
-pub async fn spawn_node(app: &TestApp, tune: impl FnOnce(&mut Config)) -> TestApp {
-    let mut node = spawn_with(app.database_url.clone(), app.data_dir.clone(), tune).await;
-    node.remove_dir = false;
-    node
-}
-
-/// The application on PostgreSQL with a configuration adjusted by `tune`.
-pub async fn spawn_app_on_postgres_tuned(tune: impl FnOnce(&mut Config)) -> TestApp {
-    spawn_with(Some(postgres_url()), fresh_dir(), tune).await
+impl TestApp {
+    /// A builder of a test's server.
+    pub fn builder<'a>() -> Spawn<'a> {
+        Spawn { database_url: None, data_dir: None, shared: false, tune: Box::new(|_| {}) }
+    }
 }
 
 async fn spawn_with(

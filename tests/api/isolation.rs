@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, spawn_app, spawn_app_tuned, TestApp};
+use crate::helpers::{assert_error, spawn_app, TestApp};
 
 fn rate(per_second: u32) -> Option<http_actix::Rate> {
     std::num::NonZeroU32::new(per_second).map(|per_second| http_actix::Rate { per_second })
@@ -28,11 +28,13 @@ fn ping(id: u64) -> Value {
 
 #[tokio::test]
 async fn mcp_has_the_rest_apis_rate_and_body_timeout_on_every_method() {
-    let app = spawn_app_tuned(|config| {
-        config.rate_limits.per_key = rate(1);
-        config.client_timeout = Duration::from_secs(1);
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            config.rate_limits.per_key = rate(1);
+            config.client_timeout = Duration::from_secs(1);
+        })
+        .spawn()
+        .await;
     let (_, key) = app.project_with_key();
     // `ping` and `initialize` spend the key's budget like any call: a burst of two, then 429.
     assert_eq!(mcp(&app, &key, ping(1)).await.status(), 200);
@@ -103,7 +105,8 @@ async fn a_flood_of_mcp_requests_does_not_write_a_log_line_each() {
 
 #[tokio::test]
 async fn an_address_that_keeps_failing_to_authenticate_is_refused_before_its_keys_are_read() {
-    let app = spawn_app_tuned(|config| config.rate_limits.failed_auth_per_address = rate(5)).await;
+    let app =
+        TestApp::builder().tuned(|config| config.rate_limits.failed_auth_per_address = rate(5)).spawn().await;
     let (project, key) = app.project_with_key();
     let path = format!("/api/projects/{project}/endpoints");
     let mut statuses = Vec::new();

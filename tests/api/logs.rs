@@ -9,9 +9,7 @@ use base64::Engine as _;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::helpers::{
-    assert_error, project_with_sales, spawn_app_on_postgres_tuned, spawn_app_tuned, spawn_node, TestApp,
-};
+use crate::helpers::{assert_error, project_with_sales, TestApp};
 
 /// Requests sent at once, past a key's rate.
 const BURST: usize = 150;
@@ -78,12 +76,14 @@ fn token_id(token: &str) -> String {
 
 #[tokio::test]
 async fn every_kind_of_run_and_refresh_is_logged_without_a_variables_value() {
-    let app = spawn_app_tuned(|config| {
-        quick_log(config);
-        config.rate_limits.per_key =
-            std::num::NonZeroU32::new(50).map(|per_second| http_actix::Rate { per_second });
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            quick_log(config);
+            config.rate_limits.per_key =
+                std::num::NonZeroU32::new(50).map(|per_second| http_actix::Rate { per_second });
+        })
+        .spawn()
+        .await;
     let (project, writer) = project_with_sales(&app);
     let base = format!("/api/projects/{project}/endpoints");
     app.create_endpoint(project, &writer, &by_country("by-country")).await;
@@ -309,14 +309,16 @@ async fn a_project_never_sees_another_projects_records_and_old_ones_are_gone() {
     use domain::Clock as _;
     // The service tells the time by a clock this test moves.
     let clock = Arc::new(domain::testing::ManualClock::new(domain::SystemClock.now()));
-    let app = spawn_app_tuned(|config| {
-        config.run_log = Some(server::RunLogConfig {
-            flush_interval: Duration::from_millis(100),
-            retention: Duration::from_secs(3),
-        });
-        config.clock = server::ServiceClock(clock.clone());
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            config.run_log = Some(server::RunLogConfig {
+                flush_interval: Duration::from_millis(100),
+                retention: Duration::from_secs(3),
+            });
+            config.clock = server::ServiceClock(clock.clone());
+        })
+        .spawn()
+        .await;
     let (first, first_key) = project_with_sales(&app);
     let (second, second_key) = project_with_sales(&app);
     for (project, key) in [(first, &first_key), (second, &second_key)] {
@@ -359,8 +361,8 @@ async fn a_project_never_sees_another_projects_records_and_old_ones_are_gone() {
 
 #[tokio::test]
 async fn records_from_every_node_are_read_on_any() {
-    let first = spawn_app_on_postgres_tuned(quick_log).await;
-    let second = spawn_node(&first, quick_log).await;
+    let first = TestApp::builder().on_postgres().tuned(quick_log).spawn().await;
+    let second = TestApp::builder().node_of(&first).tuned(quick_log).spawn().await;
     let (project, key) = project_with_sales(&first);
     first.create_endpoint(project, &key, &by_country("both")).await;
     let run = format!("/api/projects/{project}/endpoints/both/run?refresh=direct");

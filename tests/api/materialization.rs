@@ -9,8 +9,7 @@ use serde_json::{json, Value};
 use server::Config;
 
 use crate::helpers::{
-    assert_error, project_with_sales, respawn_tuned, serve_process, spawn_app_on_postgres_tuned,
-    spawn_app_tuned, spawn_node, Materialization, ServeProcess, TestApp, FAMILIES,
+    assert_error, project_with_sales, serve_process, Materialization, ServeProcess, TestApp, FAMILIES,
 };
 
 /// A worker that looks for due refreshes every 50 ms and holds leases for 3 s.
@@ -96,7 +95,7 @@ fn totals() -> Value {
 
 #[tokio::test]
 async fn a_rollup_answers_runs_as_the_live_query_does_and_shows_its_grouping() {
-    let app = spawn_app_tuned(quick_worker).await;
+    let app = TestApp::builder().tuned(quick_worker).spawn().await;
     let (project, key) = project_with_sales(&app);
     let query = json!({"kind": "SQLQuery", "query": TOTALS, "variables": {
         "since": {"type": "Date", "default": "2026-01-01"},
@@ -155,7 +154,7 @@ async fn a_rollup_answers_runs_as_the_live_query_does_and_shows_its_grouping() {
 
 #[tokio::test]
 async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
-    let app = spawn_app_tuned(quick_worker).await;
+    let app = TestApp::builder().tuned(quick_worker).spawn().await;
     let (project, key) = project_with_sales(&app);
     let base = format!("/api/projects/{project}/endpoints");
 
@@ -318,7 +317,7 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
 
 #[tokio::test]
 async fn a_failing_refresh_reports_why_and_is_retried_later() {
-    let app = spawn_app_tuned(quick_worker).await;
+    let app = TestApp::builder().tuned(quick_worker).spawn().await;
     let (project, key) = project_with_sales(&app);
     let body = json!({"name": "broken", "is_materialized": true, "sync_frequency": "30min",
                       "query": {"kind": "SQLQuery", "query": "SELECT CAST(country AS INT) AS n FROM sales"}});
@@ -374,7 +373,7 @@ async fn wait_for_metric(app: &TestApp, series: &str, want: f64) {
 
 #[tokio::test]
 async fn a_refresh_running_when_its_endpoint_is_deleted_leaves_no_files() {
-    let app = spawn_app_tuned(quick_worker).await;
+    let app = TestApp::builder().tuned(quick_worker).spawn().await;
     let (project, key) = app.project_with_key();
     let id = start_endless(&app, project, &key).await;
     assert_eq!(app.delete(&format!("/api/projects/{project}/endpoints/endless"), &key).await.status(), 204);
@@ -392,7 +391,7 @@ async fn a_graceful_stop_gives_running_refreshes_back_at_once() {
         quick_worker(config);
         config.lease = Duration::from_secs(600);
     };
-    let app = spawn_app_tuned(long_lease).await;
+    let app = TestApp::builder().tuned(long_lease).spawn().await;
     let (project, key) = app.project_with_key();
     let id = start_endless(&app, project, &key).await;
     let data_dir = app.data_dir.clone();
@@ -400,15 +399,15 @@ async fn a_graceful_stop_gives_running_refreshes_back_at_once() {
     assert!(stored(&data_dir, project, &id).is_empty(), "the stopped refresh removed what it wrote");
 
     // Claimed again by the new process within seconds, although the old lease had ten minutes to run.
-    let again = respawn_tuned(data_dir.clone(), long_lease).await;
+    let again = TestApp::builder().over(data_dir.clone()).tuned(long_lease).spawn().await;
     wait_for_metric(&again, "endpoints_materialization_lag_seconds_count", 1.0).await;
     assert_eq!(status(&again, project, &key, "endless").await.status, "Running");
 }
 
 #[tokio::test]
 async fn two_nodes_on_one_postgres_refresh_each_materialization_once() {
-    let first = spawn_app_on_postgres_tuned(quick_worker).await;
-    let second = spawn_node(&first, quick_worker).await;
+    let first = TestApp::builder().on_postgres().tuned(quick_worker).spawn().await;
+    let second = TestApp::builder().node_of(&first).tuned(quick_worker).spawn().await;
     let (project, key) = project_with_sales(&first);
     let mut ids = Vec::new();
     for i in 0..6 {
@@ -457,7 +456,7 @@ async fn server_status(server: &ServeProcess, project: i64, key: &str) -> Materi
 
 #[tokio::test]
 async fn a_refresh_killed_mid_way_is_retried_after_its_lease() {
-    let app = spawn_app_tuned(|config| config.worker.parallelism = 0).await;
+    let app = TestApp::builder().tuned(|config| config.worker.parallelism = 0).spawn().await;
     let (project, key) = app.project_with_key();
     // A few seconds of work: long enough to be killed during, short enough to finish on the retry.
     let slow =
@@ -519,7 +518,7 @@ async fn run_with_as_of(app: &TestApp, project: i64, key: &str, name: &str, body
 
 #[tokio::test]
 async fn appended_rows_reach_stored_results_within_their_freshness() {
-    let app = spawn_app_tuned(quick_worker).await;
+    let app = TestApp::builder().tuned(quick_worker).spawn().await;
     let (project, key) = project_with_sales(&app);
     let (_, writer) = app.create_key(project, &["table:write"]);
     // freshness_seconds is validated, defaults to 60 and changes with a PATCH.
@@ -694,12 +693,14 @@ async fn wait_until(
 async fn an_unused_materialization_hibernates_and_its_next_run_wakes_it() {
     use domain::Clock as _;
     let clock = std::sync::Arc::new(domain::testing::ManualClock::new(domain::SystemClock.now()));
-    let app = spawn_app_tuned(|config| {
-        quick_worker(config);
-        config.flush_interval = Duration::from_millis(50);
-        config.clock = server::ServiceClock(clock.clone());
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            quick_worker(config);
+            config.flush_interval = Duration::from_millis(50);
+            config.clock = server::ServiceClock(clock.clone());
+        })
+        .spawn()
+        .await;
     let (project, key) = project_with_sales(&app);
     let (_, writer) = app.create_key(project, &["table:write"]);
     for bad in [json!(0), json!(3651), json!("7"), json!(1.5)] {

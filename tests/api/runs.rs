@@ -4,8 +4,7 @@ use domain::ColumnType;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    assert_error, assert_error_quoting, endpoint_body, project_with_sales, respawn, spawn_app,
-    spawn_app_tuned, TestApp, FAMILIES,
+    assert_error, assert_error_quoting, endpoint_body, project_with_sales, spawn_app, TestApp, FAMILIES,
 };
 
 async fn run_get(app: &TestApp, project: i64, key: &str, name: &str, query: &str) -> reqwest::Response {
@@ -304,7 +303,7 @@ async fn last_execution_times_show_runs_at_once_and_survive_a_restart() {
     // A graceful stop flushes the pending times to the store; a new process reads them from there.
     let data_dir = app.data_dir.clone();
     app.stop().await.unwrap();
-    let again = respawn(data_dir).await;
+    let again = TestApp::builder().over(data_dir).spawn().await;
     let status: Value = ok_json(again.post(&path, &key, &lookup).await).await;
     assert_eq!(status["query_status"]["results"], json!([["ran", ran_at]]));
     assert_eq!(status["query_status"]["query_progress"]["rows_read"], 1);
@@ -312,8 +311,10 @@ async fn last_execution_times_show_runs_at_once_and_survive_a_restart() {
 
 #[tokio::test]
 async fn guards_answer_query_timeout() {
-    let app =
-        spawn_app_tuned(|config| config.limits.query_timeout = std::time::Duration::from_millis(100)).await;
+    let app = TestApp::builder()
+        .tuned(|config| config.limits.query_timeout = std::time::Duration::from_millis(100))
+        .spawn()
+        .await;
     let (project, key) = app.project_with_key();
     let body = endpoint_body(
         "slow",
@@ -326,7 +327,7 @@ async fn guards_answer_query_timeout() {
 
 #[tokio::test]
 async fn a_page_over_the_result_byte_limit_is_refused_with_a_way_out() {
-    let app = spawn_app_tuned(|config| config.limits.result_bytes = 1024 * 1024).await;
+    let app = TestApp::builder().tuned(|config| config.limits.result_bytes = 1024 * 1024).spawn().await;
     let (project, key) = app.project_with_key();
     // About 1 KB a row.
     let wide = "SELECT v, repeat('x', 1000) AS pad FROM generate_series(1, 5000) AS t(v) ORDER BY v";
@@ -342,11 +343,13 @@ async fn a_page_over_the_result_byte_limit_is_refused_with_a_way_out() {
 
 #[tokio::test]
 async fn a_client_that_disconnects_cancels_its_live_query() {
-    let app = spawn_app_tuned(|config| {
-        config.limits.query_timeout = std::time::Duration::from_secs(60);
-        config.limits.max_concurrent_per_project = 1;
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            config.limits.query_timeout = std::time::Duration::from_secs(60);
+            config.limits.max_concurrent_per_project = 1;
+        })
+        .spawn()
+        .await;
     let (project, key) = app.project_with_key();
     let slow = "SELECT count(*) AS n FROM generate_series(1, 50000000000) AS t(v) WHERE v % 7 = 3";
     app.create_endpoint(project, &key, &endpoint_body("slow", slow)).await;
@@ -422,10 +425,12 @@ async fn hostile_queries_are_refused_when_created() {
 
 #[tokio::test]
 async fn a_recursive_query_that_never_ends_is_cut_off() {
-    let app = crate::helpers::spawn_app_tuned(|config| {
-        config.limits.query_timeout = std::time::Duration::from_secs(2);
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            config.limits.query_timeout = std::time::Duration::from_secs(2);
+        })
+        .spawn()
+        .await;
     let (project, key) = app.project_with_key();
     let bomb = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) AS n FROM r";
     let created =

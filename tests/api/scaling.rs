@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::faults::{through_proxy, Proxy};
-use crate::helpers::{endpoint_body, postgres_url, serve_command, spawn_app_on_postgres_tuned, ServeProcess};
+use crate::helpers::{endpoint_body, postgres_url, serve_command, ServeProcess, TestApp};
 
 /// A real `endpoints serve` on `database_url`. Keys are trusted for ten minutes and cached runs for the
 /// endpoint's cache age (five minutes by default), so only an announced change can end either sooner.
@@ -69,7 +69,7 @@ fn value(answer: &Value) -> Option<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_through_one_node_is_honoured_by_the_others_at_once() {
-    let setup = spawn_app_on_postgres_tuned(|_| {}).await;
+    let setup = TestApp::builder().on_postgres().tuned(|_| {}).spawn().await;
     let (project, key) = setup.project_with_key();
     let url = postgres_url();
     let (a, b, c) = (
@@ -132,7 +132,7 @@ async fn a_change_through_one_node_is_honoured_by_the_others_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_loses_the_change_channel_stops_trusting_its_cache() {
-    let setup = spawn_app_on_postgres_tuned(|_| {}).await;
+    let setup = TestApp::builder().on_postgres().tuned(|_| {}).spawn().await;
     let (project, key) = setup.project_with_key();
     let url = postgres_url();
     let (_, upstream) = through_proxy(&url, 0);
@@ -184,7 +184,7 @@ async fn heartbeats_in(url: &str, nodes: u32) {
 /// revocations through the CLI (another process).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_is_seen_on_every_node_as_soon_as_it_is_answered() {
-    let setup = spawn_app_on_postgres_tuned(|_| {}).await;
+    let setup = TestApp::builder().on_postgres().tuned(|_| {}).spawn().await;
     let (project, key) = setup.project_with_key();
     let url = postgres_url();
     let (a, b) = (node(&setup.data_dir, &url).await, node(&setup.data_dir, &url).await);
@@ -243,7 +243,7 @@ async fn version_reads(node: &ServeProcess, version: &str) -> f64 {
 /// appends through either node, appends by another process (the CLI), a replace and a delete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_write_is_read_on_every_node_as_soon_as_it_is_answered_with_no_storage_read_between() {
-    let setup = spawn_app_on_postgres_tuned(|_| {}).await;
+    let setup = TestApp::builder().on_postgres().tuned(|_| {}).spawn().await;
     let project = setup.create_project();
     let (_, key) = setup.create_key(project, &["endpoint:write", "table:write", "table:read"]);
     let url = postgres_url();

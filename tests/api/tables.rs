@@ -9,7 +9,7 @@ use reqwest::{Method, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, endpoint_body, spawn_app, spawn_app_tuned, TestApp, FAMILIES};
+use crate::helpers::{assert_error, endpoint_body, spawn_app, TestApp, FAMILIES};
 
 /// A PUT (replace) or POST `/rows` (append) of `body` as `content_type`.
 async fn upload(
@@ -308,7 +308,7 @@ async fn columns_keep_the_order_they_were_sent_in_and_csv_appends_match_them_by_
 
 #[tokio::test]
 async fn a_failed_upload_leaves_the_table_as_it_was() {
-    let app = spawn_app_tuned(|config| config.upload_limit = 4096).await;
+    let app = TestApp::builder().tuned(|config| config.upload_limit = 4096).spawn().await;
     let (project, key) = project_with_writer(&app);
     let tables = format!("/api/projects/{project}/tables");
     let path = format!("{tables}/orders");
@@ -498,7 +498,8 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
     // The local server speaks no TLS: the operator says so in the prefix, or no tenant could lower it.
     let mut allowed = database.clone();
     allowed.set_query(Some("sslmode=disable"));
-    let app = spawn_app_tuned(|config| config.allowed_sources = vec![allowed.to_string()]).await;
+    let app =
+        TestApp::builder().tuned(|config| config.allowed_sources = vec![allowed.to_string()]).spawn().await;
     let (project, key) = project_with_writer(&app);
     let (host, port, db) = (database.host_str().unwrap(), database.port().unwrap_or(5432), database.path());
     // No credentials: the allowed prefix's serve.
@@ -595,7 +596,7 @@ async fn external_files_are_read_only_from_allowed_places() {
     std::fs::create_dir_all(lake.join("orders")).unwrap();
     std::fs::write(lake.join("orders/2026-01.csv"), ORDERS).unwrap();
     let allowed = format!("file://{}/", lake.display());
-    let app = spawn_app_tuned(|config| config.allowed_sources = vec![allowed.clone()]).await;
+    let app = TestApp::builder().tuned(|config| config.allowed_sources = vec![allowed.clone()]).spawn().await;
     let (project, key) = project_with_writer(&app);
     let tables = format!("/api/environments/{project}/tables");
     let put = |table: &str, body: Value| {
@@ -679,7 +680,7 @@ async fn a_tenant_cannot_make_the_server_send_the_operators_password_in_clear() 
         }
     });
     let prefix = format!("postgres://operator:op-secret-pw@127.0.0.1:{port}/app");
-    let app = spawn_app_tuned(|config| config.allowed_sources = vec![prefix.clone()]).await;
+    let app = TestApp::builder().tuned(|config| config.allowed_sources = vec![prefix.clone()]).spawn().await;
     let (project, key) = project_with_writer(&app);
     let path = format!("{}/{project}/tables/remote", FAMILIES[0]);
     for (url, why) in [
@@ -770,9 +771,10 @@ async fn an_append_with_an_idempotency_key_adds_its_rows_once() {
 
 #[tokio::test]
 async fn a_stream_of_small_appends_is_compacted_into_few_files() {
-    let app =
-        spawn_app_tuned(|config| config.compaction_interval = Some(std::time::Duration::from_millis(200)))
-            .await;
+    let app = TestApp::builder()
+        .tuned(|config| config.compaction_interval = Some(std::time::Duration::from_millis(200)))
+        .spawn()
+        .await;
     let (project, key) = project_with_writer(&app);
     let tables = format!("/api/projects/{project}/tables");
     ok_json(upload(&app, Method::PUT, &format!("{tables}/events"), &key, "text/csv", "n\n0\n").await, 201)
@@ -1008,9 +1010,10 @@ async fn a_tables_versions_list_its_commits_newest_first_under_both_families() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_that_never_finish_hold_no_turn_of_another_projects_quarantine_append() {
     use tokio::io::AsyncWriteExt;
-    let app =
-        crate::helpers::spawn_app_tuned(|config| config.client_timeout = std::time::Duration::from_secs(120))
-            .await;
+    let app = TestApp::builder()
+        .tuned(|config| config.client_timeout = std::time::Duration::from_secs(120))
+        .spawn()
+        .await;
     let (slow, slow_key) = project_with_writer(&app);
     let (other, other_key) = project_with_writer(&app);
     for (project, key) in [(slow, &slow_key), (other, &other_key)] {
@@ -1065,11 +1068,13 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
     use domain::Clock as _;
     // The service tells the time by a clock this test moves.
     let clock = std::sync::Arc::new(domain::testing::ManualClock::new(domain::SystemClock.now()));
-    let app = spawn_app_tuned(|config| {
-        config.compaction_interval = Some(std::time::Duration::from_millis(200));
-        config.clock = server::ServiceClock(clock.clone());
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            config.compaction_interval = Some(std::time::Duration::from_millis(200));
+            config.clock = server::ServiceClock(clock.clone());
+        })
+        .spawn()
+        .await;
     let (project, key) = project_with_writer(&app);
     let table = format!("/api/projects/{project}/tables/events");
     // More rows than a full file holds, written in arrival order: accounts out of order.
@@ -1120,9 +1125,10 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
 /// given back; a body that does not name its own orderable columns, a missing table or a reader's key is refused.
 #[tokio::test]
 async fn a_tables_files_are_sorted_by_the_columns_set_for_it() {
-    let app =
-        spawn_app_tuned(|config| config.compaction_interval = Some(std::time::Duration::from_millis(200)))
-            .await;
+    let app = TestApp::builder()
+        .tuned(|config| config.compaction_interval = Some(std::time::Duration::from_millis(200)))
+        .spawn()
+        .await;
     let (project, key) = project_with_writer(&app);
     let table = format!("/api/projects/{project}/tables/events");
     let rows = 140_000u64;
@@ -1164,7 +1170,7 @@ async fn a_tables_files_are_sorted_by_the_columns_set_for_it() {
 /// laid out for the endpoints reading it all the same: a starting process looks at every table endpoints read.
 #[tokio::test]
 async fn a_table_written_before_the_process_started_is_laid_out_for_its_endpoints() {
-    let app = spawn_app_tuned(|config| config.compaction_interval = None).await;
+    let app = TestApp::builder().tuned(|config| config.compaction_interval = None).spawn().await;
     let (project, key) = project_with_writer(&app);
     let table = format!("/api/projects/{project}/tables/events");
     let mut csv = String::from("n,account\n");
@@ -1182,9 +1188,12 @@ async fn a_table_written_before_the_process_started_is_laid_out_for_its_endpoint
     let data_dir = app.data_dir.clone();
     app.stop().await.unwrap();
 
-    let app = crate::helpers::respawn_tuned(data_dir, |config| {
-        config.compaction_interval = Some(std::time::Duration::from_millis(200));
-    })
-    .await;
+    let app = TestApp::builder()
+        .over(data_dir)
+        .tuned(|config| {
+            config.compaction_interval = Some(std::time::Duration::from_millis(200));
+        })
+        .spawn()
+        .await;
     laid_out(&app, &table, &key, &["account"]).await;
 }

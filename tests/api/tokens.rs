@@ -11,7 +11,7 @@ use rand::Rng;
 use reqwest::{Method, Response};
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, endpoint_body, project_with_sales, spawn_app_tuned, TestApp};
+use crate::helpers::{assert_error, endpoint_body, project_with_sales, TestApp};
 
 const FAMILIES: [&str; 2] = ["projects", "environments"];
 
@@ -49,7 +49,7 @@ fn no_limits(config: &mut server::Config) {
 
 #[tokio::test]
 async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
-    let app = spawn_app_tuned(no_limits).await;
+    let app = TestApp::builder().tuned(no_limits).spawn().await;
     let (project, writer) = project_with_sales(&app);
     let (_, reader) = app.create_key(project, &["endpoint:read"]);
     app.create_endpoint(project, &writer, &by_country()).await;
@@ -149,7 +149,7 @@ async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
 /// issued for the version named.
 #[tokio::test]
 async fn a_run_token_runs_the_current_version_unless_issued_for_another() {
-    let app = spawn_app_tuned(no_limits).await;
+    let app = TestApp::builder().tuned(no_limits).spawn().await;
     let (project, writer) = project_with_sales(&app);
     app.create_endpoint(
         project,
@@ -204,7 +204,7 @@ async fn a_run_token_runs_the_current_version_unless_issued_for_another() {
 
 #[tokio::test]
 async fn expired_forged_foreign_and_rotated_tokens_are_refused() {
-    let app = spawn_app_tuned(no_limits).await;
+    let app = TestApp::builder().tuned(no_limits).spawn().await;
     let (project, writer) = project_with_sales(&app);
     app.create_endpoint(project, &writer, &by_country()).await;
     let (other_project, other_writer) = project_with_sales(&app);
@@ -277,7 +277,8 @@ async fn expired_forged_foreign_and_rotated_tokens_are_refused() {
 
 #[tokio::test]
 async fn a_token_has_its_own_rate_and_its_uses_count_as_its_keys() {
-    let app = spawn_app_tuned(|config| config.flush_interval = Duration::from_millis(100)).await;
+    let app =
+        TestApp::builder().tuned(|config| config.flush_interval = Duration::from_millis(100)).spawn().await;
     let (project, writer) = project_with_sales(&app);
     app.create_endpoint(project, &writer, &by_country()).await;
     let (issuer_id, issuer) = app.create_key(project, &["endpoint:write"]);
@@ -328,12 +329,14 @@ async fn a_token_has_its_own_rate_and_its_uses_count_as_its_keys() {
 
 #[tokio::test]
 async fn a_thousand_tenants_see_only_their_own_rows() {
-    let app = spawn_app_tuned(|config| {
-        no_limits(config);
-        // Every tenant's first run is live, 64 at once.
-        config.limits.max_concurrent_per_project = 64;
-    })
-    .await;
+    let app = TestApp::builder()
+        .tuned(|config| {
+            no_limits(config);
+            // Every tenant's first run is live, 64 at once.
+            config.limits.max_concurrent_per_project = 64;
+        })
+        .spawn()
+        .await;
     let project = app.create_project();
     let (_, writer) = app.create_key(project, &["endpoint:write", "table:write"]);
     // 200 customers with 1 to 5 orders each.
@@ -416,7 +419,7 @@ async fn a_thousand_tenants_see_only_their_own_rows() {
 /// The CORS answers a browser reads, and what other origins and routes get: nothing.
 #[tokio::test]
 async fn allowed_origins_get_cors_on_run_routes_only() {
-    let app = spawn_app_tuned(no_limits).await;
+    let app = TestApp::builder().tuned(no_limits).spawn().await;
     let (project, writer) = project_with_sales(&app);
     app.create_endpoint(project, &writer, &by_country()).await;
     let token = issue(&app, "projects", project, &writer, json!({"endpoints": ["by-country"]})).await;
