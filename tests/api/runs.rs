@@ -1,6 +1,7 @@
 //! Runs (GET and POST) and last execution times over a dataset the test writes, with aggregates known in advance.
 
 use domain::ColumnType;
+use http_actix::api::{RunResult, RunStatistics};
 use serde_json::{json, Value};
 
 use crate::helpers::{
@@ -14,6 +15,12 @@ async fn run_get(app: &TestApp, project: i64, key: &str, name: &str, query: &str
 async fn ok_json(response: reqwest::Response) -> Value {
     assert_eq!(response.status(), 200, "run failed");
     response.json().await.unwrap()
+}
+
+/// A run's answer (asserting 200), as the API's type of it.
+async fn answered(response: reqwest::Response) -> RunResult {
+    let body = ok_json(response).await;
+    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 #[tokio::test]
@@ -35,22 +42,17 @@ async fn runs_answer_real_numbers_under_both_families() {
             let path = format!("{family}/{project}/endpoints/by-country/run{slash}");
             let response =
                 app.request(method.clone(), &path, Some(&key)).json(&json!({})).send().await.unwrap();
-            let run = ok_json(response).await;
-            assert_eq!(
-                run["results"][0],
-                json!({"country": "DE", "total": 100.0, "n": 1}),
-                "{method} {path}"
-            );
-            assert_eq!(run["results"][1], json!({"country": "US", "total": 30.75, "n": 2}));
-            assert_eq!(run["results"].as_array().unwrap().len(), 5);
-            assert_eq!(run["columns"], json!(["country", "total", "n"]));
-            assert_eq!(run["types"], json!([["country", "string"], ["total", "float"], ["n", "integer"]]));
-            assert_eq!(
-                (run["name"].as_str(), run["endpoint_version"].as_u64()),
-                (Some("by-country"), Some(1))
-            );
-            assert_eq!(run["hasMore"], false);
-            assert!(run["timings"]["total_ms"].is_number() && run["execution_id"].is_string());
+            let run = answered(response).await;
+            assert_eq!(run.results[0], json!({"country": "DE", "total": 100.0, "n": 1}), "{method} {path}");
+            assert_eq!(run.results[1], json!({"country": "US", "total": 30.75, "n": 2}));
+            assert_eq!(run.results.as_array().unwrap().len(), 5);
+            assert_eq!(run.computed.columns, ["country", "total", "n"]);
+            let types: Vec<(&str, ColumnType)> =
+                run.computed.types.iter().map(|(name, t)| (name.as_ref(), *t)).collect();
+            assert_eq!(types, expected);
+            assert_eq!((run.request.name.as_ref(), run.computed.endpoint_version), ("by-country", Some(1)));
+            assert!(!run.computed.has_more);
+            assert!(run.request.timings.total_ms > 0.0);
         }
     }
 }
@@ -73,13 +75,13 @@ async fn every_variable_type_binds_from_json_and_from_query_strings() {
             "not_country": {"type": "String", "default": "XX"}}}});
     app.create_endpoint(project, &key, &body).await;
 
-    let defaults = ok_json(run_get(&app, project, &key, "filtered", "").await).await;
-    assert_eq!(defaults["results"], json!([{"n": 2, "total": 15.5}]), "rows 1 and 3");
+    let defaults = answered(run_get(&app, project, &key, "filtered", "").await).await;
+    assert_eq!(defaults.results, json!([{"n": 2, "total": 15.5}]), "rows 1 and 3");
 
     let query = "variables.countries=US,DE&variables.min_amount=10.5&variables.max_qty=5&variables.vip=true\
                  &variables.from_day=2026-01-01&variables.before=2026-01-06T00:00:00Z&variables.not_country=US";
-    let from_query = ok_json(run_get(&app, project, &key, "filtered", query).await).await;
-    assert_eq!(from_query["results"], json!([{"n": 1, "total": 100.0}]), "only DE");
+    let from_query = answered(run_get(&app, project, &key, "filtered", query).await).await;
+    assert_eq!(from_query.results, json!([{"n": 1, "total": 100.0}]), "only DE");
 
     let post = app
         .post(
@@ -88,7 +90,7 @@ async fn every_variable_type_binds_from_json_and_from_query_strings() {
             &json!({"variables": {"countries": ["US"], "vip": false, "min_amount": 0, "before": "2027-01-01T00:00:00+02:00"}}),
         )
         .await;
-    assert_eq!(ok_json(post).await["results"], json!([{"n": 1, "total": 20.25}]), "row 2");
+    assert_eq!(answered(post).await.results, json!([{"n": 1, "total": 20.25}]), "row 2");
 
     for (query, attr) in [
         ("variables.nope=1", "variables.nope"),
@@ -131,13 +133,13 @@ async fn injection_attempts_compare_as_literals() {
         ("US\u{0000}", json!([])),
     ] {
         let run =
-            ok_json(app.post(&path, &key, &json!({"variables": {"c": value}, "refresh": "direct"})).await)
+            answered(app.post(&path, &key, &json!({"variables": {"c": value}, "refresh": "direct"})).await)
                 .await;
-        assert_eq!(run["results"], ids, "{value:?}");
+        assert_eq!(run.results, ids, "{value:?}");
     }
     // The table is intact.
-    let us = ok_json(app.post(&path, &key, &json!({"variables": {"c": "US"}})).await).await;
-    assert_eq!(us["results"], json!([{"id": 1}, {"id": 2}]));
+    let us = answered(app.post(&path, &key, &json!({"variables": {"c": "US"}})).await).await;
+    assert_eq!(us.results, json!([{"id": 1}, {"id": 2}]));
 }
 
 #[tokio::test]
@@ -163,62 +165,53 @@ async fn pages_cache_and_invalidation() {
     let (project, key) = project_with_sales(&app);
     app.create_endpoint(project, &key, &endpoint_body("ids", "SELECT id FROM sales ORDER BY id")).await;
 
-    let page = ok_json(run_get(&app, project, &key, "ids", "limit=2&offset=2").await).await;
-    assert_eq!(
-        (page["results"].clone(), page["hasMore"].clone()),
-        (json!([{"id": 3}, {"id": 4}]), json!(true))
-    );
-    assert_eq!((page["limit"].as_u64(), page["offset"].as_u64()), (Some(2), Some(2)));
-    let last = ok_json(run_get(&app, project, &key, "ids", "limit=5&offset=4").await).await;
-    assert_eq!(
-        (last["results"].clone(), last["hasMore"].clone()),
-        (json!([{"id": 5}, {"id": 6}]), json!(false))
-    );
+    let page = answered(run_get(&app, project, &key, "ids", "limit=2&offset=2").await).await;
+    assert_eq!((&page.results, page.computed.has_more), (&json!([{"id": 3}, {"id": 4}]), true));
+    assert_eq!((page.request.limit, page.request.offset), (2, 2));
+    let last = answered(run_get(&app, project, &key, "ids", "limit=5&offset=4").await).await;
+    assert_eq!((&last.results, last.computed.has_more), (&json!([{"id": 5}, {"id": 6}]), false));
 
-    let first = ok_json(run_get(&app, project, &key, "ids", "limit=3").await).await;
-    let second = ok_json(run_get(&app, project, &key, "ids", "limit=3").await).await;
-    assert_eq!((first["is_cached"].as_bool(), second["is_cached"].as_bool()), (Some(false), Some(true)));
-    assert_eq!(first["results"], second["results"]);
-    assert_eq!(first["last_refresh"], second["last_refresh"]);
-    assert!(second["cache_expires_at"].is_string());
+    let first = answered(run_get(&app, project, &key, "ids", "limit=3").await).await;
+    let second = answered(run_get(&app, project, &key, "ids", "limit=3").await).await;
+    assert_eq!((first.request.is_cached, second.request.is_cached), (false, true));
+    assert_eq!(first.results, second.results);
+    assert_eq!(first.computed.last_refresh, second.computed.last_refresh);
+    assert!(second.computed.cache_expires_at.is_some());
     // The engine's figures of the computation, the same on the cache hit that reuses it.
-    let statistics = &first["statistics"];
-    assert_eq!(statistics["rows_read"], 6, "{statistics}");
-    assert!(
-        statistics["bytes_read"].as_u64().unwrap() > 0 && statistics["elapsed_ms"].as_f64().unwrap() > 0.0
-    );
-    assert_eq!(second["statistics"], first["statistics"]);
+    let statistics = &first.computed.statistics;
+    assert_eq!(statistics.rows_read, Some(6), "{statistics:?}");
+    assert!(statistics.bytes_read.unwrap() > 0 && statistics.elapsed_ms > 0.0, "{statistics:?}");
+    assert_eq!(second.computed.statistics, first.computed.statistics);
 
-    let forced = ok_json(run_get(&app, project, &key, "ids", "limit=3&refresh=force_blocking").await).await;
-    assert_eq!(forced["is_cached"], false);
-    let direct = ok_json(run_get(&app, project, &key, "ids", "limit=3&refresh=direct").await).await;
-    assert_eq!((direct["is_cached"].as_bool(), direct["cache_expires_at"].is_null()), (Some(false), true));
-    let cached_only = ok_json(run_get(&app, project, &key, "ids", "limit=4&refresh=force_cache").await).await;
-    assert_eq!((cached_only["results"].is_null(), cached_only["is_cached"].as_bool()), (true, Some(false)));
-    assert_eq!(cached_only["statistics"], json!({"rows_read": 0, "bytes_read": 0, "elapsed_ms": 0.0}));
+    let forced = answered(run_get(&app, project, &key, "ids", "limit=3&refresh=force_blocking").await).await;
+    assert_eq!(forced.request.is_cached, false);
+    let direct = answered(run_get(&app, project, &key, "ids", "limit=3&refresh=direct").await).await;
+    assert_eq!((direct.request.is_cached, direct.computed.cache_expires_at), (false, None));
+    let cached_only =
+        answered(run_get(&app, project, &key, "ids", "limit=4&refresh=force_cache").await).await;
+    assert_eq!((cached_only.results.is_null(), cached_only.request.is_cached), (true, false));
+    let nothing = RunStatistics { rows_read: Some(0), bytes_read: Some(0), elapsed_ms: 0.0 };
+    assert_eq!(cached_only.computed.statistics, nothing);
 
     // An update of the endpoint makes its cached runs unreachable at once.
     app.patch(&format!("/api/projects/{project}/endpoints/ids"), &key, &json!({"description": "changed"}))
         .await;
-    let after_update = ok_json(run_get(&app, project, &key, "ids", "limit=3").await).await;
-    assert_eq!(after_update["is_cached"], false);
+    let after_update = answered(run_get(&app, project, &key, "ids", "limit=3").await).await;
+    assert_eq!(after_update.request.is_cached, false);
 
     // So does a delete: a new endpoint of the same name never sees the old results.
     app.delete(&format!("/api/projects/{project}/endpoints/ids"), &key).await;
     assert_error(run_get(&app, project, &key, "ids", "limit=3").await, 404, "not_found").await;
     app.create_endpoint(project, &key, &endpoint_body("ids", "SELECT id * 10 AS id FROM sales ORDER BY id"))
         .await;
-    let recreated = ok_json(run_get(&app, project, &key, "ids", "limit=3").await).await;
-    assert_eq!(
-        (recreated["is_cached"].as_bool(), &recreated["results"][0]),
-        (Some(false), &json!({"id": 10}))
-    );
+    let recreated = answered(run_get(&app, project, &key, "ids", "limit=3").await).await;
+    assert_eq!((recreated.request.is_cached, &recreated.results[0]), (false, &json!({"id": 10})));
 
     // cache_age_seconds 0 never serves from cache.
     app.patch(&format!("/api/projects/{project}/endpoints/ids"), &key, &json!({"cache_age_seconds": 0}))
         .await;
-    ok_json(run_get(&app, project, &key, "ids", "").await).await;
-    assert_eq!(ok_json(run_get(&app, project, &key, "ids", "").await).await["is_cached"], false);
+    answered(run_get(&app, project, &key, "ids", "").await).await;
+    assert_eq!(answered(run_get(&app, project, &key, "ids", "").await).await.request.is_cached, false);
 }
 
 #[tokio::test]
@@ -229,17 +222,14 @@ async fn versions_can_be_pinned_and_inactive_endpoints_do_not_run() {
     let path = format!("/api/projects/{project}/endpoints/v");
     app.patch(&path, &key, &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS v"}})).await;
 
-    assert_eq!(ok_json(run_get(&app, project, &key, "v", "").await).await["results"], json!([{"v": 2}]));
-    let pinned = ok_json(run_get(&app, project, &key, "v", "version=1").await).await;
-    assert_eq!(
-        (pinned["results"].clone(), pinned["endpoint_version"].clone()),
-        (json!([{"v": 1}]), json!(1))
-    );
-    let post_pinned = ok_json(app.post(&format!("{path}/run?version=1"), &key, &json!({})).await).await;
-    assert_eq!(post_pinned["results"], json!([{"v": 1}]));
+    assert_eq!(answered(run_get(&app, project, &key, "v", "").await).await.results, json!([{"v": 2}]));
+    let pinned = answered(run_get(&app, project, &key, "v", "version=1").await).await;
+    assert_eq!((&pinned.results, pinned.computed.endpoint_version), (&json!([{"v": 1}]), Some(1)));
+    let post_pinned = answered(app.post(&format!("{path}/run?version=1"), &key, &json!({})).await).await;
+    assert_eq!(post_pinned.results, json!([{"v": 1}]));
     let body_wins =
-        ok_json(app.post(&format!("{path}/run?version=1"), &key, &json!({"version": 2})).await).await;
-    assert_eq!(body_wins["results"], json!([{"v": 2}]));
+        answered(app.post(&format!("{path}/run?version=1"), &key, &json!({"version": 2})).await).await;
+    assert_eq!(body_wins.results, json!([{"v": 2}]));
     assert_error(run_get(&app, project, &key, "v", "version=7").await, 404, "not_found").await;
     assert_error(run_get(&app, project, &key, "v", "version=zero").await, 400, "validation_error").await;
 
@@ -254,8 +244,8 @@ async fn last_execution_times_show_runs_at_once_and_survive_a_restart() {
     for name in ["ran", "never-ran"] {
         app.create_endpoint(project, &key, &endpoint_body(name, "SELECT 1 AS one")).await;
     }
-    let before = ok_json(run_get(&app, project, &key, "ran", "").await).await;
-    assert_eq!(before["results"], json!([{"one": 1}]));
+    let before = answered(run_get(&app, project, &key, "ran", "").await).await;
+    assert_eq!(before.results, json!([{"one": 1}]));
     let lookup = json!({"names": ["ran", "never-ran", "no-such-endpoint"]});
     let path = format!("/api/environments/{project}/endpoints/last_execution_times/");
     let status: Value = ok_json(app.post(&path, &key, &lookup).await).await;
@@ -336,9 +326,9 @@ async fn a_page_over_the_result_byte_limit_is_refused_with_a_way_out() {
         assert_error(run_get(&app, project, &key, "wide", "limit=2000").await, 400, "query_error").await;
     assert_eq!((Some(error.code.as_str()), error.attr.as_deref()), (Some("result_too_large"), Some("limit")));
     assert!(error.detail.contains("1 MiB"), "{error:?}");
-    let page = ok_json(run_get(&app, project, &key, "wide", "limit=500&offset=500").await).await;
-    assert_eq!((page["results"].as_array().unwrap().len(), &page["hasMore"]), (500, &json!(true)));
-    assert_eq!(page["results"][0]["v"], 501);
+    let page = answered(run_get(&app, project, &key, "wide", "limit=500&offset=500").await).await;
+    assert_eq!((page.results.as_array().unwrap().len(), page.computed.has_more), (500, true));
+    assert_eq!(page.results[0]["v"], 501);
 }
 
 #[tokio::test]
@@ -418,8 +408,8 @@ async fn hostile_queries_are_refused_when_created() {
     let total =
         app.post(&format!("{base}/"), &key, &endpoint_body("total", "SELECT count(*) AS n FROM sales")).await;
     assert_eq!(total.status(), 201);
-    let run = ok_json(app.get(&format!("{base}/total/run"), &key).await).await;
-    assert_eq!(run["results"], json!([{"n": 6}]));
+    let run = answered(app.get(&format!("{base}/total/run"), &key).await).await;
+    assert_eq!(run.results, json!([{"n": 6}]));
     assert!(!std::path::Path::new("/tmp/stolen.csv").exists());
 }
 
@@ -461,9 +451,9 @@ async fn hostile_values_stay_values() {
     let huge = "x".repeat(200_000);
     for value in [huge.as_str(), "ՍՏ", "ＵＳ", "U\u{200B}S", "US\\", "US\"; --", "${1}", "$1", "%s"] {
         let run =
-            ok_json(app.post(&path, &key, &json!({"variables": {"c": value}, "refresh": "direct"})).await)
+            answered(app.post(&path, &key, &json!({"variables": {"c": value}, "refresh": "direct"})).await)
                 .await;
-        assert_eq!(run["results"], json!([{"n": 0}]), "{value:.20}");
+        assert_eq!(run.results, json!([{"n": 0}]), "{value:.20}");
     }
     // Numbers at and past the limits of their type (a numeric string is a number: query strings are text).
     // Some(rows matched) for an accepted value, None for a refused one.
@@ -479,7 +469,7 @@ async fn hostile_values_stay_values() {
     ] {
         let response = app.post(&path, &key, &json!({"variables": {"q": q}, "refresh": "direct"})).await;
         match matched {
-            Some(n) => assert_eq!(ok_json(response).await["results"], json!([{"n": n}]), "{q}"),
+            Some(n) => assert_eq!(answered(response).await.results, json!([{"n": n}]), "{q}"),
             None => {
                 let error = assert_error(response, 400, "validation_error").await;
                 assert_eq!(error.attr.as_deref(), Some("variables.q"), "{q}: {error:?}");

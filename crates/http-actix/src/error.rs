@@ -136,8 +136,8 @@ impl From<Violation> for Code {
     }
 }
 
-/// The body of every error answer, written from borrowed parts and read back (by clients and the API tests)
-/// as owned ones.
+/// The body of every error answer.
+// Written from borrowed parts; read back (by clients and the API tests) as owned ones.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(as = Error)]
 pub struct ErrorBody<'a> {

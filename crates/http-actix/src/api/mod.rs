@@ -3,7 +3,8 @@
 //! each endpoint's own document publish. Request bodies are read by the domain; their schemas are in
 //! `requests`. The error body is with the error codes, in `crate::error`.
 //!
-//! The endpoint and table records, their pages and a table's preview are read back too (`Deserialize`, public):
+//! The endpoint and table records, their pages, a table's preview and a run's answer ([`RunResult`]) are read
+//! back too (`Deserialize`, public):
 //! the `endpoints code` CLI reads the server's answers as these types, so that it never holds a copy of them,
 //! and the API tests decode answers into them.
 
@@ -27,6 +28,7 @@ pub(crate) use page::VersionPage;
 pub use page::{TablePage, TableVersionPage};
 pub(crate) use project::Project;
 pub(crate) use run::RunAnswer;
+pub use run::{Computed, PerRequest, RunResult, RunStatistics, Timings};
 pub use table::{Appended, Column as TableColumn, Layout as TableLayout, Preview, Table, TableVersion};
 pub(crate) use token::RunToken;
 

@@ -4,12 +4,14 @@
 //! request ([`PerRequest`], written by hand: through a derived `Serialize` they cost a cached run more than all
 //! of its other JSON), the members of the computed run ([`Computed`], serialized once at the run's first answer
 //! and kept with the cached run), and the rows as the engine wrote them. Its schema is those two types' and the
-//! rows', merged into one object.
+//! rows', merged into one object. Read back (by clients and the API tests), it is a [`RunResult`]: those two
+//! types, owned, and the rows.
 
 use std::borrow::Cow;
 
 use domain::{CachedRun, RunOutcome};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use time::OffsetDateTime;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::RefOr;
@@ -19,33 +21,34 @@ use uuid::Uuid;
 use super::millis;
 
 /// Time spent answering, in milliseconds.
-#[derive(Debug, Serialize, ToSchema)]
-struct Timings {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Timings {
     /// In the engine or the stored result; 0 for an answer from the cache.
-    query_ms: f64,
+    pub query_ms: f64,
     /// In the service, from the request's arrival.
-    total_ms: f64,
+    pub total_ms: f64,
 }
 
 /// The members of a run's answer that differ from one request to the next.
-#[derive(Debug, Serialize, ToSchema)]
-struct PerRequest<'a> {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PerRequest<'a> {
     /// As the request sent it.
-    #[schema(required = true)]
-    client_query_id: Option<&'a str>,
+    #[schema(value_type = Option<String>, required = true)]
+    pub client_query_id: Option<Cow<'a, str>>,
     /// New for every answer.
-    execution_id: Uuid,
-    is_cached: bool,
-    limit: u32,
-    name: &'a str,
+    pub execution_id: Uuid,
+    pub is_cached: bool,
+    pub limit: u32,
+    #[schema(value_type = String)]
+    pub name: Cow<'a, str>,
     /// The cursor of the next page, when rows follow this one (null otherwise, and for a page of a stored
     /// result, which pages by `offset`): send it as `cursor`, with the same variables, for the next page of the
     /// same snapshot of the tables, while rows are appended or compacted. Valid for `--cursor-ttl` (1 hour).
-    #[schema(required = true)]
-    next: Option<&'a str>,
-    offset: u64,
+    #[schema(value_type = Option<String>, required = true)]
+    pub next: Option<Cow<'a, str>>,
+    pub offset: u64,
     #[schema(inline)]
-    timings: Timings,
+    pub timings: Timings,
 }
 
 impl PerRequest<'_> {
@@ -62,7 +65,7 @@ impl PerRequest<'_> {
         body.extend_from_slice(b",\"limit\":");
         serde_json::to_writer(&mut *body, &self.limit).expect("a Vec takes every write");
         body.extend_from_slice(b",\"name\":");
-        serde_json::to_writer(&mut *body, self.name).expect("a Vec takes every write");
+        serde_json::to_writer(&mut *body, &*self.name).expect("a Vec takes every write");
         body.extend_from_slice(b",\"next\":");
         serde_json::to_writer(&mut *body, &self.next).expect("a Vec takes every write");
         body.extend_from_slice(b",\"offset\":");
@@ -76,57 +79,58 @@ impl PerRequest<'_> {
 }
 
 /// The members of a run's answer that are the same for every answer with one computed run.
-#[derive(Debug, Serialize, ToSchema)]
-struct Computed<'a> {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Computed<'a> {
     /// When the cache stops serving this result; null when it was not cached.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    cache_expires_at: Option<OffsetDateTime>,
+    pub cache_expires_at: Option<OffsetDateTime>,
     /// The column names, in order.
-    columns: Vec<&'a str>,
+    #[schema(value_type = Vec<String>)]
+    pub columns: Vec<Cow<'a, str>>,
     /// Whether the rows were read from the endpoint's stored result.
-    endpoint_materialized: bool,
+    pub endpoint_materialized: bool,
     /// When that stored result was computed.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    endpoint_materialized_at: Option<OffsetDateTime>,
+    pub endpoint_materialized_at: Option<OffsetDateTime>,
     /// The time up to which appended rows are in the answer: when its computation began reading the tables,
     /// or the stored result's own; null when there is no result. Also the `X-Data-As-Of` header.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    data_as_of: Option<OffsetDateTime>,
+    pub data_as_of: Option<OffsetDateTime>,
     /// The version that ran; null when nothing was cached for `force_cache`.
     #[schema(required = true)]
-    endpoint_version: Option<u32>,
+    pub endpoint_version: Option<u32>,
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    endpoint_version_created_at: Option<OffsetDateTime>,
+    pub endpoint_version_created_at: Option<OffsetDateTime>,
     /// Whether rows follow this page.
     #[serde(rename = "hasMore")]
-    has_more: bool,
+    pub has_more: bool,
     /// When the result was computed.
     #[serde(with = "time::serde::rfc3339::option")]
     #[schema(required = true)]
-    last_refresh: Option<OffsetDateTime>,
+    pub last_refresh: Option<OffsetDateTime>,
     #[schema(inline)]
-    statistics: RunStatistics,
+    pub statistics: RunStatistics,
     /// `[name, type]` of each column.
     #[schema(value_type = Vec<Vec<String>>)]
-    types: Vec<(&'a str, domain::ColumnType)>,
+    pub types: Vec<(Cow<'a, str>, domain::ColumnType)>,
 }
 
 /// What computing the result read and took, from the engine's metrics; an answer from the cache or a stored
 /// result reports the computation it came from, an answer with no result zeros.
-#[derive(Debug, Serialize, ToSchema)]
-struct RunStatistics {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunStatistics {
     /// Rows read from the tables (or from the stored result); null when the engine cannot tell (Ballista).
     #[schema(required = true)]
-    rows_read: Option<u64>,
+    pub rows_read: Option<u64>,
     /// Bytes read from storage for them; null when the engine cannot tell.
     #[schema(required = true)]
-    bytes_read: Option<u64>,
+    pub bytes_read: Option<u64>,
     /// Planning and execution in the engine.
-    elapsed_ms: f64,
+    pub elapsed_ms: f64,
 }
 
 impl RunStatistics {
@@ -145,7 +149,8 @@ impl Computed<'_> {
         let result = run.map(|r| &r.result);
         Computed {
             cache_expires_at: run.and_then(|r| r.expires_at),
-            columns: result.map_or_else(Vec::new, |r| r.column_names()),
+            columns: result
+                .map_or_else(Vec::new, |r| r.columns.iter().map(|c| Cow::from(c.name.as_str())).collect()),
             endpoint_materialized: run.is_some_and(|r| r.endpoint_materialized),
             endpoint_materialized_at: run.and_then(|r| r.materialized_at),
             data_as_of: run.map(|r| r.data_as_of),
@@ -154,7 +159,9 @@ impl Computed<'_> {
             has_more: result.is_some_and(|r| r.has_more),
             last_refresh: run.map(|r| r.computed_at),
             statistics: RunStatistics::of(result.map(|r| &r.statistics)),
-            types: result.map_or_else(Vec::new, |r| r.types()),
+            types: result.map_or_else(Vec::new, |r| {
+                r.columns.iter().map(|c| (Cow::from(c.name.as_str()), c.column_type)).collect()
+            }),
         }
     }
 
@@ -172,6 +179,18 @@ impl Computed<'_> {
     }
 }
 
+/// A run's answer as a client reads it: the members of the request and of the computed run, and the rows.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RunResult {
+    #[serde(flatten)]
+    pub request: PerRequest<'static>,
+    #[serde(flatten)]
+    pub computed: Computed<'static>,
+    /// The page of rows, keyed by column name (typed per endpoint); null when nothing was cached for
+    /// `force_cache`.
+    pub results: Value,
+}
+
 /// A run's answer.
 pub(crate) struct RunAnswer<'a> {
     request: PerRequest<'a>,
@@ -186,12 +205,12 @@ impl<'a> RunAnswer<'a> {
             _ => 0.0,
         };
         let request = PerRequest {
-            client_query_id: outcome.client_query_id.as_deref(),
+            client_query_id: outcome.client_query_id.as_deref().map(Cow::Borrowed),
             execution_id: outcome.execution_id,
             is_cached: outcome.is_cached,
             limit: outcome.limit,
-            name: outcome.name.as_str(),
-            next: outcome.next.as_deref(),
+            name: Cow::Borrowed(outcome.name.as_str()),
+            next: outcome.next.as_deref().map(Cow::Borrowed),
             offset: outcome.offset,
             timings: Timings { query_ms, total_ms: millis(outcome.total) },
         };
@@ -371,6 +390,19 @@ mod tests {
         }
     }
 
+    /// What a run writes reads back as a [`RunResult`], the type clients and the API tests decode it into.
+    #[test]
+    fn an_answer_reads_back_as_a_run_result() {
+        let body = RunAnswer::of(&outcome(None, true, Some("q-1"))).write();
+        let read: RunResult = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (read.request.client_query_id.as_deref(), read.request.is_cached, read.request.name.as_ref()),
+            (Some("q-1"), true, "sales")
+        );
+        assert_eq!((read.request.limit, read.request.offset, read.computed.endpoint_version), (10, 20, None));
+        assert_eq!(read.results, Value::Null);
+    }
+
     #[test]
     fn nothing_cached_is_answered_with_empty_run_fields() {
         let body = write(&outcome(None, false, None));
@@ -392,12 +424,12 @@ mod tests {
             [(None, false, 7.25), (Some("q-\"1\u{7}é"), true, 0.0), (Some(""), false, 1e-3)]
         {
             let members = PerRequest {
-                client_query_id,
+                client_query_id: client_query_id.map(Cow::Borrowed),
                 execution_id: Uuid::new_v4(),
                 is_cached,
                 limit: u32::MAX,
-                name: "a_b-c",
-                next: client_query_id.map(|_| "eyJwIjoxfQ"),
+                name: Cow::Borrowed("a_b-c"),
+                next: client_query_id.map(|_| Cow::Borrowed("eyJwIjoxfQ")),
                 offset: u64::MAX,
                 timings: Timings { query_ms, total_ms: 12.5 },
             };
