@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use http_actix::api::RunResult;
 use serde_json::{json, Value};
 use server::Config;
 
@@ -62,7 +63,7 @@ fn stored(data_dir: &Path, project: i64, endpoint_id: &str) -> Vec<String> {
     names
 }
 
-async fn run(app: &TestApp, project: i64, key: &str, name: &str, body: &Value) -> Value {
+async fn run(app: &TestApp, project: i64, key: &str, name: &str, body: &Value) -> RunResult {
     let response = app.post(&format!("/api/projects/{project}/endpoints/{name}/run"), key, body).await;
     assert_eq!(response.status(), 200, "run failed");
     response.json().await.unwrap()
@@ -125,15 +126,15 @@ async fn a_rollup_answers_runs_as_the_live_query_does_and_shows_its_grouping() {
             let stored = run(&app, project, &key, "totals", &body("blocking")).await;
             let live = run(&app, project, &key, "totals", &body("direct")).await;
             assert_eq!(
-                (stored["endpoint_materialized"].as_bool(), live["endpoint_materialized"].as_bool()),
+                (Some(stored.computed.endpoint_materialized), Some(live.computed.endpoint_materialized)),
                 (Some(true), Some(false))
             );
             assert_eq!(
-                (&stored["results"], &stored["types"]),
-                (&live["results"], &live["types"]),
+                (&stored.results, &stored.computed.types),
+                (&live.results, &live.computed.types),
                 "{variables}"
             );
-            compared += live["results"].as_array().unwrap().len();
+            compared += live.results.as_array().unwrap().len();
         }
     }
     assert!(compared > 10, "the answers compared hold rows ({compared})");
@@ -146,7 +147,7 @@ async fn a_rollup_answers_runs_as_the_live_query_does_and_shows_its_grouping() {
     )
     .await;
     assert_eq!(
-        first["results"],
+        first.results,
         json!([{"vip": false, "orders": 1, "items": 2, "mean": 20.25, "last_country": "US"},
                {"vip": true, "orders": 1, "items": 1, "mean": 10.5, "last_country": "US"}])
     );
@@ -206,10 +207,10 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
 
     // The stored answer, read with the run's variables and window, is the live answer.
     let first = run(&app, project, &key, "kpi", &json!({"variables": {"from": "A", "vip": true}})).await;
-    assert_eq!(first["endpoint_materialized"], true, "{first}");
-    assert_eq!(first["endpoint_materialized_at"], rfc3339(done.last_materialized_at));
+    assert!(first.computed.endpoint_materialized, "{first:?}");
+    assert_eq!(first.computed.endpoint_materialized_at, done.last_materialized_at);
     assert_eq!(
-        first["results"],
+        first.results,
         json!([{"country": "DE", "vip": true, "total": 100.0, "orders": 1},
                {"country": "FR", "vip": true, "total": 5.0, "orders": 1},
                {"country": "US", "vip": true, "total": 10.5, "orders": 1}])
@@ -222,22 +223,25 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
                 let stored = run(&app, project, &key, "kpi", &body("blocking")).await;
                 let live = run(&app, project, &key, "kpi", &body("direct")).await;
                 assert_eq!(
-                    (stored["endpoint_materialized"].as_bool(), live["endpoint_materialized"].as_bool()),
+                    (Some(stored.computed.endpoint_materialized), Some(live.computed.endpoint_materialized)),
                     (Some(true), Some(false))
                 );
-                assert_eq!(stored["results"], live["results"], "{variables} limit {limit} offset {offset}");
-                assert_eq!(stored["hasMore"], live["hasMore"], "{variables} limit {limit} offset {offset}");
-                assert_eq!(stored["types"], live["types"]);
+                assert_eq!(stored.results, live.results, "{variables} limit {limit} offset {offset}");
+                assert_eq!(
+                    stored.computed.has_more, live.computed.has_more,
+                    "{variables} limit {limit} offset {offset}"
+                );
+                assert_eq!(stored.computed.types, live.computed.types);
             }
         }
     }
     let forced = run(&app, project, &key, "kpi", &json!({"refresh": "force_cache"})).await;
     assert_eq!(
-        (forced["endpoint_materialized"].as_bool(), forced["results"].clone()),
-        (Some(true), first["results"].clone())
+        (Some(forced.computed.endpoint_materialized), forced.results.clone()),
+        (Some(true), first.results.clone())
     );
     let fresh = run(&app, project, &key, "kpi", &json!({"refresh": "force_blocking"})).await;
-    assert_eq!(fresh["endpoint_materialized"], false);
+    assert_eq!(fresh.computed.endpoint_materialized, false);
 
     // A page in another format is read from the stored result in the same modes, says so in its headers, and
     // equals the live page; with force_cache and nothing stored it is a page of no rows.
@@ -290,7 +294,7 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
     assert!(files.len() == 1 && files[0].starts_with("v2-"), "{files:?}");
     let v2_run = run(&app, project, &key, "kpi", &json!({"variables": {"from": "A", "vip": true}})).await;
     assert_eq!(
-        (v2_run["endpoint_materialized"].as_bool(), v2_run["results"][0]["most"].as_i64()),
+        (Some(v2_run.computed.endpoint_materialized), v2_run.results[0]["most"].as_i64()),
         (Some(true), Some(5))
     );
 
@@ -301,7 +305,7 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
     assert_eq!((off.materialization.status.as_ref(), off.sync_frequency), ("Disabled", None));
     assert!(stored(&app.data_dir, project, &id).is_empty());
     let live = run(&app, project, &key, "kpi", &json!({"variables": {"from": "A", "vip": true}})).await;
-    assert_eq!(live["endpoint_materialized"], false);
+    assert_eq!(live.computed.endpoint_materialized, false);
 
     // On again, then deleted: nothing of it remains readable.
     app.patch(&format!("{base}/kpi"), &key, &json!({"is_materialized": true})).await;
@@ -427,7 +431,7 @@ async fn two_nodes_on_one_postgres_refresh_each_materialization_once() {
     }
     let answer = run(&second, project, &key, "kpi3", &json!({"variables": {"from": "F"}})).await;
     assert_eq!(
-        (answer["endpoint_materialized"].as_bool(), answer["results"][0]["country"].as_str()),
+        (Some(answer.computed.endpoint_materialized), answer.results[0]["country"].as_str()),
         (Some(true), Some("FR"))
     );
     drop(second);
@@ -509,7 +513,13 @@ async fn append_sales(app: &TestApp, project: i64, key: &str, csv: &str) {
 }
 
 /// The answer of a run and its `X-Data-As-Of` header.
-async fn run_with_as_of(app: &TestApp, project: i64, key: &str, name: &str, body: &Value) -> (Value, String) {
+async fn run_with_as_of(
+    app: &TestApp,
+    project: i64,
+    key: &str,
+    name: &str,
+    body: &Value,
+) -> (RunResult, String) {
     let response = app.post(&format!("/api/projects/{project}/endpoints/{name}/run"), key, body).await;
     assert_eq!(response.status(), 200, "run failed");
     let header = response.headers()["x-data-as-of"].to_str().unwrap().to_owned();
@@ -601,24 +611,20 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
             let (stored, as_of) = loop {
                 let body = json!({"variables": vars});
                 let (answer, header) = run_with_as_of(&app, project, &key, name, &body).await;
-                if answer["endpoint_materialized"] == true && answer["results"] == live["results"] {
+                if answer.computed.endpoint_materialized && answer.results == live.results {
                     break (answer, header);
                 }
                 assert!(
                     appended_at.elapsed() < Duration::from_secs(2),
-                    "{name}: round {round} not fresh after 2 s: {answer} vs {live}"
+                    "{name}: round {round} not fresh after 2 s: {answer:?} vs {live:?}"
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             };
-            assert_eq!(stored["data_as_of"].as_str(), Some(as_of.as_str()));
             let as_of =
                 time::OffsetDateTime::parse(&as_of, &time::format_description::well_known::Rfc3339).unwrap();
-            let materialized_at = time::OffsetDateTime::parse(
-                stored["endpoint_materialized_at"].as_str().unwrap(),
-                &time::format_description::well_known::Rfc3339,
-            )
-            .unwrap();
-            assert!(as_of <= materialized_at, "data as of when its refresh began reading: {stored}");
+            assert_eq!(stored.computed.data_as_of, Some(as_of), "the header says what the body does");
+            let materialized_at = stored.computed.endpoint_materialized_at.unwrap();
+            assert!(as_of <= materialized_at, "data as of when its refresh began reading: {stored:?}");
         }
     }
     // Both aggregations take the appended rows in, the one filtered on its group keys (a rollup of its keys) as
@@ -650,7 +656,7 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     )
     .await;
     assert_eq!(
-        (bounded["endpoint_materialized"].as_bool(), bounded["is_cached"].as_bool()),
+        (Some(bounded.computed.endpoint_materialized), Some(bounded.request.is_cached)),
         (Some(false), Some(false))
     );
     let path = format!("/api/projects/{project}/endpoints/by_country/run?max_staleness_seconds=-1");
@@ -752,10 +758,7 @@ async fn an_unused_materialization_hibernates_and_its_next_run_wakes_it() {
     let vars = json!({"since": "2026-01-01", "until": "2027-01-01", "not": "XX"});
     let live = run(&app, project, &key, "sleepy", &json!({"variables": vars, "refresh": "direct"})).await;
     let first = run(&app, project, &key, "sleepy", &json!({"variables": vars})).await;
-    assert_eq!(
-        (first["endpoint_materialized"].as_bool(), &first["results"]),
-        (Some(false), &live["results"])
-    );
+    assert_eq!((Some(first.computed.endpoint_materialized), &first.results), (Some(false), &live.results));
     let woken =
         wait_until(&app, project, &key, "sleepy", |m| m.status == "Completed" && m.rows_folded == 1).await;
     assert_eq!(woken.hibernated_at, None, "{woken:?}");
@@ -763,8 +766,5 @@ async fn an_unused_materialization_hibernates_and_its_next_run_wakes_it() {
     let vars = json!({"since": "2026-01-01", "until": "2027-01-01", "not": "YY"});
     let live = run(&app, project, &key, "sleepy", &json!({"variables": vars, "refresh": "direct"})).await;
     let stored = run(&app, project, &key, "sleepy", &json!({"variables": vars})).await;
-    assert_eq!(
-        (stored["endpoint_materialized"].as_bool(), &stored["results"]),
-        (Some(true), &live["results"])
-    );
+    assert_eq!((Some(stored.computed.endpoint_materialized), &stored.results), (Some(true), &live.results));
 }
