@@ -3,7 +3,7 @@
 
 use domain::ColumnType;
 use http_actix::api::{
-    Appended, Endpoint, Preview, Table, TableColumn, TableLayout, TablePage, TableVersionPage,
+    Appended, Endpoint, Preview, RunResult, Table, TableColumn, TableLayout, TablePage, TableVersionPage,
 };
 use reqwest::{Method, Response};
 use serde::de::DeserializeOwned;
@@ -79,10 +79,10 @@ async fn a_table_is_created_appended_to_read_by_an_endpoint_and_deleted_under_bo
         assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
         let run_path = format!("{endpoints}/by-country/run");
         assert_eq!(
-            ok_json(app.get(&run_path, &key).await, 200).await["results"],
+            decoded::<RunResult>(app.get(&run_path, &key).await, 200).await.results,
             json!([{"country": "FR", "total": 4.0}, {"country": "US", "total": 12.0}])
         );
-        assert_eq!(ok_json(app.get(&run_path, &key).await, 200).await["is_cached"], true);
+        assert!(decoded::<RunResult>(app.get(&run_path, &key).await, 200).await.request.is_cached);
         let ndjson = "{\"id\": 4, \"country\": \"DE\", \"amount\": 2}\n";
         let appended: Appended = decoded(
             upload(
@@ -99,9 +99,9 @@ async fn a_table_is_created_appended_to_read_by_an_endpoint_and_deleted_under_bo
         .await;
         assert_eq!((appended.rows_added, appended.table.row_count), (1, Some(4)));
         assert_eq!(appended.table.used_by, ["by-country"]);
-        let after = ok_json(app.get(&run_path, &key).await, 200).await;
-        assert_eq!(after["is_cached"], false, "the append made the cached run stale");
-        assert_eq!(after["results"][0], json!({"country": "DE", "total": 2.0}));
+        let after: RunResult = decoded(app.get(&run_path, &key).await, 200).await;
+        assert!(!after.request.is_cached, "the append made the cached run stale");
+        assert_eq!(after.results[0], json!({"country": "DE", "total": 2.0}));
 
         let listed: TablePage = decoded(app.get(&format!("{tables}?limit=10"), &key).await, 200).await;
         assert_eq!((listed.count, listed.results[0].name.as_str()), (1, "orders"));
@@ -181,8 +181,8 @@ async fn replacing_a_table_plans_its_readers_again() {
     assert_eq!(fixed.plan_error, None, "{fixed:?}");
     let total = http_actix::api::Column { name: "total".into(), column_type: ColumnType::Integer };
     assert_eq!(fixed.columns.as_ref().map(|columns| &columns[1]), Some(&total), "{fixed:?}");
-    let run = ok_json(app.get(&format!("{endpoints}/totals/run"), &key).await, 200).await;
-    assert_eq!(run["results"], json!([{"country": "US", "total": 15}]));
+    let run: RunResult = decoded(app.get(&format!("{endpoints}/totals/run"), &key).await, 200).await;
+    assert_eq!(run.results, json!([{"country": "US", "total": 15}]));
     // A new version of the query starts without an error of its own (it drops both columns of an endpoint that
     // just ran: confirmed).
     let patched = app
@@ -207,8 +207,8 @@ async fn a_table_named_with_capitals_is_listed_and_read_under_its_quoted_name() 
     let endpoints = format!("/api/projects/{project}/endpoints");
     let body = endpoint_body("eu", "SELECT count(*) AS n FROM \"Orders_EU\"");
     assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
-    let run = ok_json(app.get(&format!("{endpoints}/eu/run"), &key).await, 200).await;
-    assert_eq!(run["results"], json!([{"n": 3}]));
+    let run: RunResult = decoded(app.get(&format!("{endpoints}/eu/run"), &key).await, 200).await;
+    assert_eq!(run.results, json!([{"n": 3}]));
     // Unquoted, SQL folds the name to lower case, and there is no such table.
     let folded = endpoint_body("folded", "SELECT count(*) AS n FROM Orders_EU");
     assert_error(app.post(&format!("{endpoints}/"), &key, &folded).await, 400, "validation_error").await;
@@ -533,18 +533,19 @@ async fn a_postgresql_table_of_an_allowed_database_is_read_where_it_is() {
     assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
     let run = format!("{endpoints}/totals/run?refresh=direct");
     let totals = json!([{"country": "FR", "total": 4.0}, {"country": "US", "total": 12.0}]);
-    assert_eq!(ok_json(app.get(&run, &key).await, 200).await["results"], totals);
+    assert_eq!(decoded::<RunResult>(app.get(&run, &key).await, 200).await.results, totals);
     psql(&format!("INSERT INTO {}.orders VALUES (4, 'DE', 2)", schema.0));
-    let more = ok_json(app.get(&run, &key).await, 200).await;
-    assert_eq!(more["results"][0], json!({"country": "DE", "total": 2.0}), "{more}");
+    let more: RunResult = decoded(app.get(&run, &key).await, 200).await;
+    assert_eq!(more.results[0], json!({"country": "DE", "total": 2.0}), "{more:?}");
     let preview_path = format!("{}/{project}/tables/orders/preview", FAMILIES[1]);
     let preview = app.post(&preview_path, &key, &json!({"limit": 2})).await;
     assert_eq!(decoded::<Preview>(preview, 200).await.results.as_array().unwrap().len(), 2);
     // A `LIKE` the engine would match itself is the database's to evaluate, in the SQL it understands.
     let body = endpoint_body("us", "SELECT id FROM orders WHERE country LIKE '_S' ORDER BY id");
     assert_eq!(app.post(&format!("{endpoints}/"), &key, &body).await.status(), 201);
-    let us = ok_json(app.get(&format!("{endpoints}/us/run?refresh=direct"), &key).await, 200).await;
-    assert_eq!(us["results"], json!([{"id": 1}, {"id": 3}]), "{us}");
+    let us: RunResult =
+        decoded(app.get(&format!("{endpoints}/us/run?refresh=direct"), &key).await, 200).await;
+    assert_eq!(us.results, json!([{"id": 1}, {"id": 3}]), "{us:?}");
 
     // Its rows are the database's: an append is refused.
     let tables = format!("{}/{project}/tables", FAMILIES[0]);
@@ -611,8 +612,9 @@ async fn external_files_are_read_only_from_allowed_places() {
     assert_eq!(created.row_count, None);
     let body = endpoint_body("n", "SELECT count(*) AS n FROM orders");
     assert_eq!(app.post(&format!("/api/projects/{project}/endpoints/"), &key, &body).await.status(), 201);
-    let n = ok_json(app.get(&format!("/api/projects/{project}/endpoints/n/run"), &key).await, 200).await;
-    assert_eq!(n["results"], json!([{"n": 3}]));
+    let n: RunResult =
+        decoded(app.get(&format!("/api/projects/{project}/endpoints/n/run"), &key).await, 200).await;
+    assert_eq!(n.results, json!([{"n": 3}]));
 
     for (body, attr, why) in [
         (json!({"source": {"url": "file:///etc/", "format": "csv"}}), "source", "not under a source"),
@@ -805,12 +807,12 @@ async fn a_stream_of_small_appends_is_compacted_into_few_files() {
     }
     assert!(compacted(&table), "{table:?}");
     assert_eq!(table.row_count, Some(41));
-    let run = ok_json(
+    let run: RunResult = decoded(
         app.get(&format!("/api/projects/{project}/endpoints/total/run?refresh=direct"), &key).await,
         200,
     )
     .await;
-    assert_eq!(run["results"][0], json!({"rows": 41, "total": 820}));
+    assert_eq!(run.results[0], json!({"rows": 41, "total": 820}));
     let metrics =
         app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("endpoints_table_compactions_total{outcome=\"compacted\"}"), "{metrics}");
@@ -855,15 +857,15 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
     let endpoint =
         json!({"name": "bad_rows", "cache_age_seconds": 0, "query": {"kind": "SQLQuery", "query": sql}});
     assert_eq!(app.post(&format!("/api/projects/{project}/endpoints/"), &key, &endpoint).await.status(), 201);
-    let run =
-        ok_json(app.get(&format!("/api/projects/{project}/endpoints/bad_rows/run"), &key).await, 200).await;
+    let run: RunResult =
+        decoded(app.get(&format!("/api/projects/{project}/endpoints/bad_rows/run"), &key).await, 200).await;
     assert_eq!(
-        run["results"],
+        run.results,
         json!([
             {"line": 2, "raw": "{\"id\": \"five\", \"country\": \"IT\", \"amount\": 1}", "why": true, "at": true},
             {"line": 3, "raw": "{\"id\": 6, \"country\": \"ES\", \"amount\": 3, \"colour\": \"red\"}", "why": true, "at": true},
         ]),
-        "{run}"
+        "{run:?}"
     );
     let table: Table = decoded(app.get(&format!("{tables}/orders_quarantine"), &key).await, 200).await;
     assert_eq!(names(&table), ["received_at", "line", "raw", "error"]);
@@ -875,9 +877,9 @@ async fn rows_that_do_not_fit_are_set_aside_in_the_quarantine_table_when_asked()
     )
     .await;
     assert_eq!((second.rows_added, second.rows_quarantined), (1, 1));
-    let run =
-        ok_json(app.get(&format!("/api/projects/{project}/endpoints/bad_rows/run"), &key).await, 200).await;
-    assert_eq!(run["results"].as_array().unwrap().len(), 3, "{run}");
+    let run: RunResult =
+        decoded(app.get(&format!("/api/projects/{project}/endpoints/bad_rows/run"), &key).await, 200).await;
+    assert_eq!(run.results.as_array().unwrap().len(), 3, "{run:?}");
     // What quarantine cannot take is refused, naming on_error.
     let bogus = assert_error(
         upload(&app, Method::POST, &format!("{rows}?on_error=skip"), &key, "text/csv", csv).await,
@@ -1101,11 +1103,11 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
         let path = format!("/api/projects/{project}/endpoints/by_account/run");
         let body = json!({"variables": {"account": account}, "refresh": "direct"});
         let (app, key) = (&app, &key);
-        async move { ok_json(app.post(&path, key, &body).await, 200).await }
+        async move { decoded::<RunResult>(app.post(&path, key, &body).await, 200).await }
     };
     let matching: Vec<u64> = (0..rows).filter(|n| account(*n) == "a7").collect();
     let expected = json!({"rows": matching.len(), "total": matching.iter().sum::<u64>()});
-    assert_eq!(run("a7").await["results"][0], expected);
+    assert_eq!(run("a7").await.results[0], expected);
 
     // The endpoint's next version also filters a range of `n`: the files are sorted by both (the equality
     // first) at the first compaction once they have been sorted by `account` for `LAYOUT_RECHECK`.
@@ -1118,7 +1120,7 @@ async fn a_tables_files_are_sorted_by_the_columns_its_endpoints_filter_on() {
     assert_eq!(updated.status(), 200);
     clock.advance(domain::LAYOUT_RECHECK);
     laid_out(&app, &table, &key, &["account", "n"]).await;
-    assert_eq!(run("a7").await["results"][0], expected);
+    assert_eq!(run("a7").await.results[0], expected);
 }
 
 /// Columns set for a table (`PATCH` with `cluster_by`) sort its files in place of its endpoints' filters, until
