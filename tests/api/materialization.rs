@@ -241,7 +241,7 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
         (Some(true), first.results.clone())
     );
     let fresh = run(&app, project, &key, "kpi", &json!({"refresh": "force_blocking"})).await;
-    assert_eq!(fresh.computed.endpoint_materialized, false);
+    assert!(!fresh.computed.endpoint_materialized);
 
     // A page in another format is read from the stored result in the same modes, says so in its headers, and
     // equals the live page; with force_cache and nothing stored it is a page of no rows.
@@ -305,7 +305,7 @@ async fn materialized_runs_equal_live_runs_and_follow_the_endpoint() {
     assert_eq!((off.materialization.status.as_ref(), off.sync_frequency), ("Disabled", None));
     assert!(stored(&app.data_dir, project, &id).is_empty());
     let live = run(&app, project, &key, "kpi", &json!({"variables": {"from": "A", "vip": true}})).await;
-    assert_eq!(live.computed.endpoint_materialized, false);
+    assert!(!live.computed.endpoint_materialized);
 
     // On again, then deleted: nothing of it remains readable.
     app.patch(&format!("{base}/kpi"), &key, &json!({"is_materialized": true})).await;

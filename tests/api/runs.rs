@@ -184,7 +184,7 @@ async fn pages_cache_and_invalidation() {
     assert_eq!(second.computed.statistics, first.computed.statistics);
 
     let forced = answered(run_get(&app, project, &key, "ids", "limit=3&refresh=force_blocking").await).await;
-    assert_eq!(forced.request.is_cached, false);
+    assert!(!forced.request.is_cached);
     let direct = answered(run_get(&app, project, &key, "ids", "limit=3&refresh=direct").await).await;
     assert_eq!((direct.request.is_cached, direct.computed.cache_expires_at), (false, None));
     let cached_only =
@@ -197,7 +197,7 @@ async fn pages_cache_and_invalidation() {
     app.patch(&format!("/api/projects/{project}/endpoints/ids"), &key, &json!({"description": "changed"}))
         .await;
     let after_update = answered(run_get(&app, project, &key, "ids", "limit=3").await).await;
-    assert_eq!(after_update.request.is_cached, false);
+    assert!(!after_update.request.is_cached);
 
     // So does a delete: a new endpoint of the same name never sees the old results.
     app.delete(&format!("/api/projects/{project}/endpoints/ids"), &key).await;
@@ -211,7 +211,7 @@ async fn pages_cache_and_invalidation() {
     app.patch(&format!("/api/projects/{project}/endpoints/ids"), &key, &json!({"cache_age_seconds": 0}))
         .await;
     answered(run_get(&app, project, &key, "ids", "").await).await;
-    assert_eq!(answered(run_get(&app, project, &key, "ids", "").await).await.request.is_cached, false);
+    assert!(!answered(run_get(&app, project, &key, "ids", "").await).await.request.is_cached);
 }
 
 #[tokio::test]
@@ -432,10 +432,7 @@ async fn a_recursive_query_that_never_ends_is_cut_off() {
     let started = std::time::Instant::now();
     let response = app.get(&format!("/api/projects/{project}/endpoints/bomb/run"), &key).await;
     let error = assert_error(response, 400, "query_error").await;
-    assert!(
-        ["query_timeout", "query_memory_limit"].contains(&Some(error.code.as_str()).unwrap()),
-        "{error:?}"
-    );
+    assert!(["query_timeout", "query_memory_limit"].contains(&error.code.as_str()), "{error:?}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30), "cut off promptly");
 }
 
