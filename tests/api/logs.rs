@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use http_actix::api::{LogEntry, LogKindName, LogList, LogSourceName, TransportName, Usage, UsageBucketBody};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -42,14 +43,13 @@ async fn records(
     name: &str,
     query: &str,
     count: usize,
-) -> Vec<Value> {
+) -> Vec<LogEntry> {
     let started = Instant::now();
     loop {
         let response =
             app.get(&format!("/api/projects/{project}/endpoints/{name}/logs?limit=1000{query}"), key).await;
         assert_eq!(response.status(), 200);
-        let page: Value = response.json().await.unwrap();
-        let found = page["results"].as_array().unwrap().clone();
+        let found = response.json::<LogList>().await.unwrap().results;
         if found.len() >= count || started.elapsed() > Duration::from_secs(10) {
             return found;
         }
@@ -155,43 +155,31 @@ async fn every_kind_of_run_and_refresh_is_logged_without_a_variables_value() {
     assert_eq!(logged.len(), runs, "{logged:#?}");
     let text = serde_json::to_string(&logged).unwrap();
     assert!(!text.contains(SECRET), "a variable's value is in the log: {text}");
-    let with_id =
-        |id: &str| logged.iter().find(|r| r["request_id"] == id).unwrap_or_else(|| panic!("{id}: {text}"));
+    let with_id = |id: &str| {
+        logged.iter().find(|r| r.request_id.as_deref() == Some(id)).unwrap_or_else(|| panic!("{id}: {text}"))
+    };
     let live = with_id(&request_ids[0]);
-    assert_eq!(
-        (live["kind"].as_str(), live["status"].as_u64(), live["source"].as_str()),
-        (Some("run"), Some(200), Some("live"))
-    );
-    assert_eq!(
-        (live["version"].as_u64(), live["rows"].as_u64(), live["transport"].as_str()),
-        (Some(1), Some(0), Some("rest"))
-    );
-    assert_eq!(live["credential"], "dashboard");
-    assert!(live["duration_ms"].as_f64().unwrap() > 0.0 && live["bytes_read"].as_u64().is_some(), "{live}");
-    assert_eq!(with_id(&request_ids[1])["source"], "cache");
-    assert_eq!(with_id(&request_ids[2])["rows"], 1);
-    assert_eq!(with_id(&request_ids[3])["source"], "live");
+    assert_eq!((live.kind, live.status, live.source), (LogKindName::Run, 200, Some(LogSourceName::Live)));
+    assert_eq!((live.version, live.rows, live.transport), (Some(1), Some(0), Some(TransportName::Rest)));
+    assert_eq!(live.credential.as_deref(), Some("dashboard"));
+    assert!(live.duration_ms > 0.0 && live.bytes_read.is_some(), "{live:?}");
+    assert_eq!(with_id(&request_ids[1]).source, Some(LogSourceName::Cache));
+    assert_eq!(with_id(&request_ids[2]).rows, Some(1));
+    assert_eq!(with_id(&request_ids[3]).source, Some(LogSourceName::Live));
     let refused = with_id(&request_ids[4]);
     assert_eq!(
-        (refused["status"].as_u64(), refused["code"].as_str(), refused["version"].as_u64()),
-        (Some(400), Some("unknown_variable"), None)
+        (refused.status, refused.code.as_deref(), refused.version),
+        (400, Some("unknown_variable"), None)
     );
-    assert_eq!(with_id(&request_ids[5])["credential"], token_id(&token));
-    let over_mcp: Vec<_> = logged.iter().filter(|r| r["transport"] == "mcp").collect();
+    assert_eq!(with_id(&request_ids[5]).credential, Some(token_id(&token)));
+    let over_mcp: Vec<_> = logged.iter().filter(|r| r.transport == Some(TransportName::Mcp)).collect();
     assert_eq!(over_mcp.len(), 1, "{text}");
-    assert_eq!(
-        (over_mcp[0]["status"].as_u64(), over_mcp[0]["credential"].as_str()),
-        (Some(200), Some("dashboard"))
-    );
-    let limited_records = logged.iter().filter(|r| r["status"] == 429).count();
+    assert_eq!((over_mcp[0].status, over_mcp[0].credential.as_deref()), (200, Some("dashboard")));
+    let limited_records = logged.iter().filter(|r| r.status == 429).count();
     assert_eq!(limited_records, limited);
-    assert!(logged.iter().filter(|r| r["status"] == 429).all(|r| r["code"] == "rate_limited"));
+    assert!(logged.iter().filter(|r| r.status == 429).all(|r| r.code.as_deref() == Some("rate_limited")));
     // Newest first.
-    let rfc3339 = &time::format_description::well_known::Rfc3339;
-    let times: Vec<_> = logged
-        .iter()
-        .map(|r| time::OffsetDateTime::parse(r["at"].as_str().unwrap(), rfc3339).unwrap())
-        .collect();
+    let times: Vec<_> = logged.iter().map(|r| r.at).collect();
     let mut sorted = times.clone();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
     assert_eq!(times, sorted);
@@ -200,15 +188,15 @@ async fn every_kind_of_run_and_refresh_is_logged_without_a_variables_value() {
     let errors = records(&app, project, &writer, "by-country", "&status=error", 1).await;
     assert_eq!(errors.len(), 1 + limited);
     let page =
-        app.get(&format!("{base}/by-country/logs?limit=5"), &writer).await.json::<Value>().await.unwrap();
-    let next = page["next"].as_str().unwrap();
+        app.get(&format!("{base}/by-country/logs?limit=5"), &writer).await.json::<LogList>().await.unwrap();
+    let next = page.next.unwrap();
     let second = app
         .get(&format!("{base}/by-country/logs?limit=5&cursor={next}"), &writer)
         .await
-        .json::<Value>()
+        .json::<LogList>()
         .await
         .unwrap();
-    assert_eq!(second["results"][0], logged[5]);
+    assert_eq!(second.results[0], logged[5]);
     for bad in ["limit=0", "limit=1001", "kind=walk", "status=4xx", "since=yesterday", "cursor=nope"] {
         let response = app.get(&format!("{base}/by-country/logs?{bad}"), &writer).await;
         assert_error(response, 400, "validation_error").await;
@@ -219,17 +207,16 @@ async fn every_kind_of_run_and_refresh_is_logged_without_a_variables_value() {
     // Usage: the runs of the last hour in minutes, errors and cache hits among them.
     let usage = app.get(&format!("{base}/by-country/usage?interval=minute"), &writer).await;
     assert_eq!(usage.status(), 200);
-    let usage: Value = usage.json().await.unwrap();
-    let buckets = usage["buckets"].as_array().unwrap();
+    let usage: Usage = usage.json().await.unwrap();
+    let buckets = &usage.buckets;
     // An hour from now back: 60 minutes, and the part of one more where it begins.
-    assert!((60..=61).contains(&buckets.len()), "{usage}");
-    let total = |field: &str| buckets.iter().map(|b| b[field].as_u64().unwrap()).sum::<u64>();
-    assert_eq!(total("requests"), runs as u64);
-    assert_eq!(total("errors"), 1 + limited as u64);
-    assert_eq!(total("cache_hits"), logged.iter().filter(|r| r["source"] == "cache").count() as u64);
-    assert!(buckets
-        .iter()
-        .any(|b| b["p99_ms"].as_f64().is_some_and(|p99| p99 >= b["p50_ms"].as_f64().unwrap())));
+    assert!((60..=61).contains(&buckets.len()), "{usage:?}");
+    let total = |field: fn(&UsageBucketBody) -> u64| buckets.iter().map(field).sum::<u64>();
+    assert_eq!(total(|b| b.requests), runs as u64);
+    assert_eq!(total(|b| b.errors), 1 + limited as u64);
+    let cache_hits = logged.iter().filter(|r| r.source == Some(LogSourceName::Cache)).count();
+    assert_eq!(total(|b| b.cache_hits), cache_hits as u64);
+    assert!(buckets.iter().any(|b| b.p99_ms.is_some_and(|p99| p99 >= b.p50_ms.unwrap())));
     assert_error(
         app.get(&format!("{base}/by-country/usage?interval=week"), &writer).await,
         400,
@@ -240,9 +227,9 @@ async fn every_kind_of_run_and_refresh_is_logged_without_a_variables_value() {
     let year = app
         .get(&format!("{base}/by-country/usage?interval=minute&since=2025-01-01T00:00:00Z"), &writer)
         .await;
-    let year: Value = year.json().await.unwrap();
-    assert_eq!(year["buckets"].as_array().unwrap().len(), 7 * 24 * 60, "{}", year["since"]);
-    assert_ne!(year["since"], "2025-01-01T00:00:00Z");
+    let year: Usage = year.json().await.unwrap();
+    assert_eq!(year.buckets.len(), 7 * 24 * 60, "{}", year.since);
+    assert_ne!(year.since, time::macros::datetime!(2025-01-01 00:00 UTC));
     // A range that holds nothing has no bucket; an empty value is refused, as the schema says.
     let empty = app
         .get(
@@ -250,7 +237,7 @@ async fn every_kind_of_run_and_refresh_is_logged_without_a_variables_value() {
             &writer,
         )
         .await;
-    assert_eq!(empty.json::<Value>().await.unwrap()["buckets"], json!([]));
+    assert!(empty.json::<Usage>().await.unwrap().buckets.is_empty());
     for blank in ["logs?kind=", "logs?until=", "usage?interval=", "usage?since="] {
         assert_error(app.get(&format!("{base}/by-country/{blank}"), &writer).await, 400, "validation_error")
             .await;
@@ -258,12 +245,8 @@ async fn every_kind_of_run_and_refresh_is_logged_without_a_variables_value() {
 
     // The refresh of the materialized endpoint.
     let refreshes = records(&app, project, &writer, "kept", "&kind=refresh", 1).await;
-    assert_eq!(
-        (refreshes[0]["status"].as_u64(), refreshes[0]["rows"].as_u64()),
-        (Some(200), Some(5)),
-        "{refreshes:?}"
-    );
-    assert_eq!(refreshes[0]["transport"], Value::Null);
+    assert_eq!((refreshes[0].status, refreshes[0].rows), (200, Some(5)), "{refreshes:?}");
+    assert_eq!(refreshes[0].transport, None);
 
     // `_logs`: the project's own records in SQL, not among its tables.
     let counted = sql(
@@ -347,13 +330,13 @@ async fn a_project_never_sees_another_projects_records_and_old_ones_are_gone() {
     // Past the retention (3 s) by the service's clock, none are read: not by the listing, the usage or `_logs`.
     clock.advance(Duration::from_secs(4));
     assert!(records(&app, first, &first_key, "kpi", "", 0).await.is_empty());
-    let usage: Value = app
+    let usage: Usage = app
         .get(&format!("/api/projects/{first}/endpoints/kpi/usage"), &first_key)
         .await
         .json()
         .await
         .unwrap();
-    assert!(usage["buckets"].as_array().unwrap().iter().all(|b| b["requests"] == 0), "{usage}");
+    assert!(usage.buckets.iter().all(|b| b.requests == 0), "{usage:?}");
     let left =
         sql(&app, first, &first_key, "left", "SELECT count(*) AS n FROM _logs WHERE endpoint = 'kpi'").await;
     assert_eq!(left[0]["n"], 0);
@@ -374,7 +357,7 @@ async fn records_from_every_node_are_read_on_any() {
     }
     for node in [&first, &second] {
         let logged = records(node, project, &key, "both", "", 4).await;
-        let mut seen: Vec<_> = logged.iter().map(|r| r["request_id"].as_str().unwrap().to_owned()).collect();
+        let mut seen: Vec<_> = logged.iter().map(|r| r.request_id.clone().unwrap()).collect();
         seen.sort();
         let mut expected = ids.clone();
         expected.sort();

@@ -1,7 +1,9 @@
 //! An endpoint's run log as the API answers it: a page of records, and usage buckets.
 
 use domain::{LogPage, LogRecord, UsageBucket, UsageQuery};
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -9,64 +11,64 @@ use uuid::Uuid;
 use super::millis;
 
 /// One run or refresh. It never holds a variable's value.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct LogEntry {
-    id: Uuid,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LogEntry {
+    pub id: Uuid,
     /// When the request (or refresh) began.
     #[serde(with = "time::serde::rfc3339")]
-    at: OffsetDateTime,
-    endpoint: String,
+    pub at: OffsetDateTime,
+    pub endpoint: String,
     /// The version that ran; null when the run failed before one was chosen.
     #[schema(required = true)]
-    version: Option<u32>,
+    pub version: Option<u32>,
     #[schema(inline)]
-    kind: LogKindName,
+    pub kind: LogKindName,
     /// The HTTP status the run was answered with (a refresh: 200, or the status its failure would have had).
-    status: u16,
+    pub status: u16,
     /// The error code of a failure.
     #[schema(required = true)]
-    code: Option<String>,
-    duration_ms: f64,
+    pub code: Option<String>,
+    pub duration_ms: f64,
     /// Rows answered (a refresh: rows stored).
     #[schema(required = true)]
-    rows: Option<u64>,
+    pub rows: Option<u64>,
     /// Bytes read from storage; null when nothing was computed or the engine cannot tell.
     #[schema(required = true)]
-    bytes_read: Option<u64>,
+    pub bytes_read: Option<u64>,
     #[schema(required = true, inline)]
-    source: Option<LogSourceName>,
+    pub source: Option<LogSourceName>,
     /// The API key's label, or the run token's id.
     #[schema(required = true)]
-    credential: Option<String>,
+    pub credential: Option<String>,
     #[schema(required = true, inline)]
-    transport: Option<TransportName>,
+    pub transport: Option<TransportName>,
     /// The request's `X-Request-Id`.
     #[schema(required = true)]
-    request_id: Option<String>,
+    pub request_id: Option<String>,
     /// How many runs the record stands for: 1, or for a sample of runs refused with 429 past the project's
     /// share of the log, the refused runs it was kept for.
     #[schema(minimum = 1)]
-    runs: u32,
+    pub runs: u32,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum LogKindName {
+pub enum LogKindName {
     Run,
     Refresh,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum LogSourceName {
+pub enum LogSourceName {
     Cache,
     Materialized,
     Live,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum TransportName {
+pub enum TransportName {
     Rest,
     Mcp,
 }
@@ -104,12 +106,12 @@ impl From<LogRecord> for LogEntry {
 }
 
 /// A page of an endpoint's log, newest first.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct LogList {
-    results: Vec<LogEntry>,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LogList {
+    pub results: Vec<LogEntry>,
     /// Pass as `cursor` for the next page; null on the last.
     #[schema(required = true)]
-    next: Option<String>,
+    pub next: Option<String>,
 }
 
 impl From<LogPage> for LogList {
@@ -122,37 +124,38 @@ impl From<LogPage> for LogList {
 }
 
 /// One bucket of usage: the runs that began in it.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct UsageBucketBody {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageBucketBody {
     /// Where the bucket begins.
     #[serde(with = "time::serde::rfc3339")]
-    start: OffsetDateTime,
-    requests: u64,
+    pub start: OffsetDateTime,
+    pub requests: u64,
     /// Runs answered with a status of 400 or more.
-    errors: u64,
+    pub errors: u64,
     /// Runs answered from the cache.
-    cache_hits: u64,
+    pub cache_hits: u64,
     /// Latency percentiles in milliseconds (nearest rank over every run); null without runs.
     #[schema(required = true)]
-    p50_ms: Option<f64>,
+    pub p50_ms: Option<f64>,
     #[schema(required = true)]
-    p95_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
     #[schema(required = true)]
-    p99_ms: Option<f64>,
-    rows: u64,
-    bytes_read: u64,
+    pub p99_ms: Option<f64>,
+    pub rows: u64,
+    pub bytes_read: u64,
 }
 
 /// An endpoint's usage in buckets over a range.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Usage {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
     #[serde(with = "time::serde::rfc3339")]
-    since: OffsetDateTime,
+    pub since: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
-    until: OffsetDateTime,
+    pub until: OffsetDateTime,
     /// minute, hour or day.
-    interval: &'static str,
-    buckets: Vec<UsageBucketBody>,
+    #[schema(value_type = String)]
+    pub interval: Cow<'static, str>,
+    pub buckets: Vec<UsageBucketBody>,
 }
 
 impl Usage {
@@ -161,7 +164,7 @@ impl Usage {
         Self {
             since: query.since,
             until: query.until,
-            interval: query.interval.as_str(),
+            interval: Cow::Borrowed(query.interval.as_str()),
             buckets: buckets
                 .into_iter()
                 .map(|bucket| UsageBucketBody {

@@ -3,8 +3,8 @@
 //! each endpoint's own document publish. Request bodies are read by the domain; their schemas are in
 //! `requests`. The error body is with the error codes, in `crate::error`.
 //!
-//! The endpoint and table records, their pages, a table's preview and a run's answer ([`RunResult`]) are read
-//! back too (`Deserialize`, public):
+//! The endpoint and table records, their pages, a table's preview, a run's answer ([`RunResult`]) and an
+//! endpoint's log and usage are read back too (`Deserialize`, public):
 //! the `endpoints code` CLI reads the server's answers as these types, so that it never holds a copy of them,
 //! and the API tests decode answers into them.
 
@@ -22,7 +22,7 @@ mod token;
 pub(crate) use endpoint::Version;
 pub use endpoint::{BreakingChange, Column, Endpoint, Materialization, Query, Variable};
 pub(crate) use last_executions::LastExecutionTimes;
-pub(crate) use log::{LogList, Usage};
+pub use log::{LogEntry, LogKindName, LogList, LogSourceName, TransportName, Usage, UsageBucketBody};
 pub use page::EndpointPage;
 pub(crate) use page::VersionPage;
 pub use page::{TablePage, TableVersionPage};
