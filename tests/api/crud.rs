@@ -1,5 +1,6 @@
 //! Listing, creating, reading, changing and deleting endpoints under both families, on SQLite and on PostgreSQL.
 
+use http_actix::api::EndpointPage;
 use serde_json::{json, Value};
 
 use crate::helpers::{assert_error, endpoint_body, spawn_app, TestApp, FAMILIES};
@@ -202,22 +203,21 @@ async fn list_pages_filters_and_orders_by_name() {
         body["is_active"] = json!(name != "bravo");
         app.create_endpoint(project, &key, &body).await;
     }
-    let names = |page: &Value| -> Vec<String> {
-        page["results"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap().to_owned()).collect()
-    };
+    let names =
+        |page: &EndpointPage| -> Vec<String> { page.results.iter().map(|e| e.name.clone()).collect() };
     let base = format!("/api/environments/{project}/endpoints/");
-    let all: Value = app.get(&base, &key).await.json().await.unwrap();
+    let all: EndpointPage = app.get(&base, &key).await.json().await.unwrap();
     assert_eq!(
-        (all["count"].as_u64(), names(&all)),
-        (Some(4), vec!["alpha".to_string(), "bravo".into(), "charlie".into(), "delta".into()])
+        (all.count, names(&all)),
+        (4, ["alpha", "bravo", "charlie", "delta"].map(String::from).to_vec())
     );
-    assert_eq!((all["next"].clone(), all["previous"].clone()), (Value::Null, Value::Null));
+    assert_eq!((all.next, all.previous), (None, None));
 
-    let first: Value = app.get(&format!("{base}?limit=2"), &key).await.json().await.unwrap();
+    let first: EndpointPage = app.get(&format!("{base}?limit=2"), &key).await.json().await.unwrap();
     assert_eq!(names(&first), ["alpha", "bravo"]);
-    let next = first["next"].as_str().unwrap();
+    let next = first.next.as_deref().unwrap();
     assert!(next.starts_with(&app.address), "{next}");
-    let second: Value = app
+    let second: EndpointPage = app
         .request(reqwest::Method::GET, &next[app.address.len()..], Some(&key))
         .send()
         .await
@@ -226,12 +226,12 @@ async fn list_pages_filters_and_orders_by_name() {
         .await
         .unwrap();
     assert_eq!(names(&second), ["charlie", "delta"]);
-    assert_eq!(second["next"], Value::Null);
-    assert!(second["previous"].as_str().unwrap().ends_with("limit=2&offset=0"));
+    assert_eq!(second.next, None);
+    assert!(second.previous.as_deref().unwrap().ends_with("limit=2&offset=0"));
 
-    let active: Value = app.get(&format!("{base}?is_active=false"), &key).await.json().await.unwrap();
+    let active: EndpointPage = app.get(&format!("{base}?is_active=false"), &key).await.json().await.unwrap();
     assert_eq!(names(&active), ["bravo"]);
-    let search: Value = app.get(&format!("{base}?search=CHAR"), &key).await.json().await.unwrap();
+    let search: EndpointPage = app.get(&format!("{base}?search=CHAR"), &key).await.json().await.unwrap();
     assert_eq!(names(&search), ["charlie"]);
     for bad in ["limit=0", "limit=1001", "offset=-1", "is_active=perhaps"] {
         assert_error(app.get(&format!("{base}?{bad}"), &key).await, 400, "validation_error").await;
@@ -239,9 +239,9 @@ async fn list_pages_filters_and_orders_by_name() {
 
     // Another project's endpoints never show up.
     let (other, other_key) = app.project_with_key();
-    let empty: Value =
+    let empty: EndpointPage =
         app.get(&format!("/api/projects/{other}/endpoints"), &other_key).await.json().await.unwrap();
-    assert_eq!(empty["count"], 0);
+    assert_eq!(empty.count, 0);
 }
 
 #[tokio::test]

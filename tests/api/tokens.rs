@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use futures_util::stream::{self, StreamExt};
+use http_actix::api::RunResult;
 use rand::Rng;
 use reqwest::{Method, Response};
 use serde_json::{json, Value};
@@ -33,6 +34,12 @@ async fn json_of(response: Response, status: u16) -> Value {
     let body: Value = response.json().await.unwrap();
     assert_eq!(got, status, "{body}");
     body
+}
+
+/// A run's answer (asserting 200), as the API's type of it.
+async fn answered(response: Response) -> RunResult {
+    let body = json_of(response, 200).await;
+    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 async fn issue(app: &TestApp, family: &str, project: i64, key: &str, body: Value) -> String {
@@ -91,13 +98,13 @@ async fn a_run_token_runs_only_its_endpoints_with_its_variables_fixed() {
 
         // It runs its endpoint, by GET and POST, and sees only its tenant's rows.
         let run = format!("{base}/by-country/run");
-        let answer = json_of(app.get(&run, &token).await, 200).await;
-        assert_eq!(answer["results"], json!([{"country": "FR", "n": 1, "total": 5.0}]), "{answer}");
-        let answer = json_of(app.post(&run, &token, &json!({})).await, 200).await;
-        assert_eq!(answer["results"], json!([{"country": "FR", "n": 1, "total": 5.0}]), "{answer}");
+        let answer = answered(app.get(&run, &token).await).await;
+        assert_eq!(answer.results, json!([{"country": "FR", "n": 1, "total": 5.0}]), "{answer:?}");
+        let answer = answered(app.post(&run, &token, &json!({})).await).await;
+        assert_eq!(answer.results, json!([{"country": "FR", "n": 1, "total": 5.0}]), "{answer:?}");
         // A key sees what it asks for; the token's holder cannot ask.
-        let us = json_of(app.get(&format!("{run}?variables.country=US"), &reader).await, 200).await;
-        assert_eq!(us["results"][0]["country"], "US");
+        let us = answered(app.get(&format!("{run}?variables.country=US"), &reader).await).await;
+        assert_eq!(us.results[0]["country"], "US");
         for response in [
             app.get(&format!("{run}?variables.country=US"), &token).await,
             app.get(&format!("{run}?variables.country=FR"), &token).await,
@@ -161,11 +168,11 @@ async fn a_run_token_runs_the_current_version_unless_issued_for_another() {
     let fixed = json!({"query": {"kind": "SQLQuery", "query": "SELECT count(*) AS n FROM sales"}});
     json_of(app.patch(&base, &writer, &fixed).await, 200).await;
     let pinned = issue(&app, "projects", project, &writer, json!({"endpoints": ["leaky"]})).await;
-    let current = json_of(app.get(&format!("{base}/run"), &pinned).await, 200).await;
+    let current = answered(app.get(&format!("{base}/run"), &pinned).await).await;
     assert_eq!(
-        (current["endpoint_version"].as_u64(), &current["results"]),
+        (current.computed.endpoint_version, &current.results),
         (Some(2), &json!([{"n": 6}])),
-        "{current}"
+        "{current:?}"
     );
     for response in [
         app.get(&format!("{base}/run?version=1"), &pinned).await,
@@ -184,8 +191,8 @@ async fn a_run_token_runs_the_current_version_unless_issued_for_another() {
     // Issued for version 1 by name: that version, and the current one, and no other.
     let grant = json!({"endpoints": ["leaky"], "versions": {"leaky": [1]}});
     let named = issue(&app, "projects", project, &writer, grant).await;
-    let old = json_of(app.get(&format!("{base}/run?version=1"), &named).await, 200).await;
-    assert_eq!(old["endpoint_version"], 1, "{old}");
+    let old = answered(app.get(&format!("{base}/run?version=1"), &named).await).await;
+    assert_eq!(old.computed.endpoint_version, Some(1), "{old:?}");
     json_of(app.get(&format!("{base}/openapi.json?version=1"), &named).await, 200).await;
     json_of(app.get(&format!("{base}/run"), &named).await, 200).await;
     assert_error(app.get(&format!("{base}/run?version=2"), &named).await, 403, "permission_denied").await;
@@ -393,15 +400,15 @@ async fn a_thousand_tenants_see_only_their_own_rows() {
             .map(|(customer, token)| {
                 let (app, run, orders_of) = (&app, &run, &orders_of);
                 async move {
-                    let answer = json_of(app.get(run, token).await, 200).await;
-                    let rows = answer["results"].as_array().unwrap();
+                    let answer = answered(app.get(run, token).await).await;
+                    let rows = answer.results.as_array().unwrap();
                     let expected = orders_of.get(*customer).copied().unwrap_or(0);
-                    assert_eq!(rows.len(), expected, "customer {customer}: {answer}");
+                    assert_eq!(rows.len(), expected, "customer {customer}: {answer:?}");
                     assert!(
                         rows.iter().all(|row| row["customer_id"] == json!(customer)),
-                        "customer {customer}: {answer}"
+                        "customer {customer}: {answer:?}"
                     );
-                    answer["is_cached"].as_bool().unwrap()
+                    answer.request.is_cached
                 }
             })
             .buffer_unordered(64)
