@@ -247,7 +247,7 @@ impl std::fmt::Debug for FoldPlans {
 pub(crate) struct FoldPlan {
     versions: BTreeMap<String, String>,
     plan: LogicalPlan,
-    physical: Option<KeptPlan>,
+    physical: Option<Arc<KeptPlan>>,
     rollup: bool,
     metadata: HashMap<String, String>,
     fold: Fold,
@@ -262,8 +262,10 @@ impl FoldPlans {
     pub(crate) fn new() -> Self {
         let entries = moka::sync::Cache::builder()
             .max_capacity(PREPARED_BYTES / 4)
-            .weigher(|(_, query): &(ProjectId, String), _: &Arc<FoldPlan>| {
-                u32::try_from(PLAN_BYTES + 8 * query.len()).unwrap_or(u32::MAX)
+            // A physical plan kept beside the logical one counts as one plan more.
+            .weigher(|(_, query): &(ProjectId, String), kept: &Arc<FoldPlan>| {
+                let plans = 1 + usize::from(kept.physical.is_some());
+                u32::try_from(PLAN_BYTES * plans + 8 * query.len()).unwrap_or(u32::MAX)
             })
             .time_to_idle(Self::IDLE)
             .build();
@@ -291,7 +293,7 @@ impl FoldPlans {
         &self,
         (project, query): (ProjectId, String),
         plan: &FoldPlan,
-        physical: Option<KeptPlan>,
+        physical: Option<Arc<KeptPlan>>,
         covered: &fold::Covered,
     ) {
         if !plan.reusable {
@@ -637,8 +639,8 @@ impl DataFusionEngine {
         let (mut stream, _held, physical) = if unchanged.is_empty() && self.scheduler().is_none() {
             // The appended files are all it reads: its physical plan is kept, each fold binding its own files.
             let physical = match &kept.physical {
-                Some(physical) => physical.clone(),
-                None => self.appended_plan(stored, (&table, &schema), Arc::clone(&runtime)).await?,
+                Some(physical) => Arc::clone(physical),
+                None => Arc::new(self.appended_plan(stored, (&table, &schema), Arc::clone(&runtime)).await?),
             };
             let appended = bound::Appended(catalog::partitioned(&self.storage, &files));
             let (plan, task) = physical.bind(appended, runtime).map_err(execute::execution_error)?;
