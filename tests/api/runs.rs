@@ -337,6 +337,10 @@ async fn a_client_that_disconnects_cancels_its_live_query() {
         .tuned(|config| {
             config.limits.query_timeout = std::time::Duration::from_secs(60);
             config.limits.max_concurrent_per_project = 1;
+            config.run_log = Some(server::RunLogConfig {
+                flush_interval: std::time::Duration::from_millis(100),
+                ..Default::default()
+            });
         })
         .spawn()
         .await;
@@ -366,6 +370,19 @@ async fn a_client_that_disconnects_cancels_its_live_query() {
         assert_eq!(status, 429, "only the slot can be in the way");
     }
     assert_eq!(status, 200, "the slot was never released");
+    // The run service recorded the cancelled run as the client's leaving.
+    let logs = format!("/api/projects/{project}/endpoints/slow/logs");
+    let mut logged = Vec::new();
+    for _ in 0..100 {
+        logged = app.get(&logs, &key).await.json::<http_actix::api::LogList>().await.unwrap().results;
+        if !logged.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let [cancelled] = &logged[..] else { panic!("{logged:#?}") };
+    assert_eq!((cancelled.status, cancelled.code.as_deref()), (499, Some("client_closed_request")));
+    assert!(cancelled.duration_ms >= 300.0, "{cancelled:?}");
 }
 
 #[tokio::test]

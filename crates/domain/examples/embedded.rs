@@ -12,10 +12,10 @@ use domain::{
     BoundValue, CacheKey, CachedRun, Claim, Column, ColumnType, CreateEndpoint, Endpoint, EndpointChange,
     EndpointDeps, EndpointFilter, EndpointName, EndpointPatch, EndpointService, EndpointStore,
     EndpointVersion, EngineError, ExecutionTracker, Export, MaterializationPorts, MaterializationRecords,
-    MaterializationState, MaterializedFilter, NewEndpoint, Page, PageRequest, Principal, ProjectId, Query,
-    QueryDescription, QueryEngine, QueryResult, Refresh, Replanned, ResultCache, ResultFormat, ResultStorage,
-    RunDeps, RunRequest, RunService, Scope, Statistics, StoreError, StoredResult, Switch, SystemClock,
-    TableReader, Timestamp, Variable, VariableType, VersionNumber,
+    MaterializationState, MaterializedFilter, NewEndpoint, NoRunLog, Page, PageRequest, Principal, ProjectId,
+    Query, QueryDescription, QueryEngine, QueryResult, Refresh, Replanned, ResultCache, ResultFormat,
+    ResultStorage, RunBy, RunDeps, RunRequest, RunService, Scope, Statistics, StoreError, StoredResult,
+    Switch, SystemClock, TableReader, Timestamp, Transport, Variable, VariableType, VersionNumber,
 };
 use serde_json::{json, Map};
 use uuid::Uuid;
@@ -401,6 +401,8 @@ async fn main() -> Result<(), domain::Error> {
         materializations,
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
         cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
+        // Each run's record goes to the log; this program keeps none.
+        log: Arc::new(NoRunLog),
     });
 
     let project = ProjectId::new(1)?;
@@ -412,12 +414,14 @@ async fn main() -> Result<(), domain::Error> {
         grant: None,
         label: Arc::from("embedded"),
     };
+    // Who asks, and how: what a run's record would say of it.
+    let by = RunBy::now(&owner, Transport::Rest);
     let name = EndpointName::parse("answer")?;
     let created = endpoints
         .create(project, CreateEndpoint::new(name.clone(), Query::sql("SELECT 41 AS n", BTreeMap::new())?))
         .await?;
     println!("created '{}' at version {}", created.name, created.current_version);
-    let first = runs.run(&owner, project, name.clone(), RunRequest::default()).await?;
+    let first = runs.run(by, project, name.clone(), RunRequest::default()).await?;
     println!("run: {}", rows(&first));
     assert_eq!(rows(&first), r#"[{"n":41}]"#);
 
@@ -434,14 +438,14 @@ async fn main() -> Result<(), domain::Error> {
     };
     let updated = endpoints.update(project, &name, patch).await?;
     println!("updated to version {}", updated.current_version);
-    let second = runs.run(&owner, project, name.clone(), RunRequest::default()).await?;
+    let second = runs.run(by, project, name.clone(), RunRequest::default()).await?;
     println!("run: {}", rows(&second));
     assert_eq!(rows(&second), r#"[{"n":42}]"#, "the change made the cached answer stale");
     let variables = Map::from_iter([("n".to_owned(), json!(7))]);
     let seven = RunRequest { variables, refresh: Refresh::Direct, ..RunRequest::default() };
-    println!("run with n = 7: {}", rows(&runs.run(&owner, project, name.clone(), seven).await?));
+    println!("run with n = 7: {}", rows(&runs.run(by, project, name.clone(), seven).await?));
     let old = RunRequest { version: Some(1), ..RunRequest::default() };
-    let first_again = runs.run(&owner, project, name.clone(), old).await?;
+    let first_again = runs.run(by, project, name.clone(), old).await?;
     println!("version 1 again: {}", rows(&first_again));
     assert_eq!(rows(&first_again), r#"[{"n":41}]"#);
 

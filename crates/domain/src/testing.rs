@@ -1,5 +1,5 @@
 //! Test support, for the domain's own tests and (with the `mocks` feature) for the adapters': a clock moved by
-//! hand, and fixtures of the records services read. Tests change what they need with struct update syntax.
+//! hand, a run log kept in memory, and fixtures of the records services read. Tests change what they need with struct update syntax.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -10,6 +10,8 @@ use uuid::Uuid;
 use crate::access::{hash_secret, ApiKey, Principal, ProjectId, Scope};
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{CacheAge, Endpoint, EndpointName, EndpointVersion, Freshness, Hibernation};
+use crate::error::EngineError;
+use crate::logs::{LogFilter, LogRecord, RunLog, UsageBucket, UsageQuery};
 use crate::materialization::Eligibility;
 use crate::query::{ColumnType, Query};
 use crate::tables::{TableColumn, TableInfo, TableLayout, TableName, TableSource};
@@ -34,6 +36,32 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A run log that keeps each record it is given, in order, for the test to read; it finds none.
+#[derive(Debug, Default)]
+pub struct KeptRunLog(Mutex<Vec<LogRecord>>);
+
+impl KeptRunLog {
+    /// The records given so far, oldest first.
+    pub fn records(&self) -> Vec<LogRecord> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl RunLog for KeptRunLog {
+    fn record(&self, record: LogRecord) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(record);
+    }
+
+    async fn records(&self, _: ProjectId, _: &str, _: &LogFilter) -> Result<Vec<LogRecord>, EngineError> {
+        Ok(Vec::new())
+    }
+
+    async fn usage(&self, _: ProjectId, _: &str, _: &UsageQuery) -> Result<Vec<UsageBucket>, EngineError> {
+        Ok(Vec::new())
     }
 }
 

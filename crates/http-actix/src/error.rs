@@ -369,8 +369,6 @@ impl ResponseError for ApiError {
         let code = self.code();
         self.log_server_error();
         let mut response = HttpResponse::build(code.status());
-        // For the run log, which the request middleware writes.
-        response.extensions_mut().insert(crate::run_log::AnsweredCode(code.as_str()));
         match self {
             ApiError::Domain(Error::NotAuthenticated(_)) => {
                 response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
@@ -478,6 +476,9 @@ mod tests {
             let answered = ApiError::from(error).code();
             assert_eq!((code, status), (answered.as_str(), answered.status().as_u16()));
         }
+        // A run whose client went away is recorded as this adapter answers it.
+        let closed = ApiError::ClientClosed.code();
+        assert_eq!(domain::CANCELLED, (closed.as_str(), closed.status().as_u16()));
     }
 
     /// The documentation's error table is this table: a code added, removed or changed here without the

@@ -11,12 +11,12 @@ use std::pin::Pin;
 use actix_web::dev::Payload;
 use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
-use domain::{Error, Principal, ProjectId, ProjectRef, Scope};
+use domain::{Error, Principal, ProjectId, ProjectRef, Scope, Transport};
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
+use crate::asking::Asking;
 use crate::error::ApiError;
-use crate::run_log::RunCaller;
 use crate::AppState;
 
 /// A scope a handler needs, as a type.
@@ -111,7 +111,15 @@ impl<S: Needs> FromRequest for AuthorizedJson<S> {
         Box::pin(async move {
             let (project, caller) = authorize(&req, S::SCOPE, S::RUNS_ENDPOINT).await?;
             let state = app_state(&req)?;
-            let body = read_json(&req, payload, state).await?.unwrap_or_else(|| Value::Object(Map::new()));
+            let body = match read_json(&req, payload, state).await {
+                Ok(body) => body.unwrap_or_else(|| Value::Object(Map::new())),
+                Err(err) => {
+                    if S::RUNS_ENDPOINT {
+                        refused_run(&req, state, &caller, project, &err);
+                    }
+                    return Err(err);
+                }
+            };
             Ok(Self { project, caller, body, scope: PhantomData })
         })
     }
@@ -164,7 +172,9 @@ pub(crate) async fn authenticate(req: &HttpRequest, state: &AppState) -> Result<
     authenticated
 }
 
-/// Authenticates the caller and checks it may use `scope` on the path's project: 401, then 429, then 403.
+/// Authenticates the caller and checks it may use `scope` on the path's project: 401, then 429, then 403. A run
+/// refused past authentication is told to the run service, which records it in the caller's project when the
+/// path names that project.
 async fn authorize(
     req: &HttpRequest,
     scope: Option<Scope>,
@@ -175,11 +185,27 @@ async fn authorize(
     // Every route these extractors serve names a project; one that did not would be nothing to authorize.
     let project =
         req.match_info().get("project_id").ok_or(ApiError::RouteNotFound).map(str::parse::<ProjectRef>);
-    if let (true, Ok(Ok(project))) = (runs_endpoint, &project) {
-        note_run_caller(req, &principal, *project);
+    let named = project.as_ref().ok().and_then(|project| project.as_ref().ok()).copied();
+    match (admit(req, state, &principal, project, scope, runs_endpoint), named) {
+        (Err(err), Some(named)) if runs_endpoint => {
+            refused_run(req, state, &principal, named.resolve(&principal), &err);
+            Err(err)
+        }
+        (admitted, _) => admitted.map(|project| (project, principal)),
     }
+}
+
+/// Checks the authenticated `principal` against its rates and the scope the path's project needs.
+fn admit(
+    req: &HttpRequest,
+    state: &AppState,
+    principal: &Principal,
+    project: Result<Result<ProjectRef, domain::Invalid>, ApiError>,
+    scope: Option<Scope>,
+    runs_endpoint: bool,
+) -> Result<ProjectId, ApiError> {
     // Before authorization, so probing other projects spends the caller's budget too.
-    match state.rate_limits.take(&principal) {
+    match state.rate_limits.take(principal) {
         Ok(Some(budget)) => {
             req.extensions_mut().insert(budget);
         }
@@ -191,22 +217,22 @@ async fn authorize(
     }
     let project = project??;
     let runs = if runs_endpoint { req.match_info().get("name") } else { None };
-    let project = match scope {
-        Some(scope) => state.keys.authorize(&principal, project, scope, runs)?,
-        None => domain::ApiKeyService::member(&principal, project)?,
-    };
-    Ok((project, principal))
+    Ok(match scope {
+        Some(scope) => state.keys.authorize(principal, project, scope, runs)?,
+        None => domain::ApiKeyService::member(principal, project)?,
+    })
 }
 
-/// Leaves the caller of a run in the request's extensions for the run log, when it is of the project the path
-/// names (so that a refusal past this point, a rate limit or a missing scope, is logged in that project too).
-fn note_run_caller(req: &HttpRequest, principal: &Principal, project: ProjectRef) {
-    if project.resolve(principal) == principal.project_id {
-        req.extensions_mut().insert(RunCaller {
-            project: principal.project_id,
-            credential: std::sync::Arc::clone(&principal.label),
-        });
-    }
+/// Tells the run service of a REST run of the path's endpoint in `project` refused with `err`.
+pub(crate) fn refused_run(
+    req: &HttpRequest,
+    state: &AppState,
+    caller: &Principal,
+    project: ProjectId,
+    err: &ApiError,
+) {
+    let endpoint = req.match_info().get("name").unwrap_or("");
+    Asking::current().refused(&state.runs, caller, Transport::Rest, project, endpoint, err);
 }
 
 pub(crate) fn is_json(req: &HttpRequest) -> bool {

@@ -6,6 +6,7 @@
 //! behind the ports.
 
 pub mod api;
+mod asking;
 mod console;
 mod cors;
 mod disconnect;
@@ -21,7 +22,7 @@ mod query_params;
 mod rate_limit;
 mod request_context;
 mod routes;
-mod run_log;
+mod run_metrics;
 mod service_doc;
 
 use std::sync::Arc;
@@ -37,7 +38,7 @@ pub use error::{ApiError, Code, ErrorBody, ErrorType};
 pub use operations::{Metrics, Operations, ReadinessCheck};
 pub use rate_limit::{Rate, RateLimitConfig, RateLimits};
 pub use request_context::RequestContext;
-pub use run_log::EndpointMetrics;
+pub use run_metrics::{MeteredRunLog, RunMetrics};
 
 /// Largest accepted request body.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use domain::{
-    ApiKeyService, Endpoint, EndpointFilter, EndpointName, EndpointService, Invalid, LogService, PageRequest,
-    Principal, ProjectRef, Ran, RunRequest, RunService, Scope, Transport,
+    ApiKeyService, Endpoint, EndpointFilter, EndpointName, EndpointService, Invalid, PageRequest, Principal,
+    ProjectRef, RunRequest, RunService, Scope, Transport,
 };
 use http_body_util::{BodyExt, Full};
 use rmcp::model::{
@@ -34,10 +34,10 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 
+use crate::asking::Asking;
 use crate::error::ApiError;
 use crate::extract::{authenticate, is_json, read_body};
 use crate::rate_limit::RateLimits;
-use crate::run_log::{endpoint_of, Answer, RunCaller};
 use crate::{openapi, AppState};
 
 /// The prefix of every tool's name: `run_<endpoint name>`.
@@ -58,8 +58,6 @@ impl Mcp {
             runs: Arc::clone(&state.runs),
             keys: Arc::clone(&state.keys),
             rate_limits: Arc::clone(&state.rate_limits),
-            logs: Arc::clone(&state.logs),
-            operations: Arc::clone(&state.operations),
         };
         // Every request carries its bearer credential and is checked before the SDK sees it, so the SDK's
         // defence against DNS rebinding (for unauthenticated local servers: loopback hosts only) is not needed,
@@ -179,8 +177,6 @@ struct EndpointTools {
     runs: Arc<RunService>,
     keys: Arc<ApiKeyService>,
     rate_limits: Arc<RateLimits>,
-    logs: Arc<LogService>,
-    operations: Arc<crate::Operations>,
 }
 
 /// The authenticated caller of this request, put there by [`serve`].
@@ -256,19 +252,29 @@ impl EndpointTools {
         })
     }
 
-    /// Runs the endpoint a tool names, as `POST run` with `arguments` as its variables would.
+    /// Runs the endpoint a tool names, as `POST run` with `arguments` as its variables would. The run service
+    /// records the run; a call refused here, before it is asked, is told to it.
     async fn call(
         &self,
         caller: &Principal,
         name: &str,
         arguments: Map<String, Value>,
-        ran: &mut Option<Ran>,
     ) -> Result<Value, ApiError> {
-        self.take_request(caller)?;
-        let project = self.keys.authorize(caller, ProjectRef::Current, Scope::EndpointRead, Some(name))?;
+        let asking = Asking::current();
+        let admitted = self.take_request(caller).and_then(|()| {
+            let project =
+                self.keys.authorize(caller, ProjectRef::Current, Scope::EndpointRead, Some(name))?;
+            Ok((project, EndpointName::from_path(name)?))
+        });
+        let (project, endpoint) = match admitted {
+            Ok(admitted) => admitted,
+            Err(err) => {
+                asking.refused(&self.runs, caller, Transport::Mcp, caller.project_id, name, &err);
+                return Err(err);
+            }
+        };
         let request = RunRequest { variables: arguments, ..RunRequest::default() };
-        let outcome = self.runs.run(caller, project, EndpointName::from_path(name)?, request).await?;
-        *ran = Some(outcome.ran());
+        let outcome = self.runs.run(asking.by(caller, Transport::Mcp), project, endpoint, request).await?;
         let (rows, has_more) = match outcome.run.as_deref() {
             Some(run) => {
                 (serde_json::from_str(&run.result.rows_json).map_err(internal)?, run.result.has_more)
@@ -321,24 +327,7 @@ impl ServerHandler for EndpointTools {
         };
         // A tool called without arguments runs with no variables.
         let arguments = request.arguments.unwrap_or_else(Map::new);
-        let started = std::time::Instant::now();
-        let mut ran = None;
-        let called = self.call(&caller, name, arguments, &mut ran).await;
-        if let Some(endpoint) = endpoint_of(name) {
-            let (status, code) = match &called {
-                Ok(_) => (200, None),
-                Err(err) => (err.code().status().as_u16(), Some(err.code().as_str())),
-            };
-            let request_id =
-                crate::request_context::RequestContext::current(|request| request.id().to_owned());
-            let by = RunCaller { project: caller.project_id, credential: Arc::clone(&caller.label) };
-            Answer { transport: Transport::Mcp, status, code, took: started.elapsed(), ran, request_id }.log(
-                &by,
-                endpoint,
-                &self.logs,
-                &self.operations.metrics.endpoints,
-            );
-        }
+        let called = self.call(&caller, name, arguments).await;
         Ok(match called {
             Ok(page) => {
                 let mut result = CallToolResult::success(vec![ContentBlock::text(page.to_string())]);

@@ -8,13 +8,12 @@ use actix_web::http::{Method, StatusCode};
 use actix_web::{web, HttpResponse};
 use async_trait::async_trait;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::{json, Map, Value};
 
-use domain::{Error, LogSource};
+use domain::Error;
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -39,11 +38,6 @@ struct RequestLabels {
     status: u16,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AnswerLabels {
-    source: &'static str,
-}
-
 /// 0.1 ms to about 52 s.
 fn request_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 20))
@@ -53,10 +47,6 @@ fn request_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Histogram, fn() -> Histogram>,
-    /// Run answers by source (cache, live, materialized, none), made once so counting one is a single atomic add.
-    answers: [Counter; 4],
-    /// Runs and their latency per endpoint.
-    pub(crate) endpoints: crate::run_log::EndpointMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -82,18 +72,7 @@ impl Metrics {
             "HTTP requests by route, method and status, and how long they took",
             requests.clone(),
         );
-        let answers_family = Family::<AnswerLabels, Counter>::default();
-        registry.register(
-            "run_answers",
-            "Run answers by where they came from: the cache (a hit), a live query or a stored result (misses), \
-             or nothing (force_cache with nothing cached)",
-            answers_family.clone(),
-        );
-        let answers = ["cache", "live", "materialized", "none"]
-            .map(|source| answers_family.get_or_create(&AnswerLabels { source }).clone());
-        let endpoints = crate::run_log::EndpointMetrics::default();
-        endpoints.register(&mut registry);
-        Self { registry, requests, answers, endpoints }
+        Self { registry, requests }
     }
 
     pub(crate) fn observe_request(
@@ -105,17 +84,6 @@ impl Metrics {
     ) {
         let labels = RequestLabels { route, method: method_label(method), status: status.as_u16() };
         self.requests.get_or_create(&labels).observe(took.as_secs_f64());
-    }
-
-    /// Counts a run's answer by where it came from (`None`: `force_cache` with nothing stored).
-    pub(crate) fn count_answer(&self, source: Option<LogSource>) {
-        let counter = match source {
-            Some(LogSource::Cache) => &self.answers[0],
-            Some(LogSource::Live) => &self.answers[1],
-            Some(LogSource::Materialized) => &self.answers[2],
-            None => &self.answers[3],
-        };
-        counter.inc();
     }
 
     fn render(&self) -> Result<String, std::fmt::Error> {

@@ -3,7 +3,8 @@
 //! can find every log line of that request: the log formatters read [`RequestContext::current`].
 //!
 //! The same middleware times every request for the request metrics, labelled by the route's name, and writes
-//! the caller's rate-limit budget (left by authentication) into the response headers.
+//! the caller's rate-limit budget (left by authentication) into the response headers. When the request came is
+//! part of its context: a run's record counts its duration from then.
 //!
 //! A task-local rather than a tracing span: a span is created, registered and formatted on every request,
 //! while a task-local is moved in and out on each poll and read only when a line is logged, so a request that
@@ -11,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
-use std::time::Duration;
+use std::time::Instant;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -21,11 +22,8 @@ use actix_web::middleware::Next;
 use actix_web::web;
 use actix_web::HttpMessage;
 
-use domain::{Ran, Transport};
-
 use crate::paths::ROUTE_NAMES;
 use crate::rate_limit::Budget;
-use crate::run_log::{Answer, AnsweredCode, RunCaller};
 use crate::AppState;
 
 pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -40,11 +38,13 @@ pub struct RequestContext {
     method: Method,
     uri: Uri,
     id: HeaderValue,
+    started: Instant,
 }
 
 impl RequestContext {
+    /// A request that came just now.
     pub fn new(method: Method, uri: Uri, id: HeaderValue) -> Self {
-        Self { method, uri, id }
+        Self { method, uri, id, started: Instant::now() }
     }
 
     /// Runs `work` as serving this request: what it logs names the request.
@@ -64,6 +64,15 @@ impl RequestContext {
     /// The request id, also in the response's `X-Request-Id`.
     pub fn id(&self) -> &str {
         self.id.to_str().expect("the middleware sets only plain ASCII ids (`usable`, `new_id`)")
+    }
+
+    pub(crate) fn id_value(&self) -> &HeaderValue {
+        &self.id
+    }
+
+    /// When the middleware took the request.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// What `f` makes of the request the current task is serving, or `None` outside of one (a background task,
@@ -103,9 +112,9 @@ pub(crate) async fn request_context(
         .cloned()
         .unwrap_or_else(new_id);
     // Logged as the client sent it.
-    let context = RequestContext { method: req.method().clone(), uri: req.uri().clone(), id };
+    let context = RequestContext::new(req.method().clone(), req.uri().clone(), id);
+    let started = context.started;
     crate::normalize::trim_slashes(&mut req);
-    let started = std::time::Instant::now();
     let state = req.app_data::<web::Data<AppState>>().cloned();
     let mut serving = std::pin::pin!(CURRENT.scope(context, next.call(req)));
     let result = serving.as_mut().await;
@@ -119,9 +128,6 @@ pub(crate) async fn request_context(
             .and_then(|name| ROUTE_NAMES.iter().find(|known| **known == name).copied())
             .unwrap_or(if response.status() == StatusCode::NOT_FOUND { "unmatched" } else { "other" });
         state.operations.metrics.observe_request(route, request.method(), response.status(), took);
-        if route == "run" {
-            log_run(&state, &response, took, id.as_ref());
-        }
     }
     let budget = response.request().extensions().get::<Budget>().copied();
     if let Some(budget) = budget {
@@ -131,30 +137,6 @@ pub(crate) async fn request_context(
         response.headers_mut().insert(REQUEST_ID, id);
     }
     Ok(response)
-}
-
-/// Logs a run answered over REST, when its caller is of the project it addresses.
-fn log_run(
-    state: &AppState,
-    response: &ServiceResponse<impl MessageBody>,
-    took: Duration,
-    id: Option<&HeaderValue>,
-) {
-    let request = response.request();
-    let extensions = request.extensions();
-    let Some(caller) = extensions.get::<RunCaller>() else { return };
-    let Some(endpoint) = request.match_info().get("name").and_then(crate::run_log::endpoint_of) else {
-        return;
-    };
-    Answer {
-        transport: Transport::Rest,
-        status: response.status().as_u16(),
-        code: response.response().extensions().get::<AnsweredCode>().map(|code| code.0),
-        took,
-        ran: extensions.get::<Ran>().copied(),
-        request_id: id.and_then(|id| id.to_str().ok()).map(str::to_owned),
-    }
-    .log(caller, endpoint, &state.logs, &state.operations.metrics.endpoints);
 }
 
 #[cfg(test)]

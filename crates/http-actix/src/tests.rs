@@ -41,6 +41,16 @@ fn state(store: MockEndpointStore, engine: MockQueryEngine) -> AppState {
 const TABLES: &str = "phx_4444444444444444444444444444444444444444444444444444444444444444";
 
 fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: MockTableStore) -> AppState {
+    state_logged(store, engine, tables, Arc::new(domain::NoRunLog))
+}
+
+/// As [`state_with_tables`], the runs recorded in `log`.
+fn state_logged(
+    store: MockEndpointStore,
+    engine: MockQueryEngine,
+    tables: MockTableStore,
+    log: Arc<dyn domain::RunLog>,
+) -> AppState {
     let mut keys = MockApiKeyStore::new();
     let known = [
         domain::ApiKey { id: Uuid::new_v4(), ..api_key(READER, vec![Scope::EndpointRead]) },
@@ -69,6 +79,7 @@ fn state_with_tables(store: MockEndpointStore, engine: MockQueryEngine, tables: 
         materializations: untouched_materializations(),
         export_limit: domain::RunRequest::DEFAULT_EXPORT_LIMIT,
         cursor_ttl: domain::RunService::DEFAULT_CURSOR_TTL,
+        log,
     });
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
@@ -607,7 +618,7 @@ async fn health_needs_no_key_and_readiness_names_what_is_not_ready() {
 }
 
 #[actix_web::test]
-async fn metrics_count_requests_by_route_and_status_and_runs_by_source() {
+async fn metrics_count_requests_by_route_and_status() {
     let app = init_service(app(state(store_for_runs(), engine_for_runs()))).await;
     for uri in
         ["/api/projects/1/endpoints/daily/run?variables.n=1", "/api/environments/1/endpoints/daily/run"]
@@ -634,11 +645,72 @@ async fn metrics_count_requests_by_route_and_status_and_runs_by_source() {
         r#"endpoints_http_request_duration_seconds_count{route="run",method="GET",status="200"} 2"#,
         r#"endpoints_http_request_duration_seconds_count{route="run",method="GET",status="403"} 1"#,
         r#"endpoints_http_request_duration_seconds_count{route="unmatched",method="GET",status="404"} 1"#,
-        r#"endpoints_run_answers_total{source="live"} 2"#,
-        r#"endpoints_run_answers_total{source="cache"} 0"#,
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
     }
+}
+
+/// The run service records each run it is asked for; what the adapter tells it besides is each run it refused
+/// before asking, in the caller's own project only, under the request's id.
+#[actix_web::test]
+async fn every_run_is_recorded_once_and_so_is_each_refusal_in_the_callers_project() {
+    let log = Arc::new(domain::testing::KeptRunLog::default());
+    let mut engine = engine_for_runs();
+    engine.expect_export().returning(|_, _, _, _, _, _| {
+        Ok(domain::Export {
+            columns: vec![Column { name: "n".into(), column_type: ColumnType::Integer }],
+            rows: 1,
+            has_more: false,
+            bytes: 4,
+            digest: "0123456789abcdef0123456789abcdef".into(),
+            body: Box::pin(futures_util::stream::once(async { Ok(bytes::Bytes::from_static(b"n\n3\n")) })),
+        })
+    });
+    let state = state_logged(store_for_runs(), engine, MockTableStore::new(), log.clone());
+    let app = init_service(app(state)).await;
+    let mut ids = Vec::new();
+    let base = "/api/projects/1/endpoints/daily";
+    for (request, status) in [
+        (authed(Method::GET, &format!("{base}/run?variables.n=2"), READER), StatusCode::OK),
+        (authed(Method::GET, &format!("{base}/run?limti=10"), READER), StatusCode::BAD_REQUEST),
+        (
+            authed(Method::GET, &format!("{base}/run"), READER).insert_header((header::ACCEPT, "text/html")),
+            StatusCode::NOT_ACCEPTABLE,
+        ),
+        (
+            authed(Method::POST, &format!("{base}/run"), READER)
+                .insert_header((header::CONTENT_TYPE, "application/json"))
+                .set_payload("{nope"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (authed(Method::GET, &format!("{base}/run/csv?variables.n=3"), READER), StatusCode::OK),
+        // A key of the project without endpoint:read.
+        (authed(Method::GET, &format!("{base}/run"), TABLES), StatusCode::FORBIDDEN),
+        // Another project's path, and a name no endpoint can have: in no log.
+        (authed(Method::GET, "/api/projects/2/endpoints/daily/run", READER), StatusCode::FORBIDDEN),
+        (authed(Method::GET, "/api/projects/1/endpoints/No%20Such/run", READER), StatusCode::NOT_FOUND),
+    ] {
+        let resp = call_service(&app, request.to_request()).await;
+        assert_eq!(resp.status(), status);
+        ids.push(resp.headers().get("x-request-id").unwrap().to_str().unwrap().to_owned());
+    }
+    let records = log.records();
+    let seen: Vec<_> = records.iter().map(|r| (r.status, r.code.as_deref(), r.source)).collect();
+    assert_eq!(
+        seen,
+        [
+            (200, None, Some(domain::LogSource::Live)),
+            (400, Some("invalid"), None),
+            (406, Some("not_acceptable"), None),
+            (400, Some("parse_error"), None),
+            (200, None, Some(domain::LogSource::Live)),
+            (403, Some("permission_denied"), None),
+        ]
+    );
+    let named: Vec<_> = records.iter().map(|r| r.request_id.clone().unwrap()).collect();
+    assert_eq!(named, ids[..6]);
+    assert!(records.iter().all(|r| r.endpoint == "daily" && r.transport == Some(domain::Transport::Rest)));
+    assert_eq!((records[0].version, records[0].rows), (Some(1), Some(1)));
 }
 
 #[actix_web::test]

@@ -196,9 +196,11 @@ pub fn operations(
     engine: &Arc<DataFusionEngine>,
     worker: &WorkerMetrics,
     run_log: Option<&query_engine::ParquetRunLog>,
+    runs: &http_actix::RunMetrics,
 ) -> Operations {
     let mut registry = Registry::with_prefix("endpoints");
     engine.register_metrics(&mut registry);
+    runs.register(&mut registry);
     if let Some(log) = run_log {
         log.register(&mut registry);
     }

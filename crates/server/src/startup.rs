@@ -10,7 +10,7 @@ use domain::{
     MaterializationPorts, NoRunLog, RefreshDeps, RefreshService, ResultCache, RunDeps, RunLog, RunService,
     TableDeps, TableMaintenance, TableService,
 };
-use http_actix::AppState;
+use http_actix::{AppState, MeteredRunLog, RunMetrics};
 use query_engine::{DataFusionEngine, LogSettings, ParquetRunLog};
 use store_diesel::{Backend, ChangeListener, Database, DatabaseConfig, DieselStore};
 
@@ -51,6 +51,8 @@ pub struct Services {
     pub logs: Arc<LogService>,
     /// The run log this process writes, when it keeps one: flushed and maintained by `serve`.
     pub run_log: Option<ParquetRunLog>,
+    /// Runs counted from their records, on their way to the run log.
+    pub run_metrics: Arc<RunMetrics>,
 }
 
 impl Services {
@@ -86,6 +88,7 @@ impl Services {
         let cache: Arc<dyn ResultCache> = Arc::new(MemoryResultCache::new(config.cache_bytes));
         let executions = Arc::new(ExecutionTracker::new(store.clone()));
         let materializations = MaterializationPorts { states: store.clone(), results: engine.clone() };
+        let run_metrics = Arc::new(RunMetrics::default());
         // A write (an update, a delete, a revocation) is answered once every other process applied it.
         let propagation = database.propagation();
         let keys = Arc::new(
@@ -142,6 +145,7 @@ impl Services {
             materializations,
             export_limit: config.export_limit,
             cursor_ttl: config.cursor_ttl,
+            log: Arc::new(MeteredRunLog::new(Arc::clone(&logged), Arc::clone(&run_metrics))),
         }));
         let materializer = Arc::new(
             RefreshService::new(RefreshDeps {
@@ -170,6 +174,7 @@ impl Services {
             kept,
             logs,
             run_log,
+            run_metrics,
         })
     }
 }
@@ -232,6 +237,7 @@ impl Application {
             &services.engine,
             &worker_metrics,
             services.run_log.as_ref(),
+            &services.run_metrics,
         );
         let run_log = services.run_log.clone().zip(config.run_log);
         let rate_limits = Arc::new(http_actix::RateLimits::new(config.rate_limits));

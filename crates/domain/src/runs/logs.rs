@@ -1,18 +1,14 @@
-//! An endpoint's run log: each run's record, built here from what the run answered and who asked for it, and
-//! the listing of records and usage, for callers who may read it.
+//! An endpoint's run log: what a run's record says of the run ([`Ran`]), and the listing of records and usage,
+//! for callers who may read it. Records are made by [`super::record`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::sync::Arc;
 
 use super::model::{Exported, RunOutcome};
 use crate::access::ProjectId;
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{EndpointName, EndpointStore};
 use crate::error::{Error, StoreError};
-use crate::logs::{
-    Interval, LogFilter, LogKind, LogPage, LogRecord, LogSource, RunLog, Transport, UsageBucket, UsageQuery,
-};
+use crate::logs::{Interval, LogFilter, LogPage, LogSource, RunLog, UsageBucket, UsageQuery};
 
 /// What a run's record says of the run itself: the version that ran, the rows answered, the bytes read and
 /// where the answer came from (none for a `force_cache` run with nothing stored, which read and answered nothing).
@@ -55,23 +51,6 @@ impl Exported {
     }
 }
 
-/// A run as its transport answered it: who asked (a caller of the project it addresses: anyone could write in a
-/// project's log otherwise), with what status and error code, after how long, and what ran (`None` for a run
-/// refused or failed before it ran).
-#[derive(Debug, Clone)]
-pub struct Answered {
-    pub project: ProjectId,
-    /// The caller's credential as records name it ([`crate::access::Principal::label`]).
-    pub credential: Arc<str>,
-    pub endpoint: String,
-    pub transport: Transport,
-    pub status: u16,
-    pub code: Option<&'static str>,
-    pub took: Duration,
-    pub ran: Option<Ran>,
-    pub request_id: Option<String>,
-}
-
 /// Reads endpoints' run logs. Records are kept by endpoint name: an endpoint deleted and created again under
 /// its name shows the records of both.
 pub struct LogService {
@@ -83,36 +62,6 @@ pub struct LogService {
 impl LogService {
     pub fn new(store: Arc<dyn EndpointStore>, log: Arc<dyn RunLog>, clock: Arc<dyn Clock>) -> Self {
         Self { store, log, clock }
-    }
-
-    /// When a run answered now, after `took`, began by the service's clock, to the microsecond the log keeps:
-    /// the time its record is filed under.
-    fn began(&self, took: Duration) -> Timestamp {
-        let at = self.clock.now() - took;
-        at.replace_nanosecond(at.nanosecond() / 1000 * 1000).unwrap_or(at)
-    }
-
-    /// Records a run answered now (never blocks): the one place a run's record is made.
-    pub fn answered(&self, run: Answered) {
-        let Answered { project, credential, endpoint, transport, status, code, took, ran, request_id } = run;
-        self.log.record(LogRecord {
-            id: record_id(),
-            at: self.began(took),
-            project,
-            endpoint,
-            version: ran.and_then(|ran| ran.version),
-            kind: LogKind::Run,
-            status,
-            code: code.map(str::to_owned),
-            duration: took,
-            rows: ran.map(|ran| ran.rows),
-            bytes_read: ran.and_then(|ran| ran.bytes_read),
-            source: ran.and_then(|ran| ran.source),
-            credential: Some(credential),
-            transport: Some(transport),
-            request_id,
-            runs: 1,
-        });
     }
 
     /// One page of the endpoint's records that `filter` keeps, newest first.
@@ -156,15 +105,4 @@ impl LogService {
             Err(other) => Err(other.into()),
         }
     }
-}
-
-/// A record's id: a UUID of version 8 (its bits are the service's) holding 64 random bits drawn once per process
-/// and a counter, so ids are unique across processes and nodes without a random draw per run, and a process's
-/// ids follow its runs' order.
-fn record_id() -> uuid::Uuid {
-    static PROCESS: LazyLock<u64> = LazyLock::new(rand::random);
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let next = NEXT.fetch_add(1, Ordering::Relaxed);
-    let bits = (u128::from(*PROCESS) << 64) | u128::from(next);
-    uuid::Builder::from_custom_bytes(bits.to_be_bytes()).into_uuid()
 }

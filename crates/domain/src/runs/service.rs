@@ -12,10 +12,12 @@ use tracing::warn;
 use super::cursor::{Cursor, RunOf};
 use super::model::{CacheKey, CachedRun, Exported, Refresh, RunOutcome, RunRequest};
 use super::ports::ResultCache;
+use super::record::{Recording, RunBy};
 use crate::access::{ApiKeyService, IssuedRunToken, Principal, ProjectId, RunTokenRequest};
 use crate::clock::{Clock, Timestamp};
 use crate::endpoints::{Endpoint, EndpointName, EndpointStore, EndpointVersion, ExecutionTracker};
 use crate::error::{EngineError, Error, Invalid, StoreError};
+use crate::logs::RunLog;
 use crate::materialization::{Eligibility, MaterializationPorts, MaterializedFilter, StoredResult};
 use crate::query::{bind, coerce, BoundValue, QueryEngine, QueryResult, ReadAt};
 use crate::recent::RecentReads;
@@ -36,9 +38,11 @@ pub struct RunDeps {
     pub export_limit: u32,
     /// How long a run's `next` cursor may be followed.
     pub cursor_ttl: Duration,
+    /// Where each run's record goes ([`super::record`]).
+    pub log: Arc<dyn RunLog>,
 }
 
-/// Runs endpoints.
+/// Runs endpoints, and records each run.
 pub struct RunService {
     store: Arc<dyn EndpointStore>,
     engine: Arc<dyn QueryEngine>,
@@ -48,6 +52,7 @@ pub struct RunService {
     materializations: MaterializationPorts,
     export_limit: u32,
     cursor_ttl: Duration,
+    pub(super) log: Arc<dyn RunLog>,
     /// Computations under way, held weakly: when every caller has gone the computation is dropped (and with it
     /// the engine's work and its concurrency slot), and the next identical request starts afresh.
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
@@ -197,8 +202,17 @@ fn not_found(name: &str) -> Error {
 
 impl RunService {
     pub fn new(deps: RunDeps) -> Self {
-        let RunDeps { store, engine, cache, clock, executions, materializations, export_limit, cursor_ttl } =
-            deps;
+        let RunDeps {
+            store,
+            engine,
+            cache,
+            clock,
+            executions,
+            materializations,
+            export_limit,
+            cursor_ttl,
+            log,
+        } = deps;
         Self {
             store,
             engine,
@@ -208,6 +222,7 @@ impl RunService {
             materializations,
             export_limit,
             cursor_ttl,
+            log,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
             definitions: Arc::new(RecentReads::new(Self::DEFINITION_TTL, 100_000)),
         }
@@ -221,8 +236,9 @@ impl RunService {
     /// How long a `next` cursor may be followed, unless the service says otherwise (`--cursor-ttl`).
     pub const DEFAULT_CURSOR_TTL: Duration = Duration::from_secs(3600);
 
-    /// Runs an endpoint for `caller` (authorized for `project`): a run token's grant is applied to the request
-    /// first ([`RunRequest::admit`]). A fresh cached result is served without touching the store or the engine.
+    /// Runs an endpoint for `by`'s caller (authorized for `project`), and records the run, however it ends: a
+    /// run token's grant is applied to the request first ([`RunRequest::admit`]). A fresh cached result is served
+    /// without touching the store or the engine.
     ///
     /// # Errors
     /// [`Error::NotFound`] for an unknown or inactive endpoint or version; [`Error::Invalid`] for variables (and
@@ -230,6 +246,19 @@ impl RunService {
     /// the token was not issued for; the engine's [`Error::QueryTimeout`], [`Error::QueryMemoryLimit`],
     /// [`Error::Throttled`]; store failures.
     pub async fn run(
+        &self,
+        by: RunBy<'_>,
+        project: ProjectId,
+        name: EndpointName,
+        request: RunRequest,
+    ) -> Result<RunOutcome, Error> {
+        let recording = Recording::start(self, by, project, &name);
+        let ran = self.run_unrecorded(by.caller, project, name, request).await;
+        recording.answered(&ran, RunOutcome::ran);
+        ran
+    }
+
+    async fn run_unrecorded(
         &self,
         caller: &Principal,
         project: ProjectId,
@@ -426,9 +455,24 @@ impl RunService {
     /// materialized endpoint in the `blocking` and `force_cache` modes, read from its fresh stored result like a
     /// JSON run's. A `force_cache` run with no fresh stored result is a page of no rows.
     ///
+    /// Recorded as [`RunService::run`] is.
+    ///
     /// # Errors
     /// As [`RunService::run`], and [`Error::Invalid`] (attr `limit`) past the export limit.
     pub async fn export(
+        &self,
+        by: RunBy<'_>,
+        project: ProjectId,
+        name: EndpointName,
+        request: RunRequest,
+    ) -> Result<Exported, Error> {
+        let recording = Recording::start(self, by, project, &name);
+        let exported = self.export_unrecorded(by.caller, project, name, request).await;
+        recording.answered(&exported, Exported::ran);
+        exported
+    }
+
+    async fn export_unrecorded(
         &self,
         caller: &Principal,
         project: ProjectId,

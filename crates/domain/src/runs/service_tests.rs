@@ -7,7 +7,7 @@ use serde_json::json;
 use time::macros::datetime;
 
 use super::super::last_executions::{six_months_before, LastExecutionsRequest};
-use super::super::logs::{Answered, LogService};
+use super::super::record::{Recording, RunBy, CANCELLED};
 use super::*;
 use crate::clock::Timestamp;
 use crate::endpoints::{CacheAge, MockEndpointStore};
@@ -15,7 +15,7 @@ use crate::error::Invalid;
 use crate::logs::{LogKind, LogSource, Transport};
 use crate::materialization::{MockMaterializationRecords, MockResultStorage, StoredColumn};
 use crate::query::{Column, ColumnType, MockQueryEngine, Query};
-use crate::testing::{self, ManualClock, T0};
+use crate::testing::{self, KeptRunLog, ManualClock, T0};
 
 /// Materialization ports for endpoints that are not materialized: any call fails the test.
 fn untouched_materializations() -> MaterializationPorts {
@@ -55,9 +55,14 @@ fn project() -> ProjectId {
 }
 
 /// A key of the project: its runs are as sent.
-fn caller() -> &'static Principal {
+fn principal() -> &'static Principal {
     static CALLER: std::sync::LazyLock<Principal> = std::sync::LazyLock::new(|| testing::caller(3));
     &CALLER
+}
+
+/// The caller's runs, over REST.
+fn caller() -> RunBy<'static> {
+    RunBy::now(principal(), Transport::Rest)
 }
 
 fn query(sql: &str) -> Query {
@@ -157,6 +162,7 @@ fn page(source: &str) -> crate::query::Export {
 
 struct Fixture {
     service: RunService,
+    log: Arc<KeptRunLog>,
     cache: Arc<MapCache>,
     clock: Arc<ManualClock>,
     runs: Arc<AtomicUsize>,
@@ -169,6 +175,7 @@ fn fixture(store: MockEndpointStore) -> Fixture {
     let clock = Arc::new(ManualClock::new(T0));
     let store: Arc<dyn EndpointStore> = Arc::new(store);
     let executions = Arc::new(ExecutionTracker::new(store.clone()));
+    let log = Arc::new(KeptRunLog::default());
     let service = RunService::new(RunDeps {
         store,
         engine: Arc::new(engine(runs.clone())),
@@ -178,8 +185,9 @@ fn fixture(store: MockEndpointStore) -> Fixture {
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
         cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
+        log: log.clone(),
     });
-    Fixture { service, cache, clock, runs, executions }
+    Fixture { service, log, cache, clock, runs, executions }
 }
 
 fn request(refresh: Refresh, vars: serde_json::Value) -> RunRequest {
@@ -296,6 +304,7 @@ async fn a_cache_hit_touches_neither_store_nor_engine() {
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
         cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
+        log: Arc::new(crate::logs::NoRunLog),
     });
     let hit =
         strict.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
@@ -457,6 +466,7 @@ async fn a_query_the_engine_no_longer_plans_is_query_invalid() {
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
         cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
+        log: Arc::new(crate::logs::NoRunLog),
     });
     let err = f
         .service
@@ -479,6 +489,7 @@ async fn exports_are_bounded_by_the_export_limit_and_record_their_run() {
         materializations: untouched_materializations(),
         export_limit: 500,
         cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
+        log: Arc::new(crate::logs::NoRunLog),
     });
     let csv = |limit| RunRequest {
         limit,
@@ -569,6 +580,7 @@ fn slow_service() -> (Arc<RunService>, Arc<AtomicUsize>) {
         materializations: untouched_materializations(),
         export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
         cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
+        log: Arc::new(crate::logs::NoRunLog),
     });
     (Arc::new(service), runs)
 }
@@ -846,6 +858,7 @@ mod materialized {
             },
             export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
             cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
+            log: Arc::new(crate::logs::NoRunLog),
         });
         (f, reads)
     }
@@ -1009,16 +1022,16 @@ async fn a_run_tokens_grant_is_applied_by_the_run_and_the_export_themselves() {
         versions: std::collections::BTreeMap::from([("kpi".to_owned(), vec![1])]),
         expires_at: T0 + Duration::from_secs(3600),
     };
-    let holder = Principal { grant: Some(Arc::new(grant)), ..caller().clone() };
+    let holder = Principal { grant: Some(Arc::new(grant)), ..principal().clone() };
     let service = &f.service;
     let run = |who: Principal, version, vars| {
         let request = RunRequest { version, ..request(Refresh::Direct, vars) };
-        async move { service.run(&who, project(), named("kpi"), request).await }
+        async move { service.run(RunBy::now(&who, Transport::Rest), project(), named("kpi"), request).await }
     };
 
     // The token's variable is the run's (n = 7, times the current version's 2); a key's runs are as sent.
     assert_eq!(rows(&run(holder.clone(), None, json!({})).await.unwrap()), r#"[{"n":14}]"#);
-    assert_eq!(rows(&run(caller().clone(), None, json!({"n": 1})).await.unwrap()), r#"[{"n":2}]"#);
+    assert_eq!(rows(&run(principal().clone(), None, json!({"n": 1})).await.unwrap()), r#"[{"n":2}]"#);
     // The version it was issued for runs; another does not.
     assert_eq!(rows(&run(holder.clone(), Some(1), json!({})).await.unwrap()), r#"[{"n":7}]"#);
     assert!(matches!(run(holder.clone(), Some(2), json!({})).await, Err(Error::PermissionDenied(_))));
@@ -1028,7 +1041,11 @@ async fn a_run_tokens_grant_is_applied_by_the_run_and_the_export_themselves() {
     assert!(matches!(&sent, Error::Invalid(i) if i.attr.as_deref() == Some("variables.n")), "{sent:?}");
     let csv =
         RunRequest { format: crate::query::ResultFormat::Csv, ..request(Refresh::Direct, json!({"n": 1})) };
-    let exported = f.service.export(&holder, project(), named("kpi"), csv).await.unwrap_err();
+    let exported = f
+        .service
+        .export(RunBy::now(&holder, Transport::Rest), project(), named("kpi"), csv)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&exported, Error::Invalid(i) if i.attr.as_deref() == Some("variables.n")),
         "{exported:?}"
@@ -1037,46 +1054,75 @@ async fn a_run_tokens_grant_is_applied_by_the_run_and_the_export_themselves() {
 }
 
 #[tokio::test]
-async fn a_runs_record_is_made_from_what_it_answered_by_the_services_clock() {
+async fn each_run_is_recorded_by_the_service_from_what_it_answered_by_the_services_clock() {
     let mut store = MockEndpointStore::new();
     store.expect_get().returning(|_, _| Ok(endpoint(true)));
     store.expect_get_version().returning(|_, _, v| Ok(version(v)));
     let f = fixture(store);
-    let live = f.service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await;
-    let hit = f.service.run(caller(), project(), named("kpi"), request(Refresh::Blocking, json!({}))).await;
-    let (live, hit) = (live.unwrap().ran(), hit.unwrap().ran());
-    assert_eq!((live.version, live.rows, live.source), (Some(2), 1, Some(LogSource::Live)));
-    assert_eq!((hit.source, hit.bytes_read), (Some(LogSource::Cache), None), "a hit read nothing");
-
-    let records = Arc::new(Mutex::new(Vec::new()));
-    let mut log = crate::logs::MockRunLog::new();
-    let kept = Arc::clone(&records);
-    log.expect_record().returning(move |record| kept.lock().unwrap().push(record));
-    let logs = LogService::new(Arc::new(MockEndpointStore::new()), Arc::new(log), f.clock.clone());
+    let by = caller().with_request_id(Some("r1"));
+    f.service.run(by, project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     f.clock.advance(Duration::from_nanos(1_500_700));
-    let answered = |status, code, ran| Answered {
-        project: project(),
-        credential: Arc::from("ci-key"),
-        endpoint: "kpi".into(),
-        transport: Transport::Rest,
-        status,
-        code,
-        took: Duration::from_millis(1),
-        ran,
-        request_id: Some("r1".into()),
-    };
-    logs.answered(answered(200, None, Some(hit)));
-    logs.answered(answered(429, Some("throttled"), None));
-    let records = records.lock().unwrap();
-    let (first, refused) = (&records[0], &records[1]);
-    // Filed under when it began by the service's clock, to the microsecond: T0 + 1.5007 ms - 1 ms.
-    assert_eq!(first.at, T0 + Duration::from_micros(500));
-    assert_eq!((first.kind, first.status, first.code.as_deref()), (LogKind::Run, 200, None));
-    assert_eq!((first.version, first.rows, first.source), (Some(2), Some(1), Some(LogSource::Cache)));
-    assert_eq!((first.credential.as_deref(), first.transport), (Some("ci-key"), Some(Transport::Rest)));
+    f.service.run(by, project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
+    let unknown = f.service.run(by, project(), named("kpi"), request(Refresh::Blocking, json!({"m": 1})));
+    assert!(unknown.await.is_err());
+    let csv = RunRequest { format: crate::query::ResultFormat::Csv, ..request(Refresh::Direct, json!({})) };
+    f.service.export(RunBy::now(principal(), Transport::Mcp), project(), named("kpi"), csv).await.unwrap();
+
+    let records = f.log.records();
+    let [live, hit, failed, exported] = &records[..] else { panic!("{records:#?}") };
+    assert_eq!((live.kind, live.status, live.code.as_deref()), (LogKind::Run, 200, None));
+    assert_eq!((live.version, live.rows, live.source), (Some(2), Some(1), Some(LogSource::Live)));
+    assert_eq!((live.credential.as_deref(), live.transport), (Some("test-key"), Some(Transport::Rest)));
+    assert_eq!((live.endpoint.as_str(), live.request_id.as_deref()), ("kpi", Some("r1")));
     assert_eq!(
-        (refused.status, refused.code.as_deref(), refused.version, refused.rows),
-        (429, Some("throttled"), None, None)
+        (hit.source, hit.bytes_read, hit.rows),
+        (Some(LogSource::Cache), None, Some(1)),
+        "read nothing"
     );
-    assert!(first.id.get_version_num() == 8 && first.id < refused.id, "ids follow the process's runs");
+    // Filed under when it began by the service's clock (its time since it was asked before the clock's now),
+    // to the microsecond.
+    let now = T0 + Duration::from_nanos(1_500_700);
+    assert!(hit.at <= now && now - hit.at < hit.duration + Duration::from_micros(1), "{hit:?}");
+    assert_eq!(hit.at.nanosecond() % 1000, 0);
+    assert_eq!(
+        (failed.status, failed.code.as_deref(), failed.version, failed.rows, failed.source),
+        (400, Some("unknown_variable"), None, None, None)
+    );
+    assert_eq!(
+        (exported.transport, exported.source, exported.request_id.as_deref()),
+        (Some(Transport::Mcp), Some(LogSource::Live), None)
+    );
+    assert!(records.windows(2).all(|pair| pair[0].id < pair[1].id), "ids follow the process's runs");
+    assert!(live.id.get_version_num() == 8);
+}
+
+#[test]
+fn a_run_refused_before_the_service_is_recorded_in_its_callers_project_only() {
+    let f = fixture(MockEndpointStore::new());
+    f.service.refused(caller(), project(), "kpi", 429, "rate_limited");
+    // A name no endpoint can have, and a caller of another project: in no log.
+    f.service.refused(caller(), project(), "no such/name", 400, "invalid");
+    f.service.refused(caller(), ProjectId::new(4).unwrap(), "kpi", 403, "permission_denied");
+    let records = f.log.records();
+    let [refused] = &records[..] else { panic!("{records:#?}") };
+    assert_eq!(
+        (refused.project, refused.endpoint.as_str(), refused.status, refused.code.as_deref()),
+        (project(), "kpi", 429, Some("rate_limited"))
+    );
+    assert_eq!((refused.version, refused.rows, refused.source), (None, None, None));
+}
+
+#[test]
+fn a_run_dropped_before_it_ends_is_recorded_as_cancelled() {
+    let f = fixture(MockEndpointStore::new());
+    let name = named("kpi");
+    let recording = Recording::start(&f.service, caller(), project(), &name);
+    drop(recording);
+    let records = f.log.records();
+    let [cancelled] = &records[..] else { panic!("{records:#?}") };
+    assert_eq!((cancelled.status, cancelled.code.as_deref()), (CANCELLED.1, Some(CANCELLED.0)));
+    // Filed once: a run that ended is not recorded again when its recording goes.
+    let ended = Recording::start(&f.service, caller(), project(), &name);
+    ended.answered(&Err::<(), _>(Error::NotFound("gone".into())), |()| unreachable!());
+    assert_eq!(f.log.records().len(), 2);
 }

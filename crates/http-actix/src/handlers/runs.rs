@@ -8,13 +8,14 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use domain::{
-    EndpointName, Exported, LastExecutionsRequest, Principal, ProjectId, ResultFormat, RunOutcome, RunRequest,
+    Exported, LastExecutionsRequest, Principal, ProjectId, ResultFormat, RunOutcome, RunRequest, Transport,
 };
 use time::format_description::well_known::Rfc3339;
 
 use super::{run_request, EndpointPath};
 use crate::api::requests::{ExportBody, ExportFormat, JsonFormat, Names, RunBody};
 use crate::api::{LastExecutionTimes, RunAnswer};
+use crate::asking::Asking;
 use crate::disconnect::unless_disconnected;
 use crate::error::{ApiError, ErrorBody as Error};
 use crate::extract::{Authorized, AuthorizedJson, EndpointRead, EndpointRun};
@@ -54,15 +55,17 @@ pub(crate) async fn run_get(
     caller: Authorized<EndpointRun>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let accepted = accepted(&req);
-    // A client that accepts no format a run is written in may still name one with `format` (else 406).
-    let request = run_request::from_query(params(&req), accepted.unwrap_or(ResultFormat::Json))?;
-    // Parsed a second time only when the text could name it (`format` spelled out or percent-encoded).
-    let query = req.query_string();
-    let explicit =
-        (query.contains("format") || query.contains('%')) && params(&req).any(|(key, _)| key == "format");
-    let writable = accepted.is_some() || explicit;
-    respond(&req, &state, &caller.caller, caller.project, path.endpoint()?, request, writable).await
+    let asked = (|| {
+        let accepted = accepted(&req);
+        // A client that accepts no format a run is written in may still name one with `format` (else 406).
+        let request = run_request::from_query(params(&req), accepted.unwrap_or(ResultFormat::Json))?;
+        // Parsed a second time only when the text could name it (`format` spelled out or percent-encoded).
+        let query = req.query_string();
+        let explicit =
+            (query.contains("format") || query.contains('%')) && params(&req).any(|(key, _)| key == "format");
+        writable(request, accepted.is_some() || explicit)
+    })();
+    respond(&req, &state, &caller.caller, caller.project, &path, asked).await
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run", operation_id = "run_endpoint",
@@ -79,13 +82,15 @@ pub(crate) async fn run_post(
     caller: AuthorizedJson<EndpointRun>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let version = url_version(&req)?;
-    let accepted = accepted(&req);
-    let request =
-        run_request::from_body(&caller.body, version.as_deref(), accepted.unwrap_or(ResultFormat::Json))?;
-    let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
-    let writable = accepted.is_some() || explicit;
-    respond(&req, &state, &caller.caller, caller.project, path.endpoint()?, request, writable).await
+    let asked = (|| {
+        let version = url_version(&req)?;
+        let accepted = accepted(&req);
+        let request =
+            run_request::from_body(&caller.body, version.as_deref(), accepted.unwrap_or(ResultFormat::Json))?;
+        let explicit = caller.body.get("format").is_some_and(|f| !f.is_null());
+        writable(request, accepted.is_some() || explicit)
+    })();
+    respond(&req, &state, &caller.caller, caller.project, &path, asked).await
 }
 
 /// The format an export's path names (the route admits only these).
@@ -126,10 +131,13 @@ pub(crate) async fn export_get(
     caller: Authorized<EndpointRun>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let format = export_format(&req)?;
-    let request = run_request::from_query(params(&req), format)?;
-    one_format(&request, format)?;
-    respond(&req, &state, &caller.caller, caller.project, path.endpoint()?, request, true).await
+    let asked = (|| {
+        let format = export_format(&req)?;
+        let request = run_request::from_query(params(&req), format)?;
+        one_format(&request, format)?;
+        Ok(request)
+    })();
+    respond(&req, &state, &caller.caller, caller.project, &path, asked).await
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/{name}/run/{format}", operation_id = "export_endpoint",
@@ -149,11 +157,14 @@ pub(crate) async fn export_post(
     caller: AuthorizedJson<EndpointRun>,
     path: web::Path<EndpointPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let format = export_format(&req)?;
-    let version = url_version(&req)?;
-    let request = run_request::from_body(&caller.body, version.as_deref(), format)?;
-    one_format(&request, format)?;
-    respond(&req, &state, &caller.caller, caller.project, path.endpoint()?, request, true).await
+    let asked = (|| {
+        let format = export_format(&req)?;
+        let version = url_version(&req)?;
+        let request = run_request::from_body(&caller.body, version.as_deref(), format)?;
+        one_format(&request, format)?;
+        Ok(request)
+    })();
+    respond(&req, &state, &caller.caller, caller.project, &path, asked).await
 }
 
 /// The format `Accept` asks for: the first of its preferences a run is written in, JSON when it names none (or
@@ -181,37 +192,50 @@ fn media_type(format: ResultFormat) -> &'static str {
     }
 }
 
+/// The request, unless the client accepts no format a run is written in and names none.
+fn writable(request: RunRequest, writable: bool) -> Result<RunRequest, ApiError> {
+    if writable {
+        Ok(request)
+    } else {
+        Err(ApiError::NotAcceptable)
+    }
+}
+
+/// Runs the path's endpoint as `asked`, in JSON or the format it names, cancelling the run if the client
+/// disconnects meanwhile. The run service records the run; a request refused here, before it is asked, is told
+/// to it.
 async fn respond(
     req: &HttpRequest,
     state: &AppState,
     caller: &Principal,
     project: ProjectId,
-    name: EndpointName,
-    request: RunRequest,
-    writable: bool,
+    path: &EndpointPath,
+    asked: Result<RunRequest, ApiError>,
 ) -> Result<HttpResponse, ApiError> {
-    // A client that accepts no format a run is written in, and names none.
-    if !writable {
-        return Err(ApiError::NotAcceptable);
-    }
-    if request.format == ResultFormat::Json {
-        let outcome = run(req, state, caller, project, name, request).await?;
-        return Ok(answer(req, &outcome));
-    }
+    let asking = Asking::current();
+    let (name, request) = match path.endpoint().map_err(ApiError::from).and_then(|name| Ok((name, asked?))) {
+        Ok(asked) => asked,
+        Err(err) => {
+            asking.refused(&state.runs, caller, Transport::Rest, project, &path.name, &err);
+            return Err(err);
+        }
+    };
+    let by = asking.by(caller, Transport::Rest);
     let format = request.format;
-    match unless_disconnected(req, state.runs.export(caller, project, name, request)).await {
-        Some(exported) => {
-            let exported = exported?;
-            let ran = exported.ran();
-            state.operations.metrics.count_answer(ran.source);
-            req.extensions_mut().insert(ran);
-            Ok(written(req, exported, format))
-        }
-        None => {
-            tracing::info!(path = req.path(), "client disconnected; run cancelled");
-            Err(ApiError::ClientClosed)
-        }
+    if format == ResultFormat::Json {
+        let outcome = unless_disconnected(req, state.runs.run(by, project, name, request)).await;
+        return Ok(answer(req, &connected(req, outcome)??));
     }
+    let exported = unless_disconnected(req, state.runs.export(by, project, name, request)).await;
+    Ok(written(req, connected(req, exported)??, format))
+}
+
+/// What a run answered, or [`ApiError::ClientClosed`] when its client went away first (the run was cancelled).
+fn connected<T>(req: &HttpRequest, answered: Option<T>) -> Result<T, ApiError> {
+    answered.ok_or_else(|| {
+        tracing::info!(path = req.path(), "client disconnected; run cancelled");
+        ApiError::ClientClosed
+    })
 }
 
 /// Whether the client already holds the answer tagged `tag` (`If-None-Match` compares weakly).
@@ -316,30 +340,6 @@ fn strong_tag(tag: &str) -> Option<HeaderValue> {
     value.extend_from_slice(tag.as_bytes());
     value.push(b'"');
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
-}
-
-/// Runs the endpoint, cancelling the run if the client disconnects meanwhile.
-async fn run(
-    req: &HttpRequest,
-    state: &AppState,
-    caller: &Principal,
-    project: ProjectId,
-    name: EndpointName,
-    request: RunRequest,
-) -> Result<RunOutcome, ApiError> {
-    match unless_disconnected(req, state.runs.run(caller, project, name, request)).await {
-        Some(outcome) => {
-            let outcome = outcome?;
-            let ran = outcome.ran();
-            state.operations.metrics.count_answer(ran.source);
-            req.extensions_mut().insert(ran);
-            Ok(outcome)
-        }
-        None => {
-            tracing::info!(path = req.path(), "client disconnected; run cancelled");
-            Err(ApiError::ClientClosed)
-        }
-    }
 }
 
 #[utoipa::path(post, path = "/api/projects/{project_id}/endpoints/last_execution_times", operation_id = "last_execution_times",

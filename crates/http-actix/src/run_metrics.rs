@@ -1,71 +1,119 @@
-//! Each run answered here is logged (contract section 19): over REST by the request middleware, once the answer
-//! is known, from the caller authentication left and the run the handler left in the request's extensions; over
-//! MCP by the tool call. The domain's [`LogService::answered`] makes the record from them; this adapter only
-//! says who asked, what it answered and how long it took, and counts the run in the endpoint's metrics.
-//!
-//! A run is logged once its caller is known to be of the project it addresses: a request that is not
-//! authenticated, or whose credential belongs to another project, is in no project's log (anyone could write
-//! there otherwise).
+//! Runs in `/metrics`, counted from their log records: each record of a run that the run service files (every
+//! transport's, refusals and cancellations included) passes through [`MeteredRunLog`] on its way to the run log,
+//! which counts it by where its answer came from and per endpoint. So the metrics count the runs the log holds,
+//! and no transport counts runs of its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use domain::{Answered, EndpointName, LogService, ProjectId, Ran, Transport};
+use async_trait::async_trait;
+use domain::{
+    EngineError, LogFilter, LogKind, LogRecord, LogSource, ProjectId, RunLog, UsageBucket, UsageQuery,
+};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// The caller of a run route, once it is known to be of the project the path names.
-#[derive(Debug, Clone)]
-pub(crate) struct RunCaller {
-    pub(crate) project: ProjectId,
-    pub(crate) credential: Arc<str>,
+/// A run log that counts each run's record in the run metrics before passing it on.
+pub struct MeteredRunLog {
+    log: Arc<dyn RunLog>,
+    metrics: Arc<RunMetrics>,
 }
 
-/// The error code an error answer carried, left in the response's extensions for the log.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AnsweredCode(pub(crate) &'static str);
-
-/// How a transport answered a run: what its record needs besides the caller.
-pub(crate) struct Answer {
-    pub(crate) transport: Transport,
-    pub(crate) status: u16,
-    pub(crate) code: Option<&'static str>,
-    pub(crate) took: Duration,
-    pub(crate) ran: Option<Ran>,
-    pub(crate) request_id: Option<String>,
-}
-
-impl Answer {
-    /// Logs the run of `endpoint` by `caller`, and counts it in the endpoint's metrics.
-    pub(crate) fn log(
-        self,
-        caller: &RunCaller,
-        endpoint: &str,
-        logs: &LogService,
-        metrics: &EndpointMetrics,
-    ) {
-        metrics.observe(caller.project, endpoint, self.status, self.took);
-        logs.answered(Answered {
-            project: caller.project,
-            credential: Arc::clone(&caller.credential),
-            endpoint: endpoint.to_owned(),
-            transport: self.transport,
-            status: self.status,
-            code: self.code,
-            took: self.took,
-            ran: self.ran,
-            request_id: self.request_id,
-        });
+impl MeteredRunLog {
+    pub fn new(log: Arc<dyn RunLog>, metrics: Arc<RunMetrics>) -> Self {
+        Self { log, metrics }
     }
 }
 
-/// An endpoint name as a path carries it, when it can be one (others name no endpoint and are not logged).
-pub(crate) fn endpoint_of(raw: &str) -> Option<&str> {
-    EndpointName::is_valid(raw).then_some(raw)
+#[async_trait]
+impl RunLog for MeteredRunLog {
+    fn record(&self, record: LogRecord) {
+        if record.kind == LogKind::Run {
+            self.metrics.observe(&record);
+        }
+        self.log.record(record);
+    }
+
+    async fn records(
+        &self,
+        project: ProjectId,
+        endpoint: &str,
+        filter: &LogFilter,
+    ) -> Result<Vec<LogRecord>, EngineError> {
+        self.log.records(project, endpoint, filter).await
+    }
+
+    async fn usage(
+        &self,
+        project: ProjectId,
+        endpoint: &str,
+        query: &UsageQuery,
+    ) -> Result<Vec<UsageBucket>, EngineError> {
+        self.log.usage(project, endpoint, query).await
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AnswerLabels {
+    source: &'static str,
+}
+
+/// Runs by where their answers came from, and per endpoint.
+pub struct RunMetrics {
+    answers_by_source: Family<AnswerLabels, Counter>,
+    /// Answers by source (cache, live, materialized, none), made once so counting one is a single atomic add.
+    answers: [Counter; 4],
+    endpoints: EndpointMetrics,
+}
+
+impl std::fmt::Debug for RunMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for RunMetrics {
+    fn default() -> Self {
+        Self::with_endpoints(EndpointMetrics::default())
+    }
+}
+
+impl RunMetrics {
+    fn with_endpoints(endpoints: EndpointMetrics) -> Self {
+        let answers_by_source = Family::<AnswerLabels, Counter>::default();
+        let answers = ["cache", "live", "materialized", "none"]
+            .map(|source| answers_by_source.get_or_create(&AnswerLabels { source }).clone());
+        Self { answers_by_source, answers, endpoints }
+    }
+
+    /// Exposes the metrics in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "run_answers",
+            "Run answers by where they came from: the cache (a hit), a live query or a stored result (misses), \
+             or nothing (force_cache with nothing cached)",
+            self.answers_by_source.clone(),
+        );
+        self.endpoints.register(registry);
+    }
+
+    /// Counts the run `record` stands for: its answer by source when it answered, and its endpoint's series.
+    fn observe(&self, record: &LogRecord) {
+        if !record.is_error() {
+            let counter = match record.source {
+                Some(LogSource::Cache) => &self.answers[0],
+                Some(LogSource::Live) => &self.answers[1],
+                Some(LogSource::Materialized) => &self.answers[2],
+                None => &self.answers[3],
+            };
+            counter.inc();
+        }
+        self.endpoints.observe(record.project, &record.endpoint, record.status, record.duration);
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -86,7 +134,7 @@ struct OutcomeLabels {
 /// endpoints past its share are counted under `endpoint="_other"` of that project, and runs past the whole cap
 /// under `project="_other", endpoint="_other"`. So a project creating endpoints can neither make the metrics grow
 /// without bound nor take the series of other projects' endpoints.
-pub struct EndpointMetrics {
+struct EndpointMetrics {
     cap: usize,
     per_project: usize,
     /// Each counted endpoint's series, found without building its labels again.
@@ -127,17 +175,17 @@ fn latency_histogram() -> Histogram {
 const OTHER: &str = "_other";
 
 impl EndpointMetrics {
-    pub const DEFAULT_CAP: usize = 1000;
+    const DEFAULT_CAP: usize = 1000;
 
     /// The endpoints of one project with series of their own.
-    pub const DEFAULT_PER_PROJECT: usize = 50;
+    const DEFAULT_PER_PROJECT: usize = 50;
 
-    pub fn new(cap: usize) -> Self {
+    fn new(cap: usize) -> Self {
         Self::with_shares(cap, Self::DEFAULT_PER_PROJECT)
     }
 
     /// At most `cap` series in all, `per_project` endpoints' of one project.
-    pub fn with_shares(cap: usize, per_project: usize) -> Self {
+    fn with_shares(cap: usize, per_project: usize) -> Self {
         let runs = Family::default();
         let latency = Family::new_with_constructor(latency_histogram as fn() -> Histogram);
         let other = series(&runs, &latency, OTHER.into(), OTHER.into());
@@ -145,7 +193,7 @@ impl EndpointMetrics {
     }
 
     /// Exposes the metrics in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    fn register(&self, registry: &mut Registry) {
         registry.register(
             "endpoint_runs",
             "Runs per endpoint (project and endpoint labels, capped; past the cap under _other) by outcome: ok or error",
@@ -211,6 +259,57 @@ impl Default for EndpointMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use domain::testing::KeptRunLog;
+
+    fn record(kind: LogKind, status: u16, source: Option<LogSource>) -> LogRecord {
+        LogRecord {
+            id: uuid::Uuid::nil(),
+            at: domain::testing::T0,
+            project: ProjectId::new(1).unwrap(),
+            endpoint: "kpi".into(),
+            version: Some(1),
+            kind,
+            status,
+            code: None,
+            duration: Duration::from_millis(3),
+            rows: None,
+            bytes_read: None,
+            source,
+            credential: None,
+            transport: None,
+            request_id: None,
+            runs: 1,
+        }
+    }
+
+    #[test]
+    fn each_runs_record_is_counted_on_its_way_to_the_log_and_refreshes_are_not() {
+        let metrics = Arc::new(RunMetrics::default());
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let kept = Arc::new(KeptRunLog::default());
+        let log = MeteredRunLog::new(kept.clone(), Arc::clone(&metrics));
+        log.record(record(LogKind::Run, 200, Some(LogSource::Cache)));
+        log.record(record(LogKind::Run, 200, Some(LogSource::Live)));
+        log.record(record(LogKind::Run, 200, None));
+        log.record(record(LogKind::Run, 429, None));
+        log.record(record(LogKind::Refresh, 200, None));
+        assert_eq!(kept.records().len(), 5, "every record reaches the log");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"run_answers_total{source="cache"} 1"#,
+            r#"run_answers_total{source="live"} 1"#,
+            r#"run_answers_total{source="materialized"} 0"#,
+            // A force_cache run with nothing stored answered nothing; a refused run and a refresh are no answer.
+            r#"run_answers_total{source="none"} 1"#,
+            r#"endpoint_runs_total{project="1",endpoint="kpi",outcome="ok"} 3"#,
+            r#"endpoint_runs_total{project="1",endpoint="kpi",outcome="error"} 1"#,
+            r#"endpoint_run_duration_seconds_count{project="1",endpoint="kpi"} 4"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
+        }
+    }
 
     /// Counts of `endpoint_runs_total` in `registry`'s text, by a part of their labels.
     fn runs_in(registry: &Registry) -> impl Fn(&str) -> Option<String> {
