@@ -1,7 +1,8 @@
 //! Listing, creating, reading, changing and deleting endpoints under both families, on SQLite and on PostgreSQL.
 
-use http_actix::api::EndpointPage;
-use serde_json::{json, Value};
+use domain::ColumnType;
+use http_actix::api::{Column, Endpoint, EndpointPage, VersionPage};
+use serde_json::json;
 
 use crate::helpers::{assert_error, endpoint_body, spawn_app, TestApp, FAMILIES};
 
@@ -10,7 +11,7 @@ async fn lifecycle_under_both_families(app: TestApp) {
     for family in FAMILIES {
         let base = format!("{family}/{project}/endpoints");
         let name = format!("daily-{}", family.rsplit('/').next().unwrap());
-        let created: Value = {
+        let created: Endpoint = {
             let body = json!({
                 "name": name, "description": "Daily numbers", "derived_from_insight": "abc123",
                 "cache_age_seconds": 60,
@@ -21,51 +22,48 @@ async fn lifecycle_under_both_families(app: TestApp) {
             assert_eq!(response.status(), 201);
             response.json().await.unwrap()
         };
-        assert_eq!(created["name"], name.as_str());
-        assert_eq!(created["current_version"], 1);
-        assert_eq!(created["versions_count"], 1);
-        assert_eq!(created["is_active"], true);
-        assert_eq!(created["is_materialized"], false);
-        assert_eq!(created["cache_age_seconds"], 60);
-        assert_eq!(created["sync_frequency"], Value::Null);
-        assert_eq!(created["derived_from_insight"], "abc123");
+        assert_eq!(created.name, name);
+        assert_eq!((created.current_version, created.versions_count), (1, 1));
+        assert_eq!((created.is_active, created.is_materialized), (true, false));
+        assert_eq!((created.cache_age_seconds, created.sync_frequency.as_deref()), (Some(60), None));
+        assert_eq!(created.derived_from_insight.as_deref(), Some("abc123"));
         assert_eq!(
-            created["columns"],
-            json!([{"name": "doubled", "type": "integer"}]),
+            created.columns,
+            Some(vec![Column { name: "doubled".into(), column_type: ColumnType::Integer }]),
             "planned by the engine"
         );
-        assert_eq!(created["endpoint_path"], format!("/api/projects/{project}/endpoints/{name}/run"));
-        assert_eq!(created["last_executed_at"], Value::Null);
-        assert_eq!(created["query"]["variables"]["n"]["default"], 21);
-        assert!(created["id"].as_str().unwrap().len() == 36);
+        assert_eq!(created.endpoint_path, format!("/api/projects/{project}/endpoints/{name}/run"));
+        assert_eq!(created.last_executed_at, None);
+        assert_eq!(created.query.variables["n"].default, Some(json!(21)));
+        assert!(!created.id.is_nil());
 
         // List and read it back through both families, with and without the trailing slash.
         for read_family in FAMILIES {
-            let page: Value = app
+            let page: EndpointPage = app
                 .get(&format!("{read_family}/{project}/endpoints/?search={name}"), &key)
                 .await
                 .json()
                 .await
                 .unwrap();
-            assert_eq!((page["count"].as_u64(), &page["results"][0]), (Some(1), &created));
+            assert_eq!((page.count, &page.results[..]), (1, std::slice::from_ref(&created)));
         }
         for read_family in FAMILIES {
             for slash in ["", "/"] {
                 let response =
                     app.get(&format!("{read_family}/{project}/endpoints/{name}{slash}"), &key).await;
                 assert_eq!(response.status(), 200);
-                assert_eq!(response.json::<Value>().await.unwrap(), created);
+                assert_eq!(response.json::<Endpoint>().await.unwrap(), created);
             }
         }
 
-        let updated: Value = app
+        let updated: Endpoint = app
             .patch(&format!("{base}/{name}/"), &key, &json!({"description": "Renamed words"}))
             .await
             .json()
             .await
             .unwrap();
-        assert_eq!(updated["description"], "Renamed words");
-        assert_eq!(updated["current_version"], 1, "a settings change makes no version");
+        assert_eq!(updated.description, "Renamed words");
+        assert_eq!(updated.current_version, 1, "a settings change makes no version");
 
         let response = app.delete(&format!("{base}/{name}/"), &key).await;
         assert_eq!(response.status(), 204);
@@ -270,12 +268,13 @@ async fn a_dry_run_checks_a_create_or_an_update_and_saves_nothing() {
         let checked = app.post(&format!("{base}?dry_run=true"), &key, &body).await;
         assert_eq!(checked.status(), 200);
         assert!(checked.headers().get("location").is_none());
-        let checked: Value = checked.json().await.unwrap();
+        let checked: Endpoint = checked.json().await.unwrap();
+        let column = |name: &str, column_type| Column { name: name.into(), column_type };
         assert_eq!(
-            checked["columns"],
-            json!([{"name": "n", "type": "integer"}, {"name": "label", "type": "string"}])
+            checked.columns,
+            Some(vec![column("n", ColumnType::Integer), column("label", ColumnType::String)])
         );
-        assert_eq!((&checked["name"], &checked["current_version"]), (&json!("kpi"), &json!(1)));
+        assert_eq!((checked.name.as_str(), checked.current_version), ("kpi", 1));
         assert_error(app.get(&format!("{base}/kpi"), &key).await, 404, "not_found").await;
 
         // What a create refuses, a dry run refuses the same way; it needs the same scope.
@@ -309,13 +308,14 @@ async fn a_dry_run_checks_a_create_or_an_update_and_saves_nothing() {
         let change = json!({"description": "new", "query": {"kind": "SQLQuery", "query": "SELECT 2.5 AS x"}});
         let response = app.patch(&format!("{base}/kpi?dry_run=true"), &key, &change).await;
         assert_eq!(response.status(), 200);
-        let checked: Value = response.json().await.unwrap();
-        assert_eq!((&checked["current_version"], &checked["description"]), (&json!(2), &json!("new")));
-        assert_eq!(checked["columns"], json!([{"name": "x", "type": "float"}]));
-        let stored: Value = app.get(&format!("{base}/kpi"), &key).await.json().await.unwrap();
-        assert_eq!((&stored["current_version"], &stored["description"]), (&json!(1), &json!("")));
-        let versions: Value = app.get(&format!("{base}/kpi/versions"), &key).await.json().await.unwrap();
-        assert_eq!(versions["count"], 1);
+        let checked: Endpoint = response.json().await.unwrap();
+        assert_eq!((checked.current_version, checked.description.as_str()), (2, "new"));
+        assert_eq!(checked.columns, Some(vec![column("x", ColumnType::Float)]));
+        let stored: Endpoint = app.get(&format!("{base}/kpi"), &key).await.json().await.unwrap();
+        assert_eq!((stored.current_version, stored.description.as_str()), (1, ""));
+        let versions: VersionPage =
+            app.get(&format!("{base}/kpi/versions"), &key).await.json().await.unwrap();
+        assert_eq!(versions.count, 1);
         let bad = json!({"query": {"kind": "SQLQuery", "query": "SELECT {variables.x} AS x"}});
         let err = assert_error(
             app.patch(&format!("{base}/kpi?dry_run=true"), &key, &bad).await,

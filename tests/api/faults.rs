@@ -3,12 +3,20 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http_actix::api::{Appended, Endpoint, LastExecutionTimes, RunResult, Table, VersionPage};
+use http_actix::{Code, ErrorBody, ErrorType};
 use reqwest::Method;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Mutex};
 
 use crate::helpers::{endpoint_body, get_json, postgres_url, TestApp};
+
+/// An answer's body as the API's type of it.
+fn typed<T: DeserializeOwned>(body: &Value) -> T {
+    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
 
 /// A TCP proxy in front of PostgreSQL that a test can cut (every connection dropped, new ones refused) and
 /// restore, so the database goes away for this test's application only.
@@ -117,11 +125,8 @@ async fn the_database_going_away_under_load_is_503_and_nothing_acknowledged_is_l
     // During the outage: 503 with the JSON error, the process alive, not ready.
     let (status, body) = status_of(&app, Method::GET, &format!("{base}/"), &key, None).await;
     assert_eq!(status, 503, "{body}");
-    assert_eq!(
-        (body["type"].as_str(), body["code"].as_str()),
-        (Some("server_error"), Some("unavailable")),
-        "{body}"
-    );
+    let error: ErrorBody = typed(&body);
+    assert_eq!((error.kind, error.code), (ErrorType::ServerError, Code::Unavailable), "{body}");
     assert_eq!(app.request(Method::GET, "/healthz", None).send().await.unwrap().status(), 200);
     let ready = app.request(Method::GET, "/readyz", None).send().await.unwrap();
     assert_eq!(ready.status(), 503);
@@ -160,7 +165,8 @@ async fn the_database_going_away_under_load_is_503_and_nothing_acknowledged_is_l
     // Every acknowledged write is there, with its one version.
     for name in acknowledged.lock().await.iter() {
         let (status, endpoint) = status_of(&app, Method::GET, &format!("{base}/{name}"), &key, None).await;
-        assert_eq!((status, &endpoint["current_version"]), (200, &Value::from(1)), "{name}: {endpoint}");
+        assert_eq!(status, 200, "{name}: {endpoint}");
+        assert_eq!(typed::<Endpoint>(&endpoint).current_version, 1, "{name}: {endpoint}");
     }
 }
 
@@ -209,8 +215,8 @@ async fn sigterm_lets_the_request_in_flight_finish_flushes_execution_times_and_e
     let answer = answer.expect("the request in flight is answered");
     assert!(answered_at > signalled, "the query was still running when the signal came");
     assert_eq!(answer.status(), 200);
-    let body: Value = answer.json().await.unwrap();
-    assert_eq!(body["results"].as_array().map(Vec::len), Some(7), "{body}");
+    let body: RunResult = answer.json().await.unwrap();
+    assert_eq!(body.results.as_array().map(Vec::len), Some(7), "{body:?}");
     // No new connections once stopping.
     assert!(client.get(format!("{base}/quick/run")).bearer_auth(&key).send().await.is_err());
     let exited = loop {
@@ -224,7 +230,7 @@ async fn sigterm_lets_the_request_in_flight_finish_flushes_execution_times_and_e
 
     // The times recorded in memory reached the database.
     let app = TestApp::builder().over(data_dir).spawn().await;
-    let found: Value = app
+    let found: LastExecutionTimes = app
         .post(
             &format!("/api/projects/{project}/endpoints/last_execution_times"),
             &key,
@@ -234,9 +240,8 @@ async fn sigterm_lets_the_request_in_flight_finish_flushes_execution_times_and_e
         .json()
         .await
         .unwrap();
-    let names: Vec<&str> =
-        found["query_status"]["results"].as_array().unwrap().iter().filter_map(|r| r[0].as_str()).collect();
-    assert_eq!(names, ["quick", "slow"], "{found}");
+    let names: Vec<&str> = found.query_status.results.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["quick", "slow"], "{found:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,9 +302,9 @@ async fn sigkill_during_writes_leaves_no_partial_endpoint_or_version_gap() {
         );
     }
     for (name, current) in &stored {
-        let versions = get_json(&client, &format!("{base}/{name}/versions?limit=100"), &key).await;
-        let mut numbers: Vec<u64> =
-            versions["results"].as_array().unwrap().iter().map(|v| v["version"].as_u64().unwrap()).collect();
+        let versions: VersionPage =
+            typed(&get_json(&client, &format!("{base}/{name}/versions?limit=100"), &key).await);
+        let mut numbers: Vec<u64> = versions.results.iter().map(|v| u64::from(v.version)).collect();
         numbers.sort_unstable();
         assert_eq!(numbers, (1..=*current).collect::<Vec<_>>(), "{name}: whole versions, no gap");
     }
@@ -325,7 +330,7 @@ async fn a_full_disk_during_an_import_fails_clearly_and_keeps_the_previous_table
     let (project, key) = crate::helpers::project_with_sales(&app);
     app.create_endpoint(project, &key, &endpoint_body("count", "SELECT count(*) AS n FROM sales")).await;
     let run = format!("/api/projects/{project}/endpoints/count/run?refresh=direct");
-    let count = |body: Value| body["results"][0]["n"].as_i64();
+    let count = |body: RunResult| body.results[0]["n"].as_i64();
     assert_eq!(count(app.get(&run, &key).await.json().await.unwrap()), Some(6));
 
     let big = app.data_dir.join("big.csv");
@@ -415,9 +420,10 @@ async fn a_full_disk_during_a_refresh_is_reported_and_the_previous_result_still_
     let error = failed.error.as_deref();
     assert_eq!(error, Some("The result could not be stored: file too large."), "{failed:?}");
     assert_eq!(failed.last_materialized_at, first, "the previous result is still the one on record");
-    let answer = get_json(&client, &format!("{base}/run?variables.country=US"), &key).await;
-    assert_eq!(answer["endpoint_materialized"], true, "{answer}\n{}", warnings());
-    assert_eq!(answer["results"].as_array().map(Vec::len), Some(2), "the previous result's rows: {answer}");
+    let answer: RunResult =
+        typed(&get_json(&client, &format!("{base}/run?variables.country=US"), &key).await);
+    assert!(answer.computed.endpoint_materialized, "{answer:?}\n{}", warnings());
+    assert_eq!(answer.results.as_array().map(Vec::len), Some(2), "the previous result's rows: {answer:?}");
 }
 
 /// `endpoints data import --append` of a file into the project's `sales` table.
@@ -529,26 +535,28 @@ async fn sigkill_during_appends_and_compactions_then_retries_with_their_keys_los
             .unwrap();
         let status = answer.status();
         let body: Value = answer.json().await.unwrap();
-        assert_eq!((status.as_u16(), body["rows_added"].as_u64()), (200, Some(5)), "{name}: {body}");
+        assert_eq!(status.as_u16(), 200, "{name}: {body}");
+        assert_eq!(typed::<Appended>(&body).rows_added, 5, "{name}: {body}");
     }
     // Each acknowledged or retried append is in the table once: 1 + 5 rows each, every id once.
     let expected = 1 + 5 * (acknowledged.len() + unanswered.len()) as u64;
-    let mut table = Value::Null;
+    let mut table: Table = typed(&get_json(&client, &format!("{tables}/events"), &key).await);
     for _ in 0..100 {
-        table = get_json(&client, &format!("{tables}/events"), &key).await;
-        if table["files"].as_u64() < Some(12) {
+        if table.files < Some(12) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+        table = typed(&get_json(&client, &format!("{tables}/events"), &key).await);
     }
-    assert_eq!(table["row_count"].as_u64(), Some(expected), "{table}");
-    assert!(table["files"].as_u64() < Some(12), "compacted after the restart: {table}");
+    assert_eq!(table.row_count, Some(expected), "{table:?}");
+    assert!(table.files < Some(12), "compacted after the restart: {table:?}");
     let endpoints = format!("{}/api/projects/{project}/endpoints", server.address);
     let count = endpoint_body("count", "SELECT count(*) AS n, count(DISTINCT id) AS d FROM events");
     let created = client.post(format!("{endpoints}/")).bearer_auth(&key).json(&count).send().await.unwrap();
     assert_eq!(created.status(), 201);
-    let run = get_json(&client, &format!("{endpoints}/count/run?refresh=direct"), &key).await;
-    assert_eq!(run["results"][0], serde_json::json!({"n": expected, "d": expected}), "no row lost or twice");
+    let run: RunResult =
+        typed(&get_json(&client, &format!("{endpoints}/count/run?refresh=direct"), &key).await);
+    assert_eq!(run.results, serde_json::json!([{"n": expected, "d": expected}]), "no row lost or twice");
     let ids: std::collections::BTreeSet<u64> = (0..1)
         .chain(acknowledged.iter().chain(unanswered.iter()).flat_map(|(_, first)| *first..*first + 5))
         .collect();
@@ -623,16 +631,16 @@ async fn a_fold_killed_mid_way_is_done_again_after_its_lease_and_equals_the_live
     // refresh replacing it while it is read): the stored result is served again once it can be.
     let deadline = Instant::now() + Duration::from_secs(30);
     let stored = loop {
-        let stored = get_json(&client, &run, &key).await;
-        if stored["endpoint_materialized"] == true {
+        let stored: RunResult = typed(&get_json(&client, &run, &key).await);
+        if stored.computed.endpoint_materialized {
             break stored;
         }
-        assert!(Instant::now() < deadline, "runs read the folded result: {stored}");
+        assert!(Instant::now() < deadline, "runs read the folded result: {stored:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let live = get_json(&client, &format!("{run}&refresh=direct"), &key).await;
-    assert_eq!(stored["results"], live["results"], "the folded result equals the live answer");
+    let live: RunResult = typed(&get_json(&client, &format!("{run}&refresh=direct"), &key).await);
+    assert_eq!(stored.results, live.results, "the folded result equals the live answer");
     let orders: u64 =
-        live["results"].as_array().unwrap().iter().map(|row| row["orders"].as_u64().unwrap()).sum();
+        live.results.as_array().unwrap().iter().map(|row| row["orders"].as_u64().unwrap()).sum();
     assert_eq!(orders, 6 + 2_000_000 - 20_619, "every appended row but country C5's, once");
 }

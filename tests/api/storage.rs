@@ -7,9 +7,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use http_actix::api::{Appended, Endpoint, LogList, Materialization, RunResult, Table};
+use http_actix::ErrorBody;
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::helpers::{serve_command, ServeProcess, SALES};
+
+/// An answer's body as the API's type of it.
+fn typed<T: DeserializeOwned>(body: &Value) -> T {
+    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
 
 pub(crate) const BUCKET: &str = "endpoints-test";
 pub(crate) const PREFIX: &str = "deployment";
@@ -153,10 +161,11 @@ async fn wait_completed(server: &ServeProcess, base: &str, key: &str, version: u
     loop {
         let (_, status) =
             call(server, reqwest::Method::GET, &format!("{base}/materialization_status"), key, None).await;
-        if status["status"] == "Completed" && status["version"] == version {
+        let record: Materialization = typed(&status);
+        if record.status == "Completed" && u64::from(record.version) == version {
             return;
         }
-        assert!(status["status"] != "Failed", "the refresh failed: {status}");
+        assert!(record.status != "Failed", "the refresh failed: {status}");
         assert!(Instant::now() < deadline, "v{version} never completed: {status}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -196,7 +205,7 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
     assert_eq!(call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(total)).await.0, 201);
     let total_url = format!("{base}/total/run?refresh=direct");
     let run_total = || call(&server, reqwest::Method::GET, &total_url, &key, None);
-    assert_eq!(run_total().await.1["results"], json!([{"n": 6, "q": 21}]));
+    assert_eq!(typed::<RunResult>(&run_total().await.1).results, json!([{"n": 6, "q": 21}]));
 
     // A materialized endpoint's result is written to the bucket, read from it, and replaced on a new version.
     let by_country = |sql: &str| {
@@ -207,16 +216,16 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
                       "query": by_country("SELECT country, sum(quantity) AS q FROM sales WHERE country = {variables.country} GROUP BY country")});
     let (status, created) = call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(body)).await;
     assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().unwrap();
+    let id = typed::<Endpoint>(&created).id;
     let stored = format!("projects/{project}/materializations/{id}/");
     wait_completed(&server, &format!("{base}/by-country"), &key, 1).await;
     let v1 = moto.keys(&stored).await;
     assert!(v1.len() == 1 && v1[0].starts_with(&format!("{stored}v1-")), "{v1:?}");
     let run = format!("{base}/by-country/run?variables.country=US");
-    let answer = call(&server, reqwest::Method::GET, &run, &key, None).await.1;
+    let answer: RunResult = typed(&call(&server, reqwest::Method::GET, &run, &key, None).await.1);
     assert_eq!(
-        (answer["endpoint_materialized"].as_bool(), answer["results"].clone()),
-        (Some(true), json!([{"country": "US", "q": 3}]))
+        (answer.computed.endpoint_materialized, answer.results),
+        (true, json!([{"country": "US", "q": 3}]))
     );
 
     // `q` becomes `orders`, a breaking change of an endpoint that just ran: confirmed.
@@ -231,15 +240,15 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
         v2.len() == 1 && v2[0].starts_with(&format!("{stored}v2-")),
         "version 1's result is removed: {v2:?}"
     );
-    let answer = call(&server, reqwest::Method::GET, &run, &key, None).await.1;
-    assert_eq!(answer["results"], json!([{"country": "US", "orders": 2}]));
+    let answer: RunResult = typed(&call(&server, reqwest::Method::GET, &run, &key, None).await.1);
+    assert_eq!(answer.results, json!([{"country": "US", "orders": 2}]));
 
     // A replace while serving (a commit of the CLI's process): the next live run here sees the new rows; the old
     // file stays for readers of the older version until a vacuum.
     let fewer = data_dir.join("fewer.csv");
     std::fs::write(&fewer, SALES.lines().take(3).collect::<Vec<_>>().join("\n")).unwrap();
     assert_eq!(import(&fewer)["rows"], 2);
-    assert_eq!(run_total().await.1["results"], json!([{"n": 2, "q": 3}]));
+    assert_eq!(typed::<RunResult>(&run_total().await.1).results, json!([{"n": 2, "q": 3}]));
     let second = moto.keys(&table).await;
     assert_eq!(second.len(), 4, "{second:?}");
     assert_eq!(second[1], format!("{table}_delta_log/00000000000000000001.json"));
@@ -266,13 +275,13 @@ async fn tables_and_stored_results_live_in_an_s3_bucket() {
             .send()
     };
     assert_eq!(put("id,amount\n1,2.5\n", orders.clone(), reqwest::Method::PUT).await.unwrap().status(), 201);
-    let appended: Value = put("id,amount\n2,1\n", format!("{orders}/rows"), reqwest::Method::POST)
+    let appended: Appended = put("id,amount\n2,1\n", format!("{orders}/rows"), reqwest::Method::POST)
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    assert_eq!(appended["table"]["row_count"], 2, "{appended}");
+    assert_eq!(appended.table.row_count, Some(2), "{appended:?}");
     let files = moto.keys(&format!("projects/{project}/tables/orders/")).await;
     assert_eq!(files.iter().filter(|k| k.ends_with(".parquet")).count(), 2, "{files:?}");
     assert!(moto.keys(&format!("projects/{project}/staging/")).await.is_empty());
@@ -326,7 +335,8 @@ async fn external_files_are_read_in_the_storages_bucket_and_in_allowed_ones() {
     let orders_url = format!("s3://{BUCKET}/incoming/orders/");
     let (status, orders) = register("orders", &orders_url, "csv").await;
     assert_eq!(status, 201, "{orders}");
-    assert_eq!((orders["source"].as_str(), orders["bytes"].as_u64()), (Some(orders_url.as_str()), Some(38)));
+    let orders: Table = typed(&orders);
+    assert_eq!((orders.source.as_str(), orders.bytes), (orders_url.as_str(), Some(38)));
     // Another bucket, under the prefix the operator allowed.
     let (status, events) = register("events", "s3://lake/exports/", "ndjson").await;
     assert_eq!(status, 201, "{events}");
@@ -335,7 +345,7 @@ async fn external_files_are_read_in_the_storages_bucket_and_in_allowed_ones() {
     let body = json!({"name": "both", "query": {"kind": "SQLQuery", "query": sql}});
     assert_eq!(call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(body)).await.0, 201);
     let (_, run) = call(&server, reqwest::Method::GET, &format!("{base}/both/run"), &key, None).await;
-    assert_eq!(run["results"], json!([{"total": 8.5, "events": 2}]), "{run}");
+    assert_eq!(typed::<RunResult>(&run).results, json!([{"total": 8.5, "events": 2}]), "{run}");
 
     // Outside what is allowed, or the storage's own projects/ area: 400, and no table.
     for url in [
@@ -351,7 +361,8 @@ async fn external_files_are_read_in_the_storages_bucket_and_in_allowed_ones() {
         ),
     ] {
         let (status, error) = register("refused", url, "ndjson").await;
-        assert_eq!((status, error["attr"].as_str()), (400, Some("source")), "{url}: {error}");
+        let attr = typed::<ErrorBody>(&error).attr.map(|attr| attr.into_owned());
+        assert_eq!((status, attr.as_deref()), (400, Some("source")), "{url}: {error}");
     }
     let (status, _) = call(&server, reqwest::Method::GET, &format!("{tables}/refused"), &key, None).await;
     assert_eq!(status, 404);
@@ -446,27 +457,28 @@ async fn two_nodes_on_postgresql_append_to_one_table_in_a_bucket_and_every_row_l
     assert_eq!(created.status(), 201);
     for node in &nodes {
         let url = format!("{}/api/projects/{project}/endpoints/count/run?refresh=direct", node.address);
-        let run = crate::helpers::get_json(&client, &url, &key).await;
-        assert_eq!(run["results"][0], json!({"n": expected, "d": expected}), "{run}");
+        let run: RunResult = typed(&crate::helpers::get_json(&client, &url, &key).await);
+        assert_eq!(run.results, json!([{"n": expected, "d": expected}]));
     }
     // Compaction merged the small files in the bucket, and the table still has every row once.
-    let mut table = Value::Null;
+    let compacted = |table: &Table| table.files < Some(8) && table.last_compacted_at.is_some();
+    let mut table: Table = typed(&crate::helpers::get_json(&client, &tables[1], &key).await);
     for _ in 0..100 {
-        table = crate::helpers::get_json(&client, &tables[1], &key).await;
-        if table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string() {
+        if compacted(&table) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+        table = typed(&crate::helpers::get_json(&client, &tables[1], &key).await);
     }
-    assert!(table["files"].as_u64() < Some(8) && table["last_compacted_at"].is_string(), "{table}");
-    assert_eq!(table["row_count"], expected);
+    assert!(compacted(&table), "{table:?}");
+    assert_eq!(table.row_count, Some(expected));
     // The compaction's merged files, committed to the table's Delta log in the bucket.
     let keys = moto.keys(&format!("projects/{project}/tables/events/")).await;
     assert!(keys.iter().any(|k| k.contains("/compacted-")), "{keys:?}");
     assert!(keys.iter().any(|k| k.contains("/_delta_log/")), "{keys:?}");
     let url = format!("{}/api/projects/{project}/endpoints/count/run?refresh=direct", nodes[0].address);
-    let run = crate::helpers::get_json(&client, &url, &key).await;
-    assert_eq!(run["results"][0], json!({"n": expected, "d": expected}), "{run}");
+    let run: RunResult = typed(&crate::helpers::get_json(&client, &url, &key).await);
+    assert_eq!(run.results, json!([{"n": expected, "d": expected}]));
 }
 
 #[tokio::test]
@@ -490,12 +502,13 @@ async fn run_logs_live_in_the_bucket() {
         let (status, page) =
             call(&server, reqwest::Method::GET, &format!("{base}/total/logs"), &key, None).await;
         assert_eq!(status, 200, "{page}");
-        if page["results"].as_array().unwrap().len() >= 3 || Instant::now() > deadline {
+        let page: LogList = typed(&page);
+        if page.results.len() >= 3 || Instant::now() > deadline {
             break page;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(logged["results"].as_array().unwrap().len(), 3, "{logged}");
+    assert_eq!(logged.results.len(), 3, "{logged:?}");
     // The records are Parquet files in the bucket, under the project's prefix.
     let files = moto.keys(&format!("projects/{project}/logs/")).await;
     assert!(!files.is_empty() && files.iter().all(|k| k.ends_with(".parquet")), "{files:?}");
@@ -505,5 +518,5 @@ async fn run_logs_live_in_the_bucket() {
     assert_eq!(call(&server, reqwest::Method::POST, &format!("{base}/"), &key, Some(count)).await.0, 201);
     let (_, runs) =
         call(&server, reqwest::Method::GET, &format!("{base}/runs/run?refresh=direct"), &key, None).await;
-    assert_eq!(runs["results"], json!([{"n": 3}]), "{runs}");
+    assert_eq!(typed::<RunResult>(&runs).results, json!([{"n": 3}]), "{runs}");
 }

@@ -1,8 +1,18 @@
 //! An endpoint's versions: they appear only when the query changes.
 
+use domain::ColumnType;
+use http_actix::api::{BreakingChange, Column, Endpoint, Version, VersionPage};
 use serde_json::{json, Value};
 
 use crate::helpers::{assert_error, endpoint_body, spawn_app, FAMILIES};
+
+fn column(name: &str, column_type: ColumnType) -> Column {
+    Column { name: name.into(), column_type }
+}
+
+fn change(column: &str, change: &'static str, from: ColumnType, to: Option<ColumnType>) -> BreakingChange {
+    BreakingChange { column: column.into(), change: change.into(), from, to }
+}
 
 #[tokio::test]
 async fn query_changes_make_versions_and_settings_changes_do_not() {
@@ -14,36 +24,34 @@ async fn query_changes_make_versions_and_settings_changes_do_not() {
     app.patch(&path, &key, &json!({"description": "first words", "cache_age_seconds": 120})).await;
     // The same query in another key order is not a change.
     let same = json!({"query": {"query": "SELECT 1 AS n", "kind": "SQLQuery"}});
-    let unchanged: Value = app.patch(&path, &key, &same).await.json().await.unwrap();
-    assert_eq!(unchanged["current_version"], 1);
+    let unchanged: Endpoint = app.patch(&path, &key, &same).await.json().await.unwrap();
+    assert_eq!(unchanged.current_version, 1);
 
-    let changed: Value = app
+    let changed: Endpoint = app
         .patch(&path, &key, &json!({"query": {"kind": "SQLQuery", "query": "SELECT 2 AS m, 'x' AS label"}}))
         .await
         .json()
         .await
         .unwrap();
-    assert_eq!((changed["current_version"].as_u64(), changed["versions_count"].as_u64()), (Some(2), Some(2)));
+    assert_eq!((changed.current_version, changed.versions_count), (2, 2));
     assert_eq!(
-        changed["columns"],
-        json!([{"name": "m", "type": "integer"}, {"name": "label", "type": "string"}])
+        changed.columns,
+        Some(vec![column("m", ColumnType::Integer), column("label", ColumnType::String)])
     );
 
     for family in FAMILIES {
-        let list: Value =
+        let list: VersionPage =
             app.get(&format!("{family}/{project}/endpoints/kpi/versions/"), &key).await.json().await.unwrap();
-        assert_eq!(list["count"], 2);
-        let versions = list["results"].as_array().unwrap();
-        assert_eq!(versions[0]["version"], 2, "newest first");
-        assert_eq!(versions[0]["is_current"], true);
-        assert_eq!(versions[0]["description"], "first words", "settings are copied into the new version");
-        assert_eq!(versions[0]["cache_age_seconds"], 120);
-        assert_eq!(versions[1]["version"], 1);
-        assert_eq!(versions[1]["is_current"], false);
-        assert_eq!(versions[1]["query"]["query"], "SELECT 1 AS n");
-        assert_eq!(versions[1]["columns"], json!([{"name": "n", "type": "integer"}]));
+        assert_eq!(list.count, 2);
+        let versions = &list.results;
+        assert_eq!((versions[0].version, versions[0].is_current), (2, true), "newest first");
+        assert_eq!(versions[0].description, "first words", "settings are copied into the new version");
+        assert_eq!(versions[0].cache_age_seconds, Some(120));
+        assert_eq!((versions[1].version, versions[1].is_current), (1, false));
+        assert_eq!(versions[1].query.query, "SELECT 1 AS n");
+        assert_eq!(versions[1].columns, Some(vec![column("n", ColumnType::Integer)]));
 
-        let one: Value = app
+        let one: Version = app
             .get(&format!("{family}/{project}/endpoints/kpi/versions/1/"), &key)
             .await
             .json()
@@ -64,8 +72,8 @@ async fn query_changes_make_versions_and_settings_changes_do_not() {
         "not_found",
     )
     .await;
-    let paged: Value = app.get(&format!("{base}?limit=1&offset=1"), &key).await.json().await.unwrap();
-    assert_eq!(paged["results"][0]["version"], 1);
+    let paged: VersionPage = app.get(&format!("{base}?limit=1&offset=1"), &key).await.json().await.unwrap();
+    assert_eq!(paged.results[0].version, 1);
 }
 
 #[tokio::test]
@@ -83,15 +91,11 @@ async fn a_version_that_breaks_recent_callers_needs_confirming_and_records_what_
         assert_eq!(v.status(), 200);
     }
     let path = format!("/api/projects/{project}/endpoints/kpi");
-    let versions: Value = app.get(&format!("{path}/versions/"), &key).await.json().await.unwrap();
-    let recorded: Vec<(u64, Value)> = versions["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| (v["version"].as_u64().unwrap(), v["breaking_changes"].clone()))
-        .collect();
+    let versions: VersionPage = app.get(&format!("{path}/versions/"), &key).await.json().await.unwrap();
+    let recorded: Vec<(u32, usize)> =
+        versions.results.iter().map(|v| (v.version, v.breaking_changes.len())).collect();
     // Version 2 added `extra`, version 3 changed its value, not its type; version 1 follows nothing.
-    assert_eq!(recorded, [(3, json!([])), (2, json!([])), (1, json!([]))]);
+    assert_eq!(recorded, [(3, 0), (2, 0), (1, 0)]);
 
     // Once it ran, removing `label`, retyping `n` and renaming `share` is refused with nothing changed.
     let ran = app.post(&format!("{path}/run"), &key, &json!({})).await;
@@ -122,8 +126,8 @@ async fn a_version_that_breaks_recent_callers_needs_confirming_and_records_what_
             }
         }
     }
-    let unchanged: Value = app.get(&path, &key).await.json().await.unwrap();
-    assert_eq!(unchanged["current_version"], 3, "nothing changed");
+    let unchanged: Endpoint = app.get(&path, &key).await.json().await.unwrap();
+    assert_eq!(unchanged.current_version, 3, "nothing changed");
     // A wrong type for the confirmation is a validation error on it.
     let bad =
         app.patch(&path, &key, &json!({"query": sql(breaking)["query"], "confirm_breaking": "yes"})).await;
@@ -133,8 +137,15 @@ async fn a_version_that_breaks_recent_callers_needs_confirming_and_records_what_
     let confirmed =
         app.patch(&path, &key, &json!({"query": sql(breaking)["query"], "confirm_breaking": true})).await;
     assert_eq!(confirmed.status(), 200);
-    let v4: Value = app.get(&format!("{path}/versions/4"), &key).await.json().await.unwrap();
-    assert_eq!(v4["breaking_changes"], expected);
+    let v4: Version = app.get(&format!("{path}/versions/4"), &key).await.json().await.unwrap();
+    assert_eq!(
+        v4.breaking_changes,
+        [
+            change("n", "type_changed", ColumnType::Integer, Some(ColumnType::String)),
+            change("label", "removed", ColumnType::String, None),
+            change("share", "removed", ColumnType::Float, None),
+        ]
+    );
     let doc: Value = app.get(&format!("{path}/openapi.json"), &key).await.json().await.unwrap();
     let description = doc["info"]["description"].as_str().unwrap_or_default();
     assert!(
@@ -156,9 +167,6 @@ async fn a_version_that_breaks_recent_callers_needs_confirming_and_records_what_
     app.create_endpoint(project, &key, &endpoint_body("fresh", "SELECT 1 AS n")).await;
     let fresh = format!("/api/projects/{project}/endpoints/fresh");
     assert_eq!(app.patch(&fresh, &key, &sql("SELECT 'a' AS m")).await.status(), 200);
-    let v2: Value = app.get(&format!("{fresh}/versions/2"), &key).await.json().await.unwrap();
-    assert_eq!(
-        v2["breaking_changes"],
-        json!([{"column": "n", "change": "removed", "from": "integer", "to": null}])
-    );
+    let v2: Version = app.get(&format!("{fresh}/versions/2"), &key).await.json().await.unwrap();
+    assert_eq!(v2.breaking_changes, [change("n", "removed", ColumnType::Integer, None)]);
 }

@@ -264,25 +264,25 @@ impl From<domain::Endpoint> for Endpoint {
 }
 
 /// One version of an endpoint.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Version {
-    version: u32,
-    query: Query,
-    description: String,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Version {
+    pub version: u32,
+    pub query: Query,
+    pub description: String,
     /// Its output columns; null while it does not plan (`plan_error`).
     #[schema(required = true)]
-    columns: Option<Vec<Column>>,
+    pub columns: Option<Vec<Column>>,
     /// Why its query no longer plans, since a table it reads was replaced; null when it plans.
     #[schema(required = true)]
-    plan_error: Option<String>,
+    pub plan_error: Option<String>,
     #[schema(required = true)]
-    cache_age_seconds: Option<u32>,
+    pub cache_age_seconds: Option<u32>,
     #[serde(with = "time::serde::rfc3339")]
-    created_at: OffsetDateTime,
-    is_current: bool,
+    pub created_at: OffsetDateTime,
+    pub is_current: bool,
     /// The output columns of the version before it that this version removed or retyped; empty when it breaks
     /// nothing (and for version 1).
-    breaking_changes: Vec<BreakingChange>,
+    pub breaking_changes: Vec<BreakingChange>,
 }
 
 /// An output column of the version before that a version removed (`to` null) or retyped. A renamed column is

@@ -2,7 +2,7 @@
 //! product's query status.
 
 use domain::{LastExecutions, ProjectId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -11,55 +11,55 @@ use uuid::Uuid;
 use super::millis;
 
 /// Counts of the lookup.
-#[derive(Debug, Serialize, ToSchema)]
-struct QueryProgress {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QueryProgress {
     /// Microseconds spent.
-    active_cpu_time: u64,
-    bytes_read: u64,
+    pub active_cpu_time: u64,
+    pub bytes_read: u64,
     /// The names asked for.
-    estimated_rows_total: u64,
-    rows_read: u64,
+    pub estimated_rows_total: u64,
+    pub rows_read: u64,
     /// Milliseconds.
-    time_elapsed: f64,
+    pub time_elapsed: f64,
 }
 
 /// The lookup, as a completed synchronous query.
-#[derive(Debug, Serialize, ToSchema)]
-struct QueryStatus {
-    id: Uuid,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QueryStatus {
+    pub id: Uuid,
     /// The project's id.
-    team_id: i64,
-    complete: bool,
-    error: bool,
+    pub team_id: i64,
+    pub complete: bool,
+    pub error: bool,
     #[schema(required = true)]
-    error_message: Option<String>,
-    query_async: bool,
+    pub error_message: Option<String>,
+    pub query_async: bool,
     #[schema(required = true)]
-    dashboard_id: Option<i64>,
+    pub dashboard_id: Option<i64>,
     #[schema(required = true)]
-    insight_id: Option<i64>,
+    pub insight_id: Option<i64>,
     #[schema(required = true)]
-    labels: Option<Vec<String>>,
+    pub labels: Option<Vec<String>>,
     #[serde(with = "time::serde::rfc3339")]
-    start_time: OffsetDateTime,
+    pub start_time: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
-    pickup_time: OffsetDateTime,
+    pub pickup_time: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
-    end_time: OffsetDateTime,
+    pub end_time: OffsetDateTime,
     #[schema(required = true)]
-    expiration_time: Option<String>,
+    pub expiration_time: Option<String>,
     #[schema(required = true)]
-    task_id: Option<String>,
+    pub task_id: Option<String>,
     /// `[name, last_executed_at]` of each endpoint that ran in the past six months, by name.
     #[schema(value_type = Vec<Vec<String>>)]
-    results: Vec<(String, String)>,
-    query_progress: QueryProgress,
+    pub results: Vec<(String, String)>,
+    pub query_progress: QueryProgress,
 }
 
 /// The last execution times of the endpoints asked for.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct LastExecutionTimes {
-    query_status: QueryStatus,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LastExecutionTimes {
+    pub query_status: QueryStatus,
 }
 
 impl LastExecutionTimes {

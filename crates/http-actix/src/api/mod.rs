@@ -19,18 +19,16 @@ mod run;
 mod table;
 mod token;
 
-pub(crate) use endpoint::Version;
-pub use endpoint::{BreakingChange, Column, Endpoint, Materialization, Query, Variable};
-pub(crate) use last_executions::LastExecutionTimes;
+pub use endpoint::{BreakingChange, Column, Endpoint, Materialization, Query, Variable, Version};
+pub use last_executions::{LastExecutionTimes, QueryProgress, QueryStatus};
 pub use log::{LogEntry, LogKindName, LogList, LogSourceName, TransportName, Usage, UsageBucketBody};
 pub use page::EndpointPage;
-pub(crate) use page::VersionPage;
-pub use page::{TablePage, TableVersionPage};
-pub(crate) use project::Project;
+pub use page::{TablePage, TableVersionPage, VersionPage};
+pub use project::Project;
 pub(crate) use run::RunAnswer;
 pub use run::{Computed, PerRequest, RunResult, RunStatistics, Timings};
 pub use table::{Appended, Column as TableColumn, Layout as TableLayout, Preview, Table, TableVersion};
-pub(crate) use token::RunToken;
+pub use token::RunToken;
 
 /// A duration in milliseconds, to the microsecond.
 fn millis(duration: std::time::Duration) -> f64 {

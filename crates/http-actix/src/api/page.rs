@@ -43,7 +43,7 @@ page!(
 );
 page!(
     /// A page of an endpoint's versions, newest first.
-    VersionPage of Version
+    VersionPage of Version, Deserialize
 );
 page!(
     /// A page of a project's tables, ordered by name.

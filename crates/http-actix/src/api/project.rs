@@ -1,19 +1,19 @@
 //! A project, as any key of it reads it.
 
 use domain::Project as DomainProject;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
 /// A project: what its keys, endpoints and tables belong to.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Project {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Project {
     /// The id paths name (`/api/projects/{id}/...`).
-    id: i64,
+    pub id: i64,
     /// The name it was created with (`endpoints project create NAME`).
-    name: String,
+    pub name: String,
     #[serde(with = "time::serde::rfc3339")]
-    created_at: OffsetDateTime,
+    pub created_at: OffsetDateTime,
 }
 
 impl From<DomainProject> for Project {

@@ -1,17 +1,17 @@
 //! The answer of `POST run_tokens`: the token, once.
 
 use domain::IssuedRunToken;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
 /// A run token just signed. It is not kept by the service: keep it, or issue another.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct RunToken {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunToken {
     /// An HS256 JWT, sent as `Authorization: Bearer <token>`.
-    token: String,
+    pub token: String,
     #[serde(with = "time::serde::rfc3339")]
-    expires_at: OffsetDateTime,
+    pub expires_at: OffsetDateTime,
 }
 
 impl From<IssuedRunToken> for RunToken {
