@@ -20,9 +20,8 @@ async fn any_key_of_a_project_reads_its_name_and_nothing_else_does() {
     ] {
         let response = app.get(&path, &loader).await;
         assert_eq!(response.status(), 200, "{path}");
-        let body: serde_json::Value = response.json().await.unwrap();
-        assert_eq!((body["id"].as_i64(), body["name"].as_str()), (Some(project), Some("Test")), "{body}");
-        assert!(body["created_at"].is_string(), "{body}");
+        let body: http_actix::api::Project = response.json().await.unwrap();
+        assert_eq!((body.id, body.name.as_str()), (project, "Test"), "{body:?}");
         assert_error(
             app.get(&path.replace("@current", "999999"), &other_key).await,
             403,
@@ -33,8 +32,8 @@ async fn any_key_of_a_project_reads_its_name_and_nothing_else_does() {
     app.create_endpoint(project, &writer, &endpoint_body("n", "SELECT 1 AS n")).await;
     let issued =
         app.post(&format!("/api/projects/{project}/run_tokens"), &writer, &json!({"endpoints": ["n"]})).await;
-    let token: serde_json::Value = issued.json().await.unwrap();
-    let token = token["token"].as_str().unwrap();
+    let token: http_actix::api::RunToken = issued.json().await.unwrap();
+    let token = token.token.as_str();
     assert_error(app.get(&format!("/api/projects/{project}"), token).await, 403, "permission_denied").await;
     assert_error(app.get("/api/projects/1?verbose=1", &loader).await, 400, "validation_error").await;
 }
@@ -106,7 +105,7 @@ async fn the_auth_matrix() {
     let response = app.get(&format!("/api/projects/{other_project}/endpoints"), &other_key).await;
     assert_eq!(response.status(), 200);
     let response = app.get("/api/environments/@current/endpoints/", &other_key).await;
-    assert_eq!(response.json::<serde_json::Value>().await.unwrap()["count"], 0);
+    assert_eq!(response.json::<http_actix::api::EndpointPage>().await.unwrap().count, 0);
 }
 
 /// Every route of both families against every combination of scopes a key can hold, and against a key of

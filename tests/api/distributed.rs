@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use http_actix::api::{Endpoint, Materialization, RunResult};
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::helpers::{project_with_sales, serve_command, TestApp};
@@ -47,7 +49,8 @@ fn start_cluster_with(mut command: Command, data_dir: &std::path::Path) -> Clust
     ClusterProcess { child, url: started["engine"].as_str().unwrap().to_owned() }
 }
 
-async fn run(app: &TestApp, key: &str, path: &str) -> Value {
+/// The answer of a GET of `path` (asserting 200), as the API's type of it.
+async fn run<T: DeserializeOwned>(app: &TestApp, key: &str, path: &str) -> T {
     let response = app.get(path, key).await;
     assert_eq!(response.status(), 200, "{path}");
     response.json().await.unwrap()
@@ -79,9 +82,10 @@ async fn endpoints_run_on_a_ballista_cluster_and_fail_clearly_without_it() {
         "query": "SELECT country, sum(quantity) AS q FROM sales WHERE amount >= {variables.min} GROUP BY country ORDER BY country",
         "variables": {"min": {"type": "Number", "default": 0}}}});
     app.create_endpoint(project, &key, &live).await;
-    let answer = run(&app, &key, &format!("{base}/totals/run?variables.min=7&refresh=direct")).await;
+    let answer: RunResult =
+        run(&app, &key, &format!("{base}/totals/run?variables.min=7&refresh=direct")).await;
     assert_eq!(
-        answer["results"],
+        answer.results,
         json!([{"country": "DE", "q": 5}, {"country": "O'Brien", "q": 4}, {"country": "US", "q": 3}])
     );
 
@@ -93,16 +97,17 @@ async fn endpoints_run_on_a_ballista_cluster_and_fail_clearly_without_it() {
     app.create_endpoint(project, &key, &stored).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let status = run(&app, &key, &format!("{base}/by-country/materialization_status")).await;
-        if status["status"] == "Completed" {
+        let status: Materialization =
+            run(&app, &key, &format!("{base}/by-country/materialization_status")).await;
+        if status.status == "Completed" {
             break;
         }
-        assert!(status["status"] != "Failed" && Instant::now() < deadline, "{status}");
+        assert!(status.status != "Failed" && Instant::now() < deadline, "{status:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let from_store = run(&app, &key, &format!("{base}/by-country/run?variables.country=US")).await;
-    assert_eq!(from_store["endpoint_materialized"], true);
-    assert_eq!(from_store["results"], json!([{"country": "US", "orders": 2}]));
+    let from_store: RunResult = run(&app, &key, &format!("{base}/by-country/run?variables.country=US")).await;
+    assert!(from_store.computed.endpoint_materialized);
+    assert_eq!(from_store.results, json!([{"country": "US", "orders": 2}]));
 
     // Without the cluster: a clear 503 for live runs and readiness, never a hang or a 500.
     drop(cluster);
@@ -132,30 +137,26 @@ async fn a_cluster_reads_tables_from_an_s3_bucket_and_results_are_stored_there()
         "query": "SELECT vip, count(*) AS orders FROM sales WHERE amount > {variables.min} GROUP BY vip ORDER BY vip",
         "variables": {"min": {"type": "Number", "default": 0}}}});
     assert_eq!(send(client.post(format!("{base}/")).json(&live)).await.status(), 201);
-    let answer: Value = send(client.get(format!("{base}/totals/run?variables.min=5&refresh=direct")))
+    let answer: RunResult = send(client.get(format!("{base}/totals/run?variables.min=5&refresh=direct")))
         .await
         .json()
         .await
         .unwrap();
-    assert_eq!(
-        answer["results"],
-        json!([{"vip": false, "orders": 2}, {"vip": true, "orders": 2}]),
-        "{answer}"
-    );
+    assert_eq!(answer.results, json!([{"vip": false, "orders": 2}, {"vip": true, "orders": 2}]));
 
     let stored = json!({"name": "vip", "is_materialized": true, "sync_frequency": "1hour", "query": {"kind": "SQLQuery",
         "query": "SELECT country, quantity, vip FROM sales WHERE vip = {variables.vip} ORDER BY quantity",
         "variables": {"vip": {"type": "Boolean", "default": true}}}});
-    let created: Value = send(client.post(format!("{base}/")).json(&stored)).await.json().await.unwrap();
-    let id = created["id"].as_str().unwrap_or_else(|| panic!("not created: {created}")).to_owned();
+    let created: Endpoint = send(client.post(format!("{base}/")).json(&stored)).await.json().await.unwrap();
+    let id = created.id;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let status: Value =
+        let status: Materialization =
             send(client.get(format!("{base}/vip/materialization_status"))).await.json().await.unwrap();
-        if status["status"] == "Completed" {
+        if status.status == "Completed" {
             break;
         }
-        assert!(status["status"] != "Failed" && Instant::now() < deadline, "{status}");
+        assert!(status.status != "Failed" && Instant::now() < deadline, "{status:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let keys = moto.keys(&format!("projects/{project}/materializations/{id}/")).await;
@@ -163,11 +164,11 @@ async fn a_cluster_reads_tables_from_an_s3_bucket_and_results_are_stored_there()
         keys.len() == 1 && keys[0].ends_with("/part-0.parquet"),
         "the result is stored in the bucket: {keys:?}"
     );
-    let answer: Value =
+    let answer: RunResult =
         send(client.get(format!("{base}/vip/run?variables.vip=true"))).await.json().await.unwrap();
-    assert_eq!(answer["endpoint_materialized"], true, "{answer}");
+    assert!(answer.computed.endpoint_materialized, "{answer:?}");
     assert_eq!(
-        answer["results"],
+        answer.results,
         json!([{"country": "US", "quantity": 1, "vip": true}, {"country": "FR", "quantity": 3, "vip": true},
                {"country": "DE", "quantity": 5, "vip": true}])
     );

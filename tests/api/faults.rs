@@ -6,17 +6,11 @@ use std::time::{Duration, Instant};
 use http_actix::api::{Appended, Endpoint, LastExecutionTimes, RunResult, Table, VersionPage};
 use http_actix::{Code, ErrorBody, ErrorType};
 use reqwest::Method;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Mutex};
 
-use crate::helpers::{endpoint_body, get_json, postgres_url, TestApp};
-
-/// An answer's body as the API's type of it.
-fn typed<T: DeserializeOwned>(body: &Value) -> T {
-    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
+use crate::helpers::{endpoint_body, get_json, postgres_url, typed, TestApp};
 
 /// A TCP proxy in front of PostgreSQL that a test can cut (every connection dropped, new ones refused) and
 /// restore, so the database goes away for this test's application only.

@@ -416,6 +416,11 @@ pub async fn serve_command_on(
     server
 }
 
+/// A body as the API's type of it (the body in the message when it is not one).
+pub fn typed<T: serde::de::DeserializeOwned>(body: &Value) -> T {
+    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
 /// GET `url` with `key` from outside a `TestApp` (a `serve` process), as JSON.
 pub async fn get_json(client: &reqwest::Client, url: &str, key: &str) -> Value {
     let response = client.get(url).bearer_auth(key).send().await.expect("the server answers");

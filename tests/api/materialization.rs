@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use http_actix::api::RunResult;
+use http_actix::api::{Endpoint, RunResult};
 use serde_json::{json, Value};
 use server::Config;
 
@@ -573,7 +573,7 @@ async fn appended_rows_reach_stored_results_within_their_freshness() {
     let patched = app
         .patch(&format!("/api/projects/{project}/endpoints/plain"), &key, &json!({"freshness_seconds": 3}))
         .await;
-    assert_eq!(patched.json::<Value>().await.unwrap()["freshness_seconds"], 3);
+    assert_eq!(patched.json::<Endpoint>().await.unwrap().freshness_seconds, 3);
     let variables = [
         ("by_country", json!({"from": "A", "vip": true})),
         ("totals", json!({"since": "2026-01-01", "until": "2027-01-01", "not": "XX"})),

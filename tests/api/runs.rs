@@ -1,7 +1,7 @@
 //! Runs (GET and POST) and last execution times over a dataset the test writes, with aggregates known in advance.
 
 use domain::ColumnType;
-use http_actix::api::{RunResult, RunStatistics};
+use http_actix::api::{Endpoint, LastExecutionTimes, RunResult, RunStatistics};
 use serde_json::{json, Value};
 
 use crate::helpers::{
@@ -270,20 +270,18 @@ async fn last_execution_times_show_runs_at_once_and_survive_a_restart() {
     ] {
         assert!(query_status.get(field).is_some(), "missing {field}");
     }
-    assert_eq!(
-        (query_status["complete"].as_bool(), query_status["error"].as_bool()),
-        (Some(true), Some(false))
-    );
-    assert_eq!(query_status["team_id"], project);
-    let results = query_status["results"].as_array().unwrap();
-    assert_eq!(results.len(), 1, "{results:?}");
-    assert_eq!(results[0][0], "ran");
-    let ran_at = results[0][1].as_str().unwrap().to_owned();
-    assert_eq!(query_status["query_progress"]["estimated_rows_total"], 3);
+    let status: LastExecutionTimes = serde_json::from_value(status).unwrap();
+    let query_status = status.query_status;
+    assert_eq!((query_status.complete, query_status.error, query_status.team_id), (true, false, project));
+    let [(name, ran_at)] = &query_status.results[..] else { panic!("{query_status:?}") };
+    assert_eq!(name, "ran");
+    assert_eq!(query_status.query_progress.estimated_rows_total, 3);
 
-    let record: Value =
+    let record: Endpoint =
         app.get(&format!("/api/projects/{project}/endpoints/ran"), &key).await.json().await.unwrap();
-    assert_eq!(record["last_executed_at"], ran_at.as_str());
+    let recorded =
+        record.last_executed_at.map(|at| at.format(&time::format_description::well_known::Rfc3339));
+    assert_eq!(recorded.unwrap().unwrap(), *ran_at);
 
     for bad in [json!({}), json!({"names": []}), json!({"names": ["bad name"]})] {
         let error = assert_error(app.post(&path, &key, &bad).await, 400, "validation_error").await;
@@ -294,9 +292,10 @@ async fn last_execution_times_show_runs_at_once_and_survive_a_restart() {
     let data_dir = app.data_dir.clone();
     app.stop().await.unwrap();
     let again = TestApp::builder().over(data_dir).spawn().await;
-    let status: Value = ok_json(again.post(&path, &key, &lookup).await).await;
-    assert_eq!(status["query_status"]["results"], json!([["ran", ran_at]]));
-    assert_eq!(status["query_status"]["query_progress"]["rows_read"], 1);
+    let status: LastExecutionTimes =
+        serde_json::from_value(ok_json(again.post(&path, &key, &lookup).await).await).unwrap();
+    assert_eq!(status.query_status.results, [("ran".to_owned(), ran_at.clone())]);
+    assert_eq!(status.query_status.query_progress.rows_read, 1);
 }
 
 #[tokio::test]

@@ -4,11 +4,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use http_actix::api::RunResult;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::faults::{through_proxy, Proxy};
-use crate::helpers::{endpoint_body, postgres_url, serve_command, ServeProcess, TestApp};
+use crate::helpers::{endpoint_body, postgres_url, serve_command, typed, ServeProcess, TestApp};
 
 /// A real `endpoints serve` on `database_url`. Keys are trusted for ten minutes and cached runs for the
 /// endpoint's cache age (five minutes by default), so only an announced change can end either sooner.
@@ -64,7 +65,12 @@ impl Client {
 }
 
 fn value(answer: &Value) -> Option<i64> {
-    answer["results"][0]["n"].as_i64()
+    answer.get("results").and_then(|rows| rows[0]["n"].as_i64())
+}
+
+/// A run's answer as the API's type of it.
+fn ran(answer: &Value) -> RunResult {
+    typed(answer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,7 +92,7 @@ async fn a_change_through_one_node_is_honoured_by_the_others_at_once() {
     for node in [&a, &b, &c] {
         client.run(node, "kpi").await;
         let (_, cached) = client.run(node, "kpi").await;
-        assert_eq!((cached["is_cached"].as_bool(), value(&cached)), (Some(true), Some(1)));
+        assert_eq!((ran(&cached).request.is_cached, value(&cached)), (true, Some(1)));
     }
 
     // A new query through A: B and C answer with version 2 at once, not with their cached version 1.
@@ -95,7 +101,8 @@ async fn a_change_through_one_node_is_honoured_by_the_others_at_once() {
         let took = client.until(node, "kpi", |_, answer| value(answer) == Some(2)).await;
         assert!(took < Duration::from_secs(1), "{took:?}");
         let (_, again) = client.run(node, "kpi").await;
-        assert_eq!((again["is_cached"].as_bool(), again["endpoint_version"].as_i64()), (Some(true), Some(2)));
+        let again = ran(&again);
+        assert_eq!((again.request.is_cached, again.computed.endpoint_version), (true, Some(2)));
     }
 
     // Deactivated through B: A and C stop answering it.
@@ -145,7 +152,7 @@ async fn a_node_that_loses_the_change_channel_stops_trusting_its_cache() {
         client.send(client.http.post(client.url(&a, "/")).json(&endpoint_body("kpi", "SELECT 1 AS n"))).await;
     assert_eq!(status, 201);
     client.run(&b, "kpi").await;
-    assert_eq!(client.run(&b, "kpi").await.1["is_cached"], true);
+    assert!(ran(&client.run(&b, "kpi").await.1).request.is_cached);
 
     // B loses its database, and with it the channel; A changes the query meanwhile. B cannot know what changed,
     // so it stops answering from its cache (it would serve version 1) and says the store is away instead.
@@ -194,7 +201,7 @@ async fn a_write_is_seen_on_every_node_as_soon_as_it_is_answered() {
     assert_eq!(status, 201);
     heartbeats_in(&url, 3).await;
     client.run(&b, "kpi").await;
-    assert_eq!(client.run(&b, "kpi").await.1["is_cached"], true);
+    assert!(ran(&client.run(&b, "kpi").await.1).request.is_cached);
 
     for i in 1..=100 {
         client
@@ -202,7 +209,7 @@ async fn a_write_is_seen_on_every_node_as_soon_as_it_is_answered() {
             .await;
         let (status, answer) = client.run(&b, "kpi").await;
         assert_eq!((status, value(&answer)), (StatusCode::OK, Some(i)), "round {i}: {answer}");
-        assert_eq!(answer["endpoint_version"], i + 1, "round {i}");
+        assert_eq!(ran(&answer).computed.endpoint_version, u32::try_from(i + 1).ok(), "round {i}");
     }
 
     for i in 0..30 {
@@ -210,7 +217,7 @@ async fn a_write_is_seen_on_every_node_as_soon_as_it_is_answered() {
         let body = endpoint_body(&name, "SELECT 1 AS n");
         assert_eq!(client.send(client.http.post(client.url(&a, "/")).json(&body)).await.0, 201);
         client.run(&b, &name).await;
-        assert_eq!(client.run(&b, &name).await.1["is_cached"], true, "{name} is cached on B");
+        assert!(ran(&client.run(&b, &name).await.1).request.is_cached, "{name} is cached on B");
         assert_eq!(client.send(client.http.delete(client.url(&a, &format!("/{name}")))).await.0, 204);
         let (status, answer) = client.run(&b, &name).await;
         assert_eq!(status, 404, "{name} still runs on B: {answer}");

@@ -1,8 +1,10 @@
 //! Snapshots over HTTP (contract section 23): `next` cursors that page one snapshot of the tables while rows
 //! are appended, and `as_of` runs that read the tables as they were.
 
+use http_actix::api::RunResult;
 use reqwest::Method;
 use serde_json::{json, Value};
+use time::format_description::well_known::Rfc3339;
 
 use crate::helpers::{assert_error, endpoint_body, spawn_app, TestApp, FAMILIES};
 
@@ -29,16 +31,16 @@ async fn project_with_items(app: &TestApp, rows: &str) -> (i64, String, String) 
     (project, key, table)
 }
 
-fn ids(answer: &Value) -> Vec<i64> {
-    answer["results"].as_array().unwrap().iter().map(|row| row["id"].as_i64().unwrap()).collect()
+fn ids(answer: &RunResult) -> Vec<i64> {
+    answer.results.as_array().unwrap().iter().map(|row| row["id"].as_i64().unwrap()).collect()
 }
 
-async fn run(app: &TestApp, path: &str, key: &str, body: Value) -> Value {
+async fn run(app: &TestApp, path: &str, key: &str, body: Value) -> RunResult {
     let response = app.post(path, key, &body).await;
     let status = response.status().as_u16();
     let answer: Value = response.json().await.unwrap();
     assert_eq!(status, 200, "{answer}");
-    answer
+    serde_json::from_value(answer).unwrap()
 }
 
 #[tokio::test]
@@ -56,19 +58,19 @@ async fn a_cursor_pages_one_snapshot_while_rows_are_appended_and_refuses_another
         let path = format!("{family}/{project}/endpoints/listing/run");
         let first = run(&app, &path, &key, json!({"limit": 2, "variables": {"low": 1}})).await;
         assert_eq!(ids(&first), [2, 4]);
-        let next = first["next"].as_str().expect("rows follow: a cursor").to_owned();
+        let next = first.request.next.clone().expect("rows follow: a cursor");
 
         // Rows that sort before and between the pages arrive; the cursor's pages do not see them.
         write(&app, Method::POST, &format!("{table}/rows"), &key, "{\"id\": 1}\n{\"id\": 5}\n").await;
         let second =
             run(&app, &path, &key, json!({"limit": 2, "variables": {"low": 1}, "cursor": next})).await;
         assert_eq!(ids(&second), [6, 8], "the same snapshot, from where the first page ended");
-        assert_eq!(second["data_as_of"], first["data_as_of"], "as of the first page");
-        let last_cursor = second["next"].as_str().unwrap().to_owned();
+        assert_eq!(second.computed.data_as_of, first.computed.data_as_of, "as of the first page");
+        let last_cursor = second.request.next.clone().unwrap();
         let query = format!("{path}?limit=2&variables.low=1&cursor={last_cursor}");
-        let third: Value = app.get(&query, &key).await.json().await.unwrap();
-        assert_eq!((ids(&third), third["hasMore"].as_bool()), (vec![10], Some(false)));
-        assert_eq!(third["next"], Value::Null);
+        let third: RunResult = app.get(&query, &key).await.json().await.unwrap();
+        assert_eq!((ids(&third), third.computed.has_more), (vec![10], false));
+        assert_eq!(third.request.next, None);
         // Paging by offset reads the newest rows.
         let by_offset =
             run(&app, &path, &key, json!({"limit": 2, "offset": 2, "variables": {"low": 1}})).await;
@@ -119,7 +121,7 @@ async fn as_of_reads_the_tables_as_they_were_and_refuses_times_without_a_version
     app.create_endpoint(project, &key, &endpoint_body("total", "SELECT sum(id) AS id FROM items")).await;
     let path = format!("/api/projects/{project}/endpoints/total/run");
     let before_append = run(&app, &path, &key, json!({"refresh": "direct"})).await;
-    let then = before_append["data_as_of"].as_str().unwrap().to_owned();
+    let then = before_append.computed.data_as_of.unwrap();
     write(&app, Method::POST, &format!("{table}/rows"), &key, "{\"id\": 10}\n").await;
     write(&app, Method::POST, &format!("{table}/rows"), &key, "{\"id\": 100}\n").await;
 
@@ -127,11 +129,11 @@ async fn as_of_reads_the_tables_as_they_were_and_refuses_times_without_a_version
     assert_eq!(ids(&now), [111]);
     for family in FAMILIES {
         let path = format!("{family}/{project}/endpoints/total/run");
-        let past = run(&app, &path, &key, json!({"as_of": then})).await;
+        let past = run(&app, &path, &key, json!({"as_of": then.format(&Rfc3339).unwrap()})).await;
         assert_eq!(ids(&past), [1], "the table before its appends");
-        assert_eq!(past["data_as_of"], Value::String(then.clone()));
-        let by_query: Value =
-            app.get(&format!("{path}?as_of={}", then.replace('+', "%2B")), &key).await.json().await.unwrap();
+        assert_eq!(past.computed.data_as_of, Some(then));
+        let as_of = then.format(&Rfc3339).unwrap().replace('+', "%2B");
+        let by_query: RunResult = app.get(&format!("{path}?as_of={as_of}"), &key).await.json().await.unwrap();
         assert_eq!(ids(&by_query), [1]);
     }
     for (as_of, says) in

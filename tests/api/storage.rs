@@ -9,15 +9,9 @@ use std::time::{Duration, Instant};
 
 use http_actix::api::{Appended, Endpoint, LogList, Materialization, RunResult, Table};
 use http_actix::ErrorBody;
-use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use crate::helpers::{serve_command, ServeProcess, SALES};
-
-/// An answer's body as the API's type of it.
-fn typed<T: DeserializeOwned>(body: &Value) -> T {
-    serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
+use crate::helpers::{serve_command, typed, ServeProcess, SALES};
 
 pub(crate) const BUCKET: &str = "endpoints-test";
 pub(crate) const PREFIX: &str = "deployment";

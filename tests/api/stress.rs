@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http_actix::api::{Appended, RunResult, Table};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
-use crate::helpers::{endpoint_body, get_json, postgres_url, serve_command_on, ServeProcess};
+use crate::helpers::{endpoint_body, get_json, postgres_url, serve_command_on, typed, ServeProcess};
 use crate::storage::{Dir, Moto};
 
 /// How long both nodes are written through.
@@ -258,7 +259,7 @@ async fn stress(shared: Shared) {
                     .header("Idempotency-Key", &key);
                 match cluster.send(request, ids(first)).await {
                     Some((200, answer)) => {
-                        assert_eq!(answer["rows_added"], 5, "{answer}");
+                        assert_eq!(typed::<Appended>(&answer).rows_added, 5, "{answer}");
                         seen.lock().await.appended.push((key, first));
                     }
                     Some((status, answer)) if status < 500 && status != 409 => {
@@ -312,7 +313,7 @@ async fn stress(shared: Shared) {
                     let body: Value = answer.json().await.unwrap_or(Value::Null);
                     assert!(status == 200 || status == 503, "a run of snap: {status} {body}");
                     if status == 200 {
-                        seen.lock().await.snapshots.push(body["results"][0].clone());
+                        seen.lock().await.snapshots.push(typed::<RunResult>(&body).results[0].clone());
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -349,7 +350,7 @@ async fn stress(shared: Shared) {
             let request = cluster.client.post(&url).header("Idempotency-Key", key);
             match cluster.send(request, ids(*first)).await {
                 Some((200, answer)) => {
-                    assert_eq!(answer["rows_added"], 5, "{key}: {answer}");
+                    assert_eq!(typed::<Appended>(&answer).rows_added, 5, "{key}: {answer}");
                     break;
                 }
                 other => {
@@ -366,13 +367,13 @@ async fn stress(shared: Shared) {
     assert_eq!(made.send().await.unwrap().status(), 201);
     for node in 0..2 {
         let url = format!("{}/count/run?refresh=direct", endpoints(node));
-        let run = get_json(&cluster.client, &url, &cluster.key).await;
-        assert_eq!(run["results"][0], json!({"n": expected, "d": expected}), "node {node}: {run}");
+        let run: RunResult = typed(&get_json(&cluster.client, &url, &cluster.key).await);
+        assert_eq!(run.results, json!([{"n": expected, "d": expected}]), "node {node}");
         // `snap` is one replace's rows, one that was sent.
         let url = format!("{}/snap/run?refresh=direct", endpoints(node));
-        let run = get_json(&cluster.client, &url, &cluster.key).await;
-        let read = &run["results"][0];
-        assert_eq!((read["n"].as_u64(), read["d"].as_u64()), (Some(SNAP_ROWS), Some(1)), "{run}");
+        let run: RunResult = typed(&get_json(&cluster.client, &url, &cluster.key).await);
+        let read = &run.results[0];
+        assert_eq!((read["n"].as_u64(), read["d"].as_u64()), (Some(SNAP_ROWS), Some(1)), "{read}");
         let put = read["put"].as_u64().unwrap();
         assert!(
             seen.replaced.contains(&put) || seen.replaces_unanswered.contains(&put),
@@ -395,9 +396,9 @@ async fn stress(shared: Shared) {
     }
     eprintln!("appends without an answer: {failures:?}");
     // The compactions kept up on both nodes' appends.
-    let table = get_json(&cluster.client, &cluster.table(0, "events"), &cluster.key).await;
-    assert_eq!(table["row_count"].as_u64(), Some(expected), "{table}");
-    assert!(table["last_compacted_at"].is_string(), "{table}");
+    let table: Table = typed(&get_json(&cluster.client, &cluster.table(0, "events"), &cluster.key).await);
+    assert_eq!(table.row_count, Some(expected), "{table:?}");
+    assert!(table.last_compacted_at.is_some(), "{table:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,9 +6,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use http_actix::api::{RunResult, Table, TableVersionPage};
 use serde_json::{json, Value};
 
-use crate::helpers::{get_json, serve_process, DataDir};
+use crate::helpers::{get_json, get_status, serve_process, typed, DataDir};
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -89,20 +90,20 @@ async fn a_data_directory_of_the_release_before_delta_tables_is_migrated_and_ans
     let run = |name: &str, refresh: &str| {
         let url = format!("{base}/endpoints/{name}/run?refresh={refresh}&limit=1000");
         let (client, key) = (client.clone(), key.clone());
-        async move { get_json(&client, &url, &key).await }
+        async move { typed::<RunResult>(&get_json(&client, &url, &key).await) }
     };
     for (name, rows) in recorded["answers"].as_object().unwrap() {
         if name == "rollup-stored" {
             continue;
         }
-        assert_eq!(&run(name, "direct").await["results"], rows, "{name} answers as before the upgrade");
+        assert_eq!(&run(name, "direct").await.results, rows, "{name} answers as before the upgrade");
     }
     // The stored result of the earlier release is still served.
     let stored = run("rollup", "blocking").await;
-    assert_eq!(stored["endpoint_materialized"], true, "{stored}");
-    assert_eq!(stored["results"], recorded["answers"]["rollup-stored"]);
-    let events = get_json(&client, &format!("{base}/tables/events"), &key).await;
-    assert_eq!(events["row_count"].as_u64(), Some(35), "{events}");
+    assert!(stored.computed.endpoint_materialized, "{stored:?}");
+    assert_eq!(stored.results, recorded["answers"]["rollup-stored"]);
+    let events: Table = typed(&get_json(&client, &format!("{base}/tables/events"), &key).await);
+    assert_eq!(events.row_count, Some(35), "{events:?}");
 
     // Written to again: an append lands, and the stored result follows it (computed again in full once, since it
     // named a version of the earlier layout).
@@ -115,22 +116,30 @@ async fn a_data_directory_of_the_release_before_delta_tables_is_migrated_and_ans
         .await
         .unwrap();
     assert_eq!(appended.status(), 200, "{}", appended.text().await.unwrap());
-    let live = run("rollup", "direct").await["results"].clone();
+    let live = run("rollup", "direct").await.results;
     assert_ne!(live, recorded["answers"]["rollup"], "the appended row is in the live answer");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let answer = run("rollup", "blocking").await;
-        if answer["endpoint_materialized"] == true && answer["results"] == live {
+        if answer.computed.endpoint_materialized && answer.results == live {
             break;
         }
-        assert!(Instant::now() < deadline, "the stored result never followed the append: {answer} vs {live}");
+        assert!(
+            Instant::now() < deadline,
+            "the stored result never followed the append: {answer:?} vs {live}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let versions = get_json(&client, &format!("{base}/tables/events/versions"), &key).await;
-    assert_eq!(versions["count"], 2, "the converted version and the append: {versions}");
+    let versions: TableVersionPage =
+        typed(&get_json(&client, &format!("{base}/tables/events/versions"), &key).await);
+    assert_eq!(versions.count, 2, "the converted version and the append: {versions:?}");
     // Its refreshes since say how appended rows reach it, which that release did not record.
     let status_url = format!("{base}/endpoints/rollup/materialization_status");
-    let status = get_json(&client, &status_url, &key).await;
-    assert_eq!((&status["fold"], &status["fold_reason"]), (&json!("incremental"), &Value::Null), "{status}");
+    let status = get_status(&client, &status_url, &key).await;
+    assert_eq!(
+        (status.fold.as_deref(), status.fold_reason.as_deref()),
+        (Some("incremental"), None),
+        "{status:?}"
+    );
     drop(server);
 }
