@@ -69,8 +69,6 @@ impl Services {
         if database.backend() == Backend::Sqlite {
             database.migrate().map_err(StartupError::Database)?;
         }
-        let store = Arc::new(DieselStore::new(database.clone()));
-        let clock = Arc::clone(&config.clock.0);
         let storage = config.storage().map_err(StartupError::Storage)?;
         let run_log = config.run_log.map(|log| {
             let settings = LogSettings { retention: log.retention, ..LogSettings::default() };
@@ -81,6 +79,18 @@ impl Services {
             .with_limits(config.limits.clone())
             .with_log_retention(log_retention);
         let engine = Arc::new(engine(embedded, config)?);
+        Ok(Self::wire(config, database, engine, run_log))
+    }
+
+    /// The domain services over the opened database, engine and run log.
+    fn wire(
+        config: &Config,
+        database: Database,
+        engine: Arc<DataFusionEngine>,
+        run_log: Option<ParquetRunLog>,
+    ) -> Self {
+        let store = Arc::new(DieselStore::new(database.clone()));
+        let clock = Arc::clone(&config.clock.0);
         let logged: Arc<dyn RunLog> = match &run_log {
             Some(log) => Arc::new(log.clone()),
             None => Arc::new(NoRunLog),
@@ -103,28 +113,7 @@ impl Services {
             .with_tables(engine.clone());
         let changes = Arc::new(kept.clone());
         let changes_for_refreshes: Arc<dyn domain::EndpointChanges> = changes.clone();
-        let maintenance = Arc::new(TableMaintenance::new(MaintenanceDeps {
-            tables: engine.clone(),
-            leases: store.clone(),
-            keys: store.clone(),
-            announcer: store.clone(),
-            endpoints: store.clone(),
-            engine: engine.clone(),
-            clock: clock.clone(),
-            lease: config.lease,
-        }));
-        let tables = Arc::new(TableService::new(TableDeps {
-            tables: engine.clone(),
-            endpoints: store.clone(),
-            engine: engine.clone(),
-            changes: changes.clone(),
-            announcer: store.clone(),
-            materializations: store.clone(),
-            keys: store.clone(),
-            layouts: maintenance.clone(),
-            clock: clock.clone(),
-            append_in_flight: config.append_in_flight,
-        }));
+        let (maintenance, tables) = table_services(config, &store, &engine, changes.clone());
         let endpoints = Arc::new(
             EndpointService::new(EndpointDeps {
                 store: store.clone(),
@@ -160,7 +149,7 @@ impl Services {
             .with_log(Arc::clone(&logged)),
         );
         let logs = Arc::new(LogService::new(store.clone(), logged, clock));
-        Ok(Self {
+        Self {
             database,
             store,
             endpoints,
@@ -175,8 +164,41 @@ impl Services {
             logs,
             run_log,
             run_metrics,
-        })
+        }
     }
+}
+
+/// The tables' maintenance (compaction, layouts) and the table service, which tells it of new readers.
+fn table_services(
+    config: &Config,
+    store: &Arc<DieselStore>,
+    engine: &Arc<DataFusionEngine>,
+    changes: Arc<Invalidator>,
+) -> (Arc<TableMaintenance>, Arc<TableService>) {
+    let clock = Arc::clone(&config.clock.0);
+    let maintenance = Arc::new(TableMaintenance::new(MaintenanceDeps {
+        tables: engine.clone(),
+        leases: store.clone(),
+        keys: store.clone(),
+        announcer: store.clone(),
+        endpoints: store.clone(),
+        engine: engine.clone(),
+        clock: clock.clone(),
+        lease: config.lease,
+    }));
+    let tables = Arc::new(TableService::new(TableDeps {
+        tables: engine.clone(),
+        endpoints: store.clone(),
+        engine: engine.clone(),
+        changes,
+        announcer: store.clone(),
+        materializations: store.clone(),
+        keys: store.clone(),
+        layouts: maintenance.clone(),
+        clock,
+        append_in_flight: config.append_in_flight,
+    }));
+    (maintenance, tables)
 }
 
 /// The engine `--engine` names: this process, or a Ballista cluster.
