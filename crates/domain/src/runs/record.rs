@@ -32,12 +32,6 @@ impl<'a> RunBy<'a> {
     pub fn now(caller: &'a Principal, transport: Transport) -> Self {
         Self { caller, transport, request_id: None, since: Instant::now() }
     }
-
-    /// Also naming the request.
-    #[must_use]
-    pub fn with_request_id(self, request_id: Option<&'a str>) -> Self {
-        Self { request_id, ..self }
-    }
 }
 
 /// The code and status of a run whose caller went away before it ended (the run was cancelled with it), as the

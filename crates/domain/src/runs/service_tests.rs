@@ -1059,7 +1059,7 @@ async fn each_run_is_recorded_by_the_service_from_what_it_answered_by_the_servic
     store.expect_get().returning(|_, _| Ok(endpoint(true)));
     store.expect_get_version().returning(|_, _, v| Ok(version(v)));
     let f = fixture(store);
-    let by = caller().with_request_id(Some("r1"));
+    let by = RunBy { request_id: Some("r1"), ..caller() };
     f.service.run(by, project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
     f.clock.advance(Duration::from_nanos(1_500_700));
     f.service.run(by, project(), named("kpi"), request(Refresh::Blocking, json!({}))).await.unwrap();
