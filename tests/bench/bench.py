@@ -928,9 +928,15 @@ print(json.dumps({"median_ms": statistics.median(runs)}))
 def add_readers(app, count, table, prefix, workers=4, project=1, key=None):
     """`count` endpoints of `project` named `prefix-N`, each reading `table`, created through the API."""
     def create(n):
-        app.request("POST", f"/api/projects/{project}/endpoints/", {
-            "name": f"{prefix}-{n:05d}", "query": {"kind": "SQLQuery", "query": f"SELECT count(*) AS n FROM {table}"}},
-            key=key)
+        body = {"name": f"{prefix}-{n:05d}", "query": {"kind": "SQLQuery", "query": f"SELECT count(*) AS n FROM {table}"}}
+        for attempt in range(100):
+            try:
+                return app.request("POST", f"/api/projects/{project}/endpoints/", body, key=key)
+            except urllib.error.HTTPError as refused:
+                # Planning a new endpoint takes one of the project's query slots: a full project says when to retry.
+                if refused.code != 429 or attempt == 99:
+                    raise
+                time.sleep(float(refused.headers.get("Retry-After", "1")) / 10)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         list(pool.map(create, range(count)))
 
