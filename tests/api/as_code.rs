@@ -56,9 +56,9 @@ async fn endpoint(app: &TestApp, project: i64, key: &str, name: &str) -> reqwest
         .unwrap()
 }
 
-async fn version_of(app: &TestApp, project: i64, key: &str, name: &str) -> (u64, String) {
-    let body: Value = endpoint(app, project, key, name).await.json().await.unwrap();
-    (body["current_version"].as_u64().unwrap(), body["description"].as_str().unwrap().to_owned())
+async fn version_of(app: &TestApp, project: i64, key: &str, name: &str) -> (u32, String) {
+    let body: Endpoint = endpoint(app, project, key, name).await.json().await.unwrap();
+    (body.current_version, body.description)
 }
 
 /// Pull, edit, diff, dry run, push, a second push, a breaking edit with and without `--confirm-breaking`,
@@ -138,8 +138,8 @@ async fn a_folder_is_pulled_diffed_pushed_pruned_and_tested() {
     assert!(pushed.contains("applied create top"), "{pushed}");
     assert_eq!(version_of(&app, project, &key, "by-country").await, (2, "Sales of one country".into()));
     assert_eq!(version_of(&app, project, &key, "all-sales").await, (1, "Every sale".into()));
-    let top: Value = endpoint(&app, project, &key, "top").await.json().await.unwrap();
-    assert_eq!((top["cache_age_seconds"].clone(), top["is_active"].clone()), (json!(60), json!(true)));
+    let top: Endpoint = endpoint(&app, project, &key, "top").await.json().await.unwrap();
+    assert_eq!((top.cache_age_seconds, top.is_active), (Some(60), true));
     let twice = status(&code(&app, project, &key, dir, &["push"]).await, 0);
     assert!(twice.contains("no changes"), "{twice}");
     assert_eq!(version_of(&app, project, &key, "by-country").await.0, 2);

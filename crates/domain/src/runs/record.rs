@@ -76,13 +76,19 @@ impl<'a> Recording<'a> {
         }
     }
 
-    /// Files the record of a run that ended with `ended`.
-    pub(super) fn answered<T>(mut self, ended: &Result<T, Error>, ran: impl FnOnce(&T) -> Ran) {
-        let ended = match ended {
-            Ok(answer) => Ended::Answered(ran(answer)),
-            Err(err) => Ended::Failed(err),
-        };
-        self.file(ended);
+    /// The run `work` does, its record filed once it ends (what it answered, as `ran` says, or how it failed),
+    /// or as cancelled if it is dropped first.
+    pub(super) async fn of<T>(
+        mut self,
+        work: impl std::future::Future<Output = Result<T, Error>>,
+        ran: impl FnOnce(&T) -> Ran,
+    ) -> Result<T, Error> {
+        let ended = work.await;
+        match &ended {
+            Ok(answer) => self.file(Ended::Answered(ran(answer))),
+            Err(err) => self.file(Ended::Failed(err)),
+        }
+        ended
     }
 
     fn file(&mut self, ended: Ended<'_>) {

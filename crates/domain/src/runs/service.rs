@@ -253,9 +253,7 @@ impl RunService {
         request: RunRequest,
     ) -> Result<RunOutcome, Error> {
         let recording = Recording::start(self, by, project, &name);
-        let ran = self.run_unrecorded(by.caller, project, name, request).await;
-        recording.answered(&ran, RunOutcome::ran);
-        ran
+        recording.of(self.run_unrecorded(by.caller, project, name, request), RunOutcome::ran).await
     }
 
     async fn run_unrecorded(
@@ -467,9 +465,7 @@ impl RunService {
         request: RunRequest,
     ) -> Result<Exported, Error> {
         let recording = Recording::start(self, by, project, &name);
-        let exported = self.export_unrecorded(by.caller, project, name, request).await;
-        recording.answered(&exported, Exported::ran);
-        exported
+        recording.of(self.export_unrecorded(by.caller, project, name, request), Exported::ran).await
     }
 
     async fn export_unrecorded(

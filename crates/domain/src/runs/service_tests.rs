@@ -1112,17 +1112,25 @@ fn a_run_refused_before_the_service_is_recorded_in_its_callers_project_only() {
     assert_eq!((refused.version, refused.rows, refused.source), (None, None, None));
 }
 
-#[test]
-fn a_run_dropped_before_it_ends_is_recorded_as_cancelled() {
+#[tokio::test]
+async fn a_run_dropped_before_it_ends_is_recorded_as_cancelled() {
     let f = fixture(MockEndpointStore::new());
     let name = named("kpi");
-    let recording = Recording::start(&f.service, caller(), project(), &name);
-    drop(recording);
+    // A run still under way when its caller goes (its future dropped, as a transport drops it).
+    let never = std::future::pending::<Result<(), Error>>();
+    let mut running =
+        Box::pin(Recording::start(&f.service, caller(), project(), &name).of(never, |()| unreachable!()));
+    assert!(futures_util::FutureExt::now_or_never(&mut running).is_none(), "still running");
+    assert!(f.log.records().is_empty(), "nothing filed while it runs");
+    drop(running);
     let records = f.log.records();
     let [cancelled] = &records[..] else { panic!("{records:#?}") };
     assert_eq!((cancelled.status, cancelled.code.as_deref()), (CANCELLED.1, Some(CANCELLED.0)));
     // Filed once: a run that ended is not recorded again when its recording goes.
     let ended = Recording::start(&f.service, caller(), project(), &name);
-    ended.answered(&Err::<(), _>(Error::NotFound("gone".into())), |()| unreachable!());
-    assert_eq!(f.log.records().len(), 2);
+    let failed = ended.of(async { Err::<(), _>(Error::NotFound("gone".into())) }, |()| unreachable!()).await;
+    assert!(failed.is_err());
+    let records = f.log.records();
+    assert_eq!(records.len(), 2, "{records:#?}");
+    assert_eq!((records[1].status, records[1].code.as_deref()), (404, Some("not_found")));
 }
