@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use deltalake::kernel::{Action, Add, Metadata};
 use deltalake::logstore::get_actions;
 use deltalake::DeltaTable;
+use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 
 use crate::{CommitError, DataFile, DeltaTables, ROWS_ADDED, ROWS_REMOVED};
@@ -31,6 +32,9 @@ pub enum Changes {
     /// Rows were removed or the columns changed (a replace): what was read from the older version is stale.
     Rewritten,
 }
+
+/// How many commits [`DeltaTables::changes_since`] reads at once.
+const COMMITS_AT_ONCE: usize = 8;
 
 /// The location from the storage's root of a file the table's log names by `path` (relative to the table).
 pub(crate) fn location(table: &ObjectPath, path: &str) -> ObjectPath {
@@ -105,8 +109,12 @@ impl DeltaTables {
         until: u64,
     ) -> Result<Changes, CommitError> {
         let mut appended = Vec::new();
-        for at in version + 1..=until {
-            let Some(actions) = self.actions(table, at).await? else {
+        // Read a few at a time, taken in order: on an object store each commit is a request of its own.
+        let mut commits = futures_util::stream::iter(version + 1..=until)
+            .map(|at| async move { (at, self.actions(table, at).await) })
+            .buffered(COMMITS_AT_ONCE);
+        while let Some((at, actions)) = commits.next().await {
+            let Some(actions) = actions? else {
                 return Err(CommitError::storage(table, format!("version {at} is no longer in the log")));
             };
             for action in actions {

@@ -337,6 +337,44 @@ async fn a_compaction_keeps_concurrent_appends_and_yields_to_a_replace() {
 }
 
 #[tokio::test]
+async fn the_changes_since_a_version_are_its_appends_in_commit_order_over_many_commits() {
+    let root = root(1);
+    let tables = &root.nodes[0];
+    let first = file(&root.store, &["a"], &[0]).await;
+    tables.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    // More commits than are read at once, each appending one file of its own number of rows.
+    let mut version = 0;
+    for n in 1..=20_i64 {
+        let rows: Vec<i64> = (0..n).collect();
+        version = tables
+            .append(&table(), version, &[file(&root.store, &["a"], &rows).await], note(), &[])
+            .await
+            .expect("appended");
+    }
+    let Changes::Appended(files) = tables.changes_since(&table(), 0, version).await.expect("changes") else {
+        panic!("only appends");
+    };
+    let rows: Vec<Option<u64>> = files.iter().map(|f| f.rows).collect();
+    assert_eq!(rows, (1..=20).map(Some).collect::<Vec<_>>(), "every appended file once, in commit order");
+    // From a later version, only what came after it.
+    let Changes::Appended(last) =
+        tables.changes_since(&table(), version - 2, version).await.expect("changes")
+    else {
+        panic!("only appends");
+    };
+    assert_eq!(last.iter().map(|f| f.rows).collect::<Vec<_>>(), [Some(19), Some(20)]);
+    // A replace among the commits since is a rewrite, wherever it stands among them.
+    let (replaced, _) = tables
+        .replace(&table(), &schema(&["a"]), &[file(&root.store, &["a"], &[7]).await], &HashMap::new(), None)
+        .await
+        .expect("replaced");
+    let after =
+        tables.append(&table(), replaced, &[file(&root.store, &["a"], &[8]).await], note(), &[]).await;
+    let after = after.expect("appended");
+    assert_eq!(tables.changes_since(&table(), 0, after).await.expect("changes"), Changes::Rewritten);
+}
+
+#[tokio::test]
 async fn a_table_is_read_as_of_a_time_and_not_before_its_first_version() {
     let root = root(1);
     let tables = &root.nodes[0];
