@@ -1,7 +1,7 @@
 //! A table's history as its log keeps it: the commits (for people), and what was appended since a version (for
 //! stored results that fold appended rows).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use deltalake::kernel::{Action, Add, Metadata};
 use deltalake::logstore::get_actions;
@@ -35,6 +35,98 @@ pub enum Changes {
 
 /// How many commits [`DeltaTables::changes_since`] reads at once.
 const COMMITS_AT_ONCE: usize = 8;
+
+/// How many of a table's newest commits a process keeps what they did ([`Recent`]): a fold a second after the
+/// last, while 100 appends a second land, asks for about 100.
+pub(crate) const KEPT_COMMITS: usize = 256;
+
+/// What each of a table's newest commits did to its rows, as this process made them or read them one by one
+/// (following another process's commits), so that [`DeltaTables::changes_since`] tells what was appended since a
+/// version without reading those commits from the log again. It holds an unbroken run of versions: a commit
+/// after one it does not know starts the run again, and a commit it cannot tell (one changing the columns or
+/// properties) or a read of the whole log ends it.
+#[derive(Debug, Default)]
+pub(crate) struct Recent {
+    /// The version the first step follows.
+    after: u64,
+    steps: VecDeque<Step>,
+}
+
+/// What one commit did to a table's rows.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Rows were added in these files (none: the commit moved rows between files, as a compaction does).
+    Added(Vec<DataFile>),
+    /// Rows were removed: what was read before is stale.
+    Rewritten,
+}
+
+impl Step {
+    /// What a commit of `actions` did, the way [`DeltaTables::changes_since`] reads a commit from the log; `None`
+    /// for one that changed the columns or properties, which only the log and the version before tell.
+    fn of(table: &ObjectPath, actions: &[Action]) -> Option<Self> {
+        let mut added = Vec::new();
+        for action in actions {
+            match action {
+                Action::Add(add) if add.data_change => added.push(data_file(table, add)),
+                Action::Remove(remove) if remove.data_change => return Some(Self::Rewritten),
+                Action::Metadata(_) | Action::Protocol(_) => return None,
+                _ => {}
+            }
+        }
+        Some(Self::Added(added))
+    }
+}
+
+impl Recent {
+    /// The version after the last step kept.
+    fn next(&self) -> u64 {
+        self.after + self.steps.len() as u64 + 1
+    }
+
+    /// Keeps what the commit of `version` (of `actions`) did, after the steps kept when it is the next one.
+    pub(crate) fn made(&mut self, table: &ObjectPath, version: u64, actions: &[Action]) {
+        if version > self.after && version < self.next() {
+            // Known: a version's commit is written once.
+            return;
+        }
+        let Some(step) = Step::of(table, actions) else {
+            self.forget();
+            return;
+        };
+        if version != self.next() {
+            self.after = version.saturating_sub(1);
+            self.steps.clear();
+        }
+        self.steps.push_back(step);
+        if self.steps.len() > KEPT_COMMITS {
+            self.steps.pop_front();
+            self.after += 1;
+        }
+    }
+
+    /// Forgets every step: the table's state came from elsewhere than its commits one by one.
+    pub(crate) fn forget(&mut self) {
+        self.steps.clear();
+    }
+
+    /// What the commits after `version` up to `until` did, when each of them is kept.
+    pub(crate) fn since(&self, version: u64, until: u64) -> Option<Changes> {
+        if version < self.after || until >= self.next() || version > until {
+            return None;
+        }
+        let (first, last) =
+            (usize::try_from(version - self.after).ok()?, usize::try_from(until - self.after).ok()?);
+        let mut appended = Vec::new();
+        for step in self.steps.range(first..last) {
+            match step {
+                Step::Added(files) => appended.extend(files.iter().cloned()),
+                Step::Rewritten => return Some(Changes::Rewritten),
+            }
+        }
+        Some(Changes::Appended(appended))
+    }
+}
 
 /// The location from the storage's root of a file the table's log names by `path` (relative to the table).
 pub(crate) fn location(table: &ObjectPath, path: &str) -> ObjectPath {
@@ -108,6 +200,10 @@ impl DeltaTables {
         version: u64,
         until: u64,
     ) -> Result<Changes, CommitError> {
+        // The commits this process made or followed one by one are not read again.
+        if let Some(known) = self.kept(table).recent().since(version, until) {
+            return Ok(known);
+        }
         let mut appended = Vec::new();
         // Read a few at a time, taken in order: on an object store each commit is a request of its own.
         let mut commits = futures_util::stream::iter(version + 1..=until)

@@ -257,6 +257,8 @@ struct Kept {
     snapshot: Mutex<Option<Known>>,
     /// Its writes announced to this process.
     writes: AtomicU64,
+    /// What its newest commits did, as this process made or followed them.
+    recent: Mutex<changes::Recent>,
 }
 
 /// Why a commit did not land.
@@ -267,6 +269,10 @@ enum Failed {
 }
 
 impl Kept {
+    fn recent(&self) -> std::sync::MutexGuard<'_, changes::Recent> {
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Commits onto the state `guard` keeps (none: the table's first commit), and keeps the state it leaves.
     async fn commit(
         &self,
@@ -335,6 +341,8 @@ impl Kept {
         heard: Heard,
     ) -> Result<(), CommitError> {
         let fresh = Arc::new(Snapshot::of(table, &done).map_err(|e| CommitError::storage(table, e))?);
+        // A replace, a compaction or a change of properties: not followed step by step.
+        self.recent().forget();
         *state = Some(done);
         self.advance(fresh, heard);
         Ok(())
@@ -460,6 +468,7 @@ impl DeltaTables {
                 appending: tokio::sync::Mutex::new(()),
                 snapshot: Mutex::new(None),
                 writes: AtomicU64::new(0),
+                recent: Mutex::new(changes::Recent::default()),
             })
         }))
     }
@@ -516,7 +525,7 @@ impl DeltaTables {
                 .get_latest_version(known.version + 1)
                 .await
                 .map_err(|e| CommitError::storage(table, e))?;
-            if let Some((followed, _)) = self.follow(table, &known, latest).await? {
+            if let Some((followed, _)) = self.follow(table, kept, &known, latest).await? {
                 return Ok(Some(kept.advance(Arc::new(followed), heard)));
             }
         }
@@ -530,6 +539,7 @@ impl DeltaTables {
     async fn follow(
         &self,
         table: &ObjectPath,
+        kept: &Kept,
         base: &Snapshot,
         to: u64,
     ) -> Result<Option<(Snapshot, Vec<(u64, Vec<String>)>)>, CommitError> {
@@ -543,6 +553,7 @@ impl DeltaTables {
                 return Ok(None);
             }
             apply(table, &mut next, version, &actions);
+            kept.recent().made(table, version, &actions);
             let names = claimed_in(&actions);
             if !names.is_empty() {
                 claims.push((version, names));
@@ -564,6 +575,8 @@ impl DeltaTables {
             Some(state) => state.update(kept.log.as_ref(), None).await.is_ok(),
             None => false,
         };
+        // Read from the log in bulk: the commits it read are not told one by one.
+        kept.recent().forget();
         if !followed {
             if !self.exists(table).await? {
                 return Ok(None);
@@ -708,6 +721,7 @@ impl DeltaTables {
                 Ok(()) => {
                     let mut next = Snapshot::clone(&base);
                     apply(table, &mut next, version, &commit.actions);
+                    kept.recent().made(table, version, &commit.actions);
                     kept.advance(Arc::new(next), heard);
                     self.checkpoint_after(table, kept, version);
                     return Ok(version);
@@ -718,7 +732,7 @@ impl DeltaTables {
                         .get_latest_version(version)
                         .await
                         .map_err(|e| CommitError::storage(table, e))?;
-                    match self.follow(table, &base, latest).await? {
+                    match self.follow(table, kept, &base, latest).await? {
                         Some((followed, claims)) => {
                             base = kept.advance(Arc::new(followed), heard);
                             admit(&base, Some(&claims))?;

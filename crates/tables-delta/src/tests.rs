@@ -374,6 +374,86 @@ async fn the_changes_since_a_version_are_its_appends_in_commit_order_over_many_c
     assert_eq!(tables.changes_since(&table(), 0, after).await.expect("changes"), Changes::Rewritten);
 }
 
+/// The rows of each file appended since `version`, as `tables` tells them.
+async fn appended_rows(
+    tables: &DeltaTables,
+    version: u64,
+    until: u64,
+) -> Result<Vec<Option<u64>>, CommitError> {
+    match tables.changes_since(&table(), version, until).await? {
+        Changes::Appended(files) => Ok(files.iter().map(|f| f.rows).collect()),
+        Changes::Rewritten => panic!("only appends since {version}"),
+    }
+}
+
+#[tokio::test]
+async fn a_process_tells_what_was_appended_from_the_commits_it_made_or_followed_without_reading_them_again() {
+    let root = root(2);
+    let (a, b) = (&root.nodes[0], &root.nodes[1]);
+    let first = file(&root.store, &["a"], &[0]).await;
+    a.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
+    // Three appends of node a, then three of node b, which a follows when it reads the table next.
+    let mut version = 0;
+    for (n, node) in (1..=6_i64).zip([a, a, a, b, b, b]) {
+        let rows: Vec<i64> = (0..n).collect();
+        let new = [file(&root.store, &["a"], &rows).await];
+        version = node.append(&table(), version, &new, note(), &[]).await.expect("appended");
+    }
+    assert_eq!(a.snapshot(&table()).await.expect("read").expect("table").version, version);
+    // Their commits gone from the log, node a still tells them, in order, from any version among them.
+    for at in 1..=version {
+        let entry = table().join("_delta_log").join(format!("{at:020}.json"));
+        root.store.delete(&entry).await.expect("removed");
+    }
+    let all: Vec<Option<u64>> = (1..=6).map(Some).collect();
+    assert_eq!(appended_rows(a, 0, version).await.expect("from memory"), all);
+    assert_eq!(appended_rows(a, 4, version).await.expect("from memory"), [Some(5), Some(6)]);
+    assert_eq!(appended_rows(a, version, version).await.expect("from memory"), []);
+    // Node b read the table whole before its appends: it knows only its own, and asks the log for the rest.
+    assert_eq!(appended_rows(b, 3, version).await.expect("from memory"), [Some(4), Some(5), Some(6)]);
+    assert!(appended_rows(b, 2, version).await.is_err(), "commit 3 was read from the log, which lost it");
+
+    // A replace is not told step by step: what spans it is read from the log (here, lost too).
+    let root = self::root(1);
+    let a = &root.nodes[0];
+    let (mut version, mut replaced) = (0, 0);
+    let first = [file(&root.store, &["a"], &[0]).await];
+    a.replace(&table(), &schema(&["a"]), &first, &HashMap::new(), None).await.expect("created");
+    for step in 1..=4 {
+        let new = [file(&root.store, &["a"], &[step, step]).await];
+        version = if step == 3 {
+            replaced =
+                a.replace(&table(), &schema(&["a"]), &new, &HashMap::new(), None).await.expect("replaced").0;
+            replaced
+        } else {
+            a.append(&table(), version, &new, note(), &[]).await.expect("appended")
+        };
+    }
+    for at in 1..=version {
+        root.store.delete(&table().join("_delta_log").join(format!("{at:020}.json"))).await.expect("removed");
+    }
+    assert_eq!(appended_rows(a, replaced, version).await.expect("from memory"), [Some(2)]);
+    assert!(appended_rows(a, 1, version).await.is_err(), "the replace's commit is read from the log");
+}
+
+#[test]
+fn a_process_keeps_an_unbroken_run_of_its_newest_commits() {
+    let mut recent = changes::Recent::default();
+    let total = changes::KEPT_COMMITS as u64 + 44;
+    for version in 1..=total {
+        recent.made(&table(), version, &[]);
+    }
+    assert_eq!(recent.since(total - 256, total), Some(Changes::Appended(Vec::new())));
+    assert_eq!(recent.since(total - 257, total), None, "older commits are let go");
+    // A commit after a gap starts the run again; one told twice is kept once.
+    recent.made(&table(), total + 2, &[]);
+    recent.made(&table(), total + 2, &[]);
+    assert_eq!(recent.since(total, total + 2), None);
+    assert_eq!(recent.since(total + 1, total + 2), Some(Changes::Appended(Vec::new())));
+    recent.forget();
+    assert_eq!(recent.since(total + 1, total + 2), None);
+}
+
 #[tokio::test]
 async fn a_table_is_read_as_of_a_time_and_not_before_its_first_version() {
     let root = root(1);
