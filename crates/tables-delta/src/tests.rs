@@ -338,8 +338,9 @@ async fn a_compaction_keeps_concurrent_appends_and_yields_to_a_replace() {
 
 #[tokio::test]
 async fn the_changes_since_a_version_are_its_appends_in_commit_order_over_many_commits() {
-    let root = root(1);
-    let tables = &root.nodes[0];
+    // Node b asks: it made none of the commits, so it reads them from the log.
+    let root = root(2);
+    let (tables, b) = (&root.nodes[0], &root.nodes[1]);
     let first = file(&root.store, &["a"], &[0]).await;
     tables.replace(&table(), &schema(&["a"]), &[first], &HashMap::new(), None).await.expect("created");
     // More commits than are read at once, each appending one file of its own number of rows.
@@ -351,14 +352,13 @@ async fn the_changes_since_a_version_are_its_appends_in_commit_order_over_many_c
             .await
             .expect("appended");
     }
-    let Changes::Appended(files) = tables.changes_since(&table(), 0, version).await.expect("changes") else {
+    let Changes::Appended(files) = b.changes_since(&table(), 0, version).await.expect("changes") else {
         panic!("only appends");
     };
     let rows: Vec<Option<u64>> = files.iter().map(|f| f.rows).collect();
     assert_eq!(rows, (1..=20).map(Some).collect::<Vec<_>>(), "every appended file once, in commit order");
     // From a later version, only what came after it.
-    let Changes::Appended(last) =
-        tables.changes_since(&table(), version - 2, version).await.expect("changes")
+    let Changes::Appended(last) = b.changes_since(&table(), version - 2, version).await.expect("changes")
     else {
         panic!("only appends");
     };
@@ -371,7 +371,7 @@ async fn the_changes_since_a_version_are_its_appends_in_commit_order_over_many_c
     let after =
         tables.append(&table(), replaced, &[file(&root.store, &["a"], &[8]).await], note(), &[]).await;
     let after = after.expect("appended");
-    assert_eq!(tables.changes_since(&table(), 0, after).await.expect("changes"), Changes::Rewritten);
+    assert_eq!(b.changes_since(&table(), 0, after).await.expect("changes"), Changes::Rewritten);
 }
 
 /// The rows of each file appended since `version`, as `tables` tells them.
