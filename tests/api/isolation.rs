@@ -104,6 +104,34 @@ async fn a_flood_of_mcp_requests_does_not_write_a_log_line_each() {
 }
 
 #[tokio::test]
+async fn writes_to_a_table_do_not_log_the_delta_kernels_snapshots() {
+    let app = spawn_app().await;
+    let project = app.create_project();
+    let (_, key) = app.create_key(project, &["table:write"]);
+    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
+    app.stop().await.unwrap();
+    let log_path = data_dir.with_extension("log");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"));
+    command.stderr(std::fs::File::create(&log_path).unwrap());
+    let server = crate::helpers::serve_command(command, &data_dir, &["--materialize-workers", "0"]).await;
+    let client = reqwest::Client::new();
+    let table = format!("{}/api/projects/{project}/tables/events", server.address);
+    let put = client.put(&table).bearer_auth(&key).header("Content-Type", "text/csv").body("n\n0\n");
+    assert_eq!(put.send().await.unwrap().status(), 201);
+    for n in 1..=20 {
+        let append =
+            client.post(format!("{table}/rows")).bearer_auth(&key).header("Content-Type", "text/csv");
+        assert_eq!(append.body(format!("n\n{n}\n")).send().await.unwrap().status(), 200);
+    }
+    drop(server);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    // The kernel logs each snapshot it builds at `info`, the whole log segment in one line of kilobytes.
+    assert!(!log.contains("buoyant_kernel"), "a table's writes logged the Delta kernel's lines:\n{log}");
+    assert!(log.len() < 20_000, "21 writes to a table logged {} bytes:\n{log}", log.len());
+    std::fs::remove_file(log_path).ok();
+}
+
+#[tokio::test]
 async fn an_address_that_keeps_failing_to_authenticate_is_refused_before_its_keys_are_read() {
     let app =
         TestApp::builder().tuned(|config| config.rate_limits.failed_auth_per_address = rate(5)).spawn().await;

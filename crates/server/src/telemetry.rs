@@ -123,8 +123,10 @@ fn request_keys(request: &RequestContext) -> String {
 }
 
 /// What is logged unless `RUST_LOG` says otherwise: `info`, but the MCP SDK's protocol chatter (a line per
-/// message it serves) only from `warn`, so a flood of MCP requests does not grow the log by a line each.
-pub const DEFAULT_FILTER: &str = "info,rmcp=warn";
+/// message it serves) only from `warn`, so a flood of MCP requests does not grow the log by a line each, and
+/// the Delta kernel's (deltalake's `buoyant_kernel`: a line of several kilobytes, the whole log segment, each
+/// time a table's snapshot is built or checkpointed) only from `warn` too.
+pub const DEFAULT_FILTER: &str = "info,rmcp=warn,buoyant_kernel=warn";
 
 /// Installs the global subscriber. `RUST_LOG` overrides [`DEFAULT_FILTER`].
 pub fn init(json: bool) {
