@@ -180,7 +180,7 @@ impl TableMaintenance {
             }
             Ok(None) => CompactionOutcome::NothingToDo,
             Err(err) => {
-                warn!(%project, %table, error = %err, "could not compact a table; will retry");
+                warn!(%project, %table, cause = ?err, "could not compact a table; will retry");
                 CompactionOutcome::Failed(err)
             }
         }

@@ -284,12 +284,18 @@ pub(crate) fn import_session(
 
 /// A session for compaction's sort: it holds at most `memory` bytes and spills the rest to the system's
 /// temporary directory, so that sorting a large table's files stays within a bound.
+///
+/// It sorts in one partition, with a quarter of `memory` kept for merging what it spilled: with a partition per
+/// core, each sorter's merge reservation (10 MB by default) was too small for its merge and took from what the
+/// others buffered, so a resort of 10M rows within 256 MB failed, again on every retry. One partition also
+/// leaves the other cores to the runs and folds that go on meanwhile (compaction is background work).
 pub(crate) fn sorting_session(storage: &Storage, memory: usize) -> Result<SessionContext, EngineError> {
     let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
         .with_memory_limit(memory, 1.0)
         .build_arc()
         .map_err(|e| EngineError::Internal(Box::new(e)))?;
-    session_with(storage, Some(runtime), None, SessionConfig::new())
+    let config = SessionConfig::new().with_target_partitions(1).with_sort_spill_reservation_bytes(memory / 4);
+    session_with(storage, Some(runtime), None, config)
 }
 
 fn session_with(
