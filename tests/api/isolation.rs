@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, spawn_app, TestApp};
+use crate::helpers::{assert_error, spawn_app, DataDir, ServeProcess, TestApp};
 
 fn rate(per_second: u32) -> Option<http_actix::Rate> {
     std::num::NonZeroU32::new(per_second).map(|per_second| http_actix::Rate { per_second })
@@ -67,16 +67,23 @@ async fn mcp_has_the_rest_apis_rate_and_body_timeout_on_every_method() {
     assert!(started.elapsed() < Duration::from_secs(10), "cut off after {:?}", started.elapsed());
 }
 
-#[tokio::test]
-async fn a_flood_of_mcp_requests_does_not_write_a_log_line_each() {
-    let app = spawn_app().await;
-    let (_, key) = app.project_with_key();
-    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
+/// The real binary serving `app`'s data directory once `app` stops, without a refresh worker, its log written to a
+/// file beside the directory (whose path it returns).
+async fn serve_logging(app: TestApp) -> (ServeProcess, DataDir, std::path::PathBuf) {
+    let data_dir = DataDir(app.data_dir.clone());
     app.stop().await.unwrap();
     let log_path = data_dir.with_extension("log");
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"));
     command.stderr(std::fs::File::create(&log_path).unwrap());
     let server = crate::helpers::serve_command(command, &data_dir, &["--materialize-workers", "0"]).await;
+    (server, data_dir, log_path)
+}
+
+#[tokio::test]
+async fn a_flood_of_mcp_requests_does_not_write_a_log_line_each() {
+    let app = spawn_app().await;
+    let (_, key) = app.project_with_key();
+    let (server, _data_dir, log_path) = serve_logging(app).await;
     let client = reqwest::Client::new();
     let before = std::fs::read_to_string(&log_path).unwrap().lines().count();
     for id in 0..150 {
@@ -108,12 +115,7 @@ async fn writes_to_a_table_do_not_log_the_delta_kernels_snapshots() {
     let app = spawn_app().await;
     let project = app.create_project();
     let (_, key) = app.create_key(project, &["table:write"]);
-    let data_dir = crate::helpers::DataDir(app.data_dir.clone());
-    app.stop().await.unwrap();
-    let log_path = data_dir.with_extension("log");
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_endpoints"));
-    command.stderr(std::fs::File::create(&log_path).unwrap());
-    let server = crate::helpers::serve_command(command, &data_dir, &["--materialize-workers", "0"]).await;
+    let (server, _data_dir, log_path) = serve_logging(app).await;
     let client = reqwest::Client::new();
     let table = format!("{}/api/projects/{project}/tables/events", server.address);
     let put = client.put(&table).bearer_auth(&key).header("Content-Type", "text/csv").body("n\n0\n");
