@@ -665,7 +665,7 @@ async fn a_sort_of_many_times_its_memory_spills_and_keeps_every_row_in_order() {
     }
     let big = Upload { limit_bytes: 1 << 30, ..upload(WriteMode::Replace, body) };
     engine.write(project(), &events(), big).await.unwrap();
-    let prefix = object_store::path::Path::from("projects/1/tables/events");
+    let prefix = crate::tables::catalog::table_prefix(project(), events().as_str());
     let snapshot = engine.storage().tables().snapshot(&prefix).await.unwrap().unwrap();
     let locations: Vec<_> = snapshot.files.iter().map(|f| f.location.clone()).collect();
     let target = object_store::path::Path::from("projects/1/sorted");
