@@ -1266,6 +1266,7 @@ def fresh(args, app, writer):
                 {"is_materialized": True, "freshness_seconds": 1, "cache_age_seconds": 0})
     wait_until("country-daily stored", lambda: status_of(app, "country-daily")["status"] == "Completed")
     streaming = {"on": True, "appends": 0, "first": first}
+    folded_before = refresh_timings(app).get("folded", [0, 0.0])
     def stream():
         started = time.time()
         while streaming["on"]:
@@ -1290,6 +1291,10 @@ def fresh(args, app, writer):
         streaming["on"] = False
         thread.join()
     figures["appends_per_s"] = streaming["appends"] / (time.time() - began)
+    # What a fold of the streamed rows (many appends of 5 rows since the fold before) costs the worker.
+    folded_after = refresh_timings(app).get("folded", [0, 0.0])
+    figures["stream_folds"] = int(folded_after[0] - folded_before[0])
+    figures["stream_fold_ms"] = (folded_after[1] - folded_before[1]) / max(figures["stream_folds"], 1) * 1000
     figures["mat_ms"], figures["live_ms"] = figures["rollup_mat_ms"], figures["rollup_live_ms"]
     assert figures["rollup_stored"] == 1, "a run of the rollup was not answered from its stored result"
     # Once the stream stops, the stored result catches up within its freshness and equals the live answer.
@@ -1345,6 +1350,8 @@ def fresh_section(f):
         f"{f['rows_rows_folded']:,} rows folded) | {f['rows_full_refreshes'] - 1} | | | 0: "
         f"{check(f['rows_full_refreshes'] == 1)} |",
         "",
+        f"While the stream ran, the worker's {f.get('stream_folds', 0)} folds (of both endpoints, each taking the "
+        f"hundred or so appends since its previous one) took {f.get('stream_fold_ms', 0):.1f} ms on average. "
         f"After the stream stopped the stored result equalled the live answer within {f['caught_up_s']:.1f} s; the "
         f"endpoint had {f['full_refreshes']} full refresh{'es' if f['full_refreshes'] != 1 else ''} (its first) "
         f"and {f['rows_folded']:,} rows folded in; `country-daily` then equalled its live answer too. How to read it: the first row is what one refresh costs the "

@@ -345,7 +345,7 @@ async fn an_append_whose_key_another_append_wrote_after_its_claim_adds_nothing()
                 HeldBody { bytes: body.into(), format: TableFormat::Csv, tag }
             })
             .collect();
-    let answers = append_held(&engine.storage, project(), "events", &bodies).await.expect("written");
+    let answers = append_held(&engine.storage, (project(), None), "events", &bodies).await.expect("written");
     assert!(matches!(answers[0], Err(StagedError::TakenOver)), "{:?}", answers[0]);
     assert_eq!((answers[1].as_ref().ok(), answers[2].as_ref().ok()), (Some(&2), Some(&1)));
     assert_eq!(counts(&other).await, (11, 11));

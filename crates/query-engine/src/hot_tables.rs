@@ -27,6 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::{Column, Result, ScalarValue, ToDFSchema};
@@ -39,6 +40,7 @@ use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicateBuilder};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionConfig;
 use datafusion_functions_aggregate_common::min_max::{max_batch, min_batch};
 use domain::ProjectId;
 use futures_util::TryStreamExt;
@@ -49,6 +51,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::runtime::IdleRuntime;
+use crate::tables::imports::cast_to;
 
 /// The decoded files of tables, within a bound of bytes.
 pub(crate) struct HotTables {
@@ -92,7 +95,10 @@ pub(crate) struct HotTable {
 #[derive(Default)]
 struct Claims {
     files: HashMap<Path, Claim>,
-    tables: HashMap<HotTable, HashSet<Path>>,
+    /// Each table's files, with the newest version of the table known to name each: a read of a version that
+    /// does not name a file drops it only when that version is as new (a read that began before an append
+    /// keeps the appended file).
+    tables: HashMap<HotTable, HashMap<Path, u64>>,
 }
 
 enum Claim {
@@ -211,10 +217,21 @@ impl HotTables {
         held.put(location, file);
     }
 
-    /// Reading `table`'s newest version, whose files are `files`: the decoded ones kept here, and those to read
-    /// from storage. The table's files that `files` does not name are dropped.
-    pub(crate) fn split(&self, table: &HotTable, files: &[ObjectMeta]) -> (Vec<HotFile>, Vec<ObjectMeta>) {
-        self.forget_other_files(table, files);
+    /// Reading `table`'s newest version (`version`), whose files are `files`: the decoded ones kept here, and
+    /// those to read from storage. The table's files that `files` does not name are dropped, unless a newer
+    /// version named them (an append's, committed since the read began).
+    pub(crate) fn split(
+        &self,
+        table: &HotTable,
+        (files, version): (&[ObjectMeta], u64),
+    ) -> (Vec<HotFile>, Vec<ObjectMeta>) {
+        self.forget_other_files(table, files, version);
+        self.kept_of(table, files)
+    }
+
+    /// Of `files` of `table`, the decoded ones kept here and those to read from storage; the table's other
+    /// files stay (a fold reads only the files appended since its result).
+    pub(crate) fn kept_of(&self, table: &HotTable, files: &[ObjectMeta]) -> (Vec<HotFile>, Vec<ObjectMeta>) {
         let Some(held) = self.files_of(table.project) else { return (Vec::new(), files.to_vec()) };
         let (mut hot, mut cold) = (Vec::new(), Vec::new());
         for file in files {
@@ -226,17 +243,17 @@ impl HotTables {
         (hot, cold)
     }
 
-    fn forget_other_files(&self, table: &HotTable, files: &[ObjectMeta]) {
+    fn forget_other_files(&self, table: &HotTable, files: &[ObjectMeta], version: u64) {
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         let Claims { files: claimed, tables } = &mut *claims;
         let Some(kept) = tables.get_mut(table) else { return };
         let named: HashSet<&Path> = files.iter().map(|file| &file.location).collect();
-        if kept.iter().all(|path| named.contains(path)) {
+        if kept.iter().all(|(path, at)| named.contains(path) || *at > version) {
             return;
         }
         let held = self.files_of(table.project);
-        kept.retain(|path| {
-            let stays = named.contains(path);
+        kept.retain(|path, at| {
+            let stays = named.contains(path) || *at > version;
             if !stays {
                 if let Some(held) = &held {
                     held.remove(path);
@@ -248,8 +265,29 @@ impl HotTables {
         self.observe();
     }
 
-    /// Whether `file` of `table`, which a run found cold, is to be decoded now.
-    pub(crate) fn claim(&self, table: &HotTable, file: &ObjectMeta) -> bool {
+    /// Keeps the rows an append wrote as `file` of `table` when the table has files kept here, so that runs
+    /// and folds read them from memory at once instead of from storage until a run had them decoded: an
+    /// append moves a hot table forward. `rows` are the file's, in its order, kept with the columns the
+    /// table's kept files have (strings as views, as its scans read them); not at all when they do not cast to
+    /// those, or are more than the bound.
+    pub(crate) fn appended(&self, table: &HotTable, (file, version): (&ObjectMeta, u64), rows: &[RecordBatch]) {
+        let Some(held) = self.files_of(table.project) else { return };
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(kept) = claims.tables.get(table) else { return };
+        let Some(schema) = kept.keys().find_map(|path| held.get(path)?.schema()) else { return };
+        let Some(decoded) = HotFile::of_rows(file, &schema, rows) else { return };
+        if file.location.size() + decoded.size() > self.bound {
+            return;
+        }
+        claims.files.insert(file.location.clone(), Claim::Decoded { bytes: decoded.size(), cold_reads: 0 });
+        claims.tables.entry(table.clone()).or_default().insert(file.location.clone(), version);
+        self.keep(table.project, &file.location, decoded);
+        drop(claims);
+        self.observe();
+    }
+
+    /// Whether `file` of `table`, which a run of its version `version` found cold, is to be decoded now.
+    pub(crate) fn claim(&self, table: &HotTable, (file, version): (&ObjectMeta, u64)) -> bool {
         let held = self.files_of(table.project);
         let room = self.bound.saturating_sub(self.held().0);
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
@@ -279,7 +317,8 @@ impl HotTables {
         };
         if decode {
             claims.files.insert(file.location.clone(), Claim::Decoding);
-            claims.tables.entry(table.to_owned()).or_default().insert(file.location.clone());
+            let named = claims.tables.entry(table.to_owned()).or_default();
+            named.entry(file.location.clone()).and_modify(|at| *at = (*at).max(version)).or_insert(version);
         }
         decode
     }
@@ -433,6 +472,41 @@ impl HotFile {
             slices.push(Slice::of(batch));
         }
         Ok(Some(Self(Arc::new(Decoded { size: file.size, modified: file.last_modified, slices, bytes }))))
+    }
+
+    /// `rows` an append wrote as `file`, in slices of a session's batch size, with the columns of `schema`;
+    /// `None` when they do not cast to those.
+    fn of_rows(file: &ObjectMeta, schema: &SchemaRef, rows: &[RecordBatch]) -> Option<Self> {
+        let named = |batch: &RecordBatch| {
+            batch.schema_ref().fields().iter().map(|f| f.name()).eq(schema.fields().iter().map(|f| f.name()))
+        };
+        let cast = rows
+            .iter()
+            .map(|batch| named(batch).then(|| cast_to(batch, schema).ok()).flatten())
+            .collect::<Option<Vec<_>>>()?;
+        let whole = concat_batches(schema, &cast).ok()?;
+        let bytes = whole.get_array_memory_size();
+        let slice = SessionConfig::new().batch_size().max(1);
+        let slices = (0..whole.num_rows())
+            .step_by(slice)
+            .map(|at| Slice::of(whole.slice(at, slice.min(whole.num_rows() - at))))
+            .collect();
+        Some(Self(Arc::new(Decoded { size: file.size, modified: file.last_modified, slices, bytes })))
+    }
+
+    /// Its columns, as its scans read them; `None` for a file of no rows.
+    fn schema(&self) -> Option<SchemaRef> {
+        self.0.slices.first().map(|slice| slice.rows.schema())
+    }
+
+    /// Its rows, in the file's order.
+    pub(crate) fn batches(&self) -> impl Iterator<Item = &RecordBatch> {
+        self.0.slices.iter().map(|slice| &slice.rows)
+    }
+
+    /// Whether its rows have exactly the columns of `schema`.
+    pub(crate) fn reads_as(&self, schema: &Schema) -> bool {
+        self.schema().is_none_or(|own| own.fields() == schema.fields())
     }
 
     fn is_of(&self, file: &ObjectMeta) -> bool {

@@ -504,6 +504,12 @@ impl DataFusionEngine {
         Ok((ctx, statement))
     }
 
+    /// The tables kept decoded, when this process's runs read them (a cluster's executors read the files
+    /// themselves).
+    pub(crate) fn hot_here(&self) -> Option<Arc<hot_tables::HotTables>> {
+        self.hot.clone().filter(|_| self.scheduler.is_none())
+    }
+
     /// Registers the tables `statement` names in `ctx` (`catalog::register_named`), and the project's run log
     /// when it names `_logs` and no table of the project has that name (one written before the run log took it
     /// stays that project's `_logs`).
@@ -514,9 +520,8 @@ impl DataFusionEngine {
         statement: &DfStatement,
         at: &ReadAt,
     ) -> Result<catalog::Named, EngineError> {
-        // A cluster's executors read the files themselves.
-        let hot = self.hot.as_ref().filter(|_| self.scheduler.is_none());
-        let tables = catalog::register_named(&self.storage, ctx, (project, hot), statement, at).await?;
+        let hot = self.hot_here();
+        let tables = catalog::register_named(&self.storage, ctx, (project, hot.as_ref()), statement, at).await?;
         if tables.iter().any(|(name, current)| current.is_none() && name == run_log::LOGS_TABLE) {
             run_log::register(&self.storage, ctx, project, self.log_retention).await?;
         }

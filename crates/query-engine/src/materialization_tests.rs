@@ -774,16 +774,35 @@ async fn table_files(engine: &DataFusionEngine, table: &str) -> std::collections
 
 /// Appends `rows` demo events (drawn from `seed`) as one Parquet body, and returns the files the append added.
 async fn append_events(engine: &DataFusionEngine, rows: usize, seed: u64) -> Vec<String> {
+    append_events_as(engine, domain::TableFormat::Parquet, rows, seed).await
+}
+
+/// [`append_events`] with a body of `format`: Parquet (staged, read by the engine's reader) or NDJSON (held in
+/// memory, as small appends are).
+async fn append_events_as(
+    engine: &DataFusionEngine,
+    format: domain::TableFormat,
+    rows: usize,
+    seed: u64,
+) -> Vec<String> {
     let before = table_files(engine, "events").await;
     let mut body = Vec::new();
-    let mut writer =
-        datafusion::parquet::arrow::ArrowWriter::try_new(&mut body, demo::events_schema(), None).unwrap();
-    for batch in demo::events(rows, seed) {
-        writer.write(&batch).unwrap();
+    if format == domain::TableFormat::NdJson {
+        let mut writer = datafusion::arrow::json::LineDelimitedWriter::new(&mut body);
+        for batch in demo::events(rows, seed) {
+            writer.write(&batch).unwrap();
+        }
+        writer.finish().unwrap();
+    } else {
+        let mut writer =
+            datafusion::parquet::arrow::ArrowWriter::try_new(&mut body, demo::events_schema(), None).unwrap();
+        for batch in demo::events(rows, seed) {
+            writer.write(&batch).unwrap();
+        }
+        writer.close().unwrap();
     }
-    writer.close().unwrap();
     let upload = domain::Upload {
-        format: domain::TableFormat::Parquet,
+        format,
         mode: domain::WriteMode::Append,
         body: Box::pin(futures_util::stream::iter([Ok(bytes::Bytes::from(body))])),
         limit_bytes: 1 << 24,
@@ -1095,6 +1114,49 @@ async fn a_fold_runs_the_plan_the_last_fold_ran_for_the_versions_it_left() {
     let refreshed = stored_at(&full, ResultStorage::write(engine, project(), &q, &full).await.unwrap());
     let (_, planned) = fold(refreshed).await;
     assert_eq!(planned, (0, 1), "not the last fold's plan");
+}
+
+/// Rows appended to a table kept decoded are kept by the append too, and a fold reads them from there instead
+/// of opening the file just written: with that file gone from storage, the fold still answers as live runs do
+/// (which read it from memory as well), and nothing was decoded for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_reads_the_rows_an_append_kept_decoded_from_memory() {
+    let demo = demo().await;
+    let engine = &demo.1;
+    if never_folded_on_a_cluster(engine).await {
+        return;
+    }
+    let hot = engine.hot.as_deref().expect("tables are kept decoded by default");
+    let q = query(
+        "SELECT country, date_trunc('day', timestamp) AS day, count(*) AS n, sum(revenue) AS total, \
+         max(distinct_id) AS last FROM events GROUP BY country, day ORDER BY country, day",
+        json!({}),
+    );
+    let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+    let mut result = stored_at(&at, ResultStorage::write(engine, project(), &q, &at).await.unwrap());
+    // Not yet kept: an append's rows are kept only beside the table's other files.
+    let appended = append_events_as(engine, domain::TableFormat::NdJson, 30, 3).await;
+    assert_eq!((appended.len(), hot.kept().1), (1, 0), "nothing kept before a run had the table decoded");
+    engine.execute(project(), &q, &BTreeMap::new(), 1000, 0).await.unwrap();
+    hot.settled().await;
+    let (decoded, kept) = (hot.decodes(), hot.kept().1);
+    assert_eq!(kept, table_files(engine, "events").await.len(), "the table's files decoded after a run");
+    for (round, seed) in (0..3).zip(20..) {
+        let appended = append_events_as(engine, domain::TableFormat::NdJson, 40, seed).await;
+        assert_eq!(hot.kept().1, kept + round + 1, "each append's file kept at once");
+        assert_eq!(hot.decodes(), decoded, "without decoding it");
+        for file in &appended {
+            let path = object_store::path::Path::from(format!("projects/{}/{file}", project()));
+            engine.storage().delete(vec![path]).await.unwrap();
+        }
+        let to = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
+        let folded = engine.fold(project(), &q, &result, &to).await.unwrap();
+        assert!(folded.folded.is_some_and(|added| added > 0), "round {round}: folded");
+        result = stored_at(&to, folded);
+        let live = engine.execute(project(), &q, &BTreeMap::new(), 1000, 0).await.unwrap();
+        let read = engine.read(project(), &result.location, Vec::new(), 1000, 0).await.unwrap();
+        assert_eq!((&read.columns, &read.rows_json), (&live.columns, &live.rows_json), "round {round}");
+    }
 }
 
 /// A fold that finds a result of [`fold::MAX_PARTS`] parts merges them into one first (a rollup's partials per

@@ -41,8 +41,8 @@ pub(crate) struct SnapshotScan {
     /// Its rows in all, when the log says for every file.
     rows: Option<u64>,
     format: Arc<dyn FileFormat>,
-    /// Where its files are kept decoded, when they are (a read of the table's newest version).
-    hot: Option<HotRead>,
+    /// Where its files are kept decoded, when they are (a read of the table's newest version), and that version.
+    hot: Option<(HotRead, u64)>,
 }
 
 impl SnapshotScan {
@@ -58,9 +58,10 @@ impl SnapshotScan {
         Self { schema, fingerprint, store, files, rows, format, hot: None }
     }
 
-    /// The same scan, reading the files `hot` keeps decoded from memory, and having the others decoded.
-    pub(crate) fn reading_decoded(mut self, hot: Option<HotRead>) -> Self {
-        self.hot = hot;
+    /// The same scan, reading the files `hot` keeps decoded from memory, and having the others decoded: a read
+    /// of the table's newest version, `version`.
+    pub(crate) fn reading_decoded(mut self, hot: Option<HotRead>, version: u64) -> Self {
+        self.hot = hot.map(|hot| (hot, version));
         self
     }
 
@@ -137,17 +138,17 @@ impl TableProvider for SnapshotScan {
             let schema = datafusion::common::project_schema(&self.schema, projection)?;
             return Ok(Arc::new(EmptyExec::new(schema)));
         }
-        let Some((hot, table)) = &self.hot else {
+        let Some(((hot, table), version)) = &self.hot else {
             return self.scan_files(state, &self.files, projection, limit).await;
         };
-        let (decoded, stored) = hot.split(table, &self.files);
+        let (decoded, stored) = hot.split(table, (&self.files, *version));
         let mut scans = Vec::with_capacity(2);
         if !decoded.is_empty() {
             scans.push(hot_tables::scan(&decoded, &self.schema, state, (projection, filters, limit))?);
         }
         if !stored.is_empty() {
             scans.push(self.scan_files(state, &stored, projection, limit).await?);
-            for file in stored.into_iter().filter(|file| hot.claim(table, file)) {
+            for file in stored.into_iter().filter(|file| hot.claim(table, (file, *version))) {
                 // Failing to plan it fails no run: the file is read from storage, as now.
                 match self.scan_files(state, std::slice::from_ref(&file), None, None).await {
                     Ok(whole) => hot.decode(table.project, file, whole, state.task_ctx()),

@@ -37,6 +37,7 @@ use tracing::instrument;
 use uuid::Uuid;
 
 use crate::compile::{self, Compiled};
+use crate::hot_tables::HotTable;
 use crate::storage::{unavailable, Storage};
 use crate::stored::bound::{self, BoundFilter, BoundRows, KeptPlan, ReadShape};
 use crate::stored::{fold, outline, rollup};
@@ -642,7 +643,8 @@ impl DataFusionEngine {
                 Some(physical) => Arc::clone(physical),
                 None => Arc::new(self.appended_plan(stored, (&table, &schema), Arc::clone(&runtime)).await?),
             };
-            let appended = bound::Appended(catalog::partitioned(&self.storage, &files));
+            let hot = self.hot_here().map(|hot| (hot, HotTable { project, name: table.clone() }));
+            let appended = catalog::appended(&self.storage, hot.as_ref(), &files, &schema);
             let (plan, task) = physical.bind(appended, runtime).map_err(execute::execution_error)?;
             let (stream, held) = self.execute_planned(project, plan, task).await?;
             (stream, held, Some(physical))

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use domain::{EngineError, ProjectId};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
+use crate::hot_tables::HotTables;
 use crate::runtime::EngineRuntime;
 use crate::storage::Storage;
 use crate::tables::imports::{append_held, HeldBody, StagedError};
@@ -85,11 +86,12 @@ impl Appends {
     }
 
     /// Appends a held body to a table, with the other appends to it queued meanwhile; answers its rows once
-    /// they are in the storage. `lock` is the table's lock of this process, held while a turn writes.
+    /// they are in the storage (and kept decoded beside the table's other files in `hot`, when they are). `lock`
+    /// is the table's lock of this process, held while a turn writes.
     pub(crate) async fn append(
         &self,
         runtime: &EngineRuntime,
-        storage: &Storage,
+        (storage, hot): (&Storage, Option<Arc<HotTables>>),
         lock: Arc<tokio::sync::Mutex<()>>,
         project: ProjectId,
         table: &str,
@@ -107,7 +109,7 @@ impl Appends {
         let write = runtime.run_detached(async move {
             let _held = lock.lock().await;
             let (bodies, answers): (Vec<_>, Vec<_>) = queued.into_iter().map(|q| (q.body, q.answer)).unzip();
-            let results = append_held(&storage, project, &table, &bodies).await;
+            let results = append_held(&storage, (project, hot.as_ref()), &table, &bodies).await;
             for (index, answer) in answers.into_iter().enumerate() {
                 let result = match &results {
                     Ok(each) => each.get(index).cloned().unwrap_or_else(|| {

@@ -21,12 +21,12 @@ use datafusion::prelude::ParquetReadOptions;
 use domain::{EngineError, ExternalSource, ProjectId, ReadAt, TableVersion};
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectMeta;
-use tables_delta::{CommitError, DataFile, Snapshot};
+use tables_delta::{CommitError, DataFile, NewFile, Snapshot};
 
 use crate::hot_tables::{HotTable, HotTables};
 use crate::snapshot_scan::{HotRead, SnapshotScan};
 use crate::storage::{unavailable, Storage};
-use crate::stored::bound::AppendedFiles;
+use crate::stored::bound::{Appended, AppendedFiles};
 use crate::tables::sources::Unreadable;
 
 /// The property of a table version that reads an external source: the source as JSON.
@@ -493,7 +493,7 @@ pub(crate) async fn snapshot_table(
             schema
         }
     };
-    Ok(Arc::new(files_scan(storage, ctx, &snapshot.files, schema).reading_decoded(hot)))
+    Ok(Arc::new(files_scan(storage, ctx, &snapshot.files, schema).reading_decoded(hot, snapshot.version)))
 }
 
 /// A scan of exactly `files` of a table's log, read with `schema`, the sizes and times the log gives.
@@ -517,9 +517,29 @@ pub(crate) fn appended_files(
     AppendedFiles::new(schema, storage.engine_store_url().clone(), parquet_format(ctx))
 }
 
-/// `files` of a table's log as a scan reads them, with the sizes and times the log gives.
-pub(crate) fn partitioned(storage: &Storage, files: &[DataFile]) -> Vec<PartitionedFile> {
-    files.iter().map(|file| PartitionedFile::new_from_meta(engine_meta(storage, file))).collect()
+/// `files` of a table's log as a fold's scan reads them: from memory when `hot` keeps every one of them
+/// decoded with the table's columns (`schema`), else from storage, with the sizes and times the log gives.
+pub(crate) fn appended(
+    storage: &Storage,
+    hot: Option<&HotRead>,
+    files: &[DataFile],
+    schema: &datafusion::arrow::datatypes::Schema,
+) -> Appended {
+    let metas: Vec<ObjectMeta> = files.iter().map(|file| engine_meta(storage, file)).collect();
+    if let Some((hot, table)) = hot {
+        let (decoded, stored) = hot.kept_of(table, &metas);
+        if stored.is_empty() && decoded.iter().all(|file| file.reads_as(schema)) {
+            return Appended::Decoded(decoded);
+        }
+    }
+    Appended::Files(metas.into_iter().map(PartitionedFile::new_from_meta).collect())
+}
+
+/// A file an append added to a table, as its scans name it (with the size and time its log entry gives).
+pub(crate) fn new_file_meta(storage: &Storage, file: &NewFile) -> ObjectMeta {
+    let logged =
+        DataFile { location: file.location.clone(), size: file.size, rows: Some(file.rows), modified_ms: file.modified_ms };
+    engine_meta(storage, &logged)
 }
 
 /// Tables' files as `ctx` reads Parquet.

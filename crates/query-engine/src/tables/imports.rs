@@ -27,6 +27,7 @@ use std::collections::HashMap;
 
 use tables_delta::{Claim, CommitError, NewFile, Snapshot};
 
+use crate::hot_tables::{HotTable, HotTables};
 use crate::storage::Storage;
 use crate::tables::catalog::{current, is_new_table_name, object_meta, table_prefix, Current};
 
@@ -393,8 +394,9 @@ struct Destination {
 /// What an import's commit did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Published {
-    /// The files are part of the table; whether the import created it.
-    Done { created: bool },
+    /// The files are part of the table, as its log names them, at the version committed; whether the import
+    /// created it.
+    Done { created: bool, files: Vec<NewFile>, version: u64 },
     /// A replace with other columns landed first: the rows are to be written again, to the table as it is now.
     Again,
     /// An append under one of the claimed keys landed first: nothing was added.
@@ -458,7 +460,7 @@ impl Destination {
         let tables = storage.tables();
         match self.mode {
             ImportMode::Append => match tables.append(&self.table, self.read, &files, note, claims).await {
-                Ok(_) => Ok(Published::Done { created: false }),
+                Ok(version) => Ok(Published::Done { created: false, files, version }),
                 Err(CommitError::Replaced(_) | CommitError::NoTable(_)) => Ok(Published::Again),
                 Err(CommitError::Claimed { names, .. }) => Ok(Published::Claimed(names)),
                 Err(err) => Err(ImportError::Write(err.to_string())),
@@ -469,13 +471,13 @@ impl Destination {
                 };
                 let created_ms = self.created.then(|| storage.now_ms());
                 let schema = plain(schema);
-                tables.replace(&self.table, &schema, &files, &HashMap::new(), created_ms).await.map_err(
+                let (version, _) = tables.replace(&self.table, &schema, &files, &HashMap::new(), created_ms).await.map_err(
                     |err| match err {
                         CommitError::Columns { reason, .. } => ImportError::Columns(reason),
                         other => ImportError::Write(other.to_string()),
                     },
                 )?;
-                Ok(Published::Done { created: self.created })
+                Ok(Published::Done { created: self.created, files, version })
             }
         }
     }
@@ -693,7 +695,7 @@ pub(crate) async fn import_staged(
         let note = footer.map_or_else(HashMap::new, |a| appends_note(&[TaggedAppend { rows, ..a.clone() }]));
         let claims: Vec<Claim> = tag.map(|keyed| keyed.claim.clone()).into_iter().collect();
         match target.publish(storage, note, &claims).await.map_err(StagedError::from)? {
-            Published::Done { created } => return Ok((rows, created)),
+            Published::Done { created, .. } => return Ok((rows, created)),
             Published::Again => target.discard(storage).await,
             Published::Claimed(_) => {
                 target.discard(storage).await;
@@ -894,7 +896,7 @@ pub(crate) fn tagged_appends(
 /// (with nothing written) when the table does not exist or cannot be written.
 pub(crate) async fn append_held(
     storage: &Storage,
-    project: ProjectId,
+    (project, hot): (ProjectId, Option<&Arc<HotTables>>),
     table: &str,
     bodies: &[HeldBody],
 ) -> Result<Vec<Result<u64, StagedError>>, StagedError> {
@@ -958,7 +960,15 @@ pub(crate) async fn append_held(
             .await
             .map_err(|e| StagedError::Write(e.to_string()))?
         {
-            Published::Done { .. } => return Ok(answers),
+            Published::Done { files, version, .. } => {
+                // A table kept decoded keeps the rows too: they are in memory already.
+                if let (Some(hot), [file]) = (hot, files.as_slice()) {
+                    let table = HotTable { project, name: table.to_owned() };
+                    let file = crate::tables::catalog::new_file_meta(storage, file);
+                    hot.appended(&table, (&file, version), &batches);
+                }
+                return Ok(answers);
+            }
             Published::Again => target.discard(storage).await,
             // The other appends are written again without those whose key another append took.
             Published::Claimed(names) => {

@@ -425,7 +425,7 @@ impl DataFusionEngine {
             let lock = self.table_locks.of(project, name.as_str());
             rows = self
                 .appends
-                .append(&self.runtime, &self.storage, lock, project, name.as_str(), body)
+                .append(&self.runtime, (&self.storage, self.hot_here()), lock, project, name.as_str(), body)
                 .await
                 .map_err(|err| staged_error(err, None))?;
             self.appended.mark(project, name.as_str());
@@ -629,7 +629,7 @@ impl TableStore for DataFusionEngine {
                 let body = HeldBody { bytes: chunks.concat().into(), format: upload.format, tag };
                 let appended = self
                     .appends
-                    .append(&self.runtime, &self.storage, lock, project, name.as_str(), body)
+                    .append(&self.runtime, (&self.storage, self.hot_here()), lock, project, name.as_str(), body)
                     .await;
                 drop(place);
                 let rows = appended.map_err(|err| staged_error(err, None))?;
