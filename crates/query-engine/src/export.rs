@@ -26,7 +26,8 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
 use crate::compile;
-use crate::tables::imports::{cast_to, plain};
+use crate::tables::imports::plain;
+use crate::types::cast_to;
 use crate::{execute, types, DataFusionEngine};
 
 /// Rows per Parquet row group: what the writer holds in memory before it writes them out.

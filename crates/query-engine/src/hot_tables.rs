@@ -51,7 +51,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::runtime::IdleRuntime;
-use crate::tables::imports::cast_to;
+use crate::types::cast_to;
 
 /// The decoded files of tables, within a bound of bytes.
 pub(crate) struct HotTables {
@@ -270,7 +270,12 @@ impl HotTables {
     /// append moves a hot table forward. `rows` are the file's, in its order, kept with the columns the
     /// table's kept files have (strings as views, as its scans read them); not at all when they do not cast to
     /// those, or are more than the bound.
-    pub(crate) fn appended(&self, table: &HotTable, (file, version): (&ObjectMeta, u64), rows: &[RecordBatch]) {
+    pub(crate) fn appended(
+        &self,
+        table: &HotTable,
+        (file, version): (&ObjectMeta, u64),
+        rows: &[RecordBatch],
+    ) {
         let Some(held) = self.files_of(table.project) else { return };
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(kept) = claims.tables.get(table) else { return };

@@ -179,7 +179,11 @@ async fn a_read_of_the_version_before_an_append_leaves_the_appended_file_kept() 
     };
     let table = hot_tables::HotTable { project: project(), name: "t".into() };
     hot(&warm).split(&table, (&[], snapshot.version - 1));
-    assert_eq!(hot(&warm).kept().1, 1, "a read of the version before drops its own file, not the appended one");
+    assert_eq!(
+        hot(&warm).kept().1,
+        1,
+        "a read of the version before drops its own file, not the appended one"
+    );
     hot(&warm).split(&table, (&[], snapshot.version));
     assert_eq!(hot(&warm).kept().1, 0, "a read of the append's version drops it");
     drop(dir);

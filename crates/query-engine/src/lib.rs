@@ -521,7 +521,8 @@ impl DataFusionEngine {
         at: &ReadAt,
     ) -> Result<catalog::Named, EngineError> {
         let hot = self.hot_here();
-        let tables = catalog::register_named(&self.storage, ctx, (project, hot.as_ref()), statement, at).await?;
+        let tables =
+            catalog::register_named(&self.storage, ctx, (project, hot.as_ref()), statement, at).await?;
         if tables.iter().any(|(name, current)| current.is_none() && name == run_log::LOGS_TABLE) {
             run_log::register(&self.storage, ctx, project, self.log_retention).await?;
         }

@@ -1,6 +1,9 @@
 //! Arrow types as clients see them.
 
-use datafusion::arrow::datatypes::{DataType, Schema};
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use domain::{Column, ColumnType};
 
 pub(crate) fn column_type(data_type: &DataType) -> ColumnType {
@@ -37,4 +40,18 @@ pub(crate) fn columns(schema: &Schema) -> Vec<Column> {
         .iter()
         .map(|f| Column { name: f.name().clone(), column_type: column_type(f.data_type()) })
         .collect()
+}
+
+/// The batch with each column cast to the type `schema` gives it.
+pub(crate) fn cast_to(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(column, field)| datafusion::arrow::compute::cast(column, field.data_type()))
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(Arc::clone(schema), columns)
 }

@@ -32,9 +32,9 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig, FileScanConfigBuilder};
 use datafusion::datasource::source::DataSourceExec;
-use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::{MemTable, TableType};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::object_store::ObjectStoreUrl;
@@ -434,14 +434,17 @@ impl ExecutionPlan for AppendedFilesExec {
                 if decoded.iter().all(|file| file.reads_as(schema)) {
                     // Streamed appends leave many files of a few rows: read as batches of the session's size,
                     // not one small batch per file for each operator above to take in turn.
-                    let mut coalescer = BatchCoalescer::new(Arc::clone(schema), context.session_config().batch_size());
+                    let mut coalescer =
+                        BatchCoalescer::new(Arc::clone(schema), context.session_config().batch_size());
                     for batch in decoded.iter().flat_map(HotFile::batches) {
                         coalescer.push_batch(batch.clone())?;
                     }
                     coalescer.finish_buffered_batch()?;
-                    let rows: Vec<RecordBatch> = std::iter::from_fn(|| coalescer.next_completed_batch()).collect();
-                    let memory = MemorySourceConfig::try_new(&[rows], Arc::clone(schema), projection.clone())?
-                        .with_limit(*limit);
+                    let rows: Vec<RecordBatch> =
+                        std::iter::from_fn(|| coalescer.next_completed_batch()).collect();
+                    let memory =
+                        MemorySourceConfig::try_new(&[rows], Arc::clone(schema), projection.clone())?
+                            .with_limit(*limit);
                     return DataSourceExec::from_data_source(memory).execute(0, context);
                 }
                 return Err(DataFusionError::Internal(

@@ -537,8 +537,12 @@ pub(crate) fn appended(
 
 /// A file an append added to a table, as its scans name it (with the size and time its log entry gives).
 pub(crate) fn new_file_meta(storage: &Storage, file: &NewFile) -> ObjectMeta {
-    let logged =
-        DataFile { location: file.location.clone(), size: file.size, rows: Some(file.rows), modified_ms: file.modified_ms };
+    let logged = DataFile {
+        location: file.location.clone(),
+        size: file.size,
+        rows: Some(file.rows),
+        modified_ms: file.modified_ms,
+    };
     engine_meta(storage, &logged)
 }
 

@@ -30,6 +30,7 @@ use tables_delta::{Claim, CommitError, NewFile, Snapshot};
 use crate::hot_tables::{HotTable, HotTables};
 use crate::storage::Storage;
 use crate::tables::catalog::{current, is_new_table_name, object_meta, table_prefix, Current};
+use crate::types::cast_to;
 
 /// Rows per row group of a table's files. Smaller than the writer's default of 1 Mi rows: a scan decodes a
 /// row group at a time (and one ahead), so this bounds what an export or a run holds in memory, row-group
@@ -307,20 +308,6 @@ impl TableWriter {
     }
 }
 
-/// The batch with each column cast to the type `schema` gives it.
-pub(crate) fn cast_to(
-    batch: &RecordBatch,
-    schema: &SchemaRef,
-) -> Result<RecordBatch, datafusion::arrow::error::ArrowError> {
-    let columns = batch
-        .columns()
-        .iter()
-        .zip(schema.fields())
-        .map(|(column, field)| datafusion::arrow::compute::cast(column, field.data_type()))
-        .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(Arc::clone(schema), columns)
-}
-
 /// The columns of a table's files: those of its first file (every file of a table has them), read once per
 /// process; the log's columns for a table without files.
 pub(crate) async fn existing_schema(
@@ -471,12 +458,13 @@ impl Destination {
                 };
                 let created_ms = self.created.then(|| storage.now_ms());
                 let schema = plain(schema);
-                let (version, _) = tables.replace(&self.table, &schema, &files, &HashMap::new(), created_ms).await.map_err(
-                    |err| match err {
+                let (version, _) = tables
+                    .replace(&self.table, &schema, &files, &HashMap::new(), created_ms)
+                    .await
+                    .map_err(|err| match err {
                         CommitError::Columns { reason, .. } => ImportError::Columns(reason),
                         other => ImportError::Write(other.to_string()),
-                    },
-                )?;
+                    })?;
                 Ok(Published::Done { created: self.created, files, version })
             }
         }

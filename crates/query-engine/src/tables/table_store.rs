@@ -629,7 +629,14 @@ impl TableStore for DataFusionEngine {
                 let body = HeldBody { bytes: chunks.concat().into(), format: upload.format, tag };
                 let appended = self
                     .appends
-                    .append(&self.runtime, (&self.storage, self.hot_here()), lock, project, name.as_str(), body)
+                    .append(
+                        &self.runtime,
+                        (&self.storage, self.hot_here()),
+                        lock,
+                        project,
+                        name.as_str(),
+                        body,
+                    )
                     .await;
                 drop(place);
                 let rows = appended.map_err(|err| staged_error(err, None))?;
