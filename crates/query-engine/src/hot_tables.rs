@@ -480,14 +480,28 @@ impl HotFile {
     }
 
     /// `rows` an append wrote as `file`, in slices of a session's batch size, with the columns of `schema`;
-    /// `None` when they do not cast to those.
+    /// `None` unless they have those columns, strings and binaries read as views the only difference (a
+    /// table replaced with other types under the same names keeps its earlier files until a run drops them:
+    /// their columns are never the ones new rows are cast to).
     fn of_rows(file: &ObjectMeta, schema: &SchemaRef, rows: &[RecordBatch]) -> Option<Self> {
-        let named = |batch: &RecordBatch| {
-            batch.schema_ref().fields().iter().map(|f| f.name()).eq(schema.fields().iter().map(|f| f.name()))
+        let viewed = |data_type: &DataType| match data_type {
+            DataType::Utf8 | DataType::LargeUtf8 => DataType::Utf8View,
+            DataType::Binary | DataType::LargeBinary => DataType::BinaryView,
+            other => other.clone(),
+        };
+        let same = |batch: &RecordBatch| {
+            let fields = batch.schema_ref().fields();
+            fields.len() == schema.fields().len()
+                && fields.iter().zip(schema.fields()).all(|(own, kept)| {
+                    own.name() == kept.name()
+                        && own.is_nullable() == kept.is_nullable()
+                        && (own.data_type() == kept.data_type()
+                            || &viewed(own.data_type()) == kept.data_type())
+                })
         };
         let cast = rows
             .iter()
-            .map(|batch| named(batch).then(|| cast_to(batch, schema).ok()).flatten())
+            .map(|batch| same(batch).then(|| cast_to(batch, schema).ok()).flatten())
             .collect::<Option<Vec<_>>>()?;
         let whole = concat_batches(schema, &cast).ok()?;
         let bytes = whole.get_array_memory_size();

@@ -189,6 +189,31 @@ async fn a_read_of_the_version_before_an_append_leaves_the_appended_file_kept() 
     drop(dir);
 }
 
+/// A replace with other types under the same names leaves the table's earlier files kept until a run drops
+/// them; an append meanwhile is not kept with their columns, and runs answer as from storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_after_a_replace_with_other_types_is_not_kept_with_the_earlier_columns() {
+    let dir = temp_dir("hot-tables-types");
+    let storage = Storage::local(&dir).unwrap();
+    let (warm, stored) = (engine_keeping(&storage, 256 << 20), engine_keeping(&storage, 0));
+    write(&warm, "t", WriteMode::Replace, rows_csv(0, 1000)).await;
+    answers(&warm).await;
+    hot(&warm).settled().await;
+    assert_eq!(hot(&warm).kept().1, 1);
+    let texts = |first: usize| -> Vec<u8> {
+        let rows: String = (first..first + 5).map(|id| format!("{id},FR,2025-01-01,a{id},n\n")).collect();
+        format!("id,country,day,amount,note\n{rows}").into_bytes()
+    };
+    write(&warm, "t", WriteMode::Replace, texts(0)).await;
+    write(&warm, "t", WriteMode::Append, texts(5)).await;
+    assert_eq!(hot(&warm).kept().1, 1, "the appended rows are not kept with the replaced file's columns");
+    let q = query("SELECT id, amount FROM t ORDER BY id", json!({}));
+    let expected = stored.execute(project(), &q, &BTreeMap::new(), 100, 0).await.unwrap().rows_json;
+    assert!(expected.contains("a9"), "{expected}");
+    assert_eq!(warm.execute(project(), &q, &BTreeMap::new(), 100, 0).await.unwrap().rows_json, expected);
+    drop(dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tables_kept_decoded_stay_within_their_bound_the_least_recently_read_leaving_first() {
     let dir = temp_dir("hot-bound");
