@@ -519,7 +519,8 @@ def duckdb_median(venv_python, parquet_glob, rounds):
 EXPORT_ROWS = 1_000_000
 EXPORT_FORMATS = ("csv", "ndjson", "parquet", "arrow")
 
-# DuckDB's side of scenario 8, in its own process: argv = mode, source, target, rows; prints the median ms.
+# DuckDB's side of scenario 8, in its own process: argv = mode, source (a CSV file's path, or a DuckDB list of
+# Parquet files), target, rows; prints the median ms.
 DUCKDB_IO = """
 import duckdb, json, statistics, sys, time
 mode, source, target, rows, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
@@ -532,13 +533,13 @@ for _ in range(rounds):
         con.sql(f"COPY (SELECT * FROM read_csv('{source}')) TO '{target}' (FORMAT parquet)")
     elif mode == "arrow":
         import pyarrow as pa
-        reader = con.sql(f"SELECT * FROM read_parquet('{source}') LIMIT {rows}").fetch_record_batch()
+        reader = con.sql(f"SELECT * FROM read_parquet({source}) LIMIT {rows}").fetch_record_batch()
         with pa.OSFile(target, "wb") as sink, pa.ipc.new_stream(sink, reader.schema) as writer:
             for batch in reader:
                 writer.write_batch(batch)
     else:
         fmt = {"csv": "csv, header true", "ndjson": "json", "parquet": "parquet"}[mode]
-        con.sql(f"COPY (SELECT * FROM read_parquet('{source}') LIMIT {rows}) TO '{target}' (FORMAT {fmt})")
+        con.sql(f"COPY (SELECT * FROM read_parquet({source}) LIMIT {rows}) TO '{target}' (FORMAT {fmt})")
     runs.append((time.perf_counter() - t) * 1000)
     con.close()
 print(json.dumps({"median_ms": statistics.median(runs)}))
@@ -585,7 +586,13 @@ def data_in_and_out(args, main_app, root, table_dir):
     """Scenario 8: upload throughput and exports, each against DuckDB doing the same work on the same files."""
     if not args.duckdb_python:
         return None
-    parquet = table_glob(main_app.data_dir, "events")
+    # Links to the files, which outlive the server's compaction and vacuum of them while DuckDB reads them.
+    os.makedirs(os.path.join(root, "events-files"))
+    linked = []
+    for at, path in enumerate(table_files(main_app.data_dir, "events")):
+        linked.append(os.path.join(root, "events-files", f"{at}.parquet"))
+        os.link(path, linked[-1])
+    parquet = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in linked) + "]"
     csv_path = os.path.join(root, "events.csv")
     subprocess.run([args.duckdb_python, "-c",
                     f"import duckdb; duckdb.sql(\"COPY (SELECT * FROM read_parquet({parquet})) TO '{csv_path}' "
@@ -1725,6 +1732,12 @@ COMPARE_SHAPES = SHAPES + [
     ("join-every-row", "join with the 10-row dimension, no filter, GROUP BY its column and a fact column",
      "SELECT c.region, e.event, count(*) AS events, round(sum(e.revenue), 2) AS revenue FROM events e "
      "JOIN countries c ON e.country = c.code GROUP BY c.region, e.event ORDER BY 1, 2", {}),
+    # Scans reading three columns or more beside their filter's (rows filtered while decoded from storage).
+    ("user-events", "one user's events, every column", "SELECT * FROM events WHERE distinct_id = {variables.user} "
+     "ORDER BY timestamp", {"user": ("String", "user_04242")}),
+    ("wide-top", "a country's largest purchases, four columns beside the filter's (a hundredth of the rows)",
+     "SELECT timestamp, distinct_id, browser, revenue FROM events WHERE country = 'JP' AND event = 'purchase' "
+     "ORDER BY revenue DESC, timestamp LIMIT 20", {}),
 ]
 CACHED_COMPARE = "/api/projects/1/endpoints/cached-by-country/run"
 

@@ -310,3 +310,51 @@ async fn a_project_reading_many_tables_never_pushes_out_the_files_of_one_holding
     assert_eq!((hot(&alone).kept_by(mine), hot(&alone).kept_by(theirs)), (one, one), "the larger gave way");
     drop(dir);
 }
+
+/// A scan of files in storage filters their rows while decoding them (a Parquet row filter: the other columns
+/// decoded only for the rows that pass, and no filter left above the scan) when it reads at least three
+/// columns its filters do not name, and decodes whole columns otherwise; either way it answers as the rows kept
+/// decoded in memory do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_of_stored_files_filters_while_decoding_only_when_it_reads_enough_other_columns() {
+    let dir = temp_dir("late-filter");
+    let storage = Storage::local(&dir).unwrap();
+    let (stored, warm) = (engine_keeping(&storage, 0), engine_keeping(&storage, 256 << 20));
+    write(&stored, "t", WriteMode::Replace, rows_csv(0, 30_000)).await;
+    let cases = [
+        (
+            "SELECT id, day, amount, note FROM t WHERE country = 'JP' AND id BETWEEN 100 AND 140 ORDER BY id",
+            true,
+        ),
+        ("SELECT * FROM t WHERE id = 29999", true),
+        ("SELECT * FROM t WHERE note IS NULL AND amount > 14000.0 ORDER BY id DESC LIMIT 4", true),
+        ("SELECT id, amount FROM t WHERE country = 'JP' AND id < 30 ORDER BY id", false),
+        (
+            "SELECT country, day, count(*) AS n FROM t WHERE country = 'FR' GROUP BY 1, 2 ORDER BY 2 LIMIT 3",
+            false,
+        ),
+    ];
+    for (sql, late) in cases {
+        let plan = crate::tests::physical_plan(&stored, &query(sql, json!({})), &BTreeMap::new()).await;
+        assert!(plan.contains(PARQUET), "{plan}");
+        assert_eq!(!plan.contains("FilterExec"), late, "{sql}: {plan}");
+    }
+    let run = |engine: &DataFusionEngine| {
+        let engine = engine.clone();
+        async move {
+            let mut answers = Vec::new();
+            for (sql, _) in cases {
+                let run = engine.execute(project(), &query(sql, json!({})), &BTreeMap::new(), 100, 0).await;
+                answers.push(run.unwrap_or_else(|err| panic!("{sql}: {err}")).rows_json);
+            }
+            answers
+        }
+    };
+    let from_files = run(&stored).await;
+    assert!(from_files.iter().all(|rows| rows != "[]"), "{from_files:?}");
+    run(&warm).await;
+    hot(&warm).settled().await;
+    let plan = crate::tests::physical_plan(&warm, &query(cases[0].0, json!({})), &BTreeMap::new()).await;
+    assert!(!plan.contains(PARQUET), "{plan}");
+    assert_eq!(run(&warm).await, from_files, "the rows kept decoded");
+}

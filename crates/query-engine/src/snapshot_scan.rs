@@ -4,6 +4,7 @@
 //! statistics cache), as for any table of files. A run of a table's newest version reads the files kept decoded
 //! in memory from there, and decodes the others in the background ([`crate::hot_tables`]).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -11,6 +12,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::stats::Precision;
 use datafusion::common::Statistics;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
@@ -27,6 +29,11 @@ use futures_util::{StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
 
 use crate::hot_tables::{self, HotTable, HotTables};
+
+/// The columns a scan must read beyond those its filters name for its files to be filtered while decoded: the
+/// gate of apache/datafusion#23420, whose ClickBench run had pushdown everywhere 20 queries slower and 6 faster,
+/// and 4 (within noise) and 5 with it.
+const LATE_COLUMNS: usize = 3;
 
 /// The decoded files a scan reads, and its table there.
 pub(crate) type HotRead = (Arc<HotTables>, HotTable);
@@ -138,8 +145,9 @@ impl TableProvider for SnapshotScan {
             let schema = datafusion::common::project_schema(&self.schema, projection)?;
             return Ok(Arc::new(EmptyExec::new(schema)));
         }
+        let format = self.format_for(projection, filters);
         let Some(((hot, table), version)) = &self.hot else {
-            return self.scan_files(state, &self.files, projection, limit).await;
+            return self.scan_files(state, &self.files, &format, projection, limit).await;
         };
         let (decoded, stored) = hot.split(table, (&self.files, *version));
         let mut scans = Vec::with_capacity(2);
@@ -147,10 +155,10 @@ impl TableProvider for SnapshotScan {
             scans.push(hot_tables::scan(&decoded, &self.schema, state, (projection, filters, limit))?);
         }
         if !stored.is_empty() {
-            scans.push(self.scan_files(state, &stored, projection, limit).await?);
+            scans.push(self.scan_files(state, &stored, &format, projection, limit).await?);
             for file in stored.into_iter().filter(|file| hot.claim(table, (file, *version))) {
                 // Failing to plan it fails no run: the file is read from storage, as now.
-                match self.scan_files(state, std::slice::from_ref(&file), None, None).await {
+                match self.scan_files(state, std::slice::from_ref(&file), &self.format, None, None).await {
                     Ok(whole) => hot.decode(table.project, file, whole, state.task_ctx()),
                     Err(err) => hot.refuse(&file, &err),
                 }
@@ -161,11 +169,41 @@ impl TableProvider for SnapshotScan {
 }
 
 impl SnapshotScan {
-    /// A scan of `files` from storage.
+    /// The format a scan of `projection` under `filters` reads its files with: the table's, filtering rows
+    /// while decoding them (a Parquet row filter) when the scan reads at least [`LATE_COLUMNS`] columns its
+    /// filters do not name. Those are then decoded only for the rows that pass; with fewer, evaluating the
+    /// filter a second time inside the reader costs more than it saves, so they are decoded whole and
+    /// filtered above the scan (the session's own setting, off).
+    fn format_for(&self, projection: Option<&Vec<usize>>, filters: &[Expr]) -> Arc<dyn FileFormat> {
+        let any: &dyn std::any::Any = self.format.as_ref();
+        let late = match any.downcast_ref::<ParquetFormat>() {
+            Some(parquet) if !filters.is_empty() && !parquet.options().global.pushdown_filters => parquet,
+            _ => return Arc::clone(&self.format),
+        };
+        let filtered: HashSet<usize> = filters
+            .iter()
+            .flat_map(Expr::column_refs)
+            .filter_map(|column| self.schema.index_of(&column.name).ok())
+            .collect();
+        let read = |at: &usize| !filtered.contains(at);
+        let others = match projection {
+            Some(projection) => projection.iter().filter(|at| read(at)).count(),
+            None => (0..self.schema.fields().len()).filter(read).count(),
+        };
+        if others < LATE_COLUMNS {
+            return Arc::clone(&self.format);
+        }
+        let mut options = late.options().clone();
+        options.global.pushdown_filters = true;
+        Arc::new(ParquetFormat::default().with_options(options))
+    }
+
+    /// A scan of `files` from storage, read by `format`.
     async fn scan_files(
         &self,
         state: &dyn Session,
         files: &[ObjectMeta],
+        format: &Arc<dyn FileFormat>,
         projection: Option<&Vec<usize>>,
         limit: Option<usize>,
     ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
@@ -188,7 +226,7 @@ impl SnapshotScan {
         let ordering = common_ordering(&files);
         let groups = FileGroup::new(files).split_files(state.config().target_partitions());
         let (groups, statistics) = compute_all_files_statistics(groups, self.schema(), collect, false)?;
-        let source = self.format.file_source(self.schema().into());
+        let source = format.file_source(self.schema().into());
         let config = FileScanConfigBuilder::new(self.store.clone(), source)
             .with_file_groups(groups)
             .with_statistics(statistics)
@@ -196,7 +234,7 @@ impl SnapshotScan {
             .with_limit(limit)
             .with_output_ordering(ordering.into_iter().collect())
             .build();
-        self.format.create_physical_plan(state, config).await
+        format.create_physical_plan(state, config).await
     }
 }
 
