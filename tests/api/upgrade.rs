@@ -1,15 +1,19 @@
 //! A data directory written by the release before tables were Delta tables (`tests/fixtures/previous-release/`,
 //! written by `tests/fixtures/previous_release.py`: a CLI import, a table replaced, appended to, compacted and
-//! quarantined over HTTP, a materialized rollup) is migrated in place and answers as that release did.
+//! quarantined over HTTP, a materialized rollup) is migrated in place and answers as that release did. It is
+//! served on a clock set to when the fixture was written: a day later its stored result is no longer fresh, a
+//! week later its rollup hibernates, and neither may depend on the day the test runs.
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use domain::testing::ManualClock;
 use http_actix::api::{RunResult, Table, TableVersionPage};
 use serde_json::{json, Value};
 
-use crate::helpers::{get_json, get_status, serve_process, typed, DataDir};
+use crate::helpers::{get_json, get_status, typed, DataDir, TestApp};
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -83,9 +87,22 @@ async fn a_data_directory_of_the_release_before_delta_tables_is_migrated_and_ans
         );
     }
 
-    let server =
-        serve_process(&data_dir, &["--materialize-poll-ms", "50", "--compaction-interval-ms", "0"]).await;
-    let client = reqwest::Client::new();
+    let written_at = time::OffsetDateTime::parse(
+        recorded["written_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    let clock = Arc::new(ManualClock::new(written_at));
+    let server = TestApp::builder()
+        .over(data_dir.to_path_buf())
+        .tuned(|config| {
+            config.worker.poll = Duration::from_millis(50);
+            config.compaction_interval = None;
+            config.clock = server::ServiceClock(clock.clone());
+        })
+        .spawn()
+        .await;
+    let client = server.client.clone();
     let base = format!("{}/api/projects/{project}", server.address);
     let run = |name: &str, refresh: &str| {
         let url = format!("{base}/endpoints/{name}/run?refresh={refresh}&limit=1000");
@@ -128,6 +145,8 @@ async fn a_data_directory_of_the_release_before_delta_tables_is_migrated_and_ans
             Instant::now() < deadline,
             "the stored result never followed the append: {answer:?} vs {live}"
         );
+        // Past the endpoint's freshness of one second, on the service's clock.
+        clock.advance(Duration::from_secs(1));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let versions: TableVersionPage =
