@@ -155,9 +155,21 @@ impl TableMaintenance {
         all.into_iter().collect()
     }
 
-    /// Compacts one table if its lease is free, its files laid out for the endpoints that read it.
+    /// Compacts one table if its lease is free, its files laid out for the endpoints that read it. A table
+    /// looked at for its readers stays a candidate until a compaction under its lease ends without failing: the
+    /// lease may be a stopped process's, which holds it until it expires, and the table is not appended to.
     pub async fn compact(&self, project: ProjectId, table: &TableName) -> CompactionOutcome {
-        self.reread.lock().unwrap_or_else(PoisonError::into_inner).remove(&(project, table.clone()));
+        let key = (project, table.clone());
+        // Taken first: readers changing during the compaction make it a candidate again.
+        let reread = self.reread.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        let outcome = self.compact_claimed(project, table).await;
+        if reread && matches!(outcome, CompactionOutcome::Leased | CompactionOutcome::Failed(_)) {
+            self.reread.lock().unwrap_or_else(PoisonError::into_inner).insert(key);
+        }
+        outcome
+    }
+
+    async fn compact_claimed(&self, project: ProjectId, table: &TableName) -> CompactionOutcome {
         let now = self.clock.now();
         let until = now + self.lease;
         match self.leases.claim(project, table, self.holder, now, until).await {
@@ -730,6 +742,46 @@ mod tests {
         );
         assert_eq!(service.look_at_read_tables().await.unwrap(), 2);
         assert_eq!(service.candidates(), vec![(project(1), events()), (project(2), events())]);
+    }
+
+    /// A table looked at for its readers whose lease another process holds (one stopped while compacting it
+    /// holds it until it expires), or whose compaction fails, is looked at again at the next pass, though
+    /// nothing appends to it; one compacted is not.
+    #[tokio::test]
+    async fn a_table_looked_at_stays_a_candidate_until_a_compaction_under_its_lease_ends() {
+        let mut endpoints = MockEndpointStore::new();
+        endpoints.expect_read_tables().times(1).returning(|| Ok(vec![(project(1), "events".into())]));
+        endpoints.expect_readers().returning(|_, _| Ok(Vec::new()));
+        let mut tables = MockTableStore::new();
+        tables.expect_appended().returning(Vec::new);
+        tables.expect_get().returning(|_, _| Ok(Some(info())));
+        let mut compactions = mockall::Sequence::new();
+        tables
+            .expect_compact()
+            .times(1)
+            .in_sequence(&mut compactions)
+            .returning(|_, _, _, _| Err(EngineError::Unavailable("disk gone".into())));
+        tables.expect_compact().times(1).in_sequence(&mut compactions).returning(|_, _, _, _| Ok(None));
+        let mut leases = MockTableLeases::new();
+        let mut claims = mockall::Sequence::new();
+        leases.expect_claim().times(1).in_sequence(&mut claims).returning(|_, _, _, _, _| Ok(false));
+        leases.expect_claim().times(2).in_sequence(&mut claims).returning(|_, _, _, _, _| Ok(true));
+        leases.expect_release().times(2).returning(|_, _, _| Ok(()));
+        let service = with_readers(
+            tables,
+            leases,
+            MockTableAnnouncer::new(),
+            (endpoints, MockQueryEngine::new()),
+            Arc::default(),
+        );
+        service.look_at_read_tables().await.unwrap();
+        let events = vec![(project(1), events())];
+        assert!(matches!(service.compact(project(1), &events[0].1).await, CompactionOutcome::Leased));
+        assert_eq!(service.candidates(), events, "still a candidate once the lease is free");
+        assert!(matches!(service.compact(project(1), &events[0].1).await, CompactionOutcome::Failed(_)));
+        assert_eq!(service.candidates(), events, "still a candidate after a failure");
+        assert!(matches!(service.compact(project(1), &events[0].1).await, CompactionOutcome::NothingToDo));
+        assert!(service.candidates().is_empty(), "looked at");
     }
 
     /// Columns set for a table take the place of its endpoints' choice: nobody is planned.
