@@ -30,23 +30,32 @@ impl Drop for Moto {
 }
 
 impl Moto {
+    /// Started on a free port; started again on another when it exits first (the port taken meanwhile by
+    /// another test's server). Given a minute and a half to answer: a Python server starts slowly on two cores
+    /// shared with the rest of the suite.
     pub(crate) async fn start() -> Self {
         let program = std::env::var("TEST_MOTO_SERVER").expect(
             "TEST_MOTO_SERVER must name moto's `moto_server` program; `make test` installs it and sets it",
         );
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(program)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server starts");
-        let moto = Self { child, endpoint: format!("http://127.0.0.1:{port}") };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while reqwest::get(&moto.endpoint).await.is_err() {
-            assert!(Instant::now() < deadline, "moto_server never answered");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let moto = 'started: loop {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let child = Command::new(&program)
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("moto_server starts");
+            let mut moto = Self { child, endpoint: format!("http://127.0.0.1:{port}") };
+            while reqwest::get(&moto.endpoint).await.is_err() {
+                assert!(Instant::now() < deadline, "moto_server never answered");
+                if moto.child.try_wait().unwrap().is_some() {
+                    continue 'started;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            break moto;
+        };
         let created = reqwest::Client::new().put(format!("{}/{BUCKET}", moto.endpoint)).send().await.unwrap();
         assert!(created.status().is_success(), "cannot create the bucket: {}", created.status());
         moto
