@@ -360,6 +360,21 @@ mod tests {
         with_readers(tables, leases, announcer, (endpoints, MockQueryEngine::new()), Arc::default())
     }
 
+    /// A service whose endpoints' queries are never planned, announcing nothing, on a clock stopped at `T0`.
+    fn planning_nothing(
+        tables: MockTableStore,
+        leases: MockTableLeases,
+        endpoints: MockEndpointStore,
+    ) -> TableMaintenance {
+        with_readers(
+            tables,
+            leases,
+            MockTableAnnouncer::new(),
+            (endpoints, MockQueryEngine::new()),
+            Arc::default(),
+        )
+    }
+
     fn with_readers(
         mut tables: MockTableStore,
         leases: MockTableLeases,
@@ -583,13 +598,7 @@ mod tests {
         let mut leases = MockTableLeases::new();
         leases.expect_claim().returning(|_, _, _, _, _| Ok(true));
         leases.expect_release().times(1).returning(|_, _, _| Ok(()));
-        let service = with_readers(
-            tables,
-            leases,
-            MockTableAnnouncer::new(),
-            (endpoints, MockQueryEngine::new()),
-            Arc::default(),
-        );
+        let service = planning_nothing(tables, leases, endpoints);
         let outcome = service.compact(project(1), &events()).await;
         assert!(matches!(outcome, CompactionOutcome::Failed(Error::Unavailable(_))));
     }
@@ -733,13 +742,7 @@ mod tests {
         });
         let mut tables = MockTableStore::new();
         tables.expect_appended().returning(|| vec![(project(1), events())]);
-        let service = with_readers(
-            tables,
-            MockTableLeases::new(),
-            MockTableAnnouncer::new(),
-            (endpoints, MockQueryEngine::new()),
-            Arc::default(),
-        );
+        let service = planning_nothing(tables, MockTableLeases::new(), endpoints);
         assert_eq!(service.look_at_read_tables().await.unwrap(), 2);
         assert_eq!(service.candidates(), vec![(project(1), events()), (project(2), events())]);
     }
@@ -767,13 +770,7 @@ mod tests {
         leases.expect_claim().times(1).in_sequence(&mut claims).returning(|_, _, _, _, _| Ok(false));
         leases.expect_claim().times(2).in_sequence(&mut claims).returning(|_, _, _, _, _| Ok(true));
         leases.expect_release().times(2).returning(|_, _, _| Ok(()));
-        let service = with_readers(
-            tables,
-            leases,
-            MockTableAnnouncer::new(),
-            (endpoints, MockQueryEngine::new()),
-            Arc::default(),
-        );
+        let service = planning_nothing(tables, leases, endpoints);
         service.look_at_read_tables().await.unwrap();
         let events = vec![(project(1), events())];
         assert!(matches!(service.compact(project(1), &events[0].1).await, CompactionOutcome::Leased));
