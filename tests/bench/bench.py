@@ -489,8 +489,8 @@ end
 """
 
 
-# A create plans its query in one of its project's query slots (`--max-queries-per-project`, 4), answering 429
-# beyond them: creates are measured from as many connections, all answered.
+# A create plans its query in one of its project's query slots (`--max-queries-per-project`, given to the CRUD
+# servers as this, the default), answering 429 beyond them: creates are measured from as many connections.
 CREATE_CONNECTIONS = 4
 
 
@@ -2133,7 +2133,7 @@ def main():
             assert project == 1, "the CRUD database must be fresh"
             crud_app.key = crud_app.cli("key", "create", "--project", "1", "--scope", "endpoint:write",
                                         "--scope", "table:write")["key"]
-            crud_app.start(*quiet)
+            crud_app.start(*quiet, "--max-queries-per-project", str(CREATE_CONNECTIONS))
             figures["crud"][name] = crud(crud_app, args.seconds, args.rounds, script)
             crud_app.stop()
             if name == "PostgreSQL":
