@@ -87,11 +87,6 @@ impl Admission {
         Held::new(self.fair.ticket(project))
     }
 
-    /// Whether no query executes now (see [`FairScheduler::idle`]).
-    pub(crate) fn idle(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.fair.idle()
-    }
-
     /// A per-query runtime whose memory pool refuses allocations past the query's limit or past what every
     /// query holds together, sharing the engine's `files` caches.
     pub(crate) fn runtime(&self, files: &FileCaches) -> Result<Arc<RuntimeEnv>, EngineError> {

@@ -62,8 +62,6 @@ pub(crate) struct FairScheduler {
     /// Tickets waiting, so that a running query checks the queue only when someone is in it.
     waiting: AtomicUsize,
     state: Mutex<Queue>,
-    /// Whether no query holds a slot, for work that waits for the engine to be idle ([`FairScheduler::idle`]).
-    idle: tokio::sync::watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -133,7 +131,6 @@ impl FairScheduler {
             epoch: Instant::now(),
             waiting: AtomicUsize::new(0),
             state: Mutex::default(),
-            idle: tokio::sync::watch::Sender::new(true),
         })
     }
 
@@ -158,7 +155,6 @@ impl FairScheduler {
         let mut queue = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if queue.running < self.slots {
             queue.running += 1;
-            self.idle.send_if_modified(|idle| std::mem::replace(idle, false));
             self.grant(&mut queue, &turn);
         } else {
             self.enqueue(&mut queue, Arc::clone(&turn));
@@ -224,12 +220,7 @@ impl FairScheduler {
             queue.gave(turn.project);
             match self.next(&mut queue) {
                 Some(next) => self.grant(&mut queue, &next),
-                None => {
-                    queue.running -= 1;
-                    if queue.running == 0 {
-                        self.idle.send_replace(true);
-                    }
-                }
+                None => queue.running -= 1,
             }
             return;
         }
@@ -241,12 +232,6 @@ impl FairScheduler {
             }
         }
         queue.projects.retain(|(_, turns)| !turns.is_empty());
-    }
-
-    /// Whether no query holds a slot now, kept up to date: the engine's own background work (decoding a hot
-    /// table's files) waits for it, so that it takes no core from a query executing.
-    pub(crate) fn idle(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.idle.subscribe()
     }
 
     /// Queries executing now, and waiting for a slot.

@@ -3,8 +3,8 @@
 //! A table's files never change once written: an append adds a file, a replace or a compaction switches the
 //! table to other files. So what is kept is a file, decoded whole (every column, as the engine's scans read it)
 //! after a run of the table's newest version found it cold, in the background and one file at a time, on a
-//! thread of the lowest priority (at most one core's work), a batch at a time while no query executes
-//! ([`IDLE_PATIENCE`]); that run read it from storage as before. A later run of the newest
+//! thread of the lowest priority (at most one core's work, and only what runs leave idle); that run read it from
+//! storage as before. A later run of the newest
 //! version reads the files kept here from memory and the others (an append's new file, until it is decoded
 //! too) from storage, in one plan ([`crate::snapshot_scan`]), and drops the table's files it no longer names (a
 //! replace's or a compaction's predecessors) at once.
@@ -62,18 +62,14 @@ pub(crate) struct HotTables {
     /// What became of each file a run found cold, and the files of each table (by its key) that a read of its
     /// newest version compares with those it names.
     claims: Mutex<Claims>,
-    /// One file decoded at a time, on a thread of the lowest priority: decoding takes at most one core.
+    /// One file decoded at a time, on a thread of the lowest priority: decoding takes at most one core, and
+    /// only what runs leave idle (a first run after a start is not slowed by the files being decoded).
     decoding: tokio::sync::Semaphore,
     decoder: IdleRuntime,
-    /// Whether no query executes: a decoding reads its next batch when none does ([`IDLE_PATIENCE`]).
-    idle: tokio::sync::watch::Receiver<bool>,
     metrics: HotMetrics,
     /// Told when a decoding ends, for tests that wait for a table to be hot.
     #[cfg(test)]
     decoded: tokio::sync::Notify,
-    /// Told when a decoding waits for the queries executing to end.
-    #[cfg(test)]
-    pub(crate) waiting: tokio::sync::Notify,
     #[cfg(test)]
     decodes: std::sync::atomic::AtomicUsize,
 }
@@ -136,18 +132,9 @@ const MAX_CLAIMS: usize = 100_000;
 /// in turn are not decoded again at every run (one core's work, for nothing).
 pub(crate) const COLD_READS_TO_DECODE_AGAIN: u32 = 8;
 
-/// How long a decoding waits for the engine to be idle before reading its next batch anyway. Decoding at the
-/// lowest priority still takes from the queries executing beside it what its thread does while theirs wait
-/// (on storage, on memory), and fills the caches they read through: a first run after a start took about a
-/// tenth longer while its table was being decoded beside it. So a decoding reads its next batch when no query
-/// executes, and under a load that never leaves the engine idle, one batch per this wait: a table read
-/// without pause still becomes hot, slowly.
-pub(crate) const IDLE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(50);
-
 impl HotTables {
-    /// Tables kept within `bytes`, decoded while `idle` says no query executes; `None` for 0 bytes (nothing is
-    /// kept, and nothing decoded).
-    pub(crate) fn new(bytes: usize, idle: tokio::sync::watch::Receiver<bool>) -> Option<Arc<Self>> {
+    /// Tables kept within `bytes`; `None` for 0 (nothing is kept, and nothing decoded).
+    pub(crate) fn new(bytes: usize) -> Option<Arc<Self>> {
         (bytes > 0).then(|| {
             Arc::new(Self {
                 bound: bytes,
@@ -155,12 +142,9 @@ impl HotTables {
                 claims: Mutex::default(),
                 decoding: tokio::sync::Semaphore::new(1),
                 decoder: IdleRuntime::new("hot-table-decode"),
-                idle,
                 metrics: HotMetrics::default(),
                 #[cfg(test)]
                 decoded: tokio::sync::Notify::new(),
-                #[cfg(test)]
-                waiting: tokio::sync::Notify::new(),
                 #[cfg(test)]
                 decodes: std::sync::atomic::AtomicUsize::new(0),
             })
@@ -362,8 +346,7 @@ impl HotTables {
         self.decodes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         decoder.spawn(async move {
             let turn = this.decoding.acquire().await;
-            let within = this.bound.saturating_sub(file.location.size());
-            let decoded = HotFile::decoded(&file, plan, ctx, within, &this).await;
+            let decoded = HotFile::decoded(&file, plan, ctx, this.bound.saturating_sub(file.location.size())).await;
             drop(turn);
             let (claim, kept) = match decoded {
                 Ok(Some(decoded)) => (Claim::Decoded { bytes: decoded.size(), cold_reads: 0 }, Some(decoded)),
@@ -390,17 +373,6 @@ impl HotTables {
             #[cfg(test)]
             this.decoded.notify_waiters();
         });
-    }
-
-    /// Returns once no query executes, or after [`IDLE_PATIENCE`].
-    async fn idle_turn(&self, idle: &mut tokio::sync::watch::Receiver<bool>) {
-        if *idle.borrow_and_update() {
-            return;
-        }
-        #[cfg(test)]
-        self.waiting.notify_waiters();
-        // An error is the scheduler gone with the engine: nothing executes any more.
-        let _ = tokio::time::timeout(IDLE_PATIENCE, idle.wait_for(|idle| *idle)).await;
     }
 
     /// `file`, claimed, cannot be decoded: it is not tried again.
@@ -474,14 +446,13 @@ impl CacheValue for HotFile {
 impl HotFile {
     /// `file` decoded by executing `plan`, a batch at a time: each batch's strings read as views, which point
     /// into the pages they were decoded from, are copied out as it comes, so that decoding holds little more
-    /// than what is kept (the pages of one batch beside the batches kept so far). Each batch is a slice, read
-    /// at an idle turn of `hot`'s engine. `None` as soon as what it would keep is more than `within` bytes.
+    /// than what is kept (the pages of one batch beside the batches kept so far). Each batch is a slice. `None`
+    /// as soon as what it would keep is more than `within` bytes.
     async fn decoded(
         file: &ObjectMeta,
         plan: Arc<dyn ExecutionPlan>,
         ctx: Arc<TaskContext>,
         within: usize,
-        hot: &HotTables,
     ) -> Result<Option<Self>> {
         let compact = |column: &ArrayRef| -> ArrayRef {
             match column.data_type() {
@@ -492,10 +463,7 @@ impl HotFile {
         };
         let mut stream = datafusion::physical_plan::execute_stream(plan, ctx)?;
         let (mut slices, mut bytes) = (Vec::new(), 0);
-        let mut idle = hot.idle.clone();
-        loop {
-            hot.idle_turn(&mut idle).await;
-            let Some(batch) = stream.try_next().await? else { break };
+        while let Some(batch) = stream.try_next().await? {
             if batch.num_rows() == 0 {
                 continue;
             }

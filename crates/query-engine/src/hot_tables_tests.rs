@@ -189,29 +189,6 @@ async fn a_read_of_the_version_before_an_append_leaves_the_appended_file_kept() 
     drop(dir);
 }
 
-/// A file is decoded a batch at a time while no query executes: with a query holding a slot, the decoding
-/// waits for it, and goes on once it ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_is_decoded_while_no_query_executes() {
-    let dir = temp_dir("hot-tables-idle");
-    let storage = Storage::local(&dir).unwrap();
-    let warm = engine_keeping(&storage, 256 << 20);
-    write(&warm, "t", WriteMode::Replace, rows_csv(0, 30_000)).await;
-    let executing = warm.admission.turns(project());
-    let waiting = hot(&warm).waiting.notified();
-    tokio::pin!(waiting);
-    waiting.as_mut().enable();
-
-    answers(&warm).await;
-    tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
-        .await
-        .expect("the decoding waits for the query executing");
-    drop(executing);
-    hot(&warm).settled().await;
-    assert_eq!(hot(&warm).kept().1, 1, "decoded once no query executes");
-    drop(dir);
-}
-
 /// A replace with other types under the same names leaves the table's earlier files kept until a run drops
 /// them; an append meanwhile is not kept with their columns, and runs answer as from storage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

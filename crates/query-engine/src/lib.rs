@@ -92,12 +92,10 @@ impl DataFusionEngine {
     /// An engine over the tables under `projects/` in `storage`, with the default limits.
     pub fn new(storage: Storage) -> Self {
         let limits = EngineLimits::default();
-        let admission = Arc::new(admission::Admission::new(&limits));
         Self {
             storage,
             scheduler: None,
-            hot: hot_tables::HotTables::new(limits.hot_tables, admission.idle()),
-            admission,
+            admission: Arc::new(admission::Admission::new(&limits)),
             limits,
             runtime: Arc::new(runtime::EngineRuntime::new()),
             metrics: EngineMetrics::default(),
@@ -107,6 +105,7 @@ impl DataFusionEngine {
             file_rows: files::file_rows(),
             prepared: materialized::prepared_results(),
             files: execute::FileCaches::new(),
+            hot: hot_tables::HotTables::new(EngineLimits::default().hot_tables),
             plans: plans::Plans::new(),
             fold_plans: materialized::FoldPlans::new(),
             log_retention: LogSettings::default().retention,
@@ -124,7 +123,7 @@ impl DataFusionEngine {
     #[must_use]
     pub fn with_limits(mut self, limits: EngineLimits) -> Self {
         self.admission = Arc::new(admission::Admission::new(&limits));
-        self.hot = hot_tables::HotTables::new(limits.hot_tables, self.admission.idle());
+        self.hot = hot_tables::HotTables::new(limits.hot_tables);
         self.limits = limits;
         self
     }
