@@ -3,7 +3,7 @@
 //! A table's files never change once written: an append adds a file, a replace or a compaction switches the
 //! table to other files. So what is kept is a file, decoded whole (every column, as the engine's scans read it)
 //! after a run of the table's newest version found it cold, in the background and one file at a time, on a
-//! thread of the lowest priority (at most one core's work, and only what runs leave idle); that run read it from
+//! thread of the lowest priority (at most one core's work, and what runs leave idle); that run read it from
 //! storage as before. A later run of the newest
 //! version reads the files kept here from memory and the others (an append's new file, until it is decoded
 //! too) from storage, in one plan ([`crate::snapshot_scan`]), and drops the table's files it no longer names (a
@@ -63,7 +63,7 @@ pub(crate) struct HotTables {
     /// newest version compares with those it names.
     claims: Mutex<Claims>,
     /// One file decoded at a time, on a thread of the lowest priority: decoding takes at most one core, and
-    /// only what runs leave idle (a first run after a start is not slowed by the files being decoded).
+    /// what runs leave idle (the runs beside it are slowed only by what they share with it: caches, memory).
     decoding: tokio::sync::Semaphore,
     decoder: IdleRuntime,
     metrics: HotMetrics,
