@@ -3,7 +3,7 @@
 //! A table's files never change once written: an append adds a file, a replace or a compaction switches the
 //! table to other files. So what is kept is a file, decoded whole (every column, as the engine's scans read it)
 //! after a run of the table's newest version found it cold, in the background and one file at a time, on a
-//! thread of the lowest priority (at most one core's work, and what runs leave idle); that run read it from
+//! thread of the lowest priority (at most one core's work); that run read it from
 //! storage as before. A later run of the newest
 //! version reads the files kept here from memory and the others (an append's new file, until it is decoded
 //! too) from storage, in one plan ([`crate::snapshot_scan`]), and drops the table's files it no longer names (a
@@ -62,8 +62,8 @@ pub(crate) struct HotTables {
     /// What became of each file a run found cold, and the files of each table (by its key) that a read of its
     /// newest version compares with those it names.
     claims: Mutex<Claims>,
-    /// One file decoded at a time, on a thread of the lowest priority: decoding takes at most one core, and
-    /// what runs leave idle (the runs beside it are slowed only by what they share with it: caches, memory).
+    /// One file decoded at a time, on a thread of the lowest priority: decoding takes at most one core (the
+    /// runs beside it still take longer: docs/storage.md, Hot tables).
     decoding: tokio::sync::Semaphore,
     decoder: IdleRuntime,
     metrics: HotMetrics,
