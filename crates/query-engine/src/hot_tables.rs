@@ -26,8 +26,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
-use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt64Array};
+use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::{Column, Result, ScalarValue, ToDFSchema};
@@ -189,6 +189,10 @@ impl HotTables {
     fn keep(&self, project: ProjectId, location: &Path, file: HotFile) {
         let size = location.size() + file.size();
         let mut projects = self.projects.lock().unwrap_or_else(PoisonError::into_inner);
+        // It replaces what was kept of the same file (fewer of its columns).
+        if let Some(held) = projects.get(&project) {
+            held.remove(location);
+        }
         loop {
             let used: usize = projects.values().map(|held| held.memory_used()).sum();
             let over = (used + size).saturating_sub(self.bound);
@@ -217,25 +221,35 @@ impl HotTables {
         held.put(location, file);
     }
 
-    /// Reading `table`'s newest version (`version`), whose files are `files`: the decoded ones kept here, and
-    /// those to read from storage. The table's files that `files` does not name are dropped, unless a newer
-    /// version named them (an append's, committed since the read began).
+    /// Reading the columns `projection` names of `table`'s newest version (`version`), whose files are `files`:
+    /// the ones kept here with those columns decoded, and those to read from storage. The table's files that
+    /// `files` does not name are dropped, unless a newer version named them (an append's, committed since the
+    /// read began).
     pub(crate) fn split(
         &self,
         table: &HotTable,
         (files, version): (&[ObjectMeta], u64),
+        projection: Projection<'_>,
     ) -> (Vec<HotFile>, Vec<ObjectMeta>) {
         self.forget_other_files(table, files, version);
-        self.kept_of(table, files)
+        self.kept_of(table, files, projection)
     }
 
-    /// Of `files` of `table`, the decoded ones kept here and those to read from storage; the table's other
-    /// files stay (a fold reads only the files appended since its result).
-    pub(crate) fn kept_of(&self, table: &HotTable, files: &[ObjectMeta]) -> (Vec<HotFile>, Vec<ObjectMeta>) {
+    /// Of `files` of `table`, the ones kept here with the columns of `projection` decoded, and those to read
+    /// from storage; the table's other files stay (a fold reads only the files appended since its result).
+    pub(crate) fn kept_of(
+        &self,
+        table: &HotTable,
+        files: &[ObjectMeta],
+        projection: Projection<'_>,
+    ) -> (Vec<HotFile>, Vec<ObjectMeta>) {
         let Some(held) = self.files_of(table.project) else { return (Vec::new(), files.to_vec()) };
         let (mut hot, mut cold) = (Vec::new(), Vec::new());
         for file in files {
-            match held.get(&file.location).filter(|kept| kept.is_of(file)) {
+            let kept = held
+                .get(&file.location)
+                .filter(|kept| kept.is_of(file) && kept.missing(projection).is_empty());
+            match kept {
                 Some(kept) => hot.push(kept),
                 None => cold.push(file.clone()),
             }
@@ -268,8 +282,8 @@ impl HotTables {
     /// Keeps the rows an append wrote as `file` of `table` when the table has files kept here, so that runs
     /// and folds read them from memory at once instead of from storage until a run had them decoded: an
     /// append moves a hot table forward. `rows` are the file's, in its order, kept with the columns the
-    /// table's kept files have (strings as views, as its scans read them); not at all when they do not cast to
-    /// those, or are more than the bound.
+    /// table's kept files have decoded (strings as views, as its scans read them); not at all when they do
+    /// not cast to those, or are more than the bound.
     pub(crate) fn appended(
         &self,
         table: &HotTable,
@@ -279,8 +293,20 @@ impl HotTables {
         let Some(held) = self.files_of(table.project) else { return };
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(kept) = claims.tables.get(table) else { return };
-        let Some(schema) = kept.keys().find_map(|path| held.get(path)?.schema()) else { return };
-        let Some(decoded) = HotFile::of_rows(file, &schema, rows) else { return };
+        // The table's scan schema, and every column a kept file of it has decoded.
+        let mut columns: Option<(SchemaRef, Vec<usize>)> = None;
+        for kept in kept.keys().filter_map(|path| held.get(path)) {
+            let (schema, decoded) = kept.columns();
+            match &mut columns {
+                None => columns = Some((Arc::clone(schema), decoded.collect())),
+                Some((first, all)) if first.fields() == schema.fields() => all.extend(decoded),
+                Some(_) => {}
+            }
+        }
+        let Some((schema, mut columns)) = columns else { return };
+        columns.sort_unstable();
+        columns.dedup();
+        let Some(decoded) = HotFile::of_rows(file, (&schema, &columns), rows) else { return };
         if file.location.size() + decoded.size() > self.bound {
             return;
         }
@@ -291,36 +317,48 @@ impl HotTables {
         self.observe();
     }
 
-    /// Whether `file` of `table`, which a run of its version `version` found cold, is to be decoded now.
-    pub(crate) fn claim(&self, table: &HotTable, (file, version): (&ObjectMeta, u64)) -> bool {
+    /// The columns of `projection` to decode now of `file` of `table`, which a run of its version `version`
+    /// found cold or without them decoded; `None` when none is to be.
+    pub(crate) fn claim(
+        &self,
+        table: &HotTable,
+        (file, version): (&ObjectMeta, u64),
+        (schema, projection): (&Schema, Projection<'_>),
+    ) -> Option<Vec<usize>> {
         let held = self.files_of(table.project);
         let room = self.bound.saturating_sub(self.held().0);
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         if claims.files.len() >= MAX_CLAIMS {
             *claims = Claims::default();
         }
-        // Decoded, a file is never smaller than it is stored: one stored larger than the bound is not decoded
-        // only to be refused (a transient copy of it that no memory pool sees).
-        let fits = usize::try_from(file.size).is_ok_and(|size| size <= self.bound);
+        let wanted = || match projection {
+            Some(projection) => projection.to_vec(),
+            None => (0..schema.fields().len()).collect(),
+        };
+        // Decoded whole, a file is never smaller than it is stored: one stored larger than the bound is not
+        // decoded whole only to be refused (a transient copy of it that no memory pool sees). Some of its
+        // columns may fit; a decoding stops as soon as they do not.
+        let some = projection.is_some_and(|projection| projection.len() < schema.fields().len());
+        let fits = some || usize::try_from(file.size).is_ok_and(|size| size <= self.bound);
+        let kept = held.as_ref().and_then(|held| held.get(&file.location)).filter(|kept| kept.is_of(file));
         let decode = match claims.files.get_mut(&file.location) {
             None if !fits => {
                 claims.files.insert(file.location.clone(), Claim::Refused);
-                false
+                None
             }
-            None => true,
-            Some(Claim::Decoding | Claim::Refused) => false,
-            // Kept since the run found it cold (its decoding ended in between): nothing to do.
-            Some(Claim::Decoded { .. })
-                if held.as_ref().is_some_and(|held| held.contains_key(&file.location)) =>
-            {
-                false
+            None => Some(wanted()),
+            Some(Claim::Decoding | Claim::Refused) => None,
+            // Kept since the run found it cold (its decoding ended in between), perhaps without the columns
+            // this run read: those are decoded.
+            Some(Claim::Decoded { .. }) if kept.is_some() => {
+                kept.map(|kept| kept.missing(projection)).filter(|missing| !missing.is_empty())
             }
             Some(Claim::Decoded { bytes, cold_reads }) => {
                 *cold_reads += 1;
-                *bytes <= room || *cold_reads >= COLD_READS_TO_DECODE_AGAIN
+                (*bytes <= room || *cold_reads >= COLD_READS_TO_DECODE_AGAIN).then(wanted)
             }
         };
-        if decode {
+        if decode.is_some() {
             claims.files.insert(file.location.clone(), Claim::Decoding);
             let named = claims.tables.entry(table.to_owned()).or_default();
             named.entry(file.location.clone()).and_modify(|at| *at = (*at).max(version)).or_insert(version);
@@ -328,12 +366,13 @@ impl HotTables {
         decode
     }
 
-    /// Decodes `file` by executing `plan` (a scan of that one file, every column) in the background, and keeps
-    /// it in slices of the session's batch size.
+    /// Decodes the `columns` of `file` (places in `schema`, the table's scan schema) by executing `plan` (a
+    /// scan of that one file reading those columns, in that order) in the background, and keeps them beside
+    /// the columns of the file kept already, in slices of the session's batch size.
     pub(crate) fn decode(
         self: &Arc<Self>,
-        project: ProjectId,
-        file: ObjectMeta,
+        (project, file): (ProjectId, ObjectMeta),
+        (schema, columns): (SchemaRef, Vec<usize>),
         plan: Arc<dyn ExecutionPlan>,
         ctx: Arc<TaskContext>,
     ) {
@@ -346,9 +385,11 @@ impl HotTables {
         self.decodes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         decoder.spawn(async move {
             let turn = this.decoding.acquire().await;
-            let decoded = HotFile::decoded(&file, plan, ctx, this.bound.saturating_sub(file.location.size())).await;
+            let kept = this.files_of(project).and_then(|held| held.get(&file.location)).filter(|kept| kept.is_of(&file));
+            let within = this.bound.saturating_sub(file.location.size() + kept.as_ref().map_or(0, |kept| kept.size()));
+            let decoded = HotFile::decoded(&file, (plan, ctx), (&schema, &columns), within).await;
             drop(turn);
-            let (claim, kept) = match decoded {
+            let (claim, decoded) = match decoded {
                 Ok(Some(decoded)) => (Claim::Decoded { bytes: decoded.size(), cold_reads: 0 }, Some(decoded)),
                 Ok(None) => {
                     tracing::info!(file = %file.location, limit = this.bound, "table file larger than --hot-tables-mb");
@@ -362,8 +403,16 @@ impl HotTables {
             let mut claims = this.claims.lock().unwrap_or_else(PoisonError::into_inner);
             // Unless a read of a newer version dropped the file meanwhile.
             if let Some(entry) = claims.files.get_mut(&file.location) {
-                *entry = claim;
-                if let Some(decoded) = kept {
+                let decoded = decoded.map(|decoded| {
+                    // With the columns decoded before, while they are still kept.
+                    let kept = this.files_of(project).and_then(|held| held.get(&file.location));
+                    kept.and_then(|kept| kept.merged(&decoded)).unwrap_or(decoded)
+                });
+                *entry = match (&decoded, claim) {
+                    (Some(decoded), Claim::Decoded { .. }) => Claim::Decoded { bytes: decoded.size(), cold_reads: 0 },
+                    (_, claim) => claim,
+                };
+                if let Some(decoded) = decoded {
                     this.keep(project, &file.location, decoded);
                     this.metrics.decodes.inc();
                     this.observe();
@@ -417,7 +466,7 @@ impl HotTables {
     }
 }
 
-/// One table file, decoded.
+/// One table file, decoded: the columns runs of it read.
 #[derive(Clone)]
 pub(crate) struct HotFile(Arc<Decoded>);
 
@@ -425,16 +474,23 @@ struct Decoded {
     /// The file's size and time when it was decoded: a file at the same path otherwise is another.
     size: u64,
     modified: chrono::DateTime<chrono::Utc>,
-    slices: Vec<Slice>,
+    /// Every column of the table's scans (strings as views), of which `columns` holds some.
+    schema: SchemaRef,
+    /// The rows of each slice: consecutive rows of the file, as many as the session's batch size but in the
+    /// last, so that columns decoded at different times slice the file alike.
+    rows: Vec<usize>,
+    /// By their place in `schema`: the columns decoded.
+    columns: Vec<Option<Arc<HotColumn>>>,
     bytes: usize,
 }
 
-/// Consecutive rows of a file, with what pruning needs to know of them.
-struct Slice {
-    rows: RecordBatch,
-    /// Of each column, its least and greatest values when pruning may trust their order.
+/// One column of a file, in slices, with what pruning needs to know of each.
+struct HotColumn {
+    slices: Vec<ArrayRef>,
+    /// Of each slice, its least and greatest values when pruning may trust their order.
     bounds: Vec<Option<(ScalarValue, ScalarValue)>>,
     nulls: Vec<u64>,
+    bytes: usize,
 }
 
 impl CacheValue for HotFile {
@@ -443,47 +499,54 @@ impl CacheValue for HotFile {
     }
 }
 
+/// Columns of a table's scan schema, by their place in it; `None` for all of them.
+pub(crate) type Projection<'a> = Option<&'a [usize]>;
+
 impl HotFile {
-    /// `file` decoded by executing `plan`, a batch at a time: each batch's strings read as views, which point
-    /// into the pages they were decoded from, are copied out as it comes, so that decoding holds little more
-    /// than what is kept (the pages of one batch beside the batches kept so far). Each batch is a slice. `None`
-    /// as soon as what it would keep is more than `within` bytes.
+    /// The `columns` of `file` (places in `schema`, the table's scan schema) decoded by executing `plan`, a scan
+    /// of the file that reads those columns in that order, in slices of `slice_rows`: each batch is copied
+    /// into slices of its own buffers as it comes (strings read as views point into the pages they were
+    /// decoded from), so that decoding holds little more than what is kept. `None` as soon as what it would
+    /// keep is more than `within` bytes.
     async fn decoded(
         file: &ObjectMeta,
-        plan: Arc<dyn ExecutionPlan>,
-        ctx: Arc<TaskContext>,
+        (plan, ctx): (Arc<dyn ExecutionPlan>, Arc<TaskContext>),
+        (schema, columns): (&SchemaRef, &[usize]),
         within: usize,
     ) -> Result<Option<Self>> {
-        let compact = |column: &ArrayRef| -> ArrayRef {
-            match column.data_type() {
-                DataType::Utf8View => Arc::new(column.as_string_view().gc()),
-                DataType::BinaryView => Arc::new(column.as_binary_view().gc()),
-                _ => Arc::clone(column),
-            }
-        };
+        let slice_rows = ctx.session_config().batch_size().max(1);
+        let mut slices = BatchCoalescer::new(plan.schema(), slice_rows);
         let mut stream = datafusion::physical_plan::execute_stream(plan, ctx)?;
-        let (mut slices, mut bytes) = (Vec::new(), 0);
-        while let Some(batch) = stream.try_next().await? {
-            if batch.num_rows() == 0 {
-                continue;
+        let mut decoded = Columns::new(columns.len());
+        loop {
+            let batch = stream.try_next().await?;
+            match &batch {
+                Some(batch) => slices.push_batch(batch.clone())?,
+                None => slices.finish_buffered_batch()?,
             }
-            let batch = RecordBatch::try_new(batch.schema(), batch.columns().iter().map(compact).collect())?;
-            // A batch's buffers are its own (the reader decodes each into new ones); a buffer shared with
-            // another batch, as a dictionary may be, is counted with each: more than is kept, never less.
-            bytes += batch.get_array_memory_size();
-            if bytes > within {
-                return Ok(None);
+            while let Some(slice) = slices.next_completed_batch() {
+                decoded.push(&slice);
+                if decoded.bytes > within {
+                    return Ok(None);
+                }
             }
-            slices.push(Slice::of(batch));
+            if batch.is_none() {
+                break;
+            }
         }
-        Ok(Some(Self(Arc::new(Decoded { size: file.size, modified: file.last_modified, slices, bytes }))))
+        Ok(Some(decoded.into_file(file, schema, columns)))
     }
 
-    /// `rows` an append wrote as `file`, in slices of a session's batch size, with the columns of `schema`;
-    /// `None` unless they have those columns, strings and binaries read as views the only difference (a
-    /// table replaced with other types under the same names keeps its earlier files until a run drops them:
-    /// their columns are never the ones new rows are cast to).
-    fn of_rows(file: &ObjectMeta, schema: &SchemaRef, rows: &[RecordBatch]) -> Option<Self> {
+    /// `rows` an append wrote as `file`, those of `columns` of `schema` (the table's scan schema: the one a
+    /// kept file of the table has), in slices of a session's batch size; `None` unless the rows have the
+    /// columns of `schema`, strings and binaries read as views the only difference (a table replaced with
+    /// other types under the same names keeps its earlier files until a run drops them: their columns are
+    /// never the ones new rows are cast to).
+    fn of_rows(
+        file: &ObjectMeta,
+        (schema, columns): (&SchemaRef, &[usize]),
+        rows: &[RecordBatch],
+    ) -> Option<Self> {
         let viewed = |data_type: &DataType| match data_type {
             DataType::Utf8 | DataType::LargeUtf8 => DataType::Utf8View,
             DataType::Binary | DataType::LargeBinary => DataType::BinaryView,
@@ -499,33 +562,99 @@ impl HotFile {
                             || &viewed(own.data_type()) == kept.data_type())
                 })
         };
-        let cast = rows
+        let projected = Arc::new(schema.project(columns).ok()?);
+        let mut slices =
+            BatchCoalescer::new(Arc::clone(&projected), SessionConfig::new().batch_size().max(1));
+        for batch in rows {
+            let cast = same(batch).then(|| cast_to(batch, schema).ok()).flatten()?;
+            slices.push_batch(cast.project(columns).ok()?).ok()?;
+        }
+        slices.finish_buffered_batch().ok()?;
+        let mut decoded = Columns::new(columns.len());
+        while let Some(slice) = slices.next_completed_batch() {
+            decoded.push(&slice);
+        }
+        Some(decoded.into_file(file, schema, columns))
+    }
+
+    /// The table's scan schema, and the places in it of the columns decoded.
+    fn columns(&self) -> (&SchemaRef, impl Iterator<Item = usize> + '_) {
+        let decoded =
+            self.0.columns.iter().enumerate().filter_map(|(at, column)| column.as_ref().map(|_| at));
+        (&self.0.schema, decoded)
+    }
+
+    /// Of `projection`, the columns not decoded (all of them for `None`).
+    fn missing(&self, projection: Projection<'_>) -> Vec<usize> {
+        let wanted: Vec<usize> = match projection {
+            Some(projection) => projection.to_vec(),
+            None => (0..self.0.columns.len()).collect(),
+        };
+        wanted.into_iter().filter(|&at| self.0.columns.get(at).is_none_or(Option::is_none)).collect()
+    }
+
+    /// Whether its rows have the columns of `schema` (the table's scan schema) and those `projection` reads of
+    /// them are decoded.
+    pub(crate) fn reads(&self, schema: &Schema, projection: Projection<'_>) -> bool {
+        self.0.schema.fields() == schema.fields() && self.missing(projection).is_empty()
+    }
+
+    /// Its rows, in the file's order, with the columns of `projection` (decoded: see [`HotFile::reads`]).
+    pub(crate) fn batches(&self, projection: Projection<'_>) -> Result<Vec<RecordBatch>> {
+        let all: Vec<usize>;
+        let projection = match projection {
+            Some(projection) => projection,
+            None => {
+                all = (0..self.0.columns.len()).collect();
+                &all
+            }
+        };
+        let schema = Arc::new(self.0.schema.project(projection)?);
+        let columns = projection
             .iter()
-            .map(|batch| same(batch).then(|| cast_to(batch, schema).ok()).flatten())
-            .collect::<Option<Vec<_>>>()?;
-        let whole = concat_batches(schema, &cast).ok()?;
-        let bytes = whole.get_array_memory_size();
-        let slice = SessionConfig::new().batch_size().max(1);
-        let slices = (0..whole.num_rows())
-            .step_by(slice)
-            .map(|at| Slice::of(whole.slice(at, slice.min(whole.num_rows() - at))))
-            .collect();
-        Some(Self(Arc::new(Decoded { size: file.size, modified: file.last_modified, slices, bytes })))
+            .map(|&at| {
+                self.0.columns.get(at).cloned().flatten().ok_or_else(|| {
+                    datafusion::error::DataFusionError::Internal(format!(
+                        "column {at} of a hot file not decoded"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.0
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(slice, &rows)| {
+                let arrays = columns.iter().map(|column| Arc::clone(&column.slices[slice])).collect();
+                let options = RecordBatchOptions::new().with_row_count(Some(rows));
+                Ok(RecordBatch::try_new_with_options(Arc::clone(&schema), arrays, &options)?)
+            })
+            .collect()
     }
 
-    /// Its columns, as its scans read them; `None` for a file of no rows.
-    fn schema(&self) -> Option<SchemaRef> {
-        self.0.slices.first().map(|slice| slice.rows.schema())
+    /// Its columns and those of `other`, a decoding of other columns of the same file; `None` when they do not
+    /// slice the file alike.
+    fn merged(&self, other: &Self) -> Option<Self> {
+        let (own, theirs) = (&*self.0, &*other.0);
+        if own.rows != theirs.rows || own.schema.fields() != theirs.schema.fields() || !self.is_of_meta(other)
+        {
+            return None;
+        }
+        let columns: Vec<_> =
+            own.columns.iter().zip(&theirs.columns).map(|(a, b)| a.clone().or_else(|| b.clone())).collect();
+        let bytes = columns.iter().flatten().map(|column| column.bytes).sum();
+        Some(Self(Arc::new(Decoded {
+            size: own.size,
+            modified: own.modified,
+            schema: Arc::clone(&own.schema),
+            rows: own.rows.clone(),
+            columns,
+            bytes,
+        })))
     }
 
-    /// Its rows, in the file's order.
-    pub(crate) fn batches(&self) -> impl Iterator<Item = &RecordBatch> {
-        self.0.slices.iter().map(|slice| &slice.rows)
-    }
-
-    /// Whether its rows have exactly the columns of `schema`.
-    pub(crate) fn reads_as(&self, schema: &Schema) -> bool {
-        self.schema().is_none_or(|own| own.fields() == schema.fields())
+    fn is_of_meta(&self, other: &Self) -> bool {
+        self.0.size == other.0.size && self.0.modified == other.0.modified
     }
 
     fn is_of(&self, file: &ObjectMeta) -> bool {
@@ -533,11 +662,50 @@ impl HotFile {
     }
 }
 
-impl Slice {
-    fn of(rows: RecordBatch) -> Self {
-        let bounds = rows.columns().iter().map(bounds).collect();
-        let nulls = rows.columns().iter().map(|column| column.null_count() as u64).collect();
-        Self { rows, bounds, nulls }
+/// Columns being decoded, a slice at a time.
+struct Columns {
+    rows: Vec<usize>,
+    columns: Vec<HotColumn>,
+    bytes: usize,
+}
+
+impl Columns {
+    fn new(columns: usize) -> Self {
+        let column = || HotColumn { slices: Vec::new(), bounds: Vec::new(), nulls: Vec::new(), bytes: 0 };
+        Self { rows: Vec::new(), columns: (0..columns).map(|_| column()).collect(), bytes: 0 }
+    }
+
+    /// Takes `slice`'s columns, in order.
+    fn push(&mut self, slice: &RecordBatch) {
+        self.rows.push(slice.num_rows());
+        for (column, array) in self.columns.iter_mut().zip(slice.columns()) {
+            // A slice's buffers are its own (copied out of the batches decoded); a buffer shared with another
+            // slice, as a dictionary may be, is counted with each: more than is kept, never less.
+            let bytes = array.get_array_memory_size();
+            column.bytes += bytes;
+            self.bytes += bytes;
+            column.bounds.push(bounds(array));
+            column.nulls.push(array.null_count() as u64);
+            column.slices.push(Arc::clone(array));
+        }
+    }
+
+    /// The file these are the `columns` (places in the table's scan schema `schema`) of.
+    fn into_file(self, file: &ObjectMeta, schema: &SchemaRef, columns: &[usize]) -> HotFile {
+        let mut placed: Vec<Option<Arc<HotColumn>>> = vec![None; schema.fields().len()];
+        for (&at, column) in columns.iter().zip(self.columns) {
+            if let Some(place) = placed.get_mut(at) {
+                *place = Some(Arc::new(column));
+            }
+        }
+        HotFile(Arc::new(Decoded {
+            size: file.size,
+            modified: file.last_modified,
+            schema: Arc::clone(schema),
+            rows: self.rows,
+            columns: placed,
+            bytes: self.bytes,
+        }))
     }
 }
 
@@ -562,14 +730,16 @@ fn bounds(column: &ArrayRef) -> Option<(ScalarValue, ScalarValue)> {
 }
 
 /// A scan of the decoded `files` of a table of `schema`: the slices `filters` may match, in `partitions`
-/// streams, with the columns `projection` names and at most `limit` rows.
+/// streams, with the columns `projection` names (decoded in every file: see [`HotFile::reads`]) and at most
+/// `limit` rows.
 pub(crate) fn scan(
     files: &[HotFile],
     schema: &SchemaRef,
     state: &dyn datafusion::catalog::Session,
     (projection, filters, limit): (Option<&Vec<usize>>, &[Expr], Option<usize>),
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let slices: Vec<&Slice> = files.iter().flat_map(|file| file.0.slices.iter()).collect();
+    let slices: Vec<(&Decoded, usize)> =
+        files.iter().flat_map(|file| (0..file.0.rows.len()).map(|slice| (&*file.0, slice))).collect();
     let kept = match pruning(schema, state, filters) {
         // A predicate the statistics cannot evaluate keeps every slice, as the Parquet reader does.
         Some(predicate) => {
@@ -577,19 +747,22 @@ pub(crate) fn scan(
         }
         None => vec![true; slices.len()],
     };
+    let projection = projection.map(Vec::as_slice);
+    let batches = files.iter().map(|file| file.batches(projection)).collect::<Result<Vec<_>>>()?;
     let streams = state.config().target_partitions().max(1);
     let mut partitions: Vec<Vec<RecordBatch>> = vec![Vec::new(); streams];
-    let read = slices.iter().zip(kept).filter_map(|(slice, keep)| keep.then_some(slice));
+    let read = batches.into_iter().flatten().zip(kept).filter_map(|(slice, keep)| keep.then_some(slice));
     for (at, slice) in read.enumerate() {
-        partitions[at % streams].push(slice.rows.clone());
+        partitions[at % streams].push(slice);
     }
     partitions.retain(|partition| !partition.is_empty());
     if partitions.is_empty() {
         partitions.push(Vec::new());
     }
-    let source = MemorySourceConfig::try_new(&partitions, Arc::clone(schema), projection.cloned())?
-        .with_limit(limit)
-        .with_show_sizes(false);
+    let projected =
+        Arc::new(schema.project(projection.unwrap_or(&(0..schema.fields().len()).collect::<Vec<_>>()))?);
+    let source =
+        MemorySourceConfig::try_new(&partitions, projected, None)?.with_limit(limit).with_show_sizes(false);
     Ok(DataSourceExec::from_data_source(source))
 }
 
@@ -627,10 +800,10 @@ pub(crate) fn read(node: &dyn ExecutionPlan) -> Option<(u64, u64)> {
     Some((rows as u64, bytes))
 }
 
-/// The statistics of slices, as `PruningPredicate` asks for them.
+/// The statistics of slices (each a file's and its place there), as `PruningPredicate` asks for them.
 struct Bounds<'a> {
     schema: &'a Schema,
-    slices: &'a [&'a Slice],
+    slices: &'a [(&'a Decoded, usize)],
 }
 
 impl Bounds<'_> {
@@ -640,9 +813,18 @@ impl Bounds<'_> {
         pick: fn(&(ScalarValue, ScalarValue)) -> &ScalarValue,
     ) -> Option<ArrayRef> {
         let at = self.schema.index_of(&column.name).ok()?;
-        let values: Option<Vec<ScalarValue>> =
-            self.slices.iter().map(|slice| slice.bounds.get(at)?.as_ref().map(|b| pick(b).clone())).collect();
+        let values: Option<Vec<ScalarValue>> = self
+            .slices
+            .iter()
+            .map(|(file, slice)| file.column(at)?.bounds.get(*slice)?.as_ref().map(|b| pick(b).clone()))
+            .collect();
         ScalarValue::iter_to_array(values?).ok()
+    }
+}
+
+impl Decoded {
+    fn column(&self, at: usize) -> Option<&HotColumn> {
+        self.columns.get(at)?.as_deref()
     }
 }
 
@@ -661,12 +843,13 @@ impl PruningStatistics for Bounds<'_> {
 
     fn null_counts(&self, column: &Column) -> Option<ArrayRef> {
         let at = self.schema.index_of(&column.name).ok()?;
-        let nulls: Option<Vec<u64>> = self.slices.iter().map(|slice| slice.nulls.get(at).copied()).collect();
+        let nulls: Option<Vec<u64>> =
+            self.slices.iter().map(|(file, slice)| file.column(at)?.nulls.get(*slice).copied()).collect();
         Some(Arc::new(UInt64Array::from(nulls?)))
     }
 
     fn row_counts(&self) -> Option<ArrayRef> {
-        let rows = self.slices.iter().map(|slice| slice.rows.num_rows() as u64);
+        let rows = self.slices.iter().map(|(file, slice)| file.rows[*slice] as u64);
         Some(Arc::new(UInt64Array::from_iter_values(rows)))
     }
 

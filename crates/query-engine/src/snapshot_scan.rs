@@ -149,17 +149,28 @@ impl TableProvider for SnapshotScan {
         let Some(((hot, table), version)) = &self.hot else {
             return self.scan_files(state, &self.files, &format, projection, limit).await;
         };
-        let (decoded, stored) = hot.split(table, (&self.files, *version));
+        let columns = projection.map(Vec::as_slice);
+        let (decoded, stored) = hot.split(table, (&self.files, *version), columns);
         let mut scans = Vec::with_capacity(2);
         if !decoded.is_empty() {
             scans.push(hot_tables::scan(&decoded, &self.schema, state, (projection, filters, limit))?);
         }
         if !stored.is_empty() {
             scans.push(self.scan_files(state, &stored, &format, projection, limit).await?);
-            for file in stored.into_iter().filter(|file| hot.claim(table, (file, *version))) {
-                // Failing to plan it fails no run: the file is read from storage, as now.
-                match self.scan_files(state, std::slice::from_ref(&file), &self.format, None, None).await {
-                    Ok(whole) => hot.decode(table.project, file, whole, state.task_ctx()),
+            for file in stored {
+                let Some(columns) = hot.claim(table, (&file, *version), (&self.schema, columns)) else {
+                    continue;
+                };
+                // The columns this run read and the file's kept ones do not hold. Failing to plan it fails no
+                // run: the file is read from storage, as now.
+                let one = std::slice::from_ref(&file);
+                match self.scan_files(state, one, &self.format, Some(&columns), None).await {
+                    Ok(plan) => hot.decode(
+                        (table.project, file),
+                        (Arc::clone(&self.schema), columns),
+                        plan,
+                        state.task_ctx(),
+                    ),
                     Err(err) => hot.refuse(&file, &err),
                 }
             }

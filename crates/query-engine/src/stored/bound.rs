@@ -292,15 +292,16 @@ fn passing(batch: &RecordBatch, predicates: &[Arc<dyn PhysicalExpr>]) -> Result<
 pub(crate) enum Appended {
     /// Read from storage.
     Files(Vec<PartitionedFile>),
-    /// Every one of them kept decoded, in the log's order.
-    Decoded(Vec<HotFile>),
+    /// Every one of them kept decoded, in the log's order: read from memory when the columns the scan reads
+    /// are decoded in each, else from storage (`files`).
+    Decoded { decoded: Vec<HotFile>, files: Vec<PartitionedFile> },
 }
 
 impl fmt::Debug for Appended {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Files(files) => f.debug_tuple("Files").field(&files.len()).finish(),
-            Self::Decoded(files) => f.debug_tuple("Decoded").field(&files.len()).finish(),
+            Self::Decoded { decoded, .. } => f.debug_tuple("Decoded").field(&decoded.len()).finish(),
         }
     }
 }
@@ -429,27 +430,31 @@ impl ExecutionPlan for AppendedFilesExec {
             return Err(DataFusionError::Internal(format!("appended files have no partition {partition}")));
         }
         let files = match files.as_ref() {
-            Appended::Decoded(decoded) => {
+            Appended::Decoded { decoded, files } => {
                 let Columns { schema, projection, limit } = &self.columns;
-                if decoded.iter().all(|file| file.reads_as(schema)) {
+                let projection = projection.as_deref();
+                if !decoded.iter().all(|file| file.reads(schema, projection)) {
+                    files.clone()
+                } else {
                     // Streamed appends leave many files of a few rows: read as batches of the session's size,
                     // not one small batch per file for each operator above to take in turn.
+                    let read = Arc::new(
+                        schema
+                            .project(projection.unwrap_or(&(0..schema.fields().len()).collect::<Vec<_>>()))?,
+                    );
                     let mut coalescer =
-                        BatchCoalescer::new(Arc::clone(schema), context.session_config().batch_size());
-                    for batch in decoded.iter().flat_map(HotFile::batches) {
-                        coalescer.push_batch(batch.clone())?;
+                        BatchCoalescer::new(Arc::clone(&read), context.session_config().batch_size());
+                    for file in decoded {
+                        for batch in file.batches(projection)? {
+                            coalescer.push_batch(batch)?;
+                        }
                     }
                     coalescer.finish_buffered_batch()?;
                     let rows: Vec<RecordBatch> =
                         std::iter::from_fn(|| coalescer.next_completed_batch()).collect();
-                    let memory =
-                        MemorySourceConfig::try_new(&[rows], Arc::clone(schema), projection.clone())?
-                            .with_limit(*limit);
+                    let memory = MemorySourceConfig::try_new(&[rows], read, None)?.with_limit(*limit);
                     return DataSourceExec::from_data_source(memory).execute(0, context);
                 }
-                return Err(DataFusionError::Internal(
-                    "a fold's decoded appended files have other columns than its table".into(),
-                ));
             }
             Appended::Files(files) => files.clone(),
         };

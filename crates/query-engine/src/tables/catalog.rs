@@ -518,7 +518,8 @@ pub(crate) fn appended_files(
 }
 
 /// `files` of a table's log as a fold's scan reads them: from memory when `hot` keeps every one of them
-/// decoded with the table's columns (`schema`), else from storage, with the sizes and times the log gives.
+/// decoded, of the table's columns (`schema`), with the columns the scan reads (it decides when it executes),
+/// else from storage, with the sizes and times the log gives.
 pub(crate) fn appended(
     storage: &Storage,
     hot: Option<&HotRead>,
@@ -526,13 +527,16 @@ pub(crate) fn appended(
     schema: &datafusion::arrow::datatypes::Schema,
 ) -> Appended {
     let metas: Vec<ObjectMeta> = files.iter().map(|file| engine_meta(storage, file)).collect();
-    if let Some((hot, table)) = hot {
-        let (decoded, stored) = hot.kept_of(table, &metas);
-        if stored.is_empty() && decoded.iter().all(|file| file.reads_as(schema)) {
-            return Appended::Decoded(decoded);
+    let kept = hot.map(|(hot, table)| hot.kept_of(table, &metas, Some(&[])));
+    let files = metas.into_iter().map(PartitionedFile::new_from_meta).collect();
+    match kept {
+        Some((decoded, stored))
+            if stored.is_empty() && decoded.iter().all(|file| file.reads(schema, Some(&[]))) =>
+        {
+            Appended::Decoded { decoded, files }
         }
+        _ => Appended::Files(files),
     }
-    Appended::Files(metas.into_iter().map(PartitionedFile::new_from_meta).collect())
 }
 
 /// A file an append added to a table, as its scans name it (with the size and time its log entry gives).
