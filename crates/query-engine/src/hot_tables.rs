@@ -1,13 +1,13 @@
 //! Tables kept decoded in memory ("hot"), so that runs read their rows without reading or decoding Parquet.
 //!
 //! A table's files never change once written: an append adds a file, a replace or a compaction switches the
-//! table to other files. So what is kept is a file, decoded whole (every column, as the engine's scans read it)
-//! after a run of the table's newest version found it cold, in the background and one file at a time, on a
-//! thread of the lowest priority (at most one core's work); that run read it from
-//! storage as before. A later run of the newest
-//! version reads the files kept here from memory and the others (an append's new file, until it is decoded
+//! table to other files. So what is kept is a file's columns, those runs of the table read: decoded after a
+//! run of the table's newest version found the file cold or without a column it read, in the background and
+//! one file at a time, on a thread of the lowest priority (at most one core's work), beside the columns of the
+//! file decoded before; that run read it from storage as before. A later run of the newest version reads the
+//! files kept here with its columns from memory and the others (an append's new file, until it is decoded
 //! too) from storage, in one plan ([`crate::snapshot_scan`]), and drops the table's files it no longer names (a
-//! replace's or a compaction's predecessors) at once.
+//! replace's or a compaction's predecessors) at once. Columns no run reads are never decoded, nor held.
 //!
 //! Bytes kept are bounded (`--hot-tables-mb`, set apart from the memory queries get, so `--max-memory` holds),
 //! and shared between projects by what they hold: each project's files are in a byte-bounded LRU cache of
@@ -17,11 +17,12 @@
 //! two projects reading more than the bound, each keeps half. A file larger than the bound, or one that
 //! cannot be read, is not tried again.
 //!
-//! Each file is kept as slices of the session's batch size, each knowing its least and greatest value of every
-//! column whose order pruning may trust, and its nulls: a run's filters skip the slices that cannot hold a
-//! matching row through DataFusion's `PruningPredicate`, as the Parquet reader skips row groups and pages by
-//! the same statistics. Floats have none (a `NaN` sorts above every number here, and the session's comparisons
-//! must decide), so a filter on a float column reads every slice.
+//! Each file is kept as slices of the session's batch size (so that columns decoded at different times line
+//! up), each knowing its least and greatest value of every column whose order pruning may trust, and its
+//! nulls: a run's filters skip the slices that cannot hold a matching row through DataFusion's
+//! `PruningPredicate`, as the Parquet reader skips row groups and pages by the same statistics. Floats have
+//! none (a `NaN` sorts above every number here, and the session's comparisons must decide), so a filter on a
+//! float column reads every slice.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -102,15 +103,15 @@ struct Claims {
 }
 
 enum Claim {
-    Decoding,
+    /// Being decoded: `columns`, in `flights` decodings one after another (runs that found the file being
+    /// decoded without their columns queue theirs, so a burst of runs reading different columns has them all
+    /// decoded without running again). `failed` once one could not be.
+    Decoding { columns: HashSet<usize>, flights: u32, failed: bool },
     /// Larger than the bound, or unreadable: not tried again.
     Refused,
     /// Decoded once (of `bytes`), and since left the cache for files read more recently: `cold_reads` runs read
     /// it from storage since.
-    Decoded {
-        bytes: usize,
-        cold_reads: u32,
-    },
+    Decoded { bytes: usize, cold_reads: u32 },
 }
 
 impl std::fmt::Debug for HotTables {
@@ -341,25 +342,52 @@ impl HotTables {
         let some = projection.is_some_and(|projection| projection.len() < schema.fields().len());
         let fits = some || usize::try_from(file.size).is_ok_and(|size| size <= self.bound);
         let kept = held.as_ref().and_then(|held| held.get(&file.location)).filter(|kept| kept.is_of(file));
-        let decode = match claims.files.get_mut(&file.location) {
+        // The columns of `projection` not decoded in what is kept of the file.
+        let needed = || kept.as_ref().map_or_else(wanted, |kept| kept.missing(projection));
+        let decoding = |columns: &[usize]| Claim::Decoding {
+            columns: columns.iter().copied().collect(),
+            flights: 1,
+            failed: false,
+        };
+        let claim = claims.files.get_mut(&file.location);
+        let decode = match claim {
             None if !fits => {
                 claims.files.insert(file.location.clone(), Claim::Refused);
-                None
+                return None;
             }
             None => Some(wanted()),
-            Some(Claim::Decoding | Claim::Refused) => None,
+            Some(Claim::Refused) => None,
+            // Decoded after the decodings under way (other runs' columns, or this run's decoded already).
+            Some(Claim::Decoding { columns, flights, .. }) => {
+                let queued: Vec<usize> = needed().into_iter().filter(|at| !columns.contains(at)).collect();
+                if !queued.is_empty() {
+                    columns.extend(&queued);
+                    *flights += 1;
+                }
+                (!queued.is_empty()).then_some(queued)
+            }
             // Kept since the run found it cold (its decoding ended in between), perhaps without the columns
             // this run read: those are decoded.
             Some(Claim::Decoded { .. }) if kept.is_some() => {
-                kept.map(|kept| kept.missing(projection)).filter(|missing| !missing.is_empty())
+                Some(needed()).filter(|missing| !missing.is_empty())
             }
             Some(Claim::Decoded { bytes, cold_reads }) => {
                 *cold_reads += 1;
                 (*bytes <= room || *cold_reads >= COLD_READS_TO_DECODE_AGAIN).then(wanted)
             }
         };
-        if decode.is_some() {
-            claims.files.insert(file.location.clone(), Claim::Decoding);
+        if let Some(columns) = &decode {
+            let entry = claims.files.entry(file.location.clone());
+            match entry {
+                std::collections::hash_map::Entry::Occupied(mut claim) => {
+                    if !matches!(claim.get(), Claim::Decoding { .. }) {
+                        claim.insert(decoding(columns));
+                    }
+                }
+                std::collections::hash_map::Entry::Vacant(claim) => {
+                    claim.insert(decoding(columns));
+                }
+            }
             let named = claims.tables.entry(table.to_owned()).or_default();
             named.entry(file.location.clone()).and_modify(|at| *at = (*at).max(version)).or_insert(version);
         }
@@ -389,33 +417,46 @@ impl HotTables {
             let within = this.bound.saturating_sub(file.location.size() + kept.as_ref().map_or(0, |kept| kept.size()));
             let decoded = HotFile::decoded(&file, (plan, ctx), (&schema, &columns), within).await;
             drop(turn);
-            let (claim, decoded) = match decoded {
-                Ok(Some(decoded)) => (Claim::Decoded { bytes: decoded.size(), cold_reads: 0 }, Some(decoded)),
+            let decoded = match decoded {
+                Ok(Some(decoded)) => Ok(decoded),
                 Ok(None) => {
                     tracing::info!(file = %file.location, limit = this.bound, "table file larger than --hot-tables-mb");
-                    (Claim::Refused, None)
+                    Err(())
                 }
                 Err(err) => {
                     tracing::warn!(file = %file.location, error = %err, "table file not kept decoded");
-                    (Claim::Refused, None)
+                    Err(())
                 }
             };
             let mut claims = this.claims.lock().unwrap_or_else(PoisonError::into_inner);
             // Unless a read of a newer version dropped the file meanwhile.
             if let Some(entry) = claims.files.get_mut(&file.location) {
-                let decoded = decoded.map(|decoded| {
+                let kept = this.files_of(project).and_then(|held| held.get(&file.location));
+                let mut bytes = kept.as_ref().map_or(0, HotFile::size);
+                if let Ok(decoded) = &decoded {
                     // With the columns decoded before, while they are still kept.
-                    let kept = this.files_of(project).and_then(|held| held.get(&file.location));
-                    kept.and_then(|kept| kept.merged(&decoded)).unwrap_or(decoded)
-                });
-                *entry = match (&decoded, claim) {
-                    (Some(decoded), Claim::Decoded { .. }) => Claim::Decoded { bytes: decoded.size(), cold_reads: 0 },
-                    (_, claim) => claim,
-                };
-                if let Some(decoded) = decoded {
+                    let decoded = kept.and_then(|kept| kept.merged(decoded)).unwrap_or_else(|| decoded.clone());
+                    bytes = decoded.size();
                     this.keep(project, &file.location, decoded);
                     this.metrics.decodes.inc();
                     this.observe();
+                }
+                // The last decoding of those queued says what became of the file.
+                let done = match entry {
+                    Claim::Decoding { columns: queued, flights, failed } => {
+                        for at in &columns {
+                            queued.remove(at);
+                        }
+                        *flights = flights.saturating_sub(1);
+                        *failed |= decoded.is_err();
+                        (*flights == 0).then_some(*failed)
+                    }
+                    Claim::Refused | Claim::Decoded { .. } => None,
+                };
+                match done {
+                    Some(true) => *entry = Claim::Refused,
+                    Some(false) => *entry = Claim::Decoded { bytes, cold_reads: 0 },
+                    None => {}
                 }
             }
             drop(claims);
@@ -428,7 +469,16 @@ impl HotTables {
     pub(crate) fn refuse(&self, file: &ObjectMeta, why: &dyn std::fmt::Display) {
         tracing::warn!(file = %file.location, error = %why, "table file not kept decoded");
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        claims.files.insert(file.location.clone(), Claim::Refused);
+        match claims.files.get_mut(&file.location) {
+            // Others queued: the last says so.
+            Some(Claim::Decoding { flights, failed, .. }) if *flights > 1 => {
+                *flights -= 1;
+                *failed = true;
+            }
+            _ => {
+                claims.files.insert(file.location.clone(), Claim::Refused);
+            }
+        }
     }
 
     /// Waits until no file is being decoded.
@@ -438,7 +488,7 @@ impl HotTables {
             let decoded = self.decoded.notified();
             let decoding = {
                 let claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-                claims.files.values().any(|claim| matches!(claim, Claim::Decoding))
+                claims.files.values().any(|claim| matches!(claim, Claim::Decoding { .. }))
             };
             if !decoding {
                 return;
@@ -747,8 +797,8 @@ pub(crate) fn scan(
         }
         None => vec![true; slices.len()],
     };
-    let projection = projection.map(Vec::as_slice);
-    let batches = files.iter().map(|file| file.batches(projection)).collect::<Result<Vec<_>>>()?;
+    let batches =
+        files.iter().map(|file| file.batches(projection.map(Vec::as_slice))).collect::<Result<Vec<_>>>()?;
     let streams = state.config().target_partitions().max(1);
     let mut partitions: Vec<Vec<RecordBatch>> = vec![Vec::new(); streams];
     let read = batches.into_iter().flatten().zip(kept).filter_map(|(slice, keep)| keep.then_some(slice));
@@ -759,8 +809,7 @@ pub(crate) fn scan(
     if partitions.is_empty() {
         partitions.push(Vec::new());
     }
-    let projected =
-        Arc::new(schema.project(projection.unwrap_or(&(0..schema.fields().len()).collect::<Vec<_>>()))?);
+    let projected = datafusion::common::project_schema(schema, projection)?;
     let source =
         MemorySourceConfig::try_new(&partitions, projected, None)?.with_limit(limit).with_show_sizes(false);
     Ok(DataSourceExec::from_data_source(source))

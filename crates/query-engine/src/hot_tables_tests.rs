@@ -242,6 +242,34 @@ async fn a_table_keeps_decoded_the_columns_its_runs_read() {
     drop(dir);
 }
 
+/// Runs that find a file being decoded without the columns they read queue those, so a burst of runs reading
+/// different columns has each decoded once, without running again; a column claimed is not claimed twice.
+#[tokio::test]
+async fn runs_finding_a_file_being_decoded_queue_the_columns_it_lacks() {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use hot_tables::{HotTable, HotTables};
+    use object_store::{path::Path, ObjectMeta};
+    let hot = HotTables::new(1 << 20).unwrap();
+    let table = HotTable { project: project(), name: "t".into() };
+    let schema = Schema::new(
+        ["a", "b", "c"].map(|name| Field::new(name, DataType::Int64, false)).to_vec(),
+    );
+    let file = ObjectMeta {
+        location: Path::from("t/part-0.parquet"),
+        last_modified: chrono::Utc::now(),
+        size: 100,
+        e_tag: None,
+        version: None,
+    };
+    let claim = |columns: Option<&[usize]>| hot.claim(&table, (&file, 1), (&schema, columns));
+    assert_eq!(claim(Some(&[0, 1])), Some(vec![0, 1]), "cold");
+    assert_eq!(claim(Some(&[1])), None, "its column being decoded");
+    assert_eq!(claim(Some(&[1, 2])), Some(vec![2]), "queued after the first");
+    assert_eq!(claim(None), None, "every column claimed");
+    hot.refuse(&file, &"the queued one could not be planned");
+    assert_eq!(claim(Some(&[2])), None, "claimed still, until the first ends");
+}
+
 /// A run that began before an append reads the version before it, which does not name the appended file: it
 /// leaves that file kept (streamed appends would otherwise lose theirs to the runs between them). Only a read of
 /// a version as new as the newest that named a file drops it for not naming it.

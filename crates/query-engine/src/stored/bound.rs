@@ -438,10 +438,7 @@ impl ExecutionPlan for AppendedFilesExec {
                 } else {
                     // Streamed appends leave many files of a few rows: read as batches of the session's size,
                     // not one small batch per file for each operator above to take in turn.
-                    let read = Arc::new(
-                        schema
-                            .project(projection.unwrap_or(&(0..schema.fields().len()).collect::<Vec<_>>()))?,
-                    );
+                    let read = datafusion::common::project_schema(schema, self.columns.projection.as_ref())?;
                     let mut coalescer =
                         BatchCoalescer::new(Arc::clone(&read), context.session_config().batch_size());
                     for file in decoded {
