@@ -100,6 +100,9 @@ struct Claims {
     /// does not name a file drops it only when that version is as new (a read that began before an append
     /// keeps the appended file).
     tables: HashMap<HotTable, HashMap<Path, u64>>,
+    /// The columns runs of each table read, by name: what is decoded of its files, so that a file new to runs
+    /// (a compaction's, another process's append) is decoded for all of them at once.
+    read: HashMap<HotTable, HashSet<String>>,
 }
 
 enum Claim {
@@ -260,7 +263,7 @@ impl HotTables {
 
     fn forget_other_files(&self, table: &HotTable, files: &[ObjectMeta], version: u64) {
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        let Claims { files: claimed, tables } = &mut *claims;
+        let Claims { files: claimed, tables, .. } = &mut *claims;
         let Some(kept) = tables.get_mut(table) else { return };
         let named: HashSet<&Path> = files.iter().map(|file| &file.location).collect();
         if kept.iter().all(|(path, at)| named.contains(path) || *at > version) {
@@ -318,8 +321,9 @@ impl HotTables {
         self.observe();
     }
 
-    /// The columns of `projection` to decode now of `file` of `table`, which a run of its version `version`
-    /// found cold or without them decoded; `None` when none is to be.
+    /// The columns to decode now of `file` of `table`, which a run of its version `version` reading the
+    /// columns of `projection` found cold or without them decoded: those and the ones earlier runs of the
+    /// table read, that are neither decoded nor being decoded; `None` when none is to be.
     pub(crate) fn claim(
         &self,
         table: &HotTable,
@@ -332,18 +336,25 @@ impl HotTables {
         if claims.files.len() >= MAX_CLAIMS {
             *claims = Claims::default();
         }
-        let wanted = || match projection {
-            Some(projection) => projection.to_vec(),
-            None => (0..schema.fields().len()).collect(),
-        };
+        // This run's columns, and those earlier runs of the table read.
+        let names = schema.fields();
+        let read = claims.read.entry(table.clone()).or_default();
+        match projection {
+            Some(projection) => {
+                read.extend(projection.iter().filter_map(|&at| Some(names.get(at)?.name().clone())))
+            }
+            None => read.extend(names.iter().map(|field| field.name().clone())),
+        }
+        let read: Vec<usize> = (0..names.len()).filter(|&at| read.contains(names[at].name())).collect();
+        let wanted = || read.clone();
         // Decoded whole, a file is never smaller than it is stored: one stored larger than the bound is not
         // decoded whole only to be refused (a transient copy of it that no memory pool sees). Some of its
         // columns may fit; a decoding stops as soon as they do not.
-        let some = projection.is_some_and(|projection| projection.len() < schema.fields().len());
+        let some = read.len() < names.len();
         let fits = some || usize::try_from(file.size).is_ok_and(|size| size <= self.bound);
         let kept = held.as_ref().and_then(|held| held.get(&file.location)).filter(|kept| kept.is_of(file));
-        // The columns of `projection` not decoded in what is kept of the file.
-        let needed = || kept.as_ref().map_or_else(wanted, |kept| kept.missing(projection));
+        // The columns runs of the table read that are not decoded in what is kept of the file.
+        let needed = || kept.as_ref().map_or_else(wanted, |kept| kept.missing(Some(&read)));
         let decoding = |columns: &[usize]| Claim::Decoding {
             columns: columns.iter().copied().collect(),
             flights: 1,
@@ -413,14 +424,16 @@ impl HotTables {
         self.decodes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         decoder.spawn(async move {
             let turn = this.decoding.acquire().await;
-            let kept = this.files_of(project).and_then(|held| held.get(&file.location)).filter(|kept| kept.is_of(&file));
-            let within = this.bound.saturating_sub(file.location.size() + kept.as_ref().map_or(0, |kept| kept.size()));
+            let kept = this.files_of(project).and_then(|held| held.get(&file.location));
+            let kept = kept.filter(|kept| kept.is_of(&file)).map_or(0, |kept| kept.size());
+            let within = this.bound.saturating_sub(file.location.size() + kept);
             let decoded = HotFile::decoded(&file, (plan, ctx), (&schema, &columns), within).await;
             drop(turn);
             let decoded = match decoded {
                 Ok(Some(decoded)) => Ok(decoded),
                 Ok(None) => {
-                    tracing::info!(file = %file.location, limit = this.bound, "table file larger than --hot-tables-mb");
+                    let limit = this.bound;
+                    tracing::info!(file = %file.location, limit, "table file larger than --hot-tables-mb");
                     Err(())
                 }
                 Err(err) => {
@@ -435,7 +448,8 @@ impl HotTables {
                 let mut bytes = kept.as_ref().map_or(0, HotFile::size);
                 if let Ok(decoded) = &decoded {
                     // With the columns decoded before, while they are still kept.
-                    let decoded = kept.and_then(|kept| kept.merged(decoded)).unwrap_or_else(|| decoded.clone());
+                    let decoded =
+                        kept.and_then(|kept| kept.merged(decoded)).unwrap_or_else(|| decoded.clone());
                     bytes = decoded.size();
                     this.keep(project, &file.location, decoded);
                     this.metrics.decodes.inc();
@@ -567,7 +581,7 @@ impl HotFile {
         let slice_rows = ctx.session_config().batch_size().max(1);
         let mut slices = BatchCoalescer::new(plan.schema(), slice_rows);
         let mut stream = datafusion::physical_plan::execute_stream(plan, ctx)?;
-        let mut decoded = Columns::new(columns.len());
+        let mut decoded = DecodedColumns::new(columns.len());
         loop {
             let batch = stream.try_next().await?;
             match &batch {
@@ -620,7 +634,7 @@ impl HotFile {
             slices.push_batch(cast.project(columns).ok()?).ok()?;
         }
         slices.finish_buffered_batch().ok()?;
-        let mut decoded = Columns::new(columns.len());
+        let mut decoded = DecodedColumns::new(columns.len());
         while let Some(slice) = slices.next_completed_batch() {
             decoded.push(&slice);
         }
@@ -713,13 +727,13 @@ impl HotFile {
 }
 
 /// Columns being decoded, a slice at a time.
-struct Columns {
+struct DecodedColumns {
     rows: Vec<usize>,
     columns: Vec<HotColumn>,
     bytes: usize,
 }
 
-impl Columns {
+impl DecodedColumns {
     fn new(columns: usize) -> Self {
         let column = || HotColumn { slices: Vec::new(), bounds: Vec::new(), nulls: Vec::new(), bytes: 0 };
         Self { rows: Vec::new(), columns: (0..columns).map(|_| column()).collect(), bytes: 0 }

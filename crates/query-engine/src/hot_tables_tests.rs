@@ -239,6 +239,16 @@ async fn a_table_keeps_decoded_the_columns_its_runs_read() {
     }
     assert!(from_storage(&warm, notes).await);
     assert_eq!(answer(&warm, notes).await, answer(&stored, notes).await);
+
+    // A file new to runs (another process's append) is decoded after one run with every column runs of the
+    // table read, not with that run's alone.
+    write(&stored, "t", WriteMode::Append, rows_csv(40_000, 10)).await;
+    assert_eq!(answer(&warm, by_country).await, answer(&stored, by_country).await);
+    hot(&warm).settled().await;
+    for sql in [by_country, amounts, notes] {
+        assert!(!from_storage(&warm, sql).await, "{sql}");
+        assert_eq!(answer(&warm, sql).await, answer(&stored, sql).await, "{sql}");
+    }
     drop(dir);
 }
 
@@ -251,9 +261,7 @@ async fn runs_finding_a_file_being_decoded_queue_the_columns_it_lacks() {
     use object_store::{path::Path, ObjectMeta};
     let hot = HotTables::new(1 << 20).unwrap();
     let table = HotTable { project: project(), name: "t".into() };
-    let schema = Schema::new(
-        ["a", "b", "c"].map(|name| Field::new(name, DataType::Int64, false)).to_vec(),
-    );
+    let schema = Schema::new(["a", "b", "c"].map(|name| Field::new(name, DataType::Int64, false)).to_vec());
     let file = ObjectMeta {
         location: Path::from("t/part-0.parquet"),
         last_modified: chrono::Utc::now(),
