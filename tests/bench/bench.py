@@ -1684,7 +1684,7 @@ def hot_tables_settled(app, seconds=120):
         now = decodes()
         if now != last:
             last, since = now, time.time()
-    log(f"{last:.0f} table files decoded")
+    log(f"{last:.0f} decodings of table files' columns")
 
 
 def list_memory(args, app):

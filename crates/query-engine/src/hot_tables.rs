@@ -162,7 +162,7 @@ impl HotTables {
         registry.register("hot_table_files", "Table files kept decoded for runs", files.clone());
         registry.register(
             "hot_table_decodes",
-            "Table files decoded in the background after a run read them from storage",
+            "Decodings of table files' columns in the background after a run read them from storage",
             decodes.clone(),
         );
     }
