@@ -161,8 +161,8 @@ impl TableProvider for SnapshotScan {
                 let Some(columns) = hot.claim(table, (&file, *version), (&self.schema, columns)) else {
                     continue;
                 };
-                // The columns this run read and the file's kept ones do not hold. Failing to plan it fails no
-                // run: the file is read from storage, as now.
+                // The columns runs of the table read (this one's and earlier ones') that the file's kept ones
+                // lack. Failing to plan it fails no run: the file is read from storage, as now.
                 let one = std::slice::from_ref(&file);
                 match self.scan_files(state, one, &self.format, Some(&columns), None).await {
                     Ok(plan) => hot.decode(
