@@ -250,9 +250,7 @@ impl HotTables {
         let Some(held) = self.files_of(table.project) else { return (Vec::new(), files.to_vec()) };
         let (mut hot, mut cold) = (Vec::new(), Vec::new());
         for file in files {
-            let kept = held
-                .get(&file.location)
-                .filter(|kept| kept.is_of(file) && kept.missing(projection).is_empty());
+            let kept = held.get(&file.location).filter(|kept| kept.is_of(file) && kept.has_all(projection));
             match kept {
                 Some(kept) => hot.push(kept),
                 None => cold.push(file.clone()),
@@ -285,9 +283,9 @@ impl HotTables {
 
     /// Keeps the rows an append wrote as `file` of `table` when the table has files kept here, so that runs
     /// and folds read them from memory at once instead of from storage until a run had them decoded: an
-    /// append moves a hot table forward. `rows` are the file's, in its order, kept with the columns the
-    /// table's kept files have decoded (strings as views, as its scans read them); not at all when they do
-    /// not cast to those, or are more than the bound.
+    /// append moves a hot table forward. `rows` are the file's, in its order, kept with the columns runs of the
+    /// table read (strings as views, as its scans read them); not at all when they do not cast to the columns
+    /// of its kept files, or are more than the bound.
     pub(crate) fn appended(
         &self,
         table: &HotTable,
@@ -297,19 +295,10 @@ impl HotTables {
         let Some(held) = self.files_of(table.project) else { return };
         let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(kept) = claims.tables.get(table) else { return };
-        // The table's scan schema, and every column a kept file of it has decoded.
-        let mut columns: Option<(SchemaRef, Vec<usize>)> = None;
-        for kept in kept.keys().filter_map(|path| held.get(path)) {
-            let (schema, decoded) = kept.columns();
-            match &mut columns {
-                None => columns = Some((Arc::clone(schema), decoded.collect())),
-                Some((first, all)) if first.fields() == schema.fields() => all.extend(decoded),
-                Some(_) => {}
-            }
-        }
-        let Some((schema, mut columns)) = columns else { return };
-        columns.sort_unstable();
-        columns.dedup();
+        let Some(schema) = kept.keys().find_map(|path| Some(Arc::clone(held.get(path)?.schema()))) else {
+            return;
+        };
+        let columns = claims.read.get(table).map_or_else(Vec::new, |read| places(&schema, read));
         let Some(decoded) = HotFile::of_rows(file, (&schema, &columns), rows) else { return };
         if file.location.size() + decoded.size() > self.bound {
             return;
@@ -345,64 +334,60 @@ impl HotTables {
             }
             None => read.extend(names.iter().map(|field| field.name().clone())),
         }
-        let read: Vec<usize> = (0..names.len()).filter(|&at| read.contains(names[at].name())).collect();
-        let wanted = || read.clone();
+        let read = places(schema, read);
         // Decoded whole, a file is never smaller than it is stored: one stored larger than the bound is not
         // decoded whole only to be refused (a transient copy of it that no memory pool sees). Some of its
         // columns may fit; a decoding stops as soon as they do not.
-        let some = read.len() < names.len();
-        let fits = some || usize::try_from(file.size).is_ok_and(|size| size <= self.bound);
+        let fits =
+            read.len() < names.len() || usize::try_from(file.size).is_ok_and(|size| size <= self.bound);
         let kept = held.as_ref().and_then(|held| held.get(&file.location)).filter(|kept| kept.is_of(file));
-        // The columns runs of the table read that are not decoded in what is kept of the file.
-        let needed = || kept.as_ref().map_or_else(wanted, |kept| kept.missing(Some(&read)));
-        let decoding = |columns: &[usize]| Claim::Decoding {
-            columns: columns.iter().copied().collect(),
-            flights: 1,
-            failed: false,
+        // Of the columns runs of the table read, those not decoded in what is kept of the file.
+        let needed = match &kept {
+            Some(kept) => read.into_iter().filter(|&at| !kept.has(at)).collect(),
+            None => read,
         };
-        let claim = claims.files.get_mut(&file.location);
-        let decode = match claim {
+        let decode = match claims.files.get_mut(&file.location) {
             None if !fits => {
                 claims.files.insert(file.location.clone(), Claim::Refused);
                 return None;
             }
-            None => Some(wanted()),
-            Some(Claim::Refused) => None,
+            Some(Claim::Refused) => return None,
             // Decoded after the decodings under way (other runs' columns, or this run's decoded already).
             Some(Claim::Decoding { columns, flights, .. }) => {
-                let queued: Vec<usize> = needed().into_iter().filter(|at| !columns.contains(at)).collect();
-                if !queued.is_empty() {
-                    columns.extend(&queued);
-                    *flights += 1;
+                let queued: Vec<usize> = needed.into_iter().filter(|at| !columns.contains(at)).collect();
+                if queued.is_empty() {
+                    return None;
                 }
-                (!queued.is_empty()).then_some(queued)
+                columns.extend(&queued);
+                *flights += 1;
+                queued
             }
             // Kept since the run found it cold (its decoding ended in between), perhaps without the columns
-            // this run read: those are decoded.
+            // runs read: those are decoded.
             Some(Claim::Decoded { .. }) if kept.is_some() => {
-                Some(needed()).filter(|missing| !missing.is_empty())
+                if needed.is_empty() {
+                    return None;
+                }
+                needed
             }
             Some(Claim::Decoded { bytes, cold_reads }) => {
                 *cold_reads += 1;
-                (*bytes <= room || *cold_reads >= COLD_READS_TO_DECODE_AGAIN).then(wanted)
+                if *bytes > room && *cold_reads < COLD_READS_TO_DECODE_AGAIN {
+                    return None;
+                }
+                needed
             }
+            None => needed,
         };
-        if let Some(columns) = &decode {
-            let entry = claims.files.entry(file.location.clone());
-            match entry {
-                std::collections::hash_map::Entry::Occupied(mut claim) => {
-                    if !matches!(claim.get(), Claim::Decoding { .. }) {
-                        claim.insert(decoding(columns));
-                    }
-                }
-                std::collections::hash_map::Entry::Vacant(claim) => {
-                    claim.insert(decoding(columns));
-                }
-            }
-            let named = claims.tables.entry(table.to_owned()).or_default();
-            named.entry(file.location.clone()).and_modify(|at| *at = (*at).max(version)).or_insert(version);
+        if !matches!(claims.files.get(&file.location), Some(Claim::Decoding { .. })) {
+            let columns = decode.iter().copied().collect();
+            claims
+                .files
+                .insert(file.location.clone(), Claim::Decoding { columns, flights: 1, failed: false });
         }
-        decode
+        let named = claims.tables.entry(table.to_owned()).or_default();
+        named.entry(file.location.clone()).and_modify(|at| *at = (*at).max(version)).or_insert(version);
+        Some(decode)
     }
 
     /// Decodes the `columns` of `file` (places in `schema`, the table's scan schema) by executing `plan` (a
@@ -430,15 +415,15 @@ impl HotTables {
             let decoded = HotFile::decoded(&file, (plan, ctx), (&schema, &columns), within).await;
             drop(turn);
             let decoded = match decoded {
-                Ok(Some(decoded)) => Ok(decoded),
+                Ok(Some(decoded)) => Some(decoded),
                 Ok(None) => {
                     let limit = this.bound;
                     tracing::info!(file = %file.location, limit, "table file larger than --hot-tables-mb");
-                    Err(())
+                    None
                 }
                 Err(err) => {
                     tracing::warn!(file = %file.location, error = %err, "table file not kept decoded");
-                    Err(())
+                    None
                 }
             };
             let mut claims = this.claims.lock().unwrap_or_else(PoisonError::into_inner);
@@ -446,7 +431,7 @@ impl HotTables {
             if let Some(entry) = claims.files.get_mut(&file.location) {
                 let kept = this.files_of(project).and_then(|held| held.get(&file.location));
                 let mut bytes = kept.as_ref().map_or(0, HotFile::size);
-                if let Ok(decoded) = &decoded {
+                if let Some(decoded) = &decoded {
                     // With the columns decoded before, while they are still kept.
                     let decoded =
                         kept.and_then(|kept| kept.merged(decoded)).unwrap_or_else(|| decoded.clone());
@@ -455,22 +440,16 @@ impl HotTables {
                     this.metrics.decodes.inc();
                     this.observe();
                 }
-                // The last decoding of those queued says what became of the file.
-                let done = match entry {
-                    Claim::Decoding { columns: queued, flights, failed } => {
-                        for at in &columns {
-                            queued.remove(at);
-                        }
-                        *flights = flights.saturating_sub(1);
-                        *failed |= decoded.is_err();
-                        (*flights == 0).then_some(*failed)
+                // The last decoding of those queued says what became of the file (a claim refused or
+                // decoded meanwhile stays so).
+                if let Claim::Decoding { columns: queued, flights, failed } = entry {
+                    queued.retain(|at| !columns.contains(at));
+                    *flights = flights.saturating_sub(1);
+                    *failed |= decoded.is_none();
+                    if *flights == 0 {
+                        *entry =
+                            if *failed { Claim::Refused } else { Claim::Decoded { bytes, cold_reads: 0 } };
                     }
-                    Claim::Refused | Claim::Decoded { .. } => None,
-                };
-                match done {
-                    Some(true) => *entry = Claim::Refused,
-                    Some(false) => *entry = Claim::Decoded { bytes, cold_reads: 0 },
-                    None => {}
                 }
             }
             drop(claims);
@@ -641,30 +620,37 @@ impl HotFile {
         Some(decoded.into_file(file, schema, columns))
     }
 
-    /// The table's scan schema, and the places in it of the columns decoded.
-    fn columns(&self) -> (&SchemaRef, impl Iterator<Item = usize> + '_) {
-        let decoded =
-            self.0.columns.iter().enumerate().filter_map(|(at, column)| column.as_ref().map(|_| at));
-        (&self.0.schema, decoded)
+    /// The table's scan schema, of which it holds the columns runs read.
+    fn schema(&self) -> &SchemaRef {
+        &self.0.schema
     }
 
-    /// Of `projection`, the columns not decoded (all of them for `None`).
-    fn missing(&self, projection: Projection<'_>) -> Vec<usize> {
-        let wanted: Vec<usize> = match projection {
-            Some(projection) => projection.to_vec(),
-            None => (0..self.0.columns.len()).collect(),
-        };
-        wanted.into_iter().filter(|&at| self.0.columns.get(at).is_none_or(Option::is_none)).collect()
+    /// Whether its column at `at` (of the table's scan schema) is decoded.
+    fn has(&self, at: usize) -> bool {
+        self.0.columns.get(at).is_some_and(Option::is_some)
+    }
+
+    /// Whether the columns of `projection` are decoded (all of them for `None`).
+    fn has_all(&self, projection: Projection<'_>) -> bool {
+        match projection {
+            Some(projection) => projection.iter().all(|&at| self.has(at)),
+            None => self.0.columns.iter().all(Option::is_some),
+        }
     }
 
     /// Whether its rows have the columns of `schema` (the table's scan schema) and those `projection` reads of
     /// them are decoded.
     pub(crate) fn reads(&self, schema: &Schema, projection: Projection<'_>) -> bool {
-        self.0.schema.fields() == schema.fields() && self.missing(projection).is_empty()
+        self.0.schema.fields() == schema.fields() && self.has_all(projection)
     }
 
-    /// Its rows, in the file's order, with the columns of `projection` (decoded: see [`HotFile::reads`]).
-    pub(crate) fn batches(&self, projection: Projection<'_>) -> Result<Vec<RecordBatch>> {
+    /// The rows of its slices `read` keeps (by their place), in the file's order, with the columns of
+    /// `projection` (decoded: see [`HotFile::reads`]).
+    pub(crate) fn batches(
+        &self,
+        projection: Projection<'_>,
+        mut read: impl FnMut(usize) -> bool,
+    ) -> Result<Vec<RecordBatch>> {
         let all: Vec<usize>;
         let projection = match projection {
             Some(projection) => projection,
@@ -688,6 +674,7 @@ impl HotFile {
             .rows
             .iter()
             .enumerate()
+            .filter(|(slice, _)| read(*slice))
             .map(|(slice, &rows)| {
                 let arrays = columns.iter().map(|column| Arc::clone(&column.slices[slice])).collect();
                 let options = RecordBatchOptions::new().with_row_count(Some(rows));
@@ -773,6 +760,17 @@ impl DecodedColumns {
     }
 }
 
+/// The places in `schema` of the columns `names` names, in its order.
+fn places(schema: &Schema, names: &HashSet<String>) -> Vec<usize> {
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, field)| names.contains(field.name()))
+        .map(|(at, _)| at)
+        .collect()
+}
+
 /// The least and greatest values of `column`, for types whose order the session's comparisons share.
 fn bounds(column: &ArrayRef) -> Option<(ScalarValue, ScalarValue)> {
     let ordered = column.data_type().is_integer()
@@ -811,12 +809,15 @@ pub(crate) fn scan(
         }
         None => vec![true; slices.len()],
     };
-    let batches =
-        files.iter().map(|file| file.batches(projection.map(Vec::as_slice))).collect::<Result<Vec<_>>>()?;
+    // Batches of the slices kept alone (`kept` is in the order of `slices`: file by file).
+    let (mut read, mut kept) = (Vec::new(), kept.into_iter());
+    for file in files {
+        let keep: Vec<bool> = kept.by_ref().take(file.0.rows.len()).collect();
+        read.extend(file.batches(projection.map(Vec::as_slice), |slice| keep[slice])?);
+    }
     let streams = state.config().target_partitions().max(1);
     let mut partitions: Vec<Vec<RecordBatch>> = vec![Vec::new(); streams];
-    let read = batches.into_iter().flatten().zip(kept).filter_map(|(slice, keep)| keep.then_some(slice));
-    for (at, slice) in read.enumerate() {
+    for (at, slice) in read.into_iter().enumerate() {
         partitions[at % streams].push(slice);
     }
     partitions.retain(|partition| !partition.is_empty());

@@ -442,7 +442,7 @@ impl ExecutionPlan for AppendedFilesExec {
                     let mut coalescer =
                         BatchCoalescer::new(Arc::clone(&read), context.session_config().batch_size());
                     for file in decoded {
-                        for batch in file.batches(projection)? {
+                        for batch in file.batches(projection, |_| true)? {
                             coalescer.push_batch(batch)?;
                         }
                     }
