@@ -235,7 +235,7 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 BASE_TREE := target/bench-base
 BASE_TARGET := $(CURDIR)/target/bench-base-target
 .PHONY: bench-compare
-bench-compare: deps $(VENV)/bin/python ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes and a cached run (BENCH_COMPARE_ROWS=2000000).
+bench-compare: deps $(VENV)/bin/python ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes, a cached run and the server's memory (BENCH_COMPARE_ROWS=2000000).
 	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<commit>" >&2; exit 2; }
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }

@@ -1828,6 +1828,83 @@ def compare_section(f):
     return "\n".join(lines)
 
 
+MEMORY_MARKER = "<!-- make bench-compare's memory, written by bench.py --only compare -->"
+MEMORY_ROUNDS = 2
+# What the memory comparison reports, in order: its key, and what it is (a sample then, or the peak of a step).
+MEMORY_STEPS = [
+    ("compacted", "idle, 3 s after the start's compaction sorted the table"),
+    ("decoding", "peak: scenario 2's query 10 times while its table is decoded"),
+    ("settled", "idle, 3 s after"),
+    ("cached", "peak: cached runs under wrk, 64 connections, 15 s (run log on)"),
+    ("hot", "peak: the query 20 times hot"),
+    ("after", "idle, 5 s after"),
+]
+
+
+def memory(args, root):
+    """The server's resident memory through what a node does after its first start on a new dataset (a
+    compaction sorting the table for its endpoints, decoding, a cached load, hot runs), this build against
+    `--before-bin-dir`: each start on a copy of the dataset as written, builds alternating."""
+    # A dataset of its own: the shapes' endpoints of `compare` would choose another layout.
+    os.makedirs(os.path.join(root, "memory"), exist_ok=True)
+    written = make_dataset(args.before_bin_dir, os.path.join(root, "memory"), args.rows)
+    builds = {"previous build": args.before_bin_dir, "this build": args.bin_dir}
+    figures = {b: {key: [] for key, _ in MEMORY_STEPS} | {"rps": []} for b in builds}
+    for round_ in range(MEMORY_ROUNDS):
+        for build, bin_dir in builds.items():
+            data_dir = os.path.join(root, f"memory-{round_}-{build.split()[0]}")
+            shutil.copytree(written.data_dir, data_dir)
+            server = Endpoints(bin_dir, data_dir)
+            server.key = written.key
+            server.start("--materialize-workers", "0")
+            f, pid = figures[build], server.process.pid
+            try:
+                laid_out(server, "events")
+                time.sleep(3)
+                f["compacted"].append(rss_kb(pid) / 1024)
+                with PeakRss(pid) as peak:
+                    server.timed(LIVE_PATH + "&refresh=direct", 10)
+                f["decoding"].append(peak.peak)
+                hot_tables_settled(server)
+                time.sleep(3)
+                f["settled"].append(rss_kb(pid) / 1024)
+                with PeakRss(pid) as peak:
+                    f["rps"].append(wrk(server.base + LIVE_PATH, server.key, 15)["rps"])
+                f["cached"].append(peak.peak)
+                with PeakRss(pid) as peak:
+                    server.timed(LIVE_PATH + "&refresh=direct", 20)
+                f["hot"].append(peak.peak)
+                time.sleep(5)
+                f["after"].append(rss_kb(pid) / 1024)
+            finally:
+                server.stop()
+            shutil.rmtree(data_dir, ignore_errors=True)
+            log(f"memory, {build}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in f.items()))
+    return {"rows": args.rows, "before": args.before_label or args.before_bin_dir,
+            "builds": {b: {k: statistics.median(v) for k, v in f.items()} for b, f in figures.items()}}
+
+
+def memory_section(f):
+    before, this = f["builds"]["previous build"], f["builds"]["this build"]
+    lines = [
+        f"**Memory, this build against {f['before']}** (`make bench-compare`, {datetime.date.today().isoformat()}; "
+        f"the server's resident memory, peaks sampled every 50 ms, medians of {MEMORY_ROUNDS} starts per build "
+        f"alternating, each on a copy of {f['rows']:,} events as the earlier build wrote them, so each start "
+        "compacts the table first, as a node does after appends).",
+        "",
+        "| Step | Previous build | This build | Ratio |",
+        "|---|---|---|---|",
+    ]
+    for key, what in MEMORY_STEPS:
+        lines.append(f"| {what} | {before[key]:.0f} MB | {this[key]:.0f} MB | **{this[key] / before[key]:.2f}x** |")
+    lines += [
+        f"| cached runs answered | {before['rps']:,.0f} req/s | {this['rps']:,.0f} req/s | "
+        f"**{this['rps'] / before['rps']:.2f}x** |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def geomean(values):
     values = [v for v in values if v]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
@@ -1954,6 +2031,7 @@ def main():
                 write_commits(args, commits(args, root))
             elif args.only == "compare":
                 write_section(args, COMPARE_MARKER, compare_section(compare(args, root)))
+                write_section(args, MEMORY_MARKER, memory_section(memory(args, root)))
             elif args.only == "nodes":
                 write_nodes(args, nodes_alone(args, root))
             elif args.only == "logs":
