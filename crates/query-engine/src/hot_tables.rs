@@ -810,14 +810,14 @@ pub(crate) fn scan(
         None => vec![true; slices.len()],
     };
     // Batches of the slices kept alone (`kept` is in the order of `slices`: file by file).
-    let (mut read, mut kept) = (Vec::new(), kept.into_iter());
+    let (mut batches, mut kept) = (Vec::new(), kept.into_iter());
     for file in files {
         let keep: Vec<bool> = kept.by_ref().take(file.0.rows.len()).collect();
-        read.extend(file.batches(projection.map(Vec::as_slice), |slice| keep[slice])?);
+        batches.extend(file.batches(projection.map(Vec::as_slice), |slice| keep[slice])?);
     }
     let streams = state.config().target_partitions().max(1);
     let mut partitions: Vec<Vec<RecordBatch>> = vec![Vec::new(); streams];
-    for (at, slice) in read.into_iter().enumerate() {
+    for (at, slice) in batches.into_iter().enumerate() {
         partitions[at % streams].push(slice);
     }
     partitions.retain(|partition| !partition.is_empty());
