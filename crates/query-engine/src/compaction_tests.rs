@@ -600,32 +600,6 @@ async fn a_layout_sorts_the_tables_files_by_its_columns_and_follows_them_when_th
         assert!(keys.is_sorted(), "{name} is sorted by kind, then id");
     }
 
-    // Two columns of as many values as rows are ordered together along a Z-order: in a sixteenth of the rows,
-    // each spans about a quarter of its values (sorted one after the other, `score` would span them all).
-    let appended = scores(&engine).await;
-    let done = engine
-        .compact(project(), &events(), keeping(&engine, Vec::new()).await, layout(&["id", "score"]))
-        .await
-        .unwrap()
-        .expect("sorted again");
-    assert_eq!(done.rows_merged, 140_000 + MIN_SMALL_FILES as u64);
-    assert_eq!(scores(&engine).await, appended);
-    let files = file_rows(&engine, &dir, &["id", "score"]).await;
-    assert_eq!(files.len(), 1);
-    // The rows of the first 140,000 ids (the eight appended ones sort last, far above).
-    let pairs = files[0].1.iter().map(|r| (r[0].parse::<f64>().unwrap(), r[1].parse::<f64>().unwrap()));
-    let pairs: Vec<(f64, f64)> = pairs.filter(|p| p.0 < 140_000.0).collect();
-    let span = |chunk: &[(f64, f64)], of: fn(&(f64, f64)) -> f64, whole: f64| {
-        let values = chunk.iter().map(of);
-        (values.clone().fold(f64::MIN, f64::max) - values.fold(f64::MAX, f64::min)) / whole
-    };
-    // A run straddling two cells of the curve spans more: the mean over the runs.
-    let runs: Vec<&[(f64, f64)]> = pairs.chunks(pairs.len() / 16).take(16).collect();
-    let ids = runs.iter().map(|run| span(run, |p| p.0, 140_000.0)).sum::<f64>() / 16.0;
-    let scores_span = runs.iter().map(|run| span(run, |p| p.1, 100_003.0)).sum::<f64>() / 16.0;
-    assert!(ids < 0.4 && scores_span < 0.4, "ids span {ids:.2}, scores {scores_span:.2} of their values");
-    let now = files_of(&engine).await;
-
     // No endpoint filters the table any more: the layout is dropped, the files stay.
     assert!(engine
         .compact(project(), &events(), keeping(&engine, Vec::new()).await, Vec::new())

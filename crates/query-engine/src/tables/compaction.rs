@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
-use datafusion::prelude::ParquetReadOptions;
+use datafusion::prelude::{ident, ParquetReadOptions};
 use domain::{Compaction, EngineError, ProjectId, Timestamp};
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
@@ -28,7 +28,7 @@ use crate::storage::{unavailable, Storage};
 use crate::tables::catalog::{current, object_meta, state_of, table_error, table_prefix, Current};
 use crate::tables::files::{instant_ms, rows_of, FileRows, TableLock};
 use crate::tables::imports::{tagged_appends, ImportError, TableWriter, TaggedAppend};
-use crate::tables::{layout, zorder};
+use crate::tables::layout;
 
 /// A file with at least this many rows is full (a row group of the table's files): it is never merged again.
 pub(crate) const FULL_FILE_ROWS: u64 = 128 * 1024;
@@ -225,8 +225,8 @@ pub(crate) struct Merged {
 const SORT_MEMORY: usize = 256 << 20;
 
 /// Reads `files` and writes their rows under `target` in files of up to [`MERGED_FILE_ROWS`] rows: sorted by
-/// `columns` when there are any (the files named with their tag; several columns as [`zorder`] orders them),
-/// else as read; the sort holds at most `memory` bytes, the rest spilled.
+/// `columns` when there are any (the files named with their tag), else as read; the sort holds at most `memory`
+/// bytes, the rest spilled.
 ///
 /// The files do not state their order (Parquet's `sorting_columns`): DataFusion would take it as each file's
 /// order and plan aggregations by those columns to keep it through their repartitions (`preserve_order`),
@@ -246,7 +246,7 @@ pub(crate) async fn merge(
     let mut frame = ctx.read_parquet(urls, ParquetReadOptions::default()).await.map_err(failed)?;
     let name = match layout::tag(columns) {
         Some(tag) => {
-            let keys = zorder::sort_keys(&frame, columns).await.map_err(failed)?;
+            let keys = columns.iter().map(|c| ident(c).sort(true, false)).collect();
             frame = frame.sort(keys).map_err(failed)?;
             layout::clustered_prefix(COMPACTED, &tag)
         }

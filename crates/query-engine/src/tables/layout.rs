@@ -30,13 +30,10 @@ pub(crate) fn property(columns: &[String]) -> Option<String> {
     (!columns.is_empty()).then(|| serde_json::to_string(columns).expect("a list of strings is JSON"))
 }
 
-/// The tag naming the files sorted by `columns`: 16 hex digits of a digest of them (`None` for none). Several
-/// columns are tagged with the order they are sorted in (`zorder`), so that files an earlier release sorted by
-/// them one after another are sorted again.
+/// The tag naming the files sorted by `columns`: 16 hex digits of a digest of them (`None` for none).
 pub(crate) fn tag(columns: &[String]) -> Option<String> {
     let text = property(columns)?;
-    let order: &[u8] = if columns.len() > 1 { b"zorder:" } else { b"" };
-    Some(hex::encode(&Sha256::digest([order, text.as_bytes()].concat())[..8]))
+    Some(hex::encode(&Sha256::digest(text.as_bytes())[..8]))
 }
 
 /// The start of the names of files sorted by the columns `tag` stands for.
