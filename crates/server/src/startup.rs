@@ -138,7 +138,6 @@ impl Services {
         }));
         let materializer = Arc::new(
             RefreshService::new(RefreshDeps {
-                endpoints: store.clone(),
                 states: store.clone(),
                 engine: engine.clone(),
                 results: engine.clone(),

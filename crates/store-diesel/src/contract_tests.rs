@@ -727,6 +727,11 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
         (MaterializationStatus::Running, 1, None)
     );
     assert_eq!(record.lease.map(|(token, _)| token), Some(first.token));
+    // The claim carries what its refresh reads: the version's query, and no result yet.
+    assert_eq!(
+        (&first.query, &first.eligibility, &first.current, first.version),
+        (&query("SELECT 1 AS n"), &Some(eligible()), &None, 1)
+    );
 
     // Renewal keeps the lease past its first expiry; a stranger's token renews nothing.
     let t1 = T0 + Duration::from_secs(50);
@@ -752,6 +757,7 @@ async fn materialization_records_follow_the_lease(store: DieselStore) {
     // Due again: the new result replaces the old one, which is handed back for removal.
     let second = claims_of(&store, p, next).await.pop().expect("due at its next run");
     assert_ne!(second.token, first.token);
+    assert_eq!(second.current, Some(stored("one", 1, done)), "the result a fold starts from");
     assert!(!MaterializationRecords::fail(&store, id, first.token, "late".into(), next).await.unwrap());
     let switch = MaterializationRecords::complete(
         &store,
@@ -1032,6 +1038,17 @@ async fn postgres_announces_committed_changes_to_every_listener() {
     assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("watched") });
 
     // A written table and its readers are announced together, in order, without a change of their own.
+    // A stored result switched to is announced with its switch: runs cached from the one before go everywhere.
+    {
+        let _serial = CLAIMING.lock().await;
+        let id = materialized(&store, p, "stored").await;
+        let claim = claims_of(&store, p, T0).await.pop().expect("a new materialized endpoint is due");
+        let far = T0 + Duration::from_secs(86_400 * 365);
+        let switch = MaterializationRecords::complete(&store, id, claim.token, stored("s", 1, T0), far, None);
+        assert_eq!(switch.await.unwrap(), Switch::Switched { replaced: None });
+        assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("stored") });
+    }
+
     let events = TableName::parse("events").unwrap();
     TableAnnouncer::announce(&store, p, vec![events.clone()], vec![name("watched")]).await.unwrap();
     let table = |change: &Change| matches!(change, Change::Table { project, .. } if *project == p);

@@ -6,17 +6,18 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use domain::{
-    attempt_location, Claim, Coverage, EndpointName, Fold, Freshness, Hibernation, MaterializationRecords,
-    MaterializationState, MaterializationStatus, ProjectId, StoreError, StoredResult, Switch, SyncFrequency,
-    Timestamp,
+    attempt_location, Change, Claim, Coverage, EndpointName, Fold, Freshness, Hibernation,
+    MaterializationRecords, MaterializationState, MaterializationStatus, ProjectId, StoreError, StoredResult,
+    Switch, SyncFrequency, Timestamp,
 };
 use tracing::instrument;
 use uuid::Uuid;
 
+use crate::changes::announce;
 use crate::connection::AnyConnection;
 use crate::error::DbError;
-use crate::rows::{instant, micros, uuid, version_number};
-use crate::schema::{endpoints, materializations};
+use crate::rows::{self, instant, micros, uuid, version_number};
+use crate::schema::{endpoint_versions, endpoints, materializations};
 use crate::DieselStore;
 
 #[derive(Debug, Clone, Queryable, Selectable, Insertable)]
@@ -220,13 +221,35 @@ fn claim_one(
     }
 }
 
-fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
+/// The claim of a candidate just claimed, with what its refresh reads: the claimed version's query and the
+/// record's result (which no other worker switches while the claim holds). `None` when the endpoint was deleted
+/// since it was found due (its record goes with it).
+fn into_claim(conn: &mut AnyConnection, candidate: Candidate, token: Uuid) -> Result<Option<Claim>, DbError> {
+    let Some((query, eligibility)) = endpoint_versions::table
+        .find((&candidate.id, candidate.current_version))
+        .select((endpoint_versions::query, endpoint_versions::eligibility))
+        .first::<(String, Option<String>)>(conn)
+        .optional()?
+    else {
+        return Ok(None);
+    };
+    let current = match candidate.record_revision {
+        Some(_) => materializations::table
+            .find(&candidate.id)
+            .select(MaterializationRow::as_select())
+            .first(conn)
+            .optional()?
+            .map(MaterializationRow::into_domain)
+            .transpose()?
+            .and_then(|record| record.result),
+        None => None,
+    };
     let id = uuid(&candidate.id)?;
     let abandoned = match (candidate.record_version, candidate.record_lease_token) {
         (Some(v), Some(t)) => Some(attempt_location(id, version_number(v)?, uuid(&t)?)),
         _ => None,
     };
-    Ok(Claim {
+    Ok(Some(Claim {
         endpoint_id: id,
         project: ProjectId::new(candidate.project_id).map_err(|e| DbError::Corrupt(e.detail))?,
         name: EndpointName::parse(&candidate.name).map_err(|e| DbError::Corrupt(e.detail))?,
@@ -242,7 +265,10 @@ fn into_claim(candidate: Candidate, token: Uuid) -> Result<Claim, DbError> {
         token,
         abandoned,
         due_at: candidate.record_next_run_at.map(instant).transpose()?,
-    })
+        query: rows::query(&query)?,
+        eligibility: rows::eligibility(eligibility.as_deref())?,
+        current,
+    }))
 }
 
 #[async_trait]
@@ -296,7 +322,7 @@ impl MaterializationRecords for DieselStore {
                 for candidate in due(conn, now, max)? {
                     let token = Uuid::new_v4();
                     if claim_one(conn, &candidate, token, now, lease_until)? {
-                        claims.push(into_claim(candidate, token)?);
+                        claims.extend(into_claim(conn, candidate, token)?);
                     }
                 }
                 Ok(claims)
@@ -383,6 +409,16 @@ impl MaterializationRecords for DieselStore {
                             .execute(conn)?,
                     };
 
+                    // Told as the switch commits: other processes drop runs cached from the result before.
+                    if matches!(conn, AnyConnection::Postgresql(_)) {
+                        let (project, name): (i64, String) = endpoints::table
+                            .find(&id)
+                            .select((endpoints::project_id, endpoints::name))
+                            .first(conn)?;
+                        let project = ProjectId::new(project).map_err(|e| DbError::Corrupt(e.detail))?;
+                        let name = EndpointName::parse(&name).map_err(|e| DbError::Corrupt(e.detail))?;
+                        announce(conn, &Change::Endpoint { project, name })?;
+                    }
                     Ok(Switch::Switched { replaced: replaced.filter(|old| *old != result.location) })
                 })
             })

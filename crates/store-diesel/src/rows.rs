@@ -52,7 +52,7 @@ fn sync_frequency(raw: Option<&str>) -> Result<Option<SyncFrequency>, DbError> {
     raw.map(SyncFrequency::parse).transpose().map_err(|e| DbError::Corrupt(e.detail))
 }
 
-fn query(raw: &str) -> Result<Query, DbError> {
+pub(crate) fn query(raw: &str) -> Result<Query, DbError> {
     let value: serde_json::Value =
         serde_json::from_str(raw).map_err(|e| DbError::Corrupt(format!("query: {e}")))?;
     Query::try_from(&value).map_err(|e| DbError::Corrupt(format!("query: {}", e.detail)))
@@ -66,7 +66,7 @@ pub(crate) fn eligibility_text(eligibility: &Eligibility) -> Option<String> {
     serde_json::to_string(eligibility).ok()
 }
 
-fn eligibility(raw: Option<&str>) -> Result<Option<Eligibility>, DbError> {
+pub(crate) fn eligibility(raw: Option<&str>) -> Result<Option<Eligibility>, DbError> {
     let Some(raw) = raw else { return Ok(None) };
     let read =
         serde_json::from_str(raw).or_else(|err| match serde_json::from_str::<LegacyEligibility>(raw) {

@@ -21,7 +21,7 @@ use crate::access::ProjectId;
 use crate::clock::Timestamp;
 use crate::endpoints::{Endpoint, EndpointName, Freshness, SyncFrequency};
 use crate::query::{
-    AggregateCall, AggregateKind, ColumnType, CompareOp, QueryOutline, VariablePredicate, VariableType,
+    AggregateCall, AggregateKind, ColumnType, CompareOp, Query, QueryOutline, VariablePredicate, VariableType,
 };
 
 /// A variable predicate as the run applies it to the stored result: `column <op> value of variable`.
@@ -430,8 +430,10 @@ impl MaterializationState {
     }
 }
 
-/// A refresh a worker has claimed: it holds the lease until `lease_until` (renewable).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A refresh a worker has claimed: it holds the lease until `lease_until` (renewable). It carries what the
+/// refresh reads of the store (the claimed version's query, and the result a fold starts from), read with the
+/// claim: a refresh's only round trip to the store is its switch.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
     pub endpoint_id: Uuid,
     pub project: ProjectId,
@@ -445,6 +447,12 @@ pub struct Claim {
     pub abandoned: Option<String>,
     /// When the refresh fell due (its record's next run); `None` for a first refresh.
     pub due_at: Option<Timestamp>,
+    /// The claimed version's query (versions do not change once written).
+    pub query: Query,
+    /// Whether the claimed version can be materialized, when it was decided as the version was written.
+    pub eligibility: Option<Eligibility>,
+    /// The record's result when claimed: no other worker switches it while the claim holds.
+    pub current: Option<StoredResult>,
 }
 
 /// How finishing a claimed refresh ended in the store.

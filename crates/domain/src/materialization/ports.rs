@@ -52,7 +52,9 @@ pub trait MaterializationRecords: Send + Sync {
     async fn renew(&self, endpoint_id: Uuid, token: Uuid, until: Timestamp) -> Result<bool, StoreError>;
 
     /// Switches runs to a completed result, if the claim is still held, and counts it: a full refresh, or a fold
-    /// that `folded` rows into the previous result. Appends recorded since the claim stay pending.
+    /// that `folded` rows into the previous result. Appends recorded since the claim stay pending. Other
+    /// processes are told that the endpoint changed as the switch commits (so they drop runs cached from the
+    /// result before).
     ///
     /// # Errors
     /// `Unavailable`, `Internal`.

@@ -10,8 +10,8 @@ use tracing::{debug, info, warn};
 use super::model::{attempt_location, Claim, Eligibility, Stored, StoredResult, Switch};
 use super::ports::{MaterializationRecords, ResultStorage};
 use crate::clock::Clock;
-use crate::endpoints::{EndpointChanges, EndpointStore};
-use crate::error::{Error, Invalid, StoreError};
+use crate::endpoints::EndpointChanges;
+use crate::error::{Error, Invalid};
 use crate::logs::{LogKind, LogRecord, NoRunLog, RunLog};
 use crate::query::QueryEngine;
 use uuid::Uuid;
@@ -41,8 +41,7 @@ pub enum RefreshOutcome {
 
 /// What refreshing works through.
 pub struct RefreshDeps {
-    /// Where the claimed version's query is read.
-    pub endpoints: Arc<dyn EndpointStore>,
+    /// The records claimed and switched; a claim carries what a refresh reads of the store.
     pub states: Arc<dyn MaterializationRecords>,
     /// Plans a version saved before its eligibility was recorded.
     pub engine: Arc<dyn QueryEngine>,
@@ -56,7 +55,6 @@ pub struct RefreshDeps {
 
 /// Refreshes stored results: claims due ones, computes and switches to them, sweeps what nothing refers to.
 pub struct RefreshService {
-    endpoints: Arc<dyn EndpointStore>,
     states: Arc<dyn MaterializationRecords>,
     engine: Arc<dyn QueryEngine>,
     results: Arc<dyn ResultStorage>,
@@ -68,8 +66,8 @@ pub struct RefreshService {
 
 impl RefreshService {
     pub fn new(deps: RefreshDeps) -> Self {
-        let RefreshDeps { endpoints, states, engine, results, clock, changes, lease } = deps;
-        Self { endpoints, states, engine, results, clock, changes, lease, log: Arc::new(NoRunLog) }
+        let RefreshDeps { states, engine, results, clock, changes, lease } = deps;
+        Self { states, engine, results, clock, changes, lease, log: Arc::new(NoRunLog) }
     }
 
     /// Records each refresh that completes, folds or fails in `log` (none are by default).
@@ -205,7 +203,7 @@ impl RefreshService {
         let next = at + period;
         match self.states.complete(claim.endpoint_id, claim.token, result, next, added).await {
             Ok(Switch::Switched { replaced }) => {
-                self.switched(claim).await;
+                self.switched(claim);
                 if let Some(old) = replaced {
                     self.remove_quietly(claim, &old).await;
                 }
@@ -231,28 +229,22 @@ impl RefreshService {
         }
     }
 
-    /// The claimed version's result at `target`: the previous result with the rows appended since folded in when
-    /// it can be, else computed in full.
+    /// The claimed version's result at `target`: the result it held when claimed with the rows appended since
+    /// folded in when it can be, else computed in full.
     async fn compute(&self, claim: &Claim, target: &str) -> Result<Stored, Error> {
-        let version = self.endpoints.get_version(claim.project, &claim.name, claim.version).await.map_err(
-            |e| match e {
-                StoreError::NotFound | StoreError::VersionNotFound(_) => {
-                    Error::NotFound(claim.name.to_string())
-                }
-                other => other.into(),
-            },
-        )?;
-        let eligibility = match version.eligibility {
-            Some(eligibility) => eligibility,
-            None => Eligibility::decide(
-                &self.engine.describe_queued(claim.project, &version.query).await?.outline,
-            ),
+        let eligibility = match &claim.eligibility {
+            Some(eligibility) => eligibility.clone(),
+            None => {
+                Eligibility::decide(&self.engine.describe_queued(claim.project, &claim.query).await?.outline)
+            }
         };
         if let Some(reason) = eligibility.reason() {
             return Err(Error::Invalid(Invalid::field("is_materialized", reason)));
         }
-        if let Some(previous) = self.previous(claim).await {
-            let folded = self.results.fold(claim.project, &version.query, &previous, target);
+        // A result the engine told what of its tables it holds, so that the rows appended since can be folded in.
+        let previous = claim.current.as_ref().filter(|r| r.version == claim.version && r.coverage.is_some());
+        if let Some(previous) = previous {
+            let folded = self.results.fold(claim.project, &claim.query, previous, target);
             match folded.await {
                 Ok(stored) => return Ok(stored),
                 // A failed fold leaves nothing at the target: the full refresh writes there.
@@ -261,29 +253,12 @@ impl RefreshService {
                 }
             }
         }
-        Ok(self.results.write(claim.project, &version.query, target).await?)
+        Ok(self.results.write(claim.project, &claim.query, target).await?)
     }
 
-    /// The claimed version's current result, if the engine told what of its tables it holds (so that the rows
-    /// appended since can be folded into it).
-    async fn previous(&self, claim: &Claim) -> Option<StoredResult> {
-        let state = match self.states.get(claim.endpoint_id).await {
-            Ok(state) => state?,
-            Err(err) => {
-                warn!(endpoint = %claim.name, error = %err, "cannot read the materialization record; refreshing in full");
-                return None;
-            }
-        };
-        state.result.filter(|r| r.version == claim.version && r.coverage.is_some())
-    }
-
-    /// Makes the runs cached from the result before stale, here and on the other processes (which otherwise keep
-    /// them until their cache age runs out).
-    async fn switched(&self, claim: &Claim) {
+    /// Makes the runs cached from the result before stale here (the store's switch told the other processes).
+    fn switched(&self, claim: &Claim) {
         self.changes.changed(claim.project, &claim.name);
-        if let Err(err) = self.endpoints.announce(claim.project, vec![claim.name.clone()]).await {
-            warn!(endpoint = %claim.name, error = %err, "cannot tell other processes of a new stored result");
-        }
     }
 
     /// Removes what an attempt wrote (there may be nothing).

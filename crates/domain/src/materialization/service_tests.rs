@@ -11,9 +11,7 @@ use super::super::ports::{MockMaterializationRecords, MockResultStorage};
 use super::*;
 use crate::access::ProjectId;
 use crate::clock::{MockClock, Timestamp};
-use crate::endpoints::{
-    CacheAge, EndpointName, EndpointVersion, Freshness, MockEndpointChanges, MockEndpointStore, SyncFrequency,
-};
+use crate::endpoints::{EndpointName, Freshness, MockEndpointChanges, SyncFrequency};
 use crate::error::EngineError;
 use crate::query::{MockQueryEngine, Query};
 
@@ -36,33 +34,14 @@ fn claim() -> Claim {
         token: Uuid::from_u128(9),
         abandoned: None,
         due_at: None,
+        query: Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap(),
+        eligibility: eligible(),
+        current: None,
     }
 }
 
 fn target() -> String {
     attempt_location(Uuid::from_u128(1), 3, Uuid::from_u128(9))
-}
-
-fn endpoints(eligibility: Option<Eligibility>) -> MockEndpointStore {
-    let mut store = MockEndpointStore::new();
-    store.expect_get_version().returning(move |_, _, v| {
-        Ok(EndpointVersion {
-            endpoint_id: Uuid::from_u128(1),
-            version: v,
-            query: Query::try_from(&json!({"kind": "SQLQuery", "query": "SELECT 1 AS n"})).unwrap(),
-            description: String::new(),
-            columns: vec![],
-            cache_age: CacheAge::default(),
-            sync_frequency: Some(SyncFrequency::OneHour),
-            created_at: NOW,
-            is_current: true,
-            eligibility: eligibility.clone(),
-            tables: None,
-            plan_error: None,
-            breaking_changes: vec![],
-        })
-    });
-    store
 }
 
 fn eligible() -> Option<Eligibility> {
@@ -90,29 +69,21 @@ fn results(write: Result<u64, ()>, removed: Arc<Mutex<Vec<String>>>) -> MockResu
     results
 }
 
-fn materializer(
-    mut endpoints: MockEndpointStore,
-    states: MockMaterializationRecords,
-    results: MockResultStorage,
-) -> RefreshService {
-    endpoints.expect_announce().returning(|_, _| Ok(()));
+fn materializer(states: MockMaterializationRecords, results: MockResultStorage) -> RefreshService {
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().return_const(());
-    materializer_telling(endpoints, states, results, changes)
+    materializer_telling(states, results, changes)
 }
 
+/// The refresh reads nothing of the store but its claim: the records answer only the calls a test expects.
 fn materializer_telling(
-    endpoints: MockEndpointStore,
-    mut states: MockMaterializationRecords,
+    states: MockMaterializationRecords,
     results: MockResultStorage,
     changes: MockEndpointChanges,
 ) -> RefreshService {
     let mut clock = MockClock::new();
     clock.expect_now().return_const(NOW);
-    // No result to fold into unless a test says so.
-    states.expect_get().returning(|_| Ok(None));
     RefreshService::new(RefreshDeps {
-        endpoints: Arc::new(endpoints),
         states: Arc::new(states),
         engine: Arc::new(MockQueryEngine::new()),
         results: Arc::new(results),
@@ -146,17 +117,11 @@ async fn a_completed_refresh_switches_and_removes_the_replaced_result() {
         })
         .times(1)
         .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: Some("old".into()) }));
-    // Runs cached from the replaced result go, here and on the other processes.
-    let mut store = endpoints(eligible());
+    // Runs cached here from the replaced result go (the store's switch tells the other processes).
     let kpi = EndpointName::parse("kpi").unwrap();
-    store
-        .expect_announce()
-        .with(eq(ProjectId::new(4).unwrap()), eq(vec![kpi.clone()]))
-        .times(1)
-        .returning(|_, _| Ok(()));
     let mut changes = MockEndpointChanges::new();
     changes.expect_changed().with(eq(ProjectId::new(4).unwrap()), eq(kpi)).times(1).return_const(());
-    let m = materializer_telling(store, states, results(Ok(42), Arc::clone(&removed)), changes);
+    let m = materializer_telling(states, results(Ok(42), Arc::clone(&removed)), changes);
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
     assert_eq!(*removed.lock().unwrap(), vec!["old".to_owned()]);
 }
@@ -177,7 +142,7 @@ async fn a_result_that_changes_with_time_is_due_again_within_its_freshness() {
             let coverage = Some(Coverage("full".into()));
             Ok(Stored { rows: 3, folded: None, coverage, changes_with_time, fold: twice() })
         });
-        let m = materializer(endpoints(eligible()), states, results);
+        let m = materializer(states, results);
         assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 3 });
     }
 }
@@ -187,7 +152,7 @@ async fn a_claim_that_took_over_a_crashed_attempt_removes_its_files_first() {
     let removed = Arc::new(Mutex::new(Vec::new()));
     let mut states = MockMaterializationRecords::new();
     states.expect_complete().returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: None }));
-    let m = materializer(endpoints(eligible()), states, results(Ok(1), Arc::clone(&removed)));
+    let m = materializer(states, results(Ok(1), Arc::clone(&removed)));
     let crashed = attempt_location(Uuid::from_u128(1), 3, Uuid::from_u128(8));
     let claim = Claim { abandoned: Some(crashed.clone()), ..claim() };
     assert_eq!(m.refresh(&claim).await.unwrap(), RefreshOutcome::Completed { rows: 1 });
@@ -199,7 +164,7 @@ async fn a_refresh_whose_claim_was_lost_removes_what_it_wrote() {
     let removed = Arc::new(Mutex::new(Vec::new()));
     let mut states = MockMaterializationRecords::new();
     states.expect_complete().times(1).returning(|_, _, _, _, _| Ok(Switch::Lost));
-    let m = materializer(endpoints(eligible()), states, results(Ok(5), Arc::clone(&removed)));
+    let m = materializer(states, results(Ok(5), Arc::clone(&removed)));
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Lost);
     assert_eq!(*removed.lock().unwrap(), vec![target()]);
 }
@@ -213,7 +178,7 @@ async fn a_failed_refresh_is_recorded_and_retried_within_five_minutes() {
         .withf(|_, _, error, next| error.contains("'x' not found") && *next == NOW + RETRY_AFTER_FAILURE)
         .times(1)
         .returning(|_, _, _, _| Ok(true));
-    let m = materializer(endpoints(eligible()), states, results(Err(()), Arc::clone(&removed)));
+    let m = materializer(states, results(Err(()), Arc::clone(&removed)));
     let outcome = m.refresh(&claim()).await.unwrap();
     assert!(matches!(outcome, RefreshOutcome::Failed { ref error } if error.contains("'x' not found")));
     assert_eq!(*removed.lock().unwrap(), vec![target()]);
@@ -231,21 +196,9 @@ async fn a_query_that_became_ineligible_fails_without_writing() {
     results.expect_write().never();
     results.expect_remove().returning(|_, _| Ok(()));
     let ineligible = Some(Eligibility::Ineligible { reason: "The query has an outermost LIMIT".into() });
-    let m = materializer(endpoints(ineligible), states, results);
-    assert!(matches!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Failed { .. }));
-}
-
-#[tokio::test]
-async fn a_refresh_of_a_deleted_endpoint_is_lost_without_a_record() {
-    let removed = Arc::new(Mutex::new(Vec::new()));
-    let mut endpoints = MockEndpointStore::new();
-    endpoints.expect_get_version().returning(|_, _, _| Err(crate::error::StoreError::NotFound));
-    let mut states = MockMaterializationRecords::new();
-    states.expect_fail().never();
-    states.expect_complete().never();
-    let m = materializer(endpoints, states, results(Ok(1), Arc::clone(&removed)));
-    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Lost);
-    assert_eq!(*removed.lock().unwrap(), vec![target()]);
+    let m = materializer(states, results);
+    let claim = Claim { eligibility: ineligible, ..claim() };
+    assert!(matches!(m.refresh(&claim).await.unwrap(), RefreshOutcome::Failed { .. }));
 }
 
 #[tokio::test]
@@ -256,7 +209,7 @@ async fn claims_are_leased_from_now() {
         .with(eq(NOW), eq(NOW + LEASE), eq(2))
         .times(1)
         .returning(|_, _, _| Ok(vec![claim()]));
-    let m = materializer(MockEndpointStore::new(), states, MockResultStorage::new());
+    let m = materializer(states, MockResultStorage::new());
     assert_eq!(m.claim(2).await.unwrap(), vec![claim()]);
     assert!(m.claim(0).await.unwrap().is_empty());
 }
@@ -301,7 +254,7 @@ async fn the_sweep_removes_only_locations_no_record_refers_to() {
         rows_folded: 0,
     };
     states.expect_all().returning(move || Ok(vec![record.clone()]));
-    let m = materializer(MockEndpointStore::new(), states, results);
+    let m = materializer(states, results);
     assert_eq!(m.sweep().await.unwrap(), 2);
     let mut removed = removed.lock().unwrap().clone();
     removed.sort();
@@ -322,37 +275,23 @@ fn a_storage_failure_is_reported_by_its_kind_and_other_failures_without_internal
     assert_eq!(super::failure_text(&other), "The refresh failed with an internal error; see the server log.");
 }
 
-/// A record whose completed result of version 3 holds 40 rows and says what of its tables it read.
-fn with_result(states: &mut MockMaterializationRecords) {
-    states.expect_get().returning(|id| {
-        Ok(Some(MaterializationState {
-            endpoint_id: id,
-            version: 3,
-            status: MaterializationStatus::Running,
-            next_run_at: NOW,
-            error: None,
-            result: Some(StoredResult {
-                version: 3,
-                location: "previous".into(),
-                row_count: 40,
-                materialized_at: NOW,
-                data_as_of: NOW,
-                coverage: Some(Coverage("read".into())),
-                fold: Some(Fold::Incremental),
-            }),
-            lease: Some((Uuid::from_u128(9), NOW + LEASE)),
-            appended_since: None,
-            full_refreshes: 1,
-            last_folded_at: None,
-            rows_folded: 0,
-        }))
-    });
+/// A claim of a record whose completed result of version 3 holds 40 rows and says what of its tables it read.
+fn claim_with_result() -> Claim {
+    let current = StoredResult {
+        version: 3,
+        location: "previous".into(),
+        row_count: 40,
+        materialized_at: NOW,
+        data_as_of: NOW,
+        coverage: Some(Coverage("read".into())),
+        fold: Some(Fold::Incremental),
+    };
+    Claim { current: Some(current), ..claim() }
 }
 
 #[tokio::test]
 async fn rows_appended_since_the_result_are_folded_into_it() {
     let mut states = MockMaterializationRecords::new();
-    with_result(&mut states);
     states
         .expect_complete()
         .withf(|_, _, result, _, folded| {
@@ -387,15 +326,14 @@ async fn rows_appended_since_the_result_are_folded_into_it() {
         sink.lock().unwrap().push(location.to_owned());
         Ok(())
     });
-    let m = materializer(endpoints(eligible()), states, results);
-    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Folded { added: 5, rows: 45 });
+    let m = materializer(states, results);
+    assert_eq!(m.refresh(&claim_with_result()).await.unwrap(), RefreshOutcome::Folded { added: 5, rows: 45 });
     assert_eq!(*removed.lock().unwrap(), vec!["previous".to_owned()]);
 }
 
 #[tokio::test]
 async fn rows_that_cannot_be_folded_in_are_refreshed_in_full() {
     let mut states = MockMaterializationRecords::new();
-    with_result(&mut states);
     states
         .expect_complete()
         .withf(|_, _, result, _, folded| (result.row_count, *folded) == (42, None))
@@ -406,8 +344,29 @@ async fn rows_that_cannot_be_folded_in_are_refreshed_in_full() {
         .expect_fold()
         .times(1)
         .returning(|_, _, _, _| Err(EngineError::InvalidQuery("both tables changed".into())));
-    let m = materializer(endpoints(eligible()), states, results);
-    assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
+    let m = materializer(states, results);
+    assert_eq!(m.refresh(&claim_with_result()).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
+}
+
+/// The record's result is of the version before, or does not say what of its tables it holds: nothing to fold
+/// into, the new version's result is computed in full.
+#[tokio::test]
+async fn a_result_of_another_version_or_without_coverage_is_refreshed_in_full() {
+    let before = claim_with_result().current.unwrap();
+    let unknown = StoredResult { coverage: None, ..before.clone() };
+    for current in [StoredResult { version: 2, ..before }, unknown] {
+        let mut states = MockMaterializationRecords::new();
+        states
+            .expect_complete()
+            .withf(|_, _, result, _, folded| (result.row_count, *folded) == (42, None))
+            .times(1)
+            .returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: Some("previous".into()) }));
+        let mut results = results(Ok(42), Arc::new(Mutex::new(Vec::new())));
+        results.expect_fold().never();
+        let m = materializer(states, results);
+        let claim = Claim { current: Some(current), ..claim() };
+        assert_eq!(m.refresh(&claim).await.unwrap(), RefreshOutcome::Completed { rows: 42 });
+    }
 }
 
 /// A log that keeps what it is given.
@@ -426,17 +385,15 @@ async fn completed_and_failed_refreshes_are_logged_and_lost_ones_are_not() {
     let mut states = MockMaterializationRecords::new();
     states.expect_complete().times(1).returning(|_, _, _, _, _| Ok(Switch::Switched { replaced: None }));
     let removed = Arc::new(Mutex::new(Vec::new()));
-    let m = materializer(endpoints(eligible()), states, results(Ok(42), Arc::clone(&removed)))
-        .with_log(Arc::clone(&log));
+    let m = materializer(states, results(Ok(42), Arc::clone(&removed))).with_log(Arc::clone(&log));
     m.refresh(&claim()).await.unwrap();
     let mut states = MockMaterializationRecords::new();
     states.expect_fail().returning(|_, _, _, _| Ok(true));
-    let m = materializer(endpoints(eligible()), states, results(Err(()), Arc::clone(&removed)))
-        .with_log(Arc::clone(&log));
+    let m = materializer(states, results(Err(()), Arc::clone(&removed))).with_log(Arc::clone(&log));
     m.refresh(&claim()).await.unwrap();
     let mut states = MockMaterializationRecords::new();
     states.expect_complete().returning(|_, _, _, _, _| Ok(Switch::Lost));
-    let m = materializer(endpoints(eligible()), states, results(Ok(5), removed)).with_log(log);
+    let m = materializer(states, results(Ok(5), removed)).with_log(log);
     assert_eq!(m.refresh(&claim()).await.unwrap(), RefreshOutcome::Lost);
 
     let kept = kept.lock().unwrap();
