@@ -58,6 +58,16 @@ pub struct RunService {
     in_flight: Arc<Mutex<HashMap<CacheKey, WeakShared<RunFuture>>>>,
     /// Active endpoints with their current version, as computations read them from the store.
     definitions: Arc<RecentReads<(ProjectId, EndpointName), Definition>>,
+    /// Materialized endpoints' stored results, as runs read them from the store.
+    stored: Arc<RecentReads<(ProjectId, EndpointName), KeptResult>>,
+}
+
+/// A materialized endpoint's stored result (or none), read from the store under the endpoint's cache generation
+/// and kept as a [`Definition`] is: a switch to another result changes the generation, on this process at once
+/// and on the others as the store announces it.
+struct KeptResult {
+    generation: u64,
+    result: Option<StoredResult>,
 }
 
 /// An active endpoint and its current version, read from the store under the endpoint's cache generation: kept
@@ -225,6 +235,7 @@ impl RunService {
             log,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
             definitions: Arc::new(RecentReads::new(Self::DEFINITION_TTL, 100_000)),
+            stored: Arc::new(RecentReads::new(Self::DEFINITION_TTL, 100_000)),
         }
     }
 
@@ -579,6 +590,7 @@ impl RunService {
             executions: Arc::clone(&self.executions),
             materializations: self.materializations.clone(),
             definitions: Arc::clone(&self.definitions),
+            stored: Arc::clone(&self.stored),
         }
     }
 
@@ -626,6 +638,7 @@ struct Context {
     executions: Arc<ExecutionTracker>,
     materializations: MaterializationPorts,
     definitions: Arc<RecentReads<(ProjectId, EndpointName), Definition>>,
+    stored: Arc<RecentReads<(ProjectId, EndpointName), KeptResult>>,
 }
 
 impl Context {
@@ -682,14 +695,7 @@ impl Context {
         if endpoint.hibernating(now, self.executions.pending(endpoint.project_id, &endpoint.name)) {
             return None;
         }
-        let state = match self.materializations.states.get(endpoint.id).await {
-            Ok(state) => state?,
-            Err(err) => {
-                warn!(endpoint = %endpoint.name, error = %err, "cannot read the materialization record; running live");
-                return None;
-            }
-        };
-        let stored = state.result.filter(|r| {
+        let stored = self.stored_result(endpoint, now).await?.filter(|r| {
             r.version == version.version
                 && r.materialized_at + period >= now
                 && request.takes(r.data_as_of, now)
@@ -707,6 +713,26 @@ impl Context {
             .map(|f| variables.get(&f.variable).map(|value| (f.clone(), value.clone())))
             .collect::<Option<Vec<_>>>()?;
         Some((stored, bound))
+    }
+
+    /// The endpoint's stored result as the store holds it: kept from an earlier run under the same cache
+    /// generation (see [`KeptResult`]), else read; `None` when it cannot be read.
+    async fn stored_result(&self, endpoint: &Endpoint, now: Timestamp) -> Option<Option<StoredResult>> {
+        let key = (endpoint.project_id, endpoint.name.clone());
+        // Taken before the read: a switch during it moves the generation on, and what is kept is not used.
+        let generation = self.cache.generation(endpoint.project_id, &endpoint.name);
+        if let Some(kept) = self.stored.get(&key, now).filter(|kept| kept.generation == generation) {
+            return Some(kept.result.clone());
+        }
+        let result = match self.materializations.states.get(endpoint.id).await {
+            Ok(state) => state.and_then(|state| state.result),
+            Err(err) => {
+                warn!(endpoint = %endpoint.name, error = %err, "cannot read the materialization record; running live");
+                return None;
+            }
+        };
+        self.stored.put(key, &Arc::new(KeptResult { generation, result: result.clone() }), now);
+        Some(result)
     }
 
     /// A page from the endpoint's stored result when the run may read one (a `blocking` or `force_cache` run of

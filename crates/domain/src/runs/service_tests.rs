@@ -734,10 +734,11 @@ mod materialized {
         store
     }
 
-    /// A record whose stored result of version 2 was computed at `at`.
-    fn states(at: Timestamp) -> MockMaterializationRecords {
+    /// A record whose stored result of version 2 was computed at `at`, counting its reads in `gets`.
+    fn states(at: Timestamp, gets: Arc<AtomicUsize>) -> MockMaterializationRecords {
         let mut states = MockMaterializationRecords::new();
         states.expect_get().returning(move |id| {
+            gets.fetch_add(1, Ordering::SeqCst);
             Ok(Some(MaterializationState {
                 endpoint_id: id,
                 version: 2,
@@ -843,7 +844,13 @@ mod materialized {
     }
 
     fn service(at: Timestamp, fail: bool) -> (Fixture, Arc<AtomicUsize>) {
-        let reads = Arc::new(AtomicUsize::new(0));
+        let (f, reads, _) = service_counting(at, fail);
+        (f, reads)
+    }
+
+    /// [`service`], with the count of the record's reads.
+    fn service_counting(at: Timestamp, fail: bool) -> (Fixture, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (reads, gets) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let mut f = fixture(materialized_store());
         let store: Arc<dyn EndpointStore> = Arc::new(materialized_store());
         f.service = RunService::new(RunDeps {
@@ -853,14 +860,32 @@ mod materialized {
             clock: f.clock.clone(),
             executions: f.executions.clone(),
             materializations: MaterializationPorts {
-                states: Arc::new(states(at)),
+                states: Arc::new(states(at, Arc::clone(&gets))),
                 results: Arc::new(results(fail, reads.clone())),
             },
             export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
             cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
             log: Arc::new(crate::logs::NoRunLog),
         });
-        (f, reads)
+        (f, reads, gets)
+    }
+
+    /// The record naming the stored result is read once per cache generation: a switch to another result (which
+    /// moves the generation on, here or as another process announces it) is seen at the next read, and a record
+    /// is trusted no longer than a definition is.
+    #[tokio::test]
+    async fn the_stored_result_is_read_from_the_store_once_per_generation() {
+        let (f, reads, gets) = service_counting(T0, false);
+        for _ in 0..3 {
+            assert_eq!(exported(&f, Refresh::Blocking).await, ("stored".into(), Some(T0)));
+        }
+        assert_eq!((reads.load(Ordering::SeqCst), gets.load(Ordering::SeqCst)), (3, 1));
+        f.cache.invalidate(project(), &named("kpi"));
+        assert_eq!(exported(&f, Refresh::Blocking).await, ("stored".into(), Some(T0)));
+        assert_eq!(gets.load(Ordering::SeqCst), 2, "read again in the new generation");
+        f.clock.advance(RunService::DEFINITION_TTL);
+        assert_eq!(exported(&f, Refresh::Blocking).await, ("stored".into(), Some(T0)));
+        assert_eq!(gets.load(Ordering::SeqCst), 3, "read again once the time to trust it passed");
     }
 
     #[tokio::test]
