@@ -1046,7 +1046,10 @@ async fn postgres_announces_committed_changes_to_every_listener() {
         let far = T0 + Duration::from_secs(86_400 * 365);
         let switch = MaterializationRecords::complete(&store, id, claim.token, stored("s", 1, T0), far, None);
         assert_eq!(switch.await.unwrap(), Switch::Switched { replaced: None });
-        assert_eq!(wait_for(&changes, ours("endpoint")), Change::Endpoint { project: p, name: name("stored") });
+        assert_eq!(
+            wait_for(&changes, ours("endpoint")),
+            Change::Endpoint { project: p, name: name("stored") }
+        );
     }
 
     let events = TableName::parse("events").unwrap();
