@@ -58,6 +58,11 @@ impl<K: Hash + Eq, V> RecentReads<K, V> {
         entries.insert(key, (Arc::clone(value), now));
     }
 
+    /// Forgets the entry of `key`: the next read goes to the store.
+    pub(crate) fn forget(&self, key: &K) {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner).remove(key);
+    }
+
     pub(crate) fn retain(&self, keep: impl Fn(&K, &V) -> bool) {
         self.entries
             .lock()

@@ -2,6 +2,7 @@
 //! coalescing of identical cache misses, and recording of execution times.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -522,8 +523,9 @@ impl RunService {
                 &version,
                 &variables,
                 &request,
-                async |stored, filters| {
-                    results.export(project, &stored.location, filters, limit, offset, format).await
+                |location, filters| {
+                    let results = Arc::clone(results);
+                    async move { results.export(project, &location, filters, limit, offset, format).await }
                 },
                 async || {
                     let export =
@@ -571,8 +573,9 @@ impl RunService {
                 &version,
                 &variables,
                 request,
-                async |stored, filters| {
-                    results.read(endpoint.project_id, &stored.location, filters, limit, offset).await
+                |location, filters| {
+                    let (results, project) = (Arc::clone(results), endpoint.project_id);
+                    async move { results.read(project, &location, filters, limit, offset).await }
                 },
                 async || Err(Error::Internal("a force_cache run is never answered live".into())),
             )
@@ -740,15 +743,22 @@ impl Context {
     /// tables; a stored result that cannot be read is logged and the page computed live. A `force_cache` run is
     /// never computed live: without a stored page it has none. Answers the page, the stored result it was read
     /// from, and how long reading or computing it took.
-    async fn stored_else_live<T>(
+    ///
+    /// The record kept may name a result that another process switched away from, and removed, before the
+    /// switch's announcement arrived here: a read that fails has the record read again, and reads the result it
+    /// names when that is another one.
+    async fn stored_else_live<T, Read>(
         &self,
         endpoint: &Endpoint,
         version: &EndpointVersion,
         variables: &BTreeMap<String, BoundValue>,
         request: &RunRequest,
-        stored: impl AsyncFnOnce(&StoredResult, Vec<(MaterializedFilter, BoundValue)>) -> Result<T, EngineError>,
+        stored: impl Fn(String, Vec<(MaterializedFilter, BoundValue)>) -> Read,
         live: impl AsyncFnOnce() -> Result<T, Error>,
-    ) -> Result<Option<(T, Option<StoredResult>, Duration)>, Error> {
+    ) -> Result<Option<(T, Option<StoredResult>, Duration)>, Error>
+    where
+        Read: Future<Output = Result<T, EngineError>>,
+    {
         let refresh = request.refresh;
         // A stored result holds the newest data it was refreshed with: earlier versions are read live.
         let reads_stored = endpoint.is_materialized
@@ -756,12 +766,27 @@ impl Context {
             && request.read_at().is_newest();
         let source =
             if reads_stored { self.stored_source(endpoint, version, variables, request).await } else { None };
-        if let Some((result, filters)) = source {
+        if let Some((mut result, mut filters)) = source {
             let started = Instant::now();
-            match stored(&result, filters).await {
-                Ok(page) => return Ok(Some((page, Some(result), started.elapsed()))),
-                Err(err) => warn!(endpoint = %endpoint.name, location = %result.location, error = %err,
-                                  "cannot read the stored result; running live"),
+            for again in [false, true] {
+                let failed = match stored(result.location.clone(), filters).await {
+                    Ok(page) => return Ok(Some((page, Some(result), started.elapsed()))),
+                    Err(err) => err,
+                };
+                let switched = match again {
+                    true => None,
+                    false => {
+                        self.stored.forget(&(endpoint.project_id, endpoint.name.clone()));
+                        let read = self.stored_source(endpoint, version, variables, request).await;
+                        read.filter(|(read, _)| read.location != result.location)
+                    }
+                };
+                let Some(switched) = switched else {
+                    warn!(endpoint = %endpoint.name, location = %result.location, error = %failed,
+                          "cannot read the stored result; running live");
+                    break;
+                };
+                (result, filters) = switched;
             }
         }
         if refresh == Refresh::ForceCache {
@@ -830,7 +855,10 @@ async fn compute(
             version,
             &variables,
             &request,
-            async |stored, filters| results.read(key.project, &stored.location, filters, limit, offset).await,
+            |location, filters| {
+                let (results, project) = (Arc::clone(results), key.project);
+                async move { results.read(project, &location, filters, limit, offset).await }
+            },
             async || {
                 let engine = &context.engine;
                 let result = match &at {

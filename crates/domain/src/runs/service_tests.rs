@@ -851,6 +851,12 @@ mod materialized {
     /// [`service`], with the count of the record's reads.
     fn service_counting(at: Timestamp, fail: bool) -> (Fixture, Arc<AtomicUsize>, Arc<AtomicUsize>) {
         let (reads, gets) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let f = service_with(states(at, Arc::clone(&gets)), results(fail, reads.clone()));
+        (f, reads, gets)
+    }
+
+    /// A service of `kpi` whose records and stored results are `states` and `results`.
+    fn service_with(states: MockMaterializationRecords, results: MockResultStorage) -> Fixture {
         let mut f = fixture(materialized_store());
         let store: Arc<dyn EndpointStore> = Arc::new(materialized_store());
         f.service = RunService::new(RunDeps {
@@ -859,15 +865,68 @@ mod materialized {
             cache: f.cache.clone(),
             clock: f.clock.clone(),
             executions: f.executions.clone(),
-            materializations: MaterializationPorts {
-                states: Arc::new(states(at, Arc::clone(&gets))),
-                results: Arc::new(results(fail, reads.clone())),
-            },
+            materializations: MaterializationPorts { states: Arc::new(states), results: Arc::new(results) },
             export_limit: RunRequest::DEFAULT_EXPORT_LIMIT,
             cursor_ttl: RunService::DEFAULT_CURSOR_TTL,
             log: Arc::new(crate::logs::NoRunLog),
         });
-        (f, reads, gets)
+        f
+    }
+
+    /// The record kept names a result another process switched away from and removed before its announcement
+    /// arrived: the read that fails has the record read again, and the result it names now answers.
+    #[tokio::test]
+    async fn a_kept_record_naming_a_removed_result_is_read_again() {
+        let gets = Arc::new(AtomicUsize::new(0));
+        let mut states = MockMaterializationRecords::new();
+        let counted = Arc::clone(&gets);
+        let switched_at = T0 + Duration::from_secs(10);
+        states.expect_get().returning(move |id| {
+            let (location, at) = match counted.fetch_add(1, Ordering::SeqCst) {
+                0 => ("loc", T0),
+                _ => ("switched", switched_at),
+            };
+            let result = StoredResult {
+                version: 2,
+                location: location.into(),
+                row_count: 3,
+                materialized_at: at,
+                data_as_of: at,
+                coverage: None,
+                fold: None,
+            };
+            Ok(Some(MaterializationState {
+                endpoint_id: id,
+                version: 2,
+                status: MaterializationStatus::Completed,
+                next_run_at: at + Duration::from_secs(3600),
+                error: None,
+                result: Some(result),
+                lease: None,
+                appended_since: None,
+                full_refreshes: 1,
+                last_folded_at: None,
+                rows_folded: 0,
+            }))
+        });
+        let mut results = MockResultStorage::new();
+        let tried = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&tried);
+        results.expect_export().returning(move |_, location, _, _, _, _| {
+            seen.lock().unwrap().push(location.to_owned());
+            match location {
+                "loc" => Err(EngineError::Internal("the file is gone".into())),
+                _ => Ok(page("stored")),
+            }
+        });
+        let f = service_with(states, results);
+        f.clock.advance(Duration::from_secs(10));
+        assert_eq!(exported(&f, Refresh::Blocking).await, ("stored".into(), Some(switched_at)));
+        assert_eq!(*tried.lock().unwrap(), ["loc", "switched"]);
+        assert_eq!(f.runs.load(Ordering::SeqCst), 0, "not run live");
+        // The record read again is the one kept.
+        assert_eq!(exported(&f, Refresh::Blocking).await, ("stored".into(), Some(switched_at)));
+        assert_eq!(gets.load(Ordering::SeqCst), 2);
     }
 
     /// The record naming the stored result is read once per cache generation: a switch to another result (which
