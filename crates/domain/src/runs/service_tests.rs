@@ -734,32 +734,37 @@ mod materialized {
         store
     }
 
+    /// The record of endpoint `id` whose stored result of version 2 at `location` was computed at `at`.
+    fn record(id: uuid::Uuid, location: &str, at: Timestamp) -> MaterializationState {
+        MaterializationState {
+            endpoint_id: id,
+            version: 2,
+            status: MaterializationStatus::Completed,
+            next_run_at: at + Duration::from_secs(3600),
+            error: None,
+            result: Some(StoredResult {
+                version: 2,
+                location: location.into(),
+                row_count: 3,
+                materialized_at: at,
+                data_as_of: at,
+                coverage: None,
+                fold: None,
+            }),
+            lease: None,
+            appended_since: None,
+            full_refreshes: 1,
+            last_folded_at: None,
+            rows_folded: 0,
+        }
+    }
+
     /// A record whose stored result of version 2 was computed at `at`, counting its reads in `gets`.
     fn states(at: Timestamp, gets: Arc<AtomicUsize>) -> MockMaterializationRecords {
         let mut states = MockMaterializationRecords::new();
         states.expect_get().returning(move |id| {
             gets.fetch_add(1, Ordering::SeqCst);
-            Ok(Some(MaterializationState {
-                endpoint_id: id,
-                version: 2,
-                status: MaterializationStatus::Completed,
-                next_run_at: at + Duration::from_secs(3600),
-                error: None,
-                result: Some(StoredResult {
-                    version: 2,
-                    location: "loc".into(),
-                    row_count: 3,
-                    materialized_at: at,
-                    data_as_of: at,
-                    coverage: None,
-                    fold: None,
-                }),
-                lease: None,
-                appended_since: None,
-                full_refreshes: 1,
-                last_folded_at: None,
-                rows_folded: 0,
-            }))
+            Ok(Some(record(id, "loc", at)))
         });
         states
     }
@@ -882,31 +887,9 @@ mod materialized {
         let counted = Arc::clone(&gets);
         let switched_at = T0 + Duration::from_secs(10);
         states.expect_get().returning(move |id| {
-            let (location, at) = match counted.fetch_add(1, Ordering::SeqCst) {
-                0 => ("loc", T0),
-                _ => ("switched", switched_at),
-            };
-            let result = StoredResult {
-                version: 2,
-                location: location.into(),
-                row_count: 3,
-                materialized_at: at,
-                data_as_of: at,
-                coverage: None,
-                fold: None,
-            };
-            Ok(Some(MaterializationState {
-                endpoint_id: id,
-                version: 2,
-                status: MaterializationStatus::Completed,
-                next_run_at: at + Duration::from_secs(3600),
-                error: None,
-                result: Some(result),
-                lease: None,
-                appended_since: None,
-                full_refreshes: 1,
-                last_folded_at: None,
-                rows_folded: 0,
+            Ok(Some(match counted.fetch_add(1, Ordering::SeqCst) {
+                0 => record(id, "loc", T0),
+                _ => record(id, "switched", switched_at),
             }))
         });
         let mut results = MockResultStorage::new();
