@@ -13,7 +13,8 @@
 //! leave idle, never a query's. A reader
 //! lists the hour, and leaves out each file whose numbers another file of its node holds, so a merge is seen
 //! whole or not at all; the files merged are deleted only after [`GRACE`], longer than a query may run. A node
-//! writes and merges its own files, so live nodes never race; flushes and merges of a node take turns. A node
+//! writes and merges its own files, so live nodes never race; a node's flushes go on while it merges (one flush
+//! at a time, numbered in the order its files appear, so a merge never takes a file past one in flight). A node
 //! that stopped (a restart draws a new name) leaves its last hours unmerged: [`ORPHANED_AFTER`] an hour ended,
 //! any node merges the files of another node still there the same way, under that node's name, so two nodes
 //! doing it at once write the same file.
@@ -165,8 +166,17 @@ struct Inner {
     node: String,
     /// Records taken and not yet written, in one buffer per recording thread (see [`shard`]).
     buffers: [Mutex<Buffer>; SHARDS],
-    /// Flushes and merges take turns; the hours this node wrote, with its files there since its last merge.
-    turn: tokio::sync::Mutex<HashMap<(ProjectId, Timestamp), HourFiles>>,
+    /// Told when a buffer fills to half its room: records are written then, however soon after the last
+    /// flush, so that a busy node's buffers never fill between two flushes (see [`ParquetRunLog::filling`]).
+    half_full: tokio::sync::Notify,
+    /// The hours this node wrote, with its files there since its last merge.
+    written_to: Mutex<HashMap<(ProjectId, Timestamp), HourFiles>>,
+    /// One flush at a time, so that the node's files appear in the order of their numbers: a merge takes the
+    /// node's files as listed, which are then all those numbered below the one a flush is writing.
+    flushing: tokio::sync::Mutex<()>,
+    /// One merge at a time. Flushes go on meanwhile: a merge runs at the lowest priority and, under load, for
+    /// seconds, during which records would otherwise pile up in memory.
+    merging: tokio::sync::Mutex<()>,
     next: AtomicU64,
     /// When hours past the retention were last looked for.
     pruned: Mutex<Option<Timestamp>>,
@@ -189,7 +199,10 @@ impl ParquetRunLog {
                 settings,
                 node: Uuid::new_v4().simple().to_string(),
                 buffers: std::array::from_fn(|_| Mutex::new(Buffer::default())),
-                turn: tokio::sync::Mutex::default(),
+                half_full: tokio::sync::Notify::new(),
+                written_to: Mutex::default(),
+                flushing: tokio::sync::Mutex::default(),
+                merging: tokio::sync::Mutex::default(),
                 next: AtomicU64::new(0),
                 pruned: Mutex::new(None),
                 settled: Mutex::default(),
@@ -243,13 +256,20 @@ impl ParquetRunLog {
         (self.shard_room() / PROJECT_SHARES).max(1)
     }
 
+    /// Completes once a buffer is half full (at once if one filled so far since the last call): a flush is due
+    /// then, whatever the time. Records come from the threads that serve requests, one buffer each: at tens of
+    /// thousands of runs a second, a second's records may be more than a buffer holds, and would be dropped.
+    pub async fn filling(&self) {
+        self.inner.half_full.notified().await;
+    }
+
     /// Writes every record taken so far, one file per project and hour. Records a failed write held are
     /// taken back, to be written by the next flush (as many as the buffer holds).
     ///
     /// # Errors
     /// The storage's failure.
     pub async fn flush(&self) -> Result<u64, EngineError> {
-        let mut written_to = self.inner.turn.lock().await;
+        let _flushing = self.inner.flushing.lock().await;
         // The next second's records likely number as many: room for them now, so a buffer does not grow (and
         // copy itself) under its lock.
         let mut taken = Vec::new();
@@ -295,7 +315,7 @@ impl ParquetRunLog {
                 return Err(err);
             }
             count += records.len() as u64;
-            written_to
+            self.written_to()
                 .entry((project, hour))
                 .or_insert(HourFiles { flushed: 0, merged_left: false })
                 .flushed += 1;
@@ -352,20 +372,28 @@ impl ParquetRunLog {
         self.inner.merges.handle()
     }
 
-    /// Merges the hours this node wrote to that are due (see [`HourFiles::due`]), on the merge runtime.
+    fn written_to(&self) -> std::sync::MutexGuard<'_, HashMap<(ProjectId, Timestamp), HourFiles>> {
+        self.inner.written_to.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Merges the hours this node wrote to that are due (see [`HourFiles::due`]), on the merge runtime. Files
+    /// flushed while an hour is merged count towards its next merge.
     async fn merge_due(&self, now: Timestamp) -> Result<(), EngineError> {
-        let mut written_to = self.inner.turn.lock().await;
-        let due: Vec<_> = written_to
+        let _merging = self.inner.merging.lock().await;
+        let due: Vec<_> = self
+            .written_to()
             .iter()
             .filter(|((_, hour), hour_files)| hour_files.due(*hour, now))
-            .map(|(key, _)| *key)
+            .map(|(key, hour_files)| (*key, hour_files.flushed))
             .collect();
-        for (project, hour) in due {
+        for (key @ (project, hour), seen) in due {
             let merged_left = self.merge(project, hour, now).await?;
-            if closed(hour, now) && !merged_left {
-                written_to.remove(&(project, hour));
-            } else {
-                written_to.insert((project, hour), HourFiles { flushed: 0, merged_left });
+            let mut written_to = self.written_to();
+            let Some(hour_files) = written_to.get_mut(&key) else { continue };
+            hour_files.flushed = hour_files.flushed.saturating_sub(seen);
+            hour_files.merged_left = merged_left;
+            if closed(hour, now) && !merged_left && hour_files.flushed == 0 {
+                written_to.remove(&key);
             }
         }
         Ok(())
@@ -403,17 +431,24 @@ impl ParquetRunLog {
         let mut own = own.split_off(own.iter().rposition(full).map_or(0, |last_full| last_full + 1));
         let mut merged = false;
         while let Some(level) = own.last().filter(|file| !full(file)).map(|file| file.level) {
-            let run = own.iter().rev().take_while(|file| file.level == level).count();
-            let take = if whole && own.len() > 1 {
-                own.len()
+            let run = own.iter().rev().take_while(|file| file.level == level && !full(file)).count();
+            if whole && own.len() > 1 {
+                let parts = std::mem::take(&mut own);
+                let level = parts.iter().map(|file| file.level).max().map_or(0, |top| top + 1);
+                own.push(self.merge_files(prefix, node, &parts, level).await?);
             } else if run >= MERGE_AT {
-                run
+                // The run's oldest files, MERGE_AT at a time (a merge reads its parts at once, so what it holds
+                // grows with their count: a busy node flushes many between two merges); the newest that do
+                // not make MERGE_AT stay for the next.
+                let mut parts = own.split_off(own.len() - run);
+                let newest = parts.split_off(run - run % MERGE_AT);
+                for parts in parts.chunks(MERGE_AT) {
+                    own.push(self.merge_files(prefix, node, parts, level + 1).await?);
+                }
+                own.extend(newest);
             } else {
                 break;
-            };
-            let parts = own.split_off(own.len() - take);
-            let level = parts.iter().map(|file| file.level).max().map_or(0, |top| top + 1);
-            own.push(self.merge_files(prefix, node, &parts, level).await?);
+            }
             merged = true;
         }
         let (gone, left): (Vec<_>, Vec<_>) = covered
@@ -579,6 +614,10 @@ impl RunLog for ParquetRunLog {
         if len < room && (held < share || len < room - share) {
             *buffer.per_project.entry(record.project).or_default() += 1;
             buffer.records.push(record);
+            if len + 1 == room.div_ceil(2) {
+                drop(buffer);
+                self.inner.half_full.notify_one();
+            }
         } else {
             drop(buffer);
             self.inner.dropped.inc_by(u64::from(record.runs));

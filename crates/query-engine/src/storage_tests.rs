@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::*;
 use crate::tables::imports::{import_files, ImportError, ImportMode};
+use crate::tests::Asked;
 
 fn project() -> ProjectId {
     ProjectId::new(7).unwrap()
@@ -97,90 +98,6 @@ async fn a_replace_commits_a_new_version_and_an_append_adds_to_it() {
     let tables = engine.tables(project()).await.unwrap();
     assert_eq!((tables[0].name.as_str(), tables[0].files), ("things", 2));
     assert_eq!(tables[0].location, "memory:///projects/7/tables/things/");
-}
-
-/// An in-memory store that notes what it was asked about: the paths of `HEAD`s, and the prefixes listed.
-#[derive(Debug, Default)]
-struct Asked {
-    inner: InMemory,
-    heads: std::sync::Mutex<Vec<String>>,
-    listed: std::sync::Mutex<Vec<String>>,
-}
-
-impl Asked {
-    fn take(&self) -> (Vec<String>, Vec<String>) {
-        let heads = std::mem::take(&mut *self.heads.lock().unwrap());
-        (heads, std::mem::take(&mut *self.listed.lock().unwrap()))
-    }
-}
-
-impl std::fmt::Display for Asked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Asked({})", self.inner)
-    }
-}
-
-#[async_trait::async_trait]
-impl ObjectStore for Asked {
-    async fn put_opts(
-        &self,
-        location: &object_store::path::Path,
-        payload: PutPayload,
-        opts: object_store::PutOptions,
-    ) -> object_store::Result<object_store::PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &object_store::path::Path,
-        opts: object_store::PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &object_store::path::Path,
-        options: object_store::GetOptions,
-    ) -> object_store::Result<object_store::GetResult> {
-        if options.head {
-            self.heads.lock().unwrap().push(location.to_string());
-        }
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: futures_util::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>,
-    ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&object_store::path::Path>,
-    ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
-        self.listed.lock().unwrap().push(prefix.map(ToString::to_string).unwrap_or_default());
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&object_store::path::Path>,
-    ) -> object_store::Result<object_store::ListResult> {
-        self.listed.lock().unwrap().push(prefix.map(ToString::to_string).unwrap_or_default());
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &object_store::path::Path,
-        to: &object_store::path::Path,
-        options: object_store::CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@ use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use domain::ColumnType;
+use object_store::memory::InMemory;
 use serde_json::json;
 
 use super::*;
@@ -873,5 +874,102 @@ async fn a_project_at_its_limit_of_heavy_queries_does_not_starve_another() {
             loaded < idle * 10 + std::time::Duration::from_millis(100),
             "idle {idle:?}, beside four of {sql}: {loaded:?}"
         );
+    }
+}
+
+/// An in-memory store that notes what it was asked about (the paths of `HEAD`s, and the prefixes listed), and
+/// holds reads of objects while told to.
+#[derive(Debug, Default)]
+pub(crate) struct Asked {
+    pub(crate) inner: InMemory,
+    heads: std::sync::Mutex<Vec<String>>,
+    listed: std::sync::Mutex<Vec<String>>,
+    /// While `true`, a read of an object (not a `HEAD`) waits for it to be `false`.
+    held: tokio::sync::watch::Sender<bool>,
+    /// Told when a read waits.
+    pub(crate) waiting: tokio::sync::Notify,
+}
+
+impl Asked {
+    /// Holds reads of objects from now on (`true`), or lets them go (`false`).
+    pub(crate) fn hold_reads(&self, held: bool) {
+        self.held.send_replace(held);
+    }
+
+    pub(crate) fn take(&self) -> (Vec<String>, Vec<String>) {
+        let heads = std::mem::take(&mut *self.heads.lock().unwrap());
+        (heads, std::mem::take(&mut *self.listed.lock().unwrap()))
+    }
+}
+
+impl std::fmt::Display for Asked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Asked({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for Asked {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        if options.head {
+            self.heads.lock().unwrap().push(location.to_string());
+        } else if *self.held.borrow() {
+            self.waiting.notify_one();
+            let _ = self.held.subscribe().wait_for(|held| !held).await;
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures_util::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.listed.lock().unwrap().push(prefix.map(ToString::to_string).unwrap_or_default());
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.listed.lock().unwrap().push(prefix.map(ToString::to_string).unwrap_or_default());
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
     }
 }

@@ -378,26 +378,45 @@ impl Application {
     }
 }
 
-/// Writes the run log's buffered records every `every`, and merges and prunes its files every ten seconds.
+/// Writes the run log's buffered records every `every`, or as soon as a buffer is half full, and merges and
+/// prunes its files every ten seconds: the two go on side by side, so a merge (at the lowest priority, for
+/// seconds under load) never holds up a flush.
 async fn write_run_log(log: ParquetRunLog, every: std::time::Duration, clock: Arc<dyn domain::Clock>) {
     const MAINTAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut maintained = std::time::Instant::now();
-    loop {
-        ticks.tick().await;
-        match log.flush().await {
-            Ok(0) => {}
-            Ok(count) => tracing::debug!(count, "wrote run log records"),
-            Err(err) => tracing::warn!(error = %err, "could not write the run log; will retry"),
+    let flush = async {
+        let mut ticks = ticks_of(every);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = log.filling() => ticks.reset(),
+            }
+            match log.flush().await {
+                Ok(0) => {}
+                Ok(count) => tracing::debug!(count, "wrote run log records"),
+                Err(err) => tracing::warn!(error = %err, "could not write the run log; will retry"),
+            }
         }
-        if maintained.elapsed() >= MAINTAIN_EVERY {
-            maintained = std::time::Instant::now();
+    };
+    let maintain = async {
+        let mut ticks = ticks_of(MAINTAIN_EVERY);
+        // Not at the start: the first flush comes first.
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
             if let Err(err) = log.maintain(clock.now()).await {
                 tracing::warn!(error = %err, "could not merge or prune the run log; will retry");
             }
         }
-    }
+    };
+    tokio::join!(flush, maintain);
+}
+
+/// A tick every `period`, the first at once; a tick missed (the work of the one before took longer) is delayed,
+/// not made up for.
+pub(crate) fn ticks_of(period: std::time::Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
 
 /// Writes pending execution times and key uses in batches, never one write per request.
@@ -406,8 +425,7 @@ async fn flush_periodically(
     keys: Arc<ApiKeyService>,
     every: std::time::Duration,
 ) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = ticks_of(every);
     loop {
         ticks.tick().await;
         match executions.flush().await {

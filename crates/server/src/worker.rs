@@ -182,8 +182,7 @@ pub async fn maintain_tables(
             warn!(error = %err, "cannot list the tables endpoints read; each is looked at when written")
         }
     }
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = crate::startup::ticks_of(every);
     let mut next_sweep = tokio::time::Instant::now();
     loop {
         tokio::select! {
