@@ -1467,8 +1467,9 @@ def logs_section(f):
         f"| `SELECT count(*) FROM _logs WHERE endpoint = ...` | {f['count_ms']:.1f} ms | | | |",
         "",
         f"The log's files after the load: {f['files']} (merged by levels per node and hour). How to read it: the "
-        "first row is what logging costs the hot path (a record taken into memory per run; written every second "
-        "off the request's path); the others are what a team's reads of a busy endpoint's log cost.",
+        "first row is what logging costs the hot path (a record taken into memory per run; written every second, or "
+        "sooner when a buffer is half full, off the request's path); the others are what a team's reads of a busy "
+        "endpoint's log cost.",
         "",
     ]
     return "\n".join(lines)

@@ -138,7 +138,8 @@ pub struct ServeArgs {
     /// hour.
     #[arg(long, env = "ENDPOINTS_LOG_RETENTION", default_value = "30d", value_parser = super::positive_duration)]
     pub log_retention: Duration,
-    /// How often the run log's buffered records are written to the storage, in milliseconds.
+    /// How often the run log's buffered records are written to the storage, in milliseconds (sooner when a
+    /// buffer is half full).
     #[arg(long, env = "ENDPOINTS_LOG_FLUSH_MS", default_value_t = 1000, value_parser = positive())]
     pub log_flush_ms: u64,
     /// Keep no run log: runs and refreshes are not recorded, and the logs, usage and `_logs` are empty.
