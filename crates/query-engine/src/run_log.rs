@@ -962,8 +962,8 @@ fn internal(e: datafusion::parquet::errors::ParquetError) -> EngineError {
 /// How a file of `level` is written, with statistics for pruning by endpoint and time. A flush's file (level 0)
 /// is written fast (LZ4) on the serving machine every second; merged ones small (zstd). Row groups of 16,384
 /// rows: a merge reads a row group of each of its files at once and writes one, and a reader of one endpoint
-/// skips the others' in finer steps (with 65,536, a merge under load peaked 20-30 MB higher). The ids are
-/// random enough that no dictionary and no statistics are tried on them.
+/// skips the others' in finer steps (docs/logs.md, Storage). The ids are random enough that no dictionary and
+/// no statistics are tried on them.
 fn properties(level: u32) -> WriterProperties {
     let compression = if level == 0 { Compression::LZ4_RAW } else { Compression::ZSTD(ZstdLevel::default()) };
     let mut properties =

@@ -263,8 +263,7 @@ pub(crate) fn small_session(
 
 /// An [`empty_session`] for merging `files` sorted files into one: a partition per file (never a file split
 /// across partitions, nor two in one), so that each partition is in the files' order. Batches are small: the
-/// merge holds one of each file at once, and runs beside the queries it must not crowd (with `files` at most
-/// eight, a batch of 8,192 log records each held about 13 MB more).
+/// merge holds one of each file at once, and runs beside the queries it must not crowd (docs/logs.md, Storage).
 pub(crate) fn merge_session(storage: &Storage, files: usize) -> Result<SessionContext, EngineError> {
     let config = SessionConfig::new()
         .with_target_partitions(files.max(1))
