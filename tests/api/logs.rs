@@ -297,6 +297,7 @@ async fn a_project_never_sees_another_projects_records_and_old_ones_are_gone() {
             config.run_log = Some(server::RunLogConfig {
                 flush_interval: Duration::from_millis(100),
                 retention: Duration::from_secs(3),
+                ..Default::default()
             });
             config.clock = server::ServiceClock(clock.clone());
         })
@@ -340,6 +341,31 @@ async fn a_project_never_sees_another_projects_records_and_old_ones_are_gone() {
     let left =
         sql(&app, first, &first_key, "left", "SELECT count(*) AS n FROM _logs WHERE endpoint = 'kpi'").await;
     assert_eq!(left[0]["n"], 0);
+}
+
+/// A busy node writes its records as its buffers fill, not only at its interval: with the interval an hour and
+/// buffers of 20 records (one per thread that records; eight), a hundred runs fill one past half, and the
+/// records taken by then are written at once.
+#[tokio::test]
+async fn records_are_written_when_a_buffer_is_half_full_whatever_the_interval() {
+    let app = TestApp::builder()
+        .tuned(|config| {
+            config.run_log = Some(server::RunLogConfig {
+                flush_interval: Duration::from_secs(3600),
+                buffered: 8 * 20,
+                ..Default::default()
+            });
+        })
+        .spawn()
+        .await;
+    let (project, writer) = project_with_sales(&app);
+    app.create_endpoint(project, &writer, &by_country("by-country")).await;
+    let run = format!("/api/projects/{project}/endpoints/by-country/run");
+    for _ in 0..100 {
+        assert_eq!(app.get(&run, &writer).await.status(), 200);
+    }
+    let written = records(&app, project, &writer, "by-country", "", 10).await;
+    assert!(written.len() >= 10, "{} records written in ten seconds, the interval an hour", written.len());
 }
 
 #[tokio::test]

@@ -79,8 +79,10 @@ impl Default for ServiceClock {
 pub struct RunLogConfig {
     /// How long records are kept.
     pub retention: std::time::Duration,
-    /// How often buffered records are written.
+    /// How often buffered records are written (sooner when a buffer is half full).
     pub flush_interval: std::time::Duration,
+    /// Records held between flushes at most (see [`query_engine::LogSettings::buffered`]).
+    pub buffered: usize,
 }
 
 impl Default for RunLogConfig {
@@ -88,6 +90,7 @@ impl Default for RunLogConfig {
         Self {
             retention: query_engine::LogSettings::default().retention,
             flush_interval: std::time::Duration::from_secs(1),
+            buffered: query_engine::LogSettings::default().buffered,
         }
     }
 }

@@ -71,7 +71,8 @@ impl Services {
         }
         let storage = config.storage().map_err(StartupError::Storage)?;
         let run_log = config.run_log.map(|log| {
-            let settings = LogSettings { retention: log.retention, ..LogSettings::default() };
+            let settings =
+                LogSettings { retention: log.retention, buffered: log.buffered, ..LogSettings::default() };
             ParquetRunLog::new(storage.clone(), settings)
         });
         let log_retention = config.run_log.map_or(std::time::Duration::ZERO, |log| log.retention);

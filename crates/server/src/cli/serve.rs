@@ -248,6 +248,7 @@ pub(super) async fn run(mut config: Config, args: ServeArgs) -> Result<(), CliEr
     config.run_log = (!args.no_run_log).then(|| crate::config::RunLogConfig {
         retention: args.log_retention,
         flush_interval: Duration::from_millis(args.log_flush_ms),
+        ..Default::default()
     });
     // Tables an earlier release wrote are read as Delta tables from now on (as `migrate` does; nothing to do
     // when every table is one already).
