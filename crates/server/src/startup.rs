@@ -385,7 +385,7 @@ impl Application {
 async fn write_run_log(log: ParquetRunLog, every: std::time::Duration, clock: Arc<dyn domain::Clock>) {
     const MAINTAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
     let flush = async {
-        let mut ticks = ticks_of(every);
+        let mut ticks = crate::worker::ticks_of(every);
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
@@ -399,7 +399,7 @@ async fn write_run_log(log: ParquetRunLog, every: std::time::Duration, clock: Ar
         }
     };
     let maintain = async {
-        let mut ticks = ticks_of(MAINTAIN_EVERY);
+        let mut ticks = crate::worker::ticks_of(MAINTAIN_EVERY);
         // Not at the start: the first flush comes first.
         ticks.tick().await;
         loop {
@@ -412,21 +412,13 @@ async fn write_run_log(log: ParquetRunLog, every: std::time::Duration, clock: Ar
     tokio::join!(flush, maintain);
 }
 
-/// A tick every `period`, the first at once; a tick missed (the work of the one before took longer) is delayed,
-/// not made up for.
-pub(crate) fn ticks_of(period: std::time::Duration) -> tokio::time::Interval {
-    let mut ticks = tokio::time::interval(period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks
-}
-
 /// Writes pending execution times and key uses in batches, never one write per request.
 async fn flush_periodically(
     executions: Arc<ExecutionTracker>,
     keys: Arc<ApiKeyService>,
     every: std::time::Duration,
 ) {
-    let mut ticks = ticks_of(every);
+    let mut ticks = crate::worker::ticks_of(every);
     loop {
         ticks.tick().await;
         match executions.flush().await {

@@ -182,7 +182,7 @@ pub async fn maintain_tables(
             warn!(error = %err, "cannot list the tables endpoints read; each is looked at when written")
         }
     }
-    let mut ticks = crate::startup::ticks_of(every);
+    let mut ticks = ticks_of(every);
     let mut next_sweep = tokio::time::Instant::now();
     loop {
         tokio::select! {
@@ -205,4 +205,12 @@ pub async fn maintain_tables(
             next_sweep = tokio::time::Instant::now() + KEY_SWEEP_EVERY;
         }
     }
+}
+
+/// A tick every `period`, the first at once; a tick missed (the work of the one before took longer) is delayed,
+/// not made up for.
+pub(crate) fn ticks_of(period: std::time::Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
