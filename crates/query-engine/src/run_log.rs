@@ -404,8 +404,8 @@ impl ParquetRunLog {
     ///
     /// A flush writes a file of level 0; [`MERGE_AT`] files of one level that end the node's files (in flush
     /// order) become one of the next level, so a record is written again once per level (a handful, whatever
-    /// the traffic) rather than at every merge, and an hour keeps fewer than [`MERGE_AT`] files per level. A
-    /// closed hour's files become one. Only the files after the node's last full one are merged (a merge holds
+    /// the traffic) rather than at every merge, and an hour keeps fewer than [`MERGE_AT`] files per level; a
+    /// longer run is merged [`MERGE_AT`] at a time. A closed hour's files become one, after that. Only the files after the node's last full one are merged (a merge holds
     /// consecutive numbers, so one never goes around a full file).
     async fn merge(&self, project: ProjectId, hour: Timestamp, now: Timestamp) -> Result<bool, EngineError> {
         let prefix = hour_prefix(project, hour);
@@ -432,20 +432,23 @@ impl ParquetRunLog {
         let mut merged = false;
         while let Some(level) = own.last().filter(|file| !full(file)).map(|file| file.level) {
             let run = own.iter().rev().take_while(|file| file.level == level && !full(file)).count();
-            if whole && own.len() > 1 {
-                let parts = std::mem::take(&mut own);
-                let level = parts.iter().map(|file| file.level).max().map_or(0, |top| top + 1);
-                own.push(self.merge_files(prefix, node, &parts, level).await?);
-            } else if run >= MERGE_AT {
+            // The files after the last full one (merges here may have made one).
+            let open = own.len() - own.iter().rposition(full).map_or(0, |last_full| last_full + 1);
+            if run >= MERGE_AT {
                 // The run's oldest files, MERGE_AT at a time (a merge reads its parts at once, so what it holds
                 // grows with their count: a busy node flushes many between two merges); the newest that do
-                // not make MERGE_AT stay for the next.
+                // not make MERGE_AT stay for the next (or for the whole hour's merge below).
                 let mut parts = own.split_off(own.len() - run);
                 let newest = parts.split_off(run - run % MERGE_AT);
                 for parts in parts.chunks(MERGE_AT) {
                     own.push(self.merge_files(prefix, node, parts, level + 1).await?);
                 }
                 own.extend(newest);
+            } else if whole && open > 1 {
+                // Fewer than MERGE_AT of each level by now.
+                let parts = own.split_off(own.len() - open);
+                let level = parts.iter().map(|file| file.level).max().map_or(0, |top| top + 1);
+                own.push(self.merge_files(prefix, node, &parts, level).await?);
             } else {
                 break;
             }

@@ -343,6 +343,25 @@ async fn a_merge_takes_eight_files_at_a_time() {
     assert_eq!(log.records(project(1), "kpi", &all(100)).await.unwrap().len(), 20);
 }
 
+/// A closed hour's files become one, its runs of eight or more merged eight at a time first: twenty flushed
+/// files are two of the next level and four, then one of the level after (a merge of the twenty at once would
+/// have been of level 1).
+#[tokio::test]
+async fn a_closed_hours_files_become_one_eight_at_a_time() {
+    let dir = temp_dir("run-log-closed");
+    let log = ParquetRunLog::new(Storage::local(&dir).unwrap(), LogSettings::default());
+    let start = within_one_hour(now() - time::Duration::hours(2), 30);
+    for n in 0..20 {
+        log.record(record(1, "kpi", start + time::Duration::seconds(n as i64), n));
+        log.flush().await.unwrap();
+    }
+    log.maintain(now()).await.unwrap();
+    log.maintain(now() + LOG_MERGE_GRACE * 2).await.unwrap();
+    let files = hour_files(&dir);
+    assert_eq!(files.iter().map(|file| level(file)).collect::<Vec<_>>(), ["2"], "{files:?}");
+    assert_eq!(log.records(project(1), "kpi", &all(100)).await.unwrap().len(), 20);
+}
+
 /// A file of [`LogSettings::full_file`] bytes or more is never merged again: flushes keep merging into files
 /// of the first level, each full, and none of the next; a closed hour's whole merge leaves them too.
 #[tokio::test]
