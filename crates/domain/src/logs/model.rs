@@ -411,9 +411,9 @@ impl UsageAccumulator {
         self.buckets
             .into_iter()
             .map(|(mut bucket, mut durations)| {
-                durations.sort_unstable_by(f32::total_cmp);
-                let rank = |q: f64| nearest_rank(&durations, q).map(f64::from);
-                (bucket.p50_ms, bucket.p95_ms, bucket.p99_ms) = (rank(0.50), rank(0.95), rank(0.99));
+                let [p50, p95, p99] =
+                    nearest_ranks(&mut durations, [0.50, 0.95, 0.99]).map(|p| p.map(f64::from));
+                (bucket.p50_ms, bucket.p95_ms, bucket.p99_ms) = (p50, p95, p99);
                 bucket
             })
             .collect()
@@ -426,21 +426,61 @@ pub fn unix_micros(at: Timestamp) -> i64 {
         .expect("an instant of years -9999 to 9999 in microseconds")
 }
 
-/// The `q` quantile of sorted values by the nearest-rank rule: the smallest value with at least `q` of them
-/// at or below it.
-fn nearest_rank(sorted: &[f32], q: f64) -> Option<f32> {
-    if sorted.is_empty() {
-        return None;
+/// The `qs` quantiles (in ascending order) of `values` by the nearest-rank rule: for each, the smallest value
+/// with at least `q` of them at or below it. `values` is reordered: each quantile is selected from the values
+/// below the one after it, in linear time (sorting a bucket of a million runs took most of a usage's time).
+fn nearest_ranks<const N: usize>(values: &mut [f32], qs: [f64; N]) -> [Option<f32>; N] {
+    let mut found = [None; N];
+    let len = values.len();
+    if len == 0 {
+        return found;
     }
-    // At most a week of a bucket's runs: the count is exact in an f64.
-    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+    // `values[..below]` holds the `below` smallest values.
+    let mut below = len;
+    for (found, q) in found.iter_mut().zip(qs).rev() {
+        // At most a week of a bucket's runs: the count is exact in an f64.
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let rank = ((q * len as f64).ceil() as usize).clamp(1, len) - 1;
+        debug_assert!(rank <= below, "quantiles in ascending order");
+        if rank < below {
+            values[..below].select_nth_unstable_by(rank, f32::total_cmp);
+            below = rank;
+        }
+        *found = Some(values[rank]);
+    }
+    found
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Quantiles selected read the same as from the values sorted, ties and `NaN` included.
+        #[test]
+        fn quantiles_selected_equal_quantiles_of_the_sorted_values(
+            values in prop::collection::vec(
+                prop_oneof![0_u8..20, Just(255)].prop_map(|v| {
+                    if v == 255 { f32::NAN } else { f32::from(v) / 4.0 }
+                }),
+                0..300,
+            )
+        ) {
+            let mut sorted = values.clone();
+            sorted.sort_unstable_by(f32::total_cmp);
+            let qs = [0.0, 0.01, 0.50, 0.95, 0.99, 1.0];
+            let expected = qs.map(|q| {
+                #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let rank = (q * sorted.len() as f64).ceil() as usize;
+                (!sorted.is_empty()).then(|| sorted[rank.clamp(1, sorted.len()) - 1].to_bits())
+            });
+            let mut selected = values;
+            let found = nearest_ranks(&mut selected, qs).map(|value| value.map(f32::to_bits));
+            prop_assert_eq!(found, expected);
+        }
+    }
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_unix_timestamp(1_800_000_000 + seconds).unwrap()
