@@ -766,28 +766,24 @@ impl Context {
             && request.read_at().is_newest();
         let source =
             if reads_stored { self.stored_source(endpoint, version, variables, request).await } else { None };
-        if let Some((mut result, mut filters)) = source {
+        if let Some((result, filters)) = source {
             let started = Instant::now();
-            for again in [false, true] {
-                let failed = match stored(result.location.clone(), filters).await {
-                    Ok(page) => return Ok(Some((page, Some(result), started.elapsed()))),
-                    Err(err) => err,
-                };
-                let switched = match again {
-                    true => None,
-                    false => {
-                        self.stored.forget(&(endpoint.project_id, endpoint.name.clone()));
-                        let read = self.stored_source(endpoint, version, variables, request).await;
-                        read.filter(|(read, _)| read.location != result.location)
-                    }
-                };
-                let Some(switched) = switched else {
-                    warn!(endpoint = %endpoint.name, location = %result.location, error = %failed,
-                          "cannot read the stored result; running live");
-                    break;
-                };
-                (result, filters) = switched;
-            }
+            let failed = match stored(result.location.clone(), filters).await {
+                Ok(page) => return Ok(Some((page, Some(result), started.elapsed()))),
+                Err(err) => err,
+            };
+            // The record read again: the result it names now, when that is another one, is read once.
+            self.stored.forget(&(endpoint.project_id, endpoint.name.clone()));
+            let switched = self.stored_source(endpoint, version, variables, request).await;
+            let (result, failed) = match switched.filter(|(read, _)| read.location != result.location) {
+                Some((switched, filters)) => match stored(switched.location.clone(), filters).await {
+                    Ok(page) => return Ok(Some((page, Some(switched), started.elapsed()))),
+                    Err(err) => (switched, err),
+                },
+                None => (result, failed),
+            };
+            warn!(endpoint = %endpoint.name, location = %result.location, error = %failed,
+                  "cannot read the stored result; running live");
         }
         if refresh == Refresh::ForceCache {
             return Ok(None);
