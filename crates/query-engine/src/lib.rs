@@ -112,6 +112,12 @@ impl DataFusionEngine {
         }
     }
 
+    /// The run log of every project in the engine's storage, its reads (logs and usage) running on the
+    /// engine's threads as queries do.
+    pub fn run_log(&self, settings: LogSettings) -> ParquetRunLog {
+        ParquetRunLog::reading_on(self.storage.clone(), settings, Arc::clone(&self.runtime))
+    }
+
     /// The same engine, its queries' `_logs` reading records within `retention` (as the run log keeps them).
     #[must_use]
     pub fn with_log_retention(mut self, retention: std::time::Duration) -> Self {

@@ -42,6 +42,7 @@ use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use datafusion::parquet::schema::types::ColumnPath;
+use datafusion::physical_plan::{execute_stream_partitioned, SendableRecordBatchStream};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use domain::{
     unix_micros, EngineError, LogFilter, LogKind, LogRecord, LogSource, ProjectId, RunLog, StatusFilter,
@@ -56,7 +57,7 @@ use prometheus_client::registry::Registry;
 use time::macros::format_description;
 use uuid::Uuid;
 
-use crate::runtime::IdleRuntime;
+use crate::runtime::{EngineRuntime, IdleRuntime};
 use crate::storage::{unavailable, Storage};
 pub use crate::tables::catalog::LOGS_TABLE;
 
@@ -189,10 +190,18 @@ struct Inner {
     /// The runtime merges run on: a merge reads, merges and compresses there alone, so it takes at most one
     /// core, and only what queries leave idle.
     merges: IdleRuntime,
+    /// The runtime reads run on: the engine's (see [`crate::DataFusionEngine::run_log`]), not the caller's, so
+    /// that a read of a million records decodes on every core and never holds an HTTP server's thread.
+    readers: Arc<EngineRuntime>,
 }
 
 impl ParquetRunLog {
+    /// A run log in `storage` whose reads run on a runtime of its own (an engine's run log shares the engine's).
     pub fn new(storage: Storage, settings: LogSettings) -> Self {
+        Self::reading_on(storage, settings, Arc::new(EngineRuntime::new()))
+    }
+
+    pub(crate) fn reading_on(storage: Storage, settings: LogSettings, readers: Arc<EngineRuntime>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 storage,
@@ -211,6 +220,7 @@ impl ParquetRunLog {
                 sampled: Counter::default(),
                 failed: Counter::default(),
                 merges: IdleRuntime::new("run-log-merge"),
+                readers,
             }),
         }
     }
@@ -633,6 +643,29 @@ impl RunLog for ParquetRunLog {
         endpoint: &str,
         filter: &LogFilter,
     ) -> Result<Vec<LogRecord>, EngineError> {
+        let (log, endpoint, filter) = (self.clone(), endpoint.to_owned(), filter.clone());
+        self.inner.readers.run(async move { log.read_records(project, &endpoint, &filter).await }).await
+    }
+
+    async fn usage(
+        &self,
+        project: ProjectId,
+        endpoint: &str,
+        query: &UsageQuery,
+    ) -> Result<Vec<UsageBucket>, EngineError> {
+        let (log, endpoint, query) = (self.clone(), endpoint.to_owned(), *query);
+        self.inner.readers.run(async move { log.read_usage(project, &endpoint, &query).await }).await
+    }
+}
+
+/// Reads, on the engine's runtime.
+impl ParquetRunLog {
+    async fn read_records(
+        &self,
+        project: ProjectId,
+        endpoint: &str,
+        filter: &LogFilter,
+    ) -> Result<Vec<LogRecord>, EngineError> {
         let until = match (filter.until, filter.cursor) {
             // Records at the cursor's instant are still to come (after its id).
             (until, Some(cursor)) => {
@@ -690,7 +723,7 @@ impl RunLog for ParquetRunLog {
         Ok(found)
     }
 
-    async fn usage(
+    async fn read_usage(
         &self,
         project: ProjectId,
         endpoint: &str,
@@ -701,33 +734,54 @@ impl RunLog for ParquetRunLog {
             return Ok(usage.finish());
         };
         let err = crate::execute::storage_error;
-        let columns = ["at", "status", "source", "duration_ms", "rows", "bytes_read", "runs"];
-        let frame =
-            frame.filter(col("kind").eq(lit(LogKind::Run.as_str()))).and_then(|f| f.select_columns(&columns));
-        let mut stream = frame.map_err(err)?.execute_stream().await.map_err(err)?;
-        while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(err)?;
-            let at = batch.column(0).as_primitive::<TimestampMicrosecondType>();
-            let status = batch.column(1).as_primitive::<UInt16Type>();
-            let source = batch.column(2).as_string::<i32>();
-            let duration = batch.column(3).as_primitive::<Float64Type>();
-            let rows = batch.column(4).as_primitive::<UInt64Type>();
-            let bytes = batch.column(5).as_primitive::<UInt64Type>();
-            let runs = batch.column(6).as_primitive::<UInt32Type>();
-            for i in 0..batch.num_rows() {
-                usage.add(&UsageSample {
-                    at_micros: at.value(i),
-                    status: status.value(i),
-                    source: source.is_valid(i).then(|| LogSource::parse(source.value(i)).ok()).flatten(),
-                    duration_ms: duration.value(i),
-                    rows: rows.is_valid(i).then(|| rows.value(i)),
-                    bytes_read: bytes.is_valid(i).then(|| bytes.value(i)),
-                    runs: if runs.is_valid(i) { runs.value(i) } else { 1 },
-                });
-            }
+        let cache_hit = col("source").eq(lit(LogSource::Cache.as_str())).alias("cache_hit");
+        let columns = [col("at"), col("status"), cache_hit, col("duration_ms"), col("rows"), col("bytes_read")];
+        let frame = frame
+            .filter(col("kind").eq(lit(LogKind::Run.as_str())))
+            .and_then(|f| f.select(columns.into_iter().chain([col("runs")])))
+            .map_err(err)?;
+        // Each partition of the read counted on a core of its own, the counts merged.
+        let task = Arc::new(frame.task_ctx());
+        let plan = frame.create_physical_plan().await.map_err(err)?;
+        let mut parts = tokio::task::JoinSet::new();
+        for stream in execute_stream_partitioned(plan, task).map_err(err)? {
+            parts.spawn(usage_of(stream, *query));
+        }
+        while let Some(part) = parts.join_next().await {
+            usage.merge(part.map_err(|e| EngineError::Internal(Box::new(e)))??);
         }
         Ok(usage.finish())
     }
+}
+
+/// The usage `query` counts of the records `stream` reads (the columns [`ParquetRunLog::read_usage`] selects).
+async fn usage_of(
+    mut stream: SendableRecordBatchStream,
+    query: UsageQuery,
+) -> Result<UsageAccumulator, EngineError> {
+    let mut usage = UsageAccumulator::new(query);
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(crate::execute::storage_error)?;
+        let at = batch.column(0).as_primitive::<TimestampMicrosecondType>();
+        let status = batch.column(1).as_primitive::<UInt16Type>();
+        let cache_hit = batch.column(2).as_boolean();
+        let duration = batch.column(3).as_primitive::<Float64Type>();
+        let rows = batch.column(4).as_primitive::<UInt64Type>();
+        let bytes = batch.column(5).as_primitive::<UInt64Type>();
+        let runs = batch.column(6).as_primitive::<UInt32Type>();
+        for i in 0..batch.num_rows() {
+            usage.add(&UsageSample {
+                at_micros: at.value(i),
+                status: status.value(i),
+                cache_hit: cache_hit.is_valid(i) && cache_hit.value(i),
+                duration_ms: duration.value(i),
+                rows: rows.is_valid(i).then(|| rows.value(i)),
+                bytes_read: bytes.is_valid(i).then(|| bytes.value(i)),
+                runs: if runs.is_valid(i) { runs.value(i) } else { 1 },
+            });
+        }
+    }
+    Ok(usage)
 }
 
 /// Registers the project's log as the read-only table `_logs` in `ctx`: its records within `retention`.

@@ -70,15 +70,17 @@ impl Services {
             database.migrate().map_err(StartupError::Database)?;
         }
         let storage = config.storage().map_err(StartupError::Storage)?;
-        let run_log = config.run_log.map(|log| {
-            let settings =
-                LogSettings { retention: log.retention, buffered: log.buffered, ..LogSettings::default() };
-            ParquetRunLog::new(storage.clone(), settings)
-        });
         let log_retention = config.run_log.map_or(std::time::Duration::ZERO, |log| log.retention);
         let embedded = DataFusionEngine::new(storage)
             .with_limits(config.limits.clone())
             .with_log_retention(log_retention);
+        let run_log = config.run_log.map(|log| {
+            embedded.run_log(LogSettings {
+                retention: log.retention,
+                buffered: log.buffered,
+                ..LogSettings::default()
+            })
+        });
         let engine = Arc::new(engine(embedded, config)?);
         Ok(Self::wire(config, database, engine, run_log))
     }

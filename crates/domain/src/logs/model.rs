@@ -315,7 +315,7 @@ impl From<&LogRecord> for UsageSample {
         Self {
             at_micros: unix_micros(record.at),
             status: record.status,
-            source: record.source,
+            cache_hit: record.source == Some(LogSource::Cache),
             duration_ms: record.duration_ms(),
             rows: record.rows,
             bytes_read: record.bytes_read,
@@ -330,7 +330,8 @@ pub struct UsageSample {
     /// When the run began, in microseconds since the Unix epoch (as the log keeps it: usage reads millions).
     pub at_micros: i64,
     pub status: u16,
-    pub source: Option<LogSource>,
+    /// Whether the run was answered from the cache ([`LogSource::Cache`]).
+    pub cache_hit: bool,
     pub duration_ms: f64,
     pub rows: Option<u64>,
     pub bytes_read: Option<u64>,
@@ -399,12 +400,33 @@ impl UsageAccumulator {
         let runs = u64::from(sample.runs);
         bucket.requests += runs;
         bucket.errors += runs * u64::from(is_error_status(sample.status));
-        bucket.cache_hits += runs * u64::from(sample.source == Some(LogSource::Cache));
+        bucket.cache_hits += runs * u64::from(sample.cache_hit);
         bucket.rows += runs * sample.rows.unwrap_or(0);
         bucket.bytes_read += runs * sample.bytes_read.unwrap_or(0);
         // Milliseconds to a microsecond's precision fit an f32 for any duration a run can have.
         #[allow(clippy::cast_possible_truncation)]
         durations.push(sample.duration_ms as f32);
+    }
+
+    /// Counts the runs `other` counted too: accumulators of one query filled from parts of the records (a
+    /// reader's partitions, each on a core of its own) merge into the one all the records would have filled.
+    ///
+    /// # Panics
+    /// When `other` is of another query: its buckets are not these.
+    pub fn merge(&mut self, other: Self) {
+        assert_eq!(self.query, other.query, "usage of one query merged");
+        for ((bucket, durations), (theirs, their_durations)) in self.buckets.iter_mut().zip(other.buckets) {
+            bucket.requests += theirs.requests;
+            bucket.errors += theirs.errors;
+            bucket.cache_hits += theirs.cache_hits;
+            bucket.rows += theirs.rows;
+            bucket.bytes_read += theirs.bytes_read;
+            if durations.is_empty() {
+                *durations = their_durations;
+            } else {
+                durations.extend_from_slice(&their_durations);
+            }
+        }
     }
 
     pub fn finish(self) -> Vec<UsageBucket> {
@@ -479,6 +501,38 @@ mod tests {
             let mut selected = values;
             let found = nearest_ranks(&mut selected, qs).map(|value| value.map(f32::to_bits));
             prop_assert_eq!(found, expected);
+        }
+    }
+
+    proptest! {
+        /// Accumulators filled from any split of the samples merge into what one fed them all answers.
+        #[test]
+        fn usage_of_parts_merged_equals_usage_of_the_whole(
+            samples in prop::collection::vec(
+                (-10_i64..200, prop_oneof![Just(200_u16), Just(429), Just(500)], any::<bool>(), 0_u8..50,
+                 1_u32..4, 0_usize..3),
+                0..200,
+            )
+        ) {
+            let query = UsageQuery::new(Some(at(0)), Some(at(180)), Some(Interval::Minute), at(0)).unwrap();
+            let (mut whole, mut parts) = (UsageAccumulator::new(query), [(); 3].map(|()| UsageAccumulator::new(query)));
+            for &(seconds, status, cache_hit, ms, runs, part) in &samples {
+                let sample = UsageSample {
+                    at_micros: unix_micros(at(seconds)),
+                    status,
+                    cache_hit,
+                    duration_ms: f64::from(ms) / 4.0,
+                    rows: Some(u64::from(ms)),
+                    bytes_read: (ms % 2 == 0).then_some(u64::from(runs)),
+                    runs,
+                };
+                whole.add(&sample);
+                parts[part].add(&sample);
+            }
+            let [mut merged, second, third] = parts;
+            merged.merge(second);
+            merged.merge(third);
+            prop_assert_eq!(merged.finish(), whole.finish());
         }
     }
 
@@ -573,7 +627,7 @@ mod tests {
             usage.add(&UsageSample {
                 at_micros: unix_micros(at(i64::from(ms % 60))),
                 status: if ms == 7 { 500 } else { 200 },
-                source: Some(if ms == 8 { LogSource::Cache } else { LogSource::Live }),
+                cache_hit: ms == 8,
                 duration_ms: f64::from(ms),
                 rows: Some(2),
                 bytes_read: Some(10),
@@ -583,7 +637,7 @@ mod tests {
         let sample = |seconds, ms| UsageSample {
             at_micros: unix_micros(at(seconds)),
             status: 200,
-            source: None,
+            cache_hit: false,
             duration_ms: ms,
             rows: None,
             bytes_read: None,
