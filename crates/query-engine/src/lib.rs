@@ -115,7 +115,14 @@ impl DataFusionEngine {
     /// The run log of every project in the engine's storage, its reads (logs and usage) running on the
     /// engine's threads as queries do.
     pub fn run_log(&self, settings: LogSettings) -> ParquetRunLog {
-        ParquetRunLog::reading_on(self.storage.clone(), settings, Arc::clone(&self.runtime))
+        ParquetRunLog::read_by(self.clone(), settings)
+    }
+
+    /// A session for reading the run log: its memory bounded as a query's, its files' footers in the
+    /// engine's caches.
+    pub(crate) fn log_session(&self) -> Result<datafusion::prelude::SessionContext, EngineError> {
+        let runtime = self.admission.runtime(&self.files)?;
+        catalog::empty_session(&self.storage, Some(runtime), None)
     }
 
     /// The same engine, its queries' `_logs` reading records within `retention` (as the run log keeps them).
@@ -572,6 +579,19 @@ impl DataFusionEngine {
         self.execute_planned(project, physical, task).await
     }
 
+    /// `physical`, a plan of `project`'s to execute on this process's cores, its operators asking for the
+    /// project's turns there ([`fair`]), once its first turn has come. The turns are the held ticket's.
+    pub(crate) async fn with_turns(
+        &self,
+        project: ProjectId,
+        physical: &Arc<dyn ExecutionPlan>,
+    ) -> Result<(Arc<dyn ExecutionPlan>, fair::Held), EngineError> {
+        let held = self.admission.turns(project);
+        held.turn().await;
+        let gated = fair::gate(Arc::clone(physical), &held).map_err(execute::execution_error)?;
+        Ok((gated, held))
+    }
+
     /// Executes a physical plan as [`Self::execute_fairly`] does, with `task`.
     async fn execute_planned(
         &self,
@@ -585,9 +605,8 @@ impl DataFusionEngine {
         let (gated, held) = if self.scheduler().is_some() {
             (Arc::clone(&physical), None)
         } else {
-            let held = self.admission.turns(project);
-            held.turn().await;
-            (fair::gate(Arc::clone(&physical), &held).map_err(execute::execution_error)?, Some(held))
+            let (gated, held) = self.with_turns(project, &physical).await?;
+            (gated, Some(held))
         };
         let stream =
             datafusion::physical_plan::execute_stream(gated, task).map_err(execute::execution_error)?;

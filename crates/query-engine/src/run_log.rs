@@ -57,7 +57,8 @@ use prometheus_client::registry::Registry;
 use time::macros::format_description;
 use uuid::Uuid;
 
-use crate::runtime::{EngineRuntime, IdleRuntime};
+use crate::runtime::IdleRuntime;
+use crate::DataFusionEngine;
 use crate::storage::{unavailable, Storage};
 pub use crate::tables::catalog::LOGS_TABLE;
 
@@ -190,18 +191,21 @@ struct Inner {
     /// The runtime merges run on: a merge reads, merges and compresses there alone, so it takes at most one
     /// core, and only what queries leave idle.
     merges: IdleRuntime,
-    /// The runtime reads run on: the engine's (see [`crate::DataFusionEngine::run_log`]), not the caller's, so
-    /// that a read of a million records decodes on every core and never holds an HTTP server's thread.
-    readers: Arc<EngineRuntime>,
+    /// The engine reads are queries of: a read of a project's records (its logs, its usage) takes one of the
+    /// project's query slots, runs on the engine's threads (on every core, never an HTTP server's thread) with
+    /// its turns and memory there, within the query timeout, as the project's runs do.
+    engine: DataFusionEngine,
 }
 
 impl ParquetRunLog {
-    /// A run log in `storage` whose reads run on a runtime of its own (an engine's run log shares the engine's).
+    /// A run log in `storage` read by an engine of its own, with the default limits (a served log is its
+    /// engine's: [`DataFusionEngine::run_log`]).
     pub fn new(storage: Storage, settings: LogSettings) -> Self {
-        Self::reading_on(storage, settings, Arc::new(EngineRuntime::new()))
+        DataFusionEngine::new(storage).run_log(settings)
     }
 
-    pub(crate) fn reading_on(storage: Storage, settings: LogSettings, readers: Arc<EngineRuntime>) -> Self {
+    pub(crate) fn read_by(engine: DataFusionEngine, settings: LogSettings) -> Self {
+        let storage = engine.storage.clone();
         Self {
             inner: Arc::new(Inner {
                 storage,
@@ -220,7 +224,7 @@ impl ParquetRunLog {
                 sampled: Counter::default(),
                 failed: Counter::default(),
                 merges: IdleRuntime::new("run-log-merge"),
-                readers,
+                engine,
             }),
         }
     }
@@ -593,7 +597,7 @@ impl ParquetRunLog {
         if urls.is_empty() {
             return Ok(None);
         }
-        let ctx = crate::tables::catalog::empty_session(&self.inner.storage, None, None)?;
+        let ctx = self.inner.engine.log_session()?;
         let mut filter = col("endpoint").eq(lit(endpoint));
         if let Some(since) = since {
             filter = filter.and(col("at").gt_eq(instant(since)));
@@ -644,7 +648,8 @@ impl RunLog for ParquetRunLog {
         filter: &LogFilter,
     ) -> Result<Vec<LogRecord>, EngineError> {
         let (log, endpoint, filter) = (self.clone(), endpoint.to_owned(), filter.clone());
-        self.inner.readers.run(async move { log.read_records(project, &endpoint, &filter).await }).await
+        let read = async move { log.read_records(project, &endpoint, &filter).await };
+        self.inner.engine.in_slot(project, |_| read).await.map(|(records, _slot)| records)
     }
 
     async fn usage(
@@ -654,7 +659,8 @@ impl RunLog for ParquetRunLog {
         query: &UsageQuery,
     ) -> Result<Vec<UsageBucket>, EngineError> {
         let (log, endpoint, query) = (self.clone(), endpoint.to_owned(), *query);
-        self.inner.readers.run(async move { log.read_usage(project, &endpoint, &query).await }).await
+        let read = async move { log.read_usage(project, &endpoint, &query).await };
+        self.inner.engine.in_slot(project, |_| read).await.map(|(usage, _slot)| usage)
     }
 }
 
@@ -701,8 +707,7 @@ impl ParquetRunLog {
         // which the files' row-group statistics mostly skip (a busy endpoint's page is its last second).
         let newest =
             frame.clone().select_columns(&["at"]).and_then(|f| f.sort(vec![col("at").sort(false, false)]));
-        let times =
-            newest.and_then(|f| f.limit(0, Some(wanted))).map_err(err)?.collect().await.map_err(err)?;
+        let times = self.collect(project, newest.and_then(|f| f.limit(0, Some(wanted))).map_err(err)?).await?;
         let oldest = times
             .iter()
             .flat_map(|b| b.column(0).as_primitive::<TimestampMicrosecondType>().values().iter())
@@ -715,12 +720,21 @@ impl ParquetRunLog {
         }
         let newest_first: Vec<SortExpr> = vec![col("at").sort(false, false), col("id").sort(false, false)];
         let batches = frame.sort(newest_first).and_then(|f| f.limit(0, Some(wanted))).map_err(err)?;
-        let batches = batches.collect().await.map_err(err)?;
+        let batches = self.collect(project, batches).await?;
         let mut found = Vec::with_capacity(wanted);
         for batch in &batches {
             records_of(project, batch, &mut found)?;
         }
         Ok(found)
+    }
+
+    /// The rows `frame`, a read of `project`'s records, finds, executed with the project's turns.
+    async fn collect(&self, project: ProjectId, frame: DataFrame) -> Result<Vec<RecordBatch>, EngineError> {
+        let err = crate::execute::storage_error;
+        let task = Arc::new(frame.task_ctx());
+        let plan = frame.create_physical_plan().await.map_err(err)?;
+        let (plan, _turns) = self.inner.engine.with_turns(project, &plan).await?;
+        datafusion::physical_plan::collect(plan, task).await.map_err(err)
     }
 
     async fn read_usage(
@@ -743,6 +757,7 @@ impl ParquetRunLog {
         // Each partition of the read counted on a core of its own, the counts merged.
         let task = Arc::new(frame.task_ctx());
         let plan = frame.create_physical_plan().await.map_err(err)?;
+        let (plan, _turns) = self.inner.engine.with_turns(project, &plan).await?;
         let mut parts = tokio::task::JoinSet::new();
         for stream in execute_stream_partitioned(plan, task).map_err(err)? {
             parts.spawn(usage_of(stream, *query));

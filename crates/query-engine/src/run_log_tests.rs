@@ -164,6 +164,40 @@ async fn records_read_back_whole_paged_filtered_and_merged_per_project() {
     assert_eq!(buckets, expected.finish());
 }
 
+/// Reading a project's records is one of its queries: with its slots taken, its logs and usage are refused as
+/// its runs are (429), another project's are read meanwhile, and its own once the slot is free again.
+#[tokio::test]
+async fn reading_a_projects_records_takes_one_of_its_query_slots() {
+    let dir = temp_dir("run-log-slots");
+    let limits = EngineLimits { max_concurrent_per_project: 1, ..EngineLimits::default() };
+    let engine = DataFusionEngine::new(Storage::local(&dir).unwrap()).with_limits(limits);
+    let log = engine.run_log(LogSettings::default());
+    let at = now();
+    for id in [1, 2] {
+        log.record(record(id, "kpi", at, 0));
+    }
+    log.flush().await.unwrap();
+    let usage = UsageQuery::new(
+        Some(at - time::Duration::MINUTE),
+        Some(at + time::Duration::SECOND),
+        Some(Interval::Minute),
+        at,
+    )
+    .unwrap();
+    let requests = |buckets: Vec<domain::UsageBucket>| buckets.iter().map(|b| b.requests).sum::<u64>();
+
+    let held = engine.admission.enter(project(1)).unwrap();
+    let err = log.records(project(1), "kpi", &all(10)).await.unwrap_err();
+    assert!(matches!(err, EngineError::Busy { .. }), "{err:?}");
+    let err = log.usage(project(1), "kpi", &usage).await.unwrap_err();
+    assert!(matches!(err, EngineError::Busy { .. }), "{err:?}");
+    assert_eq!(log.records(project(2), "kpi", &all(10)).await.unwrap().len(), 1);
+    assert_eq!(requests(log.usage(project(2), "kpi", &usage).await.unwrap()), 1);
+    drop(held);
+    assert_eq!(log.records(project(1), "kpi", &all(10)).await.unwrap().len(), 1);
+    assert_eq!(requests(log.usage(project(1), "kpi", &usage).await.unwrap()), 1);
+}
+
 /// `_logs` is a table of the project's own records in SQL, never listed among its tables; records past the
 /// retention are in none of the readings, and their hours are deleted.
 #[tokio::test]
