@@ -3,9 +3,9 @@
 //!
 //! A query of a project takes, in this order:
 //! - one of its project's **slots** ([`EngineLimits::max_concurrent_per_project`]) for as long as it plans and
-//!   computes. Runs, dry runs (planning), exports and reads of stored results take one at once or are refused
-//!   with [`EngineError::Busy`] (429 with `Retry-After`), so a full project is told so the same way whatever it
-//!   asked for. The service's own planning (an endpoint planned again after its table was replaced, the readers
+//!   computes. Runs, dry runs (planning), exports, reads of stored results and of the run log take one at
+//!   once or are refused with [`EngineError::Busy`] (429 with `Retry-After`), so a full project is told so the
+//!   same way whatever it asked for. The service's own planning (an endpoint planned again after its table was replaced, the readers
 //!   of a written table, a refresh of a version saved before its plan's facts were recorded) waits for one
 //!   instead, within the query timeout, so that a busy project delays it rather than losing it. Refreshes and
 //!   folds take none: holding the project's slots, they answered its own runs 429
