@@ -19,7 +19,7 @@ use crate::AppState;
            ("limit" = Option<i64>, Query, description = "1 to 1000; 100 by default"),
            ("cursor" = Option<String>, Query, description = "The `next` of the page before")),
     responses((status = 200, body = LogList), (status = 400, body = Error), (status = 401, body = Error),
-              (status = 403, body = Error), (status = 404, body = Error)))]
+              (status = 403, body = Error), (status = 404, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn list(
     state: web::Data<AppState>,
     caller: Authorized<EndpointRead>,
@@ -37,7 +37,7 @@ pub(crate) async fn list(
            ("until" = Option<String>, Query, description = "RFC 3339; now when absent"),
            ("interval" = Option<String>, Query, description = "minute, hour (default) or day")),
     responses((status = 200, body = Usage), (status = 400, body = Error), (status = 401, body = Error),
-              (status = 403, body = Error), (status = 404, body = Error)))]
+              (status = 403, body = Error), (status = 404, body = Error), (status = 429, body = Error)))]
 pub(crate) async fn usage(
     state: web::Data<AppState>,
     caller: Authorized<EndpointRead>,
