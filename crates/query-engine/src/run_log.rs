@@ -58,9 +58,9 @@ use time::macros::format_description;
 use uuid::Uuid;
 
 use crate::runtime::IdleRuntime;
-use crate::DataFusionEngine;
 use crate::storage::{unavailable, Storage};
 pub use crate::tables::catalog::LOGS_TABLE;
+use crate::DataFusionEngine;
 
 /// How long merged files stay after the file that holds their records appears: longer than any query runs
 /// (a reader that listed them before still reads them whole).
@@ -707,7 +707,8 @@ impl ParquetRunLog {
         // which the files' row-group statistics mostly skip (a busy endpoint's page is its last second).
         let newest =
             frame.clone().select_columns(&["at"]).and_then(|f| f.sort(vec![col("at").sort(false, false)]));
-        let times = self.collect(project, newest.and_then(|f| f.limit(0, Some(wanted))).map_err(err)?).await?;
+        let times =
+            self.collect(project, newest.and_then(|f| f.limit(0, Some(wanted))).map_err(err)?).await?;
         let oldest = times
             .iter()
             .flat_map(|b| b.column(0).as_primitive::<TimestampMicrosecondType>().values().iter())
@@ -749,10 +750,18 @@ impl ParquetRunLog {
         };
         let err = crate::execute::storage_error;
         let cache_hit = col("source").eq(lit(LogSource::Cache.as_str())).alias("cache_hit");
-        let columns = [col("at"), col("status"), cache_hit, col("duration_ms"), col("rows"), col("bytes_read")];
+        let columns = vec![
+            col("at"),
+            col("status"),
+            cache_hit,
+            col("duration_ms"),
+            col("rows"),
+            col("bytes_read"),
+            col("runs"),
+        ];
         let frame = frame
             .filter(col("kind").eq(lit(LogKind::Run.as_str())))
-            .and_then(|f| f.select(columns.into_iter().chain([col("runs")])))
+            .and_then(|f| f.select(columns))
             .map_err(err)?;
         // Each partition of the read counted on a core of its own, the counts merged.
         let task = Arc::new(frame.task_ctx());
