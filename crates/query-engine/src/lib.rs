@@ -121,7 +121,7 @@ impl DataFusionEngine {
     /// A session for reading the run log: its memory bounded as a query's, its files' footers in the
     /// engine's caches.
     pub(crate) fn log_session(&self) -> Result<datafusion::prelude::SessionContext, EngineError> {
-        let runtime = self.admission.runtime(&self.files)?;
+        let runtime = self.admission.runtime(&self.files.footers_only())?;
         catalog::empty_session(&self.storage, Some(runtime), None)
     }
 
