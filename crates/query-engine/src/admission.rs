@@ -5,10 +5,10 @@
 //! - one of its project's **slots** ([`EngineLimits::max_concurrent_per_project`]) for as long as it plans and
 //!   computes. Runs, dry runs (planning), exports, reads of stored results and of the run log take one at
 //!   once or are refused with [`EngineError::Busy`] (429 with `Retry-After`), so a full project is told so the
-//!   same way whatever it asked for. The service's own planning (an endpoint planned again after its table was replaced, the readers
-//!   of a written table, a refresh of a version saved before its plan's facts were recorded) waits for one
-//!   instead, within the query timeout, so that a busy project delays it rather than losing it. Refreshes and
-//!   folds take none: holding the project's slots, they answered its own runs 429
+//!   same way whatever it asked for. The service's own planning (an endpoint planned again after its table
+//!   was replaced, the readers of a written table, a refresh of a version saved before its plan's facts were
+//!   recorded) waits for one instead, within the query timeout, so that a busy project delays it rather than
+//!   losing it. Refreshes and folds take none: holding the project's slots, they answered its own runs 429
 //!   (their cores are shared through the turns below, their memory through the pool).
 //! - its **turns** on the engine's cores among every project's queries ([`fair`]) while it executes;
 //! - its **memory**, within its own limit and what every query holds together ([`QueryPool`]);

@@ -119,7 +119,7 @@ impl DataFusionEngine {
     }
 
     /// A session for reading the run log: its memory bounded as a query's, its files' footers in the
-    /// engine's caches.
+    /// engine's footer cache (see [`execute::FileCaches::footers_only`]).
     pub(crate) fn log_session(&self) -> Result<datafusion::prelude::SessionContext, EngineError> {
         let runtime = self.admission.runtime(&self.files.footers_only())?;
         catalog::empty_session(&self.storage, Some(runtime), None)

@@ -515,7 +515,8 @@ mod tests {
             )
         ) {
             let query = UsageQuery::new(Some(at(0)), Some(at(180)), Some(Interval::Minute), at(0)).unwrap();
-            let (mut whole, mut parts) = (UsageAccumulator::new(query), [(); 3].map(|()| UsageAccumulator::new(query)));
+            let mut whole = UsageAccumulator::new(query);
+            let mut parts = [(); 3].map(|()| UsageAccumulator::new(query));
             for &(seconds, status, cache_hit, ms, runs, part) in &samples {
                 let sample = UsageSample {
                     at_micros: unix_micros(at(seconds)),
