@@ -37,12 +37,13 @@ use datafusion::arrow::datatypes::{
 use datafusion::common::DFSchema;
 use datafusion::common::ScalarValue;
 use datafusion::dataframe::DataFrame;
+use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{col, lit, EmptyRelation, Expr, LogicalPlan, SortExpr};
 use datafusion::parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use datafusion::parquet::schema::types::ColumnPath;
-use datafusion::physical_plan::{execute_stream_partitioned, SendableRecordBatchStream};
+use datafusion::physical_plan::{execute_stream_partitioned, ExecutionPlan, SendableRecordBatchStream};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use domain::{
     unix_micros, EngineError, LogFilter, LogKind, LogRecord, LogSource, ProjectId, RunLog, StatusFilter,
@@ -57,6 +58,7 @@ use prometheus_client::registry::Registry;
 use time::macros::format_description;
 use uuid::Uuid;
 
+use crate::fair::Held;
 use crate::runtime::IdleRuntime;
 use crate::storage::{unavailable, Storage};
 pub use crate::tables::catalog::LOGS_TABLE;
@@ -162,7 +164,6 @@ pub struct ParquetRunLog {
 
 #[derive(Debug)]
 struct Inner {
-    storage: Storage,
     settings: LogSettings,
     /// This process's name in file names.
     node: String,
@@ -205,10 +206,8 @@ impl ParquetRunLog {
     }
 
     pub(crate) fn read_by(engine: DataFusionEngine, settings: LogSettings) -> Self {
-        let storage = engine.storage.clone();
         Self {
             inner: Arc::new(Inner {
-                storage,
                 settings,
                 node: Uuid::new_v4().simple().to_string(),
                 buffers: std::array::from_fn(|_| Mutex::new(Buffer::default())),
@@ -319,7 +318,7 @@ impl ParquetRunLog {
             let path = hour_prefix(project, hour).join(file_name(&self.inner.node, 0, number, number));
             let written = match encoded {
                 Ok(bytes) => {
-                    self.inner.storage.store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)
+                    self.storage().store().put(&path, PutPayload::from(bytes)).await.map_err(unavailable)
                 }
                 Err(err) => Err(err),
             };
@@ -390,6 +389,11 @@ impl ParquetRunLog {
         self.inner.written_to.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The storage of the engine that reads the log: the log's files are written beside the tables.
+    fn storage(&self) -> &Storage {
+        &self.inner.engine.storage
+    }
+
     /// Merges the hours this node wrote to that are due (see [`HourFiles::due`]), on the merge runtime. Files
     /// flushed while an hour is merged count towards its next merge.
     async fn merge_due(&self, now: Timestamp) -> Result<(), EngineError> {
@@ -419,11 +423,12 @@ impl ParquetRunLog {
     /// A flush writes a file of level 0; [`MERGE_AT`] files of one level that end the node's files (in flush
     /// order) become one of the next level, so a record is written again once per level (a handful, whatever
     /// the traffic) rather than at every merge, and an hour keeps fewer than [`MERGE_AT`] files per level; a
-    /// longer run is merged [`MERGE_AT`] at a time. A closed hour's files become one, after that. Only the files after the node's last full one are merged (a merge holds
-    /// consecutive numbers, so one never goes around a full file).
+    /// longer run is merged [`MERGE_AT`] at a time. A closed hour's files become one, after that. Only the
+    /// files after the node's last full one are merged (a merge holds consecutive numbers, so one never goes
+    /// around a full file).
     async fn merge(&self, project: ProjectId, hour: Timestamp, now: Timestamp) -> Result<bool, EngineError> {
         let prefix = hour_prefix(project, hour);
-        let listed = self.inner.storage.objects(&prefix).await.map_err(unavailable)?;
+        let listed = self.storage().objects(&prefix).await.map_err(unavailable)?;
         self.merge_of(&prefix, split(listed), &self.inner.node, closed(hour, now), now).await
     }
 
@@ -438,7 +443,7 @@ impl ParquetRunLog {
         whole: bool,
         now: Timestamp,
     ) -> Result<bool, EngineError> {
-        let storage = &self.inner.storage;
+        let storage = self.storage();
         let mut own: Vec<LogFile> = visible.into_iter().filter(|file| file.node == node).collect();
         own.sort_by_key(|file| file.first);
         let full = |file: &LogFile| file.size >= self.inner.settings.full_file;
@@ -486,7 +491,7 @@ impl ParquetRunLog {
         parts: &[LogFile],
         level: u32,
     ) -> Result<LogFile, EngineError> {
-        let storage = &self.inner.storage;
+        let storage = self.storage();
         let err = crate::execute::storage_error;
         let first = parts.iter().map(|file| file.first).min().expect("a merge of files");
         let last = parts.iter().map(|file| file.last).max().expect("a merge of files");
@@ -521,7 +526,7 @@ impl ParquetRunLog {
     /// Deletes the hours of every project that ended before the retention, and merges what nodes that stopped
     /// left in the hours that ended within [`ORPHANS_WITHIN`].
     async fn prune(&self, now: Timestamp) -> Result<(), EngineError> {
-        let storage = &self.inner.storage;
+        let storage = self.storage();
         let cutoff = now - self.inner.settings.retention;
         self.settled().retain(|(hour, _)| *hour + time::Duration::HOUR > now - ORPHANS_WITHIN);
         let projects = storage.children(&ObjectPath::from("projects")).await.map_err(unavailable)?;
@@ -557,7 +562,7 @@ impl ParquetRunLog {
             return Ok(());
         }
         let prefix = hour_prefix(project, hour);
-        let listed = self.inner.storage.objects(&prefix).await.map_err(unavailable)?;
+        let listed = self.storage().objects(&prefix).await.map_err(unavailable)?;
         let (visible, covered) = split(listed);
         let full = self.inner.settings.full_file;
         // This node merges its own hours as it writes them.
@@ -592,8 +597,8 @@ impl ParquetRunLog {
         since: Option<Timestamp>,
         until: Option<Timestamp>,
     ) -> Result<Option<DataFrame>, EngineError> {
-        let since = since.max(Some(self.inner.storage.now() - self.inner.settings.retention));
-        let urls = visible_files(&self.inner.storage, project, since, until).await?;
+        let since = since.max(Some(self.storage().now() - self.inner.settings.retention));
+        let urls = visible_files(self.storage(), project, since, until).await?;
         if urls.is_empty() {
             return Ok(None);
         }
@@ -729,13 +734,23 @@ impl ParquetRunLog {
         Ok(found)
     }
 
+    /// `frame`, a read of `project`'s records, planned with its task and gated by the project's turns (held for
+    /// as long as the plan executes).
+    async fn planned(
+        &self,
+        project: ProjectId,
+        frame: DataFrame,
+    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>, Held), EngineError> {
+        let task = Arc::new(frame.task_ctx());
+        let plan = frame.create_physical_plan().await.map_err(crate::execute::storage_error)?;
+        let (plan, turns) = self.inner.engine.with_turns(project, &plan).await?;
+        Ok((plan, task, turns))
+    }
+
     /// The rows `frame`, a read of `project`'s records, finds, executed with the project's turns.
     async fn collect(&self, project: ProjectId, frame: DataFrame) -> Result<Vec<RecordBatch>, EngineError> {
-        let err = crate::execute::storage_error;
-        let task = Arc::new(frame.task_ctx());
-        let plan = frame.create_physical_plan().await.map_err(err)?;
-        let (plan, _turns) = self.inner.engine.with_turns(project, &plan).await?;
-        datafusion::physical_plan::collect(plan, task).await.map_err(err)
+        let (plan, task, _turns) = self.planned(project, frame).await?;
+        datafusion::physical_plan::collect(plan, task).await.map_err(crate::execute::storage_error)
     }
 
     async fn read_usage(
@@ -764,9 +779,7 @@ impl ParquetRunLog {
             .and_then(|f| f.select(columns))
             .map_err(err)?;
         // Each partition of the read counted on a core of its own, the counts merged.
-        let task = Arc::new(frame.task_ctx());
-        let plan = frame.create_physical_plan().await.map_err(err)?;
-        let (plan, _turns) = self.inner.engine.with_turns(project, &plan).await?;
+        let (plan, task, _turns) = self.planned(project, frame).await?;
         let mut parts = tokio::task::JoinSet::new();
         for stream in execute_stream_partitioned(plan, task).map_err(err)? {
             parts.spawn(usage_of(stream, *query));
