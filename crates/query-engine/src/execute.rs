@@ -58,7 +58,8 @@ pub struct EngineLimits {
     /// reads no file.
     pub stored_rows_in_memory: usize,
     /// Partitions a live query's plan is split into (its scans, aggregations and joins run that many streams
-    /// at once); `None`: one per core, DataFusion's default.
+    /// at once); `None`: one per core, DataFusion's default, and one for a run over few rows
+    /// ([`crate::ONE_PARTITION_ROWS`]).
     pub partitions: Option<std::num::NonZeroUsize>,
     /// Bytes of table files kept decoded for runs (`--hot-tables-mb`, see `hot_tables`); 0: none.
     pub hot_tables: usize,

@@ -179,7 +179,9 @@ impl DataFusionEngine {
         let compiled = compile::compile(query);
         let values = execute::parameter_values(&compiled, variables)?;
         let (ctx, unbound) = self.live_plan(project, &compiled).await?;
-        self.write_plan(project, &ctx, crate::bind(unbound, values)?, limit, offset, format).await
+        let plan = crate::bind(unbound, values)?;
+        self.partition_for(&ctx, &plan);
+        self.write_plan(project, &ctx, plan, limit, offset, format).await
     }
 
     /// The page `offset..offset+limit` of a planned query's rows, written in `format` to a temporary file.

@@ -555,11 +555,25 @@ impl DataFusionEngine {
     ) -> Result<domain::QueryResult, EngineError> {
         let columns = types::columns(plan.schema().as_arrow());
         let plan = execute::window(plan, limit, offset)?;
+        self.partition_for(ctx, &plan);
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         let (stream, held) = self.execute_fairly(project, frame).await?;
         let batches = execute::collect(stream).await?;
         let statistics = execute::statistics(&held.1, started.elapsed());
         execute::result(columns, &batches, limit, self.limits.result_bytes, statistics)
+    }
+
+    /// Plans `plan` in `ctx` in one partition when the tables it reads are small ([`ONE_PARTITION_ROWS`]), unless
+    /// the operator set the partitions (`--query-partitions`) or a cluster runs it.
+    pub(crate) fn partition_for(
+        &self,
+        ctx: &datafusion::prelude::SessionContext,
+        plan: &datafusion::logical_expr::LogicalPlan,
+    ) {
+        let set = self.limits.partitions.is_some() || self.scheduler().is_some();
+        if !set && rows_read(plan).is_some_and(|rows| rows <= ONE_PARTITION_ROWS) {
+            ctx.state_ref().write().config_mut().options_mut().execution.target_partitions = 1;
+        }
     }
 
     /// Executes a planned query in its turn among every project's queries ([`fair`]): once it has a slot, each
@@ -612,6 +626,34 @@ impl DataFusionEngine {
             datafusion::physical_plan::execute_stream(gated, task).map_err(execute::execution_error)?;
         Ok((stream, (held, physical)))
     }
+}
+
+/// A live run reading at most this many rows in all is planned in one partition: splitting it across the cores
+/// (repartitioning its rows, aggregating in two phases, merging the streams) costs about half a millisecond to
+/// plan and to run, more than such rows take on a core. Past it, a run whose filter is most of its work (a
+/// `LIKE` over every row) gains more from a second core than that (docs/benchmarks.md, small runs).
+pub(crate) const ONE_PARTITION_ROWS: u64 = 50_000;
+
+/// The rows of the tables a plan scans, in its subqueries too, when each table's log says how many it holds;
+/// `None` when one does not (the run log, an external source).
+pub(crate) fn rows_read(plan: &datafusion::logical_expr::LogicalPlan) -> Option<u64> {
+    use datafusion::common::stats::Precision;
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    use datafusion::logical_expr::LogicalPlan;
+    let mut rows = Some(0_u64);
+    plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            let provider = datafusion::datasource::source_as_provider(&scan.source).ok();
+            let counted = match provider.and_then(|provider| provider.statistics()).map(|s| s.num_rows) {
+                Some(Precision::Exact(counted)) => u64::try_from(counted).ok(),
+                _ => None,
+            };
+            rows = rows.zip(counted).map(|(sum, counted)| sum.saturating_add(counted));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("the walk's closure never fails");
+    rows
 }
 
 /// The tables a plan scans, in its subqueries too, by name, each once.

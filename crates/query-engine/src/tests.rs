@@ -310,7 +310,9 @@ pub(crate) async fn physical_plan(
     let compiled = compile::compile(query);
     let values = execute::parameter_values(&compiled, variables).unwrap();
     let (ctx, unbound) = engine.live_plan(project(1), &compiled).await.unwrap();
-    let plan = ctx.state().create_physical_plan(&bind(unbound, values).unwrap()).await.unwrap();
+    let bound = bind(unbound, values).unwrap();
+    engine.partition_for(&ctx, &bound);
+    let plan = ctx.state().create_physical_plan(&bound).await.unwrap();
     let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(true).to_string();
     shown
 }
@@ -369,6 +371,60 @@ async fn a_list_variable_needs_no_more_memory_than_its_literals_at_ten_million_r
     // Three values are compared in turn (more would be a hash set); the scan feeds 16 partitions.
     assert!(planned.contains("FilterExec: country@0 = DE OR country@0 = FR OR country@0 = JP"), "{planned}");
     assert!(planned.contains("Hash([country@0], 16)") && !planned.contains("Join"), "{planned}");
+}
+
+/// A run over small tables is planned in one partition (no repartitioning, one aggregation phase); over more
+/// rows than [`crate::ONE_PARTITION_ROWS`] in all, or with the partitions set by the operator, in one per core
+/// or as set. The answers are the same.
+#[tokio::test]
+async fn a_run_over_small_tables_is_planned_in_one_partition() {
+    if on_ballista() {
+        return; // the cluster's scheduler plans the stages
+    }
+    let dir = temp_dir("qe-partitions");
+    let tables = dir.join("projects/1/tables");
+    let large: Vec<(String, i64)> = (0..=crate::ONE_PARTITION_ROWS)
+        .map(|i| {
+            (["US", "FR", "DE"][usize::try_from(i % 3).unwrap()].to_owned(), i64::try_from(i % 7).unwrap())
+        })
+        .collect();
+    let large: Vec<(&str, i64)> = large.iter().map(|(c, r)| (c.as_str(), *r)).collect();
+    for (name, rows) in [("small", &[("US", 1), ("FR", 2), ("US", 3)][..]), ("large", &large[..])] {
+        std::fs::create_dir_all(tables.join(name)).unwrap();
+        write_events(&tables.join(name).join("part-0.parquet"), rows);
+    }
+    let storage = Storage::local(&dir).unwrap();
+    let engine = DataFusionEngine::new(storage.clone());
+    let cores = datafusion::prelude::SessionConfig::new().target_partitions();
+    engine.upgrade_tables().await.unwrap();
+    let sql = |table: &str| {
+        query(
+            &format!("SELECT country, sum(revenue) AS r FROM {table} GROUP BY country ORDER BY country"),
+            json!({}),
+        )
+    };
+    let none = bound(&[]);
+
+    let small = physical_plan(&engine, &sql("small"), &none).await;
+    assert!(!small.contains("RepartitionExec") && !small.contains("Partial"), "{small}");
+    let answer = engine.execute(project(1), &sql("small"), &none, 10, 0).await.unwrap();
+    assert_eq!(answer.rows_json, r#"[{"country":"FR","r":2},{"country":"US","r":4}]"#);
+    // One row more than the bound, in one table or in two a run joins.
+    if cores > 1 {
+        let large = physical_plan(&engine, &sql("large"), &none).await;
+        assert!(large.contains(&format!("Hash([country@0], {cores})")), "{large}");
+        let joined = query(
+            "SELECT s.country, count(*) AS n FROM small s JOIN large l ON s.country = l.country GROUP BY s.country",
+            json!({}),
+        );
+        let joined = physical_plan(&engine, &joined, &none).await;
+        assert!(joined.contains("RepartitionExec"), "{joined}");
+    }
+    // Partitions the operator set are kept whatever the rows.
+    let limits = EngineLimits { partitions: std::num::NonZeroUsize::new(3), ..EngineLimits::default() };
+    let set = DataFusionEngine::new(storage).with_limits(limits);
+    assert!(physical_plan(&set, &sql("small"), &none).await.contains("Hash([country@0], 3)"));
+    drop(dir);
 }
 
 #[tokio::test]

@@ -538,6 +538,8 @@ impl DataFusionEngine {
         limit: Option<u64>,
     ) -> Result<Written, EngineError> {
         let (plan, covered) = self.pinned(project, ctx, plan).await?;
+        // Partitioned as a live run of the same tables is, so that it sums floats in the same order.
+        self.partition_for(ctx, &plan);
         let frame = ctx.execute_logical_plan(plan).await.map_err(execute::execution_error)?;
         // A refresh takes its turns on the cores as the project's runs do.
         let (mut stream, _held) = self.execute_fairly(project, frame).await?;

@@ -28,8 +28,8 @@ pub struct ServeArgs {
     #[arg(long, env = "ENDPOINTS_QUERY_MEMORY_MB", default_value_t = 512, value_parser = positive_usize())]
     pub query_memory_mb: usize,
     /// Partitions a query's plan is split into: its scans, aggregations and joins run that many streams at once
-    /// (default: one per core; 1 to 1024). More than the cores only helps a machine whose storage is slower than
-    /// its CPUs.
+    /// (default: one per core, and one for a run over at most 50,000 rows; 1 to 1024). More than the cores only
+    /// helps a machine whose storage is slower than its CPUs.
     #[arg(long, env = "ENDPOINTS_QUERY_PARTITIONS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub query_partitions: Option<u16>,
     /// Memory the whole process stays under (`2GiB`, `1500MiB`): queries together get what the result cache
