@@ -638,37 +638,41 @@ pub(crate) const ONE_PARTITION_ROWS: u64 = 50_000;
 /// `None` when one does not (the run log, an external source).
 pub(crate) fn rows_read(plan: &datafusion::logical_expr::LogicalPlan) -> Option<u64> {
     use datafusion::common::stats::Precision;
-    use datafusion::common::tree_node::TreeNodeRecursion;
-    use datafusion::logical_expr::LogicalPlan;
     let mut rows = Some(0_u64);
-    plan.apply_with_subqueries(|node| {
-        if let LogicalPlan::TableScan(scan) = node {
-            let provider = datafusion::datasource::source_as_provider(&scan.source).ok();
-            let counted = match provider.and_then(|provider| provider.statistics()).map(|s| s.num_rows) {
-                Some(Precision::Exact(counted)) => u64::try_from(counted).ok(),
-                _ => None,
-            };
-            rows = rows.zip(counted).map(|(sum, counted)| sum.saturating_add(counted));
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })
-    .expect("the walk's closure never fails");
+    each_scan(plan, |scan| {
+        let provider = datafusion::datasource::source_as_provider(&scan.source).ok();
+        let counted = match provider.and_then(|provider| provider.statistics()).map(|s| s.num_rows) {
+            Some(Precision::Exact(counted)) => u64::try_from(counted).ok(),
+            _ => None,
+        };
+        rows = rows.zip(counted).map(|(sum, counted)| sum.saturating_add(counted));
+    });
     rows
 }
 
 /// The tables a plan scans, in its subqueries too, by name, each once.
 pub(crate) fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
+    let mut tables = std::collections::BTreeSet::new();
+    each_scan(plan, |scan| {
+        tables.insert(scan.table_name.table().to_owned());
+    });
+    tables.into_iter().collect()
+}
+
+/// Calls `visit` with each table scan of `plan`, in its subqueries too.
+fn each_scan(
+    plan: &datafusion::logical_expr::LogicalPlan,
+    mut visit: impl FnMut(&datafusion::logical_expr::TableScan),
+) {
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::logical_expr::LogicalPlan;
-    let mut tables = std::collections::BTreeSet::new();
     plan.apply_with_subqueries(|node| {
         if let LogicalPlan::TableScan(scan) = node {
-            tables.insert(scan.table_name.table().to_owned());
+            visit(scan);
         }
         Ok(TreeNodeRecursion::Continue)
     })
     .expect("the walk's closure never fails");
-    tables.into_iter().collect()
 }
 
 /// Planning and execution run on the engine's own threads, whose deep stacks let DataFusion recurse through
