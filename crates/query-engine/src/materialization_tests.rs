@@ -269,7 +269,7 @@ async fn a_materialized_answer_equals_the_live_answer() {
     // Stored rows held in memory once read (as the default keeps a few), and read from the file each time (as
     // on Ballista, where every query is a job of the cluster's: there once).
     materialized_answers_as_live(&demo.1, 2026).await;
-    if std::env::var("TEST_ENGINE").as_deref() != Ok("ballista") {
+    if !crate::tests::on_ballista() {
         let from_files =
             demo.1.clone().with_limits(EngineLimits { stored_rows_in_memory: 0, ..EngineLimits::default() });
         materialized_answers_as_live(&from_files, 2027).await;
@@ -288,7 +288,9 @@ async fn materialized_answers_as_live(engine: &DataFusionEngine, seed: u64) {
         let at = attempt_location(Uuid::new_v4(), 1, Uuid::new_v4());
         let stored = ResultStorage::write(engine, project(), &q, &at).await.unwrap().rows;
         assert!(stored > 0);
-        for round in 0..40 {
+        // Every query is a job of the cluster on Ballista, about a quarter of a second each: fewer there.
+        let rounds = if crate::tests::on_ballista() { 12 } else { 40 };
+        for round in 0..rounds {
             let variables = (case.draw)(&mut rng);
             let (limit, offset) =
                 if round % 4 == 0 { (10_000, 0) } else { (rng.random_range(1..50), rng.random_range(0..80)) };
@@ -468,7 +470,7 @@ async fn a_rollups_answer_equals_the_live_answer() {
     let demo = demo().await;
     // On Ballista every query is a job of the cluster's (and a rollup is always read from its file there): the
     // same checks, fewer rounds.
-    if std::env::var("TEST_ENGINE").as_deref() == Ok("ballista") {
+    if crate::tests::on_ballista() {
         rollups_answer_as_live(&demo.1, 13, 5).await;
         return;
     }
@@ -525,7 +527,7 @@ async fn rollups_answer_as_live(engine: &DataFusionEngine, seed: u64, rounds: us
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_plan_of_rows_held_in_memory_is_kept_and_each_run_binds_its_own_values() {
     // On Ballista stored rows are read from their files by the cluster: nothing is held here.
-    if std::env::var("TEST_ENGINE").as_deref() == Ok("ballista") {
+    if crate::tests::on_ballista() {
         return;
     }
     let demo = demo().await;
@@ -968,7 +970,7 @@ async fn answers_as_live(
 /// On Ballista the executors list a table's files themselves, so a result cannot say which rows it holds: it is
 /// refreshed in full, never folded.
 async fn never_folded_on_a_cluster(engine: &DataFusionEngine) -> bool {
-    if std::env::var("TEST_ENGINE").as_deref() != Ok("ballista") {
+    if !crate::tests::on_ballista() {
         return false;
     }
     let q =
@@ -1377,7 +1379,7 @@ async fn min_and_max_of_floats_follow_one_order_grouped_ungrouped_and_stored() {
     use datafusion::arrow::compute::cast;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     // A Ballista cluster's executors run DataFusion's own functions (docs/materialization.md says so).
-    if std::env::var("TEST_ENGINE").as_deref() == Ok("ballista") {
+    if crate::tests::on_ballista() {
         return;
     }
     let demo = demo().await;

@@ -453,7 +453,7 @@ async fn executes_with_bound_variables_and_pages() {
 }
 
 /// Whether this run of the suite executes on a Ballista cluster.
-fn on_ballista() -> bool {
+pub(crate) fn on_ballista() -> bool {
     cfg!(feature = "ballista") && std::env::var("TEST_ENGINE").as_deref() == Ok("ballista")
 }
 
