@@ -36,7 +36,8 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
 `--only isolation`, `--only appends`, `--only fresh` and `--only logs` run scenario 9, 10, 11 or 12 alone (the first two on a small
 data directory of their own, the third on `--rows` events) and replace only its section. `--only compare` (what
 `make bench-compare BASE=<commit>` runs) measures scenario 13's shapes, three more `LIKE` patterns and a cached run
-on this build and on `--before-bin-dir` beside it, alternating, on `--rows` events that the earlier build wrote.
+on this build and on `--before-bin-dir` beside it, alternating, each on its own copy of `--rows` events that the
+earlier build wrote (a build of a later table format converts its copy at its first start).
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md; scenarios with sections of their own (6 alone,
 9-14) replace theirs in docs/benchmark-scenarios.md (older runs are in git).
@@ -1750,33 +1751,40 @@ CACHED_COMPARE = "/api/projects/1/endpoints/cached-by-country/run"
 
 
 def compare(args, root):
-    """This build against `--before-bin-dir` on one dataset (written by the earlier build, which this one must
-    read): each shape's live run and a cached run under load, builds alternating batch by batch, the answers
-    compared."""
+    """This build against `--before-bin-dir` on the dataset the earlier build wrote and prepared: each shape's
+    live run and a cached run under load, builds alternating batch by batch, the answers compared. Each build
+    runs on its own copy, so that a build of a later table format (which converts the tables it starts on, as
+    `migrate` does) leaves the earlier build's copy as that build wrote it."""
     app = make_dataset(args.before_bin_dir, root, args.rows)
+    server = Endpoints(args.before_bin_dir, app.data_dir)
+    server.key = app.key
+    server.start("--materialize-workers", "0")
+    try:
+        prepare_shapes(server, root)
+        for name, _, sql, variables in COMPARE_SHAPES[len(SHAPES):]:
+            declared = {k: {"type": kind} for k, (kind, _) in variables.items()}
+            server.request("POST", "/api/projects/1/endpoints/", {
+                "name": name, "cache_age_seconds": 0,
+                "query": {"kind": "SQLQuery", "query": sql, "variables": declared}})
+        server.request("POST", "/api/projects/1/endpoints/", {
+            "name": "cached-by-country", "cache_age_seconds": 3600, "query": {
+                "kind": "SQLQuery", "query": "SELECT country, count(*) AS n FROM events GROUP BY country"}})
+    finally:
+        server.stop()
     builds = {"previous build": args.before_bin_dir, "this build": args.bin_dir}
+    data_dirs = {b: f"{app.data_dir}-{b.split()[0]}" for b in builds}
+    for data_dir in data_dirs.values():
+        shutil.copytree(app.data_dir, data_dir)
     live = {b: {name: [] for name, *_ in COMPARE_SHAPES} for b in builds}
     first = {b: {name: [] for name, *_ in COMPARE_SHAPES} for b in builds}
     cached = {b: [] for b in builds}
     answers = {b: {} for b in builds}
-    prepared = False
     for _ in range(SHAPE_BATCHES + 1):
         for build, bin_dir in builds.items():
-            server = Endpoints(bin_dir, app.data_dir)
+            server = Endpoints(bin_dir, data_dirs[build])
             server.key = app.key
             server.start("--materialize-workers", "0")
             try:
-                if not prepared:
-                    prepare_shapes(server, root)
-                    for name, _, sql, variables in COMPARE_SHAPES[len(SHAPES):]:
-                        declared = {k: {"type": kind} for k, (kind, _) in variables.items()}
-                        server.request("POST", "/api/projects/1/endpoints/", {
-                            "name": name, "cache_age_seconds": 0,
-                            "query": {"kind": "SQLQuery", "query": sql, "variables": declared}})
-                    server.request("POST", "/api/projects/1/endpoints/", {
-                        "name": "cached-by-country", "cache_age_seconds": 3600, "query": {
-                            "kind": "SQLQuery", "query": "SELECT country, count(*) AS n FROM events GROUP BY country"}})
-                    prepared = True
                 for name, _, _, variables in COMPARE_SHAPES:
                     # Planned once, as a published endpoint's runs are; the first run after a start, nothing hot.
                     ms, _ = server.timed(shape_path(name, variables), 1)
