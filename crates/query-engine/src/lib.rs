@@ -23,6 +23,7 @@ mod progress;
 mod rewrites;
 mod run_log;
 mod runtime;
+mod session;
 mod snapshot_scan;
 mod storage;
 mod stored;
@@ -233,11 +234,7 @@ impl DataFusionEngine {
         ctx: &datafusion::prelude::SessionContext,
         statement: DfStatement,
     ) -> Result<datafusion::logical_expr::LogicalPlan, EngineError> {
-        let plan = ctx
-            .state()
-            .statement_to_plan(statement)
-            .await
-            .map_err(|e| EngineError::InvalidQuery(message(&e)))?;
+        let plan = session::plan(ctx, statement).await.map_err(|e| EngineError::InvalidQuery(message(&e)))?;
         SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)

@@ -22,6 +22,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::memory_pool::{
     GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
 };
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult, RawBinaryExpr};
@@ -160,32 +161,33 @@ const BOUNDED: [(&str, Growth); 24] = [
     ("to_hex", Growth::Times(2)),
 ];
 
-/// Replaces, in `ctx`, each function that can write far more than it reads by the same function behind a
-/// check of its output's size against the session's memory pool and its limit (`limit` when the pool has none),
-/// and plans `||` on strings as one.
-pub(crate) fn bound_functions(ctx: &SessionContext, limit: usize) {
-    let pool = Arc::clone(&ctx.runtime_env().memory_pool);
-    let limit = match pool.memory_limit() {
-        MemoryLimit::Finite(own) => own,
-        _ => limit,
-    };
-    for (name, growth) in BOUNDED {
-        // A function this build of DataFusion does not have needs no bound.
-        if let Ok(udf) = ctx.udf(name) {
-            let inner = Arc::clone(udf.inner());
-            let bounded = Bounded::new(inner, growth, limit, Arc::clone(&pool));
-            ctx.register_udf(ScalarUDF::new_from_impl(bounded));
-        }
-    }
-    let concat = Arc::new(ScalarUDF::new_from_impl(Bounded::new(
-        Arc::new(StringConcat::new()),
-        Growth::Sum,
-        limit,
-        pool,
-    )));
+/// `udf` behind a check of its output's size against the memory pool of a session's `runtime` and its limit
+/// (the engine's default when the pool has none) when it is one of the functions that can write far more than
+/// they read, else `udf` itself. Every scalar function a session takes passes through here (`crate::session`).
+pub(crate) fn bounded(runtime: &RuntimeEnv, udf: Arc<ScalarUDF>) -> Arc<ScalarUDF> {
+    let Some((_, growth)) = BOUNDED.iter().find(|(name, _)| *name == udf.name()) else { return udf };
+    let (limit, pool) = limit_of(runtime);
+    Arc::new(ScalarUDF::new_from_impl(Bounded::new(Arc::clone(udf.inner()), *growth, limit, pool)))
+}
+
+/// Plans `||` on strings in `ctx` as a function behind the same check ([`ConcatPlanner`]).
+pub(crate) fn plan_concat(ctx: &SessionContext) {
+    let (limit, pool) = limit_of(&ctx.runtime_env());
+    let concat =
+        Arc::new(ScalarUDF::new_from_impl(Bounded::new(Arc::new(StringConcat::new()), Growth::Sum, limit, pool)));
     // Registration only fails for a registry that takes no planners, which a session context is not.
     let planned = ctx.state_ref().write().register_expr_planner(Arc::new(ConcatPlanner(concat)));
     debug_assert!(planned.is_ok(), "a session takes expression planners");
+}
+
+/// The limit a function's output is checked against in a session's `runtime`, and the pool it is reserved from.
+fn limit_of(runtime: &RuntimeEnv) -> (usize, Arc<dyn MemoryPool>) {
+    let pool = Arc::clone(&runtime.memory_pool);
+    let limit = match pool.memory_limit() {
+        MemoryLimit::Finite(own) => own,
+        _ => crate::EngineLimits::default().memory_limit,
+    };
+    (limit, pool)
 }
 
 /// A function whose output is bounded before it is written.

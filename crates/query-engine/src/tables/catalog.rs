@@ -315,15 +315,9 @@ fn session_with(
     #[cfg(not(feature = "ballista"))]
     debug_assert!(scheduler.is_none(), "a scheduler is only ever set with the `ballista` feature");
     let config = config.with_information_schema(false);
-    let ctx = match runtime {
-        Some(runtime) => SessionContext::new_with_config_rt(config, runtime),
-        None => SessionContext::new_with_config(config),
-    };
-    storage.register(&ctx.runtime_env());
-    crate::memory::bound_functions(&ctx, crate::EngineLimits::default().memory_limit);
-    crate::float_order::register(&ctx);
-    crate::rewrites::register(&ctx);
-    Ok(ctx)
+    let runtime = runtime.unwrap_or_else(|| Arc::new(RuntimeEnv::default()));
+    storage.register(&runtime);
+    Ok(crate::session::new(config, runtime))
 }
 
 /// Registers in `ctx` the project's tables that `statement` names, so it sees those and has no way to reach
