@@ -173,8 +173,12 @@ pub(crate) fn bounded(runtime: &RuntimeEnv, udf: Arc<ScalarUDF>) -> Arc<ScalarUD
 /// Plans `||` on strings in `ctx` as a function behind the same check ([`ConcatPlanner`]).
 pub(crate) fn plan_concat(ctx: &SessionContext) {
     let (limit, pool) = limit_of(&ctx.runtime_env());
-    let concat =
-        Arc::new(ScalarUDF::new_from_impl(Bounded::new(Arc::new(StringConcat::new()), Growth::Sum, limit, pool)));
+    let concat = Arc::new(ScalarUDF::new_from_impl(Bounded::new(
+        Arc::new(StringConcat::new()),
+        Growth::Sum,
+        limit,
+        pool,
+    )));
     // Registration only fails for a registry that takes no planners, which a session context is not.
     let planned = ctx.state_ref().write().register_expr_planner(Arc::new(ConcatPlanner(concat)));
     debug_assert!(planned.is_ok(), "a session takes expression planners");

@@ -86,7 +86,10 @@ pub(crate) fn new(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> SessionCon
 ///
 /// # Errors
 /// Why the statement does not plan, with every function at hand.
-pub(crate) async fn plan(ctx: &SessionContext, statement: DfStatement) -> datafusion::error::Result<LogicalPlan> {
+pub(crate) async fn plan(
+    ctx: &SessionContext,
+    statement: DfStatement,
+) -> datafusion::error::Result<LogicalPlan> {
     take(ctx, named(&statement).iter().map(String::as_str));
     match ctx.state().statement_to_plan(statement.clone()).await {
         Ok(plan) => Ok(plan),

@@ -67,7 +67,8 @@ async fn each_statement_plans_with_the_functions_it_names_and_answers_as_with_ev
         let statement = parse(&ctx, sql);
         take(&ctx, super::named(&statement).iter().map(String::as_str));
         let planned = ctx.state().statement_to_plan(statement).await;
-        let planned = planned.unwrap_or_else(|e| panic!("{sql} does not plan with the functions it names: {e}"));
+        let planned =
+            planned.unwrap_or_else(|e| panic!("{sql} does not plan with the functions it names: {e}"));
         assert_eq!(answer(&ctx, planned).await, expected, "{sql}");
     }
 }
@@ -84,7 +85,9 @@ async fn a_session_takes_what_its_statement_names() {
     scalar.sort_unstable();
     scalar.dedup();
     assert_eq!(scalar, ["abs", "upper"]);
-    assert!(state.aggregate_functions().contains_key("sum") && !state.aggregate_functions().contains_key("avg"));
+    assert!(
+        state.aggregate_functions().contains_key("sum") && !state.aggregate_functions().contains_key("avg")
+    );
     let upper = format!("{:?}", state.scalar_functions()["upper"].inner());
     assert!(upper.starts_with("Bounded"), "{upper}");
     assert!(!format!("{:?}", state.scalar_functions()["abs"].inner()).starts_with("Bounded"));
@@ -94,7 +97,9 @@ async fn a_session_takes_what_its_statement_names() {
 /// one a session with every function gives (a misspelt function's suggestion too).
 #[tokio::test]
 async fn a_statement_that_does_not_plan_fails_as_with_every_function() {
-    for sql in ["SELECT sqrtt(4)", "SELECT nope FROM (VALUES (1)) AS t(x)", "SELECT sum(1) OVER (ORDER BY nope)"] {
+    for sql in
+        ["SELECT sqrtt(4)", "SELECT nope FROM (VALUES (1)) AS t(x)", "SELECT sum(1) OVER (ORDER BY nope)"]
+    {
         let expected = full().state().create_logical_plan(sql).await.unwrap_err().to_string();
         let ctx = lean();
         let statement = parse(&ctx, sql);
