@@ -47,10 +47,7 @@ struct Registry {
 /// rewrites of saved queries (`rewrites`). Functions that can write far more than they read are bound to each
 /// session's memory pool when a session takes them (`memory::bounded`).
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
-    let ctx = SessionContext::new();
-    crate::float_order::register(&ctx);
-    crate::rewrites::register(&ctx);
-    let state = ctx.state();
+    let state = with_every_function().state();
     Registry {
         scalar: state.scalar_functions().clone(),
         higher_order: state.higher_order_functions().clone(),
@@ -63,6 +60,15 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
         physical: PhysicalOptimizer::with_rules(state.physical_optimizers().to_vec()),
     }
 });
+
+/// A session made as DataFusion makes one, with every function, and this engine's own aggregates and rules:
+/// what [`REGISTRY`] holds, and what tests compare a session that takes functions with.
+fn with_every_function() -> SessionContext {
+    let ctx = SessionContext::new();
+    crate::float_order::register(&ctx);
+    crate::rewrites::register(&ctx);
+    ctx
+}
 
 /// A session with `config` and `runtime` that has DataFusion's planners and rules and this engine's, and of
 /// the functions only those the optimizer looks up by name ([`LOOKED_UP`]).
@@ -119,8 +125,8 @@ fn take<'a>(ctx: &SessionContext, names: impl Iterator<Item = &'a str>) {
     let registry = &*REGISTRY;
     let runtime = ctx.runtime_env();
     let state = ctx.state_ref();
+    let mut state = state.write();
     for name in names {
-        let mut state = state.write();
         if let Some(udf) = registry.scalar.get(name) {
             if !state.scalar_functions().contains_key(name) {
                 let bounded = crate::memory::bounded(&runtime, Arc::clone(udf));

@@ -12,12 +12,8 @@ fn lean() -> SessionContext {
     new(SessionConfig::new(), Arc::new(RuntimeEnv::default()))
 }
 
-/// A session made as DataFusion makes one, with every function, and this engine's own.
 fn full() -> SessionContext {
-    let ctx = SessionContext::new();
-    crate::float_order::register(&ctx);
-    crate::rewrites::register(&ctx);
-    ctx
+    super::with_every_function()
 }
 
 fn parse(ctx: &SessionContext, sql: &str) -> DfStatement {
