@@ -234,19 +234,27 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 # time, about 30 minutes here; later bases rebuild only what changed).
 BASE_TREE := target/bench-base
 BASE_TARGET := $(CURDIR)/target/bench-base-target
-.PHONY: bench-compare
-bench-compare: deps $(VENV)/bin/python ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes, a cached run and the server's memory (BENCH_COMPARE_ROWS=2000000).
-	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<commit>" >&2; exit 2; }
+.PHONY: bench-base
+bench-base: deps
+	@test -n "$(BASE)" || { echo "usage: make $(firstword $(MAKECMDGOALS)) BASE=<commit>" >&2; exit 2; }
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@git worktree remove --force $(BASE_TREE) 2>/dev/null || true
 	@git worktree prune
 	git worktree add --detach $(BASE_TREE) "$(BASE)"
 	cd $(BASE_TREE) && CARGO_TARGET_DIR=$(BASE_TARGET) cargo build --release --locked -p server --bin endpoints
+	git worktree remove --force $(BASE_TREE)
 	cargo build --release --locked -p server --bin endpoints
+
+.PHONY: bench-compare
+bench-compare: bench-base $(VENV)/bin/python ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes, a cached run and the server's memory (BENCH_COMPARE_ROWS=2000000).
 	$(VENV)/bin/python tests/bench/bench.py --only compare --rows $(BENCH_COMPARE_ROWS) \
 	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
-	git worktree remove --force $(BASE_TREE)
+
+.PHONY: bench-beside
+bench-beside: bench-base $(VENV)/bin/python ## Scenarios 9-12 on BASE=<commit> and then on this build, their headline figures side by side (BENCH_COMPARE_ROWS events for 11 and 12).
+	$(VENV)/bin/python tests/bench/bench.py --only beside --rows $(BENCH_COMPARE_ROWS) \
+	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
 
 .PHONY: bench-isolation
 bench-isolation: deps ## Scenario 9 of make bench alone (fairness between projects, a flood of unknown keys) into docs/benchmark-scenarios.md.

@@ -37,7 +37,9 @@ Scenarios (each a ratio against its baseline; the machine is shared and noisy, s
 data directory of their own, the third on `--rows` events) and replace only its section. `--only compare` (what
 `make bench-compare BASE=<commit>` runs) measures scenario 13's shapes, three more `LIKE` patterns and a cached run
 on this build and on `--before-bin-dir` beside it, alternating, each on its own copy of `--rows` events that the
-earlier build wrote (a build of a later table format converts its copy at its first start).
+earlier build wrote (a build of a later table format converts its copy at its first start). `--only beside` runs
+scenarios 9 to 12 on `--before-bin-dir` and then on this build, each on data it wrote itself, and writes their
+headline figures side by side.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md; scenarios with sections of their own (6 alone,
 9-14) replace theirs in docs/benchmark-scenarios.md (older runs are in git).
@@ -1999,6 +2001,104 @@ def same_rows(a, b, tolerance=1e-9):
     return a == b
 
 
+def alone(args, root, scenario):
+    """The figures of scenario 10, 11 or 12 (`appends`, `fresh`, `logs`) run alone on `args.bin_dir`, on a data
+    directory of its own under `root`."""
+    if scenario == "appends":
+        return appends(args, root)
+    app = make_dataset(args.bin_dir, root, args.rows)
+    if scenario == "logs":
+        return run_logs(args, app)
+    writer = app.cli("key", "create", "--project", "1", "--scope", "table:write")["key"]
+    app.start()
+    try:
+        return fresh(args, app, writer)
+    finally:
+        app.stop()
+
+
+BESIDE_MARKER = "<!-- scenarios 9-12 beside an earlier build, written by bench.py --only beside -->"
+# Each scenario's headline figures: what it is, how to read it from the scenario's figures, and whether more is
+# better (requests or rows a second) or less (times, memory).
+BESIDE_FIGURES = {
+    "isolation": [
+        ("9: another project's small live query alone, p95", lambda f: f["idle_p95"], "ms", False),
+        *[(f"9: the same beside one project's four runs of {kind}, p95", lambda f, k=kind: f["heavy"][k]["p95"],
+           "ms", False) for kind in HEAVY_PLANS],
+        ("9: a valid key's cached runs (wrk, 16 connections)", lambda f: f["quiet"]["rps"], "req/s", True),
+        ("9: the same during a flood of made-up keys, p99", lambda f: f["flooded"]["p99"], "ms", False),
+        ("9: peak RSS under the memory-bomb corpus", lambda f: f["bomb_peak_mb"], "MB", False),
+    ],
+    "appends": [
+        ("10: 5-row appends, 1 connection", lambda f: f["one"]["rps"], "/s", True),
+        ("10: 5-row appends, 16 connections", lambda f: f["sixteen"]["rps"], "/s", True),
+        ("10: 5-row appends, a project with 5,000 more endpoints, p50", lambda f: f["one_many"]["p50"], "ms", False),
+        ("10: 500-row appends, 16 connections", lambda f: f["batch_rows_per_s"], "rows/s", True),
+        ("10: a live GROUP BY after the stream and compaction", lambda f: f["streamed_ms"], "ms", False),
+    ],
+    "fresh": [
+        ("11: the rollup's full refresh", lambda f: f["full_ms"], "ms", False),
+        ("11: a fold of one 1,000-row append", lambda f: f["fold_ms"], "ms", False),
+        ("11: the rollup's materialized run while rows stream in", lambda f: f["rollup_mat_ms"], "ms", False),
+        ("11: `country-daily`'s materialized run meanwhile", lambda f: f["rows_mat_ms"], "ms", False),
+        ("11: the rollup's live run meanwhile", lambda f: f["rollup_live_ms"], "ms", False),
+    ],
+    "logs": [
+        ("12: cached runs with the run log on (64 connections)", lambda f: f["on"]["rps"], "req/s", True),
+        ("12: `usage?interval=minute` over a million runs", lambda f: f["usage_minute_ms"], "ms", False),
+        ("12: `usage?interval=hour` over the same", lambda f: f["usage_hour_ms"], "ms", False),
+        ("12: `logs?limit=100`", lambda f: f["logs_ms"], "ms", False),
+        ("12: `SELECT count(*) FROM _logs WHERE endpoint = ...`", lambda f: f["count_ms"], "ms", False),
+    ],
+}
+
+
+def beside(args, root):
+    """Scenarios 9 to 12 on `--before-bin-dir` and on this build, one after the other per scenario (the earlier
+    build first), each build on data directories it wrote itself under `--rows` events: their headline figures."""
+    builds = {"previous build": args.before_bin_dir, "this build": args.bin_dir}
+    figures = {scenario: {} for scenario in BESIDE_FIGURES}
+    for scenario in BESIDE_FIGURES:
+        for build, bin_dir in builds.items():
+            own = os.path.join(root, f"{scenario}-{build.split()[0]}")
+            os.makedirs(own)
+            measured = argparse.Namespace(**{**vars(args), "bin_dir": bin_dir})
+            try:
+                f = isolation(measured, own) if scenario == "isolation" else alone(measured, own, scenario)
+                figures[scenario][build] = {what: read(f) for what, read, _, _ in BESIDE_FIGURES[scenario]}
+            except Exception as error:  # an earlier build may lack what a step asks for: said in the table
+                log(f"{scenario} on the {build}: {error!r}")
+                figures[scenario][build] = {"error": str(error).splitlines()[0][:120] if str(error) else repr(error)}
+            shutil.rmtree(own, ignore_errors=True)
+    return {"rows": args.rows, "before": args.before_label or args.before_bin_dir, "figures": figures}
+
+
+def beside_section(f):
+    lines = [
+        f"**Scenarios 9-12, this build against {f['before']}** (`bench.py --only beside`, "
+        f"{datetime.date.today().isoformat()}; release builds, each scenario run on the earlier build and then on "
+        f"this one, each on data it wrote itself ({f['rows']:,} events for 11 and 12); one run of each, so a "
+        "ratio within about 0.8-1.2x is this machine's noise).",
+        "",
+        "| Measure | Previous build | This build | Ratio | Better |",
+        "|---|---|---|---|---|",
+    ]
+    for scenario, measures in BESIDE_FIGURES.items():
+        before, this = f["figures"][scenario]["previous build"], f["figures"][scenario]["this build"]
+        for what, _, unit, more_is_better in measures:
+            if what not in before or what not in this:
+                error = before.get("error") or this.get("error")
+                lines.append(f"| {what} | {before.get(what, '-')} | {this.get(what, '-')} | | not measured: {error} |")
+                continue
+            ratio = this[what] / before[what] if before[what] else float("nan")
+            better = (ratio >= 1) == more_is_better
+            lines.append(f"| {what} | {before[what]:,.1f} {unit} | {this[what]:,.1f} {unit} | **{ratio:.2f}x** | "
+                         f"{'this build' if better else 'previous build'} |")
+    lines += ["", "Each ratio is this build's figure over the previous build's: below 1.00x is less (faster for "
+              "times, smaller for memory), above is more (more requests or rows a second).", ""]
+    return "\n".join(lines)
+
+
 def check(ok):
     return "met" if ok else "**missed**"
 
@@ -2015,17 +2115,18 @@ def main():
     parser.add_argument("--out", default="docs/benchmarks.md")
     parser.add_argument("--scenarios-out", default="docs/benchmark-scenarios.md",
                         help="the page of the scenarios with sections of their own (6 alone, 9-14)")
-    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes", "commits", "nodes", "compare"],
+    parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes", "commits", "nodes", "compare",
+                                           "beside"],
                         default=None)
     parser.add_argument("--before-bin-dir", default=None,
-                        help="with --only nodes or compare: a previous build, measured beside this one in the same run")
+                        help="with --only nodes, compare or beside: a previous build, measured beside this one in the same run")
     parser.add_argument("--before-postgres-url", default=None, help="its own database for --before-bin-dir")
     parser.add_argument("--before-label", default=None, help="what --before-bin-dir was built from (a commit)")
     parser.add_argument("--node-rounds", type=int, default=4, help="rounds per build of scenario 6 alone")
     parser.add_argument("--commits", type=int, default=100_000, help="commits to one table in scenario 14")
     args = parser.parse_args()
-    if args.only == "compare" and not args.before_bin_dir:
-        parser.error("--only compare measures against --before-bin-dir")
+    if args.only in ("compare", "beside") and not args.before_bin_dir:
+        parser.error(f"--only {args.only} measures against --before-bin-dir")
     began = time.perf_counter()
     root = tempfile.mkdtemp(prefix="endpoints-bench-", dir=os.path.abspath("target"))
     if args.only:
@@ -2043,19 +2144,11 @@ def main():
                 write_section(args, MEMORY_MARKER, memory_section(memory(args, root)))
             elif args.only == "nodes":
                 write_nodes(args, nodes_alone(args, root))
-            elif args.only == "logs":
-                app = make_dataset(args.bin_dir, root, args.rows)
-                write_logs(args, run_logs(args, app))
-            elif args.only == "fresh":
-                app = make_dataset(args.bin_dir, root, args.rows)
-                writer = app.cli("key", "create", "--project", "1", "--scope", "table:write")["key"]
-                app.start()
-                try:
-                    write_fresh(args, fresh(args, app, writer))
-                finally:
-                    app.stop()
+            elif args.only == "beside":
+                write_section(args, BESIDE_MARKER, beside_section(beside(args, root)))
             else:
-                write_appends(args, appends(args, root))
+                writer = {"logs": write_logs, "fresh": write_fresh, "appends": write_appends}[args.only]
+                writer(args, alone(args, root, args.only))
         finally:
             shutil.rmtree(root, ignore_errors=True)
         return
