@@ -448,7 +448,10 @@ async fn full_files_are_merged_no_more() {
             (name.trim() == "run-log-merge").then_some(policy)
         })
         .collect();
-    assert!(!merge_threads.is_empty() && merge_threads.iter().all(|policy| *policy == 5), "{merge_threads:?}");
+    assert!(
+        !merge_threads.is_empty() && merge_threads.iter().all(|policy| *policy == 5),
+        "{merge_threads:?}"
+    );
 }
 
 /// A table written under the name `_logs` before the run log existed stays that project's `_logs` (its rows

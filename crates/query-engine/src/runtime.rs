@@ -121,8 +121,8 @@ fn lowest_priority() -> Result<(), thread_priority::Error> {
     #[cfg(target_os = "linux")]
     {
         use thread_priority::unix::{
-            set_thread_priority_and_policy, thread_native_id, thread_schedule_policy, NormalThreadSchedulePolicy,
-            ThreadSchedulePolicy,
+            set_thread_priority_and_policy, thread_native_id, thread_schedule_policy,
+            NormalThreadSchedulePolicy, ThreadSchedulePolicy,
         };
         let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
         match set_thread_priority_and_policy(thread_native_id(), thread_priority::ThreadPriority::Min, idle) {
