@@ -2091,9 +2091,11 @@ def beside_section(f):
                 lines.append(f"| {what} | {before.get(what, '-')} | {this.get(what, '-')} | | not measured: {error} |")
                 continue
             ratio = this[what] / before[what] if before[what] else float("nan")
-            better = (ratio >= 1) == more_is_better
-            lines.append(f"| {what} | {before[what]:,.1f} {unit} | {this[what]:,.1f} {unit} | **{ratio:.2f}x** | "
-                         f"{'this build' if better else 'previous build'} |")
+            better = "neither (noise)" if 0.8 <= ratio <= 1.2 else \
+                "this build" if (ratio > 1) == more_is_better else "previous build"
+            space = "" if unit.startswith("/") else " "
+            lines.append(f"| {what} | {before[what]:,.1f}{space}{unit} | {this[what]:,.1f}{space}{unit} | "
+                         f"**{ratio:.2f}x** | {better} |")
     lines += ["", "Each ratio is this build's figure over the previous build's: below 1.00x is less (faster for "
               "times, smaller for memory), above is more (more requests or rows a second).", ""]
     return "\n".join(lines)
