@@ -2057,8 +2057,9 @@ def beside(args, root):
     """Scenarios 9 to 12 on `--before-bin-dir` and on this build, one after the other per scenario (the earlier
     build first), each build on data directories it wrote itself under `--rows` events: their headline figures."""
     builds = {"previous build": args.before_bin_dir, "this build": args.bin_dir}
-    figures = {scenario: {} for scenario in BESIDE_FIGURES}
-    for scenario in BESIDE_FIGURES:
+    chosen = [scenario for scenario in BESIDE_FIGURES if scenario in args.beside]
+    figures = {scenario: {} for scenario in chosen}
+    for scenario in chosen:
         for build, bin_dir in builds.items():
             own = os.path.join(root, f"{scenario}-{build.split()[0]}")
             os.makedirs(own)
@@ -2084,6 +2085,8 @@ def beside_section(f):
         "|---|---|---|---|---|",
     ]
     for scenario, measures in BESIDE_FIGURES.items():
+        if scenario not in f["figures"]:
+            continue
         before, this = f["figures"][scenario]["previous build"], f["figures"][scenario]["this build"]
         for what, _, unit, more_is_better in measures:
             if what not in before or what not in this:
@@ -2122,6 +2125,8 @@ def main():
                         default=None)
     parser.add_argument("--before-bin-dir", default=None,
                         help="with --only nodes, compare or beside: a previous build, measured beside this one in the same run")
+    parser.add_argument("--beside", type=lambda text: text.split(","), default=list(BESIDE_FIGURES),
+                        help="with --only beside: the scenarios to run, of " + ",".join(BESIDE_FIGURES))
     parser.add_argument("--before-postgres-url", default=None, help="its own database for --before-bin-dir")
     parser.add_argument("--before-label", default=None, help="what --before-bin-dir was built from (a commit)")
     parser.add_argument("--node-rounds", type=int, default=4, help="rounds per build of scenario 6 alone")

@@ -76,10 +76,7 @@ impl EngineRuntime {
 }
 
 /// A runtime of one worker thread at the lowest priority (its blocking threads, for file I/O, likewise), made
-/// when first used: background work on it takes at most one core, and only what queries leave idle. On Linux
-/// its threads are in the `SCHED_IDLE` class, not merely nice 19: a core running only them counts as idle when
-/// a query's thread wakes (so it is placed there at once, instead of queueing behind the other core's work),
-/// and a waking query's thread preempts them without waiting for their slice to end.
+/// when first used: background work on it takes at most one core, and only what queries leave idle.
 #[derive(Debug)]
 pub(crate) struct IdleRuntime {
     name: &'static str,
@@ -102,7 +99,8 @@ impl IdleRuntime {
             .max_blocking_threads(2)
             .thread_name(name)
             .on_thread_start(move || {
-                if let Err(err) = lowest_priority() {
+                use thread_priority::{set_current_thread_priority, ThreadPriority};
+                if let Err(err) = set_current_thread_priority(ThreadPriority::Min) {
                     tracing::warn!(error = %err, thread = name, "could not lower a background thread's priority");
                 }
             })
@@ -113,28 +111,6 @@ impl IdleRuntime {
             made_twice.shutdown_background();
         }
         Ok(self.runtime.get().expect("set just above").handle().clone())
-    }
-}
-
-/// Puts the calling thread in the lowest class the system has: `SCHED_IDLE` on Linux, nice 19 elsewhere.
-fn lowest_priority() -> Result<(), thread_priority::Error> {
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::unix::{
-            set_thread_priority_and_policy, thread_native_id, thread_schedule_policy,
-            NormalThreadSchedulePolicy, ThreadSchedulePolicy,
-        };
-        let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
-        match set_thread_priority_and_policy(thread_native_id(), thread_priority::ThreadPriority::Min, idle) {
-            // The class is set first, then the nice value (0), which a process started under `nice` may not take
-            // back: the class is what counts.
-            Err(_) if thread_schedule_policy().is_ok_and(|policy| policy == idle) => Ok(()),
-            set => set,
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        thread_priority::set_current_thread_priority(thread_priority::ThreadPriority::Min)
     }
 }
 
