@@ -252,7 +252,7 @@ bench-compare: bench-base $(VENV)/bin/python ## This build against BASE=<commit>
 	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
 
 .PHONY: bench-beside
-bench-beside: bench-base $(VENV)/bin/python ## Scenarios 9-12 on BASE=<commit> and then on this build, their headline figures side by side (BENCH_COMPARE_ROWS events for 11 and 12).
+bench-beside: bench-base $(VENV)/bin/python ## Scenarios 10-12 on BASE=<commit> and then on this build, their headline figures side by side (BENCH_COMPARE_ROWS events for 11 and 12).
 	$(VENV)/bin/python tests/bench/bench.py --only beside --rows $(BENCH_COMPARE_ROWS) \
 	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
 
