@@ -2053,6 +2053,15 @@ BESIDE_FIGURES = {
 }
 
 
+def beside_scenarios(text):
+    """`--beside`'s comma-separated scenarios, each one of `BESIDE_FIGURES`."""
+    chosen = text.split(",")
+    unknown = [scenario for scenario in chosen if scenario not in BESIDE_FIGURES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown scenario {', '.join(unknown)}; of {', '.join(BESIDE_FIGURES)}")
+    return chosen
+
+
 def beside(args, root):
     """Scenarios 9 to 12 on `--before-bin-dir` and on this build, one after the other per scenario (the earlier
     build first), each build on data directories it wrote itself under `--rows` events: their headline figures."""
@@ -2075,8 +2084,8 @@ def beside(args, root):
 
 
 def beside_section(f):
-    numbers = {"isolation": 9, "appends": 10, "fresh": 11, "logs": 12}
-    run = ", ".join(str(numbers[scenario]) for scenario in f["figures"])
+    # Each measure's label begins with its scenario's number.
+    run = ", ".join(BESIDE_FIGURES[scenario][0][0].split(":")[0] for scenario in f["figures"])
     lines = [
         f"**Scenarios {run}, this build against {f['before']}** (`bench.py --only beside`, "
         f"{datetime.date.today().isoformat()}; release builds, each scenario run on the earlier build and then on "
@@ -2129,7 +2138,7 @@ def main():
                         help="with --only nodes, compare or beside: a previous build, measured beside this one in the same run")
     # Scenario 9 is not run by default: on a build before this round's isolation (a1114f9), another project's
     # small queries beside four heavy ones did not end within minutes.
-    parser.add_argument("--beside", type=lambda text: text.split(","), default=["appends", "fresh", "logs"],
+    parser.add_argument("--beside", type=beside_scenarios, default=["appends", "fresh", "logs"],
                         help="with --only beside: the scenarios to run, of " + ",".join(BESIDE_FIGURES)
                         + " (default: all but isolation)")
     parser.add_argument("--before-postgres-url", default=None, help="its own database for --before-bin-dir")
