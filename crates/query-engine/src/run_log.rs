@@ -598,19 +598,11 @@ impl ParquetRunLog {
         until: Option<Timestamp>,
     ) -> Result<Option<DataFrame>, EngineError> {
         let since = since.max(Some(self.storage().now() - self.inner.settings.retention));
-        let urls = visible_files(self.storage(), project, since, until).await?;
-        if urls.is_empty() {
-            return Ok(None);
-        }
         let ctx = self.inner.engine.log_session()?;
-        let mut filter = col("endpoint").eq(lit(endpoint));
-        if let Some(since) = since {
-            filter = filter.and(col("at").gt_eq(instant(since)));
-        }
-        if let Some(until) = until {
-            filter = filter.and(col("at").lt(instant(until)));
-        }
-        read(&ctx, urls).await?.filter(filter).map(Some).map_err(crate::execute::storage_error)
+        let Some(frame) = records_in(self.storage(), &ctx, project, since, until).await? else {
+            return Ok(None);
+        };
+        frame.filter(col("endpoint").eq(lit(endpoint))).map(Some).map_err(crate::execute::storage_error)
     }
 }
 
@@ -830,29 +822,37 @@ pub(crate) async fn register(
 ) -> Result<(), EngineError> {
     let err = crate::execute::storage_error;
     let cutoff = storage.now() - retention;
-    let urls = visible_files(storage, project, Some(cutoff), None).await?;
-    let frame = if urls.is_empty() {
-        // No rows of the log's columns (a relation a cluster's scheduler can be sent, as a table in memory is not).
-        let schema = DFSchema::try_from(SCHEMA.as_ref().clone()).map_err(err)?;
-        let empty =
-            LogicalPlan::EmptyRelation(EmptyRelation { produce_one_row: false, schema: Arc::new(schema) });
-        DataFrame::new(ctx.state(), empty)
-    } else {
-        read(ctx, urls).await?
+    let frame = match records_in(storage, ctx, project, Some(cutoff), None).await? {
+        Some(frame) => frame,
+        None => {
+            // No rows of the log's columns (a relation a cluster's scheduler can be sent, as a table in memory
+            // is not).
+            let schema = DFSchema::try_from(SCHEMA.as_ref().clone()).map_err(err)?;
+            let empty = LogicalPlan::EmptyRelation(EmptyRelation {
+                produce_one_row: false,
+                schema: Arc::new(schema),
+            });
+            DataFrame::new(ctx.state(), empty)
+        }
     };
-    let view = frame.filter(col("at").gt_eq(instant(cutoff))).map_err(err)?.into_view();
-    ctx.register_table(LOGS_TABLE, view).map(|_| ()).map_err(err)
+    ctx.register_table(LOGS_TABLE, frame.into_view()).map(|_| ()).map_err(err)
 }
 
-/// The files a reader of the project's records in `since..until` reads: those of the hours the range
-/// touches, without the ones merged into another. One listing of the project's log (pages of a thousand on
-/// S3), not one per hour: a query of `_logs` over 30 days costs a few requests, not 720.
-async fn visible_files(
+/// The project's records in `since..until`, as a frame over the files of the hours the range touches (`None`
+/// when there are none), without the files merged into another. A record is in the files of the hour it
+/// began in, so only the files of an hour the range cuts through are filtered by time: a query of a range of
+/// whole hours (`_logs` within the retention, which cuts through its oldest hour alone) decodes and compares no
+/// row's time for the filter, and reads `at` only when it uses it.
+///
+/// One listing of the project's log (pages of a thousand on S3), not one per hour: a query of `_logs` over
+/// 30 days costs a few requests, not 720.
+async fn records_in(
     storage: &Storage,
+    ctx: &SessionContext,
     project: ProjectId,
     since: Option<Timestamp>,
     until: Option<Timestamp>,
-) -> Result<Vec<String>, EngineError> {
+) -> Result<Option<DataFrame>, EngineError> {
     let logs = logs_prefix(project);
     let listed: Vec<ObjectMeta> =
         storage.store().list(Some(&logs)).try_collect().await.map_err(unavailable)?;
@@ -873,11 +873,33 @@ async fn visible_files(
             hours.entry(hour).or_default().push(object);
         }
     }
-    Ok(hours
-        .into_values()
-        .flat_map(|files| split(files).0)
-        .map(|file| storage.url_of_object(&file.location))
-        .collect())
+    let (mut whole, mut cut) = (Vec::new(), Vec::new());
+    for (hour, files) in hours {
+        let inside = since.is_none_or(|since| hour >= since)
+            && until.is_none_or(|until| hour + time::Duration::HOUR <= until);
+        let urls = split(files).0.into_iter().map(|file| storage.url_of_object(&file.location));
+        if inside {
+            whole.extend(urls)
+        } else {
+            cut.extend(urls)
+        }
+    }
+    let err = crate::execute::storage_error;
+    let whole = if whole.is_empty() { None } else { Some(read(ctx, whole).await?) };
+    // An hour is cut only by a bound of the range, so there is a filter whenever there are such files.
+    let within =
+        [since.map(|since| col("at").gt_eq(instant(since))), until.map(|until| col("at").lt(instant(until)))]
+            .into_iter()
+            .flatten()
+            .reduce(Expr::and);
+    let cut = match within {
+        Some(within) if !cut.is_empty() => Some(read(ctx, cut).await?.filter(within).map_err(err)?),
+        _ => None,
+    };
+    match (whole, cut) {
+        (Some(whole), Some(cut)) => whole.union(cut).map(Some).map_err(err),
+        (whole, cut) => Ok(whole.or(cut)),
+    }
 }
 
 /// The order of every log file's rows.

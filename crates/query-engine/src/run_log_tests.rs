@@ -239,6 +239,89 @@ async fn logs_are_a_table_of_the_projects_own_records_within_the_retention() {
     assert_eq!(log.records(project(1), "kpi", &all(10)).await.unwrap().len(), 3);
 }
 
+/// A record is in the files of the hour it began in, so only the files of an hour a range cuts through are
+/// filtered by time: `_logs` (within the retention, which cuts through its oldest hour) and the readings of a
+/// range count exactly the records in it, at its bounds too, across whole hours and cut ones, newest first.
+#[tokio::test]
+async fn only_an_hour_the_range_cuts_through_is_filtered_by_time() {
+    use time::macros::datetime;
+    let dir = temp_dir("run-log-cut");
+    let clock = Arc::new(domain::testing::ManualClock::new(datetime!(2026-03-04 12:20:00 UTC)));
+    let storage = Storage::local(&dir).unwrap().timed_by(clock);
+    // The retention reaches back to 10:20: it cuts through the 10 o'clock hour; 11 and 12 are wholly inside.
+    let retention = Duration::from_secs(2 * 3600);
+    let log = ParquetRunLog::new(storage.clone(), LogSettings { retention, ..LogSettings::default() });
+    let engine = engine_on(storage.clone()).await.with_log_retention(retention);
+    let times = [
+        datetime!(2026-03-04 10:19:59.999999 UTC),
+        datetime!(2026-03-04 10:20:00 UTC),
+        datetime!(2026-03-04 10:45:00 UTC),
+        datetime!(2026-03-04 11:30:00 UTC),
+        datetime!(2026-03-04 12:10:00 UTC),
+    ];
+    for (n, at) in (0..).zip(times) {
+        log.record(record(1, "kpi", at, n * 2));
+    }
+    log.flush().await.unwrap();
+    let sql = |text: &str| query(text, json!({}));
+    let rows = |text: &str| {
+        let engine = engine.clone();
+        let sql = sql(text);
+        async move { engine.execute(project(1), &sql, &Default::default(), 10, 0).await.unwrap().rows_json }
+    };
+    assert_eq!(
+        rows("SELECT count(*) AS n FROM _logs").await,
+        r#"[{"n":4}]"#,
+        "10:19:59 is past the retention"
+    );
+    assert_eq!(rows("SELECT count(*) AS n FROM _logs WHERE endpoint = 'kpi'").await, r#"[{"n":4}]"#);
+    assert_eq!(
+        rows("SELECT CAST(at AS VARCHAR) AS at FROM _logs ORDER BY at DESC LIMIT 2").await,
+        r#"[{"at":"2026-03-04T12:10:00Z"},{"at":"2026-03-04T11:30:00Z"}]"#
+    );
+    assert_eq!(
+        rows("SELECT CAST(min(at) AS VARCHAR) AS at FROM _logs").await,
+        r#"[{"at":"2026-03-04T10:20:00Z"}]"#,
+        "the retention's bound is in"
+    );
+
+    let between = |since, until| LogFilter { since: Some(since), until: Some(until), ..all(10) };
+    let at = |records: Vec<LogRecord>| records.iter().map(|r| r.at).collect::<Vec<_>>();
+    // Cut at both ends (10:30 in the 10 o'clock hour, 11:30 in the 11 o'clock one; `until` is not in).
+    let found =
+        log.records(project(1), "kpi", &between(datetime!(2026-03-04 10:30 UTC), times[3])).await.unwrap();
+    assert_eq!(at(found), [times[2]]);
+    // Whole hours and a cut one: 11 and 12 whole, 10 cut by the retention.
+    let found = log
+        .records(project(1), "kpi", &between(datetime!(2026-03-04 9:00 UTC), datetime!(2026-03-04 13:00 UTC)))
+        .await
+        .unwrap();
+    assert_eq!(at(found), [times[4], times[3], times[2], times[1]]);
+    let usage = UsageQuery::new(
+        Some(datetime!(2026-03-04 10:00 UTC)),
+        Some(datetime!(2026-03-04 12:20 UTC)),
+        Some(Interval::Hour),
+        datetime!(2026-03-04 12:20 UTC),
+    )
+    .unwrap();
+    let buckets = log.usage(project(1), "kpi", &usage).await.unwrap();
+    let requests: Vec<u64> = buckets.iter().map(|b| b.requests).collect();
+    assert_eq!(requests, [2, 1, 1], "10:20 and 10:45 in the 10 o'clock bucket, 10:19:59 past the retention");
+
+    // A retention of whole hours (back to 10:00) cuts through none: `_logs` is its files, unfiltered.
+    let plan = |retention| {
+        let storage = storage.clone();
+        async move {
+            let ctx = crate::tables::catalog::empty_session(&storage, None, None).unwrap();
+            run_log::register(&storage, &ctx, project(1), retention).await.unwrap();
+            ctx.table(run_log::LOGS_TABLE).await.unwrap().logical_plan().display_indent().to_string()
+        }
+    };
+    assert!(!plan(Duration::from_secs(8400)).await.contains("Filter"));
+    let cut = plan(retention).await;
+    assert!(cut.contains("Filter: ") && cut.contains(".at >= "), "{cut}");
+}
+
 /// The names of the log files of project 1's only hour, sorted.
 fn hour_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let hours: Vec<_> = std::fs::read_dir(dir.join("projects/1/logs")).unwrap().collect();
