@@ -2119,8 +2119,9 @@ def beside_section(f):
             better = "(what was measured over)" if more_is_better is None else "neither (noise)" \
                 if 0.8 <= ratio <= 1.2 else "this build" if (ratio > 1) == more_is_better else "previous build"
             space = "" if unit.startswith("/") else " "
-            lines.append(f"| {what} | {before[what]:,.1f}{space}{unit} | {this[what]:,.1f}{space}{unit} | "
-                         f"**{ratio:.2f}x** | {better} |")
+            digits = 0 if more_is_better is None else 1
+            figure = lambda value: f"{value:,.{digits}f}{space}{unit}"
+            lines.append(f"| {what} | {figure(before[what])} | {figure(this[what])} | **{ratio:.2f}x** | {better} |")
     lines += ["", "Each ratio is this build's figure over the previous build's: below 1.00x is less (faster for "
               "times, smaller for memory), above is more (more requests or rows a second).", ""]
     return "\n".join(lines)
