@@ -133,7 +133,8 @@ static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         text("credential", true),
         text("transport", true),
         text("request_id", true),
-        // Null for one run: files written before it have no such column, and read it as null.
+        // Files written before it have no such column, and read it as null (as it was for one run until
+        // 2026-12-06): such a record stands for one run.
         Field::new("runs", DataType::UInt32, true),
     ]))
 });
@@ -835,6 +836,10 @@ pub(crate) async fn register(
             DataFrame::new(ctx.state(), empty)
         }
     };
+    // A record of a file written before `runs` was, or with `runs` null (one run, as files until 2026-12-06
+    // wrote it), stands for one run.
+    let runs = datafusion::functions::expr_fn::coalesce(vec![col("runs"), lit(1_u32)]);
+    let frame = frame.with_column("runs", runs).map_err(err)?;
     ctx.register_table(LOGS_TABLE, frame.into_view()).map(|_| ()).map_err(err)
 }
 
@@ -1054,7 +1059,7 @@ fn batch(records: &[LogRecord]) -> Result<RecordBatch, EngineError> {
         text(&|r| r.credential.as_deref()),
         text(&|r| r.transport.map(Transport::as_str)),
         text(&|r| r.request_id.as_deref()),
-        Arc::new(records.iter().map(|r| (r.runs != 1).then_some(r.runs)).collect::<UInt32Array>()),
+        Arc::new(UInt32Array::from_iter_values(records.iter().map(|r| r.runs))),
     ];
     RecordBatch::try_new(SCHEMA.clone(), columns).map_err(|e| EngineError::Internal(Box::new(e)))
 }

@@ -276,6 +276,11 @@ async fn only_an_hour_the_range_cuts_through_is_filtered_by_time() {
     );
     assert_eq!(rows("SELECT count(*) AS n FROM _logs WHERE endpoint = 'kpi'").await, r#"[{"n":4}]"#);
     assert_eq!(
+        rows("SELECT sum(runs) AS n FROM _logs").await,
+        r#"[{"n":4}]"#,
+        "each record stands for one run"
+    );
+    assert_eq!(
         rows("SELECT CAST(at AS VARCHAR) AS at FROM _logs ORDER BY at DESC LIMIT 2").await,
         r#"[{"at":"2026-03-04T12:10:00Z"},{"at":"2026-03-04T11:30:00Z"}]"#
     );
@@ -723,6 +728,10 @@ async fn a_flood_of_refused_runs_is_sampled_past_the_projects_share_and_counted_
     assert!(log.records(project(1), "flood", &all(10)).await.unwrap().iter().all(|r| r.runs == 1));
     let buckets = log.usage(project(1), "flood", &query).await.unwrap();
     assert_eq!(buckets.iter().map(|b| b.requests).sum::<u64>(), 3);
+    let engine = engine_on(Storage::local(&older).unwrap()).await;
+    let sql = crate::tests::query("SELECT sum(runs) AS runs, count(runs) AS records FROM _logs", json!({}));
+    let rows = engine.execute(project(1), &sql, &Default::default(), 10, 0).await.unwrap().rows_json;
+    assert_eq!(rows, r#"[{"runs":3,"records":3}]"#, "in SQL too");
 }
 
 /// Rewrites a log file as a release before `runs` wrote it: without that column.
