@@ -807,7 +807,7 @@ async fn usage_of(
                 duration_ms: duration.value(i),
                 rows: rows.is_valid(i).then(|| rows.value(i)),
                 bytes_read: bytes.is_valid(i).then(|| bytes.value(i)),
-                runs: if runs.is_valid(i) { runs.value(i) } else { 1 },
+                runs: runs.value(i),
             });
         }
     }
@@ -836,18 +836,15 @@ pub(crate) async fn register(
             DataFrame::new(ctx.state(), empty)
         }
     };
-    // A record of a file written before `runs` was, or with `runs` null (one run, as files until 2026-12-06
-    // wrote it), stands for one run.
-    let runs = datafusion::functions::expr_fn::coalesce(vec![col("runs"), lit(1_u32)]);
-    let frame = frame.with_column("runs", runs).map_err(err)?;
     ctx.register_table(LOGS_TABLE, frame.into_view()).map(|_| ()).map_err(err)
 }
 
 /// The project's records in `since..until`, as a frame over the files of the hours the range touches (`None`
-/// when there are none), without the files merged into another. A record is in the files of the hour it
-/// began in, so only the files of an hour the range cuts through are filtered by time: a query of a range of
-/// whole hours (`_logs` within the retention, which cuts through its oldest hour alone) decodes and compares no
-/// row's time for the filter, and reads `at` only when it uses it.
+/// when there are none), without the files merged into another, `runs` read as 1 where a file has it null or
+/// not at all (files written before it, and those until 2026-12-06, which wrote one run as null). A record is
+/// in the files of the hour it began in, so only the files of an hour the range cuts through are filtered by
+/// time: a query of a range of whole hours (`_logs` within the retention, which cuts through its oldest hour
+/// alone) decodes and compares no row's time for the filter, and reads `at` only when it uses it.
 ///
 /// One listing of the project's log (pages of a thousand on S3), not one per hour: a query of `_logs` over
 /// 30 days costs a few requests, not 720.
@@ -901,10 +898,13 @@ async fn records_in(
         Some(within) if !cut.is_empty() => Some(read(ctx, cut).await?.filter(within).map_err(err)?),
         _ => None,
     };
-    match (whole, cut) {
-        (Some(whole), Some(cut)) => whole.union(cut).map(Some).map_err(err),
-        (whole, cut) => Ok(whole.or(cut)),
-    }
+    let records = match (whole, cut) {
+        (Some(whole), Some(cut)) => whole.union(cut).map_err(err)?,
+        (Some(records), None) | (None, Some(records)) => records,
+        (None, None) => return Ok(None),
+    };
+    let runs = datafusion::functions::expr_fn::coalesce(vec![col("runs"), lit(1_u32)]);
+    records.with_column("runs", runs).map(Some).map_err(err)
 }
 
 /// The order of every log file's rows.
@@ -1138,7 +1138,7 @@ fn records_of(project: ProjectId, batch: &RecordBatch, into: &mut Vec<LogRecord>
                 .transpose()
                 .map_err(|_| broken("transport"))?,
             request_id: optional(request, i),
-            runs: if runs.is_valid(i) { runs.value(i) } else { 1 },
+            runs: runs.value(i),
         });
     }
     Ok(())
