@@ -195,7 +195,6 @@ rust-client-check: $(VENV)/bin/python ## Generate a Rust client of a live endpoi
 
 .PHONY: formats-check
 formats-check: $(VENV)/bin/python ## Read a run back as CSV, NDJSON, Parquet and Arrow (Python's csv, pyarrow) and compare with its JSON.
-	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
 	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/formats_check.py
 
@@ -217,13 +216,17 @@ schemathesis-check: $(VENV)/bin/python ## schemathesis over /api/schema on a liv
 	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints ST_MAX_EXAMPLES=$(ST_MAX_EXAMPLES) $(VENV)/bin/python tests/openapi/schemathesis_check.py
 
-.PHONY: bench
-bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_ROWS=10000000 events) into docs/benchmarks.md.
+# What the benchmarks drive the server with and measure it against: wrk, and DuckDB and pyarrow in the virtualenv.
+.PHONY: bench-tools
+bench-tools: $(VENV)/bin/python
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
 	  $(VENV)/bin/pip install -q '$(DUCKDB)'
 	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
+
+.PHONY: bench
+bench: deps bench-tools ## Benchmarks against baselines (release, BENCH_ROWS=10000000 events) into docs/benchmarks.md.
 	@mkdir -p target
 	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench PG_URL_FILE=target/.bench-postgres-url
 	cargo build --release --locked -p server --features bench,ballista --bins
@@ -235,10 +238,8 @@ bench: deps $(VENV)/bin/python ## Benchmarks against baselines (release, BENCH_R
 BASE_TREE := target/bench-base
 BASE_TARGET := $(CURDIR)/target/bench-base-target
 .PHONY: bench-base
-bench-base: deps
+bench-base: deps bench-tools
 	@test -n "$(BASE)" || { echo "usage: make $(firstword $(MAKECMDGOALS)) BASE=<commit>" >&2; exit 2; }
-	@command -v wrk >/dev/null || { echo "Installing wrk"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@git worktree remove --force $(BASE_TREE) 2>/dev/null || true
 	@git worktree prune
 	git worktree add --detach $(BASE_TREE) "$(BASE)"
@@ -247,37 +248,29 @@ bench-base: deps
 	cargo build --release --locked -p server --bin endpoints
 
 .PHONY: bench-compare
-bench-compare: bench-base $(VENV)/bin/python ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes, a cached run and the server's memory (BENCH_COMPARE_ROWS=2000000).
+bench-compare: bench-base ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes, a cached run and the server's memory (BENCH_COMPARE_ROWS=2000000).
 	$(VENV)/bin/python tests/bench/bench.py --only compare --rows $(BENCH_COMPARE_ROWS) \
 	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
 
 .PHONY: bench-beside
-bench-beside: bench-base $(VENV)/bin/python ## Scenarios 10-12 on BASE=<commit> and then on this build, their headline figures side by side (BENCH_COMPARE_ROWS events for 11 and 12).
-	$(VENV)/bin/python tests/bench/bench.py --only beside --rows $(BENCH_COMPARE_ROWS) \
+bench-beside: bench-base ## Scenarios 1-5, 8 and 10-12 on BASE=<commit> and then on this build, their headline figures side by side (BENCH_COMPARE_ROWS events).
+	$(VENV)/bin/python tests/bench/bench.py --only beside --rows $(BENCH_COMPARE_ROWS) --duckdb-python $(VENV)/bin/python \
 	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
 
 .PHONY: bench-isolation
-bench-isolation: deps ## Scenario 9 of make bench alone (fairness between projects, a flood of unknown keys) into docs/benchmark-scenarios.md.
-	@command -v wrk >/dev/null || { echo "Installing wrk"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+bench-isolation: deps bench-tools ## Scenario 9 of make bench alone (fairness between projects, a flood of unknown keys) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	cargo build --release --locked -p server --features bench,ballista --bins
 	python3 tests/bench/bench.py --only isolation
 
 .PHONY: bench-appends
-bench-appends: deps $(VENV)/bin/python ## Scenario 10 of make bench alone (streaming appends, compaction) into docs/benchmark-scenarios.md.
-	@command -v wrk >/dev/null || { echo "Installing wrk"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
-	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
-	  $(VENV)/bin/pip install -q '$(DUCKDB)'
+bench-appends: deps bench-tools ## Scenario 10 of make bench alone (streaming appends, compaction) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	cargo build --release --locked -p server --features bench,ballista --bins
 	$(VENV)/bin/python tests/bench/bench.py --only appends --duckdb-python $(VENV)/bin/python
 
 .PHONY: bench-nodes
-bench-nodes: deps $(VENV)/bin/python ## Scenario 6 of make bench alone (1-3 nodes on PostgreSQL; BEFORE=dir measures a previous build beside) into docs/benchmark-scenarios.md.
-	@command -v wrk >/dev/null || { echo "Installing wrk"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+bench-nodes: deps bench-tools ## Scenario 6 of make bench alone (1-3 nodes on PostgreSQL; BEFORE=dir measures a previous build beside) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench PG_URL_FILE=target/.bench-postgres-url
 	@$(MAKE) --no-print-directory postgres PG_TEST_DB=endpoints_bench_before PG_URL_FILE=target/.bench-before-postgres-url
@@ -286,29 +279,25 @@ bench-nodes: deps $(VENV)/bin/python ## Scenario 6 of make bench alone (1-3 node
 	  $(if $(BEFORE),--before-bin-dir $(BEFORE) --before-postgres-url "$$(cat target/.bench-before-postgres-url)")
 
 .PHONY: bench-commits
-bench-commits: deps ## Scenario 14 of make bench alone (a new process's first run over a table of 100,000 commits) into docs/benchmark-scenarios.md.
-	@command -v wrk >/dev/null || { echo "Installing wrk"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
+bench-commits: deps bench-tools ## Scenario 14 of make bench alone (a new process's first run over a table of 100,000 commits) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	cargo build --release --locked -p server --features bench,ballista --bins
 	python3 tests/bench/bench.py --only commits
 
 .PHONY: bench-logs
-bench-logs: deps ## Scenario 12 of make bench alone (cached runs with the run log on and off, usage over a million records) into docs/benchmark-scenarios.md.
+bench-logs: deps bench-tools ## Scenario 12 of make bench alone (cached runs with the run log on and off, usage over a million records) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	cargo build --release --locked -p server --features bench,ballista --bins
 	python3 tests/bench/bench.py --only logs --rows $(BENCH_ROWS)
 
 .PHONY: bench-fresh
-bench-fresh: deps ## Scenario 11 of make bench alone (folds against full refreshes, materialized runs while rows stream in; BENCH_ROWS events) into docs/benchmark-scenarios.md.
+bench-fresh: deps bench-tools ## Scenario 11 of make bench alone (folds against full refreshes, materialized runs while rows stream in; BENCH_ROWS events) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	cargo build --release --locked -p server --features bench,ballista --bins
 	python3 tests/bench/bench.py --only fresh --rows $(BENCH_ROWS)
 
 .PHONY: bench-shapes
-bench-shapes: deps $(VENV)/bin/python ## Scenario 13 of make bench alone (a mix of query shapes against DuckDB at BENCH_ROWS/10 and BENCH_ROWS events) into docs/benchmark-scenarios.md.
-	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
-	  $(VENV)/bin/pip install -q '$(DUCKDB)'
+bench-shapes: deps bench-tools ## Scenario 13 of make bench alone (a mix of query shapes against DuckDB at BENCH_ROWS/10 and BENCH_ROWS events) into docs/benchmark-scenarios.md.
 	@mkdir -p target
 	cargo build --release --locked -p server --features bench,ballista --bins
 	$(VENV)/bin/python tests/bench/bench.py --only shapes --rows $(BENCH_ROWS) --duckdb-python $(VENV)/bin/python

@@ -38,8 +38,8 @@ data directory of their own, the third on `--rows` events) and replace only its 
 `make bench-compare BASE=<commit>` runs) measures scenario 13's shapes, three more `LIKE` patterns and a cached run
 on this build and on `--before-bin-dir` beside it, alternating, each on its own copy of `--rows` events that the
 earlier build wrote (a build of a later table format converts its copy at its first start). `--only beside` runs
-scenarios 9 to 12 on `--before-bin-dir` and then on this build, each on data it wrote itself, and writes their
-headline figures side by side.
+scenarios 1-5 and 8 (without their baselines), 9 (on request), 10, 11 and 12 on `--before-bin-dir` and then on this
+build, each on data it wrote itself, and writes their headline figures side by side.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md; scenarios with sections of their own (6 alone,
 9-14) replace theirs in docs/benchmark-scenarios.md (older runs are in git).
@@ -437,6 +437,12 @@ def wrk_rounds(url, key, seconds, rounds, **kwargs):
     return median_of([wrk(url, key, seconds, **kwargs) for _ in range(rounds)])
 
 
+def run_token(app):
+    """A run token for `events-by-country`, valid for an hour."""
+    return json.loads(app.request("POST", "/api/projects/1/run_tokens",
+                                  {"endpoints": ["events-by-country"], "expires_in_seconds": 3600}))["token"]
+
+
 def make_dataset(bin_dir, root, rows):
     data_dir = os.path.join(root, f"rows-{rows}")
     os.makedirs(data_dir, exist_ok=True)
@@ -446,6 +452,37 @@ def make_dataset(bin_dir, root, rows):
     log(f"generated {rows:,} events in {time.perf_counter() - started:.1f} s")
     app.key = app.cli("key", "create", "--project", "1", "--scope", "endpoint:write")["key"]
     return app
+
+
+def materialized_runs(args, app):
+    """Scenario 3 on `app`, served with its refresh worker on: `country-daily` (its rows stored, filtered by a run)
+    and `events-by-country` (a rollup by country and day, aggregated again by a run) against their live runs, once
+    both are stored."""
+    figures = {}
+    # Both stored first: a refresh of one would otherwise take the cores while the other is measured.
+    statuses = {}
+    for name in ("country-daily", "events-by-country"):
+        for _ in range(1200):
+            status = json.loads(app.request("GET", f"/api/projects/1/endpoints/{name}/materialization_status"))
+            if status["status"] == "Completed":
+                break
+            time.sleep(0.5)
+        assert status["status"] == "Completed", status
+        statuses[name] = status
+    for name, path, key in (("country-daily", MATERIALIZED_PATH, "materialized"), ("events-by-country", LIVE_PATH, "rollup")):
+        status = statuses[name]
+        app.request("PATCH", f"/api/projects/1/endpoints/{name}", {"cache_age_seconds": 0})
+        with PeakRss(app.process.pid) as peak:
+            mat_ms, mat = app.timed(path, args.live_rounds * 4)
+        assert all(a["endpoint_materialized"] for a in mat), f"{name} ran live"
+        direct_ms, direct = app.timed(path + "&refresh=direct", args.live_rounds)
+        assert same_rows(mat[0]["results"], direct[0]["results"]), f"{name}: materialized and live answers differ"
+        figures[f"{key}_ms"], figures[f"{key}_live_ms"], figures[f"{key}_mb"] = mat_ms, direct_ms, peak.peak
+        figures[f"{key}_rows"] = status["row_count"]
+        # Back to the default cache age: the scenarios after this one read events-by-country from the cache.
+        app.request("PATCH", f"/api/projects/1/endpoints/{name}", {"cache_age_seconds": None})
+        log(f"{name} materialized: {mat_ms:.2f} ms against live {direct_ms:.1f} ms ({status['row_count']} rows stored)")
+    return figures
 
 
 def fill_endpoints(data_dir, total):
@@ -478,6 +515,22 @@ def fill_endpoints(data_dir, total):
     db.close()
 
 
+def by_endpoint_count(args, data):
+    """Scenario 4's cached runs with 1,000 and then 100,000 endpoints in the store of `data` (stopped, and left
+    so)."""
+    by_count = {}
+    for total in (1000, 100_000):
+        fill_endpoints(data.data_dir, total)
+        app = data.start("--materialize-workers", "0")
+        try:
+            app.request("GET", LIVE_PATH)
+            by_count[total] = wrk_rounds(app.base + LIVE_PATH, app.key, args.seconds, args.rounds)
+        finally:
+            app.stop()
+        log(f"cached with {total:,} endpoints: {by_count[total]['rps']:.0f} req/s")
+    return by_count
+
+
 # Names must be unique across wrk's threads and runs: `tid` is set in each thread's interpreter by `setup`.
 CREATE_LUA = """
 local counter, run = 0, "r"
@@ -507,6 +560,28 @@ def crud(app, seconds, rounds, script):
         "get": wrk_rounds(base + "/crud-probe", app.key, seconds, rounds),
         "list": wrk_rounds(base + "/?limit=100", app.key, seconds, rounds),
     }
+
+
+def crud_on(args, root, name, database_url=None):
+    """Create, get and list throughput on a fresh store named `name` (SQLite, or PostgreSQL at `database_url`):
+    the figures, and the stopped server on that store."""
+    data_dir = os.path.join(root, f"crud-{name.lower()}")
+    os.makedirs(data_dir)
+    script = os.path.join(root, "create.lua")
+    with open(script, "w") as f:
+        f.write(CREATE_LUA)
+    app = Endpoints(args.bin_dir, data_dir, database_url)
+    app.cli("migrate")
+    app.cli("project", "create", "--name", "bench")
+    assert app.cli("project", "list")[-1]["id"] == 1, "the CRUD database must be fresh"
+    app.key = app.cli("key", "create", "--project", "1", "--scope", "endpoint:write", "--scope", "table:write")["key"]
+    app.start("--materialize-workers", "0", "--max-queries-per-project", str(CREATE_CONNECTIONS))
+    try:
+        figures = crud(app, args.seconds, args.rounds, script)
+    finally:
+        app.stop()
+    log(f"CRUD on {name}: " + ", ".join(f"{k} {v['rps']:.0f}/s" for k, v in figures.items()))
+    return figures, app
 
 
 def duckdb_median(venv_python, parquet_glob, rounds):
@@ -1578,9 +1653,14 @@ def shape_path(name, variables, **extra):
 
 def table_files(data_dir, table):
     """The Parquet files of a table's newest version, as its Delta log names them (its directory also holds files
-    of earlier versions once a compaction sorted or merged them, until the vacuum)."""
+    of earlier versions once a compaction sorted or merged them, until the vacuum); for a table of a build before
+    Delta (round 3, what `--before-bin-dir` may be), those of the version directory its `_current` file names."""
     root = events_dir(data_dir, table)
     log_dir = os.path.join(root, "_delta_log")
+    if not os.path.isdir(log_dir):
+        with open(os.path.join(root, "_current")) as current:
+            version = os.path.join(root, current.readline().strip())
+        return sorted(os.path.join(version, f) for f in os.listdir(version) if f.endswith(".parquet"))
     files = set()
     for name in sorted(n for n in os.listdir(log_dir) if re.fullmatch(r"\d{20}\.json", n)):
         with open(os.path.join(log_dir, name)) as commit:
@@ -2006,9 +2086,51 @@ def same_rows(a, b, tolerance=1e-9):
     return a == b
 
 
+def core(args, root):
+    """Scenarios 1 to 5 and 8 on `args.bin_dir` alone, without their baselines, on `--rows` events of its own:
+    what `--only beside` compares two builds by. In `make bench`'s order: cached runs (64 and 256 connections, a
+    connection per request, a run token), live runs, data in and out, materialized runs, cached runs with more
+    endpoints in the store, then create/get/list on a fresh SQLite store; memory along the way."""
+    data = make_dataset(args.bin_dir, root, args.rows)
+    figures = {}
+    app = data.start("--materialize-workers", "0")
+    try:
+        time.sleep(2)
+        figures["idle_mb"] = rss_kb(app.process.pid) / 1024
+        # Resident memory counts the binary's pages it maps, as many as the page cache holds: the memory the
+        # process allocated is apart.
+        figures["idle_anon_mb"] = rss_kb(app.process.pid, "RssAnon") / 1024
+        url = app.base + LIVE_PATH
+        app.request("GET", LIVE_PATH)
+        with PeakRss(app.process.pid) as peak:
+            figures["cached"] = wrk_rounds(url, app.key, args.seconds, args.rounds)
+        figures["cached_mb"] = peak.peak
+        figures["c256"] = wrk_rounds(url, app.key, args.seconds, args.rounds, connections=256)
+        figures["close"] = wrk_rounds(url, app.key, args.seconds, args.rounds, close=True)
+        figures["token"] = wrk_rounds(url, run_token(app), args.seconds, args.rounds)
+        app.timed(LIVE_PATH + "&refresh=direct", 1)
+        with PeakRss(app.process.pid) as peak:
+            figures["live_ms"], _ = app.timed(LIVE_PATH + "&refresh=direct", args.live_rounds * LIVE_BATCHES)
+        figures["live_mb"] = peak.peak
+        log(f"cached {figures['cached']['rps']:.0f} req/s, live {figures['live_ms']:.1f} ms")
+    finally:
+        app.stop()
+    figures["io"] = data_in_and_out(args, data, root, events_dir(data.data_dir))
+    data.start()
+    try:
+        figures.update(materialized_runs(args, data))
+    finally:
+        data.stop()
+    figures["by_count"] = by_endpoint_count(args, data)
+    figures["crud"], _ = crud_on(args, root, "SQLite")
+    return figures
+
+
 def alone(args, root, scenario):
-    """The figures of scenario 10, 11 or 12 (`appends`, `fresh`, `logs`) run alone on `args.bin_dir`, on a data
-    directory of its own under `root`."""
+    """The figures of scenarios 1-5 and 8 (`core`), 10, 11 or 12 (`appends`, `fresh`, `logs`) run alone on
+    `args.bin_dir`, on a data directory of its own under `root`."""
+    if scenario == "core":
+        return core(args, root)
     if scenario == "appends":
         return appends(args, root)
     app = make_dataset(args.bin_dir, root, args.rows)
@@ -2022,11 +2144,38 @@ def alone(args, root, scenario):
         app.stop()
 
 
-BESIDE_MARKER = "<!-- scenarios 9-12 beside an earlier build, written by bench.py --only beside -->"
+BESIDE_MARKER = "<!-- scenarios beside an earlier build, written by bench.py --only beside -->"
 # Each scenario's headline figures: what it is, how to read it from the scenario's figures, and whether more is
 # better (requests or rows a second), less (times, memory), or neither (`None`: what was measured over, as the
 # runs a read counted, to read the figures around it by).
 BESIDE_FIGURES = {
+    "core": [
+        ("1: cached runs, 64 connections", lambda f: f["cached"]["rps"], "req/s", True),
+        ("1: the same, p99", lambda f: f["cached"]["p99"], "ms", False),
+        ("1b: cached runs, 256 connections", lambda f: f["c256"]["rps"], "req/s", True),
+        ("1c: cached runs, a connection per request", lambda f: f["close"]["rps"], "req/s", True),
+        ("1d: cached runs with a run token", lambda f: f["token"]["rps"], "req/s", True),
+        ("2: the live run (a GROUP BY over the events)", lambda f: f["live_ms"], "ms", False),
+        ("3: `country-daily`'s materialized run", lambda f: f["materialized_ms"], "ms", False),
+        ("3: its live run", lambda f: f["materialized_live_ms"], "ms", False),
+        ("3: the rollup's materialized run", lambda f: f["rollup_ms"], "ms", False),
+        ("4: cached runs with 1,000 endpoints in the store", lambda f: f["by_count"][1000]["rps"], "req/s", True),
+        ("4: cached runs with 100,000 endpoints", lambda f: f["by_count"][100_000]["rps"], "req/s", True),
+        *[(f"4: {what}s on SQLite (wrk)", lambda f, w=what: f["crud"][w]["rps"], "/s", True)
+          for what in ("create", "get", "list")],
+        ("5: RSS at rest after start", lambda f: f["idle_mb"], "MB", False),
+        ("5: of which allocated (`RssAnon`, the rest the binary's mapped pages)", lambda f: f["idle_anon_mb"], "MB",
+         False),
+        ("5: peak RSS under the cached load", lambda f: f["cached_mb"], "MB", False),
+        ("5: peak RSS during live runs", lambda f: f["live_mb"], "MB", False),
+        ("5: peak RSS during materialized runs", lambda f: f["materialized_mb"], "MB", False),
+        ("8: an upload of the events as CSV", lambda f: f["io"]["upload_ms"], "ms", False),
+        ("8: peak RSS during the upload", lambda f: f["io"]["upload_mb"], "MB", False),
+        *[(f"8: an export of 1,000,000 rows as {fmt}", lambda f, x=fmt: f["io"]["exports"][x]["ms"], "ms", False)
+          for fmt in EXPORT_FORMATS],
+        *[(f"8: peak RSS during the {fmt} export", lambda f, x=fmt: f["io"]["exports"][x]["peak_mb"], "MB", False)
+          for fmt in EXPORT_FORMATS],
+    ],
     "isolation": [
         ("9: another project's small live query alone, p95", lambda f: f["idle_p95"], "ms", False),
         *[(f"9: the same beside one project's four runs of {kind}, p95", lambda f, k=kind: f["heavy"][k]["p95"],
@@ -2074,8 +2223,9 @@ def beside_scenarios(text):
 
 
 def beside(args, root):
-    """Scenarios 9 to 12 on `--before-bin-dir` and on this build, one after the other per scenario (the earlier
-    build first), each build on data directories it wrote itself under `--rows` events: their headline figures."""
+    """The scenarios of `--beside` on `--before-bin-dir` and on this build, one after the other per scenario (the
+    earlier build first), each build on data directories it wrote itself under `--rows` events: their headline
+    figures."""
     builds = {"previous build": args.before_bin_dir, "this build": args.bin_dir}
     chosen = [scenario for scenario in BESIDE_FIGURES if scenario in args.beside]
     figures = {scenario: {} for scenario in chosen}
@@ -2095,12 +2245,13 @@ def beside(args, root):
 
 
 def beside_section(f):
-    # Each measure's label begins with its scenario's number.
-    run = ", ".join(BESIDE_FIGURES[scenario][0][0].split(":")[0] for scenario in f["figures"])
+    # Each measure's label begins with its scenario's number (and a letter for a variant of it).
+    numbers = [re.match(r"\d+", what).group() for scenario in f["figures"] for what, *_ in BESIDE_FIGURES[scenario]]
+    run = ", ".join(dict.fromkeys(numbers))
     lines = [
         f"**Scenarios {run}, this build against {f['before']}** (`bench.py --only beside`, "
         f"{datetime.date.today().isoformat()}; release builds, each scenario run on the earlier build and then on "
-        f"this one, each on data it wrote itself ({f['rows']:,} events for 11 and 12); one run of each, so a "
+        f"this one, each on data it wrote itself ({f['rows']:,} events for 1-5, 8, 11 and 12); one run of each, so a "
         "ratio within about 0.8-1.2x is this machine's noise).",
         "",
         "| Measure | Previous build | This build | Ratio | Better |",
@@ -2111,16 +2262,17 @@ def beside_section(f):
             continue
         before, this = f["figures"][scenario]["previous build"], f["figures"][scenario]["this build"]
         for what, _, unit, more_is_better in measures:
+            space = "" if unit.startswith("/") else " "
+            digits = 0 if more_is_better is None else 1
+            figure = lambda value: "-" if value is None else f"{value:,.{digits}f}{space}{unit}"
             if what not in before or what not in this:
                 error = before.get("error") or this.get("error")
-                lines.append(f"| {what} | {before.get(what, '-')} | {this.get(what, '-')} | | not measured: {error} |")
+                lines.append(f"| {what} | {figure(before.get(what))} | {figure(this.get(what))} | | "
+                             f"not measured: {error} |")
                 continue
             ratio = this[what] / before[what] if before[what] else float("nan")
             better = "(what was measured over)" if more_is_better is None else "neither (noise)" \
                 if 0.8 <= ratio <= 1.2 else "this build" if (ratio > 1) == more_is_better else "previous build"
-            space = "" if unit.startswith("/") else " "
-            digits = 0 if more_is_better is None else 1
-            figure = lambda value: f"{value:,.{digits}f}{space}{unit}"
             lines.append(f"| {what} | {figure(before[what])} | {figure(this[what])} | **{ratio:.2f}x** | {better} |")
     lines += ["", "Each ratio is this build's figure over the previous build's: below 1.00x is less (faster for "
               "times, smaller for memory), above is more (more requests or rows a second).", ""]
@@ -2150,7 +2302,7 @@ def main():
                         help="with --only nodes, compare or beside: a previous build, measured beside this one in the same run")
     # Scenario 9 is not run by default: on a build before this round's isolation (a1114f9), another project's
     # small queries beside four heavy ones did not end within minutes.
-    parser.add_argument("--beside", type=beside_scenarios, default=["appends", "fresh", "logs"],
+    parser.add_argument("--beside", type=beside_scenarios, default=["core", "appends", "fresh", "logs"],
                         help="with --only beside: the scenarios to run, of " + ",".join(BESIDE_FIGURES)
                         + " (default: all but isolation)")
     parser.add_argument("--before-postgres-url", default=None, help="its own database for --before-bin-dir")
@@ -2241,9 +2393,7 @@ def main():
         log(f"cached: {cached['rps']:.0f} req/s against {figures['baseline']['rps']:.0f}")
 
         # 1d. The same cached run with a run token instead of the key, measured back to back with the key again.
-        token = json.loads(app.request("POST", "/api/projects/1/run_tokens",
-                                       {"endpoints": ["events-by-country"], "expires_in_seconds": 3600}))["token"]
-        figures["token"] = wrk_rounds(url, token, args.seconds, args.rounds)
+        figures["token"] = wrk_rounds(url, run_token(app), args.seconds, args.rounds)
         figures["token_key"] = wrk_rounds(url, app.key, args.seconds, args.rounds)
         log(f"cached with a run token: {figures['token']['rps']:.0f} req/s, with the key {figures['token_key']['rps']:.0f}")
 
@@ -2284,81 +2434,32 @@ def main():
         # 8. Data in and out, on the main dataset's events table.
         figures["io"] = data_in_and_out(args, main_app, root, table_dir)
 
-        # 3. Materialized against live: a server with its worker on stores `country-daily` (its rows, filtered by
-        # a run) and `events-by-country` (a rollup: grouped by country and day, aggregated again by a run) first.
+        # 3. Materialized against live.
         app.start()
-        # Both stored first: a refresh of one would otherwise take the cores while the other is measured.
-        statuses = {}
-        for name in ("country-daily", "events-by-country"):
-            for _ in range(1200):
-                status = json.loads(app.request("GET", f"/api/projects/1/endpoints/{name}/materialization_status"))
-                if status["status"] == "Completed":
-                    break
-                time.sleep(0.5)
-            assert status["status"] == "Completed", status
-            statuses[name] = status
-        for name, path, key in (("country-daily", MATERIALIZED_PATH, "materialized"), ("events-by-country", LIVE_PATH, "rollup")):
-            status = statuses[name]
-            app.request("PATCH", f"/api/projects/1/endpoints/{name}", {"cache_age_seconds": 0})
-            with PeakRss(app.process.pid) as peak:
-                mat_ms, mat = app.timed(path, args.live_rounds * 4)
-            assert all(a["endpoint_materialized"] for a in mat), f"{name} ran live"
-            direct_ms, direct = app.timed(path + "&refresh=direct", args.live_rounds)
-            assert same_rows(mat[0]["results"], direct[0]["results"]), f"{name}: materialized and live answers differ"
-            figures[f"{key}_ms"], figures[f"{key}_live_ms"], figures[f"{key}_mb"] = mat_ms, direct_ms, peak.peak
-            figures[f"{key}_rows"] = status["row_count"]
-            # Back to the default cache age: the scenarios after this one read events-by-country from the cache.
-            app.request("PATCH", f"/api/projects/1/endpoints/{name}", {"cache_age_seconds": None})
-            log(f"{name} materialized: {mat_ms:.2f} ms against live {direct_ms:.1f} ms ({status['row_count']} rows stored)")
+        figures.update(materialized_runs(args, app))
 
         # 11. Fresh materializations (it appends to the events table: after every scenario that reads it but 4).
         writer = main_app.cli("key", "create", "--project", "1", "--scope", "table:write")["key"]
         fresh_figures = fresh(args, app, writer)
 
         # 4. Cached-run throughput by number of endpoints in the store.
-        by_count = {}
-        for total in (1000, 100_000):
-            app.stop()
-            fill_endpoints(main_app.data_dir, total)
-            app.start(*quiet)
-            app.request("GET", LIVE_PATH)
-            by_count[total] = wrk_rounds(app.base + LIVE_PATH, app.key, args.seconds, args.rounds)
-            log(f"cached with {total:,} endpoints: {by_count[total]['rps']:.0f} req/s")
-        figures["by_count"] = by_count
         app.stop()
+        figures["by_count"] = by_endpoint_count(args, main_app)
 
         # CRUD throughput on SQLite and PostgreSQL.
-        script = os.path.join(root, "create.lua")
-        with open(script, "w") as f:
-            f.write(CREATE_LUA)
-        sqlite_dir = os.path.join(root, "crud-sqlite")
-        os.makedirs(sqlite_dir)
-        backends = {"SQLite": Endpoints(args.bin_dir, sqlite_dir)}
-        if args.postgres_url:
-            pg_dir = os.path.join(root, "crud-postgres")
-            os.makedirs(pg_dir)
-            backends["PostgreSQL"] = Endpoints(args.bin_dir, pg_dir, args.postgres_url)
+        backends = {"SQLite": None, **({"PostgreSQL": args.postgres_url} if args.postgres_url else {})}
         figures["crud"] = {}
-        for name, crud_app in backends.items():
-            crud_app.cli("migrate")
-            crud_app.cli("project", "create", "--name", "bench")
-            project = crud_app.cli("project", "list")[-1]["id"]
-            assert project == 1, "the CRUD database must be fresh"
-            crud_app.key = crud_app.cli("key", "create", "--project", "1", "--scope", "endpoint:write",
-                                        "--scope", "table:write")["key"]
-            crud_app.start(*quiet, "--max-queries-per-project", str(CREATE_CONNECTIONS))
-            figures["crud"][name] = crud(crud_app, args.seconds, args.rounds, script)
-            crud_app.stop()
+        for name, database_url in backends.items():
+            figures["crud"][name], crud_app = crud_on(args, root, name, database_url)
             if name == "PostgreSQL":
                 figures["nodes"] = cached_by_nodes(args.bin_dir, crud_app.data_dir, args.postgres_url, crud_app.key,
                                                    args.seconds, args.rounds)
-            log(f"CRUD on {name}: " + ", ".join(f"{k} {v['rps']:.0f}/s" for k, v in figures["crud"][name].items()))
         isolated = isolation(args, root)
         streamed = appends(args, root)
         committed = commits(args, root)
         logged = run_logs(args, main_app)
     finally:
-        for app in list(locals().get("apps", {}).values()) + list(locals().get("backends", {}).values()):
+        for app in locals().get("apps", {}).values():
             app.stop()
         shutil.rmtree(root, ignore_errors=True)
     figures["seconds"] = time.perf_counter() - began
