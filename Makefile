@@ -248,12 +248,12 @@ bench-base: deps bench-tools
 	cargo build --release --locked -p server --bin endpoints
 
 .PHONY: bench-compare
-bench-compare: bench-base ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes, a cached run and the server's memory (BENCH_COMPARE_ROWS=2000000).
+bench-compare: bench-base ## This build against BASE=<commit> (built in a worktree), run beside it: scenario 13's shapes, a cached run and the server's memory (BENCH_COMPARE_ROWS=2000000), into docs/benchmark-beside.md.
 	$(VENV)/bin/python tests/bench/bench.py --only compare --rows $(BENCH_COMPARE_ROWS) \
 	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
 
 .PHONY: bench-beside
-bench-beside: bench-base ## Scenarios 1-5, 8 and 10-12 on BASE=<commit> and then on this build, their headline figures side by side (BENCH_COMPARE_ROWS events).
+bench-beside: bench-base ## Scenarios 1-5, 8 and 10-12 on BASE=<commit> and then on this build, their headline figures side by side (BENCH_COMPARE_ROWS events), into docs/benchmark-beside.md.
 	$(VENV)/bin/python tests/bench/bench.py --only beside --rows $(BENCH_COMPARE_ROWS) --duckdb-python $(VENV)/bin/python \
 	  --before-bin-dir $(BASE_TARGET)/release --before-label "$$(git rev-parse --short "$(BASE)")"
 

@@ -42,7 +42,8 @@ scenarios 1-5 and 8 (without their baselines), 9 (on request), 10, 11 and 12 on 
 build, each on data it wrote itself, and writes their headline figures side by side.
 Only the standard library is used, plus the `duckdb` package from the bench virtualenv for the reference point.
 The results replace the run section at the end of docs/benchmarks.md; scenarios with sections of their own (6 alone,
-9-14) replace theirs in docs/benchmark-scenarios.md (older runs are in git).
+9-14) replace theirs in docs/benchmark-scenarios.md, and `--only compare` and `--only beside` theirs in
+docs/benchmark-beside.md (older runs are in git).
 """
 
 import argparse
@@ -341,7 +342,7 @@ def cached_by_nodes(bin_dir, data_dir, database_url, key, seconds, rounds):
 
 
 NODES_MARKER = "<!-- scenario 6 alone, written by make bench-nodes -->"
-NODES_READING = ("With a second or third node up, a write (an endpoint's PATCH or a table append) is answered once every other node has applied it: an idle listener looks for notifications every 5 ms, every 0.5 ms for a second once some arrived, and every 0.2 ms while a writer of its own node waits for acknowledgements; those pauses and two statements are the added time. A node that hears every table write reads the versions it keeps without asking the storage; on a local disk that check was a `stat`, so the live run changes within noise here (on S3 it is a `HEAD` per table per run). One statement sends a write's news with a "
+NODES_READING = ("With a second or third node up, a write (an endpoint's PATCH or a table append) is answered once every other node has applied it: an idle listener looks for notifications every 5 ms, every 0.5 ms for a second once some arrived, and every 0.2 ms while a writer of its own node waits for acknowledgements; those pauses and two statements are the added time. A waiting writer holds no database connection: its node's listener hears the acknowledgements and wakes it. A node that hears every table write reads the versions it keeps without asking the storage; on a local disk that check was a `stat`, so the live run changes within noise here (on S3 it is a `HEAD` per table per run). One statement sends a write's news with a "
                  "barrier, and the writes one node commits while a statement is being sent share the next one and "
                  "its wait: appends from many connections pay one announcement per batch, which is what the column "
                  "of 16 connections shows (before this, each append was announced and waited for on its own).")
@@ -944,11 +945,11 @@ def isolation_section(f):
 ISOLATION_MARKER = "<!-- scenario 9, written by make bench -->"
 
 
-def write_section(args, marker, section):
-    """Replaces a scenario's section (between its marker and the next) in the page of scenarios measured alone; a
-    new one goes at its end."""
-    out = args.scenarios_out
-    text = open(out).read() if os.path.exists(out) else "# Benchmarks: scenarios measured alone\n\n"
+def write_section(args, marker, section, out=None):
+    """Replaces a scenario's section (between its marker and the next) in the page of scenarios measured alone (or
+    `out`); a new one goes at its end."""
+    out = out or args.scenarios_out
+    text = open(out).read() if os.path.exists(out) else "# Benchmarks\n\n"
     if marker in text:
         before, after = text.split(marker, 1)
         rest = after.split(marker, 1)[1] if marker in after else ""
@@ -2293,6 +2294,8 @@ def main():
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL"))
     parser.add_argument("--duckdb-python", default=None)
     parser.add_argument("--out", default="docs/benchmarks.md")
+    parser.add_argument("--beside-out", default="docs/benchmark-beside.md",
+                        help="the page of this build beside an earlier one (--only compare and --only beside)")
     parser.add_argument("--scenarios-out", default="docs/benchmark-scenarios.md",
                         help="the page of the scenarios with sections of their own (6 alone, 9-14)")
     parser.add_argument("--only", choices=["isolation", "appends", "fresh", "logs", "shapes", "commits", "nodes", "compare",
@@ -2325,12 +2328,12 @@ def main():
             elif args.only == "commits":
                 write_commits(args, commits(args, root))
             elif args.only == "compare":
-                write_section(args, COMPARE_MARKER, compare_section(compare(args, root)))
-                write_section(args, MEMORY_MARKER, memory_section(memory(args, root)))
+                write_section(args, COMPARE_MARKER, compare_section(compare(args, root)), args.beside_out)
+                write_section(args, MEMORY_MARKER, memory_section(memory(args, root)), args.beside_out)
             elif args.only == "nodes":
                 write_nodes(args, nodes_alone(args, root))
             elif args.only == "beside":
-                write_section(args, BESIDE_MARKER, beside_section(beside(args, root)))
+                write_section(args, BESIDE_MARKER, beside_section(beside(args, root)), args.beside_out)
             else:
                 writer = {"logs": write_logs, "fresh": write_fresh, "appends": write_appends}[args.only]
                 writer(args, alone(args, root, args.only))
