@@ -524,19 +524,27 @@ async fn full_files_are_merged_no_more() {
     let usage = log.usage(project(1), "kpi", &query.unwrap()).await.unwrap();
     // Every record once (a tenth of them refreshes, which usage leaves out).
     assert_eq!(usage.iter().map(|bucket| bucket.requests).sum::<u64>(), 64 * 360);
-    // Merges ran on their own thread at the lowest priority (nice 19).
-    let merge_threads: Vec<i32> = std::fs::read_dir("/proc/self/task")
+    // Merges ran on their own thread at the lowest priority (nice 19), and flushes sorted and encoded on one just
+    // below the requests' (nice 10).
+    let merges = niceness_of_threads("run-log-merge");
+    assert!(!merges.is_empty() && merges.iter().all(|nice| *nice == 19), "{merges:?}");
+    let flushes = niceness_of_threads("run-log-flush");
+    assert!(!flushes.is_empty() && flushes.iter().all(|nice| *nice == 10), "{flushes:?}");
+}
+
+/// The niceness of each of this process's threads named `name`.
+fn niceness_of_threads(name: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|task| {
             let task = task.ok()?.path();
-            let name = std::fs::read_to_string(task.join("comm")).ok()?;
+            let comm = std::fs::read_to_string(task.join("comm")).ok()?;
             let stat = std::fs::read_to_string(task.join("stat")).ok()?;
             // The fields after the name: the nice value is the 19th of the line, the 17th of these.
             let nice = stat.rsplit_once(") ")?.1.split_whitespace().nth(16)?.parse().ok()?;
-            (name.trim() == "run-log-merge").then_some(nice)
+            (comm.trim() == name).then_some(nice)
         })
-        .collect();
-    assert!(!merge_threads.is_empty() && merge_threads.iter().all(|nice| *nice == 19), "{merge_threads:?}");
+        .collect()
 }
 
 /// A table written under the name `_logs` before the run log existed stays that project's `_logs` (its rows

@@ -76,16 +76,26 @@ impl EngineRuntime {
 }
 
 /// A runtime of one worker thread at the lowest priority (its blocking threads, for file I/O, likewise), made
-/// when first used: background work on it takes at most one core, and only what queries leave idle.
+/// when first used: background work on it takes at most one core, and only what queries leave idle. One made by
+/// [`IdleRuntime::below_requests`] runs just below the requests instead.
 #[derive(Debug)]
 pub(crate) struct IdleRuntime {
     name: &'static str,
+    /// Whether its threads run at the lowest priority (niceness 19) or just below the requests' (10).
+    lowest: bool,
     runtime: std::sync::OnceLock<Runtime>,
 }
 
 impl IdleRuntime {
     pub(crate) const fn new(name: &'static str) -> Self {
-        Self { name, runtime: std::sync::OnceLock::new() }
+        Self { name, lowest: true, runtime: std::sync::OnceLock::new() }
+    }
+
+    /// A runtime of one thread at niceness 10, for work that must keep up with what requests hand it (writing
+    /// their records) without taking a core from them at equal weight: beside a busy request thread it has about
+    /// a tenth of a core (one at 19, under 2%), in shorter turns.
+    pub(crate) const fn below_requests(name: &'static str) -> Self {
+        Self { name, lowest: false, runtime: std::sync::OnceLock::new() }
     }
 
     /// Its handle, the runtime made at the first call.
@@ -93,14 +103,13 @@ impl IdleRuntime {
         if let Some(runtime) = self.runtime.get() {
             return Ok(runtime.handle().clone());
         }
-        let name = self.name;
+        let (name, lowest) = (self.name, self.lowest);
         let runtime = Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(2)
             .thread_name(name)
             .on_thread_start(move || {
-                use thread_priority::{set_current_thread_priority, ThreadPriority};
-                if let Err(err) = set_current_thread_priority(ThreadPriority::Min) {
+                if let Err(err) = lower_current_thread(lowest) {
                     tracing::warn!(error = %err, thread = name, "could not lower a background thread's priority");
                 }
             })
@@ -121,6 +130,17 @@ impl Drop for IdleRuntime {
             runtime.shutdown_background();
         }
     }
+}
+
+/// Lowers the current thread's priority (on Linux its niceness, the thread's own): to the lowest, or to 10.
+fn lower_current_thread(lowest: bool) -> Result<(), thread_priority::Error> {
+    use thread_priority::{set_current_thread_priority, ThreadPriority, ThreadPriorityValue};
+    set_current_thread_priority(if lowest {
+        ThreadPriority::Min
+    } else {
+        // The crate maps 0..=99 onto niceness 19..=-20, rounding down: 22 is 10.
+        ThreadPriority::Crossplatform(ThreadPriorityValue::try_from(22_u8).expect("22 is within 0..=99"))
+    })
 }
 
 /// What a panic in the engine's work means to its caller. Work here only ever reads what a client sent (its
