@@ -51,7 +51,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::runtime::IdleRuntime;
+use crate::runtime::BackgroundRuntime;
 use crate::types::cast_to;
 
 /// The decoded files of tables, within a bound of bytes.
@@ -66,7 +66,7 @@ pub(crate) struct HotTables {
     /// One file decoded at a time, on a thread of the lowest priority: decoding takes at most one core (the
     /// runs beside it still take longer: docs/storage.md, Hot tables).
     decoding: tokio::sync::Semaphore,
-    decoder: IdleRuntime,
+    decoder: BackgroundRuntime,
     metrics: HotMetrics,
     /// Told when a decoding ends, for tests that wait for a table to be hot.
     #[cfg(test)]
@@ -145,7 +145,7 @@ impl HotTables {
                 projects: Mutex::default(),
                 claims: Mutex::default(),
                 decoding: tokio::sync::Semaphore::new(1),
-                decoder: IdleRuntime::new("hot-table-decode"),
+                decoder: BackgroundRuntime::idle("hot-table-decode"),
                 metrics: HotMetrics::default(),
                 #[cfg(test)]
                 decoded: tokio::sync::Notify::new(),

@@ -59,7 +59,7 @@ use time::macros::format_description;
 use uuid::Uuid;
 
 use crate::fair::Held;
-use crate::runtime::IdleRuntime;
+use crate::runtime::BackgroundRuntime;
 use crate::storage::{unavailable, Storage};
 pub use crate::tables::catalog::LOGS_TABLE;
 use crate::DataFusionEngine;
@@ -192,12 +192,12 @@ struct Inner {
     failed: Counter,
     /// The runtime merges run on: a merge reads, merges and compresses there alone, so it takes at most one
     /// core, and only what queries leave idle.
-    merges: IdleRuntime,
+    merges: BackgroundRuntime,
     /// The runtime a flush sorts and encodes on, at niceness 10: a flush under a cached load (a few tenths of a
     /// second's records, some milliseconds of a core, a few times a second) takes a core from the request threads
     /// at a tenth of their weight rather than at theirs (cached runs' p99 4.05 against 4.45 ms, docs/logs.md),
     /// and still keeps up (none dropped at 76,500 runs a second).
-    flushes: IdleRuntime,
+    flushes: BackgroundRuntime,
     /// The engine reads are queries of: a read of a project's records (its logs, its usage) takes one of the
     /// project's query slots, runs on the engine's threads (on every core, never an HTTP server's thread) with
     /// its turns and memory there, within the query timeout, as the project's runs do.
@@ -228,8 +228,8 @@ impl ParquetRunLog {
                 dropped: Counter::default(),
                 sampled: Counter::default(),
                 failed: Counter::default(),
-                merges: IdleRuntime::new("run-log-merge"),
-                flushes: IdleRuntime::below_requests("run-log-flush"),
+                merges: BackgroundRuntime::idle("run-log-merge"),
+                flushes: BackgroundRuntime::below_requests("run-log-flush"),
                 engine,
             }),
         }

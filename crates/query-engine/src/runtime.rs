@@ -75,19 +75,21 @@ impl EngineRuntime {
     }
 }
 
-/// A runtime of one worker thread at the lowest priority (its blocking threads, for file I/O, likewise), made
-/// when first used: background work on it takes at most one core, and only what queries leave idle. One made by
-/// [`IdleRuntime::below_requests`] runs just below the requests instead.
+/// A runtime of one worker thread for background work, made when first used, its threads (the blocking ones, for
+/// file I/O, likewise) at a lower priority than the requests': at the lowest ([`BackgroundRuntime::idle`]), work
+/// on it takes at most one core and only what queries leave idle; just below them
+/// ([`BackgroundRuntime::below_requests`]), it keeps up with what requests hand it.
 #[derive(Debug)]
-pub(crate) struct IdleRuntime {
+pub(crate) struct BackgroundRuntime {
     name: &'static str,
     /// Whether its threads run at the lowest priority (niceness 19) or just below the requests' (10).
     lowest: bool,
     runtime: std::sync::OnceLock<Runtime>,
 }
 
-impl IdleRuntime {
-    pub(crate) const fn new(name: &'static str) -> Self {
+impl BackgroundRuntime {
+    /// A runtime at the lowest priority (niceness 19).
+    pub(crate) const fn idle(name: &'static str) -> Self {
         Self { name, lowest: true, runtime: std::sync::OnceLock::new() }
     }
 
@@ -123,7 +125,7 @@ impl IdleRuntime {
     }
 }
 
-impl Drop for IdleRuntime {
+impl Drop for BackgroundRuntime {
     fn drop(&mut self) {
         // Dropped from anywhere, an async context included: its thread is left to stop on its own.
         if let Some(runtime) = self.runtime.take() {
