@@ -164,6 +164,10 @@ ST_MAX_EXAMPLES ?= 10
 $(VENV)/bin/python:
 	@python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get install -y -qq python3-venv >/dev/null && python3 -m venv $(VENV); }
 
+.PHONY: pyarrow
+pyarrow: $(VENV)/bin/python ## Install pyarrow, which the format and Delta checks and the benchmarks read Arrow and Parquet with.
+	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
+
 .PHONY: moto
 moto: $(VENV)/bin/python ## Install moto's S3-compatible server, which the object storage tests start.
 	@[ -x $(VENV)/bin/moto_server ] || $(VENV)/bin/pip install -q '$(MOTO)'
@@ -194,13 +198,13 @@ rust-client-check: $(VENV)/bin/python ## Generate a Rust client of a live endpoi
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/rust_client_check.py
 
 .PHONY: formats-check
-formats-check: $(VENV)/bin/python ## Read a run back as CSV, NDJSON, Parquet and Arrow (Python's csv, pyarrow) and compare with its JSON.
+formats-check: pyarrow ## Read a run back as CSV, NDJSON, Parquet and Arrow (Python's csv, pyarrow) and compare with its JSON.
 	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/formats_check.py
 
 .PHONY: delta-check
-delta-check: $(VENV)/bin/python ## Every table the API wrote (appended, compacted, quarantined, replaced) read by the `deltalake` Python package: the rows a run returns.
-	@$(VENV)/bin/python -c 'import deltalake, pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(DELTALAKE)' '$(PYARROW)'
+delta-check: pyarrow ## Every table the API wrote (appended, compacted, quarantined, replaced) read by the `deltalake` Python package: the rows a run returns.
+	@$(VENV)/bin/python -c 'import deltalake' 2>/dev/null || $(VENV)/bin/pip install -q '$(DELTALAKE)'
 	@[ -x target/debug/endpoints ] || cargo build $(CHECKED) --bin endpoints
 	ENDPOINTS_BIN=target/debug/endpoints $(VENV)/bin/python tests/openapi/delta_check.py
 
@@ -218,12 +222,11 @@ schemathesis-check: $(VENV)/bin/python ## schemathesis over /api/schema on a liv
 
 # What the benchmarks drive the server with and measure it against: wrk, and DuckDB and pyarrow in the virtualenv.
 .PHONY: bench-tools
-bench-tools: $(VENV)/bin/python
+bench-tools: pyarrow
 	@command -v wrk >/dev/null || { echo "Installing wrk"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq wrk >/dev/null; }
 	@$(VENV)/bin/python -c 'import duckdb, sys; sys.exit("duckdb==" + duckdb.__version__ != "$(DUCKDB)")' 2>/dev/null || \
 	  $(VENV)/bin/pip install -q '$(DUCKDB)'
-	@$(VENV)/bin/python -c 'import pyarrow' 2>/dev/null || $(VENV)/bin/pip install -q '$(PYARROW)'
 
 .PHONY: bench
 bench: deps bench-tools ## Benchmarks against baselines (release, BENCH_ROWS=10000000 events) into docs/benchmarks.md.
